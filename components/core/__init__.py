@@ -1,0 +1,1 @@
+"""Shared building blocks of every stage: schemas, storage, harness, policies, task suites."""

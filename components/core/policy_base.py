@@ -1,0 +1,50 @@
+"""The policy contract: anything that turns chat messages into the next assistant message.
+
+Implementations: `policies.LocalTransformersPolicy` (tiny model or any `from_pretrained` path),
+`policies.OpenAICompatiblePolicy` (vLLM or any OpenAI-compatible endpoint, the production teacher),
+`teachers.ScriptedTeacher` (the built-in expert for the generated suites).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ChatMessage(BaseModel):
+    """OpenAI chat message shape (the subset we use)."""
+
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class GenerationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_new_tokens: int = Field(256, ge=1, description="Cap on generated tokens per turn.")
+    temperature: float = Field(1.0, ge=0.0, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list, description="Stop strings (e.g. '</tool_call>').")
+    seed: int | None = None
+
+
+class Generation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: str
+    token_ids: list[int] | None = Field(None, description="Generated ids exactly as sampled (local models).")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: Literal["stop", "length", "error"] = "stop"
+    raw: dict[str, Any] = Field(default_factory=dict)
+
+
+@runtime_checkable
+class Policy(Protocol):
+    policy_id: str
+
+    def generate(self, messages: list[ChatMessage], config: GenerationConfig) -> Generation:
+        """Return the next assistant message for the conversation so far."""
+        ...

@@ -1,0 +1,181 @@
+"""Records that cross stage boundaries: tasks, steps, trajectories, token-level training samples.
+
+Every record is a pydantic model; the parquet store (`store.py`) writes them with a versioned schema.
+`SCHEMA_VERSION` changes whenever a stored field changes meaning or type; old shards still load.
+"""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+
+Recipe = Literal["swe", "gui", "claw"]
+Split = Literal["train", "heldout"]
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tasks
+# ---------------------------------------------------------------------------------------------
+class EnvironmentSpec(_Record):
+    """What the sandbox for a task starts from."""
+
+    image: str | None = Field(None, description="Backend image (local: root dir, None = host root; k8s: image).")
+    files: dict[str, str] = Field(default_factory=dict, description="Files placed in the workdir before the episode.")
+    repo_path: str | None = Field(None, description="A local directory uploaded as the repository (imports).")
+    base_commit: str | None = Field(None, description="Commit to check out in repo_path (SWE-bench imports).")
+    setup_commands: list[str] = Field(default_factory=list, description="Shell commands run after files are placed.")
+    workdir: str = Field("/workspace/repo", description="Where the agent starts.")
+    network: Literal["none", "loopback"] = Field("none", description="Network the task needs.")
+    memory_mb: int = Field(1024, description="Sandbox memory limit.")
+    cpu: float = Field(1.0, description="Sandbox CPU limit.")
+
+
+class VerifierSpec(_Record):
+    """How an outcome is verified. Hidden files are placed only after the agent submits."""
+
+    kind: Literal["pytest", "command", "python"] = Field(
+        "pytest", description="pytest: hidden test files + pytest; command: exit code; python: recipe verifier."
+    )
+    hidden_files: dict[str, str] = Field(default_factory=dict, description="Never visible to the agent.")
+    command: str | None = Field(None, description="Command whose exit code 0 means resolved.")
+    fail_to_pass: list[str] = Field(default_factory=list, description="Tests that must go from failing to passing.")
+    pass_to_pass: list[str] = Field(default_factory=list, description="Tests that must keep passing.")
+    timeout_seconds: float = 120.0
+    expected: dict[str, Any] = Field(default_factory=dict, description="Recipe-specific expected state or answer.")
+
+
+class Task(_Record):
+    id: str
+    recipe: Recipe
+    split: Split
+    prompt: str = Field(description="What the agent is asked to do (the issue text for SWE).")
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
+    verifier: VerifierSpec = Field(default_factory=VerifierSpec)
+    reference_solution: str | None = Field(None, description="A unified diff or action script that resolves it.")
+    family: str | None = Field(None, description="Task family (e.g. bug kind), used for held-out splits.")
+    difficulty: int = 1
+    seed: int | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Steps and trajectories
+# ---------------------------------------------------------------------------------------------
+class ToolCall(_Record):
+    id: str = Field(default_factory=lambda: new_id("call"))
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class Step(_Record):
+    """One message of an episode. Assistant steps carry the tool call; tool steps carry its result."""
+
+    index: int
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+    tool_call: ToolCall | None = Field(None, description="Parsed tool call (assistant steps).")
+    tool_call_id: str | None = Field(None, description="The call this step answers (tool steps).")
+    tool_name: str | None = None
+    policy_error: str | None = Field(None, description="Malformed output or bad tool use: the policy's error.")
+    infra_error: str | None = Field(None, description="The environment failed while running this step's tool.")
+    token_ids: list[int] | None = Field(None, description="Assistant tokens exactly as generated (for RL).")
+    sandbox_state_id: str | None = Field(None, description="Snapshot id of the sandbox after this step.")
+    started_at: datetime | None = None
+    duration_seconds: float | None = None
+    # Filled by the credit stage (components/credit.py):
+    value_estimate: float | None = Field(None, description="Estimated P(resolve) after this step.")
+    credit: float | None = Field(None, description="value_estimate(t) - value_estimate(t-1).")
+    credited: bool | None = Field(None, description="Inside a selected rise segment (loss is applied).")
+
+
+class Outcome(str, enum.Enum):
+    resolved = "resolved"
+    unresolved = "unresolved"
+    infra_error = "infra_error"  # never a policy failure: excluded from rewards and denominators
+
+
+class EpisodeStatus(str, enum.Enum):
+    """How the episode ended; BAR ranks completed > truncated > time_truncated > aborted."""
+
+    completed = "completed"  # the agent submitted
+    truncated = "truncated"  # step or token limit reached
+    time_truncated = "time_truncated"  # wall-clock limit reached
+    aborted = "aborted"  # infrastructure failure: never enters a reward group
+
+
+class TestReport(_Record):
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    output: str = ""
+    duration_seconds: float = 0.0
+
+
+class Trajectory(_Record):
+    id: str = Field(default_factory=lambda: new_id("traj"))
+    schema_version: int = SCHEMA_VERSION
+    task_id: str
+    recipe: Recipe
+    split: Split = "train"
+    policy_id: str
+    steps: list[Step] = Field(default_factory=list)
+    tools: list[dict[str, Any]] = Field(default_factory=list, description="OpenAI-style tool specs offered.")
+    final_answer: str | None = Field(None, description="Final patch (SWE) or answer text.")
+    outcome: Outcome
+    outcome_reason: str | None = Field(None, description="Why unresolved / which infra error.")
+    status: EpisodeStatus = EpisodeStatus.completed
+    test_report: TestReport | None = None
+    reward: float | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_seconds: float = 0.0
+    attempt: int = 0
+    created_at: datetime = Field(default_factory=utcnow)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def resolved(self) -> bool:
+        return self.outcome is Outcome.resolved
+
+    @property
+    def num_assistant_steps(self) -> int:
+        return sum(1 for s in self.steps if s.role == "assistant")
+
+
+# ---------------------------------------------------------------------------------------------
+# Token-level samples (what SFT and RL train on)
+# ---------------------------------------------------------------------------------------------
+class TokenRole(int, enum.Enum):
+    system = 0
+    user = 1
+    assistant = 2
+    tool = 3
+
+
+class TokenizedSample(_Record):
+    """A rendered episode: ids as the model sees them, a role per token, and the loss mask."""
+
+    trajectory_id: str
+    input_ids: list[int]
+    roles: list[int] = Field(description="TokenRole per token.")
+    loss_mask: list[int] = Field(description="1 where loss is applied (assistant tokens of credited steps).")
+    step_index: list[int] = Field(description="Index of the Step each token came from.")
+    advantage: float | None = Field(None, description="RL only: the group-normalized advantage.")

@@ -1,0 +1,108 @@
+"""MLflow tracking shared by every stage: one parent run per pipeline run, a child run per stage.
+
+A stage calls `with stage_run("sft", config, tracking=...) as run:` and then `log_metrics(...)`.
+With `tracking=None` (or `TrackingConfig(enabled=False)`) nothing is logged, so stages stay plain
+functions that also run without MLflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TrackingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="Log to MLflow at all.")
+    tracking_uri: str = Field(
+        default_factory=lambda: os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlruns.db"),
+        description="MLflow tracking URI (sqlite file locally, http(s):// for a server).",
+    )
+    experiment: str = Field("orchard", description="MLflow experiment name.")
+    parent_run_id: str | None = Field(None, description="Pipeline run under which stage runs nest.")
+    run_name: str | None = None
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = value if isinstance(value, (int, float, str, bool)) or value is None else json.dumps(value)
+
+
+def config_params(config: BaseModel) -> dict[str, Any]:
+    """A typed config as flat MLflow params (nested models become dotted keys)."""
+    out: dict[str, Any] = {}
+    _flatten("", config.model_dump(mode="json"), out)
+    return {k: ("None" if v is None else v) for k, v in out.items()}
+
+
+@contextlib.contextmanager
+def stage_run(stage: str, config: BaseModel | None, tracking: TrackingConfig | None) -> Iterator[Any]:
+    """Open an MLflow run for a stage (nested under the parent when given); yields the run or None."""
+    if tracking is None or not tracking.enabled:
+        yield None
+        return
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    mlflow.set_experiment(tracking.experiment)
+    kwargs: dict[str, Any] = {"run_name": tracking.run_name or stage, "tags": {"orchard.stage": stage}}
+    if tracking.parent_run_id:
+        kwargs["parent_run_id"] = tracking.parent_run_id
+        kwargs["nested"] = True
+    with mlflow.start_run(**kwargs) as run:
+        if config is not None:
+            params = config_params(config)
+            items = list(params.items())
+            for i in range(0, len(items), 100):  # MLflow caps params per batch
+                mlflow.log_params(dict(items[i : i + 100]))
+        yield run
+
+
+def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
+    """Log numeric metrics to the active run, if any (non-numbers are skipped)."""
+    import mlflow
+
+    if mlflow.active_run() is None:
+        return
+    clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and v == v}
+    if clean:
+        mlflow.log_metrics(clean, step=step)
+
+
+def log_figure(fig: Any, name: str) -> None:
+    import mlflow
+
+    if mlflow.active_run() is not None:
+        mlflow.log_figure(fig, name)
+
+
+def log_artifact_path(path: str | Path, artifact_path: str | None = None) -> None:
+    import mlflow
+
+    if mlflow.active_run() is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        mlflow.log_artifacts(str(path), artifact_path=artifact_path)
+    else:
+        mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def log_json(obj: Any, name: str) -> None:
+    import mlflow
+
+    if mlflow.active_run() is None:
+        return
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / name
+        p.write_text(json.dumps(obj, indent=2, default=str))
+        mlflow.log_artifact(str(p))

@@ -1,0 +1,79 @@
+"""The backend contract: *where* a sandbox lives. Exec and file calls never go through a backend;
+they go to the in-sandbox agent at the `AgentEndpoint` the backend returns, so callers never know
+which backend they have.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
+
+
+class AgentEndpoint(BaseModel):
+    """How the control plane reaches a sandbox's agent. Every request carries `secret`."""
+
+    model_config = ConfigDict(extra="forbid")
+    transport: Literal["unix", "tcp"]
+    address: str = Field(description="Unix socket path, or host:port (a pod IP in Kubernetes).")
+    secret: str = Field(description="Per-sandbox shared secret; the agent refuses requests without it.")
+    tls: bool = Field(False, description="True where traffic crosses a network (Kubernetes).")
+    ca_cert_pem: str | None = Field(None, description="CA the agent's certificate is signed by (tls only).")
+
+
+class BackendStatus(BaseModel):
+    """What the backend knows about a running sandbox, independent of its agent."""
+
+    model_config = ConfigDict(extra="forbid")
+    alive: bool
+    infra_error: InfraErrorKind | None = None
+    message: str | None = None
+
+
+class SandboxBackend(abc.ABC):
+    """A place to run sandboxes. Implementations: `local.LocalBackend`, `kubernetes.KubernetesBackend`."""
+
+    name: str
+
+    @abc.abstractmethod
+    def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
+        """Create the sandbox and start its agent; return where the agent listens.
+
+        May block (it runs in a worker thread). Raises `BackendUnavailableError` for transient failures
+        (retried with backoff by the service) and other `SandboxServiceError`s for permanent ones.
+        Readiness is decided by the service: the sandbox is `ready` only once the agent answers.
+        """
+
+    @abc.abstractmethod
+    def status(self, sandbox_id: str) -> BackendStatus:
+        """Is it alive; if not, why (OOM_KILLED, SANDBOX_CRASHED, IMAGE_PULL_FAILED, ...)."""
+
+    @abc.abstractmethod
+    def stop(self, sandbox_id: str) -> None:
+        """Delete the sandbox and free everything it holds. Idempotent."""
+
+    @abc.abstractmethod
+    def apply_network_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        """Enforce the egress policy (namespaces/iptables locally, a NetworkPolicy in Kubernetes)."""
+
+    @abc.abstractmethod
+    def snapshot(self, sandbox_id: str, snapshot_id: str) -> int:
+        """Save the sandbox's writable filesystem under `snapshot_id`; return its size in bytes."""
+
+    @abc.abstractmethod
+    def restore(self, sandbox_id: str, snapshot_id: str) -> None:
+        """Replace the sandbox's writable filesystem with a snapshot's (processes may be restarted)."""
+
+    @abc.abstractmethod
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Free a snapshot. Idempotent."""
+
+    def list_orphans(self) -> list[str]:
+        """Sandbox ids the backend holds that the service does not know (for cleanup at start)."""
+        return []
+
+    def close(self) -> None:
+        """Release backend-wide resources at service shutdown."""

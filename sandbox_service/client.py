@@ -1,0 +1,397 @@
+"""Sync and async Python clients of the sandbox service.
+
+Every call has an explicit timeout; errors come back as the server's typed exceptions
+(`sandbox_service.errors`). `Sandbox`/`AsyncSandbox` handles are context managers that delete the
+sandbox on exit, so a crashed caller does not leak one (the heartbeat reaper is the second line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import random
+import tarfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sandbox_service.errors import SandboxServiceError, ServiceUnavailableError, error_from_body
+from sandbox_service.models import (
+    ExecRequest,
+    ExecResult,
+    FileEntry,
+    Job,
+    NetworkPolicy,
+    PatchRequest,
+    PatchResult,
+    PortExposure,
+    SandboxCreate,
+    SandboxInfo,
+    SandboxState,
+    SnapshotInfo,
+)
+
+DEFAULT_TIMEOUT = 30.0
+_RETRY_ATTEMPTS = 4
+
+
+def _raise_for_error(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        body = response.json()
+        code, message = body["code"], body["message"]
+    except Exception:  # a proxy or crash page, not our JSON
+        code, message = "http_error", f"HTTP {response.status_code}: {response.text[:500]}"
+    retry_after = response.headers.get("retry-after")
+    raise error_from_body(response.status_code, code, message, float(retry_after) if retry_after else None)
+
+
+def _tar_directory(local_dir: str | Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(str(local_dir), arcname=".")
+    return buf.getvalue()
+
+
+def _backoff(attempt: int, retry_after: float | None) -> float:
+    base = retry_after if retry_after is not None else min(2.0, 0.05 * 2**attempt)
+    return base * (0.5 + random.random())  # jitter so retrying clients do not stampede
+
+
+class SandboxClient:
+    """Synchronous client. `SandboxClient(url, token).create(SandboxCreate(...))` returns a `Sandbox`."""
+
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                 transport: httpx.BaseTransport | None = None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def request(self, method: str, path: str, *, timeout: float | None = None, retry: bool = True,
+                **kwargs: Any) -> httpx.Response:
+        """One HTTP call; 503s and connection errors are retried with backoff when `retry`."""
+        attempts = _RETRY_ATTEMPTS if retry else 1
+        for attempt in range(attempts):
+            try:
+                response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
+                _raise_for_error(response)
+                return response
+            except ServiceUnavailableError as err:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(_backoff(attempt, err.retry_after))
+            except (httpx.ConnectError, httpx.RemoteProtocolError) as err:
+                if attempt == attempts - 1:
+                    raise ServiceUnavailableError(f"sandbox service at {self.base_url} unreachable: {err}") from err
+                time.sleep(_backoff(attempt, None))
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "SandboxClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- service --------------------------------------------------------------------------------
+    def healthz(self) -> dict:
+        return self.request("GET", "/healthz").json()
+
+    def metrics(self) -> str:
+        return self.request("GET", "/metrics").text
+
+    # -- sandboxes ------------------------------------------------------------------------------
+    def create(self, spec: SandboxCreate | None = None, *, wait: bool = True,
+               wait_timeout: float = 120.0) -> "Sandbox":
+        spec = spec or SandboxCreate()
+        if spec.request_id is None:  # idempotent retries of the POST itself
+            spec = spec.model_copy(update={"request_id": uuid.uuid4().hex})
+        info = SandboxInfo.model_validate(
+            self.request("POST", "/v1/sandboxes", json=spec.model_dump(mode="json")).json()
+        )
+        sandbox = Sandbox(self, info)
+        if wait:
+            try:
+                sandbox.wait_ready(timeout=wait_timeout)
+            except BaseException:
+                sandbox.delete()  # never leak a sandbox whose creation we gave up on
+                raise
+        return sandbox
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        return SandboxInfo.model_validate(self.request("GET", f"/v1/sandboxes/{sandbox_id}").json())
+
+    def attach(self, sandbox_id: str) -> "Sandbox":
+        return Sandbox(self, self.get(sandbox_id))
+
+    def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        return [SandboxInfo.model_validate(x) for x in self.request("GET", "/v1/sandboxes", params=params).json()]
+
+    def get_job(self, job_id: str) -> Job:
+        return Job.model_validate(self.request("GET", f"/v1/jobs/{job_id}").json())
+
+    def wait_job(self, job_id: str, timeout: float = 60.0) -> Job:
+        """Wait server-side for a job; raises `WaitTimeoutError` (408) if it is still running."""
+        response = self.request("GET", f"/v1/jobs/{job_id}/wait", params={"timeout": timeout},
+                                timeout=timeout + 10.0)
+        return Job.model_validate(response.json())
+
+
+class Sandbox:
+    """A handle on one sandbox. Use as a context manager to delete it on exit."""
+
+    def __init__(self, client: SandboxClient, info: SandboxInfo):
+        self.client = client
+        self.info = info
+        self.id = info.id
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.id}{suffix}"
+
+    def refresh(self) -> SandboxInfo:
+        self.info = self.client.get(self.id)
+        return self.info
+
+    def wait_ready(self, timeout: float = 120.0) -> SandboxInfo:
+        """Block until ready; raises the failure as `BackendUnavailableError` / `WaitTimeoutError`."""
+        response = self.client.request("GET", self._path("/wait"), params={"timeout": timeout},
+                                       timeout=timeout + 10.0)
+        self.info = SandboxInfo.model_validate(response.json())
+        if self.info.state is not SandboxState.ready:
+            from sandbox_service.errors import BackendUnavailableError
+
+            raise BackendUnavailableError(f"sandbox {self.id} is {self.info.state.value}: {self.info.error}")
+        return self.info
+
+    def delete(self) -> None:
+        try:
+            self.client.request("DELETE", self._path())
+        except SandboxServiceError as err:
+            if err.status_code != 404:
+                raise
+
+    def exec(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
+             timeout: float = 60.0, stdin: str | None = None, max_output_bytes: int | None = None) -> ExecResult:
+        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
+                          max_output_bytes=max_output_bytes, wait=True)
+        # Exec is not idempotent, so transport errors are not retried here; 503 (saturation) is.
+        response = self.client.request("POST", self._path("/exec"), json=req.model_dump(mode="json"),
+                                       timeout=timeout + 30.0)
+        return ExecResult.model_validate(response.json())
+
+    def exec_async(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout: float = 60.0, stdin: str | None = None) -> Job:
+        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin, wait=False)
+        return Job.model_validate(self.client.request("POST", self._path("/exec"), json=req.model_dump(mode="json")).json())
+
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        payload = data.encode() if isinstance(data, str) else data
+        params: dict[str, Any] = {"path": path}
+        if mode is not None:
+            params["mode"] = oct(mode)
+        self.client.request("PUT", self._path("/files"), params=params, content=payload)
+
+    def read_file(self, path: str) -> bytes:
+        return self.client.request("GET", self._path("/files"), params={"path": path}).content
+
+    def read_text(self, path: str) -> str:
+        return self.read_file(path).decode("utf-8", errors="replace")
+
+    def list_files(self, path: str = ".") -> list[FileEntry]:
+        response = self.client.request("GET", self._path("/files/list"), params={"path": path})
+        return [FileEntry.model_validate(x) for x in response.json()]
+
+    def upload_dir(self, local_dir: str | Path, path: str) -> None:
+        """Upload a local directory (as a tar) so that its contents land under `path`."""
+        self.client.request("PUT", self._path("/files/archive"), params={"path": path},
+                            content=_tar_directory(local_dir), timeout=120.0)
+
+    def download_dir(self, path: str) -> bytes:
+        """A gzipped tar of `path` inside the sandbox."""
+        return self.client.request("GET", self._path("/files/archive"), params={"path": path}, timeout=120.0).content
+
+    def apply_patch(self, patch: str, *, cwd: str | None = None, strip: int = 1) -> PatchResult:
+        req = PatchRequest(patch=patch, cwd=cwd, strip=strip)
+        return PatchResult.model_validate(
+            self.client.request("POST", self._path("/apply_patch"), json=req.model_dump(mode="json")).json()
+        )
+
+    def set_network_policy(self, policy: NetworkPolicy) -> SandboxInfo:
+        response = self.client.request("PUT", self._path("/network-policy"), json=policy.model_dump(mode="json"))
+        self.info = SandboxInfo.model_validate(response.json())
+        return self.info
+
+    def heartbeat(self) -> None:
+        self.client.request("POST", self._path("/heartbeat"))
+
+    def snapshot(self) -> SnapshotInfo:
+        return SnapshotInfo.model_validate(self.client.request("POST", self._path("/snapshots"), timeout=120.0).json())
+
+    def restore(self, snapshot_id: str) -> SandboxInfo:
+        """Reset this sandbox's filesystem to a snapshot (of this or another sandbox)."""
+        response = self.client.request("POST", self._path("/restore"), json={"snapshot_id": snapshot_id},
+                                       timeout=120.0)
+        self.info = SandboxInfo.model_validate(response.json())
+        return self.info
+
+    def expose_port(self, port: int) -> PortExposure:
+        return PortExposure.model_validate(self.client.request("POST", self._path("/ports"), json={"port": port}).json())
+
+    def unexpose_port(self, port: int) -> None:
+        self.client.request("DELETE", self._path(f"/ports/{port}"))
+
+
+class AsyncSandboxClient:
+    """Asynchronous twin of `SandboxClient` (same methods, awaitable)."""
+
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+
+    async def request(self, method: str, path: str, *, timeout: float | None = None, retry: bool = True,
+                      **kwargs: Any) -> httpx.Response:
+        attempts = _RETRY_ATTEMPTS if retry else 1
+        for attempt in range(attempts):
+            try:
+                response = await self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
+                _raise_for_error(response)
+                return response
+            except ServiceUnavailableError as err:
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(_backoff(attempt, err.retry_after))
+            except (httpx.ConnectError, httpx.RemoteProtocolError) as err:
+                if attempt == attempts - 1:
+                    raise ServiceUnavailableError(f"sandbox service at {self.base_url} unreachable: {err}") from err
+                await asyncio.sleep(_backoff(attempt, None))
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncSandboxClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def healthz(self) -> dict:
+        return (await self.request("GET", "/healthz")).json()
+
+    async def create(self, spec: SandboxCreate | None = None, *, wait: bool = True,
+                     wait_timeout: float = 120.0) -> "AsyncSandbox":
+        spec = spec or SandboxCreate()
+        if spec.request_id is None:
+            spec = spec.model_copy(update={"request_id": uuid.uuid4().hex})
+        info = SandboxInfo.model_validate((await self.request("POST", "/v1/sandboxes",
+                                                              json=spec.model_dump(mode="json"))).json())
+        sandbox = AsyncSandbox(self, info)
+        if wait:
+            try:
+                await sandbox.wait_ready(timeout=wait_timeout)
+            except BaseException:
+                await sandbox.delete()
+                raise
+        return sandbox
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        return SandboxInfo.model_validate((await self.request("GET", f"/v1/sandboxes/{sandbox_id}")).json())
+
+    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
+        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        return [SandboxInfo.model_validate(x) for x in (await self.request("GET", "/v1/sandboxes", params=params)).json()]
+
+    async def wait_job(self, job_id: str, timeout: float = 60.0) -> Job:
+        response = await self.request("GET", f"/v1/jobs/{job_id}/wait", params={"timeout": timeout},
+                                      timeout=timeout + 10.0)
+        return Job.model_validate(response.json())
+
+
+class AsyncSandbox:
+    """Async handle on one sandbox (`async with` deletes it on exit)."""
+
+    def __init__(self, client: AsyncSandboxClient, info: SandboxInfo):
+        self.client = client
+        self.info = info
+        self.id = info.id
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.delete()
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.id}{suffix}"
+
+    async def wait_ready(self, timeout: float = 120.0) -> SandboxInfo:
+        response = await self.client.request("GET", self._path("/wait"), params={"timeout": timeout},
+                                             timeout=timeout + 10.0)
+        self.info = SandboxInfo.model_validate(response.json())
+        if self.info.state is not SandboxState.ready:
+            from sandbox_service.errors import BackendUnavailableError
+
+            raise BackendUnavailableError(f"sandbox {self.id} is {self.info.state.value}: {self.info.error}")
+        return self.info
+
+    async def delete(self) -> None:
+        try:
+            await self.client.request("DELETE", self._path())
+        except SandboxServiceError as err:
+            if err.status_code != 404:
+                raise
+
+    async def exec(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout: float = 60.0, stdin: str | None = None,
+                   max_output_bytes: int | None = None) -> ExecResult:
+        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
+                          max_output_bytes=max_output_bytes, wait=True)
+        response = await self.client.request("POST", self._path("/exec"), json=req.model_dump(mode="json"),
+                                             timeout=timeout + 30.0)
+        return ExecResult.model_validate(response.json())
+
+    async def write_file(self, path: str, data: bytes | str) -> None:
+        payload = data.encode() if isinstance(data, str) else data
+        await self.client.request("PUT", self._path("/files"), params={"path": path}, content=payload)
+
+    async def read_file(self, path: str) -> bytes:
+        return (await self.client.request("GET", self._path("/files"), params={"path": path})).content
+
+    async def upload_dir(self, local_dir: str | Path, path: str) -> None:
+        await self.client.request("PUT", self._path("/files/archive"), params={"path": path},
+                                  content=_tar_directory(local_dir), timeout=120.0)
+
+    async def apply_patch(self, patch: str, *, cwd: str | None = None, strip: int = 1) -> PatchResult:
+        req = PatchRequest(patch=patch, cwd=cwd, strip=strip)
+        return PatchResult.model_validate(
+            (await self.client.request("POST", self._path("/apply_patch"), json=req.model_dump(mode="json"))).json()
+        )
+
+    async def heartbeat(self) -> None:
+        await self.client.request("POST", self._path("/heartbeat"))
+
+    async def snapshot(self) -> SnapshotInfo:
+        return SnapshotInfo.model_validate((await self.client.request("POST", self._path("/snapshots"),
+                                                                      timeout=120.0)).json())
+
+    async def restore(self, snapshot_id: str) -> SandboxInfo:
+        response = await self.client.request("POST", self._path("/restore"), json={"snapshot_id": snapshot_id},
+                                             timeout=120.0)
+        self.info = SandboxInfo.model_validate(response.json())
+        return self.info

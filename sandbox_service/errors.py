@@ -1,0 +1,122 @@
+"""One flat exception hierarchy shared by server and client.
+
+The server turns a `SandboxServiceError` into `{code, message}` JSON with its HTTP status; the client
+re-raises the same type from that body, so callers catch e.g. `SandboxNotFoundError` on both sides.
+"""
+
+from __future__ import annotations
+
+
+class SandboxServiceError(Exception):
+    status_code: int = 500
+    code: str = "internal_error"
+    retryable: bool = False
+
+    def __init__(self, message: str, *, retry_after: float | None = None):
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class InvalidRequestError(SandboxServiceError, ValueError):
+    status_code = 400
+    code = "invalid_request"
+
+
+class PathOutsideSandboxError(InvalidRequestError):
+    code = "path_outside_sandbox"
+
+
+class UnauthorizedError(SandboxServiceError, PermissionError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class NotFoundError(SandboxServiceError, LookupError):
+    status_code = 404
+    code = "not_found"
+
+
+class SandboxNotFoundError(NotFoundError):
+    code = "sandbox_not_found"
+
+
+class JobNotFoundError(NotFoundError):
+    code = "job_not_found"
+
+
+class SnapshotNotFoundError(NotFoundError):
+    code = "snapshot_not_found"
+
+
+class FileNotFoundInSandboxError(NotFoundError, FileNotFoundError):
+    code = "file_not_found"
+
+
+class WaitTimeoutError(SandboxServiceError, TimeoutError):
+    status_code = 408
+    code = "wait_timeout"
+
+
+class ConflictError(SandboxServiceError):
+    status_code = 409
+    code = "conflict"
+
+
+class SandboxNotReadyError(ConflictError):
+    code = "sandbox_not_ready"
+
+
+class ValidationFailedError(SandboxServiceError, ValueError):
+    status_code = 422
+    code = "validation_error"
+
+
+class ServiceUnavailableError(SandboxServiceError):
+    status_code = 503
+    code = "unavailable"
+    retryable = True
+
+
+class CapacityExceededError(ServiceUnavailableError):
+    code = "capacity_exceeded"
+
+
+class BackendUnavailableError(ServiceUnavailableError):
+    code = "backend_unavailable"
+
+
+class IsolationUnavailableError(SandboxServiceError, RuntimeError):
+    """Namespaces or cgroups are missing and the operator did not ask for unisolated mode."""
+
+    status_code = 500
+    code = "isolation_unavailable"
+
+
+_BY_CODE: dict[str, type[SandboxServiceError]] = {}
+
+
+def _register(cls: type[SandboxServiceError]) -> None:
+    _BY_CODE[cls.code] = cls
+    for sub in cls.__subclasses__():
+        _register(sub)
+
+
+_register(SandboxServiceError)
+
+
+def error_from_body(status_code: int, code: str, message: str, retry_after: float | None = None) -> SandboxServiceError:
+    """Rebuild the server's exception on the client side (unknown codes fall back by status)."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        cls = {
+            400: InvalidRequestError,
+            401: UnauthorizedError,
+            404: NotFoundError,
+            408: WaitTimeoutError,
+            409: ConflictError,
+            422: ValidationFailedError,
+            503: ServiceUnavailableError,
+        }.get(status_code, SandboxServiceError)
+    err = cls(message, retry_after=retry_after)
+    return err
