@@ -48,3 +48,10 @@ class Policy(Protocol):
     def generate(self, messages: list[ChatMessage], config: GenerationConfig) -> Generation:
         """Return the next assistant message for the conversation so far."""
         ...
+
+
+@runtime_checkable
+class EpisodeAwarePolicy(Protocol):
+    """A policy that needs to know the task (scripted teachers). The harness calls `reset` first."""
+
+    def reset(self, task: Any) -> None: ...
