@@ -1,0 +1,67 @@
+"""What the control plane can ask of a sandbox's agent. `agent/client.py` implements it over the
+agent's wire protocol; the service (`service.py`) only ever uses this interface.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from sandbox_service.models import ExecRequest, ExecResult, FileEntry
+
+
+class PtySession(abc.ABC):
+    """An interactive terminal inside the sandbox."""
+
+    @abc.abstractmethod
+    async def read(self) -> bytes:
+        """Next chunk of terminal output; b'' when the shell exited."""
+
+    @abc.abstractmethod
+    async def write(self, data: bytes) -> None: ...
+
+    @abc.abstractmethod
+    async def resize(self, rows: int, cols: int) -> None: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class AgentClientBase(abc.ABC):
+    """One connection target (an `AgentEndpoint`); safe for concurrent use from one event loop."""
+
+    @abc.abstractmethod
+    async def ping(self, timeout: float = 1.0) -> dict:
+        """Answer from the agent (pid, version); raises on no answer. Readiness = a successful ping."""
+
+    @abc.abstractmethod
+    async def exec(self, request: ExecRequest, *, workdir: str, env: dict[str, str],
+                   max_output_bytes: int) -> ExecResult:
+        """Run a command; the agent kills its whole process tree on timeout. Raises
+        `AgentUnreachableError` if the agent is gone (the service maps that to an infra error)."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str) -> bytes: ...
+
+    @abc.abstractmethod
+    async def write_file(self, path: str, data: bytes, mode: int | None = None) -> None: ...
+
+    @abc.abstractmethod
+    async def list_files(self, path: str) -> list[FileEntry]: ...
+
+    @abc.abstractmethod
+    async def put_archive(self, path: str, tar_gz: bytes) -> None:
+        """Extract a gzipped tar under `path` (members escaping `path` are refused)."""
+
+    @abc.abstractmethod
+    async def get_archive(self, path: str) -> bytes: ...
+
+    @abc.abstractmethod
+    async def open_pty(self, command: list[str], rows: int = 24, cols: int = 80,
+                       env: dict[str, str] | None = None, cwd: str | None = None) -> PtySession: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class AgentUnreachableError(ConnectionError):
+    """The agent did not answer (crashed, killed, sandbox gone)."""
