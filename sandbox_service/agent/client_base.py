@@ -60,6 +60,12 @@ class AgentClientBase(abc.ABC):
                        env: dict[str, str] | None = None, cwd: str | None = None) -> PtySession: ...
 
     @abc.abstractmethod
+    async def http_request(self, port: int, method: str, path: str, headers: dict[str, str],
+                           body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """Relay one HTTP request to 127.0.0.1:port inside the sandbox (service-port exposure works
+        the same in every backend because the agent, not the host, opens the connection)."""
+
+    @abc.abstractmethod
     async def close(self) -> None: ...
 
 
