@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install test test-all demo bench compile clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
+	./scripts/install-system-deps.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel
 	# constraints.txt pins every transitive version we tested with (torch==2.13.0 CPU build among them).

@@ -27,6 +27,11 @@ class PathOutsideSandboxError(InvalidRequestError):
     code = "path_outside_sandbox"
 
 
+class RequestTooLargeError(InvalidRequestError):
+    status_code = 413
+    code = "request_too_large"
+
+
 class UnauthorizedError(SandboxServiceError, PermissionError):
     status_code = 401
     code = "unauthorized"

@@ -37,11 +37,23 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value if isinstance(value, (int, float, str, bool)) or value is None else json.dumps(value)
 
 
+_SECRET_WORDS = ("token", "api_key", "apikey", "password", "secret")
+
+
+def _is_secret(key: str) -> bool:
+    leaf = key.rsplit(".", 1)[-1].lower()
+    return any(word in leaf for word in _SECRET_WORDS)
+
+
 def config_params(config: BaseModel) -> dict[str, Any]:
-    """A typed config as flat MLflow params (nested models become dotted keys)."""
+    """A typed config as flat MLflow params (nested models become dotted keys).
+
+    Secrets (a field named like token/api_key/password/secret, e.g. `sandbox.token`) are logged as
+    "***" when set: params are readable by anyone with access to the tracking server.
+    """
     out: dict[str, Any] = {}
     _flatten("", config.model_dump(mode="json"), out)
-    return {k: ("None" if v is None else v) for k, v in out.items()}
+    return {k: ("None" if v is None else "***" if _is_secret(k) else v) for k, v in out.items()}
 
 
 @contextlib.contextmanager
@@ -106,3 +118,60 @@ def log_json(obj: Any, name: str) -> None:
         p = Path(d) / name
         p.write_text(json.dumps(obj, indent=2, default=str))
         mlflow.log_artifact(str(p))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pipeline-level runs (added for pipelines/; the stage API above is unchanged)
+# ---------------------------------------------------------------------------------------------
+def open_pipeline_run(tracking: TrackingConfig, run_name: str, config: BaseModel | None = None,
+                      tags: dict[str, str] | None = None) -> str:
+    """Create the parent run of a pipeline run and leave it RUNNING; returns its id.
+
+    Uses the client API (not `mlflow.start_run`) so the run stays open across processes and
+    pipeline steps; `close_pipeline_run` ends it. Stage runs nest under it via `parent_run_id`.
+    """
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    client = mlflow.MlflowClient(tracking.tracking_uri)
+    experiment = client.get_experiment_by_name(tracking.experiment)
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment(tracking.experiment)
+    run = client.create_run(experiment_id, run_name=run_name, tags={"orchard.stage": "pipeline", **(tags or {})})
+    if config is not None:
+        items = list(config_params(config).items())
+        for i in range(0, len(items), 100):
+            from mlflow.entities import Param
+
+            client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in items[i : i + 100]])
+    return run.info.run_id
+
+
+def close_pipeline_run(tracking: TrackingConfig, run_id: str, status: str = "FINISHED") -> None:
+    """End a pipeline's parent run (status FINISHED, FAILED or KILLED)."""
+    import mlflow
+
+    mlflow.MlflowClient(tracking.tracking_uri).set_terminated(run_id, status=status)
+
+
+@contextlib.contextmanager
+def resume_run(tracking: TrackingConfig, run_id: str) -> Iterator[Any]:
+    """Make an existing run the active one for logging without ending it on exit."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    run = mlflow.start_run(run_id=run_id)
+    try:
+        yield run
+    finally:
+        # end_run would mark it FINISHED; restore RUNNING so later steps can still nest under it.
+        mlflow.end_run()
+        mlflow.MlflowClient(tracking.tracking_uri).update_run(run_id, status="RUNNING")
+
+
+def log_table(df: Any, name: str) -> None:
+    """Log a pandas DataFrame as an MLflow table artifact (JSON, shown in the UI)."""
+    import mlflow
+
+    if mlflow.active_run() is not None:
+        mlflow.log_table(data=df, artifact_file=name)
+

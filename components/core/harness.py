@@ -1,0 +1,250 @@
+"""The harness: one episode of a policy acting on a task through tools in a sandbox.
+
+It turns model text into tool calls (`protocol.py`) and tool results into observations, enforces
+the limits, and verifies the end state with the recipe's hidden checks. Every failure is attributed
+to one boundary: malformed output or a bad tool call is the policy's error (an observation, the
+episode goes on); the sandbox service, the verifier's environment or the policy endpoint failing is
+infrastructure (`Outcome.infra_error`, `EpisodeStatus.aborted`, with the reason), never unresolved.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.policy_base import ChatMessage, EpisodeAwarePolicy, GenerationConfig, Policy
+from components.core.protocol import ToolCallParseError, parse_tool_call, tools_prompt
+from components.core.recipe_base import RecipeBase, ToolResult
+from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, utcnow
+from sandbox_service.client import Sandbox, SandboxClient
+from sandbox_service.errors import SandboxServiceError
+
+log = logging.getLogger(__name__)
+
+
+class HarnessConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_steps: int = Field(16, ge=1, description="Most assistant turns; reaching it ends the episode as truncated.")
+    max_total_tokens: int = Field(
+        16384, ge=16, description="Most tokens in the conversation (last prompt + completion); beyond: truncated."
+    )
+    tool_call_timeout_seconds: float = Field(
+        180.0, gt=0, description="Watchdog on one tool call; a call that hangs this long is an infra failure."
+    )
+    max_wall_seconds: float = Field(900.0, gt=0, description="Wall-clock budget per episode; beyond: time_truncated.")
+    generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings per turn.")
+    snapshot_every_step: bool = Field(
+        False, description="Snapshot the sandbox after setup and after every tool step (Step.sandbox_state_id)."
+    )
+    sandbox_wait_seconds: float = Field(120.0, gt=0, description="How long to wait for a new sandbox to be ready.")
+    heartbeat_every_seconds: float = Field(30.0, gt=0, description="Heartbeat the sandbox when idle this long.")
+
+
+class _Abort(Exception):
+    """Infrastructure failure: the episode ends as infra_error/aborted with this reason."""
+
+
+def steps_to_messages(steps: list[Step]) -> list[ChatMessage]:
+    """The chat conversation of `steps` (tool observations keep their call id and tool name)."""
+    return [ChatMessage(role=s.role, content=s.content, tool_call_id=s.tool_call_id,
+                        name=s.tool_name if s.role == "tool" else None) for s in steps]
+
+
+def initial_steps(task: Task, recipe: RecipeBase) -> list[Step]:
+    tools = [t.openai() for t in recipe.tools()]
+    system = f"{recipe.system_prompt(task)}\n\n{tools_prompt(tools)}"
+    return [Step(index=0, role="system", content=system), Step(index=1, role="user", content=task.prompt)]
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"[:1000]
+
+
+class _Episode:
+    """State of one running episode (kept off module globals so episodes run in parallel threads)."""
+
+    def __init__(self, task: Task, recipe: RecipeBase, policy: Policy, config: HarnessConfig):
+        self.task, self.recipe, self.policy, self.config = task, recipe, policy, config
+        self.start = time.monotonic()
+        self.steps: list[Step] = []
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.final_answer: str | None = None
+        self.submitted = False
+        self.sandbox: Sandbox | None = None
+        self.last_contact = time.monotonic()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool")
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def add(self, **fields: Any) -> Step:
+        step = Step(index=len(self.steps), **fields)
+        self.steps.append(step)
+        return step
+
+    def snapshot_into(self, step: Step) -> None:
+        if self.config.snapshot_every_step and self.sandbox is not None:
+            try:
+                step.sandbox_state_id = self.sandbox.snapshot().id
+            except (SandboxServiceError, httpx.HTTPError) as err:
+                raise _Abort(f"snapshot failed: {_describe(err)}") from err
+
+    def run_tool(self, step: Step) -> ToolResult:
+        """Execute an assistant step's call under the watchdog; infra failures raise `_Abort`."""
+        assert self.sandbox is not None and step.tool_call is not None
+        future = self._pool.submit(self.recipe.execute_tool, self.sandbox, self.task, step.tool_call)
+        try:
+            result = future.result(timeout=self.config.tool_call_timeout_seconds)
+        except concurrent.futures.TimeoutError:
+            raise _Abort(f"TIMEOUT: tool {step.tool_call.name} did not return within "
+                         f"{self.config.tool_call_timeout_seconds:g}s") from None
+        except (SandboxServiceError, httpx.HTTPError) as err:
+            raise _Abort(f"sandbox failed in tool {step.tool_call.name}: {_describe(err)}") from err
+        except Exception as err:  # a recipe bug: recorded as data, not a crash of the whole stage
+            log.exception("tool %s raised", step.tool_call.name)
+            raise _Abort(f"tool {step.tool_call.name} raised {_describe(err)}") from err
+        self.last_contact = time.monotonic()
+        if result.infra_error:
+            raise _Abort(f"infrastructure error in tool {step.tool_call.name}: {result.infra_error}")
+        return result
+
+    def observe(self, step: Step, result: ToolResult, started: float) -> Step:
+        assert step.tool_call is not None
+        obs = self.add(role="tool", content=result.output, tool_call_id=step.tool_call.id,
+                       tool_name=step.tool_call.name, policy_error=result.policy_error,
+                       started_at=utcnow(), duration_seconds=time.monotonic() - started)
+        if result.submitted:
+            self.submitted = True
+            self.final_answer = result.final_answer
+        self.snapshot_into(obs)
+        return obs
+
+    def replay(self, prefix: list[Step], *, rerun: bool) -> None:
+        """Adopt `prefix` as the start of the episode. With `rerun` its tool calls are executed again
+        to rebuild the sandbox state (no snapshot to fork); a final unanswered call is answered now."""
+        if prefix[0].role != "system":  # a bare action prefix: put the task's own preamble first
+            prefix = initial_steps(self.task, self.recipe) + [s for s in prefix if s.role not in ("system", "user")]
+        for s in prefix:
+            self.steps.append(s.model_copy(update={"index": len(self.steps)}, deep=True))
+        last = len(self.steps) - 1
+        for i, step in enumerate(list(self.steps)):
+            if step.role != "assistant" or step.tool_call is None:
+                continue
+            answered = i < last and self.steps[i + 1].role == "tool"
+            if answered and not rerun:
+                continue
+            if not answered and i != last:
+                continue
+            result = self.run_tool(step)
+            if answered:
+                if result.submitted:
+                    self.submitted, self.final_answer = True, result.final_answer
+            else:
+                self.observe(step, result, time.monotonic())
+
+    def loop(self) -> EpisodeStatus:
+        cfg = self.config
+        assert self.sandbox is not None
+        while not self.submitted:
+            turns = sum(1 for s in self.steps if s.role == "assistant")
+            if turns >= cfg.max_steps:
+                return EpisodeStatus.truncated
+            if self.elapsed() >= cfg.max_wall_seconds:
+                return EpisodeStatus.time_truncated
+            if time.monotonic() - self.last_contact > cfg.heartbeat_every_seconds:
+                try:
+                    self.sandbox.heartbeat()
+                except (SandboxServiceError, httpx.HTTPError) as err:
+                    raise _Abort(f"sandbox lost: {_describe(err)}") from err
+                self.last_contact = time.monotonic()
+            started = time.monotonic()
+            started_at = utcnow()
+            try:
+                gen = self.policy.generate(steps_to_messages(self.steps), cfg.generation)
+            except Exception as err:  # the provider boundary: an endpoint failure is not a policy error
+                raise _Abort(f"policy {self.policy.policy_id} failed to generate: {_describe(err)}") from err
+            self.prompt_tokens += gen.prompt_tokens
+            self.completion_tokens += gen.completion_tokens
+            try:
+                call = parse_tool_call(gen.text)
+                error = None
+            except ToolCallParseError as err:
+                call, error = None, str(err)
+            step = self.add(role="assistant", content=gen.text, tool_call=call, policy_error=error,
+                            token_ids=list(gen.token_ids) if gen.token_ids is not None else None,
+                            started_at=started_at, duration_seconds=time.monotonic() - started)
+            if call is None:
+                obs = self.add(role="tool", content=f"Error: {error}", policy_error=error, started_at=utcnow())
+                self.snapshot_into(obs)  # every step gets a restorable state, even an unchanged one
+            else:
+                tool_started = time.monotonic()
+                self.observe(step, self.run_tool(step), tool_started)
+            if gen.prompt_tokens + gen.completion_tokens >= cfg.max_total_tokens and not self.submitted:
+                return EpisodeStatus.truncated
+        return EpisodeStatus.completed
+
+
+def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxClient, config: HarnessConfig,
+                *, prefix_steps: list[Step] | None = None, from_snapshot: str | None = None) -> Trajectory:
+    """Run one episode and verify it. With `from_snapshot` the sandbox forks that state (no setup,
+    no replay); with only `prefix_steps` the prefix's tool calls are re-executed after setup."""
+    ep = _Episode(task, recipe, policy, config)
+    if isinstance(policy, EpisodeAwarePolicy):
+        policy.reset(task)
+    status, outcome, reason = EpisodeStatus.aborted, Outcome.infra_error, None
+    report: TestReport | None = None
+    try:
+        spec = recipe.sandbox_spec(task)
+        if from_snapshot:
+            spec = spec.model_copy(update={"from_snapshot": from_snapshot})
+        try:
+            ep.sandbox = client.create(spec, wait_timeout=config.sandbox_wait_seconds)
+            if not from_snapshot:
+                recipe.setup(ep.sandbox, task)
+        except Exception as err:
+            raise _Abort(f"sandbox setup failed: {_describe(err)}") from err
+        ep.last_contact = time.monotonic()
+        if prefix_steps:
+            ep.replay(prefix_steps, rerun=from_snapshot is None)
+        else:
+            ep.steps = initial_steps(task, recipe)
+            ep.snapshot_into(ep.steps[-1])
+        status = ep.loop() if not ep.submitted else EpisodeStatus.completed
+        try:
+            verdict = recipe.verify(ep.sandbox, task, ep.final_answer)
+        except (SandboxServiceError, httpx.HTTPError) as err:
+            raise _Abort(f"verification failed: {_describe(err)}") from err
+        report = verdict.report
+        if verdict.infra_error:
+            raise _Abort(f"verification failed: {verdict.infra_error}")
+        outcome = Outcome.resolved if verdict.resolved else Outcome.unresolved
+        reason = verdict.reason if not verdict.resolved else None
+        if not verdict.resolved and status is not EpisodeStatus.completed:
+            reason = f"{status.value}: {reason}"
+    except _Abort as err:
+        status, outcome, reason = EpisodeStatus.aborted, Outcome.infra_error, str(err)
+        if not ep.steps:
+            ep.steps = initial_steps(task, recipe)
+    finally:
+        ep._pool.shutdown(wait=False, cancel_futures=True)
+        if ep.sandbox is not None:
+            try:
+                ep.sandbox.delete()
+            except Exception as err:  # the reaper collects it; the episode's result stands
+                log.warning("could not delete sandbox %s: %s", ep.sandbox.id, err)
+    reward = {Outcome.resolved: 1.0, Outcome.unresolved: 0.0}.get(outcome)
+    return Trajectory(
+        task_id=task.id, recipe=task.recipe, split=task.split, policy_id=policy.policy_id, steps=ep.steps,
+        tools=[t.openai() for t in recipe.tools()], final_answer=ep.final_answer, outcome=outcome,
+        outcome_reason=reason, status=status, test_report=report, reward=reward,
+        prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens, wall_seconds=ep.elapsed(),
+        metadata={"sandbox_id": ep.sandbox.id if ep.sandbox else None, "family": task.family,
+                  "difficulty": task.difficulty, "from_snapshot": from_snapshot,
+                  "prefix_len": len(prefix_steps) if prefix_steps else 0},
+    )

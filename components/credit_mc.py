@@ -1,0 +1,122 @@
+"""Monte-Carlo value estimator (the embedded default; needs no LLM).
+
+V(s_t) = the fraction of k continuations by the teacher that resolve the task when started from the
+state after assistant step t. The state is restored by forking the snapshot the harness took after
+that step (`Step.sandbox_state_id`, with `HarnessConfig.snapshot_every_step`), or, without one, by
+replaying the prefix's tool calls in a fresh sandbox (`run_episode(prefix_steps=...)`). A state after
+the final `submit` is terminal: its value is the verified outcome itself. Each value comes with its
+binomial standard error sqrt(p(1-p)/n); continuations that end in `infra_error` are excluded from n
+(and reported), never counted as failures. Key steps every `stride` assistant steps; the rest are
+linearly interpolated (as in the published labeling).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.harness import HarnessConfig, run_episode
+from components.core.policy_base import GenerationConfig, Policy
+from components.core.recipe_base import RecipeBase
+from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
+from components.credit_base import (
+    CreditEstimationError, ValueEstimate, assistant_positions, initial_end, state_end,
+)
+from components.credit_segments import interpolate
+from sandbox_service.client import SandboxClient
+
+
+class MonteCarloConfig(BaseModel):
+    """Continuations from each intermediate state."""
+
+    model_config = ConfigDict(extra="forbid")
+    k: int = Field(4, ge=1, description="Continuations per key state.")
+    stride: int = Field(1, ge=1, description="Estimate every stride-th assistant step (the last always); interpolate the rest.")
+    teacher_error_rate: float = Field(0.2, ge=0.0, le=1.0, description="Error rate of the scripted continuation teacher.")
+    seed: int = Field(0, description="Base seed of the continuation teachers.")
+    max_steps: int = Field(12, ge=1, description="Assistant turns a continuation may add.")
+    parallel: int = Field(4, ge=1, description="Continuations running at once (each in its own sandbox).")
+    use_snapshots: bool = Field(True, description="Fork Step.sandbox_state_id when present instead of replaying.")
+    max_infra_failures: float = Field(0.5, ge=0.0, le=1.0, description="Give up on a state when more than this fraction of its continuations fail for infrastructure.")
+
+
+PolicyFactory = Callable[[int], Policy]
+
+
+def scripted_teacher_factory(error_rate: float, base_seed: int) -> PolicyFactory:
+    from components.recipes.swe.teacher import ScriptedTeacher
+
+    return lambda i: ScriptedTeacher(error_rate=error_rate, seed=base_seed + i)
+
+
+class MonteCarloEstimator:
+    name = "monte_carlo"
+
+    def __init__(self, config: MonteCarloConfig, recipe: RecipeBase, client: SandboxClient,
+                 policy_factory: PolicyFactory | None = None, harness: HarnessConfig | None = None) -> None:
+        self.config = config
+        self.recipe = recipe
+        self.client = client
+        self.policy_factory = policy_factory or scripted_teacher_factory(config.teacher_error_rate, config.seed)
+        self.harness = harness or HarnessConfig(max_steps=config.max_steps, max_wall_seconds=300,
+                                                generation=GenerationConfig(temperature=0.0))
+        self.continuations = 0
+        self.infra_failures = 0
+
+    def _continue(self, task: Task, prefix, snapshot: str | None, seed: int) -> Outcome:
+        # max_steps counts the prefix's assistant turns too: extend the budget by them.
+        turns = sum(1 for s in prefix if s.role == "assistant")
+        cfg = self.harness.model_copy(update={"max_steps": turns + self.config.max_steps})
+        traj = run_episode(task, self.recipe, self.policy_factory(seed), self.client, cfg,
+                           prefix_steps=prefix, from_snapshot=snapshot)
+        if snapshot and traj.outcome is Outcome.infra_error and "setup failed" in (traj.outcome_reason or ""):
+            # The snapshot is gone (another service instance, or pruned): rebuild the state by replay.
+            traj = run_episode(task, self.recipe, self.policy_factory(seed), self.client, cfg, prefix_steps=prefix)
+        return traj.outcome
+
+    def _value(self, trajectory: Trajectory, end: int, outcomes: list[Outcome]) -> tuple[float, float, int]:
+        self.continuations += len(outcomes)
+        valid = [o for o in outcomes if o is not Outcome.infra_error]
+        failed = len(outcomes) - len(valid)
+        self.infra_failures += failed
+        if not valid or failed / len(outcomes) > self.config.max_infra_failures:
+            raise CreditEstimationError(
+                f"{failed}/{len(outcomes)} continuations from step {end} of {trajectory.id} failed for "
+                "infrastructure; check the sandbox service"
+            )
+        p = sum(o is Outcome.resolved for o in valid) / len(valid)
+        return p, math.sqrt(p * (1 - p) / len(valid)), len(valid)
+
+    def estimate(self, trajectory: Trajectory, task: Task) -> ValueEstimate:
+        positions = assistant_positions(trajectory)
+        if not positions:
+            raise CreditEstimationError(f"{trajectory.id} has no assistant steps to credit")
+        T = len(positions)
+        terminal = trajectory.status is EpisodeStatus.completed  # the last step was a successful submit
+        final_value = 1.0 if trajectory.outcome is Outcome.resolved else 0.0
+        keys = sorted({0, T} | set(range(self.config.stride, T + 1, self.config.stride)))
+        known: dict[int, float] = {}
+        stderr: list[float | None] = [None] * (T + 1)
+        samples = [0] * (T + 1)
+        jobs: dict[int, tuple[int, list]] = {}
+        # Every continuation of every key state goes into one pool: k=1 runs still use all workers.
+        with concurrent.futures.ThreadPoolExecutor(self.config.parallel, thread_name_prefix="mc") as pool:
+            for t in keys:
+                if t == T and terminal:
+                    known[t], stderr[t] = final_value, 0.0
+                    continue
+                end = initial_end(trajectory) if t == 0 else state_end(trajectory, positions[t - 1])
+                prefix = trajectory.steps[:end]
+                snapshot = prefix[-1].sandbox_state_id if (self.config.use_snapshots and prefix) else None
+                jobs[t] = (end, [pool.submit(self._continue, task, prefix, snapshot, t * 1000 + j)
+                                 for j in range(self.config.k)])
+            for t, (end, futures) in jobs.items():
+                known[t], stderr[t], samples[t] = self._value(trajectory, end, [f.result() for f in futures])
+        return ValueEstimate(
+            trajectory_id=trajectory.id, estimator=self.name,
+            step_indices=[trajectory.steps[p].index for p in positions],
+            values=interpolate(known, T + 1), stderr=stderr, samples=samples,
+        )

@@ -1,0 +1,96 @@
+"""Rise-segment selection: from a value curve V(s_0..s_T) to the assistant steps that earn loss.
+
+Following the published recipe: c_t = V(s_t) - V(s_{t-1}) is the credit of assistant step t (V(s_0)
+is the value before the first action); a rise segment is a maximal run of consecutive steps with
+c_t >= epsilon. We add two knobs: a minimum segment length and an optional centred moving average
+over V before differencing (noisy Monte-Carlo estimates otherwise create one-step blips).
+Values between key steps are linearly interpolated (`interpolate`), as in the published labeling.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SegmentConfig(BaseModel):
+    """How rise segments are chosen from a value curve."""
+
+    model_config = ConfigDict(extra="forbid")
+    epsilon: float = Field(0.05, ge=0.0, description="Minimum per-step rise c_t to count as credited (published 0.05).")
+    min_length: int = Field(1, ge=1, description="Drop rise segments shorter than this many assistant steps.")
+    smoothing_window: int = Field(1, ge=1, description="Centred moving-average window over V (1 = none; odd).")
+
+
+def smooth(values: list[float], window: int) -> list[float]:
+    """Centred moving average; the window shrinks at the ends so the curve keeps its length."""
+    if window <= 1 or len(values) <= 2:
+        return list(values)
+    half = window // 2
+    out = []
+    for i in range(len(values)):
+        lo, hi = max(0, i - half), min(len(values), i + half + 1)
+        out.append(sum(values[lo:hi]) / (hi - lo))
+    return out
+
+
+def interpolate(known: dict[int, float], length: int) -> list[float]:
+    """A curve of `length` points from values at some positions (linear between, flat beyond the ends)."""
+    if not known:
+        raise ValueError("interpolate needs at least one known value")
+    xs = sorted(known)
+    out = []
+    for i in range(length):
+        if i <= xs[0]:
+            out.append(known[xs[0]])
+        elif i >= xs[-1]:
+            out.append(known[xs[-1]])
+        else:
+            right = next(x for x in xs if x >= i)
+            left = max(x for x in xs if x <= i)
+            if left == right:
+                out.append(known[left])
+            else:
+                w = (i - left) / (right - left)
+                out.append(known[left] * (1 - w) + known[right] * w)
+    return out
+
+
+def credits(values: list[float], config: SegmentConfig) -> list[float]:
+    """c_t for t = 1..T from V(s_0..s_T) (after smoothing)."""
+    curve = smooth(values, config.smoothing_window)
+    return [curve[t] - curve[t - 1] for t in range(1, len(curve))]
+
+
+def select_segments(values: list[float], config: SegmentConfig | None = None) -> list[bool]:
+    """Per assistant step (T of them for T+1 values): inside a kept rise segment or not."""
+    config = config or SegmentConfig()
+    if len(values) < 2:
+        return []
+    # A rise of exactly epsilon counts; the tolerance keeps 0.25 - 0.2 (= 0.04999...) from missing it.
+    c = [x + 1e-9 for x in credits(values, config)]
+    selected = [False] * len(c)
+    t = 0
+    while t < len(c):
+        if c[t] >= config.epsilon:
+            end = t
+            while end + 1 < len(c) and c[end + 1] >= config.epsilon:
+                end += 1
+            if end - t + 1 >= config.min_length:
+                for i in range(t, end + 1):
+                    selected[i] = True
+            t = end + 1
+        else:
+            t += 1
+    return selected
+
+
+def segments(selected: list[bool]) -> list[tuple[int, int]]:
+    """(start, end) inclusive runs of True, for reporting."""
+    runs, start = [], None
+    for i, flag in enumerate(selected + [False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            runs.append((start, i - 1))
+            start = None
+    return runs

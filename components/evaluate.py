@@ -1,0 +1,240 @@
+"""Evaluation stage: a policy on held-out tasks, k attempts each, through the same harness and sandboxes.
+
+Reports the resolved rate (with a Wilson 95 % interval), unbiased pass@1 and pass@k, mean steps and
+tokens, and the infrastructure-error rate. Attempts that ended in `infra_error` (after
+`infra_retries` re-runs) are excluded from every denominator and reported on their own: a crashed
+sandbox says nothing about the policy. Per-task results go to a parquet artifact, the summary to a
+rich table and to MLflow. Any recipe (`get_recipe`) and any policy: a local model directory, an
+OpenAI-compatible endpoint, or the recipe's scripted teacher as a reference (`model_dir=None`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import math
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from components.core.connection import SandboxConnection
+from components.core.harness import HarnessConfig, run_episode
+from components.core.passk import mean_pass_at_k, pass_at_k
+from components.core.policies import OpenAIPolicyConfig
+from components.core.schema import Outcome, Recipe, Split, Task, Trajectory
+from components.core.store import TaskStore, TrajectoryStore
+from components.core.tracking import TrackingConfig, log_artifact_path, log_json, log_metrics, stage_run
+
+PolicyKind = Literal["local", "openai", "scripted"]
+
+
+class EvalConfig(BaseModel):
+    """Everything that decides an evaluation run."""
+
+    model_config = ConfigDict(extra="forbid")
+    recipe: Recipe = Field("swe", description="Task suite the tasks belong to (get_recipe name).")
+    split: Split = Field("heldout", description="Which tasks of the store are evaluated.")
+    k: int = Field(3, ge=1, description="Attempts per task (pass@k uses all valid ones).")
+    policy: PolicyKind = Field("local", description="local model dir | OpenAI-compatible endpoint | scripted teacher.")
+    endpoint: OpenAIPolicyConfig | None = Field(None, description="The endpoint when policy='openai'.")
+    scripted_error_rate: float = Field(0.3, ge=0.0, le=1.0, description="Mistake rate of the scripted teacher.")
+    temperature: float = Field(0.7, ge=0.0, description="Sampling temperature (k > 1 needs > 0 to differ).")
+    harness: HarnessConfig = Field(default_factory=HarnessConfig, description="Episode limits and sampling.")
+    sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service to use.")
+    max_tasks: int | None = Field(None, ge=1, description="Evaluate only the first N tasks (by id).")
+    infra_retries: int = Field(1, ge=0, description="Re-runs of an attempt that ended in infra_error.")
+    workers: int = Field(1, ge=1, description="Episodes in parallel (one policy instance per worker).")
+    seed: int = Field(0, description="Base seed of per-attempt sampling seeds.")
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        if self.policy == "openai" and self.endpoint is None:
+            raise ValueError("policy='openai' needs endpoint=OpenAIPolicyConfig(base_url=..., model=...)")
+        return self
+
+
+class EvalResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # NaN: no valid attempt
+    policy_id: str
+    tasks: int
+    attempts: int
+    valid_attempts: int = Field(description="Attempts with a verified outcome (the denominator).")
+    resolved: int
+    resolved_rate: float
+    resolved_rate_ci95: tuple[float, float]
+    pass_at_1: float
+    pass_at_k: float
+    k: int
+    pass_at_k_tasks: int = Field(description="Tasks with at least k valid attempts (pass@k's population).")
+    mean_steps: float
+    mean_completion_tokens: float
+    infra_errors: int
+    infra_error_rate: float = Field(description="Share of attempts that ended in infra_error after retries.")
+    infra_retries_used: int
+    per_task_path: str
+    trajectories_dir: str
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n == 0:
+        return (float("nan"), float("nan"))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def make_policy(config: EvalConfig, model_dir: str | Path | None) -> Any:
+    """The policy under evaluation (a fresh instance; workers each get their own)."""
+    if config.policy == "local":
+        if model_dir is None:
+            raise ValueError("policy='local' needs model_dir (a save_pretrained directory); "
+                             "use policy='scripted' to evaluate the teacher without a model")
+        from components.core.local_policy import LocalTransformersPolicy
+
+        return LocalTransformersPolicy(str(model_dir))
+    if config.policy == "openai":
+        from components.core.policies import OpenAICompatiblePolicy
+
+        return OpenAICompatiblePolicy(config.endpoint)  # type: ignore[arg-type]
+    try:
+        teacher = importlib.import_module(f"components.recipes.{config.recipe}.teacher").ScriptedTeacher
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"recipe {config.recipe!r} has no scripted teacher "
+                         f"(components.recipes.{config.recipe}.teacher.ScriptedTeacher): {err}") from None
+    return teacher(error_rate=config.scripted_error_rate, seed=config.seed)
+
+
+def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int) -> tuple[list[dict], dict]:
+    """Per-task rows and the aggregate metrics; infra errors leave every denominator."""
+    by_task: dict[str, list[Trajectory]] = {t.id: [] for t in tasks}
+    for traj in trajectories:
+        by_task.setdefault(traj.task_id, []).append(traj)
+    rows = []
+    for task in tasks:
+        atts = by_task[task.id]
+        valid = [t for t in atts if t.outcome is not Outcome.infra_error]
+        c = sum(t.resolved for t in valid)
+        rows.append({
+            "task_id": task.id, "family": task.family, "difficulty": task.difficulty,
+            "attempts": len(atts), "valid_attempts": len(valid), "resolved": c,
+            "infra_errors": len(atts) - len(valid),
+            "pass_at_1": pass_at_k(len(valid), c, 1) if valid else float("nan"),
+            f"pass_at_{k}": pass_at_k(len(valid), c, k) if len(valid) >= k else float("nan"),
+            "mean_steps": sum(t.num_assistant_steps for t in valid) / len(valid) if valid else float("nan"),
+            "mean_completion_tokens": (sum(t.completion_tokens for t in valid) / len(valid)
+                                       if valid else float("nan")),
+        })
+    valid = [t for t in trajectories if t.outcome is not Outcome.infra_error]
+    counts = [(r["valid_attempts"], r["resolved"]) for r in rows]
+    p1, _ = mean_pass_at_k(counts, 1)
+    pk, pk_tasks = mean_pass_at_k(counts, k)
+    resolved = sum(t.resolved for t in valid)
+    metrics = {
+        "tasks": float(len(tasks)), "attempts": float(len(trajectories)), "valid_attempts": float(len(valid)),
+        "resolved": float(resolved), "resolved_rate": resolved / len(valid) if valid else float("nan"),
+        "pass_at_1": p1, f"pass_at_{k}": pk, "pass_at_k_tasks": float(pk_tasks),
+        "mean_steps": sum(t.num_assistant_steps for t in valid) / len(valid) if valid else float("nan"),
+        "mean_completion_tokens": sum(t.completion_tokens for t in valid) / len(valid) if valid else float("nan"),
+        "infra_errors": float(len(trajectories) - len(valid)),
+        "infra_error_rate": (len(trajectories) - len(valid)) / len(trajectories) if trajectories else 0.0,
+    }
+    return rows, metrics
+
+
+def print_summary(result: EvalResult, title: str = "evaluation") -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    lo, hi = result.resolved_rate_ci95
+    table = Table(title=f"{title}: {result.policy_id}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in [
+        ("tasks", str(result.tasks)),
+        ("valid / attempts", f"{result.valid_attempts} / {result.attempts}"),
+        ("resolved rate [95% CI]", f"{result.resolved_rate:.3f} [{lo:.3f}, {hi:.3f}]"),
+        ("pass@1", f"{result.pass_at_1:.3f}"),
+        (f"pass@{result.k}", f"{result.pass_at_k:.3f} ({result.pass_at_k_tasks} tasks)"),
+        ("mean steps", f"{result.mean_steps:.1f}"),
+        ("mean completion tokens", f"{result.mean_completion_tokens:.0f}"),
+        ("infra errors (excluded)", f"{result.infra_errors} ({result.infra_error_rate:.1%})"),
+    ]:
+        table.add_row(name, value)
+    Console().print(table)
+
+
+def _attempt_seed(base: int, task_index: int, attempt: int) -> int:
+    return (base * 1_000_003 + task_index * 7_919 + attempt) % (2**31)
+
+
+def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | None, out_dir: str | Path,
+             tracking: TrackingConfig | None = None) -> EvalResult:
+    """Run k attempts per task and write per_task.parquet, trajectories/ and eval_result.json to out_dir."""
+    import pandas as pd
+    from tqdm import tqdm
+
+    from components.recipes import get_recipe
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = sorted(TaskStore(tasks_dir).read(split=config.split), key=lambda t: t.id)[: config.max_tasks]
+    if not tasks:
+        raise ValueError(f"no {config.split!r} tasks in {tasks_dir}; provision the environment first")
+    recipe = get_recipe(config.recipe)
+    spare = [make_policy(config, model_dir)]  # built now so a bad model_dir fails before any episode
+    policy_id = spare[0].policy_id
+    local = threading.local()
+    retries_used = 0
+    lock = threading.Lock()
+
+    def attempt(job: tuple[int, Task, int]) -> Trajectory:
+        nonlocal retries_used
+        index, task, a = job
+        if not hasattr(local, "policy"):
+            with lock:
+                local.policy = spare.pop() if spare else make_policy(config, model_dir)
+        generation = config.harness.generation.model_copy(update={
+            "temperature": config.temperature, "seed": _attempt_seed(config.seed, index, a)})
+        harness = config.harness.model_copy(update={"generation": generation})
+        for retry in range(config.infra_retries + 1):
+            traj = run_episode(task, recipe, local.policy, client, harness)
+            traj.attempt = a
+            traj.metadata["infra_retry"] = retry
+            if traj.outcome is not Outcome.infra_error:
+                break
+            if retry < config.infra_retries:
+                with lock:
+                    retries_used += 1
+        return traj
+
+    jobs = [(i, task, a) for i, task in enumerate(tasks) for a in range(config.k)]
+    with stage_run("evaluate", config, tracking), config.sandbox.client() as client:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=config.workers) as pool:
+            trajectories = list(tqdm(pool.map(attempt, jobs), total=len(jobs), desc="evaluate", leave=False))
+        store = TrajectoryStore(out / "trajectories")
+        store.append(trajectories)
+        rows, metrics = summarize_attempts(tasks, trajectories, config.k)
+        per_task = out / "per_task.parquet"
+        pd.DataFrame(rows).to_parquet(per_task, index=False)
+        metrics["infra_retries_used"] = float(retries_used)
+        valid = int(metrics["valid_attempts"])
+        result = EvalResult(
+            policy_id=policy_id, tasks=len(tasks), attempts=len(trajectories),
+            valid_attempts=valid, resolved=int(metrics["resolved"]), resolved_rate=metrics["resolved_rate"],
+            resolved_rate_ci95=wilson_interval(int(metrics["resolved"]), valid),
+            pass_at_1=metrics["pass_at_1"], pass_at_k=metrics[f"pass_at_{config.k}"], k=config.k,
+            pass_at_k_tasks=int(metrics["pass_at_k_tasks"]), mean_steps=metrics["mean_steps"],
+            mean_completion_tokens=metrics["mean_completion_tokens"], infra_errors=int(metrics["infra_errors"]),
+            infra_error_rate=metrics["infra_error_rate"], infra_retries_used=retries_used,
+            per_task_path=str(per_task), trajectories_dir=str(out / "trajectories"), metrics=metrics,
+        )
+        (out / "eval_result.json").write_text(result.model_dump_json(indent=2))
+        log_metrics(metrics)
+        log_artifact_path(per_task)
+        log_json(result.model_dump(mode="json"), "eval_result.json")
+    print_summary(result)
+    return result

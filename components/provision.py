@@ -1,0 +1,115 @@
+"""Stage 1, provision: generate the recipe's tasks into a TaskStore and check the sandbox service.
+
+The service check is the pipeline's early warning: health, then one sandbox created, exec'd a few
+times and deleted, with the latencies reported. Optionally a sample of tasks is checked in
+sandboxes (SWE: the reference fix resolves it, the unfixed repository does not).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.connection import SandboxConnection
+from components.core.store import TaskStore
+from components.core.tracking import TrackingConfig, log_metrics, stage_run
+from components.recipes import get_recipe
+
+
+class ProvisionError(RuntimeError):
+    """The sandbox service is not usable, or a generated task failed its check."""
+
+
+class ProvisionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    recipe: str = Field("swe", description="Recipe whose tasks are generated (swe, gui, claw).")
+    n_train: int = Field(24, ge=0, description="Training tasks.")
+    n_heldout: int = Field(12, ge=0, description="Held-out tasks.")
+    seed: int = Field(0, description="Generation seed (tasks are a pure function of it).")
+    difficulty: int | list[int] | None = Field(
+        1, description="Difficulty level(s), cycled over tasks; None for recipes without levels."
+    )
+    recipe_options: dict[str, Any] = Field(default_factory=dict, description="Extra recipe constructor arguments.")
+    sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service.")
+    check_sandbox: bool = Field(True, description="Check the service (health, create/exec/delete, latency).")
+    latency_probes: int = Field(5, ge=1, description="Execs timed in the probe sandbox.")
+    validate_tasks: int = Field(0, ge=0, description="Train tasks checked in sandboxes (SWE only; 0 = none).")
+
+
+class ProvisionResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tasks_dir: str = Field(description="The TaskStore directory written.")
+    counts: dict[str, int] = Field(description="Tasks per split.")
+    families: dict[str, int] = Field(default_factory=dict, description="Tasks per family (all splits).")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Counts and sandbox latencies (seconds).")
+
+
+def check_service(connection: SandboxConnection, probes: int = 5) -> dict[str, float]:
+    """Health plus one sandbox created, exec'd `probes` times and deleted; latencies in seconds."""
+    try:
+        with connection.client() as client:
+            start = time.monotonic()
+            client.healthz()
+            health = time.monotonic() - start
+            start = time.monotonic()
+            sandbox = client.create()
+            created = time.monotonic() - start
+            latencies = []
+            try:
+                for _ in range(probes):
+                    start = time.monotonic()
+                    result = sandbox.exec(["true"], timeout=30)
+                    latencies.append(time.monotonic() - start)
+                    if not result.ok:
+                        raise ProvisionError(f"`true` failed in a fresh sandbox: {result.outcome.value} {result.message}")
+            finally:
+                start = time.monotonic()
+                sandbox.delete()
+                deleted = time.monotonic() - start
+    except ProvisionError:
+        raise
+    except Exception as err:
+        raise ProvisionError(f"sandbox service at {connection.url} is not usable ({type(err).__name__}: {err}); "
+                             "start it (`orchard-sandbox serve`) or fix ORCHARD_SANDBOX_URL/TOKEN") from err
+    return {"sandbox_health_seconds": health, "sandbox_create_seconds": created, "sandbox_delete_seconds": deleted,
+            "exec_latency_p50": statistics.median(latencies), "exec_latency_max": max(latencies)}
+
+
+def provision_environment(config: ProvisionConfig, out_tasks_dir: str | Path,
+                          tracking: TrackingConfig | None = None) -> ProvisionResult:
+    options = dict(config.recipe_options)
+    if config.difficulty is not None:
+        options["difficulty"] = config.difficulty
+    recipe = get_recipe(config.recipe, **options)
+    with stage_run("provision", config, tracking):
+        train = recipe.tasks("train", config.n_train, config.seed)
+        heldout = recipe.tasks("heldout", config.n_heldout, config.seed)
+        store = TaskStore(out_tasks_dir)
+        store.write(train + heldout)
+        metrics: dict[str, float] = {"n_train": len(train), "n_heldout": len(heldout)}
+        if config.check_sandbox:
+            metrics.update(check_service(config.sandbox, config.latency_probes))
+        if config.validate_tasks:
+            metrics.update(_validate(recipe, train[: config.validate_tasks], config.sandbox))
+        log_metrics(metrics)
+    families = Counter(t.family or "none" for t in train + heldout)
+    return ProvisionResult(tasks_dir=str(out_tasks_dir), counts={"train": len(train), "heldout": len(heldout)},
+                           families=dict(families), metrics=metrics)
+
+
+def _validate(recipe, tasks, connection: SandboxConnection) -> dict[str, float]:
+    if recipe.name != "swe":
+        raise ProvisionError(f"validate_tasks is implemented for the swe recipe only, not {recipe.name!r}")
+    from components.recipes.swe.checks import check_task
+
+    with connection.client() as client:
+        checks = [check_task(recipe, task, client) for task in tasks]
+    bad = [c for c in checks if not c.ok]
+    if bad:
+        raise ProvisionError(f"{len(bad)} of {len(checks)} tasks failed their check: {bad[:3]}")
+    return {"tasks_validated": len(checks)}

@@ -1,0 +1,153 @@
+"""The Claw (personal-assistant) recipe: mail, calendar, contacts, notes and files on a sqlite
+database inside the sandbox, reached through one of two harnesses over the same environment:
+
+- `harness="tools"`: one function tool per API (`mail_search`, `calendar_create`, ...), as an
+  OpenAI-style tool list; each call is one exec of `claw.py call NAME ARGS`.
+- `harness="shell"`: a single `bash` tool and the `./claw` CLI documented in the system prompt.
+
+Setup, tasks and verifiers are identical in both, so a difference in results is the harness's.
+The verifier copies `state.db` out of the sandbox and checks it on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from importlib import resources
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
+from components.core.schema import Split, Task, ToolCall
+from components.recipes.claw.sandbox import claw as claw_api
+from components.recipes.claw.tasks import FAMILIES, families_at, generate_tasks
+from components.recipes.claw.verify import verify_db
+from sandbox_service.client import Sandbox
+from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
+
+CLAW_DIR = "/workspace/.claw"
+CLAW_PY = f"{CLAW_DIR}/claw.py"
+DB_PATH = f"{CLAW_DIR}/state.db"
+MAX_OUTPUT = 4000
+
+Harness = Literal["tools", "shell"]
+
+
+class ClawOptions(BaseModel):
+    """Recipe options (`get_recipe("claw", harness="shell")`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    harness: Harness = Field("tools", description="tools: one function per API; shell: bash + the ./claw CLI.")
+    families: tuple[str, ...] = Field(FAMILIES, description="Task families to generate (cycled in order).")
+    difficulty: int | list[int] | None = Field(
+        None, description="Keep only families at these difficulty level(s) (see tasks.DIFFICULTY); None = all.")
+    command_timeout_seconds: float = Field(30.0, gt=0, description="Limit for one tool call's exec.")
+
+
+_JSON_TYPES = {"str": {"type": "string"}, "int": {"type": "integer"},
+               "list": {"type": "array", "items": {"type": "string"}}}
+ANSWER = ToolSpec(name="answer", description="Finish: report what you did, or the answer if the task asks a question.",
+                  parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
+BASH = ToolSpec(name="bash", description="Run a shell command in /workspace (the ./claw CLI is there).",
+                parameters={"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]})
+
+
+def api_tools() -> list[ToolSpec]:
+    out = []
+    for name, (_, doc, params) in claw_api.API.items():
+        out.append(ToolSpec(name=name, description=doc, parameters={
+            "type": "object",
+            "properties": {p.name: {**_JSON_TYPES[p.kind], "description": p.help} for p in params},
+            "required": [p.name for p in params if p.required]}))
+    return out
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_OUTPUT else text[:MAX_OUTPUT] + "\n... (output truncated)"
+
+
+class ClawRecipe(RecipeBase):
+    name = "claw"
+
+    def __init__(self, **options: Any):
+        self.options = ClawOptions(**options)
+
+    @property
+    def harness(self) -> Harness:
+        return self.options.harness
+
+    def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
+        return generate_tasks(split, n, seed, families_at(self.options.families, self.options.difficulty))
+
+    def tools(self) -> list[ToolSpec]:
+        return [BASH, ANSWER] if self.harness == "shell" else [*api_tools(), ANSWER]
+
+    def system_prompt(self, task: Task) -> str:
+        world = task.metadata.get("world", {})
+        base = (f"You are the personal assistant of Sam Rivera <{world.get('owner', 'sam.rivera@orchard.test')}>. "
+                f"Now is {world.get('now', '')}. Use the tools to read and change Sam's mail, calendar, contacts, "
+                "notes and files, then call answer.")
+        if self.harness == "shell":
+            return base + "\nSam's data is reachable only through this CLI:\n" + claw_api.cli_usage()
+        return base
+
+    # -- environment -----------------------------------------------------------------------------
+    def sandbox_spec(self, task: Task) -> SandboxCreate:
+        return SandboxCreate(labels={"recipe": "claw", "task": task.id[:63], "harness": self.harness},
+                             resources=Resources(cpu=task.environment.cpu, memory_mb=task.environment.memory_mb),
+                             network=NetworkPolicy(mode="none"), workdir="/workspace")
+
+    def setup(self, sandbox: Sandbox, task: Task) -> None:
+        world = task.metadata.get("world")
+        if not world:
+            raise ValueError(f"Claw task {task.id} has no metadata['world']; generate tasks with ClawRecipe.tasks()")
+        sandbox.exec(["mkdir", "-p", CLAW_DIR])
+        sandbox.write_file(CLAW_PY, resources.files("components.recipes.claw.sandbox").joinpath("claw.py").read_text())
+        sandbox.write_file(f"{CLAW_DIR}/seed.json", json.dumps(world))
+        sandbox.write_file("/workspace/claw", f'#!/bin/sh\nexec python -S {CLAW_PY} "$@"\n', mode=0o755)
+        res = sandbox.exec(f"python -S {CLAW_PY} init {CLAW_DIR}/seed.json && rm {CLAW_DIR}/seed.json", timeout=60)
+        if not res.ok:
+            raise RuntimeError(f"Claw world did not load (exit {res.exit_code}): {res.stdout[-500:]} {res.stderr[-500:]}")
+
+    # -- tools -----------------------------------------------------------------------------------
+    def execute_tool(self, sandbox: Sandbox, task: Task, call: ToolCall) -> ToolResult:
+        args = call.arguments or {}
+        if call.name == "answer":
+            return ToolResult(output="Answer recorded.", submitted=True, final_answer=str(args.get("text", "")))
+        timeout = self.options.command_timeout_seconds
+        if self.harness == "shell":
+            if call.name != "bash" or not isinstance(args.get("command"), str):
+                return ToolResult(output='Error: use bash {"command": "..."} or answer {"text": "..."}.',
+                                  policy_error=f"unknown tool or bad arguments: {call.name}")
+            res = sandbox.exec(["bash", "-c", args["command"]], cwd="/workspace", timeout=timeout)
+            if res.is_infra_error:
+                return ToolResult(output=f"Error: the sandbox failed: {res.message}", infra_error=str(res.infra_error))
+            tail = "[timed out]" if res.outcome.value == "command_timeout" else f"[exit {res.exit_code}]"
+            return ToolResult(output=_clip(f"{res.stdout}{res.stderr}{tail}"))
+        if call.name not in claw_api.API:
+            return ToolResult(output=f"Error: unknown tool {call.name!r}; use one of {sorted(claw_api.API)} or answer.",
+                              policy_error=f"unknown tool {call.name!r}")
+        res = sandbox.exec(["python", "-S", CLAW_PY, "call", call.name, json.dumps(args)], timeout=timeout)
+        if res.is_infra_error:
+            return ToolResult(output=f"Error: the sandbox failed: {res.message}", infra_error=str(res.infra_error))
+        if res.exit_code == 2:
+            return ToolResult(output=_clip(res.stdout), policy_error=res.stdout.strip()[:300])
+        if res.exit_code != 0:  # a crash of our own tool is the environment's failure, not the policy's
+            return ToolResult(output=f"Error: tool crashed: {res.stderr[-500:]}", infra_error=f"claw.py exit {res.exit_code}")
+        return ToolResult(output=_clip(res.stdout))
+
+    # -- verification ----------------------------------------------------------------------------
+    def verify(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
+        try:
+            data = sandbox.read_file(DB_PATH)
+        except Exception as err:  # noqa: BLE001 - failing to read back is the environment's failure
+            return VerifyResult(resolved=False, infra_error=f"could not read {DB_PATH}: {err}")
+        fd, path = tempfile.mkstemp(suffix=".db")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return verify_db(path, task.verifier.expected, final_answer)
+        finally:
+            os.unlink(path)

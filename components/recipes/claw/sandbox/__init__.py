@@ -1,0 +1,1 @@
+"""Programs copied into a Claw sandbox at setup (stdlib only; the host imports `claw` for its docs)."""

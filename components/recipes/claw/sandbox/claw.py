@@ -1,0 +1,289 @@
+"""The assistant's tools inside the sandbox: mail, calendar, contacts, notes and files on one sqlite
+database (stdlib only). Both harness variants reach the same functions:
+
+    python claw.py call mail_search '{"sender": "bob"}'      # function-call harness: one tool per API
+    ./claw mail search --sender bob                          # shell harness: a CLI, documented in the prompt
+    python claw.py init seed.json                            # setup: build the database from a world
+
+Every command prints one JSON document. Errors print {"error": ...} and exit 2 (a usage mistake, the
+policy's fault). Rows written by `init` have origin 'seed'; everything the agent creates has origin
+'user', which is how verifiers tell the agent's changes from the world it was given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import sys
+
+DB = os.environ.get("CLAW_DB", os.path.join(os.path.dirname(os.path.abspath(__file__)), "state.db"))
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS contacts (email TEXT PRIMARY KEY, name TEXT, phone TEXT, company TEXT);
+CREATE TABLE IF NOT EXISTS mail (id INTEGER PRIMARY KEY, thread_id TEXT, sender TEXT, recipients TEXT, cc TEXT,
+  subject TEXT, body TEXT, date TEXT, folder TEXT, origin TEXT DEFAULT 'user');
+CREATE TABLE IF NOT EXISTS events (id INTEGER PRIMARY KEY, title TEXT, start TEXT, duration_min INTEGER,
+  attendees TEXT, location TEXT, origin TEXT DEFAULT 'user');
+CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, title TEXT, body TEXT, origin TEXT DEFAULT 'user');
+CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, content TEXT, origin TEXT DEFAULT 'user');
+"""
+
+
+class UsageError(ValueError):
+    """A bad argument: reported to the policy as {"error": ...}."""
+
+
+class Param:
+    """One argument of an API function (a plain class: dataclasses/argparse cost start-up time per call)."""
+
+    __slots__ = ("name", "kind", "help", "required")
+
+    def __init__(self, name: str, kind: str, help: str, required: bool = False):
+        self.name, self.kind, self.help, self.required = name, kind, help, required  # kind: str | int | list
+
+
+def connect() -> sqlite3.Connection:
+    db = sqlite3.connect(DB)
+    db.row_factory = sqlite3.Row
+    return db
+
+
+def _list(value: object) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, list):
+        return [str(v).strip() for v in value if str(v).strip()]
+    return [v.strip() for v in str(value).split(",") if v.strip()]
+
+
+def _me(db: sqlite3.Connection) -> str:
+    return db.execute("SELECT value FROM meta WHERE key='owner'").fetchone()[0]
+
+
+def _mail_row(r: sqlite3.Row, full: bool) -> dict:
+    out = {"id": r["id"], "thread_id": r["thread_id"], "from": r["sender"], "subject": r["subject"], "date": r["date"]}
+    if full:
+        out.update(to=json.loads(r["recipients"]), cc=json.loads(r["cc"]), body=r["body"], folder=r["folder"])
+    return out
+
+
+# -- the API -----------------------------------------------------------------------------------------
+def mail_search(sender: str | None = None, query: str | None = None, limit: int = 10) -> list[dict]:
+    sql, args = "SELECT * FROM mail WHERE 1=1", []
+    if sender:
+        sql += " AND lower(sender) LIKE ?"
+        args.append(f"%{sender.lower()}%")
+    for word in (query or "").lower().split():
+        sql += " AND (lower(subject) LIKE ? OR lower(body) LIKE ?)"
+        args += [f"%{word}%", f"%{word}%"]
+    with connect() as db:
+        rows = db.execute(sql + " ORDER BY date DESC, id DESC LIMIT ?", [*args, int(limit)]).fetchall()
+    return [_mail_row(r, full=False) for r in rows]
+
+
+def mail_read(id: int) -> dict:
+    with connect() as db:
+        r = db.execute("SELECT * FROM mail WHERE id=?", (int(id),)).fetchone()
+    if r is None:
+        raise UsageError(f"no message with id {id}; ids come from mail_search")
+    return _mail_row(r, full=True)
+
+
+def mail_send(to: list[str], subject: str, body: str, cc: list[str] | None = None) -> dict:
+    to, cc = _list(to), _list(cc)
+    if not to:
+        raise UsageError("mail_send needs at least one recipient in 'to'")
+    for addr in to + cc:
+        if "@" not in addr:
+            raise UsageError(f"{addr!r} is not an email address; look it up with contacts_search")
+    with connect() as db:
+        now = db.execute("SELECT value FROM meta WHERE key='now'").fetchone()[0]
+        cur = db.execute("INSERT INTO mail (thread_id, sender, recipients, cc, subject, body, date, folder) "
+                         "VALUES (?,?,?,?,?,?,?, 'sent')",
+                         (f"t-sent-{os.getpid()}", _me(db), json.dumps(to), json.dumps(cc), subject, body, now))
+    return {"sent": True, "id": cur.lastrowid}
+
+
+def calendar_list(date: str | None = None) -> list[dict]:
+    sql, args = "SELECT * FROM events", []
+    if date:
+        sql += " WHERE start LIKE ?"
+        args.append(f"{date}%")
+    with connect() as db:
+        rows = db.execute(sql + " ORDER BY start", args).fetchall()
+    return [{"id": r["id"], "title": r["title"], "start": r["start"], "duration_min": r["duration_min"],
+             "attendees": json.loads(r["attendees"]), "location": r["location"]} for r in rows]
+
+
+def calendar_create(title: str, start: str, duration_min: int = 60, attendees: list[str] | None = None,
+                    location: str = "") -> dict:
+    import datetime as dt
+
+    try:
+        dt.datetime.strptime(start, "%Y-%m-%d %H:%M")
+    except ValueError:
+        raise UsageError(f"start must look like 2026-03-12 14:00, got {start!r}") from None
+    people = _list(attendees)
+    for addr in people:
+        if "@" not in addr:
+            raise UsageError(f"attendee {addr!r} is not an email address; look it up with contacts_search")
+    with connect() as db:
+        cur = db.execute("INSERT INTO events (title, start, duration_min, attendees, location) VALUES (?,?,?,?,?)",
+                         (title, start, int(duration_min), json.dumps(people), location))
+    return {"created": True, "id": cur.lastrowid}
+
+
+def contacts_search(query: str) -> list[dict]:
+    q = f"%{query.lower()}%"
+    with connect() as db:
+        rows = db.execute("SELECT * FROM contacts WHERE lower(name) LIKE ? OR lower(email) LIKE ? OR lower(company) "
+                          "LIKE ? ORDER BY name", (q, q, q)).fetchall()
+    return [dict(r) for r in rows]
+
+
+def notes_search(query: str = "") -> list[dict]:
+    q = f"%{query.lower()}%"
+    with connect() as db:
+        rows = db.execute("SELECT id, title, body FROM notes WHERE lower(title) LIKE ? OR lower(body) LIKE ? "
+                          "ORDER BY id", (q, q)).fetchall()
+    return [dict(r) for r in rows]
+
+
+def notes_create(title: str, body: str) -> dict:
+    with connect() as db:
+        cur = db.execute("INSERT INTO notes (title, body) VALUES (?,?)", (title, body))
+    return {"created": True, "id": cur.lastrowid}
+
+
+def files_list(prefix: str = "") -> list[str]:
+    with connect() as db:
+        return [r[0] for r in db.execute("SELECT path FROM files WHERE path LIKE ? ORDER BY path", (f"{prefix}%",))]
+
+
+def files_read(path: str) -> dict:
+    with connect() as db:
+        r = db.execute("SELECT content FROM files WHERE path=?", (path,)).fetchone()
+    if r is None:
+        raise UsageError(f"no file {path!r}; see files_list")
+    return {"path": path, "content": r[0]}
+
+
+API: dict[str, tuple[object, str, list[Param]]] = {
+    "mail_search": (mail_search, "Search mail, newest first.", [
+        Param("sender", "str", "part of the sender's name or address"),
+        Param("query", "str", "words that must appear in subject or body"),
+        Param("limit", "int", "maximum results (default 10)")]),
+    "mail_read": (mail_read, "Read one message (sender, to, cc, body).", [
+        Param("id", "int", "message id from mail_search", True)]),
+    "mail_send": (mail_send, "Send an email.", [
+        Param("to", "list", "recipient addresses", True), Param("subject", "str", "subject line", True),
+        Param("body", "str", "message text", True), Param("cc", "list", "cc addresses")]),
+    "calendar_list": (calendar_list, "List calendar events, optionally on one date.", [
+        Param("date", "str", "YYYY-MM-DD")]),
+    "calendar_create": (calendar_create, "Create a calendar event.", [
+        Param("title", "str", "event title", True), Param("start", "str", "YYYY-MM-DD HH:MM", True),
+        Param("duration_min", "int", "length in minutes (default 60)"),
+        Param("attendees", "list", "attendee email addresses"), Param("location", "str", "where")]),
+    "contacts_search": (contacts_search, "Find contacts by name, email or company.", [
+        Param("query", "str", "text to match", True)]),
+    "notes_search": (notes_search, "Search notes.", [Param("query", "str", "text to match")]),
+    "notes_create": (notes_create, "Create a note.", [
+        Param("title", "str", "note title", True), Param("body", "str", "note text", True)]),
+    "files_list": (files_list, "List files.", [Param("prefix", "str", "path prefix, e.g. reports/")]),
+    "files_read": (files_read, "Read a file.", [Param("path", "str", "path from files_list", True)]),
+}
+
+
+def call(name: str, arguments: dict) -> object:
+    if name not in API:
+        raise UsageError(f"unknown tool {name!r}; available: {sorted(API)}")
+    fn, _, params = API[name]
+    known = {p.name for p in params}
+    extra = set(arguments) - known
+    if extra:
+        raise UsageError(f"{name} does not take {sorted(extra)}; it takes {sorted(known)}")
+    missing = [p.name for p in params if p.required and arguments.get(p.name) in (None, "", [])]
+    if missing:
+        raise UsageError(f"{name} needs {missing}")
+    try:
+        return fn(**arguments)
+    except (TypeError, ValueError) as err:
+        if isinstance(err, UsageError):
+            raise
+        raise UsageError(f"bad arguments for {name}: {err}") from None
+
+
+def init(seed_path: str) -> dict:
+    with open(seed_path) as f:
+        world = json.load(f)
+    if os.path.exists(DB):
+        os.unlink(DB)
+    with connect() as db:
+        db.executescript(SCHEMA)
+        db.executemany("INSERT INTO meta VALUES (?,?)", [("owner", world["owner"]), ("now", world["now"])])
+        db.executemany("INSERT INTO contacts VALUES (:email, :name, :phone, :company)", world["contacts"])
+        for m in world["mail"]:
+            db.execute("INSERT INTO mail (id, thread_id, sender, recipients, cc, subject, body, date, folder, origin) "
+                       "VALUES (?,?,?,?,?,?,?,?,?, 'seed')", (m["id"], m["thread_id"], m["sender"], json.dumps(m["to"]),
+                                                             json.dumps(m.get("cc", [])), m["subject"], m["body"],
+                                                             m["date"], m.get("folder", "inbox")))
+        for e in world["events"]:
+            db.execute("INSERT INTO events (title, start, duration_min, attendees, location, origin) "
+                       "VALUES (?,?,?,?,?, 'seed')", (e["title"], e["start"], e["duration_min"],
+                                                     json.dumps(e["attendees"]), e.get("location", "")))
+        for n in world["notes"]:
+            db.execute("INSERT INTO notes (title, body, origin) VALUES (?,?, 'seed')", (n["title"], n["body"]))
+        for path, content in world["files"].items():
+            db.execute("INSERT INTO files (path, content, origin) VALUES (?,?, 'seed')", (path, content))
+    return {"initialized": DB}
+
+
+def cli_usage() -> str:
+    """The shell harness's documentation: one line per command."""
+    lines = ["./claw GROUP COMMAND [--option VALUE ...]   (prints JSON; lists are comma-separated)"]
+    for name, (_, doc, params) in API.items():
+        group, cmd = name.split("_", 1)
+        opts = " ".join(f"--{p.name.replace('_', '-')} {p.name.upper()}" if p.required
+                        else f"[--{p.name.replace('_', '-')} {p.name.upper()}]" for p in params)
+        lines.append(f"  ./claw {group} {cmd} {opts}".rstrip() + f"   # {doc}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if argv[:1] == ["init"]:
+            out = init(argv[1])
+        elif argv[:1] == ["call"]:
+            out = call(argv[1], json.loads(argv[2]) if len(argv) > 2 else {})
+        else:
+            import argparse  # only the shell harness pays for it
+
+            parser = argparse.ArgumentParser(prog="./claw", description=cli_usage(),
+                                             formatter_class=argparse.RawDescriptionHelpFormatter)
+            groups = parser.add_subparsers(dest="group", required=True)
+            subs: dict = {}
+            for name, (_, doc, params) in API.items():
+                group, cmd = name.split("_", 1)
+                if group not in subs:
+                    subs[group] = groups.add_parser(group).add_subparsers(dest="cmd", required=True)
+                p = subs[group].add_parser(cmd, help=doc)
+                for prm in params:
+                    p.add_argument(f"--{prm.name.replace('_', '-')}", dest=prm.name, required=prm.required,
+                                   type=int if prm.kind == "int" else str, help=prm.help)
+            ns = vars(parser.parse_args(argv))
+            name = f"{ns.pop('group')}_{ns.pop('cmd')}"
+            out = call(name, {k: v for k, v in ns.items() if v is not None})
+    except UsageError as err:
+        print(json.dumps({"error": str(err)}))
+        return 2
+    except json.JSONDecodeError as err:
+        print(json.dumps({"error": f"arguments must be a JSON object: {err}"}))
+        return 2
+    print(json.dumps(out, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

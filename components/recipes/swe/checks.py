@@ -1,0 +1,45 @@
+"""Task checks in real sandboxes: the reference fix resolves a task and the unfixed repo does not."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.recipe_base import RecipeBase, VerifyResult
+from components.core.schema import Task
+from sandbox_service.client import SandboxClient
+
+
+class TaskCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task_id: str
+    reference_resolves: bool = Field(description="Hidden tests pass with the reference patch applied.")
+    unfixed_fails: bool = Field(description="Hidden tests fail on the repository as given.")
+    reason: str | None = Field(None, description="Why a check failed.")
+
+    @property
+    def ok(self) -> bool:
+        return self.reference_resolves and self.unfixed_fails
+
+
+def verify_with_patch(recipe: RecipeBase, task: Task, client: SandboxClient, patch: str | None) -> VerifyResult:
+    """Set the task up in a fresh sandbox, apply `patch` (if any) and run the recipe's verifier."""
+    with client.create(recipe.sandbox_spec(task)) as sandbox:
+        recipe.setup(sandbox, task)
+        if patch:
+            applied = sandbox.apply_patch(patch, cwd=task.environment.workdir)
+            if not applied.applied:
+                return VerifyResult(resolved=False, reason=f"reference patch does not apply: {applied.stderr[-300:]}")
+        return recipe.verify(sandbox, task, patch)
+
+
+def check_task(recipe: RecipeBase, task: Task, client: SandboxClient) -> TaskCheck:
+    fixed = verify_with_patch(recipe, task, client, task.reference_solution)
+    unfixed = verify_with_patch(recipe, task, client, None)
+    for verdict in (fixed, unfixed):
+        if verdict.infra_error:
+            raise RuntimeError(f"{task.id}: verification could not run: {verdict.infra_error}")
+    reason = None if fixed.resolved else f"reference: {fixed.reason}"
+    if unfixed.resolved:
+        reason = "the unfixed repository already passes the hidden tests"
+    return TaskCheck(task_id=task.id, reference_resolves=fixed.resolved, unfixed_fails=not unfixed.resolved,
+                     reason=reason)

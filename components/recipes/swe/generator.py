@@ -1,0 +1,234 @@
+"""Generate SWE tasks: small Python repositories with one planted bug, an issue and hidden tests.
+
+Deterministic from (split, seed, index). Splits are disjoint by seed stream ("train" and "heldout"
+draw from different streams) and optionally by family (`heldout_families` appear only in heldout).
+
+Difficulty levels:
+  1. one tiny module with one function; the issue names the file, the function, a failing call and
+     the expected result (a few hundred tokens in all: a tiny model trained for minutes can do it);
+  2. the module holds two correct distractor functions too; the issue names the function only;
+  3. three modules with distractors and a README; the issue describes the behaviour and an example.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import random
+from dataclasses import dataclass
+from string import Template
+from typing import Any
+
+from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
+from components.recipes.swe.templates import BY_FAMILY, FAMILIES, TEMPLATES, BugTemplate
+
+PACKAGES = ("mathkit", "listutil", "textops", "numtools", "datakit", "minilib", "calcpack", "seqtools")
+HIDDEN_TEST_PATH = "tests/test_issue.py"
+WORKDIR = "/workspace/repo"
+
+
+class GenerationError(RuntimeError):
+    """A template instance broke the suite's rules (a bug in templates.py, not in the caller's input)."""
+
+
+@dataclass(frozen=True)
+class _Instance:
+    template: BugTemplate
+    fn: str
+    values: dict[str, Any]
+
+    def sub(self, text: str) -> str:
+        return Template(text).substitute(fn=self.fn, **self.values)
+
+    def function_source(self, line: str) -> str:
+        return self.sub(self.template.source.replace("@LINE@", line))
+
+    def line(self, which: str) -> str:
+        return self.sub(getattr(self.template, which))
+
+
+def _stable_seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:7], "big")  # fits int64 columns
+
+
+def _call(source: str, expr: str) -> str:
+    """What `expr` gives with `source` loaded: repr of the value or 'raises <Error>'."""
+    ns: dict[str, Any] = {}
+    exec(source, ns)  # our own template code, never user input
+    try:
+        return repr(eval(expr, ns))
+    except Exception as err:  # the bug may raise: that is the observed behaviour
+        return f"raises {type(err).__name__}"
+
+
+def _holds(source: str, assertion: str) -> bool:
+    ns: dict[str, Any] = {}
+    exec(source, ns)
+    try:
+        return bool(eval(assertion, ns))
+    except Exception:
+        return False
+
+
+def _check(inst: _Instance) -> None:
+    buggy, fixed = inst.function_source(inst.line("buggy")), inst.function_source(inst.line("fixed"))
+    name = f"{inst.template.key}/{inst.fn}"
+    for a in map(inst.sub, inst.template.visible):
+        if not (_holds(buggy, a) and _holds(fixed, a)):
+            raise GenerationError(f"{name}: visible assertion {a!r} must hold with and without the bug")
+    hidden = [inst.sub(a) for a in inst.template.hidden]
+    if not all(_holds(fixed, a) for a in hidden):
+        raise GenerationError(f"{name}: a hidden assertion fails on the fixed code")
+    if all(_holds(buggy, a) for a in hidden):
+        raise GenerationError(f"{name}: the hidden assertions do not catch the bug")
+    for wrong in inst.template.wrong:
+        if all(_holds(inst.function_source(inst.sub(wrong)), a) for a in hidden):
+            raise GenerationError(f"{name}: wrong fix {wrong!r} passes the hidden tests")
+
+
+def _test_file(pkg: str, imports: dict[str, list[str]], asserts: list[str], prefix: str) -> str:
+    lines = [f"from {pkg}.{mod} import {', '.join(sorted(names))}" for mod, names in sorted(imports.items())]
+    lines.append("")
+    for i, a in enumerate(asserts, 1):
+        lines += ["", f"def {prefix}_{i}():", f"    assert {a}"]
+    return "\n".join(lines) + "\n"
+
+
+def _indent_of(source: str, line: str) -> str:
+    for raw in source.splitlines():
+        if raw.strip() == line:
+            return raw[: len(raw) - len(raw.lstrip())]
+    raise GenerationError(f"line {line!r} not found in the generated source")
+
+
+def unified_diff(path: str, before: str, after: str) -> str:
+    """A git-style unified diff (a/ b/ prefixes, applies with `git apply` or `patch -p1`)."""
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+                                        fromfile=f"a/{path}", tofile=f"b/{path}"))
+
+
+def _pick_instance(rng: random.Random, template: BugTemplate, taken: set[str]) -> _Instance:
+    names = [n for n in template.names if n not in taken] or [f"{template.names[0]}_{len(taken)}"]
+    inst = _Instance(template, rng.choice(names), template.values(rng))
+    taken.add(inst.fn)
+    return inst
+
+
+def make_task(split: Split, seed: int, index: int, *, difficulty: int, families: tuple[str, ...]) -> Task:
+    """The `index`-th task of a split's seed stream (pure function of its arguments)."""
+    task_seed = _stable_seed("swe", split, seed, index, difficulty)
+    rng = random.Random(task_seed)
+    family = families[rng.randrange(len(families))]
+    template = rng.choice(BY_FAMILY[family])
+    taken: set[str] = set()
+    target = _pick_instance(rng, template, taken)
+    _check(target)
+    pkg = rng.choice(PACKAGES)
+
+    n_distractors = {1: 0, 2: 2, 3: 4}[difficulty]
+    # Distractors must not contain the buggy line: the reference edit (old -> new) stays unique.
+    pool = [t for t in TEMPLATES if t.key != template.key]
+    rng.shuffle(pool)
+    distractors: list[_Instance] = []
+    for t in pool:
+        if len(distractors) == n_distractors:
+            break
+        inst = _pick_instance(rng, t, taken)
+        if target.line("buggy") not in inst.function_source(inst.line("fixed")):
+            distractors.append(inst)
+    modules = ["core"] if difficulty < 3 else ["core", "helpers", "ops"]
+    placement: dict[str, list[_Instance]] = {m: [] for m in modules}
+    target_module = modules[0] if difficulty < 3 else rng.choice(modules)
+    placement[target_module].append(target)
+    for i, d in enumerate(distractors):
+        placement[modules[i % len(modules)]].append(d)
+
+    files: dict[str, str] = {f"{pkg}/__init__.py": ""}
+    module_sources: dict[str, tuple[str, str]] = {}
+    for module, insts in placement.items():
+        rng.shuffle(insts)
+        before = "\n\n".join(i.function_source(i.line("buggy" if i is target else "fixed")) for i in insts)
+        after = "\n\n".join(i.function_source(i.line("fixed")) for i in insts)
+        module_sources[module] = (before, after)
+        files[f"{pkg}/{module}.py"] = before
+
+    # Visible tests: behaviour that holds with the bug, plus the distractors' real tests.
+    vis_imports: dict[str, list[str]] = {}
+    vis_asserts: list[str] = []
+    for module, insts in placement.items():
+        for i in insts:
+            vis_imports.setdefault(module, []).append(i.fn)
+            asserts = i.template.visible if i is target else i.template.visible + i.template.hidden
+            vis_asserts += [i.sub(a) for a in asserts]
+    visible_path = "tests/test_basic.py"
+    files[visible_path] = _test_file(pkg, vis_imports, vis_asserts, "test_basic")
+    hidden_asserts = [target.sub(a) for a in template.hidden]
+    hidden = _test_file(pkg, {target_module: [target.fn]}, hidden_asserts, "test_issue")
+    if difficulty == 3:
+        files["README.md"] = f"# {pkg}\n\nSmall helpers. Run the tests with `python -m pytest -q`.\n"
+
+    path = f"{pkg}/{target_module}.py"
+    before, after = module_sources[target_module]
+    buggy_line, fixed_line = target.line("buggy"), target.line("fixed")
+    indent = _indent_of(before, buggy_line)
+    if before.count(indent + buggy_line) != 1:
+        raise GenerationError(f"{template.key}: the buggy line is not unique in {path}")
+    fixed_source = target.function_source(fixed_line)
+    example = target.sub(template.example)
+    got, want = _call(target.function_source(buggy_line), example), _call(fixed_source, example)
+    behaviour = target.sub(template.behaviour)
+    if difficulty == 1:
+        prompt = (f"Bug in `{path}`: `{example}` returns `{got}`, expected `{want}`; {behaviour}. "
+                  f"Fix `{target.fn}`.")
+    elif difficulty == 2:
+        prompt = f"`{target.fn}` is wrong: `{example}` gives `{got}` but should give `{want}` ({behaviour}). Fix it."
+    else:
+        prompt = (f"Users report that `{example}` gives `{got}` instead of `{want}`: {behaviour}. "
+                  f"Find and fix the bug in the `{pkg}` package.")
+    if got.startswith("raises"):
+        prompt = prompt.replace(f"returns `{got}`", got).replace(f"gives `{got}`", got)
+
+    hidden_ids = [f"{HIDDEN_TEST_PATH}::test_issue_{i}" for i in range(1, len(hidden_asserts) + 1)]
+    visible_ids = [f"{visible_path}::test_basic_{i}" for i in range(1, len(vis_asserts) + 1)]
+    digest = hashlib.sha256(f"{split}:{seed}:{index}:{difficulty}".encode()).hexdigest()[:10]
+    return Task(
+        id=f"swe-{family}-l{difficulty}-{digest}",
+        recipe="swe",
+        split=split,
+        prompt=prompt,
+        environment=EnvironmentSpec(files=files, workdir=WORKDIR),
+        verifier=VerifierSpec(kind="pytest", hidden_files={HIDDEN_TEST_PATH: hidden},
+                              fail_to_pass=hidden_ids, pass_to_pass=visible_ids, timeout_seconds=60.0),
+        reference_solution=unified_diff(path, before, after),
+        family=family,
+        difficulty=difficulty,
+        seed=task_seed,
+        metadata={
+            "template": template.key,
+            "function": target.fn,
+            "package": pkg,
+            "fix": {"path": path, "old": indent + buggy_line, "new": indent + fixed_line,
+                    "wrong": [indent + target.sub(w) for w in template.wrong]},
+            "fixed_source": after,
+            "example": {"call": example, "got": got, "want": want},
+            "visible_tests": [visible_path],
+        },
+    )
+
+
+def generate_tasks(split: Split, n: int, seed: int = 0, *, difficulty: int | list[int] = 1,
+                   heldout_families: tuple[str, ...] = ()) -> list[Task]:
+    """`n` tasks of `split`. Heldout families never appear in train; heldout uses only them when set."""
+    unknown = set(heldout_families) - set(FAMILIES)
+    if unknown:
+        raise ValueError(f"unknown bug families {sorted(unknown)}; choose from {FAMILIES}")
+    if split == "train":
+        families = tuple(f for f in FAMILIES if f not in heldout_families)
+    else:
+        families = tuple(heldout_families) or FAMILIES
+    if not families:
+        raise ValueError("every family is held out: the train split would be empty")
+    levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
+    if any(level not in (1, 2, 3) for level in levels):
+        raise ValueError(f"difficulty levels are 1, 2 or 3, got {levels}")
+    return [make_task(split, seed, i, difficulty=levels[i % len(levels)], families=families) for i in range(n)]

@@ -1,0 +1,108 @@
+"""The SWE recipe: fix a bug in a small Python repository; verified by hidden pytest tests."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
+from components.core.schema import Split, Task, ToolCall
+from components.recipes.swe.generator import generate_tasks
+from components.recipes.swe.tools import TOOL_SPECS, SWETools, git_init_script
+from components.recipes.swe.verifier import run_hidden_tests
+from sandbox_service.client import Sandbox
+from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
+
+SANDBOX_ENV = {
+    "PYTHONDONTWRITEBYTECODE": "1",  # no __pycache__ in the diff
+    "GIT_CONFIG_COUNT": "1",  # an uploaded checkout is owned by another uid: trust it
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
+}
+
+
+class SetupError(RuntimeError):
+    """The task's environment could not be built (an infrastructure failure, never the policy's)."""
+
+
+class SWERecipe(RecipeBase):
+    name = "swe"
+
+    def __init__(self, difficulty: int | list[int] = 1, heldout_families: tuple[str, ...] | list[str] = (),
+                 tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000):
+        self.difficulty = difficulty
+        self.heldout_families = tuple(heldout_families)
+        self.tool_timeout_seconds = tool_timeout_seconds
+        self.max_output_chars = max_output_chars
+
+    def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
+        return generate_tasks(split, n, seed, difficulty=self.difficulty, heldout_families=self.heldout_families)
+
+    def tools(self) -> list[ToolSpec]:
+        return list(TOOL_SPECS)
+
+    def system_prompt(self, task: Task) -> str:
+        return (f"You fix bugs in the Python repository at {task.environment.workdir}. "
+                "Inspect, edit and test with the tools, then submit.")
+
+    def sandbox_spec(self, task: Task) -> SandboxCreate:
+        env = task.environment
+        labels = {"orchard.recipe": "swe", "orchard.task": task.id[:63]}
+        sandbox_env = dict(SANDBOX_ENV)
+        if env.repo_path is None:
+            # Generated repos need no plugins; skipping the venv's entry points makes pytest start ~3x faster.
+            sandbox_env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+        return SandboxCreate(image=env.image, labels=labels,
+                             resources=Resources(cpu=env.cpu, memory_mb=env.memory_mb),
+                             network=NetworkPolicy(mode=env.network), env=sandbox_env,
+                             workdir=env.workdir)
+
+    def setup(self, sandbox: Sandbox, task: Task) -> None:
+        env = task.environment
+        mk = sandbox.exec(["mkdir", "-p", env.workdir], timeout=30)
+        if not mk.ok:
+            raise SetupError(f"cannot create {env.workdir}: {mk.stderr or mk.message}")
+        if env.repo_path:
+            self._upload_checkout(sandbox, env.repo_path, env.base_commit, env.workdir)
+        if env.files:
+            with tempfile.TemporaryDirectory() as tmp:
+                for rel, content in env.files.items():
+                    path = Path(tmp) / rel
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(content)
+                sandbox.upload_dir(tmp, env.workdir)
+        script = " && ".join([git_init_script(), *env.setup_commands])
+        result = sandbox.exec(["bash", "-c", script], cwd=env.workdir, timeout=120)
+        if not result.ok:
+            raise SetupError(f"setup script failed ({result.outcome.value}, exit {result.exit_code}): "
+                             f"{(result.stderr or result.message or '')[-500:]}")
+
+    @staticmethod
+    def _upload_checkout(sandbox: Sandbox, repo_path: str, base_commit: str | None, workdir: str) -> None:
+        """Upload the tree at `base_commit` without its history: later commits (the fix) stay invisible."""
+        if not Path(repo_path).is_dir():
+            raise SetupError(f"repo_path {repo_path} is not a directory on this machine")
+        if base_commit is None:
+            sandbox.upload_dir(repo_path, workdir)
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = subprocess.run(["git", "-C", repo_path, "archive", "--format=tar", base_commit],
+                                     capture_output=True, check=False)
+            if archive.returncode != 0:
+                raise SetupError(f"git archive {base_commit} in {repo_path} failed: {archive.stderr.decode()[-300:]}")
+            with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+                tar.extractall(tmp, filter="data")
+            sandbox.upload_dir(tmp, workdir)
+
+    def _tools(self, task: Task) -> SWETools:
+        return SWETools(task.environment.workdir, timeout_seconds=self.tool_timeout_seconds,
+                        max_output_chars=self.max_output_chars)
+
+    def execute_tool(self, sandbox: Sandbox, task: Task, call: ToolCall) -> ToolResult:
+        return self._tools(task).execute(sandbox, call)
+
+    def verify(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
+        return run_hidden_tests(sandbox, task, task.environment.workdir)

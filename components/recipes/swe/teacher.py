@@ -1,0 +1,166 @@
+"""A scripted expert for the generated SWE suite: it works like an agent, through the same harness.
+
+It lists the files, reads the module, runs the visible tests, applies the fix with `str_replace`,
+reruns the tests and submits. It knows the reference fix (from `reset(task)`), but it decides every
+action from the conversation so far: it replays the edits it sees onto the last file contents it
+read, so it can continue from any prefix of an episode (the credit stage's Monte-Carlo rollouts
+start from intermediate states). With probability `error_rate` per decision it makes a realistic
+mistake: a wrong or incomplete edit, giving up early, or a malformed tool call. Its text is only
+the tool call, in exactly the protocol format, because the tiny model is trained on it.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import random
+from dataclasses import dataclass
+
+from components.core.policy_base import ChatMessage, Generation, GenerationConfig
+from components.core.protocol import ToolCallParseError, format_tool_call, parse_tool_call
+from components.core.schema import Task, ToolCall
+
+LIST_COMMAND = "find . -name '*.py' | sort"
+TEST_COMMAND = "python -m pytest -q"
+# Commands the teacher knows do not change files; any other bash command may have edited the target.
+_READ_ONLY_PREFIXES = ("find ", "ls", "cat ", "grep ", "python -m pytest", "pytest", "git diff", "git status")
+
+
+@dataclass
+class _View:
+    """What the conversation says about the episode so far."""
+
+    listed: bool = False
+    content: str | None = None  # last known content of the target file
+    edits: int = 0
+    tests_since_edit: bool = False
+    tests_ever: bool = False
+    last_malformed: bool = False
+
+
+class ScriptedTeacher:
+    """`ScriptedTeacher(error_rate=0.3, seed=0)`; an `EpisodeAwarePolicy` (the harness calls `reset`)."""
+
+    def __init__(self, error_rate: float = 0.3, seed: int = 0):
+        if not 0.0 <= error_rate <= 1.0:
+            raise ValueError(f"error_rate must be in [0, 1], got {error_rate}")
+        self.error_rate = error_rate
+        self.seed = seed
+        self.policy_id = f"scripted-teacher-e{error_rate:g}"
+        self._task: Task | None = None
+        self._episodes = 0
+        self._rng = random.Random(seed)
+
+    def reset(self, task: Task) -> None:
+        fix = task.metadata.get("fix")
+        if not fix or "fixed_source" not in task.metadata:
+            raise ValueError(f"task {task.id} has no reference fix in metadata; the scripted teacher only "
+                             "works on generated SWE tasks (use OpenAICompatiblePolicy for imported ones)")
+        self._task = task
+        self._episodes += 1
+        # A fresh stream per episode: continuations from one prefix must differ from each other.
+        self._rng = random.Random(f"{self.seed}:{task.id}:{self._episodes}")
+
+    # -- reading the conversation -----------------------------------------------------------
+    def _rel(self, path: str) -> str:
+        assert self._task is not None
+        workdir = self._task.environment.workdir.rstrip("/") + "/"
+        path = posixpath.normpath(path)
+        return path[len(workdir):] if path.startswith(workdir) else path
+
+    def _view(self, messages: list[ChatMessage]) -> _View:
+        assert self._task is not None
+        target = self._task.metadata["fix"]["path"]
+        view = _View()
+        for i, msg in enumerate(messages):
+            if msg.role != "assistant":
+                continue
+            obs = messages[i + 1].content if i + 1 < len(messages) else ""
+            try:
+                call = parse_tool_call(msg.content)
+            except ToolCallParseError:
+                view.last_malformed = True
+                continue
+            view.last_malformed = False
+            failed = obs.startswith("Error:")
+            args = call.arguments
+            on_target = isinstance(args.get("path"), str) and self._rel(args["path"]) == target
+            if call.name == "bash":
+                command = str(args.get("command", "")).strip()
+                if command.startswith(("find ", "ls", "grep ")):
+                    view.listed = True
+                if "pytest" in command:
+                    view.tests_ever = view.tests_since_edit = True
+                if not command.startswith(_READ_ONLY_PREFIXES):
+                    view.content = None  # it may have changed the file: read it again
+            elif call.name == "read_file" and on_target and not failed:
+                view.content = obs
+            elif call.name == "str_replace" and on_target and not failed:
+                old, new = str(args.get("old_str", "")), str(args.get("new_str", ""))
+                view.content = view.content.replace(old, new, 1) if view.content is not None else None
+                view.edits += 1
+                view.tests_since_edit = False
+            elif call.name == "write_file" and on_target and not failed:
+                view.content = str(args.get("content", ""))
+                view.edits += 1
+                view.tests_since_edit = False
+        return view
+
+    # -- deciding ---------------------------------------------------------------------------
+    def _decide(self, view: _View) -> ToolCall:
+        assert self._task is not None
+        meta = self._task.metadata
+        fix, fixed_source = meta["fix"], meta["fixed_source"]
+        path, e, roll = fix["path"], self.error_rate, self._rng.random()
+        if not view.listed:
+            if self._task.difficulty >= 2:  # the issue does not name the file: search for the function
+                return ToolCall(name="bash", arguments={"command": f"grep -rn 'def {meta['function']}' --include=*.py ."})
+            return ToolCall(name="bash", arguments={"command": LIST_COMMAND})
+        if view.content is None:
+            return ToolCall(name="read_file", arguments={"path": path})
+        if view.content == fixed_source:
+            if not view.tests_since_edit:
+                return ToolCall(name="bash", arguments={"command": TEST_COMMAND})
+            return ToolCall(name="submit", arguments={})
+        if fix["old"] in view.content:  # the bug is still there
+            if not view.tests_ever:
+                return ToolCall(name="bash", arguments={"command": TEST_COMMAND})
+            if roll < 0.5 * e:  # gives up early
+                return ToolCall(name="submit", arguments={})
+            if roll < 1.5 * e and fix["wrong"]:  # a wrong or incomplete edit
+                wrong = self._rng.choice(fix["wrong"])
+                return ToolCall(name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": wrong})
+            return ToolCall(name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": fix["new"]})
+        # Neither buggy nor fixed: an earlier edit went wrong.
+        if not view.tests_since_edit:
+            return ToolCall(name="bash", arguments={"command": TEST_COMMAND})
+        if view.edits < 3 and self._rng.random() >= e:  # notices the mistake and repairs it
+            return self._repair(view.content, fixed_source, path)
+        return ToolCall(name="submit", arguments={})
+
+    @staticmethod
+    def _repair(content: str, fixed_source: str, path: str) -> ToolCall:
+        have, want = content.splitlines(), fixed_source.splitlines()
+        if len(have) == len(want):
+            diff = [(a, b) for a, b in zip(have, want) if a != b]
+            if len(diff) == 1 and content.count(diff[0][0]) == 1:
+                return ToolCall(name="str_replace", arguments={"path": path, "old_str": diff[0][0], "new_str": diff[0][1]})
+        return ToolCall(name="write_file", arguments={"path": path, "content": fixed_source})
+
+    def _malformed(self, call: ToolCall) -> str:
+        text = format_tool_call(call)
+        if self._rng.random() < 0.5:
+            return text.replace("}}", "}", 1)  # unbalanced JSON
+        return text.replace('"arguments"', '"args"', 1).replace("<tool_call>", "<tool>", 1)
+
+    def generate(self, messages: list[ChatMessage], config: GenerationConfig) -> Generation:
+        if self._task is None:
+            raise RuntimeError("ScriptedTeacher.generate before reset(task): run it through the harness")
+        view = self._view(messages)
+        call = self._decide(view)
+        if not view.last_malformed and self._rng.random() < 0.15 * self.error_rate:
+            text = self._malformed(call)
+        else:
+            text = format_tool_call(call)
+        prompt_tokens = sum(len(m.content) for m in messages) // 4
+        return Generation(text=text, prompt_tokens=prompt_tokens, completion_tokens=len(text) // 4 + 1,
+                          finish_reason="stop")

@@ -1,0 +1,146 @@
+"""The SWE tools (bash, read_file, write_file, str_replace, submit) on a sandbox.
+
+Boundary rule: a bad argument, a missing file, a failing or timed-out command is the policy's
+error (an observation it can react to); a sandbox that cannot run the tool is an infrastructure
+error (`ToolResult.infra_error`, or a `SandboxServiceError` that the harness attributes).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from components.core.recipe_base import ToolResult, ToolSpec
+from components.core.schema import ToolCall
+from sandbox_service.client import Sandbox
+from sandbox_service.errors import FileNotFoundInSandboxError, InvalidRequestError
+from sandbox_service.models import ExecOutcome
+
+TOOL_SPECS = [
+    ToolSpec(name="bash", description="Run a shell command in the repository.",
+             parameters={"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+    ToolSpec(name="read_file", description="Show a file.",
+             parameters={"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+    ToolSpec(name="write_file", description="Replace a file's whole content.",
+             parameters={"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+                         "required": ["path", "content"]}),
+    ToolSpec(name="str_replace", description="Replace the one occurrence of old_str in a file by new_str.",
+             parameters={"type": "object",
+                         "properties": {"path": {"type": "string"}, "old_str": {"type": "string"},
+                                        "new_str": {"type": "string"}},
+                         "required": ["path", "old_str", "new_str"]}),
+    ToolSpec(name="submit", description="Finish: your changes to the repository are the answer.",
+             parameters={"type": "object", "properties": {}}),
+]
+
+# `git add -A` first so new files are part of the diff; excluded caches never are.
+DIFF_COMMAND = "git add -A >/dev/null 2>&1 && git -c core.quotepath=off diff --cached --no-color --no-ext-diff"
+
+
+def clip(text: str, limit: int) -> str:
+    """Keep the head and tail of a long observation (errors are usually at the end)."""
+    if len(text) <= limit:
+        return text
+    half = limit // 2
+    return f"{text[:half]}\n... [{len(text) - limit} chars cut] ...\n{text[-half:]}"
+
+
+def _policy_error(message: str) -> ToolResult:
+    return ToolResult(output=f"Error: {message}", policy_error=message)
+
+
+def _str_arg(args: dict[str, Any], name: str) -> str:
+    value = args.get(name)
+    if not isinstance(value, str):
+        raise _ArgError(f"argument {name!r} (a string) is required")
+    return value
+
+
+class _ArgError(ValueError):
+    pass
+
+
+class SWETools:
+    """Runs one tool call; `workdir` is where relative paths and commands start."""
+
+    def __init__(self, workdir: str, *, timeout_seconds: float = 30.0, max_output_chars: int = 2000):
+        self.workdir = workdir
+        self.timeout_seconds = timeout_seconds
+        self.max_output_chars = max_output_chars
+
+    def _path(self, path: str) -> str:
+        return posixpath.normpath(posixpath.join(self.workdir, path))
+
+    def execute(self, sandbox: Sandbox, call: ToolCall) -> ToolResult:
+        handler = getattr(self, f"_tool_{call.name}", None)
+        if handler is None:
+            names = ", ".join(t.name for t in TOOL_SPECS)
+            return _policy_error(f"unknown tool {call.name!r}; use one of: {names}")
+        try:
+            return handler(sandbox, call.arguments)
+        except _ArgError as err:
+            return _policy_error(str(err))
+        except FileNotFoundInSandboxError:
+            return _policy_error(f"no such file: {call.arguments.get('path')}")
+        except InvalidRequestError as err:  # path outside the sandbox, a directory, ...
+            return _policy_error(err.message)
+
+    def _tool_bash(self, sandbox: Sandbox, args: dict[str, Any]) -> ToolResult:
+        command = _str_arg(args, "command")
+        result = sandbox.exec(["bash", "-c", command], cwd=self.workdir, timeout=self.timeout_seconds)
+        if result.outcome is ExecOutcome.infrastructure_error:
+            return ToolResult(output="", infra_error=f"{result.infra_error}: {result.message}")
+        text = clip(result.stdout + result.stderr, self.max_output_chars)
+        if result.outcome is ExecOutcome.command_timeout:
+            return ToolResult(output=f"{text}\n[timed out after {self.timeout_seconds:g}s]",
+                              policy_error="command timed out")
+        return ToolResult(output=f"{text}\n[exit code {result.exit_code}]" if text else f"[exit code {result.exit_code}]")
+
+    def _tool_read_file(self, sandbox: Sandbox, args: dict[str, Any]) -> ToolResult:
+        text = sandbox.read_text(self._path(_str_arg(args, "path")))
+        return ToolResult(output=clip(text, self.max_output_chars))
+
+    def _tool_write_file(self, sandbox: Sandbox, args: dict[str, Any]) -> ToolResult:
+        path, content = _str_arg(args, "path"), _str_arg(args, "content")
+        full = self._path(path)
+        parent = posixpath.dirname(full)
+        made = sandbox.exec(["mkdir", "-p", parent], timeout=self.timeout_seconds)
+        if made.outcome is ExecOutcome.infrastructure_error:
+            return ToolResult(output="", infra_error=f"{made.infra_error}: {made.message}")
+        sandbox.write_file(full, content)
+        return ToolResult(output=f"Wrote {path}.")
+
+    def _tool_str_replace(self, sandbox: Sandbox, args: dict[str, Any]) -> ToolResult:
+        path, old, new = _str_arg(args, "path"), _str_arg(args, "old_str"), _str_arg(args, "new_str")
+        if not old:
+            raise _ArgError("old_str must not be empty")
+        full = self._path(path)
+        text = sandbox.read_text(full)
+        count = text.count(old)
+        if count == 0:
+            return _policy_error(f"old_str not found in {path}")
+        if count > 1:
+            return _policy_error(f"old_str occurs {count} times in {path}; include more context")
+        sandbox.write_file(full, text.replace(old, new, 1))
+        return ToolResult(output=f"Edited {path}.")
+
+    def _tool_submit(self, sandbox: Sandbox, args: dict[str, Any]) -> ToolResult:
+        diff = repo_diff(sandbox, self.workdir, self.timeout_seconds)
+        if diff is None:
+            return ToolResult(output="", infra_error="could not compute the repository diff (git failed)")
+        return ToolResult(output="Submitted.", submitted=True, final_answer=diff)
+
+
+def repo_diff(sandbox: Sandbox, workdir: str, timeout: float = 30.0) -> str | None:
+    """The repository's changes since setup as a unified diff; None when git itself failed."""
+    result = sandbox.exec(["bash", "-c", DIFF_COMMAND], cwd=workdir, timeout=timeout)
+    if result.outcome is not ExecOutcome.ok:
+        return None
+    return result.stdout
+
+
+def git_init_script() -> str:
+    """Shell run at setup: a fresh git baseline of the placed files, so `submit` can diff."""
+    exclude = "printf '__pycache__/\\n*.pyc\\n.pytest_cache/\\n' >> .git/info/exclude"
+    ident = "-c user.name=orchard -c user.email=orchard@localhost"
+    return f"git init -q && {exclude} && git add -A && git {ident} commit -q --allow-empty -m initial"

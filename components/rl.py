@@ -1,0 +1,226 @@
+"""Adaptive RL stage: group-relative policy optimisation over multi-turn agent episodes in sandboxes.
+
+The algorithm's choices, in order:
+1. The policy starts from the SFT checkpoint (`load_policy`); the rollout policy is the same model
+   object, so every batch is sampled on-policy.
+2. Prompts are training tasks, reshuffled each pass. For each prompt the sampler (`rl_sampler`:
+   Balanced Adaptive Rollout or fixed-size groups) asks for attempts; an attempt is one episode
+   through `harness.run_episode` in a real sandbox, rewarded +1 resolved / -1 unresolved from the
+   verifier only. An `infra_error` episode has no reward and never enters a group.
+3. Kept groups get advantages (r - mean) / std; each episode is rendered with the ids the policy
+   sampled, loss on assistant tokens only (`rendering.render_trajectory(loss_on="assistant")`).
+4. One `rl_update` per batch: clipped token-level policy gradient against the rollout logprobs,
+   optional KL to the frozen SFT policy. Budgets (global rollouts, prompts per batch) end the run early.
+5. The result is saved with `save_pretrained`; every sampler choice goes to `rollout_records.jsonl`
+   next to it and, with the loss curve and the group-statistics plot, to MLflow.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.connection import SandboxConnection
+from components.core.harness import HarnessConfig, run_episode
+from components.core.schema import Recipe, Task, Trajectory
+from components.core.store import TaskStore, TrajectoryStore
+from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
+from components.rl_loss import group_advantages, outcome_reward, rl_update
+from components.rl_sampler import Attempt, PromptRecord, RolloutBudget, RolloutConfig, sample_batch, summarize
+
+
+class RLConfig(BaseModel):
+    """Everything that decides an RL run."""
+
+    model_config = ConfigDict(extra="forbid")
+    recipe: Recipe = Field("swe", description="Task suite (get_recipe name).")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig,
+                                   description="Sampler: bar|fixed, N, N_max, stride, [rho_min, rho_max], batch.")
+    rollout_budget: int | None = Field(None, ge=1, description="Global cap on episodes over the whole run.")
+    steps: int = Field(4, ge=1, description="Optimizer steps (one per batch of groups).")
+    learning_rate: float = Field(2e-4, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    epochs_per_batch: int = Field(1, ge=1, description="Policy-gradient passes over each batch (clipping bites from 2).")
+    micro_batch: int = Field(4, ge=1, description="Episodes per forward/backward pass (gradient accumulated).")
+    clip_eps: float = Field(0.2, gt=0, description="PPO clip range below (and above, unless clip_eps_high).")
+    clip_eps_high: float | None = Field(None, gt=0, description="Upper clip range (DAPO clip-higher); None = clip_eps.")
+    kl_coef: float = Field(0.0, ge=0, description="KL weight to the frozen starting policy (0 = no reference).")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping.")
+    max_len: int = Field(4096, ge=16, description="Tokens per episode in the update; longer ones are cut at the end.")
+    temperature: float = Field(1.0, gt=0, description="Rollout sampling temperature (also scales logprobs).")
+    harness: HarnessConfig = Field(default_factory=HarnessConfig, description="Episode limits and generation.")
+    sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service to use.")
+    split: Literal["train", "heldout"] = Field("train", description="Tasks of the store used as prompts.")
+    save_rollouts: bool = Field(False, description="Also store every episode under out_model_dir/rollouts.")
+    num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
+    seed: int = Field(0, description="Seed of prompt order, sampling and the optimizer.")
+
+
+class RLResult(BaseModel):
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # final_loss NaN: no update
+    model_dir: str
+    sampler: Literal["bar", "fixed"]
+    steps_done: int = Field(description="Optimizer updates actually made.")
+    trajectories: int = Field(description="Episodes generated.")
+    informative_groups: int = Field(description="Groups with mixed verified rewards (trained on).")
+    informative_groups_per_trajectory: float
+    infra_errors: int = Field(description="Episodes without a verified outcome (never rewarded).")
+    stop_reason: Literal["steps", "budget"] = Field(description="Why the run ended.")
+    records_path: str = Field(description="JSONL of PromptRecord: every sampler choice.")
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class EpisodeSource:
+    """`RolloutSource` over real episodes: the task's sandbox, the policy, the verifier's reward."""
+
+    def __init__(self, tasks: dict[str, Task], recipe: Any, policy: Any, client: Any, config: RLConfig,
+                 store: TrajectoryStore | None = None):
+        self.tasks, self.recipe, self.policy, self.client, self.config = tasks, recipe, policy, client, config
+        self.store = store
+        self.episodes = 0
+
+    def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
+        out: list[Attempt] = []
+        trajectories: list[Trajectory] = []
+        for _ in range(n):
+            self.episodes += 1
+            generation = self.config.harness.generation.model_copy(update={
+                "temperature": self.config.temperature, "seed": self.config.seed * 1_000_003 + self.episodes})
+            harness = self.config.harness.model_copy(update={"generation": generation})
+            traj = run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client, harness)
+            trajectories.append(traj)
+            out.append(Attempt(reward=outcome_reward(traj), status=traj.status, attempt_id=traj.id, payload=traj))
+        if self.store is not None:
+            self.store.append(trajectories)
+        return out
+
+
+def prompt_stream(task_ids: list[str], seed: int) -> Iterator[str]:
+    """Task ids forever, reshuffled on every pass."""
+    rng = random.Random(seed)
+    while True:
+        order = list(task_ids)
+        rng.shuffle(order)
+        yield from order
+
+
+def group_samples(groups: list[list[Attempt]], tokenizer: Any, max_len: int) -> list[tuple[list[int], list[int], float]]:
+    """(input_ids, loss_mask, advantage) per episode of the kept groups."""
+    from components.core.rendering import render_trajectory
+
+    samples = []
+    for group in groups:
+        for attempt, adv in zip(group, group_advantages([a.reward for a in group])):
+            s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant")
+            ids, mask = s.input_ids[:max_len], s.loss_mask[:max_len]
+            if adv != 0.0 and any(mask):
+                samples.append((ids, mask, adv))
+    return samples
+
+
+def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out_model_dir: str | Path,
+             tracking: TrackingConfig | None = None) -> RLResult:
+    """RL from the checkpoint in `model_dir`; writes the policy and rollout_records.jsonl to out_model_dir."""
+    import torch
+
+    out = Path(out_model_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tasks = {t.id: t for t in TaskStore(tasks_dir).read(split=config.split)}
+    if not tasks:
+        raise ValueError(f"no {config.split!r} tasks in {tasks_dir}; provision the environment first")
+    previous_threads = torch.get_num_threads()
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    try:
+        return _train(config, tasks, model_dir, out, tracking)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out: Path,
+           tracking: TrackingConfig | None) -> RLResult:
+    import torch
+    from tqdm import tqdm
+
+    from components.core.local_policy import LocalTransformersPolicy
+    from components.core.modeling import load_policy, load_policy_model, save_policy
+    from components.recipes import get_recipe
+    from components.rl_plots import plot_group_statistics
+
+    torch.manual_seed(config.seed)
+    model, tokenizer = load_policy(model_dir)
+    ref_model = None
+    if config.kl_coef > 0:
+        ref_model = load_policy_model(model_dir).eval().requires_grad_(False)
+    policy = LocalTransformersPolicy(model, tokenizer)
+    base_policy_id = policy.policy_id
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    budget = RolloutBudget(config.rollout_budget)
+    prompts = prompt_stream(sorted(tasks), config.seed)
+    records: list[PromptRecord] = []
+    history: list[dict[str, float]] = []
+    steps_done = 0
+    stop_reason: Literal["steps", "budget"] = "steps"
+    records_path = out / "rollout_records.jsonl"
+
+    with stage_run("rl", config, tracking), config.sandbox.client() as client:
+        source = EpisodeSource(tasks, get_recipe(config.recipe), policy, client, config,
+                               TrajectoryStore(out / "rollouts") if config.save_rollouts else None)
+        t0 = time.perf_counter()
+        progress = tqdm(range(config.steps), desc=f"rl ({config.rollout.sampler})", leave=False)
+        for step in progress:
+            batch = sample_batch(prompts, source, config.rollout, budget, step=step)
+            records.extend(batch.records)
+            samples = group_samples(batch.groups, tokenizer, config.max_len)
+            row = {f"sampler.{k}": v for k, v in summarize(batch.records).items()}
+            if samples:
+                row |= rl_update(model, optimizer, samples, pad_id=tokenizer.pad_token_id,
+                                 temperature=config.temperature, clip_eps=config.clip_eps,
+                                 clip_eps_high=config.clip_eps_high, kl_coef=config.kl_coef, ref_model=ref_model,
+                                 epochs=config.epochs_per_batch, micro_batch=config.micro_batch,
+                                 max_grad_norm=config.max_grad_norm)
+                steps_done += 1
+                policy.policy_id = f"{base_policy_id}+rl{steps_done}"  # later episodes name the updated weights
+            rewards = [a.reward for g in batch.groups for a in g]
+            row |= {"groups": float(len(batch.groups)), "samples": float(len(samples)),
+                    "reward_mean_all": _mean_reward(batch.records), "elapsed_s": time.perf_counter() - t0,
+                    "group_reward_mean": sum(rewards) / len(rewards) if rewards else 0.0}
+            history.append(row)
+            log_metrics(row, step=step)
+            progress.set_postfix(episodes=budget.spent, groups=sum(r.kept for r in records), updates=steps_done)
+            if batch.stop_reason == "budget":  # a short last batch still trained above
+                stop_reason = "budget"
+                break
+        save_policy(model, tokenizer, out)
+        records_path.write_text("".join(r.model_dump_json() + "\n" for r in records))
+        totals = summarize(records)
+        result = RLResult(
+            model_dir=str(out), sampler=config.rollout.sampler, steps_done=steps_done,
+            trajectories=int(totals["trajectories"]), informative_groups=int(totals["informative_groups"]),
+            informative_groups_per_trajectory=totals["informative_groups_per_trajectory"],
+            infra_errors=int(totals["aborted_attempts"]), stop_reason=stop_reason, records_path=str(records_path),
+            metrics={**totals, "steps_done": float(steps_done), "train_seconds": time.perf_counter() - t0,
+                     "final_loss": next((h["loss"] for h in reversed(history) if "loss" in h), float("nan"))},
+        )
+        log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
+        log_json(result.model_dump(mode="json"), "rl_result.json")
+        log_json([r.model_dump(mode="json") for r in records], "rollout_records.json")
+        if tracking is not None and tracking.enabled and records:
+            import matplotlib.pyplot as plt
+
+            fig = plot_group_statistics(records, title=f"{config.rollout.sampler} rollout groups")
+            log_figure(fig, f"{config.rollout.sampler}_group_statistics.png")
+            plt.close(fig)
+    return result
+
+
+def _mean_reward(records: list[PromptRecord]) -> float:
+    """Mean verified reward over every attempt of the batch (not only kept groups), in [-1, 1]."""
+    pos = sum(r.pool_positives for r in records)
+    neg = sum(r.pool_negatives for r in records)
+    return (pos - neg) / (pos + neg) if pos + neg else 0.0

@@ -1,0 +1,208 @@
+"""SFT stage: supervised fine-tuning of the policy on (credited) teacher trajectories.
+
+One typed `SFTConfig` (logged to MLflow as params), the transformers `Trainer` for the loop, and a
+callback that logs loss, learning rate, tokens/s and the masked-token fraction every step. Loss only on
+the assistant tokens `sft_data` selects for the mode; length-grouped batches keep padding low on CPU.
+The result is a `save_pretrained` directory (model + tokenizer) that `load_policy_model` and
+`LocalTransformersPolicy` read; `base_model_dir=None` starts from a fresh tiny model.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.modeling import ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters, save_policy
+from components.core.store import TrajectoryStore
+from components.core.tracking import TrackingConfig, log_json, log_metrics, stage_run
+from components.sft_data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
+
+
+class SFTConfig(BaseModel):
+    """Everything that decides an SFT run."""
+
+    model_config = ConfigDict(extra="forbid")
+    mode: SFTMode = Field("credited", description="resolved_only | whole | credited (see components/sft_data.py).")
+    steps: int = Field(200, ge=1, description="Optimizer steps.")
+    learning_rate: float = Field(2e-3, gt=0, description="Peak learning rate (tiny models from scratch like it high).")
+    lr_scheduler: str = Field("cosine", description="transformers scheduler name.")
+    warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping.")
+    batch_size: int = Field(8, ge=1, description="Samples per micro-batch.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    max_len: int = Field(2048, ge=16, description="Tokens per sample; longer samples are cut at the end.")
+    bucketing: bool = Field(True, description="Group samples of similar length into a batch (less padding).")
+    seed: int = Field(0, description="Seed of data order (and of the fresh model unless model.seed differs).")
+    save_every: int | None = Field(None, ge=1, description="Also save a checkpoint every N steps.")
+    num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
+    model: ModelConfig = Field(default_factory=ModelConfig, description="The fresh model when no base is given.")
+
+
+class SFTResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model_dir: str
+    mode: SFTMode
+    steps: int
+    first_loss: float
+    final_loss: float
+    tokens_per_second: float
+    train_seconds: float
+    num_parameters: int
+    data: DataStats
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class _StepMetrics:
+    """Counts tokens per optimizer step (Trainer.compute_loss sees every micro-batch)."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.loss_tokens = 0
+        self.t0 = time.perf_counter()
+        self.history: list[dict[str, float]] = []
+
+
+def _trainer_classes():
+    from transformers import Trainer, TrainerCallback
+
+    class CountingTrainer(Trainer):
+        def __init__(self, *args, step_metrics: _StepMetrics, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.step_metrics = step_metrics
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            self.step_metrics.tokens += int(inputs["attention_mask"].sum())
+            self.step_metrics.loss_tokens += int((inputs["labels"] != -100).sum())
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    class MetricsCallback(TrainerCallback):
+        def __init__(self, m: _StepMetrics) -> None:
+            self.m = m
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "loss" not in logs:
+                return
+            now = time.perf_counter()
+            row = {
+                "loss": float(logs["loss"]),
+                "learning_rate": float(logs.get("learning_rate", 0.0)),
+                "grad_norm": float(logs.get("grad_norm", 0.0)),
+                "tokens_per_s": self.m.tokens / max(now - self.m.t0, 1e-9),
+                "masked_token_fraction": 1.0 - self.m.loss_tokens / max(self.m.tokens, 1),
+                "tokens": float(self.m.tokens),
+            }
+            self.m.history.append(row)
+            log_metrics(row, step=state.global_step)
+            self.m.tokens = self.m.loss_tokens = 0
+            self.m.t0 = now
+
+    return CountingTrainer, MetricsCallback
+
+
+def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset, work_dir: Path) -> _StepMetrics:
+    """The Trainer loop over prepared samples (shared by train_sft and scripts/bench_sft.py)."""
+    import torch
+    from transformers import TrainingArguments
+
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    CountingTrainer, MetricsCallback = _trainer_classes()
+    args = TrainingArguments(
+        output_dir=str(work_dir),
+        max_steps=config.steps,
+        per_device_train_batch_size=config.batch_size,
+        gradient_accumulation_steps=config.grad_accum,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type=config.lr_scheduler,
+        warmup_steps=config.warmup_steps,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        logging_steps=1,
+        save_strategy="steps" if config.save_every else "no",
+        save_steps=config.save_every or 500,
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        seed=config.seed,
+        data_seed=config.seed,
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+        train_sampling_strategy="group_by_length" if config.bucketing else "random",
+        disable_tqdm=True,
+    )
+    metrics = _StepMetrics()
+    trainer = CountingTrainer(
+        model=model, args=args, train_dataset=dataset, data_collator=PadCollator(tokenizer.pad_token_id),
+        callbacks=[MetricsCallback(metrics)], step_metrics=metrics,
+    )
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # our callback logs; the printer floods stdout with dicts
+    metrics.t0 = time.perf_counter()
+    trainer.train()
+    return metrics
+
+
+def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: str | Path,
+              base_model_dir: str | Path | None = None, tracking: TrackingConfig | None = None) -> SFTResult:
+    """Fine-tune on the trajectory store; writes model + tokenizer to `out_model_dir`."""
+    out = Path(out_model_dir)
+    trajectories = TrajectoryStore(trajectories_dir).read()
+    if base_model_dir is None:
+        tokenizer = build_tokenizer(config.model.tokenizer)
+        model = build_tiny_model(config.model, tokenizer)
+    else:
+        model, tokenizer = load_policy(base_model_dir)
+    samples, stats = build_samples(trajectories, tokenizer, config.mode, config.max_len)
+    if not samples:
+        raise ValueError(
+            f"no trainable samples in {trajectories_dir} for mode {config.mode!r} ({stats.model_dump()}); "
+            "resolved_only needs resolved trajectories, credited needs resolved or credit-labelled ones"
+        )
+    with stage_run("sft", config, tracking):
+        log_metrics({f"data.{k}": v for k, v in stats.model_dump().items()} | {
+            "data.loss_token_fraction": stats.loss_token_fraction, "num_parameters": num_parameters(model)})
+        t0 = time.perf_counter()
+        history = train_on_samples(config, model, tokenizer, SampleDataset(samples), out / "trainer").history
+        seconds = time.perf_counter() - t0
+        save_policy(model, tokenizer, out)
+        tokens = sum(h["tokens"] for h in history)
+        result = SFTResult(
+            model_dir=str(out), mode=config.mode, steps=config.steps,
+            first_loss=history[0]["loss"], final_loss=history[-1]["loss"],
+            tokens_per_second=tokens / seconds, train_seconds=seconds,
+            num_parameters=num_parameters(model), data=stats,
+        )
+        result.metrics = {
+            "first_loss": result.first_loss, "final_loss": result.final_loss,
+            "tokens_per_second": result.tokens_per_second, "train_seconds": seconds,
+            "samples": float(len(samples)), "loss_token_fraction": stats.loss_token_fraction,
+        }
+        log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
+        log_json(result.model_dump(mode="json"), "sft_result.json")
+        _log_loss_curve(history)
+    return result
+
+
+def _log_loss_curve(history: list[dict[str, float]]) -> None:
+    import mlflow
+
+    if mlflow.active_run() is None or not history:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from components.core.tracking import log_figure
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([h["loss"] for h in history])
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (assistant tokens)")
+    ax.set_title("SFT loss")
+    fig.tight_layout()
+    log_figure(fig, "sft_loss.png")
+    plt.close(fig)

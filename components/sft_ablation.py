@@ -1,0 +1,207 @@
+"""The ablation the field asks for: what do unresolved trajectories add to SFT, whole or credited?
+
+    .venv/bin/python -m components.sft_ablation [--train-tasks 48] [--heldout-tasks 16] [--seeds 3] ...
+
+One command: generate tasks (SWE difficulty 1), distill a scripted teacher with a high error rate (so
+there are unresolved trajectories), label credit (Monte-Carlo continuations), then with the same model
+config, steps and tasks train three arms and the untrained baseline on each seed:
+  (a) resolved_only   (b) whole = resolved + whole unresolved   (c) credited = resolved + rise segments
+and evaluate each on held-out tasks (greedy, components.evaluate). Every arm is one MLflow run with
+its per-seed figures; the table (mean resolved rate and a 95 % t-interval over seeds) is printed
+whichever arm wins. A sandbox service is started on loopback unless --sandbox-url is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.connection import SandboxConnection
+from components.core.harness import HarnessConfig
+from components.core.modeling import ModelConfig, build_tiny_model, build_tokenizer, save_policy
+from components.core.policy_base import GenerationConfig
+from components.core.store import TaskStore
+from components.core.tracking import TrackingConfig, log_json, log_metrics, stage_run
+from components.credit import CreditConfig, label_credit
+from components.credit_mc import MonteCarloConfig
+from components.sft import SFTConfig, train_sft
+from components.sft_data import SFTMode
+
+ARMS: tuple[SFTMode, ...] = ("resolved_only", "whole", "credited")
+# Student t quantiles (0.975) for small numbers of seeds; beyond 10 the normal quantile is close.
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+class AblationConfig(BaseModel):
+    """The whole ablation: data, credit, SFT and evaluation settings shared by every arm."""
+
+    model_config = ConfigDict(extra="forbid")
+    train_tasks: int = Field(48, ge=1, description="Training tasks (SWE difficulty 1).")
+    heldout_tasks: int = Field(16, ge=1, description="Held-out tasks for evaluation.")
+    task_seed: int = Field(0, description="Seed of the task generator.")
+    teacher_error_rate: float = Field(0.5, ge=0.0, le=1.0, description="Distillation teacher's error rate.")
+    teacher_attempts: int = Field(1, ge=1, description="Teacher attempts per training task.")
+    credit: CreditConfig = Field(default_factory=lambda: CreditConfig(
+        monte_carlo=MonteCarloConfig(k=4, teacher_error_rate=0.2)), description="Credit stage settings.")
+    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(steps=120, batch_size=8, max_len=1024),
+                           description="SFT settings (mode and seed are set per arm and seed).")
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], description="Training seeds (model init and data order).")
+    eval_max_steps: int = Field(8, ge=1, description="Assistant turns per held-out episode.")
+    eval_max_new_tokens: int = Field(160, ge=8, description="Tokens per generated turn.")
+    workers: int = Field(2, ge=1, description="Parallel episodes in distillation and evaluation.")
+
+
+class ArmResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    arm: str
+    rates: list[float] = Field(description="Held-out resolved rate per seed.")
+    mean: float
+    ci95: tuple[float, float]
+    train_samples: float = Field(description="Mean trainable trajectories per seed.")
+    loss_tokens: float = Field(description="Mean loss tokens in the training set.")
+    final_loss: float
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and a 95 % Student-t interval over seeds (clipped to [0, 1]); a single seed has none."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, float("nan"), float("nan")
+    half = _T975.get(len(values) - 1, 1.96) * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+def _distill(config: AblationConfig, sandbox: SandboxConnection, tasks_dir: Path, out_dir: Path,
+             tracking: TrackingConfig | None) -> dict:
+    from components.distill import DistillConfig, distill
+
+    # Snapshots after every step let the Monte-Carlo credit fork intermediate states instead of replaying.
+    distill_config = DistillConfig(error_rate=config.teacher_error_rate, attempts_per_task=config.teacher_attempts,
+                                   max_parallel=config.workers, sandbox=sandbox, split="train",
+                                   harness=HarnessConfig(snapshot_every_step=True, max_steps=12))
+    return distill(distill_config, tasks_dir, out_dir, tracking=tracking).metrics
+
+
+def _evaluate(config: AblationConfig, sandbox: SandboxConnection, tasks_dir: Path, model_dir: Path, out_dir: Path,
+              tracking: TrackingConfig | None) -> float:
+    from components.evaluate import EvalConfig, evaluate
+
+    harness = HarnessConfig(max_steps=config.eval_max_steps, max_wall_seconds=300,
+                            generation=GenerationConfig(max_new_tokens=config.eval_max_new_tokens, temperature=0.0))
+    eval_config = EvalConfig(k=1, temperature=0.0, harness=harness, sandbox=sandbox, workers=config.workers)
+    return evaluate(eval_config, tasks_dir, model_dir, out_dir, tracking=tracking).resolved_rate
+
+
+def run_ablation(config: AblationConfig, work_dir: str | Path, sandbox: SandboxConnection,
+                 tracking: TrackingConfig | None = None) -> list[ArmResult]:
+    from components.recipes import get_recipe
+
+    work = Path(work_dir)
+    recipe = get_recipe("swe", difficulty=1)
+    tasks_dir = work / "tasks"
+    if not TaskStore(tasks_dir).shards():
+        TaskStore(tasks_dir).write(recipe.tasks("train", config.train_tasks, seed=config.task_seed)
+                                   + recipe.tasks("heldout", config.heldout_tasks, seed=config.task_seed))
+    raw, credited = work / "trajectories", work / "credited"
+    with stage_run("sft-ablation", config, tracking) as parent:
+        child = tracking.model_copy(update={"parent_run_id": parent.info.run_id}) if parent else None
+        if not (raw / "manifest.json").exists():
+            log_metrics({f"distill.{k}": v for k, v in _distill(config, sandbox, tasks_dir, raw, child).items()})
+        if not (credited / "manifest.json").exists():
+            credit_cfg = config.credit.model_copy(update={"sandbox": sandbox})
+            result = label_credit(credit_cfg, raw, tasks_dir, credited, tracking=child)
+            log_metrics({f"credit.{k}": v for k, v in result.metrics.items()})
+        arms: list[ArmResult] = []
+        for arm in ("untrained", *ARMS):
+            arm_tracking = child.model_copy(update={"run_name": f"arm-{arm}"}) if child else None
+            with stage_run(f"ablation-arm-{arm}", config.sft, arm_tracking) as arm_run:
+                grand = (arm_tracking.model_copy(update={"parent_run_id": arm_run.info.run_id, "run_name": None})
+                         if arm_run else None)
+                rates, samples, loss_tokens, losses = [], [], [], []
+                for seed in config.seeds:
+                    model_dir = work / "models" / arm / f"seed{seed}"
+                    if arm == "untrained":
+                        model_config = config.sft.model.model_copy(update={"seed": seed})
+                        tokenizer = build_tokenizer(model_config.tokenizer)
+                        save_policy(build_tiny_model(model_config, tokenizer), tokenizer, model_dir)
+                    else:
+                        sft_cfg = config.sft.model_copy(update={
+                            "mode": arm, "seed": seed, "model": config.sft.model.model_copy(update={"seed": seed})})
+                        res = train_sft(sft_cfg, credited, model_dir, tracking=grand)
+                        samples.append(res.data.resolved_used + res.data.unresolved_used)
+                        loss_tokens.append(res.data.loss_tokens)
+                        losses.append(res.final_loss)
+                    rate = _evaluate(config, sandbox, tasks_dir, model_dir, work / "eval" / arm / f"seed{seed}", grand)
+                    rates.append(rate)
+                    log_metrics({"heldout_resolved_rate": rate}, step=seed)
+                mean, lo, hi = t_interval(rates)
+                arm_result = ArmResult(arm=arm, rates=rates, mean=mean, ci95=(lo, hi),
+                                       train_samples=statistics.fmean(samples) if samples else 0.0,
+                                       loss_tokens=statistics.fmean(loss_tokens) if loss_tokens else 0.0,
+                                       final_loss=statistics.fmean(losses) if losses else float("nan"))
+                log_metrics({"heldout_resolved_rate_mean": mean, "ci95_low": lo, "ci95_high": hi,
+                             "train_samples": arm_result.train_samples, "loss_tokens": arm_result.loss_tokens})
+                arms.append(arm_result)
+        log_json([a.model_dump(mode="json") for a in arms], "ablation_table.json")
+    (work / "ablation_table.json").write_text(json.dumps([a.model_dump(mode="json") for a in arms], indent=2))
+    return arms
+
+
+def print_table(arms: list[ArmResult], config: AblationConfig) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"SFT ablation: held-out resolved rate ({config.heldout_tasks} tasks, greedy, "
+                        f"{len(config.seeds)} seeds, {config.sft.steps} steps)")
+    for col in ("arm", "mean", "95% CI over seeds", "per seed", "train trajectories", "loss tokens", "final loss"):
+        table.add_column(col, justify="right")
+    for a in arms:
+        table.add_row(a.arm, f"{a.mean:.3f}", f"[{a.ci95[0]:.3f}, {a.ci95[1]:.3f}]",
+                      " ".join(f"{r:.3f}" for r in a.rates), f"{a.train_samples:.0f}", f"{a.loss_tokens:.0f}",
+                      f"{a.final_loss:.3f}")
+    Console(width=140).print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work-dir", type=Path, default=Path("build/sft_ablation"))
+    parser.add_argument("--train-tasks", type=int, default=48)
+    parser.add_argument("--heldout-tasks", type=int, default=16)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--mc-k", type=int, default=4)
+    parser.add_argument("--mc-stride", type=int, default=1)
+    parser.add_argument("--teacher-error-rate", type=float, default=0.5)
+    parser.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in the work dir)")
+    parser.add_argument("--sandbox-url", default=None, help="Use this sandbox service instead of starting one")
+    args = parser.parse_args(argv)
+
+    config = AblationConfig(
+        train_tasks=args.train_tasks, heldout_tasks=args.heldout_tasks, seeds=list(range(args.seeds)),
+        teacher_error_rate=args.teacher_error_rate,
+        credit=CreditConfig(monte_carlo=MonteCarloConfig(k=args.mc_k, stride=args.mc_stride, teacher_error_rate=0.2)),
+        sft=SFTConfig(steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr, max_len=1024,
+                      model=ModelConfig()),
+    )
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    tracking = TrackingConfig(tracking_uri=args.tracking_uri or f"sqlite:///{args.work_dir.resolve()}/mlflow.db",
+                              experiment="sft-ablation")
+    if args.sandbox_url:
+        arms = run_ablation(config, args.work_dir, SandboxConnection(url=args.sandbox_url), tracking)
+    else:
+        from sandbox_service.embedded import EmbeddedService
+
+        with EmbeddedService() as service:
+            arms = run_ablation(config, args.work_dir, service.connection(), tracking)
+    print_table(arms, config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Which tokens SFT trains on, per mode, and the batches it trains with.
+
+Modes (the ablation's three arms):
+- resolved_only: resolved trajectories, loss on every assistant step; unresolved ones are dropped.
+- whole: resolved + unresolved trajectories, loss on every assistant step of both.
+- credited: resolved trajectories whole + unresolved ones with loss only on credited steps
+  (`Step.credited`, filled by components/credit.py); earlier steps stay as context.
+Infrastructure failures never train. A sample longer than `max_len` is cut at the end (the task
+statement at the start is what makes the rest learnable), and is dropped if no loss token survives.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.rendering import render_trajectory
+from components.core.schema import Outcome, TokenizedSample, Trajectory
+
+SFTMode = Literal["resolved_only", "whole", "credited"]
+
+
+class DataStats(BaseModel):
+    """What the selected training set holds (logged with the run)."""
+
+    model_config = ConfigDict(extra="forbid")
+    trajectories_in: int = 0
+    resolved_used: int = 0
+    unresolved_used: int = 0
+    skipped_infra_error: int = 0
+    skipped_no_loss: int = 0
+    truncated: int = 0
+    tokens: int = 0
+    loss_tokens: int = 0
+    mean_length: float = 0.0
+    max_length: int = 0
+
+    @property
+    def loss_token_fraction(self) -> float:
+        return self.loss_tokens / self.tokens if self.tokens else 0.0
+
+
+def loss_rule(trajectory: Trajectory, mode: SFTMode) -> Literal["assistant", "credited"] | None:
+    """How a trajectory trains under a mode; None = not used."""
+    if trajectory.outcome is Outcome.infra_error:
+        return None
+    if trajectory.outcome is Outcome.resolved:
+        return "assistant"
+    if mode == "resolved_only":
+        return None
+    return "assistant" if mode == "whole" else "credited"
+
+
+def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode,
+                  max_len: int) -> tuple[list[TokenizedSample], DataStats]:
+    stats = DataStats(trajectories_in=len(trajectories))
+    samples = []
+    for traj in trajectories:
+        if traj.outcome is Outcome.infra_error:
+            stats.skipped_infra_error += 1
+            continue
+        rule = loss_rule(traj, mode)
+        if rule is None:
+            continue
+        sample = render_trajectory(traj, tokenizer, loss_on=rule)
+        if len(sample.input_ids) > max_len:
+            stats.truncated += 1
+            sample = sample.model_copy(update={
+                "input_ids": sample.input_ids[:max_len], "roles": sample.roles[:max_len],
+                "loss_mask": sample.loss_mask[:max_len], "step_index": sample.step_index[:max_len]})
+        if not any(sample.loss_mask):
+            stats.skipped_no_loss += 1
+            continue
+        samples.append(sample)
+        if traj.outcome is Outcome.resolved:
+            stats.resolved_used += 1
+        else:
+            stats.unresolved_used += 1
+        stats.tokens += len(sample.input_ids)
+        stats.loss_tokens += sum(sample.loss_mask)
+        stats.max_length = max(stats.max_length, len(sample.input_ids))
+    stats.mean_length = stats.tokens / len(samples) if samples else 0.0
+    return samples, stats
+
+
+class SampleDataset:
+    """A torch-style map dataset of rendered samples (labels = ids where loss, else -100)."""
+
+    def __init__(self, samples: list[TokenizedSample]) -> None:
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> dict:
+        s = self.samples[i]
+        labels = [t if m else -100 for t, m in zip(s.input_ids, s.loss_mask)]
+        return {"input_ids": s.input_ids, "labels": labels}
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(s.input_ids) for s in self.samples]
+
+
+class PadCollator:
+    """Pads to the longest sample of the batch (bucketing keeps that close to every sample's length)."""
+
+    def __init__(self, pad_id: int) -> None:
+        self.pad_id = pad_id
+
+    def __call__(self, batch: list[dict]) -> dict:
+        import torch
+
+        width = max(len(b["input_ids"]) for b in batch)
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)
+        attn = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, b in enumerate(batch):
+            n = len(b["input_ids"])
+            ids[i, :n] = torch.tensor(b["input_ids"])
+            labels[i, :n] = torch.tensor(b["labels"])
+            attn[i, :n] = 1
+        return {"input_ids": ids, "labels": labels, "attention_mask": attn}

@@ -1,0 +1,208 @@
+"""The results of a pipeline run: the table people read, the plots, and what goes to MLflow.
+
+Rows: the untrained, SFT and RL policies on the held-out tasks (plus the scripted teacher as a
+reference row when it was evaluated); around it, trajectory counts and sandbox exec latency.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.tracking import TrackingConfig, log_artifact_path, log_figure, log_json, log_table, resume_run
+
+
+class EvalRow(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    policy: str = Field(description="untrained, sft, rl or teacher.")
+    resolved_rate: float | None = Field(None, description="Resolved / evaluated attempts (infra errors excluded).")
+    resolved: int | None = Field(None, description="Resolved attempts.")
+    evaluated: int | None = Field(None, description="Attempts that count (not infra errors).")
+    pass_at_k: float | None = Field(None, description="Unbiased pass@k over the attempts per task.")
+    infra_error_rate: float | None = Field(None, description="Attempts lost to infrastructure (reported apart).")
+    mean_steps: float | None = Field(None, description="Mean tool-loop steps per attempt.")
+
+
+class RunReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rows: list[EvalRow] = Field(default_factory=list, description="One row per evaluated policy.")
+    trajectories: dict[str, float] = Field(default_factory=dict, description="Teacher trajectory counts by outcome.")
+    exec_latency: dict[str, float] = Field(default_factory=dict, description="Sandbox exec latency (s): p50, p95, n.")
+    stage_seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per step.")
+    stages_skipped: list[str] = Field(default_factory=list, description="Steps that did not run (and why).")
+
+
+def _pick(result: dict, *names: str) -> Any:
+    """A value from a stage result, looked up in its typed fields first, then in `metrics`."""
+    for source in (result, result.get("metrics") or {}):
+        for name in names:
+            if source.get(name) is not None and not isinstance(source.get(name), (dict, list)):
+                return source[name]
+    return None
+
+
+def eval_row(policy: str, result: dict) -> EvalRow:
+    return EvalRow(
+        policy=policy,
+        resolved_rate=_pick(result, "resolved_rate"),
+        resolved=_pick(result, "resolved", "n_resolved"),
+        evaluated=_pick(result, "valid_attempts", "evaluated"),
+        pass_at_k=_pick(result, "pass_at_k", "pass@k"),
+        infra_error_rate=_pick(result, "infra_error_rate"),
+        mean_steps=_pick(result, "mean_steps"),
+    )
+
+
+def trajectory_counts(distill_result: dict) -> dict[str, float]:
+    out = {}
+    for key in ("resolved", "unresolved", "infra_error"):
+        value = _pick(distill_result, key, f"n_{key}", f"{key}_count")
+        if value is not None:
+            out[key] = float(value)
+    if out:
+        out["total"] = sum(out.values())
+    return out
+
+
+def build_report(eval_results: dict[str, dict], distill_result: dict | None, *, exec_latency: dict | None = None,
+                 stage_seconds: dict | None = None, stages_skipped: list[str] | None = None) -> RunReport:
+    order = ["teacher", "untrained", "sft", "rl"]
+    rows = [eval_row(k, eval_results[k]) for k in sorted(eval_results, key=lambda k: (order.index(k) if k in order else 9, k))]
+    return RunReport(rows=rows, trajectories=trajectory_counts(distill_result or {}),
+                     exec_latency=exec_latency or {}, stage_seconds=stage_seconds or {},
+                     stages_skipped=stages_skipped or [])
+
+
+def _fmt(value: Any, pct: bool = False) -> str:
+    if value is None:
+        return "-"
+    if pct:
+        return f"{100 * float(value):.1f}%"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def to_markdown(report: RunReport) -> str:
+    lines = ["| policy | resolved rate | resolved / evaluated | pass@k | infra errors | mean steps |",
+             "|---|---|---|---|---|---|"]
+    for r in report.rows:
+        name = f"{r.policy} (reference)" if r.policy == "teacher" else r.policy
+        lines.append(f"| {name} | {_fmt(r.resolved_rate, True)} | {_fmt(r.resolved)} / {_fmt(r.evaluated)} | "
+                     f"{_fmt(r.pass_at_k, True)} | {_fmt(r.infra_error_rate, True)} | {_fmt(r.mean_steps)} |")
+    if report.trajectories:
+        lines += ["", "Teacher trajectories: " + ", ".join(f"{k} {int(v)}" for k, v in report.trajectories.items())]
+    if report.exec_latency:
+        lines += ["", "Sandbox exec latency: " + ", ".join(f"{k} {v:.3f}" if k != "n" else f"n {int(v)}"
+                                                        for k, v in report.exec_latency.items())]
+    if report.stage_seconds:
+        lines += ["", "Step wall time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in report.stage_seconds.items())]
+    if report.stages_skipped:
+        lines += ["", "Not run: " + "; ".join(report.stages_skipped)]
+    return "\n".join(lines) + "\n"
+
+
+def to_rich(report: RunReport):
+    from rich.table import Table
+
+    table = Table(title="Held-out tasks: untrained vs SFT vs RL")
+    for col in ("policy", "resolved rate", "resolved / evaluated", "pass@k", "infra errors", "mean steps"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for r in report.rows:
+        table.add_row(f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _fmt(r.resolved_rate, True),
+                      f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}", _fmt(r.pass_at_k, True),
+                      _fmt(r.infra_error_rate, True), _fmt(r.mean_steps))
+    return table
+
+
+def plot_resolved_rates(report: RunReport):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report.rows if r.resolved_rate is not None]
+    fig, ax = plt.subplots(figsize=(5, 3))
+    ax.bar([r.policy for r in rows], [100 * r.resolved_rate for r in rows], color="#4c72b0")
+    ax.set_ylabel("held-out resolved rate (%)")
+    ax.set_ylim(0, 100)
+    fig.tight_layout()
+    return fig
+
+
+def plot_child_curves(tracking_uri: str, parent_run_id: str, keys: tuple[str, ...]) -> Any | None:
+    """One panel per child-run metric whose name contains one of `keys` (loss, reward, group...)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    parent = client.get_run(parent_run_id)
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'")
+    series = []
+    for child in children:
+        for name in sorted(child.data.metrics):
+            # per-step series only: final.* and data.* are one-off summaries
+            if any(k in name for k in keys) and not name.startswith(("final.", "data.")):
+                history = client.get_metric_history(child.info.run_id, name)
+                if history:
+                    series.append((f"{child.info.run_name}: {name}", [m.step for m in history],
+                                   [m.value for m in history]))
+    if not series:
+        return None
+    series = series[:12]
+    cols = min(3, len(series))
+    rows = (len(series) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 2.6 * rows), squeeze=False)
+    for ax, (label, steps, values) in zip(axes.flat, series):
+        ax.plot(steps, values, marker=".")
+        ax.set_title(label, fontsize=8)
+        ax.set_xlabel("step", fontsize=8)
+    for ax in list(axes.flat)[len(series):]:
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunReport, markdown: str, *,
+                  final_model_dir: str | Path | None, register_name: str | None,
+                  stores: dict[str, Path] | None = None) -> dict[str, Any]:
+    """Table, plots, the trajectory stores and the registered final model on the pipeline's parent run."""
+    import matplotlib.pyplot as plt
+    import mlflow
+    import pandas as pd
+
+    out: dict[str, Any] = {}
+    with resume_run(tracking, parent_run_id):
+        log_table(pd.DataFrame([r.model_dump() for r in report.rows]), "results_table.json")
+        mlflow.log_text(markdown, "report.md")
+        log_json(report.model_dump(mode="json"), "report.json")
+        for r in report.rows:
+            if r.resolved_rate is not None:
+                mlflow.log_metric(f"heldout_resolved_rate.{r.policy}", float(r.resolved_rate))
+        for k, v in report.trajectories.items():
+            mlflow.log_metric(f"trajectories.{k}", v)
+        for k, v in report.exec_latency.items():
+            mlflow.log_metric(f"exec_latency.{k}", v)
+        for name, fig in (("plots/resolved_rates.png", plot_resolved_rates(report)),
+                          ("plots/loss_curves.png", plot_child_curves(tracking.tracking_uri, parent_run_id, ("loss",))),
+                          ("plots/reward_curves.png", plot_child_curves(tracking.tracking_uri, parent_run_id,
+                                                                        ("reward", "resolved_rate"))),
+                          ("plots/bar_groups.png", plot_child_curves(tracking.tracking_uri, parent_run_id,
+                                                                     ("group", "informative", "sampler.")))):
+            if fig is not None:
+                log_figure(fig, name)
+                plt.close(fig)
+                out[name] = True
+        for name, path in (stores or {}).items():  # parquet shards, e.g. stores/trajectories/*.parquet
+            if Path(path).is_dir():
+                log_artifact_path(path, f"stores/{name}")
+        if final_model_dir and register_name and (Path(final_model_dir) / "config.json").exists():
+            from pipelines.registry import register_policy_model
+
+            out["model_uri"], out["model_version"] = register_policy_model(final_model_dir, register_name)
+            mlflow.set_tag("orchard.registered_model", f"{register_name}/{out['model_version']}")
+    return out

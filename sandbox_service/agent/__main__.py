@@ -1,0 +1,183 @@
+"""Entry point of the in-sandbox agent.
+
+    python -m sandbox_service.agent (--unix PATH | --tcp HOST:PORT [--tls-cert F --tls-key F])
+                                    --secret-file F [--workspace /workspace] [--workdir DIR]
+                                    [--boot CONFIG.json] [--ready-fd N] [--env K=V ...]
+    python -m sandbox_service.agent --zygote SOCKET      (fork server, see zygote.py)
+
+`--boot` is used by the local backend: the agent is then PID 1 of fresh namespaces and builds the
+sandbox root itself (see boot.py) before serving. The listening Unix socket is bound *before* the
+pivot, at a host path the sandbox cannot see. In a Kubernetes pod the agent runs without `--boot`
+on TCP with TLS. `--ready-fd` gets one JSON line ({"ok": true, "host_pid": N} or an error) once the
+agent accepts connections, so the backend knows at once whether the boot worked.
+
+Stdlib only. Launch it with `-I -S` and this package's parent directory on sys.path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+import types
+
+
+# option -> attribute; every option takes a value. Hand-parsed: argparse alone costs ~7 ms of start-up.
+_OPTIONS = {f"--{name.replace('_', '-')}": name for name in (
+    "unix", "tcp", "tls_cert", "tls_key", "secret_file", "workspace", "workdir", "boot", "ready_fd", "env",
+    "workspace_alias", "isolation")}
+
+
+class UsageError(Exception):
+    pass
+
+
+def _parse(argv: list[str] | None) -> types.SimpleNamespace:
+    args = types.SimpleNamespace(unix=None, tcp=None, tls_cert=None, tls_key=None, secret_file=None,
+                                 workspace="/workspace", workdir=None, boot=None, ready_fd=None, env=[],
+                                 workspace_alias=None, isolation=None)
+    items = list(sys.argv[1:] if argv is None else argv)
+    while items:
+        item = items.pop(0)
+        if item in ("-h", "--help"):
+            print(__doc__)
+            raise SystemExit(0)
+        name, eq, value = item.partition("=")
+        if name not in _OPTIONS:
+            raise UsageError(f"unknown option {item!r}\n{__doc__}")
+        attr = _OPTIONS[name]
+        if not eq:
+            if not items:
+                raise UsageError(f"{name} needs a value")
+            value = items.pop(0)
+        if attr == "env":
+            args.env.append(value)
+        else:
+            setattr(args, attr, int(value) if attr == "ready_fd" else value)
+    if bool(args.unix) == bool(args.tcp):
+        raise UsageError("exactly one of --unix PATH or --tcp HOST:PORT is required")
+    if not args.secret_file:
+        raise UsageError("--secret-file is required")
+    return args
+
+
+def _listen(args: types.SimpleNamespace) -> socket.socket:
+    if args.unix:
+        try:
+            os.unlink(args.unix)
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(args.unix)
+        finally:
+            os.umask(old)
+    else:
+        host, _, port = args.tcp.rpartition(":")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host.strip("[]") or "0.0.0.0", int(port)))
+    sock.listen(256)
+    return sock
+
+
+def _tls_context(args: types.SimpleNamespace):
+    if not args.tls_cert:
+        return None
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(args.tls_cert, args.tls_key)
+    return ctx
+
+
+def _preload() -> None:
+    """Import everything lazily used later: after the pivot the host's stdlib may not exist."""
+    import gzip  # noqa: F401
+    import http.client  # noqa: F401
+    import tarfile  # noqa: F401
+    import zlib  # noqa: F401
+
+
+def main(argv: list[str] | None = None) -> int:
+    started = time.monotonic()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--zygote"] and len(argv) == 2:
+        from sandbox_service.agent import zygote
+
+        return zygote.serve(argv[1])
+    try:
+        args = _parse(argv)
+    except UsageError as exc:
+        print(f"usage error: {exc}", file=sys.stderr)
+        return 2
+    from sandbox_service.agent import proctree, server
+
+    ready = os.fdopen(args.ready_fd, "w") if args.ready_fd is not None else None
+    try:
+        with open(args.secret_file) as f:
+            secret = f.read().strip()
+        if not secret:
+            raise ValueError(f"secret file {args.secret_file} is empty")
+        base_env = dict(kv.split("=", 1) for kv in args.env)
+        pids_fd = home_fd = oom_fd = None
+        host_pid = os.getpid()
+        tls = _tls_context(args)
+        if args.boot:
+            from sandbox_service.agent import boot
+
+            config = boot.load_config(args.boot)
+            base_env.update(config.get("env", {}))
+            pids_fd, home_fd, oom_fd = boot.join_cgroups(config)
+            oom_protected = boot.protect_from_oom()
+            host_pid = boot.host_pid()
+            if config.get("preload"):
+                _preload()
+            listener = _listen(args)
+            boot.build_root(config)
+            boot.set_hostname(config.get("hostname", "sandbox"))
+            if config.get("lo_up"):
+                boot.loopback_up()
+            boot.harden()
+            os.environ.clear()
+            os.environ.update(base_env)
+            isolation = args.isolation or "namespaces"
+        else:
+            listener = _listen(args)
+            isolation = args.isolation or "none"
+        os.makedirs(args.workspace, exist_ok=True)
+        workdir = args.workdir or args.workspace
+        if args.workspace_alias and (workdir + "/").startswith(args.workspace_alias.rstrip("/") + "/"):
+            workdir = args.workspace + workdir[len(args.workspace_alias.rstrip("/")):]
+        os.makedirs(workdir, exist_ok=True)
+        os.chdir(workdir)
+        tracker = proctree.CgroupTracker(pids_fd, oom_fd, home_fd)
+        if args.boot:
+            tracker.raise_oom_score = not oom_protected
+        agent = server.AgentServer(secret=secret, workspace=args.workspace, workdir=workdir, base_env=base_env,
+                                   tracker=tracker, isolation=isolation, tls_context=tls,
+                                   workspace_alias=args.workspace_alias)
+    except Exception as exc:
+        import traceback
+
+        traceback.print_exc()
+        print(f"agent: boot failed: {exc!r}", file=sys.stderr, flush=True)
+        if ready is not None:
+            ready.write(json.dumps({"ok": False, "message": f"{type(exc).__name__}: {exc}"}) + "\n")
+            ready.close()
+        return 1
+    if ready is not None:
+        ready.write(json.dumps({"ok": True, "host_pid": host_pid, "pid": os.getpid(),
+                                "boot_ms": (time.monotonic() - started) * 1000}) + "\n")
+        ready.close()
+    agent.serve(listener)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Sandbox boot, run by the agent as PID 1 of fresh namespaces (`unshare -m -p -n -u -i -f`).
+
+Given a JSON boot config written by the local backend, before serving it:
+1. joins the sandbox's cgroups, sets its own oom_score_adj to -1000 (a workload OOM kills the
+   workload, not the agent) and keeps fds to its pids cgroup and memory.oom_control;
+2. mounts the root: overlay (lower = image dir or the host root, upper/work per sandbox), a fresh
+   /proc (with kernel knobs read-only and kcore/keys/timers masked), a minimal /dev (null, zero,
+   full, random, urandom, tty, a private devpts, shm), read-only sysfs, private /tmp and /run,
+   empty read-only tmpfs over host secrets and the service's state dir, the agent copy read-only
+   at /.orchard/agent;
+3. pivot_roots into it and detaches the host root, sets the hostname, brings lo up if asked;
+4. drops dangerous capabilities from the bounding set, so commands (root in the sandbox) cannot
+   mount, change routes, load modules, ptrace the agent or open files by handle.
+
+All mounts live in the sandbox's mount namespace and vanish with it. Stdlib only (ctypes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import os
+import socket
+import struct
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
+MNT_DETACH = 2
+PR_SET_DUMPABLE, PR_CAPBSET_DROP = 4, 24
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+# DAC_READ_SEARCH, LINUX_IMMUTABLE, NET_ADMIN, NET_RAW, SYS_MODULE, SYS_RAWIO, SYS_PTRACE, SYS_PACCT,
+# SYS_ADMIN, SYS_BOOT, SYS_RESOURCE, SYS_TIME, SYS_TTY_CONFIG, MKNOD, AUDIT_CONTROL, MAC_OVERRIDE,
+# MAC_ADMIN, SYSLOG, WAKE_ALARM, BLOCK_SUSPEND, AUDIT_READ, PERFMON, BPF, CHECKPOINT_RESTORE
+DROPPED_CAPS = (2, 9, 12, 13, 16, 17, 19, 20, 21, 22, 24, 25, 26, 27, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40)
+DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
+PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats")
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class BootError(Exception):
+    pass
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise BootError(f"{what}: {os.strerror(err)}")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
+    enc = lambda s: s.encode() if s is not None else None  # noqa: E731
+    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+           f"mount {fstype or 'bind'} {source} -> {target}")
+
+
+def bind_readonly(source: str, target: str, recursive: bool = False) -> None:
+    mount(source, target, None, MS_BIND | (MS_REC if recursive else 0))
+    mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def _write(path: str, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def join_cgroups(config: dict) -> tuple[int | None, int | None, int | None]:
+    """Join the sandbox's cgroups; return fds (commands' pids cgroup dir, the agent's own pids cgroup
+    dir, memory OOM counter file), kept open across the pivot."""
+    for procs in config.get("cgroup_procs", []):
+        _write(procs, "0")  # "0" = the writing process
+    fds = []
+    for key in ("pids_cgroup", "pids_home", "oom_counter"):
+        path = config.get(key)
+        fds.append(os.open(path, os.O_RDONLY | (os.O_DIRECTORY if key != "oom_counter" else 0)) if path else None)
+    return fds[0], fds[1], fds[2]
+
+
+def protect_from_oom() -> bool:
+    """oom_score_adj -1000 for the agent; without CAP_SYS_RESOURCE (some VMs) that is refused, and the
+    agent instead raises each command's score to +1000 (raising needs no privilege), see execs.py."""
+    try:
+        _write("/proc/self/oom_score_adj", "-1000")
+        return True
+    except PermissionError:
+        return False
+
+
+def _inside(merged: str, rel: str) -> str | None:
+    """merged/rel if it exists and does not leave merged through a symlink (that would mount on the host)."""
+    target = os.path.join(merged, rel.lstrip("/"))
+    if not os.path.lexists(target):
+        return None
+    real = os.path.realpath(target)
+    if real != target and not real.startswith(merged.rstrip("/") + "/"):
+        return None
+    return real
+
+
+def build_root(config: dict) -> None:
+    merged = config["merged"]
+    lower = config["lower"]
+    mount("overlay", merged, "overlay", 0,
+          f"lowerdir={lower},upperdir={config['upper']},workdir={config['work']}")
+    proc = os.path.join(merged, "proc")
+    os.makedirs(proc, exist_ok=True)
+    mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for name in PROC_READONLY:
+        p = os.path.join(proc, name)
+        if os.path.exists(p):
+            bind_readonly(p, p, recursive=True)
+    for name in PROC_MASKED:
+        p = os.path.join(proc, name)
+        if os.path.exists(p):
+            mount("/dev/null", p, None, MS_BIND)
+    _build_dev(os.path.join(merged, "dev"))
+    sys_dir = os.path.join(merged, "sys")
+    os.makedirs(sys_dir, exist_ok=True)
+    mount("sysfs", sys_dir, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    for rel, size in (("tmp", config.get("tmp_size_mb", 1024)), ("run", 64)):
+        p = os.path.join(merged, rel)
+        os.makedirs(p, exist_ok=True)
+        mount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(size)}m,mode=1777")
+    for src in config.get("extra_ro_binds", []):
+        target = os.path.join(merged, src.lstrip("/"))
+        os.makedirs(target, exist_ok=True)
+        bind_readonly(src, target, recursive=True)
+    for rel in config.get("masks", []):
+        target = _inside(merged, rel)
+        if target is None:
+            continue
+        if os.path.isdir(target):
+            mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755")
+        else:
+            mount("/dev/null", target, None, MS_BIND)
+    agent_target = os.path.join(merged, ".orchard", "agent")
+    os.makedirs(agent_target, exist_ok=True)
+    bind_readonly(config["agent_dir"], agent_target)
+    for d in (config["workspace"], config["workdir"]):
+        os.makedirs(os.path.join(merged, d.lstrip("/")), exist_ok=True)
+    _pivot(merged)
+
+
+def _build_dev(dev: str) -> None:
+    os.makedirs(dev, exist_ok=True)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+    for name in DEV_NODES:
+        target = os.path.join(dev, name)
+        open(target, "w").close()
+        mount(f"/dev/{name}", target, None, MS_BIND)
+    pts = os.path.join(dev, "pts")
+    os.mkdir(pts)
+    mount("devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    os.symlink("pts/ptmx", os.path.join(dev, "ptmx"))
+    shm = os.path.join(dev, "shm")
+    os.mkdir(shm)
+    mount("tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV, "size=256m,mode=1777")
+    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(target, os.path.join(dev, name))
+
+
+def _pivot(merged: str) -> None:
+    machine = os.uname().machine
+    nr = _PIVOT_ROOT.get(machine)
+    if nr is None:
+        raise BootError(f"pivot_root syscall number unknown for {machine}")
+    old = os.path.join(merged, ".orchard", "oldroot")
+    os.makedirs(old, exist_ok=True)
+    os.chdir(merged)
+    _check(_libc.syscall(nr, b".", b".orchard/oldroot"), "pivot_root")
+    os.chdir("/")
+    _check(_libc.umount2(b"/.orchard/oldroot", MNT_DETACH), "umount old root")
+    os.rmdir("/.orchard/oldroot")
+
+
+def set_hostname(name: str) -> None:
+    raw = name.encode()[:63]
+    _check(_libc.sethostname(raw, len(raw)), "sethostname")
+
+
+def loopback_up() -> None:
+    SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, struct.pack("16sH22x", b"lo", 0))
+        flags = struct.unpack("16sH22x", ifr)[1]
+        fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
+
+
+def harden() -> None:
+    for cap in DROPPED_CAPS:
+        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for caps this kernel lacks: fine
+    # Non-dumpable: /proc/1/fd (the agent's cgroup fds) needs CAP_SYS_PTRACE, which commands lack.
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def host_pid() -> int:
+    """Our pid as the host sees it: /proc is still the host's until build_root mounts a new one."""
+    return int(os.readlink("/proc/self"))
+
+
+def load_config(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)

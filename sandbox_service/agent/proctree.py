@@ -1,0 +1,211 @@
+"""Finding and killing all processes of one command (see execs.py for the strategy).
+
+`CgroupTracker` holds the agent's fds to its pids cgroup (per-exec child groups) and memory OOM
+counter; `kill_tree` SIGKILLs a command's exec cgroup, session, descendants and, without a cgroup,
+every process carrying its ORCHARD_EXEC_ID. Stdlib only: this module is copied into every sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+
+class CgroupTracker:
+    """Per-exec child cgroups under the sandbox's pids cgroup (held as a directory fd)."""
+
+    def __init__(self, pids_dir_fd: int | None, oom_control_fd: int | None, home_dir_fd: int | None = None) -> None:
+        self.dir_fd = pids_dir_fd
+        self.home_fd = home_dir_fd if home_dir_fd is not None else pids_dir_fd
+        self.oom_fd = oom_control_fd
+        self._counter = 0
+        self._lock = threading.Lock()
+        self._stale: list[str] = []
+        self._free: list[str] = []
+        self.v1 = pids_dir_fd is not None and _exists_at("tasks", pids_dir_fd)
+        # True when the agent could not get oom_score_adj -1000: commands get +1000 instead.
+        self.raise_oom_score = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.dir_fd is not None
+
+    def new_group(self) -> str | None:
+        """An empty exec cgroup: a recycled one (cheaper than mkdir+rmdir per exec) or a new one."""
+        if self.dir_fd is None:
+            return None
+        with self._lock:
+            for name in self._free + self._stale:
+                if not self.pids(name):
+                    (self._free if name in self._free else self._stale).remove(name)
+                    return name
+                if name in self._free:  # something moved in after release: watch it as stale
+                    self._free.remove(name)
+                    self._stale.append(name)
+            self._counter += 1
+            name = f"x{self._counter}"
+        try:
+            os.mkdir(name, dir_fd=self.dir_fd)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        return name
+
+    def enter_thread(self, name: str | None) -> bool:
+        """Move the calling thread into `name` (v1), so that what it spawns is born there."""
+        if name is None or not self.v1:
+            return False
+        return _write_at(f"{name}/tasks", str(threading.get_native_id()), self.dir_fd)
+
+    def leave_thread(self) -> None:
+        if self.v1:
+            _write_at("tasks", str(threading.get_native_id()), self.home_fd)
+
+    def adopt(self, name: str | None, pid: int) -> None:
+        """cgroup v2 (no per-thread moves): move the child right after spawn (a small race)."""
+        if name is not None and not self.v1:
+            _write_at(f"{name}/cgroup.procs", str(pid), self.dir_fd)
+
+    def pids(self, name: str) -> list[int]:
+        try:
+            fd = os.open(f"{name}/cgroup.procs", os.O_RDONLY, dir_fd=self.dir_fd)
+        except OSError:
+            return []
+        try:
+            data = os.read(fd, 1 << 20)
+        finally:
+            os.close(fd)
+        return [int(x) for x in data.split()]
+
+    def release(self, name: str | None) -> None:
+        """Return an exec cgroup; one still holding background processes is reused once they exit."""
+        if name is None:
+            return
+        with self._lock:
+            (self._stale if self.pids(name) else self._free).append(name)
+
+    def oom_kills(self) -> int:
+        """The memory cgroup's OOM-kill counter (v1 memory.oom_control / v2 memory.events)."""
+        if self.oom_fd is None:
+            return 0
+        try:
+            text = os.pread(self.oom_fd, 4096, 0).decode()
+        except OSError:
+            return 0
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+
+def _exists_at(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd)
+        return True
+    except OSError:
+        return False
+
+
+def _write_at(name: str, value: str, dir_fd: int) -> bool:
+    try:
+        fd = os.open(name, os.O_WRONLY, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        os.write(fd, value.encode())
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def mark_oom_victim(pid: int) -> None:
+    """Make `pid` (and what it forks later) the OOM killer's first choice over the agent."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+
+
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, sid) for every visible process."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        table[int(entry)] = (int(fields[1]), int(fields[3]))
+    return table
+
+
+EXEC_ID_VAR = "ORCHARD_EXEC_ID"
+_exec_ids = iter(range(1, 1 << 62))
+
+
+def new_exec_id() -> str:
+    return f"{os.getpid()}-{next(_exec_ids)}"
+
+
+def _carrying(table: dict, marker: bytes) -> set[int]:
+    found = set()
+    for pid in table:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker in b"\0" + f.read():
+                    found.add(pid)
+        except OSError:
+            pass
+    return found
+
+
+def kill_tree(root_pid: int, tracker: CgroupTracker, group: str | None, exec_id: str | None = None) -> None:
+    """SIGKILL the command, its session, its descendants, everything in its exec cgroup and (without
+    a cgroup) every process carrying its ORCHARD_EXEC_ID."""
+    me = os.getpid()
+    marker = f"\0{EXEC_ID_VAR}={exec_id}\0".encode() if exec_id else None
+    for _ in range(100):
+        victims = set(tracker.pids(group)) if group else set()
+        table = _proc_table()
+        if marker is not None:
+            victims |= _carrying(table, marker)
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, sid) in table.items():
+            children.setdefault(ppid, []).append(pid)
+            if sid == root_pid:
+                victims.add(pid)
+        stack = [root_pid] if root_pid in table else []
+        while stack:
+            pid = stack.pop()
+            victims.add(pid)
+            stack.extend(children.get(pid, ()))
+        victims.discard(me)
+        victims.discard(1)
+        alive = [p for p in victims if p in table and _is_alive(p)]
+        if not alive:
+            return
+        for pid in alive:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.002)
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] != b"Z"

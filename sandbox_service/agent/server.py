@@ -1,0 +1,151 @@
+"""The agent server: accepts connections, checks the per-sandbox secret, dispatches ops.
+
+One thread per connection (the control plane keeps a small pool of connections, so threads are
+made per connection, not per request) with blocking sockets: this keeps the agent's start-up to the
+stdlib's cheapest imports (asyncio alone costs ~60 ms to import, more than a whole sandbox boot)
+and a request's path to a handful of syscalls. Ops (request header ``op``):
+
+    ping                                   -> {pid, version, isolation, cgroup_tracking}
+    exec   {argv, cwd, env, timeout, max_output} + stdin payload
+                                           -> {exit_code, timed_out, oom_killed, stdout_len, ...}
+                                              + payload stdout||stderr
+    read_file {path}                       -> payload
+    write_file {path, mode} + payload
+    list_files {path}                      -> {entries: [{name, path, type, size, mtime}]}
+    put_archive {path} + tar.gz payload    -> {members}
+    get_archive {path}                     -> tar.gz payload
+    pty_open {argv, rows, cols, env, cwd}  -> the connection becomes a PTY stream (streams.py)
+    http {port, method, path, headers} + body -> {status, headers} + body
+
+Every request must carry ``secret``; it is compared in constant time and a wrong one closes the
+connection after an ``unauthorized`` answer. Stdlib only: this module is copied into every sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+
+from sandbox_service.agent import execs, files, protocol, proctree, streams
+
+try:  # the constant-time compare behind hmac.compare_digest, without loading OpenSSL at start-up
+    from _operator import _compare_digest as compare_digest
+except ImportError:  # pragma: no cover - other interpreters
+    from hmac import compare_digest
+
+AGENT_VERSION = "1"
+MAX_READ_BYTES = 256 * 1024 * 1024
+
+
+class AgentServer:
+    def __init__(self, *, secret: str, workspace: str, workdir: str, base_env: dict[str, str],
+                 tracker: proctree.CgroupTracker, isolation: str, tls_context=None,
+                 workspace_alias: str | None = None) -> None:
+        self.secret = secret.encode()
+        self.workspace = workspace
+        self.workdir = files.Confinement(workspace, workdir, workspace_alias).workdir
+        self.base_env = base_env
+        self.tracker = tracker
+        self.isolation = isolation
+        self.tls = tls_context
+        self.reaper = execs.Reaper()
+        self.conf = files.Confinement(workspace, workdir, workspace_alias)
+
+    # -- serving -------------------------------------------------------------------------------
+    def serve(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                # EMFILE/ENFILE/ENOBUFS under a fork bomb or fd exhaustion: keep serving.
+                print(f"agent: accept failed: {exc}", file=sys.stderr, flush=True)
+                threading.Event().wait(0.01)
+                continue
+            try:
+                threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+            except RuntimeError:  # cannot create a thread (pids limit): refuse this connection only
+                conn.close()
+
+    def _serve_conn(self, conn: socket.socket) -> None:
+        try:
+            if self.tls is not None:
+                conn.settimeout(10.0)  # a peer that never finishes the handshake must not hold a thread
+                conn = self.tls.wrap_socket(conn, server_side=True)
+                conn.settimeout(None)
+            if conn.family == socket.AF_INET:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while True:
+                frame = protocol.recv_frame(conn)
+                if frame is None:
+                    return
+                header, payload = frame
+                secret = header.get("secret")
+                if not isinstance(secret, str) or not compare_digest(secret.encode(), self.secret):
+                    protocol.send_frame(conn, {"ok": False, "code": "unauthorized",
+                                               "message": "wrong or missing agent secret"})
+                    return
+                op = header.get("op")
+                if op == "pty_open":
+                    env = execs.build_env(self.base_env, header.get("env"))
+                    env.setdefault("TERM", "xterm-256color")
+                    streams.run_pty(conn, self.reaper, self.tracker, header, env, self._cwd(header.get("cwd")))
+                    return
+                try:
+                    resp, out = self._dispatch(op, header, payload)
+                except (files.FileOpError, execs.SpawnError) as exc:
+                    resp, out = {"ok": False, "code": exc.code, "message": exc.message}, b""
+                except (KeyError, TypeError, ValueError) as exc:
+                    resp, out = {"ok": False, "code": "invalid_request",
+                                 "message": f"malformed {op!r} request: {exc!r}"}, b""
+                except Exception as exc:  # the agent must outlive any single bad request
+                    resp, out = {"ok": False, "code": "internal_error",
+                                 "message": f"agent error in {op!r}: {exc!r}"}, b""
+                protocol.send_frame(conn, resp, out)
+        except (OSError, protocol.ProtocolError):
+            pass
+        except Exception as exc:  # e.g. ssl errors from a bad client
+            print(f"agent: connection error: {exc!r}", file=sys.stderr, flush=True)
+        finally:
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    # -- ops -----------------------------------------------------------------------------------
+    def _cwd(self, cwd: str | None) -> str:
+        if not cwd:
+            return self.workdir
+        return os.path.normpath(os.path.join(self.workdir, self.conf.unalias(cwd)))
+
+    def _dispatch(self, op, header: dict, payload: bytes) -> tuple[dict, bytes]:
+        if op == "ping":
+            return {"ok": True, "pid": os.getpid(), "version": AGENT_VERSION, "isolation": self.isolation,
+                    "protocol": protocol.PROTOCOL_VERSION, "cgroup_tracking": self.tracker.enabled}, b""
+        if op == "exec":
+            argv = header["argv"]
+            if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+                raise files.FileOpError("invalid_request", "argv must be a non-empty list of strings")
+            result, out = execs.run_exec(
+                self.reaper, self.tracker, argv=argv, cwd=self._cwd(header.get("cwd")),
+                env=execs.build_env(self.base_env, header.get("env")), stdin=payload,
+                timeout=float(header.get("timeout", 60.0)), max_output=int(header.get("max_output", 1 << 20)))
+            result["ok"] = True
+            return result, out
+        if op == "read_file":
+            return {"ok": True}, files.read_file(self.conf, header["path"], MAX_READ_BYTES)
+        if op == "write_file":
+            files.write_file(self.conf, header["path"], payload, header.get("mode"))
+            return {"ok": True}, b""
+        if op == "list_files":
+            return {"ok": True, "entries": files.list_dir(self.conf, header["path"])}, b""
+        if op == "put_archive":
+            return {"ok": True, "members": files.put_archive(self.conf, header["path"], payload)}, b""
+        if op == "get_archive":
+            return {"ok": True}, files.get_archive(self.conf, header["path"])
+        if op == "http":
+            return streams.http_relay(header, payload)
+        raise files.FileOpError("invalid_request", f"unknown op {op!r}")

@@ -1,0 +1,357 @@
+"""The Kubernetes backend: a Pod per sandbox, on the user's cluster.
+
+What it does, per sandbox:
+- a Secret with the agent's shared secret and a TLS certificate from a CA made for this sandbox alone
+  (`kubernetes_tls`: the service pins that CA in the endpoint);
+- a Pod from the task's image, with the agent injected at run time (init container + emptyDir, see
+  `kubernetes_objects`), no service-account token, no restarts, the hard TTL as activeDeadlineSeconds;
+- a NetworkPolicy: ingress only from the service pods to the agent port, egress denied unless the
+  policy allows it; the Secret and the NetworkPolicy are owned by the Pod (deleting it cascades);
+- exec and file calls go from the service straight to the agent at the pod IP, over TLS: never through
+  the API server's exec channel, which does not scale (API server memory grows with long execs).
+
+Creation: start() blocks until the sandbox container runs (image pulled) and returns the pod IP; the
+service then pings the agent, and readiness is that answer, not the pod phase. Pod status is polled
+(a shared watch would cost the API server less at thousands of concurrent creates).
+
+What it does not do: it never creates anything outside its namespace; it cannot stop a pod's own
+processes from using the pod's loopback (NetworkPolicy has no say there); NetworkPolicy is enforced
+only by a CNI that implements it. If the service dies, its pods live on until their hard TTL
+(activeDeadlineSeconds) or until the next service start reaps them (list_orphans); the heartbeat TTL
+is the service's to enforce. Snapshots hold the sandbox's
+workdir only (a tar through the agent, kept on the service's disk): changes elsewhere in the image's
+filesystem are not carried, and an OOM-killed pod (cgroup v2 kills the whole container) cannot be
+snapshotted at all, so an escalated sandbox restarts from its image then.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from sandbox_service.agent.client_base import AgentClientBase
+from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
+from sandbox_service.backends.kubernetes_config import (
+    SANDBOX_ID_ANNOTATION,
+    SANDBOX_ID_LABEL,
+    KubernetesBackendConfig,
+)
+from sandbox_service.backends.kubernetes_objects import (
+    Resolver,
+    allowlist_cidrs,
+    build_network_policy,
+    build_pod,
+    build_secret,
+    instance_selector,
+    owner_reference,
+    pod_name_for,
+    sandbox_selector,
+    to_dict,
+)
+from sandbox_service.backends.kubernetes_retry import RetryPolicy, call, is_already_exists, is_not_found
+from sandbox_service.backends.kubernetes_snapshots import AgentFactory, AgentSnapshots
+from sandbox_service.backends.kubernetes_status import PodAssessment, assess_pod
+from sandbox_service.backends.kubernetes_tls import AgentCertificates
+from sandbox_service.errors import BackendUnavailableError, SandboxNotFoundError, SandboxServiceError
+from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
+
+log = logging.getLogger("sandbox_service.kubernetes")
+
+
+class PodStartError(SandboxServiceError):
+    """The pod cannot come up and waiting will not help (bad image, crash on start)."""
+
+    code = "sandbox_start_failed"
+
+    def __init__(self, message: str, infra_error: InfraErrorKind):
+        super().__init__(message)
+        self.infra_error = infra_error  # the service records this kind on the failed sandbox
+
+
+@dataclass
+class _Handle:
+    pod_name: str
+    workdir: str
+    endpoint: AgentEndpoint | None = None
+
+
+def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
+    from sandbox_service.agent.client import AgentClient  # lazy: only snapshots need it here
+
+    return AgentClient(endpoint)
+
+
+def _host_port(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ipaddress.ip_address(ip).version == 6 else f"{ip}:{port}"
+
+
+def load_api_client(config: KubernetesBackendConfig) -> k8s.ApiClient:
+    """An API client from the pod's service account (in a cluster) or a kubeconfig."""
+    configuration = k8s.Configuration()
+    in_cluster = config.api_mode == "in_cluster" or (
+        config.api_mode == "auto" and "KUBERNETES_SERVICE_HOST" in os.environ)
+    try:
+        if in_cluster:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            k8s_config.load_kube_config(config_file=config.kubeconfig, context=config.context,
+                                        client_configuration=configuration)
+    except (k8s_config.ConfigException, OSError) as err:
+        raise BackendUnavailableError(
+            f"cannot reach a Kubernetes cluster ({'in-cluster' if in_cluster else 'kubeconfig'} mode): {err}. "
+            "Run the service in the cluster (manifests/) or point ORCHARD_K8S_KUBECONFIG at a kubeconfig.") from err
+    configuration.connection_pool_maxsize = config.api_pool_size
+    return k8s.ApiClient(configuration)
+
+
+class KubernetesBackend(SandboxBackend):
+    name = "kubernetes"
+
+    def __init__(self, config: KubernetesBackendConfig | None = None, *, api_client: k8s.ApiClient | None = None,
+                 agent_factory: AgentFactory = _default_agent_factory, resolver: Resolver | None = None,
+                 certificates: AgentCertificates | None = None,
+                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 sleep: Callable[[float], None] = time.sleep):
+        self.config = config or KubernetesBackendConfig()
+        self.api_client = api_client or load_api_client(self.config)
+        self.core = k8s.CoreV1Api(self.api_client)
+        self.net = k8s.NetworkingV1Api(self.api_client)
+        self.certificates = certificates or AgentCertificates()
+        self._resolver_kw = {"resolver": resolver} if resolver else {}
+        self._clock, self._sleep = clock, sleep
+        self._retry = RetryPolicy(attempts=self.config.retry_attempts, base_seconds=self.config.retry_base_seconds,
+                                  max_seconds=self.config.retry_max_seconds)
+        self._handles: dict[str, _Handle] = {}
+        self._lock = threading.Lock()
+        self.snapshots = AgentSnapshots(self.config.snapshot_dir, agent_factory,
+                                        python=f"{self.config.agent_mount_path}/python/bin/python3",
+                                        ready_timeout=self.config.agent_ready_timeout_seconds)
+
+    @classmethod
+    def from_service_config(cls, service_config: Any) -> "KubernetesBackend":
+        """The backend `ServiceConfig(backend="kubernetes")` gets: settings from `ORCHARD_K8S_*`
+        variables; snapshots under the service's state_dir unless ORCHARD_K8S_SNAPSHOT_DIR says otherwise."""
+        config = KubernetesBackendConfig.from_env()
+        if "ORCHARD_K8S_SNAPSHOT_DIR" not in os.environ and getattr(service_config, "state_dir", None):
+            config = config.model_copy(update={"snapshot_dir": Path(service_config.state_dir) / "snapshots"})
+        return cls(config)
+
+    # -- plumbing ---------------------------------------------------------------------------------
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("_request_timeout", self.config.api_timeout_seconds)
+        return call(what, fn, *args, policy=self._retry, sleep=self._sleep, **kwargs)
+
+    def _create(self, what: str, create: Callable[..., Any], read: Callable[..., Any], body: Any) -> Any:
+        """Create, or read back what an earlier attempt of this very call already created."""
+        ns = self.config.namespace
+        try:
+            return self._call(f"create {what}", create, ns, body)
+        except ApiException as err:
+            if not is_already_exists(err):
+                raise
+            return self._call(f"read {what}", read, body.metadata.name, ns)
+
+    def _handle(self, sandbox_id: str) -> _Handle | None:
+        with self._lock:
+            return self._handles.get(sandbox_id)
+
+    def _find_pod(self, sandbox_id: str) -> k8s.V1Pod | None:
+        """The sandbox's live pod: by name when this process started it, else by its labels."""
+        ns, handle = self.config.namespace, self._handle(sandbox_id)
+        if handle is not None:
+            try:
+                return self._call("read pod", self.core.read_namespaced_pod, handle.pod_name, ns,
+                                  passthrough=is_not_found)
+            except ApiException:
+                return None
+        pods = self._call("list pods", self.core.list_namespaced_pod, ns,
+                          label_selector=sandbox_selector(sandbox_id, self.config)).items
+        pods = [p for p in pods if p.metadata.deletion_timestamp is None] or pods
+        return max(pods, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc),
+                   default=None)
+
+    def _assess(self, pod: k8s.V1Pod) -> PodAssessment:
+        return assess_pod(pod, self._clock(), unschedulable_timeout=self.config.unschedulable_timeout_seconds,
+                          image_pull_grace=self.config.image_pull_grace_seconds)
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
+        cfg, ns = self.config, self.config.namespace
+        cidrs = allowlist_cidrs(spec.network, **self._resolver_kw)  # a bad allowlist fails before anything exists
+        pod_name = pod_name_for(sandbox_id)
+        secret_name = f"{pod_name}-agent"
+        ca_pem, cert_pem, key_pem = self.certificates.issue(pod_name)
+        with self._lock:
+            self._handles[sandbox_id] = _Handle(pod_name=pod_name, workdir=spec.workdir)
+        try:
+            self._create("secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret,
+                         build_secret(secret_name, sandbox_id, spec, cfg, agent_secret=secret,
+                                      cert_pem=cert_pem, key_pem=key_pem))
+            pod = self._create("pod", self.core.create_namespaced_pod, self.core.read_namespaced_pod,
+                               build_pod(pod_name, sandbox_id, spec, resources, cfg, secret_name=secret_name))
+            owner = owner_reference(pod)
+            # The Secret had to exist before the pod (its volume); only now is the owner's uid known.
+            self._call("patch secret owner", self.core.patch_namespaced_secret, secret_name, ns,
+                       {"metadata": {"ownerReferences": [to_dict(owner)]}})
+            self._create("networkpolicy", self.net.create_namespaced_network_policy,
+                         self.net.read_namespaced_network_policy,
+                         build_network_policy(pod_name, sandbox_id, spec, cfg, spec.network, cidrs, owner=owner))
+            ip = self._wait_running(pod_name)
+        except BaseException:
+            with self._lock:
+                self._handles.pop(sandbox_id, None)
+            try:
+                self._delete_objects(sandbox_id)  # a failed or cancelled create must not leak objects
+            except Exception:  # noqa: BLE001 - keep the original error; stop() and list_orphans() retry
+                log.exception("cleanup after a failed start of %s failed", sandbox_id)
+            raise
+        endpoint = AgentEndpoint(transport="tcp", address=_host_port(ip, cfg.agent_port), secret=secret,
+                                 tls=True, ca_cert_pem=ca_pem)
+        with self._lock:
+            self._handles[sandbox_id].endpoint = endpoint
+        return endpoint
+
+    def _wait_running(self, pod_name: str) -> str:
+        """Wait until the sandbox container runs (its image pulled, the agent starting); return the pod IP.
+
+        This waits longer than "has an IP" on purpose: pulling a multi-GB task image is the pod's
+        start, and the service's agent-readiness timeout is sized for the agent, not for a pull.
+        """
+        cfg, ns = self.config, self.config.namespace
+        deadline = time.monotonic() + cfg.start_timeout_seconds
+        delay = min(0.1, cfg.poll_interval_seconds)
+        while True:
+            try:
+                pod = self._call("read pod", self.core.read_namespaced_pod, pod_name, ns, passthrough=is_not_found)
+            except ApiException as err:
+                raise PodStartError(f"pod {pod_name} was deleted while starting",
+                                    InfraErrorKind.SANDBOX_DELETED) from err
+            seen = self._assess(pod)
+            if seen.state == "running" and seen.pod_ip:
+                return seen.pod_ip
+            if seen.state == "failed":
+                assert seen.infra_error is not None
+                if seen.retryable:
+                    err = BackendUnavailableError(seen.message or "sandbox pod failed")
+                    err.infra_error = seen.infra_error  # type: ignore[attr-defined]
+                    raise err
+                raise PodStartError(seen.message or "sandbox pod failed", seen.infra_error)
+            if time.monotonic() >= deadline:
+                err = BackendUnavailableError(
+                    f"pod {pod_name} was not running after {cfg.start_timeout_seconds:g} s "
+                    f"(phase {pod.status.phase if pod.status else '?'}{': ' + seen.message if seen.message else ''})")
+                err.infra_error = InfraErrorKind.TIMEOUT  # type: ignore[attr-defined]
+                raise err
+            self._sleep(delay)
+            delay = min(cfg.poll_interval_seconds, delay * 2)
+
+    def status(self, sandbox_id: str) -> BackendStatus:
+        pod = self._find_pod(sandbox_id)
+        if pod is None:
+            return BackendStatus(alive=False, infra_error=InfraErrorKind.SANDBOX_DELETED,
+                                 message="The sandbox pod no longer exists (deleted, or evicted and removed).")
+        seen = self._assess(pod)
+        if seen.state == "failed":
+            return BackendStatus(alive=False, infra_error=seen.infra_error, message=seen.message)
+        return BackendStatus(alive=True, message=seen.message)
+
+    def stop(self, sandbox_id: str) -> None:
+        with self._lock:
+            self._handles.pop(sandbox_id, None)
+        self._delete_objects(sandbox_id)
+
+    def _delete_objects(self, sandbox_id: str) -> None:
+        """Delete every object labelled with this sandbox, every attempt's (idempotent: gone is fine).
+
+        The Secret and NetworkPolicy would follow the pod through garbage collection anyway; deleting
+        them directly also covers a crash before their owner reference was set.
+        """
+        ns, selector = self.config.namespace, sandbox_selector(sandbox_id, self.config)
+        kinds = [("pod", self.core.list_namespaced_pod, self.core.delete_namespaced_pod),
+                 ("secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
+                 ("networkpolicy", self.net.list_namespaced_network_policy, self.net.delete_namespaced_network_policy)]
+        for what, list_fn, delete_fn in kinds:
+            for obj in self._call(f"list {what}s", list_fn, ns, label_selector=selector).items:
+                extra = {"grace_period_seconds": self.config.delete_grace_seconds} if what == "pod" else {}
+                try:
+                    self._call(f"delete {what}", delete_fn, obj.metadata.name, ns, passthrough=is_not_found,
+                               propagation_policy="Background", **extra)
+                except ApiException as err:
+                    if not is_not_found(err):
+                        raise
+
+    def list_orphans(self) -> list[str]:
+        """Sandboxes of this service instance on the cluster that this process did not start: after a
+        service restart, all of them (their agents' secrets died with the old process)."""
+        ns, selector = self.config.namespace, instance_selector(self.config)
+        found: set[str] = set()
+        for what, list_fn in [("pods", self.core.list_namespaced_pod), ("secrets", self.core.list_namespaced_secret),
+                              ("networkpolicies", self.net.list_namespaced_network_policy)]:
+            for obj in self._call(f"list {what}", list_fn, ns, label_selector=selector).items:
+                meta = obj.metadata
+                sid = (meta.annotations or {}).get(SANDBOX_ID_ANNOTATION) or (meta.labels or {}).get(SANDBOX_ID_LABEL)
+                if sid:
+                    found.add(sid)
+        with self._lock:
+            known = set(self._handles)
+        return sorted(found - known)
+
+    # -- network ----------------------------------------------------------------------------------
+    def apply_network_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        cfg, ns = self.config, self.config.namespace
+        cidrs = allowlist_cidrs(policy, **self._resolver_kw)
+        pod = self._find_pod(sandbox_id)
+        if pod is None:
+            raise SandboxNotFoundError(f"no pod for sandbox {sandbox_id!r}; it was deleted or never started")
+        name = pod.metadata.name
+        spec = SandboxCreate(image=pod.spec.containers[0].image, network=policy)
+        desired = build_network_policy(name, sandbox_id, spec, cfg, policy, cidrs, owner=owner_reference(pod))
+        for attempt in range(cfg.retry_attempts):
+            try:
+                current = self._call("read networkpolicy", self.net.read_namespaced_network_policy, name, ns,
+                                     passthrough=is_not_found)
+            except ApiException:
+                self._create("networkpolicy", self.net.create_namespaced_network_policy,
+                             self.net.read_namespaced_network_policy, desired)
+                return
+            current.spec = desired.spec  # keep its metadata: labels, owner, resourceVersion
+            try:
+                self._call("replace networkpolicy", self.net.replace_namespaced_network_policy, name, ns, current,
+                           retry_conflicts=False, passthrough=lambda e: e.status == 409)
+                return
+            except ApiException:  # 409: someone changed it since our read; read again
+                self._sleep(min(cfg.retry_max_seconds, cfg.retry_base_seconds * 2 ** attempt))
+        raise BackendUnavailableError(f"networkpolicy {name}: kept conflicting after {cfg.retry_attempts} attempts")
+
+    # -- snapshots (through the agent, see kubernetes_snapshots) ------------------------------------
+    def _agent_handle(self, sandbox_id: str) -> _Handle:
+        handle = self._handle(sandbox_id)
+        if handle is None or handle.endpoint is None:
+            raise SandboxNotFoundError(f"sandbox {sandbox_id!r} is not running on this service instance")
+        return handle
+
+    def snapshot(self, sandbox_id: str, snapshot_id: str) -> int:
+        handle = self._agent_handle(sandbox_id)
+        return self.snapshots.save(handle.endpoint, handle.workdir, snapshot_id)
+
+    def restore(self, sandbox_id: str, snapshot_id: str) -> None:
+        handle = self._agent_handle(sandbox_id)
+        self.snapshots.restore(handle.endpoint, handle.workdir, snapshot_id)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self.snapshots.delete(snapshot_id)
+
+    def close(self) -> None:
+        self.api_client.close()

@@ -1,0 +1,121 @@
+"""Configuration of the Kubernetes backend: one typed object, validated at the boundary.
+
+Kept free of the `kubernetes` package so that `ServiceConfig` can embed it without importing the
+client (the backend imports it lazily, only when `backend="kubernetes"`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY_VALUE = "orchard"
+SANDBOX_ID_LABEL = "orchard.dev/sandbox-id"
+INSTANCE_LABEL = "orchard.dev/service-instance"
+USER_LABEL_PREFIX = "label.orchard.dev/"
+SANDBOX_ID_ANNOTATION = "orchard.dev/sandbox-id"
+USER_LABELS_ANNOTATION = "orchard.dev/labels"
+WORKDIR_ANNOTATION = "orchard.dev/workdir"
+
+
+class Toleration(BaseModel):
+    """A pod toleration (the Kubernetes field names, so YAML/env values copy over as they are)."""
+
+    model_config = ConfigDict(extra="forbid")
+    key: str | None = Field(None, description="Taint key; empty with operator Exists matches every taint.")
+    operator: Literal["Equal", "Exists"] = Field("Equal", description="How key and value are compared.")
+    value: str | None = Field(None, description="Taint value (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to tolerate; None tolerates all effects.")
+    toleration_seconds: int | None = Field(None, ge=0, description="NoExecute only: how long to stay after the taint.")
+
+
+class KubernetesBackendConfig(BaseSettings):
+    """Where and how sandbox pods run. Every field has a safe default for a single-namespace install.
+
+    Read from `ORCHARD_K8S_<FIELD>` environment variables (dicts and lists as JSON), e.g.
+    `ORCHARD_K8S_NAMESPACE=sandboxes`, `ORCHARD_K8S_NODE_SELECTOR='{"pool": "sandbox"}'`.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="ORCHARD_K8S_", extra="forbid")
+
+    # -- cluster access ---------------------------------------------------------------------------
+    namespace: str = Field("orchard", description="Namespace of sandbox pods, Secrets and NetworkPolicies.")
+    api_mode: Literal["auto", "in_cluster", "kubeconfig"] = Field(
+        "auto", description="auto: the pod's service account when in a cluster, else the kubeconfig.")
+    kubeconfig: str | None = Field(None, description="Kubeconfig path (kubeconfig mode; default ~/.kube/config).")
+    context: str | None = Field(None, description="Kubeconfig context (default: the current context).")
+    api_timeout_seconds: float = Field(30.0, gt=0, description="Timeout of each Kubernetes API request.")
+    api_pool_size: int = Field(32, ge=1, description="HTTP connections kept to the API server.")
+    instance: str = Field(
+        "default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="Service instance label; orphans are only reaped among this instance's objects.")
+
+    # -- the agent ----------------------------------------------------------------------------------
+    injector_image: str = Field(
+        "ghcr.io/orchard-dev/agent-injector:0.1.0",
+        description="Image whose init container copies a standalone Python and the agent into the pod.")
+    agent_port: int = Field(8700, ge=1, le=65535, description="TCP port the agent listens on (TLS) in the pod.")
+    agent_mount_path: str = Field("/orchard", description="Where the injected agent and Python appear.")
+    secret_mount_path: str = Field("/orchard-secret", description="Where the agent's secret and TLS key appear.")
+    agent_volume_size_mb: int = Field(256, ge=32, description="Size limit of the emptyDir holding the agent.")
+    agent_memory_overhead_mb: int = Field(
+        64, ge=0, description="Added to the memory limit so the agent does not eat the workload's budget.")
+    agent_ready_timeout_seconds: float = Field(
+        60.0, gt=0, description="How long start() waits for the agent to answer when it must restore a snapshot.")
+
+    # -- placement ------------------------------------------------------------------------------------
+    service_selector: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "orchard-sandbox-service"},
+        description="Labels of the sandbox service pods: the only ones admitted to sandbox agents.")
+    service_namespace: str | None = Field(
+        None, description="Namespace of the service pods when it differs from `namespace`.")
+    service_account_name: str | None = Field(
+        None, description="Service account of sandbox pods (its token is never mounted).")
+    image_pull_secrets: list[str] = Field(default_factory=list, description="Secrets for private registries.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Pull policy of task images.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels sandbox pods require.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Taints sandbox pods tolerate.")
+    runtime_class_name: str | None = Field(
+        None, description="RuntimeClass for stronger isolation, e.g. gvisor or kata (None = the node default).")
+    priority_class_name: str | None = Field(None, description="PriorityClass of sandbox pods.")
+    pod_annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra pod annotations, e.g. to keep a service mesh sidecar out.")
+    cpu_request_ratio: float = Field(
+        1.0, gt=0, le=1, description="CPU request = limit x this (1.0: guaranteed; lower packs nodes denser).")
+
+    # -- network ----------------------------------------------------------------------------------------
+    allow_dns_for_hosts: bool = Field(
+        True, description="Allowlists naming hosts also allow DNS to the cluster DNS (else names do not resolve).")
+    dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods.")
+    dns_selector: dict[str, str] = Field(
+        default_factory=lambda: {"k8s-app": "kube-dns"}, description="Labels of the cluster DNS pods.")
+
+    # -- timing ------------------------------------------------------------------------------------------
+    start_timeout_seconds: float = Field(300.0, gt=0, description="Give up on a pod that has no IP after this.")
+    unschedulable_timeout_seconds: float = Field(
+        120.0, ge=0, description="A pod unschedulable this long is reported UNAVAILABLE (retryable).")
+    image_pull_grace_seconds: float = Field(
+        30.0, ge=0, description="Image pull errors lasting this long are IMAGE_PULL_FAILED (kubelet retries first).")
+    poll_interval_seconds: float = Field(0.5, gt=0, description="How often start() re-reads a pending pod.")
+    delete_grace_seconds: int = Field(1, ge=0, description="Termination grace period of sandbox pods.")
+
+    # -- retries of API calls ------------------------------------------------------------------------------
+    retry_attempts: int = Field(6, ge=1, description="Attempts per API call on 409/429/5xx/connection errors.")
+    retry_base_seconds: float = Field(0.2, gt=0, description="First backoff; doubles per attempt (full jitter).")
+    retry_max_seconds: float = Field(10.0, gt=0, description="Backoff cap (a Retry-After header overrides it).")
+
+    # -- snapshots ---------------------------------------------------------------------------------------
+    snapshot_dir: Path = Field(
+        Path("/var/lib/orchard/snapshots"),
+        description="Service-side directory of snapshot archives (a PVC in production).")
+
+    @classmethod
+    def from_env(cls) -> "KubernetesBackendConfig":
+        """The configuration the environment describes (same as `KubernetesBackendConfig()`)."""
+        return cls()

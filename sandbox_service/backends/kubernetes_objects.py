@@ -1,0 +1,283 @@
+"""Pure builders of the Kubernetes objects behind one sandbox: its Pod, Secret and NetworkPolicy.
+
+No API calls here, so every object the backend sends can be validated offline against the
+Kubernetes OpenAPI schema (`tests/sandbox_service/test_kubernetes_objects.py`).
+
+The pod runs the task's image unchanged (runtime agent injection): an init container from the
+injector image copies a standalone Python and the stdlib-only agent into an `emptyDir`, and the
+main container's command starts that agent in TCP+TLS mode. The task image therefore needs no
+Python of its own, but it must be able to run the injected interpreter: a glibc-based Linux image
+of the node's architecture (a musl image such as Alpine needs the injector's musl build, see
+docker/agent-injector/Dockerfile).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import ipaddress
+import json
+import re
+import secrets as _secrets
+import socket
+from collections.abc import Callable
+
+from kubernetes import client as k8s
+
+from sandbox_service.backends.kubernetes_config import (
+    INSTANCE_LABEL,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    SANDBOX_ID_ANNOTATION,
+    SANDBOX_ID_LABEL,
+    USER_LABEL_PREFIX,
+    USER_LABELS_ANNOTATION,
+    WORKDIR_ANNOTATION,
+    KubernetesBackendConfig,
+)
+from sandbox_service.errors import InvalidRequestError
+from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
+
+AGENT_CONTAINER = "sandbox"
+INJECTOR_CONTAINER = "orchard-agent-injector"
+INJECTOR_SOURCE = "/opt/orchard"  # where docker/agent-injector/Dockerfile puts Python + agent
+SECRET_KEY_AGENT = "agent-secret"
+SECRET_KEY_CERT = "tls.crt"
+SECRET_KEY_KEY = "tls.key"
+
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+_DNS_BAD = re.compile(r"[^a-z0-9-]+")
+
+
+def _short_hash(text: str, n: int = 8) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:n]
+
+
+def label_value(text: str) -> str:
+    """A valid label value (<= 63 chars, alphanumeric ends) that stays unique: changed values get a hash."""
+    clean = _LABEL_VALUE_BAD.sub("-", text).strip("-_.")
+    if clean == text and len(clean) <= 63:
+        return clean
+    return f"{clean[:54].rstrip('-_.')}-{_short_hash(text)}".lstrip("-")
+
+
+def dns_label(text: str, max_len: int = 63) -> str:
+    """A lowercase RFC 1123 label (pod names, hostnames) derived from `text`, unique per input."""
+    clean = _DNS_BAD.sub("-", text.lower()).strip("-")
+    if clean == text and len(clean) <= max_len:
+        return clean
+    return f"{clean[: max_len - 9].rstrip('-')}-{_short_hash(text)}".lstrip("-")
+
+
+def pod_name_for(sandbox_id: str) -> str:
+    """Pod name for one start attempt: a random suffix, so a retry never collides with a pod still terminating."""
+    return f"orchard-{dns_label(sandbox_id, 45)}-{_secrets.token_hex(3)[:5]}"
+
+
+def selector_labels(sandbox_id: str, config: KubernetesBackendConfig) -> dict[str, str]:
+    """The labels that find every object of one sandbox."""
+    return {MANAGED_BY_LABEL: MANAGED_BY_VALUE, INSTANCE_LABEL: config.instance,
+            SANDBOX_ID_LABEL: label_value(sandbox_id)}
+
+
+def instance_selector(config: KubernetesBackendConfig) -> str:
+    """Label selector of everything this service instance created (orphan reaping)."""
+    return f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{INSTANCE_LABEL}={config.instance}"
+
+
+def sandbox_selector(sandbox_id: str, config: KubernetesBackendConfig) -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_labels(sandbox_id, config).items())
+
+
+def object_labels(sandbox_id: str, config: KubernetesBackendConfig, user_labels: dict[str, str]) -> dict[str, str]:
+    """Labels on every object: ours plus the caller's, made valid (the originals stay in an annotation)."""
+    labels = {f"{USER_LABEL_PREFIX}{label_value(k)}": label_value(v) for k, v in user_labels.items() if k}
+    labels.update({"app.kubernetes.io/name": "orchard-sandbox", "app.kubernetes.io/component": "sandbox"})
+    labels.update(selector_labels(sandbox_id, config))
+    return labels
+
+
+def object_meta(name: str, sandbox_id: str, config: KubernetesBackendConfig, spec: SandboxCreate,
+                owner: k8s.V1OwnerReference | None = None,
+                extra_annotations: dict[str, str] | None = None) -> k8s.V1ObjectMeta:
+    annotations = {SANDBOX_ID_ANNOTATION: sandbox_id, USER_LABELS_ANNOTATION: json.dumps(spec.labels, sort_keys=True)}
+    annotations.update(extra_annotations or {})
+    return k8s.V1ObjectMeta(
+        name=name, namespace=config.namespace, labels=object_labels(sandbox_id, config, spec.labels),
+        annotations=annotations, owner_references=[owner] if owner else None)
+
+
+def owner_reference(pod: k8s.V1Pod) -> k8s.V1OwnerReference:
+    """Make an object a dependent of the sandbox pod: deleting the pod garbage-collects it."""
+    # No blockOwnerDeletion: setting it needs finalizer rights on pods, which the service does not have.
+    return k8s.V1OwnerReference(api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid)
+
+
+def _quantity_mi(mb: int) -> str:
+    return f"{int(mb)}Mi"
+
+
+def _millicores(cpu: float) -> str:
+    return f"{max(1, round(cpu * 1000))}m"
+
+
+def build_secret(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig, *,
+                 agent_secret: str, cert_pem: str, key_pem: str) -> k8s.V1Secret:
+    """The per-sandbox Secret: the agent's shared secret and its TLS certificate and key."""
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    return k8s.V1Secret(
+        api_version="v1", kind="Secret", type="Opaque",
+        metadata=object_meta(name, sandbox_id, config, spec),
+        data={SECRET_KEY_AGENT: b64(agent_secret), SECRET_KEY_CERT: b64(cert_pem), SECRET_KEY_KEY: b64(key_pem)})
+
+
+AGENT_BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                   "from sandbox_service.agent.__main__ import main; sys.exit(main())")
+
+
+def agent_command(spec: SandboxCreate, config: KubernetesBackendConfig) -> list[str]:
+    """The main container's command: the injected interpreter running the injected agent.
+
+    `-I -S` (isolated, no site): the image's PYTHON* variables and site-packages cannot break the agent,
+    and the agent's path does not leak into the commands it runs.
+    """
+    mount, sec = config.agent_mount_path, config.secret_mount_path
+    return [f"{mount}/python/bin/python3", "-I", "-S", "-c", AGENT_BOOTSTRAP, f"{mount}/agent",
+            "--tcp", f"0.0.0.0:{config.agent_port}",
+            "--tls-cert", f"{sec}/{SECRET_KEY_CERT}", "--tls-key", f"{sec}/{SECRET_KEY_KEY}",
+            "--secret-file", f"{sec}/{SECRET_KEY_AGENT}", "--workspace", spec.workdir,
+            "--isolation", "kubernetes-pod"]
+
+
+def build_resources(resources: Resources, config: KubernetesBackendConfig) -> k8s.V1ResourceRequirements:
+    """Limits from `Resources`; the agent's overhead on top of memory; disk as ephemeral storage.
+
+    `Resources.pids` has no per-pod field in Kubernetes: the node's `podPidsLimit` (kubelet) applies.
+    """
+    memory = _quantity_mi(resources.memory_mb + config.agent_memory_overhead_mb)
+    disk = _quantity_mi(resources.disk_mb + config.agent_volume_size_mb)
+    limits = {"cpu": _millicores(resources.cpu), "memory": memory, "ephemeral-storage": disk}
+    requests = {"cpu": _millicores(resources.cpu * config.cpu_request_ratio), "memory": memory,
+                "ephemeral-storage": disk}
+    return k8s.V1ResourceRequirements(limits=limits, requests=requests)
+
+
+def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resources,
+              config: KubernetesBackendConfig, *, secret_name: str) -> k8s.V1Pod:
+    """The sandbox pod: the task image, the injected agent, no API credentials, no restarts."""
+    if not spec.image:
+        raise InvalidRequestError("The Kubernetes backend needs SandboxCreate.image (a container image "
+                                  "reference such as 'python:3.12-slim'); it was empty.")
+    agent_volume, secret_volume = "orchard-agent", "orchard-secret"
+    injector = k8s.V1Container(
+        name=INJECTOR_CONTAINER, image=config.injector_image, image_pull_policy="IfNotPresent",
+        command=["cp", "-a", f"{INJECTOR_SOURCE}/.", f"{config.agent_mount_path}/"],
+        volume_mounts=[k8s.V1VolumeMount(name=agent_volume, mount_path=config.agent_mount_path)],
+        resources=k8s.V1ResourceRequirements(limits={"cpu": "200m", "memory": "64Mi"},
+                                             requests={"cpu": "50m", "memory": "32Mi"}),
+        security_context=k8s.V1SecurityContext(
+            run_as_user=65532, run_as_non_root=True, read_only_root_filesystem=True,
+            allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"])))
+    main = k8s.V1Container(
+        name=AGENT_CONTAINER, image=spec.image, image_pull_policy=config.image_pull_policy,
+        command=agent_command(spec, config),
+        ports=[k8s.V1ContainerPort(name="agent", container_port=config.agent_port, protocol="TCP")],
+        resources=build_resources(resources, config),
+        volume_mounts=[
+            k8s.V1VolumeMount(name=agent_volume, mount_path=config.agent_mount_path, read_only=True),
+            k8s.V1VolumeMount(name=secret_volume, mount_path=config.secret_mount_path, read_only=True)],
+        # The task image's own user is kept (SWE images expect root); what it may not do is gain
+        # privileges or open raw sockets (ARP/ICMP spoofing past the NetworkPolicy).
+        security_context=k8s.V1SecurityContext(
+            privileged=False, allow_privilege_escalation=False,
+            capabilities=k8s.V1Capabilities(drop=["NET_RAW"])))
+    pod_spec = k8s.V1PodSpec(
+        init_containers=[injector], containers=[main],
+        restart_policy="Never",  # a crashed sandbox is reported, never silently restarted without its state
+        automount_service_account_token=False, service_account_name=config.service_account_name,
+        enable_service_links=False, hostname=dns_label(sandbox_id),
+        active_deadline_seconds=max(1, int(spec.ttl_seconds)),  # the hard TTL holds even if the service dies
+        termination_grace_period_seconds=config.delete_grace_seconds,
+        security_context=k8s.V1PodSecurityContext(seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
+        volumes=[
+            k8s.V1Volume(name=agent_volume, empty_dir=k8s.V1EmptyDirVolumeSource(
+                size_limit=_quantity_mi(config.agent_volume_size_mb))),
+            # 0444: the agent may run as any user the image picks; everything in the pod is the sandbox anyway.
+            k8s.V1Volume(name=secret_volume, secret=k8s.V1SecretVolumeSource(
+                secret_name=secret_name, default_mode=0o444))],
+        image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.image_pull_secrets] or None,
+        node_selector=dict(config.node_selector) or None,
+        tolerations=[k8s.V1Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect,
+                                      toleration_seconds=t.toleration_seconds) for t in config.tolerations] or None,
+        runtime_class_name=config.runtime_class_name, priority_class_name=config.priority_class_name)
+    meta = object_meta(name, sandbox_id, config, spec,
+                       extra_annotations={WORKDIR_ANNOTATION: spec.workdir, **config.pod_annotations})
+    return k8s.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=pod_spec)
+
+
+Resolver = Callable[[str], list[str]]
+
+
+def _default_resolver(host: str) -> list[str]:
+    return sorted({info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
+
+
+def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolver) -> list[str]:
+    """The CIDRs an allowlist policy opens. Host names are resolved now, at apply time: a NetworkPolicy
+    holds addresses only, so a host whose addresses later change needs the policy applied again."""
+    if policy.mode != "allowlist":
+        return []
+    cidrs: list[str] = []
+    for cidr in policy.allow_cidrs:
+        try:
+            cidrs.append(str(ipaddress.ip_network(cidr, strict=False)))
+        except ValueError as err:
+            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is not a CIDR ({err}); use e.g. 10.0.0.0/8.")
+    for host in policy.allow_hosts:
+        try:
+            addresses = resolver(host)
+        except OSError as err:
+            raise InvalidRequestError(f"allow_hosts entry {host!r} did not resolve ({err}); "
+                                      "give a resolvable name or its CIDR in allow_cidrs.")
+        for address in addresses:
+            cidrs.append(str(ipaddress.ip_network(address)))  # a bare address is a /32 or /128
+    return sorted(set(cidrs))
+
+
+def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
+                         policy: NetworkPolicy, cidrs: list[str],
+                         owner: k8s.V1OwnerReference | None = None) -> k8s.V1NetworkPolicy:
+    """Per-sandbox policy: ingress only from the service pods to the agent port; egress denied except
+    the allowlist. `none` and `loopback` are the same here: a pod always has loopback, and its one
+    interface cannot be removed, only denied."""
+    service_peer = k8s.V1NetworkPolicyPeer(pod_selector=k8s.V1LabelSelector(match_labels=dict(config.service_selector)))
+    if config.service_namespace:
+        service_peer.namespace_selector = k8s.V1LabelSelector(
+            match_labels={"kubernetes.io/metadata.name": config.service_namespace})
+    ingress = [k8s.V1NetworkPolicyIngressRule(
+        _from=[service_peer], ports=[k8s.V1NetworkPolicyPort(protocol="TCP", port=config.agent_port)])]
+    egress: list[k8s.V1NetworkPolicyEgressRule] = []
+    if cidrs:
+        egress.append(k8s.V1NetworkPolicyEgressRule(
+            to=[k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=c)) for c in cidrs]))
+    if policy.mode == "allowlist" and policy.allow_hosts and config.allow_dns_for_hosts:
+        egress.append(k8s.V1NetworkPolicyEgressRule(
+            to=[k8s.V1NetworkPolicyPeer(
+                namespace_selector=k8s.V1LabelSelector(
+                    match_labels={"kubernetes.io/metadata.name": config.dns_namespace}),
+                pod_selector=k8s.V1LabelSelector(match_labels=dict(config.dns_selector)))],
+            ports=[k8s.V1NetworkPolicyPort(protocol="UDP", port=53), k8s.V1NetworkPolicyPort(protocol="TCP", port=53)]))
+    return k8s.V1NetworkPolicy(
+        api_version="networking.k8s.io/v1", kind="NetworkPolicy",
+        metadata=object_meta(name, sandbox_id, config, spec, owner=owner),
+        spec=k8s.V1NetworkPolicySpec(
+            pod_selector=k8s.V1LabelSelector(match_labels={SANDBOX_ID_LABEL: label_value(sandbox_id),
+                                                           INSTANCE_LABEL: config.instance}),
+            policy_types=["Ingress", "Egress"], ingress=ingress, egress=egress))
+
+
+def to_dict(obj: object) -> dict:
+    """The JSON body the client sends for a model object (camelCase, Nones dropped)."""
+    return k8s.ApiClient().sanitize_for_serialization(obj)

@@ -1,0 +1,410 @@
+"""LocalBackend: each sandbox is a process tree in fresh Linux namespaces on this machine.
+
+What the isolation covers
+- Namespaces: mount, pid, net, uts, ipc (`unshare`). The agent is PID 1 of the pid namespace; killing
+  it ends every process of the sandbox. Other sandboxes' and the host's processes are invisible.
+- Filesystem: an overlay root (lower = the image directory, or the host root `/` read-only when
+  image is None; upper/work per sandbox in the state dir), so a sandbox writes only its own layer and
+  sees no other sandbox's files. Fresh /proc (kernel knobs read-only, kcore/keys masked), minimal
+  /dev, read-only /sys, private tmpfs /tmp and /run, and empty read-only mounts over host secrets
+  (`mask_paths`: ~/.ssh, cloud credentials, /work/.library, the service's state dir, ...). Interpreters
+  and tools under /usr, /lib, ~/.pyenv, ~/.cache (Playwright browsers) and the project's .venv stay
+  readable; `python`/`pytest` resolve to the service's venv (PATH is prefixed with its bin dir).
+- Resources: cgroup memory (+memsw), cpu quota and pids limits (`local_cgroups.py`). The agent runs
+  at oom_score_adj -1000, so a workload OOM kills the workload, is counted in memory.oom_control and
+  is reported as OOM_KILLED (exec result and `status()`); a fork bomb hits pids.max, not the agent.
+- Network: none (no interface up, not even lo) by default, loopback, or a routed allowlist
+  (`local_network.py`), changeable live.
+- Privilege: commands run as root *inside* the namespaces but without CAP_SYS_ADMIN, NET_ADMIN,
+  SYS_PTRACE, SYS_MODULE, MKNOD, DAC_READ_SEARCH and other dangerous capabilities (bounding set), so
+  they cannot undo masks, mount, change routes or reach the agent's fds.
+
+What it does not cover
+- It is not a VM and not a hardened container runtime: no user namespace (root inside is uid 0 on
+  the host, minus the dropped capabilities), no seccomp filter, no LSM profile, so a kernel exploit
+  escapes. Run untrusted code from the internet in the Kubernetes backend with a VM-isolated runtime.
+- `disk_mb` is not enforced (the upper layer lives on the state dir's filesystem).
+- Allowlist mode cannot reach the internet without host IP forwarding + NAT (neither iptables nor nft
+  exists here); it reaches addresses on this host and networks routing the sandbox subnet back.
+  Enforcement is routing inside the sandbox's namespace (commands cannot change routes), not a host
+  firewall. veth names/addresses are allocated machine-wide (`net_index_dir`).
+- The agent cannot lower its own oom_score_adj where the service lacks CAP_SYS_RESOURCE (this VM);
+  it then raises every command's score to +1000 instead, which has the same effect in practice.
+- cgroup v2 is implemented but only v1 is exercised on this machine; per-exec tracking on v2 moves a
+  command into its exec cgroup right after spawn (a tiny window in which a fork could escape).
+- With isolation="none" (operator's explicit choice, e.g. ORCHARD_UNISOLATED=1) there is no
+  isolation at all: the agent is a plain subprocess confined only in its file API to a workspace
+  directory; `status().message` and the agent's ping say "unisolated".
+
+Use
+
+    backend = LocalBackend(LocalBackendConfig(state_dir="/var/lib/orchard"))   # or LocalBackend.from_env()
+    endpoint = backend.start(sandbox_id, spec, spec.resources, secret)        # blocks ~50-100 ms
+    client = AgentClient(endpoint)                                            # agent/client.py
+    backend.apply_network_policy(sandbox_id, NetworkPolicy(mode="loopback"))
+    size = backend.snapshot(sandbox_id, "snap-1"); backend.restore(sandbox_id, "snap-1")
+    backend.start(other_id, SandboxCreate(from_snapshot="snap-1"), res, secret2)    # fork
+    backend.stop(sandbox_id)          # idempotent; frees processes, mounts, cgroups, veth, dirs
+    for orphan in backend.list_orphans(): backend.stop(orphan)    # after a service crash
+
+All methods are blocking and thread-safe (the service calls them from worker threads). start() returns
+once the agent listens (it reports its ready line), so the service's first ping succeeds at once.
+
+How a sandbox starts (see agent/boot.py for the mounts): the backend creates the cgroups and the
+sandbox dir, writes boot.json, then a pre-imported agent *zygote* (agent/zygote.py, one per state dir,
+started on first use, stopped by close()) forks a child that unshares the namespaces and becomes the
+sandbox's PID 1; with `fast_start=False` the same happens through `unshare ... python -m
+sandbox_service.agent --boot boot.json` instead. The agent binds its Unix socket at a host path before
+pivoting into the sandbox root, so the sandbox cannot reach the socket, the secret or boot.json.
+
+Paths: file ops are confined to /workspace. `SandboxCreate.workdir` (default /workspace, created if
+missing) is the default cwd and the base of relative paths; a workdir outside /workspace is allowed
+for commands, but file ops there are refused. Restores restart the agent at the same socket: keep using
+the same AgentClient (it replaces stale pooled connections). Cleanup checks can use
+`backend.cgroup_parent` (cgroup dir name per controller) and `backend.state_dir`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from sandbox_service.backends import local_network
+from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
+from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_version
+from sandbox_service.backends.local_config import DEFAULT_PATH, LocalBackendConfig, check_isolation
+from sandbox_service.backends.local_rootfs import (SandboxDir, SandboxRecord, SnapshotStore, copy_tree,
+                                                   install_agent)
+from sandbox_service.backends.local_zygote import Zygote
+from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxNotFoundError
+from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
+
+__all__ = ["LocalBackend", "LocalBackendConfig"]
+
+
+class LocalBackend(SandboxBackend):
+    name = "local"
+
+    def __init__(self, config: LocalBackendConfig | None = None, *, isolation: str | None = None):
+        config = config or LocalBackendConfig.from_env()
+        if isolation is not None:
+            config = config.model_copy(update={"isolation": isolation})
+        self.config = config
+        self.isolated = config.isolation == "namespaces"
+        if self.isolated:
+            check_isolation()
+            self._cg_version = detect_version()
+        self.state_dir = Path(config.state_dir).resolve()
+        self.cgroup_parent = config.cgroup_parent or (
+            "orchard-" + hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:10])
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        (self.state_dir / "s").mkdir(exist_ok=True)
+        self.agent_dir = install_agent(self.state_dir)
+        self.snapshots = SnapshotStore(self.state_dir)
+        self.python = config.agent_python or os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+        self._lock = threading.Lock()
+        self._launchers: dict[str, subprocess.Popen] = {}
+        self._records: dict[str, SandboxRecord] = {}
+        self._launch_code = (f"import sys; sys.path.insert(0, {str(self.agent_dir)!r}); "
+                             "from sandbox_service.agent.__main__ import main; sys.exit(main())")
+        self._zygote = None
+        if self.isolated and config.fast_start:
+            self._zygote = Zygote(self.python, self._launch_code, self.state_dir / "zygote.sock",
+                                  self.state_dir / "zygote.log", {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
+        self.net_indexes = local_network.NetIndexes(config.net_index_dir)
+
+    @classmethod
+    def from_env(cls) -> "LocalBackend":
+        return cls(LocalBackendConfig.from_env())
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _dir(self, sandbox_id: str) -> SandboxDir:
+        if not sandbox_id or "/" in sandbox_id or sandbox_id.startswith("."):
+            raise InvalidRequestError(f"invalid sandbox id {sandbox_id!r}")
+        return SandboxDir(self.state_dir, sandbox_id)
+
+    def _cgroups(self, sandbox_id: str) -> SandboxCgroups:
+        return SandboxCgroups(sandbox_id, self.cgroup_parent, version=self._cg_version)
+
+    def cgroups(self, sandbox_id: str) -> SandboxCgroups | None:
+        """The sandbox's cgroups (None when unisolated); for status pages and tests."""
+        return self._cgroups(sandbox_id) if self.isolated else None
+
+    def record(self, sandbox_id: str) -> SandboxRecord:
+        rec = self._records.get(sandbox_id) or self._dir(sandbox_id).load()
+        if rec is None:
+            raise SandboxNotFoundError(f"local backend holds no sandbox {sandbox_id!r}")
+        return rec
+
+    def _apply_network(self, d: SandboxDir, rec: SandboxRecord, policy: NetworkPolicy) -> None:
+        if policy.mode == "allowlist" and rec.net_index is None:
+            rec.net_index = self.net_indexes.acquire(str(d.root))
+            d.save(rec)
+        if rec.net_index is None:  # never had a veth: only lo to switch
+            local_network.set_loopback(rec.host_pid, policy.mode != "none")
+        else:
+            local_network.apply(rec.host_pid, rec.net_index, self.config.allowlist_subnet, policy)
+
+    def _base_env(self, image: str | None, env: dict[str, str]) -> dict[str, str]:
+        path = DEFAULT_PATH
+        if image is None and self.config.prepend_service_python_to_path:
+            path = f"{os.path.dirname(sys.executable)}:{path}"
+        return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8", **env}
+
+    # -- SandboxBackend ------------------------------------------------------------------------
+    def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
+        image = spec.image
+        snapshot_upper = None
+        if spec.from_snapshot:
+            meta = self.snapshots.meta(spec.from_snapshot)
+            if image is not None and image != meta.get("image"):
+                raise InvalidRequestError(f"snapshot {spec.from_snapshot!r} was taken on image {meta.get('image')!r}, "
+                                          f"not {image!r}; omit image to fork it")
+            image = meta.get("image")
+            snapshot_upper = self.snapshots.upper(spec.from_snapshot)
+        if image is not None:
+            if not self.isolated:
+                raise InvalidRequestError("image directories need isolation; unisolated mode runs on the host root")
+            if not os.path.isdir(image):
+                raise InvalidRequestError(f"image directory {image!r} does not exist on this host")
+            image = os.path.realpath(image)
+        d = self._dir(sandbox_id)
+        if d.root.exists():
+            raise InvalidRequestError(f"sandbox {sandbox_id!r} already exists in {d.root}")
+        rec = SandboxRecord(id=sandbox_id, image=image, workdir=spec.workdir, env=dict(spec.env),
+                            resources=resources, network=spec.network,
+                            isolation="namespaces" if self.isolated else "none", service_pid=os.getpid())
+        try:
+            d.create(secret)
+            d.save(rec)
+            with self._lock:
+                self._records[sandbox_id] = rec
+            if snapshot_upper is not None:
+                copy_tree(snapshot_upper, d.workspace if not self.isolated else d.upper)
+            if self.isolated:
+                self._cgroups(sandbox_id).create(resources)
+            self._launch(d, rec)
+            if self.isolated and rec.network.mode == "allowlist":
+                self._apply_network(d, rec, rec.network)
+        except BaseException:
+            self.stop(sandbox_id)
+            raise
+        return AgentEndpoint(transport="unix", address=str(d.socket), secret=secret)
+
+    def _launch(self, d: SandboxDir, rec: SandboxRecord) -> None:
+        base_env = self._base_env(rec.image, rec.env)
+        ready_r, ready_w = os.pipe()
+        if self.isolated:
+            cg = self._cgroups(rec.id)
+            config = {
+                "lower": rec.image or "/", "upper": str(d.upper), "work": str(d.work), "merged": str(d.merged),
+                "agent_dir": str(self.agent_dir), "masks": [*self.config.mask_paths, str(self.state_dir)],
+                "extra_ro_binds": self.config.extra_ro_binds, "cgroup_procs": cg.procs_files(),
+                "pids_cgroup": str(cg.work_pids_dir), "pids_home": str(cg.pids_dir), "oom_counter": str(cg.oom_counter),
+                "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
+                "tmp_size_mb": self.config.tmp_size_mb, "preload": rec.image is not None,
+                "workspace": "/workspace", "workdir": rec.workdir, "env": base_env,
+            }
+            d.boot.write_text(json.dumps(config))
+            agent_args = ["--unix", str(d.socket), "--secret-file", str(d.secret), "--workspace", "/workspace",
+                          "--workdir", rec.workdir, "--boot", str(d.boot)]
+            if self._zygote is not None:
+                os.close(ready_r)
+                os.close(ready_w)
+                status = self._zygote.spawn(agent_args, d.log, self.config.boot_timeout_seconds)
+                if not status.get("ok"):
+                    raise BackendUnavailableError(f"sandbox boot failed: {status.get('message')}; "
+                                                  f"log: {_tail(d.log)}")
+                rec.launcher_pid = None
+                rec.host_pid = status["host_pid"]
+                d.save(rec)
+                return
+            argv = ["unshare", "--mount", "--uts", "--ipc", "--net", "--pid", "--fork", "--kill-child",
+                    "--propagation", "private", self.python, "-I", "-S", "-c", self._launch_code, *agent_args,
+                    "--ready-fd", str(ready_w)]
+        else:
+            d.workspace.mkdir(exist_ok=True)
+            argv = [self.python, "-I", "-S", "-c", self._launch_code, "--unix", str(d.socket),
+                    "--secret-file", str(d.secret), "--workspace", str(d.workspace), "--workspace-alias",
+                    "/workspace", "--workdir", rec.workdir, "--ready-fd", str(ready_w), "--isolation", "unisolated",
+                    *[f"--env={k}={v}" for k, v in base_env.items()]]
+        try:
+            with open(d.log, "ab") as log:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
+                                        env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}, start_new_session=True,
+                                        cwd=str(d.root))
+        finally:
+            os.close(ready_w)
+        with self._lock:
+            self._launchers[rec.id] = proc
+        rec.launcher_pid = proc.pid
+        try:
+            status = self._read_ready(ready_r, d)
+        finally:
+            os.close(ready_r)
+        rec.host_pid = status.get("host_pid", proc.pid)
+        d.save(rec)
+
+    def _read_ready(self, fd: int, d: SandboxDir) -> dict:
+        deadline = time.monotonic() + self.config.boot_timeout_seconds
+        buf = b""
+        while not buf.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise BackendUnavailableError(f"sandbox agent did not come up within "
+                                              f"{self.config.boot_timeout_seconds:g} s; log: {_tail(d.log)}")
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+        try:
+            status = json.loads(buf)
+        except ValueError:
+            raise BackendUnavailableError(f"sandbox agent exited during boot; log: {_tail(d.log)}") from None
+        if not status.get("ok"):
+            raise BackendUnavailableError(f"sandbox boot failed: {status.get('message')}; log: {_tail(d.log)}")
+        return status
+
+    def status(self, sandbox_id: str) -> BackendStatus:
+        rec = self.record(sandbox_id)
+        proc = self._launchers.get(sandbox_id)
+        alive = rec.host_pid is not None and _pid_alive(rec.host_pid)
+        if proc is not None and proc.poll() is not None:
+            alive = False
+        note = "unisolated (no namespaces, no cgroups)" if not self.isolated else None
+        oom = self._cgroups(sandbox_id).oom_kills() if self.isolated else 0
+        if not alive:
+            kind = InfraErrorKind.OOM_KILLED if oom else InfraErrorKind.SANDBOX_CRASHED
+            return BackendStatus(alive=False, infra_error=kind, message=f"sandbox agent (pid {rec.host_pid}) is gone; "
+                                 f"log: {_tail(self._dir(sandbox_id).log)}")
+        if oom:
+            return BackendStatus(alive=True, infra_error=InfraErrorKind.OOM_KILLED,
+                                 message=f"{oom} process(es) were OOM-killed at the {rec.resources.memory_mb} MiB "
+                                         "memory limit")
+        return BackendStatus(alive=True, message=note)
+
+    def _kill(self, sandbox_id: str, rec: SandboxRecord | None) -> None:
+        """Kill every process of the sandbox and reap the launcher (mounts die with the mount namespace)."""
+        if self.isolated:
+            self._cgroups(sandbox_id).kill_all()
+        for pid in (rec.host_pid, rec.launcher_pid) if rec else ():
+            if pid and _pid_alive(pid):
+                try:
+                    if self.isolated:
+                        os.kill(pid, signal.SIGKILL)
+                    else:
+                        os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        with self._lock:
+            proc = self._launchers.pop(sandbox_id, None)
+        if proc is not None:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+    def stop(self, sandbox_id: str) -> None:
+        d = self._dir(sandbox_id)
+        rec = self._records.get(sandbox_id) or d.load()
+        self._kill(sandbox_id, rec)
+        if self.isolated:
+            if rec is not None and rec.net_index is not None:
+                local_network.delete_veth(local_network.veth_name(rec.net_index))
+                self.net_indexes.release(rec.net_index, str(d.root))
+            self._cgroups(sandbox_id).remove()
+        d.remove()
+        with self._lock:
+            self._records.pop(sandbox_id, None)
+
+    def apply_network_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        rec = self.record(sandbox_id)
+        if not self.isolated:
+            if policy.mode != "loopback" and policy != rec.network:
+                raise InvalidRequestError("unisolated sandboxes share the host network; no policy can be enforced")
+        else:
+            self._apply_network(self._dir(sandbox_id), rec, policy)
+        rec.network = policy
+        self._dir(sandbox_id).save(rec)
+
+    def snapshot(self, sandbox_id: str, snapshot_id: str) -> int:
+        rec = self.record(sandbox_id)
+        d = self._dir(sandbox_id)
+        meta = {"image": rec.image, "workdir": rec.workdir, "sandbox_id": sandbox_id}
+        if not self.isolated:
+            return self.snapshots.save(snapshot_id, d.workspace, meta)
+        cg = self._cgroups(sandbox_id)
+        cg.freeze(True)  # a consistent upper layer: nothing writes while it is copied
+        try:
+            return self.snapshots.save(snapshot_id, d.upper, meta)
+        finally:
+            cg.freeze(False)
+
+    def restore(self, sandbox_id: str, snapshot_id: str) -> None:
+        src = self.snapshots.upper(snapshot_id)
+        rec = self.record(sandbox_id)
+        if rec.image != self.snapshots.meta(snapshot_id).get("image"):
+            raise InvalidRequestError(f"snapshot {snapshot_id!r} was taken on another image than sandbox {sandbox_id!r}")
+        d = self._dir(sandbox_id)
+        self._kill(sandbox_id, rec)
+        target = d.upper if self.isolated else d.workspace
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir()
+        copy_tree(src, target)
+        d.reset_layers()
+        self._launch(d, rec)
+        if self.isolated and rec.network.mode == "allowlist":
+            self._apply_network(d, rec, rec.network)
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self.snapshots.delete(snapshot_id)
+
+    def list_orphans(self) -> list[str]:
+        """Sandboxes on disk (or, after a lost state dir, in our cgroups) that this instance did not start."""
+        with self._lock:
+            known = set(self._records)
+        found = {child.name for child in (self.state_dir / "s").iterdir()}
+        if self.isolated:
+            for controller_dir in {d.parent for d in self._cgroups("_").dirs.values()}:
+                if controller_dir.is_dir():
+                    found.update(c.name for c in controller_dir.iterdir() if c.is_dir())
+        return sorted(found - known)
+
+    def close(self) -> None:
+        """Stop the agent zygote and remove the (empty) cgroup parent directories; sandboxes themselves are
+        stopped by the service and leftovers of a crash are found by list_orphans()."""
+        if self._zygote is not None:
+            self._zygote.close()
+        if not self.isolated:
+            return
+        for controller_dir in {d.parent for d in self._cgroups("_").dirs.values()}:
+            try:
+                controller_dir.rmdir()
+            except OSError:  # sandboxes still running (or already gone): leave it
+                pass
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def _tail(path: Path, n: int = 800) -> str:
+    try:
+        return path.read_bytes()[-n:].decode(errors="replace").strip() or "(empty)"
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,130 @@
+"""Network policy of local sandboxes, applied from the host into the sandbox's network namespace.
+
+- none: a fresh network namespace with no interface up, not even lo.
+- loopback: lo up; nothing leaves the namespace.
+- allowlist: lo up plus a veth pair (host side `orc<index>h`, sandbox side `eth0` with a /32 address
+  from `subnet`) and, inside the sandbox, one on-link route per allowed CIDR (host names are
+  resolved to /32s when the policy is applied) and *no default route*: a packet to anything else
+  fails with "Network is unreachable". Commands cannot add routes (CAP_NET_ADMIN is dropped from
+  their bounding set, see agent/boot.py). The host side has no address of its own, so host services
+  are reachable only through addresses that are allowed.
+
+This machine has neither iptables nor nft, nor tc actions, so enforcement is routing in the sandbox's
+namespace, not a host firewall. Reaching addresses off this host additionally needs IP forwarding
+and NAT on the host, which we do not configure: allowlists work for addresses on this host and on
+networks that route the sandbox subnet back.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+from sandbox_service.errors import BackendUnavailableError, InvalidRequestError
+from sandbox_service.models import NetworkPolicy
+
+
+class NetIndexes:
+    """Machine-wide allocation of veth names and addresses: one O_EXCL file per index, so services
+    with different state dirs (or a restarted one) never hand out the same veth or address."""
+
+    def __init__(self, directory: Path, limit: int = 65000):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.limit = limit
+
+    def acquire(self, owner: str) -> int:
+        for index in range(self.limit):
+            try:
+                fd = os.open(self.dir / str(index), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(owner)
+            return index
+        raise BackendUnavailableError(f"all {self.limit} allowlist network slots in {self.dir} are taken")
+
+    def release(self, index: int, owner: str) -> None:
+        path = self.dir / str(index)
+        try:
+            if path.read_text() == owner:
+                path.unlink()
+        except OSError:
+            pass
+
+
+def veth_name(index: int) -> str:
+    return f"orc{index:x}h"  # <= 15 chars for any index below 16**11
+
+
+def sandbox_address(subnet: str, index: int) -> str:
+    net = ipaddress.ip_network(subnet)
+    if index + 2 >= net.num_addresses:
+        raise BackendUnavailableError(f"allowlist subnet {subnet} is exhausted (index {index})")
+    return str(net.network_address + index + 2)
+
+
+def resolve_allowlist(policy: NetworkPolicy) -> list[str]:
+    cidrs: list[str] = []
+    for cidr in policy.allow_cidrs:
+        try:
+            net = ipaddress.ip_network(cidr, strict=False)
+        except ValueError as exc:
+            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is not a CIDR: {exc}") from exc
+        if net.version != 4:
+            raise InvalidRequestError(f"allow_cidrs entry {cidr!r}: only IPv4 allowlists are supported")
+        cidrs.append(str(net))
+    for host in policy.allow_hosts:
+        try:
+            infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+        except socket.gaierror as exc:
+            raise InvalidRequestError(f"allow_hosts entry {host!r} does not resolve: {exc}") from exc
+        cidrs.extend(sorted({f"{info[4][0]}/32" for info in infos}))
+    return sorted(set(cidrs))
+
+
+def _run(argv: list[str], stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=30)
+    if check and proc.returncode != 0:
+        raise BackendUnavailableError(f"network setup failed: {' '.join(argv)}: {proc.stderr.strip()}")
+    return proc
+
+
+def _in_netns(pid: int, batch: str) -> None:
+    _run(["nsenter", "-t", str(pid), "-n", "ip", "-batch", "-"], stdin=batch)
+
+
+def link_exists(name: str) -> bool:
+    return _run(["ip", "link", "show", name], check=False).returncode == 0
+
+
+def delete_veth(name: str) -> None:
+    if link_exists(name):
+        _run(["ip", "link", "del", name], check=False)
+
+
+def set_loopback(pid: int, up: bool) -> None:
+    _in_netns(pid, f"link set lo {'up' if up else 'down'}\n")
+
+
+def apply(pid: int, index: int, subnet: str, policy: NetworkPolicy) -> list[str]:
+    """Make the namespace of `pid` match `policy`; returns the CIDRs now allowed."""
+    host_if = veth_name(index)
+    if policy.mode != "allowlist":
+        delete_veth(host_if)
+        _in_netns(pid, f"link set lo {'up' if policy.mode == 'loopback' else 'down'}\n")
+        return []
+    cidrs = resolve_allowlist(policy)
+    sip = sandbox_address(subnet, index)
+    if not link_exists(host_if):
+        _run(["ip", "link", "add", host_if, "type", "veth", "peer", "name", f"orc{index:x}s", "netns", str(pid)])
+        _run(["ip", "link", "set", host_if, "up"])
+        _run(["ip", "route", "replace", f"{sip}/32", "dev", host_if])
+        _in_netns(pid, f"link set lo up\nlink set orc{index:x}s name eth0\naddr add {sip}/32 dev eth0\n"
+                       "link set eth0 up\n")
+    lines = ["route flush dev eth0"] + [f"route add {c} dev eth0" for c in cidrs]
+    _in_netns(pid, "\n".join(lines) + "\n")
+    return cidrs

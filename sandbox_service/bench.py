@@ -1,0 +1,153 @@
+"""`python -m sandbox_service.bench [--quick]`: the sandbox service's figures, measured side by side.
+
+1. exec latency of `true` through REST + agent (keep-alive client, one sandbox), interleaved call by
+   call with a bare `subprocess.run(["true"])` on the host, so both see the same machine load:
+   p50, p99 and the ratio of medians (targets: p50 <= 5 ms, ratio <= 3x).
+2. create-to-ready latency (POST until `wait` returns ready), p50 and p99.
+3. stress: N sandboxes (1,000 by default) each created, running one exec, deleted, with bounded
+   concurrency: success rate, wall time, commands per second, and what leaked (processes, mounts,
+   cgroups under the service's state directory after it stopped; target 0).
+
+Prints a table and writes the figures as JSON (default build/bench/sandbox_bench.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from sandbox_service.config import ServiceConfig
+from sandbox_service.embedded import EmbeddedService
+from sandbox_service.models import SandboxCreate
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def bench_exec(client, n: int) -> dict:
+    with client.create(SandboxCreate(labels={"bench": "exec"})) as sb:
+        for _ in range(min(50, n)):  # warm the connection pools on both hops
+            sb.exec(["true"])
+            subprocess.run(["true"])
+        rest, bare = [], []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            result = sb.exec(["true"])
+            t1 = time.perf_counter()
+            subprocess.run(["true"])
+            t2 = time.perf_counter()
+            assert result.exit_code == 0, result
+            rest.append(t1 - t0)
+            bare.append(t2 - t1)
+    p50, bare50 = statistics.median(rest), statistics.median(bare)
+    return {"n": n, "rest_p50_ms": p50 * 1e3, "rest_p99_ms": _pct(rest, 0.99) * 1e3,
+            "rest_mean_ms": statistics.fmean(rest) * 1e3, "bare_p50_ms": bare50 * 1e3,
+            "bare_p99_ms": _pct(bare, 0.99) * 1e3, "ratio_p50": p50 / bare50}
+
+
+def bench_create(client, n: int) -> dict:
+    times = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        sb = client.create(SandboxCreate(labels={"bench": "create"}))
+        times.append(time.perf_counter() - t0)
+        sb.delete()
+    return {"n": n, "p50_ms": statistics.median(times) * 1e3, "p99_ms": _pct(times, 0.99) * 1e3}
+
+
+def bench_stress(service: EmbeddedService, n: int, concurrency: int, console: Console) -> dict:
+    def one(i: int) -> bool:
+        with service.client(timeout=120) as client:
+            sb = client.create(SandboxCreate(labels={"bench": "stress"}), wait_timeout=300)
+            try:
+                return sb.exec(["echo", str(i)]).stdout == f"{i}\n"
+            finally:
+                sb.delete()
+
+    ok = failed = 0
+    errors: list[str] = []
+    start = time.perf_counter()
+    with Progress(console=console, transient=True) as progress, ThreadPoolExecutor(concurrency) as pool:
+        task = progress.add_task(f"stress: {n} sandboxes, concurrency {concurrency}", total=n)
+        for future in as_completed(pool.submit(one, i) for i in range(n)):
+            try:
+                ok += bool(future.result())
+                failed += not future.result()
+            except Exception as err:  # noqa: BLE001 - counted and reported, not fatal
+                failed += 1
+                errors.append(f"{type(err).__name__}: {err}"[:200])
+            progress.advance(task)
+    wall = time.perf_counter() - start
+    with service.client() as client:
+        live = len(client.list({"bench": "stress"}))
+    return {"n": n, "concurrency": concurrency, "succeeded": ok, "failed": failed, "success_rate": ok / n,
+            "wall_seconds": wall, "sandboxes_per_second": n / wall, "live_after": live, "errors": errors[:10]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small counts (a smoke run, ~30 s)")
+    parser.add_argument("--execs", type=int, help="exec latency samples (default 2000, quick 300)")
+    parser.add_argument("--creates", type=int, help="create-to-ready samples (default 100, quick 20)")
+    parser.add_argument("--stress", type=int, help="stress sandboxes (default 1000, quick 100)")
+    parser.add_argument("--concurrency", type=int, default=16, help="stress concurrency")
+    parser.add_argument("--out", type=Path, default=Path("build/bench/sandbox_bench.json"))
+    args = parser.parse_args(argv)
+    n_exec = args.execs or (300 if args.quick else 2000)
+    n_create = args.creates or (20 if args.quick else 100)
+    n_stress = args.stress if args.stress is not None else (100 if args.quick else 1000)
+
+    console = Console()
+    figures: dict = {}
+    service = EmbeddedService(ServiceConfig(token="unused"), check_leaks=False)
+    with console.status("starting the service..."):
+        service.start()
+    try:
+        with service.client() as client:
+            with console.status(f"exec latency ({n_exec} samples)..."):
+                figures["exec"] = bench_exec(client, n_exec)
+            with console.status(f"create-to-ready ({n_create} samples)..."):
+                figures["create"] = bench_create(client, n_create)
+        if n_stress:
+            figures["stress"] = bench_stress(service, n_stress, args.concurrency, console)
+    finally:
+        with console.status("stopping the service, checking for leaks..."):
+            service.stop()
+    figures["leaks"] = {"count": len(service.leaks), "items": service.leaks[:20]}
+
+    table = Table(title="sandbox service benchmark")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("target", justify="right")
+    e, c = figures["exec"], figures["create"]
+    table.add_row("exec `true` p50 (REST+agent)", f"{e['rest_p50_ms']:.2f} ms", "<= 5 ms")
+    table.add_row("exec `true` p99", f"{e['rest_p99_ms']:.2f} ms", "")
+    table.add_row("bare subprocess.run p50", f"{e['bare_p50_ms']:.2f} ms", "")
+    table.add_row("ratio of p50s", f"{e['ratio_p50']:.2f}x", "<= 3x")
+    table.add_row("create-to-ready p50 / p99", f"{c['p50_ms']:.0f} / {c['p99_ms']:.0f} ms", "")
+    if "stress" in figures:
+        s = figures["stress"]
+        table.add_row(f"stress {s['n']} sandboxes (concurrency {s['concurrency']})",
+                      f"{s['success_rate'] * 100:.1f} % in {s['wall_seconds']:.1f} s", "100 %")
+        table.add_row("stress throughput", f"{s['sandboxes_per_second']:.1f} sandboxes/s", "")
+    table.add_row("leaked processes/mounts/cgroups", str(figures["leaks"]["count"]), "0")
+    console.print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(figures, indent=2))
+    console.print(f"figures written to {args.out}")
+    return figures
+
+
+if __name__ == "__main__":
+    main()

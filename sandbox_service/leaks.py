@@ -1,0 +1,80 @@
+"""Find what a stopped service left behind under its state directory: processes, mounts, cgroups.
+
+Used by `EmbeddedService` on exit, by the test suite's final check and by the stress benchmark. A
+process counts as leaked when its command line, working directory or root lies under the state
+directory (every sandbox process does: its root, agent socket and scratch space live there); a mount
+when its mount point does; a cgroup when it is named after one of the service's sandbox ids.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def leaked_processes(state_dir: Path) -> list[str]:
+    root = str(Path(state_dir).resolve())
+    me = os.getpid()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\x00", b" ").decode(errors="replace").strip()
+            links = []
+            for name in ("cwd", "root"):
+                try:
+                    links.append(os.readlink(entry / name))
+                except OSError:
+                    pass
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if root in cmdline or any(_under(link, root) for link in links):
+            found.append(f"process {entry.name}: {cmdline[:160]}")
+    return found
+
+
+def leaked_mounts(state_dir: Path) -> list[str]:
+    root = str(Path(state_dir).resolve())
+    found = []
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return found
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 4:
+            mount_point = fields[4].replace("\\040", " ")
+            if _under(mount_point, root):
+                found.append(f"mount {mount_point}")
+    return found
+
+
+def leaked_cgroups(sandbox_ids: set[str]) -> list[str]:
+    """cgroup directories named after one of `sandbox_ids` (backends name sandbox groups by id)."""
+    found = []
+    if not sandbox_ids or not _CGROUP_ROOT.is_dir():
+        return found
+    for dirpath, dirnames, _ in os.walk(_CGROUP_ROOT):
+        found += [f"cgroup {os.path.join(dirpath, name)}" for name in dirnames if name in sandbox_ids]
+        if dirpath.count("/") > 6:  # sandboxes sit a few levels down; do not crawl the whole tree
+            dirnames.clear()
+    return found
+
+
+def find_leaks(state_dir: Path, sandbox_ids: set[str] | None = None, *, grace_seconds: float = 5.0) -> list[str]:
+    """What is left now; waits up to `grace_seconds` for processes that are being killed to finish dying
+    (a SIGKILLed sandbox can take a moment to exit once its cgroup was told to)."""
+    deadline = time.monotonic() + grace_seconds
+    while True:
+        found = leaked_processes(state_dir) + leaked_mounts(state_dir) + leaked_cgroups(sandbox_ids or set())
+        if not found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.1)

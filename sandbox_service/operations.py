@@ -1,0 +1,224 @@
+"""What callers do inside a ready sandbox (exec, files, patches), with every failure attributed.
+
+An exec result always says whose failure it was: the command's (non-zero exit, its own timeout) or
+the infrastructure's (`infra_error`): the agent did not answer (AGENT_LOST), the service gave up
+waiting (TIMEOUT), the sandbox was killed for memory (OOM_KILLED, then escalated), crashed
+(SANDBOX_CRASHED) or was deleted under the call (SANDBOX_DELETED).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+
+from sandbox_service.agent.client_base import AgentUnreachableError
+from sandbox_service.config import ServiceConfig
+from sandbox_service.errors import (
+    CapacityExceededError,
+    PathOutsideSandboxError,
+    ServiceUnavailableError,
+)
+from sandbox_service.metrics import ServiceMetrics
+from sandbox_service.models import (
+    ExecOutcome,
+    ExecRequest,
+    ExecResult,
+    FileEntry,
+    InfraErrorKind,
+    PatchRequest,
+    PatchResult,
+    SandboxState,
+)
+from sandbox_service.records import SandboxRecord
+from sandbox_service.service import SandboxManager
+
+
+def check_path(path: str) -> str:
+    """Refuse obviously bad paths before they reach the agent (which enforces confinement itself)."""
+    if not path or "\x00" in path:
+        raise PathOutsideSandboxError(f"invalid path {path!r}: it must be a non-empty path without NUL bytes")
+    if ".." in path.replace("\\", "/").split("/"):
+        raise PathOutsideSandboxError(f"path {path!r} contains '..'; give a path inside the sandbox without '..'")
+    return path
+
+
+def infra_result(kind: InfraErrorKind, message: str, duration: float = 0.0) -> ExecResult:
+    return ExecResult(exit_code=None, outcome=ExecOutcome.infrastructure_error, infra_error=kind,
+                      message=message, duration_seconds=duration)
+
+
+class ExecLimiter:
+    """The cap on concurrent execs: sync execs are refused when full (503), jobs wait their turn (FIFO)."""
+
+    def __init__(self, limit: int, metrics: ServiceMetrics, retry_after: float):
+        self.limit = limit
+        self.in_use = 0
+        self._waiters: collections.deque[asyncio.Future] = collections.deque()
+        self._metrics = metrics
+        self._retry_after = retry_after
+
+    def try_acquire(self) -> None:
+        if self.in_use >= self.limit or self._waiters:
+            self._metrics.rejections.labels("execs").inc()
+            raise CapacityExceededError(f"{self.limit} execs already running (max_concurrent_execs); retry later "
+                                        "or submit with wait=false to queue", retry_after=self._retry_after)
+        self._take()
+
+    async def acquire(self) -> None:
+        if self.in_use < self.limit and not self._waiters:
+            self._take()
+            return
+        slot = asyncio.get_running_loop().create_future()
+        self._waiters.append(slot)
+        try:
+            await slot  # release() hands its slot over by resolving this
+        except asyncio.CancelledError:
+            if slot.done() and not slot.cancelled():
+                self.release()  # handed a slot, then cancelled before using it: pass it on
+            else:
+                self._waiters.remove(slot)
+            raise
+
+    def _take(self) -> None:
+        self.in_use += 1
+        self._metrics.execs_in_flight.set(self.in_use)
+
+    def release(self) -> None:
+        while self._waiters:
+            slot = self._waiters.popleft()
+            if not slot.done():
+                slot.set_result(None)  # the slot changes hands; in_use stays
+                return
+        self.in_use -= 1
+        self._metrics.execs_in_flight.set(self.in_use)
+
+
+class SandboxOperations:
+    def __init__(self, config: ServiceConfig, manager: SandboxManager, metrics: ServiceMetrics):
+        self.config = config
+        self.manager = manager
+        self.metrics = metrics
+        self.limiter = ExecLimiter(config.max_concurrent_execs, metrics, config.retry_after_seconds)
+
+    @contextlib.contextmanager
+    def _call(self, rec: SandboxRecord):
+        rec.active_calls += 1
+        try:
+            yield
+        finally:
+            rec.active_calls -= 1
+            rec.last_activity = time.monotonic()
+
+    # -- exec -----------------------------------------------------------------------------------
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> ExecResult:
+        """A synchronous exec: refused with 503 when the exec cap is reached."""
+        rec = self.manager.ready(sandbox_id)
+        self.limiter.try_acquire()
+        try:
+            return await self.run_exec(rec, req)
+        finally:
+            self.limiter.release()
+
+    async def run_exec(self, rec: SandboxRecord, req: ExecRequest) -> ExecResult:
+        """Run one command (caller holds an exec slot). Never raises for infrastructure failures."""
+        start = time.perf_counter()
+        agent = rec.agent
+        if agent is None or rec.info.state is not SandboxState.ready:
+            return infra_result(InfraErrorKind.SANDBOX_DELETED if rec.deleting else InfraErrorKind.AGENT_LOST,
+                                f"sandbox {rec.id} is {rec.info.state.value}")
+        cap = req.max_output_bytes if req.max_output_bytes is not None else self.config.max_output_bytes
+        deadline = req.timeout_seconds + self.config.exec_grace_seconds
+        with self._call(rec):
+            try:
+                result = await asyncio.wait_for(
+                    agent.exec(req, workdir=rec.spec.workdir, env=dict(rec.spec.env), max_output_bytes=cap), deadline)
+            except asyncio.TimeoutError:
+                result = infra_result(InfraErrorKind.TIMEOUT, f"no answer from the agent within {deadline:g} s "
+                                      "(command timeout + grace); the service gave up", time.perf_counter() - start)
+            except AgentUnreachableError as err:
+                result = await self._agent_lost(rec, agent, err, time.perf_counter() - start)
+        if result.infra_error is InfraErrorKind.OOM_KILLED and not rec.deleting:
+            result = await self._escalate(rec, agent, result)
+        elapsed = time.perf_counter() - start
+        self.metrics.exec_seconds.labels(result.outcome.value).observe(elapsed)
+        if result.infra_error is not None:
+            self.metrics.failures.labels(result.infra_error.value).inc()
+        return result
+
+    async def _agent_lost(self, rec: SandboxRecord, agent, err: Exception, duration: float) -> ExecResult:
+        """The agent stopped answering: ask the backend why (an OOM that took the whole sandbox down, as a
+        container OOM does in Kubernetes, is escalated like a command OOM the agent reports itself)."""
+        if rec.deleting:
+            return infra_result(InfraErrorKind.SANDBOX_DELETED, f"sandbox {rec.id} was deleted during the call",
+                                duration)
+        status = await self.manager.in_thread(self.manager.backend.status, rec.id)
+        if status.infra_error is InfraErrorKind.OOM_KILLED:
+            return infra_result(InfraErrorKind.OOM_KILLED, status.message or "sandbox killed for memory", duration)
+        if not status.alive:
+            kind = status.infra_error or InfraErrorKind.SANDBOX_CRASHED
+            await self.manager.mark_crashed(rec, agent, kind, f"sandbox died: {status.message or err}")
+            return infra_result(kind, f"sandbox {rec.id} died: {status.message or err}", duration)
+        return infra_result(InfraErrorKind.AGENT_LOST, f"the agent of sandbox {rec.id} did not answer: {err}",
+                            duration)
+
+    async def _escalate(self, rec: SandboxRecord, agent, result: ExecResult) -> ExecResult:
+        before = rec.info.resources.memory_mb
+        event = await self.manager.escalate(rec, agent, InfraErrorKind.OOM_KILLED)
+        if event is None:
+            note = f"killed for memory at {before} MiB; no escalation (disabled or at the cap)"
+        else:
+            now = rec.info.state.value
+            note = (f"killed for memory at {event.from_memory_mb} MiB; the sandbox was recreated with "
+                    f"{event.to_memory_mb} MiB (now {now}); retry the command")
+        detail = f" [{result.message}]" if result.message else ""
+        return result.model_copy(update={"message": note + detail})
+
+    # -- files ----------------------------------------------------------------------------------
+    async def _agent_call(self, sandbox_id: str, op: str, fn, *args):
+        rec = self.manager.ready(sandbox_id)
+        agent = rec.agent
+        with self._call(rec):
+            try:
+                return await fn(agent, *args)
+            except AgentUnreachableError as err:
+                result = await self._agent_lost(rec, agent, err, 0.0)
+                raise ServiceUnavailableError(f"{op} failed: {result.message} ({result.infra_error.value})",
+                                              retry_after=self.config.retry_after_seconds) from err
+
+    async def read_file(self, sandbox_id: str, path: str) -> bytes:
+        return await self._agent_call(sandbox_id, "read_file", lambda a, p: a.read_file(p), check_path(path))
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int | None) -> None:
+        await self._agent_call(sandbox_id, "write_file", lambda a, p: a.write_file(p, data, mode), check_path(path))
+
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileEntry]:
+        return await self._agent_call(sandbox_id, "list_files", lambda a, p: a.list_files(p), check_path(path))
+
+    async def put_archive(self, sandbox_id: str, path: str, tar_gz: bytes) -> None:
+        await self._agent_call(sandbox_id, "put_archive", lambda a, p: a.put_archive(p, tar_gz), check_path(path))
+
+    async def get_archive(self, sandbox_id: str, path: str) -> bytes:
+        return await self._agent_call(sandbox_id, "get_archive", lambda a, p: a.get_archive(p), check_path(path))
+
+    # -- patches --------------------------------------------------------------------------------
+    async def apply_patch(self, sandbox_id: str, req: PatchRequest) -> PatchResult:
+        """`git apply` (all-or-nothing) where git exists in the sandbox, else `patch --forward`."""
+        if req.cwd is not None:
+            check_path(req.cwd)
+        p = int(req.strip)
+        script = (f"if command -v git >/dev/null 2>&1; then exec git apply --verbose --whitespace=nowarn -p{p} -; "
+                  f"else exec patch -p{p} --batch --forward; fi")
+        exec_req = ExecRequest(command=["/bin/sh", "-c", script], cwd=req.cwd, stdin=req.patch,
+                               timeout_seconds=120.0)
+        result = await self.exec(sandbox_id, exec_req)
+        if result.is_infra_error:
+            raise ServiceUnavailableError(f"apply_patch could not run: {result.infra_error.value}: {result.message}",
+                                          retry_after=self.config.retry_after_seconds)
+        stderr = result.stderr
+        if result.outcome is ExecOutcome.command_timeout:
+            stderr += "\n(apply_patch timed out)"
+        return PatchResult(applied=result.exit_code == 0, exit_code=result.exit_code, stdout=result.stdout,
+                           stderr=stderr)
+

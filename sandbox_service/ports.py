@@ -1,0 +1,101 @@
+"""Service-port exposure: a port opened inside a sandbox (e.g. the GUI recipe's web app) reachable at
+`/v1/ports/{token}/{path}` on the service.
+
+The unguessable token in the URL is the credential (a browser in a harness cannot add a bearer
+header), so the proxy route itself takes no API token; revoking the exposure (or deleting the
+sandbox) makes the URL 404. Requests are relayed by the agent (`AgentClientBase.http_request`), which
+opens the connection to 127.0.0.1:port inside the sandbox, so this works the same in every backend
+and needs no egress: the sandbox only needs its loopback interface (network policy `loopback` or
+`allowlist`; the default `none` has no interface at all, so exposing a port there is refused with 409).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox_service.agent.client_base import AgentUnreachableError
+from sandbox_service.errors import ConflictError, NotFoundError, ServiceUnavailableError
+from sandbox_service.models import PortExposure
+from sandbox_service.service import SandboxManager
+
+# Hop-by-hop headers (RFC 9110 7.6.1) and ones the relay recomputes.
+_DROP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+         "transfer-encoding", "upgrade", "host", "content-length", "authorization"}
+
+
+class PortRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    port: int = Field(ge=1, le=65535, description="TCP port inside the sandbox (on its loopback).")
+
+
+@dataclass
+class _Exposure:
+    sandbox_id: str
+    port: int
+    token: str
+
+
+class PortRegistry:
+    def __init__(self, manager: SandboxManager, public_url: str | None):
+        self.manager = manager
+        self.public_url = public_url
+        self._by_token: dict[str, _Exposure] = {}
+
+    def expose(self, sandbox_id: str, port: int, base_url: str) -> PortExposure:
+        rec = self.manager.ready(sandbox_id)
+        if rec.info.network.mode == "none":
+            raise ConflictError(f"sandbox {sandbox_id} has no network interface (policy 'none'), so nothing in it "
+                                "can listen on a port; PUT .../network-policy {\"mode\": \"loopback\"} first")
+        for exp in self._by_token.values():
+            if exp.sandbox_id == sandbox_id and exp.port == port:
+                token = exp.token
+                break
+        else:
+            token = secrets.token_urlsafe(24)
+            self._by_token[token] = _Exposure(sandbox_id, port, token)
+        base = (self.public_url or base_url).rstrip("/")
+        return PortExposure(port=port, url=f"{base}/v1/ports/{token}/", token=token)
+
+    def revoke(self, sandbox_id: str, port: int) -> None:
+        self.manager.record(sandbox_id)
+        tokens = [t for t, e in self._by_token.items() if e.sandbox_id == sandbox_id and e.port == port]
+        if not tokens:
+            raise NotFoundError(f"port {port} of sandbox {sandbox_id} is not exposed")
+        for token in tokens:
+            del self._by_token[token]
+
+    async def revoke_all(self, sandbox_id: str, reason: str) -> None:
+        """`on_delete` hook."""
+        for token in [t for t, e in self._by_token.items() if e.sandbox_id == sandbox_id]:
+            del self._by_token[token]
+
+    def lookup(self, token: str) -> _Exposure:
+        exp = self._by_token.get(token)
+        if exp is None:
+            raise NotFoundError("unknown or revoked port URL; expose the port again with POST .../ports")
+        return exp
+
+
+def proxy_router(registry: PortRegistry) -> APIRouter:
+    router = APIRouter()
+
+    @router.api_route("/v1/ports/{token}/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
+                                                               "OPTIONS"], include_in_schema=False)
+    async def relay(token: str, path: str, request: Request) -> Response:
+        exp = registry.lookup(token)
+        rec = registry.manager.ready(exp.sandbox_id)
+        target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
+        try:
+            status, resp_headers, body = await rec.agent.http_request(exp.port, request.method, target, headers,
+                                                                      await request.body())
+        except AgentUnreachableError as err:
+            raise ServiceUnavailableError(f"agent of sandbox {exp.sandbox_id} did not answer: {err}") from err
+        out = {k: v for k, v in resp_headers.items() if k.lower() not in _DROP}
+        return Response(content=body, status_code=status, headers=out)
+
+    return router

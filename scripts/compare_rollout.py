@@ -1,0 +1,281 @@
+"""Fixed-size group sampling vs Balanced Adaptive Rollout (BAR) at the same rollout budget.
+
+    .venv/bin/python scripts/compare_rollout.py                 # synthetic + real (tiny policy, sandboxes)
+    .venv/bin/python scripts/compare_rollout.py --synthetic-only
+
+Held constant between the arms: the model (one SFT checkpoint), the tasks, the reward (verified
+outcome, +1/-1) and the total rollout budget. Measured: informative groups (mixed verified rewards,
+the only groups with a gradient) per generated trajectory, and, for the real arms, the held-out
+resolved rate after RL (beside the SFT checkpoint's own rate).
+
+1. Synthetic: prompts with known pass rates drawn from a few populations, both samplers over the same
+   prompt sequence and budget; thousands of prompts, seconds of CPU. BAR is run with the published
+   settings (N=8, N_max=16, s=16, [0.375, 0.625]) and with smaller strides.
+2. Real: tasks of the built-in SWE suite, an SFT checkpoint (given, or distilled from the scripted
+   teacher and trained here), `components.rl.train_rl` for each arm, `components.evaluate` on held-out
+   tasks. Each arm is an MLflow run (with the BAR group-statistics plot) under one parent run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run  # noqa: E402
+from components.rl_sampler import Attempt, RolloutBudget, RolloutConfig, sample_batch, summarize  # noqa: E402
+
+POPULATIONS = {  # pass rate of a prompt
+    "uniform": lambda rng: rng.random(),
+    "hard": lambda rng: rng.betavariate(0.5, 2.5),  # Beta(0.5, 2.5): mostly rarely solved
+    "bimodal": lambda rng: 0.0 if (u := rng.random()) < 0.4 else 1.0 if u < 0.6 else rng.random(),  # 40/20/40
+}
+ARMS = {
+    "fixed N=8": RolloutConfig(sampler="fixed"),
+    "fixed N=16": RolloutConfig(sampler="fixed", group_size=16),
+    "BAR s=16 (published)": RolloutConfig(sampler="bar", stride=16),
+    "BAR s=8": RolloutConfig(sampler="bar", stride=8),
+    "BAR s=4": RolloutConfig(sampler="bar", stride=4),
+}
+
+
+class Bernoulli:
+    def __init__(self, rates: dict[str, float], seed: int):
+        self.rates, self.rng = rates, random.Random(seed)
+
+    def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
+        return [Attempt(reward=1.0 if self.rng.random() < self.rates[prompt_id] else -1.0) for _ in range(n)]
+
+
+def balance(records) -> float:
+    """Mean |positive fraction - 1/2| of kept groups (0 = perfectly balanced)."""
+    kept = [r for r in records if r.kept]
+    return sum(abs(r.group_positives / r.group_size - 0.5) for r in kept) / len(kept) if kept else float("nan")
+
+
+def synthetic(budget: int, seed: int, tracking: TrackingConfig | None, extra: dict[str, list[float]] | None = None):
+    from components.rl_plots import plot_group_statistics
+
+    rows = []
+    populations = {name: None for name in POPULATIONS} | {name: rates for name, rates in (extra or {}).items()}
+    for pop_name, given in populations.items():
+        rng = random.Random(seed)
+        draws = given if given is not None else [POPULATIONS[pop_name](rng) for _ in range(budget)]
+        rates = {f"p{i}": draws[i % len(draws)] for i in range(budget)}  # enough prompts for any arm
+        for arm_name, cfg in ARMS.items():
+            cfg = cfg.model_copy(update={"max_prompts_per_batch": budget})
+            run_tracking = tracking.model_copy(update={"run_name": f"synthetic {pop_name} / {arm_name}"}) if tracking else None
+            with stage_run("compare-rollout-synthetic", cfg, run_tracking):
+                b = RolloutBudget(budget)
+                records = []
+                prompts = iter(rates)
+                source = Bernoulli(rates, seed + 1)
+                while b.remaining > 0:
+                    batch = sample_batch(prompts, source, cfg, b)
+                    records += batch.records
+                    if batch.stop_reason != "full":
+                        break
+                s = summarize(records)
+                row = {"population": pop_name, "arm": arm_name, **s, "imbalance": balance(records)}
+                log_metrics({k: v for k, v in row.items() if isinstance(v, float)})
+                if cfg.sampler == "bar" and tracking is not None:
+                    import matplotlib.pyplot as plt
+
+                    fig = plot_group_statistics(records, f"{arm_name}, {pop_name}")
+                    log_figure(fig, "group_statistics.png")
+                    plt.close(fig)
+                rows.append(row)
+    return rows
+
+
+def print_synthetic(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Synthetic: informative groups per trajectory at equal budget")
+    for col in ("population", "arm", "trajectories", "informative groups", "per trajectory", "vs fixed N=8",
+                "vs fixed N=16", "traj/prompt", "imbalance"):
+        table.add_column(col, justify="right")
+    per = {(r["population"], r["arm"]): r["informative_groups_per_trajectory"] for r in rows}
+
+    def ratio(r: dict, base: str) -> str:
+        b = per.get((r["population"], base))
+        return f"{r['informative_groups_per_trajectory'] / b:.2f}x" if b else "-"
+
+    for r in rows:
+        table.add_row(r["population"], r["arm"], f"{r['trajectories']:.0f}", f"{r['informative_groups']:.0f}",
+                      f"{r['informative_groups_per_trajectory']:.4f}", ratio(r, "fixed N=8"), ratio(r, "fixed N=16"),
+                      f"{r['trajectories_per_prompt']:.1f}", f"{r['imbalance']:.3f}")
+    Console(width=140).print(table)
+
+
+def build_sft_model(args, sandbox, tasks_dir: Path, work: Path, tracking) -> Path:
+    from components.distill import DistillConfig, distill
+    from components.sft import SFTConfig, train_sft
+
+    model_dir = work / "sft"
+    if (model_dir / "config.json").exists():
+        return model_dir
+    traj_dir = work / "distilled"
+    if not (traj_dir / "manifest.json").exists():
+        distill(DistillConfig(error_rate=args.teacher_error_rate, sandbox=sandbox, max_parallel=2, progress=True),
+                tasks_dir, traj_dir, tracking=tracking)
+    train_sft(SFTConfig(mode="resolved_only", steps=args.sft_steps, batch_size=8, max_len=1024),
+              traj_dir, model_dir, tracking=tracking)
+    return model_dir
+
+
+def real(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
+    from components.core.harness import HarnessConfig
+    from components.core.policy_base import GenerationConfig
+    from components.core.store import TaskStore
+    from components.evaluate import EvalConfig, evaluate
+    from components.recipes import get_recipe
+    from components.rl import RLConfig, train_rl
+    from components.rl_sampler import PromptRecord
+
+    tasks_dir = work / "tasks"
+    if not TaskStore(tasks_dir).shards():
+        recipe = get_recipe("swe", difficulty=1)
+        TaskStore(tasks_dir).write(recipe.tasks("train", args.train_tasks, seed=args.seed)
+                                   + recipe.tasks("heldout", args.heldout_tasks, seed=args.seed))
+    model_dir = Path(args.model_dir) if args.model_dir else build_sft_model(args, sandbox, tasks_dir, work, tracking)
+    harness = HarnessConfig(max_steps=args.max_steps, max_wall_seconds=300,
+                            generation=GenerationConfig(max_new_tokens=args.max_new_tokens))
+    eval_cfg = EvalConfig(k=args.eval_k, temperature=args.eval_temperature, harness=harness, sandbox=sandbox,
+                          workers=1, seed=args.seed)
+    named = lambda name: tracking.model_copy(update={"run_name": name}) if tracking else None  # noqa: E731
+    out = {"sft": evaluate(eval_cfg, tasks_dir, model_dir, work / "eval" / "sft", named("eval sft")).model_dump()}
+    for arm in ("fixed", "bar"):
+        cfg = RLConfig(
+            rollout=RolloutConfig(sampler=arm, stride=args.stride, batch_prompts=args.batch_prompts,
+                                  max_prompts_per_batch=64),
+            rollout_budget=args.budget, steps=10_000, learning_rate=args.lr, harness=harness, sandbox=sandbox,
+            temperature=1.0, seed=args.seed, num_threads=args.threads,
+        )
+        rl = train_rl(cfg, tasks_dir, model_dir, work / f"rl-{arm}", tracking=named(f"rl {arm}"))
+        ev = evaluate(eval_cfg, tasks_dir, rl.model_dir, work / "eval" / arm, named(f"eval rl {arm}"))
+        records = [PromptRecord.model_validate_json(line) for line in open(rl.records_path)]
+        out[arm] = {"rl": rl.model_dump(), "eval": ev.model_dump(), "imbalance": balance(records),
+                    "pass_rates": _pass_rates(records)}
+    return out
+
+
+def _pass_rates(records) -> dict[str, float]:
+    """Empirical pass rate per prompt over every verified attempt (feeds a 'measured' synthetic population)."""
+    pos: dict[str, int] = {}
+    tot: dict[str, int] = {}
+    for r in records:
+        pos[r.prompt_id] = pos.get(r.prompt_id, 0) + r.pool_positives
+        tot[r.prompt_id] = tot.get(r.prompt_id, 0) + r.pool_positives + r.pool_negatives
+    return {k: pos[k] / tot[k] for k in tot if tot[k]}
+
+
+def print_real(out: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Real: tiny SFT policy on the SWE suite, equal rollout budget")
+    for col in ("arm", "trajectories", "informative groups", "per trajectory", "updates", "infra errors",
+                "imbalance", "held-out resolved [95% CI]"):
+        table.add_column(col, justify="right")
+    sft = out["sft"]
+    table.add_row("SFT (start)", "-", "-", "-", "-", "-", "-",
+                  f"{sft['resolved_rate']:.3f} [{sft['resolved_rate_ci95'][0]:.2f}, {sft['resolved_rate_ci95'][1]:.2f}]")
+    for arm in ("fixed", "bar"):
+        rl, ev = out[arm]["rl"], out[arm]["eval"]
+        table.add_row(arm, str(rl["trajectories"]), str(rl["informative_groups"]),
+                      f"{rl['informative_groups_per_trajectory']:.4f}", str(rl["steps_done"]), str(rl["infra_errors"]),
+                      f"{out[arm]['imbalance']:.3f}",
+                      f"{ev['resolved_rate']:.3f} [{ev['resolved_rate_ci95'][0]:.2f}, {ev['resolved_rate_ci95'][1]:.2f}]")
+    Console(width=140).print(table)
+    f, b = (out[a]["rl"]["informative_groups_per_trajectory"] for a in ("fixed", "bar"))
+    print(f"real: BAR / fixed informative groups per trajectory = {b / f:.2f}x" if f else
+          "real: the fixed arm produced no informative group (ratio undefined)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work-dir", type=Path, default=Path("build/compare_rollout"))
+    p.add_argument("--synthetic-only", action="store_true", help="Skip the sandbox part.")
+    p.add_argument("--synthetic-budget", type=int, default=8192, help="Rollouts per synthetic arm.")
+    p.add_argument("--model-dir", default=None, help="SFT checkpoint (default: distill + SFT here).")
+    p.add_argument("--train-tasks", type=int, default=16)
+    p.add_argument("--heldout-tasks", type=int, default=8)
+    p.add_argument("--budget", type=int, default=64, help="Rollouts per real arm.")
+    p.add_argument("--batch-prompts", type=int, default=2, help="Groups per RL update.")
+    p.add_argument("--stride", type=int, default=16, help="BAR stride s in the real arms.")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--max-steps", type=int, default=8, help="Assistant turns per episode.")
+    p.add_argument("--max-new-tokens", type=int, default=160)
+    p.add_argument("--eval-k", type=int, default=1)
+    p.add_argument("--eval-temperature", type=float, default=0.0)
+    p.add_argument("--sft-steps", type=int, default=150)
+    p.add_argument("--teacher-error-rate", type=float, default=0.3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads; on a shared 2-core box 1 is several times faster than 2.")
+    p.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in the work dir).")
+    p.add_argument("--sandbox-url", default=None, help="Use this sandbox service instead of starting one.")
+    args = p.parse_args(argv)
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    tracking = TrackingConfig(tracking_uri=args.tracking_uri or f"sqlite:///{args.work_dir.resolve()}/mlflow.db",
+                              experiment="compare-rollout")
+    with stage_run("compare-rollout", None, tracking) as parent:
+        child = tracking.model_copy(update={"parent_run_id": parent.info.run_id})
+        out: dict = {}
+        if not args.synthetic_only:
+            from components.core.connection import SandboxConnection
+
+            if args.sandbox_url:
+                out["real"] = real(args, SandboxConnection(url=args.sandbox_url), args.work_dir, child)
+            else:
+                from sandbox_service.embedded import EmbeddedService
+
+                with EmbeddedService() as service:
+                    out["real"] = real(args, service.connection(), args.work_dir, child)
+        measured = {}
+        if "real" in out and out["real"]["fixed"]["pass_rates"]:
+            measured["measured"] = list(out["real"]["fixed"]["pass_rates"].values())
+        out["synthetic"] = synthetic(args.synthetic_budget, args.seed, child, measured)
+        print_synthetic(out["synthetic"])
+        if "real" in out:
+            print_real(out["real"])
+            f, b = (out["real"][a]["rl"]["informative_groups_per_trajectory"] for a in ("fixed", "bar"))
+            log_metrics({"real.ratio_bar_over_fixed": b / f if f else float("nan"),
+                         **{f"real.{a}.heldout_resolved_rate": out["real"][a]["eval"]["resolved_rate"]
+                            for a in ("fixed", "bar")},
+                         "real.sft.heldout_resolved_rate": out["real"]["sft"]["resolved_rate"]})
+        _log_comparison_plot(args.work_dir)
+        log_json(out, "compare_rollout.json")
+    (args.work_dir / "compare_rollout.json").write_text(json.dumps(out, indent=2, default=str))
+
+
+def _log_comparison_plot(work: Path) -> None:
+    """Cumulative informative groups vs trajectories of the real arms, if they ran."""
+    from components.rl_plots import plot_comparison
+    from components.rl_sampler import PromptRecord
+
+    arms = {}
+    for arm in ("fixed", "bar"):
+        path = work / f"rl-{arm}" / "rollout_records.jsonl"
+        if path.exists():
+            arms[arm] = [PromptRecord.model_validate_json(line) for line in open(path)]
+    if arms:
+        import matplotlib.pyplot as plt
+
+        fig = plot_comparison(arms)
+        log_figure(fig, "real_informative_groups.png")
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""Credit labeling: rise segments on hand-built curves, the LLM judge against a real loopback
+endpoint, the stage end to end, and the Monte-Carlo estimator in real sandboxes."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from components.core.schema import EpisodeStatus, Outcome, Step, Task, ToolCall, Trajectory
+from components.core.store import TaskStore, TrajectoryStore
+from components.core.tracking import TrackingConfig
+from components.credit import CreditConfig, label_credit
+from components.credit_base import CreditEstimationError
+from components.credit_judge import JudgeConfig, LLMJudgeEstimator, parse_answer
+from components.credit_segments import SegmentConfig, interpolate, segments, select_segments, smooth
+
+
+# ---------------------------------------------------------------------------------------------
+# Segment selection
+# ---------------------------------------------------------------------------------------------
+def test_rise_segments_on_hand_built_curves():
+    # V(s_0..s_6): rise, rise, flat, drop, rise of exactly epsilon, tiny rise below epsilon
+    values = [0.1, 0.3, 0.5, 0.5, 0.2, 0.25, 0.26]
+    assert select_segments(values) == [True, True, False, False, True, False]
+    assert segments(select_segments(values)) == [(0, 1), (4, 4)]
+    assert select_segments(values, SegmentConfig(min_length=2)) == [True, True, False, False, False, False]
+    assert select_segments(values, SegmentConfig(epsilon=0.25)) == [False] * 6
+    assert select_segments([0.4, 0.4, 0.4]) == [False, False]  # flat: nothing to imitate
+    assert select_segments([1.0, 0.5, 0.0]) == [False, False]  # monotone decline
+    assert select_segments([0.0, 1.0]) == [True]
+    assert select_segments([0.5]) == []
+
+
+def test_smoothing_removes_a_one_step_blip_and_interpolation_fills_between_key_steps():
+    noisy = [0.0, 0.5, 0.0, 0.0, 0.0]  # a single lucky estimate
+    assert select_segments(noisy) == [True, False, False, False]
+    assert smooth(noisy, 3) == pytest.approx([0.25, 1 / 6, 1 / 6, 0.0, 0.0])
+    assert select_segments(noisy, SegmentConfig(smoothing_window=3, epsilon=0.1)) == [False] * 4
+    steady = [0.0, 0.2, 0.4, 0.6, 0.8]
+    assert select_segments(steady, SegmentConfig(smoothing_window=3)) == [True] * 4
+    assert interpolate({0: 0.0, 2: 1.0, 4: 0.0}, 5) == [0.0, 0.5, 1.0, 0.5, 0.0]
+    assert interpolate({1: 0.3}, 3) == [0.3, 0.3, 0.3]
+
+
+# ---------------------------------------------------------------------------------------------
+# LLM judge against a loopback OpenAI-compatible endpoint
+# ---------------------------------------------------------------------------------------------
+class FakeOpenAI:
+    """A real HTTP server on 127.0.0.1 answering /v1/chat/completions from a script of replies."""
+
+    def __init__(self, replies: list[tuple[int, str]]):
+        self.replies = list(replies)
+        self.requests: list[dict] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+                status, content = outer.replies.pop(0) if outer.replies else (500, "script exhausted")
+                payload = ({"choices": [{"message": {"role": "assistant", "content": content}}]}
+                           if status == 200 else {"error": content})
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+
+def _trajectory(n_actions: int = 3, outcome=Outcome.unresolved, task_id: str = "task-1") -> Trajectory:
+    steps = [Step(index=0, role="system", content="You fix bugs."), Step(index=1, role="user", content="Fix add.")]
+    for k in range(n_actions):
+        call = ToolCall(name="bash", arguments={"command": f"echo {k}"})
+        steps.append(Step(index=len(steps), role="assistant", content=f'<tool_call>{{"name": "bash"}}</tool_call> {k}',
+                          tool_call=call))
+        steps.append(Step(index=len(steps), role="tool", content=f"out {k}", tool_call_id=call.id, tool_name="bash"))
+    return Trajectory(task_id=task_id, recipe="swe", policy_id="teacher", steps=steps, outcome=outcome)
+
+
+def _answer(initial, pairs):
+    return json.dumps({"initial": initial, "steps": [{"step": s, "p_resolve": p} for s, p in pairs]})
+
+
+def test_judge_answer_schema_is_strict():
+    assert parse_answer(_answer(0.1, [(2, 0.5), (4, 0.2)]), [2, 4]).initial == 0.1
+    assert parse_answer("```json\n" + _answer(0.1, [(2, 0.5)]) + "\n```", [2]).steps[0].p_resolve == 0.5
+    for bad, why in [
+        ("The agent did well.", "not a JSON object"),
+        (_answer(0.1, [(2, 0.5)]), "steps must be exactly"),
+        (_answer(0.1, [(2, 0.5), (2, 0.5)]), "steps must be exactly"),
+        (_answer(0.1, [(2, 1.5), (4, 0.2)]), "schema"),
+        (json.dumps({"initial": 0.1, "steps": [], "extra": 1}), "schema"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            parse_answer(bad, [2, 4])
+
+
+def test_judge_retries_malformed_answers_and_server_errors(monkeypatch):
+    monkeypatch.setenv("JUDGE_KEY", "sekret")
+    traj = _trajectory(3)
+    task = Task(id="task-1", recipe="swe", split="train", prompt="Fix add.")
+    good = _answer(0.2, [(2, 0.3), (4, 0.6), (6, 0.1)])
+    replies = [(503, "overloaded"), (200, "I think it is fine"), (200, _answer(0.2, [(2, 0.3)])), (200, good)]
+    with FakeOpenAI(replies) as server:
+        judge = LLMJudgeEstimator(JudgeConfig(base_url=server.base_url, model="judge-1", api_key_env="JUDGE_KEY",
+                                              max_attempts=3, http_retries=2))
+        estimate = judge.estimate(traj, task)
+        judge.close()
+    assert estimate.values == [0.2, 0.3, 0.6, 0.1]
+    assert estimate.step_indices == [2, 4, 6] and estimate.estimator == "judge"
+    assert judge.rejected_answers == 2
+    first = server.requests[0]
+    assert first["path"] == "/v1/chat/completions" and first["auth"] == "Bearer sekret"
+    assert first["body"]["model"] == "judge-1" and first["body"]["response_format"] == {"type": "json_object"}
+    prompt = first["body"]["messages"][1]["content"]
+    assert "[step 4] assistant" in prompt and "FINAL RESULT: unresolved" in prompt
+    # the rejection reason is fed back to the judge
+    assert "Rejected" in server.requests[-1]["body"]["messages"][-1]["content"]
+
+
+def test_judge_gives_up_after_max_attempts():
+    with FakeOpenAI([(200, "no json")] * 2) as server:
+        judge = LLMJudgeEstimator(JudgeConfig(base_url=server.base_url, model="m", api_key_env=None, max_attempts=2))
+        with pytest.raises(CreditEstimationError, match="2 malformed answers"):
+            judge.estimate(_trajectory(1), Task(id="task-1", recipe="swe", split="train", prompt="x"))
+
+
+def test_label_credit_with_the_judge_end_to_end(tmp_path):
+    tasks = [Task(id=f"task-{i}", recipe="swe", split="train", prompt=f"Fix {i}.") for i in range(3)]
+    TaskStore(tmp_path / "tasks").write(tasks)
+    resolved = _trajectory(2, Outcome.resolved, "task-0")
+    unresolved = _trajectory(3, Outcome.unresolved, "task-1")
+    broken = _trajectory(2, Outcome.unresolved, "task-2")
+    infra = _trajectory(1, Outcome.infra_error, "task-2").model_copy(update={"status": EpisodeStatus.aborted})
+    TrajectoryStore(tmp_path / "trajs").append([resolved, unresolved, broken, infra])
+    replies = [(200, _answer(0.1, [(2, 0.5), (4, 0.52), (6, 0.0)])), (200, "junk"), (200, "junk")]
+    tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment="credit-test")
+    with FakeOpenAI(replies) as server:
+        config = CreditConfig(estimator="judge", judge=JudgeConfig(base_url=server.base_url, model="m",
+                                                                   api_key_env=None, max_attempts=2))
+        result = label_credit(config, tmp_path / "trajs", tmp_path / "tasks", tmp_path / "out", tracking=tracking)
+    assert (result.resolved, result.unresolved, result.infra_error) == (1, 2, 1)
+    assert result.labelled == 1 and result.failed == 1
+    out = {t.task_id + t.outcome.value: t for t in TrajectoryStore(tmp_path / "out").read()}
+    whole = out["task-0resolved"]
+    assert all(s.credited for s in whole.steps if s.role == "assistant")
+    labelled = out["task-1unresolved"]
+    acts = [s for s in labelled.steps if s.role == "assistant"]
+    assert [s.credited for s in acts] == [True, False, False]
+    assert [s.value_estimate for s in acts] == [0.5, 0.52, 0.0]
+    assert [round(s.credit, 6) for s in acts] == [0.4, 0.02, -0.52]
+    assert labelled.metadata["credit"]["segments"] == [[0, 0]]
+    failed = out["task-2unresolved"]
+    assert "malformed" in failed.metadata["credit_error"] and not any(s.credited for s in failed.steps)
+    assert out["task-2infra_error"].steps == infra.steps
+    assert result.metrics["credited_step_fraction"] == pytest.approx(1 / 5)
+
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    run = mlflow.search_runs(experiment_names=["credit-test"], output_format="list")[0]
+    assert run.data.params["estimator"] == "judge" and run.data.params["segments.epsilon"] == "0.05"
+    assert run.data.metrics["labelled"] == 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Monte-Carlo continuations in real sandboxes, from states of known solvability
+# ---------------------------------------------------------------------------------------------
+class ActionScript:
+    """A policy that plays a fixed list of tool calls (to build a trajectory with known states)."""
+
+    policy_id = "action-script"
+
+    def __init__(self, calls: list[ToolCall]):
+        self.calls = calls
+
+    def generate(self, messages, config):
+        from components.core.policy_base import Generation
+        from components.core.protocol import format_tool_call
+
+        turn = sum(1 for m in messages if m.role == "assistant")
+        return Generation(text=format_tool_call(self.calls[turn]))
+
+
+def _known_solvability_trajectory(client, task, recipe):
+    """destroy the package (unsolvable) -> restore it from git (solvable) -> submit the unfixed repo."""
+    from components.core.harness import HarnessConfig, run_episode
+
+    pkg = task.metadata["package"]
+    calls = [ToolCall(name="bash", arguments={"command": f"rm -rf {pkg}"}),
+             ToolCall(name="bash", arguments={"command": "git checkout -- ."}),
+             ToolCall(name="submit", arguments={})]
+    return run_episode(task, recipe, ActionScript(calls), client, HarnessConfig(snapshot_every_step=True, max_steps=6))
+
+
+@pytest.mark.parametrize("use_snapshots,k", [(True, 1), pytest.param(False, 2, marks=pytest.mark.slow)])
+def test_monte_carlo_recovers_known_values_and_credits_the_repair(sandbox_client, use_snapshots, k):
+    from components.credit import apply_estimate
+    from components.credit_mc import MonteCarloConfig, MonteCarloEstimator
+    from components.recipes import get_recipe
+
+    recipe = get_recipe("swe", difficulty=1)
+    task = recipe.tasks("train", 1, seed=3)[0]
+    traj = _known_solvability_trajectory(sandbox_client, task, recipe)
+    assert traj.outcome is Outcome.unresolved and traj.status is EpisodeStatus.completed
+    assert all(s.sandbox_state_id for s in traj.steps if s.role == "tool")
+    # An error-free teacher resolves from every intact state and never from a destroyed one.
+    estimator = MonteCarloEstimator(MonteCarloConfig(k=k, teacher_error_rate=0.0, max_steps=6, parallel=3,
+                                                     use_snapshots=use_snapshots), recipe, sandbox_client)
+    estimate = estimator.estimate(traj, task)
+    assert estimate.values == [1.0, 0.0, 1.0, 0.0]
+    assert estimate.samples == [k, k, k, 0]  # the state after submit is terminal: no continuation
+    assert estimate.stderr == [0.0] * 4
+    assert estimator.continuations == 3 * k and estimator.infra_failures == 0
+    labelled = apply_estimate(traj, estimate, SegmentConfig())
+    assert [s.credited for s in labelled.steps if s.role == "assistant"] == [False, True, False]
+
+
+@pytest.mark.slow
+def test_monte_carlo_standard_error_with_an_unreliable_teacher(sandbox_client):
+    from components.credit_mc import MonteCarloConfig, MonteCarloEstimator
+    from components.recipes import get_recipe
+
+    recipe = get_recipe("swe", difficulty=1)
+    task = recipe.tasks("train", 1, seed=3)[0]
+    traj = _trajectory(0, Outcome.unresolved, task.id)  # only the task statement: V(s_0) alone
+    traj.status = EpisodeStatus.truncated
+    traj.steps.append(Step(index=2, role="assistant", content="I give up.", policy_error="no tool call"))
+    traj.steps.append(Step(index=3, role="tool", content="Error: no tool call found."))
+    # The first mistake of an error_rate=1 teacher is always a wrong edit; it repairs half the time.
+    estimator = MonteCarloEstimator(MonteCarloConfig(k=6, teacher_error_rate=1.0, max_steps=8, parallel=3),
+                                    recipe, sandbox_client)
+    estimate = estimator.estimate(traj, task)
+    for p, se, n in zip(estimate.values, estimate.stderr, estimate.samples):
+        assert n == 6 and se == pytest.approx((p * (1 - p) / n) ** 0.5)

@@ -1,0 +1,144 @@
+"""The evaluation stage: metrics on hand-built attempts, then real episodes for each kind of policy."""
+
+import json
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pandas as pd
+import pytest
+
+from components.core.harness import HarnessConfig
+from components.core.policies import OpenAIPolicyConfig
+from components.core.policy_base import GenerationConfig
+from components.core.schema import EnvironmentSpec, Outcome, Task, Trajectory, VerifierSpec
+from components.core.store import TaskStore
+from components.core.tracking import TrackingConfig
+from components.evaluate import EvalConfig, evaluate, summarize_attempts, wilson_interval
+
+COIN = "python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"
+COIN_TASK = Task(id="coin", recipe="swe", split="heldout", prompt="Submit.",
+                 environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
+                 verifier=VerifierSpec(kind="command", command=COIN))
+
+
+def traj(task_id: str, outcome: Outcome, steps: int = 0, tokens: int = 0) -> Trajectory:
+    from components.core.schema import Step
+
+    return Trajectory(task_id=task_id, recipe="swe", policy_id="p", outcome=outcome, completion_tokens=tokens,
+                      steps=[Step(index=i, role="assistant", content="") for i in range(steps)])
+
+
+def test_infra_errors_leave_every_denominator():
+    tasks = [Task(id=i, recipe="swe", split="heldout", prompt="") for i in ("a", "b", "c")]
+    R, U, I = Outcome.resolved, Outcome.unresolved, Outcome.infra_error
+    attempts = ([traj("a", R, 2, 10), traj("a", U, 4, 30), traj("a", I), traj("a", R, 2, 20), traj("a", U, 2, 20)]
+                + [traj("b", U, 1, 5), traj("b", I)] + [traj("c", I)])
+    rows, m = summarize_attempts(tasks, attempts, k=2)
+    assert (m["attempts"], m["valid_attempts"], m["infra_errors"]) == (8, 5, 3)
+    assert m["resolved_rate"] == pytest.approx(2 / 5) and m["infra_error_rate"] == pytest.approx(3 / 8)
+    assert m["mean_steps"] == pytest.approx(11 / 5) and m["mean_completion_tokens"] == pytest.approx(85 / 5)
+    a, b, c = rows
+    assert a["pass_at_1"] == pytest.approx(0.5) and a["pass_at_2"] == pytest.approx(1 - 1 / 6)
+    assert b["valid_attempts"] == 1 and math.isnan(b["pass_at_2"])  # fewer than k valid attempts
+    assert c["valid_attempts"] == 0 and math.isnan(c["pass_at_1"])
+    assert m["pass_at_2"] == pytest.approx(1 - 1 / 6) and m["pass_at_k_tasks"] == 1
+    assert m["pass_at_1"] == pytest.approx((0.5 + 0.0) / 2)
+    lo, hi = wilson_interval(2, 5)
+    assert lo < 0.4 < hi
+
+
+def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_path, tmp_path_factory, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
+    from components.recipes import get_recipe
+
+    (task,) = get_recipe("swe").tasks("heldout", 1, seed=0)
+    # The same task on an image that does not exist: every attempt is an infrastructure failure.
+    broken = task.model_copy(update={"id": "zz-broken"}, deep=True)
+    broken.environment.image = "/nonexistent/task-image"
+    TaskStore(tmp_path / "tasks").write([task, broken])
+    config = EvalConfig(policy="scripted", scripted_error_rate=0.0, k=2, infra_retries=1,
+                        sandbox=sandbox_service.connection())
+    # One sqlite store per session (basetemp is shared): creating its tables costs seconds.
+    db = tmp_path_factory.getbasetemp() / "rl-eval-mlflow.db"
+    tracking = TrackingConfig(tracking_uri=f"sqlite:///{db}", experiment="eval-test")
+    result = evaluate(config, tmp_path / "tasks", None, tmp_path / "eval", tracking=tracking)
+
+    assert (result.tasks, result.attempts, result.valid_attempts) == (2, 4, 2)
+    assert result.resolved_rate == 1.0 and result.pass_at_k == 1.0 and result.pass_at_k_tasks == 1
+    assert (result.infra_errors, result.infra_retries_used) == (2, 2)
+    assert result.infra_error_rate == pytest.approx(2 / 4)
+    assert result.mean_steps >= 3 and result.policy_id.startswith("scripted")
+    per_task = pd.read_parquet(result.per_task_path)
+    assert list(per_task.task_id) == sorted(per_task.task_id) and len(per_task) == 2
+    assert per_task.set_index("task_id").loc["zz-broken", "valid_attempts"] == 0
+    assert json.loads((tmp_path / "eval" / "eval_result.json").read_text())["resolved"] == 2
+
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    (run,) = mlflow.search_runs(experiment_names=["eval-test"], output_format="list")
+    assert run.data.metrics["resolved_rate"] == 1.0 and run.data.metrics["infra_errors"] == 2
+    assert "per_task.parquet" in {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+
+
+class _SubmitEndpoint:
+    """An OpenAI-compatible endpoint on loopback whose model always submits."""
+
+    def __init__(self):
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                outer.requests += 1
+                content = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
+                body = json.dumps({"id": "x", "object": "chat.completion", "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def test_local_model_and_endpoint_policies(sandbox_service, tmp_path):
+    from components.core.modeling import ModelConfig, TokenizerConfig, build_tiny_model, build_tokenizer, save_policy
+
+    TaskStore(tmp_path / "tasks").write([COIN_TASK])
+    tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=0))
+    save_policy(build_tiny_model(ModelConfig(), tokenizer), tokenizer, tmp_path / "model")
+    harness = HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=8))
+    local = evaluate(EvalConfig(k=2, harness=harness, sandbox=sandbox_service.connection()),
+                     tmp_path / "tasks", tmp_path / "model", tmp_path / "eval-local")
+    assert local.policy_id.startswith("local:") and local.valid_attempts == 2 and local.infra_errors == 0
+    assert local.mean_completion_tokens > 0
+
+    endpoint = _SubmitEndpoint()
+    try:
+        config = EvalConfig(policy="openai", k=2, harness=harness, sandbox=sandbox_service.connection(),
+                            endpoint=OpenAIPolicyConfig(base_url=endpoint.url, model="fake", api_key_env=None))
+        remote = evaluate(config, tmp_path / "tasks", None, tmp_path / "eval-remote")
+    finally:
+        endpoint.server.shutdown()
+    assert remote.policy_id == "openai:fake" and remote.valid_attempts == 2 and endpoint.requests == 2
+    assert remote.mean_steps == 1.0 and 0.0 <= remote.resolved_rate <= 1.0
+
+
+def test_config_errors_say_what_to_do(tmp_path):
+    with pytest.raises(ValueError, match="needs endpoint"):
+        EvalConfig(policy="openai")
+    TaskStore(tmp_path / "tasks").write([COIN_TASK])
+    with pytest.raises(ValueError, match="needs model_dir"):
+        evaluate(EvalConfig(), tmp_path / "tasks", None, tmp_path / "out")
+    with pytest.raises(ValueError, match="no 'train' tasks"):
+        evaluate(EvalConfig(split="train"), tmp_path / "tasks", None, tmp_path / "out")

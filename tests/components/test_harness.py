@@ -1,0 +1,159 @@
+"""The harness in real sandboxes: tool loop, malformed output, limits, infra failures, snapshots, prefixes."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from components.core.harness import HarnessConfig, run_episode, steps_to_messages
+from components.core.policy_base import Generation
+from components.core.protocol import format_tool_call
+from components.core.recipe_base import ToolResult, VerifyResult
+from components.core.schema import EpisodeStatus, Outcome, ToolCall
+from components.recipes.swe import SWERecipe
+from components.recipes.swe.generator import generate_tasks
+from components.recipes.swe.teacher import ScriptedTeacher
+
+RECIPE = SWERecipe()
+TASK = generate_tasks("train", 1, 21, difficulty=1)[0]
+
+
+class Scripted:
+    """A policy that replies with given texts in turn (then repeats the last), with token ids."""
+
+    def __init__(self, texts, *, prompt_tokens=10, delay=0.0, on_turn=None):
+        self.texts, self.prompt_tokens, self.delay, self.on_turn = list(texts), prompt_tokens, delay, on_turn
+        self.policy_id = "scripted-texts"
+        self.turn = 0
+
+    def generate(self, messages, config):
+        self.turn += 1
+        if self.on_turn:
+            self.on_turn(self.turn)
+        time.sleep(self.delay)
+        text = self.texts[min(self.turn, len(self.texts)) - 1]
+        return Generation(text=text, token_ids=[100 + self.turn, 7], prompt_tokens=self.prompt_tokens,
+                          completion_tokens=2)
+
+
+class Sloppy(ScriptedTeacher):
+    """The teacher, but its first reply is prose (malformed) and every reply carries token ids."""
+
+    def generate(self, messages, config):
+        if len(messages) == 2:
+            return Generation(text="Let me think about it.", token_ids=[9, 9], completion_tokens=2)
+        gen = super().generate(messages, config)
+        return gen.model_copy(update={"token_ids": [len(messages), 1, 2]})
+
+
+def test_teacher_episode_with_malformed_turn_snapshots_and_continuations(sandbox_client):
+    config = HarnessConfig(snapshot_every_step=True)
+    traj = run_episode(TASK, RECIPE, Sloppy(error_rate=0.0), sandbox_client, config)
+    assert traj.outcome is Outcome.resolved and traj.status is EpisodeStatus.completed, traj.outcome_reason
+    roles = [s.role for s in traj.steps]
+    assert roles[:2] == ["system", "user"] and roles[2:] == ["assistant", "tool"] * ((len(roles) - 2) // 2)
+    assert traj.steps[3].policy_error.startswith("no tool call found") and traj.steps[3].content.startswith("Error:")
+    assert traj.steps[2].token_ids == [9, 9] and traj.steps[4].token_ids == [4, 1, 2]  # ids kept as generated
+    assert traj.test_report.passed >= 2 and traj.test_report.failed == 0 and traj.reward == 1.0
+    assert "+" + TASK.metadata["fix"]["new"] in traj.final_answer
+    assert all(s.sandbox_state_id for s in traj.steps if s.role == "tool" or s.index == 1)
+    assert [m.role for m in steps_to_messages(traj.steps)] == roles
+    assert steps_to_messages(traj.steps)[5].tool_call_id == traj.steps[4].tool_call.id
+
+    # Continue from the state right after the fix: fork its snapshot, or replay the prefix's tool calls.
+    edit = next(i for i, s in enumerate(traj.steps) if s.tool_call and s.tool_call.name == "str_replace")
+    prefix = traj.steps[: edit + 2]
+    forked = run_episode(TASK, RECIPE, ScriptedTeacher(0.0, seed=1), sandbox_client, HarnessConfig(),
+                         prefix_steps=prefix, from_snapshot=prefix[-1].sandbox_state_id)
+    replayed = run_episode(TASK, RECIPE, ScriptedTeacher(0.0, seed=2), sandbox_client, HarnessConfig(),
+                           prefix_steps=prefix)
+    for cont in (forked, replayed):
+        assert cont.outcome is Outcome.resolved, cont.outcome_reason
+        assert [(s.role, s.content) for s in cont.steps[: len(prefix)]] == [(s.role, s.content) for s in prefix]
+        new_calls = [s.tool_call.name for s in cont.steps[len(prefix):] if s.tool_call]
+        assert "str_replace" not in new_calls and new_calls[-1] == "submit"  # the fix was already in place
+
+
+def test_step_limit_truncates_and_is_still_verified(sandbox_client):
+    ls = format_tool_call(ToolCall(name="bash", arguments={"command": "ls"}))
+    traj = run_episode(TASK, RECIPE, Scripted([ls]), sandbox_client, HarnessConfig(max_steps=2))
+    assert traj.status is EpisodeStatus.truncated and traj.outcome is Outcome.unresolved
+    assert traj.num_assistant_steps == 2 and traj.outcome_reason.startswith("truncated")
+    big = run_episode(TASK, RECIPE, Scripted([ls], prompt_tokens=5000), sandbox_client,
+                      HarnessConfig(max_total_tokens=4000))
+    assert big.status is EpisodeStatus.truncated and big.num_assistant_steps == 1
+
+
+def test_wall_clock_limit_is_time_truncated(sandbox_client):
+    ls = format_tool_call(ToolCall(name="bash", arguments={"command": "ls"}))
+    traj = run_episode(TASK, RECIPE, Scripted([ls], delay=0.4), sandbox_client, HarnessConfig(max_wall_seconds=1.5))
+    assert traj.status is EpisodeStatus.time_truncated and traj.outcome is Outcome.unresolved
+
+
+def test_sandbox_lost_mid_episode_is_infra_error_not_unresolved(sandbox_client):
+    def kill_sandbox(turn):
+        if turn == 2:
+            for info in sandbox_client.list(labels={"orchard.task": TASK.id}):
+                sandbox_client.attach(info.id).delete()
+
+    ls = format_tool_call(ToolCall(name="bash", arguments={"command": "ls"}))
+    traj = run_episode(TASK, RECIPE, Scripted([ls], on_turn=kill_sandbox), sandbox_client, HarnessConfig())
+    assert traj.outcome is Outcome.infra_error and traj.status is EpisodeStatus.aborted
+    assert "sandbox" in traj.outcome_reason and traj.reward is None
+
+
+def test_policy_endpoint_failure_is_infra_error(sandbox_client):
+    class Broken:
+        policy_id = "broken"
+
+        def generate(self, messages, config):
+            raise ConnectionError("endpoint down")
+
+    traj = run_episode(TASK, RECIPE, Broken(), sandbox_client, HarnessConfig())
+    assert traj.outcome is Outcome.infra_error and "endpoint down" in traj.outcome_reason
+
+
+def test_unreachable_service_is_infra_error():
+    from sandbox_service.client import SandboxClient
+
+    with SandboxClient("http://127.0.0.1:9", timeout=2) as client:
+        traj = run_episode(TASK, RECIPE, Scripted(["x"]), client, HarnessConfig())
+    assert traj.outcome is Outcome.infra_error and "unreachable" in traj.outcome_reason
+    assert [s.role for s in traj.steps] == ["system", "user"]
+
+
+@pytest.mark.parametrize("text", ["", "<tool_call>{oops", '<tool_call>{"name": "bash", "arguments": 3}</tool_call>'])
+def test_malformed_output_never_crashes(sandbox_client, text):
+    traj = run_episode(TASK, RECIPE, Scripted([text]), sandbox_client, HarnessConfig(max_steps=1))
+    assert traj.outcome is Outcome.unresolved and traj.steps[-1].policy_error
+
+
+class FlakyEnvironment(SWERecipe):
+    """The SWE recipe with one failure injected at a boundary (what a lost agent or a hang looks like)."""
+
+    def __init__(self, failure):
+        super().__init__()
+        self.failure = failure
+
+    def execute_tool(self, sandbox, task, call):
+        if self.failure == "agent_lost":
+            return ToolResult(output="", infra_error="AGENT_LOST: the sandbox agent stopped answering")
+        if self.failure == "hang":
+            time.sleep(3)
+        return super().execute_tool(sandbox, task, call)
+
+    def verify(self, sandbox, task, final_answer):
+        if self.failure == "verifier":
+            return VerifyResult(resolved=False, infra_error="pytest is not installed in the sandbox's python")
+        return super().verify(sandbox, task, final_answer)
+
+
+@pytest.mark.parametrize("failure, reason", [("agent_lost", "AGENT_LOST"), ("hang", "TIMEOUT"),
+                                             ("verifier", "pytest is not installed")])
+def test_injected_infra_failures_abort_with_the_reason(sandbox_client, failure, reason):
+    submit = format_tool_call(ToolCall(name="submit"))
+    traj = run_episode(TASK, FlakyEnvironment(failure), Scripted([submit]), sandbox_client,
+                       HarnessConfig(tool_call_timeout_seconds=1))
+    assert traj.outcome is Outcome.infra_error and traj.status is EpisodeStatus.aborted
+    assert reason in traj.outcome_reason

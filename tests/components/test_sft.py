@@ -1,0 +1,149 @@
+"""SFT: which tokens train under each mode, and real Trainer steps on the tiny Qwen3-MoE policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.core.modeling import ModelConfig, TokenizerConfig, build_tokenizer, load_policy
+from components.core.rendering import render_trajectory
+from components.core.schema import EpisodeStatus, Outcome, Step, TokenRole, ToolCall, Trajectory
+from components.core.store import TrajectoryStore
+from components.core.tracking import TrackingConfig
+from components.sft import SFTConfig, train_sft
+from components.sft_data import SampleDataset, build_samples
+
+TINY = ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[]))
+
+
+def _trajectory(outcome: Outcome, credited: list[bool | None], tag: str) -> Trajectory:
+    steps = [Step(index=0, role="system", content="You fix bugs."),
+             Step(index=1, role="user", content=f"Bug in `mathkit/core.py`: fix `add_{tag}`.")]
+    for k, flag in enumerate(credited):
+        call = ToolCall(name="read_file", arguments={"path": f"mathkit/core_{k}.py"})
+        steps.append(Step(index=len(steps), role="assistant", tool_call=call, credited=flag,
+                          content=f'<tool_call>{{"name": "read_file", "arguments": {{"path": "mathkit/core_{k}.py"}}}}</tool_call>'))
+        steps.append(Step(index=len(steps), role="tool", content=f"def add_{tag}(a, b):\n    return a - b\n",
+                          tool_call_id=call.id))
+    return Trajectory(task_id=f"t-{tag}", recipe="swe", policy_id="teacher", steps=steps, outcome=outcome)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_tokenizer(TINY.tokenizer)
+
+
+@pytest.fixture()
+def store(tmp_path):
+    trajs = [_trajectory(Outcome.resolved, [True, True, True], "r1"),
+             _trajectory(Outcome.resolved, [None, None], "r2"),  # resolved, never labelled: still whole
+             _trajectory(Outcome.unresolved, [False, True, False], "u1"),
+             _trajectory(Outcome.unresolved, [False, False], "u2"),  # no credited step: dropped in 'credited'
+             _trajectory(Outcome.infra_error, [None], "i1").model_copy(update={"status": EpisodeStatus.aborted})]
+    TrajectoryStore(tmp_path / "trajs").append(trajs)
+    return tmp_path / "trajs", trajs
+
+
+def _loss_steps(sample) -> set[int]:
+    return {i for i, m in zip(sample.step_index, sample.loss_mask) if m}
+
+
+def test_modes_select_the_right_tokens_token_by_token(store, tokenizer):
+    _, trajs = store
+    by_tag = {t.task_id: t for t in trajs}
+    for mode, expected in {
+        "resolved_only": {"t-r1": {2, 4, 6}, "t-r2": {2, 4}},
+        "whole": {"t-r1": {2, 4, 6}, "t-r2": {2, 4}, "t-u1": {2, 4, 6}, "t-u2": {2, 4}},
+        "credited": {"t-r1": {2, 4, 6}, "t-r2": {2, 4}, "t-u1": {4}},
+    }.items():
+        samples, stats = build_samples(trajs, tokenizer, mode, max_len=4096)
+        got = {s.trajectory_id: _loss_steps(s) for s in samples}
+        assert got == {by_tag[k].id: v for k, v in expected.items()}, mode
+        assert stats.skipped_infra_error == 1
+        for s in samples:
+            traj = next(t for t in trajs if t.id == s.trajectory_id)
+            assert s.input_ids == render_trajectory(traj, tokenizer, loss_on="none").input_ids  # full context kept
+            for role, m in zip(s.roles, s.loss_mask):
+                assert not (m and role != TokenRole.assistant)  # never tool, system or user tokens
+    # labels follow the mask exactly (-100 elsewhere)
+    samples, _ = build_samples(trajs, tokenizer, "credited", max_len=4096)
+    item = SampleDataset(samples)[0]
+    assert [lab != -100 for lab in item["labels"]] == [bool(m) for m in samples[0].loss_mask]
+
+
+def test_long_samples_are_cut_at_the_end_and_dropped_without_loss(store, tokenizer):
+    _, trajs = store
+    samples, stats = build_samples(trajs, tokenizer, "credited", max_len=40)
+    assert all(len(s.input_ids) <= 40 for s in samples)
+    assert stats.truncated >= 1 and stats.skipped_no_loss >= 1
+
+
+def test_a_few_sft_steps_reduce_loss_and_change_every_parameter(store, tmp_path):
+    from components.core.modeling import build_tiny_model
+
+    trajectories_dir, _ = store
+    tokenizer = build_tokenizer(TINY.tokenizer)
+    before = {k: v.clone() for k, v in build_tiny_model(TINY, tokenizer).state_dict().items()}
+    tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment="sft-test")
+    config = SFTConfig(mode="credited", steps=12, batch_size=2, learning_rate=3e-3, warmup_steps=2, model=TINY)
+    result = train_sft(config, trajectories_dir, tmp_path / "model", tracking=tracking)
+    assert result.final_loss < result.first_loss * 0.8
+    assert result.data.resolved_used == 2 and result.data.unresolved_used == 1
+    model, _ = load_policy(tmp_path / "model")
+    after = model.state_dict()
+    for name, param in model.named_parameters():
+        assert not torch.equal(before[name], after[name]), f"{name} did not change"
+
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    run = mlflow.search_runs(experiment_names=["sft-test"], output_format="list")[0]
+    assert run.data.params["mode"] == "credited" and run.data.params["model.num_experts"] == "4"
+    history = mlflow.MlflowClient(tracking.tracking_uri).get_metric_history(run.info.run_id, "loss")
+    assert len(history) == 12
+    for key in ("tokens_per_s", "masked_token_fraction", "learning_rate"):
+        assert key in run.data.metrics
+    assert 0.0 < run.data.metrics["masked_token_fraction"] < 1.0
+
+
+def test_sft_continues_from_a_saved_model_and_rejects_empty_data(store, tmp_path):
+    trajectories_dir, trajs = store
+    first = train_sft(SFTConfig(mode="whole", steps=3, batch_size=4, model=TINY), trajectories_dir, tmp_path / "a")
+    second = train_sft(SFTConfig(mode="whole", steps=3, batch_size=4), trajectories_dir, tmp_path / "b",
+                       base_model_dir=first.model_dir)
+    assert second.first_loss < first.first_loss  # it started where the first run ended
+    TrajectoryStore(tmp_path / "only-unresolved").append([t for t in trajs if t.outcome is Outcome.unresolved])
+    with pytest.raises(ValueError, match="no trainable samples"):
+        train_sft(SFTConfig(mode="resolved_only", steps=1, model=TINY), tmp_path / "only-unresolved", tmp_path / "c")
+
+
+@pytest.mark.slow
+def test_trained_tiny_policy_resolves_more_heldout_tasks_than_untrained(sandbox_service, tmp_path):
+    """End to end on SWE difficulty 1: teacher trajectories -> SFT -> greedy evaluation on held-out tasks."""
+    from components.core.harness import HarnessConfig
+    from components.core.modeling import build_tiny_model, save_policy
+    from components.core.policy_base import GenerationConfig
+    from components.distill import DistillConfig, distill
+    from components.evaluate import EvalConfig, evaluate
+    from components.recipes import get_recipe
+
+    recipe = get_recipe("swe", difficulty=1)
+    from components.core.store import TaskStore
+
+    TaskStore(tmp_path / "tasks").write(recipe.tasks("train", 40, seed=0) + recipe.tasks("heldout", 10, seed=0))
+    connection = sandbox_service.connection()
+    distill(DistillConfig(error_rate=0.1, max_parallel=2, sandbox=connection, progress=False),
+            tmp_path / "tasks", tmp_path / "trajs")
+    model_config = ModelConfig()
+    result = train_sft(SFTConfig(mode="resolved_only", steps=150, batch_size=8, max_len=1024, model=model_config),
+                       tmp_path / "trajs", tmp_path / "sft")
+    tokenizer = build_tokenizer(model_config.tokenizer)
+    save_policy(build_tiny_model(model_config, tokenizer), tokenizer, tmp_path / "untrained")
+    harness = HarnessConfig(max_steps=8, generation=GenerationConfig(max_new_tokens=160, temperature=0.0))
+    eval_config = EvalConfig(k=1, temperature=0.0, harness=harness, sandbox=connection, workers=2)
+    trained = evaluate(eval_config, tmp_path / "tasks", tmp_path / "sft", tmp_path / "eval-sft")
+    untrained = evaluate(eval_config, tmp_path / "tasks", tmp_path / "untrained", tmp_path / "eval-untrained")
+    print(f"held-out resolved rate: trained {trained.resolved_rate:.3f} vs untrained {untrained.resolved_rate:.3f} "
+          f"(final SFT loss {result.final_loss:.3f})")
+    assert trained.infra_errors == 0 and untrained.infra_errors == 0
+    assert trained.resolved_rate > untrained.resolved_rate

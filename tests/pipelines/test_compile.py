@@ -1,0 +1,169 @@
+"""The KFP and Argo YAML: they compile, load back, validate, hold the DAG of the diagram, and match golden files."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from google.protobuf import json_format
+
+from pipelines.argo_schema import validate_argo
+from pipelines.cli import ARGO_CRON_FILE, ARGO_TEMPLATE_FILE, KFP_FILE, compile_all, main
+from pipelines.schedule import RecurringRunSpec, recurring_run_arguments
+
+GOLDEN = Path(__file__).resolve().parents[2] / "pipelines" / "golden"
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[str, Path]:
+    return compile_all(tmp_path_factory.mktemp("compiled"))
+
+
+def _kfp_docs(compiled) -> list[dict]:
+    return list(yaml.safe_load_all(compiled["kfp"].read_text()))
+
+
+def test_kfp_yaml_loads_back_with_the_sdk_and_parses_as_pipeline_spec(compiled):
+    from kfp import components
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    loaded = components.load_component_from_file(str(compiled["kfp"]))
+    assert loaded.name == "orchard-training"
+    assert {"recipe", "n_train_tasks", "sft_steps", "rl_steps", "image", "sandbox_url", "mlflow_uri"} <= set(
+        loaded.component_spec.inputs
+    )
+    docs = _kfp_docs(compiled)
+    assert len(docs) == 2, "kfp-kubernetes settings compile into a second YAML document"
+    spec = json_format.ParseDict(docs[0], pipeline_spec_pb2.PipelineSpec())
+    assert spec.pipeline_info.name == "orchard-training"
+
+
+def test_kfp_dag_reads_like_the_diagram(compiled):
+    spec = _kfp_docs(compiled)[0]
+    assert set(spec["root"]["dag"]["tasks"]) == {"exit-handler-1", "close-run"}
+    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    deps = {name: set(t.get("dependentTasks", [])) for name, t in tasks.items()}
+    display = {name: t["taskInfo"]["name"] for name, t in tasks.items()}
+    assert deps["provision"] == {"start-run"}
+    assert "provision" in deps["distill"]
+    assert "distill" in deps["credit"]
+    assert {"credit", "init-policy"} <= deps["sft"]
+    assert "sft" in deps["rl"]
+    by_display = {display[n]: n for n in tasks}
+    assert {"init-policy"} <= deps[by_display["evaluate-untrained"]]
+    assert "sft" in deps[by_display["evaluate-sft"]] and "rl" in deps[by_display["evaluate-rl"]]
+    assert {by_display[f"evaluate-{a}"] for a in ("untrained", "sft", "rl")} <= deps["report"]
+    # typed artifacts between steps
+    comps = spec["components"]
+    assert comps["comp-distill"]["outputDefinitions"]["artifacts"]["trajectories"]["artifactType"]["schemaTitle"] == "system.Dataset"
+    assert comps["comp-sft"]["outputDefinitions"]["artifacts"]["model"]["artifactType"]["schemaTitle"] == "system.Model"
+    assert comps["comp-sft"]["outputDefinitions"]["artifacts"]["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
+
+
+def test_kfp_kubernetes_settings_gpu_pvc_secrets(compiled):
+    from kfp.kubernetes import kubernetes_executor_config_pb2 as k8s_pb
+
+    spec, platform = _kfp_docs(compiled)
+    executors = spec["deploymentSpec"]["executors"]
+    for step in ("sft", "rl"):
+        resources = executors[f"exec-{step}"]["container"]["resources"]
+        assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
+        assert resources["accelerator"]["resourceCount"] == "1"
+        assert executors[f"exec-{step}"]["container"]["image"] == "{{$.inputs.parameters['pipelinechannel--gpu_image']}}"
+    assert executors["exec-provision"]["container"]["image"] == "{{$.inputs.parameters['pipelinechannel--image']}}"
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for name, cfg in k8s.items():
+        json_format.ParseDict(cfg, k8s_pb.KubernetesExecutorConfig())  # the kfp-kubernetes schema
+    for step in ("sft", "rl"):
+        assert k8s[f"exec-{step}"]["nodeSelector"]["labels"] == {"orchard.dev/pool": "gpu"}
+        assert k8s[f"exec-{step}"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    for step in ("distill", "credit"):
+        assert k8s[f"exec-{step}"]["pvcMount"][0]["mountPath"] == "/mnt/trajectory-store"
+    for step in ("provision", "distill", "credit", "sft", "rl", "evaluate"):
+        envs = {e["envVar"] for s in k8s[f"exec-{step}"]["secretAsEnv"] for e in s["keyToEnv"]}
+        assert "ORCHARD_SANDBOX_TOKEN" in envs
+    assert "sandbox_url" in spec["root"]["inputDefinitions"]["parameters"]
+    assert "token" not in " ".join(spec["root"]["inputDefinitions"]["parameters"]), "secrets are never parameters"
+
+
+def test_argo_yaml_validates_against_the_workflow_schema(compiled):
+    template = yaml.safe_load(compiled["argo_template"].read_text())
+    cron = yaml.safe_load(compiled["argo_cron"].read_text())
+    validate_argo(template)
+    validate_argo(cron)
+    broken = yaml.safe_load(compiled["argo_template"].read_text())
+    broken["spec"]["templates"][0]["contianer"] = broken["spec"]["templates"][0].pop("container")
+    with pytest.raises(jsonschema.ValidationError):
+        validate_argo(broken)
+
+
+def test_argo_dag_gpu_steps_and_cron(compiled):
+    template = yaml.safe_load(compiled["argo_template"].read_text())
+    assert template["kind"] == "WorkflowTemplate"
+    templates = {t["name"]: t for t in template["spec"]["templates"]}
+    dag = {t["name"]: t for t in templates[template["spec"]["entrypoint"]]["dag"]["tasks"]}
+    for name, task in dag.items():
+        assert task["template"] in templates, f"{name} references a missing template"
+    assert dag["distill"]["depends"] == "provision"
+    assert dag["credit"]["depends"] == "distill"
+    assert set(dag["sft"]["depends"].split(" && ")) == {"credit", "init-policy"}
+    assert dag["rl"]["depends"] == "sft"
+    assert set(dag["report"]["depends"].split(" && ")) == {"evaluate-untrained", "evaluate-sft", "evaluate-rl"}
+    assert dag["sft"]["template"] == dag["rl"]["template"] == "gpu-step"
+    gpu = templates["gpu-step"]
+    assert gpu["container"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert gpu["nodeSelector"] == {"orchard.dev/pool": "gpu"}
+    env = {e["name"]: e for e in templates["cpu-step"]["container"]["env"]}
+    assert env["ORCHARD_SANDBOX_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "orchard-sandbox"
+    assert template["spec"]["onExit"] == "close-run"
+    assert template["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "run-data"
+
+    cron = yaml.safe_load(compiled["argo_cron"].read_text())
+    assert cron["kind"] == "CronWorkflow"
+    assert cron["spec"]["schedules"] == ["0 3 * * 0"]
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    assert cron["spec"]["workflowSpec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
+
+
+@pytest.mark.parametrize("kind,filename", [("kfp", KFP_FILE), ("argo_template", ARGO_TEMPLATE_FILE),
+                                           ("argo_cron", ARGO_CRON_FILE)])
+def test_golden_files(compiled, kind, filename):
+    """Compiled YAML equals the committed golden file; ORCHARD_REGENERATE_GOLDEN=1 rewrites it."""
+    golden = GOLDEN / filename
+    fresh = compiled[kind].read_text()
+    if os.environ.get("ORCHARD_REGENERATE_GOLDEN") == "1":
+        golden.parent.mkdir(parents=True, exist_ok=True)
+        golden.write_text(fresh)
+    assert golden.exists(), f"missing {golden}: run with ORCHARD_REGENERATE_GOLDEN=1 to create it"
+    assert fresh == golden.read_text(), (
+        f"{filename} differs from its golden file; if the change is intended, regenerate with "
+        "ORCHARD_REGENERATE_GOLDEN=1 pytest tests/pipelines/test_compile.py and review the diff"
+    )
+
+
+def test_cli_compile_writes_all_three(tmp_path, capsys):
+    assert main(["compile", "--out", str(tmp_path), "--preset", "tiny", "--schedule", "30 2 * * *"]) == 0
+    assert {p.name for p in tmp_path.iterdir()} == {KFP_FILE, ARGO_TEMPLATE_FILE, ARGO_CRON_FILE}
+    cron = yaml.safe_load((tmp_path / ARGO_CRON_FILE).read_text())
+    assert cron["spec"]["schedules"] == ["30 2 * * *"]
+    params = yaml.safe_load_all((tmp_path / KFP_FILE).read_text()).__next__()["root"]["inputDefinitions"]["parameters"]
+    assert params["n_train_tasks"]["defaultValue"] == 4  # the tiny preset's defaults
+
+
+def test_recurring_run_arguments_match_the_kfp_client_signature():
+    """No KFP server here: check the arguments bind to the real Client.create_recurring_run signature."""
+    import kfp
+
+    spec = RecurringRunSpec(package_path="build/pipelines/orchard-training.kfp.yaml", cron="0 3 * * 0",
+                            params={"preset": "demo"})
+    kwargs = recurring_run_arguments(spec, experiment_id="exp-1")
+    bound = inspect.signature(kfp.Client.create_recurring_run).bind(None, **kwargs)
+    assert bound.arguments["cron_expression"] == "0 0 3 * * 0"  # KFP wants a seconds field
+    assert bound.arguments["max_concurrency"] == 1
+    assert RecurringRunSpec(package_path="x", cron="0 0 3 * * 0").kfp_cron == "0 0 3 * * 0"
+    with pytest.raises(ValueError, match="fields"):
+        RecurringRunSpec(package_path="x", cron="every sunday")

@@ -1,0 +1,113 @@
+"""End to end: the local runner executes the whole DAG with real sandboxes, real training and MLflow."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import mlflow
+import pytest
+
+from components.core.store import TaskStore, TrajectoryStore
+from pipelines.config import PipelineConfig
+from pipelines.local import PLAN, run_local
+
+STAGE_MODULES = sorted({module for _, _, module, _ in PLAN if module})
+MISSING = [m for m in STAGE_MODULES if importlib.util.find_spec(m) is None]
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"stage modules not present yet: {MISSING}")
+
+
+def _check_run(result, config: PipelineConfig) -> None:
+    layout_root = result.run_dir
+    assert result.stages_skipped == [], result.stages_skipped
+    assert result.stages_ran == [name for name, *_ in PLAN]
+    assert [r.policy for r in result.report.rows] == ["teacher", "untrained", "sft", "rl"]
+
+    # artifacts, in the documented layout
+    from pipelines.layout import RunLayout
+
+    layout = RunLayout(layout_root)
+    tasks = TaskStore(layout.tasks).read()
+    assert {t.split for t in tasks} == {"train", "heldout"}
+    assert sum(t.split == "train" for t in tasks) == config.tasks.n_train
+    trajectories = TrajectoryStore(layout.trajectories).read()
+    assert len(trajectories) == config.tasks.n_train * config.distill.attempts_per_task
+    assert len(TrajectoryStore(layout.credited).read()) == len(trajectories)
+    for model_dir in (layout.base_model, layout.sft_model, layout.rl_model):
+        assert (model_dir / "config.json").exists() and any(model_dir.glob("*.safetensors"))
+    for arm in ("untrained", "sft", "rl"):
+        assert layout.result_path(f"evaluate-{arm}").exists()
+    assert "| untrained |" in layout.report.read_text() and "| rl |" in layout.report.read_text()
+
+    # sane values
+    for row in result.report.rows:
+        assert row.resolved_rate is not None and 0.0 <= row.resolved_rate <= 1.0, row
+    distilled = json.loads(layout.result_path("distill").read_text())
+    credit = json.loads(layout.result_path("credit").read_text())
+    assert credit["unresolved"] == distilled["counts"]["unresolved"]
+    if distilled["counts"]["unresolved"]:
+        assert credit["labelled"] + credit["failed"] >= 1, "credit labelling ran on an unresolved trajectory"
+    sft = json.loads(layout.result_path("sft").read_text())
+    assert math.isfinite(sft["final_loss"]) and sft["final_loss"] > 0
+    assert result.report.trajectories["total"] == len(trajectories)
+    assert result.report.exec_latency["n"] > 0 and 0 < result.report.exec_latency["p50"] < 30
+
+    # MLflow: one finished parent, one child per stage, the table and the registered model
+    client = mlflow.MlflowClient(result.tracking_uri)
+    parent = client.get_run(result.parent_run_id)
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["orchard.stage"] == "pipeline"
+    assert parent.data.params["tasks.n_train"] == str(config.tasks.n_train)
+    assert 0.0 <= parent.data.metrics["heldout_resolved_rate.rl"] <= 1.0
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'")
+    names = sorted(c.info.run_name for c in children)
+    assert names == sorted(["provision", "init-policy", "distill", "credit", "sft", "rl", "evaluate-teacher",
+                            "evaluate-untrained", "evaluate-sft", "evaluate-rl"]), names
+    assert all(c.info.status == "FINISHED" for c in children)
+    sft_run = next(c for c in children if c.info.run_name == "sft")
+    assert sft_run.data.params["mode"] == config.sft.mode
+    artifacts = {a.path for a in client.list_artifacts(result.parent_run_id)}
+    assert {"report.md", "results_table.json", "stores"} <= artifacts
+    shards = {a.path for a in client.list_artifacts(result.parent_run_id, "stores/trajectories")}
+    assert any(p.endswith(".parquet") for p in shards), shards
+    plots = {a.path for a in client.list_artifacts(result.parent_run_id, "plots")}
+    assert "plots/resolved_rates.png" in plots
+    versions = client.search_model_versions(f"name = '{config.register_model_name}'")
+    assert len(versions) == 1
+
+
+@pytest.mark.timeout(900)
+def test_local_pipeline_micro(tmp_path, sandbox_service, micro_config):
+    config = micro_config
+    result = run_local(config, tmp_path / "runs", service=sandbox_service)
+    _check_run(result, config)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_local_pipeline_tiny_preset(tmp_path, sandbox_service):
+    config = PipelineConfig.preset_config("tiny", register_model_name="orchard-test-policy")
+    result = run_local(config, tmp_path / "runs", service=sandbox_service)
+    _check_run(result, config)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # every component is a fresh interpreter: minutes of imports alone
+def test_kfp_local_subprocess_runner(tmp_path, sandbox_service, micro_config):
+    """The same DAG through kfp.local: every component in its own subprocess via KFP's executor."""
+    from pipelines.local import run_kfp_local
+
+    config = micro_config
+    out = run_kfp_local(config, tmp_path / "runs", service=sandbox_service)
+    client = mlflow.MlflowClient(out["tracking_uri"])
+    parent = client.get_run(out["parent_run_id"])
+    assert parent.info.status == "FINISHED"
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'")
+    assert sorted(c.info.run_name for c in children) == sorted(
+        ["provision", "init-policy", "distill", "credit", "sft", "rl", "evaluate-untrained", "evaluate-sft",
+         "evaluate-rl"])
+    assert "| untrained |" in out["markdown"] and "| rl |" in out["markdown"]
+    assert 0.0 <= parent.data.metrics["heldout_resolved_rate.rl"] <= 1.0

@@ -1,0 +1,54 @@
+"""The results table and the exec-latency figures it quotes."""
+
+from __future__ import annotations
+
+import math
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from pipelines.config import PipelineConfig
+from pipelines.report import build_report, to_markdown
+from pipelines.service_metrics import histogram_summary
+
+
+def test_histogram_summary_matches_the_observations():
+    registry = CollectorRegistry()
+    h = Histogram("orchard_exec_seconds", "exec", ["outcome"], buckets=(0.01, 0.1, 1.0, 10.0), registry=registry)
+    for value in [0.05] * 50 + [0.5] * 45 + [5.0] * 5:
+        h.labels(outcome="ok" if value < 1 else "slow").observe(value)
+    summary = histogram_summary(generate_latest(registry).decode(), "orchard_exec_seconds")
+    assert summary["n"] == 100
+    assert math.isclose(summary["mean"], (0.05 * 50 + 0.5 * 45 + 5.0 * 5) / 100)
+    assert 0.01 < summary["p50"] <= 0.1  # the 50th observation is in the (0.01, 0.1] bucket
+    assert 0.1 < summary["p95"] <= 1.0
+    assert histogram_summary("", "orchard_exec_seconds") == {}
+
+
+def test_report_rows_come_from_typed_eval_results():
+    evals = {
+        "rl": {"resolved": 3, "valid_attempts": 6, "resolved_rate": 0.5, "pass_at_k": 0.5, "infra_error_rate": 0.0,
+               "mean_steps": 4.0, "metrics": {}},
+        "untrained": {"resolved": 0, "valid_attempts": 6, "resolved_rate": 0.0, "metrics": {"mean_steps": 6.0}},
+        "teacher": {"resolved": 5, "valid_attempts": 6, "resolved_rate": 5 / 6, "metrics": {}},
+    }
+    report = build_report(evals, {"resolved": 10, "unresolved": 4, "infra_error": 1, "metrics": {}},
+                          exec_latency={"n": 12, "p50": 0.02}, stages_skipped=["sft (x)"])
+    assert [r.policy for r in report.rows] == ["teacher", "untrained", "rl"]
+    assert report.rows[1].mean_steps == 6.0  # found in metrics when not a typed field
+    assert report.trajectories == {"resolved": 10, "unresolved": 4, "infra_error": 1, "total": 15}
+    md = to_markdown(report)
+    assert "| teacher (reference) | 83.3% | 5 / 6 |" in md
+    assert "| rl | 50.0% | 3 / 6 | 50.0% | 0.0% | 4.00 |" in md
+    assert "Not run: sft (x)" in md
+
+
+def test_presets_are_valid_and_overridable():
+    tiny = PipelineConfig.preset_config("tiny", sft={"steps": 2})
+    assert tiny.sft.steps == 2 and tiny.sft.batch_size == PipelineConfig.preset_config("tiny").sft.batch_size
+    assert PipelineConfig.preset_config("demo").tasks.n_train > tiny.tasks.n_train
+    import pytest
+
+    with pytest.raises(ValueError, match="unknown preset"):
+        PipelineConfig.preset_config("huge")
+    with pytest.raises(ValueError):
+        PipelineConfig.preset_config("tiny", sft={"stepz": 2})

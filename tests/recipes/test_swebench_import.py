@@ -1,0 +1,84 @@
+"""SWE-bench-format import: a tiny instance built here (a real git repo), verified in real sandboxes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from components.core.schema import ToolCall
+from components.recipes.swe import SWERecipe
+from components.recipes.swe.checks import check_task
+from components.recipes.swe.swebench import SWEBenchImportError, import_swebench
+
+BUGGY = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"
+FIXED = BUGGY.replace("return a - b\n\n\n", "return a + b\n\n\n", 1)
+TEST_ADD = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
+
+
+def git(cwd, *args) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
+                          capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def instance(tmp_path):
+    repo = tmp_path / "repos" / "acme__calc"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "calc.py").write_text(BUGGY)
+    (repo / "tests" / "test_calc.py").write_text("from calc import sub\n\n\ndef test_sub():\n    assert sub(3, 1) == 2\n")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "base")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "calc.py").write_text(FIXED)
+    patch = git(repo, "diff")
+    (repo / "tests" / "test_add.py").write_text(TEST_ADD)
+    git(repo, "add", "tests/test_add.py")
+    test_patch = git(repo, "diff", "--cached", "--", "tests")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "fix add (the future the agent must not see)")
+    inst = {"instance_id": "acme__calc-1", "repo": "acme/calc", "base_commit": base,
+            "problem_statement": "add(2, 3) returns -1; it should return 5.", "patch": patch,
+            "test_patch": test_patch, "FAIL_TO_PASS": json.dumps(["tests/test_add.py::test_add"]),
+            "PASS_TO_PASS": json.dumps(["tests/test_calc.py::test_sub"]), "version": "0.1"}
+    path = tmp_path / "instances.jsonl"
+    path.write_text(json.dumps(inst) + "\n")
+    return path, tmp_path / "repos", inst
+
+
+def test_import_from_jsonl_and_parquet(instance, tmp_path):
+    path, repos, inst = instance
+    (task,) = import_swebench(path, repos)
+    assert task.id == "acme__calc-1" and task.split == "heldout"
+    assert task.verifier.fail_to_pass == ["tests/test_add.py::test_add"]
+    assert task.environment.base_commit == inst["base_commit"] and task.reference_solution == inst["patch"]
+    pq.write_table(pa.Table.from_pylist([inst]), tmp_path / "inst.parquet")
+    assert import_swebench(tmp_path / "inst.parquet", repos) == [task]
+
+
+def test_import_errors_say_what_is_missing(instance, tmp_path):
+    path, _, inst = instance
+    with pytest.raises(SWEBenchImportError, match="no git checkout of acme/calc"):
+        import_swebench(path, tmp_path / "elsewhere")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({k: v for k, v in inst.items() if k != "test_patch"}) + "\n")
+    with pytest.raises(SWEBenchImportError, match="missing fields \\['test_patch'\\]"):
+        import_swebench(bad, tmp_path / "repos")
+
+
+def test_imported_instance_verifies_in_sandboxes(instance, sandbox_client):
+    path, repos, _ = instance
+    (task,) = import_swebench(path, repos)
+    recipe = SWERecipe()
+    check = check_task(recipe, task, sandbox_client)
+    assert check.ok, check
+    with sandbox_client.create(recipe.sandbox_spec(task)) as sandbox:
+        recipe.setup(sandbox, task)
+        seen = recipe.execute_tool(sandbox, task, ToolCall(name="bash", arguments={
+            "command": "cat calc.py; git log --all --oneline | wc -l; ls tests"}))
+        assert "return a - b\n\n\ndef sub" in seen.output  # the base commit's tree ...
+        assert "\n1\n" in seen.output and "test_add" not in seen.output  # ... one commit, no future, no test patch

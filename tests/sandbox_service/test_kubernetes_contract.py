@@ -1,0 +1,811 @@
+"""Contract test of the Kubernetes backend against an in-process fake of the API endpoints it uses.
+
+There is no cluster here. What this covers: the real `kubernetes` client, pointed at a small HTTP
+server on 127.0.0.1 (`Configuration(host=...)`), sends the requests the backend makes; the fake
+checks each body against the Kubernetes OpenAPI schema (kubernetes-validate, strict) and the API
+server's name/label rules, assigns uids and resourceVersions, garbage-collects dependents by their
+ownerReferences, answers 404/409 like the API server, and injects 409/429/5xx faults. Pod status is
+scripted per test (Pending -> Running with an IP, OOMKilled, ErrImagePull, Unschedulable, ...).
+
+What it does not cover: a real API server's admission (quotas, PodSecurity, webhooks), a scheduler,
+a kubelet pulling images and starting containers, a CNI enforcing the NetworkPolicy. Those run only
+in `scripts/smoke-k8s.sh` against a real cluster, which has not been run from this repository's CI.
+
+The last tests run the real agent with the exact command and TLS material the backend puts in the
+pod (the injected layout emulated in a temp dir, this machine's Python standing in for the
+standalone one), so the pod command, the Secret's certificate and the agent client agree.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlparse
+
+import kubernetes_validate
+import pytest
+from kubernetes import client as k8s
+
+from sandbox_service.backends.base import AgentEndpoint
+from sandbox_service.backends.kubernetes import KubernetesBackend, PodStartError
+from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
+from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxServiceError
+from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
+
+REPO = Path(__file__).resolve().parents[2]
+K8S_VERSION = "1.30"  # the API version kubernetes==30 (the installed client) speaks
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_ROUTE = re.compile(r"^/(?:api/v1|apis/networking\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/"
+                    r"(?P<kind>pods|secrets|networkpolicies)(?:/(?P<name>[^/]+))?$")
+_KIND = {"pods": ("Pod", "v1"), "secrets": ("Secret", "v1"),
+         "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1")}
+
+
+def _ts(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _label_problems(labels: dict[str, str]) -> list[str]:
+    """The API server's label rules (apimachinery validation), which the OpenAPI schema does not hold."""
+    bad = []
+    for key, value in labels.items():
+        prefix, _, name = key.rpartition("/")
+        if (prefix and (len(prefix) > 253 or not _NAME.match(prefix))) or not name or len(name) > 63 \
+                or not _LABEL_VALUE.match(name):
+            bad.append(f"label key {key!r}")
+        if len(value) > 63 or not _LABEL_VALUE.match(value):
+            bad.append(f"label value {value!r}")
+    return bad
+
+
+class FakeKubernetesAPI:
+    """The handful of endpoints the backend uses, with the API server's observable behaviour."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict] = {}
+        self.requests: list[dict] = []
+        self.faults: list[dict] = []
+        self.kubelet = None  # fn(pod, reads) -> status dict | None, called on every pod read
+        self.reads: dict[str, int] = {}
+        self.content_types: list[tuple[str, str, str]] = []
+        self.on_delete = lambda obj: None  # what a kubelet does when a pod goes
+        self.gc_enabled = True  # False: the garbage collector lags, dependents outlive their owner a while
+        self.lock = threading.Lock()
+        self._rv = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
+                                       daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # -- test helpers -------------------------------------------------------------------------------
+    def fail(self, method: str, kind: str, status: int, reason: str = "", *, times: int = 1,
+             headers: dict | None = None, after: bool = False) -> None:
+        """The next `times` matching requests answer `status`; `after`: the operation happens first
+        (a lost response)."""
+        self.faults.append(dict(method=method, kind=kind, status=status, reason=reason, times=times,
+                                headers=headers or {}, after=after))
+
+    def of_kind(self, kind: str) -> list[dict]:
+        return [o for (k, _, _), o in self.objects.items() if k == kind]
+
+    def sent(self, method: str, kind: str) -> list[dict]:
+        return [r for r in self.requests if r["method"] == method and r["kind"] == kind]
+
+    def set_pod_status(self, name: str, status: dict) -> None:
+        with self.lock:
+            self.objects[("pods", "orchard", name)]["status"] = status
+
+    # -- the server ---------------------------------------------------------------------------------
+    def _next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def _status(self, code: int, reason: str, message: str) -> tuple[int, dict]:
+        return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                      "reason": reason, "message": message}
+
+    def _validate(self, kind: str, body: dict) -> str | None:
+        try:
+            kubernetes_validate.validate(body, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            return f"schema: {err.message} at {list(err.absolute_path)}"
+        meta = body.get("metadata", {})
+        if not _NAME.match(meta.get("name", "")) or len(meta.get("name", "")) > 253:
+            return f"metadata.name {meta.get('name')!r} is not a DNS subdomain"
+        if kind == "pods" and len(meta["name"]) > 63:
+            return "pod name longer than 63 characters (it is the hostname)"
+        problems = _label_problems(meta.get("labels") or {})
+        return "; ".join(problems) or None
+
+    def _gc(self, uid: str) -> None:
+        """The garbage collector: dependents of a deleted owner go too."""
+        if not self.gc_enabled:
+            return
+        for key, obj in list(self.objects.items()):
+            if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or []):
+                del self.objects[key]
+
+    def handle(self, method: str, path: str, query: dict, body: dict | None) -> tuple[int, dict, dict]:
+        route = _ROUTE.match(path)
+        if not route:
+            return (*self._status(404, "NotFound", f"no route {path}"), {})
+        ns, kind, name = route["ns"], route["kind"], route["name"]
+        with self.lock:
+            self.requests.append(dict(method=method, kind=kind, name=name, query=query, body=body))
+            for fault in self.faults:
+                if fault["times"] > 0 and fault["method"] == method and fault["kind"] == kind:
+                    fault["times"] -= 1
+                    if fault["after"]:
+                        self._apply(method, ns, kind, name, query, body)
+                    return (*self._status(fault["status"], fault["reason"], "injected fault"), fault["headers"])
+            return (*self._apply(method, ns, kind, name, query, body), {})
+
+    def _apply(self, method, ns, kind, name, query, body) -> tuple[int, dict]:
+        api_kind, api_version = _KIND[kind]
+        if method == "POST":
+            body = {"apiVersion": api_version, "kind": api_kind, **body}  # as the API server fills them in
+            problem = self._validate(kind, body)
+            if problem:
+                return self._status(422, "Invalid", problem)
+            key = (kind, ns, body["metadata"]["name"])
+            if key in self.objects:
+                return self._status(409, "AlreadyExists", f'{kind} "{key[2]}" already exists')
+            obj = copy.deepcopy(body)
+            obj["metadata"].update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(),
+                                   creationTimestamp=_ts(datetime.now(timezone.utc)), namespace=ns)
+            if kind == "pods":
+                obj["status"] = {"phase": "Pending"}
+            self.objects[key] = obj
+            return 201, obj
+        if name is None and method == "GET":
+            selector = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
+            items = [o for (k, n, _), o in self.objects.items() if k == kind and n == ns
+                     and all((o["metadata"].get("labels") or {}).get(a) == b for a, b in selector.items())]
+            for item in items:
+                self._kubelet(item)
+            return 200, {"kind": f"{api_kind}List", "apiVersion": api_version,
+                         "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+        key = (kind, ns, name)
+        if key not in self.objects:
+            return self._status(404, "NotFound", f'{kind} "{name}" not found')
+        obj = self.objects[key]
+        if method == "GET":
+            self._kubelet(obj)
+            return 200, obj
+        if method == "DELETE":
+            del self.objects[key]
+            self.on_delete(obj)
+            self._gc(obj["metadata"]["uid"])
+            return 200, obj if kind == "pods" else {"kind": "Status", "apiVersion": "v1", "status": "Success"}
+        if method == "PATCH":  # strategic merge, as far as the backend uses it: metadata fields
+            for field, value in (body.get("metadata") or {}).items():
+                obj["metadata"][field] = value
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            return 200, obj
+        if method == "PUT":
+            if body["metadata"].get("resourceVersion") != obj["metadata"]["resourceVersion"]:
+                return self._status(409, "Conflict", "the object has been modified; please apply your "
+                                                     "changes to the latest version and try again")
+            problem = self._validate(kind, {k: v for k, v in body.items() if k != "status"})
+            if problem:
+                return self._status(422, "Invalid", problem)
+            new = copy.deepcopy(body)
+            new["metadata"]["resourceVersion"] = self._next_rv()
+            self.objects[key] = new
+            return 200, new
+        return self._status(405, "MethodNotAllowed", method)
+
+    def _kubelet(self, pod: dict) -> None:
+        if pod.get("kind", "Pod") != "Pod" or self.kubelet is None:
+            return
+        name = pod["metadata"]["name"]
+        self.reads[name] = self.reads.get(name, 0) + 1
+        status = self.kubelet(pod, self.reads[name])
+        if status is not None:
+            pod["status"] = status
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep pytest output clean
+                pass
+
+            def _serve(self, method: str) -> None:
+                url = urlparse(self.path)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                if method in ("POST", "PUT", "PATCH"):
+                    fake.content_types.append((method, url.path, self.headers.get("Content-Type")))
+                status, payload, headers = fake.handle(method, url.path, parse_qs(url.query), body)
+                raw = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self):
+                self._serve("GET")
+
+            def do_POST(self):
+                self._serve("POST")
+
+            def do_PUT(self):
+                self._serve("PUT")
+
+            def do_PATCH(self):
+                self._serve("PATCH")
+
+            def do_DELETE(self):
+                self._serve("DELETE")
+
+        return Handler
+
+
+# -- kubelet scripts: what a pod's status looks like over successive reads ----------------------------
+def running_after(reads_pending: int, ip: str = "10.244.1.7"):
+    def kubelet(pod: dict, reads: int) -> dict:
+        if reads <= reads_pending:
+            return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+        return {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "containerStatuses": [{"name": "sandbox", "image": pod["spec"]["containers"][0]["image"],
+                                       "imageID": "", "ready": True, "restartCount": 0,
+                                       "state": {"running": {"startedAt": _ts(datetime.now(timezone.utc))}}}]}
+    return kubelet
+
+
+def waiting(reason: str, message: str):
+    def kubelet(pod: dict, reads: int) -> dict:
+        return {"phase": "Pending", "containerStatuses": [
+            {"name": "sandbox", "image": pod["spec"]["containers"][0]["image"], "imageID": "", "ready": False,
+             "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}]}
+    return kubelet
+
+
+class Sleeps(list):
+    """Records backoff sleeps instead of sleeping, so retry tests take no wall time."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+@pytest.fixture
+def fake():
+    api = FakeKubernetesAPI()
+    yield api
+    api.close()
+
+
+def make_backend(fake: FakeKubernetesAPI, tmp_path: Path, sleeps: Sleeps | None = None, clock=None,
+                 **overrides) -> KubernetesBackend:
+    settings = dict(namespace="orchard", snapshot_dir=tmp_path / "snapshots", image_pull_grace_seconds=0,
+                    unschedulable_timeout_seconds=60, start_timeout_seconds=20, retry_attempts=4)
+    settings.update(overrides)
+    configuration = k8s.Configuration(host=fake.url)
+    kwargs = {"clock": clock} if clock else {}
+    return KubernetesBackend(KubernetesBackendConfig(**settings), api_client=k8s.ApiClient(configuration),
+                             sleep=sleeps if sleeps is not None else Sleeps(), resolver=lambda h: ["93.184.216.34"],
+                             **kwargs)
+
+
+SPEC = SandboxCreate(image="docker.io/library/python:3.12-slim", labels={"task": "swe/django-1234", "stage": "rl"})
+
+
+def test_the_fake_refuses_what_the_api_server_would(fake, tmp_path):
+    """The fake is only a contract if it can say no: schema errors and label rules give 422."""
+    core = k8s.CoreV1Api(k8s.ApiClient(k8s.Configuration(host=fake.url)))
+    bad_label = k8s.V1Secret(metadata=k8s.V1ObjectMeta(name="x", labels={"task": "swe/1"}))
+    with pytest.raises(k8s.exceptions.ApiException) as caught:
+        core.create_namespaced_secret("orchard", bad_label)
+    assert caught.value.status == 422 and "label value" in caught.value.body
+    bad_schema = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                  "spec": {"containers": [{"name": "c", "image": "i", "imagePullPolicy": "Sometimes", "bogus": 1}]}}
+    with pytest.raises(k8s.exceptions.ApiException) as caught:
+        core.create_namespaced_pod("orchard", bad_schema)
+    assert caught.value.status == 422 and "schema" in caught.value.body
+    assert fake.objects == {}
+
+
+# -- creation -------------------------------------------------------------------------------------------
+def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, tmp_path):
+    fake.kubelet = running_after(reads_pending=2)
+    backend = make_backend(fake, tmp_path)
+    endpoint = backend.start("sb-0001", SPEC, Resources(cpu=2, memory_mb=2048), "s3cret")
+
+    assert endpoint.transport == "tcp" and endpoint.address == "10.244.1.7:8700"
+    assert endpoint.tls and endpoint.secret == "s3cret" and "BEGIN CERTIFICATE" in endpoint.ca_cert_pem
+    assert [(r["method"], r["kind"]) for r in fake.requests[:4]] == [
+        ("POST", "secrets"), ("POST", "pods"), ("PATCH", "secrets"), ("POST", "networkpolicies")]
+    assert fake.reads[fake.of_kind("pods")[0]["metadata"]["name"]] == 3  # polled through Pending
+
+    (pod,), (secret,), (policy,) = fake.of_kind("pods"), fake.of_kind("secrets"), fake.of_kind("networkpolicies")
+    for obj in (pod, secret, policy):
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "orchard"
+        assert labels["orchard.dev/sandbox-id"] == "sb-0001"
+        assert labels["label.orchard.dev/task"] == "swe-django-1234-" + labels["label.orchard.dev/task"][-8:]
+        assert obj["metadata"]["annotations"]["orchard.dev/sandbox-id"] == "sb-0001"
+    owner = {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+    assert secret["metadata"]["ownerReferences"] == [owner]
+    assert policy["metadata"]["ownerReferences"] == [owner]
+    patch_type = [c for m, p, c in fake.content_types if m == "PATCH"]
+    assert patch_type == ["application/strategic-merge-patch+json"]
+
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    assert spec["activeDeadlineSeconds"] == int(SPEC.ttl_seconds)
+    main = spec["containers"][0]
+    assert main["image"] == SPEC.image and "--tcp" in main["command"] and "0.0.0.0:8700" in main["command"]
+    assert main["resources"]["limits"] == {"cpu": "2000m", "memory": "2112Mi", "ephemeral-storage": "2304Mi"}
+    assert not any("serviceaccount" in (m["mountPath"]) for m in main["volumeMounts"])
+    assert spec["initContainers"][0]["image"] == backend.config.injector_image
+    assert base64.b64decode(secret["data"]["agent-secret"]).decode() == "s3cret"
+
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and policy["spec"]["egress"] == []
+    assert policy["spec"]["podSelector"]["matchLabels"]["orchard.dev/sandbox-id"] == "sb-0001"
+    assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8700}]
+
+    # ownerReferences point at the right uid: deleting the pod alone takes the others with it
+    k8s.CoreV1Api(backend.api_client).delete_namespaced_pod(pod["metadata"]["name"], "orchard")
+    assert fake.objects == {}
+    backend.close()
+
+
+def test_image_pull_failure_fails_start_with_the_image_name_and_leaks_nothing(fake, tmp_path):
+    fake.kubelet = waiting("ErrImagePull", 'rpc error: manifest for "nope:1" not found')
+    backend = make_backend(fake, tmp_path)
+    with pytest.raises(PodStartError) as caught:
+        backend.start("sb-pull", SPEC.model_copy(update={"image": "registry.example/nope:1"}), Resources(), "s")
+    assert caught.value.infra_error is InfraErrorKind.IMAGE_PULL_FAILED
+    assert "registry.example/nope:1" in caught.value.message and "ErrImagePull" in caught.value.message
+    assert not isinstance(caught.value, BackendUnavailableError)  # the service must not retry a bad image
+    assert fake.objects == {}
+
+
+def test_image_pull_backoff_within_grace_keeps_waiting(fake, tmp_path):
+    state = {"pull_failed_reads": 3}
+
+    def kubelet(pod, reads):
+        if reads <= state["pull_failed_reads"]:
+            return waiting("ImagePullBackOff", "Back-off pulling image")(pod, reads)
+        return running_after(0)(pod, reads)
+
+    fake.kubelet = kubelet
+    backend = make_backend(fake, tmp_path, image_pull_grace_seconds=30)
+    assert backend.start("sb-slowpull", SPEC, Resources(), "s").address.endswith(":8700")
+
+
+def test_unschedulable_for_too_long_is_retryable_unavailable(fake, tmp_path):
+    created = datetime.now(timezone.utc)
+    fake.kubelet = lambda pod, reads: {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/3 nodes are available: 3 Insufficient memory."}]}
+    backend = make_backend(fake, tmp_path, clock=lambda: created + timedelta(seconds=61))
+    with pytest.raises(BackendUnavailableError) as caught:
+        backend.start("sb-big", SPEC, Resources(memory_mb=512_000), "s")
+    assert caught.value.infra_error is InfraErrorKind.UNAVAILABLE
+    assert "Insufficient memory" in caught.value.message
+    assert fake.objects == {}
+
+
+def test_start_timeout_is_retryable_and_cleans_up(fake, tmp_path):
+    fake.kubelet = lambda pod, reads: {"phase": "Pending"}
+    backend = make_backend(fake, tmp_path, start_timeout_seconds=0.3, poll_interval_seconds=0.05)
+    backend._sleep = time.sleep  # this one really waits for the deadline
+    with pytest.raises(BackendUnavailableError) as caught:
+        backend.start("sb-slow", SPEC, Resources(), "s")
+    assert caught.value.infra_error is InfraErrorKind.TIMEOUT
+    assert fake.objects == {}
+
+
+def test_missing_image_is_refused_before_any_request(fake, tmp_path):
+    backend = make_backend(fake, tmp_path)
+    with pytest.raises(InvalidRequestError, match="SandboxCreate.image"):
+        backend.start("sb-noimage", SandboxCreate(), Resources(), "s")
+    assert fake.sent("POST", "pods") == [] and fake.objects == {}
+
+
+# -- retries ----------------------------------------------------------------------------------------------
+def test_retries_429_with_retry_after_500_and_quota_conflict_then_succeeds(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    fake.fail("POST", "pods", 429, "TooManyRequests", headers={"Retry-After": "3"})
+    fake.fail("POST", "pods", 500, "InternalError")
+    fake.fail("POST", "pods", 409, "Conflict")  # e.g. "Operation cannot be fulfilled on resourcequotas"
+    sleeps = Sleeps()
+    backend = make_backend(fake, tmp_path, sleeps=sleeps)
+    backend.start("sb-retry", SPEC, Resources(), "s")
+    assert len(fake.sent("POST", "pods")) == 4 and len(fake.of_kind("pods")) == 1
+    assert sleeps[0] == 3.0  # Retry-After obeyed
+    assert all(0 <= s <= backend.config.retry_max_seconds for s in sleeps[1:3])
+
+
+def test_lost_create_response_reads_back_the_existing_pod(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    fake.fail("POST", "pods", 503, "ServiceUnavailable", after=True)  # created, but the answer was lost
+    backend = make_backend(fake, tmp_path)
+    endpoint = backend.start("sb-lost", SPEC, Resources(), "s")
+    assert endpoint.address.startswith("10.244.1.7")
+    posts = fake.sent("POST", "pods")
+    assert len(posts) == 2 and len(fake.of_kind("pods")) == 1  # the retry met AlreadyExists, then read it
+
+
+def test_persistent_5xx_becomes_backend_unavailable_after_the_configured_attempts(fake, tmp_path):
+    fake.fail("POST", "secrets", 503, "ServiceUnavailable", times=100)
+    backend = make_backend(fake, tmp_path, retry_attempts=3)
+    with pytest.raises(BackendUnavailableError, match="after 3 attempts") as caught:
+        backend.start("sb-down", SPEC, Resources(), "s")
+    assert caught.value.infra_error is InfraErrorKind.UNAVAILABLE
+    assert len(fake.sent("POST", "secrets")) == 3
+
+
+def test_forbidden_is_not_retried_and_names_the_role(fake, tmp_path):
+    fake.fail("POST", "secrets", 403, "Forbidden")
+    backend = make_backend(fake, tmp_path)
+    with pytest.raises(SandboxServiceError, match="rbac.yaml") as caught:
+        backend.start("sb-rbac", SPEC, Resources(), "s")
+    assert not isinstance(caught.value, BackendUnavailableError)
+    assert len(fake.sent("POST", "secrets")) == 1
+
+
+# -- status -----------------------------------------------------------------------------------------------
+def _terminated(reason: str, code: int) -> dict:
+    return {"terminated": {"reason": reason, "exitCode": code}}
+
+
+@pytest.mark.parametrize("status, kind, alive, words", [
+    ({"phase": "Running", "podIP": "10.0.0.9"}, None, True, ""),
+    ({"phase": "Failed", "containerStatuses": [{"name": "sandbox", "image": "i", "imageID": "", "ready": False,
+                                                "restartCount": 0, "state": _terminated("OOMKilled", 137)}]},
+     InfraErrorKind.OOM_KILLED, False, "memory limit"),
+    ({"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: ephemeral-storage.",
+      "containerStatuses": [{"name": "sandbox", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
+                             "state": _terminated("ContainerStatusUnknown", 137)}]},
+     InfraErrorKind.SANDBOX_CRASHED, False, "evicted"),
+    ({"phase": "Failed", "reason": "DeadlineExceeded"}, InfraErrorKind.SANDBOX_DELETED, False, "lifetime"),
+    ({"phase": "Running", "podIP": "10.0.0.9", "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "message": "drain"}]},
+     InfraErrorKind.SANDBOX_CRASHED, False, "disrupted"),
+    ({"phase": "Unknown"}, InfraErrorKind.AGENT_LOST, False, "node"),
+])
+def test_status_maps_pod_state(fake, tmp_path, status, kind, alive, words):
+    fake.kubelet = running_after(0)
+    backend = make_backend(fake, tmp_path)
+    backend.start("sb-status", SPEC, Resources(), "s")
+    fake.kubelet = None
+    fake.set_pod_status(fake.of_kind("pods")[0]["metadata"]["name"], status)
+    seen = backend.status("sb-status")
+    assert (seen.alive, seen.infra_error) == (alive, kind)
+    assert words in (seen.message or "")
+
+
+def test_status_of_a_deleted_pod_and_of_a_restarted_service(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    first = make_backend(fake, tmp_path)
+    first.start("sb-st2", SPEC, Resources(), "s")
+    second = make_backend(fake, tmp_path)  # knows no pod names: finds the pod by its labels
+    assert second.status("sb-st2").alive
+    fake.objects.clear()
+    gone = first.status("sb-st2")
+    assert (gone.alive, gone.infra_error) == (False, InfraErrorKind.SANDBOX_DELETED)
+
+
+# -- deletion and orphans -------------------------------------------------------------------------------
+def test_stop_deletes_every_object_and_is_idempotent(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    backend = make_backend(fake, tmp_path, delete_grace_seconds=2)
+    backend.start("sb-stop", SPEC, Resources(), "s")
+    backend.stop("sb-stop")
+    assert fake.objects == {}
+    deletes = fake.sent("DELETE", "pods")
+    assert deletes[0]["query"]["gracePeriodSeconds"] == ["2"]
+    backend.stop("sb-stop")  # nothing left: still fine
+    backend.stop("sb-never-existed")
+
+
+def test_list_orphans_finds_a_dead_services_sandboxes_and_only_its_instances(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    old = make_backend(fake, tmp_path)
+    old.start("sb-a", SPEC, Resources(), "s")
+    old.start("sb-b", SPEC, Resources(), "s")
+    other = make_backend(fake, tmp_path, instance="other")
+    other.start("sb-c", SPEC, Resources(), "s")
+    # half-created leftovers count too: a Secret whose pod never came
+    fake.objects = {k: v for k, v in fake.objects.items()
+                    if not (k[0] == "pods" and "sb-b" in v["metadata"]["annotations"]["orchard.dev/sandbox-id"])}
+    assert old.list_orphans() == []  # everything it holds it knows
+    restarted = make_backend(fake, tmp_path)
+    assert restarted.list_orphans() == ["sb-a", "sb-b"]
+    for sandbox_id in restarted.list_orphans():
+        restarted.stop(sandbox_id)
+    left = {o["metadata"]["annotations"]["orchard.dev/sandbox-id"] for o in fake.objects.values()}
+    assert left == {"sb-c"}
+
+
+# -- network policy ----------------------------------------------------------------------------------------
+def test_apply_network_policy_replaces_with_a_conflict_retry(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    backend = make_backend(fake, tmp_path)
+    backend.start("sb-net", SPEC, Resources(), "s")
+    fake.fail("PUT", "networkpolicies", 409, "Conflict")
+    backend.apply_network_policy("sb-net", NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org"],
+                                                         allow_cidrs=["10.20.0.0/16"]))
+    assert len(fake.sent("PUT", "networkpolicies")) == 2
+    (policy,) = fake.of_kind("networkpolicies")
+    egress = policy["spec"]["egress"]
+    assert egress[0]["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}, {"ipBlock": {"cidr": "93.184.216.34/32"}}]
+    assert egress[1]["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert policy["metadata"]["ownerReferences"][0]["kind"] == "Pod"
+    backend.apply_network_policy("sb-net", NetworkPolicy(mode="none"))
+    assert fake.of_kind("networkpolicies")[0]["spec"]["egress"] == []
+    with pytest.raises(InvalidRequestError, match="not a CIDR"):
+        backend.apply_network_policy("sb-net", NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/33"]))
+
+
+# -- RBAC: the Role grants exactly what the backend uses ---------------------------------------------------
+def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fake, tmp_path):
+    import yaml
+
+    fake.kubelet = running_after(0)
+    fake.gc_enabled = False  # so stop() deletes the Secret and NetworkPolicy itself
+    fake.fail("POST", "secrets", 500, "InternalError", after=True)  # so the create reads its Secret back
+    backend = make_backend(fake, tmp_path)
+    backend.start("sb-rbac-1", SPEC, Resources(), "s")
+    backend.status("sb-rbac-1")
+    backend.apply_network_policy("sb-rbac-1", NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/8"]))
+    backend.stop("sb-rbac-1")
+    make_backend(fake, tmp_path).status("sb-unknown")  # the by-label path
+    backend.list_orphans()
+    verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+    used = {(r["kind"], verb.get(r["method"]) or ("get" if r["name"] else "list")) for r in fake.requests}
+    (role,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/rbac.yaml").read_text()) if d["kind"] == "Role"]
+    granted = {(resource, v) for rule in role["rules"] for resource in rule["resources"] for v in rule["verbs"]}
+    assert used == granted
+
+
+# -- the real agent with what the backend puts into the pod ------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def inject_layout(mount: Path) -> None:
+    """Lay out the agent exactly as the injector's Dockerfile COPY lines do, with /opt/orchard -> mount."""
+    (mount / "python" / "bin").mkdir(parents=True)
+    os.symlink(sys._base_executable, mount / "python" / "bin" / "python3")  # stands in for the standalone build
+    dockerfile = (REPO / "docker" / "agent-injector" / "Dockerfile").read_text()
+    copies = re.findall(r"^COPY (?!--from)(\S+) /opt/orchard/(\S+)$", dockerfile, re.M)
+    assert copies, "no COPY into /opt/orchard in docker/agent-injector/Dockerfile"
+    for source, target in copies:
+        destination = mount / target
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if (REPO / source).is_dir():
+            shutil.copytree(REPO / source, destination, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(REPO / source, destination)
+
+
+class ProcessKubelet:
+    """A kubelet for one node at 127.0.0.1: on a pod's first read it mounts the pod's Secret (writes its
+    files) and runs the main container's command as a local process; deleting the pod kills it.
+    `oom(pod_name)` kills it the way the kernel would and reports OOMKilled from then on."""
+
+    def __init__(self, fake: FakeKubernetesAPI, secret_dir: Path, cwd: Path):
+        self.fake, self.secret_dir, self.cwd = fake, secret_dir, cwd
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.oom_killed: set[str] = set()
+        fake.kubelet = self
+        fake.on_delete = self.deleted
+
+    def __call__(self, pod: dict, reads: int) -> dict:
+        name = pod["metadata"]["name"]
+        main = pod["spec"]["containers"][0]
+        if name in self.oom_killed:
+            return {"phase": "Failed", "containerStatuses": [
+                {"name": main["name"], "image": main["image"], "imageID": "", "ready": False, "restartCount": 0,
+                 "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}
+        if name not in self.procs:
+            secret_name = next(v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v)
+            secret = self.fake.objects[("secrets", "orchard", secret_name)]
+            self.secret_dir.mkdir(exist_ok=True)
+            for key, value in secret["data"].items():
+                (self.secret_dir / key).write_bytes(base64.b64decode(value))
+            self.procs[name] = subprocess.Popen(
+                main["command"], cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                     "PYTHONPATH": "/nonexistent-breaks-nothing-under-I"})
+        return running_after(0, ip="127.0.0.1")(pod, reads)
+
+    def oom(self, pod_name: str) -> None:
+        self.oom_killed.add(pod_name)
+        self._kill(pod_name)
+
+    def deleted(self, obj: dict) -> None:
+        if obj.get("kind") == "Pod":
+            self._kill(obj["metadata"]["name"])
+
+    def _kill(self, name: str) -> None:
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for name in list(self.procs):
+            self._kill(name)
+
+
+@pytest.fixture
+def agent_node(fake, tmp_path):
+    """Settings and a ProcessKubelet under which sandbox pods really run the injected agent."""
+    mount, secret_dir = tmp_path / "orchard", tmp_path / "orchard-secret"
+    inject_layout(mount)
+    kubelet = ProcessKubelet(fake, secret_dir, tmp_path)
+    settings = dict(agent_port=_free_port(), agent_mount_path=str(mount), secret_mount_path=str(secret_dir),
+                    poll_interval_seconds=0.05)
+    yield kubelet, settings
+    kubelet.close()
+
+
+@pytest.fixture
+def injected_agent(fake, tmp_path, agent_node):
+    """A sandbox started through the backend whose pod runs the real agent (see ProcessKubelet)."""
+    kubelet, settings = agent_node
+    workspace = tmp_path / "workspace"
+    backend = make_backend(fake, tmp_path, **settings)
+    endpoint = backend.start("sb-agent", SPEC.model_copy(update={"workdir": str(workspace)}), Resources(),
+                             "agent-secret-value")
+    (proc,) = kubelet.procs.values()
+    try:
+        yield backend, endpoint, workspace, proc
+    finally:
+        backend.close()
+
+
+def _wait_for_agent(endpoint: AgentEndpoint, proc: subprocess.Popen, timeout: float = 20.0) -> dict:
+    import asyncio
+
+    from sandbox_service.agent.client import AgentClient
+
+    async def ping() -> dict:
+        client = AgentClient(endpoint)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    return await client.ping(timeout=1.0)
+                except Exception:
+                    if proc.poll() is not None:
+                        raise AssertionError(f"agent exited with {proc.returncode}")
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
+        finally:
+            await client.close()
+
+    return asyncio.run(ping())
+
+
+def test_the_pod_command_runs_the_injected_agent_over_tls_with_the_secrets_certificate(injected_agent):
+    backend, endpoint, workspace, proc = injected_agent
+    answer = _wait_for_agent(endpoint, proc)
+    assert answer  # a real answer over TLS, verified against the endpoint's own CA
+    wrong_ca = endpoint.model_copy(update={"ca_cert_pem": backend.certificates.issue("x")[0]})
+    with pytest.raises(Exception):
+        _wait_for_agent(wrong_ca, proc, timeout=1.0)  # another sandbox's CA does not vouch for this agent
+
+
+def test_snapshot_and_restore_through_the_agent(injected_agent):
+    backend, endpoint, workspace, proc = injected_agent
+    _wait_for_agent(endpoint, proc)
+    (workspace / "keep.txt").write_text("v1")
+    (workspace / "sub").mkdir()
+    (workspace / "sub" / "a.py").write_text("print(1)")
+    size = backend.snapshot("sb-agent", "snap-1")
+    assert size > 0 and (backend.config.snapshot_dir / "snap-1.tar.gz").stat().st_size == size
+    (workspace / "keep.txt").write_text("v2")
+    (workspace / "later.txt").write_text("made after the snapshot")
+    backend.restore("sb-agent", "snap-1")
+    assert (workspace / "keep.txt").read_text() == "v1"
+    assert (workspace / "sub" / "a.py").read_text() == "print(1)"
+    assert not (workspace / "later.txt").exists()
+    backend.delete_snapshot("snap-1")
+    backend.delete_snapshot("snap-1")  # idempotent
+    assert not (backend.config.snapshot_dir / "snap-1.tar.gz").exists()
+
+
+def test_without_a_cluster_the_backend_says_how_to_get_one(tmp_path, monkeypatch):
+    from sandbox_service.config import ServiceConfig
+
+    monkeypatch.setenv("ORCHARD_K8S_API_MODE", "kubeconfig")
+    monkeypatch.setenv("ORCHARD_K8S_KUBECONFIG", str(tmp_path / "no-such-kubeconfig"))
+    with pytest.raises(BackendUnavailableError, match="ORCHARD_K8S_KUBECONFIG"):
+        KubernetesBackend.from_service_config(ServiceConfig(backend="kubernetes", state_dir=tmp_path, token="t"))
+
+
+# -- the real service on the Kubernetes backend ---------------------------------------------------------------
+@pytest.fixture
+def service_on_fake_cluster(fake, tmp_path, agent_node):
+    """The real FastAPI service (uvicorn on loopback) with the Kubernetes backend pointed at the fake."""
+    import uvicorn
+
+    from sandbox_service.api import create_app
+    from sandbox_service.client import SandboxClient
+    from sandbox_service.config import ServiceConfig
+
+    kubelet, settings = agent_node
+    backend = make_backend(fake, tmp_path, **settings)
+    config = ServiceConfig(backend="kubernetes", token="tok", state_dir=tmp_path / "state", ready_timeout_seconds=20)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(config, backend=backend), host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the service did not start"
+        time.sleep(0.02)
+    client = SandboxClient(f"http://127.0.0.1:{port}", "tok", timeout=30)
+    try:
+        yield client, kubelet
+    finally:
+        client.close()
+        server.should_exit = True
+        thread.join(timeout=20)
+
+
+def test_the_service_creates_execs_snapshots_and_deletes_on_the_kubernetes_backend(fake, service_on_fake_cluster,
+                                                                                    tmp_path):
+    client, kubelet = service_on_fake_cluster
+    with client.create(SandboxCreate(image="task:1", workdir=str(tmp_path / "ws"))) as sandbox:
+        assert sandbox.info.backend == "kubernetes" and sandbox.info.state.value == "ready"
+        result = sandbox.exec("echo hello from the pod; exit 3")
+        assert (result.exit_code, result.stdout, result.outcome.value) == (3, "hello from the pod\n", "command_failed")
+        sandbox.write_file("notes.txt", "v1")
+        snap = sandbox.snapshot()
+        sandbox.write_file("notes.txt", "v2")
+        sandbox.restore(snap.id)
+        assert sandbox.read_file("notes.txt") == b"v1"
+        assert len(fake.of_kind("pods")) == 1
+    assert fake.objects == {}  # deleted through the API: pod, Secret and NetworkPolicy
+    assert all(proc.poll() is not None for proc in kubelet.procs.values())
+
+
+def test_an_oom_killed_pod_is_recreated_with_more_memory(fake, service_on_fake_cluster, tmp_path):
+    client, kubelet = service_on_fake_cluster
+    spec = SandboxCreate(image="task:1", resources=Resources(memory_mb=512), workdir=str(tmp_path / "ws"))
+    with client.create(spec) as sandbox:
+        (first,) = fake.of_kind("pods")
+        kubelet.oom(first["metadata"]["name"])  # the kernel kills the container: the agent goes with it
+        result = sandbox.exec("echo after")
+        assert result.infra_error is InfraErrorKind.OOM_KILLED and result.is_infra_error
+        info = sandbox.wait_ready(timeout=30)
+        assert [(e.from_memory_mb, e.to_memory_mb) for e in info.escalations] == [(512, 1024)]
+        (second,) = fake.of_kind("pods")
+        assert second["metadata"]["name"] != first["metadata"]["name"]
+        limit = second["spec"]["containers"][0]["resources"]["limits"]["memory"]
+        assert limit == f"{1024 + KubernetesBackendConfig().agent_memory_overhead_mb}Mi"
+        assert sandbox.exec("echo again").stdout == "again\n"
+    assert fake.objects == {}
