@@ -153,16 +153,20 @@ def print_summary(result: EvalResult, title: str = "evaluation") -> None:
     table = Table(title=f"{title}: {result.policy_id}")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for name, value in [
+    rows = [
         ("tasks", str(result.tasks)),
         ("valid / attempts", f"{result.valid_attempts} / {result.attempts}"),
         ("resolved rate [95% CI]", f"{result.resolved_rate:.3f} [{lo:.3f}, {hi:.3f}]"),
         ("pass@1", f"{result.pass_at_1:.3f}"),
-        (f"pass@{result.k}", f"{result.pass_at_k:.3f} ({result.pass_at_k_tasks} tasks)"),
+    ]
+    if result.k > 1:
+        rows.append((f"pass@{result.k}", f"{result.pass_at_k:.3f} ({result.pass_at_k_tasks} tasks)"))
+    rows += [
         ("mean steps", f"{result.mean_steps:.1f}"),
         ("mean completion tokens", f"{result.mean_completion_tokens:.0f}"),
         ("infra errors (excluded)", f"{result.infra_errors} ({result.infra_error_rate:.1%})"),
-    ]:
+    ]
+    for name, value in rows:
         table.add_row(name, value)
     Console().print(table)
 

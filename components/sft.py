@@ -181,6 +181,7 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
             "samples": float(len(samples)), "loss_token_fraction": stats.loss_token_fraction,
         }
         log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
+        (out / "sft_result.json").write_text(result.model_dump_json(indent=2))
         log_json(result.model_dump(mode="json"), "sft_result.json")
         _log_loss_curve(history)
     return result

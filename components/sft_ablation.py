@@ -62,9 +62,48 @@ class ArmResult(BaseModel):
     rates: list[float] = Field(description="Held-out resolved rate per seed.")
     mean: float
     ci95: tuple[float, float]
+    valid_call_rate: float = Field(description="Share of held-out assistant turns that were a valid tool call.")
+    mean_steps: float = Field(description="Mean assistant turns per held-out episode.")
     train_samples: float = Field(description="Mean trainable trajectories per seed.")
     loss_tokens: float = Field(description="Mean loss tokens in the training set.")
     final_loss: float
+
+
+def _eval_figures(eval_dir: Path) -> tuple[float, float, float]:
+    """(resolved rate, valid tool-call rate, mean steps) of one evaluation output directory."""
+    from components.core.store import TrajectoryStore
+
+    result = json.loads((eval_dir / "eval_result.json").read_text())
+    turns = valid_turns = 0
+    for traj in TrajectoryStore(eval_dir / "trajectories").read():
+        for step, answer in zip(traj.steps, traj.steps[1:] + [None]):
+            if step.role != "assistant":
+                continue
+            turns += 1
+            # valid: it parsed, and the tool accepted it (unknown tools and bad arguments are policy errors)
+            valid_turns += step.tool_call is not None and step.policy_error is None and (
+                answer is None or answer.policy_error is None)
+    valid = valid_turns / turns if turns else 0.0
+    return result["resolved_rate"], valid, result["mean_steps"]
+
+
+def arm_result(work_dir: Path, arm: str, seeds: list[int]) -> ArmResult:
+    """An arm's row from what its runs left on disk (evaluations and SFT results)."""
+    figures = [_eval_figures(work_dir / "eval" / arm / f"seed{s}") for s in seeds
+               if (work_dir / "eval" / arm / f"seed{s}" / "eval_result.json").exists()]
+    if not figures:
+        raise FileNotFoundError(f"no finished evaluation of arm {arm!r} under {work_dir}/eval")
+    rates = [f[0] for f in figures]
+    mean, lo, hi = t_interval(rates)
+    sft = [json.loads(p.read_text()) for s in seeds
+           if (p := work_dir / "models" / arm / f"seed{s}" / "sft_result.json").exists()]
+    return ArmResult(
+        arm=arm, rates=rates, mean=mean, ci95=(lo, hi),
+        valid_call_rate=statistics.fmean(f[1] for f in figures), mean_steps=statistics.fmean(f[2] for f in figures),
+        train_samples=statistics.fmean(r["data"]["resolved_used"] + r["data"]["unresolved_used"] for r in sft) if sft else 0.0,
+        loss_tokens=statistics.fmean(r["data"]["loss_tokens"] for r in sft) if sft else 0.0,
+        final_loss=statistics.fmean(r["final_loss"] for r in sft) if sft else float("nan"),
+    )
 
 
 def t_interval(values: list[float]) -> tuple[float, float, float]:
@@ -122,7 +161,6 @@ def run_ablation(config: AblationConfig, work_dir: str | Path, sandbox: SandboxC
             with stage_run(f"ablation-arm-{arm}", config.sft, arm_tracking) as arm_run:
                 grand = (arm_tracking.model_copy(update={"parent_run_id": arm_run.info.run_id, "run_name": None})
                          if arm_run else None)
-                rates, samples, loss_tokens, losses = [], [], [], []
                 for seed in config.seeds:
                     model_dir = work / "models" / arm / f"seed{seed}"
                     if arm == "untrained":
@@ -132,21 +170,14 @@ def run_ablation(config: AblationConfig, work_dir: str | Path, sandbox: SandboxC
                     else:
                         sft_cfg = config.sft.model_copy(update={
                             "mode": arm, "seed": seed, "model": config.sft.model.model_copy(update={"seed": seed})})
-                        res = train_sft(sft_cfg, credited, model_dir, tracking=grand)
-                        samples.append(res.data.resolved_used + res.data.unresolved_used)
-                        loss_tokens.append(res.data.loss_tokens)
-                        losses.append(res.final_loss)
+                        train_sft(sft_cfg, credited, model_dir, tracking=grand)
                     rate = _evaluate(config, sandbox, tasks_dir, model_dir, work / "eval" / arm / f"seed{seed}", grand)
-                    rates.append(rate)
                     log_metrics({"heldout_resolved_rate": rate}, step=seed)
-                mean, lo, hi = t_interval(rates)
-                arm_result = ArmResult(arm=arm, rates=rates, mean=mean, ci95=(lo, hi),
-                                       train_samples=statistics.fmean(samples) if samples else 0.0,
-                                       loss_tokens=statistics.fmean(loss_tokens) if loss_tokens else 0.0,
-                                       final_loss=statistics.fmean(losses) if losses else float("nan"))
-                log_metrics({"heldout_resolved_rate_mean": mean, "ci95_low": lo, "ci95_high": hi,
-                             "train_samples": arm_result.train_samples, "loss_tokens": arm_result.loss_tokens})
-                arms.append(arm_result)
+                row = arm_result(work, arm, config.seeds)
+                log_metrics({"heldout_resolved_rate_mean": row.mean, "ci95_low": row.ci95[0], "ci95_high": row.ci95[1],
+                             "valid_call_rate": row.valid_call_rate, "mean_steps": row.mean_steps,
+                             "train_samples": row.train_samples, "loss_tokens": row.loss_tokens})
+                arms.append(row)
         log_json([a.model_dump(mode="json") for a in arms], "ablation_table.json")
     (work / "ablation_table.json").write_text(json.dumps([a.model_dump(mode="json") for a in arms], indent=2))
     return arms
@@ -158,12 +189,13 @@ def print_table(arms: list[ArmResult], config: AblationConfig) -> None:
 
     table = Table(title=f"SFT ablation: held-out resolved rate ({config.heldout_tasks} tasks, greedy, "
                         f"{len(config.seeds)} seeds, {config.sft.steps} steps)")
-    for col in ("arm", "mean", "95% CI over seeds", "per seed", "train trajectories", "loss tokens", "final loss"):
+    for col in ("arm", "resolved (mean)", "95% CI over seeds", "per seed", "valid tool calls", "steps",
+                "train trajectories", "loss tokens", "final loss"):
         table.add_column(col, justify="right")
     for a in arms:
         table.add_row(a.arm, f"{a.mean:.3f}", f"[{a.ci95[0]:.3f}, {a.ci95[1]:.3f}]",
-                      " ".join(f"{r:.3f}" for r in a.rates), f"{a.train_samples:.0f}", f"{a.loss_tokens:.0f}",
-                      f"{a.final_loss:.3f}")
+                      " ".join(f"{r:.3f}" for r in a.rates), f"{a.valid_call_rate:.3f}", f"{a.mean_steps:.1f}",
+                      f"{a.train_samples:.0f}", f"{a.loss_tokens:.0f}", f"{a.final_loss:.3f}")
     Console(width=140).print(table)
 
 
@@ -181,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--teacher-error-rate", type=float, default=0.5)
     parser.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in the work dir)")
     parser.add_argument("--sandbox-url", default=None, help="Use this sandbox service instead of starting one")
+    parser.add_argument("--report-only", action="store_true", help="Print the table of finished runs in --work-dir")
     args = parser.parse_args(argv)
 
     config = AblationConfig(
@@ -190,6 +223,15 @@ def main(argv: list[str] | None = None) -> None:
         sft=SFTConfig(steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr, max_len=1024,
                       model=ModelConfig()),
     )
+    if args.report_only:
+        rows = []
+        for arm in ("untrained", *ARMS):
+            try:
+                rows.append(arm_result(args.work_dir, arm, config.seeds))
+            except FileNotFoundError as err:
+                print(f"skipped: {err}")
+        print_table(rows, config)
+        return
     args.work_dir.mkdir(parents=True, exist_ok=True)
     tracking = TrackingConfig(tracking_uri=args.tracking_uri or f"sqlite:///{args.work_dir.resolve()}/mlflow.db",
                               experiment="sft-ablation")

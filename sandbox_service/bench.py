@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
+import psutil
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -35,25 +37,70 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
+class _CpuMeter:
+    """CPU seconds (user + system) of the service process and, separately, of everything below it
+    (zygote, agents and the commands they reaped): wall latency alone means little on a loaded machine."""
+
+    def __init__(self, service_url: str) -> None:
+        port = int(service_url.rpartition(":")[2])
+        self.service = next(p for p in psutil.Process().children()  # the one listening on our port
+                            if any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
+                                   for c in p.net_connections("tcp")))
+        self._procs = [self.service, *self.service.children(recursive=True)]
+
+    def sample(self) -> tuple[float, float]:
+        service = sandbox = 0.0
+        for proc in self._procs:
+            try:
+                t = proc.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            if proc.pid == self.service.pid:
+                service += t.user + t.system  # not its children: those are the sandbox side
+            else:
+                sandbox += t.user + t.system + t.children_user + t.children_system
+        return service, sandbox
+
+
 def bench_exec(client, n: int) -> dict:
     with client.create(SandboxCreate(labels={"bench": "exec"})) as sb:
         for _ in range(min(50, n)):  # warm the connection pools on both hops
             sb.exec(["true"])
             subprocess.run(["true"])
+        meter = _CpuMeter(client.base_url)  # after create: the sandbox's agent is a descendant by now
         rest, bare = [], []
+        client_cpu = bare_cpu = 0.0
+        service0, sandbox0 = meter.sample()
+        children0 = os.times()
         for _ in range(n):
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             result = sb.exec(["true"])
             t1 = time.perf_counter()
+            c1 = time.thread_time()
             subprocess.run(["true"])
             t2 = time.perf_counter()
+            c2 = time.thread_time()
             assert result.exit_code == 0, result
             rest.append(t1 - t0)
             bare.append(t2 - t1)
+            client_cpu += c1 - c0
+            bare_cpu += c2 - c1
+        service1, sandbox1 = meter.sample()
+        children1 = os.times()
+    # The bare `true` children are this process's only reaped children during the loop.
+    bare_cpu += (children1.children_user - children0.children_user
+                 + children1.children_system - children0.children_system)
     p50, bare50 = statistics.median(rest), statistics.median(bare)
+    per = 1e3 / n
+    cpu = {"client_ms": client_cpu * per, "service_ms": (service1 - service0) * per,
+           "agent_and_command_ms": (sandbox1 - sandbox0) * per, "bare_ms": bare_cpu * per}
+    cpu["rest_total_ms"] = cpu["client_ms"] + cpu["service_ms"] + cpu["agent_and_command_ms"]
+    cpu["ratio"] = cpu["rest_total_ms"] / cpu["bare_ms"] if cpu["bare_ms"] else float("nan")
     return {"n": n, "rest_p50_ms": p50 * 1e3, "rest_p99_ms": _pct(rest, 0.99) * 1e3,
             "rest_mean_ms": statistics.fmean(rest) * 1e3, "bare_p50_ms": bare50 * 1e3,
-            "bare_p99_ms": _pct(bare, 0.99) * 1e3, "ratio_p50": p50 / bare50}
+            "bare_p99_ms": _pct(bare, 0.99) * 1e3, "ratio_p50": p50 / bare50, "cpu_per_exec": cpu,
+            "load_average": os.getloadavg()}
 
 
 def bench_create(client, n: int) -> dict:
@@ -135,6 +182,12 @@ def main(argv: list[str] | None = None) -> dict:
     table.add_row("exec `true` p99", f"{e['rest_p99_ms']:.2f} ms", "")
     table.add_row("bare subprocess.run p50", f"{e['bare_p50_ms']:.2f} ms", "")
     table.add_row("ratio of p50s", f"{e['ratio_p50']:.2f}x", "<= 3x")
+    u = e["cpu_per_exec"]
+    table.add_row("CPU per exec: client / service / agent+command",
+                  f"{u['client_ms']:.2f} / {u['service_ms']:.2f} / {u['agent_and_command_ms']:.2f} ms", "")
+    table.add_row("CPU per exec: REST total vs bare", f"{u['rest_total_ms']:.2f} vs {u['bare_ms']:.2f} ms "
+                  f"({u['ratio']:.2f}x)", "")
+    table.add_row("load average during exec (1/5/15 min)", " / ".join(f"{x:.1f}" for x in e["load_average"]), "")
     table.add_row("create-to-ready p50 / p99", f"{c['p50_ms']:.0f} / {c['p99_ms']:.0f} ms", "")
     if "stress" in figures:
         s = figures["stress"]

@@ -36,6 +36,12 @@ from sandbox_service.models import (
 
 DEFAULT_TIMEOUT = 30.0
 _RETRY_ATTEMPTS = 4
+_JSON_HEADERS = {"content-type": "application/json"}
+
+
+def _exec_url(base_url: str, sandbox_id: str) -> httpx.URL:
+    # Absolute and parsed once per sandbox: httpx would otherwise parse and merge the path per call.
+    return httpx.URL(f"{base_url}/v1/sandboxes/{sandbox_id}/exec")
 
 
 def _raise_for_error(response: httpx.Response) -> None:
@@ -152,6 +158,7 @@ class Sandbox:
         self.client = client
         self.info = info
         self.id = info.id
+        self._exec_cache: tuple[str, httpx.URL] | None = None
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -161,6 +168,12 @@ class Sandbox:
 
     def _path(self, suffix: str = "") -> str:
         return f"/v1/sandboxes/{self.id}{suffix}"
+
+    def _exec_target(self) -> httpx.URL:
+        cached = self._exec_cache
+        if cached is None or cached[0] != self.id:
+            cached = self._exec_cache = (self.id, _exec_url(self.client.base_url, self.id))
+        return cached[1]
 
     def refresh(self) -> SandboxInfo:
         self.info = self.client.get(self.id)
@@ -189,9 +202,10 @@ class Sandbox:
         req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
                           max_output_bytes=max_output_bytes, wait=True)
         # Exec is not idempotent, so transport errors are not retried here; 503 (saturation) is.
-        response = self.client.request("POST", self._path("/exec"), json=req.model_dump(mode="json"),
-                                       timeout=timeout + 30.0)
-        return ExecResult.model_validate(response.json())
+        # JSON is written and parsed by pydantic-core directly (no dict round trip): the exec hot path.
+        response = self.client.request("POST", self._exec_target(), content=req.model_dump_json(),
+                                       headers=_JSON_HEADERS, timeout=timeout + 30.0)
+        return ExecResult.model_validate_json(response.content)
 
     def exec_async(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout: float = 60.0, stdin: str | None = None) -> Job:
@@ -330,6 +344,7 @@ class AsyncSandbox:
         self.client = client
         self.info = info
         self.id = info.id
+        self._exec_cache: tuple[str, httpx.URL] | None = None
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
@@ -339,6 +354,12 @@ class AsyncSandbox:
 
     def _path(self, suffix: str = "") -> str:
         return f"/v1/sandboxes/{self.id}{suffix}"
+
+    def _exec_target(self) -> httpx.URL:
+        cached = self._exec_cache
+        if cached is None or cached[0] != self.id:
+            cached = self._exec_cache = (self.id, _exec_url(self.client.base_url, self.id))
+        return cached[1]
 
     async def wait_ready(self, timeout: float = 120.0) -> SandboxInfo:
         response = await self.client.request("GET", self._path("/wait"), params={"timeout": timeout},
@@ -362,9 +383,9 @@ class AsyncSandbox:
                    max_output_bytes: int | None = None) -> ExecResult:
         req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
                           max_output_bytes=max_output_bytes, wait=True)
-        response = await self.client.request("POST", self._path("/exec"), json=req.model_dump(mode="json"),
-                                             timeout=timeout + 30.0)
-        return ExecResult.model_validate(response.json())
+        response = await self.client.request("POST", self._exec_target(), content=req.model_dump_json(),
+                                             headers=_JSON_HEADERS, timeout=timeout + 30.0)
+        return ExecResult.model_validate_json(response.content)
 
     async def write_file(self, path: str, data: bytes | str) -> None:
         payload = data.encode() if isinstance(data, str) else data

@@ -132,9 +132,11 @@ class SandboxOperations:
         deadline = req.timeout_seconds + self.config.exec_grace_seconds
         with self._call(rec):
             try:
-                result = await asyncio.wait_for(
-                    agent.exec(req, workdir=rec.spec.workdir, env=dict(rec.spec.env), max_output_bytes=cap), deadline)
-            except asyncio.TimeoutError:
+                # asyncio.timeout, not wait_for: wait_for wraps the call in a task of its own (one more
+                # event-loop hop per exec). The agent client copies env before merging, so no copy here.
+                async with asyncio.timeout(deadline):
+                    result = await agent.exec(req, workdir=rec.spec.workdir, env=rec.spec.env, max_output_bytes=cap)
+            except TimeoutError:
                 result = infra_result(InfraErrorKind.TIMEOUT, f"no answer from the agent within {deadline:g} s "
                                       "(command timeout + grace); the service gave up", time.perf_counter() - start)
             except AgentUnreachableError as err:

@@ -154,7 +154,8 @@ def real(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
         cfg = RLConfig(
             rollout=RolloutConfig(sampler=arm, stride=args.stride, batch_prompts=args.batch_prompts,
                                   max_prompts_per_batch=64),
-            rollout_budget=args.budget, steps=10_000, learning_rate=args.lr, harness=harness, sandbox=sandbox,
+            rollout_budget=args.budget, steps=-(-args.budget // 8),  # an upper bound: the budget ends it
+            learning_rate=args.lr, harness=harness, sandbox=sandbox,
             temperature=1.0, seed=args.seed, num_threads=args.threads,
         )
         rl = train_rl(cfg, tasks_dir, model_dir, work / f"rl-{arm}", tracking=named(f"rl {arm}"))
@@ -162,6 +163,52 @@ def real(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
         records = [PromptRecord.model_validate_json(line) for line in open(rl.records_path)]
         out[arm] = {"rl": rl.model_dump(), "eval": ev.model_dump(), "imbalance": balance(records),
                     "pass_rates": _pass_rates(records)}
+    return out
+
+
+def teacher_sampling(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
+    """Both samplers over real SWE episodes of the scripted teacher (no training): a policy whose
+    per-task pass rates sit in between, which the tiny SFT model's do not."""
+    from components.core.harness import HarnessConfig
+    from components.core.store import TaskStore
+    from components.recipes import get_recipe
+    from components.recipes.swe.teacher import ScriptedTeacher
+    from components.rl import EpisodeSource, RLConfig, prompt_stream
+    from components.rl_plots import plot_group_statistics
+
+    recipe = get_recipe("swe", difficulty=1)
+    tasks_dir = work / "tasks"
+    if not TaskStore(tasks_dir).shards():
+        TaskStore(tasks_dir).write(recipe.tasks("train", args.train_tasks, seed=args.seed)
+                                   + recipe.tasks("heldout", args.heldout_tasks, seed=args.seed))
+    tasks = {t.id: t for t in TaskStore(tasks_dir).read(split="train")}
+    out = {}
+    with sandbox.client() as client:
+        for arm in ("fixed", "bar"):
+            cfg = RolloutConfig(sampler=arm, stride=args.stride, batch_prompts=1, max_prompts_per_batch=64)
+            rl_cfg = RLConfig(rollout=cfg, harness=HarnessConfig(max_steps=12), sandbox=sandbox, seed=args.seed)
+            run_tracking = tracking.model_copy(update={"run_name": f"teacher sampling {arm}"}) if tracking else None
+            with stage_run("compare-rollout-teacher", rl_cfg, run_tracking):
+                teacher = ScriptedTeacher(error_rate=args.teacher_sampling_error_rate, seed=args.seed)
+                source = EpisodeSource(tasks, recipe, teacher, client, rl_cfg)
+                budget, prompts, records = RolloutBudget(args.budget), prompt_stream(sorted(tasks), args.seed), []
+                while budget.remaining > 0:
+                    records += sample_batch(prompts, source, cfg, budget).records
+                s = summarize(records) | {"imbalance": balance(records)}
+                log_metrics(s)
+                if tracking is not None:
+                    import matplotlib.pyplot as plt
+
+                    fig = plot_group_statistics(records, f"scripted teacher, {arm}")
+                    log_figure(fig, "group_statistics.png")
+                    plt.close(fig)
+                out[arm] = s
+    f, b = (out[a]["informative_groups_per_trajectory"] for a in ("fixed", "bar"))
+    print(f"teacher sampling: fixed {out['fixed']['informative_groups']:.0f} groups / "
+          f"{out['fixed']['trajectories']:.0f} episodes, BAR {out['bar']['informative_groups']:.0f} / "
+          f"{out['bar']['trajectories']:.0f}; BAR / fixed per trajectory = "
+          + (f"{b / f:.2f}x" if f else "undefined") + f"; imbalance fixed {out['fixed']['imbalance']:.3f}, "
+          f"BAR {out['bar']['imbalance']:.3f}")
     return out
 
 
@@ -202,6 +249,9 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work-dir", type=Path, default=Path("build/compare_rollout"))
     p.add_argument("--synthetic-only", action="store_true", help="Skip the sandbox part.")
+    p.add_argument("--teacher-sampling", action="store_true",
+                   help="Sandbox part with the scripted teacher as the rollout policy (sampler only, no training).")
+    p.add_argument("--teacher-sampling-error-rate", type=float, default=0.5)
     p.add_argument("--synthetic-budget", type=int, default=8192, help="Rollouts per synthetic arm.")
     p.add_argument("--model-dir", default=None, help="SFT checkpoint (default: distill + SFT here).")
     p.add_argument("--train-tasks", type=int, default=16)
@@ -235,13 +285,14 @@ def main(argv: list[str] | None = None) -> None:
         if not args.synthetic_only:
             from components.core.connection import SandboxConnection
 
+            part, key = (teacher_sampling, "teacher") if args.teacher_sampling else (real, "real")
             if args.sandbox_url:
-                out["real"] = real(args, SandboxConnection(url=args.sandbox_url), args.work_dir, child)
+                out[key] = part(args, SandboxConnection(url=args.sandbox_url), args.work_dir, child)
             else:
                 from sandbox_service.embedded import EmbeddedService
 
                 with EmbeddedService() as service:
-                    out["real"] = real(args, service.connection(), args.work_dir, child)
+                    out[key] = part(args, service.connection(), args.work_dir, child)
         measured = {}
         if "real" in out and out["real"]["fixed"]["pass_rates"]:
             measured["measured"] = list(out["real"]["fixed"]["pass_rates"].values())

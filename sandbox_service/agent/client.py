@@ -123,6 +123,11 @@ class AgentClient(AgentClientBase):
             conn = await self._acquire()
             try:
                 resp, body = await self._roundtrip(conn, req, payload, timeout)
+            except asyncio.CancelledError:
+                # Cancelled mid-call (service-side timeout, job cancel): the reply may still arrive
+                # later, so the connection cannot go back to the pool; it must not stay open either.
+                conn.close()
+                raise
             except asyncio.TimeoutError as exc:
                 conn.close()
                 raise AgentUnreachableError(f"agent did not answer {op!r} within {timeout:.1f} s") from exc

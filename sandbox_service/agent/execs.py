@@ -79,6 +79,15 @@ class Reaper:
                         pass
 
 
+_DEVNULL: list[int] = []
+
+
+def _devnull() -> int:
+    if not _DEVNULL:  # opened lazily: at import time the agent may not have pivoted into its root yet
+        _DEVNULL.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    return _DEVNULL[0]
+
+
 class SpawnError(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(message)
@@ -108,9 +117,11 @@ def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: st
     try:
         with reaper.lock:
             try:
+                # bufsize=0: raw pipe objects (the loop below reads the fds itself); a /dev/null fd
+                # opened once instead of per exec. No preexec_fn, so subprocess spawns with vfork.
                 proc = subprocess.Popen(
-                    argv, cwd=cwd, env=env, close_fds=True, start_new_session=True,
-                    stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                    argv, cwd=cwd, env=env, close_fds=True, start_new_session=True, bufsize=0,
+                    stdin=subprocess.PIPE if stdin else _devnull(),
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 )
             except FileNotFoundError as exc:
@@ -166,7 +177,7 @@ def _communicate(proc, cell, notify_fd: int, stdin: bytes, timeout: float, cap: 
                  group: str | None, exec_id: str | None):
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     truncated = {fd: False for fd in bufs}
-    sel = selectors.DefaultSelector()
+    sel = selectors.PollSelector()  # a handful of fds, once: poll needs no epoll fd of its own
     for fd in bufs:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)

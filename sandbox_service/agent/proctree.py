@@ -37,13 +37,14 @@ class CgroupTracker:
         if self.dir_fd is None:
             return None
         with self._lock:
-            for name in self._free + self._stale:
+            if self._free:
+                # Found empty at release: nothing can be born into an empty exec cgroup (only the
+                # agent's spawning thread ever enters one), so it needs no second look.
+                return self._free.pop()
+            for name in self._stale:
                 if not self.pids(name):
-                    (self._free if name in self._free else self._stale).remove(name)
+                    self._stale.remove(name)
                     return name
-                if name in self._free:  # something moved in after release: watch it as stale
-                    self._free.remove(name)
-                    self._stale.append(name)
             self._counter += 1
             name = f"x{self._counter}"
         try:
@@ -126,11 +127,16 @@ def _write_at(name: str, value: str, dir_fd: int) -> bool:
 
 def mark_oom_victim(pid: int) -> None:
     """Make `pid` (and what it forks later) the OOM killer's first choice over the agent."""
+    try:  # raw fd calls: open()'s text layer adds four syscalls per exec (fstat, ioctl, 2x lseek)
+        fd = os.open(f"/proc/{pid}/oom_score_adj", os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return
     try:
-        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
-            f.write("1000")
+        os.write(fd, b"1000")
     except OSError:
         pass
+    finally:
+        os.close(fd)
 
 
 def _proc_table() -> dict[int, tuple[int, int]]:

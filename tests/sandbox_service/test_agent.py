@@ -306,3 +306,32 @@ def test_tls_on_loopback_verifies_the_ca(tmp_path):
     finally:
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+def test_cancelled_call_closes_its_connection(agent_dir):
+    """A call cancelled mid-exec (service-side timeout, job cancel) must neither leak its connection
+    nor return it to the pool (a late reply would be read as the next call's answer)."""
+    async def body(c):
+        opened = []
+        connect = c._connect
+
+        async def tracking_connect():
+            conn = await connect()
+            opened.append(conn)
+            return conn
+
+        c._connect = tracking_connect
+        task = asyncio.ensure_future(_exec(c, ["sleep", "5"], timeout_seconds=10))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert len(opened) == 1 and opened[0].writer.is_closing()
+        assert opened[0] not in c._idle
+        with pytest.raises(asyncio.TimeoutError):  # the same through wait_for, as operations.py does it
+            await asyncio.wait_for(_exec(c, ["sleep", "5"], timeout_seconds=10), 0.3)
+        assert len(opened) == 2 and opened[1].writer.is_closing() and not c._idle
+        result = await _exec(c, ["echo", "after"])  # the client still works, on a fresh connection
+        assert result.stdout == "after\n" and len(opened) == 3
+
+    run(agent_dir, body)

@@ -4,8 +4,8 @@ It is reactive, not a replay: every turn it parses the latest page view in the c
 decides from the page and the task's goal, so it can continue from any prefix (an RL rollout's
 partial history, a student's mistakes) and it repairs what it sees (removes a wrong cart item,
 re-fills a form that came back with an error). With probability `error_rate` per turn it makes a
-mistake instead: a random click, or a harmful shortcut (a wrong item, submitting early, a wrong
-answer) that usually ends the episode unresolved. That gives distillation both kinds of trajectory.
+mistake instead: usually a random click (recoverable), sometimes a harmful shortcut (a wrong
+item, submitting early, a wrong answer) that usually ends the episode unresolved. That gives distillation both kinds of trajectory.
 
 The teacher knows the goal from `task.verifier.expected` (it is the reference solution); it never
 looks at the site state file.
@@ -74,7 +74,9 @@ class ScriptedTeacher:
     # -- mistakes --------------------------------------------------------------------------------
     def _mistake(self, page: PageView) -> ToolCall:
         kind = self._task.verifier.expected["kind"]
-        if self._rng.random() < 0.5 and page.elements:
+        # Mostly recoverable slips (a stray click the expert then repairs), sometimes a harmful shortcut:
+        # GUI episodes are long (up to ~13 turns), so harmful-only mistakes would leave almost no success.
+        if self._rng.random() < 0.75 and page.elements:
             return _call("click", element_id=self._rng.choice(page.elements).id)
         if kind == "shop_order":
             adds = page.find_all("button", prefix="Add ")
