@@ -33,7 +33,7 @@ class CreditConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     recipe: str = Field("swe", description="Recipe of the tasks (Monte-Carlo continuations run in it).")
-    recipe_kwargs: dict = Field(default_factory=dict, description="Arguments of the recipe constructor.")
+    recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service (Monte-Carlo).")
     estimator: Literal["monte_carlo", "judge"] = Field("monte_carlo", description="Value estimator.")
     monte_carlo: MonteCarloConfig = Field(default_factory=MonteCarloConfig, description="Monte-Carlo settings.")
@@ -92,7 +92,7 @@ def _make_estimator(config: CreditConfig) -> tuple[ValueEstimator, object | None
     from components.recipes import get_recipe
 
     client = config.sandbox.client()
-    estimator = MonteCarloEstimator(config.monte_carlo, get_recipe(config.recipe, **config.recipe_kwargs), client)
+    estimator = MonteCarloEstimator(config.monte_carlo, get_recipe(config.recipe, **config.recipe_options), client)
     return estimator, client
 
 

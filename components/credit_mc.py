@@ -46,10 +46,10 @@ class MonteCarloConfig(BaseModel):
 PolicyFactory = Callable[[int], Policy]
 
 
-def scripted_teacher_factory(error_rate: float, base_seed: int) -> PolicyFactory:
-    from components.recipes.swe.teacher import ScriptedTeacher
+def scripted_teacher_factory(recipe: str, error_rate: float, base_seed: int) -> PolicyFactory:
+    from components.recipes import get_scripted_teacher
 
-    return lambda i: ScriptedTeacher(error_rate=error_rate, seed=base_seed + i)
+    return lambda i: get_scripted_teacher(recipe, error_rate, base_seed + i)
 
 
 class MonteCarloEstimator:
@@ -60,7 +60,7 @@ class MonteCarloEstimator:
         self.config = config
         self.recipe = recipe
         self.client = client
-        self.policy_factory = policy_factory or scripted_teacher_factory(config.teacher_error_rate, config.seed)
+        self.policy_factory = policy_factory or scripted_teacher_factory(recipe.name, config.teacher_error_rate, config.seed)
         self.harness = harness or HarnessConfig(max_steps=config.max_steps, max_wall_seconds=300,
                                                 generation=GenerationConfig(temperature=0.0))
         self.continuations = 0

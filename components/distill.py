@@ -84,9 +84,10 @@ class _Teachers:
     def get(self, task: Task, attempt: int, retry: int) -> Policy:
         if self.endpoint is not None:
             return self.endpoint
-        from components.recipes.swe.teacher import ScriptedTeacher
+        from components.recipes import get_scripted_teacher
 
-        return ScriptedTeacher(self.config.error_rate, seed=_stable(self.config.seed, task.id, attempt, retry))
+        return get_scripted_teacher(self.config.recipe, self.config.error_rate,
+                                    _stable(self.config.seed, task.id, attempt, retry))
 
     def close(self) -> None:
         if self.endpoint is not None:

@@ -11,7 +11,6 @@ OpenAI-compatible endpoint, or the recipe's scripted teacher as a reference (`mo
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import math
 import threading
 from pathlib import Path
@@ -35,6 +34,7 @@ class EvalConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     recipe: Recipe = Field("swe", description="Task suite the tasks belong to (get_recipe name).")
+    recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
     split: Split = Field("heldout", description="Which tasks of the store are evaluated.")
     k: int = Field(3, ge=1, description="Attempts per task (pass@k uses all valid ones).")
     policy: PolicyKind = Field("local", description="local model dir | OpenAI-compatible endpoint | scripted teacher.")
@@ -100,12 +100,9 @@ def make_policy(config: EvalConfig, model_dir: str | Path | None) -> Any:
         from components.core.policies import OpenAICompatiblePolicy
 
         return OpenAICompatiblePolicy(config.endpoint)  # type: ignore[arg-type]
-    try:
-        teacher = importlib.import_module(f"components.recipes.{config.recipe}.teacher").ScriptedTeacher
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"recipe {config.recipe!r} has no scripted teacher "
-                         f"(components.recipes.{config.recipe}.teacher.ScriptedTeacher): {err}") from None
-    return teacher(error_rate=config.scripted_error_rate, seed=config.seed)
+    from components.recipes import get_scripted_teacher
+
+    return get_scripted_teacher(config.recipe, config.scripted_error_rate, config.seed)
 
 
 def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int) -> tuple[list[dict], dict]:
@@ -188,7 +185,7 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
     tasks = sorted(TaskStore(tasks_dir).read(split=config.split), key=lambda t: t.id)[: config.max_tasks]
     if not tasks:
         raise ValueError(f"no {config.split!r} tasks in {tasks_dir}; provision the environment first")
-    recipe = get_recipe(config.recipe)
+    recipe = get_recipe(config.recipe, **config.recipe_options)
     spare = [make_policy(config, model_dir)]  # built now so a bad model_dir fails before any episode
     policy_id = spare[0].policy_id
     local = threading.local()

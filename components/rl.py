@@ -39,6 +39,7 @@ class RLConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     recipe: Recipe = Field("swe", description="Task suite (get_recipe name).")
+    recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig,
                                    description="Sampler: bar|fixed, N, N_max, stride, [rho_min, rho_max], batch.")
     rollout_budget: int | None = Field(None, ge=1, description="Global cap on episodes over the whole run.")
@@ -169,7 +170,7 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
     records_path = out / "rollout_records.jsonl"
 
     with stage_run("rl", config, tracking), config.sandbox.client() as client:
-        source = EpisodeSource(tasks, get_recipe(config.recipe), policy, client, config,
+        source = EpisodeSource(tasks, get_recipe(config.recipe, **config.recipe_options), policy, client, config,
                                TrajectoryStore(out / "rollouts") if config.save_rollouts else None)
         t0 = time.perf_counter()
         progress = tqdm(range(config.steps), desc=f"rl ({config.rollout.sampler})", leave=False)

@@ -108,3 +108,25 @@ def test_distill_fifty_tasks_logged_to_mlflow(sandbox_service, tmp_path):
     assert run.data.metrics["n_trajectories"] == 50.0 and run.data.params["error_rate"] == "0.3"
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
     assert {"failure_reasons.json", "distill_outcomes.png"} <= artifacts
+
+
+def test_distill_and_credit_use_the_recipes_own_teacher(sandbox_service, tmp_path):
+    """The same stages serve another recipe: Claw tasks distilled with Claw's scripted teacher."""
+    conn = sandbox_service.connection()
+    provision_environment(ProvisionConfig(recipe="claw", n_train=2, n_heldout=1, seed=3, sandbox=conn,
+                                          latency_probes=1), tmp_path / "tasks")
+    config = DistillConfig(recipe="claw", error_rate=0.0, max_parallel=2, sandbox=conn, progress=False,
+                           harness=HarnessConfig(max_steps=12))
+    result = distill(config, tmp_path / "tasks", tmp_path / "trajs")
+    trajs = TrajectoryStore(tmp_path / "trajs").read()
+    assert result.counts == {"resolved": 2, "unresolved": 0, "infra_error": 0}
+    assert all(t.recipe == "claw" for t in trajs)
+
+
+def test_scripted_teacher_lookup_names_the_recipe():
+    from components.recipes import get_scripted_teacher
+    from components.recipes.gui.teacher import ScriptedTeacher as GUITeacher
+
+    assert isinstance(get_scripted_teacher("gui", 0.1, 0), GUITeacher)
+    with pytest.raises(ValueError, match="unknown recipe"):
+        get_scripted_teacher("nope", 0.1, 0)
