@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from components.core.rendering import render_trajectory
 from components.core.schema import Outcome, TokenizedSample, Trajectory

@@ -160,6 +160,16 @@ class LocalBackend(SandboxBackend):
             path = f"{os.path.dirname(sys.executable)}:{path}"
         return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8", **env}
 
+    def _ro_binds(self, image: str | None) -> list[str]:
+        binds = list(self.config.extra_ro_binds)
+        if image is None and self.config.prepend_service_python_to_path:
+            # The sandbox gets private tmpfs /tmp and /run: a service venv living under them (a CI
+            # checkout in /tmp, say) would vanish, and `python` on the prefixed PATH with it.
+            prefix = os.path.realpath(sys.prefix)
+            if any(prefix == d or prefix.startswith(d + "/") for d in ("/tmp", "/run")) and prefix not in binds:
+                binds.append(prefix)
+        return binds
+
     # -- SandboxBackend ------------------------------------------------------------------------
     def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
         image = spec.image
@@ -208,7 +218,7 @@ class LocalBackend(SandboxBackend):
             config = {
                 "lower": rec.image or "/", "upper": str(d.upper), "work": str(d.work), "merged": str(d.merged),
                 "agent_dir": str(self.agent_dir), "masks": [*self.config.mask_paths, str(self.state_dir)],
-                "extra_ro_binds": self.config.extra_ro_binds, "cgroup_procs": cg.procs_files(),
+                "extra_ro_binds": self._ro_binds(rec.image), "cgroup_procs": cg.procs_files(),
                 "pids_cgroup": str(cg.work_pids_dir), "pids_home": str(cg.pids_dir), "oom_counter": str(cg.oom_counter),
                 "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
                 "tmp_size_mb": self.config.tmp_size_mb, "preload": rec.image is not None,

@@ -380,3 +380,14 @@ def test_cgroup_v2_files_are_written_as_the_kernel_expects(tmp_path):
     assert (d / "cgroup.subtree_control").read_text() == "+memory +cpu +pids"
     assert cg.procs_files() == [str(d / "agent" / "cgroup.procs")]  # v2: processes only in leaves
     assert cg.limits() == {"memory_bytes": 300 << 20, "cpu_quota_us": 150000, "pids_max": 40}
+
+
+def test_a_service_venv_under_tmp_stays_visible_in_sandboxes(backend, monkeypatch):
+    """Sandboxes get a private /tmp; a CI checkout there must keep `python` on the sandbox PATH."""
+    import sys
+
+    monkeypatch.setattr(sys, "prefix", "/tmp/ci-checkout/.venv")
+    assert "/tmp/ci-checkout/.venv" in backend._ro_binds(None)
+    assert backend._ro_binds("/srv/image") == list(backend.config.extra_ro_binds)
+    monkeypatch.setattr(sys, "prefix", "/opt/venv")
+    assert "/opt/venv" not in backend._ro_binds(None)

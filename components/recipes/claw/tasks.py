@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import random
 
+from components.recipes import common
 from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
 from components.recipes.claw.world import add_mail, build_world, finalize, random_date, random_time
 
@@ -116,13 +117,7 @@ DIFFICULTY = {"calendar_answer": 1, "email_contact": 2, "note_from_file": 2, "sc
 
 def families_at(families: tuple[str, ...], difficulty: int | list[int] | None) -> tuple[str, ...]:
     """The families of `families` at the given difficulty level(s); all of them for None."""
-    if difficulty is None:
-        return tuple(families)
-    levels = {difficulty} if isinstance(difficulty, int) else set(difficulty)
-    kept = tuple(f for f in families if DIFFICULTY[f] in levels)
-    if not kept:
-        raise ValueError(f"no task family at difficulty {sorted(levels)}; levels are {DIFFICULTY}")
-    return kept
+    return common.families_at(families, difficulty, DIFFICULTY)
 
 
 def generate_tasks(split: Split, n: int, seed: int = 0, families: tuple[str, ...] = FAMILIES) -> list[Task]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 
+from components.recipes import common
 from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
 
 FAMILIES = ("shop_checkout", "form_register", "info_lookup")
@@ -140,13 +141,7 @@ DIFFICULTY = {"info_lookup": 1, "form_register": 2, "shop_checkout": 3}
 
 def families_at(families: tuple[str, ...], difficulty: int | list[int] | None) -> tuple[str, ...]:
     """The families of `families` at the given difficulty level(s); all of them for None."""
-    if difficulty is None:
-        return tuple(families)
-    levels = {difficulty} if isinstance(difficulty, int) else set(difficulty)
-    kept = tuple(f for f in families if DIFFICULTY[f] in levels)
-    if not kept:
-        raise ValueError(f"no task family at difficulty {sorted(levels)}; levels are {DIFFICULTY}")
-    return kept
+    return common.families_at(families, difficulty, DIFFICULTY)
 
 
 def generate_tasks(split: Split, n: int, seed: int = 0, families: tuple[str, ...] = FAMILIES) -> list[Task]:

@@ -7,18 +7,8 @@ from __future__ import annotations
 import re
 
 from components.core.recipe_base import VerifyResult
-from components.core.schema import TestReport
-
-
-def _result(checks: list[tuple[str, bool]]) -> VerifyResult:
-    failed = [name for name, ok in checks if not ok]
-    report = TestReport(passed=len(checks) - len(failed), failed=len(failed),
-                        output="\n".join(f"{'PASS' if ok else 'FAIL'} {name}" for name, ok in checks))
-    return VerifyResult(resolved=not failed, report=report, reason=("failed: " + "; ".join(failed)) if failed else None)
-
-
-def _norm(s: str | None) -> str:
-    return re.sub(r"[^a-z0-9]+", " ", (s or "").lower()).strip()
+from components.recipes.common import checklist_result as _result
+from components.recipes.common import normalize_text as _norm
 
 
 def verify_shop(state: dict, expected: dict) -> VerifyResult:
