@@ -111,3 +111,26 @@ def test_kfp_local_subprocess_runner(tmp_path, sandbox_service, micro_config):
          "evaluate-rl"])
     assert "| untrained |" in out["markdown"] and "| rl |" in out["markdown"]
     assert 0.0 <= parent.data.metrics["heldout_resolved_rate.rl"] <= 1.0
+
+
+def _recipe_config(recipe: str, max_len: int, max_steps: int) -> PipelineConfig:
+    """The tiny preset on another recipe: longer samples and step limits (GUI/Claw episodes are longer)."""
+    base = PipelineConfig.preset_config("tiny", register_model_name=f"orchard-{recipe}-policy")
+    knobs = {name: getattr(base, name).model_copy(update={"max_steps": max_steps})
+             for name in ("distill", "credit", "rl", "eval")}
+    knobs["sft"] = base.sft.model_copy(update={"max_len": max_len})
+    return base.model_copy(update={"recipe": recipe, **knobs})
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize(("recipe", "max_len", "max_steps"), [("claw", 3072, 12), ("gui", 4096, 20)])
+def test_the_same_pipeline_runs_the_other_recipes(tmp_path, sandbox_service, recipe, max_len, max_steps):
+    """Only tasks, tools and verifiers change: GUI and Claw through the identical DAG and stages."""
+    config = _recipe_config(recipe, max_len, max_steps)
+    result = run_local(config, tmp_path / "runs", service=sandbox_service)
+    _check_run(result, config)
+    from pipelines.layout import RunLayout
+
+    tasks = TaskStore(RunLayout(result.run_dir).tasks).read()
+    assert {t.recipe for t in tasks} == {recipe}
