@@ -17,12 +17,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from sandbox_service.auth import AuthMiddleware, TokenAuth
+from sandbox_service.auth import TokenAuth
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.config import ServiceConfig
-from sandbox_service.errors import InvalidRequestError, RequestTooLargeError, SandboxServiceError
+from sandbox_service.errors import InvalidRequestError, SandboxServiceError
 from sandbox_service.jobs import JobManager
-from sandbox_service.metrics import MetricsMiddleware, ServiceMetrics
+from sandbox_service.middleware import ServiceMiddleware
+from sandbox_service.middleware import error_response as _error
+from sandbox_service.metrics import ServiceMetrics
 from sandbox_service.models import (
     ExecRequest,
     FileEntry,
@@ -53,41 +55,6 @@ class RestoreRequest(BaseModel):
 
 def _json(model: BaseModel, status_code: int = 200) -> Response:
     return Response(model.model_dump_json(), status_code=status_code, media_type="application/json")
-
-
-def _error(status: int, code: str, message: str, retry_after: float | None = None) -> JSONResponse:
-    headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
-    return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
-
-
-class BodyLimitMiddleware:
-    """Refuse request bodies over `limit` bytes with a JSON 413 (declared or streamed)."""
-
-    def __init__(self, app, limit: int):
-        self.app = app
-        self.limit = limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        message = (f"request body over the {self.limit}-byte limit (max_request_bytes); upload large trees "
-                   "as several archives")
-        for key, value in scope["headers"]:
-            if key == b"content-length" and value.isdigit() and int(value) > self.limit:
-                await _error(413, RequestTooLargeError.code, message)(scope, receive, send)
-                return
-        seen = 0
-
-        async def counted():
-            nonlocal seen
-            msg = await receive()
-            seen += len(msg.get("body", b""))
-            if seen > self.limit:
-                raise RequestTooLargeError(message)  # surfaces in the route, answered as JSON
-            return msg
-
-        await self.app(scope, counted, send)
 
 
 def make_backend(config: ServiceConfig) -> SandboxBackend:
@@ -302,11 +269,11 @@ def create_app(config: ServiceConfig | None = None, backend: SandboxBackend | No
 
     app.include_router(proxy_router(ports))  # the token in the URL is the credential
     app.include_router(pty_router(manager, auth))  # checks the token itself (header or ?token=)
-    app.add_middleware(BodyLimitMiddleware, limit=config.max_request_bytes)
     # Open: /healthz, and exposed-port URLs (the unguessable token in their path is the credential).
-    app.add_middleware(AuthMiddleware, auth=auth, open_paths=("/healthz",), open_prefixes=("/v1/ports/",))
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(ServiceMiddleware, auth=auth, metrics=metrics, limit=config.max_request_bytes,
+                       config=config, ops=ops, jobs=jobs, open_paths=("/healthz",),
+                       open_prefixes=("/v1/ports/",))
     return app
 
 
-__all__ = ["create_app", "make_backend", "RestoreRequest"]
+__all__ = ["create_app", "make_backend", "RestoreRequest", "ServiceMiddleware"]

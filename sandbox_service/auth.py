@@ -41,36 +41,13 @@ class TokenAuth:
             raise UnauthorizedError(_MESSAGE)
 
 
-class AuthMiddleware:
-    """ASGI middleware: 401 for HTTP requests without the token, except on `open_prefixes`.
+def bearer_from_headers(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The bearer token in raw ASGI headers, or None (no header, or another scheme)."""
+    for key, value in headers:
+        if key == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" else None
+    return None
 
-    A middleware rather than a FastAPI dependency: dependency resolution costs a noticeable share
-    of a millisecond per request, and every exec pays it. WebSockets pass through (the PTY route
-    checks the token itself, after accepting, so that a refusal can carry a close code)."""
 
-    def __init__(self, app, auth: TokenAuth, open_paths: tuple[str, ...], open_prefixes: tuple[str, ...]):
-        self.app = app
-        self.auth = auth
-        self.open_paths = open_paths
-        self.open_prefixes = open_prefixes
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in self.open_paths or scope["path"].startswith(
-                self.open_prefixes):
-            await self.app(scope, receive, send)
-            return
-        presented = None
-        for key, value in scope["headers"]:
-            if key == b"authorization":
-                scheme, _, token = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer":
-                    presented = token.strip()
-                break
-        if not self.auth.check(presented):
-            body = json.dumps({"code": UnauthorizedError.code, "message": _MESSAGE}).encode()
-            await send({"type": "http.response.start", "status": 401,
-                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
-                                    (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-            return
-        await self.app(scope, receive, send)
+UNAUTHORIZED_BODY = json.dumps({"code": UnauthorizedError.code, "message": _MESSAGE}).encode()

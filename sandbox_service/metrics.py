@@ -1,13 +1,12 @@
 """Prometheus metrics of the service, on a registry of its own (one per app, so tests can build several).
 
-Request metrics are recorded by a plain ASGI middleware (no per-request task or thread) and labelled
+Request metrics are recorded by the service's one ASGI middleware (`sandbox_service.api`) and labelled
 by route template (`/v1/sandboxes/{sandbox_id}/exec`), never by raw path, so ids do not explode the
 label space.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -42,6 +41,18 @@ class ServiceMetrics:
         self.execs_in_flight = Gauge("orchard_execs_in_flight", "Execs running now.", registry=r)
         self.jobs = Gauge("orchard_jobs", "Exec jobs known to the service, by state.", ["state"], registry=r)
         self._collect_hooks: list[Callable[[], None]] = []
+        # Labelled children cached by label values: `labels()` costs a lock and a dict build per call.
+        self._request_children: dict[tuple[str, str, int], tuple] = {}
+
+    def observe_request(self, template: str, method: str, status: int, seconds: float) -> None:
+        """Count and time one HTTP request by its route template."""
+        children = self._request_children.get((template, method, status))
+        if children is None:
+            children = (self.requests.labels(template, method, str(status)),
+                        self.request_seconds.labels(template, method))
+            self._request_children[(template, method, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def on_collect(self, hook: Callable[[], None]) -> None:
         """Run `hook` before each scrape (to refresh gauges from the live registry)."""
@@ -51,32 +62,3 @@ class ServiceMetrics:
         for hook in self._collect_hooks:
             hook()
         return generate_latest(self.registry)
-
-
-class MetricsMiddleware:
-    """Counts and times every HTTP request by its route template."""
-
-    def __init__(self, app, metrics: ServiceMetrics):
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        status = [500]
-
-        async def send_wrapper(message):
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "")
-            self.metrics.requests.labels(template, method, str(status[0])).inc()
-            self.metrics.request_seconds.labels(template, method).observe(time.perf_counter() - start)

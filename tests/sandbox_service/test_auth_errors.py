@@ -131,3 +131,25 @@ def test_oversized_uploads_are_413(tight_service):
         assert streamed.status_code == 413 and _body(streamed)["code"] == "request_too_large"
         sb.write_file("small", b"x" * 60_000)  # under the limit
         assert len(sb.read_file("small")) == 60_000
+
+
+def test_the_direct_exec_path_answers_like_the_route(tight_service):
+    """Exec bodies are served by the middleware's direct path; what it cannot validate goes to FastAPI."""
+    auth = {"Authorization": f"Bearer {tight_service.token}"}
+    with tight_service.client() as client, client.create() as sb:
+        url = f"{tight_service.url}/v1/sandboxes/{sb.id}/exec"
+        ok = httpx.post(url, json={"command": ["true"]}, headers=auth)
+        assert ok.status_code == 200 and ok.json()["outcome"] == "ok"
+        queued = httpx.post(url, json={"command": ["true"], "wait": False}, headers=auth)
+        assert queued.status_code == 202 and queued.json()["state"] in {"queued", "running", "succeeded"}
+        for bad in ({"command": 5}, {"command": ["true"], "no_such_field": 1}):
+            invalid = httpx.post(url, json=bad, headers=auth)
+            assert invalid.status_code == 422 and _body(invalid)["code"] == "validation_error"
+        not_json = httpx.post(url, content=b"{not json", headers={**auth, "Content-Type": "application/json"})
+        assert not_json.status_code == 422 and _body(not_json)["code"] == "validation_error"
+        unknown = httpx.post(f"{tight_service.url}/v1/sandboxes/sb-nope/exec", json={"command": ["true"]},
+                             headers=auth)
+        assert unknown.status_code == 404 and _body(unknown)["code"] == "sandbox_not_found"
+        streamed = httpx.post(url, content=iter([b'{"command": "' + b"x" * 40_000] * 3),
+                              headers={**auth, "Content-Type": "application/json"})
+        assert streamed.status_code == 413 and _body(streamed)["code"] == "request_too_large"
