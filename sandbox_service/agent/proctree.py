@@ -93,14 +93,9 @@ class CgroupTracker:
         if self.oom_fd is None:
             return 0
         try:
-            text = os.pread(self.oom_fd, 4096, 0).decode()
+            return oom_kill_count(os.pread(self.oom_fd, 4096, 0).decode())
         except OSError:
             return 0
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return 0
 
 
 def _exists_at(name: str, dir_fd: int) -> bool:
@@ -215,3 +210,12 @@ def _is_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] != b"Z"
+
+
+def oom_kill_count(text: str) -> int:
+    """The `oom_kill` counter of a memory.oom_control (v1) or memory.events (v2) file's text."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return int(value)
+    return 0

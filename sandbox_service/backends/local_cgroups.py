@@ -14,6 +14,7 @@ import signal
 import time
 from pathlib import Path
 
+from sandbox_service.agent.proctree import oom_kill_count
 from sandbox_service.errors import IsolationUnavailableError
 from sandbox_service.models import Resources
 
@@ -119,14 +120,9 @@ class SandboxCgroups:
 
     def oom_kills(self) -> int:
         try:
-            text = _read(self.oom_counter)
+            return oom_kill_count(_read(self.oom_counter))
         except OSError:
             return 0
-        for line in text.splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-        return 0
 
     def pids(self) -> list[int]:
         out: set[int] = set()
