@@ -79,8 +79,20 @@ def _trainer_classes():
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     class MetricsCallback(TrainerCallback):
-        def __init__(self, m: _StepMetrics) -> None:
+        def __init__(self, m: _StepMetrics, label: str) -> None:
             self.m = m
+            self.label = label
+            self.bar = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            from tqdm.auto import tqdm
+
+            # Trainer's own bar is off (it prints dicts); this one shows what a person watches: loss, tokens/s.
+            self.bar = tqdm(total=state.max_steps, desc=f"sft ({self.label})", mininterval=2.0)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.close()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or "loss" not in logs:
@@ -96,6 +108,9 @@ def _trainer_classes():
             }
             self.m.history.append(row)
             log_metrics(row, step=state.global_step)
+            if self.bar is not None:
+                self.bar.update(state.global_step - self.bar.n)
+                self.bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
             self.m.tokens = self.m.loss_tokens = 0
             self.m.t0 = now
 
@@ -135,7 +150,7 @@ def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset
     metrics = _StepMetrics()
     trainer = CountingTrainer(
         model=model, args=args, train_dataset=dataset, data_collator=PadCollator(tokenizer.pad_token_id),
-        callbacks=[MetricsCallback(metrics)], step_metrics=metrics,
+        callbacks=[MetricsCallback(metrics, config.mode)], step_metrics=metrics,
     )
     from transformers.trainer_callback import PrinterCallback
 
