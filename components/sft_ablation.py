@@ -9,7 +9,8 @@ config, steps and tasks train three arms and the untrained baseline on each seed
 and evaluate each on held-out tasks (greedy, components.evaluate). Every arm is one MLflow run with
 its per-seed figures; the table (mean resolved rate and a 95 % t-interval over seeds) is printed
 whichever arm wins. Arm/seed runs go `--jobs` at a time in separate processes (one torch thread each:
-on 2 cores that is faster than one job on two threads); finished ones are kept when a run is resumed. A sandbox service is started on loopback unless --sandbox-url is given.
+on 2 cores that is faster than one job on two threads); finished ones are kept when a run is resumed.
+A sandbox service is started on loopback unless --sandbox-url is given.
 """
 
 from __future__ import annotations
@@ -24,16 +25,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.connection import SandboxConnection
 from components.core.harness import HarnessConfig
-from components.core.modeling import ModelConfig, build_tiny_model, build_tokenizer, save_policy
+from components.core.modeling import build_tiny_model, build_tokenizer, save_policy
 from components.core.policy_base import GenerationConfig
 from components.core.store import TaskStore
-from components.core.tracking import TrackingConfig, log_json, log_metrics, stage_run
+from components.core.tracking import (TrackingConfig, close_detached_run, log_json, log_metrics, open_detached_run,
+                                      stage_run)
 from components.credit import CreditConfig, label_credit
 from components.credit_mc import MonteCarloConfig
 from components.sft import SFTConfig, train_sft
 from components.sft_data import SFTMode
 
 ARMS: tuple[SFTMode, ...] = ("resolved_only", "whole", "credited")
+ALL_ARMS: tuple[str, ...] = ("untrained", *ARMS)
 # Student t quantiles (0.975) for small numbers of seeds; beyond 10 the normal quantile is close.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -163,45 +166,8 @@ def _run_job(config: AblationConfig, arm: str, seed: int, work: Path, sandbox: S
     return _evaluate(config, sandbox, work / "tasks", model_dir, eval_dir, tracking)
 
 
-def _open_arm_run(arm: str, sft_config: SFTConfig, tracking: TrackingConfig | None) -> str | None:
-    """An MLflow run per arm, nested under the ablation; opened through the client (not the active-run
-    stack) because the arms' seeds run interleaved, possibly in other processes."""
-    if tracking is None or not tracking.enabled:
-        return None
-    import mlflow
-    from mlflow.entities import Param
-
-    from components.core.tracking import config_params
-
-    client = mlflow.MlflowClient(tracking.tracking_uri)
-    experiment = client.get_experiment_by_name(tracking.experiment)
-    run = client.create_run(experiment.experiment_id, run_name=f"arm-{arm}", tags={
-        "mlflow.parentRunId": tracking.parent_run_id or "", "orchard.stage": f"ablation-arm-{arm}"})
-    params = [Param(k, str(v)[:6000]) for k, v in config_params(sft_config).items()]
-    for i in range(0, len(params), 100):  # MLflow caps params per batch
-        client.log_batch(run.info.run_id, params=params[i : i + 100])
-    return run.info.run_id
-
-
-def _close_arm_run(run_id: str | None, tracking: TrackingConfig | None, rates: dict[int, float],
-                   row: ArmResult | None) -> None:
-    if run_id is None or tracking is None:
-        return
-    import time
-
-    import mlflow
-    from mlflow.entities import Metric
-
-    now = int(time.time() * 1000)
-    metrics = [Metric("heldout_resolved_rate", rate, now, seed) for seed, rate in sorted(rates.items())]
-    if row is not None:
-        summary = {"heldout_resolved_rate_mean": row.mean, "ci95_low": row.ci95[0], "ci95_high": row.ci95[1],
-                   "valid_call_rate": row.valid_call_rate, "mean_steps": row.mean_steps,
-                   "train_samples": row.train_samples, "loss_tokens": row.loss_tokens}
-        metrics += [Metric(k, float(v), now, 0) for k, v in summary.items() if v == v]
-    client = mlflow.MlflowClient(tracking.tracking_uri)
-    client.log_batch(run_id, metrics=metrics)
-    client.set_terminated(run_id, status="FINISHED" if row is not None else "FAILED")
+def _seed_metrics(rates: dict[int, float]) -> list[tuple[str, float, int]]:
+    return [("heldout_resolved_rate", rate, seed) for seed, rate in sorted(rates.items())]
 
 
 def run_ablation(config: AblationConfig, work_dir: str | Path, sandbox: SandboxConnection,
@@ -218,7 +184,6 @@ def run_ablation(config: AblationConfig, work_dir: str | Path, sandbox: SandboxC
         TaskStore(tasks_dir).write(recipe.tasks("train", config.train_tasks, seed=config.task_seed)
                                    + recipe.tasks("heldout", config.heldout_tasks, seed=config.task_seed))
     raw, credited = work / "trajectories", work / "credited"
-    all_arms = ("untrained", *ARMS)
     with stage_run("sft-ablation", config, tracking) as parent:
         child = tracking.model_copy(update={"parent_run_id": parent.info.run_id}) if parent else None
         if not (raw / "manifest.json").exists():
@@ -227,11 +192,13 @@ def run_ablation(config: AblationConfig, work_dir: str | Path, sandbox: SandboxC
             credit_cfg = config.credit.model_copy(update={"sandbox": sandbox})
             result = label_credit(credit_cfg, raw, tasks_dir, credited, tracking=child)
             log_metrics({f"credit.{k}": v for k, v in result.metrics.items()})
-        arm_runs = {arm: _open_arm_run(arm, config.sft, child) for arm in all_arms}
+        # Detached runs: the arms' seeds finish interleaved, in worker processes when jobs > 1.
+        arm_runs = {arm: open_detached_run(f"ablation-arm-{arm}", config.sft, child, run_name=f"arm-{arm}")
+                    for arm in ALL_ARMS}
         grand = {arm: child.model_copy(update={"parent_run_id": arm_runs[arm], "run_name": None}) if child else None
-                 for arm in all_arms}
-        jobs = [(arm, seed) for arm in all_arms for seed in config.seeds]
-        rates: dict[str, dict[int, float]] = {arm: {} for arm in all_arms}
+                 for arm in ALL_ARMS}
+        jobs = [(arm, seed) for arm in ALL_ARMS for seed in config.seeds]
+        rates: dict[str, dict[int, float]] = {arm: {} for arm in ALL_ARMS}
         try:
             if config.jobs == 1:
                 for arm, seed in jobs:
@@ -248,12 +215,16 @@ def run_ablation(config: AblationConfig, work_dir: str | Path, sandbox: SandboxC
                         rates[arm][seed] = future.result()
                         print(f"ablation: {arm} seed {seed} -> held-out resolved {rates[arm][seed]:.3f}", flush=True)
         except BaseException:
-            for arm in all_arms:
-                _close_arm_run(arm_runs[arm], child, rates[arm], None)
+            for arm in ALL_ARMS:
+                close_detached_run(arm_runs[arm], child, _seed_metrics(rates[arm]), failed=True)
             raise
-        arms = [arm_result(work, arm, config.seeds) for arm in all_arms]
-        for arm, row in zip(all_arms, arms):
-            _close_arm_run(arm_runs[arm], child, rates[arm], row)
+        arms = [arm_result(work, arm, config.seeds) for arm in ALL_ARMS]
+        for arm, row in zip(ALL_ARMS, arms):
+            summary = {"heldout_resolved_rate_mean": row.mean, "ci95_low": row.ci95[0], "ci95_high": row.ci95[1],
+                       "valid_call_rate": row.valid_call_rate, "mean_steps": row.mean_steps,
+                       "train_samples": row.train_samples, "loss_tokens": row.loss_tokens}
+            close_detached_run(arm_runs[arm], child,
+                               _seed_metrics(rates[arm]) + [(k, v, 0) for k, v in summary.items()])
         log_json([a.model_dump(mode="json") for a in arms], "ablation_table.json")
     (work / "ablation_table.json").write_text(json.dumps([a.model_dump(mode="json") for a in arms], indent=2))
     return arms
@@ -278,17 +249,19 @@ def print_table(arms: list[ArmResult], config: AblationConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work-dir", type=Path, default=Path("build/sft_ablation"))
-    parser.add_argument("--train-tasks", type=int, default=120)
-    parser.add_argument("--heldout-tasks", type=int, default=12)
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=400)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--num-threads", type=int, default=1, help="torch CPU threads per job")
-    parser.add_argument("--jobs", type=int, default=2, help="arm/seed runs in parallel processes")
-    parser.add_argument("--mc-k", type=int, default=3)
-    parser.add_argument("--mc-stride", type=int, default=2)
-    parser.add_argument("--teacher-error-rate", type=float, default=0.5)
+    d = AblationConfig()  # the CLI's defaults are the config's, so the two cannot drift apart
+    mc = d.credit.monte_carlo
+    parser.add_argument("--train-tasks", type=int, default=d.train_tasks)
+    parser.add_argument("--heldout-tasks", type=int, default=d.heldout_tasks)
+    parser.add_argument("--seeds", type=int, default=len(d.seeds))
+    parser.add_argument("--steps", type=int, default=d.sft.steps)
+    parser.add_argument("--batch-size", type=int, default=d.sft.batch_size)
+    parser.add_argument("--lr", type=float, default=d.sft.learning_rate)
+    parser.add_argument("--num-threads", type=int, default=d.sft.num_threads, help="torch CPU threads per job")
+    parser.add_argument("--jobs", type=int, default=d.jobs, help="arm/seed runs in parallel processes")
+    parser.add_argument("--mc-k", type=int, default=mc.k)
+    parser.add_argument("--mc-stride", type=int, default=mc.stride)
+    parser.add_argument("--teacher-error-rate", type=float, default=d.teacher_error_rate)
     parser.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in the work dir)")
     parser.add_argument("--sandbox-url", default=None, help="Use this sandbox service instead of starting one")
     parser.add_argument("--report-only", action="store_true", help="Print the table of finished runs in --work-dir")
@@ -297,13 +270,13 @@ def main(argv: list[str] | None = None) -> None:
     config = AblationConfig(
         train_tasks=args.train_tasks, heldout_tasks=args.heldout_tasks, seeds=list(range(args.seeds)),
         teacher_error_rate=args.teacher_error_rate, jobs=args.jobs,
-        credit=CreditConfig(monte_carlo=MonteCarloConfig(k=args.mc_k, stride=args.mc_stride, teacher_error_rate=0.2)),
-        sft=SFTConfig(steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr, max_len=1024,
-                      num_threads=args.num_threads, model=ModelConfig()),
+        credit=d.credit.model_copy(update={"monte_carlo": mc.model_copy(update={"k": args.mc_k, "stride": args.mc_stride})}),
+        sft=d.sft.model_copy(update={"steps": args.steps, "batch_size": args.batch_size, "learning_rate": args.lr,
+                                     "num_threads": args.num_threads}),
     )
     if args.report_only:
         rows = []
-        for arm in ("untrained", *ARMS):
+        for arm in ALL_ARMS:
             try:
                 rows.append(arm_result(args.work_dir, arm, config.seeds))
             except FileNotFoundError as err:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -72,11 +73,52 @@ def stage_run(stage: str, config: BaseModel | None, tracking: TrackingConfig | N
         kwargs["nested"] = True
     with mlflow.start_run(**kwargs) as run:
         if config is not None:
-            params = config_params(config)
-            items = list(params.items())
-            for i in range(0, len(items), 100):  # MLflow caps params per batch
-                mlflow.log_params(dict(items[i : i + 100]))
+            for batch in _param_batches(config):
+                mlflow.log_params(batch)
         yield run
+
+
+def _param_batches(config: BaseModel) -> Iterator[dict[str, Any]]:
+    items = list(config_params(config).items())
+    for i in range(0, len(items), 100):  # MLflow caps params per batch
+        yield dict(items[i : i + 100])
+
+
+def open_detached_run(stage: str, config: BaseModel | None, tracking: TrackingConfig | None,
+                      run_name: str | None = None) -> str | None:
+    """A run nested under `tracking.parent_run_id` but off this process's active-run stack, for work whose
+    parts finish interleaved or in other processes (they nest under it by run id). Close with
+    `close_detached_run`. None when tracking is off."""
+    if tracking is None or not tracking.enabled:
+        return None
+    import mlflow
+    from mlflow.entities import Param
+
+    client = mlflow.MlflowClient(tracking.tracking_uri)
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    experiment_id = mlflow.set_experiment(tracking.experiment).experiment_id
+    tags = {"orchard.stage": stage}
+    if tracking.parent_run_id:
+        tags["mlflow.parentRunId"] = tracking.parent_run_id
+    run_id = client.create_run(experiment_id, run_name=run_name or stage, tags=tags).info.run_id
+    if config is not None:
+        for batch in _param_batches(config):
+            client.log_batch(run_id, params=[Param(k, str(v)) for k, v in batch.items()])
+    return run_id
+
+
+def close_detached_run(run_id: str | None, tracking: TrackingConfig | None,
+                       metrics: list[tuple[str, float, int]], failed: bool = False) -> None:
+    """Log (key, value, step) metrics (NaNs skipped) to a detached run and mark it finished or failed."""
+    if run_id is None or tracking is None:
+        return
+    import mlflow
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    client = mlflow.MlflowClient(tracking.tracking_uri)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v, step in metrics if v == v])
+    client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
 
 
 def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
