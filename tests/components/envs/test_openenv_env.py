@@ -44,7 +44,7 @@ def _drive(client, recipe: str, config: EnvConfig, **reset_kwargs):
     return result, steps
 
 
-@pytest.mark.parametrize("recipe", ["swe", "claw"])
+@pytest.mark.parametrize("recipe", ["swe", "claw", pytest.param("gui", marks=pytest.mark.slow)])
 def test_openenv_client_drives_a_full_episode_to_a_verified_reward(sandbox_service, sandbox_client, env_server,
                                                                     recipe):
     config = _config(sandbox_service, recipe, max_steps=16)
@@ -59,7 +59,7 @@ def test_openenv_client_drives_a_full_episode_to_a_verified_reward(sandbox_servi
             live = sandbox_client.list({"orchard.task": state.task_id[:63]})
             assert [s for s in live if s.state.value in ("pending", "ready")] == []
             # Stepping an ended episode is the caller's mistake, said plainly (not a reward).
-            again = client.step(RecipeAction(tool="submit" if recipe == "swe" else "answer", arguments={}))
+            again = client.step(RecipeAction(tool="submit" if recipe == "swe" else "answer", arguments={"text": "x"}))
             assert again.done and again.reward is None and "reset" in again.observation.output
         finally:
             client.close()
@@ -139,3 +139,11 @@ def test_sixteen_concurrent_sessions_share_setup_snapshots_and_leave_nothing(san
         assert live == []
     snapshots_after = {s["id"] for s in sandbox_client.request("GET", "/v1/snapshots").json()}
     assert snapshots_after <= snapshots_before  # the server removed its setup snapshots at exit
+
+
+def test_orchard_env_serve_is_reachable_from_the_orchard_cli(capsys):
+    from pipelines.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["env", "serve", "--recipe", "nope"])
+    assert exit_info.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
