@@ -27,7 +27,7 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
 
-from components.envs.session import EnvConfig, RecipeSession, SetupCache, StepOutcome, delete_snapshot
+from components.envs.session import EnvConfig, Heartbeats, RecipeSession, SetupCache, StepOutcome, delete_snapshot
 from components.recipes import get_recipe
 from sandbox_service.client import SandboxClient
 
@@ -76,7 +76,7 @@ class RecipeEnvironment(Environment[RecipeAction, RecipeObservation, RecipeState
         super().__init__()
         self.shared = shared
         self.session = RecipeSession(shared.config, client=shared.client, recipe=shared.recipe,
-                                     tasks=shared.tasks, cache=shared.cache)
+                                     tasks=shared.tasks, cache=shared.cache, heartbeats=shared.heartbeats)
         self._state = RecipeState(recipe=shared.config.recipe)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
@@ -126,12 +126,15 @@ class SharedEnv:
         self.recipe = get_recipe(config.recipe, **config.recipe_options)
         self.tasks = self.recipe.tasks(config.split, config.num_tasks, config.task_seed)
         self.cache = SetupCache()
+        self.heartbeats = Heartbeats(config.heartbeat_every_seconds) if config.heartbeat_every_seconds else None
         self._lock = threading.Lock()
 
     def new_environment(self) -> RecipeEnvironment:
         return RecipeEnvironment(self)
 
     def close(self) -> None:
+        if self.heartbeats is not None:
+            self.heartbeats.close()
         for snapshot_id in self.cache.drain():
             delete_snapshot(self.client, snapshot_id)
         self.client.close()

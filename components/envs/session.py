@@ -50,6 +50,11 @@ class EnvConfig(BaseModel):
     fork_setup: bool = Field(True, description="Snapshot a task's sandbox after its first setup; later episodes "
                                                "of that task fork the snapshot instead of setting up again.")
     sandbox_wait_seconds: float = Field(120.0, gt=0, description="How long a new sandbox may take to be ready.")
+    heartbeat_every_seconds: float | None = Field(
+        30.0, gt=0, description="Heartbeat live episodes' sandboxes this often, so a trainer that generates for "
+                                "minutes between steps does not lose them to the service's idle reaper; None: off.")
+    sandbox_heartbeat_ttl_seconds: float | None = Field(
+        None, gt=0, description="Override the recipe's sandbox idle TTL (the service caps it at its own).")
     service: SandboxConnection = Field(default_factory=SandboxConnection,
                                        description="The sandbox service (URL and token).")
 
@@ -105,6 +110,41 @@ def delete_snapshot(client: SandboxClient, snapshot_id: str) -> None:
         log.warning("could not delete snapshot %s: %s", snapshot_id, err)
 
 
+class Heartbeats:
+    """One daemon thread that heartbeats every registered sandbox; sessions add theirs while an episode lives.
+    Why a thread: between two steps the trainer is generating, and nothing else touches the sandbox."""
+
+    def __init__(self, every_seconds: float):
+        self.every = every_seconds
+        self._lock = threading.Lock()
+        self._live: dict[str, Sandbox] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sandbox-heartbeats", daemon=True)
+        self._thread.start()
+
+    def add(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            self._live[sandbox.id] = sandbox
+
+    def discard(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            self._live.pop(sandbox.id, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            with self._lock:
+                live = list(self._live.values())
+            for sandbox in live:
+                try:
+                    sandbox.heartbeat()
+                except Exception as err:  # the episode's next call reports the loss as an infra error
+                    log.warning("heartbeat of %s failed: %s", sandbox.id, err)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 class _Infra(Exception):
     """An infrastructure failure: the episode ends as infra_error with this reason."""
 
@@ -118,8 +158,10 @@ class RecipeSession:
     concurrent session gets its own instance, all sharing one client, recipe, task list and cache."""
 
     def __init__(self, config: EnvConfig, *, client: SandboxClient, recipe: RecipeBase | None = None,
-                 tasks: list[Task] | None = None, cache: SetupCache | None = None):
+                 tasks: list[Task] | None = None, cache: SetupCache | None = None,
+                 heartbeats: Heartbeats | None = None):
         self.config = config
+        self.heartbeats = heartbeats
         self.client = client
         self.recipe = recipe or get_recipe(config.recipe, **config.recipe_options)
         self.tasks = tasks if tasks is not None else self.recipe.tasks(config.split, config.num_tasks,
@@ -154,11 +196,15 @@ class RecipeSession:
             self.sandbox = self._sandbox_for(self.task)
         except _Infra as err:
             return self._end_infra(str(err))
+        if self.heartbeats is not None:
+            self.heartbeats.add(self.sandbox)
         self.last = StepOutcome(output=self.task.prompt)
         return self.last
 
     def _sandbox_for(self, task: Task) -> Sandbox:
         spec = self.recipe.sandbox_spec(task)
+        if self.config.sandbox_heartbeat_ttl_seconds is not None:
+            spec = spec.model_copy(update={"heartbeat_ttl_seconds": self.config.sandbox_heartbeat_ttl_seconds})
         snapshot = self.cache.get(task.id) if self.cache is not None and self.config.fork_setup else None
         try:
             if snapshot is not None:
@@ -257,6 +303,8 @@ class RecipeSession:
     def _release(self) -> None:
         """The episode has ended: free its sandbox now rather than at the next reset."""
         if self.sandbox is not None:
+            if self.heartbeats is not None:
+                self.heartbeats.discard(self.sandbox)
             self._delete(self.sandbox)
             self.sandbox = None
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from components.core.modeling import CHAT_TEMPLATE
 from components.core.recipe_base import ToolSpec
-from components.envs.session import EnvConfig, RecipeSession, SetupCache
+from components.envs.session import EnvConfig, Heartbeats, RecipeSession, SetupCache
 from components.recipes import get_recipe
 from sandbox_service.client import SandboxClient
 
@@ -109,6 +109,7 @@ class _Shared:
         self.recipe = get_recipe(config.recipe, **config.recipe_options)
         self.tasks = self.recipe.tasks(config.split, config.num_tasks, config.task_seed)
         self.cache = SetupCache()
+        self.heartbeats = Heartbeats(config.heartbeat_every_seconds) if config.heartbeat_every_seconds else None
 
 
 class RecipeToolEnv:
@@ -120,7 +121,7 @@ class RecipeToolEnv:
     def __init__(self, shared: _Shared):
         self._shared = shared
         self._session = RecipeSession(shared.config, client=shared.client, recipe=shared.recipe,
-                                      tasks=shared.tasks, cache=shared.cache)
+                                      tasks=shared.tasks, cache=shared.cache, heartbeats=shared.heartbeats)
 
     @classmethod
     def factory(cls, config: EnvConfig | None = None) -> Callable[[], "RecipeToolEnv"]:
