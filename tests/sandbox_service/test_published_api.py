@@ -231,3 +231,20 @@ def test_pty_auth_by_subprotocol_and_refusals(sandbox_service, sbx):
             with pytest.raises(ConnectionClosed):
                 ws.recv(timeout=10)
             assert ws.close_code == code
+
+
+def test_overload_is_503_with_retry_after():
+    from sandbox_service.config import ServiceConfig
+    from sandbox_service.embedded import EmbeddedService
+
+    with EmbeddedService(ServiceConfig(token="unused", max_sandboxes=1, retry_after_seconds=2)) as service:
+        with httpx.Client(base_url=service.url + "/published", timeout=60,
+                          headers={"X-API-Key": service.token}) as api:
+            first = api.post("/sandboxes", json={"image": "python:3.11-slim"})
+            assert first.status_code == 200
+            try:
+                full = api.post("/sandboxes", json={"image": "python:3.11-slim"})
+                assert full.status_code == 503 and full.headers["Retry-After"] == "2"
+                assert full.json()["code"] == "capacity_exceeded" and "retry" in full.json()["detail"]
+            finally:
+                assert api.delete(f"/sandboxes/{first.json()['sandbox_id']}").status_code == 200
