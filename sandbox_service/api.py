@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse
 
 from sandbox_service.auth import TokenAuth
 from sandbox_service.backends.base import SandboxBackend
+from sandbox_service.compat import PUBLISHED_PREFIX, mount_published_api
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import InvalidRequestError, SandboxServiceError
 from sandbox_service.jobs import JobManager
@@ -269,10 +270,11 @@ def create_app(config: ServiceConfig | None = None, backend: SandboxBackend | No
 
     app.include_router(proxy_router(ports))  # the token in the URL is the credential
     app.include_router(pty_router(manager, auth))  # checks the token itself (header or ?token=)
+    mount_published_api(app, config, auth, manager, ops, jobs)  # checks X-API-Key itself
     # Open: /healthz, and exposed-port URLs (the unguessable token in their path is the credential).
     app.add_middleware(ServiceMiddleware, auth=auth, metrics=metrics, limit=config.max_request_bytes,
                        config=config, ops=ops, jobs=jobs, open_paths=("/healthz",),
-                       open_prefixes=("/v1/ports/",))
+                       open_prefixes=("/v1/ports/", PUBLISHED_PREFIX + "/"))
     return app
 
 

@@ -1,0 +1,312 @@
+"""One episode of a recipe, driven from outside: the core every trainer-facing adapter wraps.
+
+`RecipeSession.reset()` creates the task's sandbox (or forks a snapshot of an earlier setup of the same
+task), `step(tool, arguments)` runs one tool call, and the episode ends when the policy submits or the
+step limit is reached; the recipe's own verifier (`RecipeBase.verify`, its public interface) then gives the
+reward. The OpenEnv server (`openenv_env.py`) and the TRL environment class (`trl_env.py`) are thin
+wrappers around this, so the three agree on rewards and failures.
+
+Failure attribution is the harness's (components/core/harness.py): bad arguments or an unknown tool are
+the policy's error (an observation; the episode goes on); the sandbox service, a recipe crash or the
+verifier's own environment failing is infrastructure: the episode ends with `outcome="infra_error"`,
+`reward=None` and the reason, never with a reward of 0.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import random
+import threading
+from typing import Any, Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.connection import SandboxConnection
+from components.core.protocol import tools_prompt
+from components.core.recipe_base import RecipeBase, ToolResult
+from components.core.schema import Split, Task, ToolCall
+from components.recipes import get_recipe
+from sandbox_service.client import Sandbox, SandboxClient
+from sandbox_service.errors import SandboxServiceError
+
+log = logging.getLogger(__name__)
+
+Outcome = Literal["running", "resolved", "unresolved", "infra_error"]
+
+
+class EnvConfig(BaseModel):
+    """What a served environment offers: one recipe's task suite on one sandbox service."""
+
+    model_config = ConfigDict(extra="forbid")
+    recipe: Literal["swe", "gui", "claw"] = Field(description="Which recipe's tasks, tools and verifier.")
+    recipe_options: dict[str, Any] = Field(default_factory=dict,
+                                           description="Keyword arguments of the recipe (e.g. difficulty).")
+    split: Split = Field("train", description="Task split episodes are drawn from.")
+    num_tasks: int = Field(64, ge=1, description="Size of the generated task suite.")
+    task_seed: int = Field(0, description="Seed of the task generator (same seed, same suite).")
+    max_steps: int = Field(16, ge=1, description="Tool calls per episode; the last one ends it (then verified).")
+    fork_setup: bool = Field(True, description="Snapshot a task's sandbox after its first setup; later episodes "
+                                               "of that task fork the snapshot instead of setting up again.")
+    sandbox_wait_seconds: float = Field(120.0, gt=0, description="How long a new sandbox may take to be ready.")
+    heartbeat_every_seconds: float | None = Field(
+        30.0, gt=0, description="Heartbeat live episodes' sandboxes this often, so a trainer that generates for "
+                                "minutes between steps does not lose them to the service's idle reaper; None: off.")
+    sandbox_heartbeat_ttl_seconds: float | None = Field(
+        None, gt=0, description="Override the recipe's sandbox idle TTL (the service caps it at its own).")
+    service: SandboxConnection = Field(default_factory=SandboxConnection,
+                                       description="The sandbox service (URL and token).")
+
+
+class StepOutcome(BaseModel):
+    """What the policy sees after reset or a step, plus the episode's end state."""
+
+    model_config = ConfigDict(extra="forbid")
+    output: str = Field(description="Observation text (the task prompt after reset).")
+    done: bool = False
+    reward: float | None = Field(None, description="1.0 resolved / 0.0 unresolved, set once verified; "
+                                                   "None while running and on infrastructure failures.")
+    outcome: Outcome = "running"
+    policy_error: str | None = Field(None, description="The policy's mistake in this step (bad call).")
+    infra_error: str | None = Field(None, description="Infrastructure failure that ended the episode.")
+    reason: str | None = Field(None, description="Why the verifier did not resolve the task.")
+    image_png_b64: str | None = Field(None, description="Screenshot (GUI), base64 PNG.")
+
+
+class SetupCache:
+    """Snapshots of finished setups, by task id, shared by the sessions of one server."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._snapshots: dict[str, str] = {}
+
+    def get(self, task_id: str) -> str | None:
+        with self._lock:
+            return self._snapshots.get(task_id)
+
+    def put(self, task_id: str, snapshot_id: str) -> bool:
+        """Keep the first snapshot of a task; False if another session stored one first."""
+        with self._lock:
+            if task_id in self._snapshots:
+                return False
+            self._snapshots[task_id] = snapshot_id
+            return True
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._snapshots)
+
+    def drain(self) -> list[str]:
+        with self._lock:
+            ids, self._snapshots = list(self._snapshots.values()), {}
+        return ids
+
+
+def delete_snapshot(client: SandboxClient, snapshot_id: str) -> None:
+    try:
+        client.request("DELETE", f"/v1/snapshots/{snapshot_id}")
+    except Exception as err:  # a leftover snapshot costs disk, not correctness
+        log.warning("could not delete snapshot %s: %s", snapshot_id, err)
+
+
+class Heartbeats:
+    """One daemon thread that heartbeats every registered sandbox; sessions add theirs while an episode lives.
+    Why a thread: between two steps the trainer is generating, and nothing else touches the sandbox."""
+
+    def __init__(self, every_seconds: float):
+        self.every = every_seconds
+        self._lock = threading.Lock()
+        self._live: dict[str, Sandbox] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sandbox-heartbeats", daemon=True)
+        self._thread.start()
+
+    def add(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            self._live[sandbox.id] = sandbox
+
+    def discard(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            self._live.pop(sandbox.id, None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            with self._lock:
+                live = list(self._live.values())
+            for sandbox in live:
+                try:
+                    sandbox.heartbeat()
+                except Exception as err:  # the episode's next call reports the loss as an infra error
+                    log.warning("heartbeat of %s failed: %s", sandbox.id, err)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+class _Infra(Exception):
+    """An infrastructure failure: the episode ends as infra_error with this reason."""
+
+
+def _describe(err: BaseException) -> str:
+    return f"{type(err).__name__}: {err}"[:1000]
+
+
+class RecipeSession:
+    """One environment instance: at most one live episode (and sandbox) at a time. Not thread-safe; each
+    concurrent session gets its own instance, all sharing one client, recipe, task list and cache."""
+
+    def __init__(self, config: EnvConfig, *, client: SandboxClient, recipe: RecipeBase | None = None,
+                 tasks: list[Task] | None = None, cache: SetupCache | None = None,
+                 heartbeats: Heartbeats | None = None):
+        self.config = config
+        self.heartbeats = heartbeats
+        self.client = client
+        self.recipe = recipe or get_recipe(config.recipe, **config.recipe_options)
+        self.tasks = tasks if tasks is not None else self.recipe.tasks(config.split, config.num_tasks,
+                                                                     config.task_seed)
+        self.cache = cache
+        self.task: Task | None = None
+        self.sandbox: Sandbox | None = None
+        self.steps = 0
+        self.last: StepOutcome | None = None
+        self.final_answer: str | None = None
+
+    # -- episode ------------------------------------------------------------------------------
+    def pick(self, *, task_id: str | None = None, task_index: int | None = None, seed: int | None = None) -> Task:
+        if task_id is not None:
+            for task in self.tasks:
+                if task.id == task_id:
+                    return task
+            raise ValueError(f"no task {task_id!r} in this {self.config.recipe} suite "
+                             f"({self.config.split}, {len(self.tasks)} tasks, seed {self.config.task_seed})")
+        if task_index is None:
+            task_index = random.Random(seed).randrange(len(self.tasks))
+        return self.tasks[task_index % len(self.tasks)]
+
+    def reset(self, *, task_id: str | None = None, task_index: int | None = None,
+              seed: int | None = None) -> StepOutcome:
+        """Start an episode (ending any previous one). Infrastructure failures come back as a done
+        observation with `outcome="infra_error"`; a bad task id raises ValueError (the caller's mistake)."""
+        self.close()
+        self.task = self.pick(task_id=task_id, task_index=task_index, seed=seed)
+        self.steps, self.final_answer = 0, None
+        try:
+            self.sandbox = self._sandbox_for(self.task)
+        except _Infra as err:
+            return self._end_infra(str(err))
+        if self.heartbeats is not None:
+            self.heartbeats.add(self.sandbox)
+        self.last = StepOutcome(output=self.task.prompt)
+        return self.last
+
+    def _sandbox_for(self, task: Task) -> Sandbox:
+        spec = self.recipe.sandbox_spec(task)
+        if self.config.sandbox_heartbeat_ttl_seconds is not None:
+            spec = spec.model_copy(update={"heartbeat_ttl_seconds": self.config.sandbox_heartbeat_ttl_seconds})
+        snapshot = self.cache.get(task.id) if self.cache is not None and self.config.fork_setup else None
+        try:
+            if snapshot is not None:
+                return self.client.create(spec.model_copy(update={"from_snapshot": snapshot}),
+                                          wait_timeout=self.config.sandbox_wait_seconds)
+            sandbox = self.client.create(spec, wait_timeout=self.config.sandbox_wait_seconds)
+        except (SandboxServiceError, httpx.HTTPError) as err:
+            raise _Infra(f"sandbox create failed: {_describe(err)}") from err
+        try:
+            self.recipe.setup(sandbox, task)
+            if self.cache is not None and self.config.fork_setup:
+                snap = sandbox.snapshot()
+                if not self.cache.put(task.id, snap.id):
+                    delete_snapshot(self.client, snap.id)
+        except Exception as err:  # setup is the environment's job: any failure is infrastructure
+            self._delete(sandbox)
+            raise _Infra(f"setup of {task.id} failed: {_describe(err)}") from err
+        return sandbox
+
+    def step(self, tool: str, arguments: dict[str, Any] | None = None) -> StepOutcome:
+        """Run one tool call. Raises RuntimeError when no episode is running (reset first)."""
+        if self.task is None or self.sandbox is None or (self.last is not None and self.last.done):
+            raise RuntimeError("no episode is running: call reset() first (the last one has ended)")
+        call = ToolCall(name=tool, arguments=dict(arguments or {}))
+        try:
+            result = self._execute(call)
+        except _Infra as err:
+            return self._end_infra(str(err))
+        self.steps += 1
+        if result.submitted:
+            self.final_answer = result.final_answer
+        png = base64.b64encode(result.image_png).decode() if result.image_png else None
+        if result.submitted or self.steps >= self.config.max_steps:
+            return self._verify(result.output, result.policy_error, png)
+        self.last = StepOutcome(output=result.output, policy_error=result.policy_error, image_png_b64=png)
+        return self.last
+
+    def _execute(self, call: ToolCall) -> ToolResult:
+        assert self.sandbox is not None and self.task is not None
+        try:
+            result = self.recipe.execute_tool(self.sandbox, self.task, call)
+        except (SandboxServiceError, httpx.HTTPError) as err:
+            raise _Infra(f"sandbox failed in tool {call.name}: {_describe(err)}") from err
+        except Exception as err:  # a recipe bug is data about the environment, not the policy's failure
+            log.exception("tool %s raised", call.name)
+            raise _Infra(f"tool {call.name} raised {_describe(err)}") from err
+        if result.infra_error:
+            raise _Infra(f"infrastructure error in tool {call.name}: {result.infra_error}")
+        return result
+
+    def verify(self) -> StepOutcome:
+        """End the episode now and verify the state as it stands (a trainer's own step budget ran out)."""
+        if self.last is not None and self.last.done:
+            return self.last
+        if self.task is None or self.sandbox is None:
+            raise RuntimeError("no episode is running: call reset() first")
+        return self._verify("", None, None)
+
+    def _verify(self, output: str, policy_error: str | None, png: str | None) -> StepOutcome:
+        assert self.sandbox is not None and self.task is not None
+        try:
+            verdict = self.recipe.verify(self.sandbox, self.task, self.final_answer)
+        except (SandboxServiceError, httpx.HTTPError) as err:
+            return self._end_infra(f"verification failed: {_describe(err)}")
+        if verdict.infra_error:
+            return self._end_infra(f"verification failed: {verdict.infra_error}")
+        self.last = StepOutcome(output=output, done=True, reward=1.0 if verdict.resolved else 0.0,
+                                outcome="resolved" if verdict.resolved else "unresolved",
+                                policy_error=policy_error, reason=None if verdict.resolved else verdict.reason,
+                                image_png_b64=png)
+        self._release()
+        return self.last
+
+    def _end_infra(self, reason: str) -> StepOutcome:
+        self.last = StepOutcome(output=f"Environment error: {reason}", done=True, outcome="infra_error",
+                                infra_error=reason)
+        self._release()
+        return self.last
+
+    # -- descriptions ---------------------------------------------------------------------------
+    def tools_openai(self) -> list[dict[str, Any]]:
+        return [t.openai() for t in self.recipe.tools()]
+
+    def system_prompt(self) -> str:
+        """The recipe's system prompt with the tool list, as our own harness renders it."""
+        assert self.task is not None
+        return f"{self.recipe.system_prompt(self.task)}\n\n{tools_prompt(self.tools_openai())}"
+
+    # -- cleanup ---------------------------------------------------------------------------------
+    def _delete(self, sandbox: Sandbox) -> None:
+        try:
+            sandbox.delete()
+        except Exception as err:  # the service's reaper collects it; the episode's result stands
+            log.warning("could not delete sandbox %s: %s", sandbox.id, err)
+
+    def _release(self) -> None:
+        """The episode has ended: free its sandbox now rather than at the next reset."""
+        if self.sandbox is not None:
+            if self.heartbeats is not None:
+                self.heartbeats.discard(self.sandbox)
+            self._delete(self.sandbox)
+            self.sandbox = None
+
+    def close(self) -> None:
+        self._release()

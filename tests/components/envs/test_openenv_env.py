@@ -1,0 +1,149 @@
+"""OpenEnv environments for our recipes, served by openenv-core and driven by its client, against the real
+sandbox service: full SWE and Claw episodes to a verified reward, infrastructure failures reported as such,
+16 concurrent sessions with nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from components.core.policy_base import ChatMessage, GenerationConfig
+from components.core.protocol import parse_tool_call
+from components.envs.session import EnvConfig
+from components.recipes import get_recipe, get_scripted_teacher
+
+pytest.importorskip("openenv.core", reason="needs the orchard[openenv] extra")
+from components.envs.openenv_env import RecipeAction, RecipeEnvClient  # noqa: E402
+
+
+def _config(sandbox_service, recipe: str, **kw) -> EnvConfig:
+    return EnvConfig(recipe=recipe, num_tasks=4, service=sandbox_service.connection(), **kw)
+
+
+def _drive(client, recipe: str, config: EnvConfig, **reset_kwargs):
+    """A trainer's loop: the scripted teacher stands in for the policy, the OpenEnv client is the only way
+    to the environment. Returns the final step result and the number of steps."""
+    tasks = {t.id: t for t in get_recipe(recipe).tasks(config.split, config.num_tasks, config.task_seed)}
+    result = client.reset(**reset_kwargs)
+    obs = result.observation
+    assert obs.outcome == "running" and obs.tools and obs.system_prompt, obs
+    teacher = get_scripted_teacher(recipe, error_rate=0.0, seed=0)
+    teacher.reset(tasks[obs.task_id])
+    messages = [ChatMessage(role="system", content=obs.system_prompt), ChatMessage(role="user", content=obs.output)]
+    steps = 0
+    while not result.done:
+        text = teacher.generate(messages, GenerationConfig()).text
+        call = parse_tool_call(text)
+        result = client.step(RecipeAction(tool=call.name, arguments=call.arguments))
+        messages += [ChatMessage(role="assistant", content=text),
+                     ChatMessage(role="tool", content=result.observation.output, tool_call_id=call.id, name=call.name)]
+        steps += 1
+        assert steps <= config.max_steps
+    return result, steps
+
+
+@pytest.mark.parametrize("recipe", ["swe", "claw", pytest.param("gui", marks=pytest.mark.slow)])
+def test_openenv_client_drives_a_full_episode_to_a_verified_reward(sandbox_service, sandbox_client, env_server,
+                                                                    recipe):
+    config = _config(sandbox_service, recipe, max_steps=16)
+    with env_server(config) as (url, _):
+        client = RecipeEnvClient(base_url=url).sync()
+        try:
+            result, steps = _drive(client, recipe, config, task_index=1)
+            assert (result.done, result.reward, result.observation.outcome) == (True, 1.0, "resolved")
+            state = client.state()
+            assert state.recipe == recipe and state.step_count == steps and state.outcome == "resolved"
+            # The episode's sandbox is freed as soon as it is verified.
+            live = sandbox_client.list({"orchard.task": state.task_id[:63]})
+            assert [s for s in live if s.state.value in ("pending", "ready")] == []
+            # Stepping an ended episode is the caller's mistake, said plainly (not a reward).
+            again = client.step(RecipeAction(tool="submit" if recipe == "swe" else "answer", arguments={"text": "x"}))
+            assert again.done and again.reward is None and "reset" in again.observation.output
+        finally:
+            client.close()
+
+
+def test_unresolved_submission_is_reward_zero_with_the_verifier_reason(sandbox_service, env_server):
+    config = _config(sandbox_service, "swe")
+    with env_server(config) as (url, _):
+        with RecipeEnvClient(base_url=url).sync() as client:
+            client.reset(task_index=0)
+            bad = client.step(RecipeAction(tool="read_file", arguments={"path": "no/such/file.py"}))
+            assert not bad.done and bad.observation.policy_error  # the policy's error: the episode goes on
+            result = client.step(RecipeAction(tool="submit"))
+            assert (result.done, result.reward, result.observation.outcome) == (True, 0.0, "unresolved")
+            assert result.observation.reason
+
+
+def test_step_limit_ends_and_verifies_the_episode(sandbox_service, env_server):
+    config = _config(sandbox_service, "swe", max_steps=2)
+    with env_server(config) as (url, _):
+        with RecipeEnvClient(base_url=url).sync() as client:
+            client.reset(task_index=0)
+            first = client.step(RecipeAction(tool="bash", arguments={"command": "ls"}))
+            assert not first.done
+            second = client.step(RecipeAction(tool="bash", arguments={"command": "ls"}))
+            assert second.done and second.reward == 0.0
+
+
+def test_infrastructure_failure_ends_the_episode_without_a_reward(sandbox_service, sandbox_client, env_server):
+    config = _config(sandbox_service, "swe")
+    with env_server(config) as (url, _):
+        with RecipeEnvClient(base_url=url).sync() as client:
+            client.reset(task_index=2)
+            sandbox_id = client.state().sandbox_id
+            sandbox_client.request("DELETE", f"/v1/sandboxes/{sandbox_id}")  # it vanishes under the episode
+            result = client.step(RecipeAction(tool="bash", arguments={"command": "ls"}))
+            obs = result.observation
+            assert result.done and result.reward is None
+            assert obs.outcome == "infra_error" and obs.infra_error and sandbox_id in obs.infra_error
+
+
+def test_sixteen_concurrent_sessions_share_setup_snapshots_and_leave_nothing(sandbox_service, sandbox_client,
+                                                                            env_server):
+    config = _config(sandbox_service, "swe", max_steps=4)
+
+    async def episode(url: str, i: int) -> tuple[float | None, str]:
+        client = RecipeEnvClient(base_url=url, message_timeout_s=240)
+        try:
+            await client.connect()
+            obs = (await client.reset(task_index=i % 4)).observation
+            assert obs.outcome == "running", obs.infra_error
+            await client.step(RecipeAction(tool="bash", arguments={"command": f"echo session-{i} > mine.txt"}))
+            own = await client.step(RecipeAction(tool="read_file", arguments={"path": "mine.txt"}))
+            if i % 2:  # half end by closing mid-episode: the server must free their sandboxes too
+                return None, own.observation.output
+            result = await client.step(RecipeAction(tool="submit"))
+            return result.reward, own.observation.output
+        finally:
+            await client.close()
+
+    async def run_all(url: str):
+        return await asyncio.gather(*(episode(url, i) for i in range(16)))
+
+    snapshots_before = {s["id"] for s in sandbox_client.request("GET", "/v1/snapshots").json()}
+    with env_server(config, max_concurrent_envs=16) as (url, shared):
+        results = asyncio.run(run_all(url))
+        assert len(shared.cache) == 4  # one setup snapshot per task; the other 12 sessions forked them
+        for i, (reward, own) in enumerate(results):
+            assert f"session-{i}" in own  # each session saw only its own sandbox
+            assert reward == (0.0 if i % 2 == 0 else None)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # closed sessions are destroyed right after the socket closes
+            live = [s for s in sandbox_client.list({"orchard.recipe": "swe"}) if s.state.value != "deleted"]
+            if not live:
+                break
+            time.sleep(0.2)
+        assert live == []
+    snapshots_after = {s["id"] for s in sandbox_client.request("GET", "/v1/snapshots").json()}
+    assert snapshots_after <= snapshots_before  # the server removed its setup snapshots at exit
+
+
+def test_orchard_env_serve_is_reachable_from_the_orchard_cli(capsys):
+    from pipelines.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["env", "serve", "--recipe", "nope"])
+    assert exit_info.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
