@@ -59,7 +59,7 @@ class CreditResult(BaseModel):
 
 def apply_estimate(trajectory: Trajectory, estimate: ValueEstimate, config: SegmentConfig) -> Trajectory:
     """A copy of `trajectory` with value_estimate / credit / credited on its assistant steps."""
-    selected = select_segments(estimate.values, config)
+    selected = select_segments(estimate.values, config, estimate.credit_stderr)
     c = credits(estimate.values, config)
     out = trajectory.model_copy(deep=True)
     assistant = [s for s in out.steps if s.role == "assistant"]
@@ -71,7 +71,8 @@ def apply_estimate(trajectory: Trajectory, estimate: ValueEstimate, config: Segm
         step.credited = selected[t]
     out.metadata = {**out.metadata, "credit": {
         "estimator": estimate.estimator, "values": estimate.values, "stderr": estimate.stderr,
-        "samples": estimate.samples, "segments": segments(selected), "segment_config": config.model_dump()}}
+        "samples": estimate.samples, "credit_stderr": estimate.credit_stderr, "segments": segments(selected),
+        "segment_config": config.model_dump()}}
     return out
 
 
@@ -147,6 +148,7 @@ def label_credit(config: CreditConfig, trajectories_dir: str | Path, tasks_dir: 
         steps = [s for t in unresolved for s in t.steps if s.role == "assistant"]
         credited = sum(1 for s in steps if s.credited)
         errs = [e for _, est in estimates for e in est.stderr if e is not None and e > 0]
+        credit_ses = sorted(e for _, est in estimates for e in (est.credit_stderr or []) if e is not None)
         result = CreditResult(
             out_dir=str(out_dir), trajectories=len(out), resolved=counts[Outcome.resolved],
             unresolved=counts[Outcome.unresolved], infra_error=counts[Outcome.infra_error],
@@ -158,6 +160,7 @@ def label_credit(config: CreditConfig, trajectories_dir: str | Path, tasks_dir: 
             "segments_per_trajectory": (sum(len(segments([bool(s.credited) for s in t.steps if s.role == "assistant"]))
                                             for t, _ in estimates) / len(estimates)) if estimates else 0.0,
             "mean_value_stderr": sum(errs) / len(errs) if errs else 0.0,
+            **credit_stderr_summary(credit_ses, config.segments.epsilon),
             "seconds": seconds,
             "seconds_per_trajectory": seconds / len(estimates) if estimates else 0.0,
         }
@@ -168,7 +171,44 @@ def label_credit(config: CreditConfig, trajectories_dir: str | Path, tasks_dir: 
         log_json(result.model_dump(mode="json"), "credit_result.json")
         if estimates and config.figure_trajectories:
             _log_value_curves(estimates[: config.figure_trajectories])
+        if credit_ses:
+            _log_stderr_histogram(credit_ses, config.segments)
     return result
+
+
+def credit_stderr_summary(ses: list[float], epsilon: float) -> dict[str, float]:
+    """The distribution of SE(c_t) over every credited-or-not step of the run (sorted input)."""
+    if not ses:
+        return {}
+
+    def q(p: float) -> float:
+        return ses[min(len(ses) - 1, int(p * len(ses)))]
+
+    return {"credit_stderr_p50": q(0.5), "credit_stderr_p90": q(0.9), "credit_stderr_max": ses[-1],
+            "credit_stderr_below_epsilon": sum(se < epsilon for se in ses) / len(ses),
+            "credit_stderr_steps": float(len(ses))}
+
+
+def _log_stderr_histogram(ses: list[float], config: SegmentConfig) -> None:
+    import mlflow
+
+    if mlflow.active_run() is None:
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.hist(ses, bins=30)
+    ax.axvline(config.epsilon, color="k", ls="--", label=f"epsilon = {config.epsilon}")
+    ax.set_xlabel("SE(c_t), paired continuations")
+    ax.set_ylabel("steps")
+    ax.set_title(f"Credit standard errors ({len(ses)} steps)")
+    ax.legend()
+    fig.tight_layout()
+    log_figure(fig, "credit_stderr_hist.png")
+    plt.close(fig)
 
 
 def _log_value_curves(items: list[tuple[Trajectory, ValueEstimate]]) -> None:

@@ -28,12 +28,17 @@ class ValueEstimate(BaseModel):
     values: list[float] = Field(description="V(s_0..s_T): T+1 probabilities in [0, 1].")
     stderr: list[float | None] = Field(description="Standard error per value (None when not a sample mean).")
     samples: list[int] = Field(description="Continuations behind each value (0 = interpolated or judged).")
+    credit_stderr: list[float | None] | None = Field(
+        None, description="Standard error of each credit c_t = V(s_t) - V(s_{t-1}), t = 1..T (paired "
+                          "continuations); None when the estimator cannot give one (judge).")
 
     @model_validator(mode="after")
     def _shapes(self) -> "ValueEstimate":
         n = len(self.step_indices) + 1
         if not (len(self.values) == len(self.stderr) == len(self.samples) == n):
             raise ValueError(f"a curve over {n - 1} assistant steps needs {n} values, stderrs and sample counts")
+        if self.credit_stderr is not None and len(self.credit_stderr) != n - 1:
+            raise ValueError(f"a curve over {n - 1} assistant steps needs {n - 1} credit standard errors")
         if any(not 0.0 <= v <= 1.0 for v in self.values):
             raise ValueError(f"values must be probabilities in [0, 1], got {self.values}")
         return self

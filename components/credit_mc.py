@@ -8,6 +8,14 @@ the final `submit` is terminal: its value is the verified outcome itself. Each v
 binomial standard error sqrt(p(1-p)/n); continuations that end in `infra_error` are excluded from n
 (and reported), never counted as failures. Key steps every `stride` assistant steps; the rest are
 linearly interpolated (as in the published labeling).
+
+Departures from the published rule, and why:
+1. Common random numbers: continuation j starts with the same teacher seed at every key state, so
+   c_t = V(s_t) - V(s_{t-1}) is a mean of *paired* differences X_{t,j} - X_{t-1,j}. Noise the two
+   states share (the teacher's own slips) cancels; with independent seeds it adds up, and at k=3 the
+   credit was mostly noise (SE ~0.27 against epsilon = 0.05).
+2. Each credit carries its standard error sd(paired differences)/sqrt(n) (spread evenly over the
+   interpolated steps between two key states), so segment selection can ask for c_t >= z * SE(c_t).
 """
 
 from __future__ import annotations
@@ -33,8 +41,9 @@ class MonteCarloConfig(BaseModel):
     """Continuations from each intermediate state."""
 
     model_config = ConfigDict(extra="forbid")
-    k: int = Field(4, ge=1, description="Continuations per key state.")
+    k: int = Field(8, ge=1, description="Continuations per key state (8: SE(c_t) well under epsilon with common random numbers).")
     stride: int = Field(1, ge=1, description="Estimate every stride-th assistant step (the last always); interpolate the rest.")
+    common_random_numbers: bool = Field(True, description="Continuation j uses the same teacher seed at every state (paired credits).")
     teacher_error_rate: float = Field(0.2, ge=0.0, le=1.0, description="Error rate of the scripted continuation teacher.")
     seed: int = Field(0, description="Base seed of the continuation teachers.")
     max_steps: int = Field(12, ge=1, description="Assistant turns a continuation may add.")
@@ -65,6 +74,9 @@ class MonteCarloEstimator:
                                                 generation=GenerationConfig(temperature=0.0))
         self.continuations = 0
         self.infra_failures = 0
+
+    def _seed(self, t: int, j: int) -> int:
+        return j if self.config.common_random_numbers else t * 1000 + j
 
     def _continue(self, task: Task, prefix, snapshot: str | None, seed: int) -> Outcome:
         # max_steps counts the prefix's assistant turns too: extend the budget by them.
@@ -111,12 +123,48 @@ class MonteCarloEstimator:
                 end = initial_end(trajectory) if t == 0 else state_end(trajectory, positions[t - 1])
                 prefix = trajectory.steps[:end]
                 snapshot = prefix[-1].sandbox_state_id if (self.config.use_snapshots and prefix) else None
-                jobs[t] = (end, [pool.submit(self._continue, task, prefix, snapshot, t * 1000 + j)
+                jobs[t] = (end, [pool.submit(self._continue, task, prefix, snapshot, self._seed(t, j))
                                  for j in range(self.config.k)])
+            outcomes: dict[int, list[float | None]] = {}
             for t, (end, futures) in jobs.items():
-                known[t], stderr[t], samples[t] = self._value(trajectory, end, [f.result() for f in futures])
+                results = [f.result() for f in futures]
+                known[t], stderr[t], samples[t] = self._value(trajectory, end, results)
+                outcomes[t] = [None if o is Outcome.infra_error else float(o is Outcome.resolved) for o in results]
+        for t in keys:
+            outcomes.setdefault(t, [known[t]] * self.config.k)  # the terminal state: its outcome, exactly
         return ValueEstimate(
             trajectory_id=trajectory.id, estimator=self.name,
             step_indices=[trajectory.steps[p].index for p in positions],
             values=interpolate(known, T + 1), stderr=stderr, samples=samples,
+            credit_stderr=paired_credit_stderr(keys, outcomes, T) if self.config.common_random_numbers else
+            independent_credit_stderr(keys, stderr, T),
         )
+
+
+def paired_credit_stderr(keys: list[int], outcomes: dict[int, list[float | None]], T: int) -> list[float | None]:
+    """SE of c_1..c_T from paired continuation outcomes at consecutive key states.
+
+    Between key states a < b the interpolated curve rises (V_b - V_a)/(b - a) per step, so each of those
+    steps gets SE(mean of paired differences)/(b - a). Fewer than two complete pairs: None (unknown)."""
+    out: list[float | None] = [None] * T
+    for a, b in zip(keys, keys[1:]):
+        diffs = [xb - xa for xa, xb in zip(outcomes[a], outcomes[b]) if xa is not None and xb is not None]
+        se = None
+        if len(diffs) >= 2:
+            mean = sum(diffs) / len(diffs)
+            var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
+            se = math.sqrt(var / len(diffs)) / (b - a)
+        for t in range(a + 1, b + 1):
+            out[t - 1] = se
+    return out
+
+
+def independent_credit_stderr(keys: list[int], stderr: list[float | None], T: int) -> list[float | None]:
+    """SE of c_1..c_T when the two states' continuations are independent: sqrt(SE_a^2 + SE_b^2)/(b - a)."""
+    out: list[float | None] = [None] * T
+    for a, b in zip(keys, keys[1:]):
+        sa, sb = stderr[a], stderr[b]
+        se = None if sa is None or sb is None else math.sqrt(sa * sa + sb * sb) / (b - a)
+        for t in range(a + 1, b + 1):
+            out[t - 1] = se
+    return out

@@ -2,8 +2,11 @@
 
 Following the published recipe: c_t = V(s_t) - V(s_{t-1}) is the credit of assistant step t (V(s_0)
 is the value before the first action); a rise segment is a maximal run of consecutive steps with
-c_t >= epsilon. We add two knobs: a minimum segment length and an optional centred moving average
-over V before differencing (noisy Monte-Carlo estimates otherwise create one-step blips).
+c_t >= epsilon. We add three knobs: a noise bar (a step counts only when c_t >= max(epsilon,
+z * SE(c_t)), where the estimator gives SE(c_t); Monte-Carlo credit with few continuations is otherwise
+mostly noise), a minimum segment length, and an optional centred moving average over V before
+differencing. The noise bar applies to the smoothed credit with the unsmoothed SE (conservative:
+averaging only shrinks the SE).
 Values between key steps are linearly interpolated (`interpolate`), as in the published labeling.
 """
 
@@ -17,6 +20,7 @@ class SegmentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     epsilon: float = Field(0.05, ge=0.0, description="Minimum per-step rise c_t to count as credited (published 0.05).")
+    z: float = Field(2.0, ge=0.0, description="Noise bar: c_t must also reach z * SE(c_t) when the estimator gives an SE (0 = off).")
     min_length: int = Field(1, ge=1, description="Drop rise segments shorter than this many assistant steps.")
     smoothing_window: int = Field(1, ge=1, description="Centred moving-average window over V (1 = none; odd).")
 
@@ -61,19 +65,29 @@ def credits(values: list[float], config: SegmentConfig) -> list[float]:
     return [curve[t] - curve[t - 1] for t in range(1, len(curve))]
 
 
-def select_segments(values: list[float], config: SegmentConfig | None = None) -> list[bool]:
+def thresholds(config: SegmentConfig, credit_stderr: list[float | None] | None, steps: int) -> list[float]:
+    """The bar each c_t must reach: max(epsilon, z * SE(c_t)), epsilon where the SE is unknown."""
+    ses = credit_stderr if credit_stderr is not None else [None] * steps
+    if len(ses) != steps:
+        raise ValueError(f"{len(ses)} credit standard errors for {steps} steps")
+    return [max(config.epsilon, config.z * se) if se is not None else config.epsilon for se in ses]
+
+
+def select_segments(values: list[float], config: SegmentConfig | None = None,
+                    credit_stderr: list[float | None] | None = None) -> list[bool]:
     """Per assistant step (T of them for T+1 values): inside a kept rise segment or not."""
     config = config or SegmentConfig()
     if len(values) < 2:
         return []
     # A rise of exactly epsilon counts; the tolerance keeps 0.25 - 0.2 (= 0.04999...) from missing it.
     c = [x + 1e-9 for x in credits(values, config)]
+    bar = thresholds(config, credit_stderr, len(c))
     selected = [False] * len(c)
     t = 0
     while t < len(c):
-        if c[t] >= config.epsilon:
+        if c[t] >= bar[t]:
             end = t
-            while end + 1 < len(c) and c[end + 1] >= config.epsilon:
+            while end + 1 < len(c) and c[end + 1] >= bar[end + 1]:
                 end += 1
             if end - t + 1 >= config.min_length:
                 for i in range(t, end + 1):

@@ -1,6 +1,7 @@
 """Evaluation stage: a policy on held-out tasks, k attempts each, through the same harness and sandboxes.
 
-Reports the resolved rate (with a Wilson 95 % interval), unbiased pass@1 and pass@k, mean steps and
+Reports the resolved rate and pass@1, each with a 95 % interval from a bootstrap over tasks (attempts
+at one task are clustered: see `components.core.intervals`), unbiased pass@k, mean steps and
 tokens, and the infrastructure-error rate. Attempts that ended in `infra_error` (after
 `infra_retries` re-runs) are excluded from every denominator and reported on their own: a crashed
 sandbox says nothing about the policy. Per-task results go to a parquet artifact, the summary to a
@@ -11,7 +12,6 @@ OpenAI-compatible endpoint, or the recipe's scripted teacher as a reference (`mo
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import threading
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from components.core.connection import SandboxConnection
 from components.core.harness import HarnessConfig, run_episode
+from components.core.intervals import mean_bootstrap_ci, task_bootstrap_ci
 from components.core.passk import mean_pass_at_k, pass_at_k
 from components.core.policies import OpenAIPolicyConfig
 from components.core.schema import Outcome, Recipe, Split, Task, Trajectory
@@ -63,8 +64,9 @@ class EvalResult(BaseModel):
     valid_attempts: int = Field(description="Attempts with a verified outcome (the denominator).")
     resolved: int
     resolved_rate: float
-    resolved_rate_ci95: tuple[float, float]
+    resolved_rate_ci95: tuple[float, float] = Field(description="Bootstrap over tasks (attempts clustered by task).")
     pass_at_1: float
+    pass_at_1_ci95: tuple[float, float] = Field(description="Bootstrap over tasks of the per-task pass@1.")
     pass_at_k: float
     k: int
     pass_at_k_tasks: int = Field(description="Tasks with at least k valid attempts (pass@k's population).")
@@ -76,15 +78,6 @@ class EvalResult(BaseModel):
     per_task_path: str
     trajectories_dir: str
     metrics: dict[str, float] = Field(default_factory=dict)
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n == 0:
-        return (float("nan"), float("nan"))
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def make_policy(config: EvalConfig, model_dir: str | Path | None) -> Any:
@@ -154,7 +147,7 @@ def print_summary(result: EvalResult, title: str = "evaluation") -> None:
         ("tasks", str(result.tasks)),
         ("valid / attempts", f"{result.valid_attempts} / {result.attempts}"),
         ("resolved rate [95% CI]", f"{result.resolved_rate:.3f} [{lo:.3f}, {hi:.3f}]"),
-        ("pass@1", f"{result.pass_at_1:.3f}"),
+        ("pass@1 [95% CI]", f"{result.pass_at_1:.3f} [{result.pass_at_1_ci95[0]:.3f}, {result.pass_at_1_ci95[1]:.3f}]"),
     ]
     if result.k > 1:
         rows.append((f"pass@{result.k}", f"{result.pass_at_k:.3f} ({result.pass_at_k_tasks} tasks)"))
@@ -226,13 +219,18 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
         result = EvalResult(
             policy_id=policy_id, tasks=len(tasks), attempts=len(trajectories),
             valid_attempts=valid, resolved=int(metrics["resolved"]), resolved_rate=metrics["resolved_rate"],
-            resolved_rate_ci95=wilson_interval(int(metrics["resolved"]), valid),
-            pass_at_1=metrics["pass_at_1"], pass_at_k=metrics[f"pass_at_{config.k}"], k=config.k,
+            resolved_rate_ci95=task_bootstrap_ci([(r["valid_attempts"], r["resolved"]) for r in rows],
+                                                 seed=config.seed),
+            pass_at_1=metrics["pass_at_1"],
+            pass_at_1_ci95=mean_bootstrap_ci([r["pass_at_1"] for r in rows], seed=config.seed), pass_at_k=metrics[f"pass_at_{config.k}"], k=config.k,
             pass_at_k_tasks=int(metrics["pass_at_k_tasks"]), mean_steps=metrics["mean_steps"],
             mean_completion_tokens=metrics["mean_completion_tokens"], infra_errors=int(metrics["infra_errors"]),
             infra_error_rate=metrics["infra_error_rate"], infra_retries_used=retries_used,
             per_task_path=str(per_task), trajectories_dir=str(out / "trajectories"), metrics=metrics,
         )
+        for name in ("resolved_rate", "pass_at_1"):
+            lo, hi = getattr(result, f"{name}_ci95")
+            metrics.update({f"{name}_ci95_low": lo, f"{name}_ci95_high": hi})
         (out / "eval_result.json").write_text(result.model_dump_json(indent=2))
         log_metrics(metrics)
         log_artifact_path(per_task)

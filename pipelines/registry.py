@@ -19,7 +19,7 @@ def register_policy_model(model_dir: str | Path, name: str) -> tuple[str, int | 
         raise FileNotFoundError(f"{model_dir} is not a save_pretrained directory (no config.json)")
     info = mlflow.pyfunc.log_model(
         name="policy",
-        python_model=str(Path(__file__).with_name("policy_pyfunc.py")),
+        python_model=str(Path(__file__).resolve().parents[1] / "components" / "policy_pyfunc.py"),
         artifacts={"model_dir": str(model_dir)},
         pip_requirements=["torch", "transformers"],
         registered_model_name=name,

@@ -38,12 +38,39 @@ def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
         out[prefix] = value if isinstance(value, (int, float, str, bool)) or value is None else json.dumps(value)
 
 
-_SECRET_WORDS = ("token", "api_key", "apikey", "password", "secret")
+# Secrets by name: a whole word, or the last word of a snake_case name (`hf_token`, `db_password`).
+# Substrings are not enough: `max_new_tokens` or `secret_env_var` (the *name* of a variable) are not secrets.
+_SECRET_NAMES = ("token", "api_key", "apikey", "password", "secret", "credentials")
 
 
 def _is_secret(key: str) -> bool:
     leaf = key.rsplit(".", 1)[-1].lower()
-    return any(word in leaf for word in _SECRET_WORDS)
+    return any(leaf == name or leaf.endswith("_" + name) for name in _SECRET_NAMES)
+
+
+def artifact_location(tracking: TrackingConfig) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a sqlite store's file (never `./mlruns` of
+    whatever directory the process happens to run in); the server's default for remote stores."""
+    uri = tracking.tracking_uri
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri[len("sqlite:///"):]).resolve()
+    return (db.parent / f"{db.stem}-artifacts").as_uri()
+
+
+def ensure_experiment(tracking: TrackingConfig) -> str:
+    """The experiment's id, created with `artifact_location` when it does not exist yet."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    client = mlflow.MlflowClient(tracking.tracking_uri)
+    experiment = client.get_experiment_by_name(tracking.experiment)
+    if experiment is not None:
+        return experiment.experiment_id
+    try:
+        return client.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking))
+    except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel worker
+        return client.get_experiment_by_name(tracking.experiment).experiment_id
 
 
 def config_params(config: BaseModel) -> dict[str, Any]:
@@ -65,8 +92,7 @@ def stage_run(stage: str, config: BaseModel | None, tracking: TrackingConfig | N
         return
     import mlflow
 
-    mlflow.set_tracking_uri(tracking.tracking_uri)
-    mlflow.set_experiment(tracking.experiment)
+    mlflow.set_experiment(experiment_id=ensure_experiment(tracking))
     kwargs: dict[str, Any] = {"run_name": tracking.run_name or stage, "tags": {"orchard.stage": stage}}
     if tracking.parent_run_id:
         kwargs["parent_run_id"] = tracking.parent_run_id
@@ -94,9 +120,8 @@ def open_detached_run(stage: str, config: BaseModel | None, tracking: TrackingCo
     import mlflow
     from mlflow.entities import Param
 
+    experiment_id = ensure_experiment(tracking)
     client = mlflow.MlflowClient(tracking.tracking_uri)
-    mlflow.set_tracking_uri(tracking.tracking_uri)
-    experiment_id = mlflow.set_experiment(tracking.experiment).experiment_id
     tags = {"orchard.stage": stage}
     if tracking.parent_run_id:
         tags["mlflow.parentRunId"] = tracking.parent_run_id
@@ -174,17 +199,14 @@ def open_pipeline_run(tracking: TrackingConfig, run_name: str, config: BaseModel
     """
     import mlflow
 
-    mlflow.set_tracking_uri(tracking.tracking_uri)
+    experiment_id = ensure_experiment(tracking)
     client = mlflow.MlflowClient(tracking.tracking_uri)
-    experiment = client.get_experiment_by_name(tracking.experiment)
-    experiment_id = experiment.experiment_id if experiment else client.create_experiment(tracking.experiment)
     run = client.create_run(experiment_id, run_name=run_name, tags={"orchard.stage": "pipeline", **(tags or {})})
     if config is not None:
-        items = list(config_params(config).items())
-        for i in range(0, len(items), 100):
-            from mlflow.entities import Param
+        from mlflow.entities import Param
 
-            client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in items[i : i + 100]])
+        for batch in _param_batches(config):
+            client.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in batch.items()])
     return run.info.run_id
 
 

@@ -45,6 +45,33 @@ def test_smoothing_removes_a_one_step_blip_and_interpolation_fills_between_key_s
     assert interpolate({1: 0.3}, 3) == [0.3, 0.3, 0.3]
 
 
+def test_a_rise_must_clear_its_own_noise_bar():
+    values = [0.2, 0.5, 0.5, 0.8]  # two rises of 0.3
+    quiet, noisy = [0.05, 0.0, 0.05], [0.2, 0.0, 0.05]  # SE(c_t) of each step
+    assert select_segments(values, SegmentConfig(z=2.0), quiet) == [True, False, True]
+    # 0.3 < 2 * 0.2: a rise no larger than its noise is not credited
+    assert select_segments(values, SegmentConfig(z=2.0), noisy) == [False, False, True]
+    assert select_segments(values, SegmentConfig(z=0.0), noisy) == [True, False, True]
+    assert select_segments(values, SegmentConfig(z=2.0), [None, None, None]) == [True, False, True]  # unknown SE: epsilon
+    with pytest.raises(ValueError, match="3 steps"):
+        select_segments(values, SegmentConfig(), [0.1])
+
+
+def test_paired_credit_stderr_from_continuation_outcomes():
+    from components.credit_mc import independent_credit_stderr, paired_credit_stderr
+
+    # keys 0, 2, 3: the same seeds succeed at 0 and 2 (paired differences all zero), then the terminal 0.
+    outcomes = {0: [1.0, 0.0, 1.0, 0.0], 2: [1.0, 0.0, 1.0, 0.0], 3: [0.0] * 4}
+    se = paired_credit_stderr([0, 2, 3], outcomes, 3)
+    assert se[0] == se[1] == 0.0  # identical pairs: no noise at all
+    assert se[2] == pytest.approx((1 / 3) ** 0.5 / 2)  # sd of (-1, 0, -1, 0) / sqrt(4)
+    # an infra failure (None) drops only its own pair; fewer than two pairs: unknown
+    assert paired_credit_stderr([0, 1], {0: [1.0, None, 0.0], 1: [1.0, 1.0, 1.0]}, 1) == [pytest.approx(0.5)]
+    assert paired_credit_stderr([0, 1], {0: [1.0, None], 1: [None, 1.0]}, 1) == [None]
+    indep = independent_credit_stderr([0, 2], [0.2, None, 0.2], 2)
+    assert indep == [pytest.approx(0.08 ** 0.5 / 2)] * 2
+
+
 # ---------------------------------------------------------------------------------------------
 # LLM judge against a loopback OpenAI-compatible endpoint
 # ---------------------------------------------------------------------------------------------
@@ -238,10 +265,39 @@ def test_monte_carlo_recovers_known_values_and_credits_the_repair(sandbox_client
     assert [s.credited for s in labelled.steps if s.role == "assistant"] == [False, True, False]
 
 
-@pytest.mark.slow
-def test_monte_carlo_standard_error_with_an_unreliable_teacher(sandbox_client):
+def test_common_random_numbers_cancel_the_teachers_noise_between_equal_states(sandbox_client):
+    """Two no-op steps leave the state as it was: with common random numbers every continuation j
+    replays the same teacher decisions from s_0, s_1 and s_2, so both credits are exactly 0 with SE 0,
+    although each value on its own is a noisy mean of a teacher that fails half the time."""
+    from components.core.harness import HarnessConfig, run_episode
+    from components.credit import apply_estimate
     from components.credit_mc import MonteCarloConfig, MonteCarloEstimator
     from components.recipes import get_recipe
+
+    recipe = get_recipe("swe", difficulty=1)
+    task = recipe.tasks("train", 1, seed=3)[0]
+    calls = [ToolCall(name="bash", arguments={"command": "echo one"}),
+             ToolCall(name="bash", arguments={"command": "echo two"}),
+             ToolCall(name="submit", arguments={})]
+    traj = run_episode(task, recipe, ActionScript(calls), sandbox_client,
+                       HarnessConfig(snapshot_every_step=True, max_steps=6))
+    config = MonteCarloConfig(k=6, teacher_error_rate=0.6, max_steps=8, parallel=3)
+    estimate = MonteCarloEstimator(config, recipe, sandbox_client).estimate(traj, task)
+    v0, v1, v2, v3 = estimate.values
+    assert 0.0 < v0 < 1.0, "the teacher must be noisy for this test to mean anything"
+    assert v0 == v1 == v2 and v3 == 0.0
+    assert estimate.credit_stderr[:2] == [0.0, 0.0]
+    assert estimate.credit_stderr[2] > 0.0
+    labelled = apply_estimate(traj, estimate, SegmentConfig())
+    assert not any(s.credited for s in labelled.steps if s.role == "assistant")
+    assert labelled.metadata["credit"]["credit_stderr"] == estimate.credit_stderr
+
+
+@pytest.mark.slow
+def test_monte_carlo_value_is_the_resolved_share_of_its_seeded_continuations(sandbox_client):
+    from components.core.harness import HarnessConfig, run_episode
+    from components.credit_mc import MonteCarloConfig, MonteCarloEstimator
+    from components.recipes import get_recipe, get_scripted_teacher
 
     recipe = get_recipe("swe", difficulty=1)
     task = recipe.tasks("train", 1, seed=3)[0]
@@ -249,9 +305,13 @@ def test_monte_carlo_standard_error_with_an_unreliable_teacher(sandbox_client):
     traj.status = EpisodeStatus.truncated
     traj.steps.append(Step(index=2, role="assistant", content="I give up.", policy_error="no tool call"))
     traj.steps.append(Step(index=3, role="tool", content="Error: no tool call found."))
-    # The first mistake of an error_rate=1 teacher is always a wrong edit; it repairs half the time.
-    estimator = MonteCarloEstimator(MonteCarloConfig(k=6, teacher_error_rate=1.0, max_steps=8, parallel=3),
-                                    recipe, sandbox_client)
-    estimate = estimator.estimate(traj, task)
-    for p, se, n in zip(estimate.values, estimate.stderr, estimate.samples):
-        assert n == 6 and se == pytest.approx((p * (1 - p) / n) ** 0.5)
+    config = MonteCarloConfig(k=6, teacher_error_rate=0.6, max_steps=8, parallel=3)
+    estimate = MonteCarloEstimator(config, recipe, sandbox_client).estimate(traj, task)
+    # The same six seeded teachers run from scratch, outside the estimator:
+    harness = HarnessConfig(max_steps=8)
+    wins = [run_episode(task, recipe, get_scripted_teacher("swe", 0.6, j), sandbox_client, harness).resolved
+            for j in range(6)]
+    assert 0 < sum(wins) < 6, "a teacher that always or never resolves cannot test the estimate"
+    p = sum(wins) / 6
+    assert estimate.values[0] == pytest.approx(p) and estimate.samples[0] == 6
+    assert estimate.stderr[0] == pytest.approx((p * (1 - p) / 6) ** 0.5)

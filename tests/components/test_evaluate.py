@@ -14,7 +14,8 @@ from components.core.policy_base import GenerationConfig
 from components.core.schema import EnvironmentSpec, Outcome, Task, Trajectory, VerifierSpec
 from components.core.store import TaskStore
 from components.core.tracking import TrackingConfig
-from components.evaluate import EvalConfig, evaluate, summarize_attempts, wilson_interval
+from components.core.intervals import mean_bootstrap_ci, paired_bootstrap_diff, task_bootstrap_ci
+from components.evaluate import EvalConfig, evaluate, summarize_attempts
 
 COIN = "python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"
 COIN_TASK = Task(id="coin", recipe="swe", split="heldout", prompt="Submit.",
@@ -44,8 +45,46 @@ def test_infra_errors_leave_every_denominator():
     assert c["valid_attempts"] == 0 and math.isnan(c["pass_at_1"])
     assert m["pass_at_2"] == pytest.approx(1 - 1 / 6) and m["pass_at_k_tasks"] == 1
     assert m["pass_at_1"] == pytest.approx((0.5 + 0.0) / 2)
-    lo, hi = wilson_interval(2, 5)
-    assert lo < 0.4 < hi
+
+
+def _wilson_width(successes: int, n: int, z: float = 1.96) -> float:
+    p = successes / n
+    return 2 * z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+
+
+def test_intervals_cluster_attempts_by_task():
+    # 20 tasks x 8 attempts, every task all-or-nothing: the information is 20 tasks, not 160 attempts.
+    clustered = [(8, 8)] * 10 + [(8, 0)] * 10
+    lo, hi = task_bootstrap_ci(clustered)
+    assert lo < 0.5 < hi
+    # A bootstrap over attempts pooled across tasks would be about as narrow as Wilson on n=160 (~0.15).
+    assert hi - lo > 2 * _wilson_width(80, 160)
+    assert hi - lo == pytest.approx(_wilson_width(10, 20), rel=0.3)  # about what 20 independent draws give
+    # The same 160 attempts spread evenly over tasks carry nearly the attempt-level information.
+    spread = [(8, 4)] * 20
+    lo_s, hi_s = task_bootstrap_ci(spread)
+    assert (lo_s, hi_s) == (0.5, 0.5)  # every resample of identical tasks has the same rate
+    assert task_bootstrap_ci([(0, 0), (4, 4), (4, 0)]) == task_bootstrap_ci([(4, 4), (4, 0)])  # no-attempt tasks carry nothing
+    assert all(math.isnan(x) for x in task_bootstrap_ci([(0, 0)]))
+    lo_m, hi_m = mean_bootstrap_ci([1.0] * 10 + [0.0] * 10 + [float("nan")])
+    assert lo_m < 0.5 < hi_m and hi_m - lo_m > 0.3
+
+
+def test_paired_bootstrap_sees_a_consistent_small_gain_that_unpaired_rates_hide():
+    import random
+
+    rng = random.Random(0)
+    base = {f"t{i}": rng.random() for i in range(200)}  # tasks of very different difficulty
+    better = {t: min(1.0, v + 0.05) for t, v in base.items()}
+    diff, lo, hi, n = paired_bootstrap_diff(better, base)
+    assert n == 200 and 0 < lo <= diff <= hi
+    lo_a, hi_a = mean_bootstrap_ci(list(better.values()))
+    lo_b, hi_b = mean_bootstrap_ci(list(base.values()))
+    assert lo_a < hi_b  # unpaired intervals overlap: they could not tell the two apart
+    same = paired_bootstrap_diff(base, dict(base))
+    assert same[:3] == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="same tasks"):
+        paired_bootstrap_diff({"a": 1.0}, {"b": 1.0})
 
 
 def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_path, tmp_path_factory, monkeypatch):

@@ -184,6 +184,17 @@ def test_teacher_mistake_rates_follow_error_rate():
         choices["giveup" if call.name == "submit" else
                 "right" if call.arguments.get("new_str") == fix["new"] else "wrong"] += 1
     assert 0.08 < choices["giveup"] / 400 < 0.24 and 0.2 < choices["wrong"] / 400 < 0.42
-    assert choices["right"] / 400 > 0.4 and choices["malformed"] > 0
+    assert choices["right"] / 400 > 0.4
+    assert choices["malformed"] == 0  # strategic mistakes only: a malformed call is nothing to imitate
+    # Before reading the target, it sometimes opens another source file of the listing first.
+    listing = "\n".join(sorted(task.environment.files))
+    start = _conversation(task, (ToolCall(name="bash", arguments={"command": "find . -name '*.py' | sort"}), listing))
+    opened = Counter()
+    for _ in range(400):
+        teacher.reset(task)
+        opened[parse_tool_call(teacher.generate(start, GenerationConfig()).text).arguments["path"]] += 1
+    wrong_file = sum(n for p, n in opened.items() if p != fix["path"])
+    assert 0.08 < wrong_file / 400 < 0.24 and opened[fix["path"]] > wrong_file
+    assert all("test" not in p for p in opened)
     with pytest.raises(ValueError, match="no reference fix"):
         ScriptedTeacher().reset(task.model_copy(update={"metadata": {}}))

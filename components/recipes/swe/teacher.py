@@ -4,9 +4,12 @@ It lists the files, reads the module, runs the visible tests, applies the fix wi
 reruns the tests and submits. It knows the reference fix (from `reset(task)`), but it decides every
 action from the conversation so far: it replays the edits it sees onto the last file contents it
 read, so it can continue from any prefix of an episode (the credit stage's Monte-Carlo rollouts
-start from intermediate states). With probability `error_rate` per decision it makes a realistic
-mistake: a wrong or incomplete edit, giving up early, or a malformed tool call. Its text is only
-the tool call, in exactly the protocol format, because the tiny model is trained on it.
+start from intermediate states). With probability `error_rate` per decision it makes a strategic
+mistake, the kind an agent makes and a policy can learn to avoid: opening the wrong file first,
+a wrong or incomplete edit, or giving up early. It never emits a malformed tool call: those would be
+imitated as a format to learn, not a decision (a malformed call from a *policy* is still a policy
+error observation, see components/core/protocol.py). Its text is only the tool call, in exactly the
+protocol format, because the tiny model is trained on it.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class _View:
     edits: int = 0
     tests_since_edit: bool = False
     tests_ever: bool = False
-    last_malformed: bool = False
+    read_other: bool = False  # has opened a file other than the target
+    listing: str = ""  # output of the last file listing
 
 
 class ScriptedTeacher:
@@ -78,9 +82,7 @@ class ScriptedTeacher:
             try:
                 call = parse_tool_call(msg.content)
             except ToolCallParseError:
-                view.last_malformed = True
                 continue
-            view.last_malformed = False
             failed = obs.startswith("Error:")
             args = call.arguments
             on_target = isinstance(args.get("path"), str) and self._rel(args["path"]) == target
@@ -88,12 +90,15 @@ class ScriptedTeacher:
                 command = str(args.get("command", "")).strip()
                 if command.startswith(("find ", "ls", "grep ")):
                     view.listed = True
+                    view.listing = obs
                 if "pytest" in command:
                     view.tests_ever = view.tests_since_edit = True
                 if not command.startswith(_READ_ONLY_PREFIXES):
                     view.content = None  # it may have changed the file: read it again
             elif call.name == "read_file" and on_target and not failed:
                 view.content = obs
+            elif call.name == "read_file":
+                view.read_other = True
             elif call.name == "str_replace" and on_target and not failed:
                 old, new = str(args.get("old_str", "")), str(args.get("new_str", ""))
                 view.content = view.content.replace(old, new, 1) if view.content is not None else None
@@ -116,6 +121,9 @@ class ScriptedTeacher:
                 return ToolCall(name="bash", arguments={"command": f"grep -rn 'def {meta['function']}' --include=*.py ."})
             return ToolCall(name="bash", arguments={"command": LIST_COMMAND})
         if view.content is None:
+            wrong = self._distractor(view.listing, path)
+            if wrong and not view.read_other and roll < 0.5 * e:  # opens the wrong file first
+                return ToolCall(name="read_file", arguments={"path": wrong})
             return ToolCall(name="read_file", arguments={"path": path})
         if view.content == fixed_source:
             if not view.tests_since_edit:
@@ -138,6 +146,15 @@ class ScriptedTeacher:
         return ToolCall(name="submit", arguments={})
 
     @staticmethod
+    def _distractor(listing: str, target: str) -> str | None:
+        """Another source file of the listing (not a test), if there is one."""
+        files = sorted({posixpath.normpath(line.split(":", 1)[0].strip()) for line in listing.splitlines()
+                        if line.strip().endswith(".py") or ".py:" in line})
+        others = [f for f in files if f != posixpath.normpath(target) and "test" not in posixpath.basename(f)]
+        others.sort(key=lambda f: f.endswith("__init__.py"))  # a sibling module before the package file
+        return others[0] if others else None
+
+    @staticmethod
     def _repair(content: str, fixed_source: str, path: str) -> ToolCall:
         have, want = content.splitlines(), fixed_source.splitlines()
         if len(have) == len(want):
@@ -146,21 +163,10 @@ class ScriptedTeacher:
                 return ToolCall(name="str_replace", arguments={"path": path, "old_str": diff[0][0], "new_str": diff[0][1]})
         return ToolCall(name="write_file", arguments={"path": path, "content": fixed_source})
 
-    def _malformed(self, call: ToolCall) -> str:
-        text = format_tool_call(call)
-        if self._rng.random() < 0.5:
-            return text.replace("}}", "}", 1)  # unbalanced JSON
-        return text.replace('"arguments"', '"args"', 1).replace("<tool_call>", "<tool>", 1)
-
     def generate(self, messages: list[ChatMessage], config: GenerationConfig) -> Generation:
         if self._task is None:
             raise RuntimeError("ScriptedTeacher.generate before reset(task): run it through the harness")
-        view = self._view(messages)
-        call = self._decide(view)
-        if not view.last_malformed and self._rng.random() < 0.15 * self.error_rate:
-            text = self._malformed(call)
-        else:
-            text = format_tool_call(call)
+        text = format_tool_call(self._decide(self._view(messages)))
         prompt_tokens = sum(len(m.content) for m in messages) // 4
         return Generation(text=text, prompt_tokens=prompt_tokens, completion_tokens=len(text) // 4 + 1,
                           finish_reason="stop")
