@@ -5,6 +5,10 @@ callback that logs loss, learning rate, tokens/s and the masked-token fraction e
 the assistant tokens `sft_data` selects for the mode; length-grouped batches keep padding low on CPU.
 The result is a `save_pretrained` directory (model + tokenizer) that `load_policy_model` and
 `LocalTransformersPolicy` read; `base_model_dir=None` starts from a fresh tiny model.
+
+Distributed: launched by `torchrun` / `accelerate launch` (configs in configs/accelerate/: DDP, FSDP2,
+DeepSpeed ZeRO-3) or a PyTorchJob, every rank runs `train_sft` and Trainer shards the data and syncs
+gradients; only the main process opens the MLflow run and writes the model and the result.
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.modeling import ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters, save_policy
+from components.core.distributed import barrier, is_main_process, world_size
+from components.core.modeling import ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters
 from components.core.store import TrajectoryStore
 from components.core.tracking import TrackingConfig, log_json, log_metrics, stage_run
 from components.sft_data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
@@ -38,6 +43,8 @@ class SFTConfig(BaseModel):
     seed: int = Field(0, description="Seed of data order (and of the fresh model unless model.seed differs).")
     save_every: int | None = Field(None, ge=1, description="Also save a checkpoint every N steps.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
+    bf16: bool = Field(False, description="bf16 mixed precision (GPUs with bf16; CPU autocast otherwise).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (less memory, ~30 % slower).")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The fresh model when no base is given.")
 
 
@@ -117,8 +124,12 @@ def _trainer_classes():
     return CountingTrainer, MetricsCallback
 
 
-def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset, work_dir: Path) -> _StepMetrics:
-    """The Trainer loop over prepared samples (shared by train_sft and scripts/bench_sft.py)."""
+def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset, work_dir: Path,
+                     save_to: Path | None = None) -> _StepMetrics:
+    """The Trainer loop over prepared samples (shared by train_sft and scripts/bench_sft.py).
+
+    `save_to`: write the trained model and tokenizer there. Every rank must call it: under FSDP or
+    ZeRO-3 each holds a shard, and `Trainer.save_model` gathers them and writes on the main process."""
     import torch
     from transformers import TrainingArguments
 
@@ -146,6 +157,10 @@ def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset
         remove_unused_columns=False,
         train_sampling_strategy="group_by_length" if config.bucketing else "random",
         disable_tqdm=True,
+        bf16=config.bf16,
+        activation_checkpointing=config.gradient_checkpointing,
+        # CPU processes (tests, laptops) talk over gloo; GPUs over NCCL, which accelerate picks itself.
+        ddp_backend="gloo" if world_size() > 1 and not torch.cuda.is_available() else None,
     )
     metrics = _StepMetrics()
     trainer = CountingTrainer(
@@ -157,6 +172,10 @@ def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset
     trainer.remove_callback(PrinterCallback)  # our callback logs; the printer floods stdout with dicts
     metrics.t0 = time.perf_counter()
     trainer.train()
+    if save_to is not None:
+        trainer.save_model(str(save_to))
+        if trainer.is_world_process_zero():
+            tokenizer.save_pretrained(str(save_to))
     return metrics
 
 
@@ -176,14 +195,16 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
             f"no trainable samples in {trajectories_dir} for mode {config.mode!r} ({stats.model_dump()}); "
             "resolved_only needs resolved trajectories, credited needs resolved or credit-labelled ones"
         )
-    with stage_run("sft", config, tracking):
+    main = is_main_process()
+    with stage_run("sft", config, tracking if main else None):
         log_metrics({f"data.{k}": v for k, v in stats.model_dump().items()} | {
-            "data.loss_token_fraction": stats.loss_token_fraction, "num_parameters": num_parameters(model)})
+            "data.loss_token_fraction": stats.loss_token_fraction, "num_parameters": num_parameters(model),
+            "world_size": world_size()})
         t0 = time.perf_counter()
-        history = train_on_samples(config, model, tokenizer, SampleDataset(samples), out / "trainer").history
+        history = train_on_samples(config, model, tokenizer, SampleDataset(samples), out / "trainer", save_to=out).history
         seconds = time.perf_counter() - t0
-        save_policy(model, tokenizer, out)
-        tokens = sum(h["tokens"] for h in history)
+        # Tokens are counted on this rank; every rank trains on an equal share of each global batch.
+        tokens = sum(h["tokens"] for h in history) * world_size()
         result = SFTResult(
             model_dir=str(out), mode=config.mode, steps=config.steps,
             first_loss=history[0]["loss"], final_loss=history[-1]["loss"],
@@ -195,10 +216,12 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
             "tokens_per_second": result.tokens_per_second, "train_seconds": seconds,
             "samples": float(len(samples)), "loss_token_fraction": stats.loss_token_fraction,
         }
-        log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
-        (out / "sft_result.json").write_text(result.model_dump_json(indent=2))
-        log_json(result.model_dump(mode="json"), "sft_result.json")
-        _log_loss_curve(history)
+        if main:  # one result, one set of logs: the other ranks only trained (and helped save)
+            log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
+            (out / "sft_result.json").write_text(result.model_dump_json(indent=2))
+            log_json(result.model_dump(mode="json"), "sft_result.json")
+            _log_loss_curve(history)
+        barrier()  # nobody returns (and reads the model) before it is written
     return result
 
 
