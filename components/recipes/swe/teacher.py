@@ -14,6 +14,7 @@ protocol format, because the tiny model is trained on it.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import random
 from dataclasses import dataclass
@@ -52,7 +53,6 @@ class ScriptedTeacher:
         self.policy_id = f"scripted-teacher-e{error_rate:g}"
         self._task: Task | None = None
         self._episodes = 0
-        self._rng = random.Random(seed)
 
     def reset(self, task: Task) -> None:
         fix = task.metadata.get("fix")
@@ -61,8 +61,18 @@ class ScriptedTeacher:
                              "works on generated SWE tasks (use OpenAICompatiblePolicy for imported ones)")
         self._task = task
         self._episodes += 1
-        # A fresh stream per episode: continuations from one prefix must differ from each other.
-        self._rng = random.Random(f"{self.seed}:{task.id}:{self._episodes}")
+
+    def _rng(self, view: _View) -> random.Random:
+        """The randomness of one decision, keyed by the situation the teacher is in.
+
+        Two continuations with the same seed that reach the same situation decide the same way, wherever
+        they started: this is what makes the credit stage's common random numbers work (V(s_t) and
+        V(s_{t+1}) differ only where step t changed the situation). Different seeds, tasks or episodes
+        still decide independently."""
+        assert self._task is not None
+        content = "-" if view.content is None else hashlib.sha256(view.content.encode()).hexdigest()[:16]
+        situation = (view.listed, view.read_other, content, view.edits, view.tests_since_edit, view.tests_ever)
+        return random.Random(f"{self.seed}:{self._task.id}:{self._episodes}:{situation}")
 
     # -- reading the conversation -----------------------------------------------------------
     def _rel(self, path: str) -> str:
@@ -115,7 +125,8 @@ class ScriptedTeacher:
         assert self._task is not None
         meta = self._task.metadata
         fix, fixed_source = meta["fix"], meta["fixed_source"]
-        path, e, roll = fix["path"], self.error_rate, self._rng.random()
+        rng = self._rng(view)
+        path, e, roll = fix["path"], self.error_rate, rng.random()
         if not view.listed:
             if self._task.difficulty >= 2:  # the issue does not name the file: search for the function
                 return ToolCall(name="bash", arguments={"command": f"grep -rn 'def {meta['function']}' --include=*.py ."})
@@ -135,13 +146,13 @@ class ScriptedTeacher:
             if roll < 0.5 * e:  # gives up early
                 return ToolCall(name="submit", arguments={})
             if roll < 1.5 * e and fix["wrong"]:  # a wrong or incomplete edit
-                wrong = self._rng.choice(fix["wrong"])
+                wrong = rng.choice(fix["wrong"])
                 return ToolCall(name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": wrong})
             return ToolCall(name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": fix["new"]})
         # Neither buggy nor fixed: an earlier edit went wrong.
         if not view.tests_since_edit:
             return ToolCall(name="bash", arguments={"command": TEST_COMMAND})
-        if view.edits < 3 and self._rng.random() >= e:  # notices the mistake and repairs it
+        if view.edits < 3 and rng.random() >= e:  # notices the mistake and repairs it
             return self._repair(view.content, fixed_source, path)
         return ToolCall(name="submit", arguments={})
 
