@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.modeling import ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters, save_policy
 from components.core.store import TrajectoryStore
-from components.core.tracking import TrackingConfig, log_json, log_metrics, stage_run
+from components.core.tracking import TrackingConfig, log_dataset_input, log_json, log_metrics, stage_run
 from components.sft_data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
 
 
@@ -177,6 +177,10 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
             "resolved_only needs resolved trajectories, credited needs resolved or credit-labelled ones"
         )
     with stage_run("sft", config, tracking):
+        used = {s.trajectory_id for s in samples}
+        log_dataset_input([{"trajectory_id": t.id, "task_id": t.task_id, "outcome": t.outcome.value,
+                            "policy_id": t.policy_id} for t in trajectories if t.id in used],
+                          trajectories_dir, name=f"sft-{config.mode}", context="training")
         log_metrics({f"data.{k}": v for k, v in stats.model_dump().items()} | {
             "data.loss_token_fraction": stats.loss_token_fraction, "num_parameters": num_parameters(model)})
         t0 = time.perf_counter()

@@ -176,6 +176,19 @@ def log_artifact_path(path: str | Path, artifact_path: str | None = None) -> Non
         mlflow.log_artifact(str(path), artifact_path=artifact_path)
 
 
+def log_dataset_input(rows: list[dict[str, Any]], source: str | Path, name: str, context: str) -> None:
+    """Record what a stage consumed as an MLflow dataset input (one row per trajectory or task, with
+    its digest, so runs can be compared by the exact data they saw); no-op without an active run."""
+    import mlflow
+
+    if mlflow.active_run() is None or not rows:
+        return
+    import pandas as pd
+
+    dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=str(source), name=name)
+    mlflow.log_input(dataset, context=context)
+
+
 def log_json(obj: Any, name: str) -> None:
     import mlflow
 
