@@ -58,6 +58,15 @@ def artifact_location(tracking: TrackingConfig) -> str | None:
     return (db.parent / f"{db.stem}-artifacts").as_uri()
 
 
+def ui_command(tracking: TrackingConfig) -> str:
+    """The command that opens this store in the MLflow UI (printed at the end of a run)."""
+    if tracking.tracking_uri.startswith(("http://", "https://")):
+        return f"open {tracking.tracking_uri} (experiment {tracking.experiment!r})"
+    artifacts = artifact_location(tracking)
+    serve = f" --artifacts-destination {artifacts}" if artifacts else ""
+    return f"mlflow ui --backend-store-uri {tracking.tracking_uri}{serve}"
+
+
 def ensure_experiment(tracking: TrackingConfig) -> str:
     """The experiment's id, created with `artifact_location` when it does not exist yet."""
     import mlflow
