@@ -62,9 +62,8 @@ def ui_command(tracking: TrackingConfig) -> str:
     """The command that opens this store in the MLflow UI (printed at the end of a run)."""
     if tracking.tracking_uri.startswith(("http://", "https://")):
         return f"open {tracking.tracking_uri} (experiment {tracking.experiment!r})"
-    artifacts = artifact_location(tracking)
-    serve = f" --artifacts-destination {artifacts}" if artifacts else ""
-    return f"mlflow ui --backend-store-uri {tracking.tracking_uri}{serve}"
+    # Each experiment records its absolute artifact location, so the store URI is all the UI needs.
+    return f"mlflow ui --backend-store-uri {tracking.tracking_uri}"
 
 
 def ensure_experiment(tracking: TrackingConfig) -> str:

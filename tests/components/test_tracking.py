@@ -52,6 +52,5 @@ def test_the_ui_command_opens_the_same_store(tmp_path):
     from components.core.tracking import ui_command
 
     local = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/runs.db")
-    assert ui_command(local) == (f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/runs.db "
-                                 f"--artifacts-destination {(tmp_path / 'runs-artifacts').as_uri()}")
+    assert ui_command(local) == f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/runs.db"
     assert "http://mlflow:5000" in ui_command(TrackingConfig(tracking_uri="http://mlflow:5000"))
