@@ -25,7 +25,8 @@ from components.core.passk import mean_pass_at_k, pass_at_k
 from components.core.policies import OpenAIPolicyConfig
 from components.core.schema import Outcome, Recipe, Split, Task, Trajectory
 from components.core.store import TaskStore, TrajectoryStore
-from components.core.tracking import TrackingConfig, log_artifact_path, log_json, log_metrics, stage_run
+from components.core.tracking import (TrackingConfig, log_artifact_path, log_dataset_input, log_json, log_metrics,
+                                      stage_run)
 
 PolicyKind = Literal["local", "openai", "scripted"]
 
@@ -207,6 +208,8 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
 
     jobs = [(i, task, a) for i, task in enumerate(tasks) for a in range(config.k)]
     with stage_run("evaluate", config, tracking), config.sandbox.client() as client:
+        log_dataset_input([{"task_id": t.id, "family": t.family, "difficulty": t.difficulty, "seed": t.seed}
+                           for t in tasks], tasks_dir, name=f"{config.recipe}-{config.split}", context="evaluation")
         with concurrent.futures.ThreadPoolExecutor(max_workers=config.workers) as pool:
             trajectories = list(tqdm(pool.map(attempt, jobs), total=len(jobs), desc="evaluate", leave=False))
         store = TrajectoryStore(out / "trajectories")

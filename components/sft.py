@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from components.core.distributed import barrier, is_main_process, world_size
 from components.core.modeling import ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters
 from components.core.store import TrajectoryStore
-from components.core.tracking import TrackingConfig, log_json, log_metrics, stage_run
+from components.core.tracking import TrackingConfig, log_dataset_input, log_json, log_metrics, stage_run
 from components.sft_data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
 
 
@@ -197,6 +197,10 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
         )
     main = is_main_process()
     with stage_run("sft", config, tracking if main else None):
+        used = {s.trajectory_id for s in samples}
+        log_dataset_input([{"trajectory_id": t.id, "task_id": t.task_id, "outcome": t.outcome.value,
+                            "policy_id": t.policy_id} for t in trajectories if t.id in used],
+                          trajectories_dir, name=f"sft-{config.mode}", context="training")
         log_metrics({f"data.{k}": v for k, v in stats.model_dump().items()} | {
             "data.loss_token_fraction": stats.loss_token_fraction, "num_parameters": num_parameters(model),
             "world_size": world_size()})

@@ -29,7 +29,7 @@ from components.core.modeling import build_tiny_model, build_tokenizer, save_pol
 from components.core.policy_base import GenerationConfig
 from components.core.store import TaskStore
 from components.core.tracking import (TrackingConfig, close_detached_run, log_json, log_metrics, open_detached_run,
-                                      stage_run)
+                                      stage_run, ui_command)
 from components.credit import CreditConfig, label_credit
 from components.credit_mc import MonteCarloConfig
 from components.sft import SFTConfig, train_sft
@@ -294,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
         with EmbeddedService() as service:
             arms = run_ablation(config, args.work_dir, service.connection(), tracking)
     print_table(arms, config)
+    print(f"Compare the arms in MLflow: {ui_command(tracking)}")
 
 
 if __name__ == "__main__":

@@ -58,6 +58,14 @@ def artifact_location(tracking: TrackingConfig) -> str | None:
     return (db.parent / f"{db.stem}-artifacts").as_uri()
 
 
+def ui_command(tracking: TrackingConfig) -> str:
+    """The command that opens this store in the MLflow UI (printed at the end of a run)."""
+    if tracking.tracking_uri.startswith(("http://", "https://")):
+        return f"open {tracking.tracking_uri} (experiment {tracking.experiment!r})"
+    # Each experiment records its absolute artifact location, so the store URI is all the UI needs.
+    return f"mlflow ui --backend-store-uri {tracking.tracking_uri}"
+
+
 def ensure_experiment(tracking: TrackingConfig) -> str:
     """The experiment's id, created with `artifact_location` when it does not exist yet."""
     import mlflow
@@ -174,6 +182,19 @@ def log_artifact_path(path: str | Path, artifact_path: str | None = None) -> Non
         mlflow.log_artifacts(str(path), artifact_path=artifact_path)
     else:
         mlflow.log_artifact(str(path), artifact_path=artifact_path)
+
+
+def log_dataset_input(rows: list[dict[str, Any]], source: str | Path, name: str, context: str) -> None:
+    """Record what a stage consumed as an MLflow dataset input (one row per trajectory or task, with
+    its digest, so runs can be compared by the exact data they saw); no-op without an active run."""
+    import mlflow
+
+    if mlflow.active_run() is None or not rows:
+        return
+    import pandas as pd
+
+    dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=str(source), name=name)
+    mlflow.log_input(dataset, context=context)
 
 
 def log_json(obj: Any, name: str) -> None:

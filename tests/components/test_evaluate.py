@@ -119,6 +119,9 @@ def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_pat
     (run,) = mlflow.search_runs(experiment_names=["eval-test"], output_format="list")
     assert run.data.metrics["resolved_rate"] == 1.0 and run.data.metrics["infra_errors"] == 2
     assert "per_task.parquet" in {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    (inp,) = run.inputs.dataset_inputs  # the evaluated tasks, as a dataset input
+    assert inp.dataset.name == "swe-heldout" and inp.tags[0].value == "evaluation"
+    assert run.data.metrics["resolved_rate_ci95_low"] <= 1.0 <= run.data.metrics["resolved_rate_ci95_high"]
 
 
 class _SubmitEndpoint:

@@ -104,6 +104,13 @@ def test_a_few_sft_steps_reduce_loss_and_change_every_parameter(store, tmp_path)
     for key in ("tokens_per_s", "masked_token_fraction", "learning_rate"):
         assert key in run.data.metrics
     assert 0.0 < run.data.metrics["masked_token_fraction"] < 1.0
+    # the exact training data is an MLflow dataset input: the trajectories the mode used, no others
+    (inp,) = run.inputs.dataset_inputs
+    assert inp.dataset.name == "sft-credited" and inp.tags[0].value == "training"
+    import json
+
+    rows = json.loads(inp.dataset.profile)["num_rows"]
+    assert rows == 3  # credited: two resolved + the unresolved one with a credited step
 
 
 def test_sft_continues_from_a_saved_model_and_rejects_empty_data(store, tmp_path):

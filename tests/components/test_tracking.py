@@ -46,3 +46,11 @@ def test_artifacts_live_beside_the_sqlite_store_not_in_the_working_directory(tmp
     assert artifact_uri.startswith((store / "mlflow-artifacts").as_uri())
     assert not (cwd / "mlruns").exists()
     assert list((store / "mlflow-artifacts").rglob("thing.json"))
+
+
+def test_the_ui_command_opens_the_same_store(tmp_path):
+    from components.core.tracking import ui_command
+
+    local = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/runs.db")
+    assert ui_command(local) == f"mlflow ui --backend-store-uri sqlite:///{tmp_path}/runs.db"
+    assert "http://mlflow:5000" in ui_command(TrackingConfig(tracking_uri="http://mlflow:5000"))

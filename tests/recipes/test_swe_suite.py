@@ -198,3 +198,61 @@ def test_teacher_mistake_rates_follow_error_rate():
     assert all("test" not in p for p in opened)
     with pytest.raises(ValueError, match="no reference fix"):
         ScriptedTeacher().reset(task.model_copy(update={"metadata": {}}))
+
+
+def _hidden_passing(task, sources: dict[str, str]) -> list[bool]:
+    """Which hidden assertions hold with the package modules given as sources (run in-process)."""
+    import types
+
+    pkg = task.metadata["package"]
+    modules = {}
+    for path, source in sources.items():
+        module = types.ModuleType(f"{pkg}.{path.split('/')[-1][:-3]}")
+        exec(source, module.__dict__)  # our own generated code, never user input
+        modules[path.split("/")[-1][:-3]] = module
+    out = []
+    for line in task.verifier.hidden_files[HIDDEN_TEST_PATH].splitlines():
+        if line.strip().startswith("assert "):
+            ns = {name: getattr(m, name) for m in modules.values() for name in dir(m) if not name.startswith("_")}
+            try:
+                out.append(bool(eval(line.strip()[len("assert "):], ns)))
+            except Exception:
+                out.append(False)
+    return out
+
+
+def test_two_bug_tasks_hold_partial_progress():
+    for task in generate_tasks("train", 6, 5, difficulty=[1, 3], bugs=2):
+        fixes, owner = task.metadata["fixes"], task.metadata["hidden_test_bug"]
+        assert len(fixes) == 2 and set(owner) == {0, 1} and "Two problems" in task.prompt
+        assert fixes[0]["function"] != fixes[1]["function"]
+        if task.difficulty == 3:  # a multi-file fix
+            assert fixes[0]["path"] != fixes[1]["path"]
+        given = {p: task.environment.files[p] for p in task.metadata["fixed_sources"]}
+        before = _hidden_passing(task, given)
+        for k in (0, 1):  # each bug is caught by its own hidden tests
+            assert not all(ok for ok, o in zip(before, owner) if o == k)
+        assert all(_hidden_passing(task, task.metadata["fixed_sources"]))
+        # Fixing only the first bug passes all of its hidden tests and changes none of the second's.
+        half = dict(given)
+        half[fixes[0]["path"]] = half[fixes[0]["path"]].replace(fixes[0]["old"], fixes[0]["new"], 1)
+        after = _hidden_passing(task, half)
+        assert [ok for ok, o in zip(after, owner) if o == 0] == [True] * owner.count(0)
+        assert [ok for ok, o in zip(after, owner) if o == 1] == [ok for ok, o in zip(before, owner) if o == 1]
+        assert sum(before) < sum(after) < len(after)  # partial progress, measurable
+    one = generate_tasks("train", 3, 5)
+    assert all(len(t.metadata["fixes"]) == 1 for t in one)
+    with pytest.raises(ValueError, match="1 or 2"):
+        generate_tasks("train", 1, 0, bugs=3)
+
+
+def test_teacher_fixes_both_bugs_in_sandboxes(sandbox_client):
+    from components.core.harness import HarnessConfig, run_episode
+
+    recipe = SWERecipe(difficulty=[1, 3], bugs=2)
+    for task in recipe.tasks("train", 2, 9):
+        assert check_task(recipe, task, sandbox_client).ok
+        traj = run_episode(task, recipe, ScriptedTeacher(error_rate=0.0), sandbox_client, HarnessConfig(max_steps=14))
+        assert traj.resolved, (task.id, [s.content[:80] for s in traj.steps])
+        edits = [s.tool_call.arguments["path"] for s in traj.steps if s.tool_call and s.tool_call.name == "str_replace"]
+        assert sorted(edits) == sorted(f["path"] for f in task.metadata["fixes"])

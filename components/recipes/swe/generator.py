@@ -1,4 +1,4 @@
-"""Generate SWE tasks: small Python repositories with one planted bug, an issue and hidden tests.
+"""Generate SWE tasks: small Python repositories with planted bugs (one, or two), an issue and hidden tests.
 
 Deterministic from (split, seed, index). Splits are disjoint by seed stream ("train" and "heldout"
 draw from different streams) and optionally by family (`heldout_families` appear only in heldout).
@@ -114,32 +114,46 @@ def _pick_instance(rng: random.Random, template: BugTemplate, taken: set[str]) -
     return inst
 
 
-def make_task(split: Split, seed: int, index: int, *, difficulty: int, families: tuple[str, ...]) -> Task:
-    """The `index`-th task of a split's seed stream (pure function of its arguments)."""
-    task_seed = _stable_seed("swe", split, seed, index, difficulty)
+def make_task(split: Split, seed: int, index: int, *, difficulty: int, families: tuple[str, ...],
+              bugs: int = 1) -> Task:
+    """The `index`-th task of a split's seed stream (pure function of its arguments).
+
+    `bugs=2` plants a second bug of another template in another function (in another module at
+    difficulty 3: a multi-file fix). Each bug has its own hidden tests, so fixing one of them passes
+    part of the hidden tests: an unresolved attempt can still hold real progress."""
+    task_seed = _stable_seed("swe", split, seed, index, difficulty) if bugs == 1 else \
+        _stable_seed("swe", split, seed, index, difficulty, bugs)
     rng = random.Random(task_seed)
     family = families[rng.randrange(len(families))]
     template = rng.choice(BY_FAMILY[family])
     taken: set[str] = set()
-    target = _pick_instance(rng, template, taken)
-    _check(target)
+    targets = [_pick_instance(rng, template, taken)]
+    if bugs == 2:
+        others = [t for t in TEMPLATES if t.family != template.family]
+        targets.append(_pick_instance(rng, rng.choice(others), taken))
+    for t in targets:
+        _check(t)
+    target = targets[0]
     pkg = rng.choice(PACKAGES)
 
     n_distractors = {1: 0, 2: 2, 3: 4}[difficulty]
-    # Distractors must not contain the buggy line: the reference edit (old -> new) stays unique.
-    pool = [t for t in TEMPLATES if t.key != template.key]
+    # Distractors must not contain a buggy line: each reference edit (old -> new) stays unique.
+    pool = [t for t in TEMPLATES if t.key not in {x.template.key for x in targets}]
     rng.shuffle(pool)
     distractors: list[_Instance] = []
     for t in pool:
         if len(distractors) == n_distractors:
             break
         inst = _pick_instance(rng, t, taken)
-        if target.line("buggy") not in inst.function_source(inst.line("fixed")):
+        if all(x.line("buggy") not in inst.function_source(inst.line("fixed")) for x in targets):
             distractors.append(inst)
     modules = ["core"] if difficulty < 3 else ["core", "helpers", "ops"]
     placement: dict[str, list[_Instance]] = {m: [] for m in modules}
-    target_module = modules[0] if difficulty < 3 else rng.choice(modules)
-    placement[target_module].append(target)
+    target_modules = [modules[0] if difficulty < 3 else rng.choice(modules)]
+    if bugs == 2:
+        target_modules.append(modules[0] if difficulty < 3 else rng.choice([m for m in modules if m != target_modules[0]]))
+    for t, module in zip(targets, target_modules):
+        placement[module].append(t)
     for i, d in enumerate(distractors):
         placement[modules[i % len(modules)]].append(d)
 
@@ -147,36 +161,87 @@ def make_task(split: Split, seed: int, index: int, *, difficulty: int, families:
     module_sources: dict[str, tuple[str, str]] = {}
     for module, insts in placement.items():
         rng.shuffle(insts)
-        before = "\n\n".join(i.function_source(i.line("buggy" if i is target else "fixed")) for i in insts)
+        before = "\n\n".join(i.function_source(i.line("buggy" if i in targets else "fixed")) for i in insts)
         after = "\n\n".join(i.function_source(i.line("fixed")) for i in insts)
         module_sources[module] = (before, after)
         files[f"{pkg}/{module}.py"] = before
 
-    # Visible tests: behaviour that holds with the bug, plus the distractors' real tests.
+    # Visible tests: behaviour that holds with the bugs, plus the distractors' real tests.
     vis_imports: dict[str, list[str]] = {}
     vis_asserts: list[str] = []
     for module, insts in placement.items():
         for i in insts:
             vis_imports.setdefault(module, []).append(i.fn)
-            asserts = i.template.visible if i is target else i.template.visible + i.template.hidden
+            asserts = i.template.visible if i in targets else i.template.visible + i.template.hidden
             vis_asserts += [i.sub(a) for a in asserts]
     visible_path = "tests/test_basic.py"
     files[visible_path] = _test_file(pkg, vis_imports, vis_asserts, "test_basic")
-    hidden_asserts = [target.sub(a) for a in template.hidden]
-    hidden = _test_file(pkg, {target_module: [target.fn]}, hidden_asserts, "test_issue")
+    hidden_imports: dict[str, list[str]] = {}
+    hidden_asserts: list[str] = []
+    hidden_owner: list[int] = []  # which bug each hidden test checks
+    for k, (t, module) in enumerate(zip(targets, target_modules)):
+        hidden_imports.setdefault(module, []).append(t.fn)
+        hidden_asserts += [t.sub(a) for a in t.template.hidden]
+        hidden_owner += [k] * len(t.template.hidden)
+    hidden = _test_file(pkg, hidden_imports, hidden_asserts, "test_issue")
     if difficulty == 3:
         files["README.md"] = f"# {pkg}\n\nSmall helpers. Run the tests with `python -m pytest -q`.\n"
 
-    path = f"{pkg}/{target_module}.py"
-    before, after = module_sources[target_module]
-    buggy_line, fixed_line = target.line("buggy"), target.line("fixed")
-    indent = _indent_of(before, buggy_line)
-    if before.count(indent + buggy_line) != 1:
-        raise GenerationError(f"{template.key}: the buggy line is not unique in {path}")
-    fixed_source = target.function_source(fixed_line)
+    fixes, reports = [], []
+    for t, module in zip(targets, target_modules):
+        path = f"{pkg}/{module}.py"
+        before = module_sources[module][0]
+        buggy_line, fixed_line = t.line("buggy"), t.line("fixed")
+        indent = _indent_of(before, buggy_line)
+        if before.count(indent + buggy_line) != 1:
+            raise GenerationError(f"{t.template.key}: the buggy line is not unique in {path}")
+        example = t.sub(t.template.example)
+        got = _call(t.function_source(buggy_line), example)
+        want = _call(t.function_source(fixed_line), example)
+        fixes.append({"path": path, "old": indent + buggy_line, "new": indent + fixed_line,
+                      "wrong": [indent + t.sub(w) for w in t.template.wrong], "function": t.fn})
+        reports.append(_report(difficulty, path, pkg, t, example, got, want))
+    prompt = reports[0] if bugs == 1 else "Two problems were reported.\n1. " + reports[0] + "\n2. " + reports[1]
+    after_by_path = {f"{pkg}/{m}.py": module_sources[m][1] for m in dict.fromkeys(target_modules)}
+
+    hidden_ids = [f"{HIDDEN_TEST_PATH}::test_issue_{i}" for i in range(1, len(hidden_asserts) + 1)]
+    visible_ids = [f"{visible_path}::test_basic_{i}" for i in range(1, len(vis_asserts) + 1)]
+    digest = hashlib.sha256(f"{split}:{seed}:{index}:{difficulty}".encode() if bugs == 1 else
+                            f"{split}:{seed}:{index}:{difficulty}:{bugs}".encode()).hexdigest()[:10]
+    first = fixes[0]
     example = target.sub(template.example)
-    got, want = _call(target.function_source(buggy_line), example), _call(fixed_source, example)
-    behaviour = target.sub(template.behaviour)
+    return Task(
+        id=f"swe-{family}-l{difficulty}-{digest}" if bugs == 1 else f"swe-{family}-x{bugs}-l{difficulty}-{digest}",
+        recipe="swe",
+        split=split,
+        prompt=prompt,
+        environment=EnvironmentSpec(files=files, workdir=WORKDIR),
+        verifier=VerifierSpec(kind="pytest", hidden_files={HIDDEN_TEST_PATH: hidden},
+                              fail_to_pass=hidden_ids, pass_to_pass=visible_ids, timeout_seconds=60.0),
+        reference_solution="".join(unified_diff(p, files[p], a) for p, a in after_by_path.items()),
+        family=family,
+        difficulty=difficulty,
+        seed=task_seed,
+        metadata={
+            "template": template.key,
+            "function": target.fn,
+            "package": pkg,
+            # `fix`/`fixed_source`: the first bug (what single-bug tools read); `fixes`/`fixed_sources`: all.
+            "fix": {k: v for k, v in first.items() if k != "function"},
+            "fixed_source": after_by_path[first["path"]],
+            "fixes": fixes,
+            "fixed_sources": after_by_path,
+            "hidden_test_bug": hidden_owner,
+            "example": {"call": example, "got": _call(target.function_source(target.line("buggy")), example),
+                        "want": _call(target.function_source(target.line("fixed")), example)},
+            "visible_tests": [visible_path],
+        },
+    )
+
+
+def _report(difficulty: int, path: str, pkg: str, target: _Instance, example: str, got: str, want: str) -> str:
+    """The issue text of one bug, as precise as the difficulty level says."""
+    behaviour = target.sub(target.template.behaviour)
     if difficulty == 1:
         prompt = (f"Bug in `{path}`: `{example}` returns `{got}`, expected `{want}`; {behaviour}. "
                   f"Fix `{target.fn}`.")
@@ -187,38 +252,14 @@ def make_task(split: Split, seed: int, index: int, *, difficulty: int, families:
                   f"Find and fix the bug in the `{pkg}` package.")
     if got.startswith("raises"):
         prompt = prompt.replace(f"returns `{got}`", got).replace(f"gives `{got}`", got)
-
-    hidden_ids = [f"{HIDDEN_TEST_PATH}::test_issue_{i}" for i in range(1, len(hidden_asserts) + 1)]
-    visible_ids = [f"{visible_path}::test_basic_{i}" for i in range(1, len(vis_asserts) + 1)]
-    digest = hashlib.sha256(f"{split}:{seed}:{index}:{difficulty}".encode()).hexdigest()[:10]
-    return Task(
-        id=f"swe-{family}-l{difficulty}-{digest}",
-        recipe="swe",
-        split=split,
-        prompt=prompt,
-        environment=EnvironmentSpec(files=files, workdir=WORKDIR),
-        verifier=VerifierSpec(kind="pytest", hidden_files={HIDDEN_TEST_PATH: hidden},
-                              fail_to_pass=hidden_ids, pass_to_pass=visible_ids, timeout_seconds=60.0),
-        reference_solution=unified_diff(path, before, after),
-        family=family,
-        difficulty=difficulty,
-        seed=task_seed,
-        metadata={
-            "template": template.key,
-            "function": target.fn,
-            "package": pkg,
-            "fix": {"path": path, "old": indent + buggy_line, "new": indent + fixed_line,
-                    "wrong": [indent + target.sub(w) for w in template.wrong]},
-            "fixed_source": after,
-            "example": {"call": example, "got": got, "want": want},
-            "visible_tests": [visible_path],
-        },
-    )
+    return prompt
 
 
 def generate_tasks(split: Split, n: int, seed: int = 0, *, difficulty: int | list[int] = 1,
-                   heldout_families: tuple[str, ...] = ()) -> list[Task]:
-    """`n` tasks of `split`. Heldout families never appear in train; heldout uses only them when set."""
+                   heldout_families: tuple[str, ...] = (), bugs: int | list[int] = 1) -> list[Task]:
+    """`n` tasks of `split`. Heldout families never appear in train; heldout uses only them when set.
+
+    `bugs`: planted bugs per task (1 or 2), or a list cycled over like `difficulty`."""
     unknown = set(heldout_families) - set(FAMILIES)
     if unknown:
         raise ValueError(f"unknown bug families {sorted(unknown)}; choose from {FAMILIES}")
@@ -231,4 +272,8 @@ def generate_tasks(split: Split, n: int, seed: int = 0, *, difficulty: int | lis
     levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
     if any(level not in (1, 2, 3) for level in levels):
         raise ValueError(f"difficulty levels are 1, 2 or 3, got {levels}")
-    return [make_task(split, seed, i, difficulty=levels[i % len(levels)], families=families) for i in range(n)]
+    counts = [bugs] if isinstance(bugs, int) else list(bugs)
+    if any(b not in (1, 2) for b in counts):
+        raise ValueError(f"bugs per task are 1 or 2, got {counts}")
+    return [make_task(split, seed, i, difficulty=levels[i % len(levels)], families=families,
+                      bugs=counts[i % len(counts)]) for i in range(n)]

@@ -32,14 +32,16 @@ class SWERecipe(RecipeBase):
     name = "swe"
 
     def __init__(self, difficulty: int | list[int] = 1, heldout_families: tuple[str, ...] | list[str] = (),
-                 tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000):
+                 tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000, bugs: int | list[int] = 1):
         self.difficulty = difficulty
+        self.bugs = bugs  # planted bugs per task: 1, 2 (partial progress possible), or a list cycled over
         self.heldout_families = tuple(heldout_families)
         self.tool_timeout_seconds = tool_timeout_seconds
         self.max_output_chars = max_output_chars
 
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
-        return generate_tasks(split, n, seed, difficulty=self.difficulty, heldout_families=self.heldout_families)
+        return generate_tasks(split, n, seed, difficulty=self.difficulty, heldout_families=self.heldout_families,
+                              bugs=self.bugs)
 
     def tools(self) -> list[ToolSpec]:
         return list(TOOL_SPECS)

@@ -14,9 +14,10 @@ protocol format, because the tiny model is trained on it.
 
 from __future__ import annotations
 
+import hashlib
 import posixpath
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from components.core.policy_base import ChatMessage, Generation, GenerationConfig
 from components.core.protocol import ToolCallParseError, format_tool_call, parse_tool_call
@@ -33,11 +34,11 @@ class _View:
     """What the conversation says about the episode so far."""
 
     listed: bool = False
-    content: str | None = None  # last known content of the target file
+    contents: dict[str, str | None] = field(default_factory=dict)  # last known content of each file to fix
     edits: int = 0
     tests_since_edit: bool = False
     tests_ever: bool = False
-    read_other: bool = False  # has opened a file other than the target
+    read_other: bool = False  # has opened a file other than the targets
     listing: str = ""  # output of the last file listing
 
 
@@ -52,7 +53,6 @@ class ScriptedTeacher:
         self.policy_id = f"scripted-teacher-e{error_rate:g}"
         self._task: Task | None = None
         self._episodes = 0
-        self._rng = random.Random(seed)
 
     def reset(self, task: Task) -> None:
         fix = task.metadata.get("fix")
@@ -61,8 +61,19 @@ class ScriptedTeacher:
                              "works on generated SWE tasks (use OpenAICompatiblePolicy for imported ones)")
         self._task = task
         self._episodes += 1
-        # A fresh stream per episode: continuations from one prefix must differ from each other.
-        self._rng = random.Random(f"{self.seed}:{task.id}:{self._episodes}")
+
+    def _rng(self, view: _View) -> random.Random:
+        """The randomness of one decision, keyed by the situation the teacher is in.
+
+        Two continuations with the same seed that reach the same situation decide the same way, wherever
+        they started: this is what makes the credit stage's common random numbers work (V(s_t) and
+        V(s_{t+1}) differ only where step t changed the situation). Different seeds, tasks or episodes
+        still decide independently."""
+        assert self._task is not None
+        known = repr(sorted(view.contents.items()))
+        content = hashlib.sha256(known.encode()).hexdigest()[:16] if any(view.contents.values()) else "-"
+        situation = (view.listed, view.read_other, content, view.edits, view.tests_since_edit, view.tests_ever)
+        return random.Random(f"{self.seed}:{self._task.id}:{self._episodes}:{situation}")
 
     # -- reading the conversation -----------------------------------------------------------
     def _rel(self, path: str) -> str:
@@ -71,10 +82,21 @@ class ScriptedTeacher:
         path = posixpath.normpath(path)
         return path[len(workdir):] if path.startswith(workdir) else path
 
+    def _fixes(self) -> list[dict]:
+        """Every planted bug (`fixes` in two-bug tasks; tasks from before them carry `fix` only)."""
+        assert self._task is not None
+        meta = self._task.metadata
+        return meta.get("fixes") or [{**meta["fix"], "function": meta["function"]}]
+
+    def _fixed_sources(self) -> dict[str, str]:
+        assert self._task is not None
+        meta = self._task.metadata
+        return meta.get("fixed_sources") or {meta["fix"]["path"]: meta["fixed_source"]}
+
     def _view(self, messages: list[ChatMessage]) -> _View:
         assert self._task is not None
-        target = self._task.metadata["fix"]["path"]
-        view = _View()
+        targets = {f["path"] for f in self._fixes()}
+        view = _View(contents={path: None for path in sorted(targets)})
         for i, msg in enumerate(messages):
             if msg.role != "assistant":
                 continue
@@ -85,7 +107,8 @@ class ScriptedTeacher:
                 continue
             failed = obs.startswith("Error:")
             args = call.arguments
-            on_target = isinstance(args.get("path"), str) and self._rel(args["path"]) == target
+            target = self._rel(args["path"]) if isinstance(args.get("path"), str) else None
+            on_target = target in targets
             if call.name == "bash":
                 command = str(args.get("command", "")).strip()
                 if command.startswith(("find ", "ls", "grep ")):
@@ -94,63 +117,71 @@ class ScriptedTeacher:
                 if "pytest" in command:
                     view.tests_ever = view.tests_since_edit = True
                 if not command.startswith(_READ_ONLY_PREFIXES):
-                    view.content = None  # it may have changed the file: read it again
+                    view.contents = dict.fromkeys(view.contents)  # it may have changed files: read them again
             elif call.name == "read_file" and on_target and not failed:
-                view.content = obs
+                view.contents[target] = obs
             elif call.name == "read_file":
                 view.read_other = True
             elif call.name == "str_replace" and on_target and not failed:
                 old, new = str(args.get("old_str", "")), str(args.get("new_str", ""))
-                view.content = view.content.replace(old, new, 1) if view.content is not None else None
+                known = view.contents[target]
+                view.contents[target] = known.replace(old, new, 1) if known is not None else None
                 view.edits += 1
                 view.tests_since_edit = False
             elif call.name == "write_file" and on_target and not failed:
-                view.content = str(args.get("content", ""))
+                view.contents[target] = str(args.get("content", ""))
                 view.edits += 1
                 view.tests_since_edit = False
         return view
 
     # -- deciding ---------------------------------------------------------------------------
     def _decide(self, view: _View) -> ToolCall:
+        """The next action: find, read and fix each planted bug in turn, test, submit."""
         assert self._task is not None
-        meta = self._task.metadata
-        fix, fixed_source = meta["fix"], meta["fixed_source"]
-        path, e, roll = fix["path"], self.error_rate, self._rng.random()
+        fixes, fixed_sources = self._fixes(), self._fixed_sources()
+        rng = self._rng(view)
+        e, roll = self.error_rate, rng.random()
         if not view.listed:
             if self._task.difficulty >= 2:  # the issue does not name the file: search for the function
-                return ToolCall(name="bash", arguments={"command": f"grep -rn 'def {meta['function']}' --include=*.py ."})
+                return ToolCall(name="bash", arguments={"command": f"grep -rn 'def {fixes[0]['function']}' --include=*.py ."})
             return ToolCall(name="bash", arguments={"command": LIST_COMMAND})
-        if view.content is None:
-            wrong = self._distractor(view.listing, path)
-            if wrong and not view.read_other and roll < 0.5 * e:  # opens the wrong file first
-                return ToolCall(name="read_file", arguments={"path": wrong})
-            return ToolCall(name="read_file", arguments={"path": path})
-        if view.content == fixed_source:
+        for fix in fixes:
+            path, content = fix["path"], view.contents[fix["path"]]
+            if content is None:
+                wrong = self._distractor(view.listing, path, set(fixed_sources))
+                if wrong and not view.read_other and roll < 0.5 * e:  # opens the wrong file first
+                    return ToolCall(name="read_file", arguments={"path": wrong})
+                return ToolCall(name="read_file", arguments={"path": path})
+            if content == fixed_sources[path]:
+                continue
+            if fix["old"] in content:  # this bug is still there
+                if not view.tests_ever:
+                    return ToolCall(name="bash", arguments={"command": TEST_COMMAND})
+                if roll < 0.5 * e:  # gives up early
+                    return ToolCall(name="submit", arguments={})
+                if roll < 1.5 * e and fix["wrong"]:  # a wrong or incomplete edit
+                    wrong = rng.choice(fix["wrong"])
+                    return ToolCall(name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": wrong})
+                return ToolCall(name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": fix["new"]})
+            if fix["new"] in content.splitlines():  # this one is fixed; another bug of the file remains
+                continue
+            # Neither buggy nor fixed: an earlier edit went wrong.
             if not view.tests_since_edit:
                 return ToolCall(name="bash", arguments={"command": TEST_COMMAND})
+            if view.edits < 3 * len(fixes) and rng.random() >= e:  # notices the mistake and repairs it
+                return self._repair(content, fixed_sources[path], path)
             return ToolCall(name="submit", arguments={})
-        if fix["old"] in view.content:  # the bug is still there
-            if not view.tests_ever:
-                return ToolCall(name="bash", arguments={"command": TEST_COMMAND})
-            if roll < 0.5 * e:  # gives up early
-                return ToolCall(name="submit", arguments={})
-            if roll < 1.5 * e and fix["wrong"]:  # a wrong or incomplete edit
-                wrong = self._rng.choice(fix["wrong"])
-                return ToolCall(name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": wrong})
-            return ToolCall(name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": fix["new"]})
-        # Neither buggy nor fixed: an earlier edit went wrong.
         if not view.tests_since_edit:
             return ToolCall(name="bash", arguments={"command": TEST_COMMAND})
-        if view.edits < 3 and self._rng.random() >= e:  # notices the mistake and repairs it
-            return self._repair(view.content, fixed_source, path)
         return ToolCall(name="submit", arguments={})
 
     @staticmethod
-    def _distractor(listing: str, target: str) -> str | None:
-        """Another source file of the listing (not a test), if there is one."""
+    def _distractor(listing: str, target: str, targets: set[str]) -> str | None:
+        """Another source file of the listing (not a test, not one to fix), if there is one."""
         files = sorted({posixpath.normpath(line.split(":", 1)[0].strip()) for line in listing.splitlines()
                         if line.strip().endswith(".py") or ".py:" in line})
-        others = [f for f in files if f != posixpath.normpath(target) and "test" not in posixpath.basename(f)]
+        skip = {posixpath.normpath(t) for t in targets | {target}}
+        others = [f for f in files if f not in skip and "test" not in posixpath.basename(f)]
         others.sort(key=lambda f: f.endswith("__init__.py"))  # a sibling module before the package file
         return others[0] if others else None
 
