@@ -52,6 +52,7 @@ def test_the_alias_moves_only_on_promotion_and_old_versions_stay(tmp_path):
     uri = f"sqlite:///{tmp_path}/registry.db"
     config = PromotionConfig(model_name="gate-test")
     mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("gate-test")  # not whatever experiment an earlier test left active
     model, tokenizer = build_policy(ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[])))
     save_policy(model, tokenizer, tmp_path / "m")
 
