@@ -13,7 +13,9 @@
 - Errors: the agent's codes become `sandbox_service.errors` types (PathOutsideSandboxError,
   FileNotFoundInSandboxError, InvalidRequestError, ...); no answer -> `AgentUnreachableError`.
 - OOM: an exec whose command was SIGKILLed while the sandbox's memory cgroup recorded an OOM kill
-  is returned as outcome=infrastructure_error, infra_error=OOM_KILLED (never the policy's failure).
+  ran out of the sandbox's own memory: the command's outcome (command_failed, reason `oom`), counted
+  against the policy. Only a verification run (`ExecRequest.verification`, set by the harness) turns
+  it into infrastructure_error/OOM_KILLED, which the service answers with resource escalation.
 - TLS (endpoint.tls): verified against endpoint.ca_cert_pem; the agent's certificate must name
   `AGENT_TLS_SERVER_NAME` (pod IPs are not known when certificates are made; see tls.py).
 """
@@ -171,7 +173,7 @@ class AgentClient(AgentClientBase):
                 return ExecResult(exit_code=None, outcome=ExecOutcome.command_failed, message=exc.message,
                                   duration_seconds=time.monotonic() - started)
             raise
-        return _exec_result(resp, body, request.timeout_seconds)
+        return _exec_result(resp, body, request.timeout_seconds, request.verification)
 
     async def read_file(self, path: str) -> bytes:
         _, body = await self._call("read_file", {"path": path})
@@ -228,7 +230,7 @@ def _before_reply(exc: BaseException) -> bool:
         isinstance(exc, asyncio.IncompleteReadError) and not exc.partial)
 
 
-def _exec_result(resp: dict, body: bytes, timeout: float) -> ExecResult:
+def _exec_result(resp: dict, body: bytes, timeout: float, verification: bool = False) -> ExecResult:
     n = resp["stdout_len"]
     stdout = body[:n].decode("utf-8", "replace")
     stderr = body[n:].decode("utf-8", "replace")
@@ -236,9 +238,14 @@ def _exec_result(resp: dict, body: bytes, timeout: float) -> ExecResult:
     common = dict(exit_code=code, stdout=stdout, stderr=stderr, stdout_truncated=resp["stdout_truncated"],
                   stderr_truncated=resp["stderr_truncated"], duration_seconds=resp["duration"])
     if resp.get("oom_killed"):
-        return ExecResult(**common, outcome=ExecOutcome.infrastructure_error, infra_error=InfraErrorKind.OOM_KILLED,
-                          message="the command was killed by the kernel OOM killer at the sandbox's memory "
-                                  "limit; retry with more memory (resource escalation)")
+        if verification:  # the verifier's environment must fit: the infrastructure's, escalated
+            return ExecResult(**common, outcome=ExecOutcome.infrastructure_error,
+                              infra_error=InfraErrorKind.OOM_KILLED,
+                              message="the verification run was killed by the kernel OOM killer at the "
+                                      "sandbox's memory limit; retry with more memory (resource escalation)")
+        return ExecResult(**common, outcome=ExecOutcome.command_failed, reason="oom",
+                          message="the command ran out of the sandbox's memory and was killed by the kernel "
+                                  "OOM killer (the command's own outcome; the sandbox is still usable)")
     if resp.get("timed_out"):
         return ExecResult(**common, outcome=ExecOutcome.command_timeout,
                           message=f"command exceeded its {timeout:g} s timeout; it was killed with its whole "
