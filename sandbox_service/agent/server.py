@@ -28,7 +28,7 @@ import socket
 import sys
 import threading
 
-from sandbox_service.agent import execs, files, protocol, proctree, streams
+from sandbox_service.agent import beneath, execs, files, protocol, proctree, streams
 
 try:  # the constant-time compare behind hmac.compare_digest, without loading OpenSSL at start-up
     from _operator import _compare_digest as compare_digest
@@ -92,7 +92,15 @@ class AgentServer:
                 if op == "pty_open":
                     env = execs.build_env(self.base_env, header.get("env"))
                     env.setdefault("TERM", "xterm-256color")
-                    streams.run_pty(conn, self.reaper, self.tracker, header, env, self._cwd(header.get("cwd")))
+                    try:
+                        cwd_fd = self._cwd(header.get("cwd"))
+                    except (files.FileOpError, execs.SpawnError) as exc:
+                        protocol.send_frame(conn, {"ok": False, "code": exc.code, "message": exc.message})
+                        return
+                    try:
+                        streams.run_pty(conn, self.reaper, self.tracker, header, env, f"/proc/self/fd/{cwd_fd}")
+                    finally:
+                        os.close(cwd_fd)
                     return
                 try:
                     resp, out = self._dispatch(op, header, payload)
@@ -116,10 +124,21 @@ class AgentServer:
                 pass
 
     # -- ops -----------------------------------------------------------------------------------
-    def _cwd(self, cwd: str | None) -> str:
-        if not cwd:
-            return self.workdir
-        return os.path.normpath(os.path.join(self.workdir, self.conf.unalias(cwd)))
+    def _cwd(self, cwd: str | None) -> int:
+        """An O_PATH fd of the command's working directory (anywhere in the sandbox's own root), opened
+        with no magic link: `/proc/<pid>/fd/N` would lead the agent's child (still privileged before exec)
+        into the agent's own host-side fds. The child enters it as /proc/self/fd/<fd>, its own fd: the
+        directory checked is the directory used."""
+        path = self.workdir if not cwd else os.path.normpath(os.path.join(self.workdir, self.conf.unalias(cwd)))
+        try:
+            return beneath.open_dir_path(path)
+        except beneath.EscapeError as exc:
+            raise files.FileOpError("path_outside_sandbox", f"working directory {cwd!r} goes through a magic "
+                                    "link (/proc/<pid>/fd/..., /proc/<pid>/root, ...): refused") from exc
+        except FileNotFoundError as exc:
+            raise execs.SpawnError("file_not_found", f"working directory {cwd!r} does not exist") from exc
+        except NotADirectoryError as exc:
+            raise files.FileOpError("invalid_request", f"working directory {cwd!r} is not a directory") from exc
 
     def _dispatch(self, op, header: dict, payload: bytes) -> tuple[dict, bytes]:
         if op == "ping":
@@ -129,10 +148,14 @@ class AgentServer:
             argv = header["argv"]
             if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
                 raise files.FileOpError("invalid_request", "argv must be a non-empty list of strings")
-            result, out = execs.run_exec(
-                self.reaper, self.tracker, argv=argv, cwd=self._cwd(header.get("cwd")),
-                env=execs.build_env(self.base_env, header.get("env")), stdin=payload,
-                timeout=float(header.get("timeout", 60.0)), max_output=int(header.get("max_output", 1 << 20)))
+            cwd_fd = self._cwd(header.get("cwd"))
+            try:
+                result, out = execs.run_exec(
+                    self.reaper, self.tracker, argv=argv, cwd=f"/proc/self/fd/{cwd_fd}",
+                    env=execs.build_env(self.base_env, header.get("env")), stdin=payload,
+                    timeout=float(header.get("timeout", 60.0)), max_output=int(header.get("max_output", 1 << 20)))
+            finally:
+                os.close(cwd_fd)
             result["ok"] = True
             return result, out
         if op == "read_file":

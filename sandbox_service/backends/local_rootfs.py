@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SnapshotNotFoundError
 from sandbox_service.models import NetworkPolicy, Resources
 
-AGENT_FILES = ("__init__.py", "__main__.py", "boot.py", "execs.py", "files.py", "protocol.py", "proctree.py",
+AGENT_FILES = ("__init__.py", "__main__.py", "beneath.py", "boot.py", "execs.py", "files.py", "protocol.py", "proctree.py",
                "server.py", "streams.py", "zygote.py")
 MAX_SOCKET_PATH = 107
 
