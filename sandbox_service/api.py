@@ -258,7 +258,8 @@ def create_app(config: ServiceConfig | None = None, backend: SandboxBackend | No
     @app.get("/healthz")
     async def healthz() -> dict:
         live = sum(1 for r in manager.sandboxes.values() if r.info.state is not SandboxState.deleted)
-        return {"status": "ok", "backend": backend.name, "isolated": not config.unisolated, "sandboxes": live}
+        return {"status": "ok", "backend": backend.name, "isolated": not config.unisolated, "sandboxes": live,
+                "startup_cleanup": manager.startup_report}
 
     # Routers are included flat (not nested), which keeps route matching on the exec path short.
     app.include_router(_v1_router(manager, ops, jobs, ports))

@@ -62,6 +62,8 @@ class SandboxManager:
         self.agent_factory = agent_factory
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.snapshots: dict[str, SnapshotInfo] = {}
+        # What start-up found left by an earlier run and removed (served on /healthz).
+        self.startup_report: dict[str, list[str]] = {"sandboxes_removed": [], "snapshots_removed": [], "errors": []}
         self._by_request: dict[str, str] = {}
         self._create_sem = asyncio.Semaphore(config.max_concurrent_creates)
         self._queued_creates = 0
@@ -84,11 +86,28 @@ class SandboxManager:
     async def start(self) -> None:
         if self.agent_factory is default_agent_factory:
             import sandbox_service.agent.client  # noqa: F401 - import now, not inside the first create
-        orphans = await self.in_thread(self.backend.list_orphans)
-        for orphan in orphans:
-            log.warning("removing orphaned sandbox %s left by an earlier run", orphan)
-            await self.in_thread(self.backend.stop, orphan)
+        await self._clean_leftovers()
         self._reaper = asyncio.create_task(self._reap_forever(), name="reaper")
+
+    async def _clean_leftovers(self) -> None:
+        """What an earlier run left (after a crash): orphaned sandboxes and snapshots. Never fails the
+        start: whatever cannot be removed is quarantined by the backend or reported (`/healthz`)."""
+        report = self.startup_report
+        try:
+            report["snapshots_removed"] = await self.in_thread(self.backend.clear_stale_snapshots)
+        except Exception as err:  # noqa: BLE001 - a leftover must never stop the service from starting
+            log.exception("could not clear stale snapshots")
+            report["errors"].append(f"stale snapshots: {err!r}")
+        for orphan in await self.in_thread(self.backend.list_orphans):
+            log.warning("removing orphaned sandbox %s left by an earlier run", orphan)
+            try:
+                await self.in_thread(self.backend.stop, orphan)
+                report["sandboxes_removed"].append(orphan)
+            except Exception as err:  # noqa: BLE001
+                log.exception("could not remove orphaned sandbox %s", orphan)
+                report["errors"].append(f"sandbox {orphan}: {err!r}")
+        if any(report.values()):
+            log.warning("start-up clean-up of leftovers: %s", report)
 
     async def shutdown(self) -> None:
         if self._reaper:

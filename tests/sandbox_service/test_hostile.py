@@ -4,9 +4,15 @@ off as the infrastructure's."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
+import pytest
+
+from sandbox_service.backends import fstree
+from sandbox_service.config import ServiceConfig
+from sandbox_service.embedded import EmbeddedService
 from sandbox_service.models import ExecOutcome, SandboxCreate
 
 
@@ -100,3 +106,88 @@ def test_exec_cwd_cannot_go_through_the_agents_magic_links(sandbox_client, label
         assert refused >= 5  # every magic link is refused, not just failing to exist
         assert sb.exec("pwd", cwd="/tmp").stdout == "/tmp\n"  # plain directories anywhere still work
         assert sb.exec("pwd").stdout == "/workspace\n"
+
+
+HOSTILE_TREE = r"""
+import os, sys
+depth, files = int(sys.argv[1]), int(sys.argv[2])
+os.makedirs("/workspace/many", exist_ok=True)
+for i in range(files):
+    open(f"/workspace/many/f{i}", "w").close()
+os.mkdir("/workspace/deep")
+os.chdir("/workspace/deep")
+for i in range(depth):
+    os.mkdir("d")
+    os.chdir("d")
+os.symlink("/", "root-link")       # links are removed, never followed
+os.mkdir("locked", 0)              # and so are directories nobody may enter
+print("made")
+"""
+
+
+def _crash(service) -> None:
+    service._collect_ids()
+    os.killpg(service._proc.pid, signal.SIGKILL)  # no graceful shutdown: everything stays behind
+    service._proc.wait()
+
+
+def _deep_tree_on_host(root, depth: int) -> None:
+    """A leftover as a crashed run leaves it (made on the host side: much faster than through an overlay)."""
+    root.mkdir(parents=True)
+    fd = os.open(root, os.O_RDONLY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        child = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = child
+    os.symlink("/", "root-link", dir_fd=fd)
+    os.close(fd)
+
+
+@pytest.mark.parametrize("depth, files, fork", [
+    pytest.param(1100, 1000, False, id="1100-deep"),
+    pytest.param(10_000, 200_000, True, id="10000-deep-200k-files-with-snapshot-and-fork",
+                 marks=[pytest.mark.slow, pytest.mark.timeout(1800)]),
+])
+def test_hostile_trees_never_break_delete_snapshots_or_a_restart(tmp_path, depth, files, fork):
+    """A deep tree made DELETE fail with a RecursionError, left the sandbox half-deleted and the next
+    start refused the state dir. Delete (and, slow variant, snapshot and fork) must cope, and a restart
+    after a crash removes the orphans and snapshots of the dead run, and says so on /healthz."""
+    state_dir = tmp_path / "state"
+    local = state_dir / "local"
+    crashed = EmbeddedService(ServiceConfig(token="unused", state_dir=state_dir), check_leaks=False)
+    crashed.start()
+    try:
+        with crashed.client(timeout=900) as client:
+            sb = client.create(SandboxCreate(labels={"test": "hostile-tree"}))
+            sb.write_file("/workspace/tree.py", HOSTILE_TREE)
+            made = sb.exec(["python3", "/workspace/tree.py", str(depth), str(files)], timeout=900)
+            assert made.stdout == "made\n", made
+            orphans, snaps = [], []
+            if fork:
+                snaps.append(sb.snapshot().id)
+                forked = client.create(SandboxCreate(labels={"test": "hostile-tree"}, from_snapshot=snaps[0]))
+                assert forked.exec("ls /workspace/many | wc -l").stdout.strip() == str(files)
+                orphans.append(forked.id)
+            started = time.monotonic()
+            sb.delete()
+            took = time.monotonic() - started
+            assert not (local / "s" / sb.id).exists(), "the sandbox was left half-deleted"
+        _crash(crashed)
+        if not fork:  # leftovers of a crashed run: an orphaned sandbox dir and a snapshot, both deep
+            orphans.append("sb-left0000000000")
+            _deep_tree_on_host(local / "s" / orphans[0] / "upper" / "workspace", depth)
+            snaps.append("snap-left")
+            _deep_tree_on_host(local / "snapshots" / snaps[0] / "upper", depth)
+        with EmbeddedService(ServiceConfig(token="unused", state_dir=state_dir)) as restarted:
+            with restarted.client() as client:
+                report = client.healthz()["startup_cleanup"]
+        assert report == {"sandboxes_removed": orphans, "snapshots_removed": snaps, "errors": []}, report
+        assert list((local / "s").iterdir()) == [] and list((local / "snapshots").iterdir()) == []
+        assert not (local / "quarantine").exists()
+        assert crashed.find_leaks() == []
+        print(f"delete of a {depth}-deep tree with {files} files: {took:.1f} s")
+    finally:
+        crashed.stop()
+        # pytest's own clean-up of old temp dirs recurses: never leave a deep tree behind, even on failure
+        fstree.remove_tree(tmp_path)
