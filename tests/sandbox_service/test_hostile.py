@@ -191,3 +191,48 @@ def test_hostile_trees_never_break_delete_snapshots_or_a_restart(tmp_path, depth
         crashed.stop()
         # pytest's own clean-up of old temp dirs recurses: never leave a deep tree behind, even on failure
         fstree.remove_tree(tmp_path)
+
+
+HOSTILE_SITE = r"""
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"cookie": self.headers.get("cookie"), "auth": self.headers.get("authorization"),
+                           "html": "<script>fetch('/v1/sandboxes', {credentials: 'include'})</script>"}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("set-cookie", "session=stolen; Path=/")
+        self.send_header("access-control-allow-origin", "*")
+        self.send_header("access-control-allow-credentials", "true")
+        self.send_header("content-security-policy", "default-src *")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8124), H).serve_forever()
+"""
+
+
+def test_ports_proxy_confines_sandbox_content_away_from_the_api_origin(sandbox_client, labels):
+    """Sandbox HTML/JS, Set-Cookie and `Access-Control-Allow-Origin: *` used to be served as is on the
+    service's own origin (where the API lives)."""
+    import httpx
+
+    from sandbox_service.models import NetworkPolicy
+
+    with sandbox_client.create(SandboxCreate(labels=labels, network=NetworkPolicy(mode="loopback"))) as sb:
+        sb.write_file("/workspace/site.py", HOSTILE_SITE)
+        sb.exec_async(["python3", "/workspace/site.py"], timeout=120)
+        deadline = time.monotonic() + 20
+        while sb.exec("python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8124), 1)\"").exit_code:
+            assert time.monotonic() < deadline, "the in-sandbox server did not start"
+            time.sleep(0.1)
+        url = sb.expose_port(8124).url
+        got = httpx.get(url, headers={"cookie": "api_session=secret", "origin": "https://evil.example"}, timeout=10)
+        assert got.status_code == 200
+        names = {k.lower() for k in got.headers}
+        assert "set-cookie" not in names and not any(n.startswith("access-control-") for n in names), got.headers
+        assert got.headers["content-security-policy"].split()[0] == "sandbox"  # an opaque origin
+        assert "allow-same-origin" not in got.headers["content-security-policy"]
+        assert got.headers["x-content-type-options"] == "nosniff" and got.headers["referrer-policy"] == "no-referrer"
+        assert got.json()["cookie"] is None and got.json()["auth"] is None  # no credentials reach the sandbox
