@@ -212,6 +212,24 @@ class SandboxOperations:
     async def list_files(self, sandbox_id: str, path: str) -> list[FileEntry]:
         return await self._agent_call(sandbox_id, "list_files", lambda a, p: a.list_files(p), check_path(path))
 
+    async def upload_small(self, sandbox_id: str, op: str, header: dict, data: bytes) -> None:
+        """`write_file` / `put_archive` of a body read whole (small)."""
+        if op == "write_file":
+            await self.write_file(sandbox_id, header["path"], data, header.get("mode"))
+        else:
+            await self.put_archive(sandbox_id, header["path"], data)
+
+    async def upload(self, sandbox_id: str, op: str, header: dict, size: int, chunks) -> None:
+        """`write_file` / `put_archive` streamed from `chunks` (see transfers.py)."""
+        check_path(header["path"])
+        await self._agent_call(sandbox_id, op, lambda a: a.upload(op, header, size, chunks))
+
+    async def download(self, sandbox_id: str, op: str, header: dict):
+        """(size, chunks) of `read_file` / `get_archive`, capped at max_download_bytes."""
+        check_path(header["path"])
+        header = {**header, "limit": self.config.max_download_bytes}
+        return await self._agent_call(sandbox_id, op, lambda a: a.download(op, header))
+
     async def put_archive(self, sandbox_id: str, path: str, tar_gz: bytes) -> None:
         await self._agent_call(sandbox_id, "put_archive", lambda a, p: a.put_archive(p, tar_gz), check_path(path))
 

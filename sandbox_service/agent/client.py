@@ -40,7 +40,9 @@ _ERRORS: dict[str, type[errors.SandboxServiceError]] = {
     "file_not_found": errors.FileNotFoundInSandboxError,
     "invalid_request": errors.InvalidRequestError,
     "spawn_failed": errors.InvalidRequestError,
+    "too_large": errors.RequestTooLargeError,
 }
+STREAM_CHUNK = 1 << 20
 
 
 class _Conn:
@@ -140,13 +142,7 @@ class AgentClient(AgentClientBase):
                     continue
                 raise AgentUnreachableError(f"lost the connection to the agent during {op!r}: {exc!r}") from exc
             self._release(conn)
-            if not resp.get("ok"):
-                code = resp.get("code", "internal_error")
-                message = resp.get("message", "agent error")
-                if code == "unauthorized":
-                    raise errors.UnauthorizedError(f"agent refused the request: {message}")
-                cls = _ERRORS.get(code)
-                raise cls(message) if cls else errors.error_from_body(500, code, message)
+            _raise_for(resp)
             return resp, body
         raise AssertionError("unreachable")
 
@@ -195,6 +191,80 @@ class AgentClient(AgentClientBase):
         _, body = await self._call("get_archive", {"path": path})
         return body
 
+    async def upload(self, op: str, header: dict, size: int, chunks) -> dict:
+        """A large payload streamed on a fresh connection of its own (a consumed stream cannot be retried
+        on a stale pooled one). Memory: one chunk plus the transport's write buffer."""
+        conn = await self._connect()
+        req = {"op": op, "secret": self.endpoint.secret, **header}
+        try:
+            conn.writer.write(protocol.encode_head(req, size))
+            sent = 0
+            async for chunk in chunks:
+                sent += len(chunk)
+                if sent > size:
+                    raise errors.InvalidRequestError(f"upload longer than its declared {size} bytes")
+                conn.writer.write(chunk)
+                await conn.writer.drain()
+            if sent != size:
+                raise errors.InvalidRequestError(f"upload ended after {sent} of its declared {size} bytes")
+            async with asyncio.timeout(self.op_timeout):
+                prefix = await conn.reader.readexactly(protocol.PREFIX_SIZE)
+                hlen, plen = protocol.decode_lengths(prefix)
+                resp = protocol.decode_header(await conn.reader.readexactly(hlen))
+                if plen:
+                    await conn.reader.readexactly(plen)
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, protocol.ProtocolError)):
+                raise AgentUnreachableError(f"lost the connection to the agent during {op!r}: {exc!r}") from exc
+            raise
+        self._release(conn)
+        _raise_for(resp)
+        return resp
+
+    async def download(self, op: str, header: dict):
+        """Send the request, read the answer's header; the payload is then read chunk by chunk by the
+        returned iterator, which gives the connection back once it has read all of it."""
+        for attempt in (0, 1):
+            conn = await self._acquire()
+            req = {"op": op, "secret": self.endpoint.secret, **header}
+            try:
+                conn.writer.write(protocol.encode_head(req, 0))
+                async with asyncio.timeout(self.op_timeout):
+                    await conn.writer.drain()
+                    prefix = await conn.reader.readexactly(protocol.PREFIX_SIZE)
+                    hlen, plen = protocol.decode_lengths(prefix)
+                    resp = protocol.decode_header(await conn.reader.readexactly(hlen))
+            except BaseException as exc:
+                conn.close()
+                if isinstance(exc, (OSError, asyncio.IncompleteReadError, protocol.ProtocolError)):
+                    if attempt == 0 and not conn.fresh:
+                        continue
+                    raise AgentUnreachableError(f"lost the connection to the agent during {op!r}: {exc!r}") from exc
+                if isinstance(exc, asyncio.TimeoutError):
+                    raise AgentUnreachableError(f"agent did not answer {op!r} within {self.op_timeout:.1f} s") from exc
+                raise
+            if not resp.get("ok"):
+                if plen:
+                    await conn.reader.readexactly(plen)
+                self._release(conn)
+                _raise_for(resp)
+            return plen, self._stream(conn, plen)
+        raise AssertionError("unreachable")
+
+    async def _stream(self, conn: _Conn, left: int):
+        try:
+            while left:
+                chunk = await conn.reader.read(min(left, STREAM_CHUNK))
+                if not chunk:
+                    raise AgentUnreachableError("the agent closed the connection in the middle of a download")
+                left -= len(chunk)
+                yield chunk
+        except BaseException:
+            conn.close()  # the reader gave up (or the agent went away): the rest is still on the wire
+            raise
+        self._release(conn)
+
     async def http_request(self, port: int, method: str, path: str, headers: dict[str, str],
                            body: bytes) -> tuple[int, dict[str, str], bytes]:
         resp, data = await self._call("http", {"port": port, "method": method, "path": path,
@@ -222,6 +292,18 @@ class AgentClient(AgentClientBase):
         idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+
+def _raise_for(resp: dict) -> None:
+    """Re-raise an agent's error answer as the matching `sandbox_service.errors` type."""
+    if resp.get("ok"):
+        return
+    code = resp.get("code", "internal_error")
+    message = resp.get("message", "agent error")
+    if code == "unauthorized":
+        raise errors.UnauthorizedError(f"agent refused the request: {message}")
+    cls = _ERRORS.get(code)
+    raise cls(message) if cls else errors.error_from_body(500, code, message)
 
 
 def _before_reply(exc: BaseException) -> bool:

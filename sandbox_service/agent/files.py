@@ -112,25 +112,45 @@ def _not_found(path: str, exc: OSError) -> FileOpError:
     return FileOpError("file_not_found", f"{path}: {exc.strerror or 'no such file or directory'}")
 
 
-def read_file(conf: Confinement, path: str, limit: int) -> bytes:
+def open_file(conf: Confinement, path: str, limit: int):
+    """(binary file object, size) of a regular file, to be streamed; refused over `limit` bytes."""
     _, rel = conf.relative(path)
-    fd = conf.open(path, rel, os.O_RDONLY)
+    fd = conf.open(path, rel, os.O_RDONLY | os.O_NONBLOCK)  # NONBLOCK: a fifo must not hang the agent
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise FileOpError("invalid_request", f"{path!r} is a directory; list it or use get_archive")
+        if not stat.S_ISREG(st.st_mode):
+            raise FileOpError("invalid_request", f"{path!r} is not a regular file")
         if st.st_size > limit:
-            raise FileOpError("invalid_request", f"{path!r} is {st.st_size} bytes, over the {limit}-byte "
-                              "read limit; download it as an archive instead")
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
+            raise FileOpError("too_large", f"{path!r} is {st.st_size} bytes, over the {limit}-byte download "
+                              "limit (max_download_bytes)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0), st.st_size
+    except BaseException:
         os.close(fd)
+        raise
+
+
+def read_file(conf: Confinement, path: str, limit: int) -> bytes:
+    f, size = open_file(conf, path, limit)
+    with f:
+        return f.read(size)
+
+
+def spool(conf: Confinement):
+    """An anonymous temporary file on the workspace's filesystem (O_TMPFILE: never visible, gone on
+    close), so large archives cost the sandbox disk, not the agent's memory; /tmp as a fallback."""
+    root = conf.root_fd()
+    try:
+        fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=root)
+        return os.fdopen(fd, "w+b")
+    except OSError:
+        import tempfile
+
+        return tempfile.TemporaryFile()
+    finally:
+        os.close(root)
 
 
 def _write_into(dir_fd: int, name: str, path: str, data, mode: int | None) -> None:
@@ -197,28 +217,37 @@ def put_archive(conf: Confinement, path: str, data) -> int:
     import tarfile
 
     full, rel = conf.relative(path)
-    fileobj = io.BytesIO(data) if isinstance(data, (bytes, bytearray)) else data
+    if isinstance(data, (bytes, bytearray)):
+        fileobj = io.BytesIO(data)
+    else:  # a streamed payload: spooled to disk, since every member is checked before any is extracted
+        fileobj = spool(conf)
+        for chunk in iter(lambda: data.read(1 << 20), b""):
+            fileobj.write(chunk)
+        fileobj.seek(0)
     try:
-        tar = tarfile.open(fileobj=fileobj, mode="r:*")
-    except tarfile.TarError as exc:
-        raise FileOpError("invalid_request", f"not a (gzipped) tar archive: {exc}") from exc
-    with tar:
-        checked = []
-        for member in tar.getmembers():
-            if member.name.startswith("/") or (member.islnk() and member.linkname.startswith("/")):
-                raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} has an absolute "
-                                  "path; archives must hold relative names; nothing was extracted")
-            try:
-                checked.append(tarfile.data_filter(member, full))
-            except tarfile.FilterError as exc:
-                raise FileOpError("path_outside_sandbox",
-                                  f"archive member {member.name!r} refused: {exc}; nothing was extracted") from exc
-        dest_fd = conf.make_dirs(path, rel)
         try:
-            for member in checked:
-                _extract(conf, tar, member, dest_fd, path)
-        finally:
-            os.close(dest_fd)
+            tar = tarfile.open(fileobj=fileobj, mode="r:*")
+        except tarfile.TarError as exc:
+            raise FileOpError("invalid_request", f"not a (gzipped) tar archive: {exc}") from exc
+        with tar:
+            checked = []
+            for member in tar.getmembers():
+                if member.name.startswith("/") or (member.islnk() and member.linkname.startswith("/")):
+                    raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} has an absolute "
+                                      "path; archives must hold relative names; nothing was extracted")
+                try:
+                    checked.append(tarfile.data_filter(member, full))
+                except tarfile.FilterError as exc:
+                    raise FileOpError("path_outside_sandbox",
+                                      f"archive member {member.name!r} refused: {exc}; nothing was extracted") from exc
+            dest_fd = conf.make_dirs(path, rel)
+            try:
+                for member in checked:
+                    _extract(conf, tar, member, dest_fd, path)
+            finally:
+                os.close(dest_fd)
+    finally:
+        fileobj.close()
     return len(checked)
 
 
@@ -283,6 +312,22 @@ def get_archive(conf: Confinement, path: str) -> bytes:
     buf = io.BytesIO()
     write_archive(conf, path, buf)
     return buf.getvalue()
+
+
+def spool_archive(conf: Confinement, path: str, limit: int):
+    """(file object at offset 0, size) of the tar.gz of `path`, spooled to disk for streaming."""
+    f = spool(conf)
+    try:
+        write_archive(conf, path, f)
+        size = f.tell()
+        if size > limit:
+            raise FileOpError("too_large", f"the archive of {path!r} is {size} bytes, over the {limit}-byte "
+                              "download limit (max_download_bytes); archive a subdirectory")
+        f.seek(0)
+        return f, size
+    except BaseException:
+        f.close()
+        raise
 
 
 def write_archive(conf: Confinement, path: str, out) -> None:

@@ -36,7 +36,10 @@ except ImportError:  # pragma: no cover - other interpreters
     from hmac import compare_digest
 
 AGENT_VERSION = "1"
-MAX_READ_BYTES = 256 * 1024 * 1024
+MAX_READ_BYTES = 256 * 1024 * 1024  # download limit when the request names none
+# Uploads bigger than this are read from the socket as they are written (never whole in memory).
+STREAM_MIN_BYTES = 1 << 20
+_STREAMED_OPS = ("write_file", "put_archive")
 
 
 class AgentServer:
@@ -79,16 +82,20 @@ class AgentServer:
             if conn.family == socket.AF_INET:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while True:
-                frame = protocol.recv_frame(conn)
-                if frame is None:
+                head = protocol.recv_head(conn)
+                if head is None:
                     return
-                header, payload = frame
+                header, payload_len = head
+                op = header.get("op")
+                if op in _STREAMED_OPS and payload_len > STREAM_MIN_BYTES:
+                    payload = protocol.PayloadReader(conn, payload_len)
+                else:
+                    payload = protocol.recv_payload(conn, payload_len)
                 secret = header.get("secret")
                 if not isinstance(secret, str) or not compare_digest(secret.encode(), self.secret):
                     protocol.send_frame(conn, {"ok": False, "code": "unauthorized",
                                                "message": "wrong or missing agent secret"})
                     return
-                op = header.get("op")
                 if op == "pty_open":
                     env = execs.build_env(self.base_env, header.get("env"))
                     env.setdefault("TERM", "xterm-256color")
@@ -112,7 +119,13 @@ class AgentServer:
                 except Exception as exc:  # the agent must outlive any single bad request
                     resp, out = {"ok": False, "code": "internal_error",
                                  "message": f"agent error in {op!r}: {exc!r}"}, b""
-                protocol.send_frame(conn, resp, out)
+                if isinstance(payload, protocol.PayloadReader):
+                    payload.drain()  # an op refused early: the rest of the upload is still on the wire
+                try:
+                    protocol.send_frame(conn, resp, out)
+                finally:
+                    if isinstance(out, protocol.FileBody):
+                        out.close()
         except (OSError, protocol.ProtocolError):
             pass
         except Exception as exc:  # e.g. ssl errors from a bad client
@@ -159,7 +172,8 @@ class AgentServer:
             result["ok"] = True
             return result, out
         if op == "read_file":
-            return {"ok": True}, files.read_file(self.conf, header["path"], MAX_READ_BYTES)
+            f, size = files.open_file(self.conf, header["path"], int(header.get("limit") or MAX_READ_BYTES))
+            return {"ok": True}, protocol.FileBody(f, size)
         if op == "write_file":
             files.write_file(self.conf, header["path"], payload, header.get("mode"))
             return {"ok": True}, b""
@@ -168,7 +182,8 @@ class AgentServer:
         if op == "put_archive":
             return {"ok": True, "members": files.put_archive(self.conf, header["path"], payload)}, b""
         if op == "get_archive":
-            return {"ok": True}, files.get_archive(self.conf, header["path"])
+            f, size = files.spool_archive(self.conf, header["path"], int(header.get("limit") or MAX_READ_BYTES))
+            return {"ok": True}, protocol.FileBody(f, size)
         if op == "http":
             return streams.http_relay(header, payload)
         raise files.FileOpError("invalid_request", f"unknown op {op!r}")
