@@ -304,3 +304,64 @@ def test_concurrent_large_transfers_keep_service_memory_bounded(tmp_path, mb):
         finally:
             for box in boxes:
                 box.delete()
+
+
+V6_PROBE = r"""
+import errno, socket, sys, time
+port = int(sys.argv[1])
+for addr in sys.argv[2:]:
+    deadline = time.monotonic() + 5  # a fresh link-local address is tentative (DAD) for a moment
+    while True:
+        try:
+            socket.create_connection((addr + "%eth0", port), 2).close()
+            print("CONNECTED", addr)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            print("FAILED", addr, exc)
+        break
+"""
+
+
+def test_no_ipv6_path_out_of_allowlist_mode_and_no_host_loopback(sandbox_client, labels):
+    """In allowlist mode the host veth's IPv6 link-local address was reachable (no route needed for
+    fe80::/64); in loopback mode the host's own loopback must stay out of reach too."""
+    import socket
+    import subprocess
+
+    from sandbox_service.models import NetworkPolicy
+
+    srv = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    srv.bind(("::", 0))
+    srv.listen(16)
+    port = srv.getsockname()[1]
+    try:
+        policy = NetworkPolicy(mode="allowlist", allow_cidrs=["10.254.253.1/32"])
+        with sandbox_client.create(SandboxCreate(labels=labels, network=policy)) as sb:
+            inside_v6 = sb.exec("grep -c eth0 /proc/net/if_inet6 || true").stdout.strip()
+            peer = sb.exec("cat /sys/class/net/eth0/iflink").stdout.strip()
+            assert peer.isdigit(), peer
+            host = subprocess.run(["ip", "-6", "-o", "addr", "show"], capture_output=True, text=True).stdout
+            host_side = [line.split()[3].split("/")[0] for line in host.splitlines() if line.split(":")[0] == peer]
+            # the host side's link-local address, or (once IPv6 is off) the one it would have had
+            host_if = next(line.split()[1] for line in subprocess.run(
+                ["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
+                if line.split(":")[0] == peer).split("@")[0]
+            mac = open(f"/sys/class/net/{host_if}/address").read().strip().split(":")
+            eui = [int(x, 16) for x in mac]
+            eui[0] ^= 2
+            derived = "fe80::%02x%02x:%02xff:fe%02x:%02x%02x" % tuple(eui[:3] + eui[3:])
+            sb.write_file("/workspace/v6.py", V6_PROBE)
+            probe = sb.exec(["python3", "/workspace/v6.py", str(port), *host_side, derived])
+            assert "CONNECTED" not in probe.stdout, probe.stdout
+            assert inside_v6 == "0", "the sandbox's eth0 has an IPv6 address"
+            assert host_side == [], f"the host side of the veth has IPv6 addresses {host_side}"
+        with sandbox_client.create(SandboxCreate(labels=labels, network=NetworkPolicy(mode="loopback"))) as sb:
+            r = sb.exec(["python3", "-c", "import socket, sys\nfor a in ('127.0.0.1', '::1'):\n"
+                         "    try:\n        socket.create_connection((a, int(sys.argv[1])), 2); print('CONNECTED', a)\n"
+                         "    except OSError as e:\n        print('FAILED', a, e)", str(port)])
+            assert "CONNECTED" not in r.stdout and r.stdout.count("FAILED") == 2, r.stdout
+    finally:
+        srv.close()
