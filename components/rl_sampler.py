@@ -18,7 +18,8 @@ BAR, as published (arXiv 2605.15040), with every knob in `RolloutConfig`:
 
 Interpretation where the text is silent (kept explicit here so it can be argued with):
 - "aborted" means no verified reward: `reward is None` or status `aborted` (sandbox crash, service
-  timeout, OOM, lost agent). Such an attempt never carries a reward; the final filter drops any group
+  timeout, a verification run's OOM, lost agent; a policy command's own OOM is its outcome, see
+  components/core/harness.py). Such an attempt never carries a reward; the final filter drops any group
   holding one. Time-truncated attempts that were verified keep their verified reward if the last-resort
   top-N fill puts them in a group.
 - A group smaller than N (only possible when the global budget runs out mid-prompt) is dropped.

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
+from sandbox_service import transfers
 from sandbox_service.auth import TokenAuth
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.compat import PUBLISHED_PREFIX, mount_published_api
@@ -157,14 +158,27 @@ def _v1_router(manager: SandboxManager, ops: SandboxOperations, jobs: JobManager
             return _json(jobs.submit(sandbox_id, req), 202)
         return _json(await ops.exec(sandbox_id, req))
 
+    async def upload(sandbox_id: str, request: Request, op: str, header: dict) -> None:
+        """Small bodies in one frame; large ones streamed (transfers.py): never whole in memory."""
+        size = transfers.declared_length(request)
+        if size is not None and size <= transfers.STREAM_MIN_BYTES:
+            await ops.upload_small(sandbox_id, op, header, await request.body())
+            return
+        if size is None:
+            size, chunks = await transfers.spooled(request)
+        else:
+            chunks = request.stream()
+        await ops.upload(sandbox_id, op, header, size, chunks)
+
     @r.put("/sandboxes/{sandbox_id}/files")
     async def write_file(sandbox_id: str, request: Request, path: str, mode: str | None = None) -> Response:
-        await ops.write_file(sandbox_id, path, await request.body(), _parse_mode(mode))
+        await upload(sandbox_id, request, "write_file", {"path": path, "mode": _parse_mode(mode)})
         return Response(status_code=204)
 
     @r.get("/sandboxes/{sandbox_id}/files")
     async def read_file(sandbox_id: str, path: str) -> Response:
-        return Response(await ops.read_file(sandbox_id, path), media_type="application/octet-stream")
+        size, chunks = await ops.download(sandbox_id, "read_file", {"path": path})
+        return transfers.stream_response(size, chunks, "application/octet-stream")
 
     @r.get("/sandboxes/{sandbox_id}/files/list")
     async def list_files(sandbox_id: str, path: str = ".") -> Response:
@@ -173,12 +187,13 @@ def _v1_router(manager: SandboxManager, ops: SandboxOperations, jobs: JobManager
 
     @r.put("/sandboxes/{sandbox_id}/files/archive")
     async def put_archive(sandbox_id: str, request: Request, path: str) -> Response:
-        await ops.put_archive(sandbox_id, path, await request.body())
+        await upload(sandbox_id, request, "put_archive", {"path": path})
         return Response(status_code=204)
 
     @r.get("/sandboxes/{sandbox_id}/files/archive")
     async def get_archive(sandbox_id: str, path: str) -> Response:
-        return Response(await ops.get_archive(sandbox_id, path), media_type="application/gzip")
+        size, chunks = await ops.download(sandbox_id, "get_archive", {"path": path})
+        return transfers.stream_response(size, chunks, "application/gzip")
 
     @r.post("/sandboxes/{sandbox_id}/apply_patch")
     async def apply_patch(sandbox_id: str, req: PatchRequest) -> Response:
@@ -259,7 +274,8 @@ def create_app(config: ServiceConfig | None = None, backend: SandboxBackend | No
     @app.get("/healthz")
     async def healthz() -> dict:
         live = sum(1 for r in manager.sandboxes.values() if r.info.state is not SandboxState.deleted)
-        return {"status": "ok", "backend": backend.name, "isolated": not config.unisolated, "sandboxes": live}
+        return {"status": "ok", "backend": backend.name, "isolated": not config.unisolated, "sandboxes": live,
+                "startup_cleanup": manager.startup_report}
 
     # Routers are included flat (not nested), which keeps route matching on the exec path short.
     app.include_router(_v1_router(manager, ops, jobs, ports))

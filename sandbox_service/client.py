@@ -159,6 +159,15 @@ class Sandbox:
         self.info = info
         self.id = info.id
         self._exec_cache: tuple[str, httpx.URL] | None = None
+        self.verification = False
+
+    def verifying(self) -> "Sandbox":
+        """The same sandbox, for the harness's own verification runs: its execs carry
+        `ExecRequest.verification`, so their OOM is the infrastructure's (escalated), not the policy's.
+        Never hand this view to a policy's tools."""
+        view = Sandbox(self.client, self.info)
+        view.verification = True
+        return view
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -200,7 +209,7 @@ class Sandbox:
     def exec(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
              timeout: float = 60.0, stdin: str | None = None, max_output_bytes: int | None = None) -> ExecResult:
         req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
-                          max_output_bytes=max_output_bytes, wait=True)
+                          max_output_bytes=max_output_bytes, wait=True, verification=self.verification)
         # Exec is not idempotent, so transport errors are not retried here; 503 (saturation) is.
         # JSON is written and parsed by pydantic-core directly (no dict round trip): the exec hot path.
         response = self.client.request("POST", self._exec_target(), content=req.model_dump_json(),
@@ -209,7 +218,8 @@ class Sandbox:
 
     def exec_async(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout: float = 60.0, stdin: str | None = None) -> Job:
-        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin, wait=False)
+        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin, wait=False,
+                          verification=self.verification)
         return Job.model_validate(self.client.request("POST", self._path("/exec"), json=req.model_dump(mode="json")).json())
 
     def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
@@ -345,6 +355,13 @@ class AsyncSandbox:
         self.info = info
         self.id = info.id
         self._exec_cache: tuple[str, httpx.URL] | None = None
+        self.verification = False
+
+    def verifying(self) -> "AsyncSandbox":
+        """The same sandbox for the harness's verification runs (see `Sandbox.verifying`)."""
+        view = AsyncSandbox(self.client, self.info)
+        view.verification = True
+        return view
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
@@ -382,7 +399,7 @@ class AsyncSandbox:
                    timeout: float = 60.0, stdin: str | None = None,
                    max_output_bytes: int | None = None) -> ExecResult:
         req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
-                          max_output_bytes=max_output_bytes, wait=True)
+                          max_output_bytes=max_output_bytes, wait=True, verification=self.verification)
         response = await self.client.request("POST", self._exec_target(), content=req.model_dump_json(),
                                              headers=_JSON_HEADERS, timeout=timeout + 30.0)
         return ExecResult.model_validate_json(response.content)

@@ -44,7 +44,10 @@ class ServiceConfig(BaseSettings):
     )
 
     max_output_bytes: int = Field(1_000_000, ge=0, description="Default cap on stdout and stderr of one exec, each.")
-    max_request_bytes: int = Field(1 << 30, ge=1024, description="Largest request body (file or archive upload).")
+    max_request_bytes: int = Field(1 << 30, ge=1024, description="Largest request body (file or archive upload); "
+                                   "bigger ones get 413. Uploads are streamed, so this bounds disk, not memory.")
+    max_download_bytes: int = Field(1 << 30, ge=1024, description="Largest file or archive download (streamed); "
+                                    "bigger ones get 413.")
     max_concurrent_execs: int = Field(400, ge=1, description="Execs running at once; more get 503 + Retry-After.")
     max_concurrent_creates: int = Field(50, ge=1, description="Backend creations running at once (others queue).")
     max_pending_creates: int = Field(1000, ge=1, description="Creates queued behind the create cap; more get 503.")

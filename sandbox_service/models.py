@@ -27,7 +27,7 @@ class SandboxState(str, enum.Enum):
 class InfraErrorKind(str, enum.Enum):
     """Why the infrastructure (not the command) failed. Rewards never count these as policy failures."""
 
-    OOM_KILLED = "OOM_KILLED"
+    OOM_KILLED = "OOM_KILLED"  # only for verification runs; a policy command's OOM is command_failed/oom
     TIMEOUT = "TIMEOUT"  # the service or agent did not answer in time (not the command's own timeout)
     AGENT_LOST = "AGENT_LOST"
     SANDBOX_CRASHED = "SANDBOX_CRASHED"
@@ -117,6 +117,9 @@ class ExecRequest(_Model):
         None, ge=0, description="Cap for stdout and stderr each (default: the service's configured cap)."
     )
     wait: bool = Field(True, description="False: return a Job at once and run in the background.")
+    verification: bool = Field(
+        False, description="A verification run the harness starts (hidden tests), not a policy's command: its "
+        "own OOM is then an infrastructure error and escalates memory. The harness never sets it on tool calls.")
 
 
 class ExecOutcome(str, enum.Enum):
@@ -135,6 +138,9 @@ class ExecResult(_Model):
     duration_seconds: float = 0.0
     outcome: ExecOutcome
     infra_error: InfraErrorKind | None = None
+    reason: Literal["oom"] | None = Field(
+        None, description="Why a command failed when its exit code alone does not say: `oom` = killed by the "
+        "kernel at the sandbox's memory limit (the command's outcome, counted against the policy).")
     message: str | None = Field(None, description="Human-readable detail for timeouts and infra errors.")
 
     @property

@@ -1,8 +1,10 @@
 """What callers do inside a ready sandbox (exec, files, patches), with every failure attributed.
 
-An exec result always says whose failure it was: the command's (non-zero exit, its own timeout) or
-the infrastructure's (`infra_error`): the agent did not answer (AGENT_LOST), the service gave up
-waiting (TIMEOUT), the sandbox was killed for memory (OOM_KILLED, then escalated), crashed
+An exec result always says whose failure it was: the command's (non-zero exit, its own timeout, its
+own OOM: `command_failed` with reason `oom`, also when it took the whole sandbox down, which is then
+recreated with the same memory) or the infrastructure's (`infra_error`): the agent did not answer
+without a cause inside the sandbox (AGENT_LOST), the service gave up waiting (TIMEOUT), a verification
+run the harness started was killed for memory (OOM_KILLED, then escalated), the sandbox crashed
 (SANDBOX_CRASHED) or was deleted under the call (SANDBOX_DELETED).
 """
 
@@ -140,7 +142,7 @@ class SandboxOperations:
                 result = infra_result(InfraErrorKind.TIMEOUT, f"no answer from the agent within {deadline:g} s "
                                       "(command timeout + grace); the service gave up", time.perf_counter() - start)
             except AgentUnreachableError as err:
-                result = await self._agent_lost(rec, agent, err, time.perf_counter() - start)
+                result = await self._agent_lost(rec, agent, err, time.perf_counter() - start, req.verification)
         if result.infra_error is InfraErrorKind.OOM_KILLED and not rec.deleting:
             result = await self._escalate(rec, agent, result)
         elapsed = time.perf_counter() - start
@@ -149,15 +151,26 @@ class SandboxOperations:
             self.metrics.failures.labels(result.infra_error.value).inc()
         return result
 
-    async def _agent_lost(self, rec: SandboxRecord, agent, err: Exception, duration: float) -> ExecResult:
-        """The agent stopped answering: ask the backend why (an OOM that took the whole sandbox down, as a
-        container OOM does in Kubernetes, is escalated like a command OOM the agent reports itself)."""
+    async def _agent_lost(self, rec: SandboxRecord, agent, err: Exception, duration: float,
+                          verification: bool = False) -> ExecResult:
+        """The agent stopped answering: ask the backend why. A sandbox killed for memory (as a container
+        OOM is in Kubernetes) had a cause inside: for a verification run that is the infrastructure's
+        OOM_KILLED (escalated by the caller); for a policy's command it is the command's outcome, and a
+        dead sandbox is recreated with the same memory so the policy's next calls find it again."""
         if rec.deleting:
             return infra_result(InfraErrorKind.SANDBOX_DELETED, f"sandbox {rec.id} was deleted during the call",
                                 duration)
         status = await self.manager.in_thread(self.manager.backend.status, rec.id)
         if status.infra_error is InfraErrorKind.OOM_KILLED:
-            return infra_result(InfraErrorKind.OOM_KILLED, status.message or "sandbox killed for memory", duration)
+            why = status.message or "sandbox killed for memory"
+            if verification:
+                return infra_result(InfraErrorKind.OOM_KILLED, why, duration)
+            if not status.alive:
+                await self.manager.recover(rec, agent)
+            return ExecResult(exit_code=None, outcome=ExecOutcome.command_failed, reason="oom",
+                              duration_seconds=duration,
+                              message=f"the command ran the sandbox out of memory ({why}); the sandbox was "
+                                      "kept or recreated with the same memory and its files")
         if not status.alive:
             kind = status.infra_error or InfraErrorKind.SANDBOX_CRASHED
             await self.manager.mark_crashed(rec, agent, kind, f"sandbox died: {status.message or err}")
@@ -186,7 +199,8 @@ class SandboxOperations:
                 return await fn(agent, *args)
             except AgentUnreachableError as err:
                 result = await self._agent_lost(rec, agent, err, 0.0)
-                raise ServiceUnavailableError(f"{op} failed: {result.message} ({result.infra_error.value})",
+                kind = result.infra_error.value if result.infra_error else result.reason
+                raise ServiceUnavailableError(f"{op} failed: {result.message} ({kind})",
                                               retry_after=self.config.retry_after_seconds) from err
 
     async def read_file(self, sandbox_id: str, path: str) -> bytes:
@@ -197,6 +211,24 @@ class SandboxOperations:
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileEntry]:
         return await self._agent_call(sandbox_id, "list_files", lambda a, p: a.list_files(p), check_path(path))
+
+    async def upload_small(self, sandbox_id: str, op: str, header: dict, data: bytes) -> None:
+        """`write_file` / `put_archive` of a body read whole (small)."""
+        if op == "write_file":
+            await self.write_file(sandbox_id, header["path"], data, header.get("mode"))
+        else:
+            await self.put_archive(sandbox_id, header["path"], data)
+
+    async def upload(self, sandbox_id: str, op: str, header: dict, size: int, chunks) -> None:
+        """`write_file` / `put_archive` streamed from `chunks` (see transfers.py)."""
+        check_path(header["path"])
+        await self._agent_call(sandbox_id, op, lambda a: a.upload(op, header, size, chunks))
+
+    async def download(self, sandbox_id: str, op: str, header: dict):
+        """(size, chunks) of `read_file` / `get_archive`, capped at max_download_bytes."""
+        check_path(header["path"])
+        header = {**header, "limit": self.config.max_download_bytes}
+        return await self._agent_call(sandbox_id, op, lambda a: a.download(op, header))
 
     async def put_archive(self, sandbox_id: str, path: str, tar_gz: bytes) -> None:
         await self._agent_call(sandbox_id, "put_archive", lambda a, p: a.put_archive(p, tar_gz), check_path(path))

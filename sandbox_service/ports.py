@@ -7,6 +7,14 @@ sandbox) makes the URL 404. Requests are relayed by the agent (`AgentClientBase.
 opens the connection to 127.0.0.1:port inside the sandbox, so this works the same in every backend
 and needs no egress: the sandbox only needs its loopback interface (network policy `loopback` or
 `allowlist`; the default `none` has no interface at all, so exposing a port there is refused with 409).
+
+Sandbox content is hostile and, unless `public_url` puts the proxy on a host of its own, is served on
+the API's origin. So every relayed response is confined to an opaque origin and stripped of what could
+reach the API's: `Content-Security-Policy: sandbox allow-scripts allow-forms allow-popups` (scripts run,
+but never as the API's origin: no cookies, storage or credentialed same-origin requests), no
+`Set-Cookie`, no `Access-Control-*` (no `Access-Control-Allow-Origin: *` for the API's origin), no
+`Referrer-Policy` leaking the token, `X-Content-Type-Options: nosniff`. Requests to the sandbox carry no
+`Cookie` and no `Authorization`.
 """
 
 from __future__ import annotations
@@ -25,6 +33,26 @@ from sandbox_service.service import SandboxManager
 # Hop-by-hop headers (RFC 9110 7.6.1) and ones the relay recomputes.
 _DROP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
          "transfer-encoding", "upgrade", "host", "content-length", "authorization"}
+# Never sent to the sandbox: the caller's credentials for the service's origin.
+_DROP_REQUEST = _DROP | {"cookie"}
+# Never relayed from the sandbox: what would act on (or open up) the service's origin.
+_DROP_RESPONSE = _DROP | {"set-cookie", "set-cookie2", "content-security-policy", "referrer-policy",
+                          "x-content-type-options", "strict-transport-security", "clear-site-data",
+                          "service-worker-allowed"}
+CONFINEMENT_HEADERS = {
+    "Content-Security-Policy": "sandbox allow-scripts allow-forms allow-popups",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
+
+def confine_response_headers(headers: dict[str, str]) -> dict[str, str]:
+    """The sandbox's response headers, made safe to serve on the service's origin (see the module doc)."""
+    out = {k: v for k, v in headers.items()
+           if k.lower() not in _DROP_RESPONSE and not k.lower().startswith("access-control-")}
+    out.update(CONFINEMENT_HEADERS)
+    return out
 
 
 class PortRequest(BaseModel):
@@ -89,13 +117,12 @@ def proxy_router(registry: PortRegistry) -> APIRouter:
         exp = registry.lookup(token)
         rec = registry.manager.ready(exp.sandbox_id)
         target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
         try:
             status, resp_headers, body = await rec.agent.http_request(exp.port, request.method, target, headers,
                                                                       await request.body())
         except AgentUnreachableError as err:
             raise ServiceUnavailableError(f"agent of sandbox {exp.sandbox_id} did not answer: {err}") from err
-        out = {k: v for k, v in resp_headers.items() if k.lower() not in _DROP}
-        return Response(content=body, status_code=status, headers=out)
+        return Response(content=body, status_code=status, headers=confine_response_headers(resp_headers))
 
     return router

@@ -5,8 +5,10 @@
   `ready` only after its agent answers a ping.
 - Every call on a sandbox counts as a heartbeat; a reaper deletes sandboxes whose heartbeat TTL or hard
   TTL lapsed (never one with a call in flight, for the heartbeat TTL).
-- Escalation: an OOM-killed sandbox is recreated with memory x factor (up to the cap) under the same id,
-  its files carried over through a snapshot when the backend can, and an `EscalationEvent` is recorded.
+- Escalation: a sandbox OOM-killed in a verification run (the infrastructure's) is recreated with memory x
+  factor (up to the cap) under the same id, its files carried over through a snapshot when the backend can,
+  and an `EscalationEvent` is recorded. A sandbox its own policy command took down is recreated with the
+  same memory (`recover`): the command's failure stays the policy's.
 - Delete frees everything, ends the sandbox's jobs and revokes its ports (through `on_delete` hooks).
 
 Blocking backend calls run on a dedicated thread pool (the loop's default pool has only cpu+4 threads,
@@ -60,6 +62,8 @@ class SandboxManager:
         self.agent_factory = agent_factory
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.snapshots: dict[str, SnapshotInfo] = {}
+        # What start-up found left by an earlier run and removed (served on /healthz).
+        self.startup_report: dict[str, list[str]] = {"sandboxes_removed": [], "snapshots_removed": [], "errors": []}
         self._by_request: dict[str, str] = {}
         self._create_sem = asyncio.Semaphore(config.max_concurrent_creates)
         self._queued_creates = 0
@@ -82,11 +86,28 @@ class SandboxManager:
     async def start(self) -> None:
         if self.agent_factory is default_agent_factory:
             import sandbox_service.agent.client  # noqa: F401 - import now, not inside the first create
-        orphans = await self.in_thread(self.backend.list_orphans)
-        for orphan in orphans:
-            log.warning("removing orphaned sandbox %s left by an earlier run", orphan)
-            await self.in_thread(self.backend.stop, orphan)
+        await self._clean_leftovers()
         self._reaper = asyncio.create_task(self._reap_forever(), name="reaper")
+
+    async def _clean_leftovers(self) -> None:
+        """What an earlier run left (after a crash): orphaned sandboxes and snapshots. Never fails the
+        start: whatever cannot be removed is quarantined by the backend or reported (`/healthz`)."""
+        report = self.startup_report
+        try:
+            report["snapshots_removed"] = await self.in_thread(self.backend.clear_stale_snapshots)
+        except Exception as err:  # noqa: BLE001 - a leftover must never stop the service from starting
+            log.exception("could not clear stale snapshots")
+            report["errors"].append(f"stale snapshots: {err!r}")
+        for orphan in await self.in_thread(self.backend.list_orphans):
+            log.warning("removing orphaned sandbox %s left by an earlier run", orphan)
+            try:
+                await self.in_thread(self.backend.stop, orphan)
+                report["sandboxes_removed"].append(orphan)
+            except Exception as err:  # noqa: BLE001
+                log.exception("could not remove orphaned sandbox %s", orphan)
+                report["errors"].append(f"sandbox {orphan}: {err!r}")
+        if any(report.values()):
+            log.warning("start-up clean-up of leftovers: %s", report)
 
     async def shutdown(self) -> None:
         if self._reaper:
@@ -289,6 +310,8 @@ class SandboxManager:
                        reason: InfraErrorKind) -> EscalationEvent | None:
         """Recreate the sandbox with more memory under the same id; None if capped/disabled/deleted.
 
+        Only for the infrastructure's OOMs (a verification run the harness started): a policy command's
+        own OOM is its outcome and never buys the sandbox more memory.
         Several execs may hit one OOM at once: only the first escalates (the others see a new agent
         and get the event already recorded)."""
         policy = rec.spec.escalation
@@ -302,22 +325,36 @@ class SandboxManager:
             target = min(cap, int(current * policy.factor))
             if rec.deleting or target <= current:
                 return None
-            rec.set_state(SandboxState.pending)
-            snap_id = f"esc-{rec.id}-{secrets.token_hex(4)}"
-            try:  # carry the files over, so the caller can simply retry its command
-                await self.in_thread(self.backend.snapshot, rec.id, snap_id)
-            except Exception as err:  # noqa: BLE001 - a sandbox we cannot snapshot is still recreated
-                log.warning("escalation of %s: snapshot failed (%s); files will not be kept", rec.id, err)
-                snap_id = None
-            await self._teardown(rec)
-            rec.info.resources = rec.info.resources.model_copy(update={"memory_mb": target})
             event = EscalationEvent(at=_now(), reason=reason, from_memory_mb=current, to_memory_mb=target)
             rec.info.escalations.append(event)
             self.metrics.escalations.inc()
-            await self._bring_up(rec, recreate=True, restore_from=snap_id)
-            if snap_id is not None:
-                await self.in_thread(self.backend.delete_snapshot, snap_id)
+            await self._recreate(rec, target)
             return event
+
+    async def recover(self, rec: SandboxRecord, seen: AgentClientBase | None) -> bool:
+        """Recreate a sandbox its own processes took down (e.g. a pod OOM-killed by a command) with the
+        *same* resources and its files, so the policy's episode goes on and its next calls are not
+        infrastructure errors. False if it was deleted or already recreated."""
+        async with rec.lock:
+            if rec.deleting or rec.agent is not seen:
+                return False
+            await self._recreate(rec, rec.info.resources.memory_mb)
+            return True
+
+    async def _recreate(self, rec: SandboxRecord, memory_mb: int) -> None:
+        """Under rec.lock: tear down and bring up again with `memory_mb`, carrying the files over."""
+        rec.set_state(SandboxState.pending)
+        snap_id = f"esc-{rec.id}-{secrets.token_hex(4)}"
+        try:  # carry the files over, so the caller can simply retry its command
+            await self.in_thread(self.backend.snapshot, rec.id, snap_id)
+        except Exception as err:  # noqa: BLE001 - a sandbox we cannot snapshot is still recreated
+            log.warning("recreation of %s: snapshot failed (%s); files will not be kept", rec.id, err)
+            snap_id = None
+        await self._teardown(rec)
+        rec.info.resources = rec.info.resources.model_copy(update={"memory_mb": memory_mb})
+        await self._bring_up(rec, recreate=True, restore_from=snap_id)
+        if snap_id is not None:
+            await self.in_thread(self.backend.delete_snapshot, snap_id)
 
     # -- delete and reap ------------------------------------------------------------------------
     async def delete(self, sandbox_id: str, *, reason: str = "deleted by request") -> SandboxInfo:

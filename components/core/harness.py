@@ -5,6 +5,16 @@ the limits, and verifies the end state with the recipe's hidden checks. Every fa
 to one boundary: malformed output or a bad tool call is the policy's error (an observation, the
 episode goes on); the sandbox service, the verifier's environment or the policy endpoint failing is
 infrastructure (`Outcome.infra_error`, `EpisodeStatus.aborted`, with the reason), never unresolved.
+
+Attribution rule (also in the README): infrastructure errors are only failures of the sandbox as a
+whole for a reason outside its own processes (creation, image, node, agent lost without a cause inside,
+service timeout) and failures of the verification runs this harness starts. Everything a policy's
+command does to itself is the policy's: a non-zero exit, its own timeout, the signals it sends (the
+agent ignores every signal sent from inside the sandbox), and running the sandbox out of memory
+(`command_failed` with `reason="oom"`, no resource escalation; a sandbox the command took down is
+recreated with the same memory). Verification runs go through `Sandbox.verifying()`, which marks their
+execs (`ExecRequest.verification`); tools only ever get the unmarked handle, so a policy cannot mark
+its own commands, and its OOM is never an infrastructure error.
 """
 
 from __future__ import annotations
@@ -217,7 +227,8 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
             ep.snapshot_into(ep.steps[-1])
         status = ep.loop() if not ep.submitted else EpisodeStatus.completed
         try:
-            verdict = recipe.verify(ep.sandbox, task, ep.final_answer)
+            # The only place execs are marked as verification runs (their OOM is the infrastructure's).
+            verdict = recipe.verify(ep.sandbox.verifying(), task, ep.final_answer)
         except (SandboxServiceError, httpx.HTTPError) as err:
             raise _Abort(f"verification failed: {_describe(err)}") from err
         report = verdict.report

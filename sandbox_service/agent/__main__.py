@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -104,6 +105,25 @@ def _preload() -> None:
     import zlib  # noqa: F401
 
 
+def shield_from_signals() -> None:
+    """Make the agent, as PID 1 of its pid namespace, deaf to every signal a sandbox process can send.
+
+    The kernel delivers a signal sent from inside a pid namespace to its init only if init *handles*
+    it: default-action signals (SIGKILL and SIGSTOP included) are dropped. Python installs a handler
+    for SIGINT (KeyboardInterrupt), so `kill -INT 1` used to end the agent and pass for a sandbox crash;
+    every handled signal is reset to its default here. Ignored ones (SIGPIPE) stay ignored. The host
+    (an ancestor namespace) can still kill the agent. Handlers are per process, so commands spawned
+    later get the usual defaults."""
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -171,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             ready.write(json.dumps({"ok": False, "message": f"{type(exc).__name__}: {exc}"}) + "\n")
             ready.close()
         return 1
+    if os.getpid() == 1:  # a namespace's init: local sandboxes and Kubernetes pods
+        shield_from_signals()
     if ready is not None:
         ready.write(json.dumps({"ok": True, "host_pid": host_pid, "pid": os.getpid(),
                                 "boot_ms": (time.monotonic() - started) * 1000}) + "\n")

@@ -13,7 +13,9 @@
 - Errors: the agent's codes become `sandbox_service.errors` types (PathOutsideSandboxError,
   FileNotFoundInSandboxError, InvalidRequestError, ...); no answer -> `AgentUnreachableError`.
 - OOM: an exec whose command was SIGKILLed while the sandbox's memory cgroup recorded an OOM kill
-  is returned as outcome=infrastructure_error, infra_error=OOM_KILLED (never the policy's failure).
+  ran out of the sandbox's own memory: the command's outcome (command_failed, reason `oom`), counted
+  against the policy. Only a verification run (`ExecRequest.verification`, set by the harness) turns
+  it into infrastructure_error/OOM_KILLED, which the service answers with resource escalation.
 - TLS (endpoint.tls): verified against endpoint.ca_cert_pem; the agent's certificate must name
   `AGENT_TLS_SERVER_NAME` (pod IPs are not known when certificates are made; see tls.py).
 """
@@ -38,7 +40,9 @@ _ERRORS: dict[str, type[errors.SandboxServiceError]] = {
     "file_not_found": errors.FileNotFoundInSandboxError,
     "invalid_request": errors.InvalidRequestError,
     "spawn_failed": errors.InvalidRequestError,
+    "too_large": errors.RequestTooLargeError,
 }
+STREAM_CHUNK = 1 << 20
 
 
 class _Conn:
@@ -138,13 +142,7 @@ class AgentClient(AgentClientBase):
                     continue
                 raise AgentUnreachableError(f"lost the connection to the agent during {op!r}: {exc!r}") from exc
             self._release(conn)
-            if not resp.get("ok"):
-                code = resp.get("code", "internal_error")
-                message = resp.get("message", "agent error")
-                if code == "unauthorized":
-                    raise errors.UnauthorizedError(f"agent refused the request: {message}")
-                cls = _ERRORS.get(code)
-                raise cls(message) if cls else errors.error_from_body(500, code, message)
+            _raise_for(resp)
             return resp, body
         raise AssertionError("unreachable")
 
@@ -171,7 +169,7 @@ class AgentClient(AgentClientBase):
                 return ExecResult(exit_code=None, outcome=ExecOutcome.command_failed, message=exc.message,
                                   duration_seconds=time.monotonic() - started)
             raise
-        return _exec_result(resp, body, request.timeout_seconds)
+        return _exec_result(resp, body, request.timeout_seconds, request.verification)
 
     async def read_file(self, path: str) -> bytes:
         _, body = await self._call("read_file", {"path": path})
@@ -192,6 +190,80 @@ class AgentClient(AgentClientBase):
     async def get_archive(self, path: str) -> bytes:
         _, body = await self._call("get_archive", {"path": path})
         return body
+
+    async def upload(self, op: str, header: dict, size: int, chunks) -> dict:
+        """A large payload streamed on a fresh connection of its own (a consumed stream cannot be retried
+        on a stale pooled one). Memory: one chunk plus the transport's write buffer."""
+        conn = await self._connect()
+        req = {"op": op, "secret": self.endpoint.secret, **header}
+        try:
+            conn.writer.write(protocol.encode_head(req, size))
+            sent = 0
+            async for chunk in chunks:
+                sent += len(chunk)
+                if sent > size:
+                    raise errors.InvalidRequestError(f"upload longer than its declared {size} bytes")
+                conn.writer.write(chunk)
+                await conn.writer.drain()
+            if sent != size:
+                raise errors.InvalidRequestError(f"upload ended after {sent} of its declared {size} bytes")
+            async with asyncio.timeout(self.op_timeout):
+                prefix = await conn.reader.readexactly(protocol.PREFIX_SIZE)
+                hlen, plen = protocol.decode_lengths(prefix)
+                resp = protocol.decode_header(await conn.reader.readexactly(hlen))
+                if plen:
+                    await conn.reader.readexactly(plen)
+        except BaseException as exc:
+            conn.close()
+            if isinstance(exc, (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, protocol.ProtocolError)):
+                raise AgentUnreachableError(f"lost the connection to the agent during {op!r}: {exc!r}") from exc
+            raise
+        self._release(conn)
+        _raise_for(resp)
+        return resp
+
+    async def download(self, op: str, header: dict):
+        """Send the request, read the answer's header; the payload is then read chunk by chunk by the
+        returned iterator, which gives the connection back once it has read all of it."""
+        for attempt in (0, 1):
+            conn = await self._acquire()
+            req = {"op": op, "secret": self.endpoint.secret, **header}
+            try:
+                conn.writer.write(protocol.encode_head(req, 0))
+                async with asyncio.timeout(self.op_timeout):
+                    await conn.writer.drain()
+                    prefix = await conn.reader.readexactly(protocol.PREFIX_SIZE)
+                    hlen, plen = protocol.decode_lengths(prefix)
+                    resp = protocol.decode_header(await conn.reader.readexactly(hlen))
+            except BaseException as exc:
+                conn.close()
+                if isinstance(exc, (OSError, asyncio.IncompleteReadError, protocol.ProtocolError)):
+                    if attempt == 0 and not conn.fresh:
+                        continue
+                    raise AgentUnreachableError(f"lost the connection to the agent during {op!r}: {exc!r}") from exc
+                if isinstance(exc, asyncio.TimeoutError):
+                    raise AgentUnreachableError(f"agent did not answer {op!r} within {self.op_timeout:.1f} s") from exc
+                raise
+            if not resp.get("ok"):
+                if plen:
+                    await conn.reader.readexactly(plen)
+                self._release(conn)
+                _raise_for(resp)
+            return plen, self._stream(conn, plen)
+        raise AssertionError("unreachable")
+
+    async def _stream(self, conn: _Conn, left: int):
+        try:
+            while left:
+                chunk = await conn.reader.read(min(left, STREAM_CHUNK))
+                if not chunk:
+                    raise AgentUnreachableError("the agent closed the connection in the middle of a download")
+                left -= len(chunk)
+                yield chunk
+        except BaseException:
+            conn.close()  # the reader gave up (or the agent went away): the rest is still on the wire
+            raise
+        self._release(conn)
 
     async def http_request(self, port: int, method: str, path: str, headers: dict[str, str],
                            body: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -222,13 +294,25 @@ class AgentClient(AgentClientBase):
             conn.close()
 
 
+def _raise_for(resp: dict) -> None:
+    """Re-raise an agent's error answer as the matching `sandbox_service.errors` type."""
+    if resp.get("ok"):
+        return
+    code = resp.get("code", "internal_error")
+    message = resp.get("message", "agent error")
+    if code == "unauthorized":
+        raise errors.UnauthorizedError(f"agent refused the request: {message}")
+    cls = _ERRORS.get(code)
+    raise cls(message) if cls else errors.error_from_body(500, code, message)
+
+
 def _before_reply(exc: BaseException) -> bool:
     """The connection was dead before the agent could have read the request."""
     return isinstance(exc, (BrokenPipeError, ConnectionResetError)) or (
         isinstance(exc, asyncio.IncompleteReadError) and not exc.partial)
 
 
-def _exec_result(resp: dict, body: bytes, timeout: float) -> ExecResult:
+def _exec_result(resp: dict, body: bytes, timeout: float, verification: bool = False) -> ExecResult:
     n = resp["stdout_len"]
     stdout = body[:n].decode("utf-8", "replace")
     stderr = body[n:].decode("utf-8", "replace")
@@ -236,9 +320,14 @@ def _exec_result(resp: dict, body: bytes, timeout: float) -> ExecResult:
     common = dict(exit_code=code, stdout=stdout, stderr=stderr, stdout_truncated=resp["stdout_truncated"],
                   stderr_truncated=resp["stderr_truncated"], duration_seconds=resp["duration"])
     if resp.get("oom_killed"):
-        return ExecResult(**common, outcome=ExecOutcome.infrastructure_error, infra_error=InfraErrorKind.OOM_KILLED,
-                          message="the command was killed by the kernel OOM killer at the sandbox's memory "
-                                  "limit; retry with more memory (resource escalation)")
+        if verification:  # the verifier's environment must fit: the infrastructure's, escalated
+            return ExecResult(**common, outcome=ExecOutcome.infrastructure_error,
+                              infra_error=InfraErrorKind.OOM_KILLED,
+                              message="the verification run was killed by the kernel OOM killer at the "
+                                      "sandbox's memory limit; retry with more memory (resource escalation)")
+        return ExecResult(**common, outcome=ExecOutcome.command_failed, reason="oom",
+                          message="the command ran out of the sandbox's memory and was killed by the kernel "
+                                  "OOM killer (the command's own outcome; the sandbox is still usable)")
     if resp.get("timed_out"):
         return ExecResult(**common, outcome=ExecOutcome.command_timeout,
                           message=f"command exceeded its {timeout:g} s timeout; it was killed with its whole "

@@ -5,6 +5,7 @@ agent's wire protocol; the service (`service.py`) only ever uses this interface.
 from __future__ import annotations
 
 import abc
+from collections.abc import AsyncIterator
 
 from sandbox_service.models import ExecRequest, ExecResult, FileEntry
 
@@ -54,6 +55,14 @@ class AgentClientBase(abc.ABC):
 
     @abc.abstractmethod
     async def get_archive(self, path: str) -> bytes: ...
+
+    @abc.abstractmethod
+    async def upload(self, op: str, header: dict, size: int, chunks: AsyncIterator[bytes]) -> dict:
+        """Stream a `size`-byte payload (`write_file` / `put_archive`) to the agent without holding it."""
+
+    @abc.abstractmethod
+    async def download(self, op: str, header: dict) -> tuple[int, AsyncIterator[bytes]]:
+        """(size, chunks) of a `read_file` / `get_archive` answer, streamed from the agent."""
 
     @abc.abstractmethod
     async def open_pty(self, command: list[str], rows: int = 24, cols: int = 80,

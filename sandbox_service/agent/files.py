@@ -1,10 +1,13 @@
-"""File operations of the agent, every one confined to the workspace directory.
+"""File operations of the agent, every one confined to the workspace directory, race-free.
 
-A path is resolved against the workdir when relative, normalised, and must lie inside the
-workspace both lexically (no `..` escape, no absolute path elsewhere) and after resolving symlinks
-(no link pointing out). The final component is opened with O_NOFOLLOW so a link swapped in after the
-check is not followed. Archives are checked member by member (tarfile's `data` filter: no absolute
-names, no `..`, no links out, no device files) *before* anything is extracted.
+A path is resolved against the workdir when relative, normalised, and must lie inside the workspace
+lexically (no `..` escape, no absolute path elsewhere). It is then opened by the kernel in one step
+*beneath* a fresh fd of the workspace (beneath.py: openat2 with RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS,
+or an fd-by-fd O_NOFOLLOW walk), so no symlink or `/proc/<pid>/fd` magic link swapped in by a process in
+the sandbox can lead a read, write, listing, extraction or archive outside it. Writes never follow a
+symlink as the final component; missing parents are made with mkdirat in verified parents. Archives are
+checked member by member (tarfile's `data` filter: no absolute names, no `..`, no links out, no device
+files) *before* anything is extracted, then extracted fd by fd, and archived fd by fd (no recursion).
 
 Errors are raised as `FileOpError(code, message)` with codes the client maps to
 `sandbox_service.errors` types. Stdlib only: this module is copied into every sandbox.
@@ -12,9 +15,15 @@ Errors are raised as `FileOpError(code, message)` with codes the client maps to
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
+
+from sandbox_service.agent import beneath
+
+# Directory levels archived at most (one fd per level is held while walking).
+MAX_ARCHIVE_DEPTH = 512
 
 
 class FileOpError(Exception):
@@ -38,144 +47,374 @@ class Confinement:
         return path
 
     def resolve(self, path: str) -> str:
+        """The normalised absolute path, lexically inside the workspace (opened later beneath it)."""
         if not isinstance(path, str) or not path or "\x00" in path:
             raise FileOpError("invalid_request", f"invalid path {path!r}")
         joined = os.path.normpath(os.path.join(self.workdir, self.unalias(path)))
         if not self._inside(joined):
             raise FileOpError("path_outside_sandbox",
                               f"path {path!r} resolves to {joined!r}, outside the workspace {self.root!r}")
-        real = os.path.realpath(joined)
-        if not self._inside(real):
-            raise FileOpError("path_outside_sandbox",
-                              f"path {path!r} leads through a symlink to {real!r}, outside the workspace "
-                              f"{self.root!r}")
         return joined
+
+    def relative(self, path: str) -> tuple[str, str]:
+        """(absolute path, path relative to the workspace root; "" for the root itself)."""
+        full = self.resolve(path)
+        return full, os.path.relpath(full, self.root) if full != self.root else ""
 
     def _inside(self, path: str) -> bool:
         return path == self.root or path.startswith(self.root.rstrip("/") + "/")
+
+    def root_fd(self) -> int:
+        """A fresh O_PATH fd of the workspace (a workspace replaced by a symlink is refused)."""
+        try:
+            return beneath.open_root(self.root)
+        except OSError as exc:
+            raise FileOpError("file_not_found" if exc.errno == errno.ENOENT else "path_outside_sandbox",
+                              f"the workspace {self.root!r} cannot be opened as a plain directory: "
+                              f"{exc.strerror}") from exc
+
+    def open(self, path: str, rel: str, flags: int, mode: int = 0o644, *, follow_last: bool = True) -> int:
+        """Open `rel` beneath the workspace; escapes raise path_outside_sandbox, absence file_not_found."""
+        root = self.root_fd()
+        try:
+            return beneath.open_beneath(root, rel, flags, mode, follow_last=follow_last)
+        except beneath.EscapeError as exc:
+            raise FileOpError("path_outside_sandbox", f"path {path!r} leads out of the workspace "
+                              f"{self.root!r} (through a symlink or magic link): refused") from exc
+        except FileNotFoundError as exc:
+            raise _not_found(path, exc) from exc
+        except OSError as exc:
+            if exc.errno == errno.ELOOP and not follow_last:
+                raise FileOpError("path_outside_sandbox", f"{path!r} is a symlink; not written through") from exc
+            if exc.errno == errno.ENOTDIR:
+                raise FileOpError("invalid_request", f"{path!r}: a file is in the way of a directory") from exc
+            if exc.errno == errno.EISDIR:
+                raise FileOpError("invalid_request", f"{path!r} is a directory") from exc
+            raise FileOpError("invalid_request", f"cannot open {path!r}: {exc.strerror}") from exc
+        finally:
+            os.close(root)
+
+    def make_dirs(self, path: str, rel: str) -> int:
+        """mkdir -p beneath the workspace; an O_PATH fd of the directory."""
+        root = self.root_fd()
+        try:
+            return beneath.make_dirs(root, rel)
+        except beneath.EscapeError as exc:
+            raise FileOpError("path_outside_sandbox", f"path {path!r} leads out of the workspace "
+                              f"{self.root!r} (through a symlink or magic link): refused") from exc
+        except (NotADirectoryError, FileExistsError) as exc:
+            raise FileOpError("invalid_request", f"cannot create {path!r}: a file is in the way") from exc
+        finally:
+            os.close(root)
 
 
 def _not_found(path: str, exc: OSError) -> FileOpError:
     return FileOpError("file_not_found", f"{path}: {exc.strerror or 'no such file or directory'}")
 
 
-def read_file(conf: Confinement, path: str, limit: int) -> bytes:
-    full = conf.resolve(path)
-    try:
-        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError as exc:
-        raise _not_found(path, exc) from exc
-    except OSError as exc:
-        raise FileOpError("invalid_request", f"cannot read {path!r}: {exc.strerror}") from exc
+def open_file(conf: Confinement, path: str, limit: int):
+    """(binary file object, size) of a regular file, to be streamed; refused over `limit` bytes."""
+    _, rel = conf.relative(path)
+    fd = conf.open(path, rel, os.O_RDONLY | os.O_NONBLOCK)  # NONBLOCK: a fifo must not hang the agent
     try:
         st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise FileOpError("invalid_request", f"{path!r} is a directory; list it or use get_archive")
+        if not stat.S_ISREG(st.st_mode):
+            raise FileOpError("invalid_request", f"{path!r} is not a regular file")
         if st.st_size > limit:
-            raise FileOpError("invalid_request", f"{path!r} is {st.st_size} bytes, over the {limit}-byte "
-                              "read limit; download it as an archive instead")
-        chunks = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
+            raise FileOpError("too_large", f"{path!r} is {st.st_size} bytes, over the {limit}-byte download "
+                              "limit (max_download_bytes)")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb", buffering=0), st.st_size
+    except BaseException:
         os.close(fd)
+        raise
 
 
-def write_file(conf: Confinement, path: str, data: bytes, mode: int | None) -> None:
-    full = conf.resolve(path)
-    if full == conf.root:
-        raise FileOpError("invalid_request", "cannot write the workspace directory itself")
-    parent = os.path.dirname(full)
+def read_file(conf: Confinement, path: str, limit: int) -> bytes:
+    f, size = open_file(conf, path, limit)
+    with f:
+        return f.read(size)
+
+
+def spool(conf: Confinement):
+    """An anonymous temporary file on the workspace's filesystem (O_TMPFILE: never visible, gone on
+    close), so large archives cost the sandbox disk, not the agent's memory; /tmp as a fallback."""
+    root = conf.root_fd()
     try:
-        os.makedirs(parent, exist_ok=True)
-    except (NotADirectoryError, FileExistsError) as exc:
-        raise FileOpError("invalid_request", f"cannot create parent of {path!r}: a file is in the way") from exc
-    conf.resolve(parent)  # makedirs may have followed a link created meanwhile
+        fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=root)
+        return os.fdopen(fd, "w+b")
+    except OSError:
+        import tempfile
+
+        return tempfile.TemporaryFile()
+    finally:
+        os.close(root)
+
+
+def _write_into(dir_fd: int, name: str, path: str, data, mode: int | None) -> None:
+    """Create/truncate `name` in the verified directory `dir_fd` (never through a symlink) and write `data`
+    (bytes, or a binary file object read in chunks)."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(full, flags, 0o644 if mode is None else mode)
+        fd = os.open(name, flags, 0o644 if mode is None else mode, dir_fd=dir_fd)
     except IsADirectoryError as exc:
         raise FileOpError("invalid_request", f"{path!r} is a directory") from exc
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FileOpError("path_outside_sandbox", f"{path!r} is a symlink; not written through") from exc
         raise FileOpError("invalid_request", f"cannot write {path!r}: {exc.strerror}") from exc
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        chunks = [data] if isinstance(data, (bytes, bytearray, memoryview)) else iter(lambda: data.read(1 << 20), b"")
+        for chunk in chunks:
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view):]
         if mode is not None:
             os.fchmod(fd, mode)
     finally:
         os.close(fd)
 
 
-def list_dir(conf: Confinement, path: str) -> list[dict]:
-    full = conf.resolve(path)
+def write_file(conf: Confinement, path: str, data: bytes, mode: int | None) -> None:
+    _, rel = conf.relative(path)
+    if not rel:
+        raise FileOpError("invalid_request", "cannot write the workspace directory itself")
+    parent, name = os.path.split(rel)
+    dir_fd = conf.make_dirs(path, parent)
     try:
-        names = sorted(os.listdir(full))
-    except FileNotFoundError as exc:
-        raise _not_found(path, exc) from exc
-    except NotADirectoryError as exc:
-        raise FileOpError("invalid_request", f"{path!r} is not a directory") from exc
-    entries = []
-    for name in names:
-        child = os.path.join(full, name)
-        try:
-            st = os.lstat(child)
-        except OSError:
-            continue
-        kind = ("symlink" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode)
-                else "file" if stat.S_ISREG(st.st_mode) else "other")
-        entries.append({"name": name, "path": child, "type": kind, "size": st.st_size, "mtime": st.st_mtime})
-    return entries
+        _write_into(dir_fd, name, path, data, mode)
+    finally:
+        os.close(dir_fd)
 
 
-def put_archive(conf: Confinement, path: str, data: bytes) -> int:
+def _kind(st: os.stat_result) -> str:
+    return ("symlink" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode)
+            else "file" if stat.S_ISREG(st.st_mode) else "other")
+
+
+def list_dir(conf: Confinement, path: str) -> list[dict]:
+    full, rel = conf.relative(path)
+    fd = conf.open(path, rel, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        names = sorted(os.listdir(fd))
+        entries = []
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            entries.append({"name": name, "path": os.path.join(full, name), "type": _kind(st),
+                            "size": st.st_size, "mtime": st.st_mtime})
+        return entries
+    finally:
+        os.close(fd)
+
+
+def put_archive(conf: Confinement, path: str, data) -> int:
+    """Extract a (gzipped) tar (bytes or a binary file object) into `path`, all members checked first."""
     import tarfile
 
-    dest = conf.resolve(path)
-    os.makedirs(dest, exist_ok=True)
-    conf.resolve(dest)
+    full, rel = conf.relative(path)
+    if isinstance(data, (bytes, bytearray)):
+        fileobj = io.BytesIO(data)
+    else:  # a streamed payload: spooled to disk, since every member is checked before any is extracted
+        fileobj = spool(conf)
+        for chunk in iter(lambda: data.read(1 << 20), b""):
+            fileobj.write(chunk)
+        fileobj.seek(0)
     try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
-    except tarfile.TarError as exc:
-        raise FileOpError("invalid_request", f"not a (gzipped) tar archive: {exc}") from exc
-    with tar:
-        members = tar.getmembers()
-        checked = []
-        for member in members:
-            if member.name.startswith("/") or (member.islnk() and member.linkname.startswith("/")):
-                raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} has an absolute "
-                                  "path; archives must hold relative names; nothing was extracted")
+        try:
+            tar = tarfile.open(fileobj=fileobj, mode="r:*")
+        except tarfile.TarError as exc:
+            raise FileOpError("invalid_request", f"not a (gzipped) tar archive: {exc}") from exc
+        with tar:
+            checked = []
+            for member in tar.getmembers():
+                if member.name.startswith("/") or (member.islnk() and member.linkname.startswith("/")):
+                    raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} has an absolute "
+                                      "path; archives must hold relative names; nothing was extracted")
+                try:
+                    checked.append(tarfile.data_filter(member, full))
+                except tarfile.FilterError as exc:
+                    raise FileOpError("path_outside_sandbox",
+                                      f"archive member {member.name!r} refused: {exc}; nothing was extracted") from exc
+            dest_fd = conf.make_dirs(path, rel)
             try:
-                checked.append(tarfile.data_filter(member, dest))
-            except tarfile.FilterError as exc:
-                raise FileOpError("path_outside_sandbox",
-                                  f"archive member {member.name!r} refused: {exc}; nothing was extracted") from exc
-        for member in checked:
-            real_parent = os.path.realpath(os.path.join(dest, os.path.dirname(member.name)))
-            if not conf._inside(real_parent):
-                raise FileOpError("path_outside_sandbox",
-                                  f"archive member {member.name!r} would be written through a symlink "
-                                  "outside the workspace")
-        tar.extractall(dest, members=checked, filter="data")
+                for member in checked:
+                    _extract(conf, tar, member, dest_fd, path)
+            finally:
+                os.close(dest_fd)
+    finally:
+        fileobj.close()
     return len(checked)
 
 
+def _extract(conf: Confinement, tar, member, dest_fd: int, path: str) -> None:
+    """One checked member, created fd-relative beneath the destination (never through a swapped link)."""
+    name = os.path.normpath(member.name)
+    shown = f"{path}/{name}"
+    if name in (".", ""):
+        return
+    parent, base = os.path.split(name)
+    try:
+        pfd = beneath.make_dirs(dest_fd, parent)
+    except beneath.EscapeError as exc:
+        raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} would be written through a "
+                          "symlink outside the workspace") from exc
+    try:
+        if member.isdir():
+            try:
+                os.mkdir(base, 0o755, dir_fd=pfd)
+            except FileExistsError:
+                pass
+            dfd = beneath.open_beneath(pfd, base, os.O_RDONLY | os.O_DIRECTORY, follow_last=False)
+            try:
+                if member.mode is not None:  # the data filter keeps no mode for directories
+                    os.fchmod(dfd, member.mode | 0o700)
+            finally:
+                os.close(dfd)
+        elif member.isfile():
+            src = tar.extractfile(member)
+            _write_into(pfd, base, shown, src, member.mode)
+        elif member.issym():
+            _unlink_quiet(pfd, base)
+            os.symlink(member.linkname, base, dir_fd=pfd)
+        elif member.islnk():
+            lparent, lbase = os.path.split(os.path.normpath(member.linkname))
+            src_fd = beneath.open_beneath(dest_fd, lparent, os.O_PATH | os.O_DIRECTORY)
+            try:
+                _unlink_quiet(pfd, base)
+                os.link(lbase, base, src_dir_fd=src_fd, dst_dir_fd=pfd, follow_symlinks=False)
+            finally:
+                os.close(src_fd)
+        elif member.isfifo():
+            os.mkfifo(base, member.mode, dir_fd=pfd)
+    except beneath.EscapeError as exc:
+        raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} leads out of the "
+                          "workspace") from exc
+    except OSError as exc:
+        raise FileOpError("invalid_request", f"cannot extract {member.name!r}: {exc.strerror}") from exc
+    finally:
+        os.close(pfd)
+
+
+def _unlink_quiet(dir_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+
+
 def get_archive(conf: Confinement, path: str) -> bytes:
+    """A tar.gz of `path` (a directory's contents, or one file), walked fd by fd without recursion."""
+    buf = io.BytesIO()
+    write_archive(conf, path, buf)
+    return buf.getvalue()
+
+
+def spool_archive(conf: Confinement, path: str, limit: int):
+    """(file object at offset 0, size) of the tar.gz of `path`, spooled to disk for streaming."""
+    f = spool(conf)
+    try:
+        write_archive(conf, path, f)
+        size = f.tell()
+        if size > limit:
+            raise FileOpError("too_large", f"the archive of {path!r} is {size} bytes, over the {limit}-byte "
+                              "download limit (max_download_bytes); archive a subdirectory")
+        f.seek(0)
+        return f, size
+    except BaseException:
+        f.close()
+        raise
+
+
+def write_archive(conf: Confinement, path: str, out) -> None:
     import tarfile
 
-    full = conf.resolve(path)
-    if not os.path.lexists(full):
-        raise FileOpError("file_not_found", f"{path}: no such file or directory")
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
-        if os.path.isdir(full):
-            for name in sorted(os.listdir(full)):
-                tar.add(os.path.join(full, name), arcname=name)
-        else:
-            tar.add(full, arcname=os.path.basename(full))
-    return buf.getvalue()
+    _, rel = conf.relative(path)
+    top = conf.open(path, rel, os.O_RDONLY | os.O_NONBLOCK)  # NONBLOCK: a fifo must not hang the agent
+    with tarfile.open(fileobj=out, mode="w:gz", compresslevel=1) as tar:
+        st = os.fstat(top)
+        if not stat.S_ISDIR(st.st_mode):
+            try:
+                _add_fd(tar, top, st, os.path.basename(rel))
+            finally:
+                os.close(top)
+            return
+        # Depth-first with an explicit stack of (dir fd, archive prefix, remaining names): no recursion,
+        # and every child is opened relative to its verified parent with O_NOFOLLOW.
+        stack = [(top, "", sorted(os.listdir(top)))]
+        try:
+            while stack:
+                dfd, prefix, names = stack[-1]
+                if not names:
+                    os.close(dfd)
+                    stack.pop()
+                    continue
+                name = names.pop(0)
+                arc = prefix + name
+                try:
+                    cst = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISLNK(cst.st_mode):
+                    info = _info(arc, cst, tarfile.SYMTYPE)
+                    info.linkname = os.readlink(name, dir_fd=dfd)
+                    tar.addfile(info)
+                elif stat.S_ISDIR(cst.st_mode):
+                    if len(stack) >= MAX_ARCHIVE_DEPTH:
+                        raise FileOpError("invalid_request", f"{path!r} is nested deeper than {MAX_ARCHIVE_DEPTH} "
+                                          "directories; archive a subdirectory instead")
+                    sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+                    tar.addfile(_info(arc, os.fstat(sub), tarfile.DIRTYPE))
+                    stack.append((sub, arc + "/", sorted(os.listdir(sub))))
+                elif stat.S_ISREG(cst.st_mode):
+                    try:
+                        ffd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+                    except OSError:
+                        continue
+                    _add_fd(tar, ffd, os.fstat(ffd), arc)
+                    os.close(ffd)
+        finally:
+            for dfd, _, _ in stack:
+                os.close(dfd)
+
+
+def _info(name: str, st: os.stat_result, kind: bytes):
+    import tarfile
+
+    info = tarfile.TarInfo(name)
+    info.type = kind
+    info.mode = stat.S_IMODE(st.st_mode)
+    info.mtime = int(st.st_mtime)
+    info.uid, info.gid = st.st_uid, st.st_gid
+    return info
+
+
+def _add_fd(tar, fd: int, st: os.stat_result, name: str) -> None:
+    import tarfile
+
+    if not stat.S_ISREG(st.st_mode):
+        return  # devices, fifos, sockets: never archived (a fifo would block the agent)
+    info = _info(name, st, tarfile.REGTYPE)
+    info.size = st.st_size
+    with os.fdopen(os.dup(fd), "rb") as f:
+        tar.addfile(info, _Exactly(f, st.st_size))
+
+
+class _Exactly:
+    """A file object that yields exactly `size` bytes (a file growing or shrinking meanwhile must not
+    corrupt the archive: tarfile trusts TarInfo.size)."""
+
+    def __init__(self, f, size: int):
+        self.f, self.left = f, size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n < 0 else min(n, self.left)
+        data = self.f.read(n) if n else b""
+        if len(data) < n:
+            data += b"\0" * (n - len(data))
+        self.left -= len(data)
+        return data

@@ -67,19 +67,70 @@ def _recv_exact(sock, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_frame(sock) -> tuple[dict, bytes] | None:
-    """Read one frame from a blocking socket; None on a clean close between frames."""
+def recv_head(sock) -> tuple[dict, int] | None:
+    """Read a frame's prefix and header (the payload stays on the socket); None on a clean close."""
     prefix = _recv_exact(sock, PREFIX_SIZE)
     if not prefix:
         return None
     if len(prefix) < PREFIX_SIZE:
         raise ProtocolError("short frame prefix")
     header_len, payload_len = decode_lengths(prefix)
-    header = decode_header(_recv_exact(sock, header_len))
+    return decode_header(_recv_exact(sock, header_len)), payload_len
+
+
+def recv_payload(sock, payload_len: int) -> bytes:
     payload = _recv_exact(sock, payload_len) if payload_len else b""
     if payload_len and len(payload) != payload_len:
         raise ProtocolError("connection closed in the middle of a payload")
-    return header, payload
+    return payload
+
+
+def recv_frame(sock) -> tuple[dict, bytes] | None:
+    """Read one frame from a blocking socket; None on a clean close between frames."""
+    head = recv_head(sock)
+    if head is None:
+        return None
+    return head[0], recv_payload(sock, head[1])
+
+
+class PayloadReader:
+    """A large payload read from the socket as a file object (`read(n)`), never held whole in memory.
+    `drain()` discards what the operation did not read, so the connection stays in step."""
+
+    def __init__(self, sock, size: int):
+        self.sock, self.left = sock, size
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left if n is None or n < 0 else min(n, self.left)
+        if n <= 0:
+            return b""
+        data = self.sock.recv(min(n, 1 << 20))
+        if not data:
+            raise ProtocolError("connection closed in the middle of a payload")
+        self.left -= len(data)
+        return data
+
+    def drain(self) -> None:
+        while self.left:
+            self.read(1 << 20)
+
+
+class FileBody:
+    """A response payload sent from an open file: exactly `size` bytes from `f` (a binary file object),
+    zero-padded if the file shrank meanwhile (the frame's length was already sent)."""
+
+    def __init__(self, f, size: int):
+        self.f, self.size = f, size
+
+    def send(self, sock) -> None:
+        left = self.size
+        while left:
+            chunk = self.f.read(min(left, 1 << 20)) or b"\0" * min(left, 1 << 20)
+            sock.sendall(chunk)
+            left -= len(chunk)
+
+    def close(self) -> None:
+        self.f.close()
 
 
 def encode_head(header: dict, payload_len: int) -> bytes:
@@ -87,7 +138,11 @@ def encode_head(header: dict, payload_len: int) -> bytes:
     return _HEAD.pack(len(raw), payload_len) + raw
 
 
-def send_frame(sock, header: dict, payload: bytes = b"") -> None:
+def send_frame(sock, header: dict, payload=b"") -> None:
+    if isinstance(payload, FileBody):
+        sock.sendall(encode_head(header, payload.size))
+        payload.send(sock)
+        return
     head = encode_head(header, len(payload))
     if len(payload) < 65536:
         sock.sendall(head + payload)  # one syscall for the common small frame

@@ -28,7 +28,7 @@ import socket
 import sys
 import threading
 
-from sandbox_service.agent import execs, files, protocol, proctree, streams
+from sandbox_service.agent import beneath, execs, files, protocol, proctree, streams
 
 try:  # the constant-time compare behind hmac.compare_digest, without loading OpenSSL at start-up
     from _operator import _compare_digest as compare_digest
@@ -36,7 +36,10 @@ except ImportError:  # pragma: no cover - other interpreters
     from hmac import compare_digest
 
 AGENT_VERSION = "1"
-MAX_READ_BYTES = 256 * 1024 * 1024
+MAX_READ_BYTES = 256 * 1024 * 1024  # download limit when the request names none
+# Uploads bigger than this are read from the socket as they are written (never whole in memory).
+STREAM_MIN_BYTES = 1 << 20
+_STREAMED_OPS = ("write_file", "put_archive")
 
 
 class AgentServer:
@@ -79,20 +82,32 @@ class AgentServer:
             if conn.family == socket.AF_INET:
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while True:
-                frame = protocol.recv_frame(conn)
-                if frame is None:
+                head = protocol.recv_head(conn)
+                if head is None:
                     return
-                header, payload = frame
+                header, payload_len = head
+                op = header.get("op")
+                if op in _STREAMED_OPS and payload_len > STREAM_MIN_BYTES:
+                    payload = protocol.PayloadReader(conn, payload_len)
+                else:
+                    payload = protocol.recv_payload(conn, payload_len)
                 secret = header.get("secret")
                 if not isinstance(secret, str) or not compare_digest(secret.encode(), self.secret):
                     protocol.send_frame(conn, {"ok": False, "code": "unauthorized",
                                                "message": "wrong or missing agent secret"})
                     return
-                op = header.get("op")
                 if op == "pty_open":
                     env = execs.build_env(self.base_env, header.get("env"))
                     env.setdefault("TERM", "xterm-256color")
-                    streams.run_pty(conn, self.reaper, self.tracker, header, env, self._cwd(header.get("cwd")))
+                    try:
+                        cwd_fd = self._cwd(header.get("cwd"))
+                    except (files.FileOpError, execs.SpawnError) as exc:
+                        protocol.send_frame(conn, {"ok": False, "code": exc.code, "message": exc.message})
+                        return
+                    try:
+                        streams.run_pty(conn, self.reaper, self.tracker, header, env, f"/proc/self/fd/{cwd_fd}")
+                    finally:
+                        os.close(cwd_fd)
                     return
                 try:
                     resp, out = self._dispatch(op, header, payload)
@@ -104,7 +119,13 @@ class AgentServer:
                 except Exception as exc:  # the agent must outlive any single bad request
                     resp, out = {"ok": False, "code": "internal_error",
                                  "message": f"agent error in {op!r}: {exc!r}"}, b""
-                protocol.send_frame(conn, resp, out)
+                if isinstance(payload, protocol.PayloadReader):
+                    payload.drain()  # an op refused early: the rest of the upload is still on the wire
+                try:
+                    protocol.send_frame(conn, resp, out)
+                finally:
+                    if isinstance(out, protocol.FileBody):
+                        out.close()
         except (OSError, protocol.ProtocolError):
             pass
         except Exception as exc:  # e.g. ssl errors from a bad client
@@ -116,10 +137,21 @@ class AgentServer:
                 pass
 
     # -- ops -----------------------------------------------------------------------------------
-    def _cwd(self, cwd: str | None) -> str:
-        if not cwd:
-            return self.workdir
-        return os.path.normpath(os.path.join(self.workdir, self.conf.unalias(cwd)))
+    def _cwd(self, cwd: str | None) -> int:
+        """An O_PATH fd of the command's working directory (anywhere in the sandbox's own root), opened
+        with no magic link: `/proc/<pid>/fd/N` would lead the agent's child (still privileged before exec)
+        into the agent's own host-side fds. The child enters it as /proc/self/fd/<fd>, its own fd: the
+        directory checked is the directory used."""
+        path = self.workdir if not cwd else os.path.normpath(os.path.join(self.workdir, self.conf.unalias(cwd)))
+        try:
+            return beneath.open_dir_path(path)
+        except beneath.EscapeError as exc:
+            raise files.FileOpError("path_outside_sandbox", f"working directory {cwd!r} goes through a magic "
+                                    "link (/proc/<pid>/fd/..., /proc/<pid>/root, ...): refused") from exc
+        except FileNotFoundError as exc:
+            raise execs.SpawnError("file_not_found", f"working directory {cwd!r} does not exist") from exc
+        except NotADirectoryError as exc:
+            raise files.FileOpError("invalid_request", f"working directory {cwd!r} is not a directory") from exc
 
     def _dispatch(self, op, header: dict, payload: bytes) -> tuple[dict, bytes]:
         if op == "ping":
@@ -129,14 +161,19 @@ class AgentServer:
             argv = header["argv"]
             if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
                 raise files.FileOpError("invalid_request", "argv must be a non-empty list of strings")
-            result, out = execs.run_exec(
-                self.reaper, self.tracker, argv=argv, cwd=self._cwd(header.get("cwd")),
-                env=execs.build_env(self.base_env, header.get("env")), stdin=payload,
-                timeout=float(header.get("timeout", 60.0)), max_output=int(header.get("max_output", 1 << 20)))
+            cwd_fd = self._cwd(header.get("cwd"))
+            try:
+                result, out = execs.run_exec(
+                    self.reaper, self.tracker, argv=argv, cwd=f"/proc/self/fd/{cwd_fd}",
+                    env=execs.build_env(self.base_env, header.get("env")), stdin=payload,
+                    timeout=float(header.get("timeout", 60.0)), max_output=int(header.get("max_output", 1 << 20)))
+            finally:
+                os.close(cwd_fd)
             result["ok"] = True
             return result, out
         if op == "read_file":
-            return {"ok": True}, files.read_file(self.conf, header["path"], MAX_READ_BYTES)
+            f, size = files.open_file(self.conf, header["path"], int(header.get("limit") or MAX_READ_BYTES))
+            return {"ok": True}, protocol.FileBody(f, size)
         if op == "write_file":
             files.write_file(self.conf, header["path"], payload, header.get("mode"))
             return {"ok": True}, b""
@@ -145,7 +182,8 @@ class AgentServer:
         if op == "put_archive":
             return {"ok": True, "members": files.put_archive(self.conf, header["path"], payload)}, b""
         if op == "get_archive":
-            return {"ok": True}, files.get_archive(self.conf, header["path"])
+            f, size = files.spool_archive(self.conf, header["path"], int(header.get("limit") or MAX_READ_BYTES))
+            return {"ok": True}, protocol.FileBody(f, size)
         if op == "http":
             return streams.http_relay(header, payload)
         raise files.FileOpError("invalid_request", f"unknown op {op!r}")

@@ -75,5 +75,9 @@ class SandboxBackend(abc.ABC):
         """Sandbox ids the backend holds that the service does not know (for cleanup at start)."""
         return []
 
+    def clear_stale_snapshots(self) -> list[str]:
+        """At start: remove snapshots an earlier service instance left (its registry died with it)."""
+        return []
+
     def close(self) -> None:
         """Release backend-wide resources at service shutdown."""

@@ -70,7 +70,6 @@ import hashlib
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -80,6 +79,7 @@ from pathlib import Path
 
 from sandbox_service.backends import local_network
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
+from sandbox_service.backends.fstree import remove_tree
 from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_version
 from sandbox_service.backends.local_config import DEFAULT_PATH, LocalBackendConfig, check_isolation
 from sandbox_service.backends.local_rootfs import (SandboxDir, SandboxRecord, SnapshotStore, copy_tree,
@@ -368,7 +368,7 @@ class LocalBackend(SandboxBackend):
         d = self._dir(sandbox_id)
         self._kill(sandbox_id, rec)
         target = d.upper if self.isolated else d.workspace
-        shutil.rmtree(target, ignore_errors=True)
+        remove_tree(target)
         target.mkdir()
         copy_tree(src, target)
         d.reset_layers()
@@ -378,6 +378,9 @@ class LocalBackend(SandboxBackend):
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         self.snapshots.delete(snapshot_id)
+
+    def clear_stale_snapshots(self) -> list[str]:
+        return self.snapshots.clear()
 
     def list_orphans(self) -> list[str]:
         """Sandboxes on disk (or, after a lost state dir, in our cgroups) that this instance did not start."""

@@ -8,6 +8,10 @@
   fails with "Network is unreachable". Commands cannot add routes (CAP_NET_ADMIN is dropped from
   their bounding set, see agent/boot.py). The host side has no address of its own, so host services
   are reachable only through addresses that are allowed.
+- No IPv6 path: both ends of the veth have IPv6 disabled before they come up (no link-local fe80::
+  addresses, so the host's veth is not reachable over IPv6 whatever the allowlist; allowlists are
+  IPv4 only). The sandbox keeps ::1 on its own lo. Commands cannot re-enable it (/proc/sys is read-only
+  for them).
 
 This machine has neither iptables nor nft, nor tc actions, so enforcement is routing in the sandbox's
 namespace, not a host firewall. Reaching addresses off this host additionally needs IP forwarding
@@ -106,6 +110,22 @@ def delete_veth(name: str) -> None:
         _run(["ip", "link", "del", name], check=False)
 
 
+_NO_IPV6 = ("for f in /proc/sys/net/ipv6/conf/default/disable_ipv6 /proc/sys/net/ipv6/conf/{dev}/disable_ipv6; "
+            "do if [ -e $f ]; then echo 1 > $f || exit 1; fi; done")
+
+
+def disable_ipv6_host(dev: str) -> None:
+    path = Path(f"/proc/sys/net/ipv6/conf/{dev}/disable_ipv6")
+    if path.exists():
+        path.write_text("1")
+
+
+def disable_ipv6_in_netns(pid: int, dev: str = "default") -> None:
+    """Disable IPv6 for `dev` (and every interface made later) in the namespace of `pid` (net sysctls
+    are per namespace: written by a process that entered it)."""
+    _run(["nsenter", "-t", str(pid), "-n", "sh", "-c", _NO_IPV6.format(dev=dev)])
+
+
 def set_loopback(pid: int, up: bool) -> None:
     _in_netns(pid, f"link set lo {'up' if up else 'down'}\n")
 
@@ -120,7 +140,10 @@ def apply(pid: int, index: int, subnet: str, policy: NetworkPolicy) -> list[str]
     cidrs = resolve_allowlist(policy)
     sip = sandbox_address(subnet, index)
     if not link_exists(host_if):
+        disable_ipv6_in_netns(pid)  # before the peer exists, so it never gets a link-local address
         _run(["ip", "link", "add", host_if, "type", "veth", "peer", "name", f"orc{index:x}s", "netns", str(pid)])
+        disable_ipv6_host(host_if)
+        disable_ipv6_in_netns(pid, f"orc{index:x}s")
         _run(["ip", "link", "set", host_if, "up"])
         _run(["ip", "route", "replace", f"{sip}/32", "dev", host_if])
         _in_netns(pid, f"link set lo up\nlink set orc{index:x}s name eth0\naddr add {sip}/32 dev eth0\n"

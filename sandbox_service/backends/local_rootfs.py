@@ -21,10 +21,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox_service.backends.fstree import remove_or_quarantine, remove_tree, tree_size
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SnapshotNotFoundError
 from sandbox_service.models import NetworkPolicy, Resources
 
-AGENT_FILES = ("__init__.py", "__main__.py", "boot.py", "execs.py", "files.py", "protocol.py", "proctree.py",
+AGENT_FILES = ("__init__.py", "__main__.py", "beneath.py", "boot.py", "execs.py", "files.py", "protocol.py", "proctree.py",
                "server.py", "streams.py", "zygote.py")
 MAX_SOCKET_PATH = 107
 
@@ -51,6 +52,7 @@ class SandboxRecord(BaseModel):
 class SandboxDir:
     def __init__(self, state_dir: Path, sandbox_id: str):
         self.root = state_dir / "s" / sandbox_id
+        self.quarantine = state_dir / "quarantine"
         self.upper = self.root / "upper"
         self.work = self.root / "work"
         self.merged = self.root / "merged"
@@ -73,7 +75,7 @@ class SandboxDir:
 
     def reset_layers(self) -> None:
         """Empty overlay work dir and mountpoint (after the sandbox's mount namespace is gone)."""
-        shutil.rmtree(self.work, ignore_errors=True)
+        remove_tree(self.work)
         self.work.mkdir(exist_ok=True)
         self.merged.mkdir(exist_ok=True)
 
@@ -88,8 +90,9 @@ class SandboxDir:
         except (OSError, ValueError):
             return None
 
-    def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+    def remove(self) -> str | None:
+        """Remove the sandbox's files (any depth or size); None, or where they were quarantined."""
+        return remove_or_quarantine(self.root, self.quarantine)
 
 
 def install_agent(state_dir: Path) -> Path:
@@ -123,17 +126,6 @@ def copy_tree(src: Path, dest: Path) -> None:
         raise BackendUnavailableError(f"copying {src} to {dest} failed: {proc.stderr.strip()}")
 
 
-def tree_size(path: Path) -> int:
-    total = 0
-    for p in path.rglob("*"):
-        try:
-            if not p.is_symlink() and p.is_file():
-                total += p.stat().st_size
-        except OSError:
-            pass
-    return total
-
-
 class SnapshotStore:
     def __init__(self, state_dir: Path):
         self.root = state_dir / "snapshots"
@@ -149,7 +141,7 @@ class SnapshotStore:
         if dest.exists():
             raise InvalidRequestError(f"snapshot {snapshot_id!r} already exists")
         tmp = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         (tmp / "upper").mkdir(parents=True)
         copy_tree(upper, tmp / "upper")
         size = tree_size(tmp / "upper")
@@ -168,4 +160,12 @@ class SnapshotStore:
         return self.path(snapshot_id) / "upper"
 
     def delete(self, snapshot_id: str) -> None:
-        shutil.rmtree(self.path(snapshot_id), ignore_errors=True)
+        remove_or_quarantine(self.path(snapshot_id), self.root.parent / "quarantine")
+
+    def clear(self) -> list[str]:
+        """Remove every snapshot on disk (at start: the registry of the service that made them is gone,
+        so they can never be used again); returns their ids."""
+        leftovers = sorted(p.name for p in self.root.iterdir())
+        for name in leftovers:
+            remove_or_quarantine(self.root / name, self.root.parent / "quarantine")
+        return leftovers

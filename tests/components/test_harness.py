@@ -157,3 +157,44 @@ def test_injected_infra_failures_abort_with_the_reason(sandbox_client, failure, 
                        HarnessConfig(tool_call_timeout_seconds=1))
     assert traj.outcome is Outcome.infra_error and traj.status is EpisodeStatus.aborted
     assert reason in traj.outcome_reason
+
+
+class TightMemory(SWERecipe):
+    """The SWE recipe in a 128 MiB sandbox; `verifier_hog` makes its verification run out of memory."""
+
+    def __init__(self, verifier_hog: bool = False):
+        super().__init__()
+        self.verifier_hog = verifier_hog
+
+    def sandbox_spec(self, task):
+        spec = super().sandbox_spec(task)
+        return spec.model_copy(update={"resources": spec.resources.model_copy(update={"memory_mb": 128})})
+
+    def verify(self, sandbox, task, final_answer):
+        if self.verifier_hog:
+            res = sandbox.exec(["python3", "-c", f"x = b'a' * {HOG_BYTES}"], timeout=60)
+            if res.is_infra_error:
+                return VerifyResult(resolved=False, infra_error=f"{res.infra_error}: {res.message}")
+        return super().verify(sandbox, task, final_answer)
+
+
+HOG_BYTES = 512 << 20
+
+
+def test_a_policy_cannot_turn_its_own_failures_into_infra_errors(sandbox_client):
+    """Signals to the agent and the policy's own OOM are the policy's outcome: the episode is verified
+    (unresolved), never dropped as an infrastructure error (which would hide it from the reward)."""
+    attack = format_tool_call(ToolCall(name="bash", arguments={
+        "command": f"kill -INT 1; kill -TERM 1; kill -HUP 1; kill -KILL 1; python3 -c \"x = b'a' * {HOG_BYTES}\""}))
+    submit = format_tool_call(ToolCall(name="submit"))
+    traj = run_episode(TASK, TightMemory(), Scripted([attack, submit]), sandbox_client, HarnessConfig())
+    assert traj.outcome is Outcome.unresolved and traj.status is EpisodeStatus.completed, traj.outcome_reason
+    tool = next(s for s in traj.steps if s.role == "tool")
+    assert "out of memory" in tool.content and tool.policy_error == "command ran out of memory"
+
+
+def test_a_verification_run_out_of_memory_is_the_infrastructures(sandbox_client):
+    submit = format_tool_call(ToolCall(name="submit"))
+    traj = run_episode(TASK, TightMemory(verifier_hog=True), Scripted([submit]), sandbox_client, HarnessConfig())
+    assert traj.outcome is Outcome.infra_error and traj.status is EpisodeStatus.aborted
+    assert "OOM_KILLED" in traj.outcome_reason

@@ -43,7 +43,7 @@ from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.backends.kubernetes import KubernetesBackend, PodStartError
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxServiceError
-from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
+from sandbox_service.models import ExecOutcome, InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.30"  # the API version kubernetes==30 (the installed client) speaks
@@ -793,12 +793,33 @@ def test_the_service_creates_execs_snapshots_and_deletes_on_the_kubernetes_backe
     assert all(proc.poll() is not None for proc in kubelet.procs.values())
 
 
-def test_an_oom_killed_pod_is_recreated_with_more_memory(fake, service_on_fake_cluster, tmp_path):
+def test_a_pod_oom_killed_by_its_command_is_the_commands_outcome_and_recreated_as_it_was(
+        fake, service_on_fake_cluster, tmp_path):
     client, kubelet = service_on_fake_cluster
     spec = SandboxCreate(image="task:1", resources=Resources(memory_mb=512), workdir=str(tmp_path / "ws"))
     with client.create(spec) as sandbox:
         (first,) = fake.of_kind("pods")
         kubelet.oom(first["metadata"]["name"])  # the kernel kills the container: the agent goes with it
+        result = sandbox.exec("echo after")
+        assert result.outcome is ExecOutcome.command_failed and result.reason == "oom" and not result.is_infra_error
+        info = sandbox.wait_ready(timeout=30)
+        assert info.escalations == [] and info.resources.memory_mb == 512
+        (second,) = fake.of_kind("pods")
+        assert second["metadata"]["name"] != first["metadata"]["name"]
+        limit = second["spec"]["containers"][0]["resources"]["limits"]["memory"]
+        assert limit == f"{512 + KubernetesBackendConfig().agent_memory_overhead_mb}Mi"
+        assert sandbox.exec("echo again").stdout == "again\n"
+    assert fake.objects == {}
+
+
+def test_an_oom_killed_pod_in_a_verification_run_is_recreated_with_more_memory(fake, service_on_fake_cluster,
+                                                                               tmp_path):
+    client, kubelet = service_on_fake_cluster
+    spec = SandboxCreate(image="task:1", resources=Resources(memory_mb=512), workdir=str(tmp_path / "ws"))
+    with client.create(spec) as plain:
+        sandbox = plain.verifying()
+        (first,) = fake.of_kind("pods")
+        kubelet.oom(first["metadata"]["name"])
         result = sandbox.exec("echo after")
         assert result.infra_error is InfraErrorKind.OOM_KILLED and result.is_infra_error
         info = sandbox.wait_ready(timeout=30)

@@ -124,7 +124,8 @@ class ClawRecipe(RecipeBase):
             res = sandbox.exec(["bash", "-c", args["command"]], cwd="/workspace", timeout=timeout)
             if res.is_infra_error:
                 return ToolResult(output=f"Error: the sandbox failed: {res.message}", infra_error=str(res.infra_error))
-            tail = "[timed out]" if res.outcome.value == "command_timeout" else f"[exit {res.exit_code}]"
+            tail = ("[timed out]" if res.outcome.value == "command_timeout" else
+                    "[killed: out of memory]" if res.reason == "oom" else f"[exit {res.exit_code}]")
             return ToolResult(output=_clip(f"{res.stdout}{res.stderr}{tail}"))
         if call.name not in claw_api.API:
             return ToolResult(output=f"Error: unknown tool {call.name!r}; use one of {sorted(claw_api.API)} or answer.",
@@ -134,6 +135,8 @@ class ClawRecipe(RecipeBase):
             return ToolResult(output=f"Error: the sandbox failed: {res.message}", infra_error=str(res.infra_error))
         if res.exit_code == 2:
             return ToolResult(output=_clip(res.stdout), policy_error=res.stdout.strip()[:300])
+        if res.reason == "oom":  # the policy's arguments ran the sandbox out of memory: its outcome
+            return ToolResult(output="Error: the tool ran out of memory", policy_error="tool call ran out of memory")
         if res.exit_code != 0:  # a crash of our own tool is the environment's failure, not the policy's
             return ToolResult(output=f"Error: tool crashed: {res.stderr[-500:]}", infra_error=f"claw.py exit {res.exit_code}")
         return ToolResult(output=_clip(res.stdout))

@@ -29,7 +29,7 @@ def verify_with_patch(recipe: RecipeBase, task: Task, client: SandboxClient, pat
             applied = sandbox.apply_patch(patch, cwd=task.environment.workdir)
             if not applied.applied:
                 return VerifyResult(resolved=False, reason=f"reference patch does not apply: {applied.stderr[-300:]}")
-        return recipe.verify(sandbox, task, patch)
+        return recipe.verify(sandbox.verifying(), task, patch)
 
 
 def check_task(recipe: RecipeBase, task: Task, client: SandboxClient) -> TaskCheck:

@@ -94,7 +94,11 @@ class SWETools:
         if result.outcome is ExecOutcome.command_timeout:
             return ToolResult(output=f"{text}\n[timed out after {self.timeout_seconds:g}s]",
                               policy_error="command timed out")
-        return ToolResult(output=f"{text}\n[exit code {result.exit_code}]" if text else f"[exit code {result.exit_code}]")
+        tail = f"[exit code {result.exit_code}]"
+        if result.reason == "oom":  # its own OOM: the policy's outcome, shown to it like any failure
+            tail = f"[killed: out of memory, exit code {result.exit_code}]"
+            return ToolResult(output=f"{text}\n{tail}" if text else tail, policy_error="command ran out of memory")
+        return ToolResult(output=f"{text}\n{tail}" if text else tail)
 
     def _tool_read_file(self, sandbox: Sandbox, args: dict[str, Any]) -> ToolResult:
         text = sandbox.read_text(self._path(_str_arg(args, "path")))

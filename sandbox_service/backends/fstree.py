@@ -1,0 +1,173 @@
+"""Removing and measuring directory trees a sandbox may have made hostile, without recursion.
+
+A sandbox can leave a 10,000-level directory chain, millions of files, directories with mode 000 or
+symlinks everywhere. `shutil.rmtree` and `Path.rglob` recurse (RecursionError near 1,000 levels on
+Python 3.11) and `os.walk` builds paths that outgrow PATH_MAX, so a DELETE used to fail half-way and a
+restart then refused the state dir. Here:
+
+- `remove_tree` walks with one directory fd at a time: each directory is read once (files unlinked at
+  once, subdirectories remembered by name), entered with
+  O_NOFOLLOW, and left through ".." after checking that ".." is the directory it came from (a tree
+  that changes under us is refused, never followed). Symlinks are unlinked, never followed.
+- `remove_or_quarantine` falls back to moving a tree it cannot remove (a busy mount, an I/O error)
+  into a quarantine directory, and says which it did, so that start-up and deletes always go on.
+- `tree_size` sums regular-file sizes the same way, one fd at a time, also without recursion.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class TreeChangedError(OSError):
+    """The tree changed under the walk (a parent is no longer the directory we came from)."""
+
+
+def _ident(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _clear_dir(fd: int) -> list[str]:
+    """Unlink every non-directory in `fd`; return its subdirectories (removed after they are cleared:
+    a speculative rmdir of a non-empty one costs as much as a real one on a journalled filesystem)."""
+    subdirs = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                subdirs.append(entry.name)
+                continue
+            try:
+                os.unlink(entry.name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            except IsADirectoryError:
+                subdirs.append(entry.name)
+    return subdirs
+
+
+def remove_tree(path: str | os.PathLike) -> None:
+    """`rm -rf path` for trees of any depth and size; a missing path is fine; raises OSError on failure."""
+    path = os.fspath(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(path)
+        return
+    cur = os.open(path, _DIR_FLAGS)
+    # One level per directory entered: (its name in the parent, the parent's identity, the parent's
+    # remaining non-empty subdirectories).
+    stack: list[tuple[str, tuple[int, int], list[str]]] = []
+    try:
+        pending = _clear_dir(cur)
+        while True:
+            if pending:
+                name = pending.pop()
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=cur)
+                except FileNotFoundError:
+                    continue
+                stack.append((name, _ident(cur), pending))
+                os.close(cur)
+                cur, pending = child, _clear_dir(child)
+                continue
+            if not stack:
+                break
+            name, parent_id, pending = stack.pop()
+            parent = os.open("..", _DIR_FLAGS, dir_fd=cur)
+            os.close(cur)
+            cur = parent
+            if _ident(cur) != parent_id:
+                raise TreeChangedError(errno.ESTALE, f"{path}: the tree changed while it was removed")
+            try:
+                os.rmdir(name, dir_fd=cur)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                if exc.errno != errno.ENOTEMPTY:
+                    raise
+                pending.append(name)  # something appeared meanwhile: clear it again
+    finally:
+        os.close(cur)
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+
+
+def remove_or_quarantine(path: str | os.PathLike, quarantine_dir: str | os.PathLike) -> str | None:
+    """Remove `path`; if that fails, move it into `quarantine_dir` (same filesystem) and return where it
+    went. Returns None when removed. Raises only if neither works."""
+    try:
+        remove_tree(path)
+        return None
+    except OSError as exc:
+        error = exc
+    qdir = Path(quarantine_dir)
+    qdir.mkdir(parents=True, exist_ok=True)
+    target = qdir / f"{Path(path).name}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    os.rename(path, target)
+    log.warning("could not remove %s (%s); moved it to %s for inspection", path, error, target)
+    return str(target)
+
+
+def tree_size(path: str | os.PathLike) -> int:
+    """Total bytes of the regular files under `path` (symlinks not followed): one directory fd at a time,
+    like `remove_tree`, so neither depth nor width exhausts the stack or the fd table."""
+    try:
+        cur = os.open(os.fspath(path), _DIR_FLAGS)
+    except OSError:
+        return 0
+    total = 0
+    stack: list[tuple[tuple[int, int], list[str]]] = []
+
+    def scan(fd: int) -> list[str]:
+        nonlocal total
+        subdirs = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_dir(follow_symlinks=False):
+                        subdirs.append(entry.name)
+                    elif entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except OSError:
+                    pass
+        return subdirs
+
+    try:
+        pending = scan(cur)
+        while True:
+            if pending:
+                try:
+                    child = os.open(pending.pop(), _DIR_FLAGS, dir_fd=cur)
+                except OSError:
+                    continue
+                stack.append((_ident(cur), pending))
+                os.close(cur)
+                cur, pending = child, scan(child)
+                continue
+            if not stack:
+                return total
+            parent_id, pending = stack.pop()
+            parent = os.open("..", _DIR_FLAGS, dir_fd=cur)
+            os.close(cur)
+            cur = parent
+            if _ident(cur) != parent_id:
+                raise TreeChangedError(errno.ESTALE, f"{path}: the tree changed while it was measured")
+    finally:
+        os.close(cur)
