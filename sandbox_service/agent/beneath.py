@@ -105,7 +105,9 @@ def open_beneath(dirfd: int, rel: str, flags: int, mode: int = 0o644, *, follow_
     if any(p == ".." for p in parts):
         raise EscapeError(errno.EXDEV, f"{rel!r} contains '..'")
     if not parts:
-        return os.dup(dirfd) if flags & os.O_PATH or flags & os.O_DIRECTORY else os.open(".", flags, dir_fd=dirfd)
+        # The root itself: an O_PATH duplicate, or "." reopened with the flags asked for (a listing
+        # needs a readable fd; "." is never a link, so this cannot escape).
+        return os.dup(dirfd) if flags & os.O_PATH else os.open(".", flags, mode, dir_fd=dirfd)
     if not follow_last:
         flags |= os.O_NOFOLLOW
     if has_openat2():

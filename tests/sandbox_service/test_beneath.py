@@ -48,3 +48,13 @@ def test_escapes_are_refused_and_writes_stay_inside(tmp_path, mode):
             beneath.open_dir_path(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
+
+
+def test_the_workspace_root_itself_lists(tmp_path, mode):
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "a.py").write_text("x = 1\n")
+    conf = files.Confinement(str(ws), str(ws))
+    for root in (str(ws), "."):
+        assert [e["name"] for e in files.list_dir(conf, root)] == ["pkg"]
+    assert [e["name"] for e in files.list_dir(conf, "pkg")] == ["a.py"]
