@@ -27,28 +27,25 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run  # noqa: E402
-from components.rl_sampler import Attempt, RolloutBudget, RolloutConfig, sample_batch, summarize  # noqa: E402
+from components.rl_sampling import PromptHistory, RolloutBudget, RolloutConfig, sample_batch, summarize  # noqa: E402
+from components.rl_sampling.synthetic import SyntheticPrompt, SyntheticSource  # noqa: E402
 
 POPULATIONS = {  # pass rate of a prompt
     "uniform": lambda rng: rng.random(),
     "hard": lambda rng: rng.betavariate(0.5, 2.5),  # Beta(0.5, 2.5): mostly rarely solved
     "bimodal": lambda rng: 0.0 if (u := rng.random()) < 0.4 else 1.0 if u < 0.6 else rng.random(),  # 40/20/40
 }
-ARMS = {
-    "fixed N=8": RolloutConfig(sampler="fixed"),
-    "fixed N=16": RolloutConfig(sampler="fixed", group_size=16),
-    "BAR s=16 (published)": RolloutConfig(sampler="bar", stride=16),
-    "BAR s=8": RolloutConfig(sampler="bar", stride=8),
-    "BAR s=4": RolloutConfig(sampler="bar", stride=4),
+_ADAPTIVE = dict(sampler="fixed", stride=2, early_stop=True, advantage_baseline="pool")
+ARMS = {  # the same N = 8 everywhere
+    "fixed N=8": RolloutConfig(sampler="fixed", refill=False),
+    "DAPO N=8": RolloutConfig(sampler="fixed", refill=True),
+    "BAR (published)": RolloutConfig(sampler="bar", stride=16, advantage_baseline="group"),
+    "early stop s=2": RolloutConfig(**_ADAPTIVE),
+    "+ history": RolloutConfig(**_ADAPTIVE, history=True),
+    "+ history + prefix fork": RolloutConfig(**_ADAPTIVE, history=True, prefix_fork=True),
+    "BAR s=4 + all options": RolloutConfig(sampler="bar", stride=4, early_stop=True, history=True, prefix_fork=True),
 }
-
-
-class Bernoulli:
-    def __init__(self, rates: dict[str, float], seed: int):
-        self.rates, self.rng = rates, random.Random(seed)
-
-    def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
-        return [Attempt(reward=1.0 if self.rng.random() < self.rates[prompt_id] else -1.0) for _ in range(n)]
+HEADLINE = "+ history + prefix fork"
 
 
 def balance(records) -> float:
@@ -57,32 +54,50 @@ def balance(records) -> float:
     return sum(abs(r.group_positives / r.group_size - 0.5) for r in kept) / len(kept) if kept else float("nan")
 
 
-def synthetic(budget: int, seed: int, tracking: TrackingConfig | None, extra: dict[str, list[float]] | None = None):
+def synthetic_prompts(rates: list[float], seed: int, teacher_coverage: float) -> dict[str, SyntheticPrompt]:
+    rng = random.Random(seed + 7)
+    return {f"p{i}": SyntheticPrompt(pass_rate=r, steps=rng.randint(5, 20), has_teacher=rng.random() < teacher_coverage)
+            for i, r in enumerate(rates)}
+
+
+def run_arm(cfg: RolloutConfig, prompts: dict[str, SyntheticPrompt], epochs: int, seed: int) -> list:
+    """Every arm: the same prompt set, the same per-epoch order, the same outcome draws (common random numbers)."""
+    source = SyntheticSource(prompts, seed + 1)
+    history = PromptHistory(cfg, seed + 2)
+    budget = RolloutBudget()
+    records = []
+    for epoch in range(epochs):
+        order = sorted(prompts)
+        random.Random(seed * 1000 + epoch).shuffle(order)
+        stream = history.prefer(iter(order)) if cfg.history else iter(order)
+        step = 0
+        while True:
+            batch = sample_batch(stream, source, cfg, budget, step=epoch * 10_000 + step, history=history)
+            records += batch.records
+            step += 1
+            if batch.stop_reason == "prompts_exhausted":
+                break
+    return records
+
+
+def synthetic(n_prompts: int, epochs: int, seed: int, teacher_coverage: float, tracking: TrackingConfig | None,
+              extra: dict[str, list[float]] | None = None):
     from components.rl_plots import plot_group_statistics
 
     rows = []
     populations = {name: None for name in POPULATIONS} | {name: rates for name, rates in (extra or {}).items()}
     for pop_name, given in populations.items():
         rng = random.Random(seed)
-        draws = given if given is not None else [POPULATIONS[pop_name](rng) for _ in range(budget)]
-        rates = {f"p{i}": draws[i % len(draws)] for i in range(budget)}  # enough prompts for any arm
+        draws = given if given is not None else [POPULATIONS[pop_name](rng) for _ in range(n_prompts)]
+        prompts = synthetic_prompts(draws, seed, teacher_coverage)
         for arm_name, cfg in ARMS.items():
-            cfg = cfg.model_copy(update={"max_prompts_per_batch": budget})
+            cfg = cfg.model_copy(update={"max_prompts_per_batch": 10 * len(prompts), "batch_prompts": 8})
             run_tracking = tracking.model_copy(update={"run_name": f"synthetic {pop_name} / {arm_name}"}) if tracking else None
             with stage_run("compare-rollout-synthetic", cfg, run_tracking):
-                b = RolloutBudget(budget)
-                records = []
-                prompts = iter(rates)
-                source = Bernoulli(rates, seed + 1)
-                while b.remaining > 0:
-                    batch = sample_batch(prompts, source, cfg, b)
-                    records += batch.records
-                    if batch.stop_reason != "full":
-                        break
-                s = summarize(records)
-                row = {"population": pop_name, "arm": arm_name, **s, "imbalance": balance(records)}
+                records = run_arm(cfg, prompts, epochs, seed)
+                row = {"population": pop_name, "arm": arm_name, **summarize(records), "imbalance": balance(records)}
                 log_metrics({k: v for k, v in row.items() if isinstance(v, float)})
-                if cfg.sampler == "bar" and tracking is not None:
+                if tracking is not None and tracking.enabled:
                     import matplotlib.pyplot as plt
 
                     fig = plot_group_statistics(records, f"{arm_name}, {pop_name}")
@@ -92,25 +107,28 @@ def synthetic(budget: int, seed: int, tracking: TrackingConfig | None, extra: di
     return rows
 
 
-def print_synthetic(rows: list[dict]) -> None:
+def print_synthetic(rows: list[dict], n_prompts: int, epochs: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="Synthetic: informative groups per trajectory at equal budget")
-    for col in ("population", "arm", "trajectories", "informative groups", "per trajectory", "vs fixed N=8",
-                "vs fixed N=16", "traj/prompt", "imbalance"):
+    table = Table(title=f"Synthetic: {n_prompts} prompts x {epochs} epochs, N=8 in every arm")
+    for col in ("population", "arm", "traj", "env steps", "groups", "groups/traj", "vs fixed", "vs DAPO",
+                "groups/1k steps", "trained/gen", "var/traj", "skipped", "abandoned", "forked", "imbalance"):
         table.add_column(col, justify="right")
-    per = {(r["population"], r["arm"]): r["informative_groups_per_trajectory"] for r in rows}
+    per = {(r["population"], r["arm"]): r for r in rows}
 
-    def ratio(r: dict, base: str) -> str:
-        b = per.get((r["population"], base))
-        return f"{r['informative_groups_per_trajectory'] / b:.2f}x" if b else "-"
+    def ratio(r: dict, base: str, key: str = "informative_groups_per_trajectory") -> str:
+        b = per.get((r["population"], base), {}).get(key)
+        return f"{r[key] / b:.2f}x" if b else "-"
 
     for r in rows:
-        table.add_row(r["population"], r["arm"], f"{r['trajectories']:.0f}", f"{r['informative_groups']:.0f}",
-                      f"{r['informative_groups_per_trajectory']:.4f}", ratio(r, "fixed N=8"), ratio(r, "fixed N=16"),
-                      f"{r['trajectories_per_prompt']:.1f}", f"{r['imbalance']:.3f}")
-    Console(width=140).print(table)
+        table.add_row(r["population"], r["arm"], f"{r['trajectories']:.0f}", f"{r['env_steps']:.0f}",
+                      f"{r['informative_groups']:.0f}", f"{r['informative_groups_per_trajectory']:.4f}",
+                      ratio(r, "fixed N=8"), ratio(r, "DAPO N=8"), f"{r['informative_groups_per_1k_env_steps']:.2f}",
+                      f"{r['trained_over_generated']:.2f}", f"{r['group_reward_variance_per_trajectory']:.4f}",
+                      f"{r.get('dropped_skipped', 0):.0f}", f"{r.get('dropped_abandoned', 0):.0f}",
+                      f"{r['forked_trajectories']:.0f}", f"{r['imbalance']:.3f}")
+    Console(width=200).print(table)
 
 
 def build_sft_model(args, sandbox, tasks_dir: Path, work: Path, tracking) -> Path:
@@ -252,7 +270,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--teacher-sampling", action="store_true",
                    help="Sandbox part with the scripted teacher as the rollout policy (sampler only, no training).")
     p.add_argument("--teacher-sampling-error-rate", type=float, default=0.5)
-    p.add_argument("--synthetic-budget", type=int, default=8192, help="Rollouts per synthetic arm.")
+    p.add_argument("--synthetic-prompts", type=int, default=512, help="Fixed prompt set per synthetic population.")
+    p.add_argument("--synthetic-epochs", type=int, default=3, help="Passes over the prompt set in every arm.")
+    p.add_argument("--teacher-coverage", type=float, default=0.8,
+                   help="Fraction of synthetic prompts with a successful teacher trajectory to fork from.")
+    p.add_argument("--no-synthetic-tracking", action="store_true", help="Skip the per-arm MLflow runs and plots.")
     p.add_argument("--model-dir", default=None, help="SFT checkpoint (default: distill + SFT here).")
     p.add_argument("--train-tasks", type=int, default=16)
     p.add_argument("--heldout-tasks", type=int, default=8)
@@ -296,8 +318,9 @@ def main(argv: list[str] | None = None) -> None:
         measured = {}
         if "real" in out and out["real"]["fixed"]["pass_rates"]:
             measured["measured"] = list(out["real"]["fixed"]["pass_rates"].values())
-        out["synthetic"] = synthetic(args.synthetic_budget, args.seed, child, measured)
-        print_synthetic(out["synthetic"])
+        out["synthetic"] = synthetic(args.synthetic_prompts, args.synthetic_epochs, args.seed, args.teacher_coverage,
+                                     None if args.no_synthetic_tracking else child, measured)
+        print_synthetic(out["synthetic"], args.synthetic_prompts, args.synthetic_epochs)
         if "real" in out:
             print_real(out["real"])
             f, b = (out["real"][a]["rl"]["informative_groups_per_trajectory"] for a in ("fixed", "bar"))
