@@ -7,8 +7,10 @@ The algorithm's choices, in order:
    Balanced Adaptive Rollout or fixed-size groups) asks for attempts; an attempt is one episode
    through `harness.run_episode` in a real sandbox, rewarded +1 resolved / -1 unresolved from the
    verifier only. An `infra_error` episode has no reward and never enters a group.
-3. Kept groups get advantages (r - mean) / std; each episode is rendered with the ids the policy
-   sampled, loss on assistant tokens only (`rendering.render_trajectory(loss_on="assistant")`).
+3. Kept groups get advantages (r - mean) / std, set by the sampler (mean/std over all of the prompt's
+   verified attempts by default: `RolloutConfig.advantage_baseline`); each episode is rendered with
+   the ids the policy sampled, loss on assistant tokens only (`rendering.render_trajectory(loss_on=
+   "assistant")`), none on a forked attempt's teacher prefix (`RLConfig.prefix_trajectories`).
 4. One `rl_update` per batch: clipped token-level policy gradient against the rollout logprobs,
    optional KL to the frozen SFT policy. Budgets (global rollouts, prompts per batch) end the run early.
 5. The result is saved with `save_pretrained`; every sampler choice goes to `rollout_records.jsonl`

@@ -1,16 +1,20 @@
-"""Fixed-size group sampling vs Balanced Adaptive Rollout (BAR) at the same rollout budget.
+"""Adaptive rollout vs fixed-size groups, DAPO dynamic sampling and BAR, per generated trajectory.
 
     .venv/bin/python scripts/compare_rollout.py                 # synthetic + real (tiny policy, sandboxes)
     .venv/bin/python scripts/compare_rollout.py --synthetic-only
 
-Held constant between the arms: the model (one SFT checkpoint), the tasks, the reward (verified
-outcome, +1/-1) and the total rollout budget. Measured: informative groups (mixed verified rewards,
-the only groups with a gradient) per generated trajectory, and, for the real arms, the held-out
+Held constant between the arms: the group size N = 8, the prompt set, the order of every epoch, the
+outcome draws (common random numbers: the k-th attempt of a prompt has the same luck in every arm), the
+reward (verified outcome, +1/-1). Budget is counted in trajectories and in environment steps (a forked
+attempt's teacher prefix included). Measured: informative groups (mixed verified rewards, the only
+groups with a gradient) per generated trajectory and per 1k environment steps, trajectories trained on
+/ generated, summed group reward variance per trajectory, and, for the real arms, the held-out
 resolved rate after RL (beside the SFT checkpoint's own rate).
 
-1. Synthetic: prompts with known pass rates drawn from a few populations, both samplers over the same
-   prompt sequence and budget; thousands of prompts, seconds of CPU. BAR is run with the published
-   settings (N=8, N_max=16, s=16, [0.375, 0.625]) and with smaller strides.
+1. Synthetic: a fixed prompt set per population (pass rates known), several epochs; arms: fixed N=8,
+   DAPO N=8 (drop uniform groups, refill), BAR as published (N=8, N_max=16, s=16, [0.375, 0.625]),
+   the sampler's options added one at a time (early stop, + history, + prefix fork) and BAR with all
+   of them. Each arm is an MLflow run with the group-statistics plot (unless --no-synthetic-tracking).
 2. Real: tasks of the built-in SWE suite, an SFT checkpoint (given, or distilled from the scripted
    teacher and trained here), `components.rl.train_rl` for each arm, `components.evaluate` on held-out
    tasks. Each arm is an MLflow run (with the BAR group-statistics plot) under one parent run.
