@@ -325,6 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         out["synthetic"] = synthetic(args.synthetic_prompts, args.synthetic_epochs, args.seed, args.teacher_coverage,
                                      None if args.no_synthetic_tracking else child, measured)
         print_synthetic(out["synthetic"], args.synthetic_prompts, args.synthetic_epochs)
+        _log_synthetic_plot(out["synthetic"])
         if "real" in out:
             print_real(out["real"])
             f, b = (out["real"][a]["rl"]["informative_groups_per_trajectory"] for a in ("fixed", "bar"))
@@ -335,6 +336,17 @@ def main(argv: list[str] | None = None) -> None:
         _log_comparison_plot(args.work_dir)
         log_json(out, "compare_rollout.json")
     (args.work_dir / "compare_rollout.json").write_text(json.dumps(out, indent=2, default=str))
+
+
+def _log_synthetic_plot(rows: list[dict]) -> None:
+    """Informative groups per trajectory of every synthetic arm relative to fixed N=8, on the parent run."""
+    import matplotlib.pyplot as plt
+
+    from components.rl_plots import plot_arm_ratios
+
+    fig = plot_arm_ratios(rows, "fixed N=8")
+    log_figure(fig, "synthetic_groups_per_trajectory.png")
+    plt.close(fig)
 
 
 def _log_comparison_plot(work: Path) -> None:

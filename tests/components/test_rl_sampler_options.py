@@ -206,3 +206,14 @@ def test_comparison_arms_on_a_small_bimodal_set():
         per[arm] = s["informative_groups_per_trajectory"]
     assert per["DAPO N=8"] == per["fixed N=8"]  # same stream, same draws: refill changes batches, not the ratio
     assert per[HEADLINE] > 1.5 * per["fixed N=8"]
+
+
+def test_arm_ratio_plot_draws_one_bar_per_population_and_arm():
+    from components.rl_plots import plot_arm_ratios
+
+    rows = [{"population": p, "arm": a, "informative_groups_per_trajectory": v}
+            for p, a, v in [("hard", "fixed", 0.05), ("hard", "ours", 0.08), ("bimodal", "fixed", 0.04),
+                            ("bimodal", "ours", 0.1)]]
+    fig = plot_arm_ratios(rows, "fixed")
+    heights = sorted(round(b.get_height(), 6) for b in fig.axes[0].patches)
+    assert heights == [1.0, 1.0, 1.6, 2.5]
