@@ -50,6 +50,12 @@ ARMS = {  # the same N = 8 everywhere
     "BAR s=4 + all options": RolloutConfig(sampler="bar", stride=4, early_stop=True, history=True, prefix_fork=True),
 }
 HEADLINE = "+ history + prefix fork"
+REAL_ARMS = {  # the real arms: each is a train_rl run (MLflow, group-statistics plot) and an evaluation
+    "fixed": dict(sampler="fixed", refill=False),
+    "dapo": dict(sampler="fixed"),
+    "bar": dict(sampler="bar", advantage_baseline="group"),
+    "adaptive": dict(_ADAPTIVE, history=True, prefix_fork=True),
+}
 
 
 def balance(records) -> float:
@@ -172,13 +178,15 @@ def real(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
                           workers=1, seed=args.seed)
     named = lambda name: tracking.model_copy(update={"run_name": name}) if tracking else None  # noqa: E731
     out = {"sft": evaluate(eval_cfg, tasks_dir, model_dir, work / "eval" / "sft", named("eval sft")).model_dump()}
-    for arm in ("fixed", "bar"):
+    references = work / "distilled"  # the teacher's trajectories: what the adaptive arm forks from
+    for arm in args.real_arms:
+        rollout = {"stride": args.stride} | REAL_ARMS[arm]
         cfg = RLConfig(
-            rollout=RolloutConfig(sampler=arm, stride=args.stride, batch_prompts=args.batch_prompts,
-                                  max_prompts_per_batch=64),
+            rollout=RolloutConfig(**rollout, batch_prompts=args.batch_prompts, max_prompts_per_batch=64),
             rollout_budget=args.budget, steps=-(-args.budget // 8),  # an upper bound: the budget ends it
             learning_rate=args.lr, harness=harness, sandbox=sandbox,
             temperature=1.0, seed=args.seed, num_threads=args.threads,
+            prefix_trajectories=str(references) if rollout.get("prefix_fork") and references.exists() else None,
         )
         rl = train_rl(cfg, tasks_dir, model_dir, work / f"rl-{arm}", tracking=named(f"rl {arm}"))
         ev = evaluate(eval_cfg, tasks_dir, rl.model_dir, work / "eval" / arm, named(f"eval rl {arm}"))
@@ -255,16 +263,20 @@ def print_real(out: dict) -> None:
     sft = out["sft"]
     table.add_row("SFT (start)", "-", "-", "-", "-", "-", "-",
                   f"{sft['resolved_rate']:.3f} [{sft['resolved_rate_ci95'][0]:.2f}, {sft['resolved_rate_ci95'][1]:.2f}]")
-    for arm in ("fixed", "bar"):
+    arms = [a for a in REAL_ARMS if a in out]
+    for arm in arms:
         rl, ev = out[arm]["rl"], out[arm]["eval"]
         table.add_row(arm, str(rl["trajectories"]), str(rl["informative_groups"]),
                       f"{rl['informative_groups_per_trajectory']:.4f}", str(rl["steps_done"]), str(rl["infra_errors"]),
                       f"{out[arm]['imbalance']:.3f}",
                       f"{ev['resolved_rate']:.3f} [{ev['resolved_rate_ci95'][0]:.2f}, {ev['resolved_rate_ci95'][1]:.2f}]")
     Console(width=140).print(table)
-    f, b = (out[a]["rl"]["informative_groups_per_trajectory"] for a in ("fixed", "bar"))
-    print(f"real: BAR / fixed informative groups per trajectory = {b / f:.2f}x" if f else
-          "real: the fixed arm produced no informative group (ratio undefined)")
+    base = arms[0]
+    f = out[base]["rl"]["informative_groups_per_trajectory"]
+    for arm in arms[1:]:
+        b = out[arm]["rl"]["informative_groups_per_trajectory"]
+        print(f"real: {arm} / {base} informative groups per trajectory = {b / f:.2f}x" if f else
+              f"real: {arm} {b:.4f} groups per trajectory; the {base} arm produced none (ratio undefined)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -285,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget", type=int, default=64, help="Rollouts per real arm.")
     p.add_argument("--batch-prompts", type=int, default=2, help="Groups per RL update.")
     p.add_argument("--stride", type=int, default=16, help="BAR stride s in the real arms.")
+    p.add_argument("--real-arms", nargs="+", choices=list(REAL_ARMS), default=list(REAL_ARMS),
+                   help="Real arms to train (the first is the ratio's baseline).")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--max-steps", type=int, default=8, help="Assistant turns per episode.")
     p.add_argument("--max-new-tokens", type=int, default=160)
@@ -320,18 +334,19 @@ def main(argv: list[str] | None = None) -> None:
                 with EmbeddedService() as service:
                     out[key] = part(args, service.connection(), args.work_dir, child)
         measured = {}
-        if "real" in out and out["real"]["fixed"]["pass_rates"]:
-            measured["measured"] = list(out["real"]["fixed"]["pass_rates"].values())
+        first = next((a for a in REAL_ARMS if a in out.get("real", {})), None)
+        if first and out["real"][first]["pass_rates"]:
+            measured["measured"] = list(out["real"][first]["pass_rates"].values())
         out["synthetic"] = synthetic(args.synthetic_prompts, args.synthetic_epochs, args.seed, args.teacher_coverage,
                                      None if args.no_synthetic_tracking else child, measured)
         print_synthetic(out["synthetic"], args.synthetic_prompts, args.synthetic_epochs)
         _log_synthetic_plot(out["synthetic"])
         if "real" in out:
             print_real(out["real"])
-            f, b = (out["real"][a]["rl"]["informative_groups_per_trajectory"] for a in ("fixed", "bar"))
-            log_metrics({"real.ratio_bar_over_fixed": b / f if f else float("nan"),
-                         **{f"real.{a}.heldout_resolved_rate": out["real"][a]["eval"]["resolved_rate"]
-                            for a in ("fixed", "bar")},
+            arms = [a for a in REAL_ARMS if a in out["real"]]
+            log_metrics({**{f"real.{a}.informative_groups_per_trajectory":
+                            out["real"][a]["rl"]["informative_groups_per_trajectory"] for a in arms},
+                         **{f"real.{a}.heldout_resolved_rate": out["real"][a]["eval"]["resolved_rate"] for a in arms},
                          "real.sft.heldout_resolved_rate": out["real"]["sft"]["resolved_rate"]})
         _log_comparison_plot(args.work_dir)
         log_json(out, "compare_rollout.json")
@@ -355,7 +370,7 @@ def _log_comparison_plot(work: Path) -> None:
     from components.rl_sampler import PromptRecord
 
     arms = {}
-    for arm in ("fixed", "bar"):
+    for arm in REAL_ARMS:
         path = work / f"rl-{arm}" / "rollout_records.jsonl"
         if path.exists():
             arms[arm] = [PromptRecord.model_validate_json(line) for line in open(path)]
