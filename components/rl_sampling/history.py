@@ -29,6 +29,7 @@ class PromptStats(BaseModel):
     uniform_streak: int = Field(0, description="Consecutive most recent visits whose on-policy attempts agreed.")
     solved: int = Field(0, description="On-policy successes ever seen.")
     prefix_fraction: float = Field(description="Teacher-prefix fraction the next forked attempts start from.")
+    fork_stuck: bool = Field(False, description="The last forked attempts, from the longest prefix allowed, all failed.")
 
     @property
     def mean(self) -> float:
@@ -57,11 +58,12 @@ class PromptHistory:
     def skip(self, prompt_id: str, forkable: bool) -> bool:
         """Skip a prompt whose recent visits were all zero-variance, except with probability
         `skip_explore` (the pass rate moves as the policy learns). A never-solved prompt that can be
-        forked from a teacher prefix is not skipped: prefix-fork sampling is what makes it useful."""
+        forked from a teacher prefix is not skipped (prefix-fork sampling is what makes it useful) until
+        its forks fail even from the longest prefix allowed."""
         s = self.get(prompt_id)
         if s.uniform_streak < self.config.skip_after_uniform_visits:
             return False
-        if forkable and s.solved == 0:
+        if forkable and s.solved == 0 and not s.fork_stuck:
             return False
         return self.rng.random() >= self.config.skip_explore
 
@@ -77,6 +79,8 @@ class PromptHistory:
         s.solved += pos
         s.uniform_streak = s.uniform_streak + 1 if on_policy and (pos == 0 or neg == 0) else 0
         forked = [a.reward for a in pool if not a.aborted and a.forked]
+        if forked:
+            s.fork_stuck = s.prefix_fraction >= c.prefix_fraction_max and all(r <= 0 for r in forked)  # type: ignore[operator]
         if forked:  # aim the forked attempts at a pass rate of 1/2: longer prefix if all fail, shorter if all pass
             if all(r <= 0 for r in forked):  # type: ignore[operator]
                 s.prefix_fraction = min(c.prefix_fraction_max, s.prefix_fraction + c.prefix_fraction_step)

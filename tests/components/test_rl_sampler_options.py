@@ -217,3 +217,15 @@ def test_arm_ratio_plot_draws_one_bar_per_population_and_arm():
     fig = plot_arm_ratios(rows, "fixed")
     heights = sorted(round(b.get_height(), 6) for b in fig.axes[0].patches)
     assert heights == [1.0, 1.0, 1.6, 2.5]
+
+
+def test_a_prompt_whose_forks_fail_from_the_longest_prefix_is_skipped_again():
+    cfg = RolloutConfig(sampler="fixed", stride=4, history=True, prefix_fork=True, skip_explore=0.0,
+                        prefix_fraction=0.8, prefix_fraction_max=0.9)
+    history = PromptHistory(cfg)
+    src = ScriptedForks(prompts(zero=0.0), forks=[N] * 8)
+    sample_prompt("zero", src, cfg, RolloutBudget(), history=history)  # no history yet: 8 on-policy failures
+    fractions = []
+    while not history.skip("zero", forkable=True):
+        fractions.append(sample_prompt("zero", src, cfg, RolloutBudget(), history=history).record.prefix_fraction)
+    assert fractions == pytest.approx([0.8, 0.9]) and history.get("zero").fork_stuck
