@@ -229,3 +229,12 @@ def test_a_prompt_whose_forks_fail_from_the_longest_prefix_is_skipped_again():
     while not history.skip("zero", forkable=True):
         fractions.append(sample_prompt("zero", src, cfg, RolloutBudget(), history=history).record.prefix_fraction)
     assert fractions == pytest.approx([0.8, 0.9]) and history.get("zero").fork_stuck
+
+
+def test_every_comparison_arm_is_a_valid_config():
+    from scripts.compare_rollout import ARMS, REAL_ARMS
+
+    assert {cfg.group_size for cfg in ARMS.values()} == {8}  # the same N in every arm
+    for arm, options in REAL_ARMS.items():
+        cfg = RolloutConfig(**({"stride": 16} | options), batch_prompts=2, max_prompts_per_batch=64)
+        assert cfg.group_size == 8 and (cfg.prefix_fork == (arm == "adaptive"))
