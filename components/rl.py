@@ -7,8 +7,10 @@ The algorithm's choices, in order:
    Balanced Adaptive Rollout or fixed-size groups) asks for attempts; an attempt is one episode
    through `harness.run_episode` in a real sandbox, rewarded +1 resolved / -1 unresolved from the
    verifier only. An `infra_error` episode has no reward and never enters a group.
-3. Kept groups get advantages (r - mean) / std; each episode is rendered with the ids the policy
-   sampled, loss on assistant tokens only (`rendering.render_trajectory(loss_on="assistant")`).
+3. Kept groups get advantages (r - mean) / std, set by the sampler (mean/std over all of the prompt's
+   verified attempts by default: `RolloutConfig.advantage_baseline`); each episode is rendered with
+   the ids the policy sampled, loss on assistant tokens only (`rendering.render_trajectory(loss_on=
+   "assistant")`), none on a forked attempt's teacher prefix (`RLConfig.prefix_trajectories`).
 4. One `rl_update` per batch: clipped token-level policy gradient against the rollout logprobs,
    optional KL to the frozen SFT policy. Budgets (global rollouts, prompts per batch) end the run early.
 5. The result is saved with `save_pretrained`; every sampler choice goes to `rollout_records.jsonl`
@@ -27,11 +29,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.connection import SandboxConnection
 from components.core.harness import HarnessConfig, run_episode
-from components.core.schema import Recipe, Task, Trajectory
+from components.core.schema import Outcome, Recipe, Task, Trajectory
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
 from components.rl_loss import group_advantages, outcome_reward, rl_update
-from components.rl_sampler import Attempt, PromptRecord, RolloutBudget, RolloutConfig, sample_batch, summarize
+from components.rl_sampler import (
+    Attempt, PromptHistory, PromptRecord, RolloutBudget, RolloutConfig, sample_batch, summarize,
+)
 
 
 class RLConfig(BaseModel):
@@ -57,6 +61,9 @@ class RLConfig(BaseModel):
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="Episode limits and generation.")
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service to use.")
     split: Literal["train", "heldout"] = Field("train", description="Tasks of the store used as prompts.")
+    prefix_trajectories: str | None = Field(
+        None, description="TrajectoryStore of resolved (teacher) trajectories that prefix-fork sampling "
+                          "(rollout.prefix_fork) starts attempts from; None = no prompt can be forked.")
     save_rollouts: bool = Field(False, description="Also store every episode under out_model_dir/rollouts.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
     seed: int = Field(0, description="Seed of prompt order, sampling and the optimizer.")
@@ -80,25 +87,56 @@ class EpisodeSource:
     """`RolloutSource` over real episodes: the task's sandbox, the policy, the verifier's reward."""
 
     def __init__(self, tasks: dict[str, Task], recipe: Any, policy: Any, client: Any, config: RLConfig,
-                 store: TrajectoryStore | None = None):
+                 store: TrajectoryStore | None = None, references: dict[str, Trajectory] | None = None):
         self.tasks, self.recipe, self.policy, self.client, self.config = tasks, recipe, policy, client, config
         self.store = store
+        self.references = references or {}  # task id -> a resolved trajectory to fork from
         self.episodes = 0
 
-    def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
-        out: list[Attempt] = []
-        trajectories: list[Trajectory] = []
-        for _ in range(n):
-            self.episodes += 1
-            generation = self.config.harness.generation.model_copy(update={
-                "temperature": self.config.temperature, "seed": self.config.seed * 1_000_003 + self.episodes})
-            harness = self.config.harness.model_copy(update={"generation": generation})
-            traj = run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client, harness)
-            trajectories.append(traj)
-            out.append(Attempt(reward=outcome_reward(traj), status=traj.status, attempt_id=traj.id, payload=traj))
+    def _harness(self, extra_turns: int = 0) -> HarnessConfig:
+        self.episodes += 1
+        generation = self.config.harness.generation.model_copy(update={
+            "temperature": self.config.temperature, "seed": self.config.seed * 1_000_003 + self.episodes})
+        return self.config.harness.model_copy(update={
+            "generation": generation, "max_steps": self.config.harness.max_steps + extra_turns})
+
+    def _attempts(self, trajectories: list[Trajectory], prefix_tool_steps: int = 0) -> list[Attempt]:
         if self.store is not None:
             self.store.append(trajectories)
-        return out
+        return [Attempt(reward=outcome_reward(t), status=t.status, attempt_id=t.id, payload=t,
+                        prefix_steps=prefix_tool_steps,
+                        env_steps=sum(s.role == "tool" for s in t.steps[t.metadata.get("prefix_len", 0):]))
+                for t in trajectories]
+
+    def has_prefix(self, prompt_id: str) -> bool:
+        from components.credit_base import assistant_positions
+
+        return prompt_id in self.references and len(assistant_positions(self.references[prompt_id])) >= 2
+
+    def fork(self, prompt_id: str, n: int, fraction: float) -> list[Attempt]:
+        """n episodes continuing from the state after the first `fraction` of the reference's assistant
+        steps: the sandbox forks that step's snapshot, or (none kept) the prefix's tool calls are replayed."""
+        from components.credit_base import assistant_positions, state_end
+
+        ref = self.references[prompt_id]
+        positions = assistant_positions(ref)
+        turns = max(1, min(len(positions) - 1, round(fraction * len(positions))))
+        prefix = ref.steps[:state_end(ref, positions[turns - 1])]
+        snapshot = prefix[-1].sandbox_state_id
+        trajectories = []
+        for _ in range(n):
+            harness = self._harness(extra_turns=turns)  # max_steps counts the prefix's turns too
+            traj = run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client, harness,
+                               prefix_steps=prefix, from_snapshot=snapshot)
+            if snapshot and traj.outcome is Outcome.infra_error and "setup failed" in (traj.outcome_reason or ""):
+                traj = run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client, harness,
+                                   prefix_steps=prefix)  # the snapshot is gone: rebuild the state by replay
+            trajectories.append(traj)
+        return self._attempts(trajectories, prefix_tool_steps=sum(s.role == "tool" for s in prefix))
+
+    def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
+        return self._attempts([run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client,
+                                           self._harness()) for _ in range(n)])
 
 
 def prompt_stream(task_ids: list[str], seed: int) -> Iterator[str]:
@@ -111,14 +149,20 @@ def prompt_stream(task_ids: list[str], seed: int) -> Iterator[str]:
 
 
 def group_samples(groups: list[list[Attempt]], tokenizer: Any, max_len: int) -> list[tuple[list[int], list[int], float]]:
-    """(input_ids, loss_mask, advantage) per episode of the kept groups."""
+    """(input_ids, loss_mask, advantage) per episode of the kept groups. The sampler sets each
+    attempt's advantage (its baseline rule: `RolloutConfig.advantage_baseline`); a forked attempt's
+    teacher prefix is context only (no loss)."""
     from components.core.rendering import render_trajectory
 
     samples = []
     for group in groups:
-        for attempt, adv in zip(group, group_advantages([a.reward for a in group])):
+        fallback = group_advantages([a.reward for a in group])
+        for attempt, adv in zip(group, fallback):
+            adv = attempt.advantage if attempt.advantage is not None else adv
             s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant")
-            ids, mask = s.input_ids[:max_len], s.loss_mask[:max_len]
+            prefix_len = attempt.payload.metadata.get("prefix_len", 0) if attempt.forked else 0
+            loss = [m if i >= prefix_len else 0 for m, i in zip(s.loss_mask, s.step_index)]
+            ids, mask = s.input_ids[:max_len], loss[:max_len]
             if adv != 0.0 and any(mask):
                 samples.append((ids, mask, adv))
     return samples
@@ -162,7 +206,14 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
     base_policy_id = policy.policy_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     budget = RolloutBudget(config.rollout_budget)
+    prompt_history = PromptHistory(config.rollout, config.seed)  # per-prompt posteriors across epochs
     prompts = prompt_stream(sorted(tasks), config.seed)
+    if config.rollout.history:
+        prompts = prompt_history.prefer(prompts)
+    references = {}
+    if config.prefix_trajectories:
+        references = {t.task_id: t for t in TrajectoryStore(config.prefix_trajectories).read()
+                      if t.outcome is Outcome.resolved and t.task_id in tasks}
     records: list[PromptRecord] = []
     history: list[dict[str, float]] = []
     steps_done = 0
@@ -171,11 +222,11 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
 
     with stage_run("rl", config, tracking), config.sandbox.client() as client:
         source = EpisodeSource(tasks, get_recipe(config.recipe, **config.recipe_options), policy, client, config,
-                               TrajectoryStore(out / "rollouts") if config.save_rollouts else None)
+                               TrajectoryStore(out / "rollouts") if config.save_rollouts else None, references)
         t0 = time.perf_counter()
         progress = tqdm(range(config.steps), desc=f"rl ({config.rollout.sampler})", leave=False)
         for step in progress:
-            batch = sample_batch(prompts, source, config.rollout, budget, step=step)
+            batch = sample_batch(prompts, source, config.rollout, budget, step=step, history=prompt_history)
             records.extend(batch.records)
             samples = group_samples(batch.groups, tokenizer, config.max_len)
             row = {f"sampler.{k}": v for k, v in summarize(batch.records).items()}

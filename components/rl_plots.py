@@ -54,3 +54,27 @@ def plot_comparison(arms: dict[str, list[PromptRecord]]) -> Any:
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def plot_arm_ratios(rows: list[dict], baseline: str, metric: str = "informative_groups_per_trajectory") -> Any:
+    """One bar per (population, arm): `metric` relative to the `baseline` arm of the same population."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    populations = list(dict.fromkeys(r["population"] for r in rows))
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
+    base = {r["population"]: r[metric] for r in rows if r["arm"] == baseline}
+    fig, ax = plt.subplots(figsize=(1.6 * len(populations) * len(arms) / 3 + 3, 4))
+    width = 0.8 / len(arms)
+    for j, arm in enumerate(arms):
+        ys = [next((r[metric] / base[p] for r in rows if r["population"] == p and r["arm"] == arm and base.get(p)), 0.0)
+              for p in populations]
+        ax.bar([i + j * width for i in range(len(populations))], ys, width, label=arm)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(populations))], populations)
+    ax.set(ylabel=f"{metric} / {baseline}", title=f"{metric.replace('_', ' ')} relative to {baseline}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

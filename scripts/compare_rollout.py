@@ -1,16 +1,20 @@
-"""Fixed-size group sampling vs Balanced Adaptive Rollout (BAR) at the same rollout budget.
+"""Adaptive rollout vs fixed-size groups, DAPO dynamic sampling and BAR, per generated trajectory.
 
     .venv/bin/python scripts/compare_rollout.py                 # synthetic + real (tiny policy, sandboxes)
     .venv/bin/python scripts/compare_rollout.py --synthetic-only
 
-Held constant between the arms: the model (one SFT checkpoint), the tasks, the reward (verified
-outcome, +1/-1) and the total rollout budget. Measured: informative groups (mixed verified rewards,
-the only groups with a gradient) per generated trajectory, and, for the real arms, the held-out
+Held constant between the arms: the group size N = 8, the prompt set, the order of every epoch, the
+outcome draws (common random numbers: the k-th attempt of a prompt has the same luck in every arm), the
+reward (verified outcome, +1/-1). Budget is counted in trajectories and in environment steps (a forked
+attempt's teacher prefix included). Measured: informative groups (mixed verified rewards, the only
+groups with a gradient) per generated trajectory and per 1k environment steps, trajectories trained on
+/ generated, summed group reward variance per trajectory, and, for the real arms, the held-out
 resolved rate after RL (beside the SFT checkpoint's own rate).
 
-1. Synthetic: prompts with known pass rates drawn from a few populations, both samplers over the same
-   prompt sequence and budget; thousands of prompts, seconds of CPU. BAR is run with the published
-   settings (N=8, N_max=16, s=16, [0.375, 0.625]) and with smaller strides.
+1. Synthetic: a fixed prompt set per population (pass rates known), several epochs; arms: fixed N=8,
+   DAPO N=8 (drop uniform groups, refill), BAR as published (N=8, N_max=16, s=16, [0.375, 0.625]),
+   the sampler's options added one at a time (early stop, + history, + prefix fork) and BAR with all
+   of them. Each arm is an MLflow run with the group-statistics plot (unless --no-synthetic-tracking).
 2. Real: tasks of the built-in SWE suite, an SFT checkpoint (given, or distilled from the scripted
    teacher and trained here), `components.rl.train_rl` for each arm, `components.evaluate` on held-out
    tasks. Each arm is an MLflow run (with the BAR group-statistics plot) under one parent run.
@@ -27,28 +31,31 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run  # noqa: E402
-from components.rl_sampler import Attempt, RolloutBudget, RolloutConfig, sample_batch, summarize  # noqa: E402
+from components.rl_sampling import PromptHistory, RolloutBudget, RolloutConfig, sample_batch, summarize  # noqa: E402
+from components.rl_sampling.synthetic import SyntheticPrompt, SyntheticSource  # noqa: E402
 
 POPULATIONS = {  # pass rate of a prompt
     "uniform": lambda rng: rng.random(),
     "hard": lambda rng: rng.betavariate(0.5, 2.5),  # Beta(0.5, 2.5): mostly rarely solved
     "bimodal": lambda rng: 0.0 if (u := rng.random()) < 0.4 else 1.0 if u < 0.6 else rng.random(),  # 40/20/40
 }
-ARMS = {
-    "fixed N=8": RolloutConfig(sampler="fixed"),
-    "fixed N=16": RolloutConfig(sampler="fixed", group_size=16),
-    "BAR s=16 (published)": RolloutConfig(sampler="bar", stride=16),
-    "BAR s=8": RolloutConfig(sampler="bar", stride=8),
-    "BAR s=4": RolloutConfig(sampler="bar", stride=4),
+_ADAPTIVE = dict(sampler="fixed", stride=2, early_stop=True, advantage_baseline="pool")
+ARMS = {  # the same N = 8 everywhere
+    "fixed N=8": RolloutConfig(sampler="fixed", refill=False),
+    "DAPO N=8": RolloutConfig(sampler="fixed", refill=True),
+    "BAR (published)": RolloutConfig(sampler="bar", stride=16, advantage_baseline="group"),
+    "early stop s=2": RolloutConfig(**_ADAPTIVE),
+    "+ history": RolloutConfig(**_ADAPTIVE, history=True),
+    "+ history + prefix fork": RolloutConfig(**_ADAPTIVE, history=True, prefix_fork=True),
+    "BAR s=4 + all options": RolloutConfig(sampler="bar", stride=4, early_stop=True, history=True, prefix_fork=True),
 }
-
-
-class Bernoulli:
-    def __init__(self, rates: dict[str, float], seed: int):
-        self.rates, self.rng = rates, random.Random(seed)
-
-    def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
-        return [Attempt(reward=1.0 if self.rng.random() < self.rates[prompt_id] else -1.0) for _ in range(n)]
+HEADLINE = "+ history + prefix fork"
+REAL_ARMS = {  # the real arms: each is a train_rl run (MLflow, group-statistics plot) and an evaluation
+    "fixed": dict(sampler="fixed", refill=False),
+    "dapo": dict(sampler="fixed"),
+    "bar": dict(sampler="bar", advantage_baseline="group"),
+    "adaptive": dict(_ADAPTIVE, history=True, prefix_fork=True),
+}
 
 
 def balance(records) -> float:
@@ -57,32 +64,50 @@ def balance(records) -> float:
     return sum(abs(r.group_positives / r.group_size - 0.5) for r in kept) / len(kept) if kept else float("nan")
 
 
-def synthetic(budget: int, seed: int, tracking: TrackingConfig | None, extra: dict[str, list[float]] | None = None):
+def synthetic_prompts(rates: list[float], seed: int, teacher_coverage: float) -> dict[str, SyntheticPrompt]:
+    rng = random.Random(seed + 7)
+    return {f"p{i}": SyntheticPrompt(pass_rate=r, steps=rng.randint(5, 20), has_teacher=rng.random() < teacher_coverage)
+            for i, r in enumerate(rates)}
+
+
+def run_arm(cfg: RolloutConfig, prompts: dict[str, SyntheticPrompt], epochs: int, seed: int) -> list:
+    """Every arm: the same prompt set, the same per-epoch order, the same outcome draws (common random numbers)."""
+    source = SyntheticSource(prompts, seed + 1)
+    history = PromptHistory(cfg, seed + 2)
+    budget = RolloutBudget()
+    records = []
+    for epoch in range(epochs):
+        order = sorted(prompts)
+        random.Random(seed * 1000 + epoch).shuffle(order)
+        stream = history.prefer(iter(order)) if cfg.history else iter(order)
+        step = 0
+        while True:
+            batch = sample_batch(stream, source, cfg, budget, step=epoch * 10_000 + step, history=history)
+            records += batch.records
+            step += 1
+            if batch.stop_reason == "prompts_exhausted":
+                break
+    return records
+
+
+def synthetic(n_prompts: int, epochs: int, seed: int, teacher_coverage: float, tracking: TrackingConfig | None,
+              extra: dict[str, list[float]] | None = None):
     from components.rl_plots import plot_group_statistics
 
     rows = []
     populations = {name: None for name in POPULATIONS} | {name: rates for name, rates in (extra or {}).items()}
     for pop_name, given in populations.items():
         rng = random.Random(seed)
-        draws = given if given is not None else [POPULATIONS[pop_name](rng) for _ in range(budget)]
-        rates = {f"p{i}": draws[i % len(draws)] for i in range(budget)}  # enough prompts for any arm
+        draws = given if given is not None else [POPULATIONS[pop_name](rng) for _ in range(n_prompts)]
+        prompts = synthetic_prompts(draws, seed, teacher_coverage)
         for arm_name, cfg in ARMS.items():
-            cfg = cfg.model_copy(update={"max_prompts_per_batch": budget})
+            cfg = cfg.model_copy(update={"max_prompts_per_batch": 10 * len(prompts), "batch_prompts": 8})
             run_tracking = tracking.model_copy(update={"run_name": f"synthetic {pop_name} / {arm_name}"}) if tracking else None
             with stage_run("compare-rollout-synthetic", cfg, run_tracking):
-                b = RolloutBudget(budget)
-                records = []
-                prompts = iter(rates)
-                source = Bernoulli(rates, seed + 1)
-                while b.remaining > 0:
-                    batch = sample_batch(prompts, source, cfg, b)
-                    records += batch.records
-                    if batch.stop_reason != "full":
-                        break
-                s = summarize(records)
-                row = {"population": pop_name, "arm": arm_name, **s, "imbalance": balance(records)}
+                records = run_arm(cfg, prompts, epochs, seed)
+                row = {"population": pop_name, "arm": arm_name, **summarize(records), "imbalance": balance(records)}
                 log_metrics({k: v for k, v in row.items() if isinstance(v, float)})
-                if cfg.sampler == "bar" and tracking is not None:
+                if tracking is not None and tracking.enabled:
                     import matplotlib.pyplot as plt
 
                     fig = plot_group_statistics(records, f"{arm_name}, {pop_name}")
@@ -92,25 +117,28 @@ def synthetic(budget: int, seed: int, tracking: TrackingConfig | None, extra: di
     return rows
 
 
-def print_synthetic(rows: list[dict]) -> None:
+def print_synthetic(rows: list[dict], n_prompts: int, epochs: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="Synthetic: informative groups per trajectory at equal budget")
-    for col in ("population", "arm", "trajectories", "informative groups", "per trajectory", "vs fixed N=8",
-                "vs fixed N=16", "traj/prompt", "imbalance"):
+    table = Table(title=f"Synthetic: {n_prompts} prompts x {epochs} epochs, N=8 in every arm")
+    for col in ("population", "arm", "traj", "env steps", "groups", "groups/traj", "vs fixed", "vs DAPO",
+                "groups/1k steps", "trained/gen", "var/traj", "skipped", "abandoned", "forked", "imbalance"):
         table.add_column(col, justify="right")
-    per = {(r["population"], r["arm"]): r["informative_groups_per_trajectory"] for r in rows}
+    per = {(r["population"], r["arm"]): r for r in rows}
 
-    def ratio(r: dict, base: str) -> str:
-        b = per.get((r["population"], base))
-        return f"{r['informative_groups_per_trajectory'] / b:.2f}x" if b else "-"
+    def ratio(r: dict, base: str, key: str = "informative_groups_per_trajectory") -> str:
+        b = per.get((r["population"], base), {}).get(key)
+        return f"{r[key] / b:.2f}x" if b else "-"
 
     for r in rows:
-        table.add_row(r["population"], r["arm"], f"{r['trajectories']:.0f}", f"{r['informative_groups']:.0f}",
-                      f"{r['informative_groups_per_trajectory']:.4f}", ratio(r, "fixed N=8"), ratio(r, "fixed N=16"),
-                      f"{r['trajectories_per_prompt']:.1f}", f"{r['imbalance']:.3f}")
-    Console(width=140).print(table)
+        table.add_row(r["population"], r["arm"], f"{r['trajectories']:.0f}", f"{r['env_steps']:.0f}",
+                      f"{r['informative_groups']:.0f}", f"{r['informative_groups_per_trajectory']:.4f}",
+                      ratio(r, "fixed N=8"), ratio(r, "DAPO N=8"), f"{r['informative_groups_per_1k_env_steps']:.2f}",
+                      f"{r['trained_over_generated']:.2f}", f"{r['group_reward_variance_per_trajectory']:.4f}",
+                      f"{r.get('dropped_skipped', 0):.0f}", f"{r.get('dropped_abandoned', 0):.0f}",
+                      f"{r['forked_trajectories']:.0f}", f"{r['imbalance']:.3f}")
+    Console(width=200).print(table)
 
 
 def build_sft_model(args, sandbox, tasks_dir: Path, work: Path, tracking) -> Path:
@@ -150,13 +178,15 @@ def real(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
                           workers=1, seed=args.seed)
     named = lambda name: tracking.model_copy(update={"run_name": name}) if tracking else None  # noqa: E731
     out = {"sft": evaluate(eval_cfg, tasks_dir, model_dir, work / "eval" / "sft", named("eval sft")).model_dump()}
-    for arm in ("fixed", "bar"):
+    references = work / "distilled"  # the teacher's trajectories: what the adaptive arm forks from
+    for arm in args.real_arms:
+        rollout = {"stride": args.stride} | REAL_ARMS[arm]
         cfg = RLConfig(
-            rollout=RolloutConfig(sampler=arm, stride=args.stride, batch_prompts=args.batch_prompts,
-                                  max_prompts_per_batch=64),
+            rollout=RolloutConfig(**rollout, batch_prompts=args.batch_prompts, max_prompts_per_batch=64),
             rollout_budget=args.budget, steps=-(-args.budget // 8),  # an upper bound: the budget ends it
             learning_rate=args.lr, harness=harness, sandbox=sandbox,
             temperature=1.0, seed=args.seed, num_threads=args.threads,
+            prefix_trajectories=str(references) if rollout.get("prefix_fork") and references.exists() else None,
         )
         rl = train_rl(cfg, tasks_dir, model_dir, work / f"rl-{arm}", tracking=named(f"rl {arm}"))
         ev = evaluate(eval_cfg, tasks_dir, rl.model_dir, work / "eval" / arm, named(f"eval rl {arm}"))
@@ -233,16 +263,20 @@ def print_real(out: dict) -> None:
     sft = out["sft"]
     table.add_row("SFT (start)", "-", "-", "-", "-", "-", "-",
                   f"{sft['resolved_rate']:.3f} [{sft['resolved_rate_ci95'][0]:.2f}, {sft['resolved_rate_ci95'][1]:.2f}]")
-    for arm in ("fixed", "bar"):
+    arms = [a for a in REAL_ARMS if a in out]
+    for arm in arms:
         rl, ev = out[arm]["rl"], out[arm]["eval"]
         table.add_row(arm, str(rl["trajectories"]), str(rl["informative_groups"]),
                       f"{rl['informative_groups_per_trajectory']:.4f}", str(rl["steps_done"]), str(rl["infra_errors"]),
                       f"{out[arm]['imbalance']:.3f}",
                       f"{ev['resolved_rate']:.3f} [{ev['resolved_rate_ci95'][0]:.2f}, {ev['resolved_rate_ci95'][1]:.2f}]")
     Console(width=140).print(table)
-    f, b = (out[a]["rl"]["informative_groups_per_trajectory"] for a in ("fixed", "bar"))
-    print(f"real: BAR / fixed informative groups per trajectory = {b / f:.2f}x" if f else
-          "real: the fixed arm produced no informative group (ratio undefined)")
+    base = arms[0]
+    f = out[base]["rl"]["informative_groups_per_trajectory"]
+    for arm in arms[1:]:
+        b = out[arm]["rl"]["informative_groups_per_trajectory"]
+        print(f"real: {arm} / {base} informative groups per trajectory = {b / f:.2f}x" if f else
+              f"real: {arm} {b:.4f} groups per trajectory; the {base} arm produced none (ratio undefined)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -252,13 +286,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--teacher-sampling", action="store_true",
                    help="Sandbox part with the scripted teacher as the rollout policy (sampler only, no training).")
     p.add_argument("--teacher-sampling-error-rate", type=float, default=0.5)
-    p.add_argument("--synthetic-budget", type=int, default=8192, help="Rollouts per synthetic arm.")
+    p.add_argument("--synthetic-prompts", type=int, default=512, help="Fixed prompt set per synthetic population.")
+    p.add_argument("--synthetic-epochs", type=int, default=3, help="Passes over the prompt set in every arm.")
+    p.add_argument("--teacher-coverage", type=float, default=0.8,
+                   help="Fraction of synthetic prompts with a successful teacher trajectory to fork from.")
+    p.add_argument("--no-synthetic-tracking", action="store_true", help="Skip the per-arm MLflow runs and plots.")
     p.add_argument("--model-dir", default=None, help="SFT checkpoint (default: distill + SFT here).")
     p.add_argument("--train-tasks", type=int, default=16)
     p.add_argument("--heldout-tasks", type=int, default=8)
     p.add_argument("--budget", type=int, default=64, help="Rollouts per real arm.")
     p.add_argument("--batch-prompts", type=int, default=2, help="Groups per RL update.")
     p.add_argument("--stride", type=int, default=16, help="BAR stride s in the real arms.")
+    p.add_argument("--real-arms", nargs="+", choices=list(REAL_ARMS), default=list(REAL_ARMS),
+                   help="Real arms to train (the first is the ratio's baseline).")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--max-steps", type=int, default=8, help="Assistant turns per episode.")
     p.add_argument("--max-new-tokens", type=int, default=160)
@@ -294,20 +334,34 @@ def main(argv: list[str] | None = None) -> None:
                 with EmbeddedService() as service:
                     out[key] = part(args, service.connection(), args.work_dir, child)
         measured = {}
-        if "real" in out and out["real"]["fixed"]["pass_rates"]:
-            measured["measured"] = list(out["real"]["fixed"]["pass_rates"].values())
-        out["synthetic"] = synthetic(args.synthetic_budget, args.seed, child, measured)
-        print_synthetic(out["synthetic"])
+        first = next((a for a in REAL_ARMS if a in out.get("real", {})), None)
+        if first and out["real"][first]["pass_rates"]:
+            measured["measured"] = list(out["real"][first]["pass_rates"].values())
+        out["synthetic"] = synthetic(args.synthetic_prompts, args.synthetic_epochs, args.seed, args.teacher_coverage,
+                                     None if args.no_synthetic_tracking else child, measured)
+        print_synthetic(out["synthetic"], args.synthetic_prompts, args.synthetic_epochs)
+        _log_synthetic_plot(out["synthetic"])
         if "real" in out:
             print_real(out["real"])
-            f, b = (out["real"][a]["rl"]["informative_groups_per_trajectory"] for a in ("fixed", "bar"))
-            log_metrics({"real.ratio_bar_over_fixed": b / f if f else float("nan"),
-                         **{f"real.{a}.heldout_resolved_rate": out["real"][a]["eval"]["resolved_rate"]
-                            for a in ("fixed", "bar")},
+            arms = [a for a in REAL_ARMS if a in out["real"]]
+            log_metrics({**{f"real.{a}.informative_groups_per_trajectory":
+                            out["real"][a]["rl"]["informative_groups_per_trajectory"] for a in arms},
+                         **{f"real.{a}.heldout_resolved_rate": out["real"][a]["eval"]["resolved_rate"] for a in arms},
                          "real.sft.heldout_resolved_rate": out["real"]["sft"]["resolved_rate"]})
         _log_comparison_plot(args.work_dir)
         log_json(out, "compare_rollout.json")
     (args.work_dir / "compare_rollout.json").write_text(json.dumps(out, indent=2, default=str))
+
+
+def _log_synthetic_plot(rows: list[dict]) -> None:
+    """Informative groups per trajectory of every synthetic arm relative to fixed N=8, on the parent run."""
+    import matplotlib.pyplot as plt
+
+    from components.rl_plots import plot_arm_ratios
+
+    fig = plot_arm_ratios(rows, "fixed N=8")
+    log_figure(fig, "synthetic_groups_per_trajectory.png")
+    plt.close(fig)
 
 
 def _log_comparison_plot(work: Path) -> None:
@@ -316,7 +370,7 @@ def _log_comparison_plot(work: Path) -> None:
     from components.rl_sampler import PromptRecord
 
     arms = {}
-    for arm in ("fixed", "bar"):
+    for arm in REAL_ARMS:
         path = work / f"rl-{arm}" / "rollout_records.jsonl"
         if path.exists():
             arms[arm] = [PromptRecord.model_validate_json(line) for line in open(path)]

@@ -10,9 +10,8 @@ from components.rl_sampler import (
     Attempt,
     RolloutBudget,
     RolloutConfig,
-    bar_sample_prompt,
-    fixed_sample_prompt,
     sample_batch,
+    sample_prompt,
     summarize,
 )
 
@@ -65,7 +64,7 @@ def rewards(result) -> list:
 def test_all_fail_and_all_pass_prompts_spend_the_budget_and_are_dropped():
     src = ScriptedSource({"p0": [N] * 16, "p1": [P] * 16})
     for pid in ("p0", "p1"):
-        res = bar_sample_prompt(pid, src, cfg(), RolloutBudget())
+        res = sample_prompt(pid, src, cfg(), RolloutBudget())
         r = res.record
         assert (r.generated, len(r.waves), r.rule, r.kept, r.drop_reason) == (16, 4, "widened", False, "zero_std")
         assert res.group == []
@@ -74,19 +73,19 @@ def test_all_fail_and_all_pass_prompts_spend_the_budget_and_are_dropped():
 
 def test_balanced_prompt_stops_after_the_first_stride():
     src = ScriptedSource({"half": [P, N] * 8})
-    res = bar_sample_prompt("half", src, cfg(stride=8), RolloutBudget())
+    res = sample_prompt("half", src, cfg(stride=8), RolloutBudget())
     assert (res.record.generated, len(res.record.waves), res.record.rule) == (8, 1, "balanced")
     assert sorted(rewards(res)) == [N] * 4 + [P] * 4
     assert src.calls == [("half", 8)]
     # With a smaller stride it cannot assemble before N attempts exist, then stops at once.
-    res = bar_sample_prompt("half", ScriptedSource({"half": [P, N] * 8}), cfg(stride=4), RolloutBudget())
+    res = sample_prompt("half", ScriptedSource({"half": [P, N] * 8}), cfg(stride=4), RolloutBudget())
     assert res.record.generated == 8 and [w.balanced for w in res.record.waves] == [False, True]
 
 
 def test_skewed_prompt_keeps_sampling_until_the_group_can_be_balanced():
     # N=8, [0.375, 0.625] -> 3..5 positives, target 4. Two positives in the first 8, a third at 12.
     script = [P, N, N, N, N, N, P, N] + [N, N, N, P] + [P] * 4
-    res = bar_sample_prompt("skew", ScriptedSource({"skew": script}), cfg(), RolloutBudget())
+    res = sample_prompt("skew", ScriptedSource({"skew": script}), cfg(), RolloutBudget())
     assert res.record.generated == 12 and res.record.rule == "balanced"
     assert res.record.group_positives == 3 and len(res.group) == 8
     # Positives first in generation order, then the earliest negatives.
@@ -95,7 +94,7 @@ def test_skewed_prompt_keeps_sampling_until_the_group_can_be_balanced():
 
 def test_budget_exhaustion_widens_to_any_mix():
     script = [N] * 9 + [P] + [N] * 6  # one success in 16: never balanced
-    res = bar_sample_prompt("rare", ScriptedSource({"rare": script}), cfg(), RolloutBudget())
+    res = sample_prompt("rare", ScriptedSource({"rare": script}), cfg(), RolloutBudget())
     r = res.record
     assert (r.generated, r.rule, r.group_positives, r.kept) == (16, "widened", 1, True)
     assert sorted(rewards(res)) == [N] * 7 + [P]
@@ -103,20 +102,20 @@ def test_budget_exhaustion_widens_to_any_mix():
 
 def test_target_is_the_closest_feasible_positive_count():
     # One wave of 16 with 12 positives and 4 negatives: the target n+ = 4 can be filled.
-    res = bar_sample_prompt("hi", ScriptedSource({"hi": [P] * 12 + [N] * 4}), cfg(stride=16), RolloutBudget())
+    res = sample_prompt("hi", ScriptedSource({"hi": [P] * 12 + [N] * 4}), cfg(stride=16), RolloutBudget())
     assert res.record.group_positives == 4
     # Only 3 negatives: n+ must be >= 5, the range's upper end.
-    res = bar_sample_prompt("hi", ScriptedSource({"hi": [P] * 13 + [N] * 3}), cfg(stride=16), RolloutBudget())
+    res = sample_prompt("hi", ScriptedSource({"hi": [P] * 13 + [N] * 3}), cfg(stride=16), RolloutBudget())
     assert (res.record.rule, res.record.group_positives) == ("balanced", 5)
     # Only 2 negatives: no balanced group; widened picks 6 (closest to 4 that can be filled).
-    res = bar_sample_prompt("hi", ScriptedSource({"hi": [P] * 14 + [N] * 2}), cfg(stride=16), RolloutBudget())
+    res = sample_prompt("hi", ScriptedSource({"hi": [P] * 14 + [N] * 2}), cfg(stride=16), RolloutBudget())
     assert (res.record.rule, res.record.group_positives, res.record.kept) == ("widened", 6, True)
 
 
 def test_infra_failures_are_never_negatives():
     # 4 successes and 4 crashes/timeouts first: counting those as -1 would "balance" after wave 1.
     script = [P, CRASH, P, TIMEOUT, P, CRASH, P, TIMEOUT] + [N, CRASH, N, N, N, P, P, P]
-    res = bar_sample_prompt("x", ScriptedSource({"x": script}), cfg(stride=8), RolloutBudget())
+    res = sample_prompt("x", ScriptedSource({"x": script}), cfg(stride=8), RolloutBudget())
     r = res.record
     assert r.generated == 16 and [w.balanced for w in r.waves] == [False, True]
     assert (r.pool_aborted, r.group_positives) == (5, 4)
@@ -126,7 +125,7 @@ def test_infra_failures_are_never_negatives():
 
 def test_too_few_verified_attempts_fall_back_to_top_ranked_and_drop_the_group():
     script = [CRASH] * 5 + [P, P, P, N, N, N] + [TIMEOUT] * 5
-    res = bar_sample_prompt("sick", ScriptedSource({"sick": script}), cfg(), RolloutBudget())
+    res = sample_prompt("sick", ScriptedSource({"sick": script}), cfg(), RolloutBudget())
     r = res.record
     assert (r.rule, r.kept, r.drop_reason, r.group_size) == ("top_ranked", False, "aborted", 8)
     assert r.group_indices[:6] == [5, 6, 7, 8, 9, 10]  # verified attempts rank above aborted ones
@@ -135,13 +134,13 @@ def test_too_few_verified_attempts_fall_back_to_top_ranked_and_drop_the_group():
 
 def test_ranking_prefers_completed_over_truncated_and_time_truncated_goes_to_backfill():
     script = ([(N, S.truncated)] * 4 + [(N, S.time_truncated)] * 4 + [P] * 4 + [N] * 4)
-    res = bar_sample_prompt("r", ScriptedSource({"r": script}), cfg(stride=16), RolloutBudget())
+    res = sample_prompt("r", ScriptedSource({"r": script}), cfg(stride=16), RolloutBudget())
     r = res.record
     assert r.rule == "balanced" and r.group_positives == 4
     assert r.waves[0].backfill == 4  # the time-truncated ones
     assert r.group_indices == [8, 9, 10, 11, 12, 13, 14, 15]  # completed negatives beat truncated ones
     # Time-truncated attempts may count as verified negatives when configured so.
-    res = bar_sample_prompt("r", ScriptedSource({"r": [(N, S.time_truncated)] * 4 + [P] * 4}),
+    res = sample_prompt("r", ScriptedSource({"r": [(N, S.time_truncated)] * 4 + [P] * 4}),
                             cfg(stride=8, time_truncated_to_backfill=False), RolloutBudget())
     assert res.record.rule == "balanced" and res.record.generated == 8
 
@@ -175,10 +174,10 @@ def test_global_budget_and_prompt_cap_stop_the_batch():
 
 def test_fixed_sampler_uses_exactly_n_and_excludes_infra_failures():
     src = ScriptedSource({"f": [P, CRASH, N, N, TIMEOUT, N, P, N], "u": [N] * 8})
-    res = fixed_sample_prompt("f", src, cfg(sampler="fixed"), RolloutBudget())
+    res = sample_prompt("f", src, cfg(sampler="fixed"), RolloutBudget())
     assert (res.record.generated, res.record.kept, len(res.group), res.record.pool_aborted) == (8, True, 6, 2)
     assert sorted(rewards(res)) == [N, N, N, N, P, P]
-    res = fixed_sample_prompt("u", src, cfg(sampler="fixed"), RolloutBudget())
+    res = sample_prompt("u", src, cfg(sampler="fixed"), RolloutBudget())
     assert (res.record.kept, res.record.drop_reason) == (False, "zero_std")
 
 
@@ -210,7 +209,7 @@ def test_summary_counts_informative_groups_per_trajectory():
 
 def test_source_must_return_what_was_asked_and_config_is_validated():
     with pytest.raises(ValueError, match="asked for 4"):
-        bar_sample_prompt("x", lambda pid, n: [], cfg(), RolloutBudget())
+        sample_prompt("x", lambda pid, n: [], cfg(), RolloutBudget())
     with pytest.raises(ValueError, match="rho_min"):
         RolloutConfig(rho_min=0.7, rho_max=0.6)
     with pytest.raises(ValueError, match="raise N_max"):

@@ -1,0 +1,16 @@
+"""Group sampling for group-relative RL: fixed / DAPO / BAR groups with early abandon, history-aware
+prompt selection and prefix-fork sampling as options of one sampler (see `sampler.py`'s header)."""
+
+from components.rl_sampling.history import PromptHistory, PromptStats
+from components.rl_sampling.records import (
+    Attempt, PrefixForkSource, PromptRecord, PromptResult, RolloutBudget, RolloutSource, SampledBatch,
+    StrideRecord, summarize,
+)
+from components.rl_sampling.rules import advantages, p_all_same, p_mixed
+from components.rl_sampling.sampler import RolloutConfig, sample_batch, sample_prompt
+
+__all__ = [
+    "Attempt", "PrefixForkSource", "PromptHistory", "PromptRecord", "PromptResult", "PromptStats", "RolloutBudget",
+    "RolloutConfig", "RolloutSource", "SampledBatch", "StrideRecord", "advantages", "p_all_same", "p_mixed",
+    "sample_batch", "sample_prompt", "summarize",
+]

@@ -1,0 +1,91 @@
+"""The per-prompt rules: BAR's group choice, the drop filter, the Beta posterior and the advantages."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from components.core.schema import EpisodeStatus
+from components.rl_sampling.records import Attempt, DropReason
+
+
+def positive_range(n: int, rho_min: float, rho_max: float) -> tuple[int, int]:
+    """[ceil(rho_min N), floor(rho_max N)] (with a tolerance so 0.375 * 8 is exactly 3)."""
+    return math.ceil(rho_min * n - 1e-9), math.floor(rho_max * n + 1e-9)
+
+
+def target_positives(n: int, rho_min: float, rho_max: float) -> int:
+    """round(rho* N) with rho* the midpoint; halves round up (not Python's banker's rounding)."""
+    return math.floor((rho_min + rho_max) / 2 * n + 0.5)
+
+
+def choose_positives(n_pos: int, n_neg: int, n: int, lo: int, hi: int, target: int) -> int | None:
+    """The n+ in [lo, hi] closest to target that n_pos positives and n_neg negatives can fill, or None."""
+    feasible = [k for k in range(lo, hi + 1) if k <= n_pos and n - k <= n_neg]
+    return min(feasible, key=lambda k: (abs(k - target), k)) if feasible else None
+
+
+def split_pool(pool: list[Attempt], time_truncated_to_backfill: bool) -> tuple[list[Attempt], ...]:
+    """(positives, negatives, backfill), each sorted by rank."""
+    pos, neg, back = [], [], []
+    for a in pool:
+        if a.aborted or (time_truncated_to_backfill and a.status is EpisodeStatus.time_truncated):
+            back.append(a)
+        elif a.reward > 0:  # type: ignore[operator]
+            pos.append(a)
+        else:
+            neg.append(a)
+    return tuple(sorted(p, key=lambda a: a.rank) for p in (pos, neg, back))
+
+
+def drop_reason(group: list[Attempt], n: int | None) -> DropReason | None:
+    """Why a group cannot train, or None if it is informative."""
+    if any(a.aborted for a in group):
+        return "aborted"
+    if len(group) < (n if n is not None else 2):
+        return "short"
+    rewards = [a.reward for a in group]
+    if max(rewards) == min(rewards):  # type: ignore[type-var]
+        return "zero_std"
+    if not any(r > 0 for r in rewards):  # type: ignore[operator]
+        return "no_positive"
+    return None
+
+
+def _log_beta(a: float, b: float) -> float:
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
+
+
+def p_all_same(alpha: float, beta: float, m: int, positive: bool) -> float:
+    """P(the next m Bernoulli outcomes are all positive (or all negative)) under Beta(alpha, beta):
+    E[p^m] = B(alpha + m, beta) / B(alpha, beta), E[(1 - p)^m] = B(alpha, beta + m) / B(alpha, beta)."""
+    if m <= 0:
+        return 1.0
+    a, b = (alpha + m, beta) if positive else (alpha, beta + m)
+    return math.exp(_log_beta(a, b) - _log_beta(alpha, beta))
+
+
+def p_mixed(alpha: float, beta: float, n: int) -> float:
+    """P(a fresh group of n holds both outcomes) under Beta(alpha, beta): how informative a prompt looks."""
+    return max(0.0, 1.0 - p_all_same(alpha, beta, n, True) - p_all_same(alpha, beta, n, False))
+
+
+def reward_variance(rewards: Sequence[float]) -> float:
+    if not rewards:
+        return 0.0
+    mean = sum(rewards) / len(rewards)
+    return sum((r - mean) ** 2 for r in rewards) / len(rewards)
+
+
+def advantages(group: Sequence[float], baseline_from: Sequence[float], eps: float = 1e-6) -> list[float]:
+    """(r - mean) / std for the group's rewards, with mean and (population) std taken over `baseline_from`:
+    the group itself (GRPO), or every verified attempt of the prompt (Reinforce-Ada's global baseline).
+    With `baseline_from == group` this is `rl_loss.group_advantages` exactly."""
+    if any(r is None for r in list(group) + list(baseline_from)):
+        raise ValueError("an attempt without a verified reward reached the advantage computation; "
+                         "the sampler must keep infra failures out of groups and baselines")
+    if not baseline_from:
+        raise ValueError("empty baseline: no verified attempt for this prompt")
+    mean = sum(baseline_from) / len(baseline_from)
+    std = math.sqrt(reward_variance(baseline_from))
+    return [0.0 if std < eps else (r - mean) / std for r in group]

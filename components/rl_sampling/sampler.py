@@ -1,0 +1,287 @@
+"""The group sampler: one loop, with BAR or fixed-size groups and three opt-in options.
+
+Pure logic over an abstract `RolloutSource` (prompt id, n -> n attempts), so every rule can be tested
+on synthetic reward sources with known pass rates; `components/rl.py` plugs in real sandbox episodes.
+
+Groups (`sampler`):
+- "fixed": N attempts per prompt (DAPO dynamic sampling when `refill`: uniform groups are dropped and
+  more prompts are pulled until `batch_prompts` groups are informative).
+- "bar", Balanced Adaptive Rollout as published (arXiv 2605.15040): `stride` attempts per wave up to
+  N_max; after each wave choose n+ positives closest to round(rho* N) within [ceil(rho_min N),
+  floor(rho_max N)] that the pool can fill (aborted / time-truncated attempts go to a backfill pile
+  and never carry a reward into the balanced choice; each pile ranked completed > truncated >
+  time_truncated > aborted, then generation order) and stop; when N_max is spent widen to [0, 1],
+  then take the N top-ranked attempts; finally drop groups with an aborted sample, zero std or no
+  positive.
+
+Options (each decision lands in the prompt's `PromptRecord` / `StrideRecord`):
+1. `early_stop`: after every wave whose verified attempts all agree, the Beta posterior of the pass
+   rate (prior: `prior_alpha/beta`, or the prompt's history) gives the probability that every attempt
+   still to come would agree too; at or above `abandon_threshold` the prompt is abandoned (or, when
+   all failed and a teacher prefix exists, forked: option 3).
+2. `history`: a per-prompt posterior carried across epochs (`PromptHistory`); prompts whose last
+   `skip_after_uniform_visits` visits were zero-variance are skipped except with probability
+   `skip_explore` (GRESO, arXiv 2506.02177); within a `lookahead` window prompts whose posterior makes
+   a mixed group likeliest (pass rate nearest 1/2) go first; the posterior is the early-stop prior.
+3. `prefix_fork`: for a prompt the policy does not solve (all of its first waves failed and the
+   posterior says the rest would, or it was never solved in earlier epochs), the remaining attempts
+   start from the state after the first `prefix_fraction` of a successful teacher trajectory (sandbox
+   forked from that step's snapshot, or the prefix replayed). The prefix is context only (no loss),
+   its length is recorded, and its environment steps count in the budget. The fraction adapts per
+   prompt toward forked pass rate 1/2 (longer after all forked attempts fail, shorter after all pass).
+
+Deviations from the published rule (BAR), numbered:
+1. Advantages use a baseline from all of the prompt's verified attempts (`advantage_baseline="pool"`,
+   Reinforce-Ada's global baseline), not from the chosen group. BAR picks a deliberately balanced
+   subset, so a group-level mean is ~0 and std ~1 whatever the prompt's pass rate: a success on a
+   prompt solved 3 times in 16 got the same +1.29 as one solved 3 times in 8. With the pool baseline
+   it gets +2.08 (mean -0.625, std 0.78 over the 16); the group's advantages no longer sum to zero,
+   which is the point: the subset changes which samples train, not how good each is judged. For
+   fixed groups the pool is the group, so nothing changes. `"group"` restores the published rule.
+2. "Aborted" means no verified reward (`reward is None` or status `aborted`: sandbox crash, service
+   timeout, a verification run's OOM, lost agent; a policy command's own OOM is its outcome, see
+   components/core/harness.py); such an attempt never carries a reward, and the final filter drops any group holding one. Time-truncated attempts that
+   were verified keep their reward if the last-resort top-N fill puts them in a group.
+3. A group smaller than N (only when the global budget runs out mid-prompt) is dropped.
+4. Fixed-size groups remove attempts without a verified reward (they never enter mean/std).
+5. Options 1-3 are not part of BAR; with all three off and `advantage_baseline="group"` the sampler
+   is the published rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from components.rl_sampling.history import PromptHistory
+from components.rl_sampling.records import (
+    Attempt, PrefixForkSource, PromptRecord, PromptResult, RolloutBudget, RolloutSource, Rule, Sampler,
+    SampledBatch, StrideRecord, DropReason,
+)
+from components.rl_sampling.rules import (
+    advantages, choose_positives, drop_reason, p_all_same, positive_range, reward_variance, split_pool,
+    target_positives,
+)
+
+
+class RolloutConfig(BaseModel):
+    """How groups are sampled. Defaults are the published BAR settings with every option off."""
+
+    model_config = ConfigDict(extra="forbid")
+    # --- how a group is assembled
+    sampler: Sampler = Field("bar", description="Balanced Adaptive Rollout or fixed-size groups.")
+    group_size: int = Field(8, ge=2, description="N: attempts per training group.")
+    max_rollouts_per_prompt: int = Field(16, ge=2, description="N_max: per-prompt attempt budget (BAR).")
+    stride: int = Field(16, ge=1, description="s: attempts per wave (BAR; fixed groups only with early_stop "
+                                              "or prefix_fork, otherwise one wave of N).")
+    rho_min: float = Field(0.375, ge=0.0, le=1.0, description="Lowest target fraction of positives in a group.")
+    rho_max: float = Field(0.625, ge=0.0, le=1.0, description="Highest target fraction of positives in a group.")
+    time_truncated_to_backfill: bool = Field(
+        True, description="Time-truncated attempts go to the backfill pile, not to the balanced choice.")
+    advantage_baseline: Literal["pool", "group"] = Field(
+        "pool", description="Mean/std for advantages over all verified attempts of the prompt (Reinforce-Ada) "
+                            "or over the chosen group only (published BAR/GRPO). Same for fixed groups.")
+    # --- batches
+    batch_prompts: int = Field(4, ge=1, description="Groups (prompts) per training batch.")
+    max_prompts_per_batch: int = Field(32, ge=1, description="Cap on prompts pulled (skips included) per batch.")
+    refill: bool = Field(True, description="Pull prompts until batch_prompts groups are informative (DAPO dynamic "
+                                           "sampling); False: a batch is batch_prompts sampled prompts.")
+    # --- option 1: sequential early abandon
+    early_stop: bool = Field(False, description="Abandon a prompt whose waves agree when the rest likely will too.")
+    abandon_threshold: float = Field(0.5, gt=0.0, le=1.0,
+                                     description="Abandon when P(all remaining attempts agree) >= this.")
+    prior_alpha: float = Field(1.0, gt=0.0, description="Beta prior of a prompt's pass rate: successes.")
+    prior_beta: float = Field(1.0, gt=0.0, description="Beta prior of a prompt's pass rate: failures.")
+    # --- option 2: history across epochs
+    history: bool = Field(False, description="Carry a per-prompt posterior across epochs (PromptHistory).")
+    skip_after_uniform_visits: int = Field(1, ge=1, description="Skip after this many zero-variance visits in a row.")
+    skip_explore: float = Field(0.1, ge=0.0, le=1.0, description="Probability of sampling such a prompt anyway.")
+    history_decay: float = Field(1.0, ge=0.0, le=1.0, description="Weight kept by old evidence at each visit.")
+    lookahead: int = Field(1, ge=1, description="Window within which likelier-informative prompts go first.")
+    # --- option 3: prefix-fork sampling
+    prefix_fork: bool = Field(False, description="Fork unsolved prompts from a teacher-trajectory prefix.")
+    prefix_fraction: float = Field(0.5, gt=0.0, lt=1.0, description="Initial prefix fraction per prompt.")
+    prefix_fraction_step: float = Field(0.1, ge=0.0, le=0.5, description="Per-visit adaptation of the fraction.")
+    prefix_fraction_min: float = Field(0.1, gt=0.0, lt=1.0)
+    prefix_fraction_max: float = Field(0.9, gt=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutConfig:
+        if self.rho_min > self.rho_max:
+            raise ValueError(f"rho_min={self.rho_min} > rho_max={self.rho_max}; the target range is empty")
+        if self.max_rollouts_per_prompt < self.group_size:
+            raise ValueError(f"max_rollouts_per_prompt={self.max_rollouts_per_prompt} < group_size="
+                             f"{self.group_size}: BAR could never fill a group; raise N_max")
+        lo, hi = positive_range(self.group_size, self.rho_min, self.rho_max)
+        if lo > hi:
+            raise ValueError(f"[rho_min, rho_max]=[{self.rho_min}, {self.rho_max}] holds no whole number of "
+                             f"positives for group_size={self.group_size}; widen the range")
+        if self.prefix_fork and not (self.early_stop or self.history):
+            raise ValueError("prefix_fork needs early_stop or history to tell which prompts the policy does not "
+                             "solve; enable one of them")
+        if (self.prefix_fork or self.early_stop) and self.stride >= self.group_size:
+            raise ValueError(f"early_stop / prefix_fork decide between waves; stride={self.stride} must be smaller "
+                             f"than group_size={self.group_size}")
+        if self.lookahead > 1 and not self.history:
+            raise ValueError("lookahead orders prompts by their history; enable history")
+        return self
+
+    @property
+    def waves_within_group(self) -> bool:
+        return self.sampler == "bar" or self.early_stop or self.prefix_fork
+
+
+def _generate(source: RolloutSource, prompt_id: str, n: int, pool: list[Attempt], budget: RolloutBudget,
+              fraction: float | None = None) -> int:
+    new = source(prompt_id, n) if fraction is None else source.fork(prompt_id, n, fraction)  # type: ignore[attr-defined]
+    if len(new) != n:
+        raise ValueError(f"rollout source returned {len(new)} attempts for {prompt_id!r}, asked for {n}; "
+                         "a source must turn every failure into an attempt with reward=None")
+    for a in new:
+        a.prompt_id, a.index = prompt_id, len(pool)
+        pool.append(a)
+        budget.env_steps += a.env_steps + a.prefix_steps
+    budget.spent += n
+    return n
+
+
+def _assemble(pool: list[Attempt], cfg: RolloutConfig, final: bool) -> tuple[list[Attempt] | None, Rule]:
+    """The group the pool allows now (BAR: balanced; at the end widened or top-ranked; fixed: verified)."""
+    n = cfg.group_size
+    if cfg.sampler == "fixed":
+        return ([a for a in pool if not a.aborted], "fixed") if final else (None, "none")
+    target = target_positives(n, cfg.rho_min, cfg.rho_max)
+    pos, neg, _ = split_pool(pool, cfg.time_truncated_to_backfill)
+    k = choose_positives(len(pos), len(neg), n, *positive_range(n, cfg.rho_min, cfg.rho_max), target)
+    if k is not None:
+        return pos[:k] + neg[: n - k], "balanced"
+    if not final:
+        return None, "none"
+    k = choose_positives(len(pos), len(neg), n, 0, n, target)
+    if k is not None:
+        return pos[:k] + neg[: n - k], "widened"
+    return sorted(pool, key=lambda a: a.rank)[:n], "top_ranked"
+
+
+def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, budget: RolloutBudget,
+                  step: int = 0, history: PromptHistory | None = None) -> PromptResult:
+    """Sample one prompt under `cfg`; the result's group is empty unless it trains."""
+    cap = cfg.max_rollouts_per_prompt if cfg.sampler == "bar" else cfg.group_size
+    stride = cfg.stride if cfg.waves_within_group else cfg.group_size
+    stats = history.get(prompt_id) if history is not None else None
+    prior = (stats.alpha, stats.beta) if stats is not None else (cfg.prior_alpha, cfg.prior_beta)
+    can_fork = (cfg.prefix_fork and isinstance(source, PrefixForkSource) and source.has_prefix(prompt_id))
+    fraction = stats.prefix_fraction if stats is not None else cfg.prefix_fraction
+    pool: list[Attempt] = []
+    waves: list[StrideRecord] = []
+    group: list[Attempt] | None = None
+    rule: Rule = "none"
+    forking = exhausted = abandoned = False
+    while len(pool) < cap:
+        want = min(stride, cap - len(pool), budget.remaining)
+        if want <= 0:
+            exhausted = True
+            break
+        generated = _generate(source, prompt_id, want, pool, budget, fraction if forking else None)
+        pos, neg, back = split_pool(pool, cfg.time_truncated_to_backfill)
+        group, rule = _assemble(pool, cfg, final=cfg.sampler == "fixed" and len(pool) >= cap)
+        wave = StrideRecord(wave=len(waves), generated=generated, forked=forking, positives=len(pos),
+                            negatives=len(neg), backfill=len(back), balanced=rule == "balanced")
+        waves.append(wave)
+        if group is not None:
+            wave.decision = "done"
+            break
+        verified = [a.reward for a in pool if not a.aborted]
+        if forking or not verified or (min(verified) != max(verified)):  # type: ignore[type-var]
+            continue
+        all_failed = verified[0] <= 0  # type: ignore[operator]
+        alpha, beta = prior[0] + len(pos), prior[1] + len(neg)
+        wave.p_rest_uniform = p_all_same(alpha, beta, cap - len(pool), positive=not all_failed)
+        predicted = cfg.early_stop and wave.p_rest_uniform >= cfg.abandon_threshold
+        known_unsolved = cfg.history and history is not None and history.never_solved(prompt_id)
+        if all_failed and can_fork and (predicted or known_unsolved):
+            forking, wave.decision = True, "fork"
+        elif predicted:
+            abandoned, wave.decision = True, "abandon"
+            break
+    if group is None and pool and not abandoned:
+        group, rule = _assemble(pool, cfg, final=True)
+    reason: DropReason | None
+    if abandoned:
+        group, rule, reason = [], "abandoned", "abandoned"
+    else:
+        group = group or []
+        reason = drop_reason(group, cfg.group_size if cfg.sampler == "bar" else None) if group else "short"
+    if reason is None:
+        verified_pool = [a.reward for a in pool if not a.aborted]
+        base = verified_pool if cfg.advantage_baseline == "pool" else [a.reward for a in group]
+        for a, adv in zip(group, advantages([a.reward for a in group], base)):  # type: ignore[arg-type]
+            a.advantage = adv
+    if history is not None and cfg.history and pool:
+        history.update(prompt_id, pool)
+    record = _record(step, prompt_id, cfg, pool, group, rule, reason, waves, exhausted, prior,
+                     fraction if forking else None)
+    return PromptResult(group=group if reason is None else [], record=record)
+
+
+def _record(step: int, prompt_id: str, cfg: RolloutConfig, pool: list[Attempt], group: list[Attempt], rule: Rule,
+            reason: DropReason | None, waves: list[StrideRecord], exhausted: bool,
+            prior: tuple[float, float] | None, fraction: float | None) -> PromptRecord:
+    usable = [a for a in pool if not a.aborted]
+    kept = reason is None and bool(group)
+    return PromptRecord(
+        step=step, prompt_id=prompt_id, sampler=cfg.sampler, generated=len(pool),
+        forked=sum(a.forked for a in pool), prefix_fraction=fraction,
+        env_steps=sum(a.env_steps + a.prefix_steps for a in pool), prefix_steps=sum(a.prefix_steps for a in pool),
+        pool_positives=sum(a.reward > 0 for a in usable), pool_negatives=sum(a.reward <= 0 for a in usable),
+        pool_aborted=len(pool) - len(usable), prior=prior, waves=waves, rule=rule,
+        group_indices=[a.index for a in group], group_attempt_ids=[a.attempt_id for a in group],
+        group_positives=sum(1 for a in group if not a.aborted and a.reward > 0), group_size=len(group),
+        group_reward_variance=reward_variance([a.reward for a in group]) if kept else 0.0,  # type: ignore[misc]
+        kept=kept, drop_reason=reason, budget_exhausted=exhausted,
+    )
+
+
+def _skipped(step: int, prompt_id: str, cfg: RolloutConfig, history: PromptHistory) -> PromptRecord:
+    s = history.get(prompt_id)
+    return PromptRecord(step=step, prompt_id=prompt_id, sampler=cfg.sampler, generated=0, pool_positives=0,
+                        pool_negatives=0, pool_aborted=0, prior=(s.alpha, s.beta), rule="skipped", kept=False,
+                        drop_reason="skipped")
+
+
+def sample_batch(prompts: Iterator[str], source: RolloutSource, cfg: RolloutConfig, budget: RolloutBudget,
+                 step: int = 0, history: PromptHistory | None = None) -> SampledBatch:
+    """Pull prompts until `batch_prompts` informative groups are kept (`refill`) or `batch_prompts`
+    prompts were sampled, or a budget / cap / the stream stops it. `history` must outlive the batch
+    (one per run) when `cfg.history` is on."""
+    if cfg.history and history is None:
+        raise ValueError("RolloutConfig.history is on but no PromptHistory was passed; create one per run "
+                         "(PromptHistory(config, seed)) and pass it to every sample_batch call")
+    groups: list[list[Attempt]] = []
+    records: list[PromptRecord] = []
+    sampled = 0
+    stop: Literal["full", "budget", "prompt_cap", "prompts_exhausted"] = "full"
+    while (len(groups) if cfg.refill else sampled) < cfg.batch_prompts:
+        if budget.remaining <= 0:
+            stop = "budget"
+            break
+        if len(records) >= cfg.max_prompts_per_batch:
+            stop = "prompt_cap"
+            break
+        prompt_id = next(prompts, None)
+        if prompt_id is None:
+            stop = "prompts_exhausted"
+            break
+        if cfg.history and history is not None:
+            forkable = cfg.prefix_fork and isinstance(source, PrefixForkSource) and source.has_prefix(prompt_id)
+            if history.skip(prompt_id, forkable):
+                records.append(_skipped(step, prompt_id, cfg, history))
+                continue
+        result = sample_prompt(prompt_id, source, cfg, budget, step, history)
+        records.append(result.record)
+        sampled += 1
+        if result.record.kept:
+            groups.append(result.group)
+    return SampledBatch(groups=groups, records=records, stop_reason=stop)
