@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import random
 import tarfile
 import time
 import uuid
@@ -19,6 +18,7 @@ from typing import Any
 import httpx
 
 from sandbox_service.errors import SandboxServiceError, ServiceUnavailableError, error_from_body
+from sandbox_service.retry import Backoff
 from sandbox_service.models import (
     ExecRequest,
     ExecResult,
@@ -47,13 +47,15 @@ def _exec_url(base_url: str, sandbox_id: str) -> httpx.URL:
 def _raise_for_error(response: httpx.Response) -> None:
     if response.is_success:
         return
+    infra_error = None
     try:
         body = response.json()
-        code, message = body["code"], body["message"]
+        code, message, infra_error = body["code"], body["message"], body.get("infra_error")
     except Exception:  # a proxy or crash page, not our JSON
         code, message = "http_error", f"HTTP {response.status_code}: {response.text[:500]}"
     retry_after = response.headers.get("retry-after")
-    raise error_from_body(response.status_code, code, message, float(retry_after) if retry_after else None)
+    raise error_from_body(response.status_code, code, message, float(retry_after) if retry_after else None,
+                          infra_error)
 
 
 def _tar_directory(local_dir: str | Path) -> bytes:
@@ -63,9 +65,7 @@ def _tar_directory(local_dir: str | Path) -> bytes:
     return buf.getvalue()
 
 
-def _backoff(attempt: int, retry_after: float | None) -> float:
-    base = retry_after if retry_after is not None else min(2.0, 0.05 * 2**attempt)
-    return base * (0.5 + random.random())  # jitter so retrying clients do not stampede
+_backoff = Backoff(first=0.05, cap=2.0).delay  # the project's one retry schedule (sandbox_service/retry.py)
 
 
 class SandboxClient:

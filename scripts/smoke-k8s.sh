@@ -86,7 +86,7 @@ kubectl -n "$NAMESPACE" create secret generic orchard-endpoints --from-literal=a
   --dry-run=client -o yaml | kubectl apply -f -
 
 secret=$(kubectl -n "$NAMESPACE" get deploy orchard-sandbox-service \
-  -o jsonpath='{.spec.template.spec.containers[0].env[?(@.name=="ORCHARD_TOKEN")].valueFrom.secretKeyRef.name}')
+  -o jsonpath='{.spec.template.spec.containers[0].env[?(@.name=="ORCHARD_SANDBOX_TOKEN")].valueFrom.secretKeyRef.name}')
 TOKEN=$(kubectl -n "$NAMESPACE" get secret "$secret" -o jsonpath='{.data.token}' | base64 -d)
 
 kubectl -n "$NAMESPACE" port-forward svc/orchard-sandbox-service "$PORT:8765" >/tmp/orchard-port-forward.log 2>&1 &
@@ -95,13 +95,13 @@ trap 'kill $PF 2>/dev/null || true' EXIT
 for _ in $(seq 50); do curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break; sleep 0.2; done
 
 say "6. exercising the REST API"
-ORCHARD_URL="http://127.0.0.1:$PORT" ORCHARD_TOKEN="$TOKEN" TASK_IMAGE="$TASK_IMAGE" "$PY" - <<'EOF'
+ORCHARD_URL="http://127.0.0.1:$PORT" ORCHARD_SANDBOX_TOKEN="$TOKEN" TASK_IMAGE="$TASK_IMAGE" "$PY" - <<'EOF'
 import os, time
 from sandbox_service.client import SandboxClient
 from sandbox_service.errors import BackendUnavailableError
 from sandbox_service.models import SandboxCreate, NetworkPolicy
 
-client = SandboxClient(os.environ["ORCHARD_URL"], os.environ["ORCHARD_TOKEN"], timeout=60)
+client = SandboxClient(os.environ["ORCHARD_URL"], os.environ["ORCHARD_SANDBOX_TOKEN"], timeout=60)
 t0 = time.perf_counter()
 with client.create(SandboxCreate(image=os.environ["TASK_IMAGE"], labels={"smoke": "k8s"}), wait_timeout=300) as sb:
     print(f"ready in {time.perf_counter() - t0:.1f} s: {sb.id}")

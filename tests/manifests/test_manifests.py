@@ -213,7 +213,11 @@ def test_service_settings_are_real_config_fields_and_agree_with_the_backend(rend
     (deployment,) = by_kind(rendered["overlays/prod"], "Deployment", "orchard-sandbox-service")
     pod = deployment["spec"]["template"]
     container = pod["spec"]["containers"][0]
-    service_env = {e["name"][len("ORCHARD_"):].lower(): e.get("value") for e in container["env"]
+    # env names of ServiceConfig: ORCHARD_<FIELD>, or a field's own alias (ORCHARD_SANDBOX_TOKEN for token)
+    aliases = {choice: name for name, f in ServiceConfig.model_fields.items() if f.validation_alias is not None
+               for choice in getattr(f.validation_alias, "choices", [f.validation_alias]) if isinstance(choice, str)}
+    service_env = {aliases.get(e["name"], e["name"][len("ORCHARD_"):].lower()): e.get("value")
+                   for e in container["env"]
                    if e["name"].startswith("ORCHARD_") and not e["name"].startswith("ORCHARD_K8S_")}
     backend_env = {e["name"][len("ORCHARD_K8S_"):].lower(): e.get("value") for e in container["env"]
                    if e["name"].startswith("ORCHARD_K8S_")}
