@@ -23,7 +23,7 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sandbox_service.agent.client_base import AgentClientBase
+from sandbox_service.agent_client_base import AgentClientBase
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import (
@@ -81,7 +81,7 @@ class SandboxManager:
 
     async def start(self) -> None:
         if self.agent_factory is default_agent_factory:
-            import sandbox_service.agent.client  # noqa: F401 - import now, not inside the first create
+            import sandbox_service.agent_client  # noqa: F401 - import now, not inside the first create
         orphans = await self.in_thread(self.backend.list_orphans)
         for orphan in orphans:
             log.warning("removing orphaned sandbox %s left by an earlier run", orphan)

@@ -1,4 +1,4 @@
-"""`AgentClient`: the control plane's async client for one sandbox agent (see protocol.py).
+"""`AgentClient`: the control plane's async client for one sandbox agent (see agent/protocol.py).
 
     client = AgentClient(endpoint)              # AgentEndpoint from SandboxBackend.start()
     await client.ping()                         # readiness
@@ -15,7 +15,7 @@
 - OOM: an exec whose command was SIGKILLed while the sandbox's memory cgroup recorded an OOM kill
   is returned as outcome=infrastructure_error, infra_error=OOM_KILLED (never the policy's failure).
 - TLS (endpoint.tls): verified against endpoint.ca_cert_pem; the agent's certificate must name
-  `AGENT_TLS_SERVER_NAME` (pod IPs are not known when certificates are made; see tls.py).
+  `AGENT_TLS_SERVER_NAME` (pod IPs are not known when certificates are made; see agent_tls.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 
 from sandbox_service import errors
 from sandbox_service.agent import protocol
-from sandbox_service.agent.client_base import AgentClientBase, AgentUnreachableError, PtySession
+from sandbox_service.agent_client_base import AgentClientBase, AgentUnreachableError, PtySession
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.models import ExecOutcome, ExecRequest, ExecResult, FileEntry, InfraErrorKind
 
