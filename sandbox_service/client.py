@@ -77,157 +77,6 @@ def _tar_directory(local_dir: str | Path) -> bytes:
 _backoff = Backoff(first=0.05, cap=2.0).delay  # the project's one retry schedule (sandbox_service/retry.py)
 
 
-class SandboxClient:
-    """Synchronous client. `SandboxClient(url, token).create(SandboxCreate(...))` returns a `Sandbox`."""
-
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 transport: httpx.BaseTransport | None = None):
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
-
-    # -- plumbing -------------------------------------------------------------------------------
-    def request(self, method: str, path: str, *, timeout: float | None = None, retry: bool = True,
-                **kwargs: Any) -> httpx.Response:
-        """One HTTP call; 503s and connection errors are retried with backoff when `retry`."""
-        attempts = _RETRY_ATTEMPTS if retry else 1
-        for attempt in range(attempts):
-            try:
-                response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
-                _raise_for_error(response)
-                return response
-            except ServiceUnavailableError as err:
-                if attempt == attempts - 1:
-                    raise
-                time.sleep(_backoff(attempt, err.retry_after))
-            except (httpx.ConnectError, httpx.RemoteProtocolError) as err:
-                if attempt == attempts - 1:
-                    raise ServiceUnavailableError(f"sandbox service at {self.base_url} unreachable: {err}") from err
-                time.sleep(_backoff(attempt, None))
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> "SandboxClient":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # -- service --------------------------------------------------------------------------------
-    def healthz(self) -> dict:
-        return self.request("GET", "/healthz").json()
-
-    def metrics(self) -> str:
-        return self.request("GET", "/metrics").text
-
-    # -- sandboxes ------------------------------------------------------------------------------
-    def create(self, spec: SandboxCreate | None = None, *, wait: bool = True,
-               wait_timeout: float = 120.0) -> "Sandbox":
-        spec = spec or SandboxCreate()
-        if spec.request_id is None:  # idempotent retries of the POST itself
-            spec = spec.model_copy(update={"request_id": uuid.uuid4().hex})
-        info = SandboxInfo.model_validate(
-            self.request("POST", "/v1/sandboxes", json=spec.model_dump(mode="json")).json()
-        )
-        sandbox = Sandbox(self, info)
-        if wait:
-            try:
-                sandbox.wait_ready(timeout=wait_timeout)
-            except BaseException:
-                sandbox.delete()  # never leak a sandbox whose creation we gave up on
-                raise
-        return sandbox
-
-    def get(self, sandbox_id: str) -> SandboxInfo:
-        return SandboxInfo.model_validate(self.request("GET", f"/v1/sandboxes/{sandbox_id}").json())
-
-    def attach(self, sandbox_id: str) -> "Sandbox":
-        return Sandbox(self, self.get(sandbox_id))
-
-    def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
-        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
-        return [SandboxInfo.model_validate(x) for x in self.request("GET", "/v1/sandboxes", params=params).json()]
-
-    def get_job(self, job_id: str) -> Job:
-        return Job.model_validate(self.request("GET", f"/v1/jobs/{job_id}").json())
-
-    def wait_job(self, job_id: str, timeout: float = 60.0) -> Job:
-        """Wait server-side for a job; raises `WaitTimeoutError` (408) if it is still running."""
-        response = self.request("GET", f"/v1/jobs/{job_id}/wait", params={"timeout": timeout},
-                                timeout=timeout + 10.0)
-        return Job.model_validate(response.json())
-
-
-class AsyncSandboxClient:
-    """Asynchronous twin of `SandboxClient` (same methods, awaitable)."""
-
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 transport: httpx.AsyncBaseTransport | None = None):
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
-
-    async def request(self, method: str, path: str, *, timeout: float | None = None, retry: bool = True,
-                      **kwargs: Any) -> httpx.Response:
-        attempts = _RETRY_ATTEMPTS if retry else 1
-        for attempt in range(attempts):
-            try:
-                response = await self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
-                _raise_for_error(response)
-                return response
-            except ServiceUnavailableError as err:
-                if attempt == attempts - 1:
-                    raise
-                await asyncio.sleep(_backoff(attempt, err.retry_after))
-            except (httpx.ConnectError, httpx.RemoteProtocolError) as err:
-                if attempt == attempts - 1:
-                    raise ServiceUnavailableError(f"sandbox service at {self.base_url} unreachable: {err}") from err
-                await asyncio.sleep(_backoff(attempt, None))
-        raise AssertionError("unreachable")
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
-
-    async def __aenter__(self) -> "AsyncSandboxClient":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def healthz(self) -> dict:
-        return (await self.request("GET", "/healthz")).json()
-
-    async def create(self, spec: SandboxCreate | None = None, *, wait: bool = True,
-                     wait_timeout: float = 120.0) -> "AsyncSandbox":
-        spec = spec or SandboxCreate()
-        if spec.request_id is None:
-            spec = spec.model_copy(update={"request_id": uuid.uuid4().hex})
-        info = SandboxInfo.model_validate((await self.request("POST", "/v1/sandboxes",
-                                                              json=spec.model_dump(mode="json"))).json())
-        sandbox = AsyncSandbox(self, info)
-        if wait:
-            try:
-                await sandbox.wait_ready(timeout=wait_timeout)
-            except BaseException:
-                await sandbox.delete()
-                raise
-        return sandbox
-
-    async def get(self, sandbox_id: str) -> SandboxInfo:
-        return SandboxInfo.model_validate((await self.request("GET", f"/v1/sandboxes/{sandbox_id}")).json())
-
-    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
-        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
-        return [SandboxInfo.model_validate(x) for x in (await self.request("GET", "/v1/sandboxes", params=params)).json()]
-
-    async def wait_job(self, job_id: str, timeout: float = 60.0) -> Job:
-        response = await self.request("GET", f"/v1/jobs/{job_id}/wait", params={"timeout": timeout},
-                                      timeout=timeout + 10.0)
-        return Job.model_validate(response.json())
-
-
 class _Call(NamedTuple):
     """One HTTP request an operation needs; the sync or async face sends it and hands back the response."""
 
@@ -259,8 +108,8 @@ def _sync(op: Callable[..., Generator[_Call, httpx.Response, Any]]) -> Callable[
             while True:
                 try:
                     response = self.client.request(call.method, call.url, **call.kwargs)
-                except Exception as err:  # the operation decides (e.g. delete ignores a 404)
-                    call = gen.throw(err)
+                except BaseException as err:  # the operation decides (delete ignores a 404; a cancelled
+                    call = gen.throw(err)       # create still deletes its sandbox)
                 else:
                     call = gen.send(response)
         except StopIteration as stop:
@@ -278,8 +127,9 @@ def _async(op: Callable[..., Generator[_Call, httpx.Response, Any]]) -> Callable
             call = next(gen)
             while True:
                 try:
+                    # The loop of `_sync` with `await`: a blocking and an awaiting driver cannot share it.
                     response = await self.client.request(call.method, call.url, **call.kwargs)
-                except Exception as err:
+                except BaseException as err:
                     call = gen.throw(err)
                 else:
                     call = gen.send(response)
@@ -399,6 +249,137 @@ class _SandboxOps:
         yield _call("DELETE", self._path(f"/ports/{port}"))
 
 
+class _ClientOps:
+    """Every service-level operation, written once like `_SandboxOps`; the clients wrap them."""
+
+    _handle: type  # Sandbox or AsyncSandbox
+
+    @property
+    def client(self) -> Any:  # the faces send through `self.client.request`
+        return self
+
+    def healthz(self) -> Generator[_Call, httpx.Response, dict]:
+        return (yield _call("GET", "/healthz")).json()
+
+    def metrics(self) -> Generator[_Call, httpx.Response, str]:
+        return (yield _call("GET", "/metrics")).text
+
+    def create(self, spec: SandboxCreate | None = None, *, wait: bool = True,
+               wait_timeout: float = 120.0) -> Generator[_Call, httpx.Response, Any]:
+        """A new sandbox handle (`Sandbox` or `AsyncSandbox`), ready unless `wait=False`."""
+        spec = spec or SandboxCreate()
+        if spec.request_id is None:  # idempotent retries of the POST itself
+            spec = spec.model_copy(update={"request_id": uuid.uuid4().hex})
+        info = SandboxInfo.model_validate((yield _call("POST", "/v1/sandboxes", json=spec.model_dump(mode="json"))).json())
+        sandbox = self._handle(self, info)
+        if wait:
+            try:
+                yield from _SandboxOps.wait_ready(sandbox, timeout=wait_timeout)
+            except BaseException:
+                yield from _SandboxOps.delete(sandbox)  # never leak a sandbox whose creation we gave up on
+                raise
+        return sandbox
+
+    def get(self, sandbox_id: str) -> Generator[_Call, httpx.Response, SandboxInfo]:
+        return SandboxInfo.model_validate((yield _call("GET", f"/v1/sandboxes/{sandbox_id}")).json())
+
+    def attach(self, sandbox_id: str) -> Generator[_Call, httpx.Response, Any]:
+        """A handle on an existing sandbox."""
+        return self._handle(self, (yield from _ClientOps.get(self, sandbox_id)))
+
+    def list(self, labels: dict[str, str] | None = None) -> Generator[_Call, httpx.Response, list[SandboxInfo]]:
+        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        return [SandboxInfo.model_validate(x) for x in (yield _call("GET", "/v1/sandboxes", params=params)).json()]
+
+    def get_job(self, job_id: str) -> Generator[_Call, httpx.Response, Job]:
+        return Job.model_validate((yield _call("GET", f"/v1/jobs/{job_id}")).json())
+
+    def wait_job(self, job_id: str, timeout: float = 60.0) -> Generator[_Call, httpx.Response, Job]:
+        """Wait server-side for a job; raises `WaitTimeoutError` (408) if it is still running."""
+        response = yield _call("GET", f"/v1/jobs/{job_id}/wait", params={"timeout": timeout}, timeout=timeout + 10.0)
+        return Job.model_validate(response.json())
+
+
+_CLIENT_FACES = [name for name, value in vars(_ClientOps).items()
+                 if not name.startswith("_") and callable(value) and name != "client"]
+
+
+class SandboxClient(_ClientOps):
+    """Synchronous client. `SandboxClient(url, token).create(SandboxCreate(...))` returns a `Sandbox`."""
+
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                 transport: httpx.BaseTransport | None = None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+
+    # -- plumbing -------------------------------------------------------------------------------
+    def request(self, method: str, path: str, *, timeout: float | None = None, retry: bool = True,
+                **kwargs: Any) -> httpx.Response:
+        """One HTTP call; 503s and connection errors are retried with backoff when `retry`."""
+        attempts = _RETRY_ATTEMPTS if retry else 1
+        for attempt in range(attempts):
+            try:
+                response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
+                _raise_for_error(response)
+                return response
+            except ServiceUnavailableError as err:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(_backoff(attempt, err.retry_after))
+            except (httpx.ConnectError, httpx.RemoteProtocolError) as err:
+                if attempt == attempts - 1:
+                    raise ServiceUnavailableError(f"sandbox service at {self.base_url} unreachable: {err}") from err
+                time.sleep(_backoff(attempt, None))
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "SandboxClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncSandboxClient(_ClientOps):
+    """Asynchronous face of `SandboxClient` (the same operations, awaitable)."""
+
+    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+
+    async def request(self, method: str, path: str, *, timeout: float | None = None, retry: bool = True,
+                      **kwargs: Any) -> httpx.Response:
+        attempts = _RETRY_ATTEMPTS if retry else 1
+        for attempt in range(attempts):
+            try:
+                response = await self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
+                _raise_for_error(response)
+                return response
+            except ServiceUnavailableError as err:
+                if attempt == attempts - 1:
+                    raise
+                await asyncio.sleep(_backoff(attempt, err.retry_after))
+            except (httpx.ConnectError, httpx.RemoteProtocolError) as err:
+                if attempt == attempts - 1:
+                    raise ServiceUnavailableError(f"sandbox service at {self.base_url} unreachable: {err}") from err
+                await asyncio.sleep(_backoff(attempt, None))
+        raise AssertionError("unreachable")
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncSandboxClient":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
 _FACES = [name for name, value in vars(_SandboxOps).items() if not name.startswith("_") and callable(value)]
 
 
@@ -429,3 +410,7 @@ class AsyncSandbox(_SandboxOps):
 for _name in _FACES:
     setattr(Sandbox, _name, _sync(getattr(_SandboxOps, _name)))
     setattr(AsyncSandbox, _name, _async(getattr(_SandboxOps, _name)))
+for _name in _CLIENT_FACES:
+    setattr(SandboxClient, _name, _sync(getattr(_ClientOps, _name)))
+    setattr(AsyncSandboxClient, _name, _async(getattr(_ClientOps, _name)))
+SandboxClient._handle, AsyncSandboxClient._handle = Sandbox, AsyncSandbox

@@ -5,14 +5,25 @@ from __future__ import annotations
 import asyncio
 import inspect
 
-from sandbox_service.client import AsyncSandbox, Sandbox, _SandboxOps
+import pytest
+
+from sandbox_service.client import (
+    AsyncSandbox,
+    AsyncSandboxClient,
+    Sandbox,
+    SandboxClient,
+    _ClientOps,
+    _SandboxOps,
+)
 
 
-def test_both_faces_have_every_operation_with_the_same_signature():
-    ops = [n for n, v in vars(_SandboxOps).items() if not n.startswith("_") and callable(v)]
-    assert {"exec", "read_file", "list_files", "download_dir", "expose_port", "set_network_policy"} <= set(ops)
-    for name in ops:
-        sync, coro = getattr(Sandbox, name), getattr(AsyncSandbox, name)
+@pytest.mark.parametrize(("ops", "sync_cls", "async_cls"), [(_SandboxOps, Sandbox, AsyncSandbox),
+                                                            (_ClientOps, SandboxClient, AsyncSandboxClient)])
+def test_both_faces_have_every_operation_with_the_same_signature(ops, sync_cls, async_cls):
+    names = [n for n, v in vars(ops).items() if not n.startswith("_") and callable(v) and n != "client"]
+    assert len(names) >= 8
+    for name in names:
+        sync, coro = getattr(sync_cls, name), getattr(async_cls, name)
         assert inspect.signature(sync) == inspect.signature(coro), name
         assert not inspect.iscoroutinefunction(sync) and inspect.iscoroutinefunction(coro), name
     assert inspect.signature(Sandbox.exec).return_annotation == "ExecResult"
