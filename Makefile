@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo bench compile clean
+.PHONY: install test test-all demo bench compile images clean
 
 $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
 	./scripts/install-system-deps.sh
@@ -28,8 +28,21 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m sandbox_service.bench
 
+# Every image the manifests and pipelines use, as <registry>/<name>:<tag> (pipelines/cluster.py).
+# Builder: docker, podman or buildah, whichever is installed (BUILDER= forces one). BASE= replaces
+# the public base images (e.g. a local Debian root, offline); OCI_ARCHIVE_DIR= also writes
+# <name>.oci.tar archives (kind load image-archive, skopeo copy). Then compile with the same names:
+#   make images REGISTRY=ghcr.io/you TAG=0.1.0 && make compile REGISTRY=ghcr.io/you TAG=0.1.0
+REGISTRY ?= orchard
+TAG ?= 0.1.0
+IMAGES := sandbox-service agent-injector mlflow stage-runtime stage-runtime-gpu
+
+images:
+	@$(foreach image,$(IMAGES),BUILDER="$(BUILDER)" BASE="$(BASE)" OCI_ARCHIVE_DIR="$(OCI_ARCHIVE_DIR)" \
+	  ./scripts/build-image.sh $(image) $(REGISTRY)/$(image):$(TAG) &&) true
+
 compile: $(STAMP)
-	$(PY) -m pipelines.cli compile --out build/pipelines
+	$(PY) -m pipelines.cli compile --out build/pipelines --image-registry $(REGISTRY) --image-tag $(TAG)
 
 clean:
 	rm -rf build .pytest_cache

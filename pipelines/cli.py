@@ -1,15 +1,17 @@
-"""`orchard`: compile the pipelines, run them locally, schedule them.
+"""`orchard`: compile the pipelines, run them locally, show the config, schedule them.
 
-    orchard compile --out build/pipelines        KFP pipeline YAML + Argo WorkflowTemplate/CronWorkflow YAML
-    orchard run [--preset tiny] [--kfp-local]     the whole DAG on this machine
-    orchard demo                                  = orchard run --preset demo (what `make demo` runs)
+    orchard compile --out build/pipelines [--image-registry R]   KFP YAML + Argo WorkflowTemplate/CronWorkflow
+    orchard run [--preset tiny] [--config F] [--set sft.steps=400] [--kfp-local]   the whole DAG here
+    orchard demo                                                  = orchard run --preset demo (`make demo`)
+    orchard config show [--preset P] [--set ...]                  the resolved PipelineConfig
     orchard schedule --host URL --cron "0 3 * * 0" --package build/pipelines/orchard-training.kfp.yaml
+
+A bad preset, --set, recipe or config file is reported as one line (exit 2), not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -18,45 +20,33 @@ ARGO_TEMPLATE_FILE = "orchard-training.workflowtemplate.yaml"
 ARGO_CRON_FILE = "orchard-retrain.cronworkflow.yaml"
 
 
-def compile_all(out_dir: str | Path, preset: str = "demo", schedule: str = "0 3 * * 0") -> dict[str, Path]:
+def compile_all(out_dir: str | Path, preset: str = "demo", schedule: str = "0 3 * * 0",
+                cluster=None) -> dict[str, Path]:
     """Write the KFP pipeline YAML and both Argo YAMLs; returns their paths by kind."""
     from pipelines.argo_workflow import build_cron_workflow, build_workflow_template
+    from pipelines.cluster import ClusterConfig
     from pipelines.config import PipelineConfig
     from pipelines.kfp_pipeline import compile_pipeline
 
+    cluster = cluster or ClusterConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     defaults = PipelineConfig.preset_config(preset)
-    paths = {"kfp": compile_pipeline(out / KFP_FILE, defaults),
+    paths = {"kfp": compile_pipeline(out / KFP_FILE, cluster, defaults),
              "argo_template": out / ARGO_TEMPLATE_FILE, "argo_cron": out / ARGO_CRON_FILE}
-    paths["argo_template"].write_text(build_workflow_template(defaults).to_yaml())
-    paths["argo_cron"].write_text(build_cron_workflow(schedule).to_yaml())
+    paths["argo_template"].write_text(build_workflow_template(cluster, defaults).to_yaml())
+    paths["argo_cron"].write_text(build_cron_workflow(schedule, cluster).to_yaml())
     return paths
 
 
-def _parse_set(values: list[str]) -> dict:
-    """`--set sft.steps=10 --set tasks.n_train=8` -> nested overrides (values parsed as JSON when they can be)."""
-    out: dict = {}
-    for item in values:
-        if "=" not in item:
-            raise SystemExit(f"--set expects key=value, got {item!r}")
-        key, raw = item.split("=", 1)
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = out
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-        node[parts[-1]] = value
-    return out
+def _config(args: argparse.Namespace):
+    from pipelines.config import resolve
+
+    return resolve(args.preset, args.set or [], getattr(args, "config", None))
 
 
 def _run(args: argparse.Namespace) -> int:
-    from pipelines.config import PipelineConfig
-
-    config = PipelineConfig.preset_config(args.preset, **_parse_set(args.set or []))
+    config = _config(args)
     if args.kfp_local:
         from pipelines.local import run_kfp_local
 
@@ -73,6 +63,14 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_args(p: argparse.ArgumentParser, preset: bool = True) -> None:
+    if preset:
+        p.add_argument("--preset", default="demo", help="demo or tiny")
+    p.add_argument("--config", default=None, help="YAML/JSON file of PipelineConfig settings (nested or dotted keys)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="a PipelineConfig setting in the stage configs' own names, e.g. sft.steps=400 (repeatable)")
+
+
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["env"]:  # `orchard env serve ...`: the trainer-facing environments (components/envs/cli.py)
@@ -85,14 +83,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="build/pipelines", help="output directory")
     p.add_argument("--preset", default="demo", help="preset whose values become the parameter defaults")
     p.add_argument("--schedule", default="0 3 * * 0", help="cron schedule of the Argo CronWorkflow")
+    p.add_argument("--image-registry", default=None, help="registry of every image (as `make images REGISTRY=`)")
+    p.add_argument("--image-tag", default=None, help="tag of every image (as `make images TAG=`)")
+    p.add_argument("--cluster", action="append", metavar="KEY=VALUE",
+                   help="a ClusterConfig name (pipelines/cluster.py), e.g. namespace=ml")
 
     for name, help_text in (("run", "run the whole DAG on this machine"), ("demo", "the demo run (make demo)")):
         p = sub.add_parser(name, help=help_text)
+        _config_args(p, preset=name == "run")
         if name == "run":
-            p.add_argument("--preset", default="demo", choices=["demo", "tiny"])
             p.add_argument("--kfp-local", action="store_true", help="through kfp.local (SubprocessRunner)")
         p.add_argument("--runs-dir", default="runs", help="where run directories and mlflow.db go")
-        p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a PipelineConfig knob")
+
+    p = sub.add_parser("config", help="show the resolved PipelineConfig")
+    p.add_argument("action", choices=["show"])
+    _config_args(p)
 
     p = sub.add_parser("schedule", help="create a KFP recurring run (needs a KFP server)")
     p.add_argument("--host", required=True, help="KFP API endpoint")
@@ -103,8 +108,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="pipeline parameter")
 
     args = parser.parse_args(argv)
+    from pipelines.config import ConfigError
+
+    try:
+        return _dispatch(args)
+    except ConfigError as err:
+        print(f"orchard: {err}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from pipelines.config import ConfigError, parse_set
+
     if args.command == "compile":
-        for kind, path in compile_all(args.out, args.preset, args.schedule).items():
+        from pydantic import ValidationError
+
+        from pipelines.cluster import ClusterConfig
+
+        fields = parse_set(args.cluster or [])
+        if args.image_registry:
+            fields["image_registry"] = args.image_registry
+        if args.image_tag:
+            fields["image_tag"] = args.image_tag
+        try:
+            cluster = ClusterConfig.model_validate(fields)
+        except ValidationError as e:
+            raise ConfigError("; ".join(f"--cluster {'.'.join(map(str, x['loc']))}: {x['msg']}"
+                                        for x in e.errors())) from None
+        for kind, path in compile_all(args.out, args.preset, args.schedule, cluster).items():
             print(f"{kind}: {path}")
         return 0
     if args.command == "demo":
@@ -112,11 +143,16 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     if args.command == "run":
         return _run(args)
+    if args.command == "config":
+        print(_config(args).model_dump_json(indent=2))
+        return 0
     if args.command == "schedule":
+        from pipelines.cluster import ClusterConfig
         from pipelines.schedule import RecurringRunSpec, create_recurring_run
 
         spec = RecurringRunSpec(experiment=args.experiment, name=args.name, cron=args.cron,
-                                package_path=args.package, params=_parse_set(args.param or []))
+                                package_path=args.package, params=parse_set(args.param or []),
+                                service_account=ClusterConfig().service_account)
         run = create_recurring_run(spec, host=args.host)
         print(getattr(run, "recurring_run_id", run))
         return 0

@@ -1,128 +1,116 @@
-"""The orchard training pipeline as a KFP v2 DAG; it reads like the diagram:
+"""The orchard training pipeline as a KFP v2 DAG, built from the stage table (`pipelines/stages.py`).
 
-    provision -> distill -> credit -> sft -> rl -> evaluate(untrained, sft, rl) -> report
+    start -> provision, init-policy -> distill -> credit -> sft -> rl -> evaluate-* -> report
 
-Kubernetes settings (kfp-kubernetes, compiled into the YAML's second document): SFT and RL ask for
-one GPU on the GPU node pool (nodeSelector + toleration); the trajectory store lives on a PVC that
-the distill and credit steps mount; the sandbox API token and the model-endpoint key come from
-Secrets as environment variables, never as parameters.
+The pipeline's parameters are `pipelines/parameters.py` (one list for KFP and Argo). Kubernetes
+settings (kfp-kubernetes, the YAML's second document), all from pipeline parameters: the GPU rows ask
+for one GPU with the GPU nodeSelector and tolerations; the resumable rows write their stores on a
+PVC (storage class, access mode, size); the sandbox token and the endpoint key come from Secrets as
+environment variables, never as parameters. The ServiceAccount is a property of a KFP *run*, not of
+a task (kfp-kubernetes has no per-task setting): `orchard schedule` and the README's `kfp run create`
+pass `ClusterConfig.service_account`.
 """
 
-
+import inspect
 from pathlib import Path
 
 from kfp import compiler, dsl, kubernetes
 
 from pipelines import kfp_components as c
+from pipelines import stages
+from pipelines.cluster import ClusterConfig
 from pipelines.config import PipelineConfig
+from pipelines.parameters import Param, pipeline_parameters
 
 PIPELINE_NAME = "orchard-training"
-TRAJECTORY_MOUNT = "/mnt/trajectory-store"
+STORE_MOUNT = "/mnt/run-store"
 
 
-def _with_secrets(task: dsl.PipelineTask, k8s) -> dsl.PipelineTask:
-    kubernetes.use_secret_as_env(task, secret_name=k8s.sandbox_secret, secret_key_to_env={"token": "ORCHARD_SANDBOX_TOKEN"})
-    kubernetes.use_secret_as_env(task, secret_name=k8s.endpoint_secret, secret_key_to_env={"api-key": "OPENAI_API_KEY"},
-                                 optional=True)
-    kubernetes.set_timeout(task, k8s.stage_timeout_seconds)
+def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: ClusterConfig) -> dsl.PipelineTask:
+    """Image, secrets, resources, retries and timeout of one stage's task."""
+    task.set_container_image(p["gpu_image"] if stage.gpu else p["image"])
+    task.set_cpu_request(stage.cpu).set_memory_request(stage.memory.replace("Gi", "G"))
+    kubernetes.use_secret_as_env(task, secret_name=p["sandbox_token_secret"],
+                                 secret_key_to_env={cluster.sandbox_token_key: "ORCHARD_SANDBOX_TOKEN"})
+    kubernetes.use_secret_as_env(task, secret_name=p["endpoint_secret"],
+                                 secret_key_to_env={cluster.endpoint_key: "OPENAI_API_KEY"}, optional=True)
+    kubernetes.set_timeout(task, stage.timeout_seconds or cluster.stage_timeout_seconds)
+    if stage.retries:
+        task.set_retry(num_retries=stage.retries, backoff_duration="30s")
+    if stage.gpu:
+        task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
+        kubernetes.add_node_selector_json(task, p["gpu_node_selector"])
+        kubernetes.add_toleration_json(task, p["gpu_tolerations"])
     return task
 
 
-def _on_gpu(task: dsl.PipelineTask, image, k8s) -> dsl.PipelineTask:
-    task.set_container_image(image)
-    task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
-    task.set_cpu_request("4").set_memory_request("16G")
-    for key, value in k8s.gpu_node_selector.items():
-        kubernetes.add_node_selector(task, label_key=key, label_value=value)
-    kubernetes.add_toleration(task, key=k8s.gpu_toleration_key, operator="Exists", effect="NoSchedule")
-    return task
+def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfig | None = None, *,
+                   for_cluster: bool = True):
+    """The pipeline function; parameter defaults from a PipelineConfig and a ClusterConfig.
 
-
-def build_pipeline(defaults: PipelineConfig | None = None, *, for_cluster: bool = True):
-    """The pipeline function, with parameter defaults and Kubernetes settings from a PipelineConfig.
-
-    `for_cluster=False` leaves out what only a cluster can run (the PVC create/delete container
-    steps and the exit handler), for `kfp.local`; kfp-kubernetes settings are ignored there anyway.
+    `for_cluster=False` leaves out what only a cluster can run (the PVC create/delete steps and the
+    exit handler), for `kfp.local`; kfp-kubernetes settings are ignored there anyway.
     """
-    d = defaults or PipelineConfig.preset_config("demo")
-    k8s = d.kubernetes
+    cluster = cluster or ClusterConfig()
+    params: list[Param] = pipeline_parameters(defaults or PipelineConfig.preset_config("demo"), cluster)
+    params.append(Param("run_label", "", "A label for finding this run's MLflow parent run (tests)."))
+    names = [x.name for x in params]
 
-    def dag(config, run_id, image, gpu_image):
-        tasks = _with_secrets(c.provision(config_json=config, parent_run_id=run_id), k8s).set_container_image(image)
-        base = c.init_policy(config_json=config, parent_run_id=run_id).set_container_image(image)
+    def dag(p: dict, config, run_id) -> None:
+        store = None
+        if for_cluster:  # resumable stores live on a PVC, so a retried pod resumes from its shards
+            store = kubernetes.CreatePVC(pvc_name_suffix="-run-store", access_modes=[p["access_mode"]],
+                                         size=p["volume_size"], storage_class_name=p["storage_class"])
+        tasks: dict[str, dsl.PipelineTask] = {}
+        for stage in stages.STAGES:
+            args = {arg: tasks[ref.split(".")[0]].outputs[ref.split(".")[1]] for arg, ref in stage.inputs.items()}
+            if stage.name.startswith("evaluate-") and stage.name != "evaluate-teacher":
+                args["stage"] = stage.name
+            task = c.BY_STAGE[stage.name](config_json=config, parent_run_id=run_id, **args)
+            tasks[stage.name] = _place(task, stage, p, cluster)
+            if store is not None and stage.resumable:
+                kubernetes.mount_pvc(task, pvc_name=store.outputs["name"], mount_path=STORE_MOUNT)
+                task.set_env_variable("ORCHARD_STORE_MOUNT", STORE_MOUNT)
+        if store is not None:
+            kubernetes.DeletePVC(pvc_name=store.outputs["name"]).after(
+                *[tasks[s.name] for s in stages.STAGES if s.resumable])
+        results = {s.name.replace("-", "_"): tasks[s.name].outputs["Output"] for s in stages.STAGES}
+        final = c.report(config_json=config, parent_run_id=run_id, sft_model=tasks["sft"].outputs["model"],
+                         rl_model=tasks["rl"].outputs["model"], **results)
+        final.set_container_image(p["image"])
 
-        distilled = _with_secrets(
-            c.distill(config_json=config, parent_run_id=run_id, tasks=tasks.outputs["tasks"]), k8s
-        ).set_container_image(image)
-        credited = _with_secrets(
-            c.credit(config_json=config, parent_run_id=run_id, tasks=tasks.outputs["tasks"],
-                     trajectories=distilled.outputs["trajectories"]), k8s
-        ).set_container_image(image)
-        if for_cluster:  # the trajectory store's working copy lives on a PVC (retried pods resume)
-            store = kubernetes.CreatePVC(pvc_name_suffix="-trajectories", access_modes=["ReadWriteOnce"],
-                                         size=k8s.trajectory_pvc_size, storage_class_name=k8s.storage_class)
-            for step in (distilled, credited):
-                kubernetes.mount_pvc(step, pvc_name=store.outputs["name"], mount_path=TRAJECTORY_MOUNT)
-                step.set_env_variable("ORCHARD_STORE_MOUNT", TRAJECTORY_MOUNT)
-            kubernetes.DeletePVC(pvc_name=store.outputs["name"]).after(credited)
+    def orchard_training(*values):
+        p = dict(zip(names, values))
 
-        sft = _on_gpu(_with_secrets(
-            c.sft(config_json=config, parent_run_id=run_id, credited=credited.outputs["credited"],
-                  base_model=base.outputs["model"]), k8s), gpu_image, k8s)
-        rl = _on_gpu(_with_secrets(
-            c.rl(config_json=config, parent_run_id=run_id, tasks=tasks.outputs["tasks"],
-                 sft_model=sft.outputs["model"]), k8s), gpu_image, k8s)
-
-        evals = {}
-        for arm, model in (("untrained", base), ("sft", sft), ("rl", rl)):
-            evals[arm] = _with_secrets(
-                c.evaluate(config_json=config, parent_run_id=run_id, arm=arm, tasks=tasks.outputs["tasks"],
-                           model=model.outputs["model"]), k8s
-            ).set_container_image(image).set_display_name(f"evaluate-{arm}")
-
-        c.report(config_json=config, parent_run_id=run_id, distill_result=distilled.outputs["Output"],
-                 untrained_result=evals["untrained"].outputs["Output"], sft_result=evals["sft"].outputs["Output"],
-                 rl_result=evals["rl"].outputs["Output"], final_model=rl.outputs["model"]).set_container_image(image)
-
-    @dsl.pipeline(name=PIPELINE_NAME, description="Distill -> credit -> SFT -> adaptive RL -> evaluate, on one sandbox layer.")
-    def orchard_training(
-        recipe: str = d.recipe,
-        preset: str = d.preset,
-        n_train_tasks: int = d.tasks.n_train,
-        n_heldout_tasks: int = d.tasks.n_heldout,
-        sft_steps: int = d.sft.steps,
-        rl_steps: int = d.rl.steps,
-        seed: int = d.seed,
-        image: str = d.images.stage,
-        gpu_image: str = d.images.gpu,
-        sandbox_url: str = d.sandbox_url or "http://orchard-sandbox.orchard.svc:8765",
-        mlflow_uri: str = d.tracking_uri or "http://mlflow.orchard.svc:5000",
-        experiment: str = d.experiment,
-        overrides_json: str = "{}",
-        run_label: str = "",
-    ):
         def body():
-            start = c.start_run(preset=preset, recipe=recipe, n_train_tasks=n_train_tasks,
-                                n_heldout_tasks=n_heldout_tasks, sft_steps=sft_steps, rl_steps=rl_steps, seed=seed,
-                                sandbox_url=sandbox_url, mlflow_uri=mlflow_uri, experiment=experiment,
-                                overrides_json=overrides_json, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                                run_label=run_label)
-            start.set_container_image(image).set_caching_options(False)  # a fresh parent run every time
-            dag(start.outputs["config_json"], start.outputs["parent_run_id"], image, gpu_image)
+            begin = c.start(**{x.name: p[x.name] for x in params if x.start},
+                            kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, run_label=p["run_label"])
+            begin.set_container_image(p["image"]).set_caching_options(False)  # a fresh parent run every time
+            dag(p, begin.outputs["config_json"], begin.outputs["parent_run_id"])
 
         if for_cluster:
-            closer = c.close_run(mlflow_uri=mlflow_uri, experiment=experiment,
-                                 kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER).set_container_image(image)
+            closer = c.close_run(mlflow_uri=p["mlflow_uri"], experiment=p["experiment"],
+                                 kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER).set_container_image(p["image"])
             with dsl.ExitHandler(closer, name="mlflow-parent-run"):
                 body()
         else:
             body()
 
-    return orchard_training
+    # KFP reads the parameters from the signature: build it from the one parameter list.
+    orchard_training.__signature__ = inspect.Signature(
+        [inspect.Parameter(x.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=x.default,
+                           annotation=type(x.default)) for x in params])
+    orchard_training.__annotations__ = {x.name: type(x.default) for x in params}
+    orchard_training.__doc__ = "Distill -> credit -> SFT -> adaptive RL -> evaluate, on one sandbox layer.\n\n" + \
+        "\n".join(f"{x.name}: {x.description}" for x in params)
+    return dsl.pipeline(name=PIPELINE_NAME,
+                        description="Distill -> credit -> SFT -> adaptive RL -> evaluate, on one sandbox layer.")(
+        orchard_training)
 
 
-def compile_pipeline(out_path: str | Path, defaults: PipelineConfig | None = None) -> Path:
+def compile_pipeline(out_path: str | Path, cluster: ClusterConfig | None = None,
+                     defaults: PipelineConfig | None = None) -> Path:
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build_pipeline(defaults), package_path=str(out))
+    compiler.Compiler().compile(build_pipeline(cluster, defaults), package_path=str(out))
     return out

@@ -1,19 +1,14 @@
 """The artifact layout of one pipeline run, shared by the local runner and the Argo steps.
 
-KFP gives every artifact its own URI; locally and on Argo (one PVC per workflow) the same
-artifacts live under one run directory, one sub-directory per artifact:
+KFP gives every artifact its own URI; locally and on Argo (one volume per workflow) the same
+artifacts live under one run directory, one sub-directory per stage output of the stage table
+(`pipelines/stages.py`):
 
     runs/<timestamp>/
-      config.json            the PipelineConfig of the run
-      tasks/                 provision   -> TaskStore (train + heldout)
-      base_model/            init_policy -> the untrained policy (save_pretrained)
-      trajectories/          distill     -> TrajectoryStore of teacher trajectories
-      credited/              credit      -> TrajectoryStore with per-step credit
-      sft_model/             sft         -> checkpoint
-      rl_model/              rl          -> checkpoint
-      eval/<arm>/            evaluate    -> per-task parquet + summary (arm: untrained, sft, rl, teacher)
-      results/<step>.json    each step's typed result (what the next step reads)
-      report.md              the results table
+      config.json                  the PipelineConfig of the run
+      <stage>/<output>/            e.g. provision/tasks, distill/trajectories, sft/model, evaluate-rl/results
+      results/<stage>.json         each stage's typed result (what the report reads)
+      report.md                    the results table
 """
 
 from __future__ import annotations
@@ -38,35 +33,15 @@ class RunLayout:
     def config(self) -> Path:
         return self.root / "config.json"
 
-    @property
-    def tasks(self) -> Path:
-        return self.root / "tasks"
-
-    @property
-    def base_model(self) -> Path:
-        return self.root / "base_model"
-
-    @property
-    def trajectories(self) -> Path:
-        return self.root / "trajectories"
-
-    @property
-    def credited(self) -> Path:
-        return self.root / "credited"
-
-    @property
-    def sft_model(self) -> Path:
-        return self.root / "sft_model"
-
-    @property
-    def rl_model(self) -> Path:
-        return self.root / "rl_model"
-
-    def eval_dir(self, arm: str) -> Path:
-        return self.root / "eval" / arm
+    def artifact(self, stage: str, output: str) -> Path:
+        return self.root / stage / output
 
     def result_path(self, step: str) -> Path:
         return self.root / "results" / f"{step}.json"
+
+    def read_result(self, step: str) -> dict | None:
+        path = self.result_path(step)
+        return json.loads(path.read_text()) if path.exists() else None
 
     @property
     def report(self) -> Path:

@@ -32,6 +32,7 @@ class RunReport(BaseModel):
     exec_latency: dict[str, float] = Field(default_factory=dict, description="Sandbox exec latency (s): p50, p95, n.")
     stage_seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per step.")
     stages_skipped: list[str] = Field(default_factory=list, description="Steps that did not run (and why).")
+    notes: list[str] = Field(default_factory=list, description="What a reader must know, e.g. an untrained model.")
 
 
 def _pick(result: dict, *names: str) -> Any:
@@ -67,12 +68,13 @@ def trajectory_counts(distill_result: dict) -> dict[str, float]:
 
 
 def build_report(eval_results: dict[str, dict], distill_result: dict | None, *, exec_latency: dict | None = None,
-                 stage_seconds: dict | None = None, stages_skipped: list[str] | None = None) -> RunReport:
+                 stage_seconds: dict | None = None, stages_skipped: list[str] | None = None,
+                 notes: list[str] | None = None) -> RunReport:
     order = ["teacher", "untrained", "sft", "rl"]
     rows = [eval_row(k, eval_results[k]) for k in sorted(eval_results, key=lambda k: (order.index(k) if k in order else 9, k))]
     return RunReport(rows=rows, trajectories=trajectory_counts(distill_result or {}),
                      exec_latency=exec_latency or {}, stage_seconds=stage_seconds or {},
-                     stages_skipped=stages_skipped or [])
+                     stages_skipped=stages_skipped or [], notes=notes or [])
 
 
 def _fmt(value: Any, pct: bool = False) -> str:
@@ -99,6 +101,8 @@ def to_markdown(report: RunReport) -> str:
         lines += ["", "Step wall time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in report.stage_seconds.items())]
     if report.stages_skipped:
         lines += ["", "Not run: " + "; ".join(report.stages_skipped)]
+    if report.notes:
+        lines += ["", "Notes: " + "; ".join(report.notes)]
     return "\n".join(lines) + "\n"
 
 
@@ -168,7 +172,7 @@ def plot_child_curves(tracking_uri: str, parent_run_id: str, keys: tuple[str, ..
 
 
 def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunReport, markdown: str, *,
-                  final_model_dir: str | Path | None, register_name: str | None,
+                  final_model_dir: str | Path | None, register_name: str | None, final_model_stage: str | None = None,
                   stores: dict[str, Path] | None = None) -> dict[str, Any]:
     """Table, plots, the trajectory stores and the registered final model on the pipeline's parent run."""
     import matplotlib.pyplot as plt
@@ -205,4 +209,5 @@ def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunRepor
 
             out["model_uri"], out["model_version"] = register_policy_model(final_model_dir, register_name)
             mlflow.set_tag("orchard.registered_model", f"{register_name}/{out['model_version']}")
+            mlflow.set_tag("orchard.registered_from", final_model_stage or "unknown")
     return out

@@ -15,7 +15,7 @@ from starlette.requests import HTTPConnection
 from sandbox_service.errors import UnauthorizedError
 
 _MESSAGE = ("missing or wrong API token: send 'Authorization: Bearer <token>' "
-            "(the token is in ORCHARD_TOKEN, ORCHARD_TOKEN_FILE, or <state_dir>/token)")
+            "(the token is in ORCHARD_SANDBOX_TOKEN, ORCHARD_TOKEN_FILE, or <state_dir>/token)")
 
 
 class TokenAuth:

@@ -3,22 +3,31 @@
 Every call has an explicit timeout; errors come back as the server's typed exceptions
 (`sandbox_service.errors`). `Sandbox`/`AsyncSandbox` handles are context managers that delete the
 sandbox on exit, so a crashed caller does not leak one (the heartbeat reaper is the second line).
+Each sandbox operation is written once (`_SandboxOps`, a generator of HTTP calls); `Sandbox` sends
+them with the blocking client and `AsyncSandbox` awaits them, so the two faces cannot drift.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import io
-import random
 import tarfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Generator, NamedTuple
 
 import httpx
 
-from sandbox_service.errors import SandboxServiceError, ServiceUnavailableError, error_from_body
+from sandbox_service.errors import (
+    BackendUnavailableError,
+    SandboxServiceError,
+    ServiceUnavailableError,
+    error_from_body,
+)
+from sandbox_service.retry import Backoff
 from sandbox_service.models import (
     ExecRequest,
     ExecResult,
@@ -47,13 +56,15 @@ def _exec_url(base_url: str, sandbox_id: str) -> httpx.URL:
 def _raise_for_error(response: httpx.Response) -> None:
     if response.is_success:
         return
+    infra_error = None
     try:
         body = response.json()
-        code, message = body["code"], body["message"]
+        code, message, infra_error = body["code"], body["message"], body.get("infra_error")
     except Exception:  # a proxy or crash page, not our JSON
         code, message = "http_error", f"HTTP {response.status_code}: {response.text[:500]}"
     retry_after = response.headers.get("retry-after")
-    raise error_from_body(response.status_code, code, message, float(retry_after) if retry_after else None)
+    raise error_from_body(response.status_code, code, message, float(retry_after) if retry_after else None,
+                          infra_error)
 
 
 def _tar_directory(local_dir: str | Path) -> bytes:
@@ -63,12 +74,247 @@ def _tar_directory(local_dir: str | Path) -> bytes:
     return buf.getvalue()
 
 
-def _backoff(attempt: int, retry_after: float | None) -> float:
-    base = retry_after if retry_after is not None else min(2.0, 0.05 * 2**attempt)
-    return base * (0.5 + random.random())  # jitter so retrying clients do not stampede
+_backoff = Backoff(first=0.05, cap=2.0).delay  # the project's one retry schedule (sandbox_service/retry.py)
 
 
-class SandboxClient:
+class _Call(NamedTuple):
+    """One HTTP request an operation needs; the sync or async face sends it and hands back the response."""
+
+    method: str
+    url: str | httpx.URL
+    kwargs: dict[str, Any]
+
+
+def _call(method: str, url: str | httpx.URL, **kwargs: Any) -> _Call:
+    return _Call(method, url, kwargs)
+
+
+def _face(run: Callable[..., Any], op: Callable[..., Any]) -> Callable[..., Any]:
+    """`run` presented as `op` (name, doc, signature), returning what the generator returns."""
+    functools.update_wrapper(run, op)
+    ret = str(op.__annotations__.get("return", "Any")).rsplit(",", 1)[-1].rstrip("]").strip()
+    run.__annotations__ = {**op.__annotations__, "return": ret}
+    run.__signature__ = inspect.signature(op).replace(return_annotation=ret)  # type: ignore[attr-defined]
+    return run
+
+
+def _sync(op: Callable[..., Generator[_Call, httpx.Response, Any]]) -> Callable[..., Any]:
+    """The blocking face of an operation: sends each request with `SandboxClient.request`."""
+
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        gen = op(self, *args, **kwargs)
+        try:
+            call = next(gen)
+            while True:
+                try:
+                    response = self.client.request(call.method, call.url, **call.kwargs)
+                except BaseException as err:  # the operation decides (delete ignores a 404; a cancelled
+                    call = gen.throw(err)       # create still deletes its sandbox)
+                else:
+                    call = gen.send(response)
+        except StopIteration as stop:
+            return stop.value
+
+    return _face(run, op)
+
+
+def _async(op: Callable[..., Generator[_Call, httpx.Response, Any]]) -> Callable[..., Any]:
+    """The awaitable face of the same operation: sends each request with `AsyncSandboxClient.request`."""
+
+    async def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        gen = op(self, *args, **kwargs)
+        try:
+            call = next(gen)
+            while True:
+                try:
+                    # The loop of `_sync` with `await`: a blocking and an awaiting driver cannot share it.
+                    response = await self.client.request(call.method, call.url, **call.kwargs)
+                except BaseException as err:
+                    call = gen.throw(err)
+                else:
+                    call = gen.send(response)
+        except StopIteration as stop:
+            return stop.value
+
+    return _face(run, op)
+
+
+class _SandboxOps:
+    """Every operation on one sandbox, written once as a generator of HTTP calls (no I/O here).
+
+    `Sandbox` and `AsyncSandbox` are this class with each operation wrapped by `_sync` / `_async`,
+    so the two faces have the same methods and can never drift (`_FACES` lists them).
+    """
+
+    def __init__(self, client: Any, info: SandboxInfo):
+        self.client = client
+        self.info = info
+        self.id = info.id
+        self._exec_cache: tuple[str, httpx.URL] | None = None
+        self.verification = False
+
+    def verifying(self):
+        """The same sandbox, for the harness's own verification runs: its execs carry
+        `ExecRequest.verification`, so their OOM is the infrastructure's (escalated), not the policy's.
+        Never hand this view to a policy's tools."""
+        view = type(self)(self.client, self.info)
+        view.verification = True
+        return view
+
+    def _path(self, suffix: str = "") -> str:
+        return f"/v1/sandboxes/{self.id}{suffix}"
+
+    def _exec_target(self) -> httpx.URL:
+        cached = self._exec_cache
+        if cached is None or cached[0] != self.id:
+            cached = self._exec_cache = (self.id, _exec_url(self.client.base_url, self.id))
+        return cached[1]
+
+    def _set_info(self, response: httpx.Response) -> SandboxInfo:
+        self.info = SandboxInfo.model_validate(response.json())
+        return self.info
+
+    def refresh(self) -> Generator[_Call, httpx.Response, SandboxInfo]:
+        return self._set_info((yield _call("GET", self._path())))
+
+    def wait_ready(self, timeout: float = 120.0) -> Generator[_Call, httpx.Response, SandboxInfo]:
+        """Until ready; raises the failure as `BackendUnavailableError` / `WaitTimeoutError`."""
+        self._set_info((yield _call("GET", self._path("/wait"), params={"timeout": timeout}, timeout=timeout + 10.0)))
+        if self.info.state is not SandboxState.ready:
+            raise BackendUnavailableError(f"sandbox {self.id} is {self.info.state.value}: {self.info.error}")
+        return self.info
+
+    def delete(self) -> Generator[_Call, httpx.Response, None]:
+        try:
+            yield _call("DELETE", self._path())
+        except SandboxServiceError as err:
+            if err.status_code != 404:  # already gone is what we wanted
+                raise
+
+    def exec(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
+             timeout: float = 60.0, stdin: str | None = None,
+             max_output_bytes: int | None = None) -> Generator[_Call, httpx.Response, ExecResult]:
+        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
+                          max_output_bytes=max_output_bytes, wait=True, verification=self.verification)
+        # Exec is not idempotent, so transport errors are not retried here; 503 (saturation) is.
+        # JSON is written and parsed by pydantic-core directly (no dict round trip): the exec hot path.
+        response = yield _call("POST", self._exec_target(), content=req.model_dump_json(), headers=_JSON_HEADERS,
+                               timeout=timeout + 30.0)
+        return ExecResult.model_validate_json(response.content)
+
+    def exec_async(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout: float = 60.0, stdin: str | None = None) -> Generator[_Call, httpx.Response, Job]:
+        """Start a command as a job (poll with the client's `wait_job`)."""
+        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin, wait=False,
+                          verification=self.verification)
+        return Job.model_validate((yield _call("POST", self._path("/exec"), json=req.model_dump(mode="json"))).json())
+
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> Generator[_Call, httpx.Response, None]:
+        params: dict[str, Any] = {"path": path, **({"mode": oct(mode)} if mode is not None else {})}
+        yield _call("PUT", self._path("/files"), params=params, content=data.encode() if isinstance(data, str) else data)
+
+    def read_file(self, path: str) -> Generator[_Call, httpx.Response, bytes]:
+        return (yield _call("GET", self._path("/files"), params={"path": path})).content
+
+    def read_text(self, path: str) -> Generator[_Call, httpx.Response, str]:
+        return (yield from _SandboxOps.read_file(self, path)).decode("utf-8", errors="replace")
+
+    def list_files(self, path: str = ".") -> Generator[_Call, httpx.Response, list[FileEntry]]:
+        response = yield _call("GET", self._path("/files/list"), params={"path": path})
+        return [FileEntry.model_validate(x) for x in response.json()]
+
+    def upload_dir(self, local_dir: str | Path, path: str) -> Generator[_Call, httpx.Response, None]:
+        """Upload a local directory (as a tar) so that its contents land under `path`."""
+        yield _call("PUT", self._path("/files/archive"), params={"path": path}, content=_tar_directory(local_dir),
+                    timeout=120.0)
+
+    def download_dir(self, path: str) -> Generator[_Call, httpx.Response, bytes]:
+        """A gzipped tar of `path` inside the sandbox."""
+        return (yield _call("GET", self._path("/files/archive"), params={"path": path}, timeout=120.0)).content
+
+    def apply_patch(self, patch: str, *, cwd: str | None = None,
+                    strip: int = 1) -> Generator[_Call, httpx.Response, PatchResult]:
+        req = PatchRequest(patch=patch, cwd=cwd, strip=strip)
+        response = yield _call("POST", self._path("/apply_patch"), json=req.model_dump(mode="json"))
+        return PatchResult.model_validate(response.json())
+
+    def set_network_policy(self, policy: NetworkPolicy) -> Generator[_Call, httpx.Response, SandboxInfo]:
+        return self._set_info((yield _call("PUT", self._path("/network-policy"), json=policy.model_dump(mode="json"))))
+
+    def heartbeat(self) -> Generator[_Call, httpx.Response, None]:
+        yield _call("POST", self._path("/heartbeat"))
+
+    def snapshot(self) -> Generator[_Call, httpx.Response, SnapshotInfo]:
+        return SnapshotInfo.model_validate((yield _call("POST", self._path("/snapshots"), timeout=120.0)).json())
+
+    def restore(self, snapshot_id: str) -> Generator[_Call, httpx.Response, SandboxInfo]:
+        """Reset this sandbox's filesystem to a snapshot (of this or another sandbox)."""
+        return self._set_info((yield _call("POST", self._path("/restore"), json={"snapshot_id": snapshot_id},
+                                           timeout=120.0)))
+
+    def expose_port(self, port: int) -> Generator[_Call, httpx.Response, PortExposure]:
+        return PortExposure.model_validate((yield _call("POST", self._path("/ports"), json={"port": port})).json())
+
+    def unexpose_port(self, port: int) -> Generator[_Call, httpx.Response, None]:
+        yield _call("DELETE", self._path(f"/ports/{port}"))
+
+
+class _ClientOps:
+    """Every service-level operation, written once like `_SandboxOps`; the clients wrap them."""
+
+    _handle: type  # Sandbox or AsyncSandbox
+
+    @property
+    def client(self) -> Any:  # the faces send through `self.client.request`
+        return self
+
+    def healthz(self) -> Generator[_Call, httpx.Response, dict]:
+        return (yield _call("GET", "/healthz")).json()
+
+    def metrics(self) -> Generator[_Call, httpx.Response, str]:
+        return (yield _call("GET", "/metrics")).text
+
+    def create(self, spec: SandboxCreate | None = None, *, wait: bool = True,
+               wait_timeout: float = 120.0) -> Generator[_Call, httpx.Response, Any]:
+        """A new sandbox handle (`Sandbox` or `AsyncSandbox`), ready unless `wait=False`."""
+        spec = spec or SandboxCreate()
+        if spec.request_id is None:  # idempotent retries of the POST itself
+            spec = spec.model_copy(update={"request_id": uuid.uuid4().hex})
+        info = SandboxInfo.model_validate((yield _call("POST", "/v1/sandboxes", json=spec.model_dump(mode="json"))).json())
+        sandbox = self._handle(self, info)
+        if wait:
+            try:
+                yield from _SandboxOps.wait_ready(sandbox, timeout=wait_timeout)
+            except BaseException:
+                yield from _SandboxOps.delete(sandbox)  # never leak a sandbox whose creation we gave up on
+                raise
+        return sandbox
+
+    def get(self, sandbox_id: str) -> Generator[_Call, httpx.Response, SandboxInfo]:
+        return SandboxInfo.model_validate((yield _call("GET", f"/v1/sandboxes/{sandbox_id}")).json())
+
+    def attach(self, sandbox_id: str) -> Generator[_Call, httpx.Response, Any]:
+        """A handle on an existing sandbox."""
+        return self._handle(self, (yield from _ClientOps.get(self, sandbox_id)))
+
+    def list(self, labels: dict[str, str] | None = None) -> Generator[_Call, httpx.Response, list[SandboxInfo]]:
+        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
+        return [SandboxInfo.model_validate(x) for x in (yield _call("GET", "/v1/sandboxes", params=params)).json()]
+
+    def get_job(self, job_id: str) -> Generator[_Call, httpx.Response, Job]:
+        return Job.model_validate((yield _call("GET", f"/v1/jobs/{job_id}")).json())
+
+    def wait_job(self, job_id: str, timeout: float = 60.0) -> Generator[_Call, httpx.Response, Job]:
+        """Wait server-side for a job; raises `WaitTimeoutError` (408) if it is still running."""
+        response = yield _call("GET", f"/v1/jobs/{job_id}/wait", params={"timeout": timeout}, timeout=timeout + 10.0)
+        return Job.model_validate(response.json())
+
+
+_CLIENT_FACES = [name for name, value in vars(_ClientOps).items()
+                 if not name.startswith("_") and callable(value) and name != "client"]
+
+
+class SandboxClient(_ClientOps):
     """Synchronous client. `SandboxClient(url, token).create(SandboxCreate(...))` returns a `Sandbox`."""
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
@@ -106,181 +352,9 @@ class SandboxClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- service --------------------------------------------------------------------------------
-    def healthz(self) -> dict:
-        return self.request("GET", "/healthz").json()
 
-    def metrics(self) -> str:
-        return self.request("GET", "/metrics").text
-
-    # -- sandboxes ------------------------------------------------------------------------------
-    def create(self, spec: SandboxCreate | None = None, *, wait: bool = True,
-               wait_timeout: float = 120.0) -> "Sandbox":
-        spec = spec or SandboxCreate()
-        if spec.request_id is None:  # idempotent retries of the POST itself
-            spec = spec.model_copy(update={"request_id": uuid.uuid4().hex})
-        info = SandboxInfo.model_validate(
-            self.request("POST", "/v1/sandboxes", json=spec.model_dump(mode="json")).json()
-        )
-        sandbox = Sandbox(self, info)
-        if wait:
-            try:
-                sandbox.wait_ready(timeout=wait_timeout)
-            except BaseException:
-                sandbox.delete()  # never leak a sandbox whose creation we gave up on
-                raise
-        return sandbox
-
-    def get(self, sandbox_id: str) -> SandboxInfo:
-        return SandboxInfo.model_validate(self.request("GET", f"/v1/sandboxes/{sandbox_id}").json())
-
-    def attach(self, sandbox_id: str) -> "Sandbox":
-        return Sandbox(self, self.get(sandbox_id))
-
-    def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
-        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
-        return [SandboxInfo.model_validate(x) for x in self.request("GET", "/v1/sandboxes", params=params).json()]
-
-    def get_job(self, job_id: str) -> Job:
-        return Job.model_validate(self.request("GET", f"/v1/jobs/{job_id}").json())
-
-    def wait_job(self, job_id: str, timeout: float = 60.0) -> Job:
-        """Wait server-side for a job; raises `WaitTimeoutError` (408) if it is still running."""
-        response = self.request("GET", f"/v1/jobs/{job_id}/wait", params={"timeout": timeout},
-                                timeout=timeout + 10.0)
-        return Job.model_validate(response.json())
-
-
-class Sandbox:
-    """A handle on one sandbox. Use as a context manager to delete it on exit."""
-
-    def __init__(self, client: SandboxClient, info: SandboxInfo):
-        self.client = client
-        self.info = info
-        self.id = info.id
-        self._exec_cache: tuple[str, httpx.URL] | None = None
-        self.verification = False
-
-    def verifying(self) -> "Sandbox":
-        """The same sandbox, for the harness's own verification runs: its execs carry
-        `ExecRequest.verification`, so their OOM is the infrastructure's (escalated), not the policy's.
-        Never hand this view to a policy's tools."""
-        view = Sandbox(self.client, self.info)
-        view.verification = True
-        return view
-
-    def __enter__(self) -> "Sandbox":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.delete()
-
-    def _path(self, suffix: str = "") -> str:
-        return f"/v1/sandboxes/{self.id}{suffix}"
-
-    def _exec_target(self) -> httpx.URL:
-        cached = self._exec_cache
-        if cached is None or cached[0] != self.id:
-            cached = self._exec_cache = (self.id, _exec_url(self.client.base_url, self.id))
-        return cached[1]
-
-    def refresh(self) -> SandboxInfo:
-        self.info = self.client.get(self.id)
-        return self.info
-
-    def wait_ready(self, timeout: float = 120.0) -> SandboxInfo:
-        """Block until ready; raises the failure as `BackendUnavailableError` / `WaitTimeoutError`."""
-        response = self.client.request("GET", self._path("/wait"), params={"timeout": timeout},
-                                       timeout=timeout + 10.0)
-        self.info = SandboxInfo.model_validate(response.json())
-        if self.info.state is not SandboxState.ready:
-            from sandbox_service.errors import BackendUnavailableError
-
-            raise BackendUnavailableError(f"sandbox {self.id} is {self.info.state.value}: {self.info.error}")
-        return self.info
-
-    def delete(self) -> None:
-        try:
-            self.client.request("DELETE", self._path())
-        except SandboxServiceError as err:
-            if err.status_code != 404:
-                raise
-
-    def exec(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
-             timeout: float = 60.0, stdin: str | None = None, max_output_bytes: int | None = None) -> ExecResult:
-        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
-                          max_output_bytes=max_output_bytes, wait=True, verification=self.verification)
-        # Exec is not idempotent, so transport errors are not retried here; 503 (saturation) is.
-        # JSON is written and parsed by pydantic-core directly (no dict round trip): the exec hot path.
-        response = self.client.request("POST", self._exec_target(), content=req.model_dump_json(),
-                                       headers=_JSON_HEADERS, timeout=timeout + 30.0)
-        return ExecResult.model_validate_json(response.content)
-
-    def exec_async(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
-                   timeout: float = 60.0, stdin: str | None = None) -> Job:
-        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin, wait=False,
-                          verification=self.verification)
-        return Job.model_validate(self.client.request("POST", self._path("/exec"), json=req.model_dump(mode="json")).json())
-
-    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
-        payload = data.encode() if isinstance(data, str) else data
-        params: dict[str, Any] = {"path": path}
-        if mode is not None:
-            params["mode"] = oct(mode)
-        self.client.request("PUT", self._path("/files"), params=params, content=payload)
-
-    def read_file(self, path: str) -> bytes:
-        return self.client.request("GET", self._path("/files"), params={"path": path}).content
-
-    def read_text(self, path: str) -> str:
-        return self.read_file(path).decode("utf-8", errors="replace")
-
-    def list_files(self, path: str = ".") -> list[FileEntry]:
-        response = self.client.request("GET", self._path("/files/list"), params={"path": path})
-        return [FileEntry.model_validate(x) for x in response.json()]
-
-    def upload_dir(self, local_dir: str | Path, path: str) -> None:
-        """Upload a local directory (as a tar) so that its contents land under `path`."""
-        self.client.request("PUT", self._path("/files/archive"), params={"path": path},
-                            content=_tar_directory(local_dir), timeout=120.0)
-
-    def download_dir(self, path: str) -> bytes:
-        """A gzipped tar of `path` inside the sandbox."""
-        return self.client.request("GET", self._path("/files/archive"), params={"path": path}, timeout=120.0).content
-
-    def apply_patch(self, patch: str, *, cwd: str | None = None, strip: int = 1) -> PatchResult:
-        req = PatchRequest(patch=patch, cwd=cwd, strip=strip)
-        return PatchResult.model_validate(
-            self.client.request("POST", self._path("/apply_patch"), json=req.model_dump(mode="json")).json()
-        )
-
-    def set_network_policy(self, policy: NetworkPolicy) -> SandboxInfo:
-        response = self.client.request("PUT", self._path("/network-policy"), json=policy.model_dump(mode="json"))
-        self.info = SandboxInfo.model_validate(response.json())
-        return self.info
-
-    def heartbeat(self) -> None:
-        self.client.request("POST", self._path("/heartbeat"))
-
-    def snapshot(self) -> SnapshotInfo:
-        return SnapshotInfo.model_validate(self.client.request("POST", self._path("/snapshots"), timeout=120.0).json())
-
-    def restore(self, snapshot_id: str) -> SandboxInfo:
-        """Reset this sandbox's filesystem to a snapshot (of this or another sandbox)."""
-        response = self.client.request("POST", self._path("/restore"), json={"snapshot_id": snapshot_id},
-                                       timeout=120.0)
-        self.info = SandboxInfo.model_validate(response.json())
-        return self.info
-
-    def expose_port(self, port: int) -> PortExposure:
-        return PortExposure.model_validate(self.client.request("POST", self._path("/ports"), json={"port": port}).json())
-
-    def unexpose_port(self, port: int) -> None:
-        self.client.request("DELETE", self._path(f"/ports/{port}"))
-
-
-class AsyncSandboxClient:
-    """Asynchronous twin of `SandboxClient` (same methods, awaitable)."""
+class AsyncSandboxClient(_ClientOps):
+    """Asynchronous face of `SandboxClient` (the same operations, awaitable)."""
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
                  transport: httpx.AsyncBaseTransport | None = None):
@@ -315,121 +389,40 @@ class AsyncSandboxClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def healthz(self) -> dict:
-        return (await self.request("GET", "/healthz")).json()
 
-    async def create(self, spec: SandboxCreate | None = None, *, wait: bool = True,
-                     wait_timeout: float = 120.0) -> "AsyncSandbox":
-        spec = spec or SandboxCreate()
-        if spec.request_id is None:
-            spec = spec.model_copy(update={"request_id": uuid.uuid4().hex})
-        info = SandboxInfo.model_validate((await self.request("POST", "/v1/sandboxes",
-                                                              json=spec.model_dump(mode="json"))).json())
-        sandbox = AsyncSandbox(self, info)
-        if wait:
-            try:
-                await sandbox.wait_ready(timeout=wait_timeout)
-            except BaseException:
-                await sandbox.delete()
-                raise
-        return sandbox
-
-    async def get(self, sandbox_id: str) -> SandboxInfo:
-        return SandboxInfo.model_validate((await self.request("GET", f"/v1/sandboxes/{sandbox_id}")).json())
-
-    async def list(self, labels: dict[str, str] | None = None) -> list[SandboxInfo]:
-        params = [("label", f"{k}={v}") for k, v in (labels or {}).items()]
-        return [SandboxInfo.model_validate(x) for x in (await self.request("GET", "/v1/sandboxes", params=params)).json()]
-
-    async def wait_job(self, job_id: str, timeout: float = 60.0) -> Job:
-        response = await self.request("GET", f"/v1/jobs/{job_id}/wait", params={"timeout": timeout},
-                                      timeout=timeout + 10.0)
-        return Job.model_validate(response.json())
+# The operations (generators of HTTP calls) get a sync and an async face; plain methods (`verifying`) stay.
+_FACES = [name for name, value in vars(_SandboxOps).items()
+          if not name.startswith("_") and inspect.isgeneratorfunction(value)]
 
 
-class AsyncSandbox:
-    """Async handle on one sandbox (`async with` deletes it on exit)."""
+class Sandbox(_SandboxOps):
+    """A handle on one sandbox. Use as a context manager to delete it on exit."""
 
-    def __init__(self, client: AsyncSandboxClient, info: SandboxInfo):
-        self.client = client
-        self.info = info
-        self.id = info.id
-        self._exec_cache: tuple[str, httpx.URL] | None = None
-        self.verification = False
+    client: SandboxClient
 
-    def verifying(self) -> "AsyncSandbox":
-        """The same sandbox for the harness's verification runs (see `Sandbox.verifying`)."""
-        view = AsyncSandbox(self.client, self.info)
-        view.verification = True
-        return view
+    def __enter__(self) -> Sandbox:
+        return self
 
-    async def __aenter__(self) -> "AsyncSandbox":
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+
+class AsyncSandbox(_SandboxOps):
+    """Async handle on one sandbox (`async with` deletes it on exit): the same operations, awaitable."""
+
+    client: AsyncSandboxClient
+
+    async def __aenter__(self) -> AsyncSandbox:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.delete()
 
-    def _path(self, suffix: str = "") -> str:
-        return f"/v1/sandboxes/{self.id}{suffix}"
 
-    def _exec_target(self) -> httpx.URL:
-        cached = self._exec_cache
-        if cached is None or cached[0] != self.id:
-            cached = self._exec_cache = (self.id, _exec_url(self.client.base_url, self.id))
-        return cached[1]
-
-    async def wait_ready(self, timeout: float = 120.0) -> SandboxInfo:
-        response = await self.client.request("GET", self._path("/wait"), params={"timeout": timeout},
-                                             timeout=timeout + 10.0)
-        self.info = SandboxInfo.model_validate(response.json())
-        if self.info.state is not SandboxState.ready:
-            from sandbox_service.errors import BackendUnavailableError
-
-            raise BackendUnavailableError(f"sandbox {self.id} is {self.info.state.value}: {self.info.error}")
-        return self.info
-
-    async def delete(self) -> None:
-        try:
-            await self.client.request("DELETE", self._path())
-        except SandboxServiceError as err:
-            if err.status_code != 404:
-                raise
-
-    async def exec(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
-                   timeout: float = 60.0, stdin: str | None = None,
-                   max_output_bytes: int | None = None) -> ExecResult:
-        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
-                          max_output_bytes=max_output_bytes, wait=True, verification=self.verification)
-        response = await self.client.request("POST", self._exec_target(), content=req.model_dump_json(),
-                                             headers=_JSON_HEADERS, timeout=timeout + 30.0)
-        return ExecResult.model_validate_json(response.content)
-
-    async def write_file(self, path: str, data: bytes | str) -> None:
-        payload = data.encode() if isinstance(data, str) else data
-        await self.client.request("PUT", self._path("/files"), params={"path": path}, content=payload)
-
-    async def read_file(self, path: str) -> bytes:
-        return (await self.client.request("GET", self._path("/files"), params={"path": path})).content
-
-    async def upload_dir(self, local_dir: str | Path, path: str) -> None:
-        await self.client.request("PUT", self._path("/files/archive"), params={"path": path},
-                                  content=_tar_directory(local_dir), timeout=120.0)
-
-    async def apply_patch(self, patch: str, *, cwd: str | None = None, strip: int = 1) -> PatchResult:
-        req = PatchRequest(patch=patch, cwd=cwd, strip=strip)
-        return PatchResult.model_validate(
-            (await self.client.request("POST", self._path("/apply_patch"), json=req.model_dump(mode="json"))).json()
-        )
-
-    async def heartbeat(self) -> None:
-        await self.client.request("POST", self._path("/heartbeat"))
-
-    async def snapshot(self) -> SnapshotInfo:
-        return SnapshotInfo.model_validate((await self.client.request("POST", self._path("/snapshots"),
-                                                                      timeout=120.0)).json())
-
-    async def restore(self, snapshot_id: str) -> SandboxInfo:
-        response = await self.client.request("POST", self._path("/restore"), json={"snapshot_id": snapshot_id},
-                                             timeout=120.0)
-        self.info = SandboxInfo.model_validate(response.json())
-        return self.info
+for _name in _FACES:
+    setattr(Sandbox, _name, _sync(getattr(_SandboxOps, _name)))
+    setattr(AsyncSandbox, _name, _async(getattr(_SandboxOps, _name)))
+for _name in _CLIENT_FACES:
+    setattr(SandboxClient, _name, _sync(getattr(_ClientOps, _name)))
+    setattr(AsyncSandboxClient, _name, _async(getattr(_ClientOps, _name)))
+SandboxClient._handle, AsyncSandboxClient._handle = Sandbox, AsyncSandbox

@@ -3,7 +3,9 @@
 
 Defaults follow the published system (400 concurrent execs, 50 concurrent creates, heartbeat 180 s,
 hard TTL 2 h). The API token never comes from the command line (it would show in `ps`): it is read
-from `ORCHARD_TOKEN`, from `ORCHARD_TOKEN_FILE`, or generated into `<state_dir>/token` (mode 0600).
+from `ORCHARD_SANDBOX_TOKEN` (the same variable the clients and pipeline steps read; the old
+`ORCHARD_TOKEN` still works, with a deprecation warning), from `ORCHARD_TOKEN_FILE`, or generated into
+`<state_dir>/token` (mode 0600).
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ from __future__ import annotations
 import os
 import secrets
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+TOKEN_ENV = "ORCHARD_SANDBOX_TOKEN"  # one name for the service, its clients and the pipeline steps
+DEPRECATED_TOKEN_ENV = "ORCHARD_TOKEN"
 
 
 def _default_state_dir() -> Path:
@@ -25,7 +32,8 @@ def _default_state_dir() -> Path:
 class ServiceConfig(BaseSettings):
     """Every knob of the sandbox service. Environment variables are `ORCHARD_<FIELD>` (upper case)."""
 
-    model_config = SettingsConfigDict(env_prefix="ORCHARD_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix="ORCHARD_", extra="forbid", validate_default=True,
+                                      populate_by_name=True)
 
     backend: Literal["local", "kubernetes"] = Field("local", description="Where sandboxes live.")
     unisolated: bool = Field(
@@ -33,7 +41,8 @@ class ServiceConfig(BaseSettings):
         description="Local backend only: run sandboxes without namespaces/cgroups. Explicit opt-in for machines "
         "that lack them; never the default, because sandboxes then see the host.",
     )
-    token: SecretStr | None = Field(None, description="Bearer token clients must send (ORCHARD_TOKEN).")
+    token: SecretStr | None = Field(None, validation_alias=AliasChoices(TOKEN_ENV, "token"),
+                                    description=f"Bearer token clients must send ({TOKEN_ENV}).")
     token_file: Path | None = Field(None, description="File holding the bearer token (read when `token` is unset).")
     state_dir: Path = Field(default_factory=_default_state_dir,
                             description="Service-private directory: sandbox roots, snapshots, generated token.")
@@ -76,6 +85,23 @@ class ServiceConfig(BaseSettings):
     escalation_enabled: bool = Field(True, description="Global switch for OOM resource escalation.")
     escalation_max_memory_mb: int = Field(16384, ge=16, description="Global cap over every spec's escalation cap.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _deprecated_token_env(cls, data: object) -> object:
+        # populate_by_name also makes the settings source read ORCHARD_TOKEN (prefix + field name):
+        # that value is the deprecated spelling; the new name wins when both are set.
+        old, new = os.environ.get(DEPRECATED_TOKEN_ENV), os.environ.get(TOKEN_ENV)
+        if not old or not isinstance(data, dict):
+            return data
+        given = next((data[k] for k in ("token", TOKEN_ENV, TOKEN_ENV.lower()) if data.get(k)), None)
+        if given not in (None, old):
+            return data  # set explicitly (argument or config file)
+        if new:
+            return {**{k: v for k, v in data.items() if k not in (TOKEN_ENV, TOKEN_ENV.lower())}, "token": new}
+        warnings.warn(f"{DEPRECATED_TOKEN_ENV} is deprecated; set {TOKEN_ENV} (the name the clients read)",
+                      DeprecationWarning, stacklevel=2)
+        return {**data, "token": old}
+
     @model_validator(mode="after")
     def _check(self) -> "ServiceConfig":
         if self.unisolated and self.backend != "local":
@@ -85,7 +111,7 @@ class ServiceConfig(BaseSettings):
     def resolve_token(self) -> tuple[str, str]:
         """The token and where it came from; generates `<state_dir>/token` if none was given."""
         if self.token is not None and self.token.get_secret_value():
-            return self.token.get_secret_value(), "ORCHARD_TOKEN"
+            return self.token.get_secret_value(), TOKEN_ENV
         if self.token_file is not None:
             value = self.token_file.read_text().strip()
             if not value:

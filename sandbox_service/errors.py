@@ -2,6 +2,8 @@
 
 The server turns a `SandboxServiceError` into `{code, message}` JSON with its HTTP status; the client
 re-raises the same type from that body, so callers catch e.g. `SandboxNotFoundError` on both sides.
+An error that is the infrastructure's carries its kind in `infra_error` (an `InfraErrorKind` value),
+set where the error is raised, never inferred later from the message.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ class SandboxServiceError(Exception):
     status_code: int = 500
     code: str = "internal_error"
     retryable: bool = False
+    infra_error: str | None = None  # an InfraErrorKind value when the infrastructure failed
 
-    def __init__(self, message: str, *, retry_after: float | None = None):
+    def __init__(self, message: str, *, retry_after: float | None = None, infra_error: str | None = None):
         super().__init__(message)
         self.message = message
         self.retry_after = retry_after
+        if infra_error is not None:
+            self.infra_error = str(getattr(infra_error, "value", infra_error))
 
 
 class InvalidRequestError(SandboxServiceError, ValueError):
@@ -110,7 +115,8 @@ def _register(cls: type[SandboxServiceError]) -> None:
 _register(SandboxServiceError)
 
 
-def error_from_body(status_code: int, code: str, message: str, retry_after: float | None = None) -> SandboxServiceError:
+def error_from_body(status_code: int, code: str, message: str, retry_after: float | None = None,
+                    infra_error: str | None = None) -> SandboxServiceError:
     """Rebuild the server's exception on the client side (unknown codes fall back by status)."""
     cls = _BY_CODE.get(code)
     if cls is None:
@@ -123,5 +129,4 @@ def error_from_body(status_code: int, code: str, message: str, retry_after: floa
             422: ValidationFailedError,
             503: ServiceUnavailableError,
         }.get(status_code, SandboxServiceError)
-    err = cls(message, retry_after=retry_after)
-    return err
+    return cls(message, retry_after=retry_after, infra_error=infra_error)

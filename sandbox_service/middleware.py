@@ -25,10 +25,12 @@ from sandbox_service.operations import SandboxOperations
 log = logging.getLogger("sandbox_service")
 
 
-def error_response(status: int, code: str, message: str, retry_after: float | None = None) -> JSONResponse:
-    """The service's one error shape: JSON {code, message}, with Retry-After on 503s."""
+def error_response(status: int, code: str, message: str, retry_after: float | None = None,
+                   infra_error: str | None = None) -> JSONResponse:
+    """The service's one error shape: JSON {code, message[, infra_error]}, with Retry-After on 503s."""
     headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
-    return JSONResponse({"code": code, "message": message}, status_code=status, headers=headers)
+    body = {"code": code, "message": message, **({"infra_error": infra_error} if infra_error else {})}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 _EXEC_PATH = re.compile(r"/v1/sandboxes/([^/]+)/exec")
@@ -148,7 +150,8 @@ class ServiceMiddleware:
             retry_after = err.retry_after
             if retry_after is None and err.status_code == 503:
                 retry_after = self.config.retry_after_seconds
-            await error_response(err.status_code, err.code, err.message, retry_after)(scope, receive, send)
+            await error_response(err.status_code, err.code, err.message, retry_after,
+                                 err.infra_error)(scope, receive, send)
             return err.status_code
         except Exception as err:  # noqa: BLE001 - answered like the app's catch-all handler
             log.exception("unhandled error")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_service.agent.client_base import AgentUnreachableError
+from sandbox_service.agent_client_base import AgentUnreachableError
 from sandbox_service.errors import ConflictError, NotFoundError, ServiceUnavailableError
 from sandbox_service.models import PortExposure
 from sandbox_service.service import SandboxManager

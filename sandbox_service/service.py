@@ -25,7 +25,7 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sandbox_service.agent.client_base import AgentClientBase
+from sandbox_service.agent_client_base import AgentClientBase
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import (
@@ -85,7 +85,7 @@ class SandboxManager:
 
     async def start(self) -> None:
         if self.agent_factory is default_agent_factory:
-            import sandbox_service.agent.client  # noqa: F401 - import now, not inside the first create
+            import sandbox_service.agent_client  # noqa: F401 - import now, not inside the first create
         await self._clean_leftovers()
         self._reaper = asyncio.create_task(self._reap_forever(), name="reaper")
 

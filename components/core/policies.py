@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from typing import Any, Literal
 
@@ -22,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from components.core.policy_base import ChatMessage, Generation, GenerationConfig
 from components.core.protocol import format_tool_call
 from components.core.schema import ToolCall
+from sandbox_service.retry import Backoff
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
@@ -115,13 +115,8 @@ class OpenAICompatiblePolicy:
         return body
 
     def _backoff(self, attempt: int, retry_after: str | None) -> float:
-        if retry_after:
-            try:
-                return min(float(retry_after), self.config.max_backoff_seconds)
-            except ValueError:
-                pass  # an HTTP date: fall back to our own schedule
-        base = min(self.config.backoff_seconds * 2**attempt, self.config.max_backoff_seconds)
-        return base * (0.5 + random.random())
+        # The project's one retry schedule (sandbox_service/retry.py), with this endpoint's limits.
+        return Backoff(self.config.backoff_seconds, self.config.max_backoff_seconds).delay(attempt, retry_after)
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         last = "no attempt made"

@@ -41,7 +41,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
-from sandbox_service.agent.client_base import AgentClientBase
+from sandbox_service.agent_client_base import AgentClientBase
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
 from sandbox_service.backends.kubernetes_config import (
     SANDBOX_ID_ANNOTATION,
@@ -88,7 +88,7 @@ class _Handle:
 
 
 def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
-    from sandbox_service.agent.client import AgentClient  # lazy: only snapshots need it here
+    from sandbox_service.agent_client import AgentClient  # lazy: only snapshots need it here
 
     return AgentClient(endpoint)
 

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from sandbox_service.agent.client import AgentClient
+from sandbox_service.agent_client import AgentClient
 from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
 from sandbox_service.models import ExecRequest, SandboxCreate
 

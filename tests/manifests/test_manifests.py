@@ -139,7 +139,7 @@ def test_the_pytorchjob_schema_can_fail(rendered):
 
 
 def test_overlays_set_namespaces_and_pinned_images(rendered):
-    for target, namespace, tag in [("overlays/dev", "orchard-dev", "dev"), ("overlays/prod", "orchard", "0.1.0")]:
+    for target, namespace, tag in [("overlays/dev", "orchard", "0.1.0"), ("overlays/prod", "orchard", "0.1.0")]:
         docs = rendered[target]
         assert {d["metadata"]["name"] for d in by_kind(docs, "Namespace")} == {namespace}
         assert all(d["metadata"].get("namespace") == namespace for d in docs if d["kind"] != "Namespace")
@@ -166,7 +166,7 @@ def test_no_plaintext_secret_outside_dev(rendered):
     for target in ("base", "overlays/prod", "components/pytorchjob"):
         assert not by_kind(rendered[target], "Secret"), f"{target} must not carry a Secret"
     (token,) = by_kind(rendered["overlays/dev"], "Secret")
-    assert token["metadata"]["name"].startswith("orchard-api-token-")  # generated, hashed name
+    assert token["metadata"]["name"] == "orchard-api-token"  # the plain name the pipelines reference
 
 
 def test_every_reference_resolves(rendered):
@@ -213,7 +213,11 @@ def test_service_settings_are_real_config_fields_and_agree_with_the_backend(rend
     (deployment,) = by_kind(rendered["overlays/prod"], "Deployment", "orchard-sandbox-service")
     pod = deployment["spec"]["template"]
     container = pod["spec"]["containers"][0]
-    service_env = {e["name"][len("ORCHARD_"):].lower(): e.get("value") for e in container["env"]
+    # env names of ServiceConfig: ORCHARD_<FIELD>, or a field's own alias (ORCHARD_SANDBOX_TOKEN for token)
+    aliases = {choice: name for name, f in ServiceConfig.model_fields.items() if f.validation_alias is not None
+               for choice in getattr(f.validation_alias, "choices", [f.validation_alias]) if isinstance(choice, str)}
+    service_env = {aliases.get(e["name"], e["name"][len("ORCHARD_"):].lower()): e.get("value")
+                   for e in container["env"]
                    if e["name"].startswith("ORCHARD_") and not e["name"].startswith("ORCHARD_K8S_")}
     backend_env = {e["name"][len("ORCHARD_K8S_"):].lower(): e.get("value") for e in container["env"]
                    if e["name"].startswith("ORCHARD_K8S_")}

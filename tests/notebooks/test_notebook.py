@@ -23,7 +23,7 @@ ARMS = {
 
 def _log_store(uri: str) -> None:
     for (mode, sampler, seed), ((untrained, sft, rl), informative) in ARMS.items():
-        config = PipelineConfig.preset_config("tiny", seed=seed, sft={"mode": mode}, rl={"sampler": sampler})
+        config = PipelineConfig.preset_config("tiny", seed=seed, sft={"mode": mode}, rl={"rollout": {"sampler": sampler}})
         tracking = TrackingConfig(tracking_uri=uri, experiment="orchard")
         parent = open_pipeline_run(tracking, f"{mode}-{sampler}-{seed}", config)
         child = tracking.model_copy(update={"parent_run_id": parent})
@@ -34,7 +34,7 @@ def _log_store(uri: str) -> None:
             for step in range(3):
                 log_metrics({"reward_mean": -0.5 + 0.3 * step}, step=step)
             log_metrics({"informative_groups_per_trajectory": informative})
-        with stage_run("evaluate", config.eval, child):
+        with stage_run("evaluate", config.evaluate, child):
             log_metrics({"resolved_rate": rl})
         import mlflow
 

@@ -17,12 +17,23 @@ def micro_config() -> PipelineConfig:
     return PipelineConfig.preset_config(
         "tiny",
         seed=0,
-        tasks={"n_train": 2, "n_heldout": 1},
-        distill={"teacher_error_rate": 0.5},
-        model={"tokenizer_corpus_tasks": 4, "vocab_size": 512},
-        credit={"continuations": 1, "stride": 4, "max_trajectories": 1, "max_steps": 4},
+        provision={"n_train": 2, "n_heldout": 1},
+        distill={"error_rate": 0.5},
+        model={"tokenizer": {"corpus_tasks": 4, "vocab_size": 512}},
+        credit={"max_trajectories": 1, "monte_carlo": {"k": 1, "stride": 4, "max_steps": 4}},
         sft={"steps": 2, "batch_size": 2, "max_len": 1024},
-        rl={"steps": 1, "rollout_budget": 2, "max_steps": 2, "max_new_tokens": 32},
-        eval={"max_steps": 2, "max_new_tokens": 32},
+        # A budget of 1 episode cannot fill a group of 2: RL makes no update, deterministically, so the
+        # run shows the untrained-model path (reported, never registered); RL updates: tests/components.
+        rl={"steps": 1, "rollout_budget": 1, "harness": {"max_steps": 2, "generation": {"max_new_tokens": 32}}},
+        evaluate={"harness": {"max_steps": 2, "generation": {"max_new_tokens": 32}}},
+        evaluate_teacher={"harness": {"max_steps": 2}},
         register_model_name="orchard-test-policy",
     )
+
+
+@pytest.fixture
+def external_service(sandbox_service, monkeypatch):
+    """The session's real sandbox service, reached the way a cluster reaches it: URL in the config,
+    token from ORCHARD_SANDBOX_TOKEN (a Secret there)."""
+    monkeypatch.setenv("ORCHARD_SANDBOX_TOKEN", sandbox_service.token)
+    return sandbox_service

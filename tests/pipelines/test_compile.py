@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from pathlib import Path
 
@@ -33,9 +34,8 @@ def test_kfp_yaml_loads_back_with_the_sdk_and_parses_as_pipeline_spec(compiled):
 
     loaded = components.load_component_from_file(str(compiled["kfp"]))
     assert loaded.name == "orchard-training"
-    assert {"recipe", "n_train_tasks", "sft_steps", "rl_steps", "image", "sandbox_url", "mlflow_uri"} <= set(
-        loaded.component_spec.inputs
-    )
+    assert {"recipe", "preset", "overrides_json", "image", "gpu_image", "sandbox_url", "mlflow_uri",
+            "sandbox_token_secret", "gpu_node_selector", "storage_class"} <= set(loaded.component_spec.inputs)
     docs = _kfp_docs(compiled)
     assert len(docs) == 2, "kfp-kubernetes settings compile into a second YAML document"
     spec = json_format.ParseDict(docs[0], pipeline_spec_pb2.PipelineSpec())
@@ -48,15 +48,15 @@ def test_kfp_dag_reads_like_the_diagram(compiled):
     tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
     deps = {name: set(t.get("dependentTasks", [])) for name, t in tasks.items()}
     display = {name: t["taskInfo"]["name"] for name, t in tasks.items()}
-    assert deps["provision"] == {"start-run"}
+    assert deps["provision"] == {"start"}
     assert "provision" in deps["distill"]
     assert "distill" in deps["credit"]
     assert {"credit", "init-policy"} <= deps["sft"]
     assert "sft" in deps["rl"]
-    by_display = {display[n]: n for n in tasks}
-    assert {"init-policy"} <= deps[by_display["evaluate-untrained"]]
-    assert "sft" in deps[by_display["evaluate-sft"]] and "rl" in deps[by_display["evaluate-rl"]]
-    assert {by_display[f"evaluate-{a}"] for a in ("untrained", "sft", "rl")} <= deps["report"]
+    assert display == {n: n for n in tasks}, "task names are the stage names (no evaluate-2)"
+    assert {"init-policy"} <= deps["evaluate-untrained"]
+    assert "sft" in deps["evaluate-sft"] and "rl" in deps["evaluate-rl"]
+    assert {f"evaluate-{a}" for a in ("teacher", "untrained", "sft", "rl")} <= deps["report"]
     # typed artifacts between steps
     comps = spec["components"]
     assert comps["comp-distill"]["outputDefinitions"]["artifacts"]["trajectories"]["artifactType"]["schemaTitle"] == "system.Dataset"
@@ -79,15 +79,21 @@ def test_kfp_kubernetes_settings_gpu_pvc_secrets(compiled):
     for name, cfg in k8s.items():
         json_format.ParseDict(cfg, k8s_pb.KubernetesExecutorConfig())  # the kfp-kubernetes schema
     for step in ("sft", "rl"):
-        assert k8s[f"exec-{step}"]["nodeSelector"]["labels"] == {"orchard.dev/pool": "gpu"}
-        assert k8s[f"exec-{step}"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+        assert k8s[f"exec-{step}"]["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == \
+            "pipelinechannel--gpu_node_selector"
+        assert k8s[f"exec-{step}"]["tolerations"][0]["tolerationJson"]["componentInputParameter"] == \
+            "pipelinechannel--gpu_tolerations"
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert params["gpu_node_selector"]["defaultValue"] == {"orchard.dev/pool": "gpu"}
     for step in ("distill", "credit"):
-        assert k8s[f"exec-{step}"]["pvcMount"][0]["mountPath"] == "/mnt/trajectory-store"
-    for step in ("provision", "distill", "credit", "sft", "rl", "evaluate"):
-        envs = {e["envVar"] for s in k8s[f"exec-{step}"]["secretAsEnv"] for e in s["keyToEnv"]}
-        assert "ORCHARD_SANDBOX_TOKEN" in envs
-    assert "sandbox_url" in spec["root"]["inputDefinitions"]["parameters"]
-    assert "token" not in " ".join(spec["root"]["inputDefinitions"]["parameters"]), "secrets are never parameters"
+        assert k8s[f"exec-{step}"]["pvcMount"][0]["mountPath"] == "/mnt/run-store"
+    for step in ("provision", "distill", "credit", "sft", "rl", "evaluate-untrained", "evaluate-teacher"):
+        secrets = {e["envVar"]: s for s in k8s[f"exec-{step}"]["secretAsEnv"] for e in s["keyToEnv"]}
+        assert secrets["ORCHARD_SANDBOX_TOKEN"]["secretNameParameter"]["componentInputParameter"] == \
+            "pipelinechannel--sandbox_token_secret"
+    assert params["sandbox_token_secret"]["defaultValue"] == "orchard-api-token"
+    assert params["sandbox_url"]["defaultValue"] == "http://orchard-sandbox-service.orchard.svc:8765"
+    assert not [p for p in params if p.endswith("token")], "secrets are never parameters (only Secret names)"
 
 
 def test_argo_yaml_validates_against_the_workflow_schema(compiled):
@@ -109,24 +115,34 @@ def test_argo_dag_gpu_steps_and_cron(compiled):
     for name, task in dag.items():
         assert task["template"] in templates, f"{name} references a missing template"
     assert dag["distill"]["depends"] == "provision"
-    assert dag["credit"]["depends"] == "distill"
+    assert set(dag["credit"]["depends"].split(" && ")) == {"distill", "provision"}
     assert set(dag["sft"]["depends"].split(" && ")) == {"credit", "init-policy"}
-    assert dag["rl"]["depends"] == "sft"
-    assert set(dag["report"]["depends"].split(" && ")) == {"evaluate-untrained", "evaluate-sft", "evaluate-rl"}
-    assert dag["sft"]["template"] == dag["rl"]["template"] == "gpu-step"
-    gpu = templates["gpu-step"]
+    assert set(dag["rl"]["depends"].split(" && ")) == {"sft", "provision"}
+    assert {f"evaluate-{a}" for a in ("teacher", "untrained", "sft", "rl")} <= set(dag["report"]["depends"].split(" && "))
+    for name in dag:
+        assert dag[name]["template"] == name, "one template per stage, named after it"
+    gpu = templates["sft"]
     assert gpu["container"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert gpu["nodeSelector"] == {"orchard.dev/pool": "gpu"}
-    env = {e["name"]: e for e in templates["cpu-step"]["container"]["env"]}
-    assert env["ORCHARD_SANDBOX_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "orchard-sandbox"
+    assert gpu["podSpecPatch"] == ('{"nodeSelector": {{workflow.parameters.gpu_node_selector}}, '
+                                   '"tolerations": {{workflow.parameters.gpu_tolerations}}}')
+    args = {p["name"]: p["value"] for p in template["spec"]["arguments"]["parameters"]}
+    assert json.loads(args["gpu_node_selector"]) == {"orchard.dev/pool": "gpu"}
+    assert args["sandbox_token_secret"] == "orchard-api-token"
+    env = {e["name"]: e for e in templates["provision"]["container"]["env"]}
+    assert env["ORCHARD_SANDBOX_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "{{workflow.parameters.sandbox_token_secret}}"
     assert template["spec"]["onExit"] == "close-run"
-    assert template["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "run-data"
+    assert template["spec"]["serviceAccountName"] == "orchard-pipeline"
+    claim = template["spec"]["volumeClaimTemplates"][0]
+    assert claim["metadata"]["name"] == "run-data"
+    assert claim["spec"]["storageClassName"] == "{{workflow.parameters.storage_class}}"
+    assert claim["spec"]["accessModes"] == ["{{workflow.parameters.access_mode}}"]
 
     cron = yaml.safe_load(compiled["argo_cron"].read_text())
     assert cron["kind"] == "CronWorkflow"
     assert cron["spec"]["schedules"] == ["0 3 * * 0"]
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     assert cron["spec"]["workflowSpec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
+    assert cron["spec"]["workflowSpec"]["serviceAccountName"] == "orchard-pipeline"
 
 
 @pytest.mark.parametrize("kind,filename", [("kfp", KFP_FILE), ("argo_template", ARGO_TEMPLATE_FILE),
@@ -139,7 +155,9 @@ def test_golden_files(compiled, kind, filename):
         golden.parent.mkdir(parents=True, exist_ok=True)
         golden.write_text(fresh)
     assert golden.exists(), f"missing {golden}: run with ORCHARD_REGENERATE_GOLDEN=1 to create it"
-    assert fresh == golden.read_text(), (
+    # Parsed, not as text: KFP writes dict-valued parameter defaults through protobuf maps, whose key
+    # order varies between processes (the `# Inputs:` comment and the defaults; the content is equal).
+    assert list(yaml.safe_load_all(fresh)) == list(yaml.safe_load_all(golden.read_text())), (
         f"{filename} differs from its golden file; if the change is intended, regenerate with "
         "ORCHARD_REGENERATE_GOLDEN=1 pytest tests/pipelines/test_compile.py and review the diff"
     )
@@ -151,7 +169,27 @@ def test_cli_compile_writes_all_three(tmp_path, capsys):
     cron = yaml.safe_load((tmp_path / ARGO_CRON_FILE).read_text())
     assert cron["spec"]["schedules"] == ["30 2 * * *"]
     params = yaml.safe_load_all((tmp_path / KFP_FILE).read_text()).__next__()["root"]["inputDefinitions"]["parameters"]
-    assert params["n_train_tasks"]["defaultValue"] == 4  # the tiny preset's defaults
+    assert params["preset"]["defaultValue"] == "tiny"
+
+
+def test_cli_compile_image_registry_names_every_image_like_make_images(tmp_path, capsys):
+    assert main(["compile", "--out", str(tmp_path), "--image-registry", "registry.example/team", "--image-tag", "7"]) == 0
+    kfp_params = next(yaml.safe_load_all((tmp_path / KFP_FILE).read_text()))["root"]["inputDefinitions"]["parameters"]
+    argo = yaml.safe_load((tmp_path / ARGO_TEMPLATE_FILE).read_text())
+    argo_params = {p["name"]: p["value"] for p in argo["spec"]["arguments"]["parameters"]}
+    for param, image in (("image", "stage-runtime"), ("gpu_image", "stage-runtime-gpu")):
+        assert kfp_params[param]["defaultValue"] == argo_params[param] == f"registry.example/team/{image}:7"
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    from pipelines.cluster import IMAGE_NAMES
+
+    assert f"IMAGES := {' '.join(IMAGE_NAMES)}" in makefile, "make images builds exactly the images named in cluster.py"
+    assert "$(REGISTRY)/$(image):$(TAG)" in makefile
+
+
+def test_cli_compile_refuses_an_unknown_cluster_name_in_one_line(tmp_path, capsys):
+    assert main(["compile", "--out", str(tmp_path), "--cluster", "namespaec=ml"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "namespaec" in err
 
 
 def test_recurring_run_arguments_match_the_kfp_client_signature():

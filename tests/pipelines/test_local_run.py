@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
@@ -11,30 +10,28 @@ import pytest
 
 from components.core.store import TaskStore, TrajectoryStore
 from pipelines.config import PipelineConfig
-from pipelines.local import PLAN, run_local
-
-STAGE_MODULES = sorted({module for _, _, module, _ in PLAN if module})
-MISSING = [m for m in STAGE_MODULES if importlib.util.find_spec(m) is None]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"stage modules not present yet: {MISSING}")
+from pipelines.layout import RunLayout
+from pipelines.local import run_local
+from pipelines.stages import STAGES
 
 
 def _check_run(result, config: PipelineConfig) -> None:
     layout_root = result.run_dir
-    assert result.stages_skipped == [], result.stages_skipped
-    assert result.stages_ran == [name for name, *_ in PLAN]
+    assert result.stages_ran == [s.name for s in STAGES]
     assert [r.policy for r in result.report.rows] == ["teacher", "untrained", "sft", "rl"]
 
     # artifacts, in the documented layout
     from pipelines.layout import RunLayout
 
     layout = RunLayout(layout_root)
-    tasks = TaskStore(layout.tasks).read()
+    tasks = TaskStore(layout.artifact("provision", "tasks")).read()
     assert {t.split for t in tasks} == {"train", "heldout"}
-    assert sum(t.split == "train" for t in tasks) == config.tasks.n_train
-    trajectories = TrajectoryStore(layout.trajectories).read()
-    assert len(trajectories) == config.tasks.n_train * config.distill.attempts_per_task
-    assert len(TrajectoryStore(layout.credited).read()) == len(trajectories)
-    for model_dir in (layout.base_model, layout.sft_model, layout.rl_model):
+    assert sum(t.split == "train" for t in tasks) == config.provision.n_train
+    trajectories = TrajectoryStore(layout.artifact("distill", "trajectories")).read()
+    assert len(trajectories) == config.provision.n_train * config.distill.attempts_per_task
+    assert len(TrajectoryStore(layout.artifact("credit", "credited")).read()) == len(trajectories)
+    for model_dir in (layout.artifact("init-policy", "model"), layout.artifact("sft", "model"),
+                      layout.artifact("rl", "model")):
         assert (model_dir / "config.json").exists() and any(model_dir.glob("*.safetensors"))
     for arm in ("untrained", "sft", "rl"):
         assert layout.result_path(f"evaluate-{arm}").exists()
@@ -58,7 +55,7 @@ def _check_run(result, config: PipelineConfig) -> None:
     parent = client.get_run(result.parent_run_id)
     assert parent.info.status == "FINISHED"
     assert parent.data.tags["orchard.stage"] == "pipeline"
-    assert parent.data.params["tasks.n_train"] == str(config.tasks.n_train)
+    assert parent.data.params["provision.n_train"] == str(config.provision.n_train)
     assert 0.0 <= parent.data.metrics["heldout_resolved_rate.rl"] <= 1.0
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'")
@@ -75,62 +72,68 @@ def _check_run(result, config: PipelineConfig) -> None:
     plots = {a.path for a in client.list_artifacts(result.parent_run_id, "plots")}
     assert "plots/resolved_rates.png" in plots
     versions = client.search_model_versions(f"name = '{config.register_model_name}'")
-    assert len(versions) == 1
+    rl = json.loads(layout.result_path("rl").read_text())
+    assert len(versions) == 1  # the RL model if it made updates, else the SFT model: never an untrained one
+    registered_from = client.get_run(versions[0].run_id).data.tags.get("orchard.registered_from")
+    assert registered_from == ("rl" if rl["steps_done"] > 0 else "sft")
 
 
 @pytest.mark.timeout(900)
-def test_local_pipeline_micro(tmp_path, sandbox_service, micro_config):
-    config = micro_config
-    result = run_local(config, tmp_path / "runs", service=sandbox_service)
+def test_local_pipeline_micro(tmp_path, external_service, micro_config):
+    """Against the session's service through `sandbox_url` (no service of its own is started)."""
+    config = micro_config.updated(sandbox_url=external_service.url)
+    result = run_local(config, tmp_path / "runs")
     _check_run(result, config)
+    rl = json.loads(RunLayout(result.run_dir).result_path("rl").read_text())
+    assert rl["steps_done"] == 0
+    assert "rl made 0 optimizer updates: its model is untrained and is not registered" in result.markdown
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_local_pipeline_tiny_preset(tmp_path, sandbox_service):
-    config = PipelineConfig.preset_config("tiny", register_model_name="orchard-test-policy")
-    result = run_local(config, tmp_path / "runs", service=sandbox_service)
+def test_local_pipeline_tiny_preset(tmp_path, external_service):
+    config = PipelineConfig.preset_config("tiny", register_model_name="orchard-test-policy",
+                                          sandbox_url=external_service.url)
+    result = run_local(config, tmp_path / "runs")
     _check_run(result, config)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # every component is a fresh interpreter: minutes of imports alone
-def test_kfp_local_subprocess_runner(tmp_path, sandbox_service, micro_config):
+def test_kfp_local_subprocess_runner(tmp_path, external_service, micro_config):
     """The same DAG through kfp.local: every component in its own subprocess via KFP's executor."""
     from pipelines.local import run_kfp_local
 
-    config = micro_config
-    out = run_kfp_local(config, tmp_path / "runs", service=sandbox_service)
+    config = micro_config.updated(sandbox_url=external_service.url)
+    out = run_kfp_local(config, tmp_path / "runs")
     client = mlflow.MlflowClient(out["tracking_uri"])
     parent = client.get_run(out["parent_run_id"])
     assert parent.info.status == "FINISHED"
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'")
-    assert sorted(c.info.run_name for c in children) == sorted(
-        ["provision", "init-policy", "distill", "credit", "sft", "rl", "evaluate-untrained", "evaluate-sft",
-         "evaluate-rl"])
+    assert sorted(c.info.run_name for c in children) == sorted(s.name for s in STAGES)
     assert "| untrained |" in out["markdown"] and "| rl |" in out["markdown"]
     assert 0.0 <= parent.data.metrics["heldout_resolved_rate.rl"] <= 1.0
 
 
 def _recipe_config(recipe: str, max_len: int, max_steps: int) -> PipelineConfig:
     """The tiny preset on another recipe: longer samples and step limits (GUI/Claw episodes are longer)."""
-    base = PipelineConfig.preset_config("tiny", register_model_name=f"orchard-{recipe}-policy")
-    knobs = {name: getattr(base, name).model_copy(update={"max_steps": max_steps})
-             for name in ("distill", "credit", "rl", "eval")}
-    knobs["sft"] = base.sft.model_copy(update={"max_len": max_len})
-    return base.model_copy(update={"recipe": recipe, **knobs})
+    steps = {"harness": {"max_steps": max_steps}}
+    return PipelineConfig.preset_config(
+        "tiny", recipe=recipe, register_model_name=f"orchard-{recipe}-policy", distill=steps, rl=steps,
+        evaluate=steps, evaluate_teacher=steps, credit={"monte_carlo": {"max_steps": max_steps}},
+        sft={"max_len": max_len})
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize(("recipe", "max_len", "max_steps"), [("claw", 3072, 12), ("gui", 4096, 20)])
-def test_the_same_pipeline_runs_the_other_recipes(tmp_path, sandbox_service, recipe, max_len, max_steps):
+def test_the_same_pipeline_runs_the_other_recipes(tmp_path, external_service, recipe, max_len, max_steps):
     """Only tasks, tools and verifiers change: GUI and Claw through the identical DAG and stages."""
-    config = _recipe_config(recipe, max_len, max_steps)
-    result = run_local(config, tmp_path / "runs", service=sandbox_service)
+    config = _recipe_config(recipe, max_len, max_steps).updated(sandbox_url=external_service.url)
+    result = run_local(config, tmp_path / "runs")
     _check_run(result, config)
     from pipelines.layout import RunLayout
 
-    tasks = TaskStore(RunLayout(result.run_dir).tasks).read()
+    tasks = TaskStore(RunLayout(result.run_dir).artifact("provision", "tasks")).read()
     assert {t.recipe for t in tasks} == {recipe}

@@ -45,7 +45,7 @@ def test_report_rows_come_from_typed_eval_results():
 def test_presets_are_valid_and_overridable():
     tiny = PipelineConfig.preset_config("tiny", sft={"steps": 2})
     assert tiny.sft.steps == 2 and tiny.sft.batch_size == PipelineConfig.preset_config("tiny").sft.batch_size
-    assert PipelineConfig.preset_config("demo").tasks.n_train > tiny.tasks.n_train
+    assert PipelineConfig.preset_config("demo").provision.n_train > tiny.provision.n_train
     import pytest
 
     with pytest.raises(ValueError, match="unknown preset"):

@@ -687,7 +687,7 @@ def injected_agent(fake, tmp_path, agent_node):
 def _wait_for_agent(endpoint: AgentEndpoint, proc: subprocess.Popen, timeout: float = 20.0) -> dict:
     import asyncio
 
-    from sandbox_service.agent.client import AgentClient
+    from sandbox_service.agent_client import AgentClient
 
     async def ping() -> dict:
         client = AgentClient(endpoint)

@@ -21,9 +21,18 @@ def test_settings_come_from_orchard_env(monkeypatch, tmp_path):
 
 
 def test_token_sources(monkeypatch, tmp_path):
-    monkeypatch.setenv("ORCHARD_TOKEN", "from-env")
-    assert ServiceConfig(state_dir=tmp_path).resolve_token() == ("from-env", "ORCHARD_TOKEN")
+    monkeypatch.delenv("ORCHARD_TOKEN", raising=False)
+    monkeypatch.setenv("ORCHARD_SANDBOX_TOKEN", "from-env")  # the clients' variable, one name for both sides
+    assert ServiceConfig(state_dir=tmp_path).resolve_token() == ("from-env", "ORCHARD_SANDBOX_TOKEN")
+    monkeypatch.delenv("ORCHARD_SANDBOX_TOKEN")
+    monkeypatch.setenv("ORCHARD_TOKEN", "old-name")
+    with pytest.warns(DeprecationWarning, match="ORCHARD_TOKEN is deprecated; set ORCHARD_SANDBOX_TOKEN"):
+        assert ServiceConfig(state_dir=tmp_path).resolve_token()[0] == "old-name"
+    monkeypatch.setenv("ORCHARD_SANDBOX_TOKEN", "new-name")  # the new name wins over the old one
+    assert ServiceConfig(state_dir=tmp_path).resolve_token()[0] == "new-name"
+    monkeypatch.delenv("ORCHARD_SANDBOX_TOKEN")
     monkeypatch.delenv("ORCHARD_TOKEN")
+    assert ServiceConfig(state_dir=tmp_path, token="by-name").resolve_token()[0] == "by-name"
     token_file = tmp_path / "tok"
     token_file.write_text("from-file\n")
     assert ServiceConfig(state_dir=tmp_path, token_file=token_file).resolve_token()[0] == "from-file"

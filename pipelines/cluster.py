@@ -1,0 +1,78 @@
+"""Cluster names in one place: what the compiled pipelines reference and `manifests/` creates.
+
+Every value here is a pipeline parameter default (KFP and Argo) or a field of the compiled YAML;
+`tests/manifests/test_pipeline_references.py` renders `kubectl kustomize manifests/overlays/{dev,prod}`
+and checks that each Secret, Service, ServiceAccount and PVC named here exists there (or is created
+by a command in the README's cluster quickstart). Change a name here and in the manifests together.
+
+Images follow one scheme everywhere (Makefile, overlays, compiled YAML): `<registry>/<name>:<tag>`.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+VERSION = "0.1.0"
+# Every image the manifests and pipelines use; `make images` builds exactly these (docker/<name>/Dockerfile,
+# stage-runtime-gpu from docker/stage-runtime with the GPU build argument).
+IMAGE_NAMES = ("sandbox-service", "agent-injector", "mlflow", "stage-runtime", "stage-runtime-gpu")
+DEFAULT_REGISTRY = "orchard"  # what `make images` tags by default and `kind load` takes; push elsewhere with REGISTRY=
+
+
+def image_ref(name: str, registry: str = DEFAULT_REGISTRY, tag: str = VERSION) -> str:
+    if name not in IMAGE_NAMES:
+        raise ValueError(f"unknown image {name!r}; the images are {', '.join(IMAGE_NAMES)}")
+    return f"{registry.rstrip('/')}/{name}:{tag}"
+
+
+class Toleration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key: str = Field(description="Taint key tolerated.")
+    operator: str = Field("Exists", description="Exists or Equal.")
+    value: str | None = Field(None, description="Taint value (operator Equal).")
+    effect: str | None = Field("NoSchedule", description="Taint effect tolerated (None: all).")
+
+
+class ClusterConfig(BaseModel):
+    """Names and placement on the cluster; the defaults match manifests/overlays/{dev,prod}."""
+
+    model_config = ConfigDict(extra="forbid")
+    namespace: str = Field("orchard", description="Namespace of the sandbox service, MLflow and pipeline pods.")
+    sandbox_service: str = Field("orchard-sandbox-service", description="Service of the sandbox API.")
+    sandbox_port: int = Field(8765, description="Port of the sandbox API Service.")
+    mlflow_service: str = Field("orchard-mlflow", description="Service of the MLflow tracking server.")
+    mlflow_port: int = Field(5000, description="Port of the MLflow Service.")
+    sandbox_token_secret: str = Field("orchard-api-token", description="Secret holding the sandbox API token.")
+    sandbox_token_key: str = Field("token", description="Key of the token in that Secret.")
+    endpoint_secret: str = Field("orchard-endpoints",
+                                 description="Optional Secret with the model endpoints' API key (teacher, judge).")
+    endpoint_key: str = Field("api-key", description="Key of the API key in that Secret.")
+    service_account: str = Field("orchard-pipeline", description="ServiceAccount pipeline pods run as.")
+    storage_class: str = Field("", description="StorageClass of the run volume ('' = the cluster default).")
+    access_mode: str = Field(
+        "ReadWriteOnce",
+        description="Access mode of the run volume. ReadWriteOnce works on every cluster but keeps a run's "
+                    "pods on one node; use ReadWriteMany (NFS, CephFS, EFS) to spread them.")
+    volume_size: str = Field("20Gi", description="Size of the run volume (stores, checkpoints).")
+    gpu_node_selector: dict[str, str] = Field(
+        default_factory=lambda: {"orchard.dev/pool": "gpu"},
+        description="nodeSelector of the GPU stages (label your GPU nodes with it, or set {} to drop it).")
+    gpu_tolerations: list[Toleration] = Field(
+        default_factory=lambda: [Toleration(key="nvidia.com/gpu")], description="Tolerations of the GPU stages.")
+    stage_timeout_seconds: int = Field(6 * 3600, ge=60, description="Deadline of one stage's pod.")
+    image_registry: str = Field(DEFAULT_REGISTRY, description="Registry prefix of every image.")
+    image_tag: str = Field(VERSION, description="Tag of every image.")
+
+    @property
+    def sandbox_url(self) -> str:
+        return f"http://{self.sandbox_service}.{self.namespace}.svc:{self.sandbox_port}"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://{self.mlflow_service}.{self.namespace}.svc:{self.mlflow_port}"
+
+    def image(self, name: str) -> str:
+        return image_ref(name, self.image_registry, self.image_tag)
+
+    def tolerations_json(self) -> list[dict]:
+        return [t.model_dump(exclude_none=True) for t in self.gpu_tolerations]

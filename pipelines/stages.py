@@ -1,0 +1,181 @@
+"""THE stage table: the local runner, the KFP pipeline and the Argo WorkflowTemplate are built from it.
+
+    provision ─┬─► evaluate-teacher
+               ├─► distill ─► credit ─┐
+    init-policy┴──────────────────────┴─► sft ─► rl
+    evaluate-untrained (init-policy) · evaluate-sft (sft) · evaluate-rl (rl)
+    ─► report (every stage's result; registers the last model that actually trained)
+
+A row is one stage: its name (the task name in all three runners), the function that runs it, the
+PipelineConfig section that is its config, the artifacts it reads (`"stage.output"`) and writes,
+where it runs (GPU or not), retries and timeout. Dependencies are the inputs' producers.
+Adding a stage = one function here + one row (+ one KFP component signature in kfp_pipeline.py,
+where KFP needs annotations; a test keeps the signatures equal to the rows).
+
+Around every stage, `pipelines.steps.run_stage` does the rest once: the stage's config with the
+run's sandbox connection, its MLflow child run, the result file, and the fail-loud checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+from pydantic import BaseModel
+
+ArtifactKind = Literal["dataset", "model"]
+
+
+@dataclass(frozen=True)
+class StageCall:
+    """What a stage function gets: its typed config, input/output paths by name, its MLflow tracking."""
+
+    config: Any
+    inputs: dict[str, Path]
+    outputs: dict[str, Path]
+    tracking: Any
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    run: Callable[[StageCall], BaseModel | dict]
+    config: str  # PipelineConfig section
+    inputs: dict[str, str] = field(default_factory=dict)  # argument -> "producer.output"
+    outputs: dict[str, ArtifactKind] = field(default_factory=dict)
+    gpu: bool = False
+    retries: int = 1
+    timeout_seconds: int | None = None  # None: ClusterConfig.stage_timeout_seconds
+    resumable: bool = False  # writes its store on the run volume so a retried pod resumes (KFP: a PVC)
+
+    @property
+    def depends(self) -> list[str]:
+        return sorted({ref.split(".", 1)[0] for ref in self.inputs.values()})
+
+    @property
+    def cpu(self) -> str:
+        return "4" if self.gpu else "2"
+
+    @property
+    def memory(self) -> str:
+        return "16Gi" if self.gpu else "8Gi"
+
+
+# --- The stage functions -----------------------------------------------------------------------
+def provision(call: StageCall):
+    from components.provision import provision_environment
+
+    return provision_environment(call.config, call.outputs["tasks"], tracking=call.tracking)
+
+
+def init_policy(call: StageCall):
+    from components.core import modeling
+    from components.core.tracking import log_metrics, stage_run
+
+    with stage_run("init-policy", call.config, call.tracking):
+        model, tokenizer = modeling.build_policy(call.config)
+        model_dir = modeling.save_policy(model, tokenizer, call.outputs["model"])
+        params = float(modeling.num_parameters(model))
+        log_metrics({"num_parameters": params})
+    return {"model_dir": str(model_dir), "metrics": {"num_parameters": params}}
+
+
+def distill(call: StageCall):
+    from components.distill import distill as run
+
+    return run(call.config, call.inputs["tasks"], call.outputs["trajectories"], tracking=call.tracking)
+
+
+def credit(call: StageCall):
+    from components.credit import label_credit
+
+    return label_credit(call.config, call.inputs["trajectories"], call.inputs["tasks"], call.outputs["credited"],
+                        tracking=call.tracking)
+
+
+def sft(call: StageCall):
+    from components.sft import train_sft
+
+    return train_sft(call.config, call.inputs["credited"], call.outputs["model"],
+                     base_model_dir=call.inputs["base_model"], tracking=call.tracking)
+
+
+def rl(call: StageCall):
+    from components.rl import train_rl
+
+    return train_rl(call.config, call.inputs["tasks"], call.inputs["sft_model"], call.outputs["model"],
+                    tracking=call.tracking)
+
+
+def evaluate(call: StageCall):
+    from components.evaluate import evaluate as run
+
+    check_endpoint(call.config)
+    return run(call.config, call.inputs["tasks"], call.inputs.get("model"), call.outputs["results"],
+               tracking=call.tracking)
+
+
+def check_endpoint(config: Any) -> None:
+    """An endpoint that cannot be reached fails the stage with the connection error (not NaN rates)."""
+    if getattr(config, "policy", None) != "openai" or config.endpoint is None:
+        return
+    import httpx
+
+    url = config.endpoint.base_url.rstrip("/") + "/models"
+    try:
+        httpx.get(url, timeout=config.endpoint.connect_timeout_seconds)
+    except httpx.TransportError as err:
+        raise StageFailed(f"evaluation endpoint {config.endpoint.base_url} is unreachable "
+                          f"({type(err).__name__}: {err}); start it or fix endpoint.base_url") from err
+
+
+class StageFailed(RuntimeError):
+    """A stage that ran but must not hand its output on (reason in the message)."""
+
+
+# --- The table ----------------------------------------------------------------------------------
+_TASKS = {"tasks": "provision.tasks"}
+STAGES: list[Stage] = [
+    Stage("provision", provision, "provision", outputs={"tasks": "dataset"}),
+    Stage("init-policy", init_policy, "model", outputs={"model": "model"}),
+    # The reference row first: a teacher endpoint that cannot be reached stops the run before training.
+    Stage("evaluate-teacher", evaluate, "evaluate_teacher", _TASKS, {"results": "dataset"}),
+    Stage("distill", distill, "distill", _TASKS, {"trajectories": "dataset"}, retries=2, resumable=True),
+    Stage("credit", credit, "credit", {**_TASKS, "trajectories": "distill.trajectories"}, {"credited": "dataset"},
+          retries=2, resumable=True),
+    Stage("sft", sft, "sft", {"credited": "credit.credited", "base_model": "init-policy.model"},
+          {"model": "model"}, gpu=True),
+    Stage("rl", rl, "rl", {**_TASKS, "sft_model": "sft.model"}, {"model": "model"}, gpu=True),
+    Stage("evaluate-untrained", evaluate, "evaluate", {**_TASKS, "model": "init-policy.model"}, {"results": "dataset"}),
+    Stage("evaluate-sft", evaluate, "evaluate", {**_TASKS, "model": "sft.model"}, {"results": "dataset"}),
+    Stage("evaluate-rl", evaluate, "evaluate", {**_TASKS, "model": "rl.model"}, {"results": "dataset"}),
+]
+BY_NAME = {s.name: s for s in STAGES}
+# Steps around the stages, with the same names in every runner: `start` validates the config and
+# opens the MLflow parent run, `report` reads every stage's result, `close-run` is the exit handler.
+START, REPORT, CLOSE = "start", "report", "close-run"
+# Models the report may register, last first: the first one that actually trained is registered.
+REGISTRABLE = (("rl", "model"), ("sft", "model"))
+
+
+def task_names() -> list[str]:
+    """Every task of one run, in DAG order (the exit handler aside)."""
+    return [START, *(s.name for s in STAGES), REPORT]
+
+
+def eval_arm(stage: str) -> str | None:
+    return stage.removeprefix("evaluate-") if stage.startswith("evaluate-") else None
+
+
+def _check_table() -> None:
+    seen: set[str] = set()
+    for stage in STAGES:
+        for ref in stage.inputs.values():
+            producer, out = ref.split(".", 1)
+            if producer not in seen or out not in BY_NAME[producer].outputs:
+                raise ValueError(f"stage {stage.name}: input {ref} is not an output of an earlier stage")
+        seen.add(stage.name)
+
+
+_check_table()

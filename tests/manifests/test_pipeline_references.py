@@ -1,0 +1,130 @@
+"""The compiled pipelines run against our own manifests: every name they reference exists there.
+
+Renders `kubectl kustomize manifests/overlays/{dev,prod}` and compiles the KFP and Argo YAML, then
+checks each Secret (and key), Service (and port), ServiceAccount, PVC setting and image the pipelines
+reference: created by the overlay, or by a `kubectl create secret` command of the README's cluster
+quickstart. Names come from `pipelines/cluster.py`; this test is what keeps the manifests equal to it.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
+import yaml
+
+from pipelines.cli import compile_all
+from pipelines.cluster import ClusterConfig
+from tests.manifests.test_manifests import by_kind, pod_templates, render
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict[str, list[dict]]:
+    paths = compile_all(tmp_path_factory.mktemp("compiled"))
+    return {kind: [d for d in yaml.safe_load_all(p.read_text()) if d] for kind, p in paths.items()}
+
+
+def readme_secrets() -> set[tuple[str, str]]:
+    """(namespace, Secret) pairs the README's quickstart creates with `kubectl create secret generic`."""
+    text = (REPO / "README.md").read_text()
+    return {(m.group(1), m.group(2)) for m in
+            re.finditer(r"kubectl -n (\S+) create secret generic (\S+)", text)}
+
+
+def references(compiled: dict[str, list[dict]]) -> dict[str, set]:
+    """Secret names (with keys), service URLs, service accounts and images of the compiled YAML."""
+    refs: dict[str, set] = {"secrets": set(), "urls": set(), "service_accounts": set(), "images": set()}
+    kfp_spec, kfp_platform = compiled["kfp"]
+    defaults = {n: p.get("defaultValue") for n, p in kfp_spec["root"]["inputDefinitions"]["parameters"].items()}
+    for executor in kfp_platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].values():
+        for secret in executor.get("secretAsEnv", []):
+            param = secret["secretNameParameter"]["componentInputParameter"].removeprefix("pipelinechannel--")
+            for key in secret["keyToEnv"]:
+                refs["secrets"].add((defaults[param], key["secretKey"], bool(secret.get("optional"))))
+    refs["urls"] |= {defaults["sandbox_url"], defaults["mlflow_uri"]}
+    refs["images"] |= {defaults["image"], defaults["gpu_image"]}
+    refs["service_accounts"].add(ClusterConfig().service_account)  # KFP: a run setting (orchard schedule)
+
+    (template,) = compiled["argo_template"]
+    args = {p["name"]: p["value"] for p in template["spec"]["arguments"]["parameters"]}
+
+    def resolve(value: str) -> str:
+        return re.sub(r"\{\{workflow\.parameters\.(\w+)\}\}", lambda m: args[m.group(1)], value)
+
+    for t in template["spec"]["templates"]:
+        for env in t.get("container", {}).get("env", []):
+            ref = env.get("valueFrom", {}).get("secretKeyRef")
+            if ref:
+                refs["secrets"].add((resolve(ref["name"]), ref["key"], bool(ref.get("optional"))))
+    refs["urls"] |= {args["sandbox_url"], args["mlflow_uri"]}
+    refs["images"] |= {args["image"], args["gpu_image"]}
+    refs["service_accounts"].add(template["spec"]["serviceAccountName"])
+    (cron,) = compiled["argo_cron"]
+    refs["service_accounts"].add(cron["spec"]["workflowSpec"]["serviceAccountName"])
+    return refs
+
+
+@pytest.mark.parametrize("overlay", ["overlays/dev", "overlays/prod"])
+def test_every_name_the_pipelines_reference_exists_in_the_overlay(compiled, overlay):
+    docs = render(overlay)
+    refs = references(compiled)
+    (namespace,) = {d["metadata"]["name"] for d in by_kind(docs, "Namespace")}
+    created = {d["metadata"]["name"]: d for d in by_kind(docs, "Secret")}
+    documented = {name for ns, name in readme_secrets() if ns == namespace}
+    for name, key, optional in sorted(refs["secrets"]):
+        if name in created:
+            assert key in created[name].get("data", {}) | created[name].get("stringData", {}), (overlay, name, key)
+        else:
+            assert name in documented, (f"{overlay}: Secret {name} (key {key}) is referenced by the pipelines but "
+                                        "neither the overlay nor a README `kubectl -n NS create secret generic` "
+                                        "command creates it")
+    services = {d["metadata"]["name"]: d for d in by_kind(docs, "Service")}
+    for url in sorted(refs["urls"]):
+        host = urlparse(url)
+        service, ns = host.hostname.split(".")[:2]
+        assert ns == namespace, f"{url} points at namespace {ns}, the overlay deploys to {namespace}"
+        assert service in services, f"{url}: no Service {service} in {overlay}"
+        assert host.port in {p["port"] for p in services[service]["spec"]["ports"]}, url
+    accounts = {d["metadata"]["name"] for d in by_kind(docs, "ServiceAccount")}
+    assert refs["service_accounts"] <= accounts, refs["service_accounts"] - accounts
+    # the pipeline identity may create and delete the run volume (KFP CreatePVC/DeletePVC runs as it)
+    sa = ClusterConfig().service_account
+    roles = {b["roleRef"]["name"] for b in by_kind(docs, "RoleBinding") if any(s["name"] == sa for s in b["subjects"])}
+    verbs = {v for r in by_kind(docs, "Role") if r["metadata"]["name"] in roles for rule in r["rules"]
+             if "persistentvolumeclaims" in rule["resources"] for v in rule["verbs"]}
+    assert {"create", "delete"} <= verbs
+
+
+def test_images_follow_one_scheme_in_overlays_and_pipelines(compiled):
+    cluster = ClusterConfig()
+    refs = references(compiled)
+    assert refs["images"] == {cluster.image("stage-runtime"), cluster.image("stage-runtime-gpu")}
+    dev = render("overlays/dev")
+    images = {c["image"] for d in dev for t in pod_templates(d) for c in t["spec"]["containers"]}
+    (service,) = by_kind(dev, "Deployment", "orchard-sandbox-service")
+    env = {e["name"]: e.get("value") for e in service["spec"]["template"]["spec"]["containers"][0]["env"]}
+    images.add(env["ORCHARD_K8S_INJECTOR_IMAGE"])
+    assert images == {cluster.image(n) for n in ("sandbox-service", "mlflow", "agent-injector")}, images
+    prod = render("overlays/prod")
+    prod_images = {c["image"] for d in prod for t in pod_templates(d) for c in t["spec"]["containers"]}
+    registries = {i.rsplit("/", 1)[0] for i in prod_images}
+    assert len(registries) == 1, "prod pulls every image from one registry (compile with --image-registry it)"
+    (registry,) = registries
+    assert prod_images == {ClusterConfig(image_registry=registry).image(n) for n in ("sandbox-service", "mlflow")}
+
+
+def test_a_renamed_secret_is_caught(compiled):
+    """The cross-check fails when the pipelines reference a Secret nobody creates."""
+    docs = render("overlays/prod")
+    broken = {k: [yaml.safe_load(yaml.safe_dump(d)) for d in v] for k, v in compiled.items()}
+    params = broken["kfp"][0]["root"]["inputDefinitions"]["parameters"]
+    params["sandbox_token_secret"]["defaultValue"] = "orchard-sandbox"
+    with pytest.raises(AssertionError, match="orchard-sandbox"):
+        test_every_name_the_pipelines_reference_exists_in_the_overlay(broken, "overlays/prod")
+    assert docs

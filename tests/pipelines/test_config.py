@@ -1,0 +1,92 @@
+"""One config: PipelineConfig embeds each stage's own config; presets, --set, files and `config show`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from components.core.modeling import ModelConfig
+from components.rl import RLConfig
+from components.sft import SFTConfig
+from pipelines.cli import main
+from pipelines.config import PRESETS, ConfigError, PipelineConfig, resolve, stage_sections
+from pipelines.stages import STAGES
+
+
+def test_stage_sections_are_the_stage_configs_themselves():
+    config = PipelineConfig.preset_config("demo")
+    assert type(config.sft) is SFTConfig and type(config.rl) is RLConfig and type(config.model) is ModelConfig
+    assert {s.config for s in STAGES} <= set(stage_sections())
+    # every field of a stage's own config is a pipeline setting, under its own name (nothing copied)
+    assert set(PipelineConfig.model_fields["sft"].annotation.model_fields) == set(SFTConfig.model_fields)
+
+
+def test_every_field_of_every_stage_config_is_a_pipeline_setting_under_its_own_name():
+    """Embedding, not copying: whatever a stage config has (e.g. model.path from the model work) is settable."""
+    base = PipelineConfig.preset_config("tiny")
+    checked = 0
+    for section in stage_sections():
+        stage = getattr(base, section)
+        for field in type(stage).model_fields:
+            if field in ("recipe", "seed", "sandbox") or (field == "model" and section != "model"):
+                continue  # run-wide: set at the top level (test below)
+            value = getattr(stage, field)
+            raw = value.model_dump_json() if hasattr(value, "model_dump_json") else json.dumps(value)
+            assert getattr(resolve("tiny", [f"{section}.{field}={raw}"]), section) == stage, (section, field)
+            checked += 1
+    assert checked > 60
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_round_trips_through_json_and_the_cli(preset, capsys, tmp_path):
+    config = resolve(preset, ["sft.steps=7", "rl.rollout.group_size=2", "recipe=gui", "seed=3"])
+    assert PipelineConfig.model_validate_json(config.model_dump_json()) == config
+    assert main(["config", "show", "--preset", preset, "--set", "sft.steps=7", "--set", "rl.rollout.group_size=2",
+                 "--set", "recipe=gui", "--set", "seed=3"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert PipelineConfig.model_validate(shown) == config
+    path = tmp_path / "run.yaml"
+    path.write_text("sft:\n  steps: 7\nrl.rollout.group_size: 2\nrecipe: gui\nseed: 3\n")
+    assert resolve(preset, config_file=path) == config
+
+
+def test_presets_override_nested_fields_and_keep_the_rest():
+    tiny, demo = PipelineConfig.preset_config("tiny"), PipelineConfig.preset_config("demo")
+    assert tiny.rl.rollout.group_size == 2 and demo.rl.rollout.group_size == 4
+    assert tiny.rl.rollout.rho_min == demo.rl.rollout.rho_min == RLConfig().rollout.rho_min  # untouched default
+    assert tiny.sft.steps == 4 and resolve("tiny", ["sft.steps=400"]).sft.steps == 400
+    assert resolve("tiny", ["sft.steps=400"]).sft.batch_size == tiny.sft.batch_size
+
+
+def test_run_wide_fields_reach_every_stage_and_the_token_never_enters_the_config(monkeypatch):
+    monkeypatch.setenv("ORCHARD_SANDBOX_TOKEN", "s3cret")
+    config = resolve("tiny", ["recipe=claw", "seed=5", "sandbox_url=http://sandbox:1"])
+    for name in ("provision", "distill", "credit", "rl", "evaluate", "evaluate_teacher"):
+        assert getattr(config, name).recipe == "claw", name
+    for name in ("provision", "distill", "sft", "rl", "evaluate", "model"):
+        assert getattr(config, name).seed == 5, name
+    assert config.sft.model == config.model
+    assert config.distill.sandbox.url == "http://sandbox:1"
+    assert "s3cret" not in config.model_dump_json()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--preset", "huge"], "unknown preset 'huge'; choose one of demo, tiny"),
+    (["--set", "sft.stepz=4"], "sft.stepz: Extra inputs are not permitted"),
+    (["--set", "sft.steps=-1"], "sft.steps: Input should be greater than or equal to 1"),
+    (["--set", "recipe=chess"], "recipe: Input should be 'swe', 'gui' or 'claw'"),
+    (["--set", "sft.steps"], "--set expects KEY=VALUE"),
+    (["--set", "distill.recipe=gui"], "recipe is one value for the whole run"),
+    (["--config", "/nonexistent/run.yaml"], "config file /nonexistent/run.yaml does not exist"),
+])
+def test_a_bad_setting_is_one_clear_line(argv, message, capsys):
+    assert main(["config", "show", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "Traceback" not in err, err
+
+
+def test_run_refuses_a_bad_setting_before_doing_anything(capsys, tmp_path):
+    assert main(["run", "--preset", "tiny", "--runs-dir", str(tmp_path), "--set", "rl.steps=0"]) == 2
+    assert "rl.steps" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "nothing is started for a config that does not validate"

@@ -1,0 +1,70 @@
+"""Fail loudly: each case through the real local runner (real service, real stages, real MLflow)."""
+
+from __future__ import annotations
+
+import socket
+
+import mlflow
+import pytest
+
+from pipelines.local import SandboxUnreachable, run_local
+from pipelines.stages import StageFailed
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed once the socket is: connections are refused
+
+
+def _parent_status(tmp_path) -> str:
+    client = mlflow.MlflowClient(f"sqlite:///{(tmp_path / 'runs').resolve() / 'mlflow.db'}")
+    (experiment,) = [e for e in client.search_experiments() if e.name == "orchard"]
+    (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.`orchard.stage` = 'pipeline'")
+    return run.info.status
+
+
+def test_an_unreachable_sandbox_url_stops_the_run_instead_of_starting_another_service(tmp_path, micro_config):
+    url = f"http://127.0.0.1:{_closed_port()}"
+    with pytest.raises(SandboxUnreachable, match=f"sandbox_url {url} does not answer"):
+        run_local(micro_config.updated(sandbox_url=url), tmp_path / "runs")
+    assert not (tmp_path / "runs").exists(), "nothing ran"
+
+
+def test_a_stage_whose_every_episode_is_an_infra_error_fails_with_the_reason(tmp_path, sandbox_service, micro_config,
+                                                                             monkeypatch):
+    """A wrong token: every sandbox create is refused (401); the stage fails and quotes it."""
+    monkeypatch.setenv("ORCHARD_SANDBOX_TOKEN", "not-the-token")
+    config = micro_config.updated(sandbox_url=sandbox_service.url, provision={"check_sandbox": False},
+                                  evaluate_teacher={"infra_retries": 0})
+    with pytest.raises(StageFailed) as err:
+        run_local(config, tmp_path / "runs")
+    message = str(err.value)
+    assert message.startswith("stage evaluate-teacher: 1 of 1 episodes were infrastructure errors (limit 100%)")
+    assert "401" in message or "nauthorized" in message, message
+    assert _parent_status(tmp_path) == "FAILED"
+
+
+def test_the_infra_error_limit_is_configurable_per_stage(tmp_path, sandbox_service, micro_config, monkeypatch):
+    """Below the limit a stage hands its output on; the limit is a setting (here: per stage)."""
+    from pipelines.config import resolve
+    from pipelines.steps import check_infra_errors
+
+    config = resolve("tiny", ["failure.per_stage={\"distill\": 0.5}"])
+    record = {"counts": {"resolved": 3, "unresolved": 1, "infra_error": 1}}
+    check_infra_errors("distill", record, config)  # 20% < 50%
+    record["counts"]["infra_error"] = 4
+    with pytest.raises(StageFailed, match="stage distill: 4 of 8 episodes"):
+        check_infra_errors("distill", record, config)
+    check_infra_errors("evaluate-sft", {"infra_errors": 4, "attempts": 8}, config)  # default limit: all
+
+
+def test_evaluating_an_unreachable_endpoint_fails_with_the_connection_error(tmp_path, external_service, micro_config):
+    base_url = f"http://127.0.0.1:{_closed_port()}/v1"
+    config = micro_config.updated(sandbox_url=external_service.url, evaluate_teacher={
+        "policy": "openai", "endpoint": {"base_url": base_url, "model": "teacher", "connect_timeout_seconds": 2}})
+    with pytest.raises(StageFailed, match=f"evaluation endpoint {base_url} is unreachable .*ConnectError"):
+        run_local(config, tmp_path / "runs")
+    assert _parent_status(tmp_path) == "FAILED"
