@@ -77,7 +77,7 @@ def _install_error_handlers(app: FastAPI, config: ServiceConfig) -> None:
         retry_after = err.retry_after
         if retry_after is None and err.status_code == 503:
             retry_after = config.retry_after_seconds
-        return _error(err.status_code, err.code, err.message, retry_after)
+        return _error(err.status_code, err.code, err.message, retry_after, err.infra_error)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_: Request, err: RequestValidationError) -> JSONResponse:

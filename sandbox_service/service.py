@@ -267,9 +267,8 @@ class SandboxManager:
                 next_status = now + 1.0
                 status = await self.in_thread(self.backend.status, rec.id)
                 if not status.alive:
-                    err = BackendUnavailableError(f"sandbox died before its agent answered: {status.message}")
-                    err.infra_error = status.infra_error  # type: ignore[attr-defined]
-                    raise err
+                    raise BackendUnavailableError(f"sandbox died before its agent answered: {status.message}",
+                                                  infra_error=status.infra_error)
             await asyncio.sleep(delay)
             delay = min(0.1, delay * 2)
 
