@@ -14,7 +14,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.modeling import ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters, save_policy
+from components.core.modeling import (
+    LoadOptions, ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters, resolve_device, save_policy,
+)
 from components.core.store import TrajectoryStore
 from components.core.tracking import TrackingConfig, log_json, log_metrics, stage_run
 from components.sft_data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
@@ -39,6 +41,8 @@ class SFTConfig(BaseModel):
     save_every: int | None = Field(None, ge=1, description="Also save a checkpoint every N steps.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The fresh model when no base is given.")
+    load: LoadOptions = Field(default_factory=LoadOptions,
+                              description="Device, dtype and attention kernel the base checkpoint trains with.")
 
 
 class SFTResult(BaseModel):
@@ -139,7 +143,7 @@ def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset
         save_strategy="steps" if config.save_every else "no",
         save_steps=config.save_every or 500,
         report_to="none",
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=resolve_device(config.load.device) == "cpu",
         seed=config.seed,
         data_seed=config.seed,
         dataloader_num_workers=0,
@@ -169,7 +173,8 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
         tokenizer = build_tokenizer(config.model.tokenizer)
         model = build_tiny_model(config.model, tokenizer)
     else:
-        model, tokenizer = load_policy(base_model_dir)
+        # loaded on the CPU: the Trainer places it on the device `load.device` resolves to
+        model, tokenizer = load_policy(base_model_dir, spec=config.load.model_copy(update={"device": "cpu"}))
     samples, stats = build_samples(trajectories, tokenizer, config.mode, config.max_len)
     if not samples:
         raise ValueError(

@@ -15,7 +15,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from components.core.modeling import PolicySpec, load_policy, model_fingerprint, resolve_device
+from components.core.modeling import LoadOptions, load_policy, model_fingerprint, resolve_device
 from components.core.policy_base import ChatMessage, Generation, GenerationConfig
 from components.core.rendering import chat_format, render_prompt
 
@@ -33,11 +33,11 @@ class LocalTransformersPolicy:
     """`Policy` over a local causal LM. `model_or_path`: a model object or a checkpoint directory."""
 
     def __init__(self, model_or_path: Any, tokenizer: Any = None, device: str = "cpu",
-                 max_context_tokens: int | None = None, spec: PolicySpec | None = None,
+                 max_context_tokens: int | None = None, spec: LoadOptions | None = None,
                  tool_format: str | None = None) -> None:
         if isinstance(model_or_path, (str, Path)):
             path = Path(model_or_path)
-            spec = spec or PolicySpec(device=device)  # type: ignore[arg-type]
+            spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
             model, loaded_tokenizer = load_policy(path, spec=spec)
             tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
             self.policy_id = f"local:{path.name}@{_dir_fingerprint(path)}" if path.is_dir() else f"local:{path}"

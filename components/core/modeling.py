@@ -265,19 +265,24 @@ def save_policy(model, tokenizer, out_dir: str | Path) -> Path:
     return out
 
 
-class PolicySpec(BaseModel):
-    """Which checkpoint a stage loads and how: one definition for init-policy, SFT, RL and evaluation."""
+class LoadOptions(BaseModel):
+    """How a stage loads the checkpoint it is given (SFT's base, RL's start, an evaluated model)."""
 
     model_config = ConfigDict(extra="forbid")
-    path: str | None = Field(
-        None, description="A local save_pretrained directory or a hub id (read from the local hub cache; "
-                          "downloaded only with allow_download). None: the tiny model built by init-policy.")
-    allow_download: bool = Field(False, description="Let a hub id be downloaded when it is not in the cache.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto = the checkpoint's dtype on cuda, float32 on cpu.")
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
         None, description="Attention kernel (None = transformers' default for the model).")
+    allow_download: bool = Field(False, description="Let a hub id be downloaded when it is not in the cache.")
+
+
+class PolicySpec(LoadOptions):
+    """Which checkpoint the run starts from (init-policy) and how it is loaded."""
+
+    path: str | None = Field(
+        None, description="A local save_pretrained directory or a hub id (read from the local hub cache; "
+                          "downloaded only with allow_download). None: the tiny model built from `ModelConfig`.")
 
 
 def resolve_device(device: str) -> str:
@@ -318,11 +323,11 @@ def _resolve_path(path: str | Path, allow_download: bool) -> str:
     return str(path)
 
 
-def load_policy_model(path: str | Path, device: str = "cpu", spec: PolicySpec | None = None):
+def load_policy_model(path: str | Path, device: str = "cpu", spec: LoadOptions | None = None):
     """Any causal LM through `AutoModelForCausalLM.from_pretrained` (ours or a production model)."""
     from transformers import AutoModelForCausalLM
 
-    spec = spec or PolicySpec(device=device)  # type: ignore[arg-type]
+    spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
     where = resolve_device(spec.device)
     kwargs: dict = {"dtype": _torch_dtype(spec.dtype, where), "local_files_only": not spec.allow_download}
     if spec.attn_implementation:
@@ -331,9 +336,9 @@ def load_policy_model(path: str | Path, device: str = "cpu", spec: PolicySpec | 
     return model.to(where)
 
 
-def load_policy(path: str | Path, device: str = "cpu", spec: PolicySpec | None = None):
+def load_policy(path: str | Path, device: str = "cpu", spec: LoadOptions | None = None):
     """(model, tokenizer) from one checkpoint directory (or cached hub id)."""
-    spec = spec or PolicySpec(device=device)  # type: ignore[arg-type]
+    spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
     return load_policy_model(path, spec=spec), load_tokenizer(_resolve_path(path, spec.allow_download),
                                                              allow_download=spec.allow_download)
 
