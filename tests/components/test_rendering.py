@@ -146,3 +146,29 @@ def test_tokenizer_without_a_chat_template_is_refused():
         render_trajectory(_trajectory([True]), plain)
     with pytest.raises(TemplateError):
         chat_format(plain)
+
+
+def test_a_v1_store_shard_with_sampled_ids_still_loads_and_is_re_tokenized(tokenizer, tmp_path):
+    """Trajectories written before schema v2 (no tokenizer_id) load; their ids, of an unknown vocabulary
+    (the old `<|role|>` tiny tokenizer), are not trusted: re-tokenized and flagged."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from components.core.schema import SCHEMA_VERSION
+    from components.core.store import TrajectoryStore, trajectory_to_row
+
+    row = trajectory_to_row(_trajectory([True], outcome=Outcome.resolved))
+    steps = json.loads(row["steps"])
+    for s in steps:
+        s.pop("logprobs", None), s.pop("tokenizer_id", None)
+    steps[2]["token_ids"] = [5, 6, 7]
+    pq.write_table(pa.Table.from_pylist([{**row, "schema_version": 1, "steps": json.dumps(steps)}]),
+                   tmp_path / "part-00000000000000000001-v1.parquet")
+    (old,) = TrajectoryStore(tmp_path).read()
+    assert old.schema_version == SCHEMA_VERSION and old.steps[2].token_ids == [5, 6, 7]
+    assert old.steps[2].tokenizer_id is None
+    sample = render_trajectory(old, tokenizer, loss_on="assistant")
+    assert sample.retokenized_steps == [2]
+    assert [t for t, m in zip(sample.input_ids, sample.loss_mask) if m] == _enc(tokenizer, f"Step 0.\n{NATIVE}{END}")
