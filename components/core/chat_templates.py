@@ -2,7 +2,9 @@
 Llama 3 with JSON tool calls. A checkpoint's own template is always used when it has one; these are
 for tokenizers we build (the tiny model, tests) and for checkpoints that ship none.
 
-Both render every message the same way whether or not it is the last one (append-only, see
+The ChatML tool block lists each function as one line, `- name(arg, ...): description` (Qwen's own template
+dumps the full JSON schemas; a compact list keeps the tiny model's CPU sequences short). Both render every
+message the same way whether or not it is the last one (append-only, see
 `rendering`), take OpenAI-style `tools` and assistant `tool_calls` (arguments as a dict), and render
 `tool` messages as the model family does (ChatML: a user turn of `<tool_response>`; Llama 3: `ipython`).
 """
@@ -14,11 +16,13 @@ CHATML_TOOLS = (
     "{%- if messages and messages[0].role == 'system' %}{%- set ns.system = messages[0].content %}{%- endif %}"
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}{%- if ns.system %}{{- ns.system + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\n\\nYou may call a function to help with the task. Function signatures are in <tools></tools>:\\n<tools>' }}"
-    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
-    "{{- '\\n</tools>\\n\\nFor each call, return a JSON object with the function name and arguments within "
-    "<tool_call></tool_call> tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
-    "\\n</tool_call><|im_end|>\\n' }}"
+    "{{- '# Tools\\nCall one function per reply as <tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\\n</tool_call>. Functions:' }}"
+    "{%- for tool in tools %}{%- set f = tool.get('function', tool) %}"
+    "{{- '\\n- ' + f.name + '(' + (f.get('parameters', {}).get('properties', {}) | list | join(', ')) + '): '"
+    " + f.get('description', '') }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
     "{%- elif ns.system %}{{- '<|im_start|>system\\n' + ns.system + '<|im_end|>\\n' }}{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message.role == 'system' and loop.first %}"
