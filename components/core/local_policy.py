@@ -17,7 +17,7 @@ from typing import Any
 
 from components.core.modeling import LoadOptions, load_policy, model_fingerprint, resolve_device
 from components.core.policy_base import ChatMessage, Generation, GenerationConfig
-from components.core.rendering import chat_format, render_prompt
+from components.core.rendering import PrefixCache, chat_format, render_prompt
 
 
 def _dir_fingerprint(path: Path) -> str:
@@ -67,9 +67,11 @@ class LocalTransformersPolicy:
         if tokenizer.pad_token_id is not None:
             suppress.add(tokenizer.pad_token_id)
         self._suppress = sorted(suppress - set(self._stop_ids))
+        self._cache = PrefixCache()
 
     def prompt_ids(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return render_prompt(messages, self.tokenizer, tools=tools, tool_format=self.tool_format)  # type: ignore[arg-type]
+        return render_prompt(messages, self.tokenizer, tools=tools, tool_format=self.tool_format,  # type: ignore[arg-type]
+                             cache=self._cache)
 
     def generate(self, messages: list[ChatMessage], config: GenerationConfig,
                  tools: list[dict[str, Any]] | None = None) -> Generation:

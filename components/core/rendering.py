@@ -162,8 +162,34 @@ class Rendered:
     retokenized: list[int]
 
 
+class PrefixCache:
+    """The last conversation a policy rendered: its next turn's prompt renders only the messages appended
+    since (an episode's prompts cost O(n) template renders each instead of re-rendering the history).
+    Valid because rendering is append-only: a segment never changes once later messages are appended."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.context = ""
+        self.keys: list[str] = []
+        self.texts: list[str] = []  # render(messages[:i+1]) per message
+        self.ends: list[tuple[int, int]] = []  # (token count, retokenized count) after each message
+        self.out = Rendered([], [], [], [], [])
+
+
+def _key(m: _Message) -> str:
+    return json.dumps([m.template, m.sampled, m.loss, m.step_index, m.role], sort_keys=True, default=str)
+
+
 def _render(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | None, fmt: ChatFormat,
-            add_generation_prompt: bool) -> Rendered:
+            add_generation_prompt: bool, cache: PrefixCache | None = None) -> Rendered:
+    if cache is None:
+        return _render_from(messages, tokenizer, tools, fmt, add_generation_prompt, None)
+    with cache.lock:
+        return _render_from(messages, tokenizer, tools, fmt, add_generation_prompt, cache)
+
+
+def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | None, fmt: ChatFormat,
+                 add_generation_prompt: bool, cache: PrefixCache | None) -> Rendered:
     tools_arg = tools if tools and fmt.tool_format in NATIVE_FORMATS else None
 
     def text(upto: int, generation: bool = False) -> str:
@@ -173,6 +199,17 @@ def _render(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | N
                                              tokenize=False, add_generation_prompt=generation)
 
     out = Rendered([], [], [], [], [])
+    keys = [_key(m) for m in messages] if cache is not None else []
+    context = json.dumps([fmt.tokenizer_id, fmt.tool_format, tools_arg], sort_keys=True, default=str)
+    start, prev, texts, ends = 0, "", [], []
+    if cache is not None and cache.context == context:
+        while start < min(len(keys), len(cache.keys)) and keys[start] == cache.keys[start]:
+            start += 1
+        if start:
+            n, r = cache.ends[start - 1]
+            out = Rendered(cache.out.input_ids[:n], cache.out.roles[:n], cache.out.loss_mask[:n],
+                           cache.out.step_index[:n], cache.out.retokenized[:r])
+            prev, texts, ends = cache.texts[start - 1], cache.texts[:start], cache.ends[:start]
 
     def put(ids: list[int], m: _Message, loss: bool) -> None:
         out.input_ids.extend(ids)
@@ -180,8 +217,8 @@ def _render(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | N
         out.loss_mask.extend([int(loss)] * len(ids))
         out.step_index.extend([m.step_index] * len(ids))
 
-    prev = ""
-    for i, m in enumerate(messages):
+    for i in range(start, len(messages)):
+        m = messages[i]
         cur = text(i + 1)
         if not cur.startswith(prev):
             raise TemplateError(
@@ -193,6 +230,8 @@ def _render(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | N
         if m.role != "assistant":
             put(encode_text(segment, tokenizer), m, False)
             prev = cur
+            texts.append(cur)
+            ends.append((len(out.input_ids), len(out.retokenized)))
             continue
         header = text(i, generation=True)[len(prev):]
         if not segment.startswith(header):
@@ -218,6 +257,12 @@ def _render(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | N
             if m.loss:
                 out.retokenized.append(m.step_index)
         prev = cur
+        texts.append(cur)
+        ends.append((len(out.input_ids), len(out.retokenized)))
+    if cache is not None:
+        cache.context, cache.keys, cache.texts, cache.ends = context, keys, texts, ends
+        cache.out = Rendered(list(out.input_ids), list(out.roles), list(out.loss_mask), list(out.step_index),
+                             list(out.retokenized))
     if add_generation_prompt:
         tail = text(len(messages), generation=True)[len(prev):]
         out.input_ids.extend(encode_text(tail, tokenizer))
@@ -225,12 +270,14 @@ def _render(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | N
 
 
 def render_prompt(messages: Iterable[ChatMessage | Mapping], tokenizer, tools: list[dict[str, Any]] | None = None,
-                  add_generation_prompt: bool = True, tool_format: ToolFormat | None = None) -> list[int]:
-    """Prompt ids for a conversation; assistant messages with this tokenizer's `token_ids` are used verbatim."""
+                  add_generation_prompt: bool = True, tool_format: ToolFormat | None = None,
+                  cache: PrefixCache | None = None) -> list[int]:
+    """Prompt ids for a conversation; assistant messages with this tokenizer's `token_ids` are used verbatim.
+    `cache` (one per policy) re-uses the rendering of the longest unchanged prefix of the last call."""
     fmt = chat_format(tokenizer, tool_format)
     msgs = [m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages]
     rendered = _render([_template_message(m, tools or [], fmt, i, False) for i, m in enumerate(msgs)],
-                       tokenizer, tools, fmt, add_generation_prompt)
+                       tokenizer, tools, fmt, add_generation_prompt, cache)
     return rendered.input_ids
 
 

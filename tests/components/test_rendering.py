@@ -172,3 +172,19 @@ def test_a_v1_store_shard_with_sampled_ids_still_loads_and_is_re_tokenized(token
     sample = render_trajectory(old, tokenizer, loss_on="assistant")
     assert sample.retokenized_steps == [2]
     assert [t for t, m in zip(sample.input_ids, sample.loss_mask) if m] == _enc(tokenizer, f"Step 0.\n{NATIVE}{END}")
+
+
+def test_the_prefix_cache_gives_the_same_prompts_as_a_fresh_render(tokenizer):
+    from components.core.rendering import PrefixCache
+
+    traj = _trajectory([True, True, True])
+    messages = steps_as_messages(traj.steps)
+    cache = PrefixCache()
+    for pos in range(2, len(messages) + 1, 2):  # an episode's turns, then a conversation that diverges
+        assert render_prompt(messages[:pos], tokenizer, tools=TOOLS, cache=cache) == \
+            render_prompt(messages[:pos], tokenizer, tools=TOOLS)
+    assert len(cache.keys) == len(messages)
+    changed = [m.model_copy() for m in messages]
+    changed[3] = changed[3].model_copy(update={"content": "another output"})
+    assert render_prompt(changed, tokenizer, tools=TOOLS, cache=cache) == render_prompt(changed, tokenizer, tools=TOOLS)
+    assert render_prompt(messages[:4], tokenizer, cache=cache) == render_prompt(messages[:4], tokenizer)  # no tools
