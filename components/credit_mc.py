@@ -33,6 +33,7 @@ from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
 from components.credit_base import (
     CreditEstimationError, ValueEstimate, assistant_positions, initial_end, state_end,
 )
+from components.core.teacher import TeacherConfig
 from components.credit_segments import interpolate
 from sandbox_service.client import SandboxClient
 
@@ -45,6 +46,8 @@ class MonteCarloConfig(BaseModel):
     stride: int = Field(1, ge=1, description="Estimate every stride-th assistant step (the last always); interpolate the rest.")
     common_random_numbers: bool = Field(True, description="Continuation j uses the same teacher seed at every state (paired credits).")
     teacher_error_rate: float = Field(0.2, ge=0.0, le=1.0, description="Error rate of the scripted continuation teacher.")
+    teacher: TeacherConfig | None = Field(
+        None, description="Continuation teacher (scripted or an endpoint); None = scripted at teacher_error_rate.")
     seed: int = Field(0, description="Base seed of the continuation teachers.")
     max_steps: int = Field(12, ge=1, description="Assistant turns a continuation may add.")
     parallel: int = Field(4, ge=1, description="Continuations running at once (each in its own sandbox).")
@@ -69,6 +72,8 @@ class MonteCarloEstimator:
         self.config = config
         self.recipe = recipe
         self.client = client
+        if policy_factory is None and config.teacher is not None:
+            policy_factory = config.teacher.factory(recipe.name, config.seed)
         self.policy_factory = policy_factory or scripted_teacher_factory(recipe.name, config.teacher_error_rate, config.seed)
         self.harness = harness or HarnessConfig(max_steps=config.max_steps, max_wall_seconds=300,
                                                 generation=GenerationConfig(temperature=0.0))

@@ -23,6 +23,7 @@ from components.core.connection import SandboxConnection
 from components.core.harness import HarnessConfig, run_episode
 from components.core.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
 from components.core.policy_base import Policy
+from components.core.teacher import TeacherConfig
 from components.core.schema import Outcome, Task, Trajectory
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
@@ -75,19 +76,16 @@ class _Teachers:
 
     def __init__(self, config: DistillConfig):
         self.config = config
-        self.endpoint: OpenAICompatiblePolicy | None = None
-        if config.teacher == "openai":
-            if config.openai is None:
-                raise ValueError("teacher='openai' needs `openai` settings (base_url, model, api_key_env)")
-            self.endpoint = OpenAICompatiblePolicy(config.openai)
+        if config.teacher == "openai" and config.openai is None:
+            raise ValueError("teacher='openai' needs `openai` settings (base_url, model, api_key_env)")
+        self.teacher = TeacherConfig(kind=config.teacher, error_rate=config.error_rate, endpoint=config.openai)
+        self.make = self.teacher.factory(config.recipe, 0)
+        self.endpoint: OpenAICompatiblePolicy | None = self.make(0) if config.teacher == "openai" else None  # type: ignore[assignment]
 
     def get(self, task: Task, attempt: int, retry: int) -> Policy:
         if self.endpoint is not None:
             return self.endpoint
-        from components.recipes import get_scripted_teacher
-
-        return get_scripted_teacher(self.config.recipe, self.config.error_rate,
-                                    _stable(self.config.seed, task.id, attempt, retry))
+        return self.make(_stable(self.config.seed, task.id, attempt, retry))
 
     def close(self) -> None:
         if self.endpoint is not None:

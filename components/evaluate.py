@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from components.core.connection import SandboxConnection
 from components.core.harness import HarnessConfig, run_episode
 from components.core.intervals import mean_bootstrap_ci, task_bootstrap_ci
+from components.core.modeling import LoadOptions
 from components.core.passk import mean_pass_at_k, pass_at_k
 from components.core.policies import OpenAIPolicyConfig
 from components.core.schema import Outcome, Recipe, Split, Task, Trajectory
@@ -44,6 +45,8 @@ class EvalConfig(BaseModel):
     scripted_error_rate: float = Field(0.3, ge=0.0, le=1.0, description="Mistake rate of the scripted teacher.")
     temperature: float = Field(0.7, ge=0.0, description="Sampling temperature (k > 1 needs > 0 to differ).")
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="Episode limits and sampling.")
+    load: LoadOptions = Field(default_factory=LoadOptions,
+                              description="Device, dtype and attention kernel of a local model (policy='local').")
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service to use.")
     max_tasks: int | None = Field(None, ge=1, description="Evaluate only the first N tasks (by id).")
     infra_retries: int = Field(1, ge=0, description="Re-runs of an attempt that ended in infra_error.")
@@ -89,7 +92,8 @@ def make_policy(config: EvalConfig, model_dir: str | Path | None) -> Any:
                              "use policy='scripted' to evaluate the teacher without a model")
         from components.core.local_policy import LocalTransformersPolicy
 
-        return LocalTransformersPolicy(str(model_dir))
+        tool_format = None if config.harness.tool_format == "auto" else config.harness.tool_format
+        return LocalTransformersPolicy(str(model_dir), spec=config.load, tool_format=tool_format)
     if config.policy == "openai":
         from components.core.policies import OpenAICompatiblePolicy
 

@@ -11,9 +11,9 @@ import statistics
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from components.core.connection import SandboxConnection
 from components.core.store import TaskStore
@@ -23,6 +23,22 @@ from components.recipes import get_recipe
 
 class ProvisionError(RuntimeError):
     """The sandbox service is not usable, or a generated task failed its check."""
+
+
+class TaskSource(BaseModel):
+    """Where the tasks come from: the recipe's generator, or a SWE-bench-format file (JSONL/JSON/parquet)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["generator", "swebench"] = Field("generator", description="generator | swebench (a file).")
+    path: str | None = Field(None, description="The SWE-bench instances file (kind='swebench').")
+    repos_dir: str | None = Field(None, description="Git checkouts of the instances' repositories (owner__name).")
+
+    @model_validator(mode="after")
+    def _check(self) -> "TaskSource":
+        if self.kind == "swebench" and (not self.path or not self.repos_dir):
+            raise ValueError("tasks source 'swebench' needs path (the JSONL/parquet file) and repos_dir "
+                             "(where the repositories are cloned, e.g. repos/astropy__astropy)")
+        return self
 
 
 class ProvisionConfig(BaseModel):
@@ -35,6 +51,9 @@ class ProvisionConfig(BaseModel):
         1, description="Difficulty level(s), cycled over tasks; None for recipes without levels."
     )
     recipe_options: dict[str, Any] = Field(default_factory=dict, description="Extra recipe constructor arguments.")
+    source: TaskSource = Field(default_factory=TaskSource,
+                               description="generator, or a SWE-bench file: its instances sorted by id, the first "
+                                           "n_train become train tasks and the next n_heldout held-out tasks.")
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service.")
     check_sandbox: bool = Field(True, description="Check the service (health, create/exec/delete, latency).")
     latency_probes: int = Field(5, ge=1, description="Execs timed in the probe sandbox.")
@@ -87,8 +106,7 @@ def provision_environment(config: ProvisionConfig, out_tasks_dir: str | Path,
         options["difficulty"] = config.difficulty
     recipe = get_recipe(config.recipe, **options)
     with stage_run("provision", config, tracking):
-        train = recipe.tasks("train", config.n_train, config.seed)
-        heldout = recipe.tasks("heldout", config.n_heldout, config.seed)
+        train, heldout = _tasks(config, recipe)
         store = TaskStore(out_tasks_dir)
         store.write(train + heldout)
         metrics: dict[str, float] = {"n_train": len(train), "n_heldout": len(heldout)}
@@ -100,6 +118,22 @@ def provision_environment(config: ProvisionConfig, out_tasks_dir: str | Path,
     families = Counter(t.family or "none" for t in train + heldout)
     return ProvisionResult(tasks_dir=str(out_tasks_dir), counts={"train": len(train), "heldout": len(heldout)},
                            families=dict(families), metrics=metrics)
+
+
+def _tasks(config: ProvisionConfig, recipe) -> tuple[list, list]:
+    if config.source.kind == "generator":
+        return recipe.tasks("train", config.n_train, config.seed), recipe.tasks("heldout", config.n_heldout, config.seed)
+    if recipe.name != "swe":
+        raise ProvisionError(f"a SWE-bench task source needs recipe 'swe', not {recipe.name!r}")
+    from components.recipes.swe.swebench import SWEBenchImportError, import_swebench
+
+    try:
+        tasks = sorted(import_swebench(config.source.path, config.source.repos_dir), key=lambda t: t.id)  # type: ignore[arg-type]
+    except SWEBenchImportError as err:
+        raise ProvisionError(f"cannot import {config.source.path}: {err}") from err
+    train = [t.model_copy(update={"split": "train"}) for t in tasks[: config.n_train]]
+    heldout = [t.model_copy(update={"split": "heldout"}) for t in tasks[config.n_train: config.n_train + config.n_heldout]]
+    return train, heldout
 
 
 def _validate(recipe, tasks, connection: SandboxConnection) -> dict[str, float]:

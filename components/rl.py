@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.connection import SandboxConnection
 from components.core.harness import HarnessConfig, run_episode
+from components.core.modeling import LoadOptions
 from components.core.schema import Outcome, Recipe, Task, Trajectory
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
@@ -66,6 +67,8 @@ class RLConfig(BaseModel):
                           "(rollout.prefix_fork) starts attempts from; None = no prompt can be forked.")
     save_rollouts: bool = Field(False, description="Also store every episode under out_model_dir/rollouts.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
+    load: LoadOptions = Field(default_factory=LoadOptions,
+                              description="Device, dtype and attention kernel of the policy (and its reference).")
     seed: int = Field(0, description="Seed of prompt order, sampling and the optimizer.")
 
 
@@ -198,11 +201,12 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
     from components.rl_plots import plot_group_statistics
 
     torch.manual_seed(config.seed)
-    model, tokenizer = load_policy(model_dir)
+    model, tokenizer = load_policy(model_dir, spec=config.load)
     ref_model = None
     if config.kl_coef > 0:
-        ref_model = load_policy_model(model_dir).eval().requires_grad_(False)
-    policy = LocalTransformersPolicy(model, tokenizer)
+        ref_model = load_policy_model(model_dir, spec=config.load).eval().requires_grad_(False)
+    tool_format = None if config.harness.tool_format == "auto" else config.harness.tool_format
+    policy = LocalTransformersPolicy(model, tokenizer, device=str(model.device), tool_format=tool_format)
     base_policy_id = policy.policy_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     budget = RolloutBudget(config.rollout_budget)

@@ -103,13 +103,14 @@ def rl_update(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     """
     chunks = [samples[i : i + micro_batch] for i in range(0, len(samples), micro_batch)]
     batches = []
+    device = next(model.parameters()).device
     model.eval()
     with torch.no_grad():  # rollout-policy and reference logprobs, once
         for chunk in chunks:
-            ids, attn, mask = collate([(s[0], s[1]) for s in chunk], pad_id)
+            ids, attn, mask = (t.to(device) for t in collate([(s[0], s[1]) for s in chunk], pad_id))
             old = token_logprobs(model, ids, attn, temperature)
             ref = token_logprobs(ref_model, ids, attn, temperature) if ref_model is not None and kl_coef > 0 else None
-            batches.append((ids, attn, mask, torch.tensor([s[2] for s in chunk]), old, ref))
+            batches.append((ids, attn, mask, torch.tensor([s[2] for s in chunk], device=device), old, ref))
     num_tokens = max(1, sum(int(b[2].sum()) for b in batches))
     model.train()
     stats: dict[str, float] = {}

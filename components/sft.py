@@ -19,7 +19,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.distributed import barrier, is_main_process, world_size
-from components.core.modeling import ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters
+from components.core.modeling import (
+    LoadOptions, ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters, resolve_device,
+)
 from components.core.store import TrajectoryStore
 from components.core.tracking import TrackingConfig, log_dataset_input, log_json, log_metrics, stage_run
 from components.sft_data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
@@ -46,6 +48,8 @@ class SFTConfig(BaseModel):
     bf16: bool = Field(False, description="bf16 mixed precision (GPUs with bf16; CPU autocast otherwise).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (less memory, ~30 % slower).")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The fresh model when no base is given.")
+    load: LoadOptions = Field(default_factory=LoadOptions,
+                              description="Device, dtype and attention kernel the base checkpoint trains with.")
 
 
 class SFTResult(BaseModel):
@@ -150,7 +154,7 @@ def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset
         save_strategy="steps" if config.save_every else "no",
         save_steps=config.save_every or 500,
         report_to="none",
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=resolve_device(config.load.device) == "cpu",
         seed=config.seed,
         data_seed=config.seed,
         dataloader_num_workers=0,
@@ -188,7 +192,8 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
         tokenizer = build_tokenizer(config.model.tokenizer)
         model = build_tiny_model(config.model, tokenizer)
     else:
-        model, tokenizer = load_policy(base_model_dir)
+        # loaded on the CPU: the Trainer places it on the device `load.device` resolves to
+        model, tokenizer = load_policy(base_model_dir, spec=config.load.model_copy(update={"device": "cpu"}))
     samples, stats = build_samples(trajectories, tokenizer, config.mode, config.max_len)
     if not samples:
         raise ValueError(

@@ -22,15 +22,17 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.policy_base import ChatMessage, EpisodeAwarePolicy, GenerationConfig, Policy
-from components.core.protocol import ToolCallParseError, parse_tool_call, tools_prompt
+from components.core.policy_base import EpisodeAwarePolicy, GenerationConfig, Policy, ToolAwarePolicy
+from components.core.protocol import ToolCallParseError, tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult
+from components.core.rendering import steps_as_messages
 from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, utcnow
+from components.core.tool_formats import NATIVE_FORMATS, ToolFormat, parse_call
 from sandbox_service.client import Sandbox, SandboxClient
 from sandbox_service.errors import SandboxServiceError
 
@@ -53,21 +55,37 @@ class HarnessConfig(BaseModel):
     )
     sandbox_wait_seconds: float = Field(120.0, gt=0, description="How long to wait for a new sandbox to be ready.")
     heartbeat_every_seconds: float = Field(30.0, gt=0, description="Heartbeat the sandbox when idle this long.")
+    tool_format: Literal["auto", "protocol", "hermes", "llama3_json"] = Field(
+        "auto", description="How tool calls are written and parsed: auto = the policy's own (a local model's "
+                            "chat template; the text protocol for endpoints and scripted teachers); protocol = "
+                            "our text protocol described in the system prompt; hermes / llama3_json = native.")
 
 
 class _Abort(Exception):
     """Infrastructure failure: the episode ends as infra_error/aborted with this reason."""
 
 
-def steps_to_messages(steps: list[Step]) -> list[ChatMessage]:
-    """The chat conversation of `steps` (tool observations keep their call id and tool name)."""
-    return [ChatMessage(role=s.role, content=s.content, tool_call_id=s.tool_call_id,
-                        name=s.tool_name if s.role == "tool" else None) for s in steps]
+steps_to_messages = steps_as_messages  # the chat conversation of a list of steps (one definition)
 
 
-def initial_steps(task: Task, recipe: RecipeBase) -> list[Step]:
+def policy_tool_format(policy: Policy, config: HarnessConfig) -> ToolFormat:
+    """The tool-call format of this episode: the harness option, else the policy's own."""
+    own = policy.tool_format if isinstance(policy, ToolAwarePolicy) else "protocol"
+    if config.tool_format == "auto":
+        return own  # type: ignore[return-value]
+    if isinstance(policy, ToolAwarePolicy) and own != config.tool_format:
+        raise ValueError(f"harness tool_format={config.tool_format!r} but policy {policy.policy_id} writes {own!r}; "
+                         "build the policy with the same tool_format")
+    return config.tool_format
+
+
+def initial_steps(task: Task, recipe: RecipeBase, tool_format: ToolFormat = "protocol") -> list[Step]:
+    """System and user steps. The text protocol is described in the system prompt; native formats get the
+    tool specs through the chat template instead (`Trajectory.tools`)."""
     tools = [t.openai() for t in recipe.tools()]
-    system = f"{recipe.system_prompt(task)}\n\n{tools_prompt(tools)}"
+    system = recipe.system_prompt(task)
+    if tool_format not in NATIVE_FORMATS:
+        system = f"{system}\n\n{tools_prompt(tools)}"
     return [Step(index=0, role="system", content=system), Step(index=1, role="user", content=task.prompt)]
 
 
@@ -80,6 +98,8 @@ class _Episode:
 
     def __init__(self, task: Task, recipe: RecipeBase, policy: Policy, config: HarnessConfig):
         self.task, self.recipe, self.policy, self.config = task, recipe, policy, config
+        self.tool_format = policy_tool_format(policy, config)
+        self.tools = [t.openai() for t in recipe.tools()]
         self.start = time.monotonic()
         self.steps: list[Step] = []
         self.prompt_tokens = 0
@@ -139,7 +159,8 @@ class _Episode:
         """Adopt `prefix` as the start of the episode. With `rerun` its tool calls are executed again
         to rebuild the sandbox state (no snapshot to fork); a final unanswered call is answered now."""
         if prefix[0].role != "system":  # a bare action prefix: put the task's own preamble first
-            prefix = initial_steps(self.task, self.recipe) + [s for s in prefix if s.role not in ("system", "user")]
+            prefix = (initial_steps(self.task, self.recipe, self.tool_format)
+                      + [s for s in prefix if s.role not in ("system", "user")])
         for s in prefix:
             self.steps.append(s.model_copy(update={"index": len(self.steps)}, deep=True))
         last = len(self.steps) - 1
@@ -176,18 +197,24 @@ class _Episode:
             started = time.monotonic()
             started_at = utcnow()
             try:
-                gen = self.policy.generate(steps_to_messages(self.steps), cfg.generation)
+                messages = steps_as_messages(self.steps)
+                if isinstance(self.policy, ToolAwarePolicy):
+                    gen = self.policy.generate(messages, cfg.generation, tools=self.tools)
+                else:
+                    gen = self.policy.generate(messages, cfg.generation)
             except Exception as err:  # the provider boundary: an endpoint failure is not a policy error
                 raise _Abort(f"policy {self.policy.policy_id} failed to generate: {_describe(err)}") from err
             self.prompt_tokens += gen.prompt_tokens
             self.completion_tokens += gen.completion_tokens
             try:
-                call = parse_tool_call(gen.text)
+                call = parse_call(gen.text, self.tool_format)
                 error = None
             except ToolCallParseError as err:
                 call, error = None, str(err)
             step = self.add(role="assistant", content=gen.text, tool_call=call, policy_error=error,
                             token_ids=list(gen.token_ids) if gen.token_ids is not None else None,
+                            logprobs=list(gen.logprobs) if gen.logprobs is not None else None,
+                            tokenizer_id=gen.tokenizer_id if gen.token_ids is not None else None,
                             started_at=started_at, duration_seconds=time.monotonic() - started)
             if call is None:
                 obs = self.add(role="tool", content=f"Error: {error}", policy_error=error, started_at=utcnow())
@@ -223,7 +250,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
         if prefix_steps:
             ep.replay(prefix_steps, rerun=from_snapshot is None)
         else:
-            ep.steps = initial_steps(task, recipe)
+            ep.steps = initial_steps(task, recipe, ep.tool_format)
             ep.snapshot_into(ep.steps[-1])
         status = ep.loop() if not ep.submitted else EpisodeStatus.completed
         try:
@@ -241,7 +268,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
     except _Abort as err:
         status, outcome, reason = EpisodeStatus.aborted, Outcome.infra_error, str(err)
         if not ep.steps:
-            ep.steps = initial_steps(task, recipe)
+            ep.steps = initial_steps(task, recipe, ep.tool_format)
     finally:
         ep._pool.shutdown(wait=False, cancel_futures=True)
         if ep.sandbox is not None:
@@ -252,10 +279,10 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
     reward = {Outcome.resolved: 1.0, Outcome.unresolved: 0.0}.get(outcome)
     return Trajectory(
         task_id=task.id, recipe=task.recipe, split=task.split, policy_id=policy.policy_id, steps=ep.steps,
-        tools=[t.openai() for t in recipe.tools()], final_answer=ep.final_answer, outcome=outcome,
+        tools=ep.tools, final_answer=ep.final_answer, outcome=outcome,
         outcome_reason=reason, status=status, test_report=report, reward=reward,
         prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens, wall_seconds=ep.elapsed(),
         metadata={"sandbox_id": ep.sandbox.id if ep.sandbox else None, "family": task.family,
                   "difficulty": task.difficulty, "from_snapshot": from_snapshot,
-                  "prefix_len": len(prefix_steps) if prefix_steps else 0},
+                  "prefix_len": len(prefix_steps) if prefix_steps else 0, "tool_format": ep.tool_format},
     )

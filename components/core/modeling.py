@@ -6,13 +6,11 @@ wraps it as a `PreTrainedTokenizerFast` with a chat template. `build_tiny_model`
 `Qwen3MoeForCausalLM` from a `Qwen3MoeConfig`; production swaps in any `from_pretrained` path through
 `load_policy_model`, which is also what loads our own checkpoints (the same code path).
 
-Chat format. Every role header and the end-of-turn marker are special tokens:
-    <|system|>...<|end|><|user|>...<|end|><|assistant|>...<|end|><|tool|>...<|end|>
-Added tokens split the text *before* BPE, so tokenizing a whole rendered conversation gives exactly
-the ids of tokenizing each message on its own and concatenating. That is what lets
-`rendering.render_trajectory` tag every token with its role while staying identical to
-`tokenizer.apply_chat_template`. `<tool_call>` and `</tool_call>` are single (non-special) tokens, so
-the local policy stops on one id.
+Chat format. The tokenizer carries a real chat template (`chat_templates.CHATML_TOOLS`: ChatML with
+Hermes tool calls, the Qwen family's format) in its tokenizer config, so the tiny model goes through
+exactly the code path of any checkpoint (`rendering`, `tool_formats`); nothing special-cases it.
+`<|im_start|>`/`<|im_end|>` are special tokens (`<|im_end|>` is the end-of-turn / eos), and the tool
+tags are single added tokens, which split text before BPE just as they do in Qwen's vocabulary.
 """
 
 from __future__ import annotations
@@ -20,23 +18,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-PAD = "<|pad|>"
-END = "<|end|>"
-ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>", "tool": "<|tool|>"}
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
-SPECIAL_TOKENS = [PAD, END, *ROLE_TOKENS.values()]
+from components.core.chat_templates import CHATML_SPECIAL_TOKENS, CHATML_TOOL_TOKENS, CHATML_TOOLS
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
-)
+PAD = "<|pad|>"
+END = "<|im_end|>"
+SPECIAL_TOKENS = [PAD, *CHATML_SPECIAL_TOKENS]
+CHAT_TEMPLATE = CHATML_TOOLS
 
 
 class TokenizerConfig(BaseModel):
@@ -141,7 +132,7 @@ NameError: name 'x' is not defined
 def _corpus(config: TokenizerConfig) -> Iterator[str]:
     """Text the BPE is trained on: protocol, Python, and the built-in suites' tasks (deterministic)."""
     for call in _PROTOCOL_EXAMPLES:
-        yield f"I will use {call['name']}.\n{TOOL_CALL_OPEN}{json.dumps(call)}{TOOL_CALL_CLOSE}"
+        yield f"I will use {call['name']}.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
     for _ in range(4):  # weight the code sample so its merges outrank one-off strings
         yield _PYTHON_TEXT
     for recipe_name in config.corpus_recipes:
@@ -187,12 +178,12 @@ def build_tokenizer(config: TokenizerConfig | None = None, corpus: Iterable[str]
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in CHATML_TOOL_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token=END,
         pad_token=PAD,
-        additional_special_tokens=list(ROLE_TOKENS.values()),
+        additional_special_tokens=[t for t in CHATML_SPECIAL_TOKENS if t != END],
         clean_up_tokenization_spaces=False,
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -200,13 +191,17 @@ def build_tokenizer(config: TokenizerConfig | None = None, corpus: Iterable[str]
     return fast
 
 
-def load_tokenizer(path: str | Path):
-    """Load a saved tokenizer (ours or any hub-format tokenizer directory)."""
+def load_tokenizer(path: str | Path, *, allow_download: bool = False):
+    """Load a saved tokenizer (ours or any hub-format tokenizer directory, or a cached hub id)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=not allow_download)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.chat_template:
+        raise ValueError(
+            f"the tokenizer of {path} has no chat template; add one to its tokenizer_config.json (for example "
+            "components.core.chat_templates.CHATML_TOOLS or LLAMA3_TOOLS) so episodes render in its format")
     return tokenizer
 
 
@@ -270,23 +265,100 @@ def save_policy(model, tokenizer, out_dir: str | Path) -> Path:
     return out
 
 
-def load_policy_model(path: str | Path, device: str = "cpu"):
-    """Any causal LM directory through `AutoModelForCausalLM.from_pretrained` (ours or a production model)."""
+class LoadOptions(BaseModel):
+    """How a stage loads the checkpoint it is given (SFT's base, RL's start, an evaluated model)."""
+
+    model_config = ConfigDict(extra="forbid")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto = the checkpoint's dtype on cuda, float32 on cpu.")
+    attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
+        None, description="Attention kernel (None = transformers' default for the model).")
+    allow_download: bool = Field(False, description="Let a hub id be downloaded when it is not in the cache.")
+
+
+class PolicySpec(LoadOptions):
+    """Which checkpoint the run starts from (init-policy) and how it is loaded."""
+
+    path: str | None = Field(
+        None, description="A local save_pretrained directory or a hub id (read from the local hub cache; "
+                          "downloaded only with allow_download). None: the tiny model built from `ModelConfig`.")
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' was asked for but torch sees no CUDA device; use device='auto' or 'cpu'")
+    return device
+
+
+def _torch_dtype(dtype: str, device: str):
+    import torch
+
+    if dtype == "auto":
+        return "auto" if device == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def _resolve_path(path: str | Path, allow_download: bool) -> str:
+    p = Path(path)
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise FileNotFoundError(
+                f"{p} is not a model directory (no config.json); pass a directory written by save_policy "
+                "or any local from_pretrained checkpoint")
+        return str(p)
+    if p.exists() or str(path).startswith((".", "/")) or str(path).count("/") > 1:
+        raise FileNotFoundError(f"{path} is not a model directory")
+    if not allow_download:
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(str(path), "config.json"), str):
+            raise FileNotFoundError(
+                f"{path!r} is neither a local directory nor in the local hub cache; download it first "
+                "(huggingface-cli download ...) or set allow_download=True where a hub is reachable")
+    return str(path)
+
+
+def load_policy_model(path: str | Path, device: str = "cpu", spec: LoadOptions | None = None):
+    """Any causal LM through `AutoModelForCausalLM.from_pretrained` (ours or a production model)."""
     from transformers import AutoModelForCausalLM
 
-    path = Path(path)
-    if not (path / "config.json").exists():
-        raise FileNotFoundError(
-            f"{path} is not a model directory (no config.json); pass a directory written by save_policy "
-            "or any local from_pretrained checkpoint"
-        )
-    model = AutoModelForCausalLM.from_pretrained(str(path))
-    return model.to(device)
+    spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
+    where = resolve_device(spec.device)
+    kwargs: dict = {"dtype": _torch_dtype(spec.dtype, where), "local_files_only": not spec.allow_download}
+    if spec.attn_implementation:
+        kwargs["attn_implementation"] = spec.attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(_resolve_path(path, spec.allow_download), **kwargs)
+    return model.to(where)
 
 
-def load_policy(path: str | Path, device: str = "cpu"):
-    """(model, tokenizer) from one checkpoint directory."""
-    return load_policy_model(path, device), load_tokenizer(path)
+def load_policy(path: str | Path, device: str = "cpu", spec: LoadOptions | None = None):
+    """(model, tokenizer) from one checkpoint directory (or cached hub id)."""
+    spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
+    return load_policy_model(path, spec=spec), load_tokenizer(_resolve_path(path, spec.allow_download),
+                                                             allow_download=spec.allow_download)
+
+
+def init_policy(spec: PolicySpec, tiny: ModelConfig | None, out_dir: str | Path) -> Path:
+    """The starting policy in `out_dir`: the checkpoint at `spec.path` (saved as is, with its own template),
+    or a fresh tiny model when no path is given. Either way later stages load `out_dir` the same way."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    if spec.path is None:
+        return save_policy(*build_policy(tiny), out_dir)
+    source = _resolve_path(spec.path, spec.allow_download)
+    tokenizer = load_tokenizer(source, allow_download=spec.allow_download)  # no chat template: fail now
+    if Path(source).is_dir():  # an exact copy: no dtype round trip, no re-serialisation
+        shutil.copytree(source, out_dir, dirs_exist_ok=True)
+        return Path(out_dir)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype="auto", local_files_only=not spec.allow_download)
+    return save_policy(model, tokenizer, out_dir)
 
 
 def model_fingerprint(model) -> str:

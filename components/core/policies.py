@@ -60,6 +60,13 @@ class OpenAIPolicyConfig(BaseModel):
         "user", description="How tool observations are sent: user + <tool_response> (portable) or role tool."
     )
     extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra request fields (vLLM options).")
+    sampled_tokens: bool = Field(
+        False, description="Ask for the sampled ids and their logprobs (OpenAI `logprobs`; vLLM `return_token_ids` "
+                           "and `return_tokens_as_token_ids`) and store them with each step.")
+    tokenizer_path: str | None = Field(
+        None, description="The served model's tokenizer (a local directory): its fingerprint tags the returned ids "
+                          "so training on that tokenizer uses them verbatim. Without it they are kept but "
+                          "re-tokenized at training.")
 
 
 class OpenAICompatiblePolicy:
@@ -74,6 +81,12 @@ class OpenAICompatiblePolicy:
             raise TypeError("pass either a config or keyword settings, not both")
         self.config = config
         self.policy_id = f"openai:{config.model}"
+        self.tokenizer_id = f"endpoint:{config.model}"
+        if config.tokenizer_path:
+            from components.core.modeling import load_tokenizer
+            from components.core.rendering import tokenizer_id
+
+            self.tokenizer_id = tokenizer_id(load_tokenizer(config.tokenizer_path))
         headers = {"Content-Type": "application/json"}
         if config.api_key_env:
             key = os.environ.get(config.api_key_env)
@@ -111,6 +124,8 @@ class OpenAICompatiblePolicy:
             body["stop"] = config.stop
         if config.seed is not None:
             body["seed"] = config.seed
+        if self.config.sampled_tokens:
+            body.update(logprobs=True, return_token_ids=True, return_tokens_as_token_ids=True)
         body.update(self.config.extra_body)
         return body
 
@@ -163,9 +178,31 @@ class OpenAICompatiblePolicy:
             break  # one call per turn, like the text protocol
         usage = data.get("usage") or {}
         finish = choice.get("finish_reason")
+        ids, logprobs = sampled_tokens(choice) if self.config.sampled_tokens else (None, None)
         return Generation(text=text, prompt_tokens=int(usage.get("prompt_tokens") or 0),
                           completion_tokens=int(usage.get("completion_tokens") or 0),
-                          finish_reason="length" if finish == "length" else "stop", raw=data)
+                          finish_reason="length" if finish == "length" else "stop", raw=data,
+                          token_ids=ids, logprobs=logprobs, tokenizer_id=self.tokenizer_id if ids is not None else None)
+
+
+def sampled_tokens(choice: dict[str, Any]) -> tuple[list[int] | None, list[float] | None]:
+    """(ids, logprobs) of a chat-completion choice, when the endpoint returned them.
+
+    Ids: vLLM's `choice.token_ids` (`return_token_ids`), else the `token_id:<n>` strings that
+    `return_tokens_as_token_ids` puts in `logprobs.content[].token`. Logprobs: `logprobs.content[].logprob`.
+    Logprobs whose count differs from the ids' do not describe the same tokens and are dropped.
+    """
+    content = ((choice.get("logprobs") or {}).get("content")) or []
+    logprobs = [float(c["logprob"]) for c in content if "logprob" in c] or None
+    ids = choice.get("token_ids")
+    if ids is None and content and all(str(c.get("token", "")).startswith("token_id:") for c in content):
+        ids = [int(str(c["token"]).split(":", 1)[1]) for c in content]
+    if ids is None:
+        return None, None
+    ids = [int(i) for i in ids]
+    if logprobs is not None and len(logprobs) != len(ids):
+        logprobs = None
+    return ids, logprobs
 
 
 def __getattr__(name: str) -> Any:

@@ -11,15 +11,21 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from components.core.schema import ToolCall
+
 
 class ChatMessage(BaseModel):
-    """OpenAI chat message shape (the subset we use)."""
+    """OpenAI chat message shape (the subset we use), plus what a local renderer needs to reuse a turn
+    exactly as it was sampled (`token_ids` of the tokenizer `tokenizer_id`)."""
 
     model_config = ConfigDict(extra="forbid")
     role: Literal["system", "user", "assistant", "tool"]
     content: str
     tool_call_id: str | None = None
     name: str | None = None
+    tool_call: ToolCall | None = Field(None, description="The parsed call of an assistant turn.")
+    token_ids: list[int] | None = Field(None, description="Assistant turn ids as sampled.")
+    tokenizer_id: str | None = Field(None, description="Tokenizer those ids belong to.")
 
 
 class GenerationConfig(BaseModel):
@@ -34,7 +40,9 @@ class GenerationConfig(BaseModel):
 class Generation(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: str
-    token_ids: list[int] | None = Field(None, description="Generated ids exactly as sampled (local models).")
+    token_ids: list[int] | None = Field(None, description="Generated ids exactly as sampled (local models, vLLM).")
+    logprobs: list[float] | None = Field(None, description="Log-probability of each sampled id.")
+    tokenizer_id: str | None = Field(None, description="Tokenizer the ids belong to (rendering.tokenizer_id).")
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: Literal["stop", "length", "error"] = "stop"
@@ -48,6 +56,18 @@ class Policy(Protocol):
     def generate(self, messages: list[ChatMessage], config: GenerationConfig) -> Generation:
         """Return the next assistant message for the conversation so far."""
         ...
+
+
+@runtime_checkable
+class ToolAwarePolicy(Protocol):
+    """A policy that writes tool calls in a model-native format and takes the tool specs itself
+    (through its chat template or the endpoint's `tools`), instead of the text protocol."""
+
+    policy_id: str
+    tool_format: str
+
+    def generate(self, messages: list[ChatMessage], config: GenerationConfig,
+                 tools: list[dict[str, Any]] | None = None) -> Generation: ...
 
 
 @runtime_checkable

@@ -1,71 +1,284 @@
-"""Token-level rendering of episodes: the one place that decides which token the model sees and which
-token carries loss.
+"""Token-level rendering of episodes with the model's own chat template: the one place that decides
+which token the model sees and which token carries loss.
 
-Format (see `modeling`): `<|role|>content<|end|>` per message, `<|assistant|>` opens a generation.
-Every token is tagged with the role of its message and the index of its Step. Loss goes only on the
-*content* of assistant steps chosen by `loss_on` (and their closing `<|end|>`); role headers, system,
-user and tool text never carry loss.
+A conversation is rendered by `tokenizer.apply_chat_template(messages, tools=...)` incrementally:
+message i's segment is what the template adds when message i is appended, i.e.
+`render(messages[:i+1])[len(render(messages[:i])):]`. An assistant segment splits into the generation
+header (`render(messages[:i], add_generation_prompt=True)` minus `render(messages[:i])`), which is
+context, and the completion, whose tokens up to and including the first end-of-turn token carry loss
+(what follows it, e.g. ChatML's newline after `<|im_end|>`, is template glue the model never samples).
+Every token is tagged with the role and the Step index of its message. System, user and tool
+segments never carry loss.
 
-Assistant steps that carry `Step.token_ids` (sampled by a local policy) are used verbatim: decoding and
-re-encoding can produce a different, equally valid tokenization, and training RL on ids the policy did
-not sample corrupts the importance of every token. `render_prompt` uses the same pieces, so the prompt
-a policy generates from is exactly the prefix of the training sample.
+Sampled turns are used verbatim. An assistant turn whose `token_ids` belong to this tokenizer
+(`tokenizer_id` matches) is rendered as header + those ids + the template's glue after the end token:
+decoding and re-encoding can give another, equally valid tokenization, and RL on ids the policy did not
+sample corrupts every ratio. Turns without such ids are rendered from their text and reported in
+`TokenizedSample.retokenized_steps`.
+
+The history rule (templates that re-render earlier turns). Rendering is append-only: a segment never
+changes once a later message is appended. For sampled turns this is enforced by rendering them through
+a placeholder content, so a template that rewrites history (Qwen3 and DeepSeek-R1 drop `<think>`
+reasoning from earlier assistant turns) has nothing to rewrite: earlier turns keep their reasoning
+tokens, exactly as the local policy saw them when it generated the later turns (`render_prompt` is the
+same function), so training ids equal sampling ids. Where a template rewrites a *text* turn (no ids),
+`TemplateError` says which message, instead of training on a sequence no sampler ever produced.
+
+Per-template proof (tests/components/test_chat_templates.py): for conversations without sampled ids,
+the ids equal `apply_chat_template(..., tokenize=True)` of the whole conversation.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Literal, Mapping
+import hashlib
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Mapping
 
-from components.core.modeling import END, ROLE_TOKENS
 from components.core.policy_base import ChatMessage
+from components.core.protocol import tools_prompt
 from components.core.schema import Step, TokenizedSample, TokenRole, Trajectory
+from components.core.tool_formats import NATIVE_FORMATS, ToolFormat, detect_tool_format, parse_call, thought_of
 
 LossOn = Literal["assistant", "credited", "none"]
 
+_PLACEHOLDER = "\ue000{}\ue001"  # private-use characters: never in real text, kept verbatim by templates
+_PROBE = "def f(x):\n    return x  # ünïcode 123\n"
 
-class _Ids:
-    """Special-token ids of a tokenizer, looked up once."""
 
-    def __init__(self, tokenizer) -> None:
-        vocab = tokenizer.get_vocab()
-        missing = [t for t in [END, *ROLE_TOKENS.values()] if t not in vocab]
-        if missing:
-            raise ValueError(
-                f"tokenizer lacks the chat special tokens {missing}; build it with "
-                "components.core.modeling.build_tokenizer (or add these tokens to yours)"
-            )
-        self.end = vocab[END]
-        self.role = {role: vocab[tok] for role, tok in ROLE_TOKENS.items()}
+class TemplateError(ValueError):
+    """The tokenizer's chat template cannot be rendered append-only (or has none)."""
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """What rendering needs to know about a tokenizer, derived once from it."""
+
+    tokenizer_id: str
+    tool_format: ToolFormat
+    stop_ids: frozenset[int]
+
+
+_FORMATS: dict[tuple[int, str], tuple[Any, ChatFormat]] = {}
+_LOCK = threading.Lock()
+
+
+def chat_format(tokenizer, tool_format: ToolFormat | None = None) -> ChatFormat:
+    """The tokenizer's fingerprint, tool-call format (from its template unless given) and end-of-turn ids."""
+    template = tokenizer.chat_template
+    if not template:
+        raise TemplateError("the tokenizer has no chat_template; set one (tokenizer.chat_template = ...) "
+                            "and save it with save_pretrained")
+    key = (id(tokenizer), template)
+    with _LOCK:
+        cached = _FORMATS.get(key)
+    if cached is None:
+        digest = hashlib.sha256(json.dumps([
+            len(tokenizer), sorted(tokenizer.get_added_vocab().items()), template,
+            list(tokenizer.encode(_PROBE, add_special_tokens=False))]).encode()).hexdigest()[:16]
+        stops = frozenset({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else ())
+        fmt = ChatFormat(tokenizer_id=f"tok-{digest}", tool_format=detect_tool_format(template), stop_ids=stops)
+        with _LOCK:
+            _FORMATS[key] = (tokenizer, fmt)  # the tokenizer is held so its id() is not reused
+    else:
+        fmt = cached[1]
+    if tool_format is not None and tool_format != fmt.tool_format:
+        fmt = ChatFormat(fmt.tokenizer_id, tool_format, fmt.stop_ids)
+    return fmt
+
+
+def tokenizer_id(tokenizer) -> str:
+    return chat_format(tokenizer).tokenizer_id
 
 
 def encode_text(text: str, tokenizer) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def render_prompt(
-    messages: Iterable[ChatMessage | Mapping],
-    tokenizer,
-    sampled_ids: Mapping[str, list[int]] | None = None,
-    add_generation_prompt: bool = True,
-) -> list[int]:
-    """Prompt ids for a conversation; `sampled_ids` maps an assistant text to the ids it was sampled as."""
-    ids = _Ids(tokenizer)
-    out: list[int] = []
-    for message in messages:
-        role = message.role if isinstance(message, ChatMessage) else message["role"]
-        content = message.content if isinstance(message, ChatMessage) else message["content"]
-        out.append(ids.role[role])
-        known = sampled_ids.get(content) if (sampled_ids and role == "assistant") else None
-        if known is not None:
-            out.extend(known)
-            if not known or known[-1] != ids.end:
-                out.append(ids.end)
+@dataclass
+class _Message:
+    template: dict[str, Any]  # what the chat template sees
+    role: str
+    step_index: int
+    sampled: list[int] | None  # verbatim ids (this tokenizer's)
+    loss: bool = False
+
+
+def _system_content(content: str, tools: list[dict[str, Any]], tool_format: ToolFormat) -> str:
+    """The system text for `tool_format`: the text protocol's tool description only where it is used."""
+    suffix = f"\n\n{tools_prompt(tools)}" if tools else ""
+    has = bool(suffix) and content.endswith(suffix)
+    if tool_format in NATIVE_FORMATS and has:
+        return content[: -len(suffix)]
+    if tool_format == "protocol" and suffix and not has:
+        return content + suffix
+    return content
+
+
+def _template_message(m: ChatMessage, tools: list[dict[str, Any]], fmt: ChatFormat, index: int,
+                      loss: bool) -> _Message:
+    if m.role == "system":
+        return _Message({"role": "system", "content": _system_content(m.content, tools, fmt.tool_format)},
+                        "system", index, None)
+    if m.role == "tool":
+        msg = {"role": "tool", "content": m.content}
+        if m.tool_call_id:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.name:
+            msg["name"] = m.name
+        return _Message(msg, "tool", index, None)
+    if m.role != "assistant":
+        return _Message({"role": m.role, "content": m.content}, m.role, index, None)
+    if m.token_ids is not None and m.tokenizer_id == fmt.tokenizer_id:
+        return _Message({"role": "assistant", "content": _PLACEHOLDER.format(index)}, "assistant", index,
+                        list(m.token_ids), loss)
+    call = m.tool_call
+    if call is not None and fmt.tool_format in NATIVE_FORMATS:
+        msg = {"role": "assistant", "content": thought_of(m.content),
+               "tool_calls": [{"id": call.id, "type": "function",
+                               "function": {"name": call.name, "arguments": call.arguments}}]}
+        return _Message(msg, "assistant", index, None, loss)
+    content = m.content
+    if call is not None:  # protocol: keep the text if it already is this call in the protocol
+        try:
+            same = parse_call(content, "protocol").model_dump(exclude={"id"}) == call.model_dump(exclude={"id"})
+        except ValueError:
+            same = False
+        if not same:
+            from components.core.protocol import format_tool_call
+
+            thought = thought_of(content)
+            content = f"{thought}\n{format_tool_call(call)}" if thought else format_tool_call(call)
+    return _Message({"role": "assistant", "content": content}, "assistant", index, None, loss)
+
+
+@dataclass
+class Rendered:
+    input_ids: list[int]
+    roles: list[int]
+    loss_mask: list[int]
+    step_index: list[int]
+    retokenized: list[int]
+
+
+class PrefixCache:
+    """The last conversation a policy rendered: its next turn's prompt renders only the messages appended
+    since (an episode's prompts cost O(n) template renders each instead of re-rendering the history).
+    Valid because rendering is append-only: a segment never changes once later messages are appended."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.context = ""
+        self.keys: list[str] = []
+        self.texts: list[str] = []  # render(messages[:i+1]) per message
+        self.ends: list[tuple[int, int]] = []  # (token count, retokenized count) after each message
+        self.out = Rendered([], [], [], [], [])
+
+
+def _key(m: _Message) -> str:
+    return json.dumps([m.template, m.sampled, m.loss, m.step_index, m.role], sort_keys=True, default=str)
+
+
+def _render(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | None, fmt: ChatFormat,
+            add_generation_prompt: bool, cache: PrefixCache | None = None) -> Rendered:
+    if cache is None:
+        return _render_from(messages, tokenizer, tools, fmt, add_generation_prompt, None)
+    with cache.lock:
+        return _render_from(messages, tokenizer, tools, fmt, add_generation_prompt, cache)
+
+
+def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | None, fmt: ChatFormat,
+                 add_generation_prompt: bool, cache: PrefixCache | None) -> Rendered:
+    tools_arg = tools if tools and fmt.tool_format in NATIVE_FORMATS else None
+
+    def text(upto: int, generation: bool = False) -> str:
+        if upto == 0 and not generation:
+            return ""
+        return tokenizer.apply_chat_template([m.template for m in messages[:upto]], tools=tools_arg,
+                                             tokenize=False, add_generation_prompt=generation)
+
+    out = Rendered([], [], [], [], [])
+    keys = [_key(m) for m in messages] if cache is not None else []
+    context = json.dumps([fmt.tokenizer_id, fmt.tool_format, tools_arg], sort_keys=True, default=str)
+    start, prev, texts, ends = 0, "", [], []
+    if cache is not None and cache.context == context:
+        while start < min(len(keys), len(cache.keys)) and keys[start] == cache.keys[start]:
+            start += 1
+        if start:
+            n, r = cache.ends[start - 1]
+            out = Rendered(cache.out.input_ids[:n], cache.out.roles[:n], cache.out.loss_mask[:n],
+                           cache.out.step_index[:n], cache.out.retokenized[:r])
+            prev, texts, ends = cache.texts[start - 1], cache.texts[:start], cache.ends[:start]
+
+    def put(ids: list[int], m: _Message, loss: bool) -> None:
+        out.input_ids.extend(ids)
+        out.roles.extend([int(TokenRole[m.role])] * len(ids))
+        out.loss_mask.extend([int(loss)] * len(ids))
+        out.step_index.extend([m.step_index] * len(ids))
+
+    for i in range(start, len(messages)):
+        m = messages[i]
+        cur = text(i + 1)
+        if not cur.startswith(prev):
+            raise TemplateError(
+                f"the chat template re-renders earlier messages when message {i} ({m.role}) is appended, so the "
+                f"conversation cannot be rendered append-only; earlier text {prev[-80:]!r} became "
+                f"{cur[max(0, len(prev) - 80):len(prev)]!r}. Give such turns their sampled token_ids, or use a "
+                "template that renders history as it was generated")
+        segment = cur[len(prev):]
+        if m.role != "assistant":
+            put(encode_text(segment, tokenizer), m, False)
+            prev = cur
+            texts.append(cur)
+            ends.append((len(out.input_ids), len(out.retokenized)))
+            continue
+        header = text(i, generation=True)[len(prev):]
+        if not segment.startswith(header):
+            raise TemplateError(f"message {i}: the assistant turn does not start with the generation prompt "
+                                f"{header!r} (rendered {segment[:80]!r})")
+        put(encode_text(header, tokenizer), m, False)
+        body = segment[len(header):]
+        if m.sampled is not None:
+            marker = m.template["content"]
+            before, found, after = body.partition(marker)
+            if not found or before:
+                raise TemplateError(f"message {i}: the template changes assistant content (rendered {body[:80]!r})")
+            put(m.sampled, m, m.loss)
+            glue = encode_text(after, tokenizer)
+            if m.sampled and m.sampled[-1] in fmt.stop_ids and glue and glue[0] in fmt.stop_ids:
+                glue = glue[1:]  # the end token was sampled; the template's own copy is not repeated
+            put(glue, m, False)  # glue the policy never sampled (an end token after a cut, a newline)
         else:
-            out.extend(encode_text(content, tokenizer))
-            out.append(ids.end)
+            ids = encode_text(body, tokenizer)
+            end = next((k + 1 for k, t in enumerate(ids) if t in fmt.stop_ids), len(ids))
+            put(ids[:end], m, m.loss)
+            put(ids[end:], m, False)
+            if m.loss:
+                out.retokenized.append(m.step_index)
+        prev = cur
+        texts.append(cur)
+        ends.append((len(out.input_ids), len(out.retokenized)))
+    if cache is not None:
+        cache.context, cache.keys, cache.texts, cache.ends = context, keys, texts, ends
+        cache.out = Rendered(list(out.input_ids), list(out.roles), list(out.loss_mask), list(out.step_index),
+                             list(out.retokenized))
     if add_generation_prompt:
-        out.append(ids.role["assistant"])
+        tail = text(len(messages), generation=True)[len(prev):]
+        out.input_ids.extend(encode_text(tail, tokenizer))
     return out
+
+
+def render_prompt(messages: Iterable[ChatMessage | Mapping], tokenizer, tools: list[dict[str, Any]] | None = None,
+                  add_generation_prompt: bool = True, tool_format: ToolFormat | None = None,
+                  cache: PrefixCache | None = None) -> list[int]:
+    """Prompt ids for a conversation; assistant messages with this tokenizer's `token_ids` are used verbatim.
+    `cache` (one per policy) re-uses the rendering of the longest unchanged prefix of the last call."""
+    fmt = chat_format(tokenizer, tool_format)
+    msgs = [m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages]
+    rendered = _render([_template_message(m, tools or [], fmt, i, False) for i, m in enumerate(msgs)],
+                       tokenizer, tools, fmt, add_generation_prompt, cache)
+    return rendered.input_ids
 
 
 def step_has_loss(step: Step, trajectory: Trajectory, loss_on: LossOn) -> bool:
@@ -76,45 +289,25 @@ def step_has_loss(step: Step, trajectory: Trajectory, loss_on: LossOn) -> bool:
     return step.credited is True
 
 
-def render_trajectory(trajectory: Trajectory, tokenizer, loss_on: LossOn = "credited") -> TokenizedSample:
+def steps_as_messages(steps: Iterable[Step]) -> list[ChatMessage]:
+    """Steps as chat messages (tool observations keep their call id and tool name; sampled turns their ids)."""
+    return [ChatMessage(role=s.role, content=s.content, tool_call_id=s.tool_call_id,
+                        name=s.tool_name if s.role == "tool" else None,
+                        tool_call=s.tool_call if s.role == "assistant" else None,
+                        token_ids=s.token_ids if s.role == "assistant" else None,
+                        tokenizer_id=s.tokenizer_id if s.role == "assistant" else None) for s in steps]
+
+
+def render_trajectory(trajectory: Trajectory, tokenizer, loss_on: LossOn = "credited",
+                      tool_format: ToolFormat | None = None) -> TokenizedSample:
     """The episode as one token sequence with a role, a step index and a loss flag per token.
 
     loss_on: "assistant" = every assistant step (resolved trajectories, whole-trajectory SFT, RL);
     "credited" = only assistant steps with `Step.credited` True; "none" = context only.
     """
-    ids = _Ids(tokenizer)
-    input_ids: list[int] = []
-    roles: list[int] = []
-    mask: list[int] = []
-    step_index: list[int] = []
-
-    def put(tokens: list[int], role: TokenRole, index: int, loss: bool) -> None:
-        input_ids.extend(tokens)
-        roles.extend([int(role)] * len(tokens))
-        mask.extend([int(loss)] * len(tokens))
-        step_index.extend([index] * len(tokens))
-
-    for step in trajectory.steps:
-        role = TokenRole[step.role]
-        loss = step_has_loss(step, trajectory, loss_on)
-        put([ids.role[step.role]], role, step.index, False)
-        if step.role == "assistant" and step.token_ids is not None:
-            put(list(step.token_ids), role, step.index, loss)
-            if not step.token_ids or step.token_ids[-1] != ids.end:
-                # The policy stopped on </tool_call> and never sampled <|end|>: context, not a target.
-                put([ids.end], role, step.index, False)
-        else:
-            put(encode_text(step.content, tokenizer), role, step.index, loss)
-            put([ids.end], role, step.index, loss)
-    return TokenizedSample(
-        trajectory_id=trajectory.id,
-        input_ids=input_ids,
-        roles=roles,
-        loss_mask=mask,
-        step_index=step_index,
-    )
-
-
-def steps_as_messages(steps: Iterable[Step]) -> list[ChatMessage]:
-    """Steps as chat messages in the same order `render_trajectory` renders them."""
-    return [ChatMessage(role=s.role, content=s.content, tool_call_id=s.tool_call_id) for s in steps]
+    fmt = chat_format(tokenizer, tool_format)
+    messages = [_template_message(m, trajectory.tools, fmt, s.index, step_has_loss(s, trajectory, loss_on))
+                for m, s in zip(steps_as_messages(trajectory.steps), trajectory.steps)]
+    r = _render(messages, tokenizer, trajectory.tools, fmt, add_generation_prompt=False)
+    return TokenizedSample(trajectory_id=trajectory.id, input_ids=r.input_ids, roles=r.roles, loss_mask=r.loss_mask,
+                           step_index=r.step_index, retokenized_steps=r.retokenized)

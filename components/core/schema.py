@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: Step.logprobs and Step.tokenizer_id (sampled tokens and whose vocabulary they are)
 
 Recipe = Literal["swe", "gui", "claw"]
 Split = Literal["train", "heldout"]
@@ -96,7 +96,11 @@ class Step(_Record):
     tool_name: str | None = None
     policy_error: str | None = Field(None, description="Malformed output or bad tool use: the policy's error.")
     infra_error: str | None = Field(None, description="The environment failed while running this step's tool.")
-    token_ids: list[int] | None = Field(None, description="Assistant tokens exactly as generated (for RL).")
+    token_ids: list[int] | None = Field(None, description="Assistant tokens exactly as sampled (for RL).")
+    logprobs: list[float] | None = Field(None, description="Log-probability of each sampled token, as sampled.")
+    tokenizer_id: str | None = Field(
+        None, description="Fingerprint of the tokenizer `token_ids` belong to (`rendering.tokenizer_id`); ids of "
+                          "another tokenizer, or of none recorded, are re-tokenized from the text at training.")
     sandbox_state_id: str | None = Field(None, description="Snapshot id of the sandbox after this step.")
     started_at: datetime | None = None
     duration_seconds: float | None = None
@@ -179,3 +183,6 @@ class TokenizedSample(_Record):
     loss_mask: list[int] = Field(description="1 where loss is applied (assistant tokens of credited steps).")
     step_index: list[int] = Field(description="Index of the Step each token came from.")
     advantage: float | None = Field(None, description="RL only: the group-normalized advantage.")
+    retokenized_steps: list[int] = Field(
+        default_factory=list, description="Assistant steps with loss whose ids came from re-tokenizing their text "
+                                          "(no sampled ids of this tokenizer), not from sampling.")

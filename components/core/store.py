@@ -104,8 +104,14 @@ def _upgrade_v0(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _upgrade_v1(row: dict[str, Any]) -> dict[str, Any]:
+    """v1 steps had no logprobs / tokenizer_id: their token_ids (if any) have unknown provenance, so
+    rendering re-tokenizes them (flagged) rather than trust ids of a possibly different vocabulary."""
+    return {**row, "schema_version": 2}
+
+
 # version -> function that lifts a row of that version to the next one
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _upgrade_v0}
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _upgrade_v0, 1: _upgrade_v1}
 
 
 def row_to_trajectory(row: dict[str, Any]) -> Trajectory:

@@ -1,4 +1,4 @@
-"""LocalTransformersPolicy: sampling, stopping on </tool_call>, ids as sampled, loading from a directory."""
+"""LocalTransformersPolicy: sampling, stopping on the end-of-turn token, ids and logprobs as sampled."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ import torch
 
 from components.core.local_policy import LocalTransformersPolicy
 from components.core.modeling import ModelConfig, TokenizerConfig, build_policy, save_policy
-from components.core.policy_base import ChatMessage, GenerationConfig, Policy
-from components.core.protocol import parse_tool_call
-from components.core.rendering import render_prompt
+from components.core.policy_base import ChatMessage, GenerationConfig, Policy, ToolAwarePolicy
+from components.core.rendering import render_prompt, tokenizer_id
+from components.core.tool_formats import parse_call
 
 MESSAGES = [ChatMessage(role="system", content="You fix bugs."),
             ChatMessage(role="user", content="Bug in `mathkit/core.py`. Fix `add`.")]
-RESPONSE = 'Look first.\n<tool_call>{"name": "read_file", "arguments": {"path": "mathkit/core.py"}}</tool_call>'
+RESPONSE = 'Look first.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "mathkit/core.py"}}\n</tool_call>'
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,8 @@ def memorized():
     """A tiny model trained (plain torch, ~2 s) to answer MESSAGES with RESPONSE and then ramble on."""
     model, tokenizer = build_policy(ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[])))
     prompt = render_prompt(MESSAGES, tokenizer)
-    target = tokenizer.encode(RESPONSE + " more text after the call", add_special_tokens=False)
+    target = (tokenizer.encode(RESPONSE, add_special_tokens=False) + [tokenizer.eos_token_id]
+              + tokenizer.encode(" more text after the turn", add_special_tokens=False))
     ids = torch.tensor([prompt + target])
     labels = ids.clone()
     labels[0, : len(prompt)] = -100
@@ -36,19 +37,29 @@ def memorized():
     return model, tokenizer
 
 
-def test_greedy_generation_stops_at_tool_call_and_returns_sampled_ids(memorized):
+def test_greedy_generation_stops_at_end_of_turn_and_returns_sampled_ids_and_logprobs(memorized):
     model, tokenizer = memorized
     policy = LocalTransformersPolicy(model, tokenizer)
-    assert isinstance(policy, Policy) and policy.policy_id.startswith("local:")
+    assert isinstance(policy, Policy) and isinstance(policy, ToolAwarePolicy) and policy.tool_format == "hermes"
     gen = policy.generate(MESSAGES, GenerationConfig(temperature=0.0, max_new_tokens=128))
-    assert gen.text == RESPONSE  # stopped on </tool_call>: nothing after it
+    assert gen.text == RESPONSE  # stopped on <|im_end|>: nothing after it
     assert gen.finish_reason == "stop"
-    assert tokenizer.decode(gen.token_ids) == gen.text
-    assert gen.token_ids[-1] == tokenizer.convert_tokens_to_ids("</tool_call>")
+    assert gen.token_ids[-1] == tokenizer.eos_token_id and tokenizer.decode(gen.token_ids[:-1]) == gen.text
+    assert gen.tokenizer_id == tokenizer_id(tokenizer)
     assert gen.completion_tokens == len(gen.token_ids) and gen.prompt_tokens == len(render_prompt(MESSAGES, tokenizer))
-    assert parse_tool_call(gen.text).arguments == {"path": "mathkit/core.py"}
+    assert parse_call(gen.text, "hermes").arguments == {"path": "mathkit/core.py"}
+    # logprobs are those of the sampling distribution (suppressed ids excluded): recomputed, they agree
+    prompt = render_prompt(MESSAGES, tokenizer)
+    ids = torch.tensor([prompt + gen.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    logits[:, policy._suppress] = float("-inf")
+    again = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids)[:, None])[:, 0]
+    assert len(gen.logprobs) == len(gen.token_ids)
+    assert torch.allclose(torch.tensor(gen.logprobs), again, atol=1e-4)
     # The next prompt re-uses the ids as sampled, so it is exactly what RL will train on.
-    history = MESSAGES + [ChatMessage(role="assistant", content=gen.text), ChatMessage(role="tool", content="x")]
+    history = MESSAGES + [ChatMessage(role="assistant", content=gen.text, token_ids=gen.token_ids,
+                                      tokenizer_id=gen.tokenizer_id), ChatMessage(role="tool", content="x")]
     assert policy.prompt_ids(history)[len(policy.prompt_ids(MESSAGES)):][: len(gen.token_ids)] == gen.token_ids
 
 
@@ -61,7 +72,7 @@ def test_sampling_is_reproducible_with_a_seed_and_respects_the_token_cap(memoriz
     assert len(first.token_ids) <= 6
     if len(first.token_ids) == 6 and first.token_ids[-1] not in policy._stop_ids:
         assert first.finish_reason == "length"
-    role_ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|user|>", "<|tool|>", "<|system|>", "<|pad|>")}
+    role_ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|pad|>")}
     many = [policy.generate(MESSAGES, GenerationConfig(temperature=2.0, max_new_tokens=24, seed=s)) for s in range(4)]
     assert all(not (set(g.token_ids) & role_ids) for g in many)  # a turn never opens another turn
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from components.core.chat_templates import CHATML_SPECIAL_TOKENS, CHATML_TOOL_TOKENS
 from components.core.modeling import (
-    END, ROLE_TOKENS, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ModelConfig, TokenizerConfig, build_tiny_model,
-    build_tokenizer, load_policy, load_policy_model, load_tokenizer, model_fingerprint, save_policy,
+    END, ModelConfig, PolicySpec, TokenizerConfig, build_tiny_model, build_tokenizer, init_policy, load_policy,
+    load_policy_model, load_tokenizer, model_fingerprint, save_policy,
 )
-from components.core.rendering import render_prompt
+from components.core.rendering import chat_format, render_prompt
 
 CORPUS = [
     'I will look.\n<tool_call>{"name": "bash", "arguments": {"command": "cat mathkit/core.py"}}</tool_call>',
@@ -28,7 +29,7 @@ def test_tokenizer_is_deterministic_and_has_chat_specials(tokenizer):
     again = build_tokenizer(SMALL, corpus=CORPUS)
     assert tokenizer.get_vocab() == again.get_vocab()
     vocab = tokenizer.get_vocab()
-    for token in [END, *ROLE_TOKENS.values(), TOOL_CALL_OPEN, TOOL_CALL_CLOSE]:
+    for token in [*CHATML_SPECIAL_TOKENS, *CHATML_TOOL_TOKENS]:
         assert token in vocab
         assert tokenizer.encode(token, add_special_tokens=False) == [vocab[token]]
     assert tokenizer.eos_token == END and tokenizer.pad_token_id != tokenizer.eos_token_id
@@ -37,17 +38,20 @@ def test_tokenizer_is_deterministic_and_has_chat_specials(tokenizer):
 
 
 def test_chat_template_equals_piecewise_rendering(tokenizer):
+    """The tiny model's template is a real ChatML template with tools, in its tokenizer config."""
     messages = [
         {"role": "system", "content": "You fix bugs.\n"},
         {"role": "user", "content": "   indented\n    text  "},
-        {"role": "assistant", "content": f'ok\n{TOOL_CALL_OPEN}{{"name": "submit"}}{TOOL_CALL_CLOSE}'},
+        {"role": "assistant", "content": 'ok\n<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>'},
         {"role": "tool", "content": "\n\n  output\n"},
     ]
     templated = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     templated = templated["input_ids"] if hasattr(templated, "keys") else templated
     assert list(templated) == render_prompt(messages, tokenizer)
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert text.startswith("<|system|>You fix bugs.\n<|end|><|user|>") and text.endswith("<|assistant|>")
+    assert text.startswith("<|im_start|>system\nYou fix bugs.\n<|im_end|>\n<|im_start|>user\n")
+    assert text.endswith("<|im_start|>assistant\n")
+    assert chat_format(tokenizer).tool_format == "hermes" and chat_format(tokenizer).stop_ids == {tokenizer.eos_token_id}
 
 
 def test_default_tokenizer_trains_on_builtin_corpus():
@@ -83,3 +87,26 @@ def test_tiny_model_is_qwen3_moe_and_round_trips_through_from_pretrained(tokeniz
 def test_load_policy_model_says_what_is_wrong(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a model directory"):
         load_policy_model(tmp_path)
+    with pytest.raises(FileNotFoundError, match="in the local hub cache"):
+        load_policy_model("nobody-here/no-such-model")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="no CUDA device"):
+            load_policy_model(tmp_path, spec=PolicySpec(device="cuda"))
+
+
+def test_init_policy_copies_a_checkpoint_or_builds_the_tiny_model(tokenizer, tmp_path):
+    source = save_policy(build_tiny_model(ModelConfig(tokenizer=SMALL), tokenizer), tokenizer, tmp_path / "src")
+    copied = init_policy(PolicySpec(path=str(source)), None, tmp_path / "base")
+    assert model_fingerprint(load_policy_model(copied)) == model_fingerprint(load_policy_model(source))
+    model, tok = load_policy(copied, spec=PolicySpec(dtype="bfloat16", attn_implementation="eager"))
+    assert next(model.parameters()).dtype == torch.bfloat16 and model.config._attn_implementation == "eager"
+    tokenizer_only = tmp_path / "no-template"
+    save_policy(build_tiny_model(ModelConfig(tokenizer=SMALL), tokenizer), tokenizer, tokenizer_only)
+    import json
+
+    cfg = json.loads((tokenizer_only / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (tokenizer_only / "tokenizer_config.json").write_text(json.dumps(cfg))
+    (tokenizer_only / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="no chat template"):
+        init_policy(PolicySpec(path=str(tokenizer_only)), None, tmp_path / "base2")

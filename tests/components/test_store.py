@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.core.schema import EpisodeStatus, Outcome, Step, ToolCall, Trajectory
+from components.core.schema import SCHEMA_VERSION, EpisodeStatus, Outcome, Step, ToolCall, Trajectory
 from components.core.schema import TestReport as Report
 from components.core.store import SHARD_GLOB, StoreError, TaskStore, TrajectoryStore
 from components.recipes.swe.generator import generate_tasks
@@ -59,7 +59,7 @@ def test_pandas_and_hf_datasets_load_the_directory(tmp_path):
     store.append([make_traj(i) for i in range(2)])
     store.append([make_traj(i) for i in range(2, 5)])
     df = pd.read_parquet(tmp_path)
-    assert len(df) == 5 and set(df["schema_version"]) == {1}
+    assert len(df) == 5 and set(df["schema_version"]) == {SCHEMA_VERSION}
     ds = datasets.load_dataset("parquet", data_files=str(tmp_path / SHARD_GLOB), split="train")
     assert len(ds) == 5
     steps = json.loads(ds[0]["steps"])
@@ -81,7 +81,7 @@ def test_v0_shard_still_loads(tmp_path):
     pq.write_table(v0, tmp_path / "part-00000000000000000000-v0.parquet")
     old = {t.id: t for t in store.read()}["traj-old"]
     assert old.outcome is Outcome.unresolved and old.outcome_reason == "hidden test failed"
-    assert old.schema_version == 1 and old.split == "train" and old.status is EpisodeStatus.completed
+    assert old.schema_version == SCHEMA_VERSION and old.split == "train" and old.status is EpisodeStatus.completed
     newer = pa.Table.from_pylist([{**v0.to_pylist()[0], "schema_version": 99}])
     pq.write_table(newer, tmp_path / "part-99999999999999999999-v99.parquet")
     with pytest.raises(StoreError, match="schema_version 99"):

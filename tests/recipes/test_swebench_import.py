@@ -82,3 +82,25 @@ def test_imported_instance_verifies_in_sandboxes(instance, sandbox_client):
             "command": "cat calc.py; git log --all --oneline | wc -l; ls tests"}))
         assert "return a - b\n\n\ndef sub" in seen.output  # the base commit's tree ...
         assert "\n1\n" in seen.output and "test_add" not in seen.output  # ... one commit, no future, no test patch
+
+
+def test_provision_reads_a_swebench_file_as_its_task_source(instance, tmp_path):
+    from components.core.store import TaskStore
+    from components.provision import ProvisionConfig, ProvisionError, TaskSource, provision_environment
+
+    path, repos, inst = instance
+    source = TaskSource(kind="swebench", path=str(path), repos_dir=str(repos))
+    result = provision_environment(ProvisionConfig(source=source, n_train=0, n_heldout=5, check_sandbox=False),
+                                   tmp_path / "tasks")
+    assert result.counts == {"train": 0, "heldout": 1}
+    (task,) = TaskStore(tmp_path / "tasks").read(split="heldout")
+    assert task.id == "acme__calc-1" and task.reference_solution == inst["patch"]
+    train = provision_environment(ProvisionConfig(source=source, n_train=1, n_heldout=1, check_sandbox=False),
+                                  tmp_path / "train-tasks")
+    assert train.counts == {"train": 1, "heldout": 0}
+    with pytest.raises(ValueError, match="needs path"):
+        TaskSource(kind="swebench")
+    with pytest.raises(ProvisionError, match="cannot import"):
+        provision_environment(ProvisionConfig(source=TaskSource(kind="swebench", path=str(path),
+                                                                repos_dir=str(tmp_path / "none")),
+                                              check_sandbox=False), tmp_path / "t3")
