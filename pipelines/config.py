@@ -8,7 +8,9 @@ once (in presets, `--set`, `orchard config show`, MLflow params) with its own na
 Fields the pipeline owns (one value for the whole run) are copied into every stage config that has
 a field of that name, and may not be set per stage:
   recipe, seed        -> each stage's `recipe` / `seed`
-  model               -> the init-policy stage's config, and `sft.model`
+  model               -> the init-policy stage's config (`model.path`: a checkpoint; None: the tiny
+                         model `model.tiny`, also `sft.model`); its load options (`model.device`,
+                         `model.dtype`, `model.attn_implementation`) -> every stage's `load`
   sandbox_url         -> each stage's `sandbox.url` (the token never enters the config: it comes from
                          the environment, i.e. a Secret on the cluster, when the stage runs)
 
@@ -25,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from components.core.connection import SandboxConnection
-from components.core.modeling import ModelConfig
+from components.core.modeling import InitPolicyConfig, LoadOptions, ModelConfig
 from components.core.schema import Recipe
 from components.credit import CreditConfig
 from components.distill import DistillConfig
@@ -76,7 +78,8 @@ class PipelineConfig(BaseModel):
 
     # --- The stages' own configs (one section per stage; names as in pipelines/stages.py) -------
     provision: ProvisionConfig = Field(default_factory=ProvisionConfig, description="provision stage.")
-    model: ModelConfig = Field(default_factory=ModelConfig, description="init-policy stage (and sft.model).")
+    model: InitPolicyConfig = Field(default_factory=InitPolicyConfig,
+                                    description="init-policy stage: a checkpoint (path) or the tiny model; load options.")
     distill: DistillConfig = Field(default_factory=DistillConfig, description="distill stage.")
     credit: CreditConfig = Field(default_factory=CreditConfig, description="credit stage.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="sft stage.")
@@ -98,7 +101,11 @@ class PipelineConfig(BaseModel):
                 update["sandbox"] = sandbox or stage.sandbox.model_copy(update={"token": None})
             if name != "model" and type(stage).model_fields.get("model") is not None and \
                     type(stage).model_fields["model"].annotation is ModelConfig:
-                update["model"] = self.model
+                update["model"] = self.model.tiny
+            if name == "model":  # the tiny architecture's seed is the run's seed too
+                update["tiny"] = stage.tiny.model_copy(update={"seed": self.seed})
+            if name != "model" and "load" in type(stage).model_fields:
+                update["load"] = LoadOptions(**{f: getattr(self.model, f) for f in LoadOptions.model_fields})
             setattr(self, name, stage.model_copy(update=update))
         return self
 
@@ -215,8 +222,8 @@ def _read_file(path: Path) -> dict:
 # The demo's values (the old knobs' defaults), stated per stage in the stages' own field names.
 _DEMO: dict[str, Any] = {
     "provision": {"n_train": 12, "n_heldout": 6, "difficulty": [1, 2]},
-    "model": {"hidden_size": 128, "num_hidden_layers": 2, "num_experts": 4,
-              "tokenizer": {"vocab_size": 2048, "corpus_tasks": 64}},
+    "model": {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_experts": 4,
+                       "tokenizer": {"vocab_size": 2048, "corpus_tasks": 64}}},
     "distill": {"teacher": "scripted", "error_rate": 0.35, "attempts_per_task": 1, "max_parallel": 2,
                 "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
     "credit": {"estimator": "monte_carlo", "max_trajectories": 3, "segments": {"epsilon": 0.05},

@@ -74,9 +74,8 @@ def init_policy(call: StageCall):
     from components.core.tracking import log_metrics, stage_run
 
     with stage_run("init-policy", call.config, call.tracking):
-        model, tokenizer = modeling.build_policy(call.config)
-        model_dir = modeling.save_policy(model, tokenizer, call.outputs["model"])
-        params = float(modeling.num_parameters(model))
+        model_dir = modeling.init_policy(call.config, call.config.tiny, call.outputs["model"])
+        params = float(modeling.checkpoint_parameters(model_dir))
         log_metrics({"num_parameters": params})
     return {"model_dir": str(model_dir), "metrics": {"num_parameters": params}}
 

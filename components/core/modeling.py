@@ -16,6 +16,7 @@ tags are single added tokens, which split text before BPE just as they do in Qwe
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 from pathlib import Path
 from typing import Iterable, Iterator, Literal
@@ -285,6 +286,15 @@ class PolicySpec(LoadOptions):
                           "downloaded only with allow_download). None: the tiny model built from `ModelConfig`.")
 
 
+class InitPolicyConfig(PolicySpec):
+    """The init-policy stage: start from a checkpoint (`path`), or build the tiny model from `tiny`.
+
+    Its load options (device, dtype, attention kernel) are the run's: the pipeline copies them into
+    every stage that loads a model (`sft.load`, `rl.load`, `evaluate.load`)."""
+
+    tiny: ModelConfig = Field(default_factory=ModelConfig, description="The fresh tiny model when `path` is None.")
+
+
 def resolve_device(device: str) -> str:
     import torch
 
@@ -372,3 +382,18 @@ def model_fingerprint(model) -> str:
 
 def num_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def checkpoint_parameters(model_dir: str | Path) -> int:
+    """Parameters of a saved checkpoint, from its safetensors headers (no weights are loaded)."""
+    from safetensors import safe_open
+
+    total = 0
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} holds no *.safetensors weights")
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                total += math.prod(f.get_slice(name).get_shape())
+    return total

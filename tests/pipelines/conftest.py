@@ -19,7 +19,7 @@ def micro_config() -> PipelineConfig:
         seed=0,
         provision={"n_train": 2, "n_heldout": 1},
         distill={"error_rate": 0.5},
-        model={"tokenizer": {"corpus_tasks": 4, "vocab_size": 512}},
+        model={"tiny": {"tokenizer": {"corpus_tasks": 4, "vocab_size": 512}}},
         credit={"max_trajectories": 1, "monte_carlo": {"k": 1, "stride": 4, "max_steps": 4}},
         sft={"steps": 2, "batch_size": 2, "max_len": 1024},
         # A budget of 1 episode cannot fill a group of 2: RL makes no update, deterministically, so the

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from components.core.modeling import ModelConfig
+from components.core.modeling import InitPolicyConfig, ModelConfig
 from components.rl import RLConfig
 from components.sft import SFTConfig
 from pipelines.cli import main
@@ -16,7 +16,8 @@ from pipelines.stages import STAGES
 
 def test_stage_sections_are_the_stage_configs_themselves():
     config = PipelineConfig.preset_config("demo")
-    assert type(config.sft) is SFTConfig and type(config.rl) is RLConfig and type(config.model) is ModelConfig
+    assert type(config.sft) is SFTConfig and type(config.rl) is RLConfig and type(config.model) is InitPolicyConfig
+    assert type(config.model.tiny) is ModelConfig
     assert {s.config for s in STAGES} <= set(stage_sections())
     # every field of a stage's own config is a pipeline setting, under its own name (nothing copied)
     assert set(PipelineConfig.model_fields["sft"].annotation.model_fields) == set(SFTConfig.model_fields)
@@ -29,7 +30,7 @@ def test_every_field_of_every_stage_config_is_a_pipeline_setting_under_its_own_n
     for section in stage_sections():
         stage = getattr(base, section)
         for field in type(stage).model_fields:
-            if field in ("recipe", "seed", "sandbox") or (field == "model" and section != "model"):
+            if field in ("recipe", "seed", "sandbox", "load") or (field == "model" and section != "model"):
                 continue  # run-wide: set at the top level (test below)
             value = getattr(stage, field)
             raw = value.model_dump_json() if hasattr(value, "model_dump_json") else json.dumps(value)
@@ -64,11 +65,20 @@ def test_run_wide_fields_reach_every_stage_and_the_token_never_enters_the_config
     config = resolve("tiny", ["recipe=claw", "seed=5", "sandbox_url=http://sandbox:1"])
     for name in ("provision", "distill", "credit", "rl", "evaluate", "evaluate_teacher"):
         assert getattr(config, name).recipe == "claw", name
-    for name in ("provision", "distill", "sft", "rl", "evaluate", "model"):
+    for name in ("provision", "distill", "sft", "rl", "evaluate"):
         assert getattr(config, name).seed == 5, name
-    assert config.sft.model == config.model
+    assert config.model.tiny.seed == 5 and config.sft.model == config.model.tiny
     assert config.distill.sandbox.url == "http://sandbox:1"
     assert "s3cret" not in config.model_dump_json()
+
+
+def test_a_checkpoint_and_its_load_options_are_run_wide_settings(tmp_path):
+    config = resolve("tiny", [f"model.path={tmp_path}", "model.device=cpu", "model.dtype=bfloat16",
+                              "model.attn_implementation=sdpa"])
+    assert config.model.path == str(tmp_path)
+    for name in ("sft", "rl", "evaluate", "evaluate_teacher"):  # every stage that loads a model loads it the same way
+        load = getattr(config, name).load
+        assert (load.device, load.dtype, load.attn_implementation) == ("cpu", "bfloat16", "sdpa"), name
 
 
 @pytest.mark.parametrize(("argv", "message"), [
