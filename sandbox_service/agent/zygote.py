@@ -81,6 +81,12 @@ def serve(path: str) -> int:
     from sandbox_service.agent import __main__ as agent_main, boot, execs, files, proctree, server, streams  # noqa: F401
 
     agent_main._preload()
+    from sandbox_service.agent import seccomp
+
+    try:
+        seccomp.prepare()  # once, before forking: each sandbox only loads the compiled filter
+    except seccomp.SeccompError:
+        pass  # reported by the sandboxes whose boot config asks for the filter
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGCHLD, _reap)
     try:

@@ -82,6 +82,8 @@ from sandbox_service.backends import local_network
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
 from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_version
 from sandbox_service.backends.local_config import DEFAULT_PATH, LocalBackendConfig, check_isolation
+from sandbox_service.agent import boot
+from sandbox_service.backends.local_root import build_root
 from sandbox_service.backends.local_rootfs import (SandboxDir, SandboxRecord, SnapshotStore, copy_tree,
                                                    install_agent)
 from sandbox_service.backends.local_zygote import Zygote
@@ -110,6 +112,13 @@ class LocalBackend(SandboxBackend):
         (self.state_dir / "s").mkdir(exist_ok=True)
         self.agent_dir = install_agent(self.state_dir)
         self.snapshots = SnapshotStore(self.state_dir)
+        self.root_lower, self.root_binds = None, []
+        if self.isolated:
+            allowlist = list(config.root_allowlist)
+            if config.prepend_service_python_to_path:  # the venv and the interpreter it links to
+                allowlist += [sys.prefix, sys.base_prefix]
+            self.root_lower, self.root_binds = build_root(self.state_dir, allowlist,
+                                                          config.userns_base if config.userns else 0)
         self.python = config.agent_python or os.path.realpath(getattr(sys, "_base_executable", sys.executable))
         self._lock = threading.Lock()
         self._launchers: dict[str, subprocess.Popen] = {}
@@ -161,14 +170,24 @@ class LocalBackend(SandboxBackend):
         return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8", **env}
 
     def _ro_binds(self, image: str | None) -> list[str]:
-        binds = list(self.config.extra_ro_binds)
-        if image is None and self.config.prepend_service_python_to_path:
-            # The sandbox gets private tmpfs /tmp and /run: a service venv living under them (a CI
-            # checkout in /tmp, say) would vanish, and `python` on the prefixed PATH with it.
-            prefix = os.path.realpath(sys.prefix)
-            if any(prefix == d or prefix.startswith(d + "/") for d in ("/tmp", "/run")) and prefix not in binds:
-                binds.append(prefix)
-        return binds
+        binds = self.root_binds if image is None else []
+        return [*binds, *(b for b in self.config.extra_ro_binds if b not in binds)]
+
+    def _userns(self) -> dict | None:
+        return {"base": self.config.userns_base, "size": self.config.userns_size} if self.config.userns else None
+
+    def _mount_disk(self, d: SandboxDir, resources: Resources) -> None:
+        """The writable layer lives on a tmpfs of disk_mb (and disk_mb * disk_inodes_per_mb inodes), so a
+        sandbox that fills it gets ENOSPC and the state dir's filesystem is untouched. Its pages are charged
+        to the memory cgroup of the process writing them (the sandbox's), like its /tmp."""
+        inodes = resources.disk_mb * self.config.disk_inodes_per_mb
+        boot.mount("tmpfs", str(d.disk), "tmpfs", boot.MS_NOSUID | boot.MS_NODEV,
+                   f"size={resources.disk_mb}m,nr_inodes={inodes},mode=700")
+
+    @staticmethod
+    def _umount_disk(d: SandboxDir) -> None:
+        if os.path.ismount(d.disk):
+            boot.umount(str(d.disk))
 
     # -- SandboxBackend ------------------------------------------------------------------------
     def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
@@ -195,13 +214,19 @@ class LocalBackend(SandboxBackend):
                             isolation="namespaces" if self.isolated else "none", service_pid=os.getpid())
         try:
             d.create(secret)
+            if self.isolated:
+                self._mount_disk(d, resources)
+            d.make_layers()
             d.save(rec)
             with self._lock:
                 self._records[sandbox_id] = rec
             if snapshot_upper is not None:
                 copy_tree(snapshot_upper, d.workspace if not self.isolated else d.upper)
             if self.isolated:
-                self._cgroups(sandbox_id).create(resources)
+                cg = self._cgroups(sandbox_id)
+                cg.create(resources)
+                if self.config.userns:
+                    cg.delegate(self.config.userns_base)
             self._launch(d, rec)
             if self.isolated and rec.network.mode == "allowlist":
                 self._apply_network(d, rec, rec.network)
@@ -216,9 +241,9 @@ class LocalBackend(SandboxBackend):
         if self.isolated:
             cg = self._cgroups(rec.id)
             config = {
-                "lower": rec.image or "/", "upper": str(d.upper), "work": str(d.work), "merged": str(d.merged),
+                "lower": rec.image or str(self.root_lower), "upper": str(d.upper), "work": str(d.work), "merged": str(d.merged),
                 "agent_dir": str(self.agent_dir), "masks": [*self.config.mask_paths, str(self.state_dir)],
-                "extra_ro_binds": self._ro_binds(rec.image), "cgroup_procs": cg.procs_files(),
+                "ro_binds": self._ro_binds(rec.image), "seccomp": self.config.seccomp, "userns": self._userns(), "cgroup_procs": cg.procs_files(),
                 "pids_cgroup": str(cg.work_pids_dir), "pids_home": str(cg.pids_dir), "oom_counter": str(cg.oom_counter),
                 "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
                 "tmp_size_mb": self.config.tmp_size_mb, "preload": rec.image is not None,
@@ -329,6 +354,7 @@ class LocalBackend(SandboxBackend):
         rec = self._records.get(sandbox_id) or d.load()
         self._kill(sandbox_id, rec)
         if self.isolated:
+            self._umount_disk(d)
             if rec is not None and rec.net_index is not None:
                 local_network.delete_veth(local_network.veth_name(rec.net_index))
                 self.net_indexes.release(rec.net_index, str(d.root))
