@@ -78,7 +78,7 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox_service.backends import local_network
+from sandbox_service.backends import local_gvisor, local_network
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
 from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_version
 from sandbox_service.backends.local_config import DEFAULT_PATH, LocalBackendConfig, check_isolation
@@ -126,7 +126,10 @@ class LocalBackend(SandboxBackend):
         self._launch_code = (f"import sys; sys.path.insert(0, {str(self.agent_dir)!r}); "
                              "from sandbox_service.agent.__main__ import main; sys.exit(main())")
         self._zygote = None
-        if self.isolated and config.fast_start:
+        self._gvisor = None
+        if self.isolated and config.runtime == "gvisor":
+            self._gvisor = local_gvisor.GvisorRuntime(config.gvisor_platform)
+        elif self.isolated and config.fast_start:
             self._zygote = Zygote(self.python, self._launch_code, self.state_dir / "zygote.sock",
                                   self.state_dir / "zygote.log", {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
         self.net_indexes = local_network.NetIndexes(config.net_index_dir)
@@ -229,15 +232,23 @@ class LocalBackend(SandboxBackend):
                     cg.delegate(self.config.userns_base)
             self._launch(d, rec)
             if self.isolated and rec.network.mode == "allowlist":
+                if self._gvisor is not None:
+                    raise local_gvisor.refuse("allowlist networking")
                 self._apply_network(d, rec, rec.network)
         except BaseException:
             self.stop(sandbox_id)
             raise
-        return AgentEndpoint(transport="unix", address=str(d.socket), secret=secret)
+        address = self._gvisor_socket(d) if self._gvisor is not None else d.socket
+        return AgentEndpoint(transport="unix", address=str(address), secret=secret)
 
     def _launch(self, d: SandboxDir, rec: SandboxRecord) -> None:
         base_env = self._base_env(rec.image, rec.env)
         ready_r, ready_w = os.pipe()
+        if self._gvisor is not None:
+            os.close(ready_r)
+            os.close(ready_w)
+            self._launch_gvisor(d, rec, base_env)
+            return
         if self.isolated:
             cg = self._cgroups(rec.id)
             config = {
@@ -287,6 +298,36 @@ class LocalBackend(SandboxBackend):
         finally:
             os.close(ready_r)
         rec.host_pid = status.get("host_pid", proc.pid)
+        d.save(rec)
+
+    def _gvisor_socket(self, d: SandboxDir) -> Path:
+        return d.root / "gsock" / "a.sock"
+
+    def _launch_gvisor(self, d: SandboxDir, rec: SandboxRecord, base_env: dict[str, str]) -> None:
+        if rec.image is None:
+            python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+        elif os.path.exists(os.path.join(rec.image, "usr/bin/python3")):
+            python = "/usr/bin/python3"  # the agent is stdlib-only: the image's interpreter runs it
+        else:
+            raise InvalidRequestError(f"image {rec.image!r} has no /usr/bin/python3, which runtime 'gvisor' needs "
+                                      "to run the agent inside it")
+        sock = self._gvisor_socket(d)
+        sock.parent.mkdir(exist_ok=True)
+        args = ["--unix", f"{local_gvisor.IN_SANDBOX_SOCKET_DIR}/{sock.name}", "--secret-file",
+                local_gvisor.IN_SANDBOX_SECRET, "--workspace", "/workspace", "--workdir", rec.workdir,
+                "--isolation", "gvisor", *[f"--env={k}={v}" for k, v in base_env.items()]]
+        oci = local_gvisor.spec(lower=rec.image or str(self.root_lower), binds=self._ro_binds(rec.image),
+                                agent_dir=str(self.agent_dir), socket_dir=str(sock.parent), secret=str(d.secret),
+                                python=python, agent_args=args, hostname=f"sbx-{rec.id[:20]}",
+                                pids=rec.resources.pids)
+        cg = self._cgroups(rec.id)
+        procs = [p for p in cg.procs_files() if "/pids/" not in p]  # Sentry threads would eat pids.max
+        proc = self._gvisor.launch(root=d.root, disk=d.disk, container_id=f"orchard-{rec.id}", oci=oci,
+                                   cgroup_procs=procs, log=d.log, socket_path=sock,
+                                   timeout=self.config.boot_timeout_seconds)
+        with self._lock:
+            self._launchers[rec.id] = proc
+        rec.launcher_pid = rec.host_pid = proc.pid
         d.save(rec)
 
     def _read_ready(self, fd: int, d: SandboxDir) -> dict:
@@ -340,6 +381,8 @@ class LocalBackend(SandboxBackend):
                         os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+        if self._gvisor is not None:
+            self._gvisor.delete(self._dir(sandbox_id).root, f"orchard-{sandbox_id}")
         with self._lock:
             proc = self._launchers.pop(sandbox_id, None)
         if proc is not None:
@@ -368,12 +411,17 @@ class LocalBackend(SandboxBackend):
         if not self.isolated:
             if policy.mode != "loopback" and policy != rec.network:
                 raise InvalidRequestError("unisolated sandboxes share the host network; no policy can be enforced")
+        elif self._gvisor is not None:
+            if policy.mode == "allowlist":
+                raise local_gvisor.refuse("allowlist networking")
         else:
             self._apply_network(self._dir(sandbox_id), rec, policy)
         rec.network = policy
         self._dir(sandbox_id).save(rec)
 
     def snapshot(self, sandbox_id: str, snapshot_id: str) -> int:
+        if self._gvisor is not None:
+            raise local_gvisor.refuse("snapshot")
         rec = self.record(sandbox_id)
         d = self._dir(sandbox_id)
         meta = {"image": rec.image, "workdir": rec.workdir, "sandbox_id": sandbox_id}

@@ -34,6 +34,11 @@ class LocalBackendConfig(BaseModel):
     state_dir: Path = Field(Path("/var/lib/orchard"), description="Sandbox layers, sockets, records, snapshots.")
     isolation: Literal["namespaces", "none"] = Field(
         "namespaces", description="'none' runs agents as plain subprocesses (explicit operator choice only).")
+    runtime: Literal["namespaces", "gvisor"] = Field(
+        "namespaces", description="'namespaces': the agent builds the sandbox from Linux namespaces, a user "
+        "namespace and seccomp (fast); 'gvisor': each sandbox runs under gVisor's user-space kernel (runsc; "
+        "stronger, slower, see local_gvisor.py). Env ORCHARD_RUNTIME.")
+    gvisor_platform: Literal["ptrace", "kvm", "systrap"] = Field("ptrace", description="runsc --platform.")
     cgroup_parent: str | None = Field(
         None, description="cgroup directory (per controller) holding sandbox groups; default "
         "'orchard-<hash of state_dir>', so services with different state dirs never share one.")
@@ -67,12 +72,14 @@ class LocalBackendConfig(BaseModel):
 
     @classmethod
     def from_env(cls, **overrides) -> "LocalBackendConfig":
-        """ORCHARD_STATE_DIR, ORCHARD_UNISOLATED=1 override the defaults."""
+        """ORCHARD_STATE_DIR, ORCHARD_UNISOLATED=1, ORCHARD_RUNTIME override the defaults."""
         values: dict = {}
         if os.environ.get("ORCHARD_STATE_DIR"):
             values["state_dir"] = Path(os.environ["ORCHARD_STATE_DIR"])
         if os.environ.get("ORCHARD_UNISOLATED") == "1":
             values["isolation"] = "none"
+        if os.environ.get("ORCHARD_RUNTIME"):
+            values["runtime"] = os.environ["ORCHARD_RUNTIME"]
         return cls(**{**values, **overrides})
 
 
