@@ -322,7 +322,7 @@ class LocalBackend(SandboxBackend):
                                 pids=rec.resources.pids)
         cg = self._cgroups(rec.id)
         procs = [p for p in cg.procs_files() if "/pids/" not in p]  # Sentry threads would eat pids.max
-        proc = self._gvisor.launch(root=d.root, disk=d.disk, container_id=f"orchard-{rec.id}", oci=oci,
+        proc = self._gvisor.launch(root=d.root, container_id=f"orchard-{rec.id}", oci=oci,
                                    cgroup_procs=procs, log=d.log, socket_path=sock,
                                    timeout=self.config.boot_timeout_seconds)
         with self._lock:

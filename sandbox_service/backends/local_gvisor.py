@@ -7,15 +7,17 @@ price is start-up and system-call latency (figures in README).
 
 How a sandbox starts: the backend writes an OCI bundle (config.json) per sandbox and runs
 `runsc --root <sandbox dir>/runsc --network=none --host-uds=create --ignore-cgroups
- --overlay2=root:<disk tmpfs> run --bundle ...` with the runsc process placed in the sandbox's memory
+ --overlay2=root:memory run --bundle ...` with the runsc process placed in the sandbox's memory
 and cpu cgroups (so the Sentry and Gofer count against its limits). The root is the same allowlist
-skeleton (or image) as the namespaces runtime, read-only, with gVisor's overlay keeping writes in a
-file store on the sandbox's size-limited disk tmpfs. The same stdlib agent runs inside as PID 1 (the
+skeleton (or image) as the namespaces runtime, with gVisor's overlay keeping writes in the Sentry's
+memory (the lower layer is never written). The same stdlib agent runs inside as PID 1 (the
 host's base interpreter, bound read-only; with an image, the image's /usr/bin/python3) and binds its
 Unix socket in a host directory bound into the sandbox (`--host-uds=create`), where the backend
 connects to it.
 
-What it does not do (yet): allowlist networking (refused; `none` and `loopback` both give loopback
+What it does not do (yet): `disk_mb` (writes live in the sandbox's memory, bounded by memory_mb; a
+file store on the size-limited disk tmpfs instead makes the Sentry die of SIGBUS when it fills up),
+allowlist networking (refused; `none` and `loopback` both give loopback
 only), snapshots/restore (refused), per-exec cgroups (the agent falls back to session/ancestry kills
 as in Kubernetes pods), a pids cgroup (RLIMIT_NPROC inside instead). The agent shares gVisor's root
 with the commands (it is not outside the sandbox as in the namespaces runtime): a command may read
@@ -79,7 +81,7 @@ def spec(*, lower: str, binds: list[str], agent_dir: str, socket_dir: str, secre
             "rlimits": [{"type": "RLIMIT_NPROC", "hard": pids, "soft": pids},
                         {"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}],
         },
-        "root": {"path": lower, "readonly": True},
+        "root": {"path": lower, "readonly": False},  # writes land in --overlay2's file store, never in lower
         "hostname": hostname,
         "mounts": mounts,
         "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
@@ -94,7 +96,7 @@ class GvisorRuntime:
     def _base(self, state: Path) -> list[str]:
         return [self.runsc, "--root", str(state), "--platform", self.platform]
 
-    def launch(self, *, root: Path, disk: Path, container_id: str, oci: dict, cgroup_procs: list[str],
+    def launch(self, *, root: Path, container_id: str, oci: dict, cgroup_procs: list[str],
                log: Path, socket_path: Path, timeout: float) -> subprocess.Popen:
         """Start the sandbox; return the runsc process once the agent accepts connections."""
         bundle, state = root / "bundle", root / "runsc"
@@ -102,7 +104,7 @@ class GvisorRuntime:
         state.mkdir(exist_ok=True)
         (bundle / "config.json").write_text(json.dumps(oci))
         argv = [*self._base(state), "--network", "none", "--host-uds", "create", "--ignore-cgroups",
-                "--overlay2", f"root:{disk}", "run", "--bundle", str(bundle), container_id]
+                "--overlay2", "root:memory", "run", "--bundle", str(bundle), container_id]
         # sh joins the cgroups, then becomes runsc: the Sentry and Gofer are born inside them.
         join = 'for p in $ORCHARD_CGROUP_PROCS; do echo $$ > "$p"; done; exec "$@"'
         with open(log, "ab") as out:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sandbox_service import errors
 from sandbox_service.backends.local_config import LocalBackendConfig
 from sandbox_service.models import Resources, SandboxCreate
 
@@ -119,3 +120,42 @@ def test_seccomp_refuses_the_kernel_surface_a_sandbox_has_no_use_for(sandbox):
     assert results == {name: (-1, errno.EPERM) for name in SYSCALLS}, results
     assert _sh(sandbox, "unshare -U true || unshare -r true").exit_code != 0
     assert _sh(sandbox, "python -c 'import subprocess; print(subprocess.run([\"true\"]).returncode)'").stdout == "0\n"
+
+
+@pytest.mark.skipif(shutil.which("runsc") is None, reason="runsc (gVisor) is not installed")
+def test_gvisor_runtime_runs_the_same_agent_under_a_user_space_kernel(tmp_path):
+    """runtime='gvisor': the agent serves from inside runsc; the root is the same allowlist, writes stay
+    in the sandbox and the host kernel's keyring is out of reach."""
+    import asyncio
+
+    from sandbox_service.agent.client import AgentClient
+    from sandbox_service.backends.local import LocalBackend
+    from sandbox_service.models import ExecRequest
+
+    backend = LocalBackend(LocalBackendConfig(state_dir=tmp_path / "st", runtime="gvisor"))
+    loop = asyncio.new_event_loop()
+    sid = f"g-{uuid.uuid4().hex[:8]}"
+    try:
+        spec = SandboxCreate(resources=Resources(disk_mb=16, memory_mb=512))
+        client = AgentClient(backend.start(sid, spec, spec.resources, secrets.token_hex(16)))
+
+        def sh(cmd: str):
+            return loop.run_until_complete(client.exec(ExecRequest(command=["sh", "-c", cmd]), workdir="/workspace",
+                                                       env={}, max_output_bytes=1 << 16))
+
+        assert loop.run_until_complete(client.ping())["isolation"] == "gvisor"
+        r = sh("cat /proc/version; cat /etc/shadow; python -m pytest --version && git --version && echo tools-ok")
+        assert "gVisor" in r.stdout or "4.4.0" in r.stdout, r.stdout  # the Sentry's kernel, not the host's
+        assert "tools-ok" in r.stdout and "No such file" in r.stderr, (r.stdout, r.stderr)
+        assert sh(f"echo x > /etc/{sid} && cat /etc/{sid}").stdout == "x\n"
+        assert not list((tmp_path / "st").glob(f"root/*/etc/{sid}"))  # the shared lower layer is untouched
+        r = sh("python -c \"import ctypes; print(ctypes.CDLL(None).syscall(248, b'user', b'k', b'v', 1, -4))\"")
+        assert r.stdout.strip() == "-1", r.stdout + r.stderr
+        with pytest.raises(errors.InvalidRequestError, match="gvisor"):
+            backend.snapshot(sid, "s1")
+        loop.run_until_complete(client.close())
+    finally:
+        backend.stop(sid)
+        backend.close()
+        loop.close()
+    assert not (tmp_path / "st" / "s" / sid).exists()
