@@ -1,29 +1,42 @@
 """LocalBackend: each sandbox is a process tree in fresh Linux namespaces on this machine.
 
-What the isolation covers
-- Namespaces: mount, pid, net, uts, ipc (`unshare`). The agent is PID 1 of the pid namespace; killing
-  it ends every process of the sandbox. Other sandboxes' and the host's processes are invisible.
-- Filesystem: an overlay root (lower = the image directory, or the host root `/` read-only when
-  image is None; upper/work per sandbox in the state dir), so a sandbox writes only its own layer and
-  sees no other sandbox's files. Fresh /proc (kernel knobs read-only, kcore/keys masked), minimal
-  /dev, read-only /sys, private tmpfs /tmp and /run, and empty read-only mounts over host secrets
-  (`mask_paths`: ~/.ssh, cloud credentials, /work/.library, the service's state dir, ...). Interpreters
-  and tools under /usr, /lib, ~/.pyenv, ~/.cache (Playwright browsers) and the project's .venv stay
-  readable; `python`/`pytest` resolve to the service's venv (PATH is prefixed with its bin dir).
+What the isolation covers (runtime "namespaces", the default; runtime "gvisor" in local_gvisor.py)
+- Namespaces: mount, pid, net, uts, ipc, set up by the agent itself (a pre-forked zygote, agent/boot.py),
+  then a *user namespace* entered last: uid/gid 0..65535 in the sandbox are the unprivileged host ids
+  userns_base.. (default 1000000000..), and every other namespace stays owned by the host's user
+  namespace, so root inside holds no capability over its own mounts, network or hostname, and on the
+  host it owns nothing but the sandbox's files (nor the host root's kernel keyring). The agent is PID 1;
+  killing it ends every process of the sandbox.
+- Filesystem: a root from an allowlist, not the host minus masks (local_root.py): the overlay's lower
+  layer is an image directory, or a skeleton with a sanitised /etc (world-readable files only: no
+  shadow, gshadow, ssh host keys) and read-only binds of /usr, /lib*, /bin, /sbin, Playwright's browsers,
+  the service's venv and its base interpreter (`root_allowlist`, `extra_ro_binds`). No home
+  directories, project checkout, /var, /srv, /mnt, /opt, state dir (other sandboxes' layers, snapshots,
+  task data) are in view. The upper layer lives on a tmpfs of `disk_mb` with an inode limit, so a full
+  disk is ENOSPC inside. Fresh /proc (kernel knobs read-only, kcore/keys masked), minimal /dev,
+  read-only /sys, private tmpfs /tmp and /run.
+- Seccomp (agent/seccomp.py, libseccomp): keyrings, bpf, perf_event_open, io_uring, userfaultfd,
+  module/kexec loading, the mount family, setns and unshare/clone of new namespaces fail with EPERM,
+  modelled on Docker's default profile; it covers the agent after its boot and every command.
 - Resources: cgroup memory (+memsw), cpu quota and pids limits (`local_cgroups.py`). The agent runs
   at oom_score_adj -1000, so a workload OOM kills the workload, is counted in memory.oom_control and
   is reported as OOM_KILLED (exec result and `status()`); a fork bomb hits pids.max, not the agent.
 - Network: none (no interface up, not even lo) by default, loopback, or a routed allowlist
   (`local_network.py`), changeable live.
-- Privilege: commands run as root *inside* the namespaces but without CAP_SYS_ADMIN, NET_ADMIN,
-  SYS_PTRACE, SYS_MODULE, MKNOD, DAC_READ_SEARCH and other dangerous capabilities (bounding set), so
-  they cannot undo masks, mount, change routes or reach the agent's fds.
+- Privilege: commands and the agent (after its boot) hold only the bounding set, without CAP_SYS_ADMIN,
+  NET_ADMIN, SYS_PTRACE, SYS_MODULE, MKNOD, DAC_READ_SEARCH and other dangerous capabilities, and those
+  only inside the user namespace; the agent is non-dumpable (commands cannot reach its fds).
 
 What it does not cover
-- It is not a VM and not a hardened container runtime: no user namespace (root inside is uid 0 on
-  the host, minus the dropped capabilities), no seccomp filter, no LSM profile, so a kernel exploit
-  escapes. Run untrusted code from the internet in the Kubernetes backend with a VM-isolated runtime.
-- `disk_mb` is not enforced (the upper layer lives on the state dir's filesystem).
+- It is not a VM: the sandbox shares the host kernel, whose whole remaining system-call surface (after
+  seccomp) is reachable; a kernel exploit there escapes. runtime="gvisor" puts gVisor's user-space
+  kernel in between (slower, fewer features); for untrusted code from the internet use the Kubernetes
+  backend with a VM runtime class (Kata) or gVisor. No LSM (AppArmor/SELinux) profile.
+- The writable layer is a tmpfs: what a sandbox writes counts against its memory cgroup too, so with
+  disk_mb above memory_mb a large write is OOM-killed before it sees ENOSPC. All sandboxes share one
+  host id range (they cannot reach each other anyway: separate pid, mount, net, ipc namespaces).
+- An image directory owned by host root is seen as owned by nobody: readable, not writable by the
+  sandbox's root except /workspace, /root, /tmp; scripts/build-debian-root.sh builds a shifted one.
 - Allowlist mode cannot reach the internet without host IP forwarding + NAT (neither iptables nor nft
   exists here); it reaches addresses on this host and networks routing the sandbox subnet back.
   Enforcement is routing inside the sandbox's namespace (commands cannot change routes), not a host
