@@ -62,8 +62,8 @@ def make_backend(config: ServiceConfig) -> SandboxBackend:
     if config.backend == "local":
         from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
 
-        return LocalBackend(LocalBackendConfig.from_env(state_dir=config.state_dir / "local",  # + ORCHARD_RUNTIME
-                                                        isolation="none" if config.unisolated else "namespaces"))
+        return LocalBackend(LocalBackendConfig(state_dir=config.state_dir / "local", runtime=config.runtime,
+                                               isolation="none" if config.unisolated else "namespaces"))
     from sandbox_service.backends.kubernetes import KubernetesBackend
 
     return KubernetesBackend.from_service_config(config)
