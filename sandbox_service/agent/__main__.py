@@ -143,6 +143,10 @@ def main(argv: list[str] | None = None) -> int:
 
                 seccomp.prepare()  # loads libseccomp while the host's libraries are still in view
             listener = _listen(args)
+            if config.get("userns"):
+                boot.prepare_userns(config["userns"]["base"], config["userns"]["size"])
+            else:
+                boot.release_userns_peer()
             boot.build_root(config)
             boot.set_hostname(config.get("hostname", "sandbox"))
             if config.get("lo_up"):

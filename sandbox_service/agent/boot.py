@@ -223,6 +223,36 @@ def loopback_up() -> None:
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
 
 
+# Set by the zygote (zygote.py) in the agent it forks: the pid of a process that has unshared a fresh user
+# namespace for this sandbox, a pipe saying it did, and a pipe to close once we hold that namespace.
+USERNS_PEER: dict = {}
+_userns_fd: list[int] = []
+
+
+def prepare_userns(base: int, size: int) -> None:
+    """Before the pivot (host /proc in view): map the zygote peer's fresh user namespace and keep an fd to it."""
+    peer = USERNS_PEER
+    if not peer:
+        return
+    try:
+        if os.read(peer["unshared_fd"], 1) != b"1":
+            raise BootError("the zygote could not create a user namespace (user.max_user_namespaces?)")
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{peer['pid']}/{name}", "w") as f:
+                f.write(f"0 {base} {size}\n")
+        _userns_fd.append(os.open(f"/proc/{peer['pid']}/ns/user", os.O_RDONLY))
+    finally:
+        release_userns_peer()
+
+
+def release_userns_peer() -> None:
+    for key in ("unshared_fd", "done_fd"):
+        fd = USERNS_PEER.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+    USERNS_PEER.clear()
+
+
 def enter_userns(base: int, size: int) -> None:
     """Move the agent into a new user namespace whose uid/gid 0..size-1 are host base..base+size-1.
 
@@ -230,7 +260,16 @@ def enter_userns(base: int, size: int) -> None:
     the host's user namespace, so root in the sandbox holds no capability over them (it cannot mount,
     change routes or the hostname even with CAP_SYS_ADMIN), and on the host it is an unprivileged uid that
     owns nothing but the sandbox's own files (and not the host root's kernel keyring). The maps must be
-    written from the parent user namespace: a forked helper, still host root, writes them."""
+    written from the parent user namespace: prepare_userns() did that for the namespace the zygote made;
+    without the zygote, a forked helper, still host root, writes them."""
+    if _userns_fd:
+        fd = _userns_fd.pop()
+        try:
+            _check(_libc.setns(fd, CLONE_NEWUSER), "setns(user namespace)")
+        finally:
+            os.close(fd)
+        _become_root()
+        return
     read_end, write_end = os.pipe()
     helper = os.fork()
     if helper == 0:
@@ -253,6 +292,11 @@ def enter_userns(base: int, size: int) -> None:
         _, status = os.waitpid(helper, 0)
     if status != 0:
         raise BootError(f"writing the user namespace maps (0 -> host {base}, {size} ids) failed")
+    _become_root()
+
+
+def _become_root() -> None:
+    """Take uid/gid 0 of the new namespace (host base): until then we are the unmapped host root."""
     os.setgroups([])
     os.setresgid(0, 0, 0)
     os.setresuid(0, 0, 0)
