@@ -10,9 +10,11 @@ Given a JSON boot config written by the local backend, before serving it:
    empty read-only tmpfs over host secrets and the service's state dir (should an allowlist reach
    them), the agent copy read-only at /.orchard/agent;
 3. pivot_roots into it and detaches the host root, sets the hostname, brings lo up if asked;
-4. drops dangerous capabilities from the bounding set, so commands (root in the sandbox) cannot
-   mount, change routes, load modules, ptrace the agent or open files by handle;
-5. (agent/__main__.py) installs the seccomp filter of seccomp.py on itself and so on every command.
+4. joins its user namespace (prepare_userns/enter_userns: uid 0 inside = an unprivileged host uid; the
+   other namespaces stay the host's, so root inside holds no capability over them);
+5. drops dangerous capabilities from the bounding set and its own sets, so commands (root in the
+   sandbox) cannot mount, change routes, load modules, ptrace the agent or open files by handle;
+6. (agent/__main__.py) installs the seccomp filter of seccomp.py on itself and so on every command.
 
 All mounts live in the sandbox's mount namespace and vanish with it. Stdlib only (ctypes).
 """

@@ -265,9 +265,11 @@ class LocalBackend(SandboxBackend):
         if self.isolated:
             cg = self._cgroups(rec.id)
             config = {
-                "lower": rec.image or str(self.root_lower), "upper": str(d.upper), "work": str(d.work), "merged": str(d.merged),
+                "lower": rec.image or str(self.root_lower), "upper": str(d.upper), "work": str(d.work),
+                "merged": str(d.merged),
                 "agent_dir": str(self.agent_dir), "masks": [*self.config.mask_paths, str(self.state_dir)],
-                "ro_binds": self._ro_binds(rec.image), "seccomp": self.config.seccomp, "userns": self._userns(), "cgroup_procs": cg.procs_files(),
+                "ro_binds": self._ro_binds(rec.image), "seccomp": self.config.seccomp, "userns": self._userns(),
+                "cgroup_procs": cg.procs_files(),
                 "pids_cgroup": str(cg.work_pids_dir), "pids_home": str(cg.pids_dir), "oom_counter": str(cg.oom_counter),
                 "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
                 "tmp_size_mb": self.config.tmp_size_mb, "preload": rec.image is not None,

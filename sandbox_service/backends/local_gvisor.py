@@ -15,6 +15,10 @@ host's base interpreter, bound read-only; with an image, the image's /usr/bin/py
 Unix socket in a host directory bound into the sandbox (`--host-uds=create`), where the backend
 connects to it.
 
+Known gap of Debian bookworm's runsc (0.0~20221219): statx() with AT_NO_AUTOMOUNT answers EINVAL, so
+coreutils `ls`/`stat`/`cp` of bookworm fail inside ("Invalid argument"); Python, pytest, git, sh work.
+A current gVisor release does not have this bug.
+
 What it does not do (yet): `disk_mb` (writes live in the sandbox's memory, bounded by memory_mb; a
 file store on the size-limited disk tmpfs instead makes the Sentry die of SIGBUS when it fills up),
 allowlist networking (refused; `none` and `loopback` both give loopback
