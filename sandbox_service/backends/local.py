@@ -91,11 +91,11 @@ import threading
 import time
 from pathlib import Path
 
+from sandbox_service.agent import boot
 from sandbox_service.backends import local_gvisor, local_network
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
 from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_version
 from sandbox_service.backends.local_config import DEFAULT_PATH, LocalBackendConfig, check_isolation
-from sandbox_service.agent import boot
 from sandbox_service.backends.local_root import build_root
 from sandbox_service.backends.local_rootfs import (SandboxDir, SandboxRecord, SnapshotStore, copy_tree,
                                                    install_agent)
