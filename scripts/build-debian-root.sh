@@ -36,4 +36,4 @@ for dirpath, dirnames, filenames in os.walk(root):
             if not stat.S_ISLNK(st.st_mode):
                 os.chmod(path, stat.S_IMODE(st.st_mode))  # chown clears setuid bits
 PY
-echo "built $dir (owned by uid $base inside-0); use SandboxCreate(image=\"$dir\")"
+echo "built $dir (files shifted to host uid $base + n); use SandboxCreate(image=\"$dir\")"
