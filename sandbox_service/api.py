@@ -64,7 +64,7 @@ def make_backend(config: ServiceConfig) -> SandboxBackend:
     if config.backend == "local":
         from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
 
-        return LocalBackend(LocalBackendConfig(state_dir=config.state_dir / "local",
+        return LocalBackend(LocalBackendConfig(state_dir=config.state_dir / "local", runtime=config.runtime,
                                                isolation="none" if config.unisolated else "namespaces"))
     from sandbox_service.backends.kubernetes import KubernetesBackend
 

@@ -149,6 +149,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--creates", type=int, help="create-to-ready samples (default 100, quick 20)")
     parser.add_argument("--stress", type=int, help="stress sandboxes (default 1000, quick 100)")
     parser.add_argument("--concurrency", type=int, default=16, help="stress concurrency")
+    parser.add_argument("--runtime", choices=["namespaces", "gvisor"], default="namespaces",
+                        help="local backend runtime (gvisor: runsc)")
     parser.add_argument("--out", type=Path, default=Path("build/bench/sandbox_bench.json"))
     args = parser.parse_args(argv)
     n_exec = args.execs or (300 if args.quick else 2000)
@@ -157,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     console = Console()
     figures: dict = {}
-    service = EmbeddedService(ServiceConfig(token="unused"), check_leaks=False)
+    service = EmbeddedService(ServiceConfig(token="unused", runtime=args.runtime), check_leaks=False)
     with console.status("starting the service..."):
         service.start()
     try:

@@ -41,6 +41,9 @@ class ServiceConfig(BaseSettings):
         description="Local backend only: run sandboxes without namespaces/cgroups. Explicit opt-in for machines "
         "that lack them; never the default, because sandboxes then see the host.",
     )
+    runtime: Literal["namespaces", "gvisor"] = Field(
+        "namespaces", description="Local backend only: 'namespaces' (fast, shares the host kernel) or 'gvisor' "
+        "(runsc's user-space kernel in between; slower, fewer features). See the README's threat model.")
     token: SecretStr | None = Field(None, validation_alias=AliasChoices(TOKEN_ENV, "token"),
                                     description=f"Bearer token clients must send ({TOKEN_ENV}).")
     token_file: Path | None = Field(None, description="File holding the bearer token (read when `token` is unset).")

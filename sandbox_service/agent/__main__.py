@@ -158,12 +158,24 @@ def main(argv: list[str] | None = None) -> int:
             host_pid = boot.host_pid()
             if config.get("preload"):
                 _preload()
+            if config.get("seccomp"):
+                from sandbox_service.agent import seccomp
+
+                seccomp.prepare()  # loads libseccomp while the host's libraries are still in view
             listener = _listen(args)
+            if config.get("userns"):
+                boot.prepare_userns(config["userns"]["base"], config["userns"]["size"])
+            else:
+                boot.release_userns_peer()
             boot.build_root(config)
             boot.set_hostname(config.get("hostname", "sandbox"))
             if config.get("lo_up"):
                 boot.loopback_up()
+            if config.get("userns"):
+                boot.enter_userns(config["userns"]["base"], config["userns"]["size"])
             boot.harden()
+            if config.get("seccomp"):
+                seccomp.install()
             os.environ.clear()
             os.environ.update(base_env)
             isolation = args.isolation or "namespaces"

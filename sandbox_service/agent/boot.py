@@ -3,14 +3,18 @@
 Given a JSON boot config written by the local backend, before serving it:
 1. joins the sandbox's cgroups, sets its own oom_score_adj to -1000 (a workload OOM kills the
    workload, not the agent) and keeps fds to its pids cgroup and memory.oom_control;
-2. mounts the root: overlay (lower = image dir or the host root, upper/work per sandbox), a fresh
+2. mounts the root: overlay (lower = image dir or the allowlist skeleton of local_root.py, upper/work
+   per sandbox on its size-limited disk tmpfs), the allowlisted host paths read-only over it, a fresh
    /proc (with kernel knobs read-only and kcore/keys/timers masked), a minimal /dev (null, zero,
    full, random, urandom, tty, a private devpts, shm), read-only sysfs, private /tmp and /run,
-   empty read-only tmpfs over host secrets and the service's state dir, the agent copy read-only
-   at /.orchard/agent;
+   empty read-only tmpfs over host secrets and the service's state dir (should an allowlist reach
+   them), the agent copy read-only at /.orchard/agent;
 3. pivot_roots into it and detaches the host root, sets the hostname, brings lo up if asked;
-4. drops dangerous capabilities from the bounding set, so commands (root in the sandbox) cannot
-   mount, change routes, load modules, ptrace the agent or open files by handle.
+4. joins its user namespace (prepare_userns/enter_userns: uid 0 inside = an unprivileged host uid; the
+   other namespaces stay the host's, so root inside holds no capability over them);
+5. drops dangerous capabilities from the bounding set and its own sets, so commands (root in the
+   sandbox) cannot mount, change routes, load modules, ptrace the agent or open files by handle;
+6. (agent/__main__.py) installs the seccomp filter of seccomp.py on itself and so on every command.
 
 All mounts live in the sandbox's mount namespace and vanish with it. Stdlib only (ctypes).
 """
@@ -27,6 +31,8 @@ import struct
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
 MNT_DETACH = 2
+CLONE_NEWUSER = 0x10000000
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 PR_SET_DUMPABLE, PR_CAPBSET_DROP = 4, 24
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 # DAC_READ_SEARCH, LINUX_IMMUTABLE, NET_ADMIN, NET_RAW, SYS_MODULE, SYS_RAWIO, SYS_PTRACE, SYS_PACCT,
@@ -54,6 +60,10 @@ def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, d
     enc = lambda s: s.encode() if s is not None else None  # noqa: E731
     _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
            f"mount {fstype or 'bind'} {source} -> {target}")
+
+
+def umount(target: str) -> None:
+    _check(_libc.umount2(target.encode(), MNT_DETACH), f"umount {target}")
 
 
 def bind_readonly(source: str, target: str, recursive: bool = False) -> None:
@@ -99,6 +109,22 @@ def _inside(merged: str, rel: str) -> str | None:
     return real
 
 
+def _bind_point(merged: str, src: str) -> None:
+    """Make the mount point for host path `src` in merged, refusing one that a symlink leads outside."""
+    target = os.path.join(merged, src.lstrip("/"))
+    parent = os.path.realpath(os.path.dirname(target))
+    if parent != merged.rstrip("/") and not parent.startswith(merged.rstrip("/") + "/"):
+        raise BootError(f"mount point {src} leaves the sandbox root through a symlink")
+    if not os.path.lexists(target):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.isdir(src):
+            os.mkdir(target)
+        else:
+            open(target, "a").close()
+    elif os.path.islink(target):
+        raise BootError(f"mount point {src} is a symlink in the sandbox root")
+
+
 def build_root(config: dict) -> None:
     merged = config["merged"]
     lower = config["lower"]
@@ -115,18 +141,17 @@ def build_root(config: dict) -> None:
         p = os.path.join(proc, name)
         if os.path.exists(p):
             mount("/dev/null", p, None, MS_BIND)
-    _build_dev(os.path.join(merged, "dev"))
+    _build_dev(os.path.join(merged, "dev"), _owner(config))
     sys_dir = os.path.join(merged, "sys")
     os.makedirs(sys_dir, exist_ok=True)
     mount("sysfs", sys_dir, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for rel, size in (("tmp", config.get("tmp_size_mb", 1024)), ("run", 64)):
         p = os.path.join(merged, rel)
         os.makedirs(p, exist_ok=True)
-        mount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(size)}m,mode=1777")
-    for src in config.get("extra_ro_binds", []):
-        target = os.path.join(merged, src.lstrip("/"))
-        os.makedirs(target, exist_ok=True)
-        bind_readonly(src, target, recursive=True)
+        mount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(size)}m,mode=1777{_owner(config)}")
+    for src in config.get("ro_binds", []):
+        _bind_point(merged, src)
+        bind_readonly(src, os.path.join(merged, src.lstrip("/")))
     for rel in config.get("masks", []):
         target = _inside(merged, rel)
         if target is None:
@@ -140,10 +165,21 @@ def build_root(config: dict) -> None:
     bind_readonly(config["agent_dir"], agent_target)
     for d in (config["workspace"], config["workdir"]):
         os.makedirs(os.path.join(merged, d.lstrip("/")), exist_ok=True)
+    userns = config.get("userns")
+    if userns:  # the sandbox's root must own its root dir, home and workspace (an image may be the host's)
+        for d in ("/root", config["workspace"], config["workdir"], "/"):
+            target = merged if d == "/" else _inside(merged, d)
+            if target is not None and os.lstat(target).st_uid != userns["base"]:
+                os.lchown(target, userns["base"], userns["base"])
     _pivot(merged)
 
 
-def _build_dev(dev: str) -> None:
+def _owner(config: dict) -> str:
+    userns = config.get("userns")
+    return f",uid={userns['base']},gid={userns['base']}" if userns else ""
+
+
+def _build_dev(dev: str, owner: str) -> None:
     os.makedirs(dev, exist_ok=True)
     mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
     for name in DEV_NODES:
@@ -156,7 +192,7 @@ def _build_dev(dev: str) -> None:
     os.symlink("pts/ptmx", os.path.join(dev, "ptmx"))
     shm = os.path.join(dev, "shm")
     os.mkdir(shm)
-    mount("tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV, "size=256m,mode=1777")
+    mount("tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV, f"size=256m,mode=1777{owner}")
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(target, os.path.join(dev, name))
@@ -189,11 +225,103 @@ def loopback_up() -> None:
         fcntl.ioctl(s.fileno(), SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
 
 
+# Set by the zygote (zygote.py) in the agent it forks: the pid of a process that has unshared a fresh user
+# namespace for this sandbox, a pipe saying it did, and a pipe to close once we hold that namespace.
+USERNS_PEER: dict = {}
+_userns_fd: list[int] = []
+
+
+def prepare_userns(base: int, size: int) -> None:
+    """Before the pivot (host /proc in view): map the zygote peer's fresh user namespace and keep an fd to it."""
+    peer = USERNS_PEER
+    if not peer:
+        return
+    try:
+        if os.read(peer["unshared_fd"], 1) != b"1":
+            raise BootError("the zygote could not create a user namespace (user.max_user_namespaces?)")
+        for name in ("uid_map", "gid_map"):
+            with open(f"/proc/{peer['pid']}/{name}", "w") as f:
+                f.write(f"0 {base} {size}\n")
+        _userns_fd.append(os.open(f"/proc/{peer['pid']}/ns/user", os.O_RDONLY))
+    finally:
+        release_userns_peer()
+
+
+def release_userns_peer() -> None:
+    for key in ("unshared_fd", "done_fd"):
+        fd = USERNS_PEER.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+    USERNS_PEER.clear()
+
+
+def enter_userns(base: int, size: int) -> None:
+    """Move the agent into a new user namespace whose uid/gid 0..size-1 are host base..base+size-1.
+
+    Called last in the boot, after every mount: the mount, pid, net, uts and ipc namespaces stay owned by
+    the host's user namespace, so root in the sandbox holds no capability over them (it cannot mount,
+    change routes or the hostname even with CAP_SYS_ADMIN), and on the host it is an unprivileged uid that
+    owns nothing but the sandbox's own files (and not the host root's kernel keyring). The maps must be
+    written from the parent user namespace: prepare_userns() did that for the namespace the zygote made;
+    without the zygote, a forked helper, still host root, writes them."""
+    if _userns_fd:
+        fd = _userns_fd.pop()
+        try:
+            _check(_libc.setns(fd, CLONE_NEWUSER), "setns(user namespace)")
+        finally:
+            os.close(fd)
+        _become_root()
+        return
+    read_end, write_end = os.pipe()
+    helper = os.fork()
+    if helper == 0:
+        code = 1
+        try:
+            os.close(write_end)
+            os.read(read_end, 1)
+            for name in ("uid_map", "gid_map"):
+                with open(f"/proc/{os.getppid()}/{name}", "w") as f:
+                    f.write(f"0 {base} {size}\n")
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(read_end)
+    try:
+        _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    finally:
+        os.write(write_end, b"x")
+        os.close(write_end)
+        _, status = os.waitpid(helper, 0)
+    if status != 0:
+        raise BootError(f"writing the user namespace maps (0 -> host {base}, {size} ids) failed")
+    _become_root()
+
+
+def _become_root() -> None:
+    """Take uid/gid 0 of the new namespace (host base): until then we are the unmapped host root."""
+    os.setgroups([])
+    os.setresgid(0, 0, 0)
+    os.setresuid(0, 0, 0)
+
+
 def harden() -> None:
     for cap in DROPPED_CAPS:
         _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL for caps this kernel lacks: fine
+    _drop_own_caps()
     # Non-dumpable: /proc/1/fd (the agent's cgroup fds) needs CAP_SYS_PTRACE, which commands lack.
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+def _drop_own_caps() -> None:
+    """The agent keeps only what its commands get (the bounding set): its file operations run with no
+    more privilege than the sandbox's own code."""
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(_libc.capget(header, data), "capget")
+    keep = ~sum(1 << cap for cap in DROPPED_CAPS)
+    for i in range(6):  # (effective, permitted, inheritable) for caps 0-31, then the same for 32-63
+        data[i] &= (keep >> (32 * (i // 3))) & 0xFFFFFFFF
+    _check(_libc.capset(header, data), "capset")
 
 
 def host_pid() -> int:

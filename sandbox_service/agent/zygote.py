@@ -26,7 +26,7 @@ import socket
 import sys
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWNET, CLONE_NEWPID = 0x40000000, 0x20000000
+CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -51,8 +51,23 @@ def _child(conn: socket.socket, request: dict) -> None:
             raise OSError(ctypes.get_errno(), f"unshare: {os.strerror(ctypes.get_errno())}")
         if libc.mount(None, b"/", None, ctypes.c_ulong(MS_REC | MS_PRIVATE), None) != 0:
             raise OSError(ctypes.get_errno(), f"make mounts private: {os.strerror(ctypes.get_errno())}")
+        # This process also makes the sandbox's user namespace (boot.enter_userns): it unshares one after
+        # forking the agent, and the agent, still host root, writes its maps and later joins it. No extra
+        # fork, and the wait is hidden behind the agent's own boot.
+        unshared_r, unshared_w = os.pipe()
+        done_r, done_w = os.pipe()
+        peer = os.getpid()
         if os.fork() != 0:
+            os.close(unshared_r)
+            os.close(done_w)
+            os.write(unshared_w, b"1" if libc.unshare(CLONE_NEWUSER) == 0 else b"0")
+            os.read(done_r, 1)  # EOF once the agent holds the namespace (or is gone)
             os._exit(0)  # the grandchild, PID 1 of the new namespace, is adopted by the zygote
+        os.close(unshared_w)
+        os.close(done_r)
+        from sandbox_service.agent import boot
+
+        boot.USERNS_PEER.update(pid=peer, unshared_fd=unshared_r, done_fd=done_w)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the agent's reaper thread owns its children
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         devnull = os.open("/dev/null", os.O_RDONLY)
@@ -81,6 +96,12 @@ def serve(path: str) -> int:
     from sandbox_service.agent import __main__ as agent_main, boot, execs, files, proctree, server, streams  # noqa: F401
 
     agent_main._preload()
+    from sandbox_service.agent import seccomp
+
+    try:
+        seccomp.prepare()  # once, before forking: each sandbox only loads the compiled filter
+    except seccomp.SeccompError:
+        pass  # reported by the sandboxes whose boot config asks for the filter
     ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGCHLD, _reap)
     try:

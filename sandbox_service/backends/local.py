@@ -1,29 +1,42 @@
 """LocalBackend: each sandbox is a process tree in fresh Linux namespaces on this machine.
 
-What the isolation covers
-- Namespaces: mount, pid, net, uts, ipc (`unshare`). The agent is PID 1 of the pid namespace; killing
-  it ends every process of the sandbox. Other sandboxes' and the host's processes are invisible.
-- Filesystem: an overlay root (lower = the image directory, or the host root `/` read-only when
-  image is None; upper/work per sandbox in the state dir), so a sandbox writes only its own layer and
-  sees no other sandbox's files. Fresh /proc (kernel knobs read-only, kcore/keys masked), minimal
-  /dev, read-only /sys, private tmpfs /tmp and /run, and empty read-only mounts over host secrets
-  (`mask_paths`: ~/.ssh, cloud credentials, /work/.library, the service's state dir, ...). Interpreters
-  and tools under /usr, /lib, ~/.pyenv, ~/.cache (Playwright browsers) and the project's .venv stay
-  readable; `python`/`pytest` resolve to the service's venv (PATH is prefixed with its bin dir).
+What the isolation covers (runtime "namespaces", the default; runtime "gvisor" in local_gvisor.py)
+- Namespaces: mount, pid, net, uts, ipc, set up by the agent itself (a pre-forked zygote, agent/boot.py),
+  then a *user namespace* entered last: uid/gid 0..65535 in the sandbox are the unprivileged host ids
+  userns_base.. (default 1000000000..), and every other namespace stays owned by the host's user
+  namespace, so root inside holds no capability over its own mounts, network or hostname, and on the
+  host it owns nothing but the sandbox's files (nor the host root's kernel keyring). The agent is PID 1;
+  killing it ends every process of the sandbox.
+- Filesystem: a root from an allowlist, not the host minus masks (local_root.py): the overlay's lower
+  layer is an image directory, or a skeleton with a sanitised /etc (world-readable files only: no
+  shadow, gshadow, ssh host keys) and read-only binds of /usr, /lib*, /bin, /sbin, Playwright's browsers,
+  the service's venv and its base interpreter (`root_allowlist`, `extra_ro_binds`). No home
+  directories, project checkout, /var, /srv, /mnt, /opt, state dir (other sandboxes' layers, snapshots,
+  task data) are in view. The upper layer lives on a tmpfs of `disk_mb` with an inode limit, so a full
+  disk is ENOSPC inside. Fresh /proc (kernel knobs read-only, kcore/keys masked), minimal /dev,
+  read-only /sys, private tmpfs /tmp and /run.
+- Seccomp (agent/seccomp.py, libseccomp): keyrings, bpf, perf_event_open, io_uring, userfaultfd,
+  module/kexec loading, the mount family, setns and unshare/clone of new namespaces fail with EPERM,
+  modelled on Docker's default profile; it covers the agent after its boot and every command.
 - Resources: cgroup memory (+memsw), cpu quota and pids limits (`local_cgroups.py`). The agent runs
   at oom_score_adj -1000, so a workload OOM kills the workload, is counted in memory.oom_control and
   is reported as OOM_KILLED (exec result and `status()`); a fork bomb hits pids.max, not the agent.
 - Network: none (no interface up, not even lo) by default, loopback, or a routed allowlist
   (`local_network.py`), changeable live.
-- Privilege: commands run as root *inside* the namespaces but without CAP_SYS_ADMIN, NET_ADMIN,
-  SYS_PTRACE, SYS_MODULE, MKNOD, DAC_READ_SEARCH and other dangerous capabilities (bounding set), so
-  they cannot undo masks, mount, change routes or reach the agent's fds.
+- Privilege: commands and the agent (after its boot) hold only the bounding set, without CAP_SYS_ADMIN,
+  NET_ADMIN, SYS_PTRACE, SYS_MODULE, MKNOD, DAC_READ_SEARCH and other dangerous capabilities, and those
+  only inside the user namespace; the agent is non-dumpable (commands cannot reach its fds).
 
 What it does not cover
-- It is not a VM and not a hardened container runtime: no user namespace (root inside is uid 0 on
-  the host, minus the dropped capabilities), no seccomp filter, no LSM profile, so a kernel exploit
-  escapes. Run untrusted code from the internet in the Kubernetes backend with a VM-isolated runtime.
-- `disk_mb` is not enforced (the upper layer lives on the state dir's filesystem).
+- It is not a VM: the sandbox shares the host kernel, whose whole remaining system-call surface (after
+  seccomp) is reachable; a kernel exploit there escapes. runtime="gvisor" puts gVisor's user-space
+  kernel in between (slower, fewer features); for untrusted code from the internet use the Kubernetes
+  backend with a VM runtime class (Kata) or gVisor. No LSM (AppArmor/SELinux) profile.
+- The writable layer is a tmpfs: what a sandbox writes counts against its memory cgroup too, so with
+  disk_mb above memory_mb a large write is OOM-killed before it sees ENOSPC. All sandboxes share one
+  host id range (they cannot reach each other anyway: separate pid, mount, net, ipc namespaces).
+- An image directory owned by host root is seen as owned by nobody: readable, not writable by the
+  sandbox's root except /workspace, /root, /tmp; scripts/build-debian-root.sh builds a shifted one.
 - Allowlist mode cannot reach the internet without host IP forwarding + NAT (neither iptables nor nft
   exists here); it reaches addresses on this host and networks routing the sandbox subnet back.
   Enforcement is routing inside the sandbox's namespace (commands cannot change routes), not a host
@@ -77,11 +90,13 @@ import threading
 import time
 from pathlib import Path
 
-from sandbox_service.backends import local_network
+from sandbox_service.agent import boot
+from sandbox_service.backends import local_gvisor, local_network
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
 from sandbox_service.backends.fstree import remove_tree
 from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_version
 from sandbox_service.backends.local_config import DEFAULT_PATH, LocalBackendConfig, check_isolation
+from sandbox_service.backends.local_root import build_root
 from sandbox_service.backends.local_rootfs import (SandboxDir, SandboxRecord, SnapshotStore, copy_tree,
                                                    install_agent)
 from sandbox_service.backends.local_zygote import Zygote
@@ -110,6 +125,13 @@ class LocalBackend(SandboxBackend):
         (self.state_dir / "s").mkdir(exist_ok=True)
         self.agent_dir = install_agent(self.state_dir)
         self.snapshots = SnapshotStore(self.state_dir)
+        self.root_lower, self.root_binds = None, []
+        if self.isolated:
+            allowlist = list(config.root_allowlist)
+            if config.prepend_service_python_to_path:  # the venv and the interpreter it links to
+                allowlist += [sys.prefix, sys.base_prefix]
+            self.root_lower, self.root_binds = build_root(self.state_dir, allowlist,
+                                                          config.userns_base if config.userns else 0)
         self.python = config.agent_python or os.path.realpath(getattr(sys, "_base_executable", sys.executable))
         self._lock = threading.Lock()
         self._launchers: dict[str, subprocess.Popen] = {}
@@ -117,7 +139,10 @@ class LocalBackend(SandboxBackend):
         self._launch_code = (f"import sys; sys.path.insert(0, {str(self.agent_dir)!r}); "
                              "from sandbox_service.agent.__main__ import main; sys.exit(main())")
         self._zygote = None
-        if self.isolated and config.fast_start:
+        self._gvisor = None
+        if self.isolated and config.runtime == "gvisor":
+            self._gvisor = local_gvisor.GvisorRuntime(config.gvisor_platform)
+        elif self.isolated and config.fast_start:
             self._zygote = Zygote(self.python, self._launch_code, self.state_dir / "zygote.sock",
                                   self.state_dir / "zygote.log", {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
         self.net_indexes = local_network.NetIndexes(config.net_index_dir)
@@ -161,14 +186,24 @@ class LocalBackend(SandboxBackend):
         return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8", **env}
 
     def _ro_binds(self, image: str | None) -> list[str]:
-        binds = list(self.config.extra_ro_binds)
-        if image is None and self.config.prepend_service_python_to_path:
-            # The sandbox gets private tmpfs /tmp and /run: a service venv living under them (a CI
-            # checkout in /tmp, say) would vanish, and `python` on the prefixed PATH with it.
-            prefix = os.path.realpath(sys.prefix)
-            if any(prefix == d or prefix.startswith(d + "/") for d in ("/tmp", "/run")) and prefix not in binds:
-                binds.append(prefix)
-        return binds
+        binds = self.root_binds if image is None else []
+        return [*binds, *(b for b in self.config.extra_ro_binds if b not in binds)]
+
+    def _userns(self) -> dict | None:
+        return {"base": self.config.userns_base, "size": self.config.userns_size} if self.config.userns else None
+
+    def _mount_disk(self, d: SandboxDir, resources: Resources) -> None:
+        """The writable layer lives on a tmpfs of disk_mb (and disk_mb * disk_inodes_per_mb inodes), so a
+        sandbox that fills it gets ENOSPC and the state dir's filesystem is untouched. Its pages are charged
+        to the memory cgroup of the process writing them (the sandbox's), like its /tmp."""
+        inodes = resources.disk_mb * self.config.disk_inodes_per_mb
+        boot.mount("tmpfs", str(d.disk), "tmpfs", boot.MS_NOSUID | boot.MS_NODEV,
+                   f"size={resources.disk_mb}m,nr_inodes={inodes},mode=700")
+
+    @staticmethod
+    def _umount_disk(d: SandboxDir) -> None:
+        if os.path.ismount(d.disk):
+            boot.umount(str(d.disk))
 
     # -- SandboxBackend ------------------------------------------------------------------------
     def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
@@ -195,30 +230,46 @@ class LocalBackend(SandboxBackend):
                             isolation="namespaces" if self.isolated else "none", service_pid=os.getpid())
         try:
             d.create(secret)
+            if self.isolated:
+                self._mount_disk(d, resources)
+            d.make_layers()
             d.save(rec)
             with self._lock:
                 self._records[sandbox_id] = rec
             if snapshot_upper is not None:
                 copy_tree(snapshot_upper, d.workspace if not self.isolated else d.upper)
             if self.isolated:
-                self._cgroups(sandbox_id).create(resources)
+                cg = self._cgroups(sandbox_id)
+                cg.create(resources)
+                if self.config.userns:
+                    cg.delegate(self.config.userns_base)
             self._launch(d, rec)
             if self.isolated and rec.network.mode == "allowlist":
+                if self._gvisor is not None:
+                    raise local_gvisor.refuse("allowlist networking")
                 self._apply_network(d, rec, rec.network)
         except BaseException:
             self.stop(sandbox_id)
             raise
-        return AgentEndpoint(transport="unix", address=str(d.socket), secret=secret)
+        address = self._gvisor_socket(d) if self._gvisor is not None else d.socket
+        return AgentEndpoint(transport="unix", address=str(address), secret=secret)
 
     def _launch(self, d: SandboxDir, rec: SandboxRecord) -> None:
         base_env = self._base_env(rec.image, rec.env)
         ready_r, ready_w = os.pipe()
+        if self._gvisor is not None:
+            os.close(ready_r)
+            os.close(ready_w)
+            self._launch_gvisor(d, rec, base_env)
+            return
         if self.isolated:
             cg = self._cgroups(rec.id)
             config = {
-                "lower": rec.image or "/", "upper": str(d.upper), "work": str(d.work), "merged": str(d.merged),
+                "lower": rec.image or str(self.root_lower), "upper": str(d.upper), "work": str(d.work),
+                "merged": str(d.merged),
                 "agent_dir": str(self.agent_dir), "masks": [*self.config.mask_paths, str(self.state_dir)],
-                "extra_ro_binds": self._ro_binds(rec.image), "cgroup_procs": cg.procs_files(),
+                "ro_binds": self._ro_binds(rec.image), "seccomp": self.config.seccomp, "userns": self._userns(),
+                "cgroup_procs": cg.procs_files(),
                 "pids_cgroup": str(cg.work_pids_dir), "pids_home": str(cg.pids_dir), "oom_counter": str(cg.oom_counter),
                 "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
                 "tmp_size_mb": self.config.tmp_size_mb, "preload": rec.image is not None,
@@ -262,6 +313,36 @@ class LocalBackend(SandboxBackend):
         finally:
             os.close(ready_r)
         rec.host_pid = status.get("host_pid", proc.pid)
+        d.save(rec)
+
+    def _gvisor_socket(self, d: SandboxDir) -> Path:
+        return d.root / "gsock" / "a.sock"
+
+    def _launch_gvisor(self, d: SandboxDir, rec: SandboxRecord, base_env: dict[str, str]) -> None:
+        if rec.image is None:
+            python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+        elif os.path.exists(os.path.join(rec.image, "usr/bin/python3")):
+            python = "/usr/bin/python3"  # the agent is stdlib-only: the image's interpreter runs it
+        else:
+            raise InvalidRequestError(f"image {rec.image!r} has no /usr/bin/python3, which runtime 'gvisor' needs "
+                                      "to run the agent inside it")
+        sock = self._gvisor_socket(d)
+        sock.parent.mkdir(exist_ok=True)
+        args = ["--unix", f"{local_gvisor.IN_SANDBOX_SOCKET_DIR}/{sock.name}", "--secret-file",
+                local_gvisor.IN_SANDBOX_SECRET, "--workspace", "/workspace", "--workdir", rec.workdir,
+                "--isolation", "gvisor", *[f"--env={k}={v}" for k, v in base_env.items()]]
+        oci = local_gvisor.spec(lower=rec.image or str(self.root_lower), binds=self._ro_binds(rec.image),
+                                agent_dir=str(self.agent_dir), socket_dir=str(sock.parent), secret=str(d.secret),
+                                python=python, agent_args=args, hostname=f"sbx-{rec.id[:20]}",
+                                pids=rec.resources.pids)
+        cg = self._cgroups(rec.id)
+        procs = [p for p in cg.procs_files() if "/pids/" not in p]  # Sentry threads would eat pids.max
+        proc = self._gvisor.launch(root=d.root, container_id=f"orchard-{rec.id}", oci=oci,
+                                   cgroup_procs=procs, log=d.log, socket_path=sock,
+                                   timeout=self.config.boot_timeout_seconds)
+        with self._lock:
+            self._launchers[rec.id] = proc
+        rec.launcher_pid = rec.host_pid = proc.pid
         d.save(rec)
 
     def _read_ready(self, fd: int, d: SandboxDir) -> dict:
@@ -315,6 +396,8 @@ class LocalBackend(SandboxBackend):
                         os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+        if self._gvisor is not None:
+            self._gvisor.delete(self._dir(sandbox_id).root, f"orchard-{sandbox_id}")
         with self._lock:
             proc = self._launchers.pop(sandbox_id, None)
         if proc is not None:
@@ -329,6 +412,7 @@ class LocalBackend(SandboxBackend):
         rec = self._records.get(sandbox_id) or d.load()
         self._kill(sandbox_id, rec)
         if self.isolated:
+            self._umount_disk(d)
             if rec is not None and rec.net_index is not None:
                 local_network.delete_veth(local_network.veth_name(rec.net_index))
                 self.net_indexes.release(rec.net_index, str(d.root))
@@ -342,12 +426,17 @@ class LocalBackend(SandboxBackend):
         if not self.isolated:
             if policy.mode != "loopback" and policy != rec.network:
                 raise InvalidRequestError("unisolated sandboxes share the host network; no policy can be enforced")
+        elif self._gvisor is not None:
+            if policy.mode == "allowlist":
+                raise local_gvisor.refuse("allowlist networking")
         else:
             self._apply_network(self._dir(sandbox_id), rec, policy)
         rec.network = policy
         self._dir(sandbox_id).save(rec)
 
     def snapshot(self, sandbox_id: str, snapshot_id: str) -> int:
+        if self._gvisor is not None:
+            raise local_gvisor.refuse("snapshot")
         rec = self.record(sandbox_id)
         d = self._dir(sandbox_id)
         meta = {"image": rec.image, "workdir": rec.workdir, "sandbox_id": sandbox_id}

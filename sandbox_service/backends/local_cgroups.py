@@ -108,6 +108,18 @@ class SandboxCgroups:
             _write(self.work_pids_dir / "pids.max", str(res.pids))
             _write(self.work_pids_dir / "cgroup.subtree_control", "+pids")
 
+    def delegate(self, uid: int) -> None:
+        """Let host uid `uid` (the sandbox's root, see LocalBackendConfig.userns) make per-exec groups under
+        the commands' pids group and move its own threads between them and the agent's group: the
+        directory and its process lists change owner, the limit files stay root's (as systemd delegates)."""
+        paths = [self.work_pids_dir, self.work_pids_dir / "cgroup.procs", self.pids_dir / "cgroup.procs"]
+        if self.version == 1:
+            paths += [self.work_pids_dir / "tasks", self.pids_dir / "tasks"]
+        else:  # moves need write access to the common ancestor's cgroup.procs
+            paths += [self.dirs["pids"] / "cgroup.procs", self.work_pids_dir / "cgroup.subtree_control"]
+        for path in paths:
+            os.chown(path, uid, uid)
+
     def limits(self) -> dict[str, int]:
         """Limits as applied (for tests and status)."""
         if self.version == 1:

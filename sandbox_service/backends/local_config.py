@@ -22,6 +22,9 @@ DEFAULT_MASKS = [
     "/root/.bash_history", "/work/.library", "/mnt/sandboxing", "/var/lib/orchard", "/var/run/secrets",
     "/run/secrets", "/etc/orchard",
 ]
+# The host directories a sandbox without an image sees, read-only (nothing else of the host is in its
+# root; /etc is a sanitised copy, see local_root.py). Paths that do not exist are skipped.
+DEFAULT_ROOT_ALLOWLIST = ["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/root/.cache/ms-playwright"]
 
 
 class LocalBackendConfig(BaseModel):
@@ -31,15 +34,33 @@ class LocalBackendConfig(BaseModel):
     state_dir: Path = Field(Path("/var/lib/orchard"), description="Sandbox layers, sockets, records, snapshots.")
     isolation: Literal["namespaces", "none"] = Field(
         "namespaces", description="'none' runs agents as plain subprocesses (explicit operator choice only).")
+    runtime: Literal["namespaces", "gvisor"] = Field(
+        "namespaces", description="'namespaces': the agent builds the sandbox from Linux namespaces, a user "
+        "namespace and seccomp (fast); 'gvisor': each sandbox runs under gVisor's user-space kernel (runsc; "
+        "stronger, slower, see local_gvisor.py). Env ORCHARD_RUNTIME.")
+    gvisor_platform: Literal["ptrace", "kvm", "systrap"] = Field("ptrace", description="runsc --platform.")
     cgroup_parent: str | None = Field(
         None, description="cgroup directory (per controller) holding sandbox groups; default "
         "'orchard-<hash of state_dir>', so services with different state dirs never share one.")
     mask_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_MASKS),
                                   description="Host paths hidden inside sandboxes (empty read-only mounts).")
     extra_ro_binds: list[str] = Field(default_factory=list,
-                                      description="Host mounts outside the root filesystem to show read-only.")
+                                      description="More host paths to show read-only (any sandbox, image or not).")
+    root_allowlist: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_ROOT_ALLOWLIST),
+        description="Host paths shown read-only in a sandbox without an image; the rest of its root is an empty "
+        "skeleton plus a sanitised copy of /etc (world-readable files only).")
     prepend_service_python_to_path: bool = Field(
-        True, description="Prefix PATH with the service interpreter's bin dir (image=None only).")
+        True, description="Show the service's virtualenv and its base interpreter read-only and prefix PATH with "
+        "the venv's bin dir (image=None only), so `python`/`pytest` in a sandbox are the service's.")
+    seccomp: bool = Field(True, description="Install the seccomp filter of agent/seccomp.py on every sandbox "
+                          "process (needs libseccomp2).")
+    userns: bool = Field(True, description="Run each sandbox in a user namespace: its uid/gid 0..userns_size-1 "
+                         "are the unprivileged host ids userns_base.. (see agent/boot.py enter_userns).")
+    userns_base: int = Field(1_000_000_000, ge=1, description="First host uid/gid of the sandboxes' id range "
+                             "(must belong to no host user).")
+    userns_size: int = Field(65536, ge=1, description="Number of uids/gids mapped into each sandbox.")
+    disk_inodes_per_mb: int = Field(256, ge=1, description="Inode limit of the writable layer per MiB of disk_mb.")
     agent_python: str | None = Field(None, description="Interpreter for the agent (default: the host's base python).")
     boot_timeout_seconds: float = Field(15.0, gt=0, description="Give up on a sandbox whose agent is not up by then.")
     tmp_size_mb: int = Field(1024, ge=1, description="Size of each sandbox's private /tmp tmpfs.")
@@ -51,12 +72,14 @@ class LocalBackendConfig(BaseModel):
 
     @classmethod
     def from_env(cls, **overrides) -> "LocalBackendConfig":
-        """ORCHARD_STATE_DIR, ORCHARD_UNISOLATED=1 override the defaults."""
+        """ORCHARD_STATE_DIR, ORCHARD_UNISOLATED=1, ORCHARD_RUNTIME override the defaults."""
         values: dict = {}
         if os.environ.get("ORCHARD_STATE_DIR"):
             values["state_dir"] = Path(os.environ["ORCHARD_STATE_DIR"])
         if os.environ.get("ORCHARD_UNISOLATED") == "1":
             values["isolation"] = "none"
+        if os.environ.get("ORCHARD_RUNTIME"):
+            values["runtime"] = os.environ["ORCHARD_RUNTIME"]
         return cls(**{**values, **overrides})
 
 

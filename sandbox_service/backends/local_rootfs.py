@@ -25,8 +25,8 @@ from sandbox_service.backends.fstree import remove_or_quarantine, remove_tree, t
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SnapshotNotFoundError
 from sandbox_service.models import NetworkPolicy, Resources
 
-AGENT_FILES = ("__init__.py", "__main__.py", "beneath.py", "boot.py", "execs.py", "files.py", "protocol.py", "proctree.py",
-               "server.py", "streams.py", "zygote.py")
+AGENT_FILES = ("__init__.py", "__main__.py", "beneath.py", "boot.py", "execs.py", "files.py", "protocol.py",
+               "proctree.py", "seccomp.py", "server.py", "streams.py", "zygote.py")
 MAX_SOCKET_PATH = 107
 
 
@@ -53,8 +53,9 @@ class SandboxDir:
     def __init__(self, state_dir: Path, sandbox_id: str):
         self.root = state_dir / "s" / sandbox_id
         self.quarantine = state_dir / "quarantine"
-        self.upper = self.root / "upper"
-        self.work = self.root / "work"
+        self.disk = self.root / "disk"  # the size-limited tmpfs holding upper and work (isolated mode)
+        self.upper = self.disk / "upper"
+        self.work = self.disk / "work"
         self.merged = self.root / "merged"
         self.socket = self.root / "a.sock"
         self.secret = self.root / "secret"
@@ -68,10 +69,15 @@ class SandboxDir:
 
     def create(self, secret: str) -> None:
         self.root.mkdir(parents=True, exist_ok=False, mode=0o700)
-        for d in (self.upper, self.work, self.merged):
+        for d in (self.disk, self.merged):
             d.mkdir()
         self.secret.touch(mode=0o600)
         self.secret.write_text(secret)
+
+    def make_layers(self) -> None:
+        """Overlay upper and work dirs (after the disk tmpfs is mounted on `disk`, if it is)."""
+        for d in (self.upper, self.work):
+            d.mkdir(exist_ok=True)
 
     def reset_layers(self) -> None:
         """Empty overlay work dir and mountpoint (after the sandbox's mount namespace is gone)."""

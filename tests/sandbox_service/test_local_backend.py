@@ -386,12 +386,12 @@ def test_cgroup_v2_files_are_written_as_the_kernel_expects(tmp_path):
     assert cg.limits() == {"memory_bytes": 300 << 20, "cpu_quota_us": 150000, "pids_max": 40}
 
 
-def test_a_service_venv_under_tmp_stays_visible_in_sandboxes(backend, monkeypatch):
-    """Sandboxes get a private /tmp; a CI checkout there must keep `python` on the sandbox PATH."""
+def test_the_service_venv_and_its_interpreter_are_bound_read_only_only_without_an_image(backend):
+    """`python`/`pytest` on a sandbox's PATH are the service's: its venv and base interpreter are bound
+    (wherever they live, even under the sandbox's private /tmp); an image brings its own."""
     import sys
 
-    monkeypatch.setattr(sys, "prefix", "/tmp/ci-checkout/.venv")
-    assert "/tmp/ci-checkout/.venv" in backend._ro_binds(None)
+    binds = backend._ro_binds(None)
+    assert os.path.realpath(sys.prefix) in binds and os.path.realpath(sys.base_prefix) in binds or \
+        any(os.path.realpath(sys.base_prefix).startswith(b + "/") for b in binds)
     assert backend._ro_binds("/srv/image") == list(backend.config.extra_ro_binds)
-    monkeypatch.setattr(sys, "prefix", "/opt/venv")
-    assert "/opt/venv" not in backend._ro_binds(None)
