@@ -65,6 +65,7 @@ class SandboxManager:
         self._queued_creates = 0
         self._executor = ThreadPoolExecutor(config.backend_threads, thread_name_prefix="backend")
         self._reaper: asyncio.Task | None = None
+        self._orphan_reaper: asyncio.Task | None = None
         self.on_delete: list[DeleteHook] = []
         metrics.on_collect(self._refresh_gauges)
 
@@ -82,15 +83,34 @@ class SandboxManager:
     async def start(self) -> None:
         if self.agent_factory is default_agent_factory:
             import sandbox_service.agent.client  # noqa: F401 - import now, not inside the first create
-        orphans = await self.in_thread(self.backend.list_orphans)
-        for orphan in orphans:
-            log.warning("removing orphaned sandbox %s left by an earlier run", orphan)
-            await self.in_thread(self.backend.stop, orphan)
+        # In the background: with a thousand orphans on a cluster, reaping before listening outlasts the
+        # liveness probe, and the service would be restarted again and again.
+        self._orphan_reaper = asyncio.create_task(self._reap_orphans(), name="orphan-reaper")
         self._reaper = asyncio.create_task(self._reap_forever(), name="reaper")
 
+    async def _reap_orphans(self) -> None:
+        try:
+            orphans = await self.in_thread(self.backend.list_orphans)
+        except Exception:  # noqa: BLE001 - the periodic reaper must still start; the next restart retries
+            log.exception("listing orphaned sandboxes failed")
+            return
+        if orphans:
+            log.warning("removing %d orphaned sandbox(es) left by an earlier run", len(orphans))
+        slots = asyncio.Semaphore(max(1, self.config.backend_threads // 4))  # leave threads for creates
+
+        async def reap(orphan: str) -> None:
+            async with slots:
+                try:
+                    await self.in_thread(self.backend.stop, orphan)
+                except Exception:  # noqa: BLE001 - one stuck orphan must not keep the others
+                    log.exception("removing orphaned sandbox %s failed", orphan)
+
+        await asyncio.gather(*(reap(o) for o in orphans))
+
     async def shutdown(self) -> None:
-        if self._reaper:
-            self._reaper.cancel()
+        for task in (self._reaper, self._orphan_reaper):
+            if task:
+                task.cancel()
         live = [r.id for r in self.sandboxes.values() if not r.deleting]
         await asyncio.gather(*(self.delete(i, reason="service shutting down") for i in live),
                              return_exceptions=True)

@@ -17,8 +17,11 @@ service then pings the agent, and readiness is that answer, not the pod phase. P
 What it does not do: it never creates anything outside its namespace; it cannot stop a pod's own
 processes from using the pod's loopback (NetworkPolicy has no say there); NetworkPolicy is enforced
 only by a CNI that implements it. If the service dies, its pods live on until their hard TTL
-(activeDeadlineSeconds) or until the next service start reaps them (list_orphans); the heartbeat TTL
-is the service's to enforce. Snapshots hold the sandbox's
+(activeDeadlineSeconds, capped at max_ttl_seconds) or until the next service start reaps them in the
+background (list_orphans: one LIST per kind, then deletes by name); the heartbeat TTL is the service's
+to enforce. A fork (`SandboxCreate.from_snapshot`) starts from the image and restores the snapshot
+through the agent before start() returns. The agent runs with `--inherit-env`, so commands get the
+task image's ENV (the runtime sets it for the container's first process). Snapshots hold the sandbox's
 workdir only (a tar through the agent, kept on the service's disk): changes elsewhere in the image's
 filesystem are not carried, and an OOM-killed pod (cgroup v2 kills the whole container) cannot be
 snapshotted at all, so an escalated sandbox restarts from its image then.
@@ -86,6 +89,15 @@ class _Handle:
     workdir: str
     endpoint: AgentEndpoint | None = None
 
+    def objects(self) -> list[tuple[str, str]]:
+        """(kind, name) of everything start() creates for this pod: deleted by name, never by a LIST."""
+        return [("pod", self.pod_name), ("secret", secret_name_for(self.pod_name)),
+                ("networkpolicy", self.pod_name)]
+
+
+def secret_name_for(pod_name: str) -> str:
+    return f"{pod_name}-agent"
+
 
 def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
     from sandbox_service.agent.client import AgentClient  # lazy: only snapshots need it here
@@ -134,6 +146,7 @@ class KubernetesBackend(SandboxBackend):
         self._retry = RetryPolicy(attempts=self.config.retry_attempts, base_seconds=self.config.retry_base_seconds,
                                   max_seconds=self.config.retry_max_seconds)
         self._handles: dict[str, _Handle] = {}
+        self._orphans: dict[str, set[tuple[str, str]]] = {}  # sandbox id -> (kind, name), from list_orphans
         self._lock = threading.Lock()
         self.snapshots = AgentSnapshots(self.config.snapshot_dir, agent_factory,
                                         python=f"{self.config.agent_mount_path}/python/bin/python3",
@@ -146,6 +159,8 @@ class KubernetesBackend(SandboxBackend):
         config = KubernetesBackendConfig.from_env()
         if "ORCHARD_K8S_SNAPSHOT_DIR" not in os.environ and getattr(service_config, "state_dir", None):
             config = config.model_copy(update={"snapshot_dir": Path(service_config.state_dir) / "snapshots"})
+        if getattr(service_config, "max_ttl_seconds", None):
+            config = config.model_copy(update={"max_ttl_seconds": service_config.max_ttl_seconds})
         return cls(config)
 
     # -- plumbing ---------------------------------------------------------------------------------
@@ -191,7 +206,7 @@ class KubernetesBackend(SandboxBackend):
         cfg, ns = self.config, self.config.namespace
         cidrs = allowlist_cidrs(spec.network, **self._resolver_kw)  # a bad allowlist fails before anything exists
         pod_name = pod_name_for(sandbox_id)
-        secret_name = f"{pod_name}-agent"
+        secret_name = secret_name_for(pod_name)
         ca_pem, cert_pem, key_pem = self.certificates.issue(pod_name)
         with self._lock:
             self._handles[sandbox_id] = _Handle(pod_name=pod_name, workdir=spec.workdir)
@@ -209,16 +224,20 @@ class KubernetesBackend(SandboxBackend):
                          self.net.read_namespaced_network_policy,
                          build_network_policy(pod_name, sandbox_id, spec, cfg, spec.network, cidrs, owner=owner))
             ip = self._wait_running(pod_name)
+            endpoint = AgentEndpoint(transport="tcp", address=_host_port(ip, cfg.agent_port), secret=secret,
+                                     tls=True, ca_cert_pem=ca_pem)
+            if spec.from_snapshot:
+                # A fork: the service leaves restoring the snapshot to the backend (the local backend
+                # starts from the snapshot's filesystem; here the workdir is restored through the agent).
+                self.snapshots.restore(endpoint, spec.workdir, spec.from_snapshot)
         except BaseException:
             with self._lock:
                 self._handles.pop(sandbox_id, None)
             try:
-                self._delete_objects(sandbox_id)  # a failed or cancelled create must not leak objects
+                self._delete_named(_Handle(pod_name, spec.workdir).objects())  # a failed create leaks nothing
             except Exception:  # noqa: BLE001 - keep the original error; stop() and list_orphans() retry
                 log.exception("cleanup after a failed start of %s failed", sandbox_id)
             raise
-        endpoint = AgentEndpoint(transport="tcp", address=_host_port(ip, cfg.agent_port), secret=secret,
-                                 tls=True, ca_cert_pem=ca_pem)
         with self._lock:
             self._handles[sandbox_id].endpoint = endpoint
         return endpoint
@@ -269,8 +288,28 @@ class KubernetesBackend(SandboxBackend):
 
     def stop(self, sandbox_id: str) -> None:
         with self._lock:
-            self._handles.pop(sandbox_id, None)
-        self._delete_objects(sandbox_id)
+            handle = self._handles.pop(sandbox_id, None)
+            orphaned = self._orphans.pop(sandbox_id, None)
+        if handle is not None or orphaned is not None:
+            # By name: a label LIST is a whole-namespace read on API servers before 1.31, per delete.
+            self._delete_named(sorted((handle.objects() if handle else []) + list(orphaned or [])))
+        else:
+            self._delete_objects(sandbox_id)
+
+    def _delete_named(self, objects: list[tuple[str, str]]) -> None:
+        """Delete objects by (kind, name); gone already is fine. The pod goes first: garbage collection
+        takes its dependents along, the other deletes cover a crash before their owner reference was set."""
+        ns = self.config.namespace
+        delete = {"pod": self.core.delete_namespaced_pod, "secret": self.core.delete_namespaced_secret,
+                  "networkpolicy": self.net.delete_namespaced_network_policy}
+        for kind, name in sorted(objects, key=lambda o: o[0] != "pod"):
+            extra = {"grace_period_seconds": self.config.delete_grace_seconds} if kind == "pod" else {}
+            try:
+                self._call(f"delete {kind}", delete[kind], name, ns, passthrough=is_not_found,
+                           propagation_policy="Background", **extra)
+            except ApiException as err:
+                if not is_not_found(err):
+                    raise
 
     def _delete_objects(self, sandbox_id: str) -> None:
         """Delete every object labelled with this sandbox, every attempt's (idempotent: gone is fine).
@@ -296,17 +335,18 @@ class KubernetesBackend(SandboxBackend):
         """Sandboxes of this service instance on the cluster that this process did not start: after a
         service restart, all of them (their agents' secrets died with the old process)."""
         ns, selector = self.config.namespace, instance_selector(self.config)
-        found: set[str] = set()
-        for what, list_fn in [("pods", self.core.list_namespaced_pod), ("secrets", self.core.list_namespaced_secret),
-                              ("networkpolicies", self.net.list_namespaced_network_policy)]:
-            for obj in self._call(f"list {what}", list_fn, ns, label_selector=selector).items:
+        found: dict[str, set[tuple[str, str]]] = {}
+        for kind, list_fn in [("pod", self.core.list_namespaced_pod), ("secret", self.core.list_namespaced_secret),
+                              ("networkpolicy", self.net.list_namespaced_network_policy)]:
+            for obj in self._call(f"list {kind}s", list_fn, ns, label_selector=selector).items:
                 meta = obj.metadata
                 sid = (meta.annotations or {}).get(SANDBOX_ID_ANNOTATION) or (meta.labels or {}).get(SANDBOX_ID_LABEL)
                 if sid:
-                    found.add(sid)
+                    found.setdefault(sid, set()).add((kind, meta.name))
         with self._lock:
-            known = set(self._handles)
-        return sorted(found - known)
+            for sid in set(found) - set(self._handles):
+                self._orphans[sid] = found[sid]  # stop() then deletes them by name: 3 LISTs for all, not 3 each
+            return sorted(set(found) - set(self._handles))
 
     # -- network ----------------------------------------------------------------------------------
     def apply_network_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:

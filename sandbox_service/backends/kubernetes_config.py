@@ -104,6 +104,10 @@ class KubernetesBackendConfig(BaseSettings):
         30.0, ge=0, description="Image pull errors lasting this long are IMAGE_PULL_FAILED (kubelet retries first).")
     poll_interval_seconds: float = Field(0.5, gt=0, description="How often start() re-reads a pending pod.")
     delete_grace_seconds: int = Field(1, ge=0, description="Termination grace period of sandbox pods.")
+    max_ttl_seconds: float = Field(
+        86400.0, gt=0, description="Cap on a pod's activeDeadlineSeconds (the service's max_ttl_seconds).")
+    safe_to_evict: bool = Field(
+        True, description="Annotate pods safe-to-evict so the cluster autoscaler can drain their nodes.")
 
     # -- retries of API calls ------------------------------------------------------------------------------
     retry_attempts: int = Field(6, ge=1, description="Attempts per API call on 409/429/5xx/connection errors.")

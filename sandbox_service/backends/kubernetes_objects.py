@@ -128,7 +128,7 @@ def build_secret(name: str, sandbox_id: str, spec: SandboxCreate, config: Kubern
         return base64.b64encode(text.encode()).decode()
 
     return k8s.V1Secret(
-        api_version="v1", kind="Secret", type="Opaque",
+        api_version="v1", kind="Secret", type="Opaque", immutable=True,  # kubelet stops watching it
         metadata=object_meta(name, sandbox_id, config, spec),
         data={SECRET_KEY_AGENT: b64(agent_secret), SECRET_KEY_CERT: b64(cert_pem), SECRET_KEY_KEY: b64(key_pem)})
 
@@ -141,14 +141,16 @@ def agent_command(spec: SandboxCreate, config: KubernetesBackendConfig) -> list[
     """The main container's command: the injected interpreter running the injected agent.
 
     `-I -S` (isolated, no site): the image's PYTHON* variables and site-packages cannot break the agent,
-    and the agent's path does not leak into the commands it runs.
+    and the agent's path does not leak into the commands it runs. `--inherit-env`: the runtime starts
+    this command with the image's ENV (PATH, HOME, JAVA_HOME, conda's variables) plus the pod's env, and
+    the agent hands exactly that to every command; the pod spec itself cannot know the image's ENV.
     """
     mount, sec = config.agent_mount_path, config.secret_mount_path
     return [f"{mount}/python/bin/python3", "-I", "-S", "-c", AGENT_BOOTSTRAP, f"{mount}/agent",
-            "--tcp", f"0.0.0.0:{config.agent_port}",
+            "--tcp", f"[::]:{config.agent_port}",  # dual stack; IPv4 alone where the node has no IPv6
             "--tls-cert", f"{sec}/{SECRET_KEY_CERT}", "--tls-key", f"{sec}/{SECRET_KEY_KEY}",
             "--secret-file", f"{sec}/{SECRET_KEY_AGENT}", "--workspace", spec.workdir,
-            "--isolation", "kubernetes-pod"]
+            "--isolation", "kubernetes-pod", "--inherit-env"]
 
 
 def build_resources(resources: Resources, config: KubernetesBackendConfig) -> k8s.V1ResourceRequirements:
@@ -198,7 +200,8 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         restart_policy="Never",  # a crashed sandbox is reported, never silently restarted without its state
         automount_service_account_token=False, service_account_name=config.service_account_name,
         enable_service_links=False, hostname=dns_label(sandbox_id),
-        active_deadline_seconds=max(1, int(spec.ttl_seconds)),  # the hard TTL holds even if the service dies
+        # the hard TTL holds even if the service dies; capped as the service caps it
+        active_deadline_seconds=max(1, int(min(spec.ttl_seconds, config.max_ttl_seconds))),
         termination_grace_period_seconds=config.delete_grace_seconds,
         security_context=k8s.V1PodSecurityContext(seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
         volumes=[
@@ -212,8 +215,13 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         tolerations=[k8s.V1Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect,
                                       toleration_seconds=t.toleration_seconds) for t in config.tolerations] or None,
         runtime_class_name=config.runtime_class_name, priority_class_name=config.priority_class_name)
-    meta = object_meta(name, sandbox_id, config, spec,
-                       extra_annotations={WORKDIR_ANNOTATION: spec.workdir, **config.pod_annotations})
+    annotations = {WORKDIR_ANNOTATION: spec.workdir}
+    if config.safe_to_evict:
+        # A bare pod with an emptyDir blocks the cluster autoscaler's scale-down; a sandbox is disposable
+        # (the service recreates it), so it says so.
+        annotations.update({"cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
+                            "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes": "orchard-agent"})
+    meta = object_meta(name, sandbox_id, config, spec, extra_annotations={**annotations, **config.pod_annotations})
     return k8s.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=pod_spec)
 
 
@@ -232,9 +240,13 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
     cidrs: list[str] = []
     for cidr in policy.allow_cidrs:
         try:
-            cidrs.append(str(ipaddress.ip_network(cidr, strict=False)))
+            network = ipaddress.ip_network(cidr, strict=False)
         except ValueError as err:
             raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is not a CIDR ({err}); use e.g. 10.0.0.0/8.")
+        if any(network.version == m.version and network.subnet_of(m) for m in map(ipaddress.ip_network, METADATA_CIDRS)):
+            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is the cloud metadata endpoint, which "
+                                      "sandboxes never reach (it hands out the node's credentials).")
+        cidrs.append(str(network))
     for host in policy.allow_hosts:
         try:
             addresses = resolver(host)
@@ -244,6 +256,17 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
         for address in addresses:
             cidrs.append(str(ipaddress.ip_network(address)))  # a bare address is a /32 or /128
     return sorted(set(cidrs))
+
+
+METADATA_CIDRS = ("169.254.169.254/32", "fd00:ec2::254/128")  # cloud metadata endpoints (IPv4, AWS IPv6)
+
+
+def _ip_block_peer(cidr: str) -> k8s.V1NetworkPolicyPeer:
+    """An allowed CIDR that never opens the cloud metadata endpoint (node credentials), even 0.0.0.0/0."""
+    network = ipaddress.ip_network(cidr)
+    excepted = [m for m in METADATA_CIDRS if (meta := ipaddress.ip_network(m)).version == network.version
+                and meta != network and meta.subnet_of(network)]
+    return k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=cidr, _except=excepted or None))
 
 
 def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
@@ -260,8 +283,7 @@ def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config
         _from=[service_peer], ports=[k8s.V1NetworkPolicyPort(protocol="TCP", port=config.agent_port)])]
     egress: list[k8s.V1NetworkPolicyEgressRule] = []
     if cidrs:
-        egress.append(k8s.V1NetworkPolicyEgressRule(
-            to=[k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=c)) for c in cidrs]))
+        egress.append(k8s.V1NetworkPolicyEgressRule(to=[_ip_block_peer(c) for c in cidrs]))
     if policy.mode == "allowlist" and policy.allow_hosts and config.allow_dns_for_hosts:
         egress.append(k8s.V1NetworkPolicyEgressRule(
             to=[k8s.V1NetworkPolicyPeer(

@@ -19,6 +19,7 @@ standalone one), so the pod command, the Secret's certificate and the agent clie
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import json
 import os
@@ -84,6 +85,7 @@ class FakeKubernetesAPI:
         self.content_types: list[tuple[str, str, str]] = []
         self.on_delete = lambda obj: None  # what a kubelet does when a pod goes
         self.gc_enabled = True  # False: the garbage collector lags, dependents outlive their owner a while
+        self.latency: dict[tuple[str, str], float] = {}  # (method, kind) -> seconds each such request takes
         self.lock = threading.Lock()
         self._rv = 0
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -149,6 +151,8 @@ class FakeKubernetesAPI:
         if not route:
             return (*self._status(404, "NotFound", f"no route {path}"), {})
         ns, kind, name = route["ns"], route["kind"], route["name"]
+        if (delay := self.latency.get((method, kind))) is not None:
+            time.sleep(delay)
         with self.lock:
             self.requests.append(dict(method=method, kind=kind, name=name, query=query, body=body))
             for fault in self.faults:
@@ -357,7 +361,10 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
     assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
     assert spec["activeDeadlineSeconds"] == int(SPEC.ttl_seconds)
     main = spec["containers"][0]
-    assert main["image"] == SPEC.image and "--tcp" in main["command"] and "0.0.0.0:8700" in main["command"]
+    assert main["image"] == SPEC.image and "--tcp" in main["command"] and "[::]:8700" in main["command"]
+    assert "--inherit-env" in main["command"] and "env" not in main  # the image's own ENV reaches commands
+    assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert secret["immutable"] is True
     assert main["resources"]["limits"] == {"cpu": "2000m", "memory": "2112Mi", "ephemeral-storage": "2304Mi"}
     assert not any("serviceaccount" in (m["mountPath"]) for m in main["volumeMounts"])
     assert spec["initContainers"][0]["image"] == backend.config.injector_image
@@ -607,14 +614,23 @@ def inject_layout(mount: Path) -> None:
             shutil.copy(REPO / source, destination)
 
 
+# What a container runtime gives a task image's first process: the image's ENV (here a JDK and a conda
+# image's kind), not the pod spec's (which is empty).
+IMAGE_ENV = {"PATH": f"/opt/conda/bin:/opt/jdk/bin:{os.environ.get('PATH', '/usr/bin:/bin')}",
+             "JAVA_HOME": "/opt/jdk", "HOME": "/home/task", "CONDA_PREFIX": "/opt/conda"}
+
+
 class ProcessKubelet:
-    """A kubelet for one node at 127.0.0.1: on a pod's first read it mounts the pod's Secret (writes its
-    files) and runs the main container's command as a local process; deleting the pod kills it.
+    """A kubelet for one node: on a pod's first read it mounts the pod's Secret (writes its files) and
+    runs the main container's command as a local process with the image's environment (IMAGE_ENV);
+    deleting the pod kills it. Each pod gets its own loopback address (127.0.0.N) as its pod IP, the
+    agent's bind address rewritten to it: pods on a real node each have their own network namespace.
     `oom(pod_name)` kills it the way the kernel would and reports OOMKilled from then on."""
 
     def __init__(self, fake: FakeKubernetesAPI, secret_dir: Path, cwd: Path):
         self.fake, self.secret_dir, self.cwd = fake, secret_dir, cwd
         self.procs: dict[str, subprocess.Popen] = {}
+        self.ips: dict[str, str] = {}
         self.oom_killed: set[str] = set()
         fake.kubelet = self
         fake.on_delete = self.deleted
@@ -632,11 +648,14 @@ class ProcessKubelet:
             self.secret_dir.mkdir(exist_ok=True)
             for key, value in secret["data"].items():
                 (self.secret_dir / key).write_bytes(base64.b64decode(value))
+            ip = self.ips[name] = f"127.0.0.{len(self.ips) + 1}"
+            command = list(main["command"])
+            port = command[command.index("--tcp") + 1].rpartition(":")[2]
+            command[command.index("--tcp") + 1] = f"{ip}:{port}"
             self.procs[name] = subprocess.Popen(
-                main["command"], cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                     "PYTHONPATH": "/nonexistent-breaks-nothing-under-I"})
-        return running_after(0, ip="127.0.0.1")(pod, reads)
+                command, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={**IMAGE_ENV, "PYTHONPATH": "/nonexistent-breaks-nothing-under-I"})
+        return running_after(0, ip=self.ips[name])(pod, reads)
 
     def oom(self, pod_name: str) -> None:
         self.oom_killed.add(pod_name)
@@ -746,34 +765,40 @@ def test_without_a_cluster_the_backend_says_how_to_get_one(tmp_path, monkeypatch
 
 
 # -- the real service on the Kubernetes backend ---------------------------------------------------------------
-@pytest.fixture
-def service_on_fake_cluster(fake, tmp_path, agent_node):
-    """The real FastAPI service (uvicorn on loopback) with the Kubernetes backend pointed at the fake."""
+@contextlib.contextmanager
+def serve(backend: KubernetesBackend, state_dir: Path, start_timeout: float = 20):
+    """The real FastAPI service (uvicorn on loopback) on `backend`; yields a client once it listens."""
     import uvicorn
 
     from sandbox_service.api import create_app
     from sandbox_service.client import SandboxClient
     from sandbox_service.config import ServiceConfig
 
-    kubelet, settings = agent_node
-    backend = make_backend(fake, tmp_path, **settings)
-    config = ServiceConfig(backend="kubernetes", token="tok", state_dir=tmp_path / "state", ready_timeout_seconds=20)
+    config = ServiceConfig(backend="kubernetes", token="tok", state_dir=state_dir, ready_timeout_seconds=20)
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(config, backend=backend), host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + start_timeout
     while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the service did not start"
+        assert time.monotonic() < deadline and thread.is_alive(), f"the service did not listen within {start_timeout} s"
         time.sleep(0.02)
     client = SandboxClient(f"http://127.0.0.1:{port}", "tok", timeout=30)
     try:
-        yield client, kubelet
+        yield client
     finally:
         client.close()
         server.should_exit = True
         thread.join(timeout=20)
+
+
+@pytest.fixture
+def service_on_fake_cluster(fake, tmp_path, agent_node):
+    """The real service with the Kubernetes backend pointed at the fake, its pods running real agents."""
+    kubelet, settings = agent_node
+    with serve(make_backend(fake, tmp_path, **settings), tmp_path / "state") as client:
+        yield client, kubelet
 
 
 def test_the_service_creates_execs_snapshots_and_deletes_on_the_kubernetes_backend(fake, service_on_fake_cluster,
@@ -809,3 +834,87 @@ def test_an_oom_killed_pod_is_recreated_with_more_memory(fake, service_on_fake_c
         assert limit == f"{1024 + KubernetesBackendConfig().agent_memory_overhead_mb}Mi"
         assert sandbox.exec("echo again").stdout == "again\n"
     assert fake.objects == {}
+
+
+# -- what a first real cluster run would break on (issue 22) -----------------------------------------------
+def test_commands_get_the_task_images_environment(fake, service_on_fake_cluster, tmp_path):
+    """The pod spec cannot know the image's ENV; the agent inherits it from the runtime and passes it on."""
+    client, _ = service_on_fake_cluster
+    with client.create(SandboxCreate(image="task:1", workdir=str(tmp_path / "ws"))) as sandbox:
+        result = sandbox.exec('echo "$JAVA_HOME|$HOME|$CONDA_PREFIX|$PATH"')
+        assert result.stdout.strip() == "|".join(IMAGE_ENV[k] for k in ("JAVA_HOME", "HOME", "CONDA_PREFIX", "PATH"))
+        # the caller's variables still win over the image's
+        assert sandbox.exec("echo $HOME", env={"HOME": "/tmp/h"}).stdout == "/tmp/h\n"
+
+
+def test_a_fork_starts_from_the_snapshot(fake, service_on_fake_cluster, tmp_path):
+    client, _ = service_on_fake_cluster
+    with client.create(SandboxCreate(image="task:1", workdir=str(tmp_path / "ws-a"))) as parent:
+        parent.write_file("state.txt", "from the parent")
+        parent.write_file("sub/deep.py", "x = 1")
+        snap = parent.snapshot()
+        parent.write_file("state.txt", "changed after the snapshot")
+        fork_spec = SandboxCreate(image="task:1", workdir=str(tmp_path / "ws-b"), from_snapshot=snap.id)
+        with client.create(fork_spec) as child:
+            assert child.read_file("state.txt") == b"from the parent"
+            assert child.read_file("sub/deep.py") == b"x = 1"
+            assert len(fake.of_kind("pods")) == 2
+        assert parent.read_file("state.txt") == b"changed after the snapshot"
+
+
+def test_a_restart_with_many_orphans_listens_at_once_and_reaps_them_in_the_background(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    crashed = make_backend(fake, tmp_path)
+    orphans = [f"sb-orphan-{i:03d}" for i in range(40)]
+    for sandbox_id in orphans:
+        crashed.start(sandbox_id, SPEC, Resources(), "s")
+    fake.latency[("DELETE", "pods")] = 0.25  # a loaded API server: 40 deletes one by one take 10 s+
+    requests_before = len(fake.requests)
+    started = time.monotonic()
+    with serve(make_backend(fake, tmp_path), tmp_path / "state", start_timeout=3) as client:
+        assert time.monotonic() - started < 3
+        assert client.list() == []  # answers while the orphans are still being removed
+        deadline = time.monotonic() + 30
+        while fake.of_kind("pods"):
+            assert time.monotonic() < deadline, f"{len(fake.of_kind('pods'))} orphan pods left"
+            time.sleep(0.05)
+    assert fake.objects == {}
+    reaping = fake.requests[requests_before:]
+    lists = [r for r in reaping if r["method"] == "GET" and r["name"] is None]
+    assert len(lists) == 3  # one LIST per kind for all orphans; each is then deleted by name
+    assert len([r for r in reaping if r["method"] == "DELETE"]) <= 3 * len(orphans)
+
+
+def test_stop_deletes_by_name_without_listing(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    fake.gc_enabled = False
+    backend = make_backend(fake, tmp_path)
+    backend.start("sb-byname", SPEC, Resources(), "s")
+    before = len(fake.requests)
+    backend.stop("sb-byname")
+    assert fake.objects == {}
+    assert {(r["method"], r["kind"]) for r in fake.requests[before:]} == {
+        ("DELETE", "pods"), ("DELETE", "secrets"), ("DELETE", "networkpolicies")}
+
+
+def test_the_agent_bind_in_the_pod_command_serves_ipv4_and_ipv6(monkeypatch):
+    """`[::]` is dual stack (IPv6-only and dual-stack clusters); a node without IPv6 falls back to IPv4."""
+    from sandbox_service.agent import __main__ as agent_main
+
+    args = agent_main._parse(["--tcp", "[::]:0", "--secret-file", "unused"])
+    with agent_main._listen(args) as sock:
+        port = sock.getsockname()[1]
+        assert sock.family == socket.AF_INET6
+        for host in ("127.0.0.1", "::1"):
+            with socket.create_connection((host, port), timeout=5):
+                pass
+    real_socket = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *rest):
+        if family == socket.AF_INET6:
+            raise OSError(97, "Address family not supported by protocol")
+        return real_socket(family, *rest)
+
+    monkeypatch.setattr(agent_main.socket, "socket", no_ipv6)
+    with agent_main._listen(args) as sock:
+        assert sock.family == socket.AF_INET and sock.getsockname()[0] == "0.0.0.0"

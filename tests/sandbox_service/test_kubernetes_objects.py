@@ -159,6 +159,33 @@ def test_network_policy_modes():
         allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_cidrs=["300.1.1.1/8"]), _resolve)
 
 
+def test_no_allowlist_opens_the_cloud_metadata_endpoint():
+    config = KubernetesBackendConfig()
+    wide = NetworkPolicy(mode="allowlist", allow_cidrs=["0.0.0.0/0", "::/0", "169.254.0.0/16", "10.0.0.0/8"])
+    policy = to_dict(build_network_policy("p", "sb", SPECS["plain"], config, wide, allowlist_cidrs(wide, _resolve)))
+    blocks = {peer["ipBlock"]["cidr"]: peer["ipBlock"].get("except") for peer in policy["spec"]["egress"][0]["to"]}
+    assert blocks == {"0.0.0.0/0": ["169.254.169.254/32"], "169.254.0.0/16": ["169.254.169.254/32"],
+                      "::/0": ["fd00:ec2::254/128"], "10.0.0.0/8": None}
+    for version in VERSIONS:
+        kubernetes_validate.validate(policy, version, strict=True)
+    with pytest.raises(InvalidRequestError, match="metadata endpoint"):
+        allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_cidrs=["169.254.169.254/32"]), _resolve)
+
+
+def test_the_pods_deadline_is_capped_and_it_does_not_block_node_scale_down():
+    config = KubernetesBackendConfig(max_ttl_seconds=3600)
+    pod = build_pod("p", "sb-1", SandboxCreate(image="i:1", ttl_seconds=10 * 86400), Resources(), config,
+                    secret_name="s")
+    assert pod.spec.active_deadline_seconds == 3600
+    annotations = pod.metadata.annotations
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"] == "orchard-agent"
+    assert any(v.name == "orchard-agent" and v.empty_dir for v in pod.spec.volumes)
+    off = build_pod("p", "sb-1", SandboxCreate(image="i:1"), Resources(),
+                    KubernetesBackendConfig(safe_to_evict=False), secret_name="s")
+    assert "cluster-autoscaler.kubernetes.io/safe-to-evict" not in off.metadata.annotations
+
+
 # -- status mapping on the objects the API returns --------------------------------------------------------------
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
 
