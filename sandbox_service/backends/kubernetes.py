@@ -11,8 +11,12 @@ What it does, per sandbox:
   the API server's exec channel, which does not scale (API server memory grows with long execs).
 
 Creation: start() blocks until the sandbox container runs (image pulled) and returns the pod IP; the
-service then pings the agent, and readiness is that answer, not the pod phase. Pod status is polled
-(a shared watch would cost the API server less at thousands of concurrent creates).
+service then pings the agent, and readiness is that answer, not the pod phase. Pod status comes from
+one watch per backend (`kubernetes_watch.PodCache`): a create costs its POSTs and no status reads, and
+`status()` costs no API call. Every call takes a token from one client-side bucket
+(`kubernetes_ratelimit`); reads retry until a deadline, writes for a number of attempts. Deletes go
+by name. After an agent loss, `status_after_agent_loss` waits on the watch until the pod's status is
+final, so a late-reported OOM kill is escalated as one.
 
 What it does not do: it never creates anything outside its namespace; it cannot stop a pod's own
 processes from using the pod's loopback (NetworkPolicy has no say there); NetworkPolicy is enforced
@@ -58,15 +62,18 @@ from sandbox_service.backends.kubernetes_objects import (
     build_pod,
     build_secret,
     instance_selector,
+    label_value,
     owner_reference,
     pod_name_for,
     sandbox_selector,
     to_dict,
 )
+from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
 from sandbox_service.backends.kubernetes_retry import RetryPolicy, call, is_already_exists, is_not_found
 from sandbox_service.backends.kubernetes_snapshots import AgentFactory, AgentSnapshots
 from sandbox_service.backends.kubernetes_status import PodAssessment, assess_pod
 from sandbox_service.backends.kubernetes_tls import AgentCertificates
+from sandbox_service.backends.kubernetes_watch import PodCache
 from sandbox_service.errors import BackendUnavailableError, SandboxNotFoundError, SandboxServiceError
 from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
@@ -144,7 +151,10 @@ class KubernetesBackend(SandboxBackend):
         self._resolver_kw = {"resolver": resolver} if resolver else {}
         self._clock, self._sleep = clock, sleep
         self._retry = RetryPolicy(attempts=self.config.retry_attempts, base_seconds=self.config.retry_base_seconds,
-                                  max_seconds=self.config.retry_max_seconds)
+                                  max_seconds=self.config.retry_max_seconds,
+                                  read_deadline_seconds=self.config.read_deadline_seconds)
+        self.limiter = TokenBucket(self.config.api_qps, self.config.api_burst)
+        self._cache: PodCache | None = None
         self._handles: dict[str, _Handle] = {}
         self._orphans: dict[str, set[tuple[str, str]]] = {}  # sandbox id -> (kind, name), from list_orphans
         self._lock = threading.Lock()
@@ -161,12 +171,28 @@ class KubernetesBackend(SandboxBackend):
             config = config.model_copy(update={"snapshot_dir": Path(service_config.state_dir) / "snapshots"})
         if getattr(service_config, "max_ttl_seconds", None):
             config = config.model_copy(update={"max_ttl_seconds": service_config.max_ttl_seconds})
+        threads = getattr(service_config, "backend_threads", 0)
+        if threads and config.api_pool_size < threads:  # a smaller pool makes worker threads queue for sockets
+            config = config.model_copy(update={"api_pool_size": threads})
         return cls(config)
 
     # -- plumbing ---------------------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("_request_timeout", self.config.api_timeout_seconds)
-        return call(what, fn, *args, policy=self._retry, sleep=self._sleep, **kwargs)
+        return call(what, fn, *args, policy=self._retry, sleep=self._sleep, limiter=self.limiter.acquire,
+                    read=what.startswith(("read ", "list ")), **kwargs)
+
+    @property
+    def pods(self) -> PodCache:
+        """The watch of this instance's pods, started on first use (one per backend, whatever the load)."""
+        with self._lock:
+            if self._cache is None:
+                self._cache = PodCache(self.core, self.config.namespace, instance_selector(self.config),
+                                       before_request=self.limiter.acquire,
+                                       watch_timeout_seconds=self.config.watch_timeout_seconds,
+                                       request_timeout_seconds=self.config.api_timeout_seconds,
+                                       backoff_max_seconds=self.config.retry_max_seconds)
+            return self._cache
 
     def _create(self, what: str, create: Callable[..., Any], read: Callable[..., Any], body: Any) -> Any:
         """Create, or read back what an earlier attempt of this very call already created."""
@@ -183,16 +209,14 @@ class KubernetesBackend(SandboxBackend):
             return self._handles.get(sandbox_id)
 
     def _find_pod(self, sandbox_id: str) -> k8s.V1Pod | None:
-        """The sandbox's live pod: by name when this process started it, else by its labels."""
-        ns, handle = self.config.namespace, self._handle(sandbox_id)
-        if handle is not None:
-            try:
-                return self._call("read pod", self.core.read_namespaced_pod, handle.pod_name, ns,
-                                  passthrough=is_not_found)
-            except ApiException:
-                return None
-        pods = self._call("list pods", self.core.list_namespaced_pod, ns,
-                          label_selector=sandbox_selector(sandbox_id, self.config)).items
+        """The sandbox's live pod, from the watch: by name when this process started it, else by its labels."""
+        handle, timeout = self._handle(sandbox_id), self.config.read_deadline_seconds
+        try:
+            if handle is not None:
+                return self.pods.get(handle.pod_name, timeout)
+            pods = self.pods.find(SANDBOX_ID_LABEL, label_value(sandbox_id), timeout)
+        except TimeoutError as err:
+            raise BackendUnavailableError(f"cannot see sandbox pods: {err}") from err
         pods = [p for p in pods if p.metadata.deletion_timestamp is None] or pods
         return max(pods, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc),
                    default=None)
@@ -248,33 +272,34 @@ class KubernetesBackend(SandboxBackend):
         This waits longer than "has an IP" on purpose: pulling a multi-GB task image is the pod's
         start, and the service's agent-readiness timeout is sized for the agent, not for a pull.
         """
-        cfg, ns = self.config, self.config.namespace
-        deadline = time.monotonic() + cfg.start_timeout_seconds
-        delay = min(0.1, cfg.poll_interval_seconds)
-        while True:
-            try:
-                pod = self._call("read pod", self.core.read_namespaced_pod, pod_name, ns, passthrough=is_not_found)
-            except ApiException as err:
-                raise PodStartError(f"pod {pod_name} was deleted while starting",
-                                    InfraErrorKind.SANDBOX_DELETED) from err
-            seen = self._assess(pod)
-            if seen.state == "running" and seen.pod_ip:
-                return seen.pod_ip
-            if seen.state == "failed":
-                assert seen.infra_error is not None
-                if seen.retryable:
-                    err = BackendUnavailableError(seen.message or "sandbox pod failed")
-                    err.infra_error = seen.infra_error  # type: ignore[attr-defined]
-                    raise err
-                raise PodStartError(seen.message or "sandbox pod failed", seen.infra_error)
-            if time.monotonic() >= deadline:
-                err = BackendUnavailableError(
-                    f"pod {pod_name} was not running after {cfg.start_timeout_seconds:g} s "
-                    f"(phase {pod.status.phase if pod.status else '?'}{': ' + seen.message if seen.message else ''})")
-                err.infra_error = InfraErrorKind.TIMEOUT  # type: ignore[attr-defined]
-                raise err
-            self._sleep(delay)
-            delay = min(cfg.poll_interval_seconds, delay * 2)
+        cfg = self.config
+        last: dict[str, Any] = {}
+
+        def settled(pod: k8s.V1Pod | None) -> PodAssessment | None:
+            if pod is None:  # not in the watch yet (it lags the create), or gone since
+                return PodAssessment(state="failed", infra_error=InfraErrorKind.SANDBOX_DELETED,
+                                     message=f"pod {pod_name} was deleted while starting") if last else None
+            last["pod"], last["seen"] = pod, self._assess(pod)
+            return last["seen"] if last["seen"].state != "pending" else None
+
+        seen = self.pods.wait(pod_name, settled, cfg.start_timeout_seconds)
+        if seen is None:
+            pod, pending = last.get("pod"), last.get("seen")
+            err = BackendUnavailableError(
+                f"pod {pod_name} was not running after {cfg.start_timeout_seconds:g} s "
+                f"(phase {pod.status.phase if pod is not None and pod.status else 'not seen'}"
+                f"{': ' + pending.message if pending is not None and pending.message else ''}"
+                f"{'; pod watch: ' + self.pods.last_error if self.pods.last_error else ''})")
+            err.infra_error = InfraErrorKind.TIMEOUT  # type: ignore[attr-defined]
+            raise err
+        if seen.state == "running" and seen.pod_ip:
+            return seen.pod_ip
+        assert seen.infra_error is not None
+        if seen.retryable:
+            err = BackendUnavailableError(seen.message or "sandbox pod failed")
+            err.infra_error = seen.infra_error  # type: ignore[attr-defined]
+            raise err
+        raise PodStartError(seen.message or "sandbox pod failed", seen.infra_error)
 
     def status(self, sandbox_id: str) -> BackendStatus:
         pod = self._find_pod(sandbox_id)
@@ -285,6 +310,15 @@ class KubernetesBackend(SandboxBackend):
         if seen.state == "failed":
             return BackendStatus(alive=False, infra_error=seen.infra_error, message=seen.message)
         return BackendStatus(alive=True, message=seen.message)
+
+    def status_after_agent_loss(self, sandbox_id: str) -> BackendStatus:
+        """Wait on the watch (no API calls) until the pod's status is final, so an OOM kill the kubelet
+        reports late is OOM_KILLED (and escalated), not AGENT_LOST."""
+        handle = self._handle(sandbox_id)
+        if handle is not None:
+            self.pods.wait(handle.pod_name, lambda pod: pod is None or self._assess(pod).state == "failed",
+                           self.config.agent_loss_settle_seconds)
+        return self.status(sandbox_id)
 
     def stop(self, sandbox_id: str) -> None:
         with self._lock:
@@ -394,4 +428,6 @@ class KubernetesBackend(SandboxBackend):
         self.snapshots.delete(snapshot_id)
 
     def close(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
         self.api_client.close()

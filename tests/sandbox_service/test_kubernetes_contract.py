@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import copy
-import json
 import os
 import re
 import shutil
@@ -30,264 +28,20 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
 
-import kubernetes_validate
 import pytest
 from kubernetes import client as k8s
 
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.backends.kubernetes import KubernetesBackend, PodStartError
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, running_after, waiting
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxServiceError
 from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
 REPO = Path(__file__).resolve().parents[2]
-K8S_VERSION = "1.30"  # the API version kubernetes==30 (the installed client) speaks
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_ROUTE = re.compile(r"^/(?:api/v1|apis/networking\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/"
-                    r"(?P<kind>pods|secrets|networkpolicies)(?:/(?P<name>[^/]+))?$")
-_KIND = {"pods": ("Pod", "v1"), "secrets": ("Secret", "v1"),
-         "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1")}
-
-
-def _ts(at: datetime) -> str:
-    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _label_problems(labels: dict[str, str]) -> list[str]:
-    """The API server's label rules (apimachinery validation), which the OpenAPI schema does not hold."""
-    bad = []
-    for key, value in labels.items():
-        prefix, _, name = key.rpartition("/")
-        if (prefix and (len(prefix) > 253 or not _NAME.match(prefix))) or not name or len(name) > 63 \
-                or not _LABEL_VALUE.match(name):
-            bad.append(f"label key {key!r}")
-        if len(value) > 63 or not _LABEL_VALUE.match(value):
-            bad.append(f"label value {value!r}")
-    return bad
-
-
-class FakeKubernetesAPI:
-    """The handful of endpoints the backend uses, with the API server's observable behaviour."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], dict] = {}
-        self.requests: list[dict] = []
-        self.faults: list[dict] = []
-        self.kubelet = None  # fn(pod, reads) -> status dict | None, called on every pod read
-        self.reads: dict[str, int] = {}
-        self.content_types: list[tuple[str, str, str]] = []
-        self.on_delete = lambda obj: None  # what a kubelet does when a pod goes
-        self.gc_enabled = True  # False: the garbage collector lags, dependents outlive their owner a while
-        self.latency: dict[tuple[str, str], float] = {}  # (method, kind) -> seconds each such request takes
-        self.lock = threading.Lock()
-        self._rv = 0
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
-                                       daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    # -- test helpers -------------------------------------------------------------------------------
-    def fail(self, method: str, kind: str, status: int, reason: str = "", *, times: int = 1,
-             headers: dict | None = None, after: bool = False) -> None:
-        """The next `times` matching requests answer `status`; `after`: the operation happens first
-        (a lost response)."""
-        self.faults.append(dict(method=method, kind=kind, status=status, reason=reason, times=times,
-                                headers=headers or {}, after=after))
-
-    def of_kind(self, kind: str) -> list[dict]:
-        return [o for (k, _, _), o in self.objects.items() if k == kind]
-
-    def sent(self, method: str, kind: str) -> list[dict]:
-        return [r for r in self.requests if r["method"] == method and r["kind"] == kind]
-
-    def set_pod_status(self, name: str, status: dict) -> None:
-        with self.lock:
-            self.objects[("pods", "orchard", name)]["status"] = status
-
-    # -- the server ---------------------------------------------------------------------------------
-    def _next_rv(self) -> str:
-        self._rv += 1
-        return str(self._rv)
-
-    def _status(self, code: int, reason: str, message: str) -> tuple[int, dict]:
-        return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-                      "reason": reason, "message": message}
-
-    def _validate(self, kind: str, body: dict) -> str | None:
-        try:
-            kubernetes_validate.validate(body, K8S_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as err:
-            return f"schema: {err.message} at {list(err.absolute_path)}"
-        meta = body.get("metadata", {})
-        if not _NAME.match(meta.get("name", "")) or len(meta.get("name", "")) > 253:
-            return f"metadata.name {meta.get('name')!r} is not a DNS subdomain"
-        if kind == "pods" and len(meta["name"]) > 63:
-            return "pod name longer than 63 characters (it is the hostname)"
-        problems = _label_problems(meta.get("labels") or {})
-        return "; ".join(problems) or None
-
-    def _gc(self, uid: str) -> None:
-        """The garbage collector: dependents of a deleted owner go too."""
-        if not self.gc_enabled:
-            return
-        for key, obj in list(self.objects.items()):
-            if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or []):
-                del self.objects[key]
-
-    def handle(self, method: str, path: str, query: dict, body: dict | None) -> tuple[int, dict, dict]:
-        route = _ROUTE.match(path)
-        if not route:
-            return (*self._status(404, "NotFound", f"no route {path}"), {})
-        ns, kind, name = route["ns"], route["kind"], route["name"]
-        if (delay := self.latency.get((method, kind))) is not None:
-            time.sleep(delay)
-        with self.lock:
-            self.requests.append(dict(method=method, kind=kind, name=name, query=query, body=body))
-            for fault in self.faults:
-                if fault["times"] > 0 and fault["method"] == method and fault["kind"] == kind:
-                    fault["times"] -= 1
-                    if fault["after"]:
-                        self._apply(method, ns, kind, name, query, body)
-                    return (*self._status(fault["status"], fault["reason"], "injected fault"), fault["headers"])
-            return (*self._apply(method, ns, kind, name, query, body), {})
-
-    def _apply(self, method, ns, kind, name, query, body) -> tuple[int, dict]:
-        api_kind, api_version = _KIND[kind]
-        if method == "POST":
-            body = {"apiVersion": api_version, "kind": api_kind, **body}  # as the API server fills them in
-            problem = self._validate(kind, body)
-            if problem:
-                return self._status(422, "Invalid", problem)
-            key = (kind, ns, body["metadata"]["name"])
-            if key in self.objects:
-                return self._status(409, "AlreadyExists", f'{kind} "{key[2]}" already exists')
-            obj = copy.deepcopy(body)
-            obj["metadata"].update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(),
-                                   creationTimestamp=_ts(datetime.now(timezone.utc)), namespace=ns)
-            if kind == "pods":
-                obj["status"] = {"phase": "Pending"}
-            self.objects[key] = obj
-            return 201, obj
-        if name is None and method == "GET":
-            selector = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
-            items = [o for (k, n, _), o in self.objects.items() if k == kind and n == ns
-                     and all((o["metadata"].get("labels") or {}).get(a) == b for a, b in selector.items())]
-            for item in items:
-                self._kubelet(item)
-            return 200, {"kind": f"{api_kind}List", "apiVersion": api_version,
-                         "metadata": {"resourceVersion": str(self._rv)}, "items": items}
-        key = (kind, ns, name)
-        if key not in self.objects:
-            return self._status(404, "NotFound", f'{kind} "{name}" not found')
-        obj = self.objects[key]
-        if method == "GET":
-            self._kubelet(obj)
-            return 200, obj
-        if method == "DELETE":
-            del self.objects[key]
-            self.on_delete(obj)
-            self._gc(obj["metadata"]["uid"])
-            return 200, obj if kind == "pods" else {"kind": "Status", "apiVersion": "v1", "status": "Success"}
-        if method == "PATCH":  # strategic merge, as far as the backend uses it: metadata fields
-            for field, value in (body.get("metadata") or {}).items():
-                obj["metadata"][field] = value
-            obj["metadata"]["resourceVersion"] = self._next_rv()
-            return 200, obj
-        if method == "PUT":
-            if body["metadata"].get("resourceVersion") != obj["metadata"]["resourceVersion"]:
-                return self._status(409, "Conflict", "the object has been modified; please apply your "
-                                                     "changes to the latest version and try again")
-            problem = self._validate(kind, {k: v for k, v in body.items() if k != "status"})
-            if problem:
-                return self._status(422, "Invalid", problem)
-            new = copy.deepcopy(body)
-            new["metadata"]["resourceVersion"] = self._next_rv()
-            self.objects[key] = new
-            return 200, new
-        return self._status(405, "MethodNotAllowed", method)
-
-    def _kubelet(self, pod: dict) -> None:
-        if pod.get("kind", "Pod") != "Pod" or self.kubelet is None:
-            return
-        name = pod["metadata"]["name"]
-        self.reads[name] = self.reads.get(name, 0) + 1
-        status = self.kubelet(pod, self.reads[name])
-        if status is not None:
-            pod["status"] = status
-
-    def _handler(self):
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep pytest output clean
-                pass
-
-            def _serve(self, method: str) -> None:
-                url = urlparse(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                if method in ("POST", "PUT", "PATCH"):
-                    fake.content_types.append((method, url.path, self.headers.get("Content-Type")))
-                status, payload, headers = fake.handle(method, url.path, parse_qs(url.query), body)
-                raw = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def do_GET(self):
-                self._serve("GET")
-
-            def do_POST(self):
-                self._serve("POST")
-
-            def do_PUT(self):
-                self._serve("PUT")
-
-            def do_PATCH(self):
-                self._serve("PATCH")
-
-            def do_DELETE(self):
-                self._serve("DELETE")
-
-        return Handler
-
-
-# -- kubelet scripts: what a pod's status looks like over successive reads ----------------------------
-def running_after(reads_pending: int, ip: str = "10.244.1.7"):
-    def kubelet(pod: dict, reads: int) -> dict:
-        if reads <= reads_pending:
-            return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
-        return {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-                "containerStatuses": [{"name": "sandbox", "image": pod["spec"]["containers"][0]["image"],
-                                       "imageID": "", "ready": True, "restartCount": 0,
-                                       "state": {"running": {"startedAt": _ts(datetime.now(timezone.utc))}}}]}
-    return kubelet
-
-
-def waiting(reason: str, message: str):
-    def kubelet(pod: dict, reads: int) -> dict:
-        return {"phase": "Pending", "containerStatuses": [
-            {"name": "sandbox", "image": pod["spec"]["containers"][0]["image"], "imageID": "", "ready": False,
-             "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}]}
-    return kubelet
-
-
 class Sleeps(list):
     """Records backoff sleeps instead of sleeping, so retry tests take no wall time."""
 
@@ -298,7 +52,10 @@ class Sleeps(list):
 @pytest.fixture
 def fake():
     api = FakeKubernetesAPI()
+    api.backends = []  # closed at the end: their pod watches stop
     yield api
+    for backend in api.backends:
+        backend.close()
     api.close()
 
 
@@ -309,9 +66,11 @@ def make_backend(fake: FakeKubernetesAPI, tmp_path: Path, sleeps: Sleeps | None 
     settings.update(overrides)
     configuration = k8s.Configuration(host=fake.url)
     kwargs = {"clock": clock} if clock else {}
-    return KubernetesBackend(KubernetesBackendConfig(**settings), api_client=k8s.ApiClient(configuration),
-                             sleep=sleeps if sleeps is not None else Sleeps(), resolver=lambda h: ["93.184.216.34"],
-                             **kwargs)
+    backend = KubernetesBackend(KubernetesBackendConfig(**settings), api_client=k8s.ApiClient(configuration),
+                                sleep=sleeps if sleeps is not None else Sleeps(),
+                                resolver=lambda h: ["93.184.216.34"], **kwargs)
+    fake.backends.append(backend)
+    return backend
 
 
 SPEC = SandboxCreate(image="docker.io/library/python:3.12-slim", labels={"task": "swe/django-1234", "stage": "rl"})
@@ -342,7 +101,8 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
     assert endpoint.tls and endpoint.secret == "s3cret" and "BEGIN CERTIFICATE" in endpoint.ca_cert_pem
     assert [(r["method"], r["kind"]) for r in fake.requests[:4]] == [
         ("POST", "secrets"), ("POST", "pods"), ("PATCH", "secrets"), ("POST", "networkpolicies")]
-    assert fake.reads[fake.of_kind("pods")[0]["metadata"]["name"]] == 3  # polled through Pending
+    # It waited through Pending on the backend's one pod watch: not a single read of its pod.
+    assert [r for r in fake.sent("GET", "pods") if r["name"]] == [] and len(fake.sent("GET", "pods")) == 1
 
     (pod,), (secret,), (policy,) = fake.of_kind("pods"), fake.of_kind("secrets"), fake.of_kind("networkpolicies")
     for obj in (pod, secret, policy):
@@ -419,8 +179,7 @@ def test_unschedulable_for_too_long_is_retryable_unavailable(fake, tmp_path):
 
 def test_start_timeout_is_retryable_and_cleans_up(fake, tmp_path):
     fake.kubelet = lambda pod, reads: {"phase": "Pending"}
-    backend = make_backend(fake, tmp_path, start_timeout_seconds=0.3, poll_interval_seconds=0.05)
-    backend._sleep = time.sleep  # this one really waits for the deadline
+    backend = make_backend(fake, tmp_path, start_timeout_seconds=0.3)
     with pytest.raises(BackendUnavailableError) as caught:
         backend.start("sb-slow", SPEC, Resources(), "s")
     assert caught.value.infra_error is InfraErrorKind.TIMEOUT
@@ -502,6 +261,7 @@ def test_status_maps_pod_state(fake, tmp_path, status, kind, alive, words):
     backend.start("sb-status", SPEC, Resources(), "s")
     fake.kubelet = None
     fake.set_pod_status(fake.of_kind("pods")[0]["metadata"]["name"], status)
+    assert backend.pods.wait_version(fake._rv, timeout=10)  # the watch delivers the kubelet's update
     seen = backend.status("sb-status")
     assert (seen.alive, seen.infra_error) == (alive, kind)
     assert words in (seen.message or "")
@@ -513,8 +273,11 @@ def test_status_of_a_deleted_pod_and_of_a_restarted_service(fake, tmp_path):
     first.start("sb-st2", SPEC, Resources(), "s")
     second = make_backend(fake, tmp_path)  # knows no pod names: finds the pod by its labels
     assert second.status("sb-st2").alive
-    fake.objects.clear()
-    gone = first.status("sb-st2")
+    k8s.CoreV1Api(first.api_client).delete_namespaced_pod(fake.of_kind("pods")[0]["metadata"]["name"], "orchard")
+    deadline = time.monotonic() + 10
+    while (gone := first.status("sb-st2")).alive:  # the watch delivers the deletion
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     assert (gone.alive, gone.infra_error) == (False, InfraErrorKind.SANDBOX_DELETED)
 
 
@@ -577,6 +340,7 @@ def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fa
     fake.kubelet = running_after(0)
     fake.gc_enabled = False  # so stop() deletes the Secret and NetworkPolicy itself
     fake.fail("POST", "secrets", 500, "InternalError", after=True)  # so the create reads its Secret back
+    fake.fail("POST", "pods", 500, "InternalError", after=True)  # and its pod
     backend = make_backend(fake, tmp_path)
     backend.start("sb-rbac-1", SPEC, Resources(), "s")
     backend.status("sb-rbac-1")
@@ -584,7 +348,7 @@ def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fa
     backend.stop("sb-rbac-1")
     make_backend(fake, tmp_path).status("sb-unknown")  # the by-label path
     backend.list_orphans()
-    verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+    verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "WATCH": "watch"}
     used = {(r["kind"], verb.get(r["method"]) or ("get" if r["name"] else "list")) for r in fake.requests}
     (role,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/rbac.yaml").read_text()) if d["kind"] == "Role"]
     granted = {(resource, v) for rule in role["rules"] for resource in rule["resources"] for v in rule["verbs"]}
@@ -631,14 +395,14 @@ class ProcessKubelet:
         self.fake, self.secret_dir, self.cwd = fake, secret_dir, cwd
         self.procs: dict[str, subprocess.Popen] = {}
         self.ips: dict[str, str] = {}
-        self.oom_killed: set[str] = set()
+        self.oom_killed: dict[str, float] = {}  # pod name -> when the kubelet reports it
         fake.kubelet = self
         fake.on_delete = self.deleted
 
     def __call__(self, pod: dict, reads: int) -> dict:
         name = pod["metadata"]["name"]
         main = pod["spec"]["containers"][0]
-        if name in self.oom_killed:
+        if name in self.oom_killed and time.monotonic() >= self.oom_killed[name]:
             return {"phase": "Failed", "containerStatuses": [
                 {"name": main["name"], "image": main["image"], "imageID": "", "ready": False, "restartCount": 0,
                  "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}
@@ -657,8 +421,9 @@ class ProcessKubelet:
                 env={**IMAGE_ENV, "PYTHONPATH": "/nonexistent-breaks-nothing-under-I"})
         return running_after(0, ip=self.ips[name])(pod, reads)
 
-    def oom(self, pod_name: str) -> None:
-        self.oom_killed.add(pod_name)
+    def oom(self, pod_name: str, report_after: float = 0.0) -> None:
+        """Kill as the kernel would; the status says so `report_after` seconds later (kubelet lag)."""
+        self.oom_killed[pod_name] = time.monotonic() + report_after
         self._kill(pod_name)
 
     def deleted(self, obj: dict) -> None:
@@ -682,8 +447,7 @@ def agent_node(fake, tmp_path):
     mount, secret_dir = tmp_path / "orchard", tmp_path / "orchard-secret"
     inject_layout(mount)
     kubelet = ProcessKubelet(fake, secret_dir, tmp_path)
-    settings = dict(agent_port=_free_port(), agent_mount_path=str(mount), secret_mount_path=str(secret_dir),
-                    poll_interval_seconds=0.05)
+    settings = dict(agent_port=_free_port(), agent_mount_path=str(mount), secret_mount_path=str(secret_dir))
     yield kubelet, settings
     kubelet.close()
 
@@ -818,12 +582,14 @@ def test_the_service_creates_execs_snapshots_and_deletes_on_the_kubernetes_backe
     assert all(proc.poll() is not None for proc in kubelet.procs.values())
 
 
-def test_an_oom_killed_pod_is_recreated_with_more_memory(fake, service_on_fake_cluster, tmp_path):
+@pytest.mark.parametrize("kubelet_lag", [0.0, 1.5])
+def test_an_oom_killed_pod_is_recreated_with_more_memory(fake, service_on_fake_cluster, tmp_path, kubelet_lag):
+    """Also when the kubelet reports the OOM kill after the agent is already gone (it lags seconds)."""
     client, kubelet = service_on_fake_cluster
     spec = SandboxCreate(image="task:1", resources=Resources(memory_mb=512), workdir=str(tmp_path / "ws"))
     with client.create(spec) as sandbox:
         (first,) = fake.of_kind("pods")
-        kubelet.oom(first["metadata"]["name"])  # the kernel kills the container: the agent goes with it
+        kubelet.oom(first["metadata"]["name"], report_after=kubelet_lag)  # the agent goes with the container
         result = sandbox.exec("echo after")
         assert result.infra_error is InfraErrorKind.OOM_KILLED and result.is_infra_error
         info = sandbox.wait_ready(timeout=30)
@@ -893,7 +659,7 @@ def test_stop_deletes_by_name_without_listing(fake, tmp_path):
     before = len(fake.requests)
     backend.stop("sb-byname")
     assert fake.objects == {}
-    assert {(r["method"], r["kind"]) for r in fake.requests[before:]} == {
+    assert {(r["method"], r["kind"]) for r in fake.requests[before:] if r["method"] != "WATCH"} == {
         ("DELETE", "pods"), ("DELETE", "secrets"), ("DELETE", "networkpolicies")}
 
 
@@ -918,3 +684,51 @@ def test_the_agent_bind_in_the_pod_command_serves_ipv4_and_ipv6(monkeypatch):
     monkeypatch.setattr(agent_main.socket, "socket", no_ipv6)
     with agent_main._listen(args) as sock:
         assert sock.family == socket.AF_INET and sock.getsockname()[0] == "0.0.0.0"
+
+
+# -- API load: one watch, a shared rate limit, reads retried until a deadline -------------------------------
+def test_the_pod_watch_lists_again_after_410_gone_and_keeps_serving(fake, tmp_path):
+    fake.kubelet = running_after(1)
+    backend = make_backend(fake, tmp_path)
+    backend.start("sb-w1", SPEC, Resources(), "s")
+    assert backend.pods.relists == 1
+    fake.expire_watches()
+    deadline = time.monotonic() + 10
+    while backend.pods.relists < 2:
+        assert time.monotonic() < deadline, "the cache did not list again after 410 Gone"
+        time.sleep(0.02)
+    assert backend.start("sb-w2", SPEC, Resources(), "s").address.endswith(":8700")
+    assert backend.status("sb-w1").alive and backend.status("sb-w2").alive
+    assert [r for r in fake.sent("GET", "pods") if r["name"]] == []  # still not one read of a single pod
+
+
+def test_the_token_bucket_spaces_calls_after_the_burst():
+    from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
+
+    now, waits = [0.0], []
+    bucket = TokenBucket(10, 2, clock=lambda: now[0], sleep=waits.append)
+    assert [bucket.acquire() for _ in range(4)] == pytest.approx([0, 0, 0.1, 0.2])
+    now[0] += 1.0  # a lull refills up to the burst, not beyond
+    assert [bucket.acquire() for _ in range(3)] == pytest.approx([0, 0, 0.1])
+
+
+def test_every_api_call_takes_a_token_from_the_shared_bucket(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    backend = make_backend(fake, tmp_path)
+    taken = []
+    real = backend.limiter.acquire
+    backend.limiter.acquire = lambda: taken.append(1) or real()
+    backend.start("sb-rl", SPEC, Resources(), "s")
+    backend.stop("sb-rl")
+    assert len(taken) == len([r for r in fake.requests if r["method"] != "WATCH"]) + len(fake.sent("WATCH", "pods"))
+
+
+def test_reads_retry_until_a_deadline_not_a_count(fake, tmp_path):
+    fake.fail("GET", "secrets", 503, "ServiceUnavailable", times=8)
+    backend = make_backend(fake, tmp_path, retry_attempts=2, read_deadline_seconds=60)
+    assert backend.list_orphans() == []  # 9 attempts for one LIST: throttling alone never fails a read
+    assert len(fake.sent("GET", "secrets")) == 9
+    fake.fail("GET", "secrets", 503, "ServiceUnavailable", times=1000)
+    impatient = make_backend(fake, tmp_path, read_deadline_seconds=0.5, retry_base_seconds=0.2)
+    with pytest.raises(BackendUnavailableError, match="for 0.5 s"):
+        impatient.list_orphans()
