@@ -221,9 +221,11 @@ class KubernetesBackend(SandboxBackend):
         return max(pods, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc),
                    default=None)
 
-    def _assess(self, pod: k8s.V1Pod) -> PodAssessment:
+    def _assess(self, pod: k8s.V1Pod, errors_since: dict[str, datetime] | None = None) -> PodAssessment:
         return assess_pod(pod, self._clock(), unschedulable_timeout=self.config.unschedulable_timeout_seconds,
-                          image_pull_grace=self.config.image_pull_grace_seconds)
+                          image_pull_grace=self.config.image_pull_grace_seconds,
+                          container_error_grace=self.config.container_error_grace_seconds,
+                          errors_since=errors_since)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
@@ -274,12 +276,13 @@ class KubernetesBackend(SandboxBackend):
         """
         cfg = self.config
         last: dict[str, Any] = {}
+        errors_since: dict[str, datetime] = {}  # grace periods run from the first error seen, not from creation
 
         def settled(pod: k8s.V1Pod | None) -> PodAssessment | None:
             if pod is None:  # not in the watch yet (it lags the create), or gone since
                 return PodAssessment(state="failed", infra_error=InfraErrorKind.SANDBOX_DELETED,
                                      message=f"pod {pod_name} was deleted while starting") if last else None
-            last["pod"], last["seen"] = pod, self._assess(pod)
+            last["pod"], last["seen"] = pod, self._assess(pod, errors_since)
             return last["seen"] if last["seen"].state != "pending" else None
 
         seen = self.pods.wait(pod_name, settled, cfg.start_timeout_seconds)

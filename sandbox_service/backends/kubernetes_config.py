@@ -105,7 +105,10 @@ class KubernetesBackendConfig(BaseSettings):
     unschedulable_timeout_seconds: float = Field(
         120.0, ge=0, description="A pod unschedulable this long is reported UNAVAILABLE (retryable).")
     image_pull_grace_seconds: float = Field(
-        30.0, ge=0, description="Image pull errors lasting this long are IMAGE_PULL_FAILED (kubelet retries first).")
+        60.0, ge=0, description="Image pull errors lasting this long (from the first one seen) are IMAGE_PULL_FAILED; "
+                                "a registry 429 or timeout is then retried by the service, a missing image is not.")
+    container_error_grace_seconds: float = Field(
+        60.0, ge=0, description="CreateContainerError and kin lasting this long fail the attempt (retryable).")
     watch_timeout_seconds: int = Field(
         240, ge=1, description="Server-side timeout of one pod watch request (it is then resumed).")
     delete_grace_seconds: int = Field(1, ge=0, description="Termination grace period of sandbox pods.")

@@ -732,3 +732,24 @@ def test_reads_retry_until_a_deadline_not_a_count(fake, tmp_path):
     impatient = make_backend(fake, tmp_path, read_deadline_seconds=0.5, retry_base_seconds=0.2)
     with pytest.raises(BackendUnavailableError, match="for 0.5 s"):
         impatient.list_orphans()
+
+
+# -- transient errors are not final ---------------------------------------------------------------------
+def test_a_create_container_error_that_passes_does_not_fail_the_sandbox(fake, tmp_path):
+    def kubelet(pod, ticks):
+        if ticks <= 5:
+            return waiting("CreateContainerError", "failed to reserve container name")(pod, ticks)
+        return running_after(0)(pod, ticks)
+
+    fake.kubelet = kubelet
+    backend = make_backend(fake, tmp_path, container_error_grace_seconds=30)
+    assert backend.start("sb-cce", SPEC, Resources(), "s").address == "10.244.1.7:8700"
+
+
+def test_a_throttled_registry_is_retried_a_missing_image_is_not(fake, tmp_path):
+    fake.kubelet = waiting("ErrImagePull", "429 Too Many Requests: toomanyrequests: pull rate limit")
+    backend = make_backend(fake, tmp_path, image_pull_grace_seconds=0)
+    with pytest.raises(BackendUnavailableError) as caught:  # the service makes another attempt later
+        backend.start("sb-429", SPEC, Resources(), "s")
+    assert caught.value.infra_error is InfraErrorKind.IMAGE_PULL_FAILED
+    assert fake.objects == {}

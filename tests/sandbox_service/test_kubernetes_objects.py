@@ -210,6 +210,29 @@ def _assess(pod, grace=30.0, unschedulable=120.0):
     return assess_pod(pod, NOW, unschedulable_timeout=unschedulable, image_pull_grace=grace)
 
 
+def test_transient_errors_get_a_grace_period_from_their_first_sighting():
+    """A pod that waited 50 s for the scheduler and then hits one CreateContainerError is not failed at
+    once; a registry 429 fails the attempt as retryable, a missing image as final."""
+    create_error = k8s.V1ContainerStateWaiting(reason="CreateContainerError", message="context deadline exceeded")
+    since: dict = {}
+    old_pod = _pod(age=500, statuses=[_cs(waiting=create_error)])
+    assert assess_pod(old_pod, NOW, unschedulable_timeout=120, image_pull_grace=30, errors_since=since).state \
+        == "pending"
+    later = assess_pod(old_pod, NOW + timedelta(seconds=61), unschedulable_timeout=120, image_pull_grace=30,
+                       errors_since=since)
+    assert later.infra_error is InfraErrorKind.SANDBOX_CRASHED and later.retryable
+    throttled = k8s.V1ContainerStateWaiting(reason="ErrImagePull", message="429 Too Many Requests: toomanyrequests")
+    seen: dict = {}
+    assess_pod(_pod(age=500, statuses=[_cs(waiting=throttled)]), NOW, unschedulable_timeout=120,
+               image_pull_grace=30, errors_since=seen)
+    retry = assess_pod(_pod(age=500, statuses=[_cs(waiting=throttled)]), NOW + timedelta(seconds=31),
+                       unschedulable_timeout=120, image_pull_grace=30, errors_since=seen)
+    assert retry.infra_error is InfraErrorKind.IMAGE_PULL_FAILED and retry.retryable
+    missing = k8s.V1ContainerStateWaiting(reason="ErrImagePull", message='manifest for "x:1" not found')
+    final = _assess(_pod(age=31, statuses=[_cs(waiting=missing)]))
+    assert final.infra_error is InfraErrorKind.IMAGE_PULL_FAILED and not final.retryable
+
+
 def test_status_mapping():
     pull = k8s.V1ContainerStateWaiting(reason="ImagePullBackOff", message="Back-off pulling image")
     assert _assess(_pod(age=5, statuses=[_cs(waiting=pull)])).state == "pending"  # kubelet still retrying
@@ -227,7 +250,9 @@ def test_status_mapping():
     crashed = _assess(_pod(init_statuses=[_cs(name=INJECTOR_CONTAINER, terminated=injector_failed)]))
     assert crashed.infra_error is InfraErrorKind.SANDBOX_CRASHED and "/opt/orchard" in crashed.message
     config_error = k8s.V1ContainerStateWaiting(reason="CreateContainerConfigError", message='secret "s" not found')
-    assert _assess(_pod(statuses=[_cs(waiting=config_error)])).infra_error is InfraErrorKind.SANDBOX_CRASHED
+    assert _assess(_pod(statuses=[_cs(waiting=config_error)])).state == "pending"  # the runtime retries
+    stuck = _assess(_pod(age=61, statuses=[_cs(waiting=config_error)]))
+    assert stuck.infra_error is InfraErrorKind.SANDBOX_CRASHED and stuck.retryable
     agent_exit = k8s.V1ContainerStateTerminated(reason="Error", exit_code=127, message="python3: not found")
     exited = _assess(_pod("Failed", statuses=[_cs(terminated=agent_exit)]))
     assert exited.infra_error is InfraErrorKind.SANDBOX_CRASHED and "127" in exited.message
