@@ -61,6 +61,7 @@ from sandbox_service.backends.kubernetes_objects import (
     build_network_policy,
     build_pod,
     build_secret,
+    build_shared_network_policy,
     instance_selector,
     label_value,
     owner_reference,
@@ -95,11 +96,12 @@ class _Handle:
     pod_name: str
     workdir: str
     endpoint: AgentEndpoint | None = None
+    has_policy: bool = True  # a per-sandbox NetworkPolicy (allowlists only) may exist
 
     def objects(self) -> list[tuple[str, str]]:
         """(kind, name) of everything start() creates for this pod: deleted by name, never by a LIST."""
-        return [("pod", self.pod_name), ("secret", secret_name_for(self.pod_name)),
-                ("networkpolicy", self.pod_name)]
+        return [("pod", self.pod_name), ("secret", secret_name_for(self.pod_name))] + (
+            [("networkpolicy", self.pod_name)] if self.has_policy else [])
 
 
 def secret_name_for(pod_name: str) -> str:
@@ -155,6 +157,7 @@ class KubernetesBackend(SandboxBackend):
                                   read_deadline_seconds=self.config.read_deadline_seconds)
         self.limiter = TokenBucket(self.config.api_qps, self.config.api_burst)
         self._cache: PodCache | None = None
+        self._shared_policy = False  # the instance's deny-all policy is known to exist
         self._handles: dict[str, _Handle] = {}
         self._orphans: dict[str, set[tuple[str, str]]] = {}  # sandbox id -> (kind, name), from list_orphans
         self._lock = threading.Lock()
@@ -234,9 +237,11 @@ class KubernetesBackend(SandboxBackend):
         pod_name = pod_name_for(sandbox_id)
         secret_name = secret_name_for(pod_name)
         ca_pem, cert_pem, key_pem = self.certificates.issue(pod_name)
+        allowlist = spec.network.mode == "allowlist"
         with self._lock:
-            self._handles[sandbox_id] = _Handle(pod_name=pod_name, workdir=spec.workdir)
+            self._handles[sandbox_id] = _Handle(pod_name=pod_name, workdir=spec.workdir, has_policy=allowlist)
         try:
+            self._ensure_shared_policy()
             self._create("secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret,
                          build_secret(secret_name, sandbox_id, spec, cfg, agent_secret=secret,
                                       cert_pem=cert_pem, key_pem=key_pem))
@@ -246,9 +251,10 @@ class KubernetesBackend(SandboxBackend):
             # The Secret had to exist before the pod (its volume); only now is the owner's uid known.
             self._call("patch secret owner", self.core.patch_namespaced_secret, secret_name, ns,
                        {"metadata": {"ownerReferences": [to_dict(owner)]}})
-            self._create("networkpolicy", self.net.create_namespaced_network_policy,
-                         self.net.read_namespaced_network_policy,
-                         build_network_policy(pod_name, sandbox_id, spec, cfg, spec.network, cidrs, owner=owner))
+            if allowlist:
+                self._create("networkpolicy", self.net.create_namespaced_network_policy,
+                             self.net.read_namespaced_network_policy,
+                             build_network_policy(pod_name, sandbox_id, spec, cfg, spec.network, cidrs, owner=owner))
             ip = self._wait_running(pod_name)
             endpoint = AgentEndpoint(transport="tcp", address=_host_port(ip, cfg.agent_port), secret=secret,
                                      tls=True, ca_cert_pem=ca_pem)
@@ -260,13 +266,21 @@ class KubernetesBackend(SandboxBackend):
             with self._lock:
                 self._handles.pop(sandbox_id, None)
             try:
-                self._delete_named(_Handle(pod_name, spec.workdir).objects())  # a failed create leaks nothing
+                self._delete_named(_Handle(pod_name, spec.workdir, has_policy=allowlist).objects())  # leak nothing
             except Exception:  # noqa: BLE001 - keep the original error; stop() and list_orphans() retry
                 log.exception("cleanup after a failed start of %s failed", sandbox_id)
             raise
         with self._lock:
             self._handles[sandbox_id].endpoint = endpoint
         return endpoint
+
+    def _ensure_shared_policy(self) -> None:
+        """Create the instance's deny-all policy once (it outlives sandboxes and service restarts)."""
+        if self._shared_policy:
+            return
+        self._create("shared networkpolicy", self.net.create_namespaced_network_policy,
+                     self.net.read_namespaced_network_policy, build_shared_network_policy(self.config))
+        self._shared_policy = True
 
     def _wait_running(self, pod_name: str) -> str:
         """Wait until the sandbox container runs (its image pulled, the agent starting); return the pod IP.
@@ -393,6 +407,17 @@ class KubernetesBackend(SandboxBackend):
         if pod is None:
             raise SandboxNotFoundError(f"no pod for sandbox {sandbox_id!r}; it was deleted or never started")
         name = pod.metadata.name
+        handle = self._handle(sandbox_id)
+        if policy.mode != "allowlist":  # the shared policy denies all egress: drop the sandbox's own
+            try:
+                self._call("delete networkpolicy", self.net.delete_namespaced_network_policy, name, ns,
+                           passthrough=is_not_found)
+            except ApiException as err:
+                if not is_not_found(err):
+                    raise
+            return
+        if handle is not None:
+            handle.has_policy = True
         spec = SandboxCreate(image=pod.spec.containers[0].image, network=policy)
         desired = build_network_policy(name, sandbox_id, spec, cfg, policy, cidrs, owner=owner_reference(pod))
         for attempt in range(cfg.retry_attempts):

@@ -99,6 +99,9 @@ class KubernetesBackendConfig(BaseSettings):
     dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods.")
     dns_selector: dict[str, str] = Field(
         default_factory=lambda: {"k8s-app": "kube-dns"}, description="Labels of the cluster DNS pods.")
+    dns_cidrs: list[str] = Field(
+        default_factory=lambda: ["169.254.20.10/32"],
+        description="DNS addresses no pod selector matches: NodeLocal DNSCache's link-local address by default.")
 
     # -- timing ------------------------------------------------------------------------------------------
     start_timeout_seconds: float = Field(300.0, gt=0, description="Give up on a pod that has no IP after this.")

@@ -269,18 +269,40 @@ def _ip_block_peer(cidr: str) -> k8s.V1NetworkPolicyPeer:
     return k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=cidr, _except=excepted or None))
 
 
-def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
-                         policy: NetworkPolicy, cidrs: list[str],
-                         owner: k8s.V1OwnerReference | None = None) -> k8s.V1NetworkPolicy:
-    """Per-sandbox policy: ingress only from the service pods to the agent port; egress denied except
-    the allowlist. `none` and `loopback` are the same here: a pod always has loopback, and its one
-    interface cannot be removed, only denied."""
+def shared_policy_name(config: KubernetesBackendConfig) -> str:
+    return f"orchard-sandboxes-{config.instance}"
+
+
+def build_shared_network_policy(config: KubernetesBackendConfig) -> k8s.V1NetworkPolicy:
+    """One policy for every sandbox pod of this service instance: ingress only from the service pods to
+    the agent port, no egress at all. It exists before any pod, so no pod ever runs unprotected, and
+    mode `none` (and `loopback`: a pod's loopback cannot be denied) costs no per-sandbox object; on
+    Cilium, pods sharing one policy share one identity."""
     service_peer = k8s.V1NetworkPolicyPeer(pod_selector=k8s.V1LabelSelector(match_labels=dict(config.service_selector)))
     if config.service_namespace:
         service_peer.namespace_selector = k8s.V1LabelSelector(
             match_labels={"kubernetes.io/metadata.name": config.service_namespace})
     ingress = [k8s.V1NetworkPolicyIngressRule(
         _from=[service_peer], ports=[k8s.V1NetworkPolicyPort(protocol="TCP", port=config.agent_port)])]
+    labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, INSTANCE_LABEL: config.instance,
+              "app.kubernetes.io/name": "orchard-sandbox", "app.kubernetes.io/component": "sandbox-network"}
+    return k8s.V1NetworkPolicy(
+        api_version="networking.k8s.io/v1", kind="NetworkPolicy",
+        metadata=k8s.V1ObjectMeta(name=shared_policy_name(config), namespace=config.namespace, labels=labels),
+        spec=k8s.V1NetworkPolicySpec(
+            pod_selector=k8s.V1LabelSelector(match_labels={MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+                                                           INSTANCE_LABEL: config.instance}),
+            policy_types=["Ingress", "Egress"], ingress=ingress, egress=[]))
+
+
+def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
+                         policy: NetworkPolicy, cidrs: list[str],
+                         owner: k8s.V1OwnerReference | None = None) -> k8s.V1NetworkPolicy:
+    """Per-sandbox policy, for allowlists only: the egress it opens. Policies add up, so ingress and
+    the default deny come from the shared policy (`build_shared_network_policy`).
+
+    DNS for host names: the cluster DNS pods, and `dns_cidrs` (NodeLocal DNSCache answers on a
+    link-local address from a host-network pod, which no pod selector matches)."""
     egress: list[k8s.V1NetworkPolicyEgressRule] = []
     if cidrs:
         egress.append(k8s.V1NetworkPolicyEgressRule(to=[_ip_block_peer(c) for c in cidrs]))
@@ -289,7 +311,8 @@ def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config
             to=[k8s.V1NetworkPolicyPeer(
                 namespace_selector=k8s.V1LabelSelector(
                     match_labels={"kubernetes.io/metadata.name": config.dns_namespace}),
-                pod_selector=k8s.V1LabelSelector(match_labels=dict(config.dns_selector)))],
+                pod_selector=k8s.V1LabelSelector(match_labels=dict(config.dns_selector)))]
+            + [k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=c)) for c in config.dns_cidrs],
             ports=[k8s.V1NetworkPolicyPort(protocol="UDP", port=53), k8s.V1NetworkPolicyPort(protocol="TCP", port=53)]))
     return k8s.V1NetworkPolicy(
         api_version="networking.k8s.io/v1", kind="NetworkPolicy",
@@ -297,7 +320,7 @@ def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config
         spec=k8s.V1NetworkPolicySpec(
             pod_selector=k8s.V1LabelSelector(match_labels={SANDBOX_ID_LABEL: label_value(sandbox_id),
                                                            INSTANCE_LABEL: config.instance}),
-            policy_types=["Ingress", "Egress"], ingress=ingress, egress=egress))
+            policy_types=["Egress"], egress=egress))
 
 
 def to_dict(obj: object) -> dict:

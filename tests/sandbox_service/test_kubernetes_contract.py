@@ -73,6 +73,11 @@ def make_backend(fake: FakeKubernetesAPI, tmp_path: Path, sleeps: Sleeps | None 
     return backend
 
 
+def sandbox_objects(fake: FakeKubernetesAPI) -> dict:
+    """Every object but the instance's shared deny-all NetworkPolicy (it outlives sandboxes on purpose)."""
+    return {k: v for k, v in fake.objects.items() if not k[2].startswith("orchard-sandboxes-")}
+
+
 SPEC = SandboxCreate(image="docker.io/library/python:3.12-slim", labels={"task": "swe/django-1234", "stage": "rl"})
 
 
@@ -100,12 +105,12 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
     assert endpoint.transport == "tcp" and endpoint.address == "10.244.1.7:8700"
     assert endpoint.tls and endpoint.secret == "s3cret" and "BEGIN CERTIFICATE" in endpoint.ca_cert_pem
     assert [(r["method"], r["kind"]) for r in fake.requests[:4]] == [
-        ("POST", "secrets"), ("POST", "pods"), ("PATCH", "secrets"), ("POST", "networkpolicies")]
+        ("POST", "networkpolicies"), ("POST", "secrets"), ("POST", "pods"), ("PATCH", "secrets")]
     # It waited through Pending on the backend's one pod watch: not a single read of its pod.
     assert [r for r in fake.sent("GET", "pods") if r["name"]] == [] and len(fake.sent("GET", "pods")) == 1
 
     (pod,), (secret,), (policy,) = fake.of_kind("pods"), fake.of_kind("secrets"), fake.of_kind("networkpolicies")
-    for obj in (pod, secret, policy):
+    for obj in (pod, secret):
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/managed-by"] == "orchard"
         assert labels["orchard.dev/sandbox-id"] == "sb-0001"
@@ -113,7 +118,6 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
         assert obj["metadata"]["annotations"]["orchard.dev/sandbox-id"] == "sb-0001"
     owner = {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
     assert secret["metadata"]["ownerReferences"] == [owner]
-    assert policy["metadata"]["ownerReferences"] == [owner]
     patch_type = [c for m, p, c in fake.content_types if m == "PATCH"]
     assert patch_type == ["application/strategic-merge-patch+json"]
 
@@ -130,13 +134,17 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
     assert spec["initContainers"][0]["image"] == backend.config.injector_image
     assert base64.b64decode(secret["data"]["agent-secret"]).decode() == "s3cret"
 
+    # mode none: no policy of its own; the instance's shared one (made before the pod) denies egress
+    assert policy["metadata"]["name"] == "orchard-sandboxes-default" and "ownerReferences" not in policy["metadata"]
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and policy["spec"]["egress"] == []
-    assert policy["spec"]["podSelector"]["matchLabels"]["orchard.dev/sandbox-id"] == "sb-0001"
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "orchard",
+                                                            "orchard.dev/service-instance": "default"}
+    assert all(pod["metadata"]["labels"][k] == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
     assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8700}]
 
     # ownerReferences point at the right uid: deleting the pod alone takes the others with it
     k8s.CoreV1Api(backend.api_client).delete_namespaced_pod(pod["metadata"]["name"], "orchard")
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
     backend.close()
 
 
@@ -148,7 +156,7 @@ def test_image_pull_failure_fails_start_with_the_image_name_and_leaks_nothing(fa
     assert caught.value.infra_error is InfraErrorKind.IMAGE_PULL_FAILED
     assert "registry.example/nope:1" in caught.value.message and "ErrImagePull" in caught.value.message
     assert not isinstance(caught.value, BackendUnavailableError)  # the service must not retry a bad image
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
 
 
 def test_image_pull_backoff_within_grace_keeps_waiting(fake, tmp_path):
@@ -174,7 +182,7 @@ def test_unschedulable_for_too_long_is_retryable_unavailable(fake, tmp_path):
         backend.start("sb-big", SPEC, Resources(memory_mb=512_000), "s")
     assert caught.value.infra_error is InfraErrorKind.UNAVAILABLE
     assert "Insufficient memory" in caught.value.message
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
 
 
 def test_start_timeout_is_retryable_and_cleans_up(fake, tmp_path):
@@ -183,14 +191,14 @@ def test_start_timeout_is_retryable_and_cleans_up(fake, tmp_path):
     with pytest.raises(BackendUnavailableError) as caught:
         backend.start("sb-slow", SPEC, Resources(), "s")
     assert caught.value.infra_error is InfraErrorKind.TIMEOUT
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
 
 
 def test_missing_image_is_refused_before_any_request(fake, tmp_path):
     backend = make_backend(fake, tmp_path)
     with pytest.raises(InvalidRequestError, match="SandboxCreate.image"):
         backend.start("sb-noimage", SandboxCreate(), Resources(), "s")
-    assert fake.sent("POST", "pods") == [] and fake.objects == {}
+    assert fake.sent("POST", "pods") == [] and sandbox_objects(fake) == {}
 
 
 # -- retries ----------------------------------------------------------------------------------------------
@@ -287,7 +295,7 @@ def test_stop_deletes_every_object_and_is_idempotent(fake, tmp_path):
     backend = make_backend(fake, tmp_path, delete_grace_seconds=2)
     backend.start("sb-stop", SPEC, Resources(), "s")
     backend.stop("sb-stop")
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
     deletes = fake.sent("DELETE", "pods")
     assert deletes[0]["query"]["gracePeriodSeconds"] == ["2"]
     backend.stop("sb-stop")  # nothing left: still fine
@@ -309,7 +317,7 @@ def test_list_orphans_finds_a_dead_services_sandboxes_and_only_its_instances(fak
     assert restarted.list_orphans() == ["sb-a", "sb-b"]
     for sandbox_id in restarted.list_orphans():
         restarted.stop(sandbox_id)
-    left = {o["metadata"]["annotations"]["orchard.dev/sandbox-id"] for o in fake.objects.values()}
+    left = {o["metadata"]["annotations"]["orchard.dev/sandbox-id"] for o in sandbox_objects(fake).values()}
     assert left == {"sb-c"}
 
 
@@ -317,18 +325,22 @@ def test_list_orphans_finds_a_dead_services_sandboxes_and_only_its_instances(fak
 def test_apply_network_policy_replaces_with_a_conflict_retry(fake, tmp_path):
     fake.kubelet = running_after(0)
     backend = make_backend(fake, tmp_path)
-    backend.start("sb-net", SPEC, Resources(), "s")
+    backend.start("sb-net", SPEC.model_copy(update={"network": NetworkPolicy(mode="allowlist",
+                                                                             allow_cidrs=["10.30.0.0/16"])}),
+                  Resources(), "s")
     fake.fail("PUT", "networkpolicies", 409, "Conflict")
     backend.apply_network_policy("sb-net", NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org"],
                                                          allow_cidrs=["10.20.0.0/16"]))
     assert len(fake.sent("PUT", "networkpolicies")) == 2
-    (policy,) = fake.of_kind("networkpolicies")
+    (policy,) = [p for p in fake.of_kind("networkpolicies") if "ownerReferences" in p["metadata"]]
+    assert policy["spec"]["policyTypes"] == ["Egress"] and "ingress" not in policy["spec"]
     egress = policy["spec"]["egress"]
     assert egress[0]["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}, {"ipBlock": {"cidr": "93.184.216.34/32"}}]
     assert egress[1]["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert egress[1]["to"][1] == {"ipBlock": {"cidr": "169.254.20.10/32"}}  # NodeLocal DNSCache
     assert policy["metadata"]["ownerReferences"][0]["kind"] == "Pod"
     backend.apply_network_policy("sb-net", NetworkPolicy(mode="none"))
-    assert fake.of_kind("networkpolicies")[0]["spec"]["egress"] == []
+    assert [p["metadata"]["name"] for p in fake.of_kind("networkpolicies")] == ["orchard-sandboxes-default"]
     with pytest.raises(InvalidRequestError, match="not a CIDR"):
         backend.apply_network_policy("sb-net", NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/33"]))
 
@@ -345,6 +357,7 @@ def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fa
     backend.start("sb-rbac-1", SPEC, Resources(), "s")
     backend.status("sb-rbac-1")
     backend.apply_network_policy("sb-rbac-1", NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/8"]))
+    backend.apply_network_policy("sb-rbac-1", NetworkPolicy(mode="allowlist", allow_cidrs=["10.1.0.0/16"]))
     backend.stop("sb-rbac-1")
     make_backend(fake, tmp_path).status("sb-unknown")  # the by-label path
     backend.list_orphans()
@@ -578,7 +591,7 @@ def test_the_service_creates_execs_snapshots_and_deletes_on_the_kubernetes_backe
         sandbox.restore(snap.id)
         assert sandbox.read_file("notes.txt") == b"v1"
         assert len(fake.of_kind("pods")) == 1
-    assert fake.objects == {}  # deleted through the API: pod, Secret and NetworkPolicy
+    assert sandbox_objects(fake) == {}  # deleted through the API: pod, Secret and NetworkPolicy
     assert all(proc.poll() is not None for proc in kubelet.procs.values())
 
 
@@ -599,7 +612,7 @@ def test_an_oom_killed_pod_is_recreated_with_more_memory(fake, service_on_fake_c
         limit = second["spec"]["containers"][0]["resources"]["limits"]["memory"]
         assert limit == f"{1024 + KubernetesBackendConfig().agent_memory_overhead_mb}Mi"
         assert sandbox.exec("echo again").stdout == "again\n"
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
 
 
 # -- what a first real cluster run would break on (issue 22) -----------------------------------------------
@@ -644,7 +657,7 @@ def test_a_restart_with_many_orphans_listens_at_once_and_reaps_them_in_the_backg
         while fake.of_kind("pods"):
             assert time.monotonic() < deadline, f"{len(fake.of_kind('pods'))} orphan pods left"
             time.sleep(0.05)
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
     reaping = fake.requests[requests_before:]
     lists = [r for r in reaping if r["method"] == "GET" and r["name"] is None]
     assert len(lists) == 3  # one LIST per kind for all orphans; each is then deleted by name
@@ -658,9 +671,9 @@ def test_stop_deletes_by_name_without_listing(fake, tmp_path):
     backend.start("sb-byname", SPEC, Resources(), "s")
     before = len(fake.requests)
     backend.stop("sb-byname")
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
     assert {(r["method"], r["kind"]) for r in fake.requests[before:] if r["method"] != "WATCH"} == {
-        ("DELETE", "pods"), ("DELETE", "secrets"), ("DELETE", "networkpolicies")}
+        ("DELETE", "pods"), ("DELETE", "secrets")}  # mode none: it had no policy of its own
 
 
 def test_the_agent_bind_in_the_pod_command_serves_ipv4_and_ipv6(monkeypatch):
@@ -752,4 +765,4 @@ def test_a_throttled_registry_is_retried_a_missing_image_is_not(fake, tmp_path):
     with pytest.raises(BackendUnavailableError) as caught:  # the service makes another attempt later
         backend.start("sb-429", SPEC, Resources(), "s")
     assert caught.value.infra_error is InfraErrorKind.IMAGE_PULL_FAILED
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}

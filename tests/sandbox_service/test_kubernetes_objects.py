@@ -25,6 +25,7 @@ from sandbox_service.backends.kubernetes_objects import (
     build_network_policy,
     build_pod,
     build_secret,
+    build_shared_network_policy,
     dns_label,
     label_value,
     object_labels,
@@ -98,6 +99,9 @@ def test_every_generated_object_validates_against_the_openapi_schema(config_name
             _check_meta(obj["metadata"])
         assert _DNS_LABEL.match(pod["metadata"]["name"]) and _DNS_LABEL.match(pod["spec"]["hostname"])
         assert len(f"{name}-agent") <= 253
+    shared = to_dict(build_shared_network_policy(config))
+    _validate(shared, VERSIONS)
+    _check_meta(shared["metadata"])
 
 
 def test_label_sanitising_is_valid_and_keeps_distinct_inputs_distinct():
@@ -138,9 +142,8 @@ def test_pod_has_no_credentials_no_restarts_and_the_requested_resources():
 
 def test_network_policy_modes():
     config = KubernetesBackendConfig()
-    for mode in ("none", "loopback"):
-        policy = to_dict(build_network_policy("p", "sb", SPECS["plain"], config, NetworkPolicy(mode=mode), []))
-        assert policy["spec"]["egress"] == [] and "Egress" in policy["spec"]["policyTypes"]
+    shared = to_dict(build_shared_network_policy(config))  # modes none and loopback: only this one applies
+    assert shared["spec"]["egress"] == [] and shared["spec"]["policyTypes"] == ["Ingress", "Egress"]
     allow = NetworkPolicy(mode="allowlist", allow_cidrs=["10.1.2.3/8"])
     cidrs = allowlist_cidrs(allow, _resolve)
     assert cidrs == ["10.0.0.0/8"]
