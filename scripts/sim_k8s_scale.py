@@ -54,7 +54,7 @@ class SimKubelet:
         self.rng = random.Random(seed)
         self.median, self.sigma, self.cold_fraction, self.cold_pull = median, sigma, cold_fraction, cold_pull
         self.lag, self.error_fraction = lag, error_fraction
-        self.plan: dict[str, tuple[float, float, bool]] = {}  # name -> (seen at, ready at, flaky)
+        self.plan: dict[str, tuple[float, float, bool, str]] = {}  # name -> (seen at, ready at, flaky, IP)
         self.lock = threading.Lock()
 
     def __call__(self, pod: dict, ticks: int) -> dict | None:
@@ -64,13 +64,13 @@ class SimKubelet:
                 delay = self.rng.lognormvariate(0, self.sigma) * self.median
                 if self.rng.random() < self.cold_fraction:
                     delay += self.rng.uniform(*self.cold_pull)
-                now = time.monotonic()
-                self.plan[name] = (now, now + delay + self.lag, self.rng.random() < self.error_fraction)
-        seen_at, ready_at, flaky = self.plan[name]
+                now, n = time.monotonic(), len(self.plan)
+                self.plan[name] = (now, now + delay + self.lag, self.rng.random() < self.error_fraction,
+                                   f"10.{n // 250 % 250}.{n % 250}.7")
+        seen_at, ready_at, flaky, ip = self.plan[name]
         now = time.monotonic()
         if now >= ready_at:
-            n = len(self.plan)
-            return running_status(pod, f"10.{n // 250 % 250}.{n % 250}.7")
+            return running_status(pod, ip)
         if flaky and now < (seen_at + ready_at) / 2:
             return waiting("CreateContainerError", "failed to reserve container name")(pod, ticks)
         return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}

@@ -77,6 +77,7 @@ class FakeKubernetesAPI:
         self.latency: dict[tuple[str, str], float] = {}  # (method, kind) -> seconds each such request takes
         self.inflight_limit: int | None = None  # APF: concurrent non-watch requests over this get 429
         self.retry_after = "1"
+        self.event_history = 20000  # events kept for watches that resume
         self.validate = validate
         self.throttled = 0
         self.bytes_out = 0
@@ -150,6 +151,10 @@ class FakeKubernetesAPI:
         """Log a change for watchers (caller holds the lock; the object's resourceVersion is bumped)."""
         obj["metadata"]["resourceVersion"] = self._next_rv()
         self._events.append((self._rv, kind, ns, kind_of_event, copy.deepcopy(obj)))
+        if len(self._events) > self.event_history:  # etcd keeps a window too: older versions get 410
+            drop = len(self._events) - self.event_history // 2
+            self._compacted = self._events[drop][0] - 1
+            del self._events[:drop]
         self.lock.notify_all()
 
     def _status(self, code: int, reason: str, message: str) -> tuple[int, dict]:

@@ -52,6 +52,7 @@ class PodCache:
         self._pods: dict[str, dict] = {}
         self._decoded: dict[str, tuple[str, k8s.V1Pod]] = {}  # name -> (resourceVersion, pod)
         self._cond = threading.Condition()
+        self._waiters: dict[str, threading.Event] = {}  # pod name -> set on each change of that pod
         self._synced = False
         self._stopped = threading.Event()
         self._watch: k8s_watch.Watch | None = None
@@ -86,14 +87,23 @@ class PodCache:
         deadline = time.monotonic() + timeout
         if not self.wait_synced(timeout):
             return None
-        with self._cond:
+        try:
             while True:
-                if result := done(self._decode(name)):
+                with self._cond:
+                    changed = self._waiters.setdefault(name, threading.Event())
+                    changed.clear()
+                    pod = self._decode(name)
+                if result := done(pod):
                     return result
                 left = deadline - time.monotonic()
                 if left <= 0 or self._stopped.is_set():
                     return None
-                self._cond.wait(min(left, 1.0))  # wake at least each second: `done` may depend on the clock
+                # Woken by this pod's changes only (a thousand waiters must not all wake on every event),
+                # and at least each second: `done` may depend on the clock (grace periods).
+                changed.wait(min(left, 1.0))
+        finally:
+            with self._cond:
+                self._waiters.pop(name, None)
 
     def wait_version(self, resource_version: int, timeout: float) -> bool:
         """Wait until the cache has seen `resource_version` (resourceVersions are opaque in general;
@@ -123,6 +133,8 @@ class PodCache:
             self._synced = True
             self.relists += 1
             self.resource_version = int(body["metadata"]["resourceVersion"] or 0)
+            for waiter in self._waiters.values():
+                waiter.set()
             self._cond.notify_all()
         return body["metadata"]["resourceVersion"]
 
@@ -134,6 +146,8 @@ class PodCache:
                 self._decoded.pop(name, None)
             else:
                 self._pods[name] = obj
+            if (waiter := self._waiters.get(name)) is not None:
+                waiter.set()
             self._cond.notify_all()
 
     def _run(self) -> None:
@@ -176,6 +190,9 @@ class PodCache:
 
     def close(self) -> None:
         self._stopped.set()
+        with self._cond:
+            for waiter in self._waiters.values():
+                waiter.set()
         if self._watch is not None:
             self._watch.stop()
         with self._cond:
