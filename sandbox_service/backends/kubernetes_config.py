@@ -92,6 +92,9 @@ class KubernetesBackendConfig(BaseSettings):
         default_factory=dict, description="Extra pod annotations, e.g. to keep a service mesh sidecar out.")
     cpu_request_ratio: float = Field(
         1.0, gt=0, le=1, description="CPU request = limit x this (1.0: guaranteed; lower packs nodes denser).")
+    guaranteed_qos: bool = Field(
+        False, description="Requests = limits in every container, the injector too, so pods get the Guaranteed "
+                           "QoS class (evicted last, eligible for exclusive CPUs); overrides cpu_request_ratio.")
 
     # -- network ----------------------------------------------------------------------------------------
     allow_dns_for_hosts: bool = Field(

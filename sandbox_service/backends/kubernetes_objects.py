@@ -161,8 +161,8 @@ def build_resources(resources: Resources, config: KubernetesBackendConfig) -> k8
     memory = _quantity_mi(resources.memory_mb + config.agent_memory_overhead_mb)
     disk = _quantity_mi(resources.disk_mb + config.agent_volume_size_mb)
     limits = {"cpu": _millicores(resources.cpu), "memory": memory, "ephemeral-storage": disk}
-    requests = {"cpu": _millicores(resources.cpu * config.cpu_request_ratio), "memory": memory,
-                "ephemeral-storage": disk}
+    ratio = 1.0 if config.guaranteed_qos else config.cpu_request_ratio
+    requests = {"cpu": _millicores(resources.cpu * ratio), "memory": memory, "ephemeral-storage": disk}
     return k8s.V1ResourceRequirements(limits=limits, requests=requests)
 
 
@@ -177,8 +177,9 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         name=INJECTOR_CONTAINER, image=config.injector_image, image_pull_policy="IfNotPresent",
         command=["cp", "-a", f"{INJECTOR_SOURCE}/.", f"{config.agent_mount_path}/"],
         volume_mounts=[k8s.V1VolumeMount(name=agent_volume, mount_path=config.agent_mount_path)],
-        resources=k8s.V1ResourceRequirements(limits={"cpu": "200m", "memory": "64Mi"},
-                                             requests={"cpu": "50m", "memory": "32Mi"}),
+        resources=k8s.V1ResourceRequirements(
+            limits={"cpu": "200m", "memory": "64Mi"},
+            requests={"cpu": "200m", "memory": "64Mi"} if config.guaranteed_qos else {"cpu": "50m", "memory": "32Mi"}),
         security_context=k8s.V1SecurityContext(
             run_as_user=65532, run_as_non_root=True, read_only_root_filesystem=True,
             allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"])))

@@ -291,3 +291,15 @@ def test_config_reads_the_environment(monkeypatch):
     assert config.tolerations[0].operator == "Exists"
     with pytest.raises(ValueError):
         KubernetesBackendConfig(instance="Not Valid")
+
+
+def test_guaranteed_qos_sets_requests_to_limits_in_every_container():
+    """Kubernetes gives a pod the Guaranteed class only if every container, init containers included,
+    requests exactly its cpu and memory limits."""
+    for guaranteed in (False, True):
+        config = KubernetesBackendConfig(guaranteed_qos=guaranteed, cpu_request_ratio=0.25)
+        pod = build_pod("p", "sb-1", SandboxCreate(image="i:1"), Resources(cpu=2, memory_mb=1024), config,
+                        secret_name="s")
+        same = all(c.resources.requests[r] == c.resources.limits[r] for c in pod.spec.init_containers +
+                   pod.spec.containers for r in ("cpu", "memory"))
+        assert same is guaranteed
