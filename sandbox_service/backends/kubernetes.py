@@ -149,7 +149,8 @@ class KubernetesBackend(SandboxBackend):
         self.api_client = api_client or load_api_client(self.config)
         self.core = k8s.CoreV1Api(self.api_client)
         self.net = k8s.NetworkingV1Api(self.api_client)
-        self.certificates = certificates or AgentCertificates()
+        # A certificate outliving its pod's hard deadline would only widen what a leaked key opens.
+        self.certificates = certificates or AgentCertificates((self.config.max_ttl_seconds + 3600) / 86400)
         self._resolver_kw = {"resolver": resolver} if resolver else {}
         self._clock, self._sleep = clock, sleep
         self._retry = RetryPolicy(attempts=self.config.retry_attempts, base_seconds=self.config.retry_base_seconds,

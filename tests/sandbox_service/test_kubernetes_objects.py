@@ -303,3 +303,16 @@ def test_guaranteed_qos_sets_requests_to_limits_in_every_container():
         same = all(c.resources.requests[r] == c.resources.limits[r] for c in pod.spec.init_containers +
                    pod.spec.containers for r in ("cpu", "memory"))
         assert same is guaranteed
+
+
+def test_agent_certificates_expire_an_hour_after_the_capped_pod_lifetime(tmp_path):
+    from sandbox_service.backends.kubernetes import KubernetesBackend
+
+    backend = KubernetesBackend(KubernetesBackendConfig(max_ttl_seconds=7200, snapshot_dir=tmp_path),
+                                api_client=k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9")))
+    ca_pem, cert_pem, _ = backend.certificates.issue("orchard-sb-1-abcde")
+    for pem in (ca_pem, cert_pem):
+        cert = x509.load_pem_x509_certificate(pem.encode())
+        lifetime = cert.not_valid_after_utc - datetime.now(timezone.utc)
+        assert timedelta(hours=2, minutes=50) < lifetime <= timedelta(hours=3)
+    backend.close()
