@@ -98,6 +98,16 @@ def _listen(args: types.SimpleNamespace) -> socket.socket:
     return sock
 
 
+def _container_oom_counter(root: str = "/sys/fs/cgroup") -> int | None:
+    """The container's own memory.events (cgroup v2 with a private cgroup namespace, as kubelet gives
+    containers), whose oom_kill counter tells a command killed for memory from one that crashed; None
+    where it cannot be read (cgroup v1, a shared namespace): commands are then not flagged as OOM."""
+    try:
+        return os.open(os.path.join(root, "memory.events"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
 def _tls_context(args: types.SimpleNamespace):
     if not args.tls_cert:
         return None
@@ -166,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             listener = _listen(args)
             isolation = args.isolation or "none"
+            if isolation == "kubernetes-pod":
+                oom_fd = _container_oom_counter()
         os.makedirs(args.workspace, exist_ok=True)
         workdir = args.workdir or args.workspace
         if args.workspace_alias and (workdir + "/").startswith(args.workspace_alias.rstrip("/") + "/"):

@@ -766,3 +766,17 @@ def test_a_throttled_registry_is_retried_a_missing_image_is_not(fake, tmp_path):
         backend.start("sb-429", SPEC, Resources(), "s")
     assert caught.value.infra_error is InfraErrorKind.IMAGE_PULL_FAILED
     assert sandbox_objects(fake) == {}
+
+
+def test_the_agent_in_a_pod_counts_oom_kills_from_the_containers_memory_events(tmp_path):
+    from sandbox_service.agent import __main__ as agent_main
+    from sandbox_service.agent.proctree import CgroupTracker
+
+    events = tmp_path / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n")
+    fd = agent_main._container_oom_counter(str(tmp_path))
+    tracker = CgroupTracker(None, fd)
+    assert tracker.oom_kills() == 1
+    events.write_text("low 0\nhigh 0\nmax 14\noom 3\noom_kill 2\noom_group_kill 0\n")  # a command was killed
+    assert tracker.oom_kills() == 2
+    assert agent_main._container_oom_counter(str(tmp_path / "no-cgroup")) is None  # cgroup v1: no counter
