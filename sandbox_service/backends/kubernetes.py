@@ -159,6 +159,8 @@ class KubernetesBackend(SandboxBackend):
         self.limiter = TokenBucket(self.config.api_qps, self.config.api_burst)
         self._cache: PodCache | None = None
         self._shared_policy = False  # the instance's deny-all policy is known to exist
+        self._closed = threading.Event()
+        self._sweeper: threading.Thread | None = None
         self._handles: dict[str, _Handle] = {}
         self._orphans: dict[str, set[tuple[str, str]]] = {}  # sandbox id -> (kind, name), from list_orphans
         self._lock = threading.Lock()
@@ -398,7 +400,21 @@ class KubernetesBackend(SandboxBackend):
         with self._lock:
             for sid in set(found) - set(self._handles):
                 self._orphans[sid] = found[sid]  # stop() then deletes them by name: 3 LISTs for all, not 3 each
+            if self._sweeper is None and self.config.orphan_sweep_seconds > 0:  # the service's start-up call
+                self._sweeper = threading.Thread(target=self._sweep_forever, name="orphan-sweep", daemon=True)
+                self._sweeper.start()
             return sorted(set(found) - set(self._handles))
+
+    def _sweep_forever(self) -> None:
+        """Periodic sweeps: a create whose cleanup failed (API down at that moment) leaves objects that no
+        handle knows; they are deleted at the next sweep, not at the next restart."""
+        while not self._closed.wait(self.config.orphan_sweep_seconds):
+            try:
+                for orphan in self.list_orphans():
+                    log.warning("sweeping orphaned sandbox %s", orphan)
+                    self.stop(orphan)
+            except Exception:  # noqa: BLE001 - the next sweep tries again
+                log.exception("orphan sweep failed")
 
     # -- network ----------------------------------------------------------------------------------
     def apply_network_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
@@ -457,6 +473,7 @@ class KubernetesBackend(SandboxBackend):
         self.snapshots.delete(snapshot_id)
 
     def close(self) -> None:
+        self._closed.set()
         if self._cache is not None:
             self._cache.close()
         self.api_client.close()

@@ -118,6 +118,9 @@ class KubernetesBackendConfig(BaseSettings):
     watch_timeout_seconds: int = Field(
         240, ge=1, description="Server-side timeout of one pod watch request (it is then resumed).")
     delete_grace_seconds: int = Field(1, ge=0, description="Termination grace period of sandbox pods.")
+    orphan_sweep_seconds: float = Field(
+        300.0, ge=0, description="After start-up, look for and delete orphans this often (leftovers of failed "
+                                 "cleanups); 0: only at start-up. Needs one replica per `instance`.")
     agent_loss_settle_seconds: float = Field(
         15.0, ge=0, description="After an agent stops answering, how long to wait for the pod status to say why "
                                 "(kubelet reports an OOM kill seconds late); still running then: AGENT_LOST.")

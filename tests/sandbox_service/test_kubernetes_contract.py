@@ -780,3 +780,24 @@ def test_the_agent_in_a_pod_counts_oom_kills_from_the_containers_memory_events(t
     events.write_text("low 0\nhigh 0\nmax 14\noom 3\noom_kill 2\noom_group_kill 0\n")  # a command was killed
     assert tracker.oom_kills() == 2
     assert agent_main._container_oom_counter(str(tmp_path / "no-cgroup")) is None  # cgroup v1: no counter
+
+
+def test_orphans_left_by_a_failed_cleanup_are_swept_periodically(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    backend = make_backend(fake, tmp_path, orphan_sweep_seconds=0.2)
+    assert backend.list_orphans() == []  # the service's start-up call; sweeps run from then on
+    backend.start("sb-kept", SPEC, Resources(), "s")
+    fake.fail("DELETE", "pods", 503, "ServiceUnavailable", times=100)  # the API is down when it fails
+    healthy, crashing = fake.kubelet, waiting("CrashLoopBackOff", "back-off")
+    fake.kubelet = lambda pod, ticks: (crashing if "sb-leak" in pod["metadata"]["name"] else healthy)(pod, ticks)
+    with pytest.raises(PodStartError):
+        backend.start("sb-leak", SPEC, Resources(), "s")
+    assert any("sb-leak" in o["metadata"]["annotations"].get("orchard.dev/sandbox-id", "")
+               for o in sandbox_objects(fake).values())
+    fake.faults.clear()  # the API is back
+    deadline = time.monotonic() + 15
+    while any("sb-leak" in o["metadata"]["annotations"].get("orchard.dev/sandbox-id", "")
+              for o in sandbox_objects(fake).values()):
+        assert time.monotonic() < deadline, "the leaked objects were not swept"
+        time.sleep(0.05)
+    assert backend.status("sb-kept").alive  # a sandbox it knows is never swept
