@@ -1,8 +1,8 @@
 """Contract test of the Kubernetes backend against an in-process fake of the API endpoints it uses.
 
 There is no cluster here. What this covers: the real `kubernetes` client, pointed at a small HTTP
-server on 127.0.0.1 (`Configuration(host=...)`), sends the requests the backend makes; the fake
-checks each body against the Kubernetes OpenAPI schema (kubernetes-validate, strict) and the API
+server on 127.0.0.1 (`Configuration(host=...)`, `sandbox_service/backends/kubernetes_fake.py`), sends
+the requests the backend makes, its pod watch included (410 Gone, re-list); the fake checks each body against the Kubernetes OpenAPI schema (kubernetes-validate, strict) and the API
 server's name/label rules, assigns uids and resourceVersions, garbage-collects dependents by their
 ownerReferences, answers 404/409 like the API server, and injects 409/429/5xx faults. Pod status is
 scripted per test (Pending -> Running with an IP, OOMKilled, ErrImagePull, Unschedulable, ...).
