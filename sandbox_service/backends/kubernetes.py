@@ -50,8 +50,8 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox_service.agent.client_base import AgentClientBase
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
+from sandbox_service.backends.kubernetes_cleanup import Cleanup, Objects
 from sandbox_service.backends.kubernetes_config import (
-    SANDBOX_ID_ANNOTATION,
     SANDBOX_ID_LABEL,
     KubernetesBackendConfig,
 )
@@ -66,7 +66,6 @@ from sandbox_service.backends.kubernetes_objects import (
     label_value,
     owner_reference,
     pod_name_for,
-    sandbox_selector,
     to_dict,
 )
 from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
@@ -162,7 +161,8 @@ class KubernetesBackend(SandboxBackend):
         self._closed = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._handles: dict[str, _Handle] = {}
-        self._orphans: dict[str, set[tuple[str, str]]] = {}  # sandbox id -> (kind, name), from list_orphans
+        self._orphans: dict[str, Objects] = {}  # sandbox id -> its objects, from list_orphans
+        self.cleanup = Cleanup(self.core, self.net, self.config, self._call)
         self._lock = threading.Lock()
         self.snapshots = AgentSnapshots(self.config.snapshot_dir, agent_factory,
                                         python=f"{self.config.agent_mount_path}/python/bin/python3",
@@ -269,7 +269,7 @@ class KubernetesBackend(SandboxBackend):
             with self._lock:
                 self._handles.pop(sandbox_id, None)
             try:
-                self._delete_named(_Handle(pod_name, spec.workdir, has_policy=allowlist).objects())  # leak nothing
+                self.cleanup.delete_named(_Handle(pod_name, spec.workdir, has_policy=allowlist).objects())  # leak nothing
             except Exception:  # noqa: BLE001 - keep the original error; stop() and list_orphans() retry
                 log.exception("cleanup after a failed start of %s failed", sandbox_id)
             raise
@@ -346,57 +346,14 @@ class KubernetesBackend(SandboxBackend):
             orphaned = self._orphans.pop(sandbox_id, None)
         if handle is not None or orphaned is not None:
             # By name: a label LIST is a whole-namespace read on API servers before 1.31, per delete.
-            self._delete_named(sorted((handle.objects() if handle else []) + list(orphaned or [])))
+            self.cleanup.delete_named(sorted((handle.objects() if handle else []) + list(orphaned or [])))
         else:
-            self._delete_objects(sandbox_id)
-
-    def _delete_named(self, objects: list[tuple[str, str]]) -> None:
-        """Delete objects by (kind, name); gone already is fine. The pod goes first: garbage collection
-        takes its dependents along, the other deletes cover a crash before their owner reference was set."""
-        ns = self.config.namespace
-        delete = {"pod": self.core.delete_namespaced_pod, "secret": self.core.delete_namespaced_secret,
-                  "networkpolicy": self.net.delete_namespaced_network_policy}
-        for kind, name in sorted(objects, key=lambda o: o[0] != "pod"):
-            extra = {"grace_period_seconds": self.config.delete_grace_seconds} if kind == "pod" else {}
-            try:
-                self._call(f"delete {kind}", delete[kind], name, ns, passthrough=is_not_found,
-                           propagation_policy="Background", **extra)
-            except ApiException as err:
-                if not is_not_found(err):
-                    raise
-
-    def _delete_objects(self, sandbox_id: str) -> None:
-        """Delete every object labelled with this sandbox, every attempt's (idempotent: gone is fine).
-
-        The Secret and NetworkPolicy would follow the pod through garbage collection anyway; deleting
-        them directly also covers a crash before their owner reference was set.
-        """
-        ns, selector = self.config.namespace, sandbox_selector(sandbox_id, self.config)
-        kinds = [("pod", self.core.list_namespaced_pod, self.core.delete_namespaced_pod),
-                 ("secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
-                 ("networkpolicy", self.net.list_namespaced_network_policy, self.net.delete_namespaced_network_policy)]
-        for what, list_fn, delete_fn in kinds:
-            for obj in self._call(f"list {what}s", list_fn, ns, label_selector=selector).items:
-                extra = {"grace_period_seconds": self.config.delete_grace_seconds} if what == "pod" else {}
-                try:
-                    self._call(f"delete {what}", delete_fn, obj.metadata.name, ns, passthrough=is_not_found,
-                               propagation_policy="Background", **extra)
-                except ApiException as err:
-                    if not is_not_found(err):
-                        raise
+            self.cleanup.delete_labelled(sandbox_id)
 
     def list_orphans(self) -> list[str]:
         """Sandboxes of this service instance on the cluster that this process did not start: after a
         service restart, all of them (their agents' secrets died with the old process)."""
-        ns, selector = self.config.namespace, instance_selector(self.config)
-        found: dict[str, set[tuple[str, str]]] = {}
-        for kind, list_fn in [("pod", self.core.list_namespaced_pod), ("secret", self.core.list_namespaced_secret),
-                              ("networkpolicy", self.net.list_namespaced_network_policy)]:
-            for obj in self._call(f"list {kind}s", list_fn, ns, label_selector=selector).items:
-                meta = obj.metadata
-                sid = (meta.annotations or {}).get(SANDBOX_ID_ANNOTATION) or (meta.labels or {}).get(SANDBOX_ID_LABEL)
-                if sid:
-                    found.setdefault(sid, set()).add((kind, meta.name))
+        found = self.cleanup.find_all()
         with self._lock:
             for sid in set(found) - set(self._handles):
                 self._orphans[sid] = found[sid]  # stop() then deletes them by name: 3 LISTs for all, not 3 each
