@@ -36,7 +36,7 @@ def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def make_ca(common_name: str = "orchard sandbox agents CA", days: int = 365) -> CertificateAuthority:
+def make_ca(common_name: str = "orchard sandbox agents CA", days: float = 365) -> CertificateAuthority:
     key = ec.generate_private_key(ec.SECP256R1())
     now = dt.datetime.now(dt.timezone.utc)
     cert = (x509.CertificateBuilder().subject_name(_name(common_name)).issuer_name(_name(common_name))
@@ -55,7 +55,7 @@ def make_ca(common_name: str = "orchard sandbox agents CA", days: int = 365) -> 
 
 
 def make_server_cert(ca: CertificateAuthority, names: list[str] | None = None, ips: list[str] | None = None,
-                     days: int = 30) -> tuple[bytes, bytes]:
+                     days: float = 30) -> tuple[bytes, bytes]:
     """(certificate PEM, key PEM) for an agent, valid for AGENT_TLS_SERVER_NAME plus `names`/`ips`."""
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)

@@ -160,7 +160,7 @@ class SandboxOperations:
         if rec.deleting:
             return infra_result(InfraErrorKind.SANDBOX_DELETED, f"sandbox {rec.id} was deleted during the call",
                                 duration)
-        status = await self.manager.in_thread(self.manager.backend.status, rec.id)
+        status = await self.manager.in_thread(self.manager.backend.status_after_agent_loss, rec.id)
         if status.infra_error is InfraErrorKind.OOM_KILLED:
             why = status.message or "sandbox killed for memory"
             if verification:

@@ -24,6 +24,7 @@ import random
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from sandbox_service.agent_client_base import AgentClientBase
 from sandbox_service.backends.base import SandboxBackend
@@ -63,12 +64,14 @@ class SandboxManager:
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.snapshots: dict[str, SnapshotInfo] = {}
         # What start-up found left by an earlier run and removed (served on /healthz).
-        self.startup_report: dict[str, list[str]] = {"sandboxes_removed": [], "snapshots_removed": [], "errors": []}
+        self.startup_report: dict[str, Any] = {"sandboxes_removed": [], "snapshots_removed": [], "errors": [],
+                                               "finished": False}
         self._by_request: dict[str, str] = {}
         self._create_sem = asyncio.Semaphore(config.max_concurrent_creates)
         self._queued_creates = 0
         self._executor = ThreadPoolExecutor(config.backend_threads, thread_name_prefix="backend")
         self._reaper: asyncio.Task | None = None
+        self._orphan_reaper: asyncio.Task | None = None
         self.on_delete: list[DeleteHook] = []
         metrics.on_collect(self._refresh_gauges)
 
@@ -86,32 +89,49 @@ class SandboxManager:
     async def start(self) -> None:
         if self.agent_factory is default_agent_factory:
             import sandbox_service.agent_client  # noqa: F401 - import now, not inside the first create
-        await self._clean_leftovers()
+        # In the background: with a thousand orphans on a cluster, reaping before listening outlasts the
+        # liveness probe, and the service would be restarted again and again. `/healthz` reports progress.
+        self._orphan_reaper = asyncio.create_task(self._clean_leftovers(), name="orphan-reaper")
         self._reaper = asyncio.create_task(self._reap_forever(), name="reaper")
 
     async def _clean_leftovers(self) -> None:
         """What an earlier run left (after a crash): orphaned sandboxes and snapshots. Never fails the
-        start: whatever cannot be removed is quarantined by the backend or reported (`/healthz`)."""
+        service: whatever cannot be removed is quarantined by the backend or reported (`/healthz`)."""
         report = self.startup_report
         try:
             report["snapshots_removed"] = await self.in_thread(self.backend.clear_stale_snapshots)
-        except Exception as err:  # noqa: BLE001 - a leftover must never stop the service from starting
+        except Exception as err:  # noqa: BLE001 - a leftover must never stop the service
             log.exception("could not clear stale snapshots")
             report["errors"].append(f"stale snapshots: {err!r}")
-        for orphan in await self.in_thread(self.backend.list_orphans):
-            log.warning("removing orphaned sandbox %s left by an earlier run", orphan)
-            try:
-                await self.in_thread(self.backend.stop, orphan)
-                report["sandboxes_removed"].append(orphan)
-            except Exception as err:  # noqa: BLE001
-                log.exception("could not remove orphaned sandbox %s", orphan)
-                report["errors"].append(f"sandbox {orphan}: {err!r}")
-        if any(report.values()):
+        try:
+            orphans = await self.in_thread(self.backend.list_orphans)
+        except Exception as err:  # noqa: BLE001 - the periodic reaper must still run; the next restart retries
+            log.exception("listing orphaned sandboxes failed")
+            report["errors"].append(f"listing orphans: {err!r}")
+            orphans = []
+        if orphans:
+            log.warning("removing %d orphaned sandbox(es) left by an earlier run", len(orphans))
+        slots = asyncio.Semaphore(max(1, self.config.backend_threads // 4))  # leave threads for creates
+
+        async def reap(orphan: str) -> None:
+            async with slots:
+                try:
+                    await self.in_thread(self.backend.stop, orphan)
+                    report["sandboxes_removed"].append(orphan)
+                except Exception as err:  # noqa: BLE001 - one stuck orphan must not keep the others
+                    log.exception("could not remove orphaned sandbox %s", orphan)
+                    report["errors"].append(f"sandbox {orphan}: {err!r}")
+
+        await asyncio.gather(*(reap(o) for o in orphans))
+        report["sandboxes_removed"].sort()
+        report["finished"] = True
+        if report["sandboxes_removed"] or report["snapshots_removed"] or report["errors"]:
             log.warning("start-up clean-up of leftovers: %s", report)
 
     async def shutdown(self) -> None:
-        if self._reaper:
-            self._reaper.cancel()
+        for task in (self._reaper, self._orphan_reaper):
+            if task:
+                task.cancel()
         live = [r.id for r in self.sandboxes.values() if not r.deleting]
         await asyncio.gather(*(self.delete(i, reason="service shutting down") for i in live),
                              return_exceptions=True)

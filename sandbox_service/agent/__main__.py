@@ -2,13 +2,14 @@
 
     python -m sandbox_service.agent (--unix PATH | --tcp HOST:PORT [--tls-cert F --tls-key F])
                                     --secret-file F [--workspace /workspace] [--workdir DIR]
-                                    [--boot CONFIG.json] [--ready-fd N] [--env K=V ...]
+                                    [--boot CONFIG.json] [--ready-fd N] [--env K=V ...] [--inherit-env]
     python -m sandbox_service.agent --zygote SOCKET      (fork server, see zygote.py)
 
 `--boot` is used by the local backend: the agent is then PID 1 of fresh namespaces and builds the
 sandbox root itself (see boot.py) before serving. The listening Unix socket is bound *before* the
 pivot, at a host path the sandbox cannot see. In a Kubernetes pod the agent runs without `--boot`
-on TCP with TLS. `--ready-fd` gets one JSON line ({"ok": true, "host_pid": N} or an error) once the
+on TCP with TLS and `--inherit-env`: the container's environment (the image's ENV, set by the runtime
+for the container's first process) becomes the base environment of every command. `--ready-fd` gets one JSON line ({"ok": true, "host_pid": N} or an error) once the
 agent accepts connections, so the backend knows at once whether the boot worked.
 
 Stdlib only. Launch it with `-I -S` and this package's parent directory on sys.path.
@@ -29,6 +30,7 @@ import types
 _OPTIONS = {f"--{name.replace('_', '-')}": name for name in (
     "unix", "tcp", "tls_cert", "tls_key", "secret_file", "workspace", "workdir", "boot", "ready_fd", "env",
     "workspace_alias", "isolation")}
+_FLAGS = {"--inherit-env": "inherit_env"}  # options without a value
 
 
 class UsageError(Exception):
@@ -38,13 +40,16 @@ class UsageError(Exception):
 def _parse(argv: list[str] | None) -> types.SimpleNamespace:
     args = types.SimpleNamespace(unix=None, tcp=None, tls_cert=None, tls_key=None, secret_file=None,
                                  workspace="/workspace", workdir=None, boot=None, ready_fd=None, env=[],
-                                 workspace_alias=None, isolation=None)
+                                 workspace_alias=None, isolation=None, inherit_env=False)
     items = list(sys.argv[1:] if argv is None else argv)
     while items:
         item = items.pop(0)
         if item in ("-h", "--help"):
             print(__doc__)
             raise SystemExit(0)
+        if item in _FLAGS:
+            setattr(args, _FLAGS[item], True)
+            continue
         name, eq, value = item.partition("=")
         if name not in _OPTIONS:
             raise UsageError(f"unknown option {item!r}\n{__doc__}")
@@ -78,12 +83,30 @@ def _listen(args: types.SimpleNamespace) -> socket.socket:
             os.umask(old)
     else:
         host, _, port = args.tcp.rpartition(":")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        host = host.strip("[]") or "0.0.0.0"
+        try:
+            sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        except OSError:
+            if host != "::":
+                raise
+            # "[::]" asks for every family; a node booted without IPv6 has IPv4 only.
+            host, sock = "0.0.0.0", socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if sock.family == socket.AF_INET6 and host == "::":
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # dual stack: IPv4 and IPv6 pods alike
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host.strip("[]") or "0.0.0.0", int(port)))
+        sock.bind((host, int(port)))
     sock.listen(256)
     return sock
+
+
+def _container_oom_counter(root: str = "/sys/fs/cgroup") -> int | None:
+    """The container's own memory.events (cgroup v2 with a private cgroup namespace, as kubelet gives
+    containers), whose oom_kill counter tells a command killed for memory from one that crashed; None
+    where it cannot be read (cgroup v1, a shared namespace): commands are then not flagged as OOM."""
+    try:
+        return os.open(os.path.join(root, "memory.events"), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def _tls_context(args: types.SimpleNamespace):
@@ -144,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             secret = f.read().strip()
         if not secret:
             raise ValueError(f"secret file {args.secret_file} is empty")
-        base_env = dict(kv.split("=", 1) for kv in args.env)
+        # Pod mode: the agent is the container's first process, so os.environ is the image's ENV plus the
+        # pod's env; without it commands would get a default PATH only (no HOME, JAVA_HOME, conda, ...).
+        base_env = dict(os.environ) if args.inherit_env else {}
+        base_env.update(kv.split("=", 1) for kv in args.env)
         pids_fd = home_fd = oom_fd = None
         host_pid = os.getpid()
         tls = _tls_context(args)
@@ -182,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             listener = _listen(args)
             isolation = args.isolation or "none"
+            if isolation == "kubernetes-pod":
+                oom_fd = _container_oom_counter()
         os.makedirs(args.workspace, exist_ok=True)
         workdir = args.workdir or args.workspace
         if args.workspace_alias and (workdir + "/").startswith(args.workspace_alias.rstrip("/") + "/"):

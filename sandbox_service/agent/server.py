@@ -79,7 +79,7 @@ class AgentServer:
                 conn.settimeout(10.0)  # a peer that never finishes the handshake must not hold a thread
                 conn = self.tls.wrap_socket(conn, server_side=True)
                 conn.settimeout(None)
-            if conn.family == socket.AF_INET:
+            if conn.family in (socket.AF_INET, socket.AF_INET6):
                 conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while True:
                 head = protocol.recv_head(conn)

@@ -51,6 +51,11 @@ class SandboxBackend(abc.ABC):
     def status(self, sandbox_id: str) -> BackendStatus:
         """Is it alive; if not, why (OOM_KILLED, SANDBOX_CRASHED, IMAGE_PULL_FAILED, ...)."""
 
+    def status_after_agent_loss(self, sandbox_id: str) -> BackendStatus:
+        """`status()` once the agent stopped answering. A backend whose status lags the sandbox's death
+        (a kubelet reports an OOM kill seconds later) waits here until the status is final."""
+        return self.status(sandbox_id)
+
     @abc.abstractmethod
     def stop(self, sandbox_id: str) -> None:
         """Delete the sandbox and free everything it holds. Idempotent."""

@@ -11,14 +11,21 @@ What it does, per sandbox:
   the API server's exec channel, which does not scale (API server memory grows with long execs).
 
 Creation: start() blocks until the sandbox container runs (image pulled) and returns the pod IP; the
-service then pings the agent, and readiness is that answer, not the pod phase. Pod status is polled
-(a shared watch would cost the API server less at thousands of concurrent creates).
+service then pings the agent, and readiness is that answer, not the pod phase. Pod status comes from
+one watch per backend (`kubernetes_watch.PodCache`): a create costs its POSTs and no status reads, and
+`status()` costs no API call. Every call takes a token from one client-side bucket
+(`kubernetes_ratelimit`); reads retry until a deadline, writes for a number of attempts. Deletes go
+by name. After an agent loss, `status_after_agent_loss` waits on the watch until the pod's status is
+final, so a late-reported OOM kill is escalated as one.
 
 What it does not do: it never creates anything outside its namespace; it cannot stop a pod's own
 processes from using the pod's loopback (NetworkPolicy has no say there); NetworkPolicy is enforced
 only by a CNI that implements it. If the service dies, its pods live on until their hard TTL
-(activeDeadlineSeconds) or until the next service start reaps them (list_orphans); the heartbeat TTL
-is the service's to enforce. Snapshots hold the sandbox's
+(activeDeadlineSeconds, capped at max_ttl_seconds) or until the next service start reaps them in the
+background (list_orphans: one LIST per kind, then deletes by name); the heartbeat TTL is the service's
+to enforce. A fork (`SandboxCreate.from_snapshot`) starts from the image and restores the snapshot
+through the agent before start() returns. The agent runs with `--inherit-env`, so commands get the
+task image's ENV (the runtime sets it for the container's first process). Snapshots hold the sandbox's
 workdir only (a tar through the agent, kept on the service's disk): changes elsewhere in the image's
 filesystem are not carried, and an OOM-killed pod (cgroup v2 kills the whole container) cannot be
 snapshotted at all, so an escalated sandbox restarts from its image then.
@@ -43,8 +50,8 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox_service.agent_client_base import AgentClientBase
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
+from sandbox_service.backends.kubernetes_cleanup import Cleanup, Objects
 from sandbox_service.backends.kubernetes_config import (
-    SANDBOX_ID_ANNOTATION,
     SANDBOX_ID_LABEL,
     KubernetesBackendConfig,
 )
@@ -54,16 +61,19 @@ from sandbox_service.backends.kubernetes_objects import (
     build_network_policy,
     build_pod,
     build_secret,
+    build_shared_network_policy,
     instance_selector,
+    label_value,
     owner_reference,
     pod_name_for,
-    sandbox_selector,
     to_dict,
 )
+from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
 from sandbox_service.backends.kubernetes_retry import RetryPolicy, call, is_already_exists, is_not_found
 from sandbox_service.backends.kubernetes_snapshots import AgentFactory, AgentSnapshots
 from sandbox_service.backends.kubernetes_status import PodAssessment, assess_pod
 from sandbox_service.backends.kubernetes_tls import AgentCertificates
+from sandbox_service.backends.kubernetes_watch import PodCache
 from sandbox_service.errors import BackendUnavailableError, SandboxNotFoundError, SandboxServiceError
 from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
@@ -85,6 +95,16 @@ class _Handle:
     pod_name: str
     workdir: str
     endpoint: AgentEndpoint | None = None
+    has_policy: bool = True  # a per-sandbox NetworkPolicy (allowlists only) may exist
+
+    def objects(self) -> list[tuple[str, str]]:
+        """(kind, name) of everything start() creates for this pod: deleted by name, never by a LIST."""
+        return [("pod", self.pod_name), ("secret", secret_name_for(self.pod_name))] + (
+            [("networkpolicy", self.pod_name)] if self.has_policy else [])
+
+
+def secret_name_for(pod_name: str) -> str:
+    return f"{pod_name}-agent"
 
 
 def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
@@ -128,12 +148,21 @@ class KubernetesBackend(SandboxBackend):
         self.api_client = api_client or load_api_client(self.config)
         self.core = k8s.CoreV1Api(self.api_client)
         self.net = k8s.NetworkingV1Api(self.api_client)
-        self.certificates = certificates or AgentCertificates()
+        # A certificate outliving its pod's hard deadline would only widen what a leaked key opens.
+        self.certificates = certificates or AgentCertificates((self.config.max_ttl_seconds + 3600) / 86400)
         self._resolver_kw = {"resolver": resolver} if resolver else {}
         self._clock, self._sleep = clock, sleep
         self._retry = RetryPolicy(attempts=self.config.retry_attempts, base_seconds=self.config.retry_base_seconds,
-                                  max_seconds=self.config.retry_max_seconds)
+                                  max_seconds=self.config.retry_max_seconds,
+                                  read_deadline_seconds=self.config.read_deadline_seconds)
+        self.limiter = TokenBucket(self.config.api_qps, self.config.api_burst)
+        self._cache: PodCache | None = None
+        self._shared_policy = False  # the instance's deny-all policy is known to exist
+        self._closed = threading.Event()
+        self._sweeper: threading.Thread | None = None
         self._handles: dict[str, _Handle] = {}
+        self._orphans: dict[str, Objects] = {}  # sandbox id -> its objects, from list_orphans
+        self.cleanup = Cleanup(self.core, self.net, self.config, self._call)
         self._lock = threading.Lock()
         self.snapshots = AgentSnapshots(self.config.snapshot_dir, agent_factory,
                                         python=f"{self.config.agent_mount_path}/python/bin/python3",
@@ -146,12 +175,30 @@ class KubernetesBackend(SandboxBackend):
         config = KubernetesBackendConfig.from_env()
         if "ORCHARD_K8S_SNAPSHOT_DIR" not in os.environ and getattr(service_config, "state_dir", None):
             config = config.model_copy(update={"snapshot_dir": Path(service_config.state_dir) / "snapshots"})
+        if getattr(service_config, "max_ttl_seconds", None):
+            config = config.model_copy(update={"max_ttl_seconds": service_config.max_ttl_seconds})
+        threads = getattr(service_config, "backend_threads", 0)
+        if threads and config.api_pool_size < threads:  # a smaller pool makes worker threads queue for sockets
+            config = config.model_copy(update={"api_pool_size": threads})
         return cls(config)
 
     # -- plumbing ---------------------------------------------------------------------------------
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("_request_timeout", self.config.api_timeout_seconds)
-        return call(what, fn, *args, policy=self._retry, sleep=self._sleep, **kwargs)
+        return call(what, fn, *args, policy=self._retry, sleep=self._sleep, limiter=self.limiter.acquire,
+                    read=what.startswith(("read ", "list ")), **kwargs)
+
+    @property
+    def pods(self) -> PodCache:
+        """The watch of this instance's pods, started on first use (one per backend, whatever the load)."""
+        with self._lock:
+            if self._cache is None:
+                self._cache = PodCache(self.core, self.config.namespace, instance_selector(self.config),
+                                       before_request=self.limiter.acquire,
+                                       watch_timeout_seconds=self.config.watch_timeout_seconds,
+                                       request_timeout_seconds=self.config.api_timeout_seconds,
+                                       backoff_max_seconds=self.config.retry_max_seconds)
+            return self._cache
 
     def _create(self, what: str, create: Callable[..., Any], read: Callable[..., Any], body: Any) -> Any:
         """Create, or read back what an earlier attempt of this very call already created."""
@@ -168,34 +215,36 @@ class KubernetesBackend(SandboxBackend):
             return self._handles.get(sandbox_id)
 
     def _find_pod(self, sandbox_id: str) -> k8s.V1Pod | None:
-        """The sandbox's live pod: by name when this process started it, else by its labels."""
-        ns, handle = self.config.namespace, self._handle(sandbox_id)
-        if handle is not None:
-            try:
-                return self._call("read pod", self.core.read_namespaced_pod, handle.pod_name, ns,
-                                  passthrough=is_not_found)
-            except ApiException:
-                return None
-        pods = self._call("list pods", self.core.list_namespaced_pod, ns,
-                          label_selector=sandbox_selector(sandbox_id, self.config)).items
+        """The sandbox's live pod, from the watch: by name when this process started it, else by its labels."""
+        handle, timeout = self._handle(sandbox_id), self.config.read_deadline_seconds
+        try:
+            if handle is not None:
+                return self.pods.get(handle.pod_name, timeout)
+            pods = self.pods.find(SANDBOX_ID_LABEL, label_value(sandbox_id), timeout)
+        except TimeoutError as err:
+            raise BackendUnavailableError(f"cannot see sandbox pods: {err}") from err
         pods = [p for p in pods if p.metadata.deletion_timestamp is None] or pods
         return max(pods, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc),
                    default=None)
 
-    def _assess(self, pod: k8s.V1Pod) -> PodAssessment:
+    def _assess(self, pod: k8s.V1Pod, errors_since: dict[str, datetime] | None = None) -> PodAssessment:
         return assess_pod(pod, self._clock(), unschedulable_timeout=self.config.unschedulable_timeout_seconds,
-                          image_pull_grace=self.config.image_pull_grace_seconds)
+                          image_pull_grace=self.config.image_pull_grace_seconds,
+                          container_error_grace=self.config.container_error_grace_seconds,
+                          errors_since=errors_since)
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
         cfg, ns = self.config, self.config.namespace
         cidrs = allowlist_cidrs(spec.network, **self._resolver_kw)  # a bad allowlist fails before anything exists
         pod_name = pod_name_for(sandbox_id)
-        secret_name = f"{pod_name}-agent"
+        secret_name = secret_name_for(pod_name)
         ca_pem, cert_pem, key_pem = self.certificates.issue(pod_name)
+        allowlist = spec.network.mode == "allowlist"
         with self._lock:
-            self._handles[sandbox_id] = _Handle(pod_name=pod_name, workdir=spec.workdir)
+            self._handles[sandbox_id] = _Handle(pod_name=pod_name, workdir=spec.workdir, has_policy=allowlist)
         try:
+            self._ensure_shared_policy()
             self._create("secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret,
                          build_secret(secret_name, sandbox_id, spec, cfg, agent_secret=secret,
                                       cert_pem=cert_pem, key_pem=key_pem))
@@ -205,23 +254,36 @@ class KubernetesBackend(SandboxBackend):
             # The Secret had to exist before the pod (its volume); only now is the owner's uid known.
             self._call("patch secret owner", self.core.patch_namespaced_secret, secret_name, ns,
                        {"metadata": {"ownerReferences": [to_dict(owner)]}})
-            self._create("networkpolicy", self.net.create_namespaced_network_policy,
-                         self.net.read_namespaced_network_policy,
-                         build_network_policy(pod_name, sandbox_id, spec, cfg, spec.network, cidrs, owner=owner))
+            if allowlist:
+                self._create("networkpolicy", self.net.create_namespaced_network_policy,
+                             self.net.read_namespaced_network_policy,
+                             build_network_policy(pod_name, sandbox_id, spec, cfg, spec.network, cidrs, owner=owner))
             ip = self._wait_running(pod_name)
+            endpoint = AgentEndpoint(transport="tcp", address=_host_port(ip, cfg.agent_port), secret=secret,
+                                     tls=True, ca_cert_pem=ca_pem)
+            if spec.from_snapshot:
+                # A fork: the service leaves restoring the snapshot to the backend (the local backend
+                # starts from the snapshot's filesystem; here the workdir is restored through the agent).
+                self.snapshots.restore(endpoint, spec.workdir, spec.from_snapshot)
         except BaseException:
             with self._lock:
                 self._handles.pop(sandbox_id, None)
             try:
-                self._delete_objects(sandbox_id)  # a failed or cancelled create must not leak objects
+                self.cleanup.delete_named(_Handle(pod_name, spec.workdir, has_policy=allowlist).objects())  # leak nothing
             except Exception:  # noqa: BLE001 - keep the original error; stop() and list_orphans() retry
                 log.exception("cleanup after a failed start of %s failed", sandbox_id)
             raise
-        endpoint = AgentEndpoint(transport="tcp", address=_host_port(ip, cfg.agent_port), secret=secret,
-                                 tls=True, ca_cert_pem=ca_pem)
         with self._lock:
             self._handles[sandbox_id].endpoint = endpoint
         return endpoint
+
+    def _ensure_shared_policy(self) -> None:
+        """Create the instance's deny-all policy once (it outlives sandboxes and service restarts)."""
+        if self._shared_policy:
+            return
+        self._create("shared networkpolicy", self.net.create_namespaced_network_policy,
+                     self.net.read_namespaced_network_policy, build_shared_network_policy(self.config))
+        self._shared_policy = True
 
     def _wait_running(self, pod_name: str) -> str:
         """Wait until the sandbox container runs (its image pulled, the agent starting); return the pod IP.
@@ -229,33 +291,33 @@ class KubernetesBackend(SandboxBackend):
         This waits longer than "has an IP" on purpose: pulling a multi-GB task image is the pod's
         start, and the service's agent-readiness timeout is sized for the agent, not for a pull.
         """
-        cfg, ns = self.config, self.config.namespace
-        deadline = time.monotonic() + cfg.start_timeout_seconds
-        delay = min(0.1, cfg.poll_interval_seconds)
-        while True:
-            try:
-                pod = self._call("read pod", self.core.read_namespaced_pod, pod_name, ns, passthrough=is_not_found)
-            except ApiException as err:
-                raise PodStartError(f"pod {pod_name} was deleted while starting",
-                                    InfraErrorKind.SANDBOX_DELETED) from err
-            seen = self._assess(pod)
-            if seen.state == "running" and seen.pod_ip:
-                return seen.pod_ip
-            if seen.state == "failed":
-                assert seen.infra_error is not None
-                if seen.retryable:
-                    err = BackendUnavailableError(seen.message or "sandbox pod failed")
-                    err.infra_error = seen.infra_error  # type: ignore[attr-defined]
-                    raise err
-                raise PodStartError(seen.message or "sandbox pod failed", seen.infra_error)
-            if time.monotonic() >= deadline:
-                err = BackendUnavailableError(
-                    f"pod {pod_name} was not running after {cfg.start_timeout_seconds:g} s "
-                    f"(phase {pod.status.phase if pod.status else '?'}{': ' + seen.message if seen.message else ''})")
-                err.infra_error = InfraErrorKind.TIMEOUT  # type: ignore[attr-defined]
-                raise err
-            self._sleep(delay)
-            delay = min(cfg.poll_interval_seconds, delay * 2)
+        cfg = self.config
+        last: dict[str, Any] = {}
+        errors_since: dict[str, datetime] = {}  # grace periods run from the first error seen, not from creation
+
+        def settled(pod: k8s.V1Pod | None) -> PodAssessment | None:
+            if pod is None:  # not in the watch yet (it lags the create), or gone since
+                return PodAssessment(state="failed", infra_error=InfraErrorKind.SANDBOX_DELETED,
+                                     message=f"pod {pod_name} was deleted while starting") if last else None
+            last["pod"], last["seen"] = pod, self._assess(pod, errors_since)
+            return last["seen"] if last["seen"].state != "pending" else None
+
+        seen = self.pods.wait(pod_name, settled, cfg.start_timeout_seconds)
+        if seen is None:
+            pod, pending = last.get("pod"), last.get("seen")
+            err = BackendUnavailableError(
+                f"pod {pod_name} was not running after {cfg.start_timeout_seconds:g} s "
+                f"(phase {pod.status.phase if pod is not None and pod.status else 'not seen'}"
+                f"{': ' + pending.message if pending is not None and pending.message else ''}"
+                f"{'; pod watch: ' + self.pods.last_error if self.pods.last_error else ''})",
+                infra_error=InfraErrorKind.TIMEOUT)
+            raise err
+        if seen.state == "running" and seen.pod_ip:
+            return seen.pod_ip
+        assert seen.infra_error is not None
+        if seen.retryable:
+            raise BackendUnavailableError(seen.message or "sandbox pod failed", infra_error=seen.infra_error)
+        raise PodStartError(seen.message or "sandbox pod failed", seen.infra_error)
 
     def status(self, sandbox_id: str) -> BackendStatus:
         pod = self._find_pod(sandbox_id)
@@ -267,46 +329,47 @@ class KubernetesBackend(SandboxBackend):
             return BackendStatus(alive=False, infra_error=seen.infra_error, message=seen.message)
         return BackendStatus(alive=True, message=seen.message)
 
+    def status_after_agent_loss(self, sandbox_id: str) -> BackendStatus:
+        """Wait on the watch (no API calls) until the pod's status is final, so an OOM kill the kubelet
+        reports late is OOM_KILLED (and escalated), not AGENT_LOST."""
+        handle = self._handle(sandbox_id)
+        if handle is not None:
+            self.pods.wait(handle.pod_name, lambda pod: pod is None or self._assess(pod).state == "failed",
+                           self.config.agent_loss_settle_seconds)
+        return self.status(sandbox_id)
+
     def stop(self, sandbox_id: str) -> None:
         with self._lock:
-            self._handles.pop(sandbox_id, None)
-        self._delete_objects(sandbox_id)
-
-    def _delete_objects(self, sandbox_id: str) -> None:
-        """Delete every object labelled with this sandbox, every attempt's (idempotent: gone is fine).
-
-        The Secret and NetworkPolicy would follow the pod through garbage collection anyway; deleting
-        them directly also covers a crash before their owner reference was set.
-        """
-        ns, selector = self.config.namespace, sandbox_selector(sandbox_id, self.config)
-        kinds = [("pod", self.core.list_namespaced_pod, self.core.delete_namespaced_pod),
-                 ("secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
-                 ("networkpolicy", self.net.list_namespaced_network_policy, self.net.delete_namespaced_network_policy)]
-        for what, list_fn, delete_fn in kinds:
-            for obj in self._call(f"list {what}s", list_fn, ns, label_selector=selector).items:
-                extra = {"grace_period_seconds": self.config.delete_grace_seconds} if what == "pod" else {}
-                try:
-                    self._call(f"delete {what}", delete_fn, obj.metadata.name, ns, passthrough=is_not_found,
-                               propagation_policy="Background", **extra)
-                except ApiException as err:
-                    if not is_not_found(err):
-                        raise
+            handle = self._handles.pop(sandbox_id, None)
+            orphaned = self._orphans.pop(sandbox_id, None)
+        if handle is not None or orphaned is not None:
+            # By name: a label LIST is a whole-namespace read on API servers before 1.31, per delete.
+            self.cleanup.delete_named(sorted((handle.objects() if handle else []) + list(orphaned or [])))
+        else:
+            self.cleanup.delete_labelled(sandbox_id)
 
     def list_orphans(self) -> list[str]:
         """Sandboxes of this service instance on the cluster that this process did not start: after a
         service restart, all of them (their agents' secrets died with the old process)."""
-        ns, selector = self.config.namespace, instance_selector(self.config)
-        found: set[str] = set()
-        for what, list_fn in [("pods", self.core.list_namespaced_pod), ("secrets", self.core.list_namespaced_secret),
-                              ("networkpolicies", self.net.list_namespaced_network_policy)]:
-            for obj in self._call(f"list {what}", list_fn, ns, label_selector=selector).items:
-                meta = obj.metadata
-                sid = (meta.annotations or {}).get(SANDBOX_ID_ANNOTATION) or (meta.labels or {}).get(SANDBOX_ID_LABEL)
-                if sid:
-                    found.add(sid)
+        found = self.cleanup.find_all()
         with self._lock:
-            known = set(self._handles)
-        return sorted(found - known)
+            for sid in set(found) - set(self._handles):
+                self._orphans[sid] = found[sid]  # stop() then deletes them by name: 3 LISTs for all, not 3 each
+            if self._sweeper is None and self.config.orphan_sweep_seconds > 0:  # the service's start-up call
+                self._sweeper = threading.Thread(target=self._sweep_forever, name="orphan-sweep", daemon=True)
+                self._sweeper.start()
+            return sorted(set(found) - set(self._handles))
+
+    def _sweep_forever(self) -> None:
+        """Periodic sweeps: a create whose cleanup failed (API down at that moment) leaves objects that no
+        handle knows; they are deleted at the next sweep, not at the next restart."""
+        while not self._closed.wait(self.config.orphan_sweep_seconds):
+            try:
+                for orphan in self.list_orphans():
+                    log.warning("sweeping orphaned sandbox %s", orphan)
+                    self.stop(orphan)
+            except Exception:  # noqa: BLE001 - the next sweep tries again
+                log.exception("orphan sweep failed")
 
     # -- network ----------------------------------------------------------------------------------
     def apply_network_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
@@ -316,6 +379,17 @@ class KubernetesBackend(SandboxBackend):
         if pod is None:
             raise SandboxNotFoundError(f"no pod for sandbox {sandbox_id!r}; it was deleted or never started")
         name = pod.metadata.name
+        handle = self._handle(sandbox_id)
+        if policy.mode != "allowlist":  # the shared policy denies all egress: drop the sandbox's own
+            try:
+                self._call("delete networkpolicy", self.net.delete_namespaced_network_policy, name, ns,
+                           passthrough=is_not_found)
+            except ApiException as err:
+                if not is_not_found(err):
+                    raise
+            return
+        if handle is not None:
+            handle.has_policy = True
         spec = SandboxCreate(image=pod.spec.containers[0].image, network=policy)
         desired = build_network_policy(name, sandbox_id, spec, cfg, policy, cidrs, owner=owner_reference(pod))
         for attempt in range(cfg.retry_attempts):
@@ -354,4 +428,7 @@ class KubernetesBackend(SandboxBackend):
         self.snapshots.delete(snapshot_id)
 
     def close(self) -> None:
+        self._closed.set()
+        if self._cache is not None:
+            self._cache.close()
         self.api_client.close()

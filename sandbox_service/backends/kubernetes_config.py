@@ -50,7 +50,11 @@ class KubernetesBackendConfig(BaseSettings):
     kubeconfig: str | None = Field(None, description="Kubeconfig path (kubeconfig mode; default ~/.kube/config).")
     context: str | None = Field(None, description="Kubeconfig context (default: the current context).")
     api_timeout_seconds: float = Field(30.0, gt=0, description="Timeout of each Kubernetes API request.")
-    api_pool_size: int = Field(32, ge=1, description="HTTP connections kept to the API server.")
+    api_pool_size: int = Field(
+        96, ge=1, description="HTTP connections kept to the API server (at least the service's backend_threads).")
+    api_qps: float = Field(
+        50.0, gt=0, description="Client-side rate limit: API requests a second, shared by every call (token bucket).")
+    api_burst: int = Field(100, ge=1, description="Requests the rate limiter lets through at once after a lull.")
     instance: str = Field(
         "default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
         description="Service instance label; orphans are only reaped among this instance's objects.")
@@ -88,6 +92,9 @@ class KubernetesBackendConfig(BaseSettings):
         default_factory=dict, description="Extra pod annotations, e.g. to keep a service mesh sidecar out.")
     cpu_request_ratio: float = Field(
         1.0, gt=0, le=1, description="CPU request = limit x this (1.0: guaranteed; lower packs nodes denser).")
+    guaranteed_qos: bool = Field(
+        False, description="Requests = limits in every container, the injector too, so pods get the Guaranteed "
+                           "QoS class (evicted last, eligible for exclusive CPUs); overrides cpu_request_ratio.")
 
     # -- network ----------------------------------------------------------------------------------------
     allow_dns_for_hosts: bool = Field(
@@ -95,20 +102,39 @@ class KubernetesBackendConfig(BaseSettings):
     dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods.")
     dns_selector: dict[str, str] = Field(
         default_factory=lambda: {"k8s-app": "kube-dns"}, description="Labels of the cluster DNS pods.")
+    dns_cidrs: list[str] = Field(
+        default_factory=lambda: ["169.254.20.10/32"],
+        description="DNS addresses no pod selector matches: NodeLocal DNSCache's link-local address by default.")
 
     # -- timing ------------------------------------------------------------------------------------------
     start_timeout_seconds: float = Field(300.0, gt=0, description="Give up on a pod that has no IP after this.")
     unschedulable_timeout_seconds: float = Field(
         120.0, ge=0, description="A pod unschedulable this long is reported UNAVAILABLE (retryable).")
     image_pull_grace_seconds: float = Field(
-        30.0, ge=0, description="Image pull errors lasting this long are IMAGE_PULL_FAILED (kubelet retries first).")
-    poll_interval_seconds: float = Field(0.5, gt=0, description="How often start() re-reads a pending pod.")
+        60.0, ge=0, description="Image pull errors lasting this long (from the first one seen) are IMAGE_PULL_FAILED; "
+                                "a registry 429 or timeout is then retried by the service, a missing image is not.")
+    container_error_grace_seconds: float = Field(
+        60.0, ge=0, description="CreateContainerError and kin lasting this long fail the attempt (retryable).")
+    watch_timeout_seconds: int = Field(
+        240, ge=1, description="Server-side timeout of one pod watch request (it is then resumed).")
     delete_grace_seconds: int = Field(1, ge=0, description="Termination grace period of sandbox pods.")
+    orphan_sweep_seconds: float = Field(
+        300.0, ge=0, description="After start-up, look for and delete orphans this often (leftovers of failed "
+                                 "cleanups); 0: only at start-up. Needs one replica per `instance`.")
+    agent_loss_settle_seconds: float = Field(
+        15.0, ge=0, description="After an agent stops answering, how long to wait for the pod status to say why "
+                                "(kubelet reports an OOM kill seconds late); still running then: AGENT_LOST.")
+    max_ttl_seconds: float = Field(
+        86400.0, gt=0, description="Cap on a pod's activeDeadlineSeconds (the service's max_ttl_seconds).")
+    safe_to_evict: bool = Field(
+        True, description="Annotate pods safe-to-evict so the cluster autoscaler can drain their nodes.")
 
     # -- retries of API calls ------------------------------------------------------------------------------
-    retry_attempts: int = Field(6, ge=1, description="Attempts per API call on 409/429/5xx/connection errors.")
+    retry_attempts: int = Field(6, ge=1, description="Attempts per write call on 409/429/5xx/connection errors.")
     retry_base_seconds: float = Field(0.2, gt=0, description="First backoff; doubles per attempt (full jitter).")
     retry_max_seconds: float = Field(10.0, gt=0, description="Backoff cap (a Retry-After header overrides it).")
+    read_deadline_seconds: float = Field(
+        60.0, gt=0, description="GET/LIST calls are retried until this deadline (writes: retry_attempts).")
 
     # -- snapshots ---------------------------------------------------------------------------------------
     snapshot_dir: Path = Field(

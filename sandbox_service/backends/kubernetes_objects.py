@@ -128,7 +128,7 @@ def build_secret(name: str, sandbox_id: str, spec: SandboxCreate, config: Kubern
         return base64.b64encode(text.encode()).decode()
 
     return k8s.V1Secret(
-        api_version="v1", kind="Secret", type="Opaque",
+        api_version="v1", kind="Secret", type="Opaque", immutable=True,  # kubelet stops watching it
         metadata=object_meta(name, sandbox_id, config, spec),
         data={SECRET_KEY_AGENT: b64(agent_secret), SECRET_KEY_CERT: b64(cert_pem), SECRET_KEY_KEY: b64(key_pem)})
 
@@ -141,14 +141,16 @@ def agent_command(spec: SandboxCreate, config: KubernetesBackendConfig) -> list[
     """The main container's command: the injected interpreter running the injected agent.
 
     `-I -S` (isolated, no site): the image's PYTHON* variables and site-packages cannot break the agent,
-    and the agent's path does not leak into the commands it runs.
+    and the agent's path does not leak into the commands it runs. `--inherit-env`: the runtime starts
+    this command with the image's ENV (PATH, HOME, JAVA_HOME, conda's variables) plus the pod's env, and
+    the agent hands exactly that to every command; the pod spec itself cannot know the image's ENV.
     """
     mount, sec = config.agent_mount_path, config.secret_mount_path
     return [f"{mount}/python/bin/python3", "-I", "-S", "-c", AGENT_BOOTSTRAP, f"{mount}/agent",
-            "--tcp", f"0.0.0.0:{config.agent_port}",
+            "--tcp", f"[::]:{config.agent_port}",  # dual stack; IPv4 alone where the node has no IPv6
             "--tls-cert", f"{sec}/{SECRET_KEY_CERT}", "--tls-key", f"{sec}/{SECRET_KEY_KEY}",
             "--secret-file", f"{sec}/{SECRET_KEY_AGENT}", "--workspace", spec.workdir,
-            "--isolation", "kubernetes-pod"]
+            "--isolation", "kubernetes-pod", "--inherit-env"]
 
 
 def build_resources(resources: Resources, config: KubernetesBackendConfig) -> k8s.V1ResourceRequirements:
@@ -159,8 +161,8 @@ def build_resources(resources: Resources, config: KubernetesBackendConfig) -> k8
     memory = _quantity_mi(resources.memory_mb + config.agent_memory_overhead_mb)
     disk = _quantity_mi(resources.disk_mb + config.agent_volume_size_mb)
     limits = {"cpu": _millicores(resources.cpu), "memory": memory, "ephemeral-storage": disk}
-    requests = {"cpu": _millicores(resources.cpu * config.cpu_request_ratio), "memory": memory,
-                "ephemeral-storage": disk}
+    ratio = 1.0 if config.guaranteed_qos else config.cpu_request_ratio
+    requests = {"cpu": _millicores(resources.cpu * ratio), "memory": memory, "ephemeral-storage": disk}
     return k8s.V1ResourceRequirements(limits=limits, requests=requests)
 
 
@@ -175,8 +177,9 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         name=INJECTOR_CONTAINER, image=config.injector_image, image_pull_policy="IfNotPresent",
         command=["cp", "-a", f"{INJECTOR_SOURCE}/.", f"{config.agent_mount_path}/"],
         volume_mounts=[k8s.V1VolumeMount(name=agent_volume, mount_path=config.agent_mount_path)],
-        resources=k8s.V1ResourceRequirements(limits={"cpu": "200m", "memory": "64Mi"},
-                                             requests={"cpu": "50m", "memory": "32Mi"}),
+        resources=k8s.V1ResourceRequirements(
+            limits={"cpu": "200m", "memory": "64Mi"},
+            requests={"cpu": "200m", "memory": "64Mi"} if config.guaranteed_qos else {"cpu": "50m", "memory": "32Mi"}),
         security_context=k8s.V1SecurityContext(
             run_as_user=65532, run_as_non_root=True, read_only_root_filesystem=True,
             allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"])))
@@ -198,7 +201,8 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         restart_policy="Never",  # a crashed sandbox is reported, never silently restarted without its state
         automount_service_account_token=False, service_account_name=config.service_account_name,
         enable_service_links=False, hostname=dns_label(sandbox_id),
-        active_deadline_seconds=max(1, int(spec.ttl_seconds)),  # the hard TTL holds even if the service dies
+        # the hard TTL holds even if the service dies; capped as the service caps it
+        active_deadline_seconds=max(1, int(min(spec.ttl_seconds, config.max_ttl_seconds))),
         termination_grace_period_seconds=config.delete_grace_seconds,
         security_context=k8s.V1PodSecurityContext(seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
         volumes=[
@@ -212,8 +216,13 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         tolerations=[k8s.V1Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect,
                                       toleration_seconds=t.toleration_seconds) for t in config.tolerations] or None,
         runtime_class_name=config.runtime_class_name, priority_class_name=config.priority_class_name)
-    meta = object_meta(name, sandbox_id, config, spec,
-                       extra_annotations={WORKDIR_ANNOTATION: spec.workdir, **config.pod_annotations})
+    annotations = {WORKDIR_ANNOTATION: spec.workdir}
+    if config.safe_to_evict:
+        # A bare pod with an emptyDir blocks the cluster autoscaler's scale-down; a sandbox is disposable
+        # (the service recreates it), so it says so.
+        annotations.update({"cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
+                            "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes": "orchard-agent"})
+    meta = object_meta(name, sandbox_id, config, spec, extra_annotations={**annotations, **config.pod_annotations})
     return k8s.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=pod_spec)
 
 
@@ -232,9 +241,13 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
     cidrs: list[str] = []
     for cidr in policy.allow_cidrs:
         try:
-            cidrs.append(str(ipaddress.ip_network(cidr, strict=False)))
+            network = ipaddress.ip_network(cidr, strict=False)
         except ValueError as err:
             raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is not a CIDR ({err}); use e.g. 10.0.0.0/8.")
+        if any(network.version == m.version and network.subnet_of(m) for m in map(ipaddress.ip_network, METADATA_CIDRS)):
+            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is the cloud metadata endpoint, which "
+                                      "sandboxes never reach (it hands out the node's credentials).")
+        cidrs.append(str(network))
     for host in policy.allow_hosts:
         try:
             addresses = resolver(host)
@@ -246,28 +259,61 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
     return sorted(set(cidrs))
 
 
-def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
-                         policy: NetworkPolicy, cidrs: list[str],
-                         owner: k8s.V1OwnerReference | None = None) -> k8s.V1NetworkPolicy:
-    """Per-sandbox policy: ingress only from the service pods to the agent port; egress denied except
-    the allowlist. `none` and `loopback` are the same here: a pod always has loopback, and its one
-    interface cannot be removed, only denied."""
+METADATA_CIDRS = ("169.254.169.254/32", "fd00:ec2::254/128")  # cloud metadata endpoints (IPv4, AWS IPv6)
+
+
+def _ip_block_peer(cidr: str) -> k8s.V1NetworkPolicyPeer:
+    """An allowed CIDR that never opens the cloud metadata endpoint (node credentials), even 0.0.0.0/0."""
+    network = ipaddress.ip_network(cidr)
+    excepted = [m for m in METADATA_CIDRS if (meta := ipaddress.ip_network(m)).version == network.version
+                and meta != network and meta.subnet_of(network)]
+    return k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=cidr, _except=excepted or None))
+
+
+def shared_policy_name(config: KubernetesBackendConfig) -> str:
+    return f"orchard-sandboxes-{config.instance}"
+
+
+def build_shared_network_policy(config: KubernetesBackendConfig) -> k8s.V1NetworkPolicy:
+    """One policy for every sandbox pod of this service instance: ingress only from the service pods to
+    the agent port, no egress at all. It exists before any pod, so no pod ever runs unprotected, and
+    mode `none` (and `loopback`: a pod's loopback cannot be denied) costs no per-sandbox object; on
+    Cilium, pods sharing one policy share one identity."""
     service_peer = k8s.V1NetworkPolicyPeer(pod_selector=k8s.V1LabelSelector(match_labels=dict(config.service_selector)))
     if config.service_namespace:
         service_peer.namespace_selector = k8s.V1LabelSelector(
             match_labels={"kubernetes.io/metadata.name": config.service_namespace})
     ingress = [k8s.V1NetworkPolicyIngressRule(
         _from=[service_peer], ports=[k8s.V1NetworkPolicyPort(protocol="TCP", port=config.agent_port)])]
+    labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, INSTANCE_LABEL: config.instance,
+              "app.kubernetes.io/name": "orchard-sandbox", "app.kubernetes.io/component": "sandbox-network"}
+    return k8s.V1NetworkPolicy(
+        api_version="networking.k8s.io/v1", kind="NetworkPolicy",
+        metadata=k8s.V1ObjectMeta(name=shared_policy_name(config), namespace=config.namespace, labels=labels),
+        spec=k8s.V1NetworkPolicySpec(
+            pod_selector=k8s.V1LabelSelector(match_labels={MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+                                                           INSTANCE_LABEL: config.instance}),
+            policy_types=["Ingress", "Egress"], ingress=ingress, egress=[]))
+
+
+def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
+                         policy: NetworkPolicy, cidrs: list[str],
+                         owner: k8s.V1OwnerReference | None = None) -> k8s.V1NetworkPolicy:
+    """Per-sandbox policy, for allowlists only: the egress it opens. Policies add up, so ingress and
+    the default deny come from the shared policy (`build_shared_network_policy`).
+
+    DNS for host names: the cluster DNS pods, and `dns_cidrs` (NodeLocal DNSCache answers on a
+    link-local address from a host-network pod, which no pod selector matches)."""
     egress: list[k8s.V1NetworkPolicyEgressRule] = []
     if cidrs:
-        egress.append(k8s.V1NetworkPolicyEgressRule(
-            to=[k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=c)) for c in cidrs]))
+        egress.append(k8s.V1NetworkPolicyEgressRule(to=[_ip_block_peer(c) for c in cidrs]))
     if policy.mode == "allowlist" and policy.allow_hosts and config.allow_dns_for_hosts:
         egress.append(k8s.V1NetworkPolicyEgressRule(
             to=[k8s.V1NetworkPolicyPeer(
                 namespace_selector=k8s.V1LabelSelector(
                     match_labels={"kubernetes.io/metadata.name": config.dns_namespace}),
-                pod_selector=k8s.V1LabelSelector(match_labels=dict(config.dns_selector)))],
+                pod_selector=k8s.V1LabelSelector(match_labels=dict(config.dns_selector)))]
+            + [k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=c)) for c in config.dns_cidrs],
             ports=[k8s.V1NetworkPolicyPort(protocol="UDP", port=53), k8s.V1NetworkPolicyPort(protocol="TCP", port=53)]))
     return k8s.V1NetworkPolicy(
         api_version="networking.k8s.io/v1", kind="NetworkPolicy",
@@ -275,7 +321,7 @@ def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config
         spec=k8s.V1NetworkPolicySpec(
             pod_selector=k8s.V1LabelSelector(match_labels={SANDBOX_ID_LABEL: label_value(sandbox_id),
                                                            INSTANCE_LABEL: config.instance}),
-            policy_types=["Ingress", "Egress"], ingress=ingress, egress=egress))
+            policy_types=["Egress"], egress=egress))
 
 
 def to_dict(obj: object) -> dict:

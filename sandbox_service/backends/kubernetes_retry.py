@@ -32,6 +32,9 @@ class RetryPolicy(BaseModel):
     attempts: int = Field(6, ge=1, description="Attempts in all, the first included.")
     base_seconds: float = Field(0.2, gt=0, description="First backoff; doubles per attempt.")
     max_seconds: float = Field(10.0, gt=0, description="Cap on one backoff (and on a Retry-After we obey).")
+    read_deadline_seconds: float = Field(
+        60.0, gt=0, description="Reads (GET/LIST) retry until this deadline rather than for `attempts`: "
+                                "giving up on a read of a healthy pod under throttling would abort the sandbox.")
 
 
 def api_reason(err: ApiException) -> tuple[str, str]:
@@ -62,9 +65,7 @@ def _retry_after(err: ApiException) -> float | None:
 
 
 def _unavailable(message: str) -> BackendUnavailableError:
-    err = BackendUnavailableError(message)
-    err.infra_error = InfraErrorKind.UNAVAILABLE  # type: ignore[attr-defined]  # read by the service
-    return err
+    return BackendUnavailableError(message, infra_error=InfraErrorKind.UNAVAILABLE)
 
 
 def translate(err: ApiException, what: str) -> SandboxServiceError:
@@ -84,11 +85,18 @@ def translate(err: ApiException, what: str) -> SandboxServiceError:
 
 def call(what: str, fn: Callable[..., T], *args: Any, policy: RetryPolicy, retry_conflicts: bool = True,
          passthrough: Callable[[ApiException], bool] = lambda e: False,
-         sleep: Callable[[float], None] = time.sleep, **kwargs: Any) -> T:
+         sleep: Callable[[float], None] = time.sleep, limiter: Callable[[], Any] = lambda: None,
+         read: bool = False, clock: Callable[[], float] = time.monotonic, **kwargs: Any) -> T:
     """Run one API call. `passthrough(err)` errors go back to the caller unchanged (e.g. a 404 that
-    means "already gone"); retryable ones are retried; the rest become typed service errors."""
+    means "already gone"); retryable ones are retried; the rest become typed service errors.
+    `limiter()` runs before every attempt (the shared token bucket). A `read` is retried until
+    `policy.read_deadline_seconds` have passed, a write for `policy.attempts` attempts."""
     last = ""
-    for attempt in range(policy.attempts):
+    deadline = clock() + policy.read_deadline_seconds
+    attempt = 0
+    while True:
+        attempt += 1
+        limiter()
         try:
             return fn(*args, **kwargs)
         except ApiException as err:
@@ -102,12 +110,13 @@ def call(what: str, fn: Callable[..., T], *args: Any, policy: RetryPolicy, retry
             wait = _retry_after(err)
         except (Urllib3Error, ConnectionError, TimeoutError) as err:
             last, wait = f"{type(err).__name__}: {err}", None
-        if attempt + 1 == policy.attempts:
-            break
         if wait is None:
-            wait = random.uniform(0, min(policy.max_seconds, policy.base_seconds * 2 ** attempt))
+            wait = random.uniform(0, min(policy.max_seconds, policy.base_seconds * 2 ** min(attempt - 1, 20)))
         wait = min(wait, policy.max_seconds)
-        log.info("kubernetes %s failed (%s); retry %d/%d in %.2fs", what, last, attempt + 1, policy.attempts - 1, wait)
+        if (clock() + wait >= deadline) if read else (attempt >= policy.attempts):
+            break
+        log.info("kubernetes %s failed (%s); retry %d in %.2fs", what, last, attempt, wait)
         sleep(wait)
-    raise _unavailable(f"{what}: the Kubernetes API kept failing after {policy.attempts} attempts "
-                       f"(last: {last}); the service retries the create later.")
+    budget = f"for {policy.read_deadline_seconds:g} s" if read else f"after {policy.attempts} attempts"
+    raise _unavailable(f"{what}: the Kubernetes API kept failing {budget} ({attempt} attempts, last: {last}); "
+                       "the service retries the create later.")

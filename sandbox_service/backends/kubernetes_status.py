@@ -18,8 +18,13 @@ from sandbox_service.models import InfraErrorKind
 _PULL_ERRORS = {"ErrImagePull", "ImagePullBackOff"}
 # Never fixed by waiting: the reference itself is wrong, or the policy forbids pulling.
 _PULL_ERRORS_PERMANENT = {"InvalidImageName", "ErrImageNeverPull"}
-_CRASH_WAITING = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError",
-                  "CrashLoopBackOff", "PreCreateHookError", "PreStartHookError"}
+# A registry that throttles (429) or times out is worth another try, later or on another node.
+_PULL_TRANSIENT_WORDS = ("429", "toomanyrequests", "too many requests", "rate limit", "timeout", "timed out",
+                         "deadline exceeded", "connection reset", "connection refused", "503", "502", "eof")
+# containerd often recovers from these (a busy runtime, a Secret not yet synced to the node).
+_CONTAINER_TRANSIENT = {"CreateContainerConfigError", "CreateContainerError", "RunContainerError",
+                        "PreCreateHookError", "PreStartHookError"}
+_CRASH_WAITING = {"CrashLoopBackOff"}
 
 
 class PodAssessment(BaseModel):
@@ -66,20 +71,38 @@ def _check_oom(cs: k8s.V1ContainerStatus) -> PodAssessment | None:
     return None
 
 
-def _check_container(pod: k8s.V1Pod, cs: k8s.V1ContainerStatus, now: datetime,
-                     image_pull_grace: float) -> PodAssessment | None:
+def _error_age(pod: k8s.V1Pod, cs: k8s.V1ContainerStatus, reason: str, now: datetime,
+               errors_since: dict[str, datetime] | None) -> float:
+    """How long this error has lasted: from when it was first seen when the caller tracks that
+    (`errors_since`), else from the pod's creation (an upper bound)."""
+    if errors_since is None:
+        return _age_seconds(pod.metadata.creation_timestamp, now)
+    return _age_seconds(errors_since.setdefault(f"{cs.name}/{reason}", now), now)
+
+
+def _check_container(pod: k8s.V1Pod, cs: k8s.V1ContainerStatus, now: datetime, image_pull_grace: float,
+                     container_error_grace: float, errors_since: dict[str, datetime] | None) -> PodAssessment | None:
     """A failure other than OOM visible in one container's status, or None."""
     role = _role(cs)
     waiting = cs.state.waiting if cs.state else None
     if waiting is not None and waiting.reason in _PULL_ERRORS | _PULL_ERRORS_PERMANENT:
         image = _image_of(pod, cs.name, cs.image)
         permanent = waiting.reason in _PULL_ERRORS_PERMANENT
-        if permanent or _age_seconds(pod.metadata.creation_timestamp, now) >= image_pull_grace:
+        transient = not permanent and any(w in (waiting.message or "").lower() for w in _PULL_TRANSIENT_WORDS)
+        if permanent or _error_age(pod, cs, "pull", now, errors_since) >= image_pull_grace:
             return _failed(InfraErrorKind.IMAGE_PULL_FAILED,
                            f"Could not pull the {role} image {image!r} ({waiting.reason}: "
-                           f"{waiting.message or 'no detail'}). Check the image name and tag, the "
-                           "registry's reachability from the nodes, and imagePullSecrets.")
+                           f"{waiting.message or 'no detail'}). "
+                           + ("The registry throttled or timed out; the service tries again." if transient else
+                              "Check the image name and tag, the registry's reachability from the nodes, "
+                              "and imagePullSecrets."), retryable=transient)
         return None  # kubelet is still retrying; a registry hiccup may pass
+    if waiting is not None and waiting.reason in _CONTAINER_TRANSIENT:
+        if _error_age(pod, cs, waiting.reason, now, errors_since) >= container_error_grace:
+            return _failed(InfraErrorKind.SANDBOX_CRASHED,
+                           f"The {role} container could not be created for {container_error_grace:g} s "
+                           f"({waiting.reason}: {waiting.message or 'no detail'}).", retryable=True)
+        return None  # the runtime retries; containerd often recovers
     if waiting is not None and waiting.reason in _CRASH_WAITING:
         return _failed(InfraErrorKind.SANDBOX_CRASHED,
                        f"The {role} container could not start ({waiting.reason}: {waiting.message or 'no detail'}).")
@@ -102,9 +125,13 @@ def _condition(pod: k8s.V1Pod, kind: str) -> k8s.V1PodCondition | None:
     return None
 
 
-def assess_pod(pod: k8s.V1Pod, now: datetime, *, unschedulable_timeout: float,
-               image_pull_grace: float) -> PodAssessment:
-    """Map a pod to pending/running/failed with the infrastructure error that explains a failure."""
+def assess_pod(pod: k8s.V1Pod, now: datetime, *, unschedulable_timeout: float, image_pull_grace: float,
+               container_error_grace: float = 60.0,
+               errors_since: dict[str, datetime] | None = None) -> PodAssessment:
+    """Map a pod to pending/running/failed with the infrastructure error that explains a failure.
+
+    Transient errors (image pulls, container creation) fail only once they have lasted their grace
+    period, counted from when `errors_since` (kept by the caller across readings) first saw them."""
     status = pod.status or k8s.V1PodStatus()
     if pod.metadata.deletion_timestamp is not None:
         return _failed(InfraErrorKind.SANDBOX_DELETED, "The sandbox pod is being deleted.")
@@ -122,7 +149,8 @@ def assess_pod(pod: k8s.V1Pod, now: datetime, *, unschedulable_timeout: float,
         return _failed(InfraErrorKind.SANDBOX_DELETED,
                        "The sandbox reached its hard lifetime (ttl_seconds, the pod's activeDeadlineSeconds).")
     for cs in statuses:
-        if (found := _check_container(pod, cs, now, image_pull_grace)) is not None:
+        if (found := _check_container(pod, cs, now, image_pull_grace, container_error_grace,
+                                      errors_since)) is not None:
             return found
     if phase == "Failed":
         return _failed(InfraErrorKind.SANDBOX_CRASHED,

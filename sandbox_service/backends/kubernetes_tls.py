@@ -17,8 +17,8 @@ from sandbox_service.agent_tls import make_ca, make_server_cert
 class AgentCertificates:
     """Issues (ca_cert_pem, cert_pem, key_pem) for one sandbox."""
 
-    def __init__(self, validity_days: int = 2):
-        self.validity_days = validity_days  # longer than any sandbox's hard TTL (2 h by default)
+    def __init__(self, validity_days: float = 2):
+        self.validity_days = validity_days  # the backend passes its capped pod lifetime plus an hour
 
     def issue(self, name: str) -> tuple[str, str, str]:
         ca = make_ca(f"orchard sandbox CA {name}"[:64], days=self.validity_days)

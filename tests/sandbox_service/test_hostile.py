@@ -181,9 +181,12 @@ def test_hostile_trees_never_break_delete_snapshots_or_a_restart(tmp_path, depth
             snaps.append("snap-left")
             _deep_tree_on_host(local / "snapshots" / snaps[0] / "upper", depth)
         with EmbeddedService(ServiceConfig(token="unused", state_dir=state_dir)) as restarted:
-            with restarted.client() as client:
-                report = client.healthz()["startup_cleanup"]
-        assert report == {"sandboxes_removed": orphans, "snapshots_removed": snaps, "errors": []}, report
+            with restarted.client() as client:  # the clean-up runs in the background, after listening
+                deadline = time.monotonic() + 120
+                while not (report := client.healthz()["startup_cleanup"])["finished"] and time.monotonic() < deadline:
+                    time.sleep(0.2)
+        assert report == {"sandboxes_removed": sorted(orphans), "snapshots_removed": snaps, "errors": [],
+                          "finished": True}, report
         assert list((local / "s").iterdir()) == [] and list((local / "snapshots").iterdir()) == []
         assert not (local / "quarantine").exists()
         assert crashed.find_leaks() == []

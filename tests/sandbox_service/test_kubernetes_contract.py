@@ -1,8 +1,8 @@
 """Contract test of the Kubernetes backend against an in-process fake of the API endpoints it uses.
 
 There is no cluster here. What this covers: the real `kubernetes` client, pointed at a small HTTP
-server on 127.0.0.1 (`Configuration(host=...)`), sends the requests the backend makes; the fake
-checks each body against the Kubernetes OpenAPI schema (kubernetes-validate, strict) and the API
+server on 127.0.0.1 (`Configuration(host=...)`, `sandbox_service/backends/kubernetes_fake.py`), sends
+the requests the backend makes, its pod watch included (410 Gone, re-list); the fake checks each body against the Kubernetes OpenAPI schema (kubernetes-validate, strict) and the API
 server's name/label rules, assigns uids and resourceVersions, garbage-collects dependents by their
 ownerReferences, answers 404/409 like the API server, and injects 409/429/5xx faults. Pod status is
 scripted per test (Pending -> Running with an IP, OOMKilled, ErrImagePull, Unschedulable, ...).
@@ -19,8 +19,7 @@ standalone one), so the pod command, the Secret's certificate and the agent clie
 from __future__ import annotations
 
 import base64
-import copy
-import json
+import contextlib
 import os
 import re
 import shutil
@@ -29,261 +28,20 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import parse_qs, urlparse
 
-import kubernetes_validate
 import pytest
 from kubernetes import client as k8s
 
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.backends.kubernetes import KubernetesBackend, PodStartError
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, running_after, waiting
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxServiceError
 from sandbox_service.models import ExecOutcome, InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
 REPO = Path(__file__).resolve().parents[2]
-K8S_VERSION = "1.30"  # the API version kubernetes==30 (the installed client) speaks
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_ROUTE = re.compile(r"^/(?:api/v1|apis/networking\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/"
-                    r"(?P<kind>pods|secrets|networkpolicies)(?:/(?P<name>[^/]+))?$")
-_KIND = {"pods": ("Pod", "v1"), "secrets": ("Secret", "v1"),
-         "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1")}
-
-
-def _ts(at: datetime) -> str:
-    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _label_problems(labels: dict[str, str]) -> list[str]:
-    """The API server's label rules (apimachinery validation), which the OpenAPI schema does not hold."""
-    bad = []
-    for key, value in labels.items():
-        prefix, _, name = key.rpartition("/")
-        if (prefix and (len(prefix) > 253 or not _NAME.match(prefix))) or not name or len(name) > 63 \
-                or not _LABEL_VALUE.match(name):
-            bad.append(f"label key {key!r}")
-        if len(value) > 63 or not _LABEL_VALUE.match(value):
-            bad.append(f"label value {value!r}")
-    return bad
-
-
-class FakeKubernetesAPI:
-    """The handful of endpoints the backend uses, with the API server's observable behaviour."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], dict] = {}
-        self.requests: list[dict] = []
-        self.faults: list[dict] = []
-        self.kubelet = None  # fn(pod, reads) -> status dict | None, called on every pod read
-        self.reads: dict[str, int] = {}
-        self.content_types: list[tuple[str, str, str]] = []
-        self.on_delete = lambda obj: None  # what a kubelet does when a pod goes
-        self.gc_enabled = True  # False: the garbage collector lags, dependents outlive their owner a while
-        self.lock = threading.Lock()
-        self._rv = 0
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
-                                       daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    # -- test helpers -------------------------------------------------------------------------------
-    def fail(self, method: str, kind: str, status: int, reason: str = "", *, times: int = 1,
-             headers: dict | None = None, after: bool = False) -> None:
-        """The next `times` matching requests answer `status`; `after`: the operation happens first
-        (a lost response)."""
-        self.faults.append(dict(method=method, kind=kind, status=status, reason=reason, times=times,
-                                headers=headers or {}, after=after))
-
-    def of_kind(self, kind: str) -> list[dict]:
-        return [o for (k, _, _), o in self.objects.items() if k == kind]
-
-    def sent(self, method: str, kind: str) -> list[dict]:
-        return [r for r in self.requests if r["method"] == method and r["kind"] == kind]
-
-    def set_pod_status(self, name: str, status: dict) -> None:
-        with self.lock:
-            self.objects[("pods", "orchard", name)]["status"] = status
-
-    # -- the server ---------------------------------------------------------------------------------
-    def _next_rv(self) -> str:
-        self._rv += 1
-        return str(self._rv)
-
-    def _status(self, code: int, reason: str, message: str) -> tuple[int, dict]:
-        return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-                      "reason": reason, "message": message}
-
-    def _validate(self, kind: str, body: dict) -> str | None:
-        try:
-            kubernetes_validate.validate(body, K8S_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as err:
-            return f"schema: {err.message} at {list(err.absolute_path)}"
-        meta = body.get("metadata", {})
-        if not _NAME.match(meta.get("name", "")) or len(meta.get("name", "")) > 253:
-            return f"metadata.name {meta.get('name')!r} is not a DNS subdomain"
-        if kind == "pods" and len(meta["name"]) > 63:
-            return "pod name longer than 63 characters (it is the hostname)"
-        problems = _label_problems(meta.get("labels") or {})
-        return "; ".join(problems) or None
-
-    def _gc(self, uid: str) -> None:
-        """The garbage collector: dependents of a deleted owner go too."""
-        if not self.gc_enabled:
-            return
-        for key, obj in list(self.objects.items()):
-            if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or []):
-                del self.objects[key]
-
-    def handle(self, method: str, path: str, query: dict, body: dict | None) -> tuple[int, dict, dict]:
-        route = _ROUTE.match(path)
-        if not route:
-            return (*self._status(404, "NotFound", f"no route {path}"), {})
-        ns, kind, name = route["ns"], route["kind"], route["name"]
-        with self.lock:
-            self.requests.append(dict(method=method, kind=kind, name=name, query=query, body=body))
-            for fault in self.faults:
-                if fault["times"] > 0 and fault["method"] == method and fault["kind"] == kind:
-                    fault["times"] -= 1
-                    if fault["after"]:
-                        self._apply(method, ns, kind, name, query, body)
-                    return (*self._status(fault["status"], fault["reason"], "injected fault"), fault["headers"])
-            return (*self._apply(method, ns, kind, name, query, body), {})
-
-    def _apply(self, method, ns, kind, name, query, body) -> tuple[int, dict]:
-        api_kind, api_version = _KIND[kind]
-        if method == "POST":
-            body = {"apiVersion": api_version, "kind": api_kind, **body}  # as the API server fills them in
-            problem = self._validate(kind, body)
-            if problem:
-                return self._status(422, "Invalid", problem)
-            key = (kind, ns, body["metadata"]["name"])
-            if key in self.objects:
-                return self._status(409, "AlreadyExists", f'{kind} "{key[2]}" already exists')
-            obj = copy.deepcopy(body)
-            obj["metadata"].update(uid=str(uuid.uuid4()), resourceVersion=self._next_rv(),
-                                   creationTimestamp=_ts(datetime.now(timezone.utc)), namespace=ns)
-            if kind == "pods":
-                obj["status"] = {"phase": "Pending"}
-            self.objects[key] = obj
-            return 201, obj
-        if name is None and method == "GET":
-            selector = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
-            items = [o for (k, n, _), o in self.objects.items() if k == kind and n == ns
-                     and all((o["metadata"].get("labels") or {}).get(a) == b for a, b in selector.items())]
-            for item in items:
-                self._kubelet(item)
-            return 200, {"kind": f"{api_kind}List", "apiVersion": api_version,
-                         "metadata": {"resourceVersion": str(self._rv)}, "items": items}
-        key = (kind, ns, name)
-        if key not in self.objects:
-            return self._status(404, "NotFound", f'{kind} "{name}" not found')
-        obj = self.objects[key]
-        if method == "GET":
-            self._kubelet(obj)
-            return 200, obj
-        if method == "DELETE":
-            del self.objects[key]
-            self.on_delete(obj)
-            self._gc(obj["metadata"]["uid"])
-            return 200, obj if kind == "pods" else {"kind": "Status", "apiVersion": "v1", "status": "Success"}
-        if method == "PATCH":  # strategic merge, as far as the backend uses it: metadata fields
-            for field, value in (body.get("metadata") or {}).items():
-                obj["metadata"][field] = value
-            obj["metadata"]["resourceVersion"] = self._next_rv()
-            return 200, obj
-        if method == "PUT":
-            if body["metadata"].get("resourceVersion") != obj["metadata"]["resourceVersion"]:
-                return self._status(409, "Conflict", "the object has been modified; please apply your "
-                                                     "changes to the latest version and try again")
-            problem = self._validate(kind, {k: v for k, v in body.items() if k != "status"})
-            if problem:
-                return self._status(422, "Invalid", problem)
-            new = copy.deepcopy(body)
-            new["metadata"]["resourceVersion"] = self._next_rv()
-            self.objects[key] = new
-            return 200, new
-        return self._status(405, "MethodNotAllowed", method)
-
-    def _kubelet(self, pod: dict) -> None:
-        if pod.get("kind", "Pod") != "Pod" or self.kubelet is None:
-            return
-        name = pod["metadata"]["name"]
-        self.reads[name] = self.reads.get(name, 0) + 1
-        status = self.kubelet(pod, self.reads[name])
-        if status is not None:
-            pod["status"] = status
-
-    def _handler(self):
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep pytest output clean
-                pass
-
-            def _serve(self, method: str) -> None:
-                url = urlparse(self.path)
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length)) if length else None
-                if method in ("POST", "PUT", "PATCH"):
-                    fake.content_types.append((method, url.path, self.headers.get("Content-Type")))
-                status, payload, headers = fake.handle(method, url.path, parse_qs(url.query), body)
-                raw = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(raw)))
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.end_headers()
-                self.wfile.write(raw)
-
-            def do_GET(self):
-                self._serve("GET")
-
-            def do_POST(self):
-                self._serve("POST")
-
-            def do_PUT(self):
-                self._serve("PUT")
-
-            def do_PATCH(self):
-                self._serve("PATCH")
-
-            def do_DELETE(self):
-                self._serve("DELETE")
-
-        return Handler
-
-
-# -- kubelet scripts: what a pod's status looks like over successive reads ----------------------------
-def running_after(reads_pending: int, ip: str = "10.244.1.7"):
-    def kubelet(pod: dict, reads: int) -> dict:
-        if reads <= reads_pending:
-            return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
-        return {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-                "containerStatuses": [{"name": "sandbox", "image": pod["spec"]["containers"][0]["image"],
-                                       "imageID": "", "ready": True, "restartCount": 0,
-                                       "state": {"running": {"startedAt": _ts(datetime.now(timezone.utc))}}}]}
-    return kubelet
-
-
-def waiting(reason: str, message: str):
-    def kubelet(pod: dict, reads: int) -> dict:
-        return {"phase": "Pending", "containerStatuses": [
-            {"name": "sandbox", "image": pod["spec"]["containers"][0]["image"], "imageID": "", "ready": False,
-             "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}]}
-    return kubelet
-
-
 class Sleeps(list):
     """Records backoff sleeps instead of sleeping, so retry tests take no wall time."""
 
@@ -294,7 +52,10 @@ class Sleeps(list):
 @pytest.fixture
 def fake():
     api = FakeKubernetesAPI()
+    api.backends = []  # closed at the end: their pod watches stop
     yield api
+    for backend in api.backends:
+        backend.close()
     api.close()
 
 
@@ -305,9 +66,16 @@ def make_backend(fake: FakeKubernetesAPI, tmp_path: Path, sleeps: Sleeps | None 
     settings.update(overrides)
     configuration = k8s.Configuration(host=fake.url)
     kwargs = {"clock": clock} if clock else {}
-    return KubernetesBackend(KubernetesBackendConfig(**settings), api_client=k8s.ApiClient(configuration),
-                             sleep=sleeps if sleeps is not None else Sleeps(), resolver=lambda h: ["93.184.216.34"],
-                             **kwargs)
+    backend = KubernetesBackend(KubernetesBackendConfig(**settings), api_client=k8s.ApiClient(configuration),
+                                sleep=sleeps if sleeps is not None else Sleeps(),
+                                resolver=lambda h: ["93.184.216.34"], **kwargs)
+    fake.backends.append(backend)
+    return backend
+
+
+def sandbox_objects(fake: FakeKubernetesAPI) -> dict:
+    """Every object but the instance's shared deny-all NetworkPolicy (it outlives sandboxes on purpose)."""
+    return {k: v for k, v in fake.objects.items() if not k[2].startswith("orchard-sandboxes-")}
 
 
 SPEC = SandboxCreate(image="docker.io/library/python:3.12-slim", labels={"task": "swe/django-1234", "stage": "rl"})
@@ -337,11 +105,12 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
     assert endpoint.transport == "tcp" and endpoint.address == "10.244.1.7:8700"
     assert endpoint.tls and endpoint.secret == "s3cret" and "BEGIN CERTIFICATE" in endpoint.ca_cert_pem
     assert [(r["method"], r["kind"]) for r in fake.requests[:4]] == [
-        ("POST", "secrets"), ("POST", "pods"), ("PATCH", "secrets"), ("POST", "networkpolicies")]
-    assert fake.reads[fake.of_kind("pods")[0]["metadata"]["name"]] == 3  # polled through Pending
+        ("POST", "networkpolicies"), ("POST", "secrets"), ("POST", "pods"), ("PATCH", "secrets")]
+    # It waited through Pending on the backend's one pod watch: not a single read of its pod.
+    assert [r for r in fake.sent("GET", "pods") if r["name"]] == [] and len(fake.sent("GET", "pods")) == 1
 
     (pod,), (secret,), (policy,) = fake.of_kind("pods"), fake.of_kind("secrets"), fake.of_kind("networkpolicies")
-    for obj in (pod, secret, policy):
+    for obj in (pod, secret):
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/managed-by"] == "orchard"
         assert labels["orchard.dev/sandbox-id"] == "sb-0001"
@@ -349,7 +118,6 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
         assert obj["metadata"]["annotations"]["orchard.dev/sandbox-id"] == "sb-0001"
     owner = {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
     assert secret["metadata"]["ownerReferences"] == [owner]
-    assert policy["metadata"]["ownerReferences"] == [owner]
     patch_type = [c for m, p, c in fake.content_types if m == "PATCH"]
     assert patch_type == ["application/strategic-merge-patch+json"]
 
@@ -357,19 +125,26 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
     assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
     assert spec["activeDeadlineSeconds"] == int(SPEC.ttl_seconds)
     main = spec["containers"][0]
-    assert main["image"] == SPEC.image and "--tcp" in main["command"] and "0.0.0.0:8700" in main["command"]
+    assert main["image"] == SPEC.image and "--tcp" in main["command"] and "[::]:8700" in main["command"]
+    assert "--inherit-env" in main["command"] and "env" not in main  # the image's own ENV reaches commands
+    assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert secret["immutable"] is True
     assert main["resources"]["limits"] == {"cpu": "2000m", "memory": "2112Mi", "ephemeral-storage": "2304Mi"}
     assert not any("serviceaccount" in (m["mountPath"]) for m in main["volumeMounts"])
     assert spec["initContainers"][0]["image"] == backend.config.injector_image
     assert base64.b64decode(secret["data"]["agent-secret"]).decode() == "s3cret"
 
+    # mode none: no policy of its own; the instance's shared one (made before the pod) denies egress
+    assert policy["metadata"]["name"] == "orchard-sandboxes-default" and "ownerReferences" not in policy["metadata"]
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and policy["spec"]["egress"] == []
-    assert policy["spec"]["podSelector"]["matchLabels"]["orchard.dev/sandbox-id"] == "sb-0001"
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "orchard",
+                                                            "orchard.dev/service-instance": "default"}
+    assert all(pod["metadata"]["labels"][k] == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
     assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8700}]
 
     # ownerReferences point at the right uid: deleting the pod alone takes the others with it
     k8s.CoreV1Api(backend.api_client).delete_namespaced_pod(pod["metadata"]["name"], "orchard")
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
     backend.close()
 
 
@@ -381,7 +156,7 @@ def test_image_pull_failure_fails_start_with_the_image_name_and_leaks_nothing(fa
     assert caught.value.infra_error is InfraErrorKind.IMAGE_PULL_FAILED
     assert "registry.example/nope:1" in caught.value.message and "ErrImagePull" in caught.value.message
     assert not isinstance(caught.value, BackendUnavailableError)  # the service must not retry a bad image
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
 
 
 def test_image_pull_backoff_within_grace_keeps_waiting(fake, tmp_path):
@@ -407,24 +182,23 @@ def test_unschedulable_for_too_long_is_retryable_unavailable(fake, tmp_path):
         backend.start("sb-big", SPEC, Resources(memory_mb=512_000), "s")
     assert caught.value.infra_error is InfraErrorKind.UNAVAILABLE
     assert "Insufficient memory" in caught.value.message
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
 
 
 def test_start_timeout_is_retryable_and_cleans_up(fake, tmp_path):
     fake.kubelet = lambda pod, reads: {"phase": "Pending"}
-    backend = make_backend(fake, tmp_path, start_timeout_seconds=0.3, poll_interval_seconds=0.05)
-    backend._sleep = time.sleep  # this one really waits for the deadline
+    backend = make_backend(fake, tmp_path, start_timeout_seconds=0.3)
     with pytest.raises(BackendUnavailableError) as caught:
         backend.start("sb-slow", SPEC, Resources(), "s")
     assert caught.value.infra_error is InfraErrorKind.TIMEOUT
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
 
 
 def test_missing_image_is_refused_before_any_request(fake, tmp_path):
     backend = make_backend(fake, tmp_path)
     with pytest.raises(InvalidRequestError, match="SandboxCreate.image"):
         backend.start("sb-noimage", SandboxCreate(), Resources(), "s")
-    assert fake.sent("POST", "pods") == [] and fake.objects == {}
+    assert fake.sent("POST", "pods") == [] and sandbox_objects(fake) == {}
 
 
 # -- retries ----------------------------------------------------------------------------------------------
@@ -495,6 +269,7 @@ def test_status_maps_pod_state(fake, tmp_path, status, kind, alive, words):
     backend.start("sb-status", SPEC, Resources(), "s")
     fake.kubelet = None
     fake.set_pod_status(fake.of_kind("pods")[0]["metadata"]["name"], status)
+    assert backend.pods.wait_version(fake._rv, timeout=10)  # the watch delivers the kubelet's update
     seen = backend.status("sb-status")
     assert (seen.alive, seen.infra_error) == (alive, kind)
     assert words in (seen.message or "")
@@ -506,8 +281,11 @@ def test_status_of_a_deleted_pod_and_of_a_restarted_service(fake, tmp_path):
     first.start("sb-st2", SPEC, Resources(), "s")
     second = make_backend(fake, tmp_path)  # knows no pod names: finds the pod by its labels
     assert second.status("sb-st2").alive
-    fake.objects.clear()
-    gone = first.status("sb-st2")
+    k8s.CoreV1Api(first.api_client).delete_namespaced_pod(fake.of_kind("pods")[0]["metadata"]["name"], "orchard")
+    deadline = time.monotonic() + 10
+    while (gone := first.status("sb-st2")).alive:  # the watch delivers the deletion
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     assert (gone.alive, gone.infra_error) == (False, InfraErrorKind.SANDBOX_DELETED)
 
 
@@ -517,7 +295,7 @@ def test_stop_deletes_every_object_and_is_idempotent(fake, tmp_path):
     backend = make_backend(fake, tmp_path, delete_grace_seconds=2)
     backend.start("sb-stop", SPEC, Resources(), "s")
     backend.stop("sb-stop")
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
     deletes = fake.sent("DELETE", "pods")
     assert deletes[0]["query"]["gracePeriodSeconds"] == ["2"]
     backend.stop("sb-stop")  # nothing left: still fine
@@ -539,7 +317,7 @@ def test_list_orphans_finds_a_dead_services_sandboxes_and_only_its_instances(fak
     assert restarted.list_orphans() == ["sb-a", "sb-b"]
     for sandbox_id in restarted.list_orphans():
         restarted.stop(sandbox_id)
-    left = {o["metadata"]["annotations"]["orchard.dev/sandbox-id"] for o in fake.objects.values()}
+    left = {o["metadata"]["annotations"]["orchard.dev/sandbox-id"] for o in sandbox_objects(fake).values()}
     assert left == {"sb-c"}
 
 
@@ -547,18 +325,22 @@ def test_list_orphans_finds_a_dead_services_sandboxes_and_only_its_instances(fak
 def test_apply_network_policy_replaces_with_a_conflict_retry(fake, tmp_path):
     fake.kubelet = running_after(0)
     backend = make_backend(fake, tmp_path)
-    backend.start("sb-net", SPEC, Resources(), "s")
+    backend.start("sb-net", SPEC.model_copy(update={"network": NetworkPolicy(mode="allowlist",
+                                                                             allow_cidrs=["10.30.0.0/16"])}),
+                  Resources(), "s")
     fake.fail("PUT", "networkpolicies", 409, "Conflict")
     backend.apply_network_policy("sb-net", NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org"],
                                                          allow_cidrs=["10.20.0.0/16"]))
     assert len(fake.sent("PUT", "networkpolicies")) == 2
-    (policy,) = fake.of_kind("networkpolicies")
+    (policy,) = [p for p in fake.of_kind("networkpolicies") if "ownerReferences" in p["metadata"]]
+    assert policy["spec"]["policyTypes"] == ["Egress"] and "ingress" not in policy["spec"]
     egress = policy["spec"]["egress"]
     assert egress[0]["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}, {"ipBlock": {"cidr": "93.184.216.34/32"}}]
     assert egress[1]["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    assert egress[1]["to"][1] == {"ipBlock": {"cidr": "169.254.20.10/32"}}  # NodeLocal DNSCache
     assert policy["metadata"]["ownerReferences"][0]["kind"] == "Pod"
     backend.apply_network_policy("sb-net", NetworkPolicy(mode="none"))
-    assert fake.of_kind("networkpolicies")[0]["spec"]["egress"] == []
+    assert [p["metadata"]["name"] for p in fake.of_kind("networkpolicies")] == ["orchard-sandboxes-default"]
     with pytest.raises(InvalidRequestError, match="not a CIDR"):
         backend.apply_network_policy("sb-net", NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/33"]))
 
@@ -570,14 +352,16 @@ def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fa
     fake.kubelet = running_after(0)
     fake.gc_enabled = False  # so stop() deletes the Secret and NetworkPolicy itself
     fake.fail("POST", "secrets", 500, "InternalError", after=True)  # so the create reads its Secret back
+    fake.fail("POST", "pods", 500, "InternalError", after=True)  # and its pod
     backend = make_backend(fake, tmp_path)
     backend.start("sb-rbac-1", SPEC, Resources(), "s")
     backend.status("sb-rbac-1")
     backend.apply_network_policy("sb-rbac-1", NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/8"]))
+    backend.apply_network_policy("sb-rbac-1", NetworkPolicy(mode="allowlist", allow_cidrs=["10.1.0.0/16"]))
     backend.stop("sb-rbac-1")
     make_backend(fake, tmp_path).status("sb-unknown")  # the by-label path
     backend.list_orphans()
-    verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+    verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "WATCH": "watch"}
     used = {(r["kind"], verb.get(r["method"]) or ("get" if r["name"] else "list")) for r in fake.requests}
     (role,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/rbac.yaml").read_text()) if d["kind"] == "Role"]
     granted = {(resource, v) for rule in role["rules"] for resource in rule["resources"] for v in rule["verbs"]}
@@ -607,22 +391,31 @@ def inject_layout(mount: Path) -> None:
             shutil.copy(REPO / source, destination)
 
 
+# What a container runtime gives a task image's first process: the image's ENV (here a JDK and a conda
+# image's kind), not the pod spec's (which is empty).
+IMAGE_ENV = {"PATH": f"/opt/conda/bin:/opt/jdk/bin:{os.environ.get('PATH', '/usr/bin:/bin')}",
+             "JAVA_HOME": "/opt/jdk", "HOME": "/home/task", "CONDA_PREFIX": "/opt/conda"}
+
+
 class ProcessKubelet:
-    """A kubelet for one node at 127.0.0.1: on a pod's first read it mounts the pod's Secret (writes its
-    files) and runs the main container's command as a local process; deleting the pod kills it.
+    """A kubelet for one node: on a pod's first read it mounts the pod's Secret (writes its files) and
+    runs the main container's command as a local process with the image's environment (IMAGE_ENV);
+    deleting the pod kills it. Each pod gets its own loopback address (127.0.0.N) as its pod IP, the
+    agent's bind address rewritten to it: pods on a real node each have their own network namespace.
     `oom(pod_name)` kills it the way the kernel would and reports OOMKilled from then on."""
 
     def __init__(self, fake: FakeKubernetesAPI, secret_dir: Path, cwd: Path):
         self.fake, self.secret_dir, self.cwd = fake, secret_dir, cwd
         self.procs: dict[str, subprocess.Popen] = {}
-        self.oom_killed: set[str] = set()
+        self.ips: dict[str, str] = {}
+        self.oom_killed: dict[str, float] = {}  # pod name -> when the kubelet reports it
         fake.kubelet = self
         fake.on_delete = self.deleted
 
     def __call__(self, pod: dict, reads: int) -> dict:
         name = pod["metadata"]["name"]
         main = pod["spec"]["containers"][0]
-        if name in self.oom_killed:
+        if name in self.oom_killed and time.monotonic() >= self.oom_killed[name]:
             return {"phase": "Failed", "containerStatuses": [
                 {"name": main["name"], "image": main["image"], "imageID": "", "ready": False, "restartCount": 0,
                  "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}
@@ -632,14 +425,18 @@ class ProcessKubelet:
             self.secret_dir.mkdir(exist_ok=True)
             for key, value in secret["data"].items():
                 (self.secret_dir / key).write_bytes(base64.b64decode(value))
+            ip = self.ips[name] = f"127.0.0.{len(self.ips) + 1}"
+            command = list(main["command"])
+            port = command[command.index("--tcp") + 1].rpartition(":")[2]
+            command[command.index("--tcp") + 1] = f"{ip}:{port}"
             self.procs[name] = subprocess.Popen(
-                main["command"], cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                     "PYTHONPATH": "/nonexistent-breaks-nothing-under-I"})
-        return running_after(0, ip="127.0.0.1")(pod, reads)
+                command, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env={**IMAGE_ENV, "PYTHONPATH": "/nonexistent-breaks-nothing-under-I"})
+        return running_after(0, ip=self.ips[name])(pod, reads)
 
-    def oom(self, pod_name: str) -> None:
-        self.oom_killed.add(pod_name)
+    def oom(self, pod_name: str, report_after: float = 0.0) -> None:
+        """Kill as the kernel would; the status says so `report_after` seconds later (kubelet lag)."""
+        self.oom_killed[pod_name] = time.monotonic() + report_after
         self._kill(pod_name)
 
     def deleted(self, obj: dict) -> None:
@@ -663,8 +460,7 @@ def agent_node(fake, tmp_path):
     mount, secret_dir = tmp_path / "orchard", tmp_path / "orchard-secret"
     inject_layout(mount)
     kubelet = ProcessKubelet(fake, secret_dir, tmp_path)
-    settings = dict(agent_port=_free_port(), agent_mount_path=str(mount), secret_mount_path=str(secret_dir),
-                    poll_interval_seconds=0.05)
+    settings = dict(agent_port=_free_port(), agent_mount_path=str(mount), secret_mount_path=str(secret_dir))
     yield kubelet, settings
     kubelet.close()
 
@@ -746,34 +542,40 @@ def test_without_a_cluster_the_backend_says_how_to_get_one(tmp_path, monkeypatch
 
 
 # -- the real service on the Kubernetes backend ---------------------------------------------------------------
-@pytest.fixture
-def service_on_fake_cluster(fake, tmp_path, agent_node):
-    """The real FastAPI service (uvicorn on loopback) with the Kubernetes backend pointed at the fake."""
+@contextlib.contextmanager
+def serve(backend: KubernetesBackend, state_dir: Path, start_timeout: float = 20):
+    """The real FastAPI service (uvicorn on loopback) on `backend`; yields a client once it listens."""
     import uvicorn
 
     from sandbox_service.api import create_app
     from sandbox_service.client import SandboxClient
     from sandbox_service.config import ServiceConfig
 
-    kubelet, settings = agent_node
-    backend = make_backend(fake, tmp_path, **settings)
-    config = ServiceConfig(backend="kubernetes", token="tok", state_dir=tmp_path / "state", ready_timeout_seconds=20)
+    config = ServiceConfig(backend="kubernetes", token="tok", state_dir=state_dir, ready_timeout_seconds=20)
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(config, backend=backend), host="127.0.0.1", port=port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + start_timeout
     while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the service did not start"
+        assert time.monotonic() < deadline and thread.is_alive(), f"the service did not listen within {start_timeout} s"
         time.sleep(0.02)
     client = SandboxClient(f"http://127.0.0.1:{port}", "tok", timeout=30)
     try:
-        yield client, kubelet
+        yield client
     finally:
         client.close()
         server.should_exit = True
         thread.join(timeout=20)
+
+
+@pytest.fixture
+def service_on_fake_cluster(fake, tmp_path, agent_node):
+    """The real service with the Kubernetes backend pointed at the fake, its pods running real agents."""
+    kubelet, settings = agent_node
+    with serve(make_backend(fake, tmp_path, **settings), tmp_path / "state") as client:
+        yield client, kubelet
 
 
 def test_the_service_creates_execs_snapshots_and_deletes_on_the_kubernetes_backend(fake, service_on_fake_cluster,
@@ -789,17 +591,19 @@ def test_the_service_creates_execs_snapshots_and_deletes_on_the_kubernetes_backe
         sandbox.restore(snap.id)
         assert sandbox.read_file("notes.txt") == b"v1"
         assert len(fake.of_kind("pods")) == 1
-    assert fake.objects == {}  # deleted through the API: pod, Secret and NetworkPolicy
+    assert sandbox_objects(fake) == {}  # deleted through the API: pod, Secret and NetworkPolicy
     assert all(proc.poll() is not None for proc in kubelet.procs.values())
 
 
+@pytest.mark.parametrize("kubelet_lag", [0.0, 1.5])
 def test_a_pod_oom_killed_by_its_command_is_the_commands_outcome_and_recreated_as_it_was(
-        fake, service_on_fake_cluster, tmp_path):
+        fake, service_on_fake_cluster, tmp_path, kubelet_lag):
+    """Also when the kubelet reports the OOM kill after the agent is already gone (it lags seconds)."""
     client, kubelet = service_on_fake_cluster
     spec = SandboxCreate(image="task:1", resources=Resources(memory_mb=512), workdir=str(tmp_path / "ws"))
     with client.create(spec) as sandbox:
         (first,) = fake.of_kind("pods")
-        kubelet.oom(first["metadata"]["name"])  # the kernel kills the container: the agent goes with it
+        kubelet.oom(first["metadata"]["name"], report_after=kubelet_lag)  # the agent goes with the container
         result = sandbox.exec("echo after")
         assert result.outcome is ExecOutcome.command_failed and result.reason == "oom" and not result.is_infra_error
         info = sandbox.wait_ready(timeout=30)
@@ -809,7 +613,7 @@ def test_a_pod_oom_killed_by_its_command_is_the_commands_outcome_and_recreated_a
         limit = second["spec"]["containers"][0]["resources"]["limits"]["memory"]
         assert limit == f"{512 + KubernetesBackendConfig().agent_memory_overhead_mb}Mi"
         assert sandbox.exec("echo again").stdout == "again\n"
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
 
 
 def test_an_oom_killed_pod_in_a_verification_run_is_recreated_with_more_memory(fake, service_on_fake_cluster,
@@ -829,4 +633,192 @@ def test_an_oom_killed_pod_in_a_verification_run_is_recreated_with_more_memory(f
         limit = second["spec"]["containers"][0]["resources"]["limits"]["memory"]
         assert limit == f"{1024 + KubernetesBackendConfig().agent_memory_overhead_mb}Mi"
         assert sandbox.exec("echo again").stdout == "again\n"
-    assert fake.objects == {}
+    assert sandbox_objects(fake) == {}
+
+
+# -- what a first real cluster run would break on (issue 22) -----------------------------------------------
+def test_commands_get_the_task_images_environment(fake, service_on_fake_cluster, tmp_path):
+    """The pod spec cannot know the image's ENV; the agent inherits it from the runtime and passes it on."""
+    client, _ = service_on_fake_cluster
+    with client.create(SandboxCreate(image="task:1", workdir=str(tmp_path / "ws"))) as sandbox:
+        result = sandbox.exec('echo "$JAVA_HOME|$HOME|$CONDA_PREFIX|$PATH"')
+        assert result.stdout.strip() == "|".join(IMAGE_ENV[k] for k in ("JAVA_HOME", "HOME", "CONDA_PREFIX", "PATH"))
+        # the caller's variables still win over the image's
+        assert sandbox.exec("echo $HOME", env={"HOME": "/tmp/h"}).stdout == "/tmp/h\n"
+
+
+def test_a_fork_starts_from_the_snapshot(fake, service_on_fake_cluster, tmp_path):
+    client, _ = service_on_fake_cluster
+    with client.create(SandboxCreate(image="task:1", workdir=str(tmp_path / "ws-a"))) as parent:
+        parent.write_file("state.txt", "from the parent")
+        parent.write_file("sub/deep.py", "x = 1")
+        snap = parent.snapshot()
+        parent.write_file("state.txt", "changed after the snapshot")
+        fork_spec = SandboxCreate(image="task:1", workdir=str(tmp_path / "ws-b"), from_snapshot=snap.id)
+        with client.create(fork_spec) as child:
+            assert child.read_file("state.txt") == b"from the parent"
+            assert child.read_file("sub/deep.py") == b"x = 1"
+            assert len(fake.of_kind("pods")) == 2
+        assert parent.read_file("state.txt") == b"changed after the snapshot"
+
+
+def test_a_restart_with_many_orphans_listens_at_once_and_reaps_them_in_the_background(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    crashed = make_backend(fake, tmp_path)
+    orphans = [f"sb-orphan-{i:03d}" for i in range(40)]
+    for sandbox_id in orphans:
+        crashed.start(sandbox_id, SPEC, Resources(), "s")
+    fake.latency[("DELETE", "pods")] = 0.25  # a loaded API server: 40 deletes one by one take 10 s+
+    requests_before = len(fake.requests)
+    started = time.monotonic()
+    with serve(make_backend(fake, tmp_path), tmp_path / "state", start_timeout=3) as client:
+        assert time.monotonic() - started < 3
+        assert client.list() == []  # answers while the orphans are still being removed
+        deadline = time.monotonic() + 30
+        while fake.of_kind("pods"):
+            assert time.monotonic() < deadline, f"{len(fake.of_kind('pods'))} orphan pods left"
+            time.sleep(0.05)
+    assert sandbox_objects(fake) == {}
+    reaping = fake.requests[requests_before:]
+    lists = [r for r in reaping if r["method"] == "GET" and r["name"] is None]
+    assert len(lists) == 3  # one LIST per kind for all orphans; each is then deleted by name
+    assert len([r for r in reaping if r["method"] == "DELETE"]) <= 3 * len(orphans)
+
+
+def test_stop_deletes_by_name_without_listing(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    fake.gc_enabled = False
+    backend = make_backend(fake, tmp_path)
+    backend.start("sb-byname", SPEC, Resources(), "s")
+    before = len(fake.requests)
+    backend.stop("sb-byname")
+    assert sandbox_objects(fake) == {}
+    assert {(r["method"], r["kind"]) for r in fake.requests[before:] if r["method"] != "WATCH"} == {
+        ("DELETE", "pods"), ("DELETE", "secrets")}  # mode none: it had no policy of its own
+
+
+def test_the_agent_bind_in_the_pod_command_serves_ipv4_and_ipv6(monkeypatch):
+    """`[::]` is dual stack (IPv6-only and dual-stack clusters); a node without IPv6 falls back to IPv4."""
+    from sandbox_service.agent import __main__ as agent_main
+
+    args = agent_main._parse(["--tcp", "[::]:0", "--secret-file", "unused"])
+    with agent_main._listen(args) as sock:
+        port = sock.getsockname()[1]
+        assert sock.family == socket.AF_INET6
+        for host in ("127.0.0.1", "::1"):
+            with socket.create_connection((host, port), timeout=5):
+                pass
+    real_socket = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *rest):
+        if family == socket.AF_INET6:
+            raise OSError(97, "Address family not supported by protocol")
+        return real_socket(family, *rest)
+
+    monkeypatch.setattr(agent_main.socket, "socket", no_ipv6)
+    with agent_main._listen(args) as sock:
+        assert sock.family == socket.AF_INET and sock.getsockname()[0] == "0.0.0.0"
+
+
+# -- API load: one watch, a shared rate limit, reads retried until a deadline -------------------------------
+def test_the_pod_watch_lists_again_after_410_gone_and_keeps_serving(fake, tmp_path):
+    fake.kubelet = running_after(1)
+    backend = make_backend(fake, tmp_path)
+    backend.start("sb-w1", SPEC, Resources(), "s")
+    assert backend.pods.relists == 1
+    fake.expire_watches()
+    deadline = time.monotonic() + 10
+    while backend.pods.relists < 2:
+        assert time.monotonic() < deadline, "the cache did not list again after 410 Gone"
+        time.sleep(0.02)
+    assert backend.start("sb-w2", SPEC, Resources(), "s").address.endswith(":8700")
+    assert backend.status("sb-w1").alive and backend.status("sb-w2").alive
+    assert [r for r in fake.sent("GET", "pods") if r["name"]] == []  # still not one read of a single pod
+
+
+def test_the_token_bucket_spaces_calls_after_the_burst():
+    from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
+
+    now, waits = [0.0], []
+    bucket = TokenBucket(10, 2, clock=lambda: now[0], sleep=waits.append)
+    assert [bucket.acquire() for _ in range(4)] == pytest.approx([0, 0, 0.1, 0.2])
+    now[0] += 1.0  # a lull refills up to the burst, not beyond
+    assert [bucket.acquire() for _ in range(3)] == pytest.approx([0, 0, 0.1])
+
+
+def test_every_api_call_takes_a_token_from_the_shared_bucket(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    backend = make_backend(fake, tmp_path)
+    taken = []
+    real = backend.limiter.acquire
+    backend.limiter.acquire = lambda: taken.append(1) or real()
+    backend.start("sb-rl", SPEC, Resources(), "s")
+    backend.stop("sb-rl")
+    assert len(taken) == len([r for r in fake.requests if r["method"] != "WATCH"]) + len(fake.sent("WATCH", "pods"))
+
+
+def test_reads_retry_until_a_deadline_not_a_count(fake, tmp_path):
+    fake.fail("GET", "secrets", 503, "ServiceUnavailable", times=8)
+    backend = make_backend(fake, tmp_path, retry_attempts=2, read_deadline_seconds=60)
+    assert backend.list_orphans() == []  # 9 attempts for one LIST: throttling alone never fails a read
+    assert len(fake.sent("GET", "secrets")) == 9
+    fake.fail("GET", "secrets", 503, "ServiceUnavailable", times=1000)
+    impatient = make_backend(fake, tmp_path, read_deadline_seconds=0.5, retry_base_seconds=0.2)
+    with pytest.raises(BackendUnavailableError, match="for 0.5 s"):
+        impatient.list_orphans()
+
+
+# -- transient errors are not final ---------------------------------------------------------------------
+def test_a_create_container_error_that_passes_does_not_fail_the_sandbox(fake, tmp_path):
+    def kubelet(pod, ticks):
+        if ticks <= 5:
+            return waiting("CreateContainerError", "failed to reserve container name")(pod, ticks)
+        return running_after(0)(pod, ticks)
+
+    fake.kubelet = kubelet
+    backend = make_backend(fake, tmp_path, container_error_grace_seconds=30)
+    assert backend.start("sb-cce", SPEC, Resources(), "s").address == "10.244.1.7:8700"
+
+
+def test_a_throttled_registry_is_retried_a_missing_image_is_not(fake, tmp_path):
+    fake.kubelet = waiting("ErrImagePull", "429 Too Many Requests: toomanyrequests: pull rate limit")
+    backend = make_backend(fake, tmp_path, image_pull_grace_seconds=0)
+    with pytest.raises(BackendUnavailableError) as caught:  # the service makes another attempt later
+        backend.start("sb-429", SPEC, Resources(), "s")
+    assert caught.value.infra_error is InfraErrorKind.IMAGE_PULL_FAILED
+    assert sandbox_objects(fake) == {}
+
+
+def test_the_agent_in_a_pod_counts_oom_kills_from_the_containers_memory_events(tmp_path):
+    from sandbox_service.agent import __main__ as agent_main
+    from sandbox_service.agent.proctree import CgroupTracker
+
+    events = tmp_path / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 12\noom 2\noom_kill 1\noom_group_kill 0\n")
+    fd = agent_main._container_oom_counter(str(tmp_path))
+    tracker = CgroupTracker(None, fd)
+    assert tracker.oom_kills() == 1
+    events.write_text("low 0\nhigh 0\nmax 14\noom 3\noom_kill 2\noom_group_kill 0\n")  # a command was killed
+    assert tracker.oom_kills() == 2
+    assert agent_main._container_oom_counter(str(tmp_path / "no-cgroup")) is None  # cgroup v1: no counter
+
+
+def test_orphans_left_by_a_failed_cleanup_are_swept_periodically(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    backend = make_backend(fake, tmp_path, orphan_sweep_seconds=0.2)
+    assert backend.list_orphans() == []  # the service's start-up call; sweeps run from then on
+    backend.start("sb-kept", SPEC, Resources(), "s")
+    fake.fail("DELETE", "pods", 503, "ServiceUnavailable", times=100)  # the API is down when it fails
+    healthy, crashing = fake.kubelet, waiting("CrashLoopBackOff", "back-off")
+    fake.kubelet = lambda pod, ticks: (crashing if "sb-leak" in pod["metadata"]["name"] else healthy)(pod, ticks)
+    with pytest.raises(PodStartError):
+        backend.start("sb-leak", SPEC, Resources(), "s")
+    assert any("sb-leak" in o["metadata"]["annotations"].get("orchard.dev/sandbox-id", "")
+               for o in sandbox_objects(fake).values())
+    fake.faults.clear()  # the API is back
+    deadline = time.monotonic() + 15
+    while any("sb-leak" in o["metadata"]["annotations"].get("orchard.dev/sandbox-id", "")
+              for o in sandbox_objects(fake).values()):
+        assert time.monotonic() < deadline, "the leaked objects were not swept"
+        time.sleep(0.05)
+    assert backend.status("sb-kept").alive  # a sandbox it knows is never swept

@@ -25,6 +25,7 @@ from sandbox_service.backends.kubernetes_objects import (
     build_network_policy,
     build_pod,
     build_secret,
+    build_shared_network_policy,
     dns_label,
     label_value,
     object_labels,
@@ -98,6 +99,9 @@ def test_every_generated_object_validates_against_the_openapi_schema(config_name
             _check_meta(obj["metadata"])
         assert _DNS_LABEL.match(pod["metadata"]["name"]) and _DNS_LABEL.match(pod["spec"]["hostname"])
         assert len(f"{name}-agent") <= 253
+    shared = to_dict(build_shared_network_policy(config))
+    _validate(shared, VERSIONS)
+    _check_meta(shared["metadata"])
 
 
 def test_label_sanitising_is_valid_and_keeps_distinct_inputs_distinct():
@@ -138,9 +142,8 @@ def test_pod_has_no_credentials_no_restarts_and_the_requested_resources():
 
 def test_network_policy_modes():
     config = KubernetesBackendConfig()
-    for mode in ("none", "loopback"):
-        policy = to_dict(build_network_policy("p", "sb", SPECS["plain"], config, NetworkPolicy(mode=mode), []))
-        assert policy["spec"]["egress"] == [] and "Egress" in policy["spec"]["policyTypes"]
+    shared = to_dict(build_shared_network_policy(config))  # modes none and loopback: only this one applies
+    assert shared["spec"]["egress"] == [] and shared["spec"]["policyTypes"] == ["Ingress", "Egress"]
     allow = NetworkPolicy(mode="allowlist", allow_cidrs=["10.1.2.3/8"])
     cidrs = allowlist_cidrs(allow, _resolve)
     assert cidrs == ["10.0.0.0/8"]
@@ -157,6 +160,33 @@ def test_network_policy_modes():
         allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_hosts=["nope.invalid"]), unresolvable)
     with pytest.raises(InvalidRequestError, match="not a CIDR"):
         allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_cidrs=["300.1.1.1/8"]), _resolve)
+
+
+def test_no_allowlist_opens_the_cloud_metadata_endpoint():
+    config = KubernetesBackendConfig()
+    wide = NetworkPolicy(mode="allowlist", allow_cidrs=["0.0.0.0/0", "::/0", "169.254.0.0/16", "10.0.0.0/8"])
+    policy = to_dict(build_network_policy("p", "sb", SPECS["plain"], config, wide, allowlist_cidrs(wide, _resolve)))
+    blocks = {peer["ipBlock"]["cidr"]: peer["ipBlock"].get("except") for peer in policy["spec"]["egress"][0]["to"]}
+    assert blocks == {"0.0.0.0/0": ["169.254.169.254/32"], "169.254.0.0/16": ["169.254.169.254/32"],
+                      "::/0": ["fd00:ec2::254/128"], "10.0.0.0/8": None}
+    for version in VERSIONS:
+        kubernetes_validate.validate(policy, version, strict=True)
+    with pytest.raises(InvalidRequestError, match="metadata endpoint"):
+        allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_cidrs=["169.254.169.254/32"]), _resolve)
+
+
+def test_the_pods_deadline_is_capped_and_it_does_not_block_node_scale_down():
+    config = KubernetesBackendConfig(max_ttl_seconds=3600)
+    pod = build_pod("p", "sb-1", SandboxCreate(image="i:1", ttl_seconds=10 * 86400), Resources(), config,
+                    secret_name="s")
+    assert pod.spec.active_deadline_seconds == 3600
+    annotations = pod.metadata.annotations
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"] == "orchard-agent"
+    assert any(v.name == "orchard-agent" and v.empty_dir for v in pod.spec.volumes)
+    off = build_pod("p", "sb-1", SandboxCreate(image="i:1"), Resources(),
+                    KubernetesBackendConfig(safe_to_evict=False), secret_name="s")
+    assert "cluster-autoscaler.kubernetes.io/safe-to-evict" not in off.metadata.annotations
 
 
 # -- status mapping on the objects the API returns --------------------------------------------------------------
@@ -183,6 +213,29 @@ def _assess(pod, grace=30.0, unschedulable=120.0):
     return assess_pod(pod, NOW, unschedulable_timeout=unschedulable, image_pull_grace=grace)
 
 
+def test_transient_errors_get_a_grace_period_from_their_first_sighting():
+    """A pod that waited 50 s for the scheduler and then hits one CreateContainerError is not failed at
+    once; a registry 429 fails the attempt as retryable, a missing image as final."""
+    create_error = k8s.V1ContainerStateWaiting(reason="CreateContainerError", message="context deadline exceeded")
+    since: dict = {}
+    old_pod = _pod(age=500, statuses=[_cs(waiting=create_error)])
+    assert assess_pod(old_pod, NOW, unschedulable_timeout=120, image_pull_grace=30, errors_since=since).state \
+        == "pending"
+    later = assess_pod(old_pod, NOW + timedelta(seconds=61), unschedulable_timeout=120, image_pull_grace=30,
+                       errors_since=since)
+    assert later.infra_error is InfraErrorKind.SANDBOX_CRASHED and later.retryable
+    throttled = k8s.V1ContainerStateWaiting(reason="ErrImagePull", message="429 Too Many Requests: toomanyrequests")
+    seen: dict = {}
+    assess_pod(_pod(age=500, statuses=[_cs(waiting=throttled)]), NOW, unschedulable_timeout=120,
+               image_pull_grace=30, errors_since=seen)
+    retry = assess_pod(_pod(age=500, statuses=[_cs(waiting=throttled)]), NOW + timedelta(seconds=31),
+                       unschedulable_timeout=120, image_pull_grace=30, errors_since=seen)
+    assert retry.infra_error is InfraErrorKind.IMAGE_PULL_FAILED and retry.retryable
+    missing = k8s.V1ContainerStateWaiting(reason="ErrImagePull", message='manifest for "x:1" not found')
+    final = _assess(_pod(age=31, statuses=[_cs(waiting=missing)]))
+    assert final.infra_error is InfraErrorKind.IMAGE_PULL_FAILED and not final.retryable
+
+
 def test_status_mapping():
     pull = k8s.V1ContainerStateWaiting(reason="ImagePullBackOff", message="Back-off pulling image")
     assert _assess(_pod(age=5, statuses=[_cs(waiting=pull)])).state == "pending"  # kubelet still retrying
@@ -200,7 +253,9 @@ def test_status_mapping():
     crashed = _assess(_pod(init_statuses=[_cs(name=INJECTOR_CONTAINER, terminated=injector_failed)]))
     assert crashed.infra_error is InfraErrorKind.SANDBOX_CRASHED and "/opt/orchard" in crashed.message
     config_error = k8s.V1ContainerStateWaiting(reason="CreateContainerConfigError", message='secret "s" not found')
-    assert _assess(_pod(statuses=[_cs(waiting=config_error)])).infra_error is InfraErrorKind.SANDBOX_CRASHED
+    assert _assess(_pod(statuses=[_cs(waiting=config_error)])).state == "pending"  # the runtime retries
+    stuck = _assess(_pod(age=61, statuses=[_cs(waiting=config_error)]))
+    assert stuck.infra_error is InfraErrorKind.SANDBOX_CRASHED and stuck.retryable
     agent_exit = k8s.V1ContainerStateTerminated(reason="Error", exit_code=127, message="python3: not found")
     exited = _assess(_pod("Failed", statuses=[_cs(terminated=agent_exit)]))
     assert exited.infra_error is InfraErrorKind.SANDBOX_CRASHED and "127" in exited.message
@@ -236,3 +291,28 @@ def test_config_reads_the_environment(monkeypatch):
     assert config.tolerations[0].operator == "Exists"
     with pytest.raises(ValueError):
         KubernetesBackendConfig(instance="Not Valid")
+
+
+def test_guaranteed_qos_sets_requests_to_limits_in_every_container():
+    """Kubernetes gives a pod the Guaranteed class only if every container, init containers included,
+    requests exactly its cpu and memory limits."""
+    for guaranteed in (False, True):
+        config = KubernetesBackendConfig(guaranteed_qos=guaranteed, cpu_request_ratio=0.25)
+        pod = build_pod("p", "sb-1", SandboxCreate(image="i:1"), Resources(cpu=2, memory_mb=1024), config,
+                        secret_name="s")
+        same = all(c.resources.requests[r] == c.resources.limits[r] for c in pod.spec.init_containers +
+                   pod.spec.containers for r in ("cpu", "memory"))
+        assert same is guaranteed
+
+
+def test_agent_certificates_expire_an_hour_after_the_capped_pod_lifetime(tmp_path):
+    from sandbox_service.backends.kubernetes import KubernetesBackend
+
+    backend = KubernetesBackend(KubernetesBackendConfig(max_ttl_seconds=7200, snapshot_dir=tmp_path),
+                                api_client=k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9")))
+    ca_pem, cert_pem, _ = backend.certificates.issue("orchard-sb-1-abcde")
+    for pem in (ca_pem, cert_pem):
+        cert = x509.load_pem_x509_certificate(pem.encode())
+        lifetime = cert.not_valid_after_utc - datetime.now(timezone.utc)
+        assert timedelta(hours=2, minutes=50) < lifetime <= timedelta(hours=3)
+    backend.close()
