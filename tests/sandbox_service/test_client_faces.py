@@ -20,7 +20,8 @@ from sandbox_service.client import (
 @pytest.mark.parametrize(("ops", "sync_cls", "async_cls"), [(_SandboxOps, Sandbox, AsyncSandbox),
                                                             (_ClientOps, SandboxClient, AsyncSandboxClient)])
 def test_both_faces_have_every_operation_with_the_same_signature(ops, sync_cls, async_cls):
-    names = [n for n, v in vars(ops).items() if not n.startswith("_") and callable(v) and n != "client"]
+    # every operation (a generator of HTTP calls); plain helpers such as `verifying` need no I/O face
+    names = [n for n, v in vars(ops).items() if not n.startswith("_") and inspect.isgeneratorfunction(v)]
     assert len(names) >= 8
     for name in names:
         sync, coro = getattr(sync_cls, name), getattr(async_cls, name)

@@ -153,7 +153,7 @@ def test_image_pull_failure_fails_start_with_the_image_name_and_leaks_nothing(fa
     backend = make_backend(fake, tmp_path)
     with pytest.raises(PodStartError) as caught:
         backend.start("sb-pull", SPEC.model_copy(update={"image": "registry.example/nope:1"}), Resources(), "s")
-    assert caught.value.infra_error is InfraErrorKind.IMAGE_PULL_FAILED
+    assert caught.value.infra_error == InfraErrorKind.IMAGE_PULL_FAILED
     assert "registry.example/nope:1" in caught.value.message and "ErrImagePull" in caught.value.message
     assert not isinstance(caught.value, BackendUnavailableError)  # the service must not retry a bad image
     assert sandbox_objects(fake) == {}
@@ -180,7 +180,7 @@ def test_unschedulable_for_too_long_is_retryable_unavailable(fake, tmp_path):
     backend = make_backend(fake, tmp_path, clock=lambda: created + timedelta(seconds=61))
     with pytest.raises(BackendUnavailableError) as caught:
         backend.start("sb-big", SPEC, Resources(memory_mb=512_000), "s")
-    assert caught.value.infra_error is InfraErrorKind.UNAVAILABLE
+    assert caught.value.infra_error == InfraErrorKind.UNAVAILABLE
     assert "Insufficient memory" in caught.value.message
     assert sandbox_objects(fake) == {}
 
@@ -190,7 +190,7 @@ def test_start_timeout_is_retryable_and_cleans_up(fake, tmp_path):
     backend = make_backend(fake, tmp_path, start_timeout_seconds=0.3)
     with pytest.raises(BackendUnavailableError) as caught:
         backend.start("sb-slow", SPEC, Resources(), "s")
-    assert caught.value.infra_error is InfraErrorKind.TIMEOUT
+    assert caught.value.infra_error == InfraErrorKind.TIMEOUT
     assert sandbox_objects(fake) == {}
 
 
@@ -230,7 +230,7 @@ def test_persistent_5xx_becomes_backend_unavailable_after_the_configured_attempt
     backend = make_backend(fake, tmp_path, retry_attempts=3)
     with pytest.raises(BackendUnavailableError, match="after 3 attempts") as caught:
         backend.start("sb-down", SPEC, Resources(), "s")
-    assert caught.value.infra_error is InfraErrorKind.UNAVAILABLE
+    assert caught.value.infra_error == InfraErrorKind.UNAVAILABLE
     assert len(fake.sent("POST", "secrets")) == 3
 
 
@@ -785,7 +785,7 @@ def test_a_throttled_registry_is_retried_a_missing_image_is_not(fake, tmp_path):
     backend = make_backend(fake, tmp_path, image_pull_grace_seconds=0)
     with pytest.raises(BackendUnavailableError) as caught:  # the service makes another attempt later
         backend.start("sb-429", SPEC, Resources(), "s")
-    assert caught.value.infra_error is InfraErrorKind.IMAGE_PULL_FAILED
+    assert caught.value.infra_error == InfraErrorKind.IMAGE_PULL_FAILED
     assert sandbox_objects(fake) == {}
 
 
