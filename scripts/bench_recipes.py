@@ -90,6 +90,7 @@ def bench_variant(client, variant: str, episodes: int, exec_probes: int, max_ste
             figures["verify_s"].append(time.perf_counter() - t0)
             resolved += verdict.resolved
         finally:
+            recipe.release(sandbox)
             sandbox.delete()
     summary = {k: statistics.median(v) for k, v in figures.items()}
     summary["step_p90_s"] = percentile(figures["step_s"], 0.9)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from components.core.policy_base import ChatMessage, EpisodeAwarePolicy, GenerationConfig, Policy
 from components.core.protocol import ToolCallParseError, parse_tool_call, tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult
-from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, utcnow
+from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, Verification, utcnow
 from sandbox_service.client import Sandbox, SandboxClient
 from sandbox_service.errors import SandboxServiceError
 
@@ -199,6 +199,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
         policy.reset(task)
     status, outcome, reason = EpisodeStatus.aborted, Outcome.infra_error, None
     report: TestReport | None = None
+    verification: Verification | None = None
     try:
         spec = recipe.sandbox_spec(task)
         if from_snapshot:
@@ -220,7 +221,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
             verdict = recipe.verify(ep.sandbox, task, ep.final_answer)
         except (SandboxServiceError, httpx.HTTPError) as err:
             raise _Abort(f"verification failed: {_describe(err)}") from err
-        report = verdict.report
+        report, verification = verdict.report, verdict.verification
         if verdict.infra_error:
             raise _Abort(f"verification failed: {verdict.infra_error}")
         outcome = Outcome.resolved if verdict.resolved else Outcome.unresolved
@@ -235,6 +236,10 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
         ep._pool.shutdown(wait=False, cancel_futures=True)
         if ep.sandbox is not None:
             try:
+                recipe.release(ep.sandbox)
+            except Exception as err:  # a kept snapshot outlives the episode until the service drops it
+                log.warning("recipe %s could not release sandbox %s: %s", recipe.name, ep.sandbox.id, err)
+            try:
                 ep.sandbox.delete()
             except Exception as err:  # the reaper collects it; the episode's result stands
                 log.warning("could not delete sandbox %s: %s", ep.sandbox.id, err)
@@ -242,7 +247,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
     return Trajectory(
         task_id=task.id, recipe=task.recipe, split=task.split, policy_id=policy.policy_id, steps=ep.steps,
         tools=[t.openai() for t in recipe.tools()], final_answer=ep.final_answer, outcome=outcome,
-        outcome_reason=reason, status=status, test_report=report, reward=reward,
+        outcome_reason=reason, status=status, test_report=report, verification=verification, reward=reward,
         prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens, wall_seconds=ep.elapsed(),
         metadata={"sandbox_id": ep.sandbox.id if ep.sandbox else None, "family": task.family,
                   "difficulty": task.difficulty, "from_snapshot": from_snapshot,
