@@ -6,6 +6,7 @@ Nothing here runs inside the agent's sandbox, so the workspace cannot forge the 
 verification:
 
 - only regular files under the repository count; symlinks, devices and FIFOs are never applied;
+- the top-level `.git/` is git's bookkeeping (the `submit` tool stages the change): never applied, not listed;
 - ignored by verification (recorded with the reason): `.git/`, `__pycache__`/`.pyc`, `.pytest_cache`,
   test files (`test_*.py`, `*_test.py`, anything under a `tests`/`test`/`testing` directory),
   `conftest.py`, test-runner configuration (`pytest.ini`, `tox.ini`, `setup.cfg`, `pyproject.toml`),
@@ -124,7 +125,7 @@ def extract_change(pristine: Tree, final: Tree) -> RepoChange:
             change.ignored.append(IgnoredPart(path=path, reason=f"{kind} (only regular files are applied)"))
     for path in sorted(set(pristine.files) | set(final.files)):
         before, after = pristine.files.get(path), final.files.get(path)
-        if before == after:
+        if before == after or path.split("/", 1)[0] == ".git":  # git's own bookkeeping (submit's `git add`)
             continue
         reason = ignore_reason(path, after, package_dirs)
         if reason is not None:
