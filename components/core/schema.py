@@ -143,6 +143,7 @@ class Verification(_Record):
     version: str = Field(description="Bumped whenever the verifier's rule changes; rewards of two versions differ.")
     ignored: list[IgnoredPart] = Field(default_factory=list, description="Recorded as 'ignored by verification'.")
     applied: list[str] = Field(default_factory=list, description="Parts of the change verification did use.")
+    seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per verification phase.")
 
 
 class Trajectory(_Record):

@@ -153,22 +153,38 @@ def verify_in_clean_room(agent: Sandbox, task: Task, open_clean_room: Callable[[
     return verdict
 
 
+class _Laps:
+    """Records the wall time since the previous lap under each phase's name."""
+
+    def __init__(self, record: Verification):
+        self.record, self.last = record, time.monotonic()
+
+    def __call__(self, phase: str) -> None:
+        now = time.monotonic()
+        self.record.seconds[phase] = round(now - self.last, 4)
+        self.last = now
+
+
 def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], Sandbox], stack: ExitStack,
             record: Verification) -> VerifyResult:
     spec, workdir = task.verifier, task.environment.workdir
+    lap = _Laps(record)
     try:
         room = open_clean_room(stack)
     except Exception as err:  # the pristine state alone failed to come up: nothing the agent did
         raise _Infra(f"could not build the clean room: {type(err).__name__}: {err}"[:1000]) from err
+    lap("fork")
     pristine = read_tree(room.download_dir(workdir))
     try:
         final = read_tree(agent.download_dir(workdir))
     except Exception as err:  # noqa: BLE001 - the clean room above works, so this is the workspace's doing
         return VerifyResult(resolved=False, reason=f"the agent's repository could not be read: {err}"[:500])
     change = extract_change(pristine, final)
+    lap("diff")
     record.ignored, record.applied = change.ignored, sorted({*change.write, *change.delete})
     _apply(room, workdir, change)
     bad_patch = _place_tests(room, task, workdir)
+    lap("apply")
     if bad_patch:
         return VerifyResult(resolved=False, reason=bad_patch)
 
@@ -189,6 +205,7 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
     result = _checked(room.exec(command, cwd=workdir, env=PYTEST_ENV, timeout=spec.timeout_seconds,
                                 max_output_bytes=200_000), "running hidden tests")
     duration = time.monotonic() - start
+    lap("run")
     tail = (result.stdout + result.stderr)[-4000:]
     if result.outcome is ExecOutcome.command_timeout:
         return VerifyResult(resolved=False, report=TestReport(output=tail, duration_seconds=duration),
