@@ -13,6 +13,7 @@ from components.core.protocol import format_tool_call
 from components.core.schema import Outcome, ToolCall
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.generator import HIDDEN_TEST_PATH, generate_tasks
+from sandbox_service.models import SandboxCreate
 
 PASS_ALL_HOOK = """import pytest
 
@@ -172,3 +173,43 @@ def test_a_hang_caused_by_the_agents_code_is_unresolved(sandbox_client, task):
                                                                f"{package}/__init__.py")])
     assert_unresolved(traj)
     assert "timed out" in traj.outcome_reason
+
+
+def test_only_the_clean_room_or_the_service_failing_is_an_infrastructure_error(sandbox_client, task):
+    from components.recipes.swe.verifier import verify_in_clean_room
+
+    def broken_room(stack):
+        raise RuntimeError("backend down")
+
+    with sandbox_client.create() as agent:
+        verdict = verify_in_clean_room(agent, task, broken_room)
+        assert verdict.infra_error and "could not build the clean room" in verdict.infra_error
+    room = SandboxCreate(workdir=task.environment.workdir)
+    gone = verify_in_clean_room(agent, task, lambda stack: stack.enter_context(sandbox_client.create(room)))
+    assert gone.infra_error and "the agent's sandbox is" in gone.infra_error  # deleted above: not the policy's
+
+
+@pytest.mark.parametrize("damage", ["rm -rf .git", "echo garbage > .git/HEAD", "rm -rf /workspace/repo"])
+def test_a_broken_git_or_removed_repository_is_unresolved(sandbox_client, task, damage):
+    traj = play(sandbox_client, task, [bash(damage)])
+    assert_unresolved(traj)
+
+
+def test_change_rule_classifies_each_kind_of_path():
+    from components.recipes.swe.change import Tree, extract_change
+
+    pristine = Tree(files={"pkg/__init__.py": b"", "pkg/core.py": b"x = 1\n", "tests/test_basic.py": b"",
+                           "conftest.py": b"", "pkg/types.py": b"t = 1\n"})
+    final = Tree(files={"pkg/__init__.py": b"", "pkg/core.py": b"x = 2\n", "tests/test_basic.py": b"pass\n",
+                        "pkg/types.py": b"t = 2\n", "pkg/new.py": b"n = 1\n", "json.py": b"", "pkg/data.bin": b"\0",
+                        "x.pth": b"import os\n", "pkg/__pycache__/core.cpython-311.pyc": b"\0",
+                        ".git/index": b"changed"},
+                 other={"tests/test_issue.py": "symlink"})
+    change = extract_change(pristine, final)
+    assert sorted(change.write) == ["pkg/core.py", "pkg/new.py", "pkg/types.py"]
+    assert change.delete == []  # deleting conftest.py is a runner-configuration change: ignored
+    reasons = {i.path: i.reason for i in change.ignored}
+    assert reasons["tests/test_basic.py"] == "test file" and reasons["tests/test_issue.py"].startswith("symlink")
+    assert reasons["conftest.py"].endswith("(deleted)") and "shadows the module 'json'" in reasons["json.py"]
+    assert reasons["pkg/data.bin"] == "binary file" and reasons["x.pth"] == "interpreter start-up hook"
+    assert ".git/index" not in reasons and "pkg/__pycache__/core.cpython-311.pyc" in reasons

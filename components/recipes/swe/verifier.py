@@ -16,8 +16,9 @@ The rule (verifier `swe-clean-room`, version `VERSION`):
 4. Resolved means every FAIL_TO_PASS and PASS_TO_PASS test passed (with neither listed: at least one
    test ran and none failed; a task `command` decides by its exit code).
 5. Outcomes the agent's change can cause (tests failing, a hang until the timeout, a crash, no report,
-   an unreadable workspace) are unresolved. Only failures of the service or of the clean room itself
-   (it cannot be forked, written, or run the verifier's own pytest) are infrastructure errors.
+   a workspace that cannot be archived while its sandbox is up) are unresolved. Only failures of the
+   service, of the agent's sandbox itself (no longer ready) or of the clean room (it cannot be forked,
+   written, or run the verifier's own pytest) are infrastructure errors.
 
 Known limit: the code under test runs inside the pytest process (as in SWE-bench harnesses), so a
 change that deliberately patches the runner from imported package code is not prevented here.
@@ -40,7 +41,7 @@ from components.core.schema import Task, TestReport, Verification
 from components.recipes.swe.change import RepoChange, Tree, extract_change, read_tree
 from sandbox_service.client import Sandbox
 from sandbox_service.errors import SandboxServiceError
-from sandbox_service.models import ExecOutcome
+from sandbox_service.models import ExecOutcome, SandboxState
 
 NAME = "swe-clean-room"
 VERSION = "2"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout
@@ -177,7 +178,10 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
     pristine = read_tree(room.download_dir(workdir))
     try:
         final = read_tree(agent.download_dir(workdir))
-    except Exception as err:  # noqa: BLE001 - the clean room above works, so this is the workspace's doing
+    except Exception as err:  # noqa: BLE001 - whose fault depends on whether the sandbox itself is still up
+        info = agent.refresh()
+        if info.state is not SandboxState.ready:  # the service lost it (its own record says why)
+            raise _Infra(f"the agent's sandbox is {info.state.value} ({info.infra_error}: {info.error})") from err
         return VerifyResult(resolved=False, reason=f"the agent's repository could not be read: {err}"[:500])
     change = extract_change(pristine, final)
     lap("diff")
