@@ -5,6 +5,9 @@ the limits, and verifies the end state with the recipe's hidden checks. Every fa
 to one boundary: malformed output or a bad tool call is the policy's error (an observation, the
 episode goes on); the sandbox service, the verifier's environment or the policy endpoint failing is
 infrastructure (`Outcome.infra_error`, `EpisodeStatus.aborted`, with the reason), never unresolved.
+What the agent left in its sandbox can never make verification an infrastructure error (each
+recipe's verifier states its rule); the verdict's record (verifier, version, ignored parts of the
+change) is kept on the trajectory, and `recipe.release` frees what setup kept (a pristine snapshot).
 """
 
 from __future__ import annotations
