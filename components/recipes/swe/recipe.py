@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import logging
 import subprocess
 import tarfile
 import tempfile
@@ -25,9 +24,6 @@ SANDBOX_ENV = {
     "GIT_CONFIG_KEY_0": "safe.directory",
     "GIT_CONFIG_VALUE_0": "*",
 }
-
-
-log = logging.getLogger(__name__)
 
 
 class SetupError(RuntimeError):
