@@ -1,6 +1,7 @@
 """Per-recipe latency on the real sandbox service: sandbox create, recipe setup, one tool step, verify,
 next to a bare `exec true` in the same sandbox (the floor every step pays), measured side by side
-in one run. Episodes are driven by each recipe's scripted teacher (error rate 0).
+in one run. Episodes are driven by each recipe's scripted teacher (error rate 0). Verification is
+also split into the verifier's phases (SWE's clean room: fork, diff, apply, run).
 
     .venv/bin/python scripts/bench_recipes.py                      # gui, claw-tools, claw-shell, swe
     .venv/bin/python scripts/bench_recipes.py --recipes claw-tools claw-shell --episodes 8
@@ -89,7 +90,12 @@ def bench_variant(client, variant: str, episodes: int, exec_probes: int, max_ste
             verdict = recipe.verify(sandbox, task, answer)
             figures["verify_s"].append(time.perf_counter() - t0)
             resolved += verdict.resolved
+            # The verifier's own phase times (SWE: fork, diff, apply, run) say where verification's cost goes.
+            phases = verdict.verification.seconds if verdict.verification is not None else {}
+            for phase, seconds in phases.items():
+                figures[f"verify.{phase}_s"].append(seconds)
         finally:
+            recipe.release(sandbox)
             sandbox.delete()
     summary = {k: statistics.median(v) for k, v in figures.items()}
     summary["step_p90_s"] = percentile(figures["step_s"], 0.9)
@@ -120,6 +126,11 @@ def main() -> None:
         s = r["summary"]
         print(f"{variant:<12}" + "".join(f"{s[c]:>15.3f}" if isinstance(s[c], float) else f"{s[c]!s:>15}"
                                          for c in cols))
+    for variant, r in results.items():
+        phases = {k: v for k, v in r["summary"].items() if k.startswith("verify.")}
+        if phases:
+            print(f"{variant} verification phases (median): " + ", ".join(f"{k[7:-2]} {v * 1000:.0f} ms"
+                                                                        for k, v in phases.items()))
     for variant, r in results.items():
         print(f"{variant} per tool: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r["per_tool_median_s"].items()))
     out = Path(args.out)

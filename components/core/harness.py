@@ -15,6 +15,10 @@ agent ignores every signal sent from inside the sandbox), and running the sandbo
 recreated with the same memory). Verification runs go through `Sandbox.verifying()`, which marks their
 execs (`ExecRequest.verification`); tools only ever get the unmarked handle, so a policy cannot mark
 its own commands, and its OOM is never an infrastructure error.
+
+What the agent left in its sandbox can never make verification an infrastructure error (each
+recipe's verifier states its rule); the verdict's record (verifier, version, ignored parts of the
+change) is kept on the trajectory, and `recipe.release` frees what setup kept (a pristine snapshot).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from components.core.policy_base import EpisodeAwarePolicy, GenerationConfig, Po
 from components.core.protocol import ToolCallParseError, tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult
 from components.core.rendering import steps_as_messages
-from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, utcnow
+from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, Verification, utcnow
 from components.core.tool_formats import NATIVE_FORMATS, ToolFormat, parse_call
 from sandbox_service.client import Sandbox, SandboxClient
 from sandbox_service.errors import SandboxServiceError
@@ -236,6 +240,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
         policy.reset(task)
     status, outcome, reason = EpisodeStatus.aborted, Outcome.infra_error, None
     report: TestReport | None = None
+    verification: Verification | None = None
     try:
         spec = recipe.sandbox_spec(task)
         if from_snapshot:
@@ -258,7 +263,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
             verdict = recipe.verify(ep.sandbox.verifying(), task, ep.final_answer)
         except (SandboxServiceError, httpx.HTTPError) as err:
             raise _Abort(f"verification failed: {_describe(err)}") from err
-        report = verdict.report
+        report, verification = verdict.report, verdict.verification
         if verdict.infra_error:
             raise _Abort(f"verification failed: {verdict.infra_error}")
         outcome = Outcome.resolved if verdict.resolved else Outcome.unresolved
@@ -273,6 +278,10 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
         ep._pool.shutdown(wait=False, cancel_futures=True)
         if ep.sandbox is not None:
             try:
+                recipe.release(ep.sandbox)
+            except Exception as err:  # a kept snapshot outlives the episode until the service drops it
+                log.warning("recipe %s could not release sandbox %s: %s", recipe.name, ep.sandbox.id, err)
+            try:
                 ep.sandbox.delete()
             except Exception as err:  # the reaper collects it; the episode's result stands
                 log.warning("could not delete sandbox %s: %s", ep.sandbox.id, err)
@@ -280,7 +289,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
     return Trajectory(
         task_id=task.id, recipe=task.recipe, split=task.split, policy_id=policy.policy_id, steps=ep.steps,
         tools=ep.tools, final_answer=ep.final_answer, outcome=outcome,
-        outcome_reason=reason, status=status, test_report=report, reward=reward,
+        outcome_reason=reason, status=status, test_report=report, verification=verification, reward=reward,
         prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens, wall_seconds=ep.elapsed(),
         metadata={"sandbox_id": ep.sandbox.id if ep.sandbox else None, "family": task.family,
                   "difficulty": task.difficulty, "from_snapshot": from_snapshot,

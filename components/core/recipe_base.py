@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.schema import Split, Task, TestReport, ToolCall
+from components.core.schema import Split, Task, TestReport, ToolCall, Verification
 from sandbox_service.client import Sandbox
 from sandbox_service.models import SandboxCreate
 
@@ -42,6 +42,7 @@ class VerifyResult(BaseModel):
     report: TestReport = Field(default_factory=TestReport)
     infra_error: str | None = Field(None, description="Verification itself failed (not the policy's fault).")
     reason: str | None = None
+    verification: Verification | None = Field(None, description="Verifier version and what it ignored (audit).")
 
 
 class RecipeBase(abc.ABC):
@@ -73,3 +74,6 @@ class RecipeBase(abc.ABC):
 
     def system_prompt(self, task: Task) -> str:
         return "You are an agent acting in a sandbox through tools."
+
+    def release(self, sandbox: Sandbox) -> None:
+        """The episode on `sandbox` is over (verified or aborted): free what `setup` kept for it."""

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 2  # 2: Step.logprobs and Step.tokenizer_id (sampled tokens and whose vocabulary they are)
+SCHEMA_VERSION = 3  # 2: Step.logprobs and Step.tokenizer_id (sampled tokens and whose vocabulary they are); 3: Trajectory.verification
 
 Recipe = Literal["swe", "gui", "claw"]
 Split = Literal["train", "heldout"]
@@ -133,6 +133,23 @@ class TestReport(_Record):
     duration_seconds: float = 0.0
 
 
+class IgnoredPart(_Record):
+    """A part of the agent's change (or final state) that verification deliberately did not use."""
+
+    path: str = Field(description="What was left out: a repository-relative path, or a state item.")
+    reason: str = Field(description="Why the verifier's rule leaves it out.")
+
+
+class Verification(_Record):
+    """Which verifier produced an outcome and what of the agent's change it ignored (for auditing a reward)."""
+
+    verifier: str = Field(description="Verifier name, e.g. 'swe-clean-room'.")
+    version: str = Field(description="Bumped whenever the verifier's rule changes; rewards of two versions differ.")
+    ignored: list[IgnoredPart] = Field(default_factory=list, description="Recorded as 'ignored by verification'.")
+    applied: list[str] = Field(default_factory=list, description="Parts of the change verification did use.")
+    seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per verification phase.")
+
+
 class Trajectory(_Record):
     id: str = Field(default_factory=lambda: new_id("traj"))
     schema_version: int = SCHEMA_VERSION
@@ -147,6 +164,7 @@ class Trajectory(_Record):
     outcome_reason: str | None = Field(None, description="Why unresolved / which infra error.")
     status: EpisodeStatus = EpisodeStatus.completed
     test_report: TestReport | None = None
+    verification: Verification | None = Field(None, description="The verifier's version and what it ignored.")
     reward: float | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0

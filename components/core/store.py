@@ -57,6 +57,7 @@ TRAJECTORY_SCHEMA = pa.schema([
     ("tools", pa.string()),
     ("test_report", pa.string()),
     ("metadata", pa.string()),
+    ("verification", pa.string()),  # v2
 ])
 
 TASK_SCHEMA = pa.schema([
@@ -71,7 +72,7 @@ TASK_SCHEMA = pa.schema([
     ("task", pa.string()),  # the whole Task as JSON (environment, verifier, reference, metadata)
 ])
 
-_JSON_COLUMNS = ("steps", "tools", "test_report", "metadata")
+_JSON_COLUMNS = ("steps", "tools", "test_report", "metadata", "verification")
 
 
 class StoreError(RuntimeError):
@@ -110,8 +111,16 @@ def _upgrade_v1(row: dict[str, Any]) -> dict[str, Any]:
     return {**row, "schema_version": 2}
 
 
+def _upgrade_v2(row: dict[str, Any]) -> dict[str, Any]:
+    """v2 recorded no verification record (verifier version, ignored parts): it stays unknown (None)."""
+    row = dict(row)
+    row.setdefault("verification", None)
+    row["schema_version"] = 3
+    return row
+
+
 # version -> function that lifts a row of that version to the next one
-_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _upgrade_v0, 1: _upgrade_v1}
+_UPGRADES: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {0: _upgrade_v0, 1: _upgrade_v1, 2: _upgrade_v2}
 
 
 def row_to_trajectory(row: dict[str, Any]) -> Trajectory:

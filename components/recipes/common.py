@@ -31,3 +31,30 @@ def checklist_result(checks: list[tuple[str, bool]]) -> VerifyResult:
 def normalize_text(s: str | None) -> str:
     """Lower-case words only, so verifiers compare what was meant, not punctuation or spacing."""
     return re.sub(r"[^a-z0-9]+", " ", (s or "").lower()).strip()
+
+
+_TIME = re.compile(r"(?<![\d:])(\d{1,2}:\d{2})(?![\d:])")
+_NUMBER = re.compile(r"(?<![\d,.])\d[\d,]*(?:\.\d+)?")
+_FRAMING = re.compile(r"^(?:(?:the )?answer(?: is)?|it is|it s|that is|that s)\s+")
+
+
+def one_answer(final_answer: str | None, expected: str) -> tuple[bool, str]:
+    """Is `final_answer` one answer, and the expected one? (ok, what was compared)
+
+    The rule of every question a recipe checks: a time (HH:MM) or a number is matched against every
+    time or number the answer mentions, which must all be the expected one ("It starts at 14:30." is
+    right; "09:00 or 14:30" is not); any other answer must equal the expected text after
+    normalisation (case, punctuation, spacing, a leading "the answer is"), so listing every candidate
+    ("Red Mug, Blue Lamp, Green Chair") never matches the one it contains.
+    """
+    text = final_answer or ""
+    want = expected.strip()
+    if _TIME.fullmatch(want):
+        found = {t.zfill(5) for t in _TIME.findall(text)}
+        return found == {want.zfill(5)}, f"times {sorted(found)}"
+    compact = want.replace(",", "")
+    if re.fullmatch(r"\d+(?:\.\d+)?", compact):
+        found = {n.replace(",", "") for n in _NUMBER.findall(text)}
+        return found == {compact}, f"numbers {sorted(found)}"
+    got = _FRAMING.sub("", normalize_text(text))
+    return got == normalize_text(want), repr(got)

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.core.schema import SCHEMA_VERSION, EpisodeStatus, Outcome, Step, ToolCall, Trajectory
+from components.core.schema import SCHEMA_VERSION, EpisodeStatus, Outcome, Step, ToolCall, Trajectory, Verification
 from components.core.schema import TestReport as Report
 from components.core.store import SHARD_GLOB, StoreError, TaskStore, TrajectoryStore
 from components.recipes.swe.generator import generate_tasks
@@ -81,11 +81,24 @@ def test_v0_shard_still_loads(tmp_path):
     pq.write_table(v0, tmp_path / "part-00000000000000000000-v0.parquet")
     old = {t.id: t for t in store.read()}["traj-old"]
     assert old.outcome is Outcome.unresolved and old.outcome_reason == "hidden test failed"
-    assert old.schema_version == SCHEMA_VERSION and old.split == "train" and old.status is EpisodeStatus.completed
+    assert old.schema_version == SCHEMA_VERSION and old.verification is None and old.split == "train" and old.status is EpisodeStatus.completed
     newer = pa.Table.from_pylist([{**v0.to_pylist()[0], "schema_version": 99}])
     pq.write_table(newer, tmp_path / "part-99999999999999999999-v99.parquet")
     with pytest.raises(StoreError, match="schema_version 99"):
         store.read()
+
+
+def test_v1_shard_loads_without_a_verification_record_and_v2_round_trips_it(tmp_path):
+    store = TrajectoryStore(tmp_path)
+    audited = make_traj(1).model_copy(update={"verification": Verification(
+        verifier="swe-clean-room", version="2", ignored=[{"path": "conftest.py", "reason": "test-runner configuration"}])})
+    store.append([audited])
+    row = pq.read_table(store.shards()[0]).to_pylist()[0]
+    v1 = {**{k: v for k, v in row.items() if k != "verification"}, "id": "traj-v1", "schema_version": 1}
+    pq.write_table(pa.Table.from_pylist([v1]), tmp_path / "part-00000000000000000000-v1.parquet")
+    got = {t.id: t for t in store.read()}
+    assert got["traj-v1"].verification is None and got["traj-v1"].schema_version == SCHEMA_VERSION
+    assert got[audited.id].verification == audited.verification
 
 
 def test_task_store_round_trip_and_split_filter(tmp_path):

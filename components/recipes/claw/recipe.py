@@ -6,13 +6,14 @@ database inside the sandbox, reached through one of two harnesses over the same 
 - `harness="shell"`: a single `bash` tool and the `./claw` CLI documented in the system prompt.
 
 Setup, tasks and verifiers are identical in both, so a difference in results is the harness's.
-The verifier copies `state.db` out of the sandbox and checks it on the host.
+The verifier rebuilds the state on the host from the tools' journal (rule in `verify.py`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import tempfile
 from importlib import resources
 from typing import Any, Literal
@@ -23,13 +24,18 @@ from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, Verify
 from components.core.schema import Split, Task, ToolCall
 from components.recipes.claw.sandbox import claw as claw_api
 from components.recipes.claw.tasks import FAMILIES, families_at, generate_tasks
-from components.recipes.claw.verify import verify_db
+from components.core.schema import Verification
+from components.recipes.claw.verify import NAME as VERIFIER_NAME
+from components.recipes.claw.verify import VERSION as VERIFIER_VERSION
+from components.recipes.claw.verify import ReplayError, replay_journal, state_divergence, verify_db
 from sandbox_service.client import Sandbox
+from sandbox_service.errors import FileNotFoundInSandboxError, InvalidRequestError
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 
 CLAW_DIR = "/workspace/.claw"
 CLAW_PY = f"{CLAW_DIR}/claw.py"
 DB_PATH = f"{CLAW_DIR}/state.db"
+JOURNAL_PATH = f"{CLAW_DIR}/journal.jsonl"  # claw.py's default: beside the database
 MAX_OUTPUT = 4000
 
 Harness = Literal["tools", "shell"]
@@ -48,7 +54,8 @@ class ClawOptions(BaseModel):
 
 _JSON_TYPES = {"str": {"type": "string"}, "int": {"type": "integer"},
                "list": {"type": "array", "items": {"type": "string"}}}
-ANSWER = ToolSpec(name="answer", description="Finish: report what you did, or the answer if the task asks a question.",
+ANSWER = ToolSpec(name="answer", description="Finish: report what you did; if the task asks a question, the text "
+                  "is only the answer (one value), not a list of candidates.",
                   parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
 BASH = ToolSpec(name="bash", description="Run a shell command in /workspace (the ./claw CLI is there).",
                 parameters={"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]})
@@ -143,14 +150,32 @@ class ClawRecipe(RecipeBase):
 
     # -- verification ----------------------------------------------------------------------------
     def verify(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
-        try:
-            data = sandbox.read_file(DB_PATH)
-        except Exception as err:  # noqa: BLE001 - failing to read back is the environment's failure
-            return VerifyResult(resolved=False, infra_error=f"could not read {DB_PATH}: {err}")
-        fd, path = tempfile.mkstemp(suffix=".db")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return verify_db(path, task.verifier.expected, final_answer)
-        finally:
-            os.unlink(path)
+        """The world rebuilt from the tools' journal, never the sandbox's state.db (see verify.py)."""
+        record = Verification(verifier=VERIFIER_NAME, version=VERIFIER_VERSION)
+        journal = _read_or_none(sandbox, JOURNAL_PATH)
+        if journal is None:
+            journal = b""  # no state-changing call was made (or the policy removed the record of them)
+        sandbox_db = _read_or_none(sandbox, DB_PATH)
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                db, rejected = replay_journal(task.metadata["world"], journal, tmp)
+            except (ReplayError, OSError, ValueError, subprocess.SubprocessError) as err:
+                return VerifyResult(resolved=False, infra_error=f"rebuilding the Claw state failed: {err}",
+                                    verification=record)
+            copy = None
+            if sandbox_db is not None:
+                copy = os.path.join(tmp, "sandbox-state.db")
+                with open(copy, "wb") as f:
+                    f.write(sandbox_db)
+            record.ignored = rejected + state_divergence(copy, db)
+            verdict = verify_db(db, task.verifier.expected, final_answer)
+        verdict.verification = record
+        return verdict
+
+
+def _read_or_none(sandbox: Sandbox, path: str) -> bytes | None:
+    """The file, or None when the policy removed it or put something unreadable there."""
+    try:
+        return sandbox.read_file(path)
+    except (FileNotFoundInSandboxError, InvalidRequestError):
+        return None

@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
 from components.core.schema import Split, Task, ToolCall
 from components.recipes.gui.tasks import FAMILIES, SITE_PORT, families_at, generate_tasks
+from components.core.schema import Verification
+from components.recipes.gui.verify import NAME as VERIFIER_NAME
+from components.recipes.gui.verify import VERSION as VERIFIER_VERSION
 from components.recipes.gui.verify import verify_state
 from components.recipes.gui.vision import ScreenshotStore
 from sandbox_service.client import Sandbox
@@ -67,7 +70,8 @@ TOOLS = [
              parameters={"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}),
     ToolSpec(name="screenshot", description="Take a PNG screenshot of the viewport (for vision models).",
              parameters={"type": "object", "properties": {}}),
-    ToolSpec(name="answer", description="Finish the task, with the answer text if the task asks a question.",
+    ToolSpec(name="answer", description="Finish the task. If the task asks a question, the text is only the answer "
+             "(one value, e.g. 'Blue Lamp' or '1204'), not a list of candidates.",
              parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
 ]
 _TOOL_NAMES = {t.name for t in TOOLS}
@@ -189,6 +193,9 @@ class GUIRecipe(RecipeBase):
     def verify(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
         try:
             state = json.loads(sandbox.read_file(STATE))
-        except Exception as err:  # noqa: BLE001 - any failure to read back is the environment's
-            return VerifyResult(resolved=False, infra_error=f"could not read site state {STATE}: {err}")
-        return verify_state(state, final_answer, task.verifier.expected)
+        except Exception as err:  # noqa: BLE001 - nothing the policy can do reaches the file (see verify.py)
+            return VerifyResult(resolved=False, infra_error=f"could not read site state {STATE}: {err}",
+                                verification=Verification(verifier=VERIFIER_NAME, version=VERIFIER_VERSION))
+        verdict = verify_state(state, final_answer, task.verifier.expected)
+        verdict.verification = Verification(verifier=VERIFIER_NAME, version=VERIFIER_VERSION)
+        return verdict

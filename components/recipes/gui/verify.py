@@ -1,14 +1,26 @@
 """Programmatic verifiers on the final site state (`state.json` written by the site server) and the
 agent's answer. Pure functions, so they are tested on hand-built states without a browser.
+
+The rule (verifier `gui-site-state`, version `VERSION`):
+
+- Site tasks are judged on the server's state only, which only the site's own POST handlers change:
+  the site serves no JavaScript, the policy has no shell, `navigate` opens only http(s) pages of
+  127.0.0.1/localhost, and the state file lives outside what any page or form can address.
+- A missing or unreadable state file after the episode cannot be caused by the policy (nothing it
+  can do reaches the file), so it stays an infrastructure error.
+- Answer tasks need one answer equal to the expected one after normalisation (`common.one_answer`):
+  an answer that lists every candidate fails.
 """
 
 from __future__ import annotations
 
-import re
-
 from components.core.recipe_base import VerifyResult
 from components.recipes.common import checklist_result as _result
 from components.recipes.common import normalize_text as _norm
+from components.recipes.common import one_answer
+
+NAME = "gui-site-state"
+VERSION = "2"  # 1: answers checked by containment
 
 
 def verify_shop(state: dict, expected: dict) -> VerifyResult:
@@ -38,12 +50,8 @@ def verify_form(state: dict, expected: dict) -> VerifyResult:
 
 
 def verify_answer(final_answer: str | None, expected: dict) -> VerifyResult:
-    want = _norm(expected["answer"]).replace(" ", "")
-    # Numbers may be written with separators ("1,204"); names must appear as whole words.
-    got_compact = _norm(final_answer).replace(" ", "")
-    ok = bool(final_answer) and (re.search(rf"(^|\D){re.escape(want)}(\D|$)", got_compact) is not None
-                                 if want.isdigit() else f" {_norm(expected['answer'])} " in f" {_norm(final_answer)} ")
-    return _result([(f"answer contains {expected['answer']!r} (got {final_answer!r})", ok)])
+    ok, compared = one_answer(final_answer, expected["answer"])
+    return _result([(f"one answer, {expected['answer']!r} (got {final_answer!r}: {compared})", ok)])
 
 
 def verify_state(state: dict, final_answer: str | None, expected: dict) -> VerifyResult:

@@ -24,12 +24,15 @@ class TaskCheck(BaseModel):
 def verify_with_patch(recipe: RecipeBase, task: Task, client: SandboxClient, patch: str | None) -> VerifyResult:
     """Set the task up in a fresh sandbox, apply `patch` (if any) and run the recipe's verifier."""
     with client.create(recipe.sandbox_spec(task)) as sandbox:
-        recipe.setup(sandbox, task)
-        if patch:
-            applied = sandbox.apply_patch(patch, cwd=task.environment.workdir)
-            if not applied.applied:
-                return VerifyResult(resolved=False, reason=f"reference patch does not apply: {applied.stderr[-300:]}")
-        return recipe.verify(sandbox.verifying(), task, patch)
+        try:
+            recipe.setup(sandbox, task)
+            if patch:
+                applied = sandbox.apply_patch(patch, cwd=task.environment.workdir)
+                if not applied.applied:
+                    return VerifyResult(resolved=False, reason=f"reference patch does not apply: {applied.stderr[-300:]}")
+            return recipe.verify(sandbox.verifying(), task, patch)
+        finally:
+            recipe.release(sandbox)
 
 
 def check_task(recipe: RecipeBase, task: Task, client: SandboxClient) -> TaskCheck:

@@ -6,13 +6,15 @@ import io
 import subprocess
 import tarfile
 import tempfile
+import threading
+from contextlib import ExitStack
 from pathlib import Path
 
 from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
 from components.core.schema import Split, Task, ToolCall
 from components.recipes.swe.generator import generate_tasks
 from components.recipes.swe.tools import TOOL_SPECS, SWETools, git_init_script
-from components.recipes.swe.verifier import run_hidden_tests
+from components.recipes.swe.verifier import verify_in_clean_room
 from sandbox_service.client import Sandbox
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 
@@ -38,6 +40,9 @@ class SWERecipe(RecipeBase):
         self.heldout_families = tuple(heldout_families)
         self.tool_timeout_seconds = tool_timeout_seconds
         self.max_output_chars = max_output_chars
+        # sandbox id -> snapshot of its pristine state (taken at setup, before the agent's first step)
+        self._pristine: dict[str, str] = {}
+        self._lock = threading.Lock()
 
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
         return generate_tasks(split, n, seed, difficulty=self.difficulty, heldout_families=self.heldout_families,
@@ -63,6 +68,13 @@ class SWERecipe(RecipeBase):
                              workdir=env.workdir)
 
     def setup(self, sandbox: Sandbox, task: Task) -> None:
+        """Place the repository, then snapshot it: the pristine state verification forks (`release` drops it)."""
+        self._setup_files(sandbox, task)
+        snapshot = sandbox.snapshot()
+        with self._lock:
+            self._pristine[sandbox.id] = snapshot.id
+
+    def _setup_files(self, sandbox: Sandbox, task: Task) -> None:
         env = task.environment
         mk = sandbox.exec(["mkdir", "-p", env.workdir], timeout=30)
         if not mk.ok:
@@ -107,4 +119,23 @@ class SWERecipe(RecipeBase):
         return self._tools(task).execute(sandbox, call)
 
     def verify(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
-        return run_hidden_tests(sandbox, task, task.environment.workdir)
+        """Hidden tests in a clean room (see verifier.py); `final_answer` (the submit diff) is not trusted."""
+        with self._lock:
+            snapshot = self._pristine.get(sandbox.id)
+
+        def clean_room(stack: ExitStack) -> Sandbox:
+            spec = self.sandbox_spec(task)
+            spec = spec.model_copy(update={"labels": {**spec.labels, "orchard.role": "verifier"},
+                                           "from_snapshot": snapshot})
+            room = stack.enter_context(sandbox.client.create(spec))
+            if snapshot is None:  # forked or replayed episode: no pristine snapshot here, build the state
+                self._setup_files(room, task)
+            return room
+
+        return verify_in_clean_room(sandbox, task, clean_room)
+
+    def release(self, sandbox: Sandbox) -> None:
+        with self._lock:
+            snapshot = self._pristine.pop(sandbox.id, None)
+        if snapshot is not None:
+            sandbox.client.request("DELETE", f"/v1/snapshots/{snapshot}")

@@ -129,18 +129,18 @@ class SWETools:
         return ToolResult(output=f"Edited {path}.")
 
     def _tool_submit(self, sandbox: Sandbox, args: dict[str, Any]) -> ToolResult:
-        diff = repo_diff(sandbox, self.workdir, self.timeout_seconds)
-        if diff is None:
-            return ToolResult(output="", infra_error="could not compute the repository diff (git failed)")
-        return ToolResult(output="Submitted.", submitted=True, final_answer=diff)
-
-
-def repo_diff(sandbox: Sandbox, workdir: str, timeout: float = 30.0) -> str | None:
-    """The repository's changes since setup as a unified diff; None when git itself failed."""
-    result = sandbox.exec(["bash", "-c", DIFF_COMMAND], cwd=workdir, timeout=timeout)
-    if result.outcome is not ExecOutcome.ok:
-        return None
-    return result.stdout
+        # The diff is for the record only: verification compares the files themselves (change.py), so a
+        # broken .git or a removed repository still submits, and never turns into an infrastructure error.
+        try:
+            result = sandbox.exec(["bash", "-c", DIFF_COMMAND], cwd=self.workdir, timeout=self.timeout_seconds)
+        except FileNotFoundInSandboxError:
+            return ToolResult(output="Submitted (the repository is gone).", submitted=True, final_answer="")
+        if result.outcome is ExecOutcome.infrastructure_error:
+            return ToolResult(output="", infra_error=f"computing the diff: {result.infra_error}: {result.message}")
+        if result.outcome is not ExecOutcome.ok:
+            return ToolResult(output=f"Submitted (git could not diff the repository: {result.stderr.strip()[-200:]}).",
+                              submitted=True, final_answer="")
+        return ToolResult(output="Submitted.", submitted=True, final_answer=result.stdout)
 
 
 def git_init_script() -> str:

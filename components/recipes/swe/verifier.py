@@ -1,94 +1,242 @@
-"""Verify an SWE episode: place the hidden tests only now, run pytest in the sandbox, read the report.
+"""Verify an SWE episode in a clean room, never in the agent's own sandbox.
 
-Resolved means every FAIL_TO_PASS and PASS_TO_PASS test passed (or, with neither listed, pytest
-exited 0 having run at least one test). A verifier that cannot run (no pytest in the sandbox, the
-sandbox died) is an infrastructure error, never an unresolved episode.
+The rule (verifier `swe-clean-room`, version `VERSION`):
+
+1. The agent's change is taken on the host by comparing its final repository with the pristine one
+   (`change.py`, which also lists what is ignored: tests, runner configuration, start-up hooks,
+   shadowing modules, binaries, caches, symlinks). Nothing the agent's sandbox computes is trusted.
+2. A fresh sandbox is forked from the task's pristine snapshot (or set up anew when there is none):
+   none of the agent's processes exist there. Only the applied part of the change is written into it,
+   then whatever sits at a hidden test path is removed and the hidden tests (or the task's test patch)
+   are placed.
+3. pytest runs as `python -I` (no workspace path before the standard library, no PYTHON* variables,
+   no user site), with plugin autoloading off, no cache, `--rootdir` the repository and `-c` a
+   configuration file the verifier writes into a fresh `mktemp -d` directory outside the repository;
+   the outcome is the JUnit XML report written there, never the run's stdout.
+4. Resolved means every FAIL_TO_PASS and PASS_TO_PASS test passed (with neither listed: at least one
+   test ran and none failed; a task `command` decides by its exit code).
+5. Outcomes the agent's change can cause (tests failing, a hang until the timeout, a crash, no report,
+   a workspace that cannot be archived while its sandbox is up) are unresolved. Only failures of the
+   service, of the agent's sandbox itself (no longer ready) or of the clean room (it cannot be forked,
+   written, or run the verifier's own pytest) are infrastructure errors.
+
+Known limit: the code under test runs inside the pytest process (as in SWE-bench harnesses), so a
+change that deliberately patches the runner from imported package code is not prevented here.
 """
 
 from __future__ import annotations
 
-import re
 import shlex
+import tempfile
 import time
+import xml.etree.ElementTree as ET
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Callable
+
+import httpx
 
 from components.core.recipe_base import VerifyResult
-from components.core.schema import Task, TestReport
+from components.core.schema import Task, TestReport, Verification
+from components.recipes.swe.change import RepoChange, Tree, extract_change, read_tree
 from sandbox_service.client import Sandbox
-from sandbox_service.models import ExecOutcome
+from sandbox_service.errors import SandboxServiceError
+from sandbox_service.models import ExecOutcome, SandboxState
 
-_STATUS_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)", re.MULTILINE)
-_COUNT = re.compile(r"(\d+) (passed|failed|errors?|error)\b")
-PYTEST = "python -m pytest -q -rA --tb=short -p no:cacheprovider"
+NAME = "swe-clean-room"
+VERSION = "2"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout
+PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def parse_pytest_report(output: str) -> tuple[dict[str, str], TestReport]:
-    """Per-test status (from `-rA`) and the summary counts of a pytest run."""
-    statuses: dict[str, str] = {}
-    for status, node in _STATUS_LINE.findall(output):
-        statuses.setdefault(node, status)
-    passed = failed = errors = 0
-    summary = [ln for ln in output.splitlines() if re.search(r"\d+ (passed|failed|errors?)\b", ln)]
-    if summary:
-        for n, kind in _COUNT.findall(summary[-1]):
-            if kind == "passed":
-                passed = int(n)
-            elif kind == "failed":
-                failed = int(n)
-            else:
-                errors = int(n)
-    return statuses, TestReport(passed=passed, failed=failed, errors=errors, output=output[-4000:])
+class _Infra(Exception):
+    """The clean room or the service failed: an infrastructure error, never the policy's outcome."""
 
 
 def _test_files(ids: list[str]) -> list[str]:
-    files: list[str] = []
-    for node in ids:
-        path = node.split("::", 1)[0]
-        if path not in files:
-            files.append(path)
-    return files
+    return list(dict.fromkeys(node.split("::", 1)[0] for node in ids))
 
 
-def run_hidden_tests(sandbox: Sandbox, task: Task, workdir: str) -> VerifyResult:
+def junit_key(node_id: str) -> tuple[str, str]:
+    """(classname, name) pytest's JUnit report gives the test `node_id` (`a/b.py::Cls::test[x]`)."""
+    path, *rest = node_id.split("::")
+    module = path[:-3] if path.endswith(".py") else path
+    return ".".join([module.replace("/", "."), *rest[:-1]]), rest[-1] if rest else ""
+
+
+def parse_junit(xml: bytes) -> tuple[dict[tuple[str, str], str], TestReport]:
+    """Per-test status (PASSED/FAILED/ERROR/SKIPPED) by JUnit key, and the counts."""
+    root = ET.fromstring(xml)
+    statuses: dict[tuple[str, str], str] = {}
+    for case in root.iter("testcase"):
+        tags = {child.tag for child in case}
+        status = "ERROR" if "error" in tags else "FAILED" if "failure" in tags else \
+            "SKIPPED" if "skipped" in tags else "PASSED"
+        key = (case.get("classname", ""), case.get("name", ""))
+        if statuses.get(key, "PASSED") == "PASSED":  # a teardown error after a pass wins
+            statuses[key] = status
+    values = list(statuses.values())
+    return statuses, TestReport(passed=values.count("PASSED"), failed=values.count("FAILED"),
+                                errors=values.count("ERROR"))
+
+
+def _checked(result, what: str):
+    if result.is_infra_error:
+        raise _Infra(f"{what}: {result.infra_error}: {result.message}")
+    return result
+
+
+def _apply(room: Sandbox, workdir: str, change: RepoChange) -> None:
+    if change.write:
+        with tempfile.TemporaryDirectory() as tmp:
+            for rel, data in change.write.items():
+                target = Path(tmp) / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+            room.upload_dir(tmp, workdir)
+    if change.delete:
+        _checked(room.exec(["rm", "-f", "--", *change.delete], cwd=workdir, timeout=60), "applying deletions")
+
+
+def _place_tests(room: Sandbox, task: Task, workdir: str) -> str | None:
+    """Place the hidden tests over whatever is at their paths; a reason when the test patch does not apply."""
     spec = task.verifier
-    for rel, content in spec.hidden_files.items():
-        target = rel if rel.startswith("/") else f"{workdir.rstrip('/')}/{rel}"
-        mk = sandbox.exec(["mkdir", "-p", target.rsplit("/", 1)[0]], timeout=30)
-        if mk.is_infra_error:
-            return VerifyResult(resolved=False, infra_error=f"placing hidden tests: {mk.infra_error}: {mk.message}")
-        sandbox.write_file(target, content)
+    targets = {(rel if rel.startswith("/") else f"{workdir.rstrip('/')}/{rel}"): content
+               for rel, content in spec.hidden_files.items()}
+    if targets:
+        script = "; ".join(f"rm -rf -- {shlex.quote(t)}; mkdir -p -- {shlex.quote(t.rsplit('/', 1)[0])}"
+                           for t in targets)
+        _checked(room.exec(["bash", "-c", script], timeout=60), "placing hidden tests")
+        for target, content in targets.items():
+            room.write_file(target, content)
     test_patch = spec.expected.get("test_patch")
     if test_patch:
-        applied = sandbox.apply_patch(test_patch, cwd=workdir)
-        if not applied.applied:
-            return VerifyResult(resolved=False, reason=f"the test patch does not apply: {applied.stderr[-500:]}")
+        applied = room.apply_patch(test_patch, cwd=workdir)
+        if not applied.applied:  # the repository as changed by the agent rejects the task's test patch
+            return f"the test patch does not apply to the changed repository: {applied.stderr[-500:]}"
+    return None
+
+
+def _pytest_command(vdir: str, workdir: str, targets: list[str]) -> list[str]:
+    return ["python", "-I", "-m", "pytest", "-c", f"{vdir}/pytest.ini", "--rootdir", workdir, "-p", "no:cacheprovider",
+            f"--junitxml={vdir}/report.xml", "-q", "--tb=short", "-rA", *targets]
+
+
+def _read_report(room: Sandbox, path: str) -> bytes:
+    # Through exec, not the file API: the report lives outside the workspace the file API serves.
+    res = _checked(room.exec(["cat", "--", path], timeout=60, max_output_bytes=20_000_000), "reading the report")
+    if res.exit_code != 0:
+        raise FileNotFoundError(f"{path}: {res.stderr.strip()[-200:]}")
+    return res.stdout.encode()
+
+
+def _runner_works(room: Sandbox, vdir: str) -> str | None:
+    """None when the verifier's own pytest starts in the clean room (outside the repository)."""
+    res = room.exec(["python", "-I", "-m", "pytest", "-c", f"{vdir}/pytest.ini", "--version"], cwd=vdir,
+                    env=PYTEST_ENV, timeout=60)
+    if res.is_infra_error:
+        return f"{res.infra_error}: {res.message}"
+    return None if res.exit_code == 0 else f"exit {res.exit_code}: {(res.stdout + res.stderr)[-300:]}"
+
+
+def verify_in_clean_room(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], Sandbox]) -> VerifyResult:
+    """Verify the agent's repository (in `agent`) in a clean room `open_clean_room` builds (and registers
+    for deletion on the stack) from the task's pristine state."""
+    record = Verification(verifier=NAME, version=VERSION)
+    try:
+        with ExitStack() as stack:
+            verdict = _verify(agent, task, open_clean_room, stack, record)
+    except _Infra as err:
+        return VerifyResult(resolved=False, infra_error=str(err), verification=record)
+    except (SandboxServiceError, httpx.HTTPError) as err:
+        return VerifyResult(resolved=False, infra_error=f"clean room: {type(err).__name__}: {err}",
+                            verification=record)
+    verdict.verification = record
+    return verdict
+
+
+class _Laps:
+    """Records the wall time since the previous lap under each phase's name."""
+
+    def __init__(self, record: Verification):
+        self.record, self.last = record, time.monotonic()
+
+    def __call__(self, phase: str) -> None:
+        now = time.monotonic()
+        self.record.seconds[phase] = round(now - self.last, 4)
+        self.last = now
+
+
+def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], Sandbox], stack: ExitStack,
+            record: Verification) -> VerifyResult:
+    spec, workdir = task.verifier, task.environment.workdir
+    lap = _Laps(record)
+    try:
+        room = open_clean_room(stack)
+    except Exception as err:  # the pristine state alone failed to come up: nothing the agent did
+        raise _Infra(f"could not build the clean room: {type(err).__name__}: {err}"[:1000]) from err
+    lap("fork")
+    pristine = read_tree(room.download_dir(workdir))
+    try:
+        final = read_tree(agent.download_dir(workdir))
+    except Exception as err:  # noqa: BLE001 - whose fault depends on whether the sandbox itself is still up
+        info = agent.refresh()
+        if info.state is not SandboxState.ready:  # the service lost it (its own record says why)
+            raise _Infra(f"the agent's sandbox is {info.state.value} ({info.infra_error}: {info.error})") from err
+        return VerifyResult(resolved=False, reason=f"the agent's repository could not be read: {err}"[:500])
+    change = extract_change(pristine, final)
+    lap("diff")
+    record.ignored, record.applied = change.ignored, sorted({*change.write, *change.delete})
+    _apply(room, workdir, change)
+    bad_patch = _place_tests(room, task, workdir)
+    lap("apply")
+    if bad_patch:
+        return VerifyResult(resolved=False, reason=bad_patch)
+
+    made = _checked(room.exec(["mktemp", "-d", "/tmp/orchard-verify.XXXXXXXXXX"], timeout=30), "mktemp")
+    vdir = made.stdout.strip()
+    if made.exit_code != 0 or not vdir.startswith("/tmp/orchard-verify."):
+        raise _Infra(f"could not create the report directory in the clean room: {made.stderr[-300:]}")
+    # `pythonpath` puts the repository root on sys.path (python -I leaves out the working directory).
+    ini = f"[pytest]\npythonpath = {workdir}\njunit_family = xunit2\n"
+    wrote = _checked(room.exec(["bash", "-c", 'cat > "$0"', f"{vdir}/pytest.ini"], stdin=ini, timeout=30), "config")
+    if wrote.exit_code != 0:
+        raise _Infra(f"could not write the verifier's pytest.ini in the clean room: {wrote.stderr[-300:]}")
 
     wanted = list(dict.fromkeys(spec.fail_to_pass + spec.pass_to_pass))
-    # Whole files, not node ids: ids with brackets or spaces survive no shell; statuses are per id anyway.
-    targets = " ".join(shlex.quote(f) for f in _test_files(wanted))
-    command = spec.command or f"{PYTEST} {targets}".strip()
+    command = (["bash", "-c", spec.command] if spec.command
+               else _pytest_command(vdir, workdir, _test_files(wanted)))
     start = time.monotonic()
-    result = sandbox.exec(["bash", "-c", command], cwd=workdir, timeout=spec.timeout_seconds,
-                          max_output_bytes=1_000_000)
+    result = _checked(room.exec(command, cwd=workdir, env=PYTEST_ENV, timeout=spec.timeout_seconds,
+                                max_output_bytes=200_000), "running hidden tests")
     duration = time.monotonic() - start
-    output = result.stdout + result.stderr
-    if result.is_infra_error:
-        return VerifyResult(resolved=False, infra_error=f"running hidden tests: {result.infra_error}: {result.message}")
-    if "No module named pytest" in output:
-        return VerifyResult(resolved=False, infra_error="pytest is not installed in the sandbox's python")
-    statuses, report = parse_pytest_report(output)
-    report.duration_seconds = duration
+    lap("run")
+    tail = (result.stdout + result.stderr)[-4000:]
     if result.outcome is ExecOutcome.command_timeout:
-        return VerifyResult(resolved=False, report=report, reason=f"hidden tests timed out after {spec.timeout_seconds:g}s")
+        return VerifyResult(resolved=False, report=TestReport(output=tail, duration_seconds=duration),
+                            reason=f"hidden tests timed out after {spec.timeout_seconds:g}s")
     if spec.command is not None and not wanted:
         ok = result.exit_code == 0
-        return VerifyResult(resolved=ok, report=report, reason=None if ok else f"command exited {result.exit_code}")
+        return VerifyResult(resolved=ok, report=TestReport(output=tail, duration_seconds=duration),
+                            reason=None if ok else f"command exited {result.exit_code}")
+    try:
+        statuses, report = parse_junit(_read_report(room, f"{vdir}/report.xml"))
+    except Exception as err:  # noqa: BLE001 - no readable report: decide whose fault in the clean room
+        broken = _runner_works(room, vdir)
+        if broken:
+            raise _Infra(f"the verifier's pytest does not run in the clean room: {broken}") from err
+        return VerifyResult(resolved=False, report=TestReport(output=tail, duration_seconds=duration),
+                            reason=f"pytest wrote no readable report (exit {result.exit_code}): {type(err).__name__}")
+    report.output, report.duration_seconds = tail, duration
     if not wanted:
-        ok = result.exit_code == 0 and report.passed > 0
+        ok = report.passed > 0 and report.failed == report.errors == 0
         return VerifyResult(resolved=ok, report=report, reason=None if ok else f"pytest exited {result.exit_code}")
-    not_passed = [t for t in wanted if statuses.get(t) != "PASSED"]
+    got = {node: statuses.get(junit_key(node), "missing") for node in wanted}
+    not_passed = [t for t in wanted if got[t] != "PASSED"]
     if not_passed:
-        f2p = [t for t in not_passed if t in spec.fail_to_pass]
-        detail = ", ".join(f"{t}={statuses.get(t, 'missing')}" for t in not_passed[:5])
-        kind = "FAIL_TO_PASS" if f2p else "PASS_TO_PASS"
+        kind = "FAIL_TO_PASS" if any(t in spec.fail_to_pass for t in not_passed) else "PASS_TO_PASS"
+        detail = ", ".join(f"{t}={got[t]}" for t in not_passed[:5])
         return VerifyResult(resolved=False, report=report, reason=f"{len(not_passed)} {kind} tests not passing: {detail}")
     return VerifyResult(resolved=True, report=report)
+
+
+__all__ = ["NAME", "VERSION", "Tree", "junit_key", "parse_junit", "verify_in_clean_room"]

@@ -4,6 +4,11 @@ database (stdlib only). Both harness variants reach the same functions:
     python claw.py call mail_search '{"sender": "bob"}'      # function-call harness: one tool per API
     ./claw mail search --sender bob                          # shell harness: a CLI, documented in the prompt
     python claw.py init seed.json                            # setup: build the database from a world
+    python claw.py replay seed.json journal.jsonl            # the verifier, on the host: world + journal
+
+Every change the API makes is also appended to `journal.jsonl` (one {"name", "arguments"} line per
+successful call of a MUTATING function). The verifier rebuilds the state from the world and that
+journal with its own copy of this file, so writing `state.db` by other means changes no verdict.
 
 Every command prints one JSON document. Errors print {"error": ...} and exit 2 (a usage mistake, the
 policy's fault). Rows written by `init` have origin 'seed'; everything the agent creates has origin
@@ -18,6 +23,8 @@ import sqlite3
 import sys
 
 DB = os.environ.get("CLAW_DB", os.path.join(os.path.dirname(os.path.abspath(__file__)), "state.db"))
+JOURNAL = os.environ.get("CLAW_JOURNAL", os.path.join(os.path.dirname(os.path.abspath(DB)), "journal.jsonl"))
+MUTATING = ("mail_send", "calendar_create", "notes_create")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -196,7 +203,7 @@ API: dict[str, tuple[object, str, list[Param]]] = {
 }
 
 
-def call(name: str, arguments: dict) -> object:
+def call(name: str, arguments: dict, journal: bool = True) -> object:
     if name not in API:
         raise UsageError(f"unknown tool {name!r}; available: {sorted(API)}")
     fn, _, params = API[name]
@@ -208,11 +215,35 @@ def call(name: str, arguments: dict) -> object:
     if missing:
         raise UsageError(f"{name} needs {missing}")
     try:
-        return fn(**arguments)
+        out = fn(**arguments)
     except (TypeError, ValueError) as err:
         if isinstance(err, UsageError):
             raise
         raise UsageError(f"bad arguments for {name}: {err}") from None
+    if name in MUTATING and journal:
+        with open(JOURNAL, "a") as f:
+            f.write(json.dumps({"name": name, "arguments": arguments}) + "\n")
+    return out
+
+
+def replay(seed_path: str, journal_path: str) -> dict:
+    """Build the world, then re-run the journal's calls in order; lines that are not a valid mutating
+    call are reported, never applied."""
+    init(seed_path)
+    applied, rejected = 0, []
+    with open(journal_path, "rb") as f:
+        lines = f.read().decode("utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines, start=1):
+        try:
+            entry = json.loads(line)
+            name, arguments = entry["name"], entry["arguments"]
+            if name not in MUTATING or not isinstance(arguments, dict):
+                raise UsageError(f"{name!r} is not a state-changing call")
+            call(name, arguments, journal=False)
+            applied += 1
+        except (UsageError, ValueError, KeyError, TypeError) as err:
+            rejected.append({"line": i, "error": f"{type(err).__name__}: {err}"[:300]})
+    return {"applied": applied, "rejected": rejected}
 
 
 def init(seed_path: str) -> dict:
@@ -255,6 +286,8 @@ def main(argv: list[str]) -> int:
     try:
         if argv[:1] == ["init"]:
             out = init(argv[1])
+        elif argv[:1] == ["replay"]:
+            out = replay(argv[1], argv[2])
         elif argv[:1] == ["call"]:
             out = call(argv[1], json.loads(argv[2]) if len(argv) > 2 else {})
         else:
