@@ -2,7 +2,7 @@
 
 A row per trajectory (parquet, loadable by `datasets.load_dataset("parquet", ...)` and pandas):
   `trajectory_id`      our trajectory id;
-  `prompt_ids`         the conversation up to and including the first `<|assistant|>` header;
+  `prompt_ids`         the conversation up to and including the first assistant turn's generation prompt;
   `response_ids`       everything after it: assistant tokens and the environment's (tool) tokens between turns;
   `loss_mask`          one per response token: 1 where the trainer puts loss (assistant tokens), 0 elsewhere;
   `response_logprobs`  one per response token under the rollout policy, or null when not computed;
@@ -26,8 +26,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from components.core.rendering import render_trajectory
-from components.core.schema import Outcome, TokenRole, Trajectory
+from components.core.rendering import render_prompt, render_trajectory, steps_as_messages
+from components.core.schema import Outcome, Trajectory
 from components.core.store import write_table_atomic
 from components.sft_data import SFTMode, loss_rule
 
@@ -43,13 +43,17 @@ TOKEN_SCHEMA = pa.schema([
 ])
 
 
-def _prompt_length(roles: list[int], input_ids: list[int], tokenizer) -> int:
-    """Tokens up to and including the first assistant header (all of them when nothing was generated)."""
-    header = tokenizer.convert_tokens_to_ids("<|assistant|>")
-    for i, (role, tok) in enumerate(zip(roles, input_ids)):
-        if role == int(TokenRole.assistant) and tok == header:
-            return i + 1
-    return len(input_ids)
+def _prompt_length(traj: Trajectory, input_ids: list[int], tokenizer) -> int:
+    """Tokens up to and including the generation prompt of the first assistant turn (the chat template's own
+    header, e.g. `<|im_start|>assistant\n`); all of them when nothing was generated."""
+    first = next((i for i, s in enumerate(traj.steps) if s.role == "assistant"), None)
+    if first is None:
+        return len(input_ids)
+    prompt = render_prompt(steps_as_messages(traj.steps[:first]), tokenizer, tools=traj.tools,
+                           add_generation_prompt=True)
+    if input_ids[:len(prompt)] != list(prompt):  # rendering is append-only; anything else is a bug
+        raise ValueError(f"{traj.id}: the rendered episode does not start with its own prompt")
+    return len(prompt)
 
 
 def trajectory_to_tokens(traj: Trajectory, tokenizer, mode: SFTMode = "whole",
@@ -58,7 +62,7 @@ def trajectory_to_tokens(traj: Trajectory, tokenizer, mode: SFTMode = "whole",
     verified trajectory, as RL trains); infrastructure failures get an all-zero mask."""
     rule = loss_rule(traj, mode)
     sample = render_trajectory(traj, tokenizer, loss_on=rule or "none")
-    cut = _prompt_length(sample.roles, sample.input_ids, tokenizer)
+    cut = _prompt_length(traj, sample.input_ids, tokenizer)
     response = sample.input_ids[cut:]
     if logprobs is not None and len(logprobs) != len(response):
         raise ValueError(f"{traj.id}: {len(logprobs)} logprobs for {len(response)} response tokens")

@@ -29,43 +29,27 @@ from sandbox_service.client import SandboxClient
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool,
                                "array": list[str], "object": dict}
 
-# Response template of our chat format (transformers >= 5.13 response parsing), in the shape TRL uses for
-# Qwen3: free text, then `<tool_call>{json}</tool_call>` calls, up to `<|end|>`.
+# Response template of our chat format (ChatML with Hermes tool calls, components/core/chat_templates.py) for
+# transformers >= 5.13 response parsing, in the shape TRL uses for Qwen3: free text, then
+# `<tool_call>\n{json}\n</tool_call>` calls, up to `<|im_end|>`.
 ORCHARD_RESPONSE_TEMPLATE = {
     "defaults": {"role": "assistant"},
-    "start_anchor": "<|assistant|>",
+    "start_anchor": "<|im_start|>assistant\n",
     "fields": {
-        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True,
+        "tool_calls": {"open": "<tool_call>\n", "close_pattern": r"\n</tool_call>\s*", "repeats": True,
                        "content": "json", "transform": {"type": "function", "function": "{content}"}},
-        "content": {"close_pattern": r"<\|end\|>\s*", "content": "text"},
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
     },
 }
 
 
-# Our chat template, extended to render OpenAI `tool_calls` (TRL checks that a template can render a whole
-# tool-calling exchange) exactly as `protocol.format_tool_call` writes them; on messages without `tool_calls` it
-# renders what CHAT_TEMPLATE renders, so prompts and training samples keep their ids.
-TOOL_CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|' + message['role'] + '|>' + (message['content'] or '') -}}"
-    "{%- for call in (message.get('tool_calls') or []) -%}"
-    "{%- set fn = call['function'] -%}"
-    "{{- '<tool_call>{\"name\": ' + (fn['name'] | tojson) + ', \"arguments\": ' + "
-    "(fn['arguments'] if fn['arguments'] is string else (fn['arguments'] | tojson)) + '}</tool_call>' -}}"
-    "{%- endfor -%}"
-    "{{- '<|end|>' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt %}{{ '<|assistant|>' }}{% endif -%}"
-)
-
-
 def prepare_tokenizer(tokenizer):
-    """Our tool-call rendering and response template, and left padding, for tokenizers built by
-    `components.core.modeling` (public model families get theirs from TRL itself)."""
-    if tokenizer.chat_template not in (CHAT_TEMPLATE, TOOL_CHAT_TEMPLATE):
+    """Our response template (how TRL parses tool calls back out of a completion) and left padding, for
+    tokenizers built by `components.core.modeling`: their chat template already renders `tool_calls`
+    (public model families get their response template from TRL itself)."""
+    if tokenizer.chat_template != CHAT_TEMPLATE:
         raise ValueError("prepare_tokenizer is for tokenizers with orchard's chat template; public model families "
                          "(Qwen3, Llama 3, ...) get their response template from TRL itself")
-    tokenizer.chat_template = TOOL_CHAT_TEMPLATE
     tokenizer.response_template = ORCHARD_RESPONSE_TEMPLATE
     tokenizer.padding_side = "left"
     return tokenizer

@@ -383,6 +383,17 @@ class LocalBackend(SandboxBackend):
                                          "memory limit")
         return BackendStatus(alive=True, message=note)
 
+    def status_after_agent_loss(self, sandbox_id: str, settle_seconds: float = 2.0) -> BackendStatus:
+        """The agent's socket closes while its process is still exiting (files are closed before the
+        process turns zombie, and a PID 1 takes its whole pid namespace down first): wait up to
+        `settle_seconds` for the death to show, so a killed sandbox is not taken for a live one."""
+        deadline = time.monotonic() + settle_seconds
+        status = self.status(sandbox_id)
+        while status.alive and time.monotonic() < deadline:
+            time.sleep(0.02)
+            status = self.status(sandbox_id)
+        return status
+
     def _kill(self, sandbox_id: str, rec: SandboxRecord | None) -> None:
         """Kill every process of the sandbox and reap the launcher (mounts die with the mount namespace)."""
         if self.isolated:

@@ -45,7 +45,7 @@ def test_ids_and_masks_are_the_trainers(policy, mode):
         row = trajectory_to_tokens(traj, tokenizer, mode)
         full = render_trajectory(traj, tokenizer, loss_on="none").input_ids
         assert row["prompt_ids"] + row["response_ids"] == full
-        assert tokenizer.decode(row["prompt_ids"][-1:]) == "<|assistant|>"
+        assert tokenizer.decode(row["prompt_ids"]).endswith("<|im_start|>assistant\n")  # the generation prompt
         assert len(row["loss_mask"]) == len(row["response_ids"])
         if traj.id in by_id:  # the trainer uses it: the same loss tokens, none in the prompt
             assert [0] * len(row["prompt_ids"]) + row["loss_mask"] == by_id[traj.id].loss_mask

@@ -13,7 +13,7 @@ from components.envs.session import EnvConfig
 from components.recipes import get_recipe, get_scripted_teacher
 
 trl = pytest.importorskip("trl", reason="needs the orchard[trl] extra")
-from components.envs.trl_env import ENVIRONMENTS, TOOL_CHAT_TEMPLATE, prepare_tokenizer  # noqa: E402
+from components.envs.trl_env import ENVIRONMENTS, prepare_tokenizer  # noqa: E402
 
 
 @pytest.mark.parametrize("recipe", ["swe", "gui", "claw"])
@@ -31,28 +31,27 @@ def test_public_methods_are_exactly_reset_get_reward_and_the_recipes_tools(recip
         assert set(schema["parameters"].get("required", [])) == set(spec.parameters.get("required", []))
 
 
-def test_prepared_tokenizer_renders_and_parses_tool_calls_like_our_protocol():
+def test_prepared_tokenizer_renders_and_parses_tool_calls_in_our_chat_format():
     from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
 
     from components.core.modeling import TokenizerConfig, build_tokenizer
-    from components.core.protocol import format_tool_call
-    from components.core.schema import ToolCall
 
     tok = build_tokenizer(TokenizerConfig(corpus_recipes=[], vocab_size=512))
-    call = ToolCall(name="bash", arguments={"command": "ls é"})
-    ours = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "t\n" + format_tool_call(call)},
+    call = {"type": "function", "function": {"name": "bash", "arguments": {"command": "ls é"}}}
+    chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "t", "tool_calls": [call]},
             {"role": "tool", "content": "o"}]
-    before = tok.apply_chat_template(ours, tokenize=False, add_generation_prompt=True)
+    before = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     prepare_tokenizer(tok)
-    assert tok.chat_template == TOOL_CHAT_TEMPLATE
-    assert tok.apply_chat_template(ours, tokenize=False, add_generation_prompt=True) == before  # ids unchanged
-    native = [{"role": "assistant", "content": "t\n", "tool_calls": [
-        {"type": "function", "function": {"name": "bash", "arguments": {"command": "ls é"}}}]}]
-    assert tok.apply_chat_template(native, tokenize=False) == "<|assistant|>" + ours[1]["content"] + "<|end|>"
+    assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == before  # ids unchanged
     assert supports_tool_calling(tok) and is_chat_template_prefix_preserving(tok)
-    prefix = tok.encode("<|user|>u<|end|><|assistant|>", add_special_tokens=False)
-    parsed = tok.parse_response(tok.encode(ours[1]["content"] + "<|end|>", add_special_tokens=False), prefix=prefix)
+    reply = 't\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls \u00e9"}}\n</tool_call><|im_end|>'
+    assert reply.replace("\\u00e9", "é") in before  # what the template renders is what the parser reads
+    prefix = tok.encode("<|im_start|>user\nu<|im_end|>\n<|im_start|>assistant\n", add_special_tokens=False)
+    parsed = tok.parse_response(tok.encode(reply, add_special_tokens=False), prefix=prefix)
     assert parsed["tool_calls"][0]["function"] == {"name": "bash", "arguments": {"command": "ls é"}}
+    with pytest.raises(ValueError, match="orchard's chat template"):
+        tok.chat_template = "{{ messages }}"
+        prepare_tokenizer(tok)
 
 
 def test_a_rollout_through_the_tool_methods_reaches_the_verified_reward(sandbox_service):
