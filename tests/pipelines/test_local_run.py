@@ -137,3 +137,34 @@ def test_the_same_pipeline_runs_the_other_recipes(tmp_path, external_service, re
 
     tasks = TaskStore(RunLayout(result.run_dir).artifact("provision", "tasks")).read()
     assert {t.recipe for t in tasks} == {recipe}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_the_local_pipeline_runs_on_a_user_checkpoint_through_model_path(tmp_path, external_service, micro_config):
+    """`--set model.path=<dir>`: a checkpoint like an outside user's (Qwen's real vocabulary, our ChatML template
+    with tools, random-init Qwen3) goes through init-policy, distill, credit, SFT, RL and evaluation."""
+    from components.core.modeling import load_tokenizer
+    from components.core.rendering import chat_format, render_trajectory
+    from components.core.schema import Outcome, TokenRole
+    from components.core.store import TrajectoryStore
+    from tests.components.hf_checkpoints import save_checkpoint
+
+    user = save_checkpoint(tmp_path / "user-model", "chatml")
+    config = micro_config.updated(sandbox_url=external_service.url, model={"path": str(user), "device": "cpu"})
+    result = run_local(config, tmp_path / "runs")
+    layout = RunLayout(result.run_dir)
+    base = layout.artifact("init-policy", "model")
+    tok = load_tokenizer(base)
+    assert len(tok) > 150_000 and tok.chat_template == load_tokenizer(user).chat_template  # the user's, untouched
+    sft = layout.artifact("sft", "model")
+    assert load_tokenizer(sft).chat_template == tok.chat_template
+    fmt = chat_format(tok)
+    teacher = [t for t in TrajectoryStore(layout.artifact("credit", "credited")).read() if t.outcome is Outcome.resolved]
+    assert teacher, "the scripted teacher resolved nothing: nothing to check the masks on"
+    for traj in teacher:  # no tool / system / user token carries loss; every trained turn ends at the stop token
+        sample = render_trajectory(traj, tok, loss_on="assistant")
+        assert not any(m for m, r in zip(sample.loss_mask, sample.roles) if r != TokenRole.assistant)
+        ends = [t for t, m, nxt in zip(sample.input_ids, sample.loss_mask, sample.loss_mask[1:] + [0]) if m and not nxt]
+        assert ends and all(t in fmt.stop_ids for t in ends)
+    assert json.loads(layout.result_path("evaluate-sft").read_text())["valid_attempts"] > 0
