@@ -266,7 +266,8 @@ class RecipeSession:
     def _verify(self, output: str, policy_error: str | None, png: str | None) -> StepOutcome:
         assert self.sandbox is not None and self.task is not None
         try:
-            verdict = self.recipe.verify(self.sandbox, self.task, self.final_answer)
+            # a verification run: its OOM is the infrastructure's, never the policy's (see core/harness.py)
+            verdict = self.recipe.verify(self.sandbox.verifying(), self.task, self.final_answer)
         except (SandboxServiceError, httpx.HTTPError) as err:
             return self._end_infra(f"verification failed: {_describe(err)}")
         if verdict.infra_error:
@@ -295,6 +296,10 @@ class RecipeSession:
 
     # -- cleanup ---------------------------------------------------------------------------------
     def _delete(self, sandbox: Sandbox) -> None:
+        try:
+            self.recipe.release(sandbox)  # what setup kept for the episode (SWE: the pristine snapshot)
+        except Exception as err:  # noqa: BLE001 - freeing must go on; the service drops snapshots at exit
+            log.warning("could not release what setup kept for sandbox %s: %s", sandbox.id, err)
         try:
             sandbox.delete()
         except Exception as err:  # the service's reaper collects it; the episode's result stands
