@@ -131,6 +131,13 @@ class TestReport(_Record):
     errors: int = 0
     output: str = ""
     duration_seconds: float = 0.0
+    hidden_passed: int | None = Field(None, description="FAIL_TO_PASS tests that passed: partial progress, for "
+                                                        "analysis only (the reward stays resolved / unresolved).")
+    hidden_total: int | None = Field(None, description="FAIL_TO_PASS tests the task has (None: not a pytest task).")
+
+    @property
+    def hidden_pass_fraction(self) -> float | None:
+        return self.hidden_passed / self.hidden_total if self.hidden_total else None
 
 
 class IgnoredPart(_Record):

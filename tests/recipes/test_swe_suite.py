@@ -11,7 +11,7 @@ from components.core.policy_base import ChatMessage, GenerationConfig
 from components.core.protocol import ToolCallParseError, format_tool_call, parse_tool_call
 from components.core.schema import ToolCall
 from components.recipes.swe import SWERecipe
-from components.recipes.swe.checks import check_task
+from components.recipes.swe.checks import check_task, verify_with_patch
 from components.recipes.swe.generator import HIDDEN_TEST_PATH, generate_tasks
 from components.recipes.swe.teacher import ScriptedTeacher
 from components.recipes.swe.templates import FAMILIES
@@ -256,3 +256,19 @@ def test_teacher_fixes_both_bugs_in_sandboxes(sandbox_client):
         assert traj.resolved, (task.id, [s.content[:80] for s in traj.steps])
         edits = [s.tool_call.arguments["path"] for s in traj.steps if s.tool_call and s.tool_call.name == "str_replace"]
         assert sorted(edits) == sorted(f["path"] for f in task.metadata["fixes"])
+
+
+def test_the_verdict_records_the_share_of_hidden_tests_passing(sandbox_client):
+    from components.recipes.swe.generator import unified_diff
+
+    recipe = SWERecipe(bugs=2)
+    task = recipe.tasks("train", 1, 5)[0]
+    fix = task.metadata["fixes"][0]
+    before = task.environment.files[fix["path"]]
+    half = unified_diff(fix["path"], before, before.replace(fix["old"], fix["new"], 1))
+    owner = task.metadata["hidden_test_bug"]
+    verdict = verify_with_patch(recipe, task, sandbox_client, half)
+    assert not verdict.resolved and verdict.report.hidden_total == len(owner)
+    assert verdict.report.hidden_passed >= owner.count(0) and 0 < verdict.report.hidden_pass_fraction < 1
+    full = verify_with_patch(recipe, task, sandbox_client, task.reference_solution)
+    assert full.resolved and full.report.hidden_pass_fraction == 1.0

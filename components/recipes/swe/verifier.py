@@ -231,6 +231,8 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
         ok = report.passed > 0 and report.failed == report.errors == 0
         return VerifyResult(resolved=ok, report=report, reason=None if ok else f"pytest exited {result.exit_code}")
     got = {node: statuses.get(junit_key(node), "missing") for node in wanted}
+    report.hidden_total = len(spec.fail_to_pass)
+    report.hidden_passed = sum(got.get(t) == "PASSED" for t in spec.fail_to_pass)
     not_passed = [t for t in wanted if got[t] != "PASSED"]
     if not_passed:
         kind = "FAIL_TO_PASS" if any(t in spec.fail_to_pass for t in not_passed) else "PASS_TO_PASS"
