@@ -15,7 +15,6 @@ retry. Each WebSocket session of the server is one `RecipeEnvironment`, i.e. one
 
 from __future__ import annotations
 
-import threading
 import uuid
 from typing import Any
 
@@ -27,9 +26,8 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
 from pydantic import Field
 
-from components.envs.session import EnvConfig, Heartbeats, RecipeSession, SetupCache, StepOutcome, delete_snapshot
-from components.recipes import get_recipe
-from sandbox_service.client import SandboxClient
+from components.envs import session as session_module
+from components.envs.session import EnvConfig, StepOutcome
 
 
 class RecipeAction(Action):
@@ -75,8 +73,7 @@ class RecipeEnvironment(Environment[RecipeAction, RecipeObservation, RecipeState
     def __init__(self, shared: "SharedEnv"):
         super().__init__()
         self.shared = shared
-        self.session = RecipeSession(shared.config, client=shared.client, recipe=shared.recipe,
-                                     tasks=shared.tasks, cache=shared.cache, heartbeats=shared.heartbeats)
+        self.session = shared.session()
         self._state = RecipeState(recipe=shared.config.recipe)
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
@@ -117,27 +114,11 @@ class RecipeEnvironment(Environment[RecipeAction, RecipeObservation, RecipeState
         self.session.close()
 
 
-class SharedEnv:
-    """What all sessions of one server share; `close()` removes the setup snapshots."""
-
-    def __init__(self, config: EnvConfig):
-        self.config = config
-        self.client = SandboxClient(config.service.url, config.service.token, timeout=config.service.timeout_seconds)
-        self.recipe = get_recipe(config.recipe, **config.recipe_options)
-        self.tasks = self.recipe.tasks(config.split, config.num_tasks, config.task_seed)
-        self.cache = SetupCache()
-        self.heartbeats = Heartbeats(config.heartbeat_every_seconds) if config.heartbeat_every_seconds else None
-        self._lock = threading.Lock()
+class SharedEnv(session_module.SharedEnv):
+    """What all sessions of one server share (see `components.envs.session.SharedEnv`)."""
 
     def new_environment(self) -> RecipeEnvironment:
         return RecipeEnvironment(self)
-
-    def close(self) -> None:
-        if self.heartbeats is not None:
-            self.heartbeats.close()
-        for snapshot_id in self.cache.drain():
-            delete_snapshot(self.client, snapshot_id)
-        self.client.close()
 
 
 def create_env_app(config: EnvConfig, *, max_concurrent_envs: int = 64) -> tuple[FastAPI, SharedEnv]:

@@ -315,3 +315,27 @@ class RecipeSession:
 
     def close(self) -> None:
         self._release()
+
+
+class SharedEnv:
+    """What every session of one server (OpenEnv) or factory (TRL) shares: the client, the recipe, its tasks,
+    the setup snapshots and the heartbeat thread. `close()` removes the setup snapshots."""
+
+    def __init__(self, config: EnvConfig):
+        self.config = config
+        self.client = SandboxClient(config.service.url, config.service.token, timeout=config.service.timeout_seconds)
+        self.recipe = get_recipe(config.recipe, **config.recipe_options)
+        self.tasks = self.recipe.tasks(config.split, config.num_tasks, config.task_seed)
+        self.cache = SetupCache()
+        self.heartbeats = Heartbeats(config.heartbeat_every_seconds) if config.heartbeat_every_seconds else None
+
+    def session(self) -> RecipeSession:
+        return RecipeSession(self.config, client=self.client, recipe=self.recipe, tasks=self.tasks,
+                             cache=self.cache, heartbeats=self.heartbeats)
+
+    def close(self) -> None:
+        if self.heartbeats is not None:
+            self.heartbeats.close()
+        for snapshot_id in self.cache.drain():
+            delete_snapshot(self.client, snapshot_id)
+        self.client.close()

@@ -22,9 +22,8 @@ from typing import Any, Callable
 
 from components.core.modeling import CHAT_TEMPLATE
 from components.core.recipe_base import ToolSpec
-from components.envs.session import EnvConfig, Heartbeats, RecipeSession, SetupCache
+from components.envs.session import EnvConfig, SharedEnv
 from components.recipes import get_recipe
-from sandbox_service.client import SandboxClient
 
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool,
                                "array": list[str], "object": dict}
@@ -84,28 +83,15 @@ def _tool_method(spec: ToolSpec) -> Callable[..., str]:
     return tool
 
 
-class _Shared:
-    """What every instance of one factory shares: the client, the recipe, its tasks and setup snapshots."""
-
-    def __init__(self, config: EnvConfig):
-        self.config = config
-        self.client = SandboxClient(config.service.url, config.service.token, timeout=config.service.timeout_seconds)
-        self.recipe = get_recipe(config.recipe, **config.recipe_options)
-        self.tasks = self.recipe.tasks(config.split, config.num_tasks, config.task_seed)
-        self.cache = SetupCache()
-        self.heartbeats = Heartbeats(config.heartbeat_every_seconds) if config.heartbeat_every_seconds else None
-
-
 class RecipeToolEnv:
     """Base of the per-recipe classes. Only `reset`, `get_reward` and the tools are public (TRL exposes every
     public method as a tool)."""
 
     recipe_name: str = ""
 
-    def __init__(self, shared: _Shared):
+    def __init__(self, shared: SharedEnv):
         self._shared = shared
-        self._session = RecipeSession(shared.config, client=shared.client, recipe=shared.recipe,
-                                      tasks=shared.tasks, cache=shared.cache, heartbeats=shared.heartbeats)
+        self._session = shared.session()
 
     @classmethod
     def factory(cls, config: EnvConfig | None = None) -> Callable[[], "RecipeToolEnv"]:
@@ -113,7 +99,7 @@ class RecipeToolEnv:
         config = config or EnvConfig(recipe=cls.recipe_name)  # type: ignore[arg-type]
         if config.recipe != cls.recipe_name:
             raise ValueError(f"{cls.__name__} serves recipe {cls.recipe_name!r}, not {config.recipe!r}")
-        shared = _Shared(config)
+        shared = SharedEnv(config)
         return lambda: cls(shared)
 
     def reset(self, task_id: str | None = None, task_index: int | None = None, seed: int | None = None,
