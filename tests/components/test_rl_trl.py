@@ -41,8 +41,8 @@ def inputs(tmp_path_factory):
 def _config(sandbox_service, **update) -> RLConfig:
     base = dict(
         engine="trl",
-        # BAR, N=2 from up to 6 attempts, exactly one positive: the smallest balanced group.
-        rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=6, stride=2, rho_min=0.5, rho_max=0.5,
+        # BAR, N=2 from up to 8 attempts, exactly one positive: the smallest balanced group.
+        rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=8, stride=2, rho_min=0.5, rho_max=0.5,
                               batch_prompts=1),
         steps=3, learning_rate=1e-3, harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=12)),
         sandbox=sandbox_service.connection(), seed=3, num_threads=1,
@@ -65,7 +65,7 @@ def test_trl_grpo_steps_train_every_parameter_and_infra_errors_never_reach_rewar
     spy.__name__ = "verified_reward"
     monkeypatch.setattr(rl_trl, "verified_reward", spy)
     before = {k: v.clone() for k, v in load_policy(inputs / "sft")[0].state_dict().items()}
-    config = _config(sandbox_service, trl_args={"weight_decay": 0.0})
+    config = _config(sandbox_service, trl_args={"weight_decay": 0.0, "router_aux_loss_coef": 0.0})
     result = train_rl(config, inputs / "tasks", inputs / "sft", tmp_path / "rl")
 
     assert result.steps_done == 3 and math.isfinite(result.metrics["final_loss"])
@@ -85,6 +85,74 @@ def test_trl_grpo_steps_train_every_parameter_and_infra_errors_never_reach_rewar
             assert ids == ["", ""] and rewards == [0.0, 0.0]
     model, _ = load_policy(tmp_path / "rl")
     after = model.state_dict()
-    if any(r.kept for r in records):
-        changed = [n for n, _ in model.named_parameters() if not torch.equal(before[n], after[n])]
-        assert changed, "no parameter changed"
+    assert any(r.kept for r in records)
+    unchanged = [n for n, _ in model.named_parameters() if torch.equal(before[n], after[n])]
+    assert not unchanged, f"{len(unchanged)} parameters did not change: {unchanged[:5]}"
+
+
+def _trainer(inputs, config, client, tmp_path):
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from components.core.modeling import load_policy
+    from components.core.store import TaskStore
+    from components.recipes import get_recipe
+    from components.rl_trl import TRLRollout, grpo_args, verified_reward
+
+    model, tokenizer = load_policy(inputs / "sft")
+    tasks = {t.id: t for t in TaskStore(inputs / "tasks").read(split="train")}
+    rollout = TRLRollout(tasks, get_recipe("swe"), client, config, tokenizer)
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[verified_reward],
+                          args=grpo_args(config, tmp_path), train_dataset=Dataset.from_list(rollout.dataset_rows()),
+                          rollout_func=rollout)
+    return trainer, rollout
+
+
+def test_tool_tokens_carry_no_loss_in_trls_objective(inputs, sandbox_service, tmp_path):
+    """Perturbing the model's output logits wherever env_mask is 0 (tool observations, chat markup) leaves
+    TRL's loss and its gradient unchanged; perturbing one sampled token's logits changes the gradient."""
+    config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=10)))
+    with config.sandbox.client() as client:
+        trainer, rollout = _trainer(inputs, config, client, tmp_path)
+        coin = next(r for r in rollout.dataset_rows() if r["task_id"] == "coin")
+        batch = trainer._generate_and_score_completions([dict(coin), dict(coin)])  # TRL writes into each row
+        rollout.close()
+    assert rollout.records[0].kept and batch["advantages"].abs().sum() > 0
+    keep = batch["completion_mask"] * batch["tool_mask"]
+    assert (keep == 0).any() and (keep == 1).any()  # both tool/markup and sampled tokens in the completions
+    model = trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(); we call compute_loss directly
+    completion_len = batch["completion_ids"].shape[1]
+
+    def loss_and_grads(rows_to_perturb):
+        def hook(_module, _args, logits):
+            first = logits.shape[1] - completion_len - 1  # logit row predicting completion token 0
+            noise = torch.zeros_like(logits)
+            gen = torch.Generator().manual_seed(0)
+            for b, j in rows_to_perturb(first, logits.shape[1]):
+                noise[b, j] = 5 * torch.randn(logits.shape[-1], generator=gen)
+            return logits + noise
+
+        handle = model.lm_head.register_forward_hook(hook)
+        try:
+            model.zero_grad()
+            loss = trainer.compute_loss(model, batch)
+            loss.backward()
+        finally:
+            handle.remove()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    def masked(first, length):  # every prompt row and every completion row whose token has env_mask 0
+        rows = [(b, j) for b in range(keep.shape[0]) for j in range(first)]
+        return rows + [(b, first + j) for b in range(keep.shape[0]) for j in range(completion_len) if keep[b, j] == 0]
+
+    base_loss, base_grads = loss_and_grads(lambda first, length: [])
+    loss, grads = loss_and_grads(masked)
+    assert torch.isfinite(base_loss) and base_grads
+    assert torch.allclose(loss, base_loss, atol=1e-7, rtol=0)
+    for name, g in base_grads.items():
+        assert torch.allclose(grads[name], g, atol=1e-7, rtol=0), name
+    sampled = [(b, j) for b in range(keep.shape[0]) for j in range(completion_len) if keep[b, j] == 1][:1]
+    _, control = loss_and_grads(lambda first, length: [(b, first + j) for b, j in sampled])
+    # The probe does reach the objective (its value is ratio 1 on-policy, so the gradient shows it).
+    assert any(not torch.allclose(control[n], g, atol=1e-7, rtol=0) for n, g in base_grads.items())
