@@ -109,7 +109,7 @@ def _trainer(inputs, config, client, tmp_path):
 
 
 def test_tool_tokens_carry_no_loss_in_trls_objective(inputs, sandbox_service, tmp_path):
-    """Perturbing the model's output logits wherever env_mask is 0 (tool observations, chat markup) leaves
+    """Perturbing the model's output (final hidden state, hence logits) wherever env_mask is 0 (tool observations, chat markup) leaves
     TRL's loss and its gradient unchanged; perturbing one sampled token's logits changes the gradient."""
     config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=10)))
     with config.sandbox.client() as client:
@@ -124,6 +124,8 @@ def test_tool_tokens_carry_no_loss_in_trls_objective(inputs, sandbox_service, tm
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(); we call compute_loss directly
     completion_len = batch["completion_ids"].shape[1]
 
+    calls: list = []
+
     def loss_and_grads(rows_to_perturb):
         def hook(_module, _args, logits):
             first = logits.shape[1] - completion_len - 1  # logit row predicting completion token 0
@@ -131,9 +133,13 @@ def test_tool_tokens_carry_no_loss_in_trls_objective(inputs, sandbox_service, tm
             gen = torch.Generator().manual_seed(0)
             for b, j in rows_to_perturb(first, logits.shape[1]):
                 noise[b, j] = 5 * torch.randn(logits.shape[-1], generator=gen)
+            calls[-1] += 1
             return logits + noise
 
-        handle = model.lm_head.register_forward_hook(hook)
+        calls.append(0)
+        # TRL's fused head computes logprobs from the final hidden states without materialising logits, so
+        # the probe perturbs those rows: each one feeds exactly the logits at its own position.
+        handle = model.model.norm.register_forward_hook(hook)
         try:
             model.zero_grad()
             loss = trainer.compute_loss(model, batch)
@@ -148,7 +154,7 @@ def test_tool_tokens_carry_no_loss_in_trls_objective(inputs, sandbox_service, tm
 
     base_loss, base_grads = loss_and_grads(lambda first, length: [])
     loss, grads = loss_and_grads(masked)
-    assert torch.isfinite(base_loss) and base_grads
+    assert torch.isfinite(base_loss) and base_grads and len(calls) == 2 and all(calls)
     assert torch.allclose(loss, base_loss, atol=1e-7, rtol=0)
     for name, g in base_grads.items():
         assert torch.allclose(grads[name], g, atol=1e-7, rtol=0), name
