@@ -162,3 +162,71 @@ def test_tool_tokens_carry_no_loss_in_trls_objective(inputs, sandbox_service, tm
     _, control = loss_and_grads(lambda first, length: [(b, first + j) for b, j in sampled])
     # The probe does reach the objective (its value is ratio 1 on-policy, so the gradient shows it).
     assert any(not torch.allclose(control[n], g, atol=1e-7, rtol=0) for n, g in base_grads.items())
+
+
+class _FlakyClient:
+    """The real client, but sandbox creation crashes on every 3rd episode and verification times out on the
+    next one (both infrastructure failures the harness must attribute, never rewards)."""
+
+    def __init__(self, client):
+        self._client, self.created = client, 0
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def create(self, spec, **kw):
+        import httpx
+
+        self.created += 1
+        if self.created % 3 == 0:
+            raise httpx.ConnectError("injected: sandbox service crashed")
+        sandbox = self._client.create(spec, **kw)
+        return _TimingOut(sandbox) if self.created % 3 == 1 else sandbox
+
+
+class _TimingOut:
+    def __init__(self, sandbox):
+        self._sandbox = sandbox
+
+    def __getattr__(self, name):
+        return getattr(self._sandbox, name)
+
+    def verifying(self):
+        import httpx
+
+        raise httpx.ReadTimeout("injected: verification timed out")
+
+
+def test_injected_crashes_and_timeouts_never_reach_a_reward(inputs, sandbox_service, tmp_path):
+    from types import SimpleNamespace
+
+    from components.core.modeling import load_policy
+    from components.core.schema import Outcome
+    from components.core.store import TrajectoryStore
+    from components.recipes import get_recipe
+    from components.rl_trl import TRLRollout
+
+    config = _config(sandbox_service)
+    model, tokenizer = load_policy(inputs / "sft")
+    tasks = {t.id: t for t in TaskStore(inputs / "tasks").read(split="train")}
+    store = TrajectoryStore(tmp_path / "episodes")
+    trainer = SimpleNamespace(num_generations=2, model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    with config.sandbox.client() as client:
+        flaky = _FlakyClient(client)
+        rollout = TRLRollout(tasks, get_recipe("swe"), flaky, config, tokenizer, store)
+        coin = next(r["prompt"] for r in rollout.dataset_rows() if r["task_id"] == "coin")
+        out = rollout([coin] * 6, trainer)  # three groups of N=2
+        rollout.close()
+    episodes = {t.id: t for t in store.read()}
+    infra = {i for i, t in episodes.items() if t.outcome is Outcome.infra_error}
+    reasons = " ".join(t.outcome_reason or "" for t in episodes.values())
+    assert "injected: sandbox service crashed" in reasons and "injected: verification timed out" in reasons
+    assert len(out["verified_reward"]) == 6 and not infra & set(out["attempt_id"])
+    for i in range(0, 6, 2):
+        ids, rewards = out["attempt_id"][i:i + 2], out["verified_reward"][i:i + 2]
+        if ids == ["", ""]:  # a dropped group: equal rewards and no loss-bearing token
+            assert rewards == [0.0, 0.0] and all(not any(m) for m in out["env_mask"][i:i + 2])
+        else:
+            assert sorted(rewards) == [-1.0, 1.0] and all(episodes[a].outcome is not Outcome.infra_error for a in ids)
+    assert sum(r.pool_aborted for r in rollout.records) == len(infra) > 0
+    assert rollout.dropped_groups == sum(not r.kept for r in rollout.records)
