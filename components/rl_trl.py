@@ -146,12 +146,14 @@ class TRLRollout:
                 "attempt_id": attempt.attempt_id}
 
     def _logprobs(self, traj: Trajectory, ids: list[int], mask: list[int], model: Any) -> list[float]:
-        recorded = [getattr(s, "logprobs", None) for s in traj.steps if s.role == "assistant"]
-        flat = [x for lp in recorded if lp is not None for x in lp]
-        if recorded and all(lp is not None for lp in recorded) and len(flat) >= sum(mask):
-            # The harness kept the sampler's own logprobs (Step.logprobs): one per sampled token, in order.
-            it = iter(flat)
-            return [next(it) if m else 0.0 for m in mask]
+        sampled = [s for s in traj.steps if s.role == "assistant"]
+        recorded = [getattr(s, "logprobs", None) for s in sampled]
+        if sampled and all(lp is not None and s.token_ids is not None and len(lp) == len(s.token_ids)
+                           for s, lp in zip(sampled, recorded)):
+            # The harness kept the sampler's own logprobs (Step.logprobs): loss tokens are exactly the
+            # sampled ids of the assistant steps, in order (a forked prefix has none, so it never gets here).
+            flat = iter([x for lp in recorded for x in lp])  # type: ignore[union-attr]
+            return [next(flat) if m else 0.0 for m in mask]
         import torch
 
         with torch.no_grad():  # the rollout weights are still the current ones: this is the sampling distribution
@@ -186,7 +188,7 @@ def grpo_args(config: RLConfig, out: Path, **overrides: Any) -> Any:
         num_iterations=config.epochs_per_batch, epsilon=config.clip_eps,
         epsilon_high=config.clip_eps_high or config.clip_eps, beta=config.kl_coef, temperature=config.temperature,
         logging_steps=1, report_to="none", save_strategy="no", seed=config.seed, dataloader_num_workers=0,
-        lr_scheduler_type="constant", use_cpu=not _cuda(), bf16=False, shuffle_dataset=True,
+        lr_scheduler_type="constant", max_completion_length=config.max_len, use_cpu=not _cuda(), bf16=False, shuffle_dataset=True,
     )
     args.update(config.trl_args)
     args.update(overrides)
