@@ -133,3 +133,41 @@ def test_the_wrapper_groups_rows_by_sampling_settings_and_passes_errors_to_every
     assert sorted(batching.batch_sizes) == [1, 1]
     with pytest.raises(TypeError, match="generate_batch"):
         BatchingPolicy(object())
+
+
+def test_evaluate_workers_share_one_batched_model_with_the_same_greedy_episodes(sandbox_service, tmp_path,
+                                                                               monkeypatch):
+    from components.core.harness import HarnessConfig
+    from components.core.modeling import save_policy
+    from components.core.schema import EnvironmentSpec, Task, VerifierSpec
+    from components.core.store import TaskStore, TrajectoryStore
+    from components.evaluate import EvalConfig, evaluate
+
+    tasks = [Task(id=f"t{i}", recipe="swe", split="heldout", prompt=f"Task {i}: look around, then submit.",
+                  environment=EnvironmentSpec(files={"README.md": "x\n"}), verifier=VerifierSpec(kind="command",
+                                                                                              command="true"))
+             for i in range(3)]
+    TaskStore(tmp_path / "tasks").write(tasks)
+    model, tokenizer = build_policy(ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[], corpus_tasks=0)))
+    save_policy(model, tokenizer, tmp_path / "model")
+    sizes: list[int] = []
+    real = LocalTransformersPolicy.generate_batch
+
+    def spy(self, conversations, configs):
+        sizes.append(len(conversations))
+        return real(self, conversations, configs)
+
+    monkeypatch.setattr(LocalTransformersPolicy, "generate_batch", spy)
+    harness = HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=8))
+
+    def run(name: str, workers: int) -> dict:
+        config = EvalConfig(k=2, temperature=0.0, workers=workers, harness=harness, sandbox=sandbox_service.connection())
+        evaluate(config, tmp_path / "tasks", tmp_path / "model", tmp_path / name)
+        return {(t.task_id, t.attempt): [s.token_ids for s in t.steps if s.role == "assistant"]
+                for t in TrajectoryStore(tmp_path / name / "trajectories").read()}
+
+    one = run("one", workers=1)
+    assert sizes == []  # one worker: plain generate
+    batched = run("batched", workers=6)
+    assert batched == one and len(one) == 6
+    assert max(sizes) > 1  # the workers' turns met in one forward
