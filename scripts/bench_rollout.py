@@ -23,7 +23,8 @@ def _tokens(trajectories) -> int:
     return sum(len(s.token_ids or []) for t in trajectories for s in t.steps if s.role == "assistant")
 
 
-def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, threads: int | None, connection) -> dict:
+def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, threads: int | None, connection,
+        window: float = 0.05) -> dict:
     import torch
 
     from components.core.batching import BatchingPolicy
@@ -53,17 +54,17 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
             t0 = time.perf_counter()
             old = [run_episode(t, recipe, policy, client, h) for t, h in zip(tasks, configs(repeat))]
             rows["old"].append((time.perf_counter() - t0, _tokens(old), len(old)))
-            with BatchingPolicy(policy, max_batch=episodes) as batching:
+            with BatchingPolicy(policy, max_batch=episodes, window_seconds=window) as batching:
                 t0 = time.perf_counter()
                 with concurrent.futures.ThreadPoolExecutor(max_workers=episodes) as pool:
                     new = list(pool.map(lambda th: run_episode(th[0], recipe, batching, client, th[1]),
                                         zip(tasks, configs(repeat))))
                 rows["new"].append((time.perf_counter() - t0, _tokens(new), len(new)))
-                sizes = batching.batch_sizes
+                sizes, busy = batching.batch_sizes, batching.busy_seconds
             errors = sum(t.outcome.value == "infra_error" for t in old + new)
             print(f"repeat {repeat}: old {rows['old'][-1][0]:.1f}s {rows['old'][-1][1]} tok | new "
                   f"{rows['new'][-1][0]:.1f}s {rows['new'][-1][1]} tok, {len(sizes)} batches "
-                  f"(mean {statistics.mean(sizes):.1f} rows) | infra errors {errors} | load {os.getloadavg()[0]:.1f}",
+                  f"(mean {statistics.mean(sizes):.1f} rows, {busy:.1f}s generating) | infra errors {errors} | load {os.getloadavg()[0]:.1f}",
                   flush=True)
     out = {}
     for name, runs in rows.items():
@@ -79,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=3, help="assistant turns per episode")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="tokens per turn")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--window", type=float, default=0.05, help="BatchingPolicy window (s)")
     parser.add_argument("--external", action="store_true", help="use ORCHARD_SANDBOX_URL/TOKEN")
     args = parser.parse_args(argv)
     from components.core.connection import SandboxConnection
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             from sandbox_service.embedded import EmbeddedService
 
             connection = stack.enter_context(EmbeddedService()).connection()
-        result = run(args.episodes, args.repeats, args.max_steps, args.max_new_tokens, args.threads, connection)
+        result = run(args.episodes, args.repeats, args.max_steps, args.max_new_tokens, args.threads, connection,
+                     args.window)
     print(f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}")
     print(f"{'old: one episode at a time':<34}{result['old']['episodes_per_min']:>14.1f}"
           f"{result['old']['tokens_per_s']:>14.1f}")

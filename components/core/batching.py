@@ -33,7 +33,9 @@ def generation_logprobs(gen: Generation) -> list[float] | None:
 class BatchingPolicy:
     """A `Policy` that batches concurrent `generate` calls of a policy with `generate_batch`."""
 
-    def __init__(self, policy: Any, max_batch: int = 64, window_seconds: float = 0.005):
+    # 50 ms: episode threads drift apart by their sandbox calls; a batched turn takes ~0.5 s on CPU, so
+    # waiting this long for stragglers costs < 10% and gave 5.5x vs 3.7x episodes/min at 5 ms (bench_rollout).
+    def __init__(self, policy: Any, max_batch: int = 64, window_seconds: float = 0.05):
         if not hasattr(policy, "generate_batch"):
             raise TypeError(f"{type(policy).__name__} has no generate_batch; BatchingPolicy wraps local policies "
                             "(an endpoint batches on its own server: call it from threads directly)")
@@ -42,6 +44,7 @@ class BatchingPolicy:
         self.window_seconds = window_seconds
         self.batches = 0  # generate_batch calls made (batch sizes are in `batch_sizes`)
         self.batch_sizes: list[int] = []
+        self.busy_seconds = 0.0  # time spent inside generate_batch
         self._queue: queue.Queue[tuple[list[ChatMessage], GenerationConfig, concurrent.futures.Future] | None] = (
             queue.Queue())
         self._thread: threading.Thread | None = None
@@ -116,11 +119,14 @@ class BatchingPolicy:
     def _run(self, items: list) -> None:
         self.batches += 1
         self.batch_sizes.append(len(items))
+        start = time.perf_counter()
         try:
             outs = self.policy.generate_batch([m for m, _, _ in items], [c for _, c, _ in items])
         except BaseException as err:  # every waiting episode sees the failure (the harness attributes it)
             for _, _, future in items:
                 future.set_exception(err)
             return
+        finally:
+            self.busy_seconds += time.perf_counter() - start
         for (_, _, future), gen in zip(items, outs):
             future.set_result(gen)
