@@ -212,9 +212,12 @@ def train_rl_trl(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path
     from components.core.modeling import load_policy, save_policy
     from components.recipes import get_recipe
 
+    from components.core.distributed import barrier, is_main_process
+
     model, tokenizer = load_policy(model_dir)
     t0 = time.perf_counter()
-    with stage_run("rl", config, tracking), config.sandbox.client() as client:
+    main = is_main_process()  # under accelerate/torchrun every rank rolls out its slice; one writes and logs
+    with stage_run("rl", config, tracking if main else None), config.sandbox.client() as client:
         rollout = TRLRollout(tasks, get_recipe(config.recipe, **config.recipe_options), client, config, tokenizer,
                              TrajectoryStore(out / "rollouts") if config.save_rollouts else None)
         try:
@@ -224,9 +227,11 @@ def train_rl_trl(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path
             trainer.train()
         finally:
             rollout.close()
-        save_policy(trainer.accelerator.unwrap_model(trainer.model), tokenizer, out)
         records_path = out / "rollout_records.jsonl"
-        records_path.write_text("".join(r.model_dump_json() + "\n" for r in rollout.records))
+        if main:  # the records are rank 0's prompts only when several processes roll out
+            save_policy(trainer.accelerator.unwrap_model(trainer.model), tokenizer, out)
+            records_path.write_text("".join(r.model_dump_json() + "\n" for r in rollout.records))
+        barrier()  # nobody returns (and reads the model) before it is written
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
         for i, h in enumerate(h for h in trainer.state.log_history if "loss" in h):
             log_metrics({k: float(v) for k, v in h.items() if isinstance(v, (int, float))}, step=i)
