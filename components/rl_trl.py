@@ -167,7 +167,7 @@ class TRLRollout:
     def _placeholder(self, task: Task) -> dict[str, Any]:
         from components.core.rendering import render_prompt
 
-        end = self.tokenizer.convert_tokens_to_ids("<|end|>")
+        end = self.tokenizer.eos_token_id  # a finished, empty turn: TRL counts it as terminated, not truncated
         return {"prompt_ids": render_prompt(steps_to_messages(initial_steps(task, self.recipe)), self.tokenizer),
                 "completion_ids": [end], "env_mask": [0], "logprobs": [0.0], "verified_reward": 0.0,
                 "attempt_id": ""}
