@@ -50,7 +50,11 @@ class EvalConfig(BaseModel):
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service to use.")
     max_tasks: int | None = Field(None, ge=1, description="Evaluate only the first N tasks (by id).")
     infra_retries: int = Field(1, ge=0, description="Re-runs of an attempt that ended in infra_error.")
-    workers: int = Field(1, ge=1, description="Episodes in parallel (one policy instance per worker).")
+    workers: int = Field(1, ge=1, description="Episodes in parallel (one policy instance per worker, or one "
+                                              "batched local model: batch_local).")
+    batch_local: bool = Field(True, description="policy='local', workers > 1: the workers share one model whose "
+                                                "turns are batched (BatchingPolicy); a sampled attempt then depends "
+                                                "on its batch-mates, greedy ones do not. False: a model per worker.")
     seed: int = Field(0, description="Base seed of per-attempt sampling seeds.")
 
     @model_validator(mode="after")
@@ -186,6 +190,11 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
     recipe = get_recipe(config.recipe, **config.recipe_options)
     spare = [make_policy(config, model_dir)]  # built now so a bad model_dir fails before any episode
     policy_id = spare[0].policy_id
+    shared = None
+    if config.policy == "local" and config.workers > 1 and config.batch_local:
+        from components.core.batching import BatchingPolicy
+
+        shared = BatchingPolicy(spare[0], max_batch=config.workers)
     local = threading.local()
     retries_used = 0
     lock = threading.Lock()
@@ -195,7 +204,7 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
         index, task, a = job
         if not hasattr(local, "policy"):
             with lock:
-                local.policy = spare.pop() if spare else make_policy(config, model_dir)
+                local.policy = shared or (spare.pop() if spare else make_policy(config, model_dir))
         generation = config.harness.generation.model_copy(update={
             "temperature": config.temperature, "seed": _attempt_seed(config.seed, index, a)})
         harness = config.harness.model_copy(update={"generation": generation})
@@ -214,8 +223,12 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
     with stage_run("evaluate", config, tracking), config.sandbox.client() as client:
         log_dataset_input([{"task_id": t.id, "family": t.family, "difficulty": t.difficulty, "seed": t.seed}
                            for t in tasks], tasks_dir, name=f"{config.recipe}-{config.split}", context="evaluation")
-        with concurrent.futures.ThreadPoolExecutor(max_workers=config.workers) as pool:
-            trajectories = list(tqdm(pool.map(attempt, jobs), total=len(jobs), desc="evaluate", leave=False))
+        try:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=config.workers) as pool:
+                trajectories = list(tqdm(pool.map(attempt, jobs), total=len(jobs), desc="evaluate", leave=False))
+        finally:
+            if shared is not None:
+                shared.close()
         store = TrajectoryStore(out / "trajectories")
         store.append(trajectories)
         rows, metrics = summarize_attempts(tasks, trajectories, config.k)

@@ -19,6 +19,8 @@ The algorithm's choices, in order:
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import random
 import time
 from collections.abc import Iterator
@@ -43,6 +45,11 @@ class RLConfig(BaseModel):
     """Everything that decides an RL run."""
 
     model_config = ConfigDict(extra="forbid")
+    engine: Literal["builtin", "trl"] = Field(
+        "builtin", description="builtin: our clipped update (rl_loss) with the sampler's pool baseline and DAPO "
+                               "refill; trl: TRL's GRPOTrainer with our episodes as its rollout_func (rl_trl).")
+    trl_args: dict[str, Any] = Field(default_factory=dict, description="engine='trl': extra GRPOConfig fields "
+                                     "(loss_type, scale_rewards, ...); they override the ones derived here.")
     recipe: Recipe = Field("swe", description="Task suite (get_recipe name).")
     recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
     rollout: RolloutConfig = Field(default_factory=RolloutConfig,
@@ -66,6 +73,10 @@ class RLConfig(BaseModel):
         None, description="TrajectoryStore of resolved (teacher) trajectories that prefix-fork sampling "
                           "(rollout.prefix_fork) starts attempts from; None = no prompt can be forked.")
     save_rollouts: bool = Field(False, description="Also store every episode under out_model_dir/rollouts.")
+    batch_rollouts: bool = Field(
+        True, description="Episodes of a wave run in threads and their turns share one batched forward "
+                          "(BatchingPolicy); a sampled episode then depends on its batch-mates. False: one "
+                          "episode at a time (each episode's seed alone decides its samples).")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
     load: LoadOptions = Field(default_factory=LoadOptions,
                               description="Device, dtype and attention kernel of the policy (and its reference).")
@@ -126,20 +137,31 @@ class EpisodeSource:
         turns = max(1, min(len(positions) - 1, round(fraction * len(positions))))
         prefix = ref.steps[:state_end(ref, positions[turns - 1])]
         snapshot = prefix[-1].sandbox_state_id
-        trajectories = []
-        for _ in range(n):
-            harness = self._harness(extra_turns=turns)  # max_steps counts the prefix's turns too
+
+        def one(harness: HarnessConfig) -> Trajectory:  # max_steps counts the prefix's turns too
             traj = run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client, harness,
                                prefix_steps=prefix, from_snapshot=snapshot)
             if snapshot and traj.outcome is Outcome.infra_error and "setup failed" in (traj.outcome_reason or ""):
                 traj = run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client, harness,
                                    prefix_steps=prefix)  # the snapshot is gone: rebuild the state by replay
-            trajectories.append(traj)
+            return traj
+
+        trajectories = self._run([lambda h=self._harness(extra_turns=turns): one(h) for _ in range(n)])
         return self._attempts(trajectories, prefix_tool_steps=sum(s.role == "tool" for s in prefix))
 
     def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
-        return self._attempts([run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client,
-                                           self._harness()) for _ in range(n)])
+        task = self.tasks[prompt_id]
+        return self._attempts(self._run([
+            lambda h=self._harness(): run_episode(task, self.recipe, self.policy, self.client, h) for _ in range(n)]))
+
+    def _run(self, episodes: list) -> list[Trajectory]:
+        """The wave's episodes: in threads when the policy batches their turns (`BatchingPolicy`), else in turn."""
+        from components.core.batching import BatchingPolicy
+
+        if len(episodes) < 2 or not isinstance(self.policy, BatchingPolicy):
+            return [run() for run in episodes]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(episodes)) as pool:
+            return list(pool.map(lambda run: run(), episodes))
 
 
 def prompt_stream(task_ids: list[str], seed: int) -> Iterator[str]:
@@ -151,21 +173,27 @@ def prompt_stream(task_ids: list[str], seed: int) -> Iterator[str]:
         yield from order
 
 
+def episode_tokens(attempt: Attempt, tokenizer: Any, max_len: int) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of an attempt's episode: loss on the tokens the policy sampled, none on a forked
+    attempt's teacher prefix, cut at `max_len`."""
+    from components.core.rendering import render_trajectory
+
+    s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant")
+    prefix_len = attempt.payload.metadata.get("prefix_len", 0) if attempt.forked else 0
+    loss = [m if i >= prefix_len else 0 for m, i in zip(s.loss_mask, s.step_index)]
+    return s.input_ids[:max_len], loss[:max_len]
+
+
 def group_samples(groups: list[list[Attempt]], tokenizer: Any, max_len: int) -> list[tuple[list[int], list[int], float]]:
     """(input_ids, loss_mask, advantage) per episode of the kept groups. The sampler sets each
     attempt's advantage (its baseline rule: `RolloutConfig.advantage_baseline`); a forked attempt's
     teacher prefix is context only (no loss)."""
-    from components.core.rendering import render_trajectory
-
     samples = []
     for group in groups:
         fallback = group_advantages([a.reward for a in group])
         for attempt, adv in zip(group, fallback):
             adv = attempt.advantage if attempt.advantage is not None else adv
-            s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant")
-            prefix_len = attempt.payload.metadata.get("prefix_len", 0) if attempt.forked else 0
-            loss = [m if i >= prefix_len else 0 for m, i in zip(s.loss_mask, s.step_index)]
-            ids, mask = s.input_ids[:max_len], loss[:max_len]
+            ids, mask = episode_tokens(attempt, tokenizer, max_len)
             if adv != 0.0 and any(mask):
                 samples.append((ids, mask, adv))
     return samples
@@ -181,11 +209,17 @@ def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out
     tasks = {t.id: t for t in TaskStore(tasks_dir).read(split=config.split)}
     if not tasks:
         raise ValueError(f"no {config.split!r} tasks in {tasks_dir}; provision the environment first")
+    if config.engine == "trl":
+        from components.rl_trl import train_rl_trl
+
+        train: Any = train_rl_trl
+    else:
+        train = _train
     previous_threads = torch.get_num_threads()
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     try:
-        return _train(config, tasks, model_dir, out, tracking)
+        return train(config, tasks, model_dir, out, tracking)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -206,7 +240,11 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
     if config.kl_coef > 0:
         ref_model = load_policy_model(model_dir, spec=config.load).eval().requires_grad_(False)
     tool_format = None if config.harness.tool_format == "auto" else config.harness.tool_format
-    policy = LocalTransformersPolicy(model, tokenizer, device=str(model.device), tool_format=tool_format)
+    policy: Any = LocalTransformersPolicy(model, tokenizer, device=str(model.device), tool_format=tool_format)
+    if config.batch_rollouts:
+        from components.core.batching import BatchingPolicy
+
+        policy = BatchingPolicy(policy, max_batch=max(config.rollout.stride, config.rollout.group_size))
     base_policy_id = policy.policy_id
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
     budget = RolloutBudget(config.rollout_budget)
@@ -224,7 +262,8 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
     stop_reason: Literal["steps", "budget"] = "steps"
     records_path = out / "rollout_records.jsonl"
 
-    with stage_run("rl", config, tracking), config.sandbox.client() as client:
+    closing = contextlib.closing(policy) if config.batch_rollouts else contextlib.nullcontext()
+    with stage_run("rl", config, tracking), config.sandbox.client() as client, closing:
         source = EpisodeSource(tasks, get_recipe(config.recipe, **config.recipe_options), policy, client, config,
                                TrajectoryStore(out / "rollouts") if config.save_rollouts else None, references)
         t0 = time.perf_counter()

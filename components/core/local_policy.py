@@ -124,3 +124,91 @@ class LocalTransformersPolicy:
             completion_tokens=len(new_ids),
             finish_reason="stop" if finished else "length",
         )
+
+    def generate_batch(self, conversations: list[list[ChatMessage]],
+                       configs: list[GenerationConfig] | GenerationConfig,
+                       tools: list[list[dict[str, Any]] | None] | None = None) -> list[Generation]:
+        """One left-padded batched `model.generate` for several conversations; per row the ids exactly as
+        sampled, cut at that row's own end-of-turn token or `max_new_tokens`, with their logprobs under the
+        sampling distribution (the processed scores, as `generate` reports them).
+
+        Rows must share temperature, top_p and stop strings (`BatchingPolicy` groups them that way).
+        Sampling draws from one RNG per batch, seeded with the first row's seed, so a sampled row depends
+        on which rows it was batched with (a single row samples exactly as `generate`; greedy rows never
+        depend on their batch-mates)."""
+        import torch
+
+        if isinstance(configs, GenerationConfig):
+            configs = [configs] * len(conversations)
+        tools = tools if tools is not None else [None] * len(conversations)
+        if not len(configs) == len(tools) == len(conversations):
+            raise ValueError(f"{len(conversations)} conversations but {len(configs)} generation configs and "
+                             f"{len(tools)} tool lists")
+        if not conversations:
+            return []
+        first = configs[0]
+        if any((c.temperature, c.top_p, c.stop) != (first.temperature, first.top_p, first.stop) for c in configs):
+            raise ValueError("generate_batch needs one temperature/top_p/stop for every row; group rows by them "
+                             "(BatchingPolicy does) or call generate per row")
+        prompts = [self.prompt_ids(m, t) for m, t in zip(conversations, tools)]
+        results: list[Generation | None] = [None] * len(prompts)
+        live: list[int] = []
+        for i, prompt in enumerate(prompts):
+            if self.max_context_tokens - len(prompt) <= 0:
+                results[i] = Generation(text="", token_ids=[], logprobs=[], tokenizer_id=self.format.tokenizer_id,
+                                        prompt_tokens=len(prompt), finish_reason="length",
+                                        raw={"reason": f"prompt of {len(prompt)} tokens fills the context "
+                                                       f"({self.max_context_tokens})"})
+            else:
+                live.append(i)
+        if not live:
+            return results  # type: ignore[return-value]
+        caps = {i: min(configs[i].max_new_tokens, self.max_context_tokens - len(prompts[i])) for i in live}
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._stop_ids[0]
+        kwargs: dict[str, Any] = dict(
+            max_new_tokens=max(caps.values()), eos_token_id=self._stop_ids, pad_token_id=pad,
+            suppress_tokens=self._suppress or None, use_cache=True, return_dict_in_generate=True, output_scores=True)
+        if getattr(self.model.config, "output_router_logits", False):
+            # MoE models trained with the router aux loss would compute it on every decode step, and
+            # transformers' version breaks on a padded batch's mask (shape mismatch); generation needs no loss.
+            kwargs["output_router_logits"] = False
+        if first.temperature > 0:
+            kwargs.update(do_sample=True, temperature=first.temperature, top_p=first.top_p, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if first.stop:
+            kwargs.update(stop_strings=list(first.stop), tokenizer=self.tokenizer)
+        width = max(len(prompts[i]) for i in live)
+        # Left padding: every row's last prompt token sits at the same position, where decoding starts.
+        ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in live], dtype=torch.long,
+                           device=self.device)
+        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in live],
+                            dtype=torch.long, device=self.device)
+        seed = next((c.seed for c in configs if c.seed is not None), None)
+        rng = torch.random.fork_rng() if seed is not None else contextlib.nullcontext()
+        self.model.eval()
+        with rng, torch.no_grad():
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
+            new = out.sequences[:, width:]
+            # Only the sampled token's logprob is kept per step (the full distribution is vocab-sized).
+            picked = torch.stack([torch.log_softmax(score.float(), dim=-1).gather(-1, new[:, t:t + 1]).squeeze(-1)
+                                  for t, score in enumerate(out.scores)], dim=1)
+        for row, i in enumerate(live):
+            row_ids = new[row].tolist()[: caps[i]]
+            cut = next((k + 1 for k, tok in enumerate(row_ids) if tok in self._stop_ids), None)
+            if cut is None and pad in row_ids:  # finished on a stop string: the rest is padding
+                cut = row_ids.index(pad)
+            row_ids = row_ids[:cut] if cut is not None else row_ids
+            results[i] = self._finish(row_ids, picked[row, : len(row_ids)].tolist(), len(prompts[i]), first.stop)
+        return results  # type: ignore[return-value]
+
+    def _finish(self, new_ids: list[int], logprobs: list[float], prompt_tokens: int, stop: list[str]) -> Generation:
+        finished = bool(new_ids) and new_ids[-1] in self._stop_ids
+        text = self.tokenizer.decode(new_ids[:-1] if finished else new_ids, skip_special_tokens=False)
+        if stop and not finished:
+            finished = any(text.endswith(s) for s in stop)
+        return Generation(text=text, token_ids=new_ids, logprobs=logprobs, tokenizer_id=self.format.tokenizer_id,
+                          prompt_tokens=prompt_tokens, completion_tokens=len(new_ids),
+                          finish_reason="stop" if finished else "length")

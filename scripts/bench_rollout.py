@@ -1,0 +1,109 @@
+"""Rollout throughput: SWE episodes one at a time (old path) vs N in parallel through `BatchingPolicy` (new).
+
+    PYTHONPATH=$PWD python scripts/bench_rollout.py --episodes 16 --repeats 3
+
+Both paths run the same tiny policy (random init: it calls tools badly and episodes run to max_steps, which
+is what a policy early in RL does) on the same SWE tasks in real sandboxes of an embedded service, with the
+same harness limits and sampling settings. The paths alternate within each repeat so load drifts hit both;
+the table gives medians over repeats of episodes/minute and generated tokens/s, and their ratio.
+Needs what the embedded service needs (root, or an external service via ORCHARD_SANDBOX_URL/TOKEN and --external).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import os
+import statistics
+import time
+
+
+def _tokens(trajectories) -> int:
+    return sum(len(s.token_ids or []) for t in trajectories for s in t.steps if s.role == "assistant")
+
+
+def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, threads: int | None, connection,
+        window: float = 0.05) -> dict:
+    import torch
+
+    from components.core.batching import BatchingPolicy
+    from components.core.harness import HarnessConfig, run_episode
+    from components.core.local_policy import LocalTransformersPolicy
+    from components.core.modeling import ModelConfig, TokenizerConfig, build_tiny_model, build_tokenizer
+    from components.core.policy_base import GenerationConfig
+    from components.recipes import get_recipe
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=8))
+    policy = LocalTransformersPolicy(build_tiny_model(ModelConfig(), tokenizer), tokenizer)
+    recipe = get_recipe("swe")
+    tasks = recipe.tasks("train", episodes, seed=0)
+    harness = HarnessConfig(max_steps=max_steps, generation=GenerationConfig(max_new_tokens=max_new_tokens,
+                                                                            temperature=1.0))
+
+    def configs(repeat: int) -> list[HarnessConfig]:
+        return [harness.model_copy(update={"generation": harness.generation.model_copy(
+            update={"seed": repeat * 1000 + i})}) for i in range(episodes)]
+
+    rows: dict[str, list[tuple[float, float, int]]] = {"old": [], "new": []}
+    with connection.client() as client:
+        for repeat in range(repeats):
+            t0 = time.perf_counter()
+            old = [run_episode(t, recipe, policy, client, h) for t, h in zip(tasks, configs(repeat))]
+            rows["old"].append((time.perf_counter() - t0, _tokens(old), len(old)))
+            with BatchingPolicy(policy, max_batch=episodes, window_seconds=window) as batching:
+                t0 = time.perf_counter()
+                with concurrent.futures.ThreadPoolExecutor(max_workers=episodes) as pool:
+                    new = list(pool.map(lambda th: run_episode(th[0], recipe, batching, client, th[1]),
+                                        zip(tasks, configs(repeat))))
+                rows["new"].append((time.perf_counter() - t0, _tokens(new), len(new)))
+                sizes, busy = batching.batch_sizes, batching.busy_seconds
+            errors = sum(t.outcome.value == "infra_error" for t in old + new)
+            print(f"repeat {repeat}: old {rows['old'][-1][0]:.1f}s {rows['old'][-1][1]} tok | new "
+                  f"{rows['new'][-1][0]:.1f}s {rows['new'][-1][1]} tok, {len(sizes)} batches "
+                  f"(mean {statistics.mean(sizes):.1f} rows, {busy:.1f}s generating) | infra errors {errors} | load {os.getloadavg()[0]:.1f}",
+                  flush=True)
+    out = {}
+    for name, runs in rows.items():
+        out[name] = {"episodes_per_min": statistics.median(n / s * 60 for s, _, n in runs),
+                     "tokens_per_s": statistics.median(k / s for s, k, _ in runs)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--episodes", type=int, default=16, help="episodes per path and repeat (= parallel episodes)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-steps", type=int, default=3, help="assistant turns per episode")
+    parser.add_argument("--max-new-tokens", type=int, default=48, help="tokens per turn")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument("--window", type=float, default=0.05, help="BatchingPolicy window (s)")
+    parser.add_argument("--external", action="store_true", help="use ORCHARD_SANDBOX_URL/TOKEN")
+    args = parser.parse_args(argv)
+    from components.core.connection import SandboxConnection
+
+    with contextlib.ExitStack() as stack:
+        if args.external:
+            connection = SandboxConnection()
+        else:
+            from sandbox_service.embedded import EmbeddedService
+
+            connection = stack.enter_context(EmbeddedService()).connection()
+        result = run(args.episodes, args.repeats, args.max_steps, args.max_new_tokens, args.threads, connection,
+                     args.window)
+    print(f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}")
+    print(f"{'old: one episode at a time':<34}{result['old']['episodes_per_min']:>14.1f}"
+          f"{result['old']['tokens_per_s']:>14.1f}")
+    print(f"{f'new: {args.episodes} in parallel, batched':<34}{result['new']['episodes_per_min']:>14.1f}"
+          f"{result['new']['tokens_per_s']:>14.1f}")
+    print(f"{'ratio new/old':<34}{result['new']['episodes_per_min'] / result['old']['episodes_per_min']:>14.2f}"
+          f"{result['new']['tokens_per_s'] / result['old']['tokens_per_s']:>14.2f}")
+    print(f"(medians of {args.repeats} repeats; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,232 @@
+"""The RL stage on TRL's GRPOTrainer (`engine="trl"`): tiny policy, real sandboxes, real verifier.
+
+Tasks as in test_rl_stage: a coin task the verifier resolves with probability 1/2 whatever the agent does
+(mixed groups for an untrained policy) and a task whose sandbox cannot be created (every attempt is an
+infra error, which must never reach a reward).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from components.core.harness import HarnessConfig
+from components.core.policy_base import GenerationConfig
+from components.core.schema import EnvironmentSpec, Task, VerifierSpec
+from components.core.store import TaskStore
+from components.rl import RLConfig, train_rl
+from components.rl_sampler import PromptRecord, RolloutConfig
+
+COIN = "python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    from components.core.modeling import ModelConfig, TokenizerConfig, build_tiny_model, build_tokenizer, save_policy
+
+    root = tmp_path_factory.mktemp("rl-trl")
+    coin = Task(id="coin", recipe="swe", split="train", prompt="Flip the coin, then submit.",
+                environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
+                verifier=VerifierSpec(kind="command", command=COIN))
+    broken = Task(id="broken", recipe="swe", split="train", prompt="Unreachable.",
+                  environment=EnvironmentSpec(image="/nonexistent/task-image"))
+    TaskStore(root / "tasks").write([coin, broken])
+    tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=8))
+    save_policy(build_tiny_model(ModelConfig(), tokenizer), tokenizer, root / "sft")
+    return root
+
+
+def _config(sandbox_service, **update) -> RLConfig:
+    base = dict(
+        engine="trl",
+        # BAR, N=2 from up to 8 attempts, exactly one positive: the smallest balanced group.
+        rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=8, stride=2, rho_min=0.5, rho_max=0.5,
+                              batch_prompts=1),
+        steps=3, learning_rate=1e-3, harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=12)),
+        sandbox=sandbox_service.connection(), seed=3, num_threads=1,
+    )
+    return RLConfig(**(base | update))
+
+
+def test_trl_grpo_steps_train_every_parameter_and_infra_errors_never_reach_rewards(inputs, sandbox_service,
+                                                                                   tmp_path, monkeypatch):
+    import components.rl_trl as rl_trl
+    from components.core.modeling import load_policy
+
+    seen: list[tuple[list[str], list[float]]] = []
+    real = rl_trl.verified_reward
+
+    def spy(prompts, completions, verified_reward, attempt_id, **kw):  # what reaches TRL's advantages
+        seen.append((list(attempt_id), list(verified_reward)))
+        return real(prompts, completions, verified_reward, **kw)
+
+    spy.__name__ = "verified_reward"
+    monkeypatch.setattr(rl_trl, "verified_reward", spy)
+    before = {k: v.clone() for k, v in load_policy(inputs / "sft")[0].state_dict().items()}
+    config = _config(sandbox_service, trl_args={"weight_decay": 0.0, "router_aux_loss_coef": 0.0})
+    result = train_rl(config, inputs / "tasks", inputs / "sft", tmp_path / "rl")
+
+    assert result.steps_done == 3 and math.isfinite(result.metrics["final_loss"])
+    records = [PromptRecord.model_validate_json(line) for line in open(result.records_path)]
+    assert len(records) == 3  # one prompt per step (batch_prompts=1)
+    broken = [r for r in records if r.prompt_id == "broken"]
+    assert all(not r.kept and r.pool_aborted == r.generated > 0 for r in broken)
+    assert result.metrics["dropped_groups"] == sum(not r.kept for r in records)
+    # BAR groups reach TRL's advantage computation as N consecutive completions of one prompt: the
+    # group the sampler chose, or N placeholders with equal rewards (no gradient) for a dropped one.
+    assert len(seen) == 3
+    for record, (ids, rewards) in zip(records, seen):
+        assert len(ids) == len(rewards) == 2
+        if record.kept:
+            assert ids == record.group_attempt_ids and sorted(rewards) == [-1.0, 1.0]
+        else:
+            assert ids == ["", ""] and rewards == [0.0, 0.0]
+    model, _ = load_policy(tmp_path / "rl")
+    after = model.state_dict()
+    assert any(r.kept for r in records)
+    unchanged = [n for n, _ in model.named_parameters() if torch.equal(before[n], after[n])]
+    assert not unchanged, f"{len(unchanged)} parameters did not change: {unchanged[:5]}"
+
+
+def _trainer(inputs, config, client, tmp_path):
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from components.core.modeling import load_policy
+    from components.core.store import TaskStore
+    from components.recipes import get_recipe
+    from components.rl_trl import TRLRollout, grpo_args, verified_reward
+
+    model, tokenizer = load_policy(inputs / "sft")
+    tasks = {t.id: t for t in TaskStore(inputs / "tasks").read(split="train")}
+    rollout = TRLRollout(tasks, get_recipe("swe"), client, config, tokenizer)
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[verified_reward],
+                          args=grpo_args(config, tmp_path), train_dataset=Dataset.from_list(rollout.dataset_rows()),
+                          rollout_func=rollout)
+    return trainer, rollout
+
+
+def test_tool_tokens_carry_no_loss_in_trls_objective(inputs, sandbox_service, tmp_path):
+    """Perturbing the model's output (final hidden state, hence logits) wherever env_mask is 0 (tool observations, chat markup) leaves
+    TRL's loss and its gradient unchanged; perturbing one sampled token's logits changes the gradient."""
+    config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=10)))
+    with config.sandbox.client() as client:
+        trainer, rollout = _trainer(inputs, config, client, tmp_path)
+        coin = next(r for r in rollout.dataset_rows() if r["task_id"] == "coin")
+        batch = trainer._generate_and_score_completions([dict(coin), dict(coin)])  # TRL writes into each row
+        rollout.close()
+    assert rollout.records[0].kept and batch["advantages"].abs().sum() > 0
+    keep = batch["completion_mask"] * batch["tool_mask"]
+    assert (keep == 0).any() and (keep == 1).any()  # both tool/markup and sampled tokens in the completions
+    model = trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train(); we call compute_loss directly
+    completion_len = batch["completion_ids"].shape[1]
+
+    calls: list = []
+
+    def loss_and_grads(rows_to_perturb):
+        def hook(_module, _args, logits):
+            first = logits.shape[1] - completion_len - 1  # logit row predicting completion token 0
+            noise = torch.zeros_like(logits)
+            gen = torch.Generator().manual_seed(0)
+            for b, j in rows_to_perturb(first, logits.shape[1]):
+                noise[b, j] = 5 * torch.randn(logits.shape[-1], generator=gen)
+            calls[-1] += 1
+            return logits + noise
+
+        calls.append(0)
+        # TRL's fused head computes logprobs from the final hidden states without materialising logits, so
+        # the probe perturbs those rows: each one feeds exactly the logits at its own position.
+        handle = model.model.norm.register_forward_hook(hook)
+        try:
+            model.zero_grad()
+            loss = trainer.compute_loss(model, batch)
+            loss.backward()
+        finally:
+            handle.remove()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    def masked(first, length):  # every prompt row and every completion row whose token has env_mask 0
+        rows = [(b, j) for b in range(keep.shape[0]) for j in range(first)]
+        return rows + [(b, first + j) for b in range(keep.shape[0]) for j in range(completion_len) if keep[b, j] == 0]
+
+    base_loss, base_grads = loss_and_grads(lambda first, length: [])
+    loss, grads = loss_and_grads(masked)
+    assert torch.isfinite(base_loss) and base_grads and len(calls) == 2 and all(calls)
+    assert torch.allclose(loss, base_loss, atol=1e-7, rtol=0)
+    for name, g in base_grads.items():
+        assert torch.allclose(grads[name], g, atol=1e-7, rtol=0), name
+    sampled = [(b, j) for b in range(keep.shape[0]) for j in range(completion_len) if keep[b, j] == 1][:1]
+    _, control = loss_and_grads(lambda first, length: [(b, first + j) for b, j in sampled])
+    # The probe does reach the objective (its value is ratio 1 on-policy, so the gradient shows it).
+    assert any(not torch.allclose(control[n], g, atol=1e-7, rtol=0) for n, g in base_grads.items())
+
+
+class _FlakyClient:
+    """The real client, but sandbox creation crashes on every 3rd episode and verification times out on the
+    next one (both infrastructure failures the harness must attribute, never rewards)."""
+
+    def __init__(self, client):
+        self._client, self.created = client, 0
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def create(self, spec, **kw):
+        import httpx
+
+        self.created += 1
+        if self.created % 3 == 0:
+            raise httpx.ConnectError("injected: sandbox service crashed")
+        sandbox = self._client.create(spec, **kw)
+        return _TimingOut(sandbox) if self.created % 3 == 1 else sandbox
+
+
+class _TimingOut:
+    def __init__(self, sandbox):
+        self._sandbox = sandbox
+
+    def __getattr__(self, name):
+        return getattr(self._sandbox, name)
+
+    def verifying(self):
+        import httpx
+
+        raise httpx.ReadTimeout("injected: verification timed out")
+
+
+def test_injected_crashes_and_timeouts_never_reach_a_reward(inputs, sandbox_service, tmp_path):
+    from types import SimpleNamespace
+
+    from components.core.modeling import load_policy
+    from components.core.schema import Outcome
+    from components.core.store import TrajectoryStore
+    from components.recipes import get_recipe
+    from components.rl_trl import TRLRollout
+
+    config = _config(sandbox_service)
+    model, tokenizer = load_policy(inputs / "sft")
+    tasks = {t.id: t for t in TaskStore(inputs / "tasks").read(split="train")}
+    store = TrajectoryStore(tmp_path / "episodes")
+    trainer = SimpleNamespace(num_generations=2, model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    with config.sandbox.client() as client:
+        flaky = _FlakyClient(client)
+        rollout = TRLRollout(tasks, get_recipe("swe"), flaky, config, tokenizer, store)
+        coin = next(r["prompt"] for r in rollout.dataset_rows() if r["task_id"] == "coin")
+        out = rollout([coin] * 6, trainer)  # three groups of N=2
+        rollout.close()
+    episodes = {t.id: t for t in store.read()}
+    infra = {i for i, t in episodes.items() if t.outcome is Outcome.infra_error}
+    reasons = " ".join(t.outcome_reason or "" for t in episodes.values())
+    assert "injected: sandbox service crashed" in reasons and "injected: verification timed out" in reasons
+    assert len(out["verified_reward"]) == 6 and not infra & set(out["attempt_id"])
+    for i in range(0, 6, 2):
+        ids, rewards = out["attempt_id"][i:i + 2], out["verified_reward"][i:i + 2]
+        if ids == ["", ""]:  # a dropped group: equal rewards and no loss-bearing token
+            assert rewards == [0.0, 0.0] and all(not any(m) for m in out["env_mask"][i:i + 2])
+        else:
+            assert sorted(rewards) == [-1.0, 1.0] and all(episodes[a].outcome is not Outcome.infra_error for a in ids)
+    assert sum(r.pool_aborted for r in rollout.records) == len(infra) > 0
+    assert rollout.dropped_groups == sum(not r.kept for r in rollout.records)
