@@ -121,7 +121,9 @@ def test_timeout_kills_process_group_children_and_escapees(agent_dir):
     # its ORCHARD_EXEC_ID, as no cgroup tracks an unisolated agent's commands)
     r = run(agent_dir, lambda c: _exec(c, f"sleep 1{marker} & setsid sleep 2{marker} & "
                                           f"(setsid sleep 4{marker} &); sleep 3{marker}", timeout_seconds=0.5))
-    assert r.outcome is ExecOutcome.command_timeout and r.exit_code == -9
+    # -9: the shell itself got the SIGKILL; 137: under load the shell saw its child die first and reported
+    # it before its own kill landed. Either way the whole tree is gone (checked below).
+    assert r.outcome is ExecOutcome.command_timeout and r.exit_code in (-9, 137)
     assert time.monotonic() - start < 3
     time.sleep(0.1)
     assert not _procs_with(marker)
