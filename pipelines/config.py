@@ -30,6 +30,7 @@ from components.core.schema import Recipe
 from components.credit import CreditConfig
 from components.distill import DistillConfig
 from components.evaluate import EvalConfig
+from components.promote import PromotionConfig
 from components.provision import ProvisionConfig
 from components.rl import RLConfig
 from components.sft import SFTConfig
@@ -71,7 +72,8 @@ class PipelineConfig(BaseModel):
     tracking_uri: str | None = Field(None, description="MLflow URI (None: sqlite:///<runs dir>/mlflow.db).")
     experiment: str = Field("orchard", description="MLflow experiment.")
     register_model_name: str | None = Field(
-        "orchard-policy", description="Registered model name for the final trained model (None: skip).")
+        "orchard-policy", description="Registered model the promotion gate registers a promoted model under "
+                                      "(None: no gate, nothing registered); copied to promote.model_name.")
     failure: FailurePolicy = Field(default_factory=FailurePolicy, description="When a stage fails loudly.")
 
     # --- The stages' own configs (one section per stage; names as in pipelines/stages.py) -------
@@ -86,6 +88,8 @@ class PipelineConfig(BaseModel):
     evaluate_teacher: EvalConfig = Field(
         default_factory=lambda: EvalConfig(policy="scripted"),
         description="evaluate-teacher stage: the reference row (scripted teacher, or an endpoint).")
+    promote: PromotionConfig = Field(default_factory=PromotionConfig,
+                                     description="promote stage: when the final model replaces the champion.")
 
     @model_validator(mode="after")
     def _share_run_fields(self) -> PipelineConfig:
@@ -100,6 +104,8 @@ class PipelineConfig(BaseModel):
                     type(stage).model_fields["model"].annotation is ModelConfig:
                 update["model"] = self.model
             setattr(self, name, stage.model_copy(update=update))
+        if self.register_model_name:  # one name for the registered model
+            self.promote = self.promote.model_copy(update={"model_name": self.register_model_name})
         return self
 
     def updated(self, **overrides: Any) -> PipelineConfig:

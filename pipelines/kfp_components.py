@@ -115,17 +115,28 @@ def evaluate(stage: str, config_json: str, parent_run_id: str, tasks: Input[Data
 
 
 @_component
+def promote(config_json: str, parent_run_id: str, tasks: Input[Dataset], sft_model: Input[Model],
+            rl_model: Input[Model], sft_results: Input[Dataset], rl_results: Input[Dataset],
+            credited: Input[Dataset], results: Output[Dataset], metrics: Output[Metrics]) -> str:
+    """The promotion gate: the final trained model vs the registry's champion; registers it only if promoted."""
+    from pipelines.steps import kfp_entry
+
+    return kfp_entry("promote", config_json, parent_run_id,
+                     {"tasks": tasks, "sft_model": sft_model, "rl_model": rl_model, "sft_results": sft_results,
+                      "rl_results": rl_results, "credited": credited}, {"results": results}, metrics)
+
+
+@_component
 def report(config_json: str, parent_run_id: str, provision: str, init_policy: str, distill: str, credit: str,
            sft: str, rl: str, evaluate_teacher: str, evaluate_untrained: str, evaluate_sft: str, evaluate_rl: str,
-           sft_model: Input[Model], rl_model: Input[Model], table: Output[Markdown]) -> str:
-    """The results table; registers the last model that trained and closes the MLflow parent run."""
+           promote: str, table: Output[Markdown]) -> str:
+    """The results table (with the gate's decision); closes the MLflow parent run."""
     from pipelines.steps import StepContext, finish_pipeline
 
     results = {"provision": provision, "init-policy": init_policy, "distill": distill, "credit": credit, "sft": sft,
                "rl": rl, "evaluate-teacher": evaluate_teacher, "evaluate-untrained": evaluate_untrained,
-               "evaluate-sft": evaluate_sft, "evaluate-rl": evaluate_rl}
-    _, markdown = finish_pipeline(StepContext.from_json(config_json, parent_run_id), results,
-                                  {"sft": sft_model.path, "rl": rl_model.path})
+               "evaluate-sft": evaluate_sft, "evaluate-rl": evaluate_rl, "promote": promote}
+    _, markdown = finish_pipeline(StepContext.from_json(config_json, parent_run_id), results)
     with open(table.path, "w") as f:
         f.write(markdown)
     return markdown
@@ -155,6 +166,6 @@ def named(component, name: str):
 # Stage name -> component (the evaluate arms share one body under their own task names).
 BY_STAGE = {
     "provision": provision, "init-policy": init_policy, "distill": distill, "credit": credit, "sft": sft, "rl": rl,
-    "evaluate-teacher": evaluate_teacher,
+    "evaluate-teacher": evaluate_teacher, "promote": promote,
     **{f"evaluate-{arm}": named(evaluate, f"evaluate-{arm}") for arm in ("untrained", "sft", "rl")},
 }

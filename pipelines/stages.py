@@ -4,7 +4,8 @@
                ├─► distill ─► credit ─┐
     init-policy┴──────────────────────┴─► sft ─► rl
     evaluate-untrained (init-policy) · evaluate-sft (sft) · evaluate-rl (rl)
-    ─► report (every stage's result; registers the last model that actually trained)
+    ─► promote (the final trained model vs the registry's champion; registers it only when promoted)
+    ─► report (every stage's result)
 
 A row is one stage: its name (the task name in all three runners), the function that runs it, the
 PipelineConfig section that is its config, the artifacts it reads (`"stage.output"`) and writes,
@@ -48,6 +49,9 @@ class Stage:
     retries: int = 1
     timeout_seconds: int | None = None  # None: ClusterConfig.stage_timeout_seconds
     resumable: bool = False  # writes its store on the run volume so a retried pod resumes (KFP: a PVC)
+    cache: bool = True  # False: the result depends on state outside its inputs (the registry), never reuse it
+    # A stage whose config is built from several sections (the gate): PipelineConfig -> its config.
+    build_config: Callable[[Any], BaseModel] | None = None
 
     @property
     def depends(self) -> list[str]:
@@ -116,6 +120,20 @@ def evaluate(call: StageCall):
                tracking=call.tracking)
 
 
+def promote(call: StageCall):
+    from pipelines.gate import run_gate
+
+    i = call.inputs
+    return run_gate(call.config, i["tasks"], i["sft_model"], i["rl_model"], i["sft_results"], i["rl_results"],
+                    i["credited"], call.outputs["results"], call.tracking)
+
+
+def _gate_config(config: Any) -> BaseModel:
+    from pipelines.gate import gate_config
+
+    return gate_config(config)
+
+
 def check_endpoint(config: Any) -> None:
     """An endpoint that cannot be reached fails the stage with the connection error (not NaN rates)."""
     if getattr(config, "policy", None) != "openai" or config.endpoint is None:
@@ -150,13 +168,16 @@ STAGES: list[Stage] = [
     Stage("evaluate-untrained", evaluate, "evaluate", {**_TASKS, "model": "init-policy.model"}, {"results": "dataset"}),
     Stage("evaluate-sft", evaluate, "evaluate", {**_TASKS, "model": "sft.model"}, {"results": "dataset"}),
     Stage("evaluate-rl", evaluate, "evaluate", {**_TASKS, "model": "rl.model"}, {"results": "dataset"}),
+    # Last: the final trained model against the registry's champion; only a promoted model is registered.
+    Stage("promote", promote, "promote",
+          {**_TASKS, "sft_model": "sft.model", "rl_model": "rl.model", "sft_results": "evaluate-sft.results",
+           "rl_results": "evaluate-rl.results", "credited": "credit.credited"}, {"results": "dataset"},
+          retries=0, cache=False, build_config=_gate_config),  # a retry could register twice
 ]
 BY_NAME = {s.name: s for s in STAGES}
 # Steps around the stages, with the same names in every runner: `start` validates the config and
 # opens the MLflow parent run, `report` reads every stage's result, `close-run` is the exit handler.
 START, REPORT, CLOSE = "start", "report", "close-run"
-# Models the report may register, last first: the first one that actually trained is registered.
-REGISTRABLE = (("rl", "model"), ("sft", "model"))
 
 
 def task_names() -> list[str]:
