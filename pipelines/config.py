@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -59,6 +59,14 @@ class FailurePolicy(BaseModel):
         return self.per_stage.get(stage, self.max_infra_error_rate)
 
 
+class RetrainConfig(BaseModel):
+    """Scheduled retraining: what a run starts from (the promotion gate decides what it replaces)."""
+
+    model_config = ConfigDict(extra="forbid")
+    start_from: Literal["base", "champion"] = Field(
+        "base", description="init-policy: a fresh base model, or the registry's champion (base when there is none).")
+
+
 class PipelineConfig(BaseModel):
     """Every setting of one pipeline run; the stage sections are the stages' own configs."""
 
@@ -75,6 +83,7 @@ class PipelineConfig(BaseModel):
         "orchard-policy", description="Registered model the promotion gate registers a promoted model under "
                                       "(None: no gate, nothing registered); copied to promote.model_name.")
     failure: FailurePolicy = Field(default_factory=FailurePolicy, description="When a stage fails loudly.")
+    retrain: RetrainConfig = Field(default_factory=RetrainConfig, description="Scheduled retraining settings.")
 
     # --- The stages' own configs (one section per stage; names as in pipelines/stages.py) -------
     provision: ProvisionConfig = Field(default_factory=ProvisionConfig, description="provision stage.")
@@ -126,7 +135,7 @@ class PipelineConfig(BaseModel):
 def stage_sections() -> list[str]:
     """PipelineConfig fields that are a stage's own config."""
     return [n for n, f in PipelineConfig.model_fields.items()
-            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and n != "failure"]
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and n not in ("failure", "retrain")]
 
 
 def deep_merge(base: dict, override: dict) -> dict:

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.connection import SandboxConnection
+from components.core.modeling import ModelConfig
 from components.evaluate import EvalConfig
 from components.promote import PromotionConfig, PromotionDecision, Scorecard
 
@@ -28,6 +29,39 @@ class GateConfig(BaseModel):
     evaluate: EvalConfig = Field(description="The candidate's evaluation settings, reused for the champion.")
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection)
     enabled: bool = Field(True, description="False when register_model_name is None: nothing is registered.")
+
+
+class InitConfig(BaseModel):
+    """The init-policy stage's config: the base model, or the champion to start from."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: ModelConfig
+    start_from: str = Field("base", description="base | champion (retrain.start_from).")
+    promotion: PromotionConfig
+    enabled: bool = True
+
+
+STARTED_FROM = "started_from.json"  # written next to a model that is a downloaded champion
+
+
+def start_model(config: InitConfig, tracking, out: Path) -> str | None:
+    """With start_from=champion and a champion in the registry: its weights into `out`; its URI, else None."""
+    import shutil
+
+    from components.promote import current_champion, download_champion
+
+    if config.start_from != "champion" or not config.enabled:
+        return None
+    if tracking is None or not tracking.enabled:
+        raise RuntimeError("retrain.start_from=champion needs MLflow (the registry holds the champion)")
+    version = current_champion(tracking.tracking_uri, config.promotion)
+    if version is None:
+        return None  # the first retraining run: nothing to start from but the base model
+    src = download_champion(tracking.tracking_uri, version, out.parent / f"{out.name}-download")
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    uri = f"models:/{config.promotion.model_name}/{version.version}"
+    (out / STARTED_FROM).write_text(json.dumps({"model": uri}))
+    return uri
 
 
 class GateResult(PromotionDecision):
@@ -89,7 +123,7 @@ def plot_comparison(decision: PromotionDecision, table):
     return fig
 
 
-def run_gate(config: GateConfig, tasks: Path, sft_model: Path, rl_model: Path, sft_results: Path, rl_results: Path,
+def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path, rl_model: Path, sft_results: Path, rl_results: Path,
              credited: Path, out: Path, tracking) -> GateResult:
     """The gate (module docstring); `out` receives the champion's evaluation and comparison.json."""
     import mlflow
@@ -122,7 +156,8 @@ def run_gate(config: GateConfig, tasks: Path, sft_model: Path, rl_model: Path, s
                                              f"{champion_version.version}", trained=True)
     version = str(champion_version.version) if champion_version is not None else None
     decision = decide(candidate, champion, promo, champion_version=version)
-    parent_model = (f"models:/{promo.model_name}/{version}" if version else "base (init-policy)")
+    origin = base_model / STARTED_FROM  # retrain.start_from=champion: trained from that version
+    parent_model = json.loads(origin.read_text())["model"] if origin.exists() else "base (init-policy)"
     table = comparison_table(candidate, champion)
     with stage_run("promote", config, tracking):
         log_table(table, "promotion/comparison.json")

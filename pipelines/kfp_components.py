@@ -26,8 +26,8 @@ def _component(func):
 
 @_component
 def start(preset: str, recipe: str, seed: int, overrides_json: str, experiment: str, sandbox_url: str,
-          mlflow_uri: str, kfp_run_id: str, run_label: str
-          ) -> NamedTuple("RunStart", [("config_json", str), ("parent_run_id", str)]):
+          mlflow_uri: str, start_from: str, promotion_margin: float, train_tasks: int, kfp_run_id: str,
+          run_label: str) -> NamedTuple("RunStart", [("config_json", str), ("parent_run_id", str)]):
     """Validate the run's PipelineConfig and open the MLflow parent run (left RUNNING)."""
     from collections import namedtuple
 
@@ -35,6 +35,7 @@ def start(preset: str, recipe: str, seed: int, overrides_json: str, experiment: 
 
     config, run_id = start_pipeline(preset=preset, recipe=recipe, seed=seed, sandbox_url=sandbox_url,
                                     mlflow_uri=mlflow_uri, experiment=experiment, overrides_json=overrides_json,
+                                    start_from=start_from, promotion_margin=promotion_margin, train_tasks=train_tasks,
                                     tags={"orchard.runner": "kfp", "orchard.kfp_run_id": kfp_run_id,
                                           "orchard.run_label": run_label})
     return namedtuple("RunStart", ["config_json", "parent_run_id"])(config.model_dump_json(), run_id)
@@ -115,14 +116,15 @@ def evaluate(stage: str, config_json: str, parent_run_id: str, tasks: Input[Data
 
 
 @_component
-def promote(config_json: str, parent_run_id: str, tasks: Input[Dataset], sft_model: Input[Model],
+def promote(config_json: str, parent_run_id: str, tasks: Input[Dataset], base_model: Input[Model],
+            sft_model: Input[Model],
             rl_model: Input[Model], sft_results: Input[Dataset], rl_results: Input[Dataset],
             credited: Input[Dataset], results: Output[Dataset], metrics: Output[Metrics]) -> str:
     """The promotion gate: the final trained model vs the registry's champion; registers it only if promoted."""
     from pipelines.steps import kfp_entry
 
     return kfp_entry("promote", config_json, parent_run_id,
-                     {"tasks": tasks, "sft_model": sft_model, "rl_model": rl_model, "sft_results": sft_results,
+                     {"tasks": tasks, "base_model": base_model, "sft_model": sft_model, "rl_model": rl_model, "sft_results": sft_results,
                       "rl_results": rl_results, "credited": credited}, {"results": results}, metrics)
 
 

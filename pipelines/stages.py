@@ -76,13 +76,27 @@ def provision(call: StageCall):
 def init_policy(call: StageCall):
     from components.core import modeling
     from components.core.tracking import log_metrics, stage_run
+    from pipelines.gate import start_model
 
     with stage_run("init-policy", call.config, call.tracking):
-        model, tokenizer = modeling.build_policy(call.config)
-        model_dir = modeling.save_policy(model, tokenizer, call.outputs["model"])
+        # retrain.start_from=champion: the registry's champion is the model training starts from
+        started_from = start_model(call.config, call.tracking, call.outputs["model"])
+        if started_from is None:
+            model, tokenizer = modeling.build_policy(call.config.model)
+            modeling.save_policy(model, tokenizer, call.outputs["model"])
+        else:
+            model, _ = modeling.load_policy(call.outputs["model"])
         params = float(modeling.num_parameters(model))
         log_metrics({"num_parameters": params})
-    return {"model_dir": str(model_dir), "metrics": {"num_parameters": params}}
+    return {"model_dir": str(call.outputs["model"]), "started_from": started_from or "base",
+            "metrics": {"num_parameters": params}}
+
+
+def _init_config(config: Any) -> BaseModel:
+    from pipelines.gate import InitConfig
+
+    return InitConfig(model=config.model, start_from=config.retrain.start_from, promotion=config.promote,
+                      enabled=config.register_model_name is not None)
 
 
 def distill(call: StageCall):
@@ -124,7 +138,7 @@ def promote(call: StageCall):
     from pipelines.gate import run_gate
 
     i = call.inputs
-    return run_gate(call.config, i["tasks"], i["sft_model"], i["rl_model"], i["sft_results"], i["rl_results"],
+    return run_gate(call.config, i["tasks"], i["base_model"], i["sft_model"], i["rl_model"], i["sft_results"], i["rl_results"],
                     i["credited"], call.outputs["results"], call.tracking)
 
 
@@ -156,7 +170,7 @@ class StageFailed(RuntimeError):
 _TASKS = {"tasks": "provision.tasks"}
 STAGES: list[Stage] = [
     Stage("provision", provision, "provision", outputs={"tasks": "dataset"}),
-    Stage("init-policy", init_policy, "model", outputs={"model": "model"}),
+    Stage("init-policy", init_policy, "model", outputs={"model": "model"}, build_config=_init_config),
     # The reference row first: a teacher endpoint that cannot be reached stops the run before training.
     Stage("evaluate-teacher", evaluate, "evaluate_teacher", _TASKS, {"results": "dataset"}),
     Stage("distill", distill, "distill", _TASKS, {"trajectories": "dataset"}, retries=2, resumable=True),
@@ -170,7 +184,7 @@ STAGES: list[Stage] = [
     Stage("evaluate-rl", evaluate, "evaluate", {**_TASKS, "model": "rl.model"}, {"results": "dataset"}),
     # Last: the final trained model against the registry's champion; only a promoted model is registered.
     Stage("promote", promote, "promote",
-          {**_TASKS, "sft_model": "sft.model", "rl_model": "rl.model", "sft_results": "evaluate-sft.results",
+          {**_TASKS, "base_model": "init-policy.model", "sft_model": "sft.model", "rl_model": "rl.model", "sft_results": "evaluate-sft.results",
            "rl_results": "evaluate-rl.results", "credited": "credit.credited"}, {"results": "dataset"},
           retries=0, cache=False, build_config=_gate_config),  # a retry could register twice
 ]

@@ -137,12 +137,22 @@ def model_trained(stage: str, record: dict | None) -> tuple[bool, str]:
 # Start and report: the same two steps around the stages in every runner
 # ---------------------------------------------------------------------------------------------
 def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlflow_uri: str, experiment: str,
-                   overrides_json: str = "{}", run_name: str | None = None,
+                   overrides_json: str = "{}", run_name: str | None = None, start_from: str | None = None,
+                   promotion_margin: float | str | None = None, train_tasks: int | str | None = None,
                    tags: dict[str, str] | None = None) -> tuple[PipelineConfig, str]:
-    """Build and validate the run's config from pipeline parameters; open the MLflow parent run."""
-    config = resolve(preset, overrides={
-        **json.loads(overrides_json or "{}"), "recipe": recipe, "seed": seed, "sandbox_url": sandbox_url or None,
-        "tracking_uri": mlflow_uri or None, "experiment": experiment})
+    """Build and validate the run's config from pipeline parameters; open the MLflow parent run.
+
+    The retraining parameters (None: the preset's value) are strings when Argo passes them."""
+    retrain: dict[str, Any] = {}
+    if start_from:
+        retrain["retrain.start_from"] = start_from
+    if promotion_margin not in (None, "") and float(promotion_margin) >= 0:
+        retrain["promote.margin"] = float(promotion_margin)
+    if train_tasks not in (None, "") and int(train_tasks) > 0:
+        retrain["provision.n_train"] = int(train_tasks)
+    config = resolve(preset, overrides={  # overrides_json (the whole config, from kfp.local) has the last word
+        **retrain, **json.loads(overrides_json or "{}"), "recipe": recipe, "seed": seed,
+        "sandbox_url": sandbox_url or None, "tracking_uri": mlflow_uri or None, "experiment": experiment})
     ctx = StepContext(config, None)
     run_id = open_pipeline_run(ctx.tracking_config, run_name or f"pipeline-{config.recipe}", config,
                                tags={"orchard.preset": config.preset, "orchard.recipe": config.recipe, **(tags or {})})

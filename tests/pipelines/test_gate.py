@@ -63,7 +63,7 @@ def _gate(root, uri, config, model, evaluation, n: int):
     tracking = tracking.model_copy(update={"parent_run_id": parent, "run_name": "promote"})
     empty_rl = root / f"rl-{n}"
     empty_rl.mkdir()
-    result = run_gate(config, root / "tasks", model, empty_rl, evaluation, root / "unused", root / "credited",
+    result = run_gate(config, root / "tasks", root / "model", model, empty_rl, evaluation, root / "unused", root / "credited",
                       root / f"gate-{n}", tracking)
     mlflow.end_run()
     return result, parent
@@ -99,8 +99,20 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     better, parent = _gate(root, uri, config, _candidate(root, "c4", 2), root / "eval-strong", 4)
     assert better.promoted and better.candidate_version == "2" and better.ci_low > 0, better.reason
     v2 = current_champion(uri, config.promotion)
-    assert str(v2.version) == "2" and v2.tags["orchard.parent_model"] == f"models:/{NAME}/1"
+    assert str(v2.version) == "2" and v2.tags["orchard.parent_model"] == "base (init-policy)"
     assert {str(v.version) for v in client.search_model_versions(f"name='{NAME}'")} == {"1", "2"}
     artifacts = {a.path for a in client.list_artifacts(v2.run_id, "promotion")}
     assert {"promotion/comparison.png", "promotion/comparison.json", "promotion/decision.json"} <= artifacts
     assert client.get_run(parent).data.tags["orchard.registered_model"] == f"{NAME}/2"
+
+    # retrain.start_from=champion: init-policy starts from the champion's weights, and says so
+    from pipelines import stages
+    from pipelines.gate import STARTED_FROM, InitConfig
+
+    init = InitConfig(model=ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[])), start_from="champion",
+                      promotion=config.promotion)
+    out = stages.init_policy(stages.StageCall(config=init, inputs={}, outputs={"model": root / "start"},
+                                              tracking=TrackingConfig(tracking_uri=uri, experiment="gate")))
+    assert out["started_from"] == f"models:/{NAME}/2"
+    assert json.loads((root / "start" / STARTED_FROM).read_text())["model"] == f"models:/{NAME}/2"
+    assert (root / "start" / "config.json").exists()
