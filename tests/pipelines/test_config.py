@@ -103,3 +103,15 @@ def test_retraining_parameters_reach_the_config(tmp_path):
     default, _ = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
                                 start_from="base", promotion_margin="-1.0", train_tasks="0")
     assert (default.retrain.start_from, default.promote.margin, default.provision.n_train) == ("base", None, 4)
+
+
+def test_run_retrain_flag_starts_from_the_champion_unless_set_says_otherwise():
+    import argparse
+
+    from pipelines.cli import _config
+
+    args = argparse.Namespace(preset="tiny", set=None, config=None, retrain=True)
+    assert _config(args).retrain.start_from == "champion"
+    args.set = ["retrain.start_from=base"]
+    assert _config(args).retrain.start_from == "base"
+    assert _config(argparse.Namespace(preset="tiny", set=None, config=None)).retrain.start_from == "base"
