@@ -303,6 +303,7 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
                      "final_loss": next((h["loss"] for h in reversed(history) if "loss" in h), float("nan"))},
         )
         log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
+        (out / "rl_result.json").write_text(result.model_dump_json(indent=2))  # the gate reads steps_done
         log_json(result.model_dump(mode="json"), "rl_result.json")
         log_json([r.model_dump(mode="json") for r in records], "rollout_records.json")
         if tracking is not None and tracking.enabled and records:

@@ -26,7 +26,7 @@ from hera.workflows.models import ValueFrom, WorkflowTemplateRef
 from pipelines import stages
 from pipelines.cluster import ClusterConfig
 from pipelines.config import PipelineConfig
-from pipelines.parameters import pipeline_parameters
+from pipelines.parameters import pipeline_parameters, retrain_arguments
 
 TEMPLATE_NAME = "orchard-training"
 CRON_NAME = "orchard-retrain"
@@ -144,6 +144,7 @@ def build_cron_workflow(schedule: str = "0 3 * * 0", cluster: ClusterConfig | No
         failed_jobs_history_limit=3,
         service_account_name=cluster.service_account,
         workflow_template_ref=WorkflowTemplateRef(name=TEMPLATE_NAME),
-        arguments=[Parameter(name=k, value=v) for k, v in (parameters or {}).items()] or None,
+        # The retraining knobs are always stated on the schedule (defaults from the parameter list).
+        arguments=[Parameter(name=k, value=str(v)) for k, v in {**retrain_arguments(), **(parameters or {})}.items()],
         labels=LABELS,
     )

@@ -1,7 +1,7 @@
 """`orchard`: compile the pipelines, run them locally, show the config, schedule them.
 
     orchard compile --out build/pipelines [--image-registry R]   KFP YAML + Argo WorkflowTemplate/CronWorkflow
-    orchard run [--preset tiny] [--config F] [--set sft.steps=400] [--kfp-local]   the whole DAG here
+    orchard run [--preset tiny] [--config F] [--set sft.steps=400] [--kfp-local] [--retrain]   the whole DAG here
     orchard demo                                                  = orchard run --preset demo (`make demo`)
     orchard config show [--preset P] [--set ...]                  the resolved PipelineConfig
     orchard schedule --host URL --cron "0 3 * * 0" --package build/pipelines/orchard-training.kfp.yaml
@@ -42,7 +42,10 @@ def compile_all(out_dir: str | Path, preset: str = "demo", schedule: str = "0 3 
 def _config(args: argparse.Namespace):
     from pipelines.config import resolve
 
-    return resolve(args.preset, args.set or [], getattr(args, "config", None))
+    sets = args.set or []
+    if getattr(args, "retrain", False):  # before --set, so an explicit setting still wins
+        sets = ["retrain.start_from=champion", *sets]
+    return resolve(args.preset, sets, getattr(args, "config", None))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -58,6 +61,12 @@ def _run(args: argparse.Namespace) -> int:
     from pipelines.local import run_local
 
     result = run_local(config, args.runs_dir)
+    from pipelines.layout import RunLayout
+    from pipelines.report import promotion_note
+
+    gate = RunLayout(result.run_dir).read_result("promote")
+    if gate:
+        print(f"\npromotion gate: {promotion_note(gate)}")
     print(f"\nrun dir: {result.run_dir}\nMLflow: {result.tracking_uri} (parent run {result.parent_run_id})\n"
           f"stages run: {', '.join(result.stages_ran) or 'none'}\nwall time: {result.wall_seconds:.1f} s")
     return 0
@@ -93,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         _config_args(p, preset=name == "run")
         if name == "run":
             p.add_argument("--kfp-local", action="store_true", help="through kfp.local (SubprocessRunner)")
+            p.add_argument("--retrain", action="store_true",
+                           help="start from the registry's champion (retrain.start_from=champion); the promotion "
+                                "gate then decides whether this run's model replaces it")
         p.add_argument("--runs-dir", default="runs", help="where run directories and mlflow.db go")
 
     p = sub.add_parser("config", help="show the resolved PipelineConfig")

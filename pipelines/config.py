@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -32,6 +32,7 @@ from components.core.schema import Recipe
 from components.credit import CreditConfig
 from components.distill import DistillConfig
 from components.evaluate import EvalConfig
+from components.promote import PromotionConfig
 from components.provision import ProvisionConfig
 from components.rl import RLConfig
 from components.sft import SFTConfig
@@ -60,6 +61,14 @@ class FailurePolicy(BaseModel):
         return self.per_stage.get(stage, self.max_infra_error_rate)
 
 
+class RetrainConfig(BaseModel):
+    """Scheduled retraining: what a run starts from (the promotion gate decides what it replaces)."""
+
+    model_config = ConfigDict(extra="forbid")
+    start_from: Literal["base", "champion"] = Field(
+        "base", description="init-policy: a fresh base model, or the registry's champion (base when there is none).")
+
+
 class PipelineConfig(BaseModel):
     """Every setting of one pipeline run; the stage sections are the stages' own configs."""
 
@@ -73,8 +82,10 @@ class PipelineConfig(BaseModel):
     tracking_uri: str | None = Field(None, description="MLflow URI (None: sqlite:///<runs dir>/mlflow.db).")
     experiment: str = Field("orchard", description="MLflow experiment.")
     register_model_name: str | None = Field(
-        "orchard-policy", description="Registered model name for the final trained model (None: skip).")
+        "orchard-policy", description="Registered model the promotion gate registers a promoted model under "
+                                      "(None: no gate, nothing registered); copied to promote.model_name.")
     failure: FailurePolicy = Field(default_factory=FailurePolicy, description="When a stage fails loudly.")
+    retrain: RetrainConfig = Field(default_factory=RetrainConfig, description="Scheduled retraining settings.")
 
     # --- The stages' own configs (one section per stage; names as in pipelines/stages.py) -------
     provision: ProvisionConfig = Field(default_factory=ProvisionConfig, description="provision stage.")
@@ -89,6 +100,8 @@ class PipelineConfig(BaseModel):
     evaluate_teacher: EvalConfig = Field(
         default_factory=lambda: EvalConfig(policy="scripted"),
         description="evaluate-teacher stage: the reference row (scripted teacher, or an endpoint).")
+    promote: PromotionConfig = Field(default_factory=PromotionConfig,
+                                     description="promote stage: when the final model replaces the champion.")
 
     @model_validator(mode="after")
     def _share_run_fields(self) -> PipelineConfig:
@@ -107,6 +120,8 @@ class PipelineConfig(BaseModel):
             if name != "model" and "load" in type(stage).model_fields:
                 update["load"] = LoadOptions(**{f: getattr(self.model, f) for f in LoadOptions.model_fields})
             setattr(self, name, stage.model_copy(update=update))
+        if self.register_model_name:  # one name for the registered model
+            self.promote = self.promote.model_copy(update={"model_name": self.register_model_name})
         return self
 
     def updated(self, **overrides: Any) -> PipelineConfig:
@@ -127,7 +142,7 @@ class PipelineConfig(BaseModel):
 def stage_sections() -> list[str]:
     """PipelineConfig fields that are a stage's own config."""
     return [n for n, f in PipelineConfig.model_fields.items()
-            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and n != "failure"]
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and n not in ("failure", "retrain")]
 
 
 def deep_merge(base: dict, override: dict) -> dict:

@@ -26,8 +26,8 @@ def _component(func):
 
 @_component
 def start(preset: str, recipe: str, seed: int, overrides_json: str, experiment: str, sandbox_url: str,
-          mlflow_uri: str, kfp_run_id: str, run_label: str
-          ) -> NamedTuple("RunStart", [("config_json", str), ("parent_run_id", str)]):
+          mlflow_uri: str, start_from: str, promotion_margin: float, train_tasks: int, kfp_run_id: str,
+          run_label: str) -> NamedTuple("RunStart", [("config_json", str), ("parent_run_id", str)]):
     """Validate the run's PipelineConfig and open the MLflow parent run (left RUNNING)."""
     from collections import namedtuple
 
@@ -35,6 +35,7 @@ def start(preset: str, recipe: str, seed: int, overrides_json: str, experiment: 
 
     config, run_id = start_pipeline(preset=preset, recipe=recipe, seed=seed, sandbox_url=sandbox_url,
                                     mlflow_uri=mlflow_uri, experiment=experiment, overrides_json=overrides_json,
+                                    start_from=start_from, promotion_margin=promotion_margin, train_tasks=train_tasks,
                                     tags={"orchard.runner": "kfp", "orchard.kfp_run_id": kfp_run_id,
                                           "orchard.run_label": run_label})
     return namedtuple("RunStart", ["config_json", "parent_run_id"])(config.model_dump_json(), run_id)
@@ -115,17 +116,29 @@ def evaluate(stage: str, config_json: str, parent_run_id: str, tasks: Input[Data
 
 
 @_component
+def promote(config_json: str, parent_run_id: str, tasks: Input[Dataset], base_model: Input[Model],
+            sft_model: Input[Model],
+            rl_model: Input[Model], sft_results: Input[Dataset], rl_results: Input[Dataset],
+            credited: Input[Dataset], results: Output[Dataset], metrics: Output[Metrics]) -> str:
+    """The promotion gate: the final trained model vs the registry's champion; registers it only if promoted."""
+    from pipelines.steps import kfp_entry
+
+    return kfp_entry("promote", config_json, parent_run_id,
+                     {"tasks": tasks, "base_model": base_model, "sft_model": sft_model, "rl_model": rl_model, "sft_results": sft_results,
+                      "rl_results": rl_results, "credited": credited}, {"results": results}, metrics)
+
+
+@_component
 def report(config_json: str, parent_run_id: str, provision: str, init_policy: str, distill: str, credit: str,
            sft: str, rl: str, evaluate_teacher: str, evaluate_untrained: str, evaluate_sft: str, evaluate_rl: str,
-           sft_model: Input[Model], rl_model: Input[Model], table: Output[Markdown]) -> str:
-    """The results table; registers the last model that trained and closes the MLflow parent run."""
+           promote: str, table: Output[Markdown]) -> str:
+    """The results table (with the gate's decision); closes the MLflow parent run."""
     from pipelines.steps import StepContext, finish_pipeline
 
     results = {"provision": provision, "init-policy": init_policy, "distill": distill, "credit": credit, "sft": sft,
                "rl": rl, "evaluate-teacher": evaluate_teacher, "evaluate-untrained": evaluate_untrained,
-               "evaluate-sft": evaluate_sft, "evaluate-rl": evaluate_rl}
-    _, markdown = finish_pipeline(StepContext.from_json(config_json, parent_run_id), results,
-                                  {"sft": sft_model.path, "rl": rl_model.path})
+               "evaluate-sft": evaluate_sft, "evaluate-rl": evaluate_rl, "promote": promote}
+    _, markdown = finish_pipeline(StepContext.from_json(config_json, parent_run_id), results)
     with open(table.path, "w") as f:
         f.write(markdown)
     return markdown
@@ -155,6 +168,6 @@ def named(component, name: str):
 # Stage name -> component (the evaluate arms share one body under their own task names).
 BY_STAGE = {
     "provision": provision, "init-policy": init_policy, "distill": distill, "credit": credit, "sft": sft, "rl": rl,
-    "evaluate-teacher": evaluate_teacher,
+    "evaluate-teacher": evaluate_teacher, "promote": promote,
     **{f"evaluate-{arm}": named(evaluate, f"evaluate-{arm}") for arm in ("untrained", "sft", "rl")},
 }

@@ -1,6 +1,6 @@
 """The orchard training pipeline as a KFP v2 DAG, built from the stage table (`pipelines/stages.py`).
 
-    start -> provision, init-policy -> distill -> credit -> sft -> rl -> evaluate-* -> report
+    start -> provision, init-policy -> distill -> credit -> sft -> rl -> evaluate-* -> promote -> report
 
 The pipeline's parameters are `pipelines/parameters.py` (one list for KFP and Argo). Kubernetes
 settings (kfp-kubernetes, the YAML's second document), all from pipeline parameters: the GPU rows ask
@@ -35,6 +35,8 @@ def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: Cluste
     kubernetes.use_secret_as_env(task, secret_name=p["endpoint_secret"],
                                  secret_key_to_env={cluster.endpoint_key: "OPENAI_API_KEY"}, optional=True)
     kubernetes.set_timeout(task, stage.timeout_seconds or cluster.stage_timeout_seconds)
+    if not stage.cache:
+        task.set_caching_options(False)
     if stage.retries:
         task.set_retry(num_retries=stage.retries, backoff_duration="30s")
     if stage.gpu:
@@ -75,8 +77,7 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
             kubernetes.DeletePVC(pvc_name=store.outputs["name"]).after(
                 *[tasks[s.name] for s in stages.STAGES if s.resumable])
         results = {s.name.replace("-", "_"): tasks[s.name].outputs["Output"] for s in stages.STAGES}
-        final = c.report(config_json=config, parent_run_id=run_id, sft_model=tasks["sft"].outputs["model"],
-                         rl_model=tasks["rl"].outputs["model"], **results)
+        final = c.report(config_json=config, parent_run_id=run_id, **results)
         final.set_container_image(p["image"])
 
     def orchard_training(*values):

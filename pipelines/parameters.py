@@ -34,6 +34,13 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
         Param("seed", config.seed, "Seed of every stage.", start=True),
         Param("overrides_json", "{}", 'Further PipelineConfig settings as JSON, e.g. {"sft.steps": 400}.', start=True),
         Param("experiment", config.experiment, "MLflow experiment.", start=True),
+        # Retraining (a schedule's knobs): what a run starts from and what it must beat
+        Param("start_from", config.retrain.start_from, "Train from the 'base' model or the registry's 'champion'.",
+              start=True),
+        Param("promotion_margin", -1.0 if config.promote.margin is None else config.promote.margin,
+              "Also promote when the mean pass@1 gain reaches this (< 0: the config's, default the paired "
+              "interval rule only).", start=True),
+        Param("train_tasks", 0, "Training tasks generated per run (0: the preset's).", start=True),
         Param("sandbox_url", cluster.sandbox_url, "Sandbox service URL (the Service of manifests/).", start=True),
         Param("mlflow_uri", cluster.mlflow_url, "MLflow tracking URI (the Service of manifests/).", start=True),
         Param("image", cluster.image("stage-runtime"), "Image of the CPU stages."),
@@ -48,3 +55,17 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
         Param("access_mode", cluster.access_mode, "Access mode of the run volume."),
         Param("volume_size", cluster.volume_size, "Size of the run volume."),
     ]
+
+
+# The parameters a retraining schedule sets (CronWorkflow arguments, KFP recurring-run params).
+RETRAIN_PARAMS = ("start_from", "promotion_margin", "train_tasks")
+
+
+def retrain_arguments(config: PipelineConfig | None = None, **given: Any) -> dict[str, Any]:
+    """The retraining parameters with their defaults, `given` on top (a schedule always states them)."""
+    defaults = {p.name: p.default for p in pipeline_parameters(config or PipelineConfig.preset_config("demo"),
+                                                               ClusterConfig()) if p.name in RETRAIN_PARAMS}
+    unknown = set(given) - set(defaults)
+    if unknown:
+        raise ValueError(f"unknown retraining parameter(s) {sorted(unknown)}; choose from {list(RETRAIN_PARAMS)}")
+    return {**defaults, **given}

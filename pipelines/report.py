@@ -77,6 +77,14 @@ def build_report(eval_results: dict[str, dict], distill_result: dict | None, *, 
                      stages_skipped=stages_skipped or [], notes=notes or [])
 
 
+def promotion_note(gate: dict) -> str:
+    """The gate's decision as one line of the report."""
+    if gate.get("promoted"):
+        return f"promoted {gate.get('candidate_stage')} model as version {gate.get('candidate_version')}: {gate['reason']}"
+    kept = f"kept champion v{gate['champion_version']}" if gate.get("champion_version") else "not registered"
+    return f"{kept}: {gate['reason']}"
+
+
 def _fmt(value: Any, pct: bool = False) -> str:
     if value is None:
         return "-"
@@ -172,9 +180,8 @@ def plot_child_curves(tracking_uri: str, parent_run_id: str, keys: tuple[str, ..
 
 
 def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunReport, markdown: str, *,
-                  final_model_dir: str | Path | None, register_name: str | None, final_model_stage: str | None = None,
                   stores: dict[str, Path] | None = None) -> dict[str, Any]:
-    """Table, plots, the trajectory stores and the registered final model on the pipeline's parent run."""
+    """Table, plots and the trajectory stores on the pipeline's parent run."""
     import matplotlib.pyplot as plt
     import mlflow
     import pandas as pd
@@ -204,10 +211,4 @@ def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunRepor
         for name, path in (stores or {}).items():  # parquet shards, e.g. stores/trajectories/*.parquet
             if Path(path).is_dir():
                 log_artifact_path(path, f"stores/{name}")
-        if final_model_dir and register_name and (Path(final_model_dir) / "config.json").exists():
-            from pipelines.registry import register_policy_model
-
-            out["model_uri"], out["model_version"] = register_policy_model(final_model_dir, register_name)
-            mlflow.set_tag("orchard.registered_model", f"{register_name}/{out['model_version']}")
-            mlflow.set_tag("orchard.registered_from", final_model_stage or "unknown")
     return out

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from pipelines.argo_workflow import build_cron_workflow  # noqa: F401  (the Argo side of scheduling)
+from pipelines.parameters import retrain_arguments
 
 
 class RecurringRunSpec(BaseModel):
@@ -19,7 +20,8 @@ class RecurringRunSpec(BaseModel):
     name: str = Field("orchard-retrain", description="Recurring run (job) name.")
     cron: str = Field("0 3 * * 0", description="Cron schedule, 5 fields (min hour dom mon dow) or KFP's 6 (sec first).")
     package_path: str = Field(description="Compiled pipeline YAML (orchard compile).")
-    params: dict[str, Any] = Field(default_factory=dict, description="Pipeline parameters.")
+    params: dict[str, Any] = Field(default_factory=dict, description="Pipeline parameters (retraining ones: defaults "
+                                                                     "from pipelines.parameters.retrain_arguments).")
     max_concurrency: int = Field(1, ge=1, description="Runs allowed at once (1: a slow retrain blocks the next).")
     no_catchup: bool = Field(True, description="Skip schedules missed while paused instead of backfilling.")
     enabled: bool = Field(True, description="Start the schedule enabled.")
@@ -50,7 +52,7 @@ def recurring_run_arguments(spec: RecurringRunSpec, experiment_id: str) -> dict[
         "cron_expression": spec.kfp_cron,
         "max_concurrency": spec.max_concurrency,
         "no_catchup": spec.no_catchup,
-        "params": spec.params,
+        "params": {**retrain_arguments(), **spec.params},
         "pipeline_package_path": spec.package_path,
         "enabled": spec.enabled,
         "enable_caching": spec.enable_caching,

@@ -4,7 +4,8 @@
                ├─► distill ─► credit ─┐
     init-policy┴──────────────────────┴─► sft ─► rl
     evaluate-untrained (init-policy) · evaluate-sft (sft) · evaluate-rl (rl)
-    ─► report (every stage's result; registers the last model that actually trained)
+    ─► promote (the final trained model vs the registry's champion; registers it only when promoted)
+    ─► report (every stage's result)
 
 A row is one stage: its name (the task name in all three runners), the function that runs it, the
 PipelineConfig section that is its config, the artifacts it reads (`"stage.output"`) and writes,
@@ -48,6 +49,9 @@ class Stage:
     retries: int = 1
     timeout_seconds: int | None = None  # None: ClusterConfig.stage_timeout_seconds
     resumable: bool = False  # writes its store on the run volume so a retried pod resumes (KFP: a PVC)
+    cache: bool = True  # False: the result depends on state outside its inputs (the registry), never reuse it
+    # A stage whose config is built from several sections (the gate): PipelineConfig -> its config.
+    build_config: Callable[[Any], BaseModel] | None = None
 
     @property
     def depends(self) -> list[str]:
@@ -72,12 +76,24 @@ def provision(call: StageCall):
 def init_policy(call: StageCall):
     from components.core import modeling
     from components.core.tracking import log_metrics, stage_run
+    from pipelines.gate import start_model
 
     with stage_run("init-policy", call.config, call.tracking):
-        model_dir = modeling.init_policy(call.config, call.config.tiny, call.outputs["model"])
-        params = float(modeling.checkpoint_parameters(model_dir))
+        # retrain.start_from=champion: the registry's champion is the model training starts from
+        started_from = start_model(call.config, call.tracking, call.outputs["model"])
+        if started_from is None:  # the configured checkpoint (model.path) or the tiny model
+            modeling.init_policy(call.config.model, call.config.model.tiny, call.outputs["model"])
+        params = float(modeling.checkpoint_parameters(call.outputs["model"]))
         log_metrics({"num_parameters": params})
-    return {"model_dir": str(model_dir), "metrics": {"num_parameters": params}}
+    return {"model_dir": str(call.outputs["model"]), "started_from": started_from or "base",
+            "metrics": {"num_parameters": params}}
+
+
+def _init_config(config: Any) -> BaseModel:
+    from pipelines.gate import InitConfig
+
+    return InitConfig(model=config.model, start_from=config.retrain.start_from, promotion=config.promote,
+                      enabled=config.register_model_name is not None)
 
 
 def distill(call: StageCall):
@@ -115,6 +131,20 @@ def evaluate(call: StageCall):
                tracking=call.tracking)
 
 
+def promote(call: StageCall):
+    from pipelines.gate import run_gate
+
+    i = call.inputs
+    return run_gate(call.config, i["tasks"], i["base_model"], i["sft_model"], i["rl_model"], i["sft_results"], i["rl_results"],
+                    i["credited"], call.outputs["results"], call.tracking)
+
+
+def _gate_config(config: Any) -> BaseModel:
+    from pipelines.gate import gate_config
+
+    return gate_config(config)
+
+
 def check_endpoint(config: Any) -> None:
     """An endpoint that cannot be reached fails the stage with the connection error (not NaN rates)."""
     if getattr(config, "policy", None) != "openai" or config.endpoint is None:
@@ -137,7 +167,7 @@ class StageFailed(RuntimeError):
 _TASKS = {"tasks": "provision.tasks"}
 STAGES: list[Stage] = [
     Stage("provision", provision, "provision", outputs={"tasks": "dataset"}),
-    Stage("init-policy", init_policy, "model", outputs={"model": "model"}),
+    Stage("init-policy", init_policy, "model", outputs={"model": "model"}, build_config=_init_config),
     # The reference row first: a teacher endpoint that cannot be reached stops the run before training.
     Stage("evaluate-teacher", evaluate, "evaluate_teacher", _TASKS, {"results": "dataset"}),
     Stage("distill", distill, "distill", _TASKS, {"trajectories": "dataset"}, retries=2, resumable=True),
@@ -149,13 +179,16 @@ STAGES: list[Stage] = [
     Stage("evaluate-untrained", evaluate, "evaluate", {**_TASKS, "model": "init-policy.model"}, {"results": "dataset"}),
     Stage("evaluate-sft", evaluate, "evaluate", {**_TASKS, "model": "sft.model"}, {"results": "dataset"}),
     Stage("evaluate-rl", evaluate, "evaluate", {**_TASKS, "model": "rl.model"}, {"results": "dataset"}),
+    # Last: the final trained model against the registry's champion; only a promoted model is registered.
+    Stage("promote", promote, "promote",
+          {**_TASKS, "base_model": "init-policy.model", "sft_model": "sft.model", "rl_model": "rl.model", "sft_results": "evaluate-sft.results",
+           "rl_results": "evaluate-rl.results", "credited": "credit.credited"}, {"results": "dataset"},
+          retries=0, cache=False, build_config=_gate_config),  # a retry could register twice
 ]
 BY_NAME = {s.name: s for s in STAGES}
 # Steps around the stages, with the same names in every runner: `start` validates the config and
 # opens the MLflow parent run, `report` reads every stage's result, `close-run` is the exit handler.
 START, REPORT, CLOSE = "start", "report", "close-run"
-# Models the report may register, last first: the first one that actually trained is registered.
-REGISTRABLE = (("rl", "model"), ("sft", "model"))
 
 
 def task_names() -> list[str]:

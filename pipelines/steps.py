@@ -61,7 +61,8 @@ class StepContext:
 
     def stage_config(self, stage: str) -> BaseModel:
         """The stage's own config section, with this step's sandbox connection (token included)."""
-        section = getattr(self.config, stages.BY_NAME[stage].config)
+        row = stages.BY_NAME[stage]
+        section = row.build_config(self.config) if row.build_config else getattr(self.config, row.config)
         if "sandbox" in type(section).model_fields:
             section = section.model_copy(update={"sandbox": self.sandbox})
         return section
@@ -136,47 +137,50 @@ def model_trained(stage: str, record: dict | None) -> tuple[bool, str]:
 # Start and report: the same two steps around the stages in every runner
 # ---------------------------------------------------------------------------------------------
 def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlflow_uri: str, experiment: str,
-                   overrides_json: str = "{}", run_name: str | None = None,
+                   overrides_json: str = "{}", run_name: str | None = None, start_from: str | None = None,
+                   promotion_margin: float | str | None = None, train_tasks: int | str | None = None,
                    tags: dict[str, str] | None = None) -> tuple[PipelineConfig, str]:
-    """Build and validate the run's config from pipeline parameters; open the MLflow parent run."""
-    config = resolve(preset, overrides={
-        **json.loads(overrides_json or "{}"), "recipe": recipe, "seed": seed, "sandbox_url": sandbox_url or None,
-        "tracking_uri": mlflow_uri or None, "experiment": experiment})
+    """Build and validate the run's config from pipeline parameters; open the MLflow parent run.
+
+    The retraining parameters (None: the preset's value) are strings when Argo passes them."""
+    retrain: dict[str, Any] = {}
+    if start_from:
+        retrain["retrain.start_from"] = start_from
+    if promotion_margin not in (None, "") and float(promotion_margin) >= 0:
+        retrain["promote.margin"] = float(promotion_margin)
+    if train_tasks not in (None, "") and int(train_tasks) > 0:
+        retrain["provision.n_train"] = int(train_tasks)
+    config = resolve(preset, overrides={  # overrides_json (the whole config, from kfp.local) has the last word
+        **retrain, **json.loads(overrides_json or "{}"), "recipe": recipe, "seed": seed,
+        "sandbox_url": sandbox_url or None, "tracking_uri": mlflow_uri or None, "experiment": experiment})
     ctx = StepContext(config, None)
     run_id = open_pipeline_run(ctx.tracking_config, run_name or f"pipeline-{config.recipe}", config,
                                tags={"orchard.preset": config.preset, "orchard.recipe": config.recipe, **(tags or {})})
     return config, run_id
 
 
-def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None], models: dict[str, str | Path],
+def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
                     *, exec_latency: dict[str, float] | None = None, stage_seconds: dict[str, float] | None = None,
                     stages_skipped: list[str] | None = None, stores: dict[str, Path] | None = None,
                     status: str = "FINISHED"):
-    """Log the results table and plots to the parent run, register the last trained model, close the run.
+    """Log the results table and plots to the parent run and close it (registering is the gate's job).
 
-    `results`: each stage's result by stage name; `models`: model dirs by producing stage.
-    Returns (RunReport, markdown table).
+    `results`: each stage's result by stage name. Returns (RunReport, markdown table).
     """
     from pipelines import report
 
     parsed = {k: json.loads(v) if isinstance(v, str) else v for k, v in results.items()}
     evals = {arm: r for name, r in parsed.items() if r is not None and (arm := stages.eval_arm(name))}
-    notes: list[str] = []
-    final_model = final_stage = None
-    for stage, _ in stages.REGISTRABLE:
-        trained, why = model_trained(stage, parsed.get(stage))
-        if trained and final_model is None:
-            final_model, final_stage = models.get(stage), stage
-        if not trained:
-            notes.append(why)
+    notes = [why for stage in ("rl", "sft") for trained, why in [model_trained(stage, parsed.get(stage))]
+             if not trained]
+    gate = parsed.get("promote")
+    if gate:
+        notes.append(report.promotion_note(gate))
     run_report = report.build_report(evals, parsed.get("distill"), exec_latency=exec_latency,
                                      stage_seconds=stage_seconds, stages_skipped=stages_skipped, notes=notes)
     markdown = report.to_markdown(run_report)
     if ctx.parent_run_id:
-        report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown,
-                             final_model_dir=final_model, final_model_stage=final_stage,
-                             register_name=ctx.config.register_model_name,
-                             stores=stores)
+        report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown, stores=stores)
         close_pipeline_run(ctx.tracking_config, ctx.parent_run_id, status=status)
     return run_report, markdown
 
@@ -244,10 +248,9 @@ def run_in_layout(name: str, layout: RunLayout, ctx: StepContext) -> dict:
 def report_in_layout(layout: RunLayout, ctx: StepContext, **kw: Any):
     """The report step over a run directory: every stage result present, models by stage."""
     results = {s.name: layout.read_result(s.name) for s in stages.STAGES}
-    models = {stage: layout.artifact(stage, out) for stage, out in stages.REGISTRABLE}
     stores = {"trajectories": layout.artifact("distill", "trajectories"),
               "credited": layout.artifact("credit", "credited")}
-    run_report, markdown = finish_pipeline(ctx, results, models, stores=stores, **kw)
+    run_report, markdown = finish_pipeline(ctx, results, stores=stores, **kw)
     layout.report.write_text(markdown)
     return run_report, markdown
 

@@ -100,3 +100,28 @@ def test_run_refuses_a_bad_setting_before_doing_anything(capsys, tmp_path):
     assert main(["run", "--preset", "tiny", "--runs-dir", str(tmp_path), "--set", "rl.steps=0"]) == 2
     assert "rl.steps" in capsys.readouterr().err
     assert not any(tmp_path.iterdir()), "nothing is started for a config that does not validate"
+
+
+def test_retraining_parameters_reach_the_config(tmp_path):
+    """The schedule's parameters (strings from Argo) become retrain/promote/provision settings."""
+    from pipelines.steps import start_pipeline
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    config, _ = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
+                               start_from="champion", promotion_margin="0.05", train_tasks="7")
+    assert (config.retrain.start_from, config.promote.margin, config.provision.n_train) == ("champion", 0.05, 7)
+    default, _ = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
+                                start_from="base", promotion_margin="-1.0", train_tasks="0")
+    assert (default.retrain.start_from, default.promote.margin, default.provision.n_train) == ("base", None, 4)
+
+
+def test_run_retrain_flag_starts_from_the_champion_unless_set_says_otherwise():
+    import argparse
+
+    from pipelines.cli import _config
+
+    args = argparse.Namespace(preset="tiny", set=None, config=None, retrain=True)
+    assert _config(args).retrain.start_from == "champion"
+    args.set = ["retrain.start_from=base"]
+    assert _config(args).retrain.start_from == "base"
+    assert _config(argparse.Namespace(preset="tiny", set=None, config=None)).retrain.start_from == "base"

@@ -61,7 +61,7 @@ def _check_run(result, config: PipelineConfig) -> None:
                                   filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'")
     names = sorted(c.info.run_name for c in children)
     assert names == sorted(["provision", "init-policy", "distill", "credit", "sft", "rl", "evaluate-teacher",
-                            "evaluate-untrained", "evaluate-sft", "evaluate-rl"]), names
+                            "evaluate-untrained", "evaluate-sft", "evaluate-rl", "promote"]), names
     assert all(c.info.status == "FINISHED" for c in children)
     sft_run = next(c for c in children if c.info.run_name == "sft")
     assert sft_run.data.params["mode"] == config.sft.mode
@@ -71,11 +71,18 @@ def _check_run(result, config: PipelineConfig) -> None:
     assert any(p.endswith(".parquet") for p in shards), shards
     plots = {a.path for a in client.list_artifacts(result.parent_run_id, "plots")}
     assert "plots/resolved_rates.png" in plots
+    # The gate: a fresh store has no champion, so the final trained model is promoted (and registered)
     versions = client.search_model_versions(f"name = '{config.register_model_name}'")
     rl = json.loads(layout.result_path("rl").read_text())
     assert len(versions) == 1  # the RL model if it made updates, else the SFT model: never an untrained one
     registered_from = client.get_run(versions[0].run_id).data.tags.get("orchard.registered_from")
     assert registered_from == ("rl" if rl["steps_done"] > 0 else "sft")
+    assert parent.data.tags["orchard.promotion"] == "promoted"
+    champion = client.get_model_version_by_alias(config.register_model_name, "champion")
+    assert str(champion.version) == str(versions[0].version)
+    assert champion.tags["orchard.pipeline_run_id"] == result.parent_run_id
+    assert champion.tags["orchard.parent_model"] == "base (init-policy)"
+    assert "promoted sft model as version 1" in result.markdown or "promoted rl model as version 1" in result.markdown
 
 
 @pytest.mark.timeout(900)
@@ -87,6 +94,16 @@ def test_local_pipeline_micro(tmp_path, external_service, micro_config):
     rl = json.loads(RunLayout(result.run_dir).result_path("rl").read_text())
     assert rl["steps_done"] == 0
     assert "rl made 0 optimizer updates: its model is untrained and is not registered" in result.markdown
+    # A second run against the same MLflow store: the same seeds train the same model, which is not
+    # better than the champion it is compared with, so it is rejected and the alias stays.
+    again = run_local(config, tmp_path / "runs")
+    gate = json.loads(RunLayout(again.run_dir).result_path("promote").read_text())
+    assert not gate["promoted"] and "not better than champion v1" in gate["reason"], gate
+    assert "kept champion v1: not better than champion v1" in again.markdown
+    client = mlflow.MlflowClient(again.tracking_uri)
+    assert str(client.get_model_version_by_alias(config.register_model_name, "champion").version) == "1"
+    assert len(client.search_model_versions(f"name = '{config.register_model_name}'")) == 1
+    assert client.get_run(again.parent_run_id).data.tags["orchard.promotion"] == "rejected"
 
 
 @pytest.mark.slow

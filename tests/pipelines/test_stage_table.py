@@ -76,9 +76,13 @@ def test_rows_decide_placement_retries_and_timeouts_in_both_cluster_yamls(kfp_sp
         gpu_kfp = "accelerator" in executors[f"exec-{stage.name}"]["container"].get("resources", {})
         gpu_argo = "nvidia.com/gpu" in argo[stage.name]["container"]["resources"].get("limits", {})
         assert gpu_kfp == gpu_argo == stage.gpu, stage.name
+        kfp_task = _kfp_dag(kfp_spec)[stage.name]
+        assert kfp_task.get("cachingOptions", {}).get("enableCache", False) == stage.cache, stage.name
+        if not stage.retries:  # the gate: a retry after registering could register twice
+            assert "retryStrategy" not in argo[stage.name] and "retryPolicy" not in kfp_task, stage.name
+            continue
         assert argo[stage.name]["retryStrategy"]["limit"] == str(stage.retries) or \
             argo[stage.name]["retryStrategy"]["limit"] == stage.retries
-        kfp_task = _kfp_dag(kfp_spec)[stage.name]
         assert kfp_task["retryPolicy"]["maxRetryCount"] == stage.retries
 
 

@@ -1,0 +1,196 @@
+"""The promotion gate stage: the run's final model replaces the champion only when it is better.
+
+The candidate is the final trained model (RL if it made updates, else SFT: the report's rule,
+`pipelines.steps.model_trained`). Its evaluation is reused (`evaluate-rl` / `evaluate-sft`); the
+champion (registry alias `champion`) is downloaded and evaluated with the same EvalConfig on the same
+held-out tasks, so both get the same attempt seeds. `components.promote.decide` rules; a promoted
+candidate is logged, registered with its lineage and gets the alias; otherwise nothing is registered
+and the reason is the stage result, a tag on the pipeline run and a row of the report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from components.core.connection import SandboxConnection
+from components.core.modeling import InitPolicyConfig
+from components.evaluate import EvalConfig
+from components.promote import PromotionConfig, PromotionDecision, Scorecard
+
+
+class GateConfig(BaseModel):
+    """What the gate stage needs from the run's config (built by `PipelineConfig.gate_config`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    promotion: PromotionConfig
+    evaluate: EvalConfig = Field(description="The candidate's evaluation settings, reused for the champion.")
+    sandbox: SandboxConnection = Field(default_factory=SandboxConnection)
+    enabled: bool = Field(True, description="False when register_model_name is None: nothing is registered.")
+
+
+class InitConfig(BaseModel):
+    """The init-policy stage's config: the base model, or the champion to start from."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: InitPolicyConfig
+    start_from: str = Field("base", description="base | champion (retrain.start_from).")
+    promotion: PromotionConfig
+    enabled: bool = True
+
+
+STARTED_FROM = "started_from.json"  # written next to a model that is a downloaded champion
+
+
+def start_model(config: InitConfig, tracking, out: Path) -> str | None:
+    """With start_from=champion and a champion in the registry: its weights into `out`; its URI, else None."""
+    import shutil
+
+    from components.promote import current_champion, download_champion
+
+    if config.start_from != "champion" or not config.enabled:
+        return None
+    if tracking is None or not tracking.enabled:
+        raise RuntimeError("retrain.start_from=champion needs MLflow (the registry holds the champion)")
+    version = current_champion(tracking.tracking_uri, config.promotion)
+    if version is None:
+        return None  # the first retraining run: nothing to start from but the base model
+    src = download_champion(tracking.tracking_uri, version, out.parent / f"{out.name}-download")
+    shutil.copytree(src, out, dirs_exist_ok=True)
+    uri = f"models:/{config.promotion.model_name}/{version.version}"
+    (out / STARTED_FROM).write_text(json.dumps({"model": uri}))
+    return uri
+
+
+class GateResult(PromotionDecision):
+    """The decision plus where the candidate came from (the stage's result)."""
+
+    candidate_stage: str | None = Field(None, description="rl or sft: the model that was judged.")
+    parent_model: str = Field("", description="What the candidate trained from (previous champion or base).")
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+def _trained(model_dir: Path, name: str) -> int:
+    """Optimizer updates recorded next to a model (sft_result.json / rl_result.json); 0 if none."""
+    path = model_dir / f"{name}_result.json"
+    if not path.exists():
+        return 0
+    record = json.loads(path.read_text())
+    return int(record.get("steps_done", record.get("steps")) or 0)
+
+
+def pick_candidate(sft_model: Path, rl_model: Path) -> tuple[str, Path, bool]:
+    """(stage, model dir, trained): the last model that made optimizer updates, else the SFT one, untrained."""
+    if _trained(rl_model, "rl") > 0:
+        return "rl", rl_model, True
+    return "sft", sft_model, _trained(sft_model, "sft") > 0
+
+
+def comparison_table(candidate: Scorecard, champion: Scorecard | None):
+    import pandas as pd
+
+    rows = [{"task_id": t, "candidate_pass_at_1": v,
+             "champion_pass_at_1": champion.per_task_pass_at_1.get(t) if champion else None}
+            for t, v in sorted(candidate.per_task_pass_at_1.items())]
+    return pd.DataFrame(rows)
+
+
+def plot_comparison(decision: PromotionDecision, table):
+    """Per-task pass@1 side by side, and the mean difference with its paired interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (tasks_ax, diff_ax) = plt.subplots(1, 2, figsize=(9, 3), gridspec_kw={"width_ratios": [3, 1]})
+    x = range(len(table))
+    tasks_ax.bar([i - 0.2 for i in x], table.candidate_pass_at_1.fillna(0), 0.4, label="candidate", color="#4c72b0")
+    if table.champion_pass_at_1.notna().any():
+        tasks_ax.bar([i + 0.2 for i in x], table.champion_pass_at_1.fillna(0), 0.4, label="champion", color="#dd8452")
+    tasks_ax.set_xticks(list(x), table.task_id, rotation=90, fontsize=6)
+    tasks_ax.set_ylabel("pass@1")
+    tasks_ax.legend(fontsize=7)
+    if decision.difference is not None:
+        diff_ax.errorbar([0], [decision.difference], yerr=[[decision.difference - decision.ci_low],
+                                                            [decision.ci_high - decision.difference]], fmt="o")
+    diff_ax.axhline(0, color="grey", lw=0.8)
+    diff_ax.set_xticks([])
+    diff_ax.set_title("promoted" if decision.promoted else "kept champion", fontsize=8)
+    diff_ax.set_ylabel("candidate - champion")
+    fig.tight_layout()
+    return fig
+
+
+def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path, rl_model: Path, sft_results: Path, rl_results: Path,
+             credited: Path, out: Path, tracking) -> GateResult:
+    """The gate (module docstring); `out` receives the champion's evaluation and comparison.json."""
+    import mlflow
+
+    from components.core.tracking import log_dataset_input, log_figure, log_table, resume_run, stage_run
+    from components.evaluate import evaluate
+    from components.promote import (current_champion, decide, download_champion, git_commit, log_policy_model,
+                                    promote, scorecard_from_evaluation)
+    from pipelines.stages import StageFailed
+
+    out.mkdir(parents=True, exist_ok=True)
+    stage, model_dir, trained = pick_candidate(sft_model, rl_model)
+    candidate = scorecard_from_evaluation(rl_results if stage == "rl" else sft_results, policy=stage, trained=trained)
+    if not config.enabled:
+        result = GateResult(promoted=False, reason="register_model_name is None: promotion is off",
+                            candidate_mean=candidate.mean, candidate_stage=stage)
+        (out / "comparison.json").write_text(result.model_dump_json(indent=2))
+        return result
+    if tracking is None or not tracking.enabled:
+        raise StageFailed("the promotion gate needs MLflow (the registry holds the champion): run under a pipeline "
+                          "run, or set register_model_name=null to turn promotion off")
+    uri, promo = tracking.tracking_uri, config.promotion
+    champion_version = current_champion(uri, promo)
+    champion = None
+    if champion_version is not None and trained:  # an untrained candidate is rejected without a comparison
+        champion_dir = download_champion(uri, champion_version, out / "champion_model")
+        evaluation = config.evaluate.model_copy(update={"sandbox": config.sandbox})
+        evaluate(evaluation, tasks, champion_dir, out / "champion_eval", tracking=None)
+        champion = scorecard_from_evaluation(out / "champion_eval", policy=f"{promo.model_name}/"
+                                             f"{champion_version.version}", trained=True)
+    version = str(champion_version.version) if champion_version is not None else None
+    decision = decide(candidate, champion, promo, champion_version=version)
+    origin = base_model / STARTED_FROM  # retrain.start_from=champion: trained from that version
+    parent_model = json.loads(origin.read_text())["model"] if origin.exists() else "base (init-policy)"
+    table = comparison_table(candidate, champion)
+    with stage_run("promote", config, tracking):
+        log_table(table, "promotion/comparison.json")
+        mlflow.log_dict(decision.model_dump(mode="json"), "promotion/decision.json")
+        import matplotlib.pyplot as plt
+
+        fig = plot_comparison(decision, table)
+        log_figure(fig, "promotion/comparison.png")
+        plt.close(fig)
+        if decision.promoted:
+            shards = sorted(str(p.relative_to(credited)) for p in Path(credited).rglob("*.parquet"))
+            log_dataset_input([{"shard": s} for s in shards], credited, name="credited-shards", context="training")
+            model_uri = log_policy_model(model_dir)
+            mlflow.set_tag("orchard.registered_from", stage)
+            lineage = {"orchard.parent_model": parent_model, "orchard.pipeline_run_id": tracking.parent_run_id or "",
+                       "orchard.git_commit": git_commit(Path(__file__).resolve().parents[1]),
+                       "orchard.trained_shards": ",".join(shards)[:4000], "orchard.candidate_stage": stage,
+                       "orchard.evaluation_table": f"runs:/{mlflow.active_run().info.run_id}/promotion/comparison.json"}
+            decision.candidate_version = promote(uri, promo, model_uri, lineage, description=decision.reason)
+    result = GateResult(**decision.model_dump(), candidate_stage=stage, parent_model=parent_model,
+                        metrics={"promoted": float(decision.promoted), "candidate_mean": decision.candidate_mean})
+    if tracking.parent_run_id:
+        with resume_run(tracking, tracking.parent_run_id):
+            mlflow.set_tags({"orchard.promotion": "promoted" if result.promoted else "rejected",
+                             "orchard.promotion_reason": result.reason[:5000]})
+            if result.candidate_version:
+                mlflow.set_tag("orchard.registered_model", f"{promo.model_name}/{result.candidate_version}")
+                mlflow.set_tag("orchard.registered_from", stage)
+    (out / "comparison.json").write_text(result.model_dump_json(indent=2))
+    return result
+
+
+def gate_config(config) -> GateConfig:
+    """The gate's config from the run's PipelineConfig: its `promote` section, the candidates' EvalConfig."""
+    return GateConfig(promotion=config.promote, evaluate=config.evaluate,
+                      enabled=config.register_model_name is not None)

@@ -1,0 +1,118 @@
+"""The promotion gate stage against a real sqlite registry, real evaluations and a real sandbox service.
+
+Candidates are real model directories; what makes one 'better' is its evaluation, built at the stage
+boundary by evaluating the scripted teacher (resolves everything) in its place. The champion is always
+downloaded from the registry and evaluated for real; registrations and alias moves are real.
+"""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pandas as pd
+import pytest
+
+from components.core.harness import HarnessConfig
+from components.core.modeling import ModelConfig, TokenizerConfig, build_policy, save_policy
+from components.core.policy_base import GenerationConfig
+from components.core.tracking import TrackingConfig, open_pipeline_run
+from components.evaluate import EvalConfig, evaluate
+from components.promote import PromotionConfig, current_champion
+from components.provision import ProvisionConfig, provision_environment
+from pipelines.gate import GateConfig, run_gate
+
+NAME = "gate-stage-test"
+
+
+@pytest.fixture
+def world(sandbox_service, tmp_path):
+    """Held-out tasks, an untrained model, its real evaluation, and an evaluation that resolves all tasks."""
+    provision_environment(ProvisionConfig(n_train=1, n_heldout=3, difficulty=[1], sandbox=sandbox_service.connection()),
+                          tmp_path / "tasks")
+    model, tokenizer = build_policy(ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[])))
+    save_policy(model, tokenizer, tmp_path / "model")
+    harness = HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=16))
+    eval_config = EvalConfig(k=1, harness=harness, sandbox=sandbox_service.connection())
+    evaluate(eval_config, tmp_path / "tasks", tmp_path / "model", tmp_path / "eval-weak")
+    evaluate(eval_config.model_copy(update={"policy": "scripted", "scripted_error_rate": 0.0,
+                                            "harness": HarnessConfig(max_steps=10)}),
+             tmp_path / "tasks", None, tmp_path / "eval-strong")
+    (tmp_path / "credited").mkdir()
+    pd.DataFrame({"x": [1]}).to_parquet(tmp_path / "credited" / "part-00000.parquet")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    config = GateConfig(promotion=PromotionConfig(model_name=NAME), evaluate=eval_config,
+                        sandbox=sandbox_service.connection())
+    return tmp_path, uri, config
+
+
+def _candidate(root, name: str, steps: int):
+    """A model directory as the sft stage leaves it: the weights and the sft_result.json it writes."""
+    src = root / "model"
+    dst = root / name
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    (dst / "sft_result.json").write_text(json.dumps({"steps": steps}))
+    return dst
+
+
+def _gate(root, uri, config, model, evaluation, n: int):
+    tracking = TrackingConfig(tracking_uri=uri, experiment="gate")
+    parent = open_pipeline_run(tracking, f"pipeline-{n}")
+    tracking = tracking.model_copy(update={"parent_run_id": parent, "run_name": "promote"})
+    empty_rl = root / f"rl-{n}"
+    empty_rl.mkdir()
+    result = run_gate(config, root / "tasks", root / "model", model, empty_rl, evaluation, root / "unused", root / "credited",
+                      root / f"gate-{n}", tracking)
+    mlflow.end_run()
+    return result, parent
+
+
+def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(world):
+    root, uri, config = world
+    client = mlflow.MlflowClient(uri)
+
+    first, parent = _gate(root, uri, config, _candidate(root, "c1", 2), root / "eval-weak", 1)
+    assert first.promoted and first.candidate_version == "1" and "no champion" in first.reason
+    v1 = current_champion(uri, config.promotion)
+    assert str(v1.version) == "1"
+    assert v1.tags["orchard.parent_model"] == "base (init-policy)"
+    assert v1.tags["orchard.pipeline_run_id"] == parent and v1.tags["orchard.git_commit"]
+    assert v1.tags["orchard.trained_shards"] == "part-00000.parquet"
+    assert v1.tags["orchard.evaluation_table"].endswith("promotion/comparison.json")
+    assert client.get_run(parent).data.tags["orchard.promotion"] == "promoted"
+    gate_run = client.get_run(v1.run_id)
+    assert any(i.dataset.name == "credited-shards" for i in gate_run.inputs.dataset_inputs)
+
+    untrained, parent = _gate(root, uri, config, _candidate(root, "c2", 0), root / "eval-strong", 2)
+    assert not untrained.promoted and "not trained" in untrained.reason
+    assert client.get_run(parent).data.tags["orchard.promotion_reason"] == untrained.reason
+
+    # The same weights as the champion, evaluated the same way: no better, so the champion stays.
+    same, _ = _gate(root, uri, config, _candidate(root, "c3", 2), root / "eval-weak", 3)
+    assert not same.promoted and "not better than champion v1" in same.reason and same.tasks == 3
+    assert (root / "gate-3" / "champion_eval" / "per_task.parquet").exists()  # the champion was evaluated
+    assert str(current_champion(uri, config.promotion).version) == "1"
+    assert len(client.search_model_versions(f"name='{NAME}'")) == 1  # rejected candidates are never registered
+
+    better, parent = _gate(root, uri, config, _candidate(root, "c4", 2), root / "eval-strong", 4)
+    assert better.promoted and better.candidate_version == "2" and better.ci_low > 0, better.reason
+    v2 = current_champion(uri, config.promotion)
+    assert str(v2.version) == "2" and v2.tags["orchard.parent_model"] == "base (init-policy)"
+    assert {str(v.version) for v in client.search_model_versions(f"name='{NAME}'")} == {"1", "2"}
+    artifacts = {a.path for a in client.list_artifacts(v2.run_id, "promotion")}
+    assert {"promotion/comparison.png", "promotion/comparison.json", "promotion/decision.json"} <= artifacts
+    assert client.get_run(parent).data.tags["orchard.registered_model"] == f"{NAME}/2"
+
+    # retrain.start_from=champion: init-policy starts from the champion's weights, and says so
+    from pipelines import stages
+    from pipelines.gate import STARTED_FROM, InitConfig
+
+    init = InitConfig(model=ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[])), start_from="champion",
+                      promotion=config.promotion)
+    out = stages.init_policy(stages.StageCall(config=init, inputs={}, outputs={"model": root / "start"},
+                                              tracking=TrackingConfig(tracking_uri=uri, experiment="gate")))
+    assert out["started_from"] == f"models:/{NAME}/2"
+    assert json.loads((root / "start" / STARTED_FROM).read_text())["model"] == f"models:/{NAME}/2"
+    assert (root / "start" / "config.json").exists()
