@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from components.core.harness import HarnessConfig
-from components.core.modeling import ModelConfig, TokenizerConfig, build_policy, save_policy
+from components.core.modeling import InitPolicyConfig, ModelConfig, TokenizerConfig, build_policy, save_policy
 from components.core.policy_base import GenerationConfig
 from components.core.tracking import TrackingConfig, open_pipeline_run
 from components.evaluate import EvalConfig, evaluate
@@ -109,7 +109,7 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     from pipelines import stages
     from pipelines.gate import STARTED_FROM, InitConfig
 
-    init = InitConfig(model=ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[])), start_from="champion",
+    init = InitConfig(model=InitPolicyConfig(tiny=ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[]))), start_from="champion",
                       promotion=config.promotion)
     out = stages.init_policy(stages.StageCall(config=init, inputs={}, outputs={"model": root / "start"},
                                               tracking=TrackingConfig(tracking_uri=uri, experiment="gate")))
