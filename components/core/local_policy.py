@@ -75,55 +75,8 @@ class LocalTransformersPolicy:
 
     def generate(self, messages: list[ChatMessage], config: GenerationConfig,
                  tools: list[dict[str, Any]] | None = None) -> Generation:
-        import torch
-
-        prompt = self.prompt_ids(messages, tools)
-        budget = self.max_context_tokens - len(prompt)
-        if budget <= 0:
-            return Generation(text="", token_ids=[], logprobs=[], tokenizer_id=self.format.tokenizer_id,
-                              prompt_tokens=len(prompt), finish_reason="length",
-                              raw={"reason": f"prompt of {len(prompt)} tokens fills the context "
-                                             f"({self.max_context_tokens})"})
-        kwargs: dict[str, Any] = dict(
-            max_new_tokens=min(config.max_new_tokens, budget),
-            eos_token_id=self._stop_ids,
-            pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._stop_ids[0],
-            suppress_tokens=self._suppress or None,
-            use_cache=True,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-        if config.temperature > 0:
-            kwargs.update(do_sample=True, temperature=config.temperature, top_p=config.top_p, top_k=0)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if config.stop:
-            kwargs.update(stop_strings=list(config.stop), tokenizer=self.tokenizer)
-
-        rng = torch.random.fork_rng() if config.seed is not None else contextlib.nullcontext()
-        self.model.eval()
-        with rng, torch.no_grad():
-            if config.seed is not None:
-                torch.manual_seed(config.seed)
-            input_ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-            out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **kwargs)
-        new_ids = out.sequences[0, len(prompt):].tolist()
-        # `scores` are the processed logits each id was sampled from (temperature, top-p, suppression)
-        logprobs = [float(torch.log_softmax(score[0].float(), dim=-1)[tok]) for score, tok in zip(out.scores, new_ids)]
-        finished = bool(new_ids) and new_ids[-1] in self._stop_ids
-        text_ids = new_ids[:-1] if finished else new_ids
-        text = self.tokenizer.decode(text_ids, skip_special_tokens=False)
-        if config.stop and not finished:
-            finished = any(text.endswith(s) for s in config.stop)
-        return Generation(
-            text=text,
-            token_ids=new_ids,
-            logprobs=logprobs,
-            tokenizer_id=self.format.tokenizer_id,
-            prompt_tokens=len(prompt),
-            completion_tokens=len(new_ids),
-            finish_reason="stop" if finished else "length",
-        )
+        """One turn: `generate_batch` of one row (a single row samples exactly as a plain `generate` would)."""
+        return self.generate_batch([messages], [config], [tools])[0]
 
     def generate_batch(self, conversations: list[list[ChatMessage]],
                        configs: list[GenerationConfig] | GenerationConfig,
