@@ -8,34 +8,16 @@ sandbox cannot be created (every attempt ends in infra_error). The second must n
 import json
 import math
 
-import pytest
 import torch
 
 from components.core.harness import HarnessConfig
 from components.core.policy_base import GenerationConfig
-from components.core.schema import EnvironmentSpec, Outcome, Task, VerifierSpec
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.schema import Outcome
+from components.core.store import TrajectoryStore
 from components.core.tracking import TrackingConfig
 from components.rl import RLConfig, train_rl
 from components.rl_sampler import PromptRecord, RolloutConfig
 
-COIN = "python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"
-
-
-@pytest.fixture(scope="module")
-def rl_inputs(tmp_path_factory):
-    from components.core.modeling import ModelConfig, TokenizerConfig, build_tiny_model, build_tokenizer, save_policy
-
-    root = tmp_path_factory.mktemp("rl")
-    coin = Task(id="coin", recipe="swe", split="train", prompt="Flip the coin, then submit.",
-                environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
-                verifier=VerifierSpec(kind="command", command=COIN))
-    broken = Task(id="broken", recipe="swe", split="train", prompt="Unreachable.",
-                  environment=EnvironmentSpec(image="/nonexistent/task-image"))
-    TaskStore(root / "tasks").write([coin, broken])
-    tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=8))
-    save_policy(build_tiny_model(ModelConfig(), tokenizer), tokenizer, root / "sft")
-    return root
 
 
 def test_rl_steps_train_the_policy_and_infra_errors_never_become_rewards(rl_inputs, sandbox_service, tmp_path,

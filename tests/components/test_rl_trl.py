@@ -1,41 +1,20 @@
 """The RL stage on TRL's GRPOTrainer (`engine="trl"`): tiny policy, real sandboxes, real verifier.
 
-Tasks as in test_rl_stage: a coin task the verifier resolves with probability 1/2 whatever the agent does
-(mixed groups for an untrained policy) and a task whose sandbox cannot be created (every attempt is an
-infra error, which must never reach a reward).
+Tasks and starting policy: the `rl_inputs` fixture (tests/components/conftest.py), shared with test_rl_stage.
 """
 
 from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 
 from components.core.harness import HarnessConfig
 from components.core.policy_base import GenerationConfig
-from components.core.schema import EnvironmentSpec, Task, VerifierSpec
 from components.core.store import TaskStore
 from components.rl import RLConfig, train_rl
 from components.rl_sampler import PromptRecord, RolloutConfig
 
-COIN = "python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory):
-    from components.core.modeling import ModelConfig, TokenizerConfig, build_tiny_model, build_tokenizer, save_policy
-
-    root = tmp_path_factory.mktemp("rl-trl")
-    coin = Task(id="coin", recipe="swe", split="train", prompt="Flip the coin, then submit.",
-                environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
-                verifier=VerifierSpec(kind="command", command=COIN))
-    broken = Task(id="broken", recipe="swe", split="train", prompt="Unreachable.",
-                  environment=EnvironmentSpec(image="/nonexistent/task-image"))
-    TaskStore(root / "tasks").write([coin, broken])
-    tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=8))
-    save_policy(build_tiny_model(ModelConfig(), tokenizer), tokenizer, root / "sft")
-    return root
 
 
 def _config(sandbox_service, **update) -> RLConfig:
@@ -50,7 +29,7 @@ def _config(sandbox_service, **update) -> RLConfig:
     return RLConfig(**(base | update))
 
 
-def test_trl_grpo_steps_train_every_parameter_and_infra_errors_never_reach_rewards(inputs, sandbox_service,
+def test_trl_grpo_steps_train_every_parameter_and_infra_errors_never_reach_rewards(rl_inputs, sandbox_service,
                                                                                    tmp_path, monkeypatch):
     import components.rl_trl as rl_trl
     from components.core.modeling import load_policy
@@ -64,9 +43,9 @@ def test_trl_grpo_steps_train_every_parameter_and_infra_errors_never_reach_rewar
 
     spy.__name__ = "verified_reward"
     monkeypatch.setattr(rl_trl, "verified_reward", spy)
-    before = {k: v.clone() for k, v in load_policy(inputs / "sft")[0].state_dict().items()}
+    before = {k: v.clone() for k, v in load_policy(rl_inputs / "sft")[0].state_dict().items()}
     config = _config(sandbox_service, trl_args={"weight_decay": 0.0, "router_aux_loss_coef": 0.0})
-    result = train_rl(config, inputs / "tasks", inputs / "sft", tmp_path / "rl")
+    result = train_rl(config, rl_inputs / "tasks", rl_inputs / "sft", tmp_path / "rl")
 
     assert result.steps_done == 3 and math.isfinite(result.metrics["final_loss"])
     records = [PromptRecord.model_validate_json(line) for line in open(result.records_path)]
@@ -90,7 +69,7 @@ def test_trl_grpo_steps_train_every_parameter_and_infra_errors_never_reach_rewar
     assert not unchanged, f"{len(unchanged)} parameters did not change: {unchanged[:5]}"
 
 
-def _trainer(inputs, config, client, tmp_path):
+def _trainer(rl_inputs, config, client, tmp_path):
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -99,8 +78,8 @@ def _trainer(inputs, config, client, tmp_path):
     from components.recipes import get_recipe
     from components.rl_trl import TRLRollout, grpo_args, verified_reward
 
-    model, tokenizer = load_policy(inputs / "sft")
-    tasks = {t.id: t for t in TaskStore(inputs / "tasks").read(split="train")}
+    model, tokenizer = load_policy(rl_inputs / "sft")
+    tasks = {t.id: t for t in TaskStore(rl_inputs / "tasks").read(split="train")}
     rollout = TRLRollout(tasks, get_recipe("swe"), client, config, tokenizer)
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[verified_reward],
                           args=grpo_args(config, tmp_path), train_dataset=Dataset.from_list(rollout.dataset_rows()),
@@ -108,12 +87,12 @@ def _trainer(inputs, config, client, tmp_path):
     return trainer, rollout
 
 
-def test_tool_tokens_carry_no_loss_in_trls_objective(inputs, sandbox_service, tmp_path):
+def test_tool_tokens_carry_no_loss_in_trls_objective(rl_inputs, sandbox_service, tmp_path):
     """Perturbing the model's output (final hidden state, hence logits) wherever env_mask is 0 (tool observations, chat markup) leaves
     TRL's loss and its gradient unchanged; perturbing one sampled token's logits changes the gradient."""
     config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=10)))
     with config.sandbox.client() as client:
-        trainer, rollout = _trainer(inputs, config, client, tmp_path)
+        trainer, rollout = _trainer(rl_inputs, config, client, tmp_path)
         coin = next(r for r in rollout.dataset_rows() if r["task_id"] == "coin")
         batch = trainer._generate_and_score_completions([dict(coin), dict(coin)])  # TRL writes into each row
         rollout.close()
@@ -197,7 +176,7 @@ class _TimingOut:
         raise httpx.ReadTimeout("injected: verification timed out")
 
 
-def test_injected_crashes_and_timeouts_never_reach_a_reward(inputs, sandbox_service, tmp_path):
+def test_injected_crashes_and_timeouts_never_reach_a_reward(rl_inputs, sandbox_service, tmp_path):
     from types import SimpleNamespace
 
     from components.core.modeling import load_policy
@@ -207,8 +186,8 @@ def test_injected_crashes_and_timeouts_never_reach_a_reward(inputs, sandbox_serv
     from components.rl_trl import TRLRollout
 
     config = _config(sandbox_service)
-    model, tokenizer = load_policy(inputs / "sft")
-    tasks = {t.id: t for t in TaskStore(inputs / "tasks").read(split="train")}
+    model, tokenizer = load_policy(rl_inputs / "sft")
+    tasks = {t.id: t for t in TaskStore(rl_inputs / "tasks").read(split="train")}
     store = TrajectoryStore(tmp_path / "episodes")
     trainer = SimpleNamespace(num_generations=2, model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m))
     with config.sandbox.client() as client:
