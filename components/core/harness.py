@@ -19,6 +19,16 @@ its own commands, and its OOM is never an infrastructure error.
 What the agent left in its sandbox can never make verification an infrastructure error (each
 recipe's verifier states its rule); the verdict's record (verifier, version, ignored parts of the
 change) is kept on the trajectory, and `recipe.release` frees what setup kept (a pristine snapshot).
+
+Limits: `max_steps` and `max_total_tokens` count what the policy wrote; `max_wall_seconds` counts policy
+time only (`metadata["policy_seconds"]`): each turn's generation plus the run time of the commands its
+tools executed, as the agent inside the sandbox measured them. Sandbox creation and setup, the transport
+and queueing of every exec, file transfers, snapshots, heartbeats and verification are the
+infrastructure's time and are never charged (they stay in `wall_seconds`). Why not the other option
+(count everything, and call a wall-clock cut caused by infrastructure an infra error): telling which
+cut the infrastructure caused would need exactly this accounting, and dropping such episodes would
+also drop the policy's slow-but-honest ones. All three cuts end the episode unsubmitted and it is still
+verified; how the RL samplers treat its reward is one rule for all of them (`rl_sampling.rules.carries_reward`).
 """
 
 from __future__ import annotations
@@ -52,7 +62,8 @@ class HarnessConfig(BaseModel):
     tool_call_timeout_seconds: float = Field(
         180.0, gt=0, description="Watchdog on one tool call; a call that hangs this long is an infra failure."
     )
-    max_wall_seconds: float = Field(900.0, gt=0, description="Wall-clock budget per episode; beyond: time_truncated.")
+    max_wall_seconds: float = Field(900.0, gt=0, description="Policy-time budget per episode (generation + the "
+                                    "commands' own run time; never sandbox latency); beyond: time_truncated.")
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings per turn.")
     snapshot_every_step: bool = Field(
         False, description="Snapshot the sandbox after setup and after every tool step (Step.sandbox_state_id)."
@@ -97,6 +108,24 @@ def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"[:1000]
 
 
+class _Metered:
+    """The sandbox as a policy's tools see it: every command's own run time (measured by the agent inside
+    the sandbox, so without transport or queueing) is charged to the episode's policy time. Everything
+    else is the sandbox's own method."""
+
+    def __init__(self, sandbox: Sandbox, episode: _Episode):
+        self._sandbox, self._episode = sandbox, episode
+
+    def exec(self, *args: Any, **kwargs: Any) -> Any:
+        result = self._sandbox.exec(*args, **kwargs)
+        if not result.is_infra_error:
+            self._episode.policy_seconds += result.duration_seconds
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sandbox, name)
+
+
 class _Episode:
     """State of one running episode (kept off module globals so episodes run in parallel threads)."""
 
@@ -111,6 +140,7 @@ class _Episode:
         self.final_answer: str | None = None
         self.submitted = False
         self.sandbox: Sandbox | None = None
+        self.policy_seconds = 0.0  # what max_wall_seconds limits: generation + the commands' own run time
         self.last_contact = time.monotonic()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool")
 
@@ -132,7 +162,8 @@ class _Episode:
     def run_tool(self, step: Step) -> ToolResult:
         """Execute an assistant step's call under the watchdog; infra failures raise `_Abort`."""
         assert self.sandbox is not None and step.tool_call is not None
-        future = self._pool.submit(self.recipe.execute_tool, self.sandbox, self.task, step.tool_call)
+        metered = _Metered(self.sandbox, self)
+        future = self._pool.submit(self.recipe.execute_tool, metered, self.task, step.tool_call)
         try:
             result = future.result(timeout=self.config.tool_call_timeout_seconds)
         except concurrent.futures.TimeoutError:
@@ -190,7 +221,7 @@ class _Episode:
             turns = sum(1 for s in self.steps if s.role == "assistant")
             if turns >= cfg.max_steps:
                 return EpisodeStatus.truncated
-            if self.elapsed() >= cfg.max_wall_seconds:
+            if self.policy_seconds >= cfg.max_wall_seconds:
                 return EpisodeStatus.time_truncated
             if time.monotonic() - self.last_contact > cfg.heartbeat_every_seconds:
                 try:
@@ -208,6 +239,7 @@ class _Episode:
                     gen = self.policy.generate(messages, cfg.generation)
             except Exception as err:  # the provider boundary: an endpoint failure is not a policy error
                 raise _Abort(f"policy {self.policy.policy_id} failed to generate: {_describe(err)}") from err
+            self.policy_seconds += time.monotonic() - started
             self.prompt_tokens += gen.prompt_tokens
             self.completion_tokens += gen.completion_tokens
             try:
@@ -254,6 +286,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
         ep.last_contact = time.monotonic()
         if prefix_steps:
             ep.replay(prefix_steps, rerun=from_snapshot is None)
+            ep.policy_seconds = 0.0  # replaying a (teacher's) prefix is not this policy's time
         else:
             ep.steps = initial_steps(task, recipe, ep.tool_format)
             ep.snapshot_into(ep.steps[-1])
@@ -293,5 +326,6 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
         prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens, wall_seconds=ep.elapsed(),
         metadata={"sandbox_id": ep.sandbox.id if ep.sandbox else None, "family": task.family,
                   "difficulty": task.difficulty, "from_snapshot": from_snapshot,
-                  "prefix_len": len(prefix_steps) if prefix_steps else 0, "tool_format": ep.tool_format},
+                  "prefix_len": len(prefix_steps) if prefix_steps else 0, "tool_format": ep.tool_format,
+                  "policy_seconds": ep.policy_seconds},
     )

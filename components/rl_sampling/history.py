@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.rl_sampling.records import Attempt
-from components.rl_sampling.rules import p_mixed
+from components.rl_sampling.rules import carries_reward, p_mixed
 
 if TYPE_CHECKING:
     from components.rl_sampling.sampler import RolloutConfig
@@ -69,7 +69,8 @@ class PromptHistory:
 
     def update(self, prompt_id: str, pool: list[Attempt]) -> None:
         c, s = self.config, self.get(prompt_id)
-        on_policy = [a.reward for a in pool if not a.aborted and not a.forked]
+        rewarded = [a for a in pool if carries_reward(a, c.time_truncated_to_backfill)]
+        on_policy = [a.reward for a in rewarded if not a.forked]
         pos = sum(1 for r in on_policy if r > 0)  # type: ignore[operator]
         neg = len(on_policy) - pos
         # Decay old evidence toward the prior so the posterior follows a policy that is learning.
@@ -78,7 +79,7 @@ class PromptHistory:
         s.visits += 1
         s.solved += pos
         s.uniform_streak = s.uniform_streak + 1 if on_policy and (pos == 0 or neg == 0) else 0
-        forked = [a.reward for a in pool if not a.aborted and a.forked]
+        forked = [a.reward for a in rewarded if a.forked]
         if forked:
             s.fork_stuck = s.prefix_fraction >= c.prefix_fraction_max and all(r <= 0 for r in forked)  # type: ignore[operator]
         if forked:  # aim the forked attempts at a pass rate of 1/2: longer prefix if all fail, shorter if all pass

@@ -18,7 +18,7 @@ STATUS_RANK = {
 }
 
 Rule = Literal["balanced", "widened", "top_ranked", "fixed", "abandoned", "skipped", "none"]
-DropReason = Literal["aborted", "short", "zero_std", "no_positive", "abandoned", "skipped"]
+DropReason = Literal["aborted", "time_truncated", "short", "zero_std", "no_positive", "abandoned", "skipped"]
 Sampler = Literal["bar", "fixed"]
 
 
@@ -113,6 +113,8 @@ class PromptRecord(BaseModel):
     pool_positives: int
     pool_negatives: int
     pool_aborted: int = Field(description="Attempts without a verified reward.")
+    pool_time_truncated: int = Field(0, description="Verified wall-clock cuts kept out of the rewards "
+                                                    "(`RolloutConfig.time_truncated_to_backfill`).")
     prior: tuple[float, float] | None = Field(None, description="Beta prior (alpha, beta) of the pass rate used.")
     waves: list[StrideRecord] = Field(default_factory=list)
     rule: Rule = Field(description="How the group was assembled (or why no attempt was made).")
@@ -167,6 +169,7 @@ def summarize(records: list[PromptRecord]) -> dict[str, float]:
         "group_reward_variance_per_trajectory": variance / generated if generated else 0.0,
         "trajectories_per_prompt": generated / len(sampled) if sampled else 0.0,
         "aborted_attempts": float(sum(r.pool_aborted for r in records)),
+        "unrewarded_time_truncated_attempts": float(sum(r.pool_time_truncated for r in records)),
         "mean_group_positive_fraction": (sum(r.group_positives / r.group_size for r in kept) / len(kept)
                                          if kept else 0.0),
     }

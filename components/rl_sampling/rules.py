@@ -25,11 +25,29 @@ def choose_positives(n_pos: int, n_neg: int, n: int, lo: int, hi: int, target: i
     return min(feasible, key=lambda k: (abs(k - target), k)) if feasible else None
 
 
+def carries_reward(a: Attempt, time_truncated_to_backfill: bool) -> bool:
+    """The one truncation rule, for every sampler: may this attempt's reward count anywhere (a group,
+    the advantage baseline, the early-stop posterior, the history)?
+
+    - No verified reward (infrastructure failure): never.
+    - Cut by the step or token limit without a submit: yes, its verified reward. Both limits are
+      functions of what the policy wrote, so the cut is the policy's outcome.
+    - Cut by the wall-clock limit: with `time_truncated_to_backfill` (the default) never; without it,
+      yes. The harness charges the wall-clock budget with policy time only (generation plus the
+      commands' own run time inside the sandbox, `harness.py`), so sandbox latency cannot cause the
+      cut; but generation time still moves with the load of a shared inference server, so by default
+      a wall-clock cut is kept out of the rewards in both samplers, as BAR publishes for its backfill.
+    """
+    if a.aborted:
+        return False
+    return not (time_truncated_to_backfill and a.status is EpisodeStatus.time_truncated)
+
+
 def split_pool(pool: list[Attempt], time_truncated_to_backfill: bool) -> tuple[list[Attempt], ...]:
-    """(positives, negatives, backfill), each sorted by rank."""
+    """(positives, negatives, backfill), each sorted by rank; backfill holds what carries no reward."""
     pos, neg, back = [], [], []
     for a in pool:
-        if a.aborted or (time_truncated_to_backfill and a.status is EpisodeStatus.time_truncated):
+        if not carries_reward(a, time_truncated_to_backfill):
             back.append(a)
         elif a.reward > 0:  # type: ignore[operator]
             pos.append(a)
@@ -38,10 +56,12 @@ def split_pool(pool: list[Attempt], time_truncated_to_backfill: bool) -> tuple[l
     return tuple(sorted(p, key=lambda a: a.rank) for p in (pos, neg, back))
 
 
-def drop_reason(group: list[Attempt], n: int | None) -> DropReason | None:
+def drop_reason(group: list[Attempt], n: int | None, time_truncated_to_backfill: bool) -> DropReason | None:
     """Why a group cannot train, or None if it is informative."""
     if any(a.aborted for a in group):
         return "aborted"
+    if not all(carries_reward(a, time_truncated_to_backfill) for a in group):
+        return "time_truncated"  # BAR's top-ranked fill took a wall-clock cut: it may not carry its reward
     if len(group) < (n if n is not None else 2):
         return "short"
     rewards = [a.reward for a in group]

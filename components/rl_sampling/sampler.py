@@ -40,8 +40,15 @@ Deviations from the published rule (BAR), numbered:
    fixed groups the pool is the group, so nothing changes. `"group"` restores the published rule.
 2. "Aborted" means no verified reward (`reward is None` or status `aborted`: sandbox crash, service
    timeout, a verification run's OOM, lost agent; a policy command's own OOM is its outcome, see
-   components/core/harness.py); such an attempt never carries a reward, and the final filter drops any group holding one. Time-truncated attempts that
-   were verified keep their reward if the last-resort top-N fill puts them in a group.
+   components/core/harness.py); such an attempt never carries a reward, and the final filter drops any
+   group holding one.
+   One truncation rule for both samplers (`rules.carries_reward`): a step/token cut is verified and
+   carries its reward; a wall-clock cut carries none while `time_truncated_to_backfill` is on (the
+   default) -- not in a group, a baseline, a posterior or the history -- and the final filter drops a
+   top-N group holding one (published BAR let it carry its reward there; the fixed sampler counted it
+   as an ordinary negative, so the two samplers disagreed). With the option off it is an ordinary
+   verified attempt in both. The harness charges the wall-clock budget with policy time only, so
+   sandbox latency can never cause the cut.
 3. A group smaller than N (only when the global budget runs out mid-prompt) is dropped.
 4. Fixed-size groups remove attempts without a verified reward (they never enter mean/std).
 5. Options 1-3 are not part of BAR; with all three off and `advantage_baseline="group"` the sampler
@@ -61,7 +68,7 @@ from components.rl_sampling.records import (
     SampledBatch, StrideRecord, DropReason,
 )
 from components.rl_sampling.rules import (
-    advantages, choose_positives, drop_reason, p_all_same, positive_range, reward_variance, split_pool,
+    advantages, carries_reward, choose_positives, drop_reason, p_all_same, positive_range, reward_variance, split_pool,
     target_positives,
 )
 
@@ -79,7 +86,8 @@ class RolloutConfig(BaseModel):
     rho_min: float = Field(0.375, ge=0.0, le=1.0, description="Lowest target fraction of positives in a group.")
     rho_max: float = Field(0.625, ge=0.0, le=1.0, description="Highest target fraction of positives in a group.")
     time_truncated_to_backfill: bool = Field(
-        True, description="Time-truncated attempts go to the backfill pile, not to the balanced choice.")
+        True, description="A wall-clock cut carries no reward in either sampler (backfill pile, no baseline); "
+                          "False: it is an ordinary verified attempt, like a step/token cut (rules.carries_reward).")
     advantage_baseline: Literal["pool", "group"] = Field(
         "pool", description="Mean/std for advantages over all verified attempts of the prompt (Reinforce-Ada) "
                             "or over the chosen group only (published BAR/GRPO). Same for fixed groups.")
@@ -151,7 +159,8 @@ def _assemble(pool: list[Attempt], cfg: RolloutConfig, final: bool) -> tuple[lis
     """The group the pool allows now (BAR: balanced; at the end widened or top-ranked; fixed: verified)."""
     n = cfg.group_size
     if cfg.sampler == "fixed":
-        return ([a for a in pool if not a.aborted], "fixed") if final else (None, "none")
+        return ([a for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)], "fixed") if final \
+            else (None, "none")
     target = target_positives(n, cfg.rho_min, cfg.rho_max)
     pos, neg, _ = split_pool(pool, cfg.time_truncated_to_backfill)
     k = choose_positives(len(pos), len(neg), n, *positive_range(n, cfg.rho_min, cfg.rho_max), target)
@@ -193,7 +202,7 @@ def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, bud
         if group is not None:
             wave.decision = "done"
             break
-        verified = [a.reward for a in pool if not a.aborted]
+        verified = [a.reward for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)]
         if forking or not verified or (min(verified) != max(verified)):  # type: ignore[type-var]
             continue
         all_failed = verified[0] <= 0  # type: ignore[operator]
@@ -213,9 +222,10 @@ def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, bud
         group, rule, reason = [], "abandoned", "abandoned"
     else:
         group = group or []
-        reason = drop_reason(group, cfg.group_size if cfg.sampler == "bar" else None) if group else "short"
+        reason = (drop_reason(group, cfg.group_size if cfg.sampler == "bar" else None, cfg.time_truncated_to_backfill)
+                  if group else "short")
     if reason is None:
-        verified_pool = [a.reward for a in pool if not a.aborted]
+        verified_pool = [a.reward for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)]
         base = verified_pool if cfg.advantage_baseline == "pool" else [a.reward for a in group]
         for a, adv in zip(group, advantages([a.reward for a in group], base)):  # type: ignore[arg-type]
             a.advantage = adv
@@ -229,16 +239,19 @@ def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, bud
 def _record(step: int, prompt_id: str, cfg: RolloutConfig, pool: list[Attempt], group: list[Attempt], rule: Rule,
             reason: DropReason | None, waves: list[StrideRecord], exhausted: bool,
             prior: tuple[float, float] | None, fraction: float | None) -> PromptRecord:
-    usable = [a for a in pool if not a.aborted]
+    usable = [a for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)]
+    aborted = sum(a.aborted for a in pool)
     kept = reason is None and bool(group)
     return PromptRecord(
         step=step, prompt_id=prompt_id, sampler=cfg.sampler, generated=len(pool),
         forked=sum(a.forked for a in pool), prefix_fraction=fraction,
         env_steps=sum(a.env_steps + a.prefix_steps for a in pool), prefix_steps=sum(a.prefix_steps for a in pool),
         pool_positives=sum(a.reward > 0 for a in usable), pool_negatives=sum(a.reward <= 0 for a in usable),
-        pool_aborted=len(pool) - len(usable), prior=prior, waves=waves, rule=rule,
-        group_indices=[a.index for a in group], group_attempt_ids=[a.attempt_id for a in group],
-        group_positives=sum(1 for a in group if not a.aborted and a.reward > 0), group_size=len(group),
+        pool_aborted=aborted, pool_time_truncated=len(pool) - len(usable) - aborted, prior=prior, waves=waves,
+        rule=rule, group_indices=[a.index for a in group], group_attempt_ids=[a.attempt_id for a in group],
+        group_positives=sum(1 for a in group if carries_reward(a, cfg.time_truncated_to_backfill)
+                            and a.reward > 0),  # type: ignore[operator]
+        group_size=len(group),
         group_reward_variance=reward_variance([a.reward for a in group]) if kept else 0.0,  # type: ignore[misc]
         kept=kept, drop_reason=reason, budget_exhausted=exhausted,
     )
