@@ -5,7 +5,10 @@ Modes (the ablation's three arms):
 - whole: resolved + unresolved trajectories, loss on every assistant step of both.
 - credited: resolved trajectories whole + unresolved ones with loss only on credited steps
   (`Step.credited`, filled by components/credit.py); earlier steps stay as context.
-Infrastructure failures never train. A sample longer than `max_len` is cut at the end (the task
+In every mode an assistant turn whose tool call did not parse (`rendering.malformed_call`: the harness
+answered it with a protocol error) carries no loss, even in a resolved or credited trajectory: SFT
+imitates, and a malformed call is never worth imitating; it stays as context, with the error observation
+that follows it. Infrastructure failures never train. A sample longer than `max_len` is cut at the end (the task
 statement at the start is what makes the rest learnable), and is dropped if no loss token survives.
 """
 
@@ -15,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from components.core.rendering import render_trajectory
+from components.core.rendering import malformed_call, render_trajectory
 from components.core.schema import Outcome, TokenizedSample, Trajectory
 
 SFTMode = Literal["resolved_only", "whole", "credited"]
@@ -30,6 +33,7 @@ class DataStats(BaseModel):
     unresolved_used: int = 0
     skipped_infra_error: int = 0
     skipped_no_loss: int = 0
+    malformed_steps_masked: int = 0  # assistant turns with an unparsable tool call in used trajectories
     truncated: int = 0
     tokens: int = 0
     loss_tokens: int = 0
@@ -52,6 +56,12 @@ def loss_rule(trajectory: Trajectory, mode: SFTMode) -> Literal["assistant", "cr
     return "assistant" if mode == "whole" else "credited"
 
 
+def render_for_sft(trajectory: Trajectory, tokenizer, rule: Literal["assistant", "credited"] | None) -> TokenizedSample:
+    """The trajectory rendered with SFT's loss mask: `rule` (from `loss_rule`; None = context only), never
+    on a malformed call."""
+    return render_trajectory(trajectory, tokenizer, loss_on=rule or "none", malformed_loss=False)
+
+
 def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode,
                   max_len: int) -> tuple[list[TokenizedSample], DataStats]:
     stats = DataStats(trajectories_in=len(trajectories))
@@ -63,7 +73,7 @@ def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode,
         rule = loss_rule(traj, mode)
         if rule is None:
             continue
-        sample = render_trajectory(traj, tokenizer, loss_on=rule)
+        sample = render_for_sft(traj, tokenizer, rule)
         if len(sample.input_ids) > max_len:
             stats.truncated += 1
             sample = sample.model_copy(update={
@@ -73,6 +83,7 @@ def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode,
             stats.skipped_no_loss += 1
             continue
         samples.append(sample)
+        stats.malformed_steps_masked += sum(malformed_call(s) for s in traj.steps)
         if traj.outcome is Outcome.resolved:
             stats.resolved_used += 1
         else:

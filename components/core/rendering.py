@@ -281,8 +281,15 @@ def render_prompt(messages: Iterable[ChatMessage | Mapping], tokenizer, tools: l
     return rendered.input_ids
 
 
-def step_has_loss(step: Step, trajectory: Trajectory, loss_on: LossOn) -> bool:
+def malformed_call(step: Step) -> bool:
+    """An assistant turn whose tool call did not parse (the harness answered it with a protocol error)."""
+    return step.role == "assistant" and step.tool_call is None and step.policy_error is not None
+
+
+def step_has_loss(step: Step, trajectory: Trajectory, loss_on: LossOn, malformed_loss: bool = True) -> bool:
     if step.role != "assistant" or loss_on == "none":
+        return False
+    if not malformed_loss and malformed_call(step):
         return False
     if loss_on == "assistant":
         return True
@@ -299,14 +306,17 @@ def steps_as_messages(steps: Iterable[Step]) -> list[ChatMessage]:
 
 
 def render_trajectory(trajectory: Trajectory, tokenizer, loss_on: LossOn = "credited",
-                      tool_format: ToolFormat | None = None) -> TokenizedSample:
+                      tool_format: ToolFormat | None = None, *, malformed_loss: bool = True) -> TokenizedSample:
     """The episode as one token sequence with a role, a step index and a loss flag per token.
 
     loss_on: "assistant" = every assistant step (resolved trajectories, whole-trajectory SFT, RL);
     "credited" = only assistant steps with `Step.credited` True; "none" = context only.
+    malformed_loss: False = a turn whose tool call did not parse (`malformed_call`) is context only
+    (SFT imitates; RL keeps it: its negative advantage is what teaches the policy to stop writing them).
     """
     fmt = chat_format(tokenizer, tool_format)
-    messages = [_template_message(m, trajectory.tools, fmt, s.index, step_has_loss(s, trajectory, loss_on))
+    messages = [_template_message(m, trajectory.tools, fmt, s.index,
+                                  step_has_loss(s, trajectory, loss_on, malformed_loss))
                 for m, s in zip(steps_as_messages(trajectory.steps), trajectory.steps)]
     r = _render(messages, tokenizer, trajectory.tools, fmt, add_generation_prompt=False)
     return TokenizedSample(trajectory_id=trajectory.id, input_ids=r.input_ids, roles=r.roles, loss_mask=r.loss_mask,

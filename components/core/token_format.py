@@ -26,10 +26,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from components.core.rendering import render_prompt, render_trajectory, steps_as_messages
+from components.core.rendering import render_prompt, steps_as_messages
 from components.core.schema import Outcome, Trajectory
 from components.core.store import write_table_atomic
-from components.sft_data import SFTMode, loss_rule
+from components.sft_data import SFTMode, loss_rule, render_for_sft
 
 TOKEN_SCHEMA = pa.schema([
     ("trajectory_id", pa.string()),
@@ -59,9 +59,10 @@ def _prompt_length(traj: Trajectory, input_ids: list[int], tokenizer) -> int:
 def trajectory_to_tokens(traj: Trajectory, tokenizer, mode: SFTMode = "whole",
                          logprobs: list[float] | None = None) -> dict[str, Any]:
     """One row. `mode` is the SFT arm whose loss rule sets the mask ("whole": every assistant step of every
-    verified trajectory, as RL trains); infrastructure failures get an all-zero mask."""
+    verified trajectory, malformed calls excepted: SFT's rule, `sft_data`); infrastructure failures get an
+    all-zero mask."""
     rule = loss_rule(traj, mode)
-    sample = render_trajectory(traj, tokenizer, loss_on=rule or "none")
+    sample = render_for_sft(traj, tokenizer, rule)
     cut = _prompt_length(traj, sample.input_ids, tokenizer)
     response = sample.input_ids[cut:]
     if logprobs is not None and len(logprobs) != len(response):

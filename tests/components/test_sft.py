@@ -12,6 +12,12 @@ from components.core.store import TrajectoryStore
 from components.core.tracking import TrackingConfig
 from components.sft import SFTConfig, train_sft
 from components.sft_data import SampleDataset, build_samples
+from components.core.harness import HarnessConfig, run_episode
+from components.core.policy_base import Generation
+from components.core.token_format import trajectory_to_tokens
+from components.recipes.swe import SWERecipe
+from components.recipes.swe.generator import generate_tasks
+from components.recipes.swe.teacher import ScriptedTeacher
 
 TINY = ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[]))
 
@@ -69,6 +75,42 @@ def test_modes_select_the_right_tokens_token_by_token(store, tokenizer):
     samples, _ = build_samples(trajs, tokenizer, "credited", max_len=4096)
     item = SampleDataset(samples)[0]
     assert [lab != -100 for lab in item["labels"]] == [bool(m) for m in samples[0].loss_mask]
+
+
+class OneMalformedCall(ScriptedTeacher):
+    """The scripted teacher, except that its second turn is a tool call that does not parse."""
+
+    def generate(self, messages, config):
+        if sum(m.role == "assistant" for m in messages) == 1:
+            return Generation(text='<tool_call>{"name": "bash", "arguments": {"command": ', completion_tokens=9)
+        return super().generate(messages, config)
+
+
+@pytest.mark.parametrize("mode", ["resolved_only", "whole", "credited"])
+def test_a_malformed_call_carries_no_loss_in_any_mode(sandbox_client, tokenizer, mode):
+    task = generate_tasks("train", 1, 5, difficulty=1)[0]
+    traj = run_episode(task, SWERecipe(), OneMalformedCall(error_rate=0.0), sandbox_client, HarnessConfig())
+    assert traj.outcome is Outcome.resolved, traj.outcome_reason
+    bad = next(s.index for s in traj.steps if s.role == "assistant" and s.policy_error)
+    assert traj.steps[bad + 1].content.startswith("Error:")  # the harness's protocol-error observation
+    before, after = bad - 2, bad + 2  # the assistant turns either side of it
+    assert traj.steps[before].role == traj.steps[after].role == "assistant" and traj.steps[after].tool_call
+    if mode == "credited":  # the credited arm's unresolved case: every turn credited, the malformed one too
+        traj = traj.model_copy(update={"outcome": Outcome.unresolved, "steps": [
+            s.model_copy(update={"credited": True}) if s.role == "assistant" else s for s in traj.steps]})
+    samples, stats = build_samples([traj], tokenizer, mode, max_len=1 << 16)
+    assert stats.malformed_steps_masked == 1
+    sample = samples[0]
+    labels = SampleDataset(samples)[0]["labels"]
+    by_step: dict[int, list[int]] = {}
+    for i, step in enumerate(sample.step_index):
+        by_step.setdefault(step, []).append(labels[i])
+    assert by_step[bad] and all(lab == -100 for lab in by_step[bad])
+    for neighbour in (before, after):
+        assert any(lab != -100 for lab in by_step[neighbour]), neighbour
+    # The export for other trainers applies the same rule.
+    row = trajectory_to_tokens(traj, tokenizer, mode=mode)
+    assert sum(row["loss_mask"]) == sum(sample.loss_mask)
 
 
 def test_long_samples_are_cut_at_the_end_and_dropped_without_loss(store, tokenizer):
