@@ -24,7 +24,7 @@ from components.core.harness import HarnessConfig, run_episode
 from components.core.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
 from components.core.policy_base import Policy
 from components.core.teacher import TeacherConfig
-from components.core.schema import Outcome, Task, Trajectory
+from components.core.schema import Outcome, Task, Trajectory, hidden_pass_metrics
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
 from components.recipes import get_recipe
@@ -135,6 +135,7 @@ def distill(config: DistillConfig, tasks_dir: str | Path, out_dir: str | Path,
     reasons: Counter = Counter()
     steps: list[int] = []
     buffer: list[Trajectory] = []
+    finished: list[Trajectory] = []  # for the partial-progress summary (hidden tests passing)
     start = time.monotonic()
     teachers = _Teachers(config)
     with stage_run("distill", config, tracking), config.sandbox.client() as client:
@@ -149,6 +150,7 @@ def distill(config: DistillConfig, tasks_dir: str | Path, out_dir: str | Path,
                     if traj.outcome is not Outcome.resolved:
                         reasons[f"{traj.outcome.value}: {reason_category(traj.outcome_reason)}"] += 1
                     buffer.append(traj)
+                    finished.append(traj)
                     if len(buffer) >= config.flush_every:
                         store.append(buffer)
                         buffer = []
@@ -169,6 +171,7 @@ def distill(config: DistillConfig, tasks_dir: str | Path, out_dir: str | Path,
             "infra_error_rate": counts["infra_error"] / n if n else 0.0,
             "throughput_per_min": n / (wall / 60) if wall > 0 and n else 0.0,
             "mean_steps": sum(steps) / len(steps) if steps else 0.0, "wall_seconds": wall,
+            **hidden_pass_metrics(finished),
         }
         log_metrics(metrics)
         if tracking is not None and tracking.enabled:

@@ -24,7 +24,7 @@ from components.core.intervals import mean_bootstrap_ci, task_bootstrap_ci
 from components.core.modeling import LoadOptions
 from components.core.passk import mean_pass_at_k, pass_at_k
 from components.core.policies import OpenAIPolicyConfig
-from components.core.schema import Outcome, Recipe, Split, Task, Trajectory
+from components.core.schema import Outcome, Recipe, Split, Task, Trajectory, hidden_pass_metrics
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import (TrackingConfig, log_artifact_path, log_dataset_input, log_json, log_metrics,
                                       stage_run)
@@ -83,6 +83,9 @@ class EvalResult(BaseModel):
     infra_errors: int
     infra_error_rate: float = Field(description="Share of attempts that ended in infra_error after retries.")
     infra_retries_used: int
+    mean_hidden_pass_fraction: float = Field(float("nan"), description="Mean share of hidden FAIL_TO_PASS tests "
+                                             "passing over valid attempts that have one (analysis only; NaN: none).")
+    hidden_pass_fraction_n: int = Field(0, description="Attempts behind mean_hidden_pass_fraction.")
     per_task_path: str
     trajectories_dir: str
     metrics: dict[str, float] = Field(default_factory=dict)
@@ -126,6 +129,7 @@ def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int
             "mean_steps": sum(t.num_assistant_steps for t in valid) / len(valid) if valid else float("nan"),
             "mean_completion_tokens": (sum(t.completion_tokens for t in valid) / len(valid)
                                        if valid else float("nan")),
+            "hidden_pass_fraction": hidden_pass_metrics(valid)["hidden_pass_fraction_mean"],
         })
     valid = [t for t in trajectories if t.outcome is not Outcome.infra_error]
     counts = [(r["valid_attempts"], r["resolved"]) for r in rows]
@@ -140,6 +144,7 @@ def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int
         "mean_completion_tokens": sum(t.completion_tokens for t in valid) / len(valid) if valid else float("nan"),
         "infra_errors": float(len(trajectories) - len(valid)),
         "infra_error_rate": (len(trajectories) - len(valid)) / len(trajectories) if trajectories else 0.0,
+        **hidden_pass_metrics(valid),
     }
     return rows, metrics
 
@@ -165,6 +170,9 @@ def print_summary(result: EvalResult, title: str = "evaluation") -> None:
         ("mean completion tokens", f"{result.mean_completion_tokens:.0f}"),
         ("infra errors (excluded)", f"{result.infra_errors} ({result.infra_error_rate:.1%})"),
     ]
+    if result.hidden_pass_fraction_n:
+        rows.append(("hidden tests passing (mean share)",
+                     f"{result.mean_hidden_pass_fraction:.3f} (n={result.hidden_pass_fraction_n})"))
     for name, value in rows:
         table.add_row(name, value)
     Console().print(table)
@@ -246,6 +254,8 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
             pass_at_k_tasks=int(metrics["pass_at_k_tasks"]), mean_steps=metrics["mean_steps"],
             mean_completion_tokens=metrics["mean_completion_tokens"], infra_errors=int(metrics["infra_errors"]),
             infra_error_rate=metrics["infra_error_rate"], infra_retries_used=retries_used,
+            mean_hidden_pass_fraction=metrics["hidden_pass_fraction_mean"],
+            hidden_pass_fraction_n=int(metrics["hidden_pass_fraction_n"]),
             per_task_path=str(per_task), trajectories_dir=str(out / "trajectories"), metrics=metrics,
         )
         for name in ("resolved_rate", "pass_at_1"):

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from components.core.connection import SandboxConnection
 from components.core.harness import HarnessConfig, run_episode
 from components.core.modeling import LoadOptions
-from components.core.schema import Outcome, Recipe, Task, Trajectory
+from components.core.schema import Outcome, Recipe, Task, Trajectory, hidden_pass_metrics
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
 from components.rl_loss import group_advantages, outcome_reward, rl_update
@@ -106,6 +106,7 @@ class EpisodeSource:
         self.store = store
         self.references = references or {}  # task id -> a resolved trajectory to fork from
         self.episodes = 0
+        self.finished: list[Trajectory] = []  # this batch's episodes, for its partial-progress metrics
 
     def _harness(self, extra_turns: int = 0) -> HarnessConfig:
         self.episodes += 1
@@ -117,6 +118,7 @@ class EpisodeSource:
     def _attempts(self, trajectories: list[Trajectory], prefix_tool_steps: int = 0) -> list[Attempt]:
         if self.store is not None:
             self.store.append(trajectories)
+        self.finished.extend(trajectories)
         return [Attempt(reward=outcome_reward(t), status=t.status, attempt_id=t.id, payload=t,
                         prefix_steps=prefix_tool_steps,
                         env_steps=sum(s.role == "tool" for s in t.steps[t.metadata.get("prefix_len", 0):]))
@@ -284,7 +286,9 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
             rewards = [a.reward for g in batch.groups for a in g]
             row |= {"groups": float(len(batch.groups)), "samples": float(len(samples)),
                     "reward_mean_all": _mean_reward(batch.records), "elapsed_s": time.perf_counter() - t0,
-                    "group_reward_mean": sum(rewards) / len(rewards) if rewards else 0.0}
+                    "group_reward_mean": sum(rewards) / len(rewards) if rewards else 0.0,
+                    **{f"rollout.{k}": v for k, v in hidden_pass_metrics(source.finished).items()}}
+            source.finished.clear()
             history.append(row)
             log_metrics(row, step=step)
             progress.set_postfix(episodes=budget.spent, groups=sum(r.kept for r in records), updates=steps_done)

@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from components.core.rendering import malformed_call, render_trajectory
-from components.core.schema import Outcome, TokenizedSample, Trajectory
+from components.core.schema import Outcome, TokenizedSample, Trajectory, hidden_pass_metrics
 
 SFTMode = Literal["resolved_only", "whole", "credited"]
 
@@ -39,6 +39,9 @@ class DataStats(BaseModel):
     loss_tokens: int = 0
     mean_length: float = 0.0
     max_length: int = 0
+    hidden_pass_fraction_mean: float | None = None  # over the used trajectories that have one (analysis only)
+    hidden_pass_fraction_unresolved_mean: float | None = None  # partial progress the unresolved ones hold
+    hidden_pass_fraction_n: int = 0
 
     @property
     def loss_token_fraction(self) -> float:
@@ -66,6 +69,7 @@ def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode,
                   max_len: int) -> tuple[list[TokenizedSample], DataStats]:
     stats = DataStats(trajectories_in=len(trajectories))
     samples = []
+    used: list[Trajectory] = []
     for traj in trajectories:
         if traj.outcome is Outcome.infra_error:
             stats.skipped_infra_error += 1
@@ -83,6 +87,7 @@ def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode,
             stats.skipped_no_loss += 1
             continue
         samples.append(sample)
+        used.append(traj)
         stats.malformed_steps_masked += sum(malformed_call(s) for s in traj.steps)
         if traj.outcome is Outcome.resolved:
             stats.resolved_used += 1
@@ -92,6 +97,12 @@ def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode,
         stats.loss_tokens += sum(sample.loss_mask)
         stats.max_length = max(stats.max_length, len(sample.input_ids))
     stats.mean_length = stats.tokens / len(samples) if samples else 0.0
+    hidden = hidden_pass_metrics(used)
+    stats.hidden_pass_fraction_n = int(hidden["hidden_pass_fraction_n"])
+    if stats.hidden_pass_fraction_n:
+        stats.hidden_pass_fraction_mean = hidden["hidden_pass_fraction_mean"]
+    if hidden["hidden_pass_fraction_unresolved_n"]:
+        stats.hidden_pass_fraction_unresolved_mean = hidden["hidden_pass_fraction_unresolved_mean"]
     return samples, stats
 
 

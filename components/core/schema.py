@@ -188,6 +188,26 @@ class Trajectory(_Record):
     def num_assistant_steps(self) -> int:
         return sum(1 for s in self.steps if s.role == "assistant")
 
+    @property
+    def hidden_pass_fraction(self) -> float | None:
+        """Share of the task's hidden FAIL_TO_PASS tests passing at the end (None: not verified, or no such tests)."""
+        return self.test_report.hidden_pass_fraction if self.test_report is not None else None
+
+
+def hidden_pass_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Partial progress for analysis (the reward stays resolved / unresolved): the mean fraction of hidden
+    tests passing over the trajectories that have one, the same over unresolved ones only, and both n.
+    NaN where no trajectory has a fraction (recipes without hidden tests, all infrastructure errors)."""
+    every = [(t.hidden_pass_fraction, t.outcome) for t in trajectories]
+    known = [f for f, _ in every if f is not None]
+    unresolved = [f for f, o in every if f is not None and o is Outcome.unresolved]
+    return {
+        "hidden_pass_fraction_mean": sum(known) / len(known) if known else float("nan"),
+        "hidden_pass_fraction_n": float(len(known)),
+        "hidden_pass_fraction_unresolved_mean": sum(unresolved) / len(unresolved) if unresolved else float("nan"),
+        "hidden_pass_fraction_unresolved_n": float(len(unresolved)),
+    }
+
 
 # ---------------------------------------------------------------------------------------------
 # Token-level samples (what SFT and RL train on)

@@ -34,6 +34,11 @@ def test_provision_then_distill_then_resume(sandbox_service, tmp_path):
     assert {t.task_id for t in trajs} == {t.id for t in TaskStore(tmp_path / "tasks").read(split="train")}
     assert all(t.policy_id.startswith("scripted-teacher") and t.test_report is not None for t in trajs)
     assert result.throughput_per_min > 0 and result.metrics["n_trajectories"] == 3
+    # Every verified trajectory carries its share of hidden tests passing; the summary is their mean.
+    fractions = [t.hidden_pass_fraction for t in trajs]
+    assert all(f is not None and t.test_report.hidden_total >= 1 for f, t in zip(fractions, trajs))
+    assert result.metrics["hidden_pass_fraction_n"] == 3
+    assert result.metrics["hidden_pass_fraction_mean"] == pytest.approx(sum(fractions) / 3)
 
     again = distill(config, tmp_path / "tasks", tmp_path / "trajs")
     assert again.skipped == 3 and sum(again.counts.values()) == 0

@@ -47,6 +47,25 @@ def test_infra_errors_leave_every_denominator():
     assert m["pass_at_1"] == pytest.approx((0.5 + 0.0) / 2)
 
 
+def test_mean_share_of_hidden_tests_passing_over_verified_attempts():
+    from components.core.schema import TestReport
+
+    def graded(task_id, outcome, passed, total):
+        report = TestReport(hidden_passed=passed, hidden_total=total) if total is not None else None
+        return traj(task_id, outcome).model_copy(update={"test_report": report})
+
+    tasks = [Task(id=i, recipe="swe", split="heldout", prompt="") for i in ("a", "b")]
+    R, U, I = Outcome.resolved, Outcome.unresolved, Outcome.infra_error
+    attempts = [graded("a", R, 2, 2), graded("a", U, 1, 2), graded("b", U, 0, 4), graded("b", U, 1, 4),
+                graded("b", I, 3, 4),  # an infrastructure error never counts, whatever its report says
+                graded("b", U, 0, None)]  # no hidden tests (a command verifier): not in the mean
+    rows, m = summarize_attempts(tasks, attempts, k=1)
+    assert m["hidden_pass_fraction_n"] == 4 and m["hidden_pass_fraction_mean"] == pytest.approx((1 + .5 + 0 + .25) / 4)
+    assert m["hidden_pass_fraction_unresolved_n"] == 3
+    assert m["hidden_pass_fraction_unresolved_mean"] == pytest.approx((.5 + 0 + .25) / 3)
+    assert [r["hidden_pass_fraction"] for r in rows] == [pytest.approx(0.75), pytest.approx(0.125)]
+
+
 def _wilson_width(successes: int, n: int, z: float = 1.96) -> float:
     p = successes / n
     return 2 * z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
@@ -108,6 +127,7 @@ def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_pat
     assert (result.infra_errors, result.infra_retries_used) == (2, 2)
     assert result.infra_error_rate == pytest.approx(2 / 4)
     assert result.mean_steps >= 3 and result.policy_id.startswith("scripted")
+    assert result.hidden_pass_fraction_n == 2 and result.mean_hidden_pass_fraction == 1.0  # resolved: all pass
     per_task = pd.read_parquet(result.per_task_path)
     assert list(per_task.task_id) == sorted(per_task.task_id) and len(per_task) == 2
     assert per_task.set_index("task_id").loc["zz-broken", "valid_attempts"] == 0
@@ -118,6 +138,7 @@ def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_pat
     mlflow.set_tracking_uri(tracking.tracking_uri)
     (run,) = mlflow.search_runs(experiment_names=["eval-test"], output_format="list")
     assert run.data.metrics["resolved_rate"] == 1.0 and run.data.metrics["infra_errors"] == 2
+    assert run.data.metrics["hidden_pass_fraction_mean"] == 1.0 and run.data.metrics["hidden_pass_fraction_n"] == 2
     assert "per_task.parquet" in {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
     (inp,) = run.inputs.dataset_inputs  # the evaluated tasks, as a dataset input
     assert inp.dataset.name == "swe-heldout" and inp.tags[0].value == "evaluation"

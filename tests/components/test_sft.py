@@ -100,6 +100,7 @@ def test_a_malformed_call_carries_no_loss_in_any_mode(sandbox_client, tokenizer,
             s.model_copy(update={"credited": True}) if s.role == "assistant" else s for s in traj.steps]})
     samples, stats = build_samples([traj], tokenizer, mode, max_len=1 << 16)
     assert stats.malformed_steps_masked == 1
+    assert stats.hidden_pass_fraction_n == 1 and stats.hidden_pass_fraction_mean == 1.0  # the real verdict's
     sample = samples[0]
     labels = SampleDataset(samples)[0]["labels"]
     by_step: dict[int, list[int]] = {}

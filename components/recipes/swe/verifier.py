@@ -211,8 +211,11 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
     duration = time.monotonic() - start
     lap("run")
     tail = (result.stdout + result.stderr)[-4000:]
+    # No test seen to pass (timed out, no report) is 0 of the hidden tests: every verified trajectory of a
+    # pytest task gets its fraction, so partial-progress means never silently skip the hard failures.
+    none_passed = {"hidden_total": len(spec.fail_to_pass), "hidden_passed": 0} if spec.fail_to_pass else {}
     if result.outcome is ExecOutcome.command_timeout:
-        return VerifyResult(resolved=False, report=TestReport(output=tail, duration_seconds=duration),
+        return VerifyResult(resolved=False, report=TestReport(output=tail, duration_seconds=duration, **none_passed),
                             reason=f"hidden tests timed out after {spec.timeout_seconds:g}s")
     if spec.command is not None and not wanted:
         ok = result.exit_code == 0
@@ -224,7 +227,7 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
         broken = _runner_works(room, vdir)
         if broken:
             raise _Infra(f"the verifier's pytest does not run in the clean room: {broken}") from err
-        return VerifyResult(resolved=False, report=TestReport(output=tail, duration_seconds=duration),
+        return VerifyResult(resolved=False, report=TestReport(output=tail, duration_seconds=duration, **none_passed),
                             reason=f"pytest wrote no readable report (exit {result.exit_code}): {type(err).__name__}")
     report.output, report.duration_seconds = tail, duration
     if not wanted:
