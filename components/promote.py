@@ -174,5 +174,14 @@ def promote(tracking_uri: str, config: PromotionConfig, model_uri: str, lineage:
     mlflow.set_tracking_uri(tracking_uri)
     version = mlflow.register_model(model_uri, config.model_name, tags=lineage)
     client.update_model_version(config.model_name, version.version, description=description)
+    # The registered model itself says what it is (the registry UI lists models before versions); only
+    # the gate registers, and only trained candidates, so the model exists only once one was trained.
+    client.update_registered_model(config.model_name, description=(
+        f"Agent policy trained by orchard (distill -> credit -> SFT -> RL). Every version is a trained candidate "
+        f"the promotion gate judged better than the champion on held-out tasks; the '{config.alias}' alias is the "
+        f"current champion. Version tags hold the lineage, version descriptions the gate's reason."))
+    for key, value in {"orchard.kind": "agent-policy", "orchard.alias": config.alias,
+                       "orchard.latest_version": str(version.version)}.items():
+        client.set_registered_model_tag(config.model_name, key, value)
     client.set_registered_model_alias(config.model_name, config.alias, version.version)
     return str(version.version)

@@ -18,6 +18,8 @@ class EvalRow(BaseModel):
     model_config = ConfigDict(extra="forbid")
     policy: str = Field(description="untrained, sft, rl or teacher.")
     resolved_rate: float | None = Field(None, description="Resolved / evaluated attempts (infra errors excluded).")
+    resolved_rate_ci95: tuple[float, float] | None = Field(
+        None, description="95% bootstrap interval over tasks (attempts clustered by task), from the evaluation.")
     resolved: int | None = Field(None, description="Resolved attempts.")
     evaluated: int | None = Field(None, description="Attempts that count (not infra errors).")
     pass_at_k: float | None = Field(None, description="Unbiased pass@k over the attempts per task.")
@@ -44,10 +46,30 @@ def _pick(result: dict, *names: str) -> Any:
     return None
 
 
+def _interval(result: dict, name: str) -> tuple[float, float] | None:
+    """`<name>_ci95` as a typed field, else its `_ci95_low` / `_ci95_high` metrics; None if absent or NaN."""
+    ci = result.get(f"{name}_ci95")
+    if ci is None:
+        lo, hi = (_pick(result, f"{name}_ci95_{end}") for end in ("low", "high"))
+        ci = (lo, hi) if lo is not None and hi is not None else None
+    if ci is None or any(v != v for v in ci):
+        return None
+    return float(ci[0]), float(ci[1])
+
+
+def _rate(r: EvalRow) -> str:
+    """'50.0% [20.0, 80.0]': the rate with its interval when the evaluation gave one."""
+    if r.resolved_rate is None or r.resolved_rate_ci95 is None:
+        return _fmt(r.resolved_rate, True)
+    lo, hi = r.resolved_rate_ci95
+    return f"{100 * r.resolved_rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
 def eval_row(policy: str, result: dict) -> EvalRow:
     return EvalRow(
         policy=policy,
         resolved_rate=_pick(result, "resolved_rate"),
+        resolved_rate_ci95=_interval(result, "resolved_rate"),
         resolved=_pick(result, "resolved", "n_resolved"),
         evaluated=_pick(result, "valid_attempts", "evaluated"),
         pass_at_k=_pick(result, "pass_at_k", "pass@k"),
@@ -98,7 +120,7 @@ def to_markdown(report: RunReport) -> str:
              "|---|---|---|---|---|---|"]
     for r in report.rows:
         name = f"{r.policy} (reference)" if r.policy == "teacher" else r.policy
-        lines.append(f"| {name} | {_fmt(r.resolved_rate, True)} | {_fmt(r.resolved)} / {_fmt(r.evaluated)} | "
+        lines.append(f"| {name} | {_rate(r)} | {_fmt(r.resolved)} / {_fmt(r.evaluated)} | "
                      f"{_fmt(r.pass_at_k, True)} | {_fmt(r.infra_error_rate, True)} | {_fmt(r.mean_steps)} |")
     if report.trajectories:
         lines += ["", "Teacher trajectories: " + ", ".join(f"{k} {int(v)}" for k, v in report.trajectories.items())]
@@ -121,7 +143,7 @@ def to_rich(report: RunReport):
     for col in ("policy", "resolved rate", "resolved / evaluated", "pass@k", "infra errors", "mean steps"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in report.rows:
-        table.add_row(f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _fmt(r.resolved_rate, True),
+        table.add_row(f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _rate(r),
                       f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}", _fmt(r.pass_at_k, True),
                       _fmt(r.infra_error_rate, True), _fmt(r.mean_steps))
     return table
@@ -134,9 +156,18 @@ def plot_resolved_rates(report: RunReport):
     import matplotlib.pyplot as plt
 
     rows = [r for r in report.rows if r.resolved_rate is not None]
-    fig, ax = plt.subplots(figsize=(5, 3))
-    ax.bar([r.policy for r in rows], [100 * r.resolved_rate for r in rows], color="#4c72b0")
+    rates = [100 * r.resolved_rate for r in rows]  # type: ignore[operator]
+    # Asymmetric error bars from the task-bootstrap interval; none where the evaluation gave no interval.
+    below = [rate - 100 * r.resolved_rate_ci95[0] if r.resolved_rate_ci95 else 0.0 for rate, r in zip(rates, rows)]
+    above = [100 * r.resolved_rate_ci95[1] - rate if r.resolved_rate_ci95 else 0.0 for rate, r in zip(rates, rows)]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    bars = ax.bar([r.policy for r in rows], rates, color="#4c72b0",
+                  yerr=[[max(0.0, b) for b in below], [max(0.0, a) for a in above]], capsize=4)
+    for bar, r in zip(bars, rows):
+        ax.annotate(f"n={r.evaluated if r.evaluated is not None else '?'}", (bar.get_x() + bar.get_width() / 2, 1),
+                    ha="center", va="bottom", fontsize=8, color="white" if bar.get_height() > 8 else "black")
     ax.set_ylabel("held-out resolved rate (%)")
+    ax.set_title("resolved rate, 95% task-bootstrap interval, n attempts", fontsize=9)
     ax.set_ylim(0, 100)
     fig.tight_layout()
     return fig
@@ -194,6 +225,11 @@ def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunRepor
         for r in report.rows:
             if r.resolved_rate is not None:
                 mlflow.log_metric(f"heldout_resolved_rate.{r.policy}", float(r.resolved_rate))
+            if r.resolved_rate_ci95 is not None:
+                mlflow.log_metric(f"heldout_resolved_rate_ci95_low.{r.policy}", r.resolved_rate_ci95[0])
+                mlflow.log_metric(f"heldout_resolved_rate_ci95_high.{r.policy}", r.resolved_rate_ci95[1])
+            if r.evaluated is not None:
+                mlflow.log_metric(f"heldout_evaluated.{r.policy}", float(r.evaluated))
         for k, v in report.trajectories.items():
             mlflow.log_metric(f"trajectories.{k}", v)
         for k, v in report.exec_latency.items():

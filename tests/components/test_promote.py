@@ -69,5 +69,8 @@ def test_the_alias_moves_only_on_promotion_and_old_versions_stay(tmp_path):
     assert str(current_champion(uri, config).version) == v2 != v1
     client = mlflow.MlflowClient(uri)
     assert {str(v.version) for v in client.search_model_versions("name='gate-test'")} == {v1, v2}  # v1 kept
+    registered = client.get_registered_model("gate-test")
+    assert "promotion gate" in registered.description and registered.tags["orchard.kind"] == "agent-policy"
+    assert registered.tags["orchard.latest_version"] == v2
     local = download_champion(uri, current_champion(uri, config), tmp_path / "download")
     assert (local / "config.json").exists() and (local / "tokenizer_config.json").exists()

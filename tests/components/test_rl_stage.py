@@ -69,4 +69,8 @@ def test_rl_steps_train_the_policy_and_infra_errors_never_become_rewards(rl_inpu
     assert run.data.metrics["final.informative_groups"] == 2
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
     assert {"bar_group_statistics.png", "rollout_records.json", "rl_result.json"} <= artifacts
+    # Per-step metrics are curves over the optimizer steps (what the notebook overlays), not one value.
+    client = mlflow.MlflowClient()
+    for name in ("loss", "reward_mean_all", "sampler.informative_groups"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [0, 1], name
     assert json.loads((tmp_path / "rl" / "config.json").read_text())["model_type"] == "qwen3_moe"

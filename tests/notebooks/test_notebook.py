@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
-from components.core.tracking import TrackingConfig, close_pipeline_run, log_metrics, open_pipeline_run, stage_run
+from components.core.tracking import (
+    TrackingConfig, close_detached_run, close_pipeline_run, log_metrics, open_detached_run, open_pipeline_run, stage_run,
+)
 from pipelines.config import PipelineConfig
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "compare_runs.ipynb"
@@ -32,7 +35,7 @@ def _log_store(uri: str) -> None:
                 log_metrics({"loss": 3.0 - 0.4 * step}, step=step)
         with stage_run("rl", config.rl, child):
             for step in range(3):
-                log_metrics({"reward_mean": -0.5 + 0.3 * step}, step=step)
+                log_metrics({"reward_mean_all": -0.5 + 0.3 * step}, step=step)  # as components/rl.py names it
             log_metrics({"informative_groups_per_trajectory": informative})
         with stage_run("evaluate", config.evaluate, child):
             log_metrics({"resolved_rate": rl})
@@ -65,3 +68,47 @@ def test_compare_runs_notebook_executes(tmp_path, monkeypatch):
     assert "3 stage runs" in joined
     images = sum(1 for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {}))
     assert images >= 4, "every comparison draws a plot"
+
+
+def _log_ablation(uri: str, arms: dict[str, list[float]]) -> None:
+    """The SFT ablation's run layout (components/sft_ablation/run.py): parent, one run per arm, an `sft`
+    child per seed with its loss curve (written by run id, as its worker processes do)."""
+    from components.sft import SFTConfig
+
+    tracking = TrackingConfig(tracking_uri=uri, experiment="sft-ablation")
+    parent = open_detached_run("sft-ablation", None, tracking)
+    child = tracking.model_copy(update={"parent_run_id": parent})
+    for arm, losses in arms.items():
+        arm_run = open_detached_run(f"ablation-arm-{arm}", None, child, run_name=f"arm-{arm}")
+        sft = open_detached_run("sft", SFTConfig(mode=arm), child.model_copy(update={"parent_run_id": arm_run}))
+        close_detached_run(sft, child, [("loss", loss, step) for step, loss in enumerate(losses)])
+        close_detached_run(arm_run, child, [("heldout_pass_at_1", 0.5, 0)])
+    close_detached_run(parent, tracking, [])
+
+
+def test_notebook_opened_from_notebooks_finds_the_repo_store_and_overlays_the_arms(tmp_path, monkeypatch):
+    """Jupyter starts the kernel in notebooks/: the default store must be <repo>/runs/mlflow.db, not
+    notebooks/runs/mlflow.db (which MLflow would silently create empty)."""
+    repo = tmp_path / "repo"
+    (repo / "notebooks").mkdir(parents=True)
+    (repo / "pyproject.toml").write_text("[project]\nname = 'orchard'\n")
+    shutil.copy(NOTEBOOK, repo / "notebooks" / NOTEBOOK.name)
+    (repo / "runs").mkdir()
+    uri = f"sqlite:///{repo / 'runs' / 'mlflow.db'}"
+    _log_store(uri)
+    _log_ablation(uri, {"resolved_only": [3.0, 2.5, 2.25], "credited": [3.0, 2.0, 1.5, 1.125]})
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("ORCHARD_EXPERIMENT", raising=False)
+    monkeypatch.delenv("ORCHARD_ABLATION_TRACKING_URI", raising=False)
+    nb = nbformat.read(repo / "notebooks" / NOTEBOOK.name, as_version=4)
+    NotebookClient(nb, timeout=120, kernel_name="python3",
+                   resources={"metadata": {"path": str(repo / "notebooks")}}).execute()
+    assert not (repo / "notebooks" / "runs").exists()  # nothing created beside the notebook
+    out = "\n".join(o.get("text", "") for c in nb.cells for o in c.get("outputs", []))
+    assert f"runs in experiment 'orchard' at {uri}" in out
+    assert "ablation sft loss | credited | 4 steps | last 1.125" in out
+    assert "ablation sft loss | resolved_only | 3 steps | last 2.250" in out
+    assert out.count("pipeline sft loss | credited | 5 steps") == 2  # both seeds of the arm, one line each
+    assert out.count("pipeline rl reward | bar | 3 steps") == 2
+    last = nb.cells[-1].get("outputs", [])
+    assert any("image/png" in o.get("data", {}) for o in last), "the overlay is drawn"

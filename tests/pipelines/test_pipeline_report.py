@@ -42,6 +42,28 @@ def test_report_rows_come_from_typed_eval_results():
     assert "Not run: sft (x)" in md
 
 
+def test_resolved_rates_carry_their_interval_and_n_in_table_and_plot():
+    from matplotlib.container import ErrorbarContainer
+
+    from pipelines.report import plot_resolved_rates
+
+    evals = {"sft": {"resolved": 2, "valid_attempts": 8, "resolved_rate": 0.25, "resolved_rate_ci95": [0.0, 0.5],
+                     "metrics": {}},
+             "rl": {"resolved": 4, "valid_attempts": 8, "resolved_rate": 0.5,  # interval only in metrics
+                    "metrics": {"resolved_rate_ci95_low": 0.25, "resolved_rate_ci95_high": 0.75}},
+             "untrained": {"resolved": 0, "valid_attempts": 8, "resolved_rate": 0.0, "metrics": {}}}
+    report = build_report(evals, None)
+    md = to_markdown(report)
+    assert "| sft | 25.0% [0.0, 50.0] | 2 / 8 |" in md and "| rl | 50.0% [25.0, 75.0] | 4 / 8 |" in md
+    assert "| untrained | 0.0% | 0 / 8 |" in md  # no interval given: none invented
+    fig = plot_resolved_rates(report)
+    (ax,) = fig.axes
+    (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    segments = bars.lines[2][0].get_segments()  # one vertical error segment per bar: (lo, hi) in percent
+    assert [tuple(round(p[1], 6) for p in seg) for seg in segments] == [(0.0, 0.0), (0.0, 50.0), (25.0, 75.0)]
+    assert sorted(t.get_text() for t in ax.texts) == ["n=8"] * 3
+
+
 def test_presets_are_valid_and_overridable():
     tiny = PipelineConfig.preset_config("tiny", sft={"steps": 2})
     assert tiny.sft.steps == 2 and tiny.sft.batch_size == PipelineConfig.preset_config("tiny").sft.batch_size
