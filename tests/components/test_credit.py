@@ -65,6 +65,10 @@ def test_paired_credit_stderr_from_continuation_outcomes():
     se = paired_credit_stderr([0, 2, 3], outcomes, 3)
     assert se[0] == se[1] == 0.0  # identical pairs: no noise at all
     assert se[2] == pytest.approx((1 / 3) ** 0.5 / 2)  # sd of (-1, 0, -1, 0) / sqrt(4)
+    # Key states two steps apart: the interpolated curve rises (V_2 - V_0) / 2 per step, so each step's SE
+    # is the paired difference's SE halved. Differences (1, 0, 0, -1): sd sqrt(2/3), SE sqrt(2/3) / 2.
+    spread = paired_credit_stderr([0, 2], {0: [0.0, 0.0, 1.0, 1.0], 2: [1.0, 0.0, 1.0, 0.0]}, 2)
+    assert spread == [pytest.approx((2 / 3) ** 0.5 / 2 / 2)] * 2
     # an infra failure (None) drops only its own pair; fewer than two pairs: unknown
     assert paired_credit_stderr([0, 1], {0: [1.0, None, 0.0], 1: [1.0, 1.0, 1.0]}, 1) == [pytest.approx(0.5)]
     assert paired_credit_stderr([0, 1], {0: [1.0, None], 1: [None, 1.0]}, 1) == [None]

@@ -70,8 +70,12 @@ def test_sampling_is_reproducible_with_a_seed_and_respects_the_token_cap(memoriz
     first, second = policy.generate(MESSAGES, cfg), policy.generate(MESSAGES, cfg)
     assert first.token_ids == second.token_ids
     assert len(first.token_ids) <= 6
-    if len(first.token_ids) == 6 and first.token_ids[-1] not in policy._stop_ids:
-        assert first.finish_reason == "length"
+    # The cap cuts a turn that had not ended: greedy decoding of the memorized reply, stopped after 3 tokens
+    # (the reply is far longer), is its first 3 tokens with finish_reason "length".
+    full = policy.generate(MESSAGES, GenerationConfig(temperature=0.0, max_new_tokens=128))
+    capped = policy.generate(MESSAGES, GenerationConfig(temperature=0.0, max_new_tokens=3))
+    assert len(full.token_ids) > 3 and full.finish_reason == "stop"
+    assert capped.token_ids == full.token_ids[:3] and capped.finish_reason == "length"
     role_ids = {tokenizer.convert_tokens_to_ids(t) for t in ("<|im_start|>", "<|pad|>")}
     many = [policy.generate(MESSAGES, GenerationConfig(temperature=2.0, max_new_tokens=24, seed=s)) for s in range(4)]
     assert all(not (set(g.token_ids) & role_ids) for g in many)  # a turn never opens another turn

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from components.core.schema import Outcome, Trajectory
+from components.core.schema import EpisodeStatus, Outcome, Trajectory
+from components.rl_sampler import Attempt, RolloutBudget, RolloutConfig, sample_prompt
 from components.rl_loss import collate, group_advantages, outcome_reward, policy_loss, rl_update, token_logprobs
 
 
@@ -26,14 +27,28 @@ def test_group_advantages():
     assert group_advantages([-1, -1, -1]) == [0.0, 0.0, 0.0]
 
 
-def test_infra_failures_never_enter_a_group_mean_or_std():
+@pytest.mark.parametrize("sampler", ["fixed", "bar"])
+def test_infra_failures_never_enter_a_group_mean_or_std(sampler):
     verified = [traj(Outcome.resolved), traj(Outcome.unresolved), traj(Outcome.unresolved)]
-    crashed = traj(Outcome.infra_error)
+    crashed = traj(Outcome.infra_error).model_copy(update={"status": EpisodeStatus.aborted})
     with pytest.raises(ValueError, match="infra_error"):
         group_advantages([outcome_reward(t) for t in verified + [crashed]])
-    # Counting the crash as a failure would have shifted the siblings' advantages:
-    as_failure = group_advantages([1, -1, -1, -1])[:3]
-    assert group_advantages([outcome_reward(t) for t in verified]) != pytest.approx(as_failure)
+
+    # The RL stage's path: episodes -> attempts (as EpisodeSource builds them) -> the sampler's group and
+    # advantages. The crash must leave the group and the baseline, so the siblings get exactly the
+    # verified-only advantages, not the ones counting it as a failure.
+    def source(prompt_id, n):
+        return [Attempt(reward=outcome_reward(t), status=t.status, attempt_id=t.id, payload=t)
+                for t in (verified + [crashed])[:n]]
+
+    config = RolloutConfig(sampler=sampler, group_size=3 if sampler == "bar" else 4, max_rollouts_per_prompt=4,
+                           stride=4, rho_min=0.0, rho_max=0.5, advantage_baseline="group")
+    result = sample_prompt("p", source, config, RolloutBudget())
+    assert result.record.kept and [a.payload for a in result.group] == verified
+    advantages = [a.advantage for a in result.group]
+    assert advantages == pytest.approx(group_advantages([1, -1, -1]))
+    assert advantages != pytest.approx(group_advantages([1, -1, -1, -1])[:3])  # what counting it would give
+    assert result.record.pool_aborted == 1
 
 
 def test_loss_is_token_level_masked_and_clipped():
