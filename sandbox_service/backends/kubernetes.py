@@ -20,10 +20,19 @@ final, so a late-reported OOM kill is escalated as one.
 
 What it does not do: it never creates anything outside its namespace; it cannot stop a pod's own
 processes from using the pod's loopback (NetworkPolicy has no say there); NetworkPolicy is enforced
-only by a CNI that implements it. If the service dies, its pods live on until their hard TTL
-(activeDeadlineSeconds, capped at max_ttl_seconds) or until the next service start reaps them in the
-background (list_orphans: one LIST per kind, then deletes by name); the heartbeat TTL is the service's
-to enforce. A fork (`SandboxCreate.from_snapshot`) starts from the image and restores the snapshot
+only by a CNI that implements it.
+
+Restarts and replicas: a restarted service adopts its running sandboxes (`adopt`, `kubernetes_adopt`:
+their state is on the pod and its Secret) and keeps serving them under the same ids; only what cannot be
+adopted is reaped, in the background after listening (list_orphans: the same one LIST per kind, then
+deletes by name), and sweeps repeat every `orphan_sweep_seconds`. Every object carries its replica's
+identity as the owner label (`replica`), and a replica watches, adopts, sweeps and reaps only its own.
+Owner labels rather than a coordination.k8s.io Lease for the sweeper: a Lease elects one sweeper but does
+not tell it which sandboxes another live replica holds in memory, so the leader would still reap them;
+ownership answers exactly that with no API calls, no leader failover window and no extra RBAC. Its
+cost: the sandboxes of a replica that never comes back (a StatefulSet scaled down) are reaped by nobody
+and end at their hard TTL (activeDeadlineSeconds, capped at max_ttl_seconds), or when a service with
+that `replica` starts. The heartbeat TTL is the service's to enforce. A fork (`SandboxCreate.from_snapshot`) starts from the image and restores the snapshot
 through the agent before start() returns. The agent runs with `--inherit-env`, so commands get the
 task image's ENV (the runtime sets it for the container's first process). Snapshots hold the sandbox's
 workdir only (a tar through the agent, kept on the service's disk): changes elsewhere in the image's
@@ -33,7 +42,6 @@ snapshotted at all, so an escalated sandbox restarts from its image then.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
@@ -49,14 +57,16 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from sandbox_service.agent_client_base import AgentClientBase
-from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
-from sandbox_service.backends.kubernetes_cleanup import Cleanup, Objects
+from sandbox_service.backends import kubernetes_adopt
+from sandbox_service.backends.base import AdoptedSandbox, AgentEndpoint, BackendStatus, SandboxBackend
+from sandbox_service.backends.kubernetes_cleanup import Cleanup, Objects, names
 from sandbox_service.backends.kubernetes_config import (
     SANDBOX_ID_LABEL,
     KubernetesBackendConfig,
 )
 from sandbox_service.backends.kubernetes_objects import (
     Resolver,
+    agent_address,
     allowlist_cidrs,
     build_network_policy,
     build_pod,
@@ -113,10 +123,6 @@ def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
     return AgentClient(endpoint)
 
 
-def _host_port(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ipaddress.ip_address(ip).version == 6 else f"{ip}:{port}"
-
-
 def load_api_client(config: KubernetesBackendConfig) -> k8s.ApiClient:
     """An API client from the pod's service account (in a cluster) or a kubeconfig."""
     configuration = k8s.Configuration()
@@ -162,6 +168,7 @@ class KubernetesBackend(SandboxBackend):
         self._sweeper: threading.Thread | None = None
         self._handles: dict[str, _Handle] = {}
         self._orphans: dict[str, Objects] = {}  # sandbox id -> its objects, from list_orphans
+        self._unadopted: dict[str, Objects] | None = None  # what adopt() found and left: list_orphans' answer
         self.cleanup = Cleanup(self.core, self.net, self.config, self._call)
         self._lock = threading.Lock()
         self.snapshots = AgentSnapshots(self.config.snapshot_dir, agent_factory,
@@ -247,9 +254,11 @@ class KubernetesBackend(SandboxBackend):
             self._ensure_shared_policy()
             self._create("secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret,
                          build_secret(secret_name, sandbox_id, spec, cfg, agent_secret=secret,
-                                      cert_pem=cert_pem, key_pem=key_pem))
+                                      cert_pem=cert_pem, key_pem=key_pem,
+                                      extra=kubernetes_adopt.secret_entries(spec, ca_pem)))
             pod = self._create("pod", self.core.create_namespaced_pod, self.core.read_namespaced_pod,
-                               build_pod(pod_name, sandbox_id, spec, resources, cfg, secret_name=secret_name))
+                               build_pod(pod_name, sandbox_id, spec, resources, cfg, secret_name=secret_name,
+                                         annotations=kubernetes_adopt.pod_annotations(spec, resources)))
             owner = owner_reference(pod)
             # The Secret had to exist before the pod (its volume); only now is the owner's uid known.
             self._call("patch secret owner", self.core.patch_namespaced_secret, secret_name, ns,
@@ -259,7 +268,7 @@ class KubernetesBackend(SandboxBackend):
                              self.net.read_namespaced_network_policy,
                              build_network_policy(pod_name, sandbox_id, spec, cfg, spec.network, cidrs, owner=owner))
             ip = self._wait_running(pod_name)
-            endpoint = AgentEndpoint(transport="tcp", address=_host_port(ip, cfg.agent_port), secret=secret,
+            endpoint = AgentEndpoint(transport="tcp", address=agent_address(ip, cfg.agent_port), secret=secret,
                                      tls=True, ca_cert_pem=ca_pem)
             if spec.from_snapshot:
                 # A fork: the service leaves restoring the snapshot to the backend (the local backend
@@ -348,10 +357,48 @@ class KubernetesBackend(SandboxBackend):
         else:
             self.cleanup.delete_labelled(sandbox_id)
 
+    @property
+    def keeps_sandboxes_on_shutdown(self) -> bool:
+        return self.config.adopt_on_restart
+
+    def adopt(self) -> list[AdoptedSandbox]:
+        """This replica's running sandboxes that an earlier run left, taken over (see kubernetes_adopt):
+        one LIST per kind, no per-sandbox call. What cannot be adopted is what list_orphans() names next."""
+        if not self.config.adopt_on_restart:
+            return []
+        found = self.cleanup.list_all()
+        now = self._clock()
+        adopted: list[AdoptedSandbox] = []
+        with self._lock:
+            unadopted: dict[str, Objects] = {}
+            for sid, objects in found.items():
+                if sid in self._handles:
+                    continue
+                pods = objects.get("pod", [])
+                live = [p for p in pods if p.metadata.deletion_timestamp is None]
+                seen = self._assess(live[0]) if len(live) == 1 else None
+                secrets = {s.metadata.name: s for s in objects.get("secret", [])}
+                result = kubernetes_adopt.judge(sid, pods, secrets, seen, self.config, now)
+                if isinstance(result, str):
+                    log.info("not adopting sandbox %s: %s", sid, result)
+                    unadopted[sid] = names(objects)
+                    continue
+                pod_name = live[0].metadata.name
+                self._handles[sid] = _Handle(pod_name=pod_name, workdir=result.spec.workdir, endpoint=result.endpoint,
+                                             has_policy=any(p.metadata.name == pod_name
+                                                            for p in objects.get("networkpolicy", [])))
+                adopted.append(result)
+            self._unadopted = unadopted
+        return adopted
+
     def list_orphans(self) -> list[str]:
-        """Sandboxes of this service instance on the cluster that this process did not start: after a
-        service restart, all of them (their agents' secrets died with the old process)."""
-        found = self.cleanup.find_all()
+        """Sandboxes of this replica on the cluster that this process does not hold: after a restart,
+        those adopt() left (incomplete, expired, failed), else all (their agents' secrets died with the
+        old process); later (sweeps), leftovers of failed cleanups."""
+        with self._lock:
+            found, self._unadopted = self._unadopted, None  # adopt() just listed: no second round of LISTs
+        if found is None:
+            found = self.cleanup.find_all()
         with self._lock:
             for sid in set(found) - set(self._handles):
                 self._orphans[sid] = found[sid]  # stop() then deletes them by name: 3 LISTs for all, not 3 each

@@ -16,6 +16,7 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "orchard"
 SANDBOX_ID_LABEL = "orchard.dev/sandbox-id"
 INSTANCE_LABEL = "orchard.dev/service-instance"
+OWNER_LABEL = "orchard.dev/owner"  # the replica that created the sandbox (KubernetesBackendConfig.replica)
 USER_LABEL_PREFIX = "label.orchard.dev/"
 SANDBOX_ID_ANNOTATION = "orchard.dev/sandbox-id"
 USER_LABELS_ANNOTATION = "orchard.dev/labels"
@@ -58,6 +59,16 @@ class KubernetesBackendConfig(BaseSettings):
     instance: str = Field(
         "default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
         description="Service instance label; orphans are only reaped among this instance's objects.")
+    replica: str = Field(
+        "0", pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+        description="This replica's identity, the owner label of every sandbox it creates: a replica watches, "
+                    "adopts, sweeps and reaps only its own. Stable across restarts (a StatefulSet pod name "
+                    "from the downward API, or a fixed value for a one-replica Deployment) so that a restarted "
+                    "replica adopts what it had; two live replicas of one instance must differ.")
+    adopt_on_restart: bool = Field(
+        True, description="At start, adopt this replica's running sandboxes (same ids, exec keeps working) and "
+                          "reap only what cannot be adopted; at shutdown, leave ready sandboxes running for the "
+                          "next start. False: every start reaps them all, every shutdown deletes them.")
 
     # -- the agent ----------------------------------------------------------------------------------
     injector_image: str = Field(
@@ -120,7 +131,7 @@ class KubernetesBackendConfig(BaseSettings):
     delete_grace_seconds: int = Field(1, ge=0, description="Termination grace period of sandbox pods.")
     orphan_sweep_seconds: float = Field(
         300.0, ge=0, description="After start-up, look for and delete orphans this often (leftovers of failed "
-                                 "cleanups); 0: only at start-up. Needs one replica per `instance`.")
+                                 "cleanups); 0: only at start-up. Each replica sweeps only its own (`replica`).")
     agent_loss_settle_seconds: float = Field(
         15.0, ge=0, description="After an agent stops answering, how long to wait for the pod status to say why "
                                 "(kubelet reports an OOM kill seconds late); still running then: AGENT_LOST.")

@@ -543,7 +543,7 @@ def test_without_a_cluster_the_backend_says_how_to_get_one(tmp_path, monkeypatch
 
 # -- the real service on the Kubernetes backend ---------------------------------------------------------------
 @contextlib.contextmanager
-def serve(backend: KubernetesBackend, state_dir: Path, start_timeout: float = 20):
+def serve(backend: KubernetesBackend, state_dir: Path, start_timeout: float = 20, **settings):
     """The real FastAPI service (uvicorn on loopback) on `backend`; yields a client once it listens."""
     import uvicorn
 
@@ -551,7 +551,8 @@ def serve(backend: KubernetesBackend, state_dir: Path, start_timeout: float = 20
     from sandbox_service.client import SandboxClient
     from sandbox_service.config import ServiceConfig
 
-    config = ServiceConfig(backend="kubernetes", token="tok", state_dir=state_dir, ready_timeout_seconds=20)
+    config = ServiceConfig(backend="kubernetes", token="tok", state_dir=state_dir,
+                           **{"ready_timeout_seconds": 20, **settings})
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(config, backend=backend), host="127.0.0.1", port=port,
                                            log_level="warning"))
@@ -663,17 +664,18 @@ def test_a_fork_starts_from_the_snapshot(fake, service_on_fake_cluster, tmp_path
 
 
 def test_a_restart_with_many_orphans_listens_at_once_and_reaps_them_in_the_background(fake, tmp_path):
-    fake.kubelet = running_after(0)
-    crashed = make_backend(fake, tmp_path)
+    fake.kubelet = running_after(0, ip="127.0.0.1")  # running pods whose agents are gone: nothing to adopt
+    crashed = make_backend(fake, tmp_path, agent_port=_free_port())
     orphans = [f"sb-orphan-{i:03d}" for i in range(40)]
     for sandbox_id in orphans:
         crashed.start(sandbox_id, SPEC, Resources(), "s")
     fake.latency[("DELETE", "pods")] = 0.25  # a loaded API server: 40 deletes one by one take 10 s+
     requests_before = len(fake.requests)
     started = time.monotonic()
-    with serve(make_backend(fake, tmp_path), tmp_path / "state", start_timeout=3) as client:
+    with serve(make_backend(fake, tmp_path), tmp_path / "state", start_timeout=3, adopt_timeout_seconds=1) as client:
         assert time.monotonic() - started < 3
-        assert client.list() == []  # answers while the orphans are still being removed
+        # answers while the orphans are still being removed (pending: adopted until their agents fail to answer)
+        assert {s.state.value for s in client.list()} <= {"pending"}
         deadline = time.monotonic() + 30
         while fake.of_kind("pods"):
             assert time.monotonic() < deadline, f"{len(fake.of_kind('pods'))} orphan pods left"
