@@ -60,6 +60,7 @@ from sandbox_service.agent_client_base import AgentClientBase
 from sandbox_service.backends import kubernetes_adopt
 from sandbox_service.backends.base import AdoptedSandbox, AgentEndpoint, BackendStatus, SandboxBackend
 from sandbox_service.backends.kubernetes_cleanup import Cleanup, Objects, names
+from sandbox_service.backends.kubernetes_events import EventCache, assess_events
 from sandbox_service.backends.kubernetes_config import (
     SANDBOX_ID_LABEL,
     KubernetesBackendConfig,
@@ -163,6 +164,7 @@ class KubernetesBackend(SandboxBackend):
                                   read_deadline_seconds=self.config.read_deadline_seconds)
         self.limiter = TokenBucket(self.config.api_qps, self.config.api_burst)
         self._cache: PodCache | None = None
+        self._events: EventCache | None = None
         self._shared_policy = False  # the instance's deny-all policy is known to exist
         self._closed = threading.Event()
         self._sweeper: threading.Thread | None = None
@@ -206,6 +208,19 @@ class KubernetesBackend(SandboxBackend):
                                        request_timeout_seconds=self.config.api_timeout_seconds,
                                        backoff_max_seconds=self.config.retry_max_seconds)
             return self._cache
+
+    @property
+    def events(self) -> EventCache:
+        """The watch of Warning events about pods (kubernetes_events), started on first use."""
+        pods = self.pods
+        with self._lock:
+            if self._events is None:
+                self._events = EventCache(self.core, self.config.namespace, on_event=pods.poke,
+                                          before_request=self.limiter.acquire,
+                                          watch_timeout_seconds=self.config.watch_timeout_seconds,
+                                          request_timeout_seconds=self.config.api_timeout_seconds,
+                                          backoff_max_seconds=self.config.retry_max_seconds)
+            return self._events
 
     def _create(self, what: str, create: Callable[..., Any], read: Callable[..., Any], body: Any) -> Any:
         """Create, or read back what an earlier attempt of this very call already created."""
@@ -303,13 +318,20 @@ class KubernetesBackend(SandboxBackend):
         cfg = self.config
         last: dict[str, Any] = {}
         errors_since: dict[str, datetime] = {}  # grace periods run from the first error seen, not from creation
+        events = self.events
 
         def settled(pod: k8s.V1Pod | None) -> PodAssessment | None:
             if pod is None:  # not in the watch yet (it lags the create), or gone since
                 return PodAssessment(state="failed", infra_error=InfraErrorKind.SANDBOX_DELETED,
                                      message=f"pod {pod_name} was deleted while starting") if last else None
-            last["pod"], last["seen"] = pod, self._assess(pod, errors_since)
-            return last["seen"] if last["seen"].state != "pending" else None
+            seen = self._assess(pod, errors_since)
+            if seen.state == "pending":  # failures only Events tell (no pod IPs left, a mount that fails)
+                seen = assess_events(pod, events.for_pod(pod_name), self._clock(), errors_since,
+                                     grace=cfg.event_error_grace_seconds,
+                                     scheduling_grace=cfg.unschedulable_timeout_seconds,
+                                     autoscaled_nodes=cfg.autoscaled_nodes) or seen
+            last["pod"], last["seen"] = pod, seen
+            return seen if seen.state != "pending" else None
 
         seen = self.pods.wait(pod_name, settled, cfg.start_timeout_seconds)
         if seen is None:
@@ -318,6 +340,7 @@ class KubernetesBackend(SandboxBackend):
                 f"pod {pod_name} was not running after {cfg.start_timeout_seconds:g} s "
                 f"(phase {pod.status.phase if pod is not None and pod.status else 'not seen'}"
                 f"{': ' + pending.message if pending is not None and pending.message else ''}"
+                f"{''.join('; ' + e.get('reason', '') + ': ' + e.get('message', '') for e in events.for_pod(pod_name))}"
                 f"{'; pod watch: ' + self.pods.last_error if self.pods.last_error else ''})",
                 infra_error=InfraErrorKind.TIMEOUT)
             raise err
@@ -351,6 +374,8 @@ class KubernetesBackend(SandboxBackend):
         with self._lock:
             handle = self._handles.pop(sandbox_id, None)
             orphaned = self._orphans.pop(sandbox_id, None)
+        if handle is not None and self._events is not None:
+            self._events.forget(handle.pod_name)
         if handle is not None or orphaned is not None:
             # By name: a label LIST is a whole-namespace read on API servers before 1.31, per delete.
             self.cleanup.delete_named(sorted((handle.objects() if handle else []) + list(orphaned or [])))
@@ -476,6 +501,7 @@ class KubernetesBackend(SandboxBackend):
 
     def close(self) -> None:
         self._closed.set()
-        if self._cache is not None:
-            self._cache.close()
+        for cache in (self._cache, self._events):
+            if cache is not None:
+                cache.close()
         self.api_client.close()

@@ -126,6 +126,13 @@ class KubernetesBackendConfig(BaseSettings):
                                 "a registry 429 or timeout is then retried by the service, a missing image is not.")
     container_error_grace_seconds: float = Field(
         60.0, ge=0, description="CreateContainerError and kin lasting this long fail the attempt (retryable).")
+    event_error_grace_seconds: float = Field(
+        60.0, ge=0, description="Event-only errors of a pending pod (FailedCreatePodSandBox, FailedMount) lasting "
+                                "this long (from the first one seen) fail the attempt (retryable).")
+    autoscaled_nodes: bool = Field(
+        True, description="A node autoscaler may add nodes (pools scaled to zero): a pod no current node can take "
+                          "waits unschedulable_timeout_seconds. False: it fails at once when the scheduler says no "
+                          "node could ever take it (selector, affinity, taints).")
     watch_timeout_seconds: int = Field(
         240, ge=1, description="Server-side timeout of one pod watch request (it is then resumed).")
     delete_grace_seconds: int = Field(1, ge=0, description="Termination grace period of sandbox pods.")

@@ -13,7 +13,6 @@ from datetime import datetime, timedelta, timezone
 
 from test_kubernetes_contract import (  # noqa: F401 - fixtures are used by name
     SPEC,
-    _free_port,
     agent_node,
     fake,
     make_backend,

@@ -756,7 +756,11 @@ def test_every_api_call_takes_a_token_from_the_shared_bucket(fake, tmp_path):
     backend.limiter.acquire = lambda: taken.append(1) or real()
     backend.start("sb-rl", SPEC, Resources(), "s")
     backend.stop("sb-rl")
-    assert len(taken) == len([r for r in fake.requests if r["method"] != "WATCH"]) + len(fake.sent("WATCH", "pods"))
+    deadline = time.monotonic() + 10
+    while not fake.sent("WATCH", "events"):  # the event watch starts on its own thread
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert len(taken) == len(fake.requests)  # every LIST, WATCH, create, patch and delete
 
 
 def test_reads_retry_until_a_deadline_not_a_count(fake, tmp_path):
