@@ -392,28 +392,21 @@ class KubernetesBackend(SandboxBackend):
         if not self.config.adopt_on_restart:
             return []
         found = self.cleanup.list_all()
-        now = self._clock()
         adopted: list[AdoptedSandbox] = []
         with self._lock:
-            unadopted: dict[str, Objects] = {}
+            self._unadopted = {}
             for sid, objects in found.items():
                 if sid in self._handles:
                     continue
-                pods = objects.get("pod", [])
-                live = [p for p in pods if p.metadata.deletion_timestamp is None]
-                seen = self._assess(live[0]) if len(live) == 1 else None
-                secrets = {s.metadata.name: s for s in objects.get("secret", [])}
-                result = kubernetes_adopt.judge(sid, pods, secrets, seen, self.config, now)
+                result = kubernetes_adopt.judge(sid, objects, self._assess, self.config, self._clock())
                 if isinstance(result, str):
                     log.info("not adopting sandbox %s: %s", sid, result)
-                    unadopted[sid] = names(objects)
+                    self._unadopted[sid] = names(objects)
                     continue
-                pod_name = live[0].metadata.name
-                self._handles[sid] = _Handle(pod_name=pod_name, workdir=result.spec.workdir, endpoint=result.endpoint,
-                                             has_policy=any(p.metadata.name == pod_name
-                                                            for p in objects.get("networkpolicy", [])))
-                adopted.append(result)
-            self._unadopted = unadopted
+                sandbox, pod_name = result
+                self._handles[sid] = _Handle(pod_name=pod_name, workdir=sandbox.spec.workdir, endpoint=sandbox.endpoint,
+                                             has_policy=("networkpolicy", pod_name) in names(objects))
+                adopted.append(sandbox)
         return adopted
 
     def list_orphans(self) -> list[str]:

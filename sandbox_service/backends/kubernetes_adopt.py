@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -55,15 +56,15 @@ def _secret_text(secret: Any, key: str) -> str | None:
     return base64.b64decode(value).decode() if value is not None else None
 
 
-def judge(sandbox_id: str, pods: list[Any], secrets: dict[str, Any], assessment: PodAssessment | None,
-          config: KubernetesBackendConfig, now: datetime) -> AdoptedSandbox | str:
-    """The sandbox to adopt from its pod(s) and Secrets (by name), or why it cannot be adopted.
-
-    `assessment` is `assess_pod` of the one pod (None when there is not exactly one)."""
-    live = [p for p in pods if p.metadata.deletion_timestamp is None]
-    if len(live) != 1 or assessment is None:
+def judge(sandbox_id: str, objects: dict[str, list[Any]], assess: Callable[[Any], PodAssessment],
+          config: KubernetesBackendConfig, now: datetime) -> tuple[AdoptedSandbox, str] | str:
+    """(the sandbox to adopt, its pod's name) from its objects by kind (`Cleanup.list_all`), or why it
+    cannot be adopted. `assess` is the backend's reading of a pod's status (`assess_pod`)."""
+    live = [p for p in objects.get("pod", []) if p.metadata.deletion_timestamp is None]
+    if len(live) != 1:
         return f"{len(live)} live pods (a create or cleanup was cut short)"
-    pod = live[0]
+    pod, assessment = live[0], assess(live[0])
+    secrets = {s.metadata.name: s for s in objects.get("secret", [])}
     if assessment.state != "running" or not assessment.pod_ip:
         return f"pod {pod.metadata.name} is {assessment.state}: {assessment.message or 'not running'}"
     annotations = pod.metadata.annotations or {}
@@ -90,4 +91,5 @@ def judge(sandbox_id: str, pods: list[Any], secrets: dict[str, Any], assessment:
     endpoint = AgentEndpoint(transport="tcp", address=agent_address(assessment.pod_ip, port), secret=agent_secret,
                              tls=True, ca_cert_pem=ca_pem)
     return AdoptedSandbox(sandbox_id=sandbox_id, spec=spec.model_copy(update={"env": json.loads(env)}),
-                          resources=resources, secret=agent_secret, endpoint=endpoint, created_at=created)
+                          resources=resources, secret=agent_secret, endpoint=endpoint,
+                          created_at=created), pod.metadata.name
