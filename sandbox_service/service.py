@@ -196,10 +196,15 @@ class SandboxManager:
         for task in (self._reaper, self._orphan_reaper):
             if task:
                 task.cancel()
-        # Where the next start adopts them (Kubernetes), ready sandboxes outlive a restart or rollout.
+        # Where the next start adopts them (Kubernetes), ready sandboxes outlive a restart or rollout, and
+        # so do adopted ones still being verified (pending without a create task of their own).
         keep = self.backend.keeps_sandboxes_on_shutdown
-        live = [r.id for r in self.sandboxes.values()
-                if not r.deleting and not (keep and r.info.state is SandboxState.ready)]
+
+        def kept(rec: SandboxRecord) -> bool:
+            return keep and (rec.info.state is SandboxState.ready
+                             or (rec.info.state is SandboxState.pending and rec.task is None))
+
+        live = [r.id for r in self.sandboxes.values() if not r.deleting and not kept(r)]
         await asyncio.gather(*(self.delete(i, reason="service shutting down") for i in live),
                              return_exceptions=True)
         for rec in self.sandboxes.values():
