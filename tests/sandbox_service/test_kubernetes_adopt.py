@@ -158,3 +158,24 @@ def test_two_services_on_one_cluster_restart_without_touching_each_other(fake, a
             c0.attach(s0.id).delete()
             c1.attach(s1.id).delete()
     assert sandbox_objects(fake) == {}
+
+
+def test_with_the_api_down_at_start_adoption_is_retried_and_nothing_is_reaped_before_it(fake, agent_node, tmp_path):
+    kubelet, settings = agent_node
+    spec = SandboxCreate(image="task:1", workdir=str(tmp_path / "ws"))
+    with serve(make_backend(fake, tmp_path, **settings), tmp_path / "state1") as client:
+        kept = client.create(spec).info
+    fake.fail("GET", "pods", 503, "ServiceUnavailable", times=10_000)  # the API server is down at the restart
+    restarted = make_backend(fake, tmp_path, read_deadline_seconds=0.3, **settings)
+    with serve(restarted, tmp_path / "state2") as client:
+        assert any("adopting sandboxes" in e for e in client.healthz()["startup_cleanup"]["errors"])
+        time.sleep(1.5)  # the background task keeps trying; it must not reap what it could not adopt yet
+        assert _sandbox_ids(fake) == {kept.id}
+        fake.faults.clear()  # the API is back
+        sandbox = _wait(lambda: kept.id in {s.id for s in client.list()} and client.attach(kept.id),
+                        what="the adoption retry")
+        assert sandbox.wait_ready(timeout=30).state.value == "ready"
+        assert sandbox.exec("echo still here").stdout == "still here\n"
+        report = _wait(lambda: (r := client.healthz()["startup_cleanup"])["finished"] and r, what="start-up")
+        assert report["sandboxes_adopted"] == [kept.id] and report["sandboxes_removed"] == []
+        sandbox.delete()
