@@ -100,7 +100,7 @@ def assess_events(pod: k8s.V1Pod, events: list[dict], now: datetime, errors_sinc
     `errors_since` holds when each reason was first seen (the caller keeps it across readings)."""
     has_ip = bool(pod.status and pod.status.pod_ip)
     bound = bool(pod.spec and pod.spec.node_name)
-    for event in sorted(events, key=lambda e: e["metadata"].get("resourceVersion") or ""):
+    for event in sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""):
         reason, message = event.get("reason") or "", event.get("message") or ""
         text = f"{reason}: {message} (x{event.get('count') or 1})"
         if reason in _BEFORE_SANDBOX and not has_ip:
