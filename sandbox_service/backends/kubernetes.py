@@ -32,8 +32,10 @@ not tell it which sandboxes another live replica holds in memory, so the leader 
 ownership answers exactly that with no API calls, no leader failover window and no extra RBAC. Its
 cost: the sandboxes of a replica that never comes back (a StatefulSet scaled down) are reaped by nobody
 and end at their hard TTL (activeDeadlineSeconds, capped at max_ttl_seconds), or when a service with
-that `replica` starts. The heartbeat TTL is the service's to enforce. A fork (`SandboxCreate.from_snapshot`) starts from the image and restores the snapshot
-through the agent before start() returns. The agent runs with `--inherit-env`, so commands get the
+that `replica` starts. The heartbeat TTL is the service's to enforce.
+
+A fork (`SandboxCreate.from_snapshot`) starts from the image and restores the snapshot through the
+agent before start() returns. The agent runs with `--inherit-env`, so commands get the
 task image's ENV (the runtime sets it for the container's first process). Snapshots hold the sandbox's
 workdir only (a tar through the agent, kept on the service's disk): changes elsewhere in the image's
 filesystem are not carried, and an OOM-killed pod (cgroup v2 kills the whole container) cannot be
@@ -60,11 +62,11 @@ from sandbox_service.agent_client_base import AgentClientBase
 from sandbox_service.backends import kubernetes_adopt
 from sandbox_service.backends.base import AdoptedSandbox, AgentEndpoint, BackendStatus, SandboxBackend
 from sandbox_service.backends.kubernetes_cleanup import Cleanup, Objects, names
-from sandbox_service.backends.kubernetes_events import EventCache, assess_events
 from sandbox_service.backends.kubernetes_config import (
     SANDBOX_ID_LABEL,
     KubernetesBackendConfig,
 )
+from sandbox_service.backends.kubernetes_events import EventCache, assess_events
 from sandbox_service.backends.kubernetes_objects import (
     Resolver,
     agent_address,
