@@ -51,7 +51,7 @@ def test_a_restarted_service_adopts_its_sandboxes_and_execs_in_the_same_ids(fake
                    if p["metadata"]["annotations"]["orchard.dev/sandbox-id"] == lost.id]
     kubelet._kill(lost_pod)  # its agent died while the service was down: it cannot be adopted
 
-    with serve(make_backend(fake, tmp_path, **settings), tmp_path / "state2", adopt_timeout_seconds=1) as client:
+    with serve(make_backend(fake, tmp_path, **settings), tmp_path / "state2", adopt_timeout_seconds=5) as client:
         sandbox = client.attach(kept.id)
         info = sandbox.wait_ready(timeout=30)
         assert (info.id, info.labels, info.resources.memory_mb) == (kept.id, {"run": "r1"}, 768)
