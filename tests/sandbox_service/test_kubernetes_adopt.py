@@ -24,7 +24,7 @@ from sandbox_service.backends.kubernetes_fake import running_after, waiting
 from sandbox_service.models import Resources, SandboxCreate
 
 
-def _wait(predicate, timeout: float = 20.0, what: str = "condition"):
+def _wait(predicate, timeout: float = 60.0, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while not (value := predicate()):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

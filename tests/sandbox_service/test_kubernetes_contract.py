@@ -672,9 +672,10 @@ def test_a_restart_with_many_orphans_listens_at_once_and_reaps_them_in_the_backg
     fake.latency[("DELETE", "pods")] = 0.25  # a loaded API server: 40 deletes one by one take 10 s+
     requests_before = len(fake.requests)
     with serve(make_backend(fake, tmp_path), tmp_path / "state", start_timeout=30, adopt_timeout_seconds=3) as client:
-        # It listens before any is reaped: they are pending (adopted) until their agents fail to answer.
+        # It listens before any is reaped: they are pending (adopted) until their agents fail to answer,
+        # then failed while their objects are deleted.
         assert len(fake.of_kind("pods")) == len(orphans)
-        assert {s.state.value for s in client.list()} <= {"pending"}
+        assert {s.state.value for s in client.list()} <= {"pending", "failed"}
         deadline = time.monotonic() + 60
         while fake.of_kind("pods"):
             assert time.monotonic() < deadline, f"{len(fake.of_kind('pods'))} orphan pods left"
