@@ -33,12 +33,15 @@ bench: $(STAMP)
 # the public base images (e.g. a local Debian root, offline); OCI_ARCHIVE_DIR= also writes
 # <name>.oci.tar archives (kind load image-archive, skopeo copy). Then compile with the same names:
 #   make images REGISTRY=ghcr.io/you TAG=0.1.0 && make compile REGISTRY=ghcr.io/you TAG=0.1.0
+# INJECTOR_PLATFORMS=linux/amd64,linux/arm64 builds the agent injector (the one image every node runs:
+# sandbox pods land anywhere) as one multi-arch manifest list; the other images stay single-arch.
 REGISTRY ?= orchard
 TAG ?= 0.1.0
 IMAGES := sandbox-service agent-injector mlflow stage-runtime stage-runtime-gpu
 
 images:
 	@$(foreach image,$(IMAGES),BUILDER="$(BUILDER)" BASE="$(BASE)" OCI_ARCHIVE_DIR="$(OCI_ARCHIVE_DIR)" \
+	  PLATFORMS="$(if $(filter agent-injector,$(image)),$(INJECTOR_PLATFORMS))" \
 	  ./scripts/build-image.sh $(image) $(REGISTRY)/$(image):$(TAG) &&) true
 
 compile: $(STAMP)

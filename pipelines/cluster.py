@@ -38,6 +38,9 @@ class ClusterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     namespace: str = Field("orchard", description="Namespace of the sandbox service, MLflow and pipeline pods.")
+    sandbox_namespace: str = Field(
+        "orchard-sandboxes", description="Namespace of sandbox pods, their Secrets and NetworkPolicies, and the only "
+                                         "one where the sandbox service may create anything (ORCHARD_K8S_NAMESPACE).")
     sandbox_service: str = Field("orchard-sandbox-service", description="Service of the sandbox API.")
     sandbox_port: int = Field(8765, description="Port of the sandbox API Service.")
     mlflow_service: str = Field("orchard-mlflow", description="Service of the MLflow tracking server.")

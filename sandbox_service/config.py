@@ -77,6 +77,9 @@ class ServiceConfig(BaseSettings):
     job_retention_seconds: float = Field(3600.0, ge=0, description="How long a finished job stays queryable.")
 
     ready_timeout_seconds: float = Field(60.0, gt=0, description="Agent must answer a ping this soon after start.")
+    adopt_timeout_seconds: float = Field(
+        10.0, gt=0, description="After a restart, a sandbox the backend adopts must answer a ping this soon, "
+                                "else it is reaped (its agent runs already: a healthy one answers at once).")
     create_attempts: int = Field(4, ge=1, description="Attempts per create on BackendUnavailableError.")
     create_backoff_seconds: float = Field(0.25, ge=0, description="First retry delay; doubles per attempt, jittered.")
     create_backoff_max_seconds: float = Field(8.0, ge=0, description="Cap on one retry delay.")

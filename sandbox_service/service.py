@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sandbox_service.agent_client_base import AgentClientBase
-from sandbox_service.backends.base import SandboxBackend
+from sandbox_service.backends.base import AdoptedSandbox, SandboxBackend
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import (
     BackendUnavailableError,
@@ -64,8 +64,8 @@ class SandboxManager:
         self.sandboxes: dict[str, SandboxRecord] = {}
         self.snapshots: dict[str, SnapshotInfo] = {}
         # What start-up found left by an earlier run and removed (served on /healthz).
-        self.startup_report: dict[str, Any] = {"sandboxes_removed": [], "snapshots_removed": [], "errors": [],
-                                               "finished": False}
+        self.startup_report: dict[str, Any] = {"sandboxes_adopted": [], "sandboxes_removed": [],
+                                               "snapshots_removed": [], "errors": [], "finished": False}
         self._by_request: dict[str, str] = {}
         self._create_sem = asyncio.Semaphore(config.max_concurrent_creates)
         self._queued_creates = 0
@@ -89,15 +89,78 @@ class SandboxManager:
     async def start(self) -> None:
         if self.agent_factory is default_agent_factory:
             import sandbox_service.agent_client  # noqa: F401 - import now, not inside the first create
+        # Before listening: the sandboxes an earlier run left that can be kept (one LIST per kind on a
+        # cluster), so their ids never answer 404 after a restart; they are pending until their agents answer.
+        try:
+            adopted = await self._adopt()
+        except Exception as err:  # noqa: BLE001 - the background task tries again before reaping anything
+            log.exception("adopting the sandboxes of an earlier run failed")
+            self.startup_report["errors"].append(f"adopting sandboxes: {err!r}")
+            adopted = None
         # In the background: with a thousand orphans on a cluster, reaping before listening outlasts the
         # liveness probe, and the service would be restarted again and again. `/healthz` reports progress.
-        self._orphan_reaper = asyncio.create_task(self._clean_leftovers(), name="orphan-reaper")
+        self._orphan_reaper = asyncio.create_task(self._clean_leftovers(adopted), name="orphan-reaper")
         self._reaper = asyncio.create_task(self._reap_forever(), name="reaper")
 
-    async def _clean_leftovers(self) -> None:
-        """What an earlier run left (after a crash): orphaned sandboxes and snapshots. Never fails the
-        service: whatever cannot be removed is quarantined by the backend or reported (`/healthz`)."""
+    async def _adopt(self) -> list[SandboxRecord]:
+        """Register what the backend adopts as pending records (ready once their agents answer)."""
+        found: list[AdoptedSandbox] = await self.in_thread(self.backend.adopt)
+        wall, mono = _now(), time.monotonic()
+        records = []
+        for adopted in found:
+            if adopted.sandbox_id in self.sandboxes:
+                continue
+            spec = adopted.spec
+            info = SandboxInfo(id=adopted.sandbox_id, state=SandboxState.pending, image=spec.image,
+                               backend=self.backend.name, labels=dict(spec.labels), resources=adopted.resources,
+                               network=spec.network, created_at=adopted.created_at, last_heartbeat_at=wall,
+                               attempts=1)
+            age = max(0.0, (wall - adopted.created_at).total_seconds())
+            rec = SandboxRecord(info=info, spec=spec, secret=adopted.secret,
+                                heartbeat_ttl=min(spec.heartbeat_ttl_seconds, self.config.heartbeat_ttl_seconds),
+                                hard_ttl=min(spec.ttl_seconds, self.config.max_ttl_seconds),
+                                created_mono=mono - age, endpoint=adopted.endpoint, queued=False)
+            self.sandboxes[rec.id] = rec
+            if spec.request_id:
+                self._by_request[spec.request_id] = rec.id
+            records.append(rec)
+        if records:
+            log.warning("adopting %d sandbox(es) left running by an earlier run", len(records))
+        return records
+
+    async def _verify_adopted(self, rec: SandboxRecord) -> None:
+        """An adopted sandbox is ready once its agent answers; otherwise it is freed (reaped)."""
+        failed = None
+        async with rec.lock:
+            if rec.deleting:
+                return
+            try:
+                await self._await_agent(rec, timeout=self.config.adopt_timeout_seconds)
+            except Exception as err:  # noqa: BLE001 - whatever the cause, the sandbox cannot be served
+                failed = f"could not be adopted after a service restart: {err}"
+                self._fail(rec, failed, getattr(err, "infra_error", None) or InfraErrorKind.AGENT_LOST)
+            else:
+                rec.info.ready_at = _now()
+                rec.set_state(SandboxState.ready)
+                self.startup_report["sandboxes_adopted"].append(rec.id)
+        if failed is not None:
+            await self.delete(rec.id, reason=failed)
+            self.startup_report["sandboxes_removed"].append(rec.id)
+
+    async def _clean_leftovers(self, adopted: list[SandboxRecord] | None) -> None:
+        """What an earlier run left: sandboxes to adopt (verified here), orphaned sandboxes and snapshots.
+        Never fails the service: whatever cannot be removed is quarantined by the backend or reported
+        (`/healthz`). Nothing is reaped before adoption has run: an adoptable sandbox is no orphan."""
         report = self.startup_report
+        delay = 1.0
+        while adopted is None:  # adoption failed before listening (API server down): keep trying
+            await asyncio.sleep(delay)
+            delay = min(60.0, delay * 2)
+            try:
+                adopted = await self._adopt()
+            except Exception as err:  # noqa: BLE001
+                log.warning("adopting the sandboxes of an earlier run failed again: %r", err)
+        verifying = [asyncio.create_task(self._verify_adopted(rec)) for rec in adopted]
         try:
             report["snapshots_removed"] = await self.in_thread(self.backend.clear_stale_snapshots)
         except Exception as err:  # noqa: BLE001 - a leftover must never stop the service
@@ -122,7 +185,8 @@ class SandboxManager:
                     log.exception("could not remove orphaned sandbox %s", orphan)
                     report["errors"].append(f"sandbox {orphan}: {err!r}")
 
-        await asyncio.gather(*(reap(o) for o in orphans))
+        await asyncio.gather(*(reap(o) for o in orphans), *verifying)
+        report["sandboxes_adopted"].sort()
         report["sandboxes_removed"].sort()
         report["finished"] = True
         if report["sandboxes_removed"] or report["snapshots_removed"] or report["errors"]:
@@ -132,9 +196,21 @@ class SandboxManager:
         for task in (self._reaper, self._orphan_reaper):
             if task:
                 task.cancel()
-        live = [r.id for r in self.sandboxes.values() if not r.deleting]
+        # Where the next start adopts them (Kubernetes), ready sandboxes outlive a restart or rollout, and
+        # so do adopted ones still being verified (pending without a create task of their own).
+        keep = self.backend.keeps_sandboxes_on_shutdown
+
+        def kept(rec: SandboxRecord) -> bool:
+            return keep and (rec.info.state is SandboxState.ready
+                             or (rec.info.state is SandboxState.pending and rec.task is None))
+
+        live = [r.id for r in self.sandboxes.values() if not r.deleting and not kept(r)]
         await asyncio.gather(*(self.delete(i, reason="service shutting down") for i in live),
                              return_exceptions=True)
+        for rec in self.sandboxes.values():
+            if rec.agent is not None and not rec.deleting:  # kept: only our connections to it close
+                agent, rec.agent = rec.agent, None
+                await agent.close()
         for snap_id in list(self.snapshots):
             await self.delete_snapshot(snap_id)
         await self.in_thread(self.backend.close)
@@ -267,11 +343,12 @@ class SandboxManager:
             rec.set_state(SandboxState.ready)
             return
 
-    async def _await_agent(self, rec: SandboxRecord) -> None:
+    async def _await_agent(self, rec: SandboxRecord, timeout: float | None = None) -> None:
         """Ping until the agent answers; give up early if the backend says the sandbox died."""
         assert rec.endpoint is not None
         rec.agent = self.agent_factory(rec.endpoint)
-        deadline = time.monotonic() + self.config.ready_timeout_seconds
+        timeout = self.config.ready_timeout_seconds if timeout is None else timeout
+        deadline = time.monotonic() + timeout
         delay, next_status = 0.005, time.monotonic() + 1.0
         while True:
             try:
@@ -281,8 +358,7 @@ class SandboxManager:
                 last = err
             now = time.monotonic()
             if now >= deadline:
-                raise BackendUnavailableError(f"agent did not answer within {self.config.ready_timeout_seconds:g} s:"
-                                              f" {last}")
+                raise BackendUnavailableError(f"agent did not answer within {timeout:g} s: {last}")
             if now >= next_status:
                 next_status = now + 1.0
                 status = await self.in_thread(self.backend.status, rec.id)

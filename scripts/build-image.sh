@@ -7,6 +7,9 @@
 #   BASE=IMAGE                      base image of every stage (default: each Dockerfile's public base);
 #                                   e.g. a locally built Debian+Python root (scripts/build-images-offline.sh)
 #   OCI_ARCHIVE_DIR=DIR             also write DIR/NAME.oci.tar (for `kind load image-archive`, `skopeo copy`)
+#   PLATFORMS=linux/amd64,linux/arm64  one multi-arch manifest list REF (podman/buildah: local, push it with
+#                                   `buildah manifest push --all REF docker://REF`; docker: buildx pushes REF,
+#                                   its image store cannot hold a list); foreign ones need binfmt/QEMU
 set -euo pipefail
 name=${1:?usage: build-image.sh NAME REF}
 ref=${2:?usage: build-image.sh NAME REF}
@@ -33,10 +36,14 @@ if [ -z "$builder" ]; then
   exit 127
 fi
 
-echo "build-image: $builder building $ref from $dockerfile"
-case "$builder" in
+echo "build-image: $builder building $ref from $dockerfile${PLATFORMS:+ for $PLATFORMS}"
+case "$builder${PLATFORMS:+/multi}" in
   docker|podman) "$builder" build -f "$dockerfile" -t "$ref" "${args[@]}" . ;;
   buildah) buildah --storage-driver "${BUILDAH_STORAGE_DRIVER:-vfs}" bud --quiet -f "$dockerfile" -t "$ref" "${args[@]}" . ;;
+  docker/multi) docker buildx build --platform "$PLATFORMS" -f "$dockerfile" -t "$ref" --push "${args[@]}" . ;;
+  podman/multi) podman build --platform "$PLATFORMS" -f "$dockerfile" --manifest "$ref" "${args[@]}" . ;;
+  buildah/multi) buildah --storage-driver "${BUILDAH_STORAGE_DRIVER:-vfs}" bud --quiet --platform "$PLATFORMS" \
+                   -f "$dockerfile" --manifest "$ref" "${args[@]}" . ;;
   *) echo "build-image: unknown BUILDER=$builder (docker, podman or buildah)" >&2; exit 2 ;;
 esac
 
@@ -44,7 +51,11 @@ if [ -n "${OCI_ARCHIVE_DIR:-}" ]; then
   mkdir -p "$OCI_ARCHIVE_DIR"
   out="$OCI_ARCHIVE_DIR/$name.oci.tar"
   rm -f "$out"
-  case "$builder" in
+  case "$builder${PLATFORMS:+/multi}" in
+    buildah/multi) buildah --storage-driver "${BUILDAH_STORAGE_DRIVER:-vfs}" manifest push --quiet --all "$ref" \
+                     "oci-archive:$out:$ref" ;;
+    podman/multi) podman manifest push --all "$ref" "oci-archive:$out:$ref" ;;
+    docker/multi) echo "build-image: docker pushed $ref (a multi-arch list); no archive written" >&2; exit 0 ;;
     buildah) buildah --storage-driver "${BUILDAH_STORAGE_DRIVER:-vfs}" push --quiet "$ref" "oci-archive:$out:$ref" ;;
     podman) podman save --format oci-archive -o "$out" "$ref" ;;
     docker) docker save -o "$out" "$ref" ;;

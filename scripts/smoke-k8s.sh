@@ -22,6 +22,7 @@ set -euo pipefail
 
 cd "$(dirname "$0")/.."
 NAMESPACE=orchard  # pipelines/cluster.py ClusterConfig.namespace
+SANDBOX_NAMESPACE=orchard-sandboxes  # ClusterConfig.sandbox_namespace: sandbox pods, Secrets, NetworkPolicies
 CLUSTER=${KIND_CLUSTER:-orchard}
 PORT=${SMOKE_PORT:-18765}
 TAG=${TAG:-0.1.0}
@@ -132,7 +133,9 @@ EOF
 
 say "checking that nothing leaked"
 for _ in $(seq 60); do
-  left=$(kubectl -n "$NAMESPACE" get pods,secrets,networkpolicies -l app.kubernetes.io/managed-by=orchard -o name)
+  # (the instance's shared deny policy, component sandbox-network, outlives sandboxes on purpose)
+  left=$(kubectl -n "$SANDBOX_NAMESPACE" get pods,secrets,networkpolicies \
+    -l app.kubernetes.io/managed-by=orchard,app.kubernetes.io/component=sandbox -o name)
   [ -z "$left" ] && break
   sleep 1
 done

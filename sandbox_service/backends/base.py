@@ -6,6 +6,7 @@ which backend they have.
 from __future__ import annotations
 
 import abc
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -31,6 +32,18 @@ class BackendStatus(BaseModel):
     alive: bool
     infra_error: InfraErrorKind | None = None
     message: str | None = None
+
+
+class AdoptedSandbox(BaseModel):
+    """A sandbox an earlier run of the service started and this one takes over (`SandboxBackend.adopt`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    sandbox_id: str
+    spec: SandboxCreate = Field(description="As created (env included); from_snapshot dropped.")
+    resources: Resources = Field(description="What it runs with now (an escalation raises the memory).")
+    secret: str = Field(description="The agent's shared secret.")
+    endpoint: AgentEndpoint
+    created_at: datetime = Field(description="When its current incarnation started: the hard TTL counts from it.")
 
 
 class SandboxBackend(abc.ABC):
@@ -75,6 +88,16 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Free a snapshot. Idempotent."""
+
+    @property
+    def keeps_sandboxes_on_shutdown(self) -> bool:
+        """True where the next start adopts running sandboxes (`adopt`): shutdown then leaves ready ones."""
+        return False
+
+    def adopt(self) -> list[AdoptedSandbox]:
+        """At start, before listening: the running sandboxes an earlier run left that this one can keep
+        serving. `list_orphans` then names only what could not be adopted."""
+        return []
 
     def list_orphans(self) -> list[str]:
         """Sandbox ids the backend holds that the service does not know (for cleanup at start)."""

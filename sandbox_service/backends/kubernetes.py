@@ -20,11 +20,22 @@ final, so a late-reported OOM kill is escalated as one.
 
 What it does not do: it never creates anything outside its namespace; it cannot stop a pod's own
 processes from using the pod's loopback (NetworkPolicy has no say there); NetworkPolicy is enforced
-only by a CNI that implements it. If the service dies, its pods live on until their hard TTL
-(activeDeadlineSeconds, capped at max_ttl_seconds) or until the next service start reaps them in the
-background (list_orphans: one LIST per kind, then deletes by name); the heartbeat TTL is the service's
-to enforce. A fork (`SandboxCreate.from_snapshot`) starts from the image and restores the snapshot
-through the agent before start() returns. The agent runs with `--inherit-env`, so commands get the
+only by a CNI that implements it.
+
+Restarts and replicas: a restarted service adopts its running sandboxes (`adopt`, `kubernetes_adopt`:
+their state is on the pod and its Secret) and keeps serving them under the same ids; only what cannot be
+adopted is reaped, in the background after listening (list_orphans: the same one LIST per kind, then
+deletes by name), and sweeps repeat every `orphan_sweep_seconds`. Every object carries its replica's
+identity as the owner label (`replica`), and a replica watches, adopts, sweeps and reaps only its own.
+Owner labels rather than a coordination.k8s.io Lease for the sweeper: a Lease elects one sweeper but does
+not tell it which sandboxes another live replica holds in memory, so the leader would still reap them;
+ownership answers exactly that with no API calls, no leader failover window and no extra RBAC. Its
+cost: the sandboxes of a replica that never comes back (a StatefulSet scaled down) are reaped by nobody
+and end at their hard TTL (activeDeadlineSeconds, capped at max_ttl_seconds), or when a service with
+that `replica` starts. The heartbeat TTL is the service's to enforce.
+
+A fork (`SandboxCreate.from_snapshot`) starts from the image and restores the snapshot through the
+agent before start() returns. The agent runs with `--inherit-env`, so commands get the
 task image's ENV (the runtime sets it for the container's first process). Snapshots hold the sandbox's
 workdir only (a tar through the agent, kept on the service's disk): changes elsewhere in the image's
 filesystem are not carried, and an OOM-killed pod (cgroup v2 kills the whole container) cannot be
@@ -33,7 +44,6 @@ snapshotted at all, so an escalated sandbox restarts from its image then.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
@@ -49,14 +59,17 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from sandbox_service.agent_client_base import AgentClientBase
-from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
-from sandbox_service.backends.kubernetes_cleanup import Cleanup, Objects
+from sandbox_service.backends import kubernetes_adopt
+from sandbox_service.backends.base import AdoptedSandbox, AgentEndpoint, BackendStatus, SandboxBackend
+from sandbox_service.backends.kubernetes_cleanup import Cleanup, Objects, names
 from sandbox_service.backends.kubernetes_config import (
     SANDBOX_ID_LABEL,
     KubernetesBackendConfig,
 )
+from sandbox_service.backends.kubernetes_events import EventCache, assess_events
 from sandbox_service.backends.kubernetes_objects import (
     Resolver,
+    agent_address,
     allowlist_cidrs,
     build_network_policy,
     build_pod,
@@ -113,10 +126,6 @@ def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
     return AgentClient(endpoint)
 
 
-def _host_port(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ipaddress.ip_address(ip).version == 6 else f"{ip}:{port}"
-
-
 def load_api_client(config: KubernetesBackendConfig) -> k8s.ApiClient:
     """An API client from the pod's service account (in a cluster) or a kubeconfig."""
     configuration = k8s.Configuration()
@@ -157,11 +166,13 @@ class KubernetesBackend(SandboxBackend):
                                   read_deadline_seconds=self.config.read_deadline_seconds)
         self.limiter = TokenBucket(self.config.api_qps, self.config.api_burst)
         self._cache: PodCache | None = None
+        self._events: EventCache | None = None
         self._shared_policy = False  # the instance's deny-all policy is known to exist
         self._closed = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._handles: dict[str, _Handle] = {}
         self._orphans: dict[str, Objects] = {}  # sandbox id -> its objects, from list_orphans
+        self._unadopted: dict[str, Objects] | None = None  # what adopt() found and left: list_orphans' answer
         self.cleanup = Cleanup(self.core, self.net, self.config, self._call)
         self._lock = threading.Lock()
         self.snapshots = AgentSnapshots(self.config.snapshot_dir, agent_factory,
@@ -199,6 +210,19 @@ class KubernetesBackend(SandboxBackend):
                                        request_timeout_seconds=self.config.api_timeout_seconds,
                                        backoff_max_seconds=self.config.retry_max_seconds)
             return self._cache
+
+    @property
+    def events(self) -> EventCache:
+        """The watch of Warning events about pods (kubernetes_events), started on first use."""
+        pods = self.pods
+        with self._lock:
+            if self._events is None:
+                self._events = EventCache(self.core, self.config.namespace, on_event=pods.poke,
+                                          before_request=self.limiter.acquire,
+                                          watch_timeout_seconds=self.config.watch_timeout_seconds,
+                                          request_timeout_seconds=self.config.api_timeout_seconds,
+                                          backoff_max_seconds=self.config.retry_max_seconds)
+            return self._events
 
     def _create(self, what: str, create: Callable[..., Any], read: Callable[..., Any], body: Any) -> Any:
         """Create, or read back what an earlier attempt of this very call already created."""
@@ -247,9 +271,11 @@ class KubernetesBackend(SandboxBackend):
             self._ensure_shared_policy()
             self._create("secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret,
                          build_secret(secret_name, sandbox_id, spec, cfg, agent_secret=secret,
-                                      cert_pem=cert_pem, key_pem=key_pem))
+                                      cert_pem=cert_pem, key_pem=key_pem,
+                                      extra=kubernetes_adopt.secret_entries(spec, ca_pem)))
             pod = self._create("pod", self.core.create_namespaced_pod, self.core.read_namespaced_pod,
-                               build_pod(pod_name, sandbox_id, spec, resources, cfg, secret_name=secret_name))
+                               build_pod(pod_name, sandbox_id, spec, resources, cfg, secret_name=secret_name,
+                                         annotations=kubernetes_adopt.pod_annotations(spec, resources)))
             owner = owner_reference(pod)
             # The Secret had to exist before the pod (its volume); only now is the owner's uid known.
             self._call("patch secret owner", self.core.patch_namespaced_secret, secret_name, ns,
@@ -259,7 +285,7 @@ class KubernetesBackend(SandboxBackend):
                              self.net.read_namespaced_network_policy,
                              build_network_policy(pod_name, sandbox_id, spec, cfg, spec.network, cidrs, owner=owner))
             ip = self._wait_running(pod_name)
-            endpoint = AgentEndpoint(transport="tcp", address=_host_port(ip, cfg.agent_port), secret=secret,
+            endpoint = AgentEndpoint(transport="tcp", address=agent_address(ip, cfg.agent_port), secret=secret,
                                      tls=True, ca_cert_pem=ca_pem)
             if spec.from_snapshot:
                 # A fork: the service leaves restoring the snapshot to the backend (the local backend
@@ -294,13 +320,20 @@ class KubernetesBackend(SandboxBackend):
         cfg = self.config
         last: dict[str, Any] = {}
         errors_since: dict[str, datetime] = {}  # grace periods run from the first error seen, not from creation
+        events = self.events
 
         def settled(pod: k8s.V1Pod | None) -> PodAssessment | None:
             if pod is None:  # not in the watch yet (it lags the create), or gone since
                 return PodAssessment(state="failed", infra_error=InfraErrorKind.SANDBOX_DELETED,
                                      message=f"pod {pod_name} was deleted while starting") if last else None
-            last["pod"], last["seen"] = pod, self._assess(pod, errors_since)
-            return last["seen"] if last["seen"].state != "pending" else None
+            seen = self._assess(pod, errors_since)
+            if seen.state == "pending":  # failures only Events tell (no pod IPs left, a mount that fails)
+                seen = assess_events(pod, events.for_pod(pod_name), self._clock(), errors_since,
+                                     grace=cfg.event_error_grace_seconds,
+                                     scheduling_grace=cfg.unschedulable_timeout_seconds,
+                                     autoscaled_nodes=cfg.autoscaled_nodes) or seen
+            last["pod"], last["seen"] = pod, seen
+            return seen if seen.state != "pending" else None
 
         seen = self.pods.wait(pod_name, settled, cfg.start_timeout_seconds)
         if seen is None:
@@ -309,6 +342,7 @@ class KubernetesBackend(SandboxBackend):
                 f"pod {pod_name} was not running after {cfg.start_timeout_seconds:g} s "
                 f"(phase {pod.status.phase if pod is not None and pod.status else 'not seen'}"
                 f"{': ' + pending.message if pending is not None and pending.message else ''}"
+                f"{''.join('; ' + e.get('reason', '') + ': ' + e.get('message', '') for e in events.for_pod(pod_name))}"
                 f"{'; pod watch: ' + self.pods.last_error if self.pods.last_error else ''})",
                 infra_error=InfraErrorKind.TIMEOUT)
             raise err
@@ -342,16 +376,49 @@ class KubernetesBackend(SandboxBackend):
         with self._lock:
             handle = self._handles.pop(sandbox_id, None)
             orphaned = self._orphans.pop(sandbox_id, None)
+        if handle is not None and self._events is not None:
+            self._events.forget(handle.pod_name)
         if handle is not None or orphaned is not None:
             # By name: a label LIST is a whole-namespace read on API servers before 1.31, per delete.
             self.cleanup.delete_named(sorted((handle.objects() if handle else []) + list(orphaned or [])))
         else:
             self.cleanup.delete_labelled(sandbox_id)
 
+    @property
+    def keeps_sandboxes_on_shutdown(self) -> bool:
+        return self.config.adopt_on_restart
+
+    def adopt(self) -> list[AdoptedSandbox]:
+        """This replica's running sandboxes that an earlier run left, taken over (see kubernetes_adopt):
+        one LIST per kind, no per-sandbox call. What cannot be adopted is what list_orphans() names next."""
+        if not self.config.adopt_on_restart:
+            return []
+        found = self.cleanup.list_all()
+        adopted: list[AdoptedSandbox] = []
+        with self._lock:
+            self._unadopted = {}
+            for sid, objects in found.items():
+                if sid in self._handles:
+                    continue
+                result = kubernetes_adopt.judge(sid, objects, self._assess, self.config, self._clock())
+                if isinstance(result, str):
+                    log.info("not adopting sandbox %s: %s", sid, result)
+                    self._unadopted[sid] = names(objects)
+                    continue
+                sandbox, pod_name = result
+                self._handles[sid] = _Handle(pod_name=pod_name, workdir=sandbox.spec.workdir, endpoint=sandbox.endpoint,
+                                             has_policy=("networkpolicy", pod_name) in names(objects))
+                adopted.append(sandbox)
+        return adopted
+
     def list_orphans(self) -> list[str]:
-        """Sandboxes of this service instance on the cluster that this process did not start: after a
-        service restart, all of them (their agents' secrets died with the old process)."""
-        found = self.cleanup.find_all()
+        """Sandboxes of this replica on the cluster that this process does not hold: after a restart,
+        those adopt() left (incomplete, expired, failed), else all (their agents' secrets died with the
+        old process); later (sweeps), leftovers of failed cleanups."""
+        with self._lock:
+            found, self._unadopted = self._unadopted, None  # adopt() just listed: no second round of LISTs
+        if found is None:
+            found = self.cleanup.find_all()
         with self._lock:
             for sid in set(found) - set(self._handles):
                 self._orphans[sid] = found[sid]  # stop() then deletes them by name: 3 LISTs for all, not 3 each
@@ -429,6 +496,7 @@ class KubernetesBackend(SandboxBackend):
 
     def close(self) -> None:
         self._closed.set()
-        if self._cache is not None:
-            self._cache.close()
+        for cache in (self._cache, self._events):
+            if cache is not None:
+                cache.close()
         self.api_client.close()

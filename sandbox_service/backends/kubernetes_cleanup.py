@@ -52,14 +52,22 @@ class Cleanup:
             items = self._call(f"list {kind}s", list_fn, self.config.namespace, label_selector=selector).items
             self.delete_named([(kind, obj.metadata.name) for obj in items])
 
-    def find_all(self) -> dict[str, Objects]:
-        """Every sandbox of this service instance on the cluster and its objects: one LIST per kind."""
-        found: dict[str, Objects] = {}
+    def list_all(self) -> dict[str, dict[str, list[Any]]]:
+        """Every object of this replica on the cluster, by sandbox id and kind: one LIST per kind."""
+        found: dict[str, dict[str, list[Any]]] = {}
         for kind, list_fn in self._list.items():
             for obj in self._call(f"list {kind}s", list_fn, self.config.namespace,
                                   label_selector=instance_selector(self.config)).items:
                 meta = obj.metadata
                 sid = (meta.annotations or {}).get(SANDBOX_ID_ANNOTATION) or (meta.labels or {}).get(SANDBOX_ID_LABEL)
                 if sid:  # the shared NetworkPolicy has none: it belongs to no sandbox
-                    found.setdefault(sid, set()).add((kind, meta.name))
+                    found.setdefault(sid, {}).setdefault(kind, []).append(obj)
         return found
+
+    def find_all(self) -> dict[str, Objects]:
+        """Every sandbox of this replica on the cluster and its objects' (kind, name)s."""
+        return {sid: names(objects) for sid, objects in self.list_all().items()}
+
+
+def names(objects: dict[str, list[Any]]) -> Objects:
+    return {(kind, obj.metadata.name) for kind, items in objects.items() for obj in items}

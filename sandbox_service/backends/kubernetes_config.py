@@ -16,6 +16,7 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "orchard"
 SANDBOX_ID_LABEL = "orchard.dev/sandbox-id"
 INSTANCE_LABEL = "orchard.dev/service-instance"
+OWNER_LABEL = "orchard.dev/owner"  # the replica that created the sandbox (KubernetesBackendConfig.replica)
 USER_LABEL_PREFIX = "label.orchard.dev/"
 SANDBOX_ID_ANNOTATION = "orchard.dev/sandbox-id"
 USER_LABELS_ANNOTATION = "orchard.dev/labels"
@@ -58,6 +59,16 @@ class KubernetesBackendConfig(BaseSettings):
     instance: str = Field(
         "default", pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
         description="Service instance label; orphans are only reaped among this instance's objects.")
+    replica: str = Field(
+        "0", pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$",
+        description="This replica's identity, the owner label of every sandbox it creates: a replica watches, "
+                    "adopts, sweeps and reaps only its own. Stable across restarts (a StatefulSet pod name "
+                    "from the downward API, or a fixed value for a one-replica Deployment) so that a restarted "
+                    "replica adopts what it had; two live replicas of one instance must differ.")
+    adopt_on_restart: bool = Field(
+        True, description="At start, adopt this replica's running sandboxes (same ids, exec keeps working) and "
+                          "reap only what cannot be adopted; at shutdown, leave ready sandboxes running for the "
+                          "next start. False: every start reaps them all, every shutdown deletes them.")
 
     # -- the agent ----------------------------------------------------------------------------------
     injector_image: str = Field(
@@ -115,12 +126,19 @@ class KubernetesBackendConfig(BaseSettings):
                                 "a registry 429 or timeout is then retried by the service, a missing image is not.")
     container_error_grace_seconds: float = Field(
         60.0, ge=0, description="CreateContainerError and kin lasting this long fail the attempt (retryable).")
+    event_error_grace_seconds: float = Field(
+        60.0, ge=0, description="Event-only errors of a pending pod (FailedCreatePodSandBox, FailedMount) lasting "
+                                "this long (from the first one seen) fail the attempt (retryable).")
+    autoscaled_nodes: bool = Field(
+        True, description="A node autoscaler may add nodes (pools scaled to zero): a pod no current node can take "
+                          "waits unschedulable_timeout_seconds. False: it fails at once when the scheduler says no "
+                          "node could ever take it (selector, affinity, taints).")
     watch_timeout_seconds: int = Field(
         240, ge=1, description="Server-side timeout of one pod watch request (it is then resumed).")
     delete_grace_seconds: int = Field(1, ge=0, description="Termination grace period of sandbox pods.")
     orphan_sweep_seconds: float = Field(
         300.0, ge=0, description="After start-up, look for and delete orphans this often (leftovers of failed "
-                                 "cleanups); 0: only at start-up. Needs one replica per `instance`.")
+                                 "cleanups); 0: only at start-up. Each replica sweeps only its own (`replica`).")
     agent_loss_settle_seconds: float = Field(
         15.0, ge=0, description="After an agent stops answering, how long to wait for the pod status to say why "
                                 "(kubelet reports an OOM kill seconds late); still running then: AGENT_LOST.")

@@ -10,6 +10,8 @@ ownerReferences; serves LIST and WATCH (JSON lines from a resourceVersion, bookm
 per (method, kind), and API Priority and Fairness-style throttling (`inflight_limit`: requests over
 it get 429 with Retry-After). Pod status comes from a `kubelet(pod, ticks)` function called by a
 ticker thread (and on reads); each change is a MODIFIED event, as a kubelet's status update is.
+Events about pods come from `emit_event()` (what a kubelet or the scheduler reports; the same reason
+again bumps `count`), listed and watched with equality field selectors (`type=Warning,involvedObject.kind=Pod`).
 
 What it does not do: admission (quotas, PodSecurity, webhooks), scheduling, images, a CNI.
 """
@@ -33,9 +35,9 @@ K8S_VERSION = "1.30"  # the API version kubernetes==30 (the installed client) sp
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _ROUTE = re.compile(r"^/(?:api/v1|apis/networking\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/"
-                    r"(?P<kind>pods|secrets|networkpolicies)(?:/(?P<name>[^/]+))?$")
+                    r"(?P<kind>pods|secrets|networkpolicies|events)(?:/(?P<name>[^/]+))?$")
 _KIND = {"pods": ("Pod", "v1"), "secrets": ("Secret", "v1"),
-         "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1")}
+         "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1"), "events": ("Event", "v1")}
 
 Kubelet = Callable[[dict, int], "dict | None"]
 
@@ -57,9 +59,24 @@ def label_problems(labels: dict[str, str]) -> list[str]:
     return bad
 
 
-def _matches(obj: dict, selector: dict[str, str]) -> bool:
+def _matches(obj: dict, selector: dict[str, str], fields: dict[str, str] | None = None) -> bool:
     labels = obj["metadata"].get("labels") or {}
-    return all(labels.get(k) == v for k, v in selector.items())
+    return all(labels.get(k) == v for k, v in selector.items()) and all(
+        _field(obj, path) == value for path, value in (fields or {}).items())
+
+
+def _field(obj: dict, path: str) -> str | None:
+    """A field selector's field (`involvedObject.name`, `type`): dotted path into the object."""
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj if isinstance(obj, str) else None
+
+
+def _selectors(query: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """(label selector, field selector) of a LIST or WATCH query: equality terms, comma-separated."""
+    def parse(key: str) -> dict[str, str]:
+        return dict(kv.split("=", 1) for kv in query.get(key, [""])[0].split(",") if kv)
+    return parse("labelSelector"), parse("fieldSelector")
 
 
 class FakeKubernetesAPI:
@@ -126,6 +143,28 @@ class FakeKubernetesAPI:
             pod = self.objects[("pods", namespace, name)]
             pod["status"] = status
             self._record("MODIFIED", "pods", namespace, pod)
+
+    def emit_event(self, pod_name: str, reason: str, message: str, *, type: str = "Warning",
+                   namespace: str = "orchard") -> dict:
+        """What a kubelet or the scheduler reports about a pod: a new Event, or the same (pod, reason)
+        again with its count bumped, as the API server's event deduplication does."""
+        with self.lock:
+            pod = self.objects.get(("pods", namespace, pod_name), {"metadata": {"uid": ""}})
+            key = ("events", namespace, f"{pod_name}.{reason.lower()}")
+            now = ts(datetime.now(timezone.utc))
+            event = self.objects.get(key)
+            if event is None:
+                event = self.objects[key] = {
+                    "apiVersion": "v1", "kind": "Event", "type": type, "reason": reason, "message": message,
+                    "metadata": {"name": key[2], "namespace": namespace, "uid": str(uuid.uuid4())},
+                    "involvedObject": {"kind": "Pod", "name": pod_name, "namespace": namespace,
+                                       "uid": pod["metadata"]["uid"]},
+                    "count": 1, "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "kubelet"}}
+                self._record("ADDED", "events", namespace, event)
+            else:
+                event.update(message=message, count=event["count"] + 1, lastTimestamp=now)
+                self._record("MODIFIED", "events", namespace, event)
+            return copy.deepcopy(event)
 
     def compact(self) -> None:
         """Drop the event history, as etcd compaction does: watches from older versions get 410 Gone."""
@@ -286,14 +325,15 @@ class FakeKubernetesAPI:
         return self._status(405, "MethodNotAllowed", method)
 
     def _list(self, kind: str, ns: str, query: dict) -> list[dict]:
-        selector = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
-        return [o for (k, n, _), o in self.objects.items() if k == kind and n == ns and _matches(o, selector)]
+        selector, fields = _selectors(query)
+        return [o for (k, n, _), o in self.objects.items()
+                if k == kind and n == ns and _matches(o, selector, fields)]
 
     def watch(self, write: Callable[[bytes], None], path: str, query: dict) -> None:
         """Stream events after `resourceVersion` as JSON lines until `timeoutSeconds` or close."""
         route = _ROUTE.match(path)
         ns, kind = route["ns"], route["kind"]
-        selector = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
+        selector, fields = _selectors(query)
         cursor = int(query.get("resourceVersion", ["0"])[0] or 0)
         until = time.monotonic() + float(query.get("timeoutSeconds", ["300"])[0])
         generation = self._expired
@@ -307,7 +347,7 @@ class FakeKubernetesAPI:
                     lines = [{"type": "ERROR", "object": gone[1]}]
                 else:
                     lines = [{"type": t, "object": o} for rv, k, n, t, o in self._events
-                             if rv > cursor and k == kind and n == ns and _matches(o, selector)]
+                             if rv > cursor and k == kind and n == ns and _matches(o, selector, fields)]
                     cursor = max(cursor, self._rv)
                     if not lines:
                         self.lock.wait(min(0.5, max(0.0, until - time.monotonic())))

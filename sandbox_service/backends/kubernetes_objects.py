@@ -28,6 +28,7 @@ from sandbox_service.backends.kubernetes_config import (
     INSTANCE_LABEL,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
+    OWNER_LABEL,
     SANDBOX_ID_ANNOTATION,
     SANDBOX_ID_LABEL,
     USER_LABEL_PREFIX,
@@ -69,20 +70,30 @@ def dns_label(text: str, max_len: int = 63) -> str:
     return f"{clean[: max_len - 9].rstrip('-')}-{_short_hash(text)}".lstrip("-")
 
 
+def agent_address(ip: str, port: int) -> str:
+    """host:port of a pod's agent ([ip]:port for IPv6)."""
+    return f"[{ip}]:{port}" if ipaddress.ip_address(ip).version == 6 else f"{ip}:{port}"
+
+
 def pod_name_for(sandbox_id: str) -> str:
     """Pod name for one start attempt: a random suffix, so a retry never collides with a pod still terminating."""
     return f"orchard-{dns_label(sandbox_id, 45)}-{_secrets.token_hex(3)[:5]}"
 
 
+def owner_labels(config: KubernetesBackendConfig) -> dict[str, str]:
+    """The labels of everything this replica of the service instance created."""
+    return {MANAGED_BY_LABEL: MANAGED_BY_VALUE, INSTANCE_LABEL: config.instance, OWNER_LABEL: config.replica}
+
+
 def selector_labels(sandbox_id: str, config: KubernetesBackendConfig) -> dict[str, str]:
     """The labels that find every object of one sandbox."""
-    return {MANAGED_BY_LABEL: MANAGED_BY_VALUE, INSTANCE_LABEL: config.instance,
-            SANDBOX_ID_LABEL: label_value(sandbox_id)}
+    return {**owner_labels(config), SANDBOX_ID_LABEL: label_value(sandbox_id)}
 
 
 def instance_selector(config: KubernetesBackendConfig) -> str:
-    """Label selector of everything this service instance created (orphan reaping)."""
-    return f"{MANAGED_BY_LABEL}={MANAGED_BY_VALUE},{INSTANCE_LABEL}={config.instance}"
+    """Label selector of everything this replica created (its pod watch, adoption, orphan reaping): never
+    another replica's objects, so two replicas of one instance never reap each other's sandboxes."""
+    return ",".join(f"{k}={v}" for k, v in owner_labels(config).items())
 
 
 def sandbox_selector(sandbox_id: str, config: KubernetesBackendConfig) -> str:
@@ -122,15 +133,17 @@ def _millicores(cpu: float) -> str:
 
 
 def build_secret(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig, *,
-                 agent_secret: str, cert_pem: str, key_pem: str) -> k8s.V1Secret:
-    """The per-sandbox Secret: the agent's shared secret and its TLS certificate and key."""
+                 agent_secret: str, cert_pem: str, key_pem: str, extra: dict[str, str] | None = None) -> k8s.V1Secret:
+    """The per-sandbox Secret: the agent's shared secret and its TLS certificate and key (and `extra`
+    entries: what a restarted service needs to adopt the sandbox, `kubernetes_adopt.secret_entries`)."""
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
+    entries = {**(extra or {}), SECRET_KEY_AGENT: agent_secret, SECRET_KEY_CERT: cert_pem, SECRET_KEY_KEY: key_pem}
     return k8s.V1Secret(
         api_version="v1", kind="Secret", type="Opaque", immutable=True,  # kubelet stops watching it
         metadata=object_meta(name, sandbox_id, config, spec),
-        data={SECRET_KEY_AGENT: b64(agent_secret), SECRET_KEY_CERT: b64(cert_pem), SECRET_KEY_KEY: b64(key_pem)})
+        data={key: b64(value) for key, value in entries.items()})
 
 
 AGENT_BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
@@ -167,8 +180,10 @@ def build_resources(resources: Resources, config: KubernetesBackendConfig) -> k8
 
 
 def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resources,
-              config: KubernetesBackendConfig, *, secret_name: str) -> k8s.V1Pod:
-    """The sandbox pod: the task image, the injected agent, no API credentials, no restarts."""
+              config: KubernetesBackendConfig, *, secret_name: str,
+              annotations: dict[str, str] | None = None) -> k8s.V1Pod:
+    """The sandbox pod: the task image, the injected agent, no API credentials, no restarts.
+    `annotations`: what a restarted service needs to adopt it (`kubernetes_adopt.pod_annotations`)."""
     if not spec.image:
         raise InvalidRequestError("The Kubernetes backend needs SandboxCreate.image (a container image "
                                   "reference such as 'python:3.12-slim'); it was empty.")
@@ -216,7 +231,7 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         tolerations=[k8s.V1Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect,
                                       toleration_seconds=t.toleration_seconds) for t in config.tolerations] or None,
         runtime_class_name=config.runtime_class_name, priority_class_name=config.priority_class_name)
-    annotations = {WORKDIR_ANNOTATION: spec.workdir}
+    annotations = {**(annotations or {}), WORKDIR_ANNOTATION: spec.workdir}
     if config.safe_to_evict:
         # A bare pod with an emptyDir blocks the cluster autoscaler's scale-down; a sandbox is disposable
         # (the service recreates it), so it says so.

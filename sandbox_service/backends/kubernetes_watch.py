@@ -43,8 +43,12 @@ class PodCache:
 
     def __init__(self, core: k8s.CoreV1Api, namespace: str, selector: str, *,
                  before_request: Callable[[], None] = lambda: None, watch_timeout_seconds: int = 240,
-                 request_timeout_seconds: float = 30.0, backoff_max_seconds: float = 10.0):
+                 request_timeout_seconds: float = 30.0, backoff_max_seconds: float = 10.0,
+                 list_fn: Callable[..., Any] | None = None, selector_kind: str = "label_selector"):
         self.core, self.namespace, self.selector = core, namespace, selector
+        # What is listed and watched: pods by a label selector, or (kubernetes_events) another kind by a field selector.
+        self._list_fn = list_fn or core.list_namespaced_pod
+        self._selector_arg = {selector_kind: selector}
         self._before_request = before_request  # the shared rate limiter
         self._watch_timeout = watch_timeout_seconds
         self._request_timeout = request_timeout_seconds
@@ -111,6 +115,12 @@ class PodCache:
         with self._cond:
             return self._cond.wait_for(lambda: self.resource_version >= resource_version, timeout)
 
+    def poke(self, name: str) -> None:
+        """Wake whoever waits on this pod now (something else about it changed, e.g. an Event came)."""
+        with self._cond:
+            if (waiter := self._waiters.get(name)) is not None:
+                waiter.set()
+
     def _decode(self, name: str) -> k8s.V1Pod | None:
         data = self._pods.get(name)
         if data is None:
@@ -124,8 +134,8 @@ class PodCache:
     # -- the watch loop -----------------------------------------------------------------------------
     def _relist(self) -> str:
         self._before_request()
-        resp = self.core.list_namespaced_pod(self.namespace, label_selector=self.selector, _preload_content=False,
-                                             _request_timeout=self._request_timeout)
+        resp = self._list_fn(self.namespace, **self._selector_arg, _preload_content=False,
+                             _request_timeout=self._request_timeout)
         body = json.loads(resp.data)
         with self._cond:
             self._pods = {p["metadata"]["name"]: p for p in body.get("items") or []}
@@ -160,7 +170,7 @@ class PodCache:
                 self._before_request()
                 self._watch = k8s_watch.Watch(return_type="object")
                 for event in self._watch.stream(
-                        self.core.list_namespaced_pod, self.namespace, label_selector=self.selector,
+                        self._list_fn, self.namespace, **self._selector_arg,
                         resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=self._watch_timeout,
                         _request_timeout=self._watch_timeout + self._request_timeout):
                     obj = event["raw_object"]

@@ -29,12 +29,16 @@ import yaml
 
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
 from sandbox_service.backends.kubernetes_objects import INJECTOR_SOURCE, object_labels
+from pipelines.cluster import ClusterConfig
 from sandbox_service.config import ServiceConfig
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 VERSIONS = ["1.30", kubernetes_validate.latest_version()]
 TARGETS = ["base", "overlays/dev", "overlays/prod", "components/pytorchjob"]
+# What lives in the sandbox namespace, apart from the sandboxes themselves.
+SANDBOX_NAMESPACE_OBJECTS = {("Role", "orchard-sandbox-service"), ("RoleBinding", "orchard-sandbox-service"),
+                             ("NetworkPolicy", "orchard-sandboxes-baseline"), ("ServiceAccount", "orchard-sandbox")}
 # Secrets and volumes the operator creates (documented in the kustomizations), never committed.
 EXTERNAL = {"secret": {"orchard-api-token", "orchard-mlflow-store"}, "pvc": {"orchard-training-data"}}
 
@@ -139,10 +143,16 @@ def test_the_pytorchjob_schema_can_fail(rendered):
 
 
 def test_overlays_set_namespaces_and_pinned_images(rendered):
+    cluster = ClusterConfig()
     for target, namespace, tag in [("overlays/dev", "orchard", "0.1.0"), ("overlays/prod", "orchard", "0.1.0")]:
         docs = rendered[target]
-        assert {d["metadata"]["name"] for d in by_kind(docs, "Namespace")} == {namespace}
-        assert all(d["metadata"].get("namespace") == namespace for d in docs if d["kind"] != "Namespace")
+        assert namespace == cluster.namespace
+        assert {d["metadata"]["name"] for d in by_kind(docs, "Namespace")} == {namespace, cluster.sandbox_namespace}
+        in_sandbox_ns = {(d["kind"], d["metadata"]["name"]) for d in docs
+                         if d["metadata"].get("namespace") == cluster.sandbox_namespace}
+        assert in_sandbox_ns == SANDBOX_NAMESPACE_OBJECTS
+        assert all(d["metadata"].get("namespace") == namespace for d in docs
+                   if d["kind"] != "Namespace" and (d["kind"], d["metadata"]["name"]) not in in_sandbox_ns)
         images = [c["image"] for d in docs for t in pod_templates(d) for c in t["spec"]["containers"]]
         assert images and all(image.endswith(f":{tag}") for image in images), images
         (service,) = by_kind(docs, "Deployment", "orchard-sandbox-service")
@@ -195,6 +205,24 @@ def test_every_reference_resolves(rendered):
             assert all(s["name"] in names["ServiceAccount"] for s in binding["subjects"])
 
 
+@pytest.mark.parametrize("overlay", ["overlays/dev", "overlays/prod"])
+def test_the_sandbox_creating_identity_has_rights_in_the_sandbox_namespace_only(rendered, overlay):
+    docs, cluster = rendered[overlay], ClusterConfig()
+    (role,) = by_kind(docs, "Role", "orchard-sandbox-service")
+    (binding,) = by_kind(docs, "RoleBinding", "orchard-sandbox-service")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == cluster.sandbox_namespace
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orchard-sandbox-service",
+                                    "namespace": cluster.namespace}]
+    assert {r for rule in role["rules"] for r in rule["resources"]} == {"pods", "secrets", "networkpolicies", "events"}
+    # in its own namespace (the API token, pipeline credentials) it is bound to nothing
+    assert not [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["namespace"] == cluster.namespace
+                and any(s["name"] == "orchard-sandbox-service" for s in b["subjects"])]
+    (deployment,) = by_kind(docs, "Deployment", "orchard-sandbox-service")
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["ORCHARD_K8S_NAMESPACE"]["value"] == cluster.sandbox_namespace
+    assert env["ORCHARD_K8S_SERVICE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
 def test_rbac_is_namespaced_and_least_privilege(rendered):
     docs = rendered["overlays/prod"]
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
@@ -236,10 +264,13 @@ def test_service_settings_are_real_config_fields_and_agree_with_the_backend(rend
     assert baseline["spec"]["podSelector"]["matchLabels"].items() <= sandbox_labels.items()
     (peer,) = baseline["spec"]["ingress"][0]["from"]
     assert peer["podSelector"]["matchLabels"] == backend.service_selector
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": deployment["metadata"]["namespace"]}
+    assert baseline["metadata"]["namespace"] == backend.namespace
     assert baseline["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": backend.agent_port}]
     assert baseline["spec"]["egress"] == []
     assert backend.service_account_name in {d["metadata"]["name"] for d in by_kind(rendered["overlays/prod"],
-                                                                                     "ServiceAccount")}
+                                                                                     "ServiceAccount")
+                                            if d["metadata"]["namespace"] == backend.namespace}
 
 
 def test_dockerfiles_match_what_the_pod_and_the_deployment_expect():

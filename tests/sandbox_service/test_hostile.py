@@ -185,7 +185,7 @@ def test_hostile_trees_never_break_delete_snapshots_or_a_restart(tmp_path, depth
                 deadline = time.monotonic() + 120
                 while not (report := client.healthz()["startup_cleanup"])["finished"] and time.monotonic() < deadline:
                     time.sleep(0.2)
-        assert report == {"sandboxes_removed": sorted(orphans), "snapshots_removed": snaps, "errors": [],
+        assert report == {"sandboxes_adopted": [], "sandboxes_removed": sorted(orphans), "snapshots_removed": snaps, "errors": [],
                           "finished": True}, report
         assert list((local / "s").iterdir()) == [] and list((local / "snapshots").iterdir()) == []
         assert not (local / "quarantine").exists()

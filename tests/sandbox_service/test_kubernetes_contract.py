@@ -543,7 +543,7 @@ def test_without_a_cluster_the_backend_says_how_to_get_one(tmp_path, monkeypatch
 
 # -- the real service on the Kubernetes backend ---------------------------------------------------------------
 @contextlib.contextmanager
-def serve(backend: KubernetesBackend, state_dir: Path, start_timeout: float = 20):
+def serve(backend: KubernetesBackend, state_dir: Path, start_timeout: float = 20, **settings):
     """The real FastAPI service (uvicorn on loopback) on `backend`; yields a client once it listens."""
     import uvicorn
 
@@ -551,7 +551,8 @@ def serve(backend: KubernetesBackend, state_dir: Path, start_timeout: float = 20
     from sandbox_service.client import SandboxClient
     from sandbox_service.config import ServiceConfig
 
-    config = ServiceConfig(backend="kubernetes", token="tok", state_dir=state_dir, ready_timeout_seconds=20)
+    config = ServiceConfig(backend="kubernetes", token="tok", state_dir=state_dir,
+                           **{"ready_timeout_seconds": 20, **settings})
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(config, backend=backend), host="127.0.0.1", port=port,
                                            log_level="warning"))
@@ -663,25 +664,27 @@ def test_a_fork_starts_from_the_snapshot(fake, service_on_fake_cluster, tmp_path
 
 
 def test_a_restart_with_many_orphans_listens_at_once_and_reaps_them_in_the_background(fake, tmp_path):
-    fake.kubelet = running_after(0)
-    crashed = make_backend(fake, tmp_path)
+    fake.kubelet = running_after(0, ip="127.0.0.1")  # running pods whose agents are gone: nothing to adopt
+    crashed = make_backend(fake, tmp_path, agent_port=_free_port())
     orphans = [f"sb-orphan-{i:03d}" for i in range(40)]
     for sandbox_id in orphans:
         crashed.start(sandbox_id, SPEC, Resources(), "s")
     fake.latency[("DELETE", "pods")] = 0.25  # a loaded API server: 40 deletes one by one take 10 s+
     requests_before = len(fake.requests)
-    started = time.monotonic()
-    with serve(make_backend(fake, tmp_path), tmp_path / "state", start_timeout=3) as client:
-        assert time.monotonic() - started < 3
-        assert client.list() == []  # answers while the orphans are still being removed
-        deadline = time.monotonic() + 30
+    with serve(make_backend(fake, tmp_path), tmp_path / "state", start_timeout=30, adopt_timeout_seconds=3) as client:
+        # It listens before any is reaped: they are pending (adopted) until their agents fail to answer,
+        # then failed while their objects are deleted.
+        assert len(fake.of_kind("pods")) == len(orphans)
+        assert {s.state.value for s in client.list()} <= {"pending", "failed"}
+        deadline = time.monotonic() + 60
         while fake.of_kind("pods"):
             assert time.monotonic() < deadline, f"{len(fake.of_kind('pods'))} orphan pods left"
             time.sleep(0.05)
     assert sandbox_objects(fake) == {}
     reaping = fake.requests[requests_before:]
-    lists = [r for r in reaping if r["method"] == "GET" and r["name"] is None]
-    assert len(lists) == 3  # one LIST per kind for all orphans; each is then deleted by name
+    lists = [r["kind"] for r in reaping if r["method"] == "GET" and r["name"] is None]
+    # one LIST per kind for all orphans (pods: also the pod watch's first LIST); each is then deleted by name
+    assert lists.count("secrets") == lists.count("networkpolicies") == 1 and lists.count("pods") <= 2
     assert len([r for r in reaping if r["method"] == "DELETE"]) <= 3 * len(orphans)
 
 
@@ -754,7 +757,11 @@ def test_every_api_call_takes_a_token_from_the_shared_bucket(fake, tmp_path):
     backend.limiter.acquire = lambda: taken.append(1) or real()
     backend.start("sb-rl", SPEC, Resources(), "s")
     backend.stop("sb-rl")
-    assert len(taken) == len([r for r in fake.requests if r["method"] != "WATCH"]) + len(fake.sent("WATCH", "pods"))
+    deadline = time.monotonic() + 10
+    while not fake.sent("WATCH", "events"):  # the event watch starts on its own thread
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert len(taken) == len(fake.requests)  # every LIST, WATCH, create, patch and delete
 
 
 def test_reads_retry_until_a_deadline_not_a_count(fake, tmp_path):
