@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from components.core.connection import SandboxConnection
 from components.core.schema import Outcome, Task, Trajectory
@@ -41,6 +41,15 @@ class CreditConfig(BaseModel):
     segments: SegmentConfig = Field(default_factory=SegmentConfig, description="Rise-segment selection.")
     max_trajectories: int | None = Field(None, ge=1, description="Label only the first N unresolved ones (smoke runs).")
     figure_trajectories: int = Field(8, ge=0, description="Value curves drawn in the MLflow figure.")
+
+    @model_validator(mode="after")
+    def _judge_has_an_endpoint(self) -> CreditConfig:
+        # Checked with the config, not when the stage starts: a pipeline would otherwise fail only after
+        # distillation, minutes in.
+        if self.estimator == "judge" and self.judge is None:
+            raise ValueError("estimator='judge' needs judge settings: set judge.base_url and judge.model "
+                             "(e.g. --set credit.judge.base_url=http://vllm:8000/v1 --set credit.judge.model=NAME)")
+        return self
 
 
 class CreditResult(BaseModel):

@@ -26,8 +26,8 @@ from components.core.passk import mean_pass_at_k, pass_at_k
 from components.core.policies import OpenAIPolicyConfig
 from components.core.schema import Outcome, Recipe, Split, Task, Trajectory, hidden_pass_metrics
 from components.core.store import TaskStore, TrajectoryStore
-from components.core.tracking import (TrackingConfig, log_artifact_path, log_dataset_input, log_json, log_metrics,
-                                      stage_run)
+from components.core.tracking import (TrackingConfig, log_artifact_path, log_dataset_input, log_figure, log_json,
+                                      log_metrics, stage_run)
 
 PolicyKind = Literal["local", "openai", "scripted"]
 
@@ -149,6 +149,38 @@ def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int
     return rows, metrics
 
 
+def plot_resolved_rates(rows: list[dict], title: str, seed: int = 0) -> Any:
+    """Resolved rate per task family and overall, each with its task-bootstrap 95% interval and the n of
+    valid attempts it rests on (the figure logged with every evaluation)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for r in rows:
+        groups.setdefault(str(r["family"] or "-"), []).append((r["valid_attempts"], r["resolved"]))
+    groups["all"] = [c for family in list(groups) for c in groups[family]]
+    bars_data = []  # (name, rate %, below %, above %, n)
+    for name, counts in groups.items():
+        n = sum(v for v, _ in counts)
+        if n:
+            rate = sum(c for _, c in counts) / n
+            lo, hi = task_bootstrap_ci(counts, seed=seed)
+            bars_data.append((name, 100 * rate, 100 * max(0.0, rate - lo), 100 * max(0.0, hi - rate), n))
+    names, rates, below, above, ns = zip(*bars_data) if bars_data else ((), (), (), (), ())
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(names) + 1.5), 3.2))
+    bars = ax.bar(list(names), list(rates), yerr=[list(below), list(above)], capsize=4, color="#4c72b0")
+    for bar, n in zip(bars, ns):
+        ax.annotate(f"n={n}", (bar.get_x() + bar.get_width() / 2, 1), ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("resolved rate (%)")
+    ax.set_title(f"{title}: 95% task-bootstrap interval, n valid attempts", fontsize=9)
+    ax.tick_params(axis="x", labelrotation=20, labelsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def print_summary(result: EvalResult, title: str = "evaluation") -> None:
     from rich.console import Console
     from rich.table import Table
@@ -265,5 +297,11 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
         log_metrics(metrics)
         log_artifact_path(per_task)
         log_json(result.model_dump(mode="json"), "eval_result.json")
+        if tracking is not None and tracking.enabled and result.valid_attempts:
+            import matplotlib.pyplot as plt
+
+            fig = plot_resolved_rates(rows, policy_id, seed=config.seed)
+            log_figure(fig, "resolved_rate.png")
+            plt.close(fig)
     print_summary(result)
     return result

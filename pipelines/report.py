@@ -25,6 +25,8 @@ class EvalRow(BaseModel):
     pass_at_k: float | None = Field(None, description="Unbiased pass@k over the attempts per task.")
     infra_error_rate: float | None = Field(None, description="Attempts lost to infrastructure (reported apart).")
     mean_steps: float | None = Field(None, description="Mean tool-loop steps per attempt.")
+    hidden_pass_fraction: float | None = Field(None, description="Mean share of hidden tests passing (analysis "
+                                               "only: partial progress the binary reward does not see).")
 
 
 class RunReport(BaseModel):
@@ -75,7 +77,12 @@ def eval_row(policy: str, result: dict) -> EvalRow:
         pass_at_k=_pick(result, "pass_at_k", "pass@k"),
         infra_error_rate=_pick(result, "infra_error_rate"),
         mean_steps=_pick(result, "mean_steps"),
+        hidden_pass_fraction=_finite(_pick(result, "mean_hidden_pass_fraction", "hidden_pass_fraction_mean")),
     )
+
+
+def _finite(value: Any) -> float | None:
+    return None if value is None or value != value else float(value)
 
 
 def trajectory_counts(distill_result: dict) -> dict[str, float]:
@@ -116,12 +123,13 @@ def _fmt(value: Any, pct: bool = False) -> str:
 
 
 def to_markdown(report: RunReport) -> str:
-    lines = ["| policy | resolved rate | resolved / evaluated | pass@k | infra errors | mean steps |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| policy | resolved rate | resolved / evaluated | pass@k | infra errors | mean steps | hidden tests passing |",
+             "|---|---|---|---|---|---|---|"]
     for r in report.rows:
         name = f"{r.policy} (reference)" if r.policy == "teacher" else r.policy
         lines.append(f"| {name} | {_rate(r)} | {_fmt(r.resolved)} / {_fmt(r.evaluated)} | "
-                     f"{_fmt(r.pass_at_k, True)} | {_fmt(r.infra_error_rate, True)} | {_fmt(r.mean_steps)} |")
+                     f"{_fmt(r.pass_at_k, True)} | {_fmt(r.infra_error_rate, True)} | {_fmt(r.mean_steps)} | "
+                     f"{_fmt(r.hidden_pass_fraction, True)} |")
     if report.trajectories:
         lines += ["", "Teacher trajectories: " + ", ".join(f"{k} {int(v)}" for k, v in report.trajectories.items())]
     if report.exec_latency:
@@ -140,12 +148,13 @@ def to_rich(report: RunReport):
     from rich.table import Table
 
     table = Table(title="Held-out tasks: untrained vs SFT vs RL")
-    for col in ("policy", "resolved rate", "resolved / evaluated", "pass@k", "infra errors", "mean steps"):
+    for col in ("policy", "resolved rate", "resolved / evaluated", "pass@k", "infra errors", "mean steps",
+                "hidden tests passing"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in report.rows:
         table.add_row(f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _rate(r),
                       f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}", _fmt(r.pass_at_k, True),
-                      _fmt(r.infra_error_rate, True), _fmt(r.mean_steps))
+                      _fmt(r.infra_error_rate, True), _fmt(r.mean_steps), _fmt(r.hidden_pass_fraction, True))
     return table
 
 

@@ -121,7 +121,7 @@ class EpisodeStatus(str, enum.Enum):
 
     completed = "completed"  # the agent submitted
     truncated = "truncated"  # step or token limit reached
-    time_truncated = "time_truncated"  # wall-clock limit reached
+    time_truncated = "time_truncated"  # policy-time limit reached (generation + commands; HarnessConfig.max_wall_seconds)
     aborted = "aborted"  # infrastructure failure: never enters a reward group
 
 

@@ -66,6 +66,23 @@ def test_mean_share_of_hidden_tests_passing_over_verified_attempts():
     assert [r["hidden_pass_fraction"] for r in rows] == [pytest.approx(0.75), pytest.approx(0.125)]
 
 
+def test_resolved_rate_plot_draws_each_family_with_its_interval_and_n():
+    from matplotlib.container import ErrorbarContainer
+
+    from components.evaluate import plot_resolved_rates
+
+    rows = [{"family": "a", "valid_attempts": 4, "resolved": 4}, {"family": "a", "valid_attempts": 4, "resolved": 0},
+            {"family": "b", "valid_attempts": 2, "resolved": 1}, {"family": "c", "valid_attempts": 0, "resolved": 0}]
+    fig = plot_resolved_rates(rows, "p")
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "all"]  # c: no valid attempt, no bar
+    assert [round(b.get_height(), 6) for b in ax.patches] == [50.0, 50.0, 50.0]
+    (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+    (lo_a, hi_a), (lo_b, hi_b), _ = [tuple(p[1] for p in seg) for seg in bars.lines[2][0].get_segments()]
+    assert (lo_a, hi_a) == pytest.approx((0.0, 100.0)) and (lo_b, hi_b) == pytest.approx((50.0, 50.0))
+    assert [t.get_text() for t in ax.texts] == ["n=8", "n=2", "n=10"]
+
+
 def _wilson_width(successes: int, n: int, z: float = 1.96) -> float:
     p = successes / n
     return 2 * z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
@@ -139,7 +156,7 @@ def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_pat
     (run,) = mlflow.search_runs(experiment_names=["eval-test"], output_format="list")
     assert run.data.metrics["resolved_rate"] == 1.0 and run.data.metrics["infra_errors"] == 2
     assert run.data.metrics["hidden_pass_fraction_mean"] == 1.0 and run.data.metrics["hidden_pass_fraction_n"] == 2
-    assert "per_task.parquet" in {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    assert {"per_task.parquet", "resolved_rate.png"} <= {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
     (inp,) = run.inputs.dataset_inputs  # the evaluated tasks, as a dataset input
     assert inp.dataset.name == "swe-heldout" and inp.tags[0].value == "evaluation"
     assert run.data.metrics["resolved_rate_ci95_low"] <= 1.0 <= run.data.metrics["resolved_rate_ci95_high"]

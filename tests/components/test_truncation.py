@@ -106,15 +106,18 @@ class SlowInfrastructure(SWERecipe):
 
 
 def test_infrastructure_latency_does_not_spend_the_wall_clock_budget(sandbox_client):
-    traj = run_episode(TASK, SlowInfrastructure(0.8), Scripted([LS, LS, SUBMIT]), sandbox_client,
-                       HarnessConfig(max_wall_seconds=0.7))
+    delay, limit = 1.2, 1.0  # setup alone outlasts the budget; the commands themselves take milliseconds
+    traj = run_episode(TASK, SlowInfrastructure(delay), Scripted([LS, LS, SUBMIT]), sandbox_client,
+                       HarnessConfig(max_wall_seconds=limit))
     assert traj.status is S.completed and traj.outcome is Outcome.unresolved, traj.outcome_reason
-    assert traj.wall_seconds > 3 * 0.8  # the infrastructure's time is still recorded, just not charged
-    assert traj.metadata["policy_seconds"] < 0.7
+    # The infrastructure's time (setup + 3 tool calls) is still recorded in wall_seconds, never charged.
+    assert traj.wall_seconds - traj.metadata["policy_seconds"] >= 4 * delay
 
 
 def test_the_commands_own_run_time_spends_the_wall_clock_budget(sandbox_client):
     sleep = format_tool_call(ToolCall(name="bash", arguments={"command": "sleep 0.5"}))
     traj = run_episode(TASK, SWERecipe(), Scripted([sleep]), sandbox_client, HarnessConfig(max_wall_seconds=1.2))
     assert traj.status is S.time_truncated and traj.outcome is Outcome.unresolved, traj.outcome_reason
-    assert traj.num_assistant_steps == 3 and traj.metadata["policy_seconds"] >= 1.2
+    # Three sleeps on an idle machine; on a loaded one a sleep's own run time grows and two can suffice.
+    steps, charged = traj.num_assistant_steps, traj.metadata["policy_seconds"]
+    assert 2 <= steps <= 3 and charged >= max(1.2, 0.5 * steps), (steps, charged)

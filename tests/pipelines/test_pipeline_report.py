@@ -27,7 +27,7 @@ def test_histogram_summary_matches_the_observations():
 def test_report_rows_come_from_typed_eval_results():
     evals = {
         "rl": {"resolved": 3, "valid_attempts": 6, "resolved_rate": 0.5, "pass_at_k": 0.5, "infra_error_rate": 0.0,
-               "mean_steps": 4.0, "metrics": {}},
+               "mean_steps": 4.0, "mean_hidden_pass_fraction": 0.625, "metrics": {}},
         "untrained": {"resolved": 0, "valid_attempts": 6, "resolved_rate": 0.0, "metrics": {"mean_steps": 6.0}},
         "teacher": {"resolved": 5, "valid_attempts": 6, "resolved_rate": 5 / 6, "metrics": {}},
     }
@@ -38,7 +38,8 @@ def test_report_rows_come_from_typed_eval_results():
     assert report.trajectories == {"resolved": 10, "unresolved": 4, "infra_error": 1, "total": 15}
     md = to_markdown(report)
     assert "| teacher (reference) | 83.3% | 5 / 6 |" in md
-    assert "| rl | 50.0% | 3 / 6 | 50.0% | 0.0% | 4.00 |" in md
+    assert "| rl | 50.0% | 3 / 6 | 50.0% | 0.0% | 4.00 | 62.5% |" in md
+    assert "| untrained | 0.0% | 0 / 6 | - | - | 6.00 | - |" in md  # no hidden-test fraction: none shown
     assert "Not run: sft (x)" in md
 
 
