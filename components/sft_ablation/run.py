@@ -117,8 +117,12 @@ def run_ablation(config: AblationConfig, work_dir: str | Path, sandbox: SandboxC
         rates: dict[str, dict[int, float]] = {arm: {} for arm in ALL_ARMS}
         try:
             if config.jobs == 1:
-                for arm, seed in jobs:
-                    rates[arm][seed] = _run_job(config, arm, seed, plans[arm].steps, work, sandbox, grand[arm])
+                # One worker thread: MLflow's active-run stack is per thread, so the jobs' stage runs nest
+                # under their arm's detached run instead of clashing with this thread's active parent run.
+                with concurrent.futures.ThreadPoolExecutor(1) as worker:
+                    for arm, seed in jobs:
+                        rates[arm][seed] = worker.submit(_run_job, config, arm, seed, plans[arm].steps, work,
+                                                         sandbox, grand[arm]).result()
             else:
                 # Processes, not threads: each job trains and generates on its own core without the GIL, and
                 # "spawn" keeps the parent's active MLflow run and HTTP pools out of the children.

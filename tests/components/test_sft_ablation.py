@@ -157,3 +157,39 @@ def test_quick_ablation_trains_matched_arms_and_logs_each_as_an_mlflow_run(sandb
     main(["--quick", "--work-dir", str(work), "--report-only"])
     out = capsys.readouterr().out
     assert "vs resolved_only" in out and "Best trained arm" in out
+
+
+def test_sequential_jobs_nest_their_stage_runs_under_the_arm_runs(tmp_path, monkeypatch):
+    """jobs == 1 runs the arms in this process while the ablation's parent run is active: each job's stage run
+    must still nest under its arm's detached run (MLflow refuses a parent that is not the active run)."""
+    import mlflow
+
+    from components.core.tracking import TrackingConfig, stage_run
+    from components.sft_ablation import run as ablation
+
+    def fake_run_job(config, arm, seed, steps, work, sandbox, tracking):  # the stage-run part of a real job
+        with stage_run("sft", None, tracking):
+            pass
+        return 0.5
+
+    class Stop(Exception):
+        pass
+
+    def stop(*_a, **_k):
+        raise Stop  # the arms' jobs are done; the table needs real evaluations, not part of this test
+
+    monkeypatch.setattr(ablation, "prepare", lambda config, *_a: {
+        arm: ArmPlan(arm=arm, samples=1, resolved_samples=1, data_loss_tokens=1, resolved_loss_tokens=1, steps=1,
+                     loss_tokens_seen=1, epochs=1, resolved_epochs=1) for arm in ALL_ARMS})
+    monkeypatch.setattr(ablation, "_run_job", fake_run_job)
+    monkeypatch.setattr(ablation, "arm_results", stop)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    config = quick_config().model_copy(update={"jobs": 1})
+    with pytest.raises(Stop):
+        ablation.run_ablation(config, tmp_path / "work", None, TrackingConfig(tracking_uri=uri, experiment="seq"))
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("seq").experiment_id], max_results=100)
+    arm_ids = {r.info.run_id for r in runs if r.info.run_name.startswith("arm-")}
+    sft_parents = [r.data.tags.get("mlflow.parentRunId") for r in runs if r.info.run_name == "sft"]
+    assert len(arm_ids) == len(ALL_ARMS) and len(sft_parents) == len(ALL_ARMS) * len(config.seeds)
+    assert set(sft_parents) <= arm_ids
