@@ -60,6 +60,8 @@ class StoreRun(BaseModel):
     trajectory_shards: list[str] = Field(default_factory=list, description="Trajectory shards this run added.")
     trained_on: list[str] = Field(default_factory=list, description="Trajectory shards this run's SFT read.")
     added_at: str | None = Field(None, description="When its shards were recorded (None: claimed only).")
+    added_order: int | None = Field(None, description="1, 2, ...: the order runs recorded their shards in (set "
+                                                      "under the lock, so clock skew between hosts cannot reorder).")
 
 
 class StoreManifest(BaseModel):
@@ -82,8 +84,7 @@ class StoreManifest(BaseModel):
 
     def window(self, runs: int | None) -> list[str]:
         """Trajectory shards of the last `runs` runs that added data (None: all), oldest first."""
-        added = [r for r in self.runs if r.added_at is not None]
-        added.sort(key=lambda r: r.added_at or "")
+        added = sorted((r for r in self.runs if r.added_order is not None), key=lambda r: r.added_order or 0)
         chosen = added if runs is None else added[-runs:]
         return [s for r in chosen for s in r.trajectory_shards]
 
@@ -203,6 +204,7 @@ class DataStore:
                 entry.task_shards = [str(p.relative_to(self.root)) for p in (task_shard,) if p]
                 entry.trajectory_shards = [str(p.relative_to(self.root)) for p in (traj_shard,) if p]
                 entry.added_at = _now()
+                entry.added_order = 1 + max((r.added_order or 0 for r in manifest.runs), default=0)
                 entry.trained_on = manifest.window(window_runs)
             return entry.model_copy()
 

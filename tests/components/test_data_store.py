@@ -116,6 +116,7 @@ def test_two_writer_processes_do_not_lose_claims_or_shards(tmp_path):
     assert len(ids) == len(set(ids)) == 24 * 3
     shards = [s for r in manifest.runs for s in r.trajectory_shards]
     assert len(set(shards)) == 24 and all((tmp_path / "store" / s).exists() for s in shards)
-    last = max(manifest.runs, key=lambda r: r.added_at)
+    assert sorted(r.added_order for r in manifest.runs) == list(range(1, 25))
+    last = max(manifest.runs, key=lambda r: r.added_order)
     assert sorted(last.trained_on) == sorted(shards)  # the last writer saw everyone's shards
     json.loads((tmp_path / "store" / "store.json").read_text())  # one whole manifest, never a torn one
