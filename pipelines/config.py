@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -187,6 +187,9 @@ def _refuse_shared_per_stage(flat: dict[str, Any]) -> None:
         if len(parts) == 2 and parts[0] in stage_sections() and parts[1] in (*SHARED_FIELDS, "sandbox"):
             raise ConfigError(f"--set {key}: {parts[1]} is one value for the whole run; "
                               f"set it at the top level (--set {parts[1]}=...)")
+        if key == "provision.data_store":
+            raise ConfigError("--set provision.data_store: the data store is one setting for the whole run; "
+                              "set retrain.data_store=...")
 
 
 def validate(data: dict) -> PipelineConfig:

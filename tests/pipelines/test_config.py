@@ -30,8 +30,9 @@ def test_every_field_of_every_stage_config_is_a_pipeline_setting_under_its_own_n
     for section in stage_sections():
         stage = getattr(base, section)
         for field in type(stage).model_fields:
-            if field in ("recipe", "seed", "sandbox", "load") or (field == "model" and section != "model"):
-                continue  # run-wide: set at the top level (test below)
+            if field in ("recipe", "seed", "sandbox", "load") or (field == "model" and section != "model") \
+                    or (section, field) == ("provision", "data_store"):
+                continue  # run-wide: set at the top level (test below) or as retrain.data_store
             value = getattr(stage, field)
             raw = value.model_dump_json() if hasattr(value, "model_dump_json") else json.dumps(value)
             assert getattr(resolve("tiny", [f"{section}.{field}={raw}"]), section) == stage, (section, field)
@@ -130,5 +131,7 @@ def test_run_retrain_flag_starts_from_the_champion_unless_set_says_otherwise(tmp
     assert _config(args).retrain.data_store == str(tmp_path / "data-store"), "--retrain grows the runs' data store"
     args.set = ["retrain.start_from=base", "retrain.data_store=null"]
     assert (_config(args).retrain.start_from, _config(args).retrain.data_store) == ("base", None)
+    with pytest.raises(ConfigError, match="set retrain.data_store"):
+        resolve("tiny", ["provision.data_store=/elsewhere"])
     plain = _config(argparse.Namespace(preset="tiny", set=None, config=None)).retrain
     assert (plain.start_from, plain.data_store) == ("base", None)
