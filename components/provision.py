@@ -58,11 +58,15 @@ class ProvisionConfig(BaseModel):
     check_sandbox: bool = Field(True, description="Check the service (health, create/exec/delete, latency).")
     latency_probes: int = Field(5, ge=1, description="Execs timed in the probe sandbox.")
     validate_tasks: int = Field(0, ge=0, description="Train tasks checked in sandboxes (SWE only; 0 = none).")
+    data_store: str | None = Field(
+        None, description="Retraining data store (copied from retrain.data_store): the training tasks come from "
+                          "a seed no earlier run of the store used, recorded there under the pipeline run id.")
 
 
 class ProvisionResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     tasks_dir: str = Field(description="The TaskStore directory written.")
+    train_seed: int | None = Field(None, description="Seed of the training tasks (drawn from the data store).")
     counts: dict[str, int] = Field(description="Tasks per split.")
     families: dict[str, int] = Field(default_factory=dict, description="Tasks per family (all splits).")
     metrics: dict[str, float] = Field(default_factory=dict, description="Counts and sandbox latencies (seconds).")
@@ -107,6 +111,9 @@ def provision_environment(config: ProvisionConfig, out_tasks_dir: str | Path,
     recipe = get_recipe(config.recipe, **options)
     with stage_run("provision", config, tracking):
         train, heldout = _tasks(config, recipe)
+        train_seed = None
+        if config.data_store:
+            train_seed, train = _claim_new_tasks(config, recipe, heldout, out_tasks_dir, tracking)
         store = TaskStore(out_tasks_dir)
         store.write(train + heldout)
         metrics: dict[str, float] = {"n_train": len(train), "n_heldout": len(heldout)}
@@ -116,7 +123,7 @@ def provision_environment(config: ProvisionConfig, out_tasks_dir: str | Path,
             metrics.update(_validate(recipe, train[: config.validate_tasks], config.sandbox))
         log_metrics(metrics)
     families = Counter(t.family or "none" for t in train + heldout)
-    return ProvisionResult(tasks_dir=str(out_tasks_dir), counts={"train": len(train), "heldout": len(heldout)},
+    return ProvisionResult(tasks_dir=str(out_tasks_dir), train_seed=train_seed, counts={"train": len(train), "heldout": len(heldout)},
                            families=dict(families), metrics=metrics)
 
 
@@ -134,6 +141,24 @@ def _tasks(config: ProvisionConfig, recipe) -> tuple[list, list]:
     train = [t.model_copy(update={"split": "train"}) for t in tasks[: config.n_train]]
     heldout = [t.model_copy(update={"split": "heldout"}) for t in tasks[config.n_train: config.n_train + config.n_heldout]]
     return train, heldout
+
+
+def _claim_new_tasks(config: ProvisionConfig, recipe, heldout: list, out_tasks_dir: str | Path,
+                     tracking: TrackingConfig | None) -> tuple[int, list]:
+    """Training tasks of a seed no earlier run of the data store used; the claim goes to the store's
+    manifest under the pipeline run id and into the tasks directory (for the accumulate stage)."""
+    import uuid
+
+    from components.core.data_store import DataStore, write_claim
+
+    if config.source.kind != "generator":
+        raise ProvisionError("retrain.data_store needs generated tasks (source.kind='generator'): a SWE-bench "
+                             "file has no seeds to draw new tasks from")
+    run_id = (tracking.parent_run_id if tracking is not None else None) or f"local-{uuid.uuid4().hex}"
+    seed, train = DataStore(config.data_store).claim(
+        run_id, recipe.name, lambda s: recipe.tasks("train", config.n_train, s), heldout, first_seed=config.seed)
+    write_claim(out_tasks_dir, config.data_store, run_id, recipe.name, seed)
+    return seed, train
 
 
 def _validate(recipe, tasks, connection: SandboxConnection) -> dict[str, float]:

@@ -44,7 +44,8 @@ def _config(args: argparse.Namespace):
 
     sets = args.set or []
     if getattr(args, "retrain", False):  # before --set, so an explicit setting still wins
-        sets = ["retrain.start_from=champion", *sets]
+        store = Path(getattr(args, "runs_dir", "runs")).resolve() / "data-store"
+        sets = ["retrain.start_from=champion", f"retrain.data_store={store}", *sets]
     return resolve(args.preset, sets, getattr(args, "config", None))
 
 
@@ -64,7 +65,12 @@ def _run(args: argparse.Namespace) -> int:
     from pipelines.layout import RunLayout
     from pipelines.report import promotion_note
 
-    gate = RunLayout(result.run_dir).read_result("promote")
+    layout = RunLayout(result.run_dir)
+    data = layout.read_result("accumulate")
+    if data and data.get("data_store"):
+        print(f"\ntraining data: {len(data['trained_on'])} trajectory shard(s) from {data['data_store']}, "
+              f"{len(data['added_shards'])} shard(s) added by this run: {', '.join(data['trained_on'])}")
+    gate = layout.read_result("promote")
     if gate:
         print(f"\npromotion gate: {promotion_note(gate)}")
     print(f"\nrun dir: {result.run_dir}\nMLflow: {result.tracking_uri} (parent run {result.parent_run_id})\n"
@@ -103,8 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "run":
             p.add_argument("--kfp-local", action="store_true", help="through kfp.local (SubprocessRunner)")
             p.add_argument("--retrain", action="store_true",
-                           help="start from the registry's champion (retrain.start_from=champion); the promotion "
-                                "gate then decides whether this run's model replaces it")
+                           help="scheduled retraining: start from the registry's champion (retrain.start_from="
+                                "champion), add new tasks to and train on the data store <runs-dir>/data-store "
+                                "(retrain.data_store); the promotion gate decides whether the model replaces it")
         p.add_argument("--runs-dir", default="runs", help="where run directories and mlflow.db go")
 
     p = sub.add_parser("config", help="show the resolved PipelineConfig")

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from components.core.connection import SandboxConnection
 from components.core.modeling import InitPolicyConfig, LoadOptions, ModelConfig
 from components.core.schema import Recipe
+from components.accumulate import RetrainConfig
 from components.credit import CreditConfig
 from components.distill import DistillConfig
 from components.evaluate import EvalConfig
@@ -61,14 +62,6 @@ class FailurePolicy(BaseModel):
         return self.per_stage.get(stage, self.max_infra_error_rate)
 
 
-class RetrainConfig(BaseModel):
-    """Scheduled retraining: what a run starts from (the promotion gate decides what it replaces)."""
-
-    model_config = ConfigDict(extra="forbid")
-    start_from: Literal["base", "champion"] = Field(
-        "base", description="init-policy: a fresh base model, or the registry's champion (base when there is none).")
-
-
 class PipelineConfig(BaseModel):
     """Every setting of one pipeline run; the stage sections are the stages' own configs."""
 
@@ -85,7 +78,8 @@ class PipelineConfig(BaseModel):
         "orchard-policy", description="Registered model the promotion gate registers a promoted model under "
                                       "(None: no gate, nothing registered); copied to promote.model_name.")
     failure: FailurePolicy = Field(default_factory=FailurePolicy, description="When a stage fails loudly.")
-    retrain: RetrainConfig = Field(default_factory=RetrainConfig, description="Scheduled retraining settings.")
+    retrain: RetrainConfig = Field(default_factory=RetrainConfig,
+                                   description="Scheduled retraining (accumulate stage; init-policy's start_from).")
 
     # --- The stages' own configs (one section per stage; names as in pipelines/stages.py) -------
     provision: ProvisionConfig = Field(default_factory=ProvisionConfig, description="provision stage.")
@@ -120,6 +114,8 @@ class PipelineConfig(BaseModel):
             if name != "model" and "load" in type(stage).model_fields:
                 update["load"] = LoadOptions(**{f: getattr(self.model, f) for f in LoadOptions.model_fields})
             setattr(self, name, stage.model_copy(update=update))
+        # The data store is one setting (retrain.data_store); provision draws its new task seeds from it.
+        self.provision = self.provision.model_copy(update={"data_store": self.retrain.data_store})
         if self.register_model_name:  # one name for the registered model
             self.promote = self.promote.model_copy(update={"model_name": self.register_model_name})
         return self
@@ -142,7 +138,7 @@ class PipelineConfig(BaseModel):
 def stage_sections() -> list[str]:
     """PipelineConfig fields that are a stage's own config."""
     return [n for n, f in PipelineConfig.model_fields.items()
-            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and n not in ("failure", "retrain")]
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and n != "failure"]
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -191,6 +187,9 @@ def _refuse_shared_per_stage(flat: dict[str, Any]) -> None:
         if len(parts) == 2 and parts[0] in stage_sections() and parts[1] in (*SHARED_FIELDS, "sandbox"):
             raise ConfigError(f"--set {key}: {parts[1]} is one value for the whole run; "
                               f"set it at the top level (--set {parts[1]}=...)")
+        if key == "provision.data_store":
+            raise ConfigError("--set provision.data_store: the data store is one setting for the whole run; "
+                              "set retrain.data_store=...")
 
 
 def validate(data: dict) -> PipelineConfig:

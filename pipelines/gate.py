@@ -128,6 +128,7 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     """The gate (module docstring); `out` receives the champion's evaluation and comparison.json."""
     import mlflow
 
+    from components.core.data_store import read_training_list
     from components.core.tracking import log_dataset_input, log_figure, log_table, resume_run, stage_run
     from components.evaluate import evaluate
     from components.promote import (current_champion, decide, download_champion, git_commit, log_policy_model,
@@ -168,13 +169,16 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
         log_figure(fig, "promotion/comparison.png")
         plt.close(fig)
         if decision.promoted:
-            shards = sorted(str(p.relative_to(credited)) for p in Path(credited).rglob("*.parquet"))
-            log_dataset_input([{"shard": s} for s in shards], credited, name="credited-shards", context="training")
+            training = read_training_list(credited)  # the accumulate stage's list: the real store shards
+            shards = training["shards"] if training else sorted(p.name for p in Path(credited).glob("*.parquet"))
+            source = (training or {}).get("store") or credited
+            log_dataset_input([{"shard": s} for s in shards], source, name="training-shards", context="training")
             model_uri = log_policy_model(model_dir)
             mlflow.set_tag("orchard.registered_from", stage)
             lineage = {"orchard.parent_model": parent_model, "orchard.pipeline_run_id": tracking.parent_run_id or "",
                        "orchard.git_commit": git_commit(Path(__file__).resolve().parents[1]),
                        "orchard.trained_shards": ",".join(shards)[:4000], "orchard.candidate_stage": stage,
+                       "orchard.data_store": str((training or {}).get("store") or ""),
                        "orchard.evaluation_table": f"runs:/{mlflow.active_run().info.run_id}/promotion/comparison.json"}
             decision.candidate_version = promote(uri, promo, model_uri, lineage, description=decision.reason)
     result = GateResult(**decision.model_dump(), candidate_stage=stage, parent_model=parent_model,

@@ -26,8 +26,8 @@ def _component(func):
 
 @_component
 def start(preset: str, recipe: str, seed: int, overrides_json: str, experiment: str, sandbox_url: str,
-          mlflow_uri: str, start_from: str, promotion_margin: float, train_tasks: int, kfp_run_id: str,
-          run_label: str) -> NamedTuple("RunStart", [("config_json", str), ("parent_run_id", str)]):
+          mlflow_uri: str, start_from: str, promotion_margin: float, train_tasks: int, data_store: str,
+          window_runs: int, kfp_run_id: str, run_label: str) -> NamedTuple("RunStart", [("config_json", str), ("parent_run_id", str)]):
     """Validate the run's PipelineConfig and open the MLflow parent run (left RUNNING)."""
     from collections import namedtuple
 
@@ -36,6 +36,7 @@ def start(preset: str, recipe: str, seed: int, overrides_json: str, experiment: 
     config, run_id = start_pipeline(preset=preset, recipe=recipe, seed=seed, sandbox_url=sandbox_url,
                                     mlflow_uri=mlflow_uri, experiment=experiment, overrides_json=overrides_json,
                                     start_from=start_from, promotion_margin=promotion_margin, train_tasks=train_tasks,
+                                    data_store=data_store, window_runs=window_runs,
                                     tags={"orchard.runner": "kfp", "orchard.kfp_run_id": kfp_run_id,
                                           "orchard.run_label": run_label})
     return namedtuple("RunStart", ["config_json", "parent_run_id"])(config.model_dump_json(), run_id)
@@ -74,6 +75,16 @@ def credit(config_json: str, parent_run_id: str, tasks: Input[Dataset], trajecto
 
     return kfp_entry("credit", config_json, parent_run_id, {"tasks": tasks, "trajectories": trajectories},
                      {"credited": credited}, metrics)
+
+
+@_component
+def accumulate(config_json: str, parent_run_id: str, tasks: Input[Dataset], credited: Input[Dataset],
+               training: Output[Dataset], metrics: Output[Metrics]) -> str:
+    """Add the run's credited trajectories to the data store; the training set is the store's shards."""
+    from pipelines.steps import kfp_entry
+
+    return kfp_entry("accumulate", config_json, parent_run_id, {"tasks": tasks, "credited": credited},
+                     {"training": training}, metrics)
 
 
 @_component
@@ -130,12 +141,13 @@ def promote(config_json: str, parent_run_id: str, tasks: Input[Dataset], base_mo
 
 @_component
 def report(config_json: str, parent_run_id: str, provision: str, init_policy: str, distill: str, credit: str,
-           sft: str, rl: str, evaluate_teacher: str, evaluate_untrained: str, evaluate_sft: str, evaluate_rl: str,
+           accumulate: str, sft: str, rl: str, evaluate_teacher: str, evaluate_untrained: str, evaluate_sft: str, evaluate_rl: str,
            promote: str, table: Output[Markdown]) -> str:
     """The results table (with the gate's decision); closes the MLflow parent run."""
     from pipelines.steps import StepContext, finish_pipeline
 
-    results = {"provision": provision, "init-policy": init_policy, "distill": distill, "credit": credit, "sft": sft,
+    results = {"provision": provision, "init-policy": init_policy, "distill": distill, "credit": credit,
+               "accumulate": accumulate, "sft": sft,
                "rl": rl, "evaluate-teacher": evaluate_teacher, "evaluate-untrained": evaluate_untrained,
                "evaluate-sft": evaluate_sft, "evaluate-rl": evaluate_rl, "promote": promote}
     _, markdown = finish_pipeline(StepContext.from_json(config_json, parent_run_id), results)
@@ -167,7 +179,8 @@ def named(component, name: str):
 
 # Stage name -> component (the evaluate arms share one body under their own task names).
 BY_STAGE = {
-    "provision": provision, "init-policy": init_policy, "distill": distill, "credit": credit, "sft": sft, "rl": rl,
+    "provision": provision, "init-policy": init_policy, "distill": distill, "credit": credit,
+    "accumulate": accumulate, "sft": sft, "rl": rl,
     "evaluate-teacher": evaluate_teacher, "promote": promote,
     **{f"evaluate-{arm}": named(evaluate, f"evaluate-{arm}") for arm in ("untrained", "sft", "rl")},
 }

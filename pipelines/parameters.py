@@ -40,7 +40,13 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
         Param("promotion_margin", -1.0 if config.promote.margin is None else config.promote.margin,
               "Also promote when the mean pass@1 gain reaches this (< 0: the config's, default the paired "
               "interval rule only).", start=True),
-        Param("train_tasks", 0, "Training tasks generated per run (0: the preset's).", start=True),
+        Param("train_tasks", 0, "Training tasks generated per run, i.e. the data store's growth per run "
+              "(0: the preset's provision.n_train).", start=True),
+        Param("data_store", config.retrain.data_store or "",
+              "Persistent data store path on a volume every run mounts ('' : each run trains on its own data).",
+              start=True),
+        Param("window_runs", config.retrain.window_runs or 0,
+              "Train on the data store's last N runs' shards (0: on everything accumulated).", start=True),
         Param("sandbox_url", cluster.sandbox_url, "Sandbox service URL (the Service of manifests/).", start=True),
         Param("mlflow_uri", cluster.mlflow_url, "MLflow tracking URI (the Service of manifests/).", start=True),
         Param("image", cluster.image("stage-runtime"), "Image of the CPU stages."),
@@ -58,7 +64,7 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
 
 
 # The parameters a retraining schedule sets (CronWorkflow arguments, KFP recurring-run params).
-RETRAIN_PARAMS = ("start_from", "promotion_margin", "train_tasks")
+RETRAIN_PARAMS = ("start_from", "promotion_margin", "train_tasks", "data_store", "window_runs")
 
 
 def retrain_arguments(config: PipelineConfig | None = None, **given: Any) -> dict[str, Any]:

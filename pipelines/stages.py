@@ -1,8 +1,8 @@
 """THE stage table: the local runner, the KFP pipeline and the Argo WorkflowTemplate are built from it.
 
     provision ─┬─► evaluate-teacher
-               ├─► distill ─► credit ─┐
-    init-policy┴──────────────────────┴─► sft ─► rl
+               ├─► distill ─► credit ─► accumulate ─┐  (this run's credited data + the data store's shards)
+    init-policy┴────────────────────────────────────┴─► sft ─► rl
     evaluate-untrained (init-policy) · evaluate-sft (sft) · evaluate-rl (rl)
     ─► promote (the final trained model vs the registry's champion; registers it only when promoted)
     ─► report (every stage's result)
@@ -109,6 +109,13 @@ def credit(call: StageCall):
                         tracking=call.tracking)
 
 
+def accumulate(call: StageCall):
+    from components.accumulate import accumulate as run
+
+    return run(call.config, call.inputs["tasks"], call.inputs["credited"], call.outputs["training"],
+               tracking=call.tracking)
+
+
 def sft(call: StageCall):
     from components.sft import train_sft
 
@@ -173,7 +180,10 @@ STAGES: list[Stage] = [
     Stage("distill", distill, "distill", _TASKS, {"trajectories": "dataset"}, retries=2, resumable=True),
     Stage("credit", credit, "credit", {**_TASKS, "trajectories": "distill.trajectories"}, {"credited": "dataset"},
           retries=2, resumable=True),
-    Stage("sft", sft, "sft", {"credited": "credit.credited", "base_model": "init-policy.model"},
+    # This run's credited trajectories join the data store (retrain.data_store); SFT reads the union.
+    Stage("accumulate", accumulate, "retrain", {**_TASKS, "credited": "credit.credited"}, {"training": "dataset"},
+          retries=2, cache=False),  # the store lives outside the artifacts
+    Stage("sft", sft, "sft", {"credited": "accumulate.training", "base_model": "init-policy.model"},
           {"model": "model"}, gpu=True),
     Stage("rl", rl, "rl", {**_TASKS, "sft_model": "sft.model"}, {"model": "model"}, gpu=True),
     Stage("evaluate-untrained", evaluate, "evaluate", {**_TASKS, "model": "init-policy.model"}, {"results": "dataset"}),
@@ -182,7 +192,7 @@ STAGES: list[Stage] = [
     # Last: the final trained model against the registry's champion; only a promoted model is registered.
     Stage("promote", promote, "promote",
           {**_TASKS, "base_model": "init-policy.model", "sft_model": "sft.model", "rl_model": "rl.model", "sft_results": "evaluate-sft.results",
-           "rl_results": "evaluate-rl.results", "credited": "credit.credited"}, {"results": "dataset"},
+           "rl_results": "evaluate-rl.results", "credited": "accumulate.training"}, {"results": "dataset"},
           retries=0, cache=False, build_config=_gate_config),  # a retry could register twice
 ]
 BY_NAME = {s.name: s for s in STAGES}

@@ -139,7 +139,7 @@ def model_trained(stage: str, record: dict | None) -> tuple[bool, str]:
 def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlflow_uri: str, experiment: str,
                    overrides_json: str = "{}", run_name: str | None = None, start_from: str | None = None,
                    promotion_margin: float | str | None = None, train_tasks: int | str | None = None,
-                   tags: dict[str, str] | None = None) -> tuple[PipelineConfig, str]:
+                   data_store: str | None = None, window_runs: int | str | None = None, tags: dict[str, str] | None = None) -> tuple[PipelineConfig, str]:
     """Build and validate the run's config from pipeline parameters; open the MLflow parent run.
 
     The retraining parameters (None: the preset's value) are strings when Argo passes them."""
@@ -150,6 +150,10 @@ def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlf
         retrain["promote.margin"] = float(promotion_margin)
     if train_tasks not in (None, "") and int(train_tasks) > 0:
         retrain["provision.n_train"] = int(train_tasks)
+    if data_store:
+        retrain["retrain.data_store"] = data_store
+    if window_runs not in (None, "") and int(window_runs) > 0:
+        retrain["retrain.window_runs"] = int(window_runs)
     config = resolve(preset, overrides={  # overrides_json (the whole config, from kfp.local) has the last word
         **retrain, **json.loads(overrides_json or "{}"), "recipe": recipe, "seed": seed,
         "sandbox_url": sandbox_url or None, "tracking_uri": mlflow_uri or None, "experiment": experiment})
@@ -173,6 +177,9 @@ def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
     evals = {arm: r for name, r in parsed.items() if r is not None and (arm := stages.eval_arm(name))}
     notes = [why for stage in ("rl", "sft") for trained, why in [model_trained(stage, parsed.get(stage))]
              if not trained]
+    data = parsed.get("accumulate")
+    if data and data.get("data_store"):
+        notes.append(f"trained on {len(data['trained_on'])} trajectory shard(s) of data store {data['data_store']}")
     gate = parsed.get("promote")
     if gate:
         notes.append(report.promotion_note(gate))

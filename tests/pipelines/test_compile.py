@@ -34,7 +34,7 @@ def test_kfp_yaml_loads_back_with_the_sdk_and_parses_as_pipeline_spec(compiled):
 
     loaded = components.load_component_from_file(str(compiled["kfp"]))
     assert loaded.name == "orchard-training"
-    assert {"recipe", "preset", "overrides_json", "start_from", "promotion_margin", "train_tasks", "image", "gpu_image", "sandbox_url", "mlflow_uri",
+    assert {"recipe", "preset", "overrides_json", "start_from", "promotion_margin", "train_tasks", "data_store", "window_runs", "image", "gpu_image", "sandbox_url", "mlflow_uri",
             "sandbox_token_secret", "gpu_node_selector", "storage_class"} <= set(loaded.component_spec.inputs)
     docs = _kfp_docs(compiled)
     assert len(docs) == 2, "kfp-kubernetes settings compile into a second YAML document"
@@ -51,7 +51,7 @@ def test_kfp_dag_reads_like_the_diagram(compiled):
     assert deps["provision"] == {"start"}
     assert "provision" in deps["distill"]
     assert "distill" in deps["credit"]
-    assert {"credit", "init-policy"} <= deps["sft"]
+    assert "credit" in deps["accumulate"] and {"accumulate", "init-policy"} <= deps["sft"]
     assert "sft" in deps["rl"]
     assert display == {n: n for n in tasks}, "task names are the stage names (no evaluate-2)"
     assert {"init-policy"} <= deps["evaluate-untrained"]
@@ -116,7 +116,8 @@ def test_argo_dag_gpu_steps_and_cron(compiled):
         assert task["template"] in templates, f"{name} references a missing template"
     assert dag["distill"]["depends"] == "provision"
     assert set(dag["credit"]["depends"].split(" && ")) == {"distill", "provision"}
-    assert set(dag["sft"]["depends"].split(" && ")) == {"credit", "init-policy"}
+    assert set(dag["accumulate"]["depends"].split(" && ")) == {"credit", "provision"}
+    assert set(dag["sft"]["depends"].split(" && ")) == {"accumulate", "init-policy"}
     assert set(dag["rl"]["depends"].split(" && ")) == {"sft", "provision"}
     assert {f"evaluate-{a}" for a in ("teacher", "untrained", "sft", "rl")} <= set(dag["report"]["depends"].split(" && "))
     for name in dag:
@@ -143,7 +144,8 @@ def test_argo_dag_gpu_steps_and_cron(compiled):
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     # the retraining knobs are the schedule's parameters, with defaults, and the template accepts them
     cron_args = {p["name"]: p["value"] for p in cron["spec"]["workflowSpec"]["arguments"]["parameters"]}
-    assert cron_args == {"start_from": "base", "promotion_margin": "-1.0", "train_tasks": "0"}
+    assert cron_args == {"start_from": "base", "promotion_margin": "-1.0", "train_tasks": "0", "data_store": "",
+                         "window_runs": "0"}
     template_args = {p["name"] for p in template["spec"]["arguments"]["parameters"]}
     assert set(cron_args) <= template_args
     assert cron["spec"]["workflowSpec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
@@ -208,7 +210,7 @@ def test_recurring_run_arguments_match_the_kfp_client_signature():
     assert bound.arguments["cron_expression"] == "0 0 3 * * 0"  # KFP wants a seconds field
     assert bound.arguments["max_concurrency"] == 1
     assert bound.arguments["params"] == {"preset": "demo", "start_from": "base", "promotion_margin": -1.0,
-                                         "train_tasks": 0}
+                                         "train_tasks": 0, "data_store": "", "window_runs": 0}
     retrain = RecurringRunSpec(package_path="x", params={"start_from": "champion", "promotion_margin": 0.05})
     assert recurring_run_arguments(retrain, "exp-1")["params"]["start_from"] == "champion"
     assert RecurringRunSpec(package_path="x", cron="0 0 3 * * 0").kfp_cron == "0 0 3 * * 0"

@@ -30,8 +30,9 @@ def test_every_field_of_every_stage_config_is_a_pipeline_setting_under_its_own_n
     for section in stage_sections():
         stage = getattr(base, section)
         for field in type(stage).model_fields:
-            if field in ("recipe", "seed", "sandbox", "load") or (field == "model" and section != "model"):
-                continue  # run-wide: set at the top level (test below)
+            if field in ("recipe", "seed", "sandbox", "load") or (field == "model" and section != "model") \
+                    or (section, field) == ("provision", "data_store"):
+                continue  # run-wide: set at the top level (test below) or as retrain.data_store
             value = getattr(stage, field)
             raw = value.model_dump_json() if hasattr(value, "model_dump_json") else json.dumps(value)
             assert getattr(resolve("tiny", [f"{section}.{field}={raw}"]), section) == stage, (section, field)
@@ -108,20 +109,29 @@ def test_retraining_parameters_reach_the_config(tmp_path):
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     config, _ = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
-                               start_from="champion", promotion_margin="0.05", train_tasks="7")
+                               start_from="champion", promotion_margin="0.05", train_tasks="7",
+                               data_store=str(tmp_path / "store"), window_runs="3")
     assert (config.retrain.start_from, config.promote.margin, config.provision.n_train) == ("champion", 0.05, 7)
+    assert (config.retrain.data_store, config.retrain.window_runs) == (str(tmp_path / "store"), 3)
+    assert config.provision.data_store == str(tmp_path / "store"), "provision draws its new tasks from the store"
     default, _ = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
-                                start_from="base", promotion_margin="-1.0", train_tasks="0")
+                                start_from="base", promotion_margin="-1.0", train_tasks="0", data_store="",
+                                window_runs="0")
     assert (default.retrain.start_from, default.promote.margin, default.provision.n_train) == ("base", None, 4)
+    assert (default.retrain.data_store, default.retrain.window_runs, default.provision.data_store) == (None, None, None)
 
 
-def test_run_retrain_flag_starts_from_the_champion_unless_set_says_otherwise():
+def test_run_retrain_flag_starts_from_the_champion_unless_set_says_otherwise(tmp_path):
     import argparse
 
     from pipelines.cli import _config
 
-    args = argparse.Namespace(preset="tiny", set=None, config=None, retrain=True)
+    args = argparse.Namespace(preset="tiny", set=None, config=None, retrain=True, runs_dir=str(tmp_path))
     assert _config(args).retrain.start_from == "champion"
-    args.set = ["retrain.start_from=base"]
-    assert _config(args).retrain.start_from == "base"
-    assert _config(argparse.Namespace(preset="tiny", set=None, config=None)).retrain.start_from == "base"
+    assert _config(args).retrain.data_store == str(tmp_path / "data-store"), "--retrain grows the runs' data store"
+    args.set = ["retrain.start_from=base", "retrain.data_store=null"]
+    assert (_config(args).retrain.start_from, _config(args).retrain.data_store) == ("base", None)
+    with pytest.raises(ConfigError, match="set retrain.data_store"):
+        resolve("tiny", ["provision.data_store=/elsewhere"])
+    plain = _config(argparse.Namespace(preset="tiny", set=None, config=None)).retrain
+    assert (plain.start_from, plain.data_store) == ("base", None)

@@ -83,7 +83,7 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     assert v1.tags["orchard.evaluation_table"].endswith("promotion/comparison.json")
     assert client.get_run(parent).data.tags["orchard.promotion"] == "promoted"
     gate_run = client.get_run(v1.run_id)
-    assert any(i.dataset.name == "credited-shards" for i in gate_run.inputs.dataset_inputs)
+    assert any(i.dataset.name == "training-shards" for i in gate_run.inputs.dataset_inputs)
 
     untrained, parent = _gate(root, uri, config, _candidate(root, "c2", 0), root / "eval-strong", 2)
     assert not untrained.promoted and "not trained" in untrained.reason

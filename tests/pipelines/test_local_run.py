@@ -60,7 +60,7 @@ def _check_run(result, config: PipelineConfig) -> None:
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'")
     names = sorted(c.info.run_name for c in children)
-    assert names == sorted(["provision", "init-policy", "distill", "credit", "sft", "rl", "evaluate-teacher",
+    assert names == sorted(["provision", "init-policy", "distill", "credit", "accumulate", "sft", "rl", "evaluate-teacher",
                             "evaluate-untrained", "evaluate-sft", "evaluate-rl", "promote"]), names
     assert all(c.info.status == "FINISHED" for c in children)
     sft_run = next(c for c in children if c.info.run_name == "sft")
