@@ -27,9 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from components.core.connection import SandboxConnection
+from components.core.distributed import LaunchConfig, world_size
 from components.core.harness import HarnessConfig, run_episode
 from components.core.modeling import LoadOptions
 from components.core.schema import Outcome, Recipe, Task, Trajectory
@@ -80,7 +81,16 @@ class RLConfig(BaseModel):
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
     load: LoadOptions = Field(default_factory=LoadOptions,
                               description="Device, dtype and attention kernel of the policy (and its reference).")
+    launch: LaunchConfig = Field(default_factory=LaunchConfig,
+                                 description="Processes of the stage in a pipeline (> 1: a PyTorchJob; engine trl).")
     seed: int = Field(0, description="Seed of prompt order, sampling and the optimizer.")
+
+    @model_validator(mode="after")
+    def _distributed_needs_trl(self) -> "RLConfig":
+        if self.launch.processes > 1 and self.engine != "trl":
+            raise ValueError(f"launch asks for {self.launch.processes} processes but engine={self.engine!r} trains "
+                             "in one process; set engine to 'trl' (GRPOTrainer, distributed through accelerate)")
+        return self
 
 
 class RLResult(BaseModel):
@@ -209,6 +219,9 @@ def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out
     tasks = {t.id: t for t in TaskStore(tasks_dir).read(split=config.split)}
     if not tasks:
         raise ValueError(f"no {config.split!r} tasks in {tasks_dir}; provision the environment first")
+    if world_size() > 1 and config.engine != "trl":
+        raise ValueError(f"this process is one of WORLD_SIZE={world_size()} but rl.engine={config.engine!r} trains in "
+                         "one process (N unsynchronised copies); set rl.engine='trl' to train with GRPOTrainer")
     if config.engine == "trl":
         from components.rl_trl import train_rl_trl
 
