@@ -3,7 +3,8 @@
 What it does like the API server with the Training Operator installed: validates a created body
 against the PyTorchJob schema and PodSpecs (422 with a `Status` body otherwise), fills `generateName`,
 answers 404/409, and moves each job's status along a script of conditions, one step per read (the
-operator's Created -> Running -> Succeeded|Failed). `on_create(job)` stands in for the pods' work.
+operator's Created -> Running -> Succeeded|Failed). `on_create(job)` stands in for the pods' work, and
+`status_of(job)` can report it instead of the script (e.g. a real torchrun process on this machine).
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def fails(reason: str, message: str) -> list[dict]:
 
 
 class PyTorchJobAPI:
-    def __init__(self, script: list[dict] | None = None, on_create: Callable[[dict], None] | None = None):
+    def __init__(self, script: list[dict] | None = None, on_create: Callable[[dict], None] | None = None,
+                 status_of: Callable[[dict], dict] | None = None):
         self.script = script if script is not None else SUCCEEDS  # statuses a job goes through, one per read
         self.on_create = on_create
+        self.status_of = status_of  # instead of the script: the job's status now (e.g. from a real process)
         self.jobs: dict[tuple[str, str], dict] = {}
         self.reads: dict[tuple[str, str], int] = {}
         self.deleted: list[str] = []
@@ -119,7 +122,9 @@ class PyTorchJobAPI:
                         return self._status(404, "NotFound", f"pytorchjobs {key} not found")
                     n = api.reads[key] = api.reads.get(key, 0) + 1
                     job = api.jobs[key]
-                    if api.script:
+                    if api.status_of is not None:
+                        job["status"] = api.status_of(job)
+                    elif api.script:
                         job["status"] = api.script[min(n, len(api.script)) - 1]
                 self._send(200, job)
 

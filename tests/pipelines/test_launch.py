@@ -299,3 +299,65 @@ def test_a_stage_refuses_to_run_in_another_number_of_processes(multi, monkeypatc
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(stages.StageFailed, match="asks for 1 process"):
         run_stage("sft", StepContext(resolve("demo"), None), {}, {})
+
+
+# --- The whole path: launcher -> job -> the job's own command, run here -------------------------
+from tests.components.conftest import rl_inputs  # noqa: E402,F401 (the RL fixture: tasks + a tiny policy)
+
+
+@pytest.mark.slow
+def test_a_launched_rl_job_runs_its_command_in_two_processes(rl_inputs, sandbox_service, tmp_path):  # noqa: F811
+    """The fake operator runs the Master's command itself (torchrun, 2 gloo processes, this machine):
+    the staged run dir, `--config-file`, rank-0-only result and the outputs copied back are all real."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    config = resolve("tiny", ["rl.engine=trl", "rl.launch.nproc_per_node=2", "rl.steps=1", "rl.rollout_budget=null",
+                              "rl.rollout.max_rollouts_per_prompt=8", "rl.rollout.rho_min=0.5",
+                              "rl.rollout.rho_max=0.5", "rl.harness.max_steps=1",
+                              "rl.harness.generation.max_new_tokens=12", "rl.num_threads=1",
+                              f"sandbox_url={sandbox_service.url}"])
+    procs: dict[str, subprocess.Popen] = {}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def pods(job: dict) -> None:
+        command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1",
+               "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",  # torchrun of this venv
+               "ORCHARD_SANDBOX_TOKEN": sandbox_service.connection().token or "",
+               # what the operator exports for torchrun on a one-node job
+               "PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}
+        log = open(tmp_path / "job.log", "w")
+        procs[job["metadata"]["name"]] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def status_of(job: dict) -> dict:
+        proc = procs[job["metadata"]["name"]]
+        if proc.poll() is None:
+            return {"conditions": [condition("Created", t=1), condition("Running", t=2)]}
+        if proc.returncode == 0:
+            return SUCCEEDS[-1]
+        return fails("Error", f"torchrun exited with {proc.returncode}")[-1]
+
+    metrics = _Metrics()
+    args = _entry_args(tmp_path) | {
+        "inputs": {"tasks": _Artifact(path=str(rl_inputs / "tasks")), "sft_model": _Artifact(path=str(rl_inputs / "sft"))},
+        "launch": LaunchConfig(nproc_per_node=2), "timeout_seconds": 600, "poll_seconds": 1.0}
+    with PyTorchJobAPI(status_of=status_of, on_create=pods) as api:
+        try:
+            out = kfp_job_entry("rl", config.model_dump_json(), "", metrics=metrics,
+                                jobs=PyTorchJobs("orchard", api.api_client()), **args)
+        except JobFailed:
+            raise AssertionError((tmp_path / "job.log").read_text()[-4000:]) from None
+        finally:
+            for proc in procs.values():
+                proc.kill() if proc.poll() is None else None
+    result = json.loads(out)
+    assert result["steps_done"] == 1
+    assert sorted(p.name for p in (tmp_path / "out" / "model").glob("*.safetensors")) == ["model.safetensors"]
+    records = (tmp_path / "out" / "model" / "rollout_records.jsonl").read_text().splitlines()
+    assert len(records) == 2, "one prompt per rank, both ranks' records in the one output"
+    assert result["trajectories"] > 0 and metrics.logged["steps_done"] == 1.0
