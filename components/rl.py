@@ -78,6 +78,12 @@ class RLConfig(BaseModel):
         True, description="Episodes of a wave run in threads and their turns share one batched forward "
                           "(BatchingPolicy); a sampled episode then depends on its batch-mates. False: one "
                           "episode at a time (each episode's seed alone decides its samples).")
+    use_vllm: bool | Literal["auto"] = Field(
+        False, description="engine='trl': sample episodes through TRL's colocated vLLM engine (GRPOConfig use_vllm, "
+                           "vllm_mode='colocate'; needs vllm and a GPU). 'auto': when vllm imports and CUDA is "
+                           "available, else HF generate. False: HF generate.")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1,
+                                               description="Share of the GPU the colocated vLLM engine takes.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
     load: LoadOptions = Field(default_factory=LoadOptions,
                               description="Device, dtype and attention kernel of the policy (and its reference).")

@@ -29,8 +29,10 @@ Differences from the builtin engine, numbered:
    baseline (`RolloutConfig.advantage_baseline="pool"`) does not apply here.
 2. TRL hands out exactly `batch_prompts` prompts per optimizer step; DAPO refill (`RolloutConfig.refill`)
    cannot pull more, a dropped group is a step with fewer informative groups.
-3. Generation is HF `generate` through our policy (batched across a wave, `BatchingPolicy`); TRL's vLLM
-   path (`use_vllm`) is not wired into these multi-turn episodes yet.
+3. Generation is HF `generate` through our policy (batched across a wave, `BatchingPolicy`), or with
+   `RLConfig.use_vllm` TRL's colocated vLLM engine (`VLLMPolicy`, still batched per wave; TRL syncs the
+   weights into it before each step's rollout). vLLM's server mode is not wired: its client lives on
+   rank 0 only, while every rank runs its own multi-turn episodes here.
 """
 
 from __future__ import annotations
@@ -85,13 +87,19 @@ class TRLRollout:
     def dataset_rows(self) -> list[dict]:
         return [{"prompt": self.prompt(t), "task_id": t.id} for t in self.tasks.values()]
 
-    def _episode_source(self, model: Any) -> Any:
+    def _episode_source(self, model: Any, trainer: Any = None) -> Any:
         from components.core.batching import BatchingPolicy
         from components.core.local_policy import LocalTransformersPolicy
         from components.rl import EpisodeSource
 
         if self._model is not model:  # the same weights object across steps: the rollout is on-policy
-            policy: Any = LocalTransformersPolicy(model, self.tokenizer, device=str(next(model.parameters()).device))
+            device = str(next(model.parameters()).device)
+            if getattr(getattr(trainer, "args", None), "use_vllm", False):
+                from components.core.vllm_policy import VLLMPolicy
+
+                policy: Any = VLLMPolicy(trainer.vllm_generation.llm, model, self.tokenizer, device=device)
+            else:
+                policy = LocalTransformersPolicy(model, self.tokenizer, device=device)
             if self.config.batch_rollouts:
                 if self._source is not None and isinstance(self._source.policy, BatchingPolicy):
                     self._source.policy.close()
@@ -114,7 +122,7 @@ class TRLRollout:
             raise ValueError(f"{len(prompts)} prompts is not whole groups of {n}")
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
-        source = self._episode_source(model)
+        source = self._episode_source(model, trainer)
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                 "verified_reward", "attempt_id")}
         try:
@@ -212,9 +220,26 @@ def grpo_args(config: RLConfig, out: Path, **overrides: Any) -> Any:
         # CPU processes (tests, laptops) talk over gloo; GPUs over NCCL, which accelerate picks itself.
         ddp_backend="gloo" if world_size() > 1 and not _cuda() else None,
     )
+    if use_vllm(config):
+        args.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                    vllm_max_model_length=config.max_len)
     args.update(config.trl_args)
     args.update(overrides)
     return GRPOConfig(**args)
+
+
+def use_vllm(config: RLConfig) -> bool:
+    """Whether rollouts sample through vLLM: `use_vllm` True needs it installed, 'auto' takes it when it can."""
+    import importlib.util
+
+    available = importlib.util.find_spec("vllm") is not None
+    if config.use_vllm is True and not available:
+        raise ValueError("rl.use_vllm=true but vllm is not installed; install it (scripts/gpu_check.sh pins a "
+                         "version TRL 1.16 accepts) or set rl.use_vllm to false or 'auto'")
+    if config.use_vllm is True and not _cuda():
+        raise ValueError("rl.use_vllm=true needs a CUDA GPU (vLLM's colocate mode shares the training GPU); "
+                         "set rl.use_vllm to false or 'auto' on a CPU machine")
+    return config.use_vllm is True or (config.use_vllm == "auto" and available and _cuda())
 
 
 def _cuda() -> bool:
