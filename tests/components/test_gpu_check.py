@@ -47,6 +47,7 @@ def test_the_cpu_variant_has_every_prerequisite_here(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # ~5 min on 2 loaded cores: Qwen's 151k-token vocabulary makes even a tiny model slow
 def test_the_cpu_variant_runs_every_step_and_prints_the_table(tmp_path):
     """Checkpoint (Qwen vocabulary), sandbox service, tasks + teacher, SFT, GRPO in sandboxes (HF generate)."""
     proc = _run("--device", "cpu", "--no-vllm", "--hidden", "32", "--layers", "1", "--tasks", "2", "--sft-steps", "2",

@@ -38,6 +38,7 @@ def _config(sandbox_service, **update):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 2 torchrun processes + sandboxes; ~1 min idle, more on a loaded machine
 def test_two_process_grpo_trains_once_logs_once_and_saves_once(rl_inputs, sandbox_service, tmp_path):
     import mlflow
     import torch

@@ -306,6 +306,7 @@ from tests.components.conftest import rl_inputs  # noqa: E402,F401 (the RL fixtu
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 2 torchrun processes + sandboxes; ~1 min idle, more on a loaded machine
 def test_a_launched_rl_job_runs_its_command_in_two_processes(rl_inputs, sandbox_service, tmp_path):  # noqa: F811
     """The fake operator runs the Master's command itself (torchrun, 2 gloo processes, this machine):
     the staged run dir, `--config-file`, rank-0-only result and the outputs copied back are all real."""
