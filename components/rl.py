@@ -27,9 +27,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from components.core.connection import SandboxConnection
+from components.core.distributed import LaunchConfig, world_size
 from components.core.harness import HarnessConfig, run_episode
 from components.core.modeling import LoadOptions
 from components.core.schema import Outcome, Recipe, Task, Trajectory, hidden_pass_metrics
@@ -77,10 +78,25 @@ class RLConfig(BaseModel):
         True, description="Episodes of a wave run in threads and their turns share one batched forward "
                           "(BatchingPolicy); a sampled episode then depends on its batch-mates. False: one "
                           "episode at a time (each episode's seed alone decides its samples).")
+    use_vllm: bool | Literal["auto"] = Field(
+        False, description="engine='trl': sample episodes through TRL's colocated vLLM engine (GRPOConfig use_vllm, "
+                           "vllm_mode='colocate'; needs vllm and a GPU). 'auto': when vllm imports and CUDA is "
+                           "available, else HF generate. False: HF generate.")
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1,
+                                               description="Share of the GPU the colocated vLLM engine takes.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
     load: LoadOptions = Field(default_factory=LoadOptions,
                               description="Device, dtype and attention kernel of the policy (and its reference).")
+    launch: LaunchConfig = Field(default_factory=LaunchConfig,
+                                 description="Processes of the stage in a pipeline (> 1: a PyTorchJob; engine trl).")
     seed: int = Field(0, description="Seed of prompt order, sampling and the optimizer.")
+
+    @model_validator(mode="after")
+    def _distributed_needs_trl(self) -> "RLConfig":
+        if self.launch.processes > 1 and self.engine != "trl":
+            raise ValueError(f"launch asks for {self.launch.processes} processes but engine={self.engine!r} trains "
+                             "in one process; set engine to 'trl' (GRPOTrainer, distributed through accelerate)")
+        return self
 
 
 class RLResult(BaseModel):
@@ -211,6 +227,9 @@ def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out
     tasks = {t.id: t for t in TaskStore(tasks_dir).read(split=config.split)}
     if not tasks:
         raise ValueError(f"no {config.split!r} tasks in {tasks_dir}; provision the environment first")
+    if world_size() > 1 and config.engine != "trl":
+        raise ValueError(f"this process is one of WORLD_SIZE={world_size()} but rl.engine={config.engine!r} trains in "
+                         "one process (N unsynchronised copies); set rl.engine='trl' to train with GRPOTrainer")
     if config.engine == "trl":
         from components.rl_trl import train_rl_trl
 

@@ -18,13 +18,21 @@ budget spent) is sent as N placeholder rows: the bare prompt, one end-of-turn to
 reward 0 for all N, so TRL's advantage is 0 and no token carries loss. The infra-error episode's tokens
 and reward never leave this module; `TRLRollout.dropped_groups` counts such groups.
 
+Several processes (torchrun / accelerate launch / a PyTorchJob, `RLConfig.launch`): every rank rolls
+out its own groups (TRL's RepeatSampler hands each rank whole groups of N identical prompts, and
+`rollout_func` runs on each rank), advantages are computed over the gathered batch, gradients are
+averaged by DDP (or sharded by FSDP/ZeRO-3). Each rank has an equal share of `rollout_budget`; the
+main process alone logs to MLflow and writes the model, the records of every rank and the result.
+
 Differences from the builtin engine, numbered:
 1. Advantages are TRL's (group baseline, `scale_rewards` from GRPOConfig), so the sampler's pool
    baseline (`RolloutConfig.advantage_baseline="pool"`) does not apply here.
 2. TRL hands out exactly `batch_prompts` prompts per optimizer step; DAPO refill (`RolloutConfig.refill`)
    cannot pull more, a dropped group is a step with fewer informative groups.
-3. Generation is HF `generate` through our policy (batched across a wave, `BatchingPolicy`); TRL's vLLM
-   path (`use_vllm`) is not wired into these multi-turn episodes yet.
+3. Generation is HF `generate` through our policy (batched across a wave, `BatchingPolicy`), or with
+   `RLConfig.use_vllm` TRL's colocated vLLM engine (`VLLMPolicy`, still batched per wave; TRL syncs the
+   weights into it before each step's rollout). vLLM's server mode is not wired: its client lives on
+   rank 0 only, while every rank runs its own multi-turn episodes here.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from components.core.distributed import barrier, is_main_process, world_size
 from components.core.harness import initial_steps, steps_to_messages
 from components.core.schema import Outcome, Task, Trajectory
 from components.core.store import TrajectoryStore
@@ -60,7 +69,9 @@ class TRLRollout:
                  store: TrajectoryStore | None = None):
         self.tasks, self.recipe, self.client, self.config, self.tokenizer = tasks, recipe, client, config, tokenizer
         self.store = store
-        self.budget = RolloutBudget(config.rollout_budget)
+        # Every rank rolls out its own groups: each gets an equal share of the global episode budget.
+        share = None if config.rollout_budget is None else -(-config.rollout_budget // world_size())
+        self.budget = RolloutBudget(share)
         self.history = PromptHistory(config.rollout, config.seed)
         self.records: list[PromptRecord] = []
         self.dropped_groups = 0
@@ -76,13 +87,19 @@ class TRLRollout:
     def dataset_rows(self) -> list[dict]:
         return [{"prompt": self.prompt(t), "task_id": t.id} for t in self.tasks.values()]
 
-    def _episode_source(self, model: Any) -> Any:
+    def _episode_source(self, model: Any, trainer: Any = None) -> Any:
         from components.core.batching import BatchingPolicy
         from components.core.local_policy import LocalTransformersPolicy
         from components.rl import EpisodeSource
 
         if self._model is not model:  # the same weights object across steps: the rollout is on-policy
-            policy: Any = LocalTransformersPolicy(model, self.tokenizer, device=str(next(model.parameters()).device))
+            device = str(next(model.parameters()).device)
+            if getattr(getattr(trainer, "args", None), "use_vllm", False):
+                from components.core.vllm_policy import VLLMPolicy
+
+                policy: Any = VLLMPolicy(trainer.vllm_generation.llm, model, self.tokenizer, device=device)
+            else:
+                policy = LocalTransformersPolicy(model, self.tokenizer, device=device)
             if self.config.batch_rollouts:
                 if self._source is not None and isinstance(self._source.policy, BatchingPolicy):
                     self._source.policy.close()
@@ -105,7 +122,7 @@ class TRLRollout:
             raise ValueError(f"{len(prompts)} prompts is not whole groups of {n}")
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
-        source = self._episode_source(model)
+        source = self._episode_source(model, trainer)
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                 "verified_reward", "attempt_id")}
         try:
@@ -172,6 +189,17 @@ class TRLRollout:
                 "completion_ids": [end], "env_mask": [0], "logprobs": [0.0], "verified_reward": 0.0,
                 "attempt_id": ""}
 
+    def gather(self) -> None:
+        """Under several processes: every rank's records and dropped groups, in rank order, on every rank."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, (self.records, self.dropped_groups))
+        self.records = [r for records, _ in parts for r in records]
+        self.dropped_groups = sum(dropped for _, dropped in parts)
+
     def summary(self) -> dict[str, float]:
         return {**summarize(self.records), "dropped_groups": float(self.dropped_groups)}
 
@@ -189,10 +217,29 @@ def grpo_args(config: RLConfig, out: Path, **overrides: Any) -> Any:
         epsilon_high=config.clip_eps_high or config.clip_eps, beta=config.kl_coef, temperature=config.temperature,
         logging_steps=1, report_to="none", save_strategy="no", seed=config.seed, dataloader_num_workers=0,
         lr_scheduler_type="constant", max_completion_length=config.max_len, use_cpu=not _cuda(), bf16=False, shuffle_dataset=True,
+        # CPU processes (tests, laptops) talk over gloo; GPUs over NCCL, which accelerate picks itself.
+        ddp_backend="gloo" if world_size() > 1 and not _cuda() else None,
     )
+    if use_vllm(config):
+        args.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+                    vllm_max_model_length=config.max_len)
     args.update(config.trl_args)
     args.update(overrides)
     return GRPOConfig(**args)
+
+
+def use_vllm(config: RLConfig) -> bool:
+    """Whether rollouts sample through vLLM: `use_vllm` True needs it installed, 'auto' takes it when it can."""
+    import importlib.util
+
+    available = importlib.util.find_spec("vllm") is not None
+    if config.use_vllm is True and not available:
+        raise ValueError("rl.use_vllm=true but vllm is not installed; install it (scripts/gpu_check.sh pins a "
+                         "version TRL 1.16 accepts) or set rl.use_vllm to false or 'auto'")
+    if config.use_vllm is True and not _cuda():
+        raise ValueError("rl.use_vllm=true needs a CUDA GPU (vLLM's colocate mode shares the training GPU); "
+                         "set rl.use_vllm to false or 'auto' on a CPU machine")
+    return config.use_vllm is True or (config.use_vllm == "auto" and available and _cuda())
 
 
 def _cuda() -> bool:
@@ -209,10 +256,8 @@ def train_rl_trl(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from components.core.modeling import load_policy, save_policy
+    from components.core.modeling import load_policy
     from components.recipes import get_recipe
-
-    from components.core.distributed import barrier, is_main_process
 
     model, tokenizer = load_policy(model_dir)
     t0 = time.perf_counter()
@@ -228,8 +273,11 @@ def train_rl_trl(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path
         finally:
             rollout.close()
         records_path = out / "rollout_records.jsonl"
-        if main:  # the records are rank 0's prompts only when several processes roll out
-            save_policy(trainer.accelerator.unwrap_model(trainer.model), tokenizer, out)
+        rollout.gather()  # every rank's sampler choices, so the result counts the whole job
+        # every rank calls save_model: under FSDP / ZeRO-3 each holds a shard, the main process writes
+        trainer.save_model(str(out))
+        if main:
+            tokenizer.save_pretrained(str(out))
             records_path.write_text("".join(r.model_dump_json() + "\n" for r in rollout.records))
         barrier()  # nobody returns (and reads the model) before it is written
         losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -247,5 +295,7 @@ def train_rl_trl(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path
                      "final_loss": losses[-1] if losses else float("nan")},
         )
         log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
-        log_json(result.model_dump(mode="json"), "rl_result.json")
+        if main:
+            (out / "rl_result.json").write_text(result.model_dump_json(indent=2))  # the gate reads steps_done
+            log_json(result.model_dump(mode="json"), "rl_result.json")
     return result

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.distributed import barrier, is_main_process, world_size
+from components.core.distributed import LaunchConfig, barrier, is_main_process, world_size
 from components.core.modeling import (
     LoadOptions, ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters, resolve_device,
 )
@@ -50,6 +50,8 @@ class SFTConfig(BaseModel):
     model: ModelConfig = Field(default_factory=ModelConfig, description="The fresh model when no base is given.")
     load: LoadOptions = Field(default_factory=LoadOptions,
                               description="Device, dtype and attention kernel the base checkpoint trains with.")
+    launch: LaunchConfig = Field(default_factory=LaunchConfig,
+                                 description="Processes of the stage in a pipeline (> 1: a PyTorchJob).")
 
 
 class SFTResult(BaseModel):

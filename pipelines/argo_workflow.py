@@ -6,6 +6,9 @@ name>` holds the layout of `pipelines/layout.py`, and each stage is `python -m p
 <stage>` in the project image, as its own template (resources, GPU placement, retries, deadline from
 its row). The start step validates the PipelineConfig and opens the MLflow parent run; its output
 parameters reach every stage through `get_parameter`, and the dependencies are the rows' inputs (`>>`).
+A row whose config asks for more than one process (`Stage.launch`) is a `resource` template instead:
+it creates a PyTorchJob (`pipelines/pytorchjob.py`) whose pods mount the same volume and run the same
+step under torchrun, and succeeds or fails with the job's Master replica.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from hera.workflows import (
     Container,
     CronWorkflow,
     Parameter,
+    Resource,
     Resources,
     RetryStrategy,
     SecretEnv,
@@ -23,7 +27,7 @@ from hera.workflows import (
 from hera.workflows import models as m
 from hera.workflows.models import ValueFrom, WorkflowTemplateRef
 
-from pipelines import stages
+from pipelines import pytorchjob, stages
 from pipelines.cluster import ClusterConfig
 from pipelines.config import PipelineConfig
 from pipelines.parameters import pipeline_parameters, retrain_arguments
@@ -49,10 +53,29 @@ def _secrets(cluster: ClusterConfig) -> list:
     ]
 
 
+def _job_template(stage: stages.Stage, launch, cluster: ClusterConfig, inputs: list) -> Resource:
+    """The stage as a PyTorchJob over the workflow's volume (claim `<workflow>-run-data`, as Argo names it)."""
+    placeholders = (_wf("gpu_node_selector"), _wf("gpu_tolerations"))  # JSON parameters: unquoted in the YAML
+    manifest = pytorchjob.pytorchjob_manifest(
+        stage, launch, generate_name=f"orchard-{stage.name}-", image=_wf("gpu_image" if stage.gpu else "image"),
+        command=pytorchjob.job_command(stage.name, launch, RUN_DIR, "{{inputs.parameters.parent_run_id}}"),
+        claim_name="{{workflow.name}}-run-data", mount_path=DATA,
+        secret_env=pytorchjob.secret_env(_wf("sandbox_token_secret"), cluster.sandbox_token_key,
+                                         _wf("endpoint_secret"), cluster.endpoint_key),
+        node_selector=placeholders[0], tolerations=placeholders[1],
+        deadline_seconds=stage.timeout_seconds or cluster.stage_timeout_seconds)
+    return Resource(
+        name=stage.name, action="create", set_owner_reference=True,  # deleted with the workflow
+        manifest=pytorchjob.to_yaml(manifest, unquoted=placeholders),
+        success_condition=pytorchjob.SUCCESS_CONDITION, failure_condition=pytorchjob.FAILURE_CONDITION,
+        inputs=inputs, retry_strategy=RetryStrategy(limit=stage.retries) if stage.retries else None)
+
+
 def build_workflow_template(cluster: ClusterConfig | None = None, defaults: PipelineConfig | None = None,
                             namespace: str | None = None) -> WorkflowTemplate:
     cluster = cluster or ClusterConfig()
-    params = pipeline_parameters(defaults or PipelineConfig.preset_config("demo"), cluster)
+    defaults = defaults or PipelineConfig.preset_config("demo")  # also decides which stages are PyTorchJobs
+    params = pipeline_parameters(defaults, cluster)
     # A model-level claim template: hera's Volume validates access mode and size, which are parameters here.
     claim = m.PersistentVolumeClaim(
         metadata=m.ObjectMeta(name="run-data"),
@@ -87,6 +110,10 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
                      "--parent-run-id", "{{inputs.parameters.parent_run_id}}"]
         templates = {}
         for stage in stages.STAGES:
+            launch = stage.launch(defaults)
+            if launch is not None:
+                templates[stage.name] = _job_template(stage, launch, cluster, inputs)
+                continue
             templates[stage.name] = Container(
                 name=stage.name,
                 image=_wf("gpu_image" if stage.gpu else "image"),

@@ -1,6 +1,7 @@
 """`orchard`: compile the pipelines, run them locally, show the config, schedule them.
 
-    orchard compile --out build/pipelines [--image-registry R]   KFP YAML + Argo WorkflowTemplate/CronWorkflow
+    orchard compile --out build/pipelines [--image-registry R] [--set sft.launch.nproc_per_node=4]
+                                                                  KFP YAML + Argo WorkflowTemplate/CronWorkflow
     orchard run [--preset tiny] [--config F] [--set sft.steps=400] [--kfp-local] [--retrain]   the whole DAG here
     orchard demo                                                  = orchard run --preset demo (`make demo`)
     orchard config show [--preset P] [--set ...]                  the resolved PipelineConfig
@@ -21,17 +22,20 @@ ARGO_CRON_FILE = "orchard-retrain.cronworkflow.yaml"
 
 
 def compile_all(out_dir: str | Path, preset: str = "demo", schedule: str = "0 3 * * 0",
-                cluster=None) -> dict[str, Path]:
-    """Write the KFP pipeline YAML and both Argo YAMLs; returns their paths by kind."""
+                cluster=None, sets: list[str] | None = None, config_file: str | None = None) -> dict[str, Path]:
+    """Write the KFP pipeline YAML and both Argo YAMLs; returns their paths by kind.
+
+    `sets`/`config_file` change the compiled config: its values become the parameter defaults
+    (`overrides_json`), and a stage whose `launch` asks for more than one process becomes a PyTorchJob."""
     from pipelines.argo_workflow import build_cron_workflow, build_workflow_template
     from pipelines.cluster import ClusterConfig
-    from pipelines.config import PipelineConfig
+    from pipelines.config import resolve
     from pipelines.kfp_pipeline import compile_pipeline
 
     cluster = cluster or ClusterConfig()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    defaults = PipelineConfig.preset_config(preset)
+    defaults = resolve(preset, sets, config_file)
     paths = {"kfp": compile_pipeline(out / KFP_FILE, cluster, defaults),
              "argo_template": out / ARGO_TEMPLATE_FILE, "argo_cron": out / ARGO_CRON_FILE}
     paths["argo_template"].write_text(build_workflow_template(cluster, defaults).to_yaml())
@@ -102,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-tag", default=None, help="tag of every image (as `make images TAG=`)")
     p.add_argument("--cluster", action="append", metavar="KEY=VALUE",
                    help="a ClusterConfig name (pipelines/cluster.py), e.g. namespace=ml")
+    _config_args(p, preset=False)  # compiled in: e.g. --set sft.launch.nproc_per_node=4 (a PyTorchJob)
 
     for name, help_text in (("run", "run the whole DAG on this machine"), ("demo", "the demo run (make demo)")):
         p = sub.add_parser(name, help=help_text)
@@ -154,7 +159,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         except ValidationError as e:
             raise ConfigError("; ".join(f"--cluster {'.'.join(map(str, x['loc']))}: {x['msg']}"
                                         for x in e.errors())) from None
-        for kind, path in compile_all(args.out, args.preset, args.schedule, cluster).items():
+        for kind, path in compile_all(args.out, args.preset, args.schedule, cluster, args.set, args.config).items():
             print(f"{kind}: {path}")
         return 0
     if args.command == "demo":

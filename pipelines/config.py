@@ -152,6 +152,22 @@ def deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
+def overrides_of(config: PipelineConfig) -> dict[str, Any]:
+    """The dotted settings where `config` departs from its preset (what `--set` changed), e.g. for a
+    compiled pipeline's `overrides_json` default, so a run without parameters gets the compiled config."""
+    def flat(data: dict, prefix: str = "") -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            if isinstance(value, dict) and value:
+                out |= flat(value, f"{prefix}{key}.")
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    preset = flat(PipelineConfig.preset_config(config.preset).model_dump(mode="json"))
+    return {k: v for k, v in flat(config.model_dump(mode="json")).items() if preset.get(k, object()) != v}
+
+
 def dotted_to_nested(values: dict[str, Any]) -> dict:
     """{"sft.steps": 400} -> {"sft": {"steps": 400}} (keys without dots pass through)."""
     out: dict = {}

@@ -108,6 +108,42 @@ def rl(config_json: str, parent_run_id: str, tasks: Input[Dataset], sft_model: I
 
 
 @_component
+def sft_job(config_json: str, parent_run_id: str, credited: Input[Dataset], base_model: Input[Model],
+            model: Output[Model], metrics: Output[Metrics], run_store: str, job_image: str, nproc_per_node: int,
+            workers: int, timeout_seconds: int, sandbox_token_secret: str, endpoint_secret: str, secret_keys: dict,
+            gpu_node_selector: dict, gpu_tolerations: list) -> str:
+    """The sft stage as a PyTorchJob of (1 + workers) nodes x nproc_per_node processes (pipelines/launcher.py)."""
+    from components.core.distributed import LaunchConfig
+    from pipelines.kfp_pipeline import STORE_MOUNT
+    from pipelines.launcher import kfp_job_entry
+
+    return kfp_job_entry("sft", config_json, parent_run_id, {"credited": credited, "base_model": base_model},
+                         {"model": model}, metrics, launch=LaunchConfig(nproc_per_node=nproc_per_node, workers=workers),
+                         image=job_image, run_store=run_store, mount_path=STORE_MOUNT, timeout_seconds=timeout_seconds,
+                         placement={"sandbox_token_secret": sandbox_token_secret, "endpoint_secret": endpoint_secret,
+                                    "gpu_node_selector": gpu_node_selector, "gpu_tolerations": gpu_tolerations,
+                                    **secret_keys})
+
+
+@_component
+def rl_job(config_json: str, parent_run_id: str, tasks: Input[Dataset], sft_model: Input[Model], model: Output[Model],
+           metrics: Output[Metrics], run_store: str, job_image: str, nproc_per_node: int, workers: int,
+           timeout_seconds: int, sandbox_token_secret: str, endpoint_secret: str, secret_keys: dict,
+           gpu_node_selector: dict, gpu_tolerations: list) -> str:
+    """The rl stage (engine trl) as a PyTorchJob of (1 + workers) nodes x nproc_per_node processes."""
+    from components.core.distributed import LaunchConfig
+    from pipelines.kfp_pipeline import STORE_MOUNT
+    from pipelines.launcher import kfp_job_entry
+
+    return kfp_job_entry("rl", config_json, parent_run_id, {"tasks": tasks, "sft_model": sft_model},
+                         {"model": model}, metrics, launch=LaunchConfig(nproc_per_node=nproc_per_node, workers=workers),
+                         image=job_image, run_store=run_store, mount_path=STORE_MOUNT, timeout_seconds=timeout_seconds,
+                         placement={"sandbox_token_secret": sandbox_token_secret, "endpoint_secret": endpoint_secret,
+                                    "gpu_node_selector": gpu_node_selector, "gpu_tolerations": gpu_tolerations,
+                                    **secret_keys})
+
+
+@_component
 def evaluate_teacher(config_json: str, parent_run_id: str, tasks: Input[Dataset], results: Output[Dataset],
                      metrics: Output[Metrics]) -> str:
     """Evaluate the reference policy (scripted teacher or an endpoint) on the held-out tasks."""
@@ -184,3 +220,5 @@ BY_STAGE = {
     "evaluate-teacher": evaluate_teacher, "promote": promote,
     **{f"evaluate-{arm}": named(evaluate, f"evaluate-{arm}") for arm in ("untrained", "sft", "rl")},
 }
+# Stage name -> its launcher component, for the rows that may run as a PyTorchJob (Stage.distributed).
+JOB_BY_STAGE = {"sft": named(sft_job, "sft"), "rl": named(rl_job, "rl")}  # task names are stage names

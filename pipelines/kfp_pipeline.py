@@ -4,7 +4,9 @@
 
 The pipeline's parameters are `pipelines/parameters.py` (one list for KFP and Argo). Kubernetes
 settings (kfp-kubernetes, the YAML's second document), all from pipeline parameters: the GPU rows ask
-for one GPU with the GPU nodeSelector and tolerations; the resumable rows write their stores on a
+for one GPU with the GPU nodeSelector and tolerations; a row whose config asks for more than one process
+(`Stage.launch`: `sft.launch`, `rl.launch` of the compiled config) is a launcher step that runs it as a
+PyTorchJob (`pipelines/launcher.py`) over a run directory on the PVC; the resumable rows write their stores on a
 PVC (storage class, access mode, size); the sandbox token and the endpoint key come from Secrets as
 environment variables, never as parameters. The ServiceAccount is a property of a KFP *run*, not of
 a task (kfp-kubernetes has no per-task setting): `orchard schedule` and the README's `kfp run create`
@@ -26,20 +28,26 @@ PIPELINE_NAME = "orchard-training"
 STORE_MOUNT = "/mnt/run-store"
 
 
-def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: ClusterConfig) -> dsl.PipelineTask:
-    """Image, secrets, resources, retries and timeout of one stage's task."""
-    task.set_container_image(p["gpu_image"] if stage.gpu else p["image"])
-    task.set_cpu_request(stage.cpu).set_memory_request(stage.memory.replace("Gi", "G"))
+def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: ClusterConfig,
+           job: bool = False) -> dsl.PipelineTask:
+    """Image, secrets, resources, retries and timeout of one stage's task (`job`: its PyTorchJob launcher)."""
+    gpu = stage.gpu and not job  # a launcher only waits; its job's pods get the GPUs
+    task.set_container_image(p["gpu_image"] if gpu else p["image"])
+    if job:
+        task.set_cpu_request("1").set_memory_request("2G")
+    else:
+        task.set_cpu_request(stage.cpu).set_memory_request(stage.memory.replace("Gi", "G"))
     kubernetes.use_secret_as_env(task, secret_name=p["sandbox_token_secret"],
                                  secret_key_to_env={cluster.sandbox_token_key: "ORCHARD_SANDBOX_TOKEN"})
     kubernetes.use_secret_as_env(task, secret_name=p["endpoint_secret"],
                                  secret_key_to_env={cluster.endpoint_key: "OPENAI_API_KEY"}, optional=True)
-    kubernetes.set_timeout(task, stage.timeout_seconds or cluster.stage_timeout_seconds)
+    # a launcher outlives its job's own deadline by the time to stage artifacts and start the pods
+    kubernetes.set_timeout(task, (stage.timeout_seconds or cluster.stage_timeout_seconds) + (1800 if job else 0))
     if not stage.cache:
         task.set_caching_options(False)
     if stage.retries:
         task.set_retry(num_retries=stage.retries, backoff_duration="30s")
-    if stage.gpu:
+    if gpu:
         task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(1)
         kubernetes.add_node_selector_json(task, p["gpu_node_selector"])
         kubernetes.add_toleration_json(task, p["gpu_tolerations"])
@@ -54,7 +62,8 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
     exit handler), for `kfp.local`; kfp-kubernetes settings are ignored there anyway.
     """
     cluster = cluster or ClusterConfig()
-    params: list[Param] = pipeline_parameters(defaults or PipelineConfig.preset_config("demo"), cluster)
+    config_defaults = defaults or PipelineConfig.preset_config("demo")  # also decides which stages are PyTorchJobs
+    params: list[Param] = pipeline_parameters(config_defaults, cluster)
     params.append(Param("run_label", "", "A label for finding this run's MLflow parent run (tests)."))
     names = [x.name for x in params]
 
@@ -68,6 +77,21 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
             args = {arg: tasks[ref.split(".")[0]].outputs[ref.split(".")[1]] for arg, ref in stage.inputs.items()}
             if stage.name.startswith("evaluate-") and stage.name != "evaluate-teacher":
                 args["stage"] = stage.name
+            launch = stage.launch(config_defaults)
+            if launch is not None:  # more than one process: a launcher step runs the stage as a PyTorchJob
+                if store is None:
+                    raise ValueError(f"stage {stage.name} asks for {launch.processes} processes ({stage.config}.launch), "
+                                     "a PyTorchJob, which needs a cluster; kfp.local runs one process per stage")
+                task = c.JOB_BY_STAGE[stage.name](
+                    config_json=config, parent_run_id=run_id, **args, run_store=store.outputs["name"],
+                    job_image=p["gpu_image"] if stage.gpu else p["image"], nproc_per_node=launch.nproc_per_node,
+                    workers=launch.workers, timeout_seconds=stage.timeout_seconds or cluster.stage_timeout_seconds,
+                    sandbox_token_secret=p["sandbox_token_secret"], endpoint_secret=p["endpoint_secret"],
+                    secret_keys={"sandbox_token_key": cluster.sandbox_token_key, "endpoint_key": cluster.endpoint_key},
+                    gpu_node_selector=p["gpu_node_selector"], gpu_tolerations=p["gpu_tolerations"])
+                tasks[stage.name] = _place(task, stage, p, cluster, job=True)
+                kubernetes.mount_pvc(task, pvc_name=store.outputs["name"], mount_path=STORE_MOUNT)
+                continue
             task = c.BY_STAGE[stage.name](config_json=config, parent_run_id=run_id, **args)
             tasks[stage.name] = _place(task, stage, p, cluster)
             if store is not None and stage.resumable:
@@ -75,7 +99,7 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
                 task.set_env_variable("ORCHARD_STORE_MOUNT", STORE_MOUNT)
         if store is not None:
             kubernetes.DeletePVC(pvc_name=store.outputs["name"]).after(
-                *[tasks[s.name] for s in stages.STAGES if s.resumable])
+                *[tasks[s.name] for s in stages.STAGES if s.resumable or s.launch(config_defaults)])
         results = {s.name.replace("-", "_"): tasks[s.name].outputs["Output"] for s in stages.STAGES}
         final = c.report(config_json=config, parent_run_id=run_id, **results)
         final.set_container_image(p["image"])

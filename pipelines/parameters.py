@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.cluster import ClusterConfig
-from pipelines.config import PipelineConfig
+from pipelines.config import PipelineConfig, overrides_of
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,9 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
         Param("preset", config.preset, "Preset the run starts from (demo, tiny).", start=True),
         Param("recipe", config.recipe, "Task recipe: swe, gui or claw.", start=True),
         Param("seed", config.seed, "Seed of every stage.", start=True),
-        Param("overrides_json", "{}", 'Further PipelineConfig settings as JSON, e.g. {"sft.steps": 400}.', start=True),
+        Param("overrides_json", json.dumps(overrides_of(config), sort_keys=True),
+              'Further PipelineConfig settings as JSON, e.g. {"sft.steps": 400} (default: those compiled in).',
+              start=True),
         Param("experiment", config.experiment, "MLflow experiment.", start=True),
         # Retraining (a schedule's knobs): what a run starts from and what it must beat
         Param("start_from", config.retrain.start_from, "Train from the 'base' model or the registry's 'champion'.",

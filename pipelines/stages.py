@@ -9,7 +9,8 @@
 
 A row is one stage: its name (the task name in all three runners), the function that runs it, the
 PipelineConfig section that is its config, the artifacts it reads (`"stage.output"`) and writes,
-where it runs (GPU or not), retries and timeout. Dependencies are the inputs' producers.
+where it runs (GPU or not; `distributed`: a PyTorchJob when its config's `launch` asks for more than one
+process), retries and timeout. Dependencies are the inputs' producers.
 Adding a stage = one function here + one row (+ one KFP component signature in kfp_pipeline.py,
 where KFP needs annotations; a test keeps the signatures equal to the rows).
 
@@ -52,6 +53,15 @@ class Stage:
     cache: bool = True  # False: the result depends on state outside its inputs (the registry), never reuse it
     # A stage whose config is built from several sections (the gate): PipelineConfig -> its config.
     build_config: Callable[[Any], BaseModel] | None = None
+    # Its config has a `launch` section (LaunchConfig): more than one process runs it as a PyTorchJob.
+    distributed: bool = False
+
+    def launch(self, config: Any) -> Any:
+        """The stage's LaunchConfig when `config` (a PipelineConfig) runs it in more than one process, else None."""
+        if not self.distributed:
+            return None
+        launch = getattr(config, self.config).launch
+        return launch if launch.processes > 1 else None
 
     @property
     def depends(self) -> list[str]:
@@ -184,8 +194,8 @@ STAGES: list[Stage] = [
     Stage("accumulate", accumulate, "retrain", {**_TASKS, "credited": "credit.credited"}, {"training": "dataset"},
           retries=2, cache=False),  # the store lives outside the artifacts
     Stage("sft", sft, "sft", {"credited": "accumulate.training", "base_model": "init-policy.model"},
-          {"model": "model"}, gpu=True),
-    Stage("rl", rl, "rl", {**_TASKS, "sft_model": "sft.model"}, {"model": "model"}, gpu=True),
+          {"model": "model"}, gpu=True, distributed=True),
+    Stage("rl", rl, "rl", {**_TASKS, "sft_model": "sft.model"}, {"model": "model"}, gpu=True, distributed=True),
     Stage("evaluate-untrained", evaluate, "evaluate", {**_TASKS, "model": "init-policy.model"}, {"results": "dataset"}),
     Stage("evaluate-sft", evaluate, "evaluate", {**_TASKS, "model": "sft.model"}, {"results": "dataset"}),
     Stage("evaluate-rl", evaluate, "evaluate", {**_TASKS, "model": "rl.model"}, {"results": "dataset"}),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from components.core.connection import SandboxConnection
+from components.core.distributed import is_main_process, world_size
 from components.core.tracking import TrackingConfig, close_pipeline_run, open_pipeline_run
 from pipelines import stages
 from pipelines.config import PipelineConfig, resolve
@@ -74,12 +75,24 @@ class StepContext:
 def run_stage(name: str, ctx: StepContext, inputs: dict[str, Path | str], outputs: dict[str, Path | str]) -> dict:
     """Run one row of the stage table; returns its result as JSON-ready data (raises StageFailed)."""
     stage = stages.BY_NAME[name]
+    check_world_size(stage, ctx.config)
     call = stages.StageCall(config=ctx.stage_config(name), inputs={k: Path(v) for k, v in inputs.items()},
                             outputs={k: Path(v) for k, v in outputs.items()}, tracking=ctx.tracking(name))
     result = stage.run(call)
     record = result.model_dump(mode="json") if isinstance(result, BaseModel) else dict(result)
     check_infra_errors(name, record, ctx.config)
     return record
+
+
+def check_world_size(stage: stages.Stage, config: PipelineConfig) -> None:
+    """A stage runs in as many processes as its config's `launch` says (a mismatch trains the wrong thing)."""
+    wanted = getattr(getattr(config, stage.config, None), "launch", None) if stage.distributed else None
+    processes = wanted.processes if wanted is not None else 1
+    if world_size() != processes:
+        raise stages.StageFailed(
+            f"stage {stage.name}: its config asks for {processes} process(es) ({stage.config}.launch) but it runs in "
+            f"{world_size()}; compile the pipeline with this config (the stage becomes a PyTorchJob) or start it as "
+            f"`torchrun --nproc-per-node=... -m pipelines.steps run {stage.name} ...` with that many processes")
 
 
 def infra_counts(record: dict) -> tuple[int, int] | None:
@@ -233,10 +246,15 @@ def kfp_entry(name: str, config_json: str, parent_run_id: str, inputs: dict[str,
     for k, path in work.items():  # resumable stores live on the PVC; the artifact gets a copy
         if path != out_paths[k]:
             shutil.copytree(path, out_paths[k], dirs_exist_ok=True)
+    log_record_metrics(record, metrics)
+    return json.dumps(record)
+
+
+def log_record_metrics(record: dict, metrics: Any) -> None:
+    """A stage result's numbers onto its KFP Metrics artifact (NaN left out)."""
     for key, value in (record.get("metrics") or {}).items():
         if isinstance(value, (int, float)) and value == value:
             metrics.log_metric(key, float(value))
-    return json.dumps(record)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,7 +266,8 @@ def run_in_layout(name: str, layout: RunLayout, ctx: StepContext) -> dict:
     inputs = {arg: layout.artifact(*ref.split(".", 1)) for arg, ref in stage.inputs.items()}
     outputs = {out: layout.artifact(name, out) for out in stage.outputs}
     record = run_stage(name, ctx, inputs, outputs)
-    layout.write_result(name, record)
+    if is_main_process():  # a PyTorchJob's other ranks trained too; rank 0 writes the one result
+        layout.write_result(name, record)
     return record
 
 
@@ -269,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status", default="Failed", help="close-run: the workflow status ({{workflow.status}}).")
     parser.add_argument("--run-dir", type=Path, required=True, help="The run directory on the shared volume.")
     parser.add_argument("--config-json", default="", help="The run's PipelineConfig (from the start step).")
+    parser.add_argument("--config-file", type=Path, default=None,
+                        help="Instead of --config-json: a file holding it (a PyTorchJob's pods read the run dir's).")
     parser.add_argument("--parent-run-id", default="", help="MLflow parent run id (from the start step).")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
                         help="start: a pipeline parameter (preset, recipe, seed, overrides_json, ...).")
@@ -277,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from pipelines.layout import RunLayout
 
+    if args.config_file is not None:
+        args.config_json = args.config_file.read_text()
     if args.step == stages.CLOSE:
         if not args.parent_run_id or not args.config_json.startswith("{"):
             print("close-run: the start step produced no MLflow parent run; nothing to close")
@@ -291,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         args.run_dir.mkdir(parents=True, exist_ok=True)
         args.outputs_dir.mkdir(parents=True, exist_ok=True)
         (args.outputs_dir / "config_json").write_text(config.model_dump_json())
+        RunLayout(args.run_dir).config.write_text(config.model_dump_json())  # for a stage's PyTorchJob pods
         (args.outputs_dir / "parent_run_id").write_text(run_id)
         return 0
     ctx = StepContext.from_json(args.config_json, args.parent_run_id)

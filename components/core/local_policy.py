@@ -116,28 +116,39 @@ class LocalTransformersPolicy:
                 live.append(i)
         if not live:
             return results  # type: ignore[return-value]
-        caps = {i: min(configs[i].max_new_tokens, self.max_context_tokens - len(prompts[i])) for i in live}
+        caps = [min(configs[i].max_new_tokens, self.max_context_tokens - len(prompts[i])) for i in live]
+        seed = next((c.seed for c in configs if c.seed is not None), None)
+        sampled = self._sample([prompts[i] for i in live], caps, first, seed)
+        for i, (row_ids, row_logprobs) in zip(live, sampled):
+            results[i] = self._finish(row_ids, row_logprobs, len(prompts[i]), first.stop)
+        return results  # type: ignore[return-value]
+
+    def _sample(self, prompts: list[list[int]], caps: list[int], config: GenerationConfig,
+                seed: int | None) -> list[tuple[list[int], list[float]]]:
+        """(ids as sampled, their logprobs) per prompt, each cut after its end-of-turn token or at its cap.
+
+        The one place that samples: a subclass with another engine (`vllm_policy.VLLMPolicy`) overrides it."""
+        import torch
+
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._stop_ids[0]
         kwargs: dict[str, Any] = dict(
-            max_new_tokens=max(caps.values()), eos_token_id=self._stop_ids, pad_token_id=pad,
+            max_new_tokens=max(caps), eos_token_id=self._stop_ids, pad_token_id=pad,
             suppress_tokens=self._suppress or None, use_cache=True, return_dict_in_generate=True, output_scores=True)
         if getattr(self.model.config, "output_router_logits", False):
             # MoE models trained with the router aux loss would compute it on every decode step, and
             # transformers' version breaks on a padded batch's mask (shape mismatch); generation needs no loss.
             kwargs["output_router_logits"] = False
-        if first.temperature > 0:
-            kwargs.update(do_sample=True, temperature=first.temperature, top_p=first.top_p, top_k=0)
+        if config.temperature > 0:
+            kwargs.update(do_sample=True, temperature=config.temperature, top_p=config.top_p, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if first.stop:
-            kwargs.update(stop_strings=list(first.stop), tokenizer=self.tokenizer)
-        width = max(len(prompts[i]) for i in live)
+        if config.stop:
+            kwargs.update(stop_strings=list(config.stop), tokenizer=self.tokenizer)
+        width = max(len(p) for p in prompts)
         # Left padding: every row's last prompt token sits at the same position, where decoding starts.
-        ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in live], dtype=torch.long,
-                           device=self.device)
-        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in live],
-                            dtype=torch.long, device=self.device)
-        seed = next((c.seed for c in configs if c.seed is not None), None)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long,
+                            device=self.device)
         rng = torch.random.fork_rng() if seed is not None else contextlib.nullcontext()
         self.model.eval()
         with rng, torch.no_grad():
@@ -148,14 +159,15 @@ class LocalTransformersPolicy:
             # Only the sampled token's logprob is kept per step (the full distribution is vocab-sized).
             picked = torch.stack([torch.log_softmax(score.float(), dim=-1).gather(-1, new[:, t:t + 1]).squeeze(-1)
                                   for t, score in enumerate(out.scores)], dim=1)
-        for row, i in enumerate(live):
-            row_ids = new[row].tolist()[: caps[i]]
+        rows = []
+        for row, cap in enumerate(caps):
+            row_ids = new[row].tolist()[:cap]
             cut = next((k + 1 for k, tok in enumerate(row_ids) if tok in self._stop_ids), None)
             if cut is None and pad in row_ids:  # finished on a stop string: the rest is padding
                 cut = row_ids.index(pad)
             row_ids = row_ids[:cut] if cut is not None else row_ids
-            results[i] = self._finish(row_ids, picked[row, : len(row_ids)].tolist(), len(prompts[i]), first.stop)
-        return results  # type: ignore[return-value]
+            rows.append((row_ids, picked[row, : len(row_ids)].tolist()))
+        return rows
 
     def _finish(self, new_ids: list[int], logprobs: list[float], prompt_tokens: int, stop: list[str]) -> Generation:
         finished = bool(new_ids) and new_ids[-1] in self._stop_ids

@@ -62,14 +62,16 @@ def qwen_vocab_tokenizer(family: Family = "chatml"):
     return tokenizer
 
 
-def tiny_qwen3(tokenizer, seed: int = 0):
-    """A random-init Qwen3ForCausalLM at tiny width over the tokenizer's vocabulary."""
+def tiny_qwen3(tokenizer, seed: int = 0, hidden_size: int = 32, num_hidden_layers: int = 1, head_dim: int = 16):
+    """A random-init Qwen3ForCausalLM at tiny width over the tokenizer's vocabulary (wider for scripts/gpu_check.py)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
+    heads = max(2, hidden_size // head_dim)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_hidden_layers, num_attention_heads=heads,
+                         num_key_value_heads=max(1, heads // 2), head_dim=head_dim, max_position_embeddings=4096,
                          tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
     model = Qwen3ForCausalLM(config)

@@ -9,7 +9,7 @@ is missing these tests skip and say so.
 Checked: every rendered object against the Kubernetes OpenAPI schema (kubernetes-validate, strict:
 unknown fields fail); the PyTorchJob against a JSON schema written from the Training Operator's
 published kubeflow.org/v1 CRD fields (top level, runPolicy, replica specs) with its pod templates
-validated as real PodSpecs. Not covered: the CRD's full generated schema (elasticPolicy details,
+validated as real PodSpecs (`pipelines/pytorchjob.py`, shared with the pipelines' jobs). Not covered: the CRD's full generated schema (elasticPolicy details,
 schedulingPolicy), admission on a real cluster, and whether the images exist in a registry.
 """
 
@@ -27,6 +27,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from pipelines.pytorchjob import validate_pytorchjob
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
 from sandbox_service.backends.kubernetes_objects import INJECTOR_SOURCE, object_labels
 from pipelines.cluster import ClusterConfig
@@ -44,41 +45,6 @@ EXTERNAL = {"secret": {"orchard-api-token", "orchard-mlflow-store"}, "pvc": {"or
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None,
                                 reason="kubectl (for `kubectl kustomize`) is not installed")
-
-_REPLICA = {
-    "type": "object", "additionalProperties": False, "required": ["template"],
-    "properties": {
-        "replicas": {"type": "integer", "minimum": 0},
-        "restartPolicy": {"enum": ["Always", "OnFailure", "Never", "ExitCode"]},
-        "template": {"type": "object", "required": ["spec"],
-                     "properties": {"metadata": {"type": "object"}, "spec": {"type": "object"}}},
-    },
-}
-PYTORCHJOB_SCHEMA = {  # from the kubeflow.org/v1 PyTorchJob CRD (Training Operator v1.7+)
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "kubeflow.org/v1"}, "kind": {"const": "PyTorchJob"},
-        "metadata": {"type": "object", "required": ["name"]},
-        "spec": {
-            "type": "object", "additionalProperties": False, "required": ["pytorchReplicaSpecs"],
-            "properties": {
-                "nprocPerNode": {"type": "string"},
-                "elasticPolicy": {"type": "object"},
-                "runPolicy": {"type": "object", "additionalProperties": False, "properties": {
-                    "cleanPodPolicy": {"enum": ["All", "Running", "None"]},
-                    "ttlSecondsAfterFinished": {"type": "integer", "minimum": 0},
-                    "activeDeadlineSeconds": {"type": "integer", "minimum": 0},
-                    "backoffLimit": {"type": "integer", "minimum": 0},
-                    "schedulingPolicy": {"type": "object"},
-                    "suspend": {"type": "boolean"},
-                    "managedBy": {"type": "string"}}},
-                "pytorchReplicaSpecs": {"type": "object", "additionalProperties": False, "minProperties": 1,
-                                        "properties": {"Master": _REPLICA, "Worker": _REPLICA}},
-            },
-        },
-    },
-}
-
 
 def render(target: str) -> list[dict]:
     out = subprocess.run(["kubectl", "kustomize", str(MANIFESTS / target)], capture_output=True, text=True,
@@ -102,19 +68,6 @@ def pod_templates(doc: dict) -> list[dict]:
     if doc["kind"] == "PyTorchJob":
         return [r["template"] for r in doc["spec"]["pytorchReplicaSpecs"].values()]
     return []
-
-
-def validate_pytorchjob(doc: dict) -> None:
-    jsonschema.validate(doc, PYTORCHJOB_SCHEMA)
-    specs = doc["spec"]["pytorchReplicaSpecs"]
-    assert specs.get("Master", {}).get("replicas", 1) == 1, "a PyTorchJob has exactly one Master"
-    for replica in specs.values():
-        template = replica["template"]
-        assert any(c["name"] == "pytorch" for c in template["spec"]["containers"]), "operator needs 'pytorch'"
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "template", **template.get("metadata", {})},
-               "spec": template["spec"]}
-        for version in VERSIONS:
-            kubernetes_validate.validate(pod, version, strict=True)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -311,7 +264,7 @@ def test_the_service_image_installs_every_package_the_service_imports():
     assert needed <= installed, f"add to docker/sandbox-service/Dockerfile: {sorted(needed - installed)}"
 
 
-def test_training_entry_accepts_its_stage_file_and_refuses_multi_node_rl(tmp_path, monkeypatch, capsys):
+def test_training_entry_accepts_its_stage_file_and_refuses_multi_process_builtin_rl(tmp_path, monkeypatch, capsys):
     import importlib.util
 
     from components.sft import SFTConfig
@@ -326,7 +279,7 @@ def test_training_entry_accepts_its_stage_file_and_refuses_multi_node_rl(tmp_pat
     rl.write_text(json.dumps({"stage": "rl", "config": {}, "tasks_dir": "t", "model_dir": "m", "out_model_dir": "o"}))
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert entry.main(["train_entry.py", str(rl)]) == 2
-    assert "single-process" in capsys.readouterr().err
+    assert "set \"engine\": \"trl\"" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"stage": "dpo"}))
     assert entry.main(["train_entry.py", str(bad)]) == 2

@@ -54,8 +54,10 @@ def test_the_three_runners_have_the_same_tasks_and_dependencies(kfp_spec):
 def test_kfp_component_signatures_are_the_rows(kfp_spec):
     from kfp.dsl import Input, Output
 
-    for stage in stages.STAGES:
-        func = kfp_components.BY_STAGE[stage.name].python_func
+    jobs = [(stages.BY_NAME[n], c) for n, c in kfp_components.JOB_BY_STAGE.items()]  # PyTorchJob launchers
+    assert {s.name for s, _ in jobs} == {s.name for s in stages.STAGES if s.distributed}
+    for stage, component in [(s, kfp_components.BY_STAGE[s.name]) for s in stages.STAGES] + jobs:
+        func = component.python_func
         params = inspect.signature(func).parameters
         ins = {n for n, p in params.items() if getattr(p.annotation, "__origin__", None) is not None
                and "Input" in repr(p.annotation)}

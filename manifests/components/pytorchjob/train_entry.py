@@ -6,8 +6,10 @@ stage.json names the stage and its inputs:
 
 SFT trains with transformers' Trainer, which joins the process group torchrun set up (the operator
 provides MASTER_ADDR, WORLD_SIZE, RANK), so every rank runs the same call and Trainer shards the data
-and averages gradients. RL is a single-process loop in this project: run it with Worker replicas 0
-and nprocPerNode "1"; this script refuses a larger world instead of training N unsynchronised copies.
+and averages gradients. RL in more than one process needs `"engine": "trl"` in its config (TRL's
+GRPOTrainer: every rank rolls out its share of the groups, gradients are averaged); the builtin
+engine is one process and `train_rl` refuses a larger world instead of training N unsynchronised copies.
+(The pipelines launch their own PyTorchJobs, `pipelines/pytorchjob.py`; this file is for a job by hand.)
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ def main(argv: list[str]) -> int:
         result = train_sft(SFTConfig(**job.get("config", {})), job["trajectories_dir"], job["out_model_dir"],
                            base_model_dir=job.get("base_model_dir"))
     elif stage == "rl":
-        if world > 1:
-            print(f"train_entry: the RL stage is single-process; this job has WORLD_SIZE={world}. "
-                  "Set Worker replicas to 0 and nprocPerNode to \"1\".", file=sys.stderr)
-            return 2
         from components.rl import RLConfig, train_rl
 
-        result = train_rl(RLConfig(**job.get("config", {})), job["tasks_dir"], job["model_dir"], job["out_model_dir"])
+        config = RLConfig(**job.get("config", {}))
+        if world > 1 and config.engine != "trl":
+            print(f"train_entry: this job has WORLD_SIZE={world} but the RL config's engine is {config.engine!r}; "
+                  "set \"engine\": \"trl\" (or run one process: Worker replicas 0, nprocPerNode \"1\")",
+                  file=sys.stderr)
+            return 2
+        result = train_rl(config, job["tasks_dir"], job["model_dir"], job["out_model_dir"])
     else:
         print(f"train_entry: unknown stage {stage!r}; use 'sft' or 'rl'", file=sys.stderr)
         return 2
