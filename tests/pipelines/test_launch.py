@@ -269,7 +269,7 @@ def test_kfp_launcher_stages_inputs_runs_the_job_and_hands_its_outputs_on(tmp_pa
                             jobs=PyTorchJobs("orchard", api.api_client()), **_entry_args(tmp_path))
     assert json.loads(out) == {"steps": 20, "metrics": {"final_loss": 1.5}}
     assert seen["config"]["sft"]["launch"] == {"nproc_per_node": 2, "workers": 1}
-    assert seen["staged"] == ["config.json", "credit/credited/part-0.parquet", "init-policy/model/config.json"]
+    assert seen["staged"] == ["accumulate/training/part-0.parquet", "config.json", "init-policy/model/config.json"]
     assert (tmp_path / "out" / "model" / "model.safetensors").read_text() == "weights"
     assert metrics.logged == {"final_loss": 1.5}
     assert not list((tmp_path / "store" / "jobs").iterdir()), "the job's run dir is removed once handed on"
