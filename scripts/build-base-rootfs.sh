@@ -13,8 +13,9 @@ set -euo pipefail
 out=${1:?usage: $0 OUT.tar}
 command -v mmdebstrap >/dev/null || { echo "mmdebstrap is missing: run scripts/install-system-deps.sh" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || { echo "build-base-rootfs: run as root (mmdebstrap's root mode)" >&2; exit 1; }
-# passwd: useradd for the images' non-root users; patchelf: the agent injector's offline Python bundle.
-packages=python3.11,python3-venv,python3-pip,ca-certificates,passwd,findutils,patchelf
+# passwd: useradd for the images' non-root users; patchelf and busybox-static: the agent injector's
+# offline Python bundle and the static `cp` of its otherwise empty final image.
+packages=python3.11,python3-venv,python3-pip,ca-certificates,passwd,findutils,patchelf,busybox-static
 tmp="$out.tmp.$$"
 trap 'rm -f "$tmp"' EXIT
 mkdir -p "$(dirname "$out")"

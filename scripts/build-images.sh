@@ -13,7 +13,8 @@
 #   BASE_IMAGE=IMAGE|local          base of every image (default: each Dockerfile's public base, e.g.
 #                                   python:3.11-slim-bookworm). `local` needs no registry: a Debian bookworm
 #                                   root with Python 3.11 built by scripts/build-base-rootfs.sh (mmdebstrap),
-#                                   cached as $ORCHARD_IMAGE_CACHE/base-bookworm-py311.tar, imported once.
+#                                   cached as $ORCHARD_IMAGE_CACHE/base-bookworm-py311-<key>.tar (key: a
+#                                   hash of that script), imported once per image store.
 #   WHEELHOUSE=1                    install Python packages only from docker/wheelhouse/ (no index in the
 #                                   build): filled first by the host's pip from constraints.txt (a pip cache
 #                                   for repeated builds; pinned; torch's CPU wheel from the host's find-links)
@@ -24,17 +25,23 @@
 #   INJECTOR_PYTHON=standalone|debian  the agent injector's Python: python-build-standalone via uv (default,
 #                                   needs GitHub) or the base's Debian Python bundled with its libraries
 #   OCI_ARCHIVE_DIR=DIR             also write DIR/<name>.oci.tar (`kind load image-archive`, `skopeo copy`)
+#   BUILDAH_LAYERS=true             cache every step as a layer (off: with vfs each cached step is a full
+#                                   copy of the root, GBs for the stage runtime; the wheelhouse keeps
+#                                   rebuilds offline and fast enough)
 #   ORCHARD_IMAGE_CACHE=DIR         where the local base is cached (default ~/.cache/orchard/images)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REGISTRY=${REGISTRY:-orchard}
 if [ -n "${OFFLINE:-}" ]; then
-  BASE_IMAGE=${BASE_IMAGE:-local} WHEELHOUSE=${WHEELHOUSE:-1} GPU_TORCH=${GPU_TORCH:-cpu}
-  INJECTOR_PYTHON=${INJECTOR_PYTHON:-debian}
+  # Each stays overridable (WHEELHOUSE= with an empty value turns the wheelhouse off).
+  BASE_IMAGE=${BASE_IMAGE-local} WHEELHOUSE=${WHEELHOUSE-1} GPU_TORCH=${GPU_TORCH-cpu}
+  INJECTOR_PYTHON=${INJECTOR_PYTHON-debian}
 fi
 TAG=${TAG:-0.1.0}
 CACHE=${ORCHARD_IMAGE_CACHE:-$HOME/.cache/orchard/images}
-LOCAL_BASE=localhost/orchard-base:bookworm-py311
+# The cached base is keyed by the script that builds it: a changed package list builds a new one.
+BASE_KEY=$(sha256sum scripts/build-base-rootfs.sh | cut -c1-12)
+LOCAL_BASE=localhost/orchard-base:bookworm-py311-$BASE_KEY
 STORAGE=(--storage-driver "${BUILDAH_STORAGE_DRIVER:-vfs}")
 
 die() { echo "build-images: $1" >&2; exit "${2:-2}"; }
@@ -51,12 +58,13 @@ PY
 }
 
 # A builder counts only if it can build now: the docker CLI without a reachable engine (`docker info`
-# fails) does not, and neither does a podman or buildah that cannot open its storage.
+# fails) does not, nor does podman without a working service. buildah has no daemon: it works if it runs
+# (not `buildah images`, which waits for the store's lock while another build holds it).
 builder_works() {
   case "$1" in
     docker) timeout 20 docker info >/dev/null 2>&1 ;;
     podman) timeout 20 podman info >/dev/null 2>&1 ;;
-    buildah) timeout 20 buildah "${STORAGE[@]}" images >/dev/null 2>&1 ;;
+    buildah) timeout 20 buildah version >/dev/null 2>&1 ;;
     *) return 1 ;;
   esac
 }
@@ -90,8 +98,8 @@ dockerfile_args() {
       fi ;;
     agent-injector)
       echo "docker/agent-injector/Dockerfile"
-      # Its final stage defaults to busybox; with a base of our choosing (offline) that base holds `cp`.
-      [ -z "${BASE_IMAGE:-}" ] || echo "--build-arg FINAL_BASE_IMAGE=$base"
+      # Its final stage defaults to busybox:1.37; offline it is scratch plus the local base's static busybox.
+      [ "${BASE_IMAGE:-}" != local ] || echo "--build-arg FINAL_BASE_IMAGE=scratch"
       [ -z "${INJECTOR_PYTHON:-}" ] || echo "--build-arg PYTHON_SOURCE=$INJECTOR_PYTHON" ;;
     *) echo "docker/$1/Dockerfile" ;;
   esac
@@ -99,7 +107,7 @@ dockerfile_args() {
 
 # Offline base: the rootfs tar is cached (mmdebstrap runs once per cache dir), the import once per store.
 local_base() {
-  local tar="$CACHE/base-bookworm-py311.tar"
+  local tar="$CACHE/base-bookworm-py311-$BASE_KEY.tar"
   [ -s "$tar" ] || scripts/build-base-rootfs.sh "$tar" >&2
   local env=(PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8)
   case "$builder" in
@@ -145,7 +153,7 @@ build_one() {
   echo "build-images: $builder building $ref from $dockerfile" >&2
   case "$builder" in
     docker|podman) "$builder" build -f "$dockerfile" -t "$ref" "${args[@]}" . ;;
-    buildah) buildah "${STORAGE[@]}" bud --quiet --layers --isolation "${BUILDAH_ISOLATION:-chroot}" -f "$dockerfile" -t "$ref" "${args[@]}" . >/dev/null ;;
+    buildah) buildah "${STORAGE[@]}" bud --quiet --layers="${BUILDAH_LAYERS:-false}" --isolation "${BUILDAH_ISOLATION:-chroot}" -f "$dockerfile" -t "$ref" "${args[@]}" . >/dev/null ;;
   esac
   if [ -n "${OCI_ARCHIVE_DIR:-}" ]; then
     mkdir -p "$OCI_ARCHIVE_DIR"

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "build-images.sh"
 # Shell tools the script itself uses; the stand-in builders come on top of these.
 TOOLS = ("bash", "dirname", "grep", "head", "tail", "tr", "timeout", "cat", "mkdir", "du", "cut",
-         "rm", "sed")
+         "rm", "sed", "sha256sum")
 
 
 def _path_with(tmp_path: Path, builders: dict[str, int]) -> str:
@@ -34,10 +34,10 @@ def _path_with(tmp_path: Path, builders: dict[str, int]) -> str:
     # The interpreter itself, not a version manager's shim (pyenv's needs more than this PATH).
     (bin_dir / "python3").symlink_to(os.path.realpath(sys.executable))
     for name, info_status in builders.items():
-        # `info`/`images` answer like an engine that is up (0) or down (1); a build records its argv.
+        # `info`/`version` answer like an engine that is up (0) or down (1); a build records its argv.
         (bin_dir / name).write_text(
             "#!/bin/bash\n"
-            f'case "$1" in info) exit {info_status};; --storage-driver) [ "$3" = images ] && exit {info_status};; esac\n'
+            f'case "$1" in info|version) exit {info_status};; esac\n'
             f'printf "%s\\n" "$*" >> "{tmp_path}/{name}.calls"\n')
         (bin_dir / name).chmod(0o755)
     return str(bin_dir)
@@ -102,7 +102,7 @@ def test_it_falls_back_to_podman_then_buildah_and_passes_names_base_and_archive(
     assert "--build-arg BASE_IMAGE=debian-python:local" in gpu and "TORCH_SPEC" not in gpu  # GPU_TORCH=cpu
     assert "--storage-driver vfs" in gpu and "--isolation chroot" in gpu
     assert "-f docker/agent-injector/Dockerfile -t reg.example/x/agent-injector:9" in injector
-    assert "--build-arg FINAL_BASE_IMAGE=debian-python:local" in injector
+    assert "FINAL_BASE_IMAGE" not in injector and "PYTHON_SOURCE" not in injector  # busybox + standalone
     pushes = [c for c in calls if " push " in f" {c} "]
     assert pushes[0].endswith(f"reg.example/x/stage-runtime-gpu:9 oci-archive:{archives}/stage-runtime-gpu.oci.tar"
                               ":reg.example/x/stage-runtime-gpu:9")
@@ -114,6 +114,24 @@ def test_it_falls_back_to_podman_then_buildah_and_passes_names_base_and_archive(
     (build,) = (tmp_path / "p" / "podman.calls").read_text().splitlines()
     assert build.startswith("build ") and "TORCH_SPEC=torch==2.13.0 " in build + " " and "cu128" in build
     assert "BASE_IMAGE" not in build, "without BASE_IMAGE the Dockerfile's public base is used"
+
+
+def test_offline_uses_the_cached_local_base_the_cpu_torch_and_the_debian_python_injector(tmp_path):
+    path = _path_with(tmp_path, {"buildah": 0})
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    key = subprocess.run(["sha256sum", str(SCRIPT.parent / "build-base-rootfs.sh")], capture_output=True,
+                         text=True).stdout[:12]
+    (cache / f"base-bookworm-py311-{key}.tar").write_bytes(b"cached")  # no mmdebstrap run when it is there
+    out = _run("agent-injector", "stage-runtime-gpu", path=path, OFFLINE="1", WHEELHOUSE="",
+               ORCHARD_IMAGE_CACHE=str(cache))
+    assert out.returncode == 0, out.stderr
+    calls = (tmp_path / "buildah.calls").read_text()
+    injector, gpu = [c for c in calls.splitlines() if " bud " in f" {c} "]
+    base = f"--build-arg BASE_IMAGE=localhost/orchard-base:bookworm-py311-{key}"
+    assert base in injector and base in gpu
+    assert "--build-arg FINAL_BASE_IMAGE=scratch" in injector and "--build-arg PYTHON_SOURCE=debian" in injector
+    assert "TORCH_SPEC" not in gpu and "PIP_OFFLINE" not in gpu  # the CPU wheel; WHEELHOUSE= turned it off
 
 
 def test_every_dockerfile_takes_its_base_as_a_build_argument_with_a_public_default():
