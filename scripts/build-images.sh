@@ -149,12 +149,23 @@ build_one() {
   local args=($(tail -n +2 <<<"$spec" | tr '\n' ' '))
   [ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$base")
   [ -n "${WHEELHOUSE:-}" ] && args+=(--build-arg PIP_OFFLINE=1)
-  local start=$SECONDS
-  echo "build-images: $builder building $ref from $dockerfile" >&2
-  case "$builder" in
-    docker|podman) "$builder" build -f "$dockerfile" -t "$ref" "${args[@]}" . ;;
-    buildah) buildah "${STORAGE[@]}" bud --quiet --layers="${BUILDAH_LAYERS:-false}" --isolation "${BUILDAH_ISOLATION:-chroot}" -f "$dockerfile" -t "$ref" "${args[@]}" . >/dev/null ;;
-  esac
+  local start=$SECONDS key="$dockerfile ${args[*]}"
+  local same=${built_from[$key]:-}
+  if [ -n "$same" ]; then
+    # Same Dockerfile, same arguments (stage-runtime-gpu with GPU_TORCH=cpu): the same image, tagged.
+    echo "build-images: $ref is $same (same Dockerfile and build arguments): tagged" >&2
+    case "$builder" in
+      docker|podman) "$builder" tag "$same" "$ref" ;;
+      buildah) buildah "${STORAGE[@]}" tag "$same" "$ref" ;;
+    esac
+  else
+    echo "build-images: $builder building $ref from $dockerfile" >&2
+    case "$builder" in
+      docker|podman) "$builder" build -f "$dockerfile" -t "$ref" "${args[@]}" . ;;
+      buildah) buildah "${STORAGE[@]}" bud --quiet --layers="${BUILDAH_LAYERS:-false}" --isolation "${BUILDAH_ISOLATION:-chroot}" -f "$dockerfile" -t "$ref" "${args[@]}" . >/dev/null ;;
+    esac
+    built_from[$key]=$ref
+  fi
   if [ -n "${OCI_ARCHIVE_DIR:-}" ]; then
     mkdir -p "$OCI_ARCHIVE_DIR"
     out="$OCI_ARCHIVE_DIR/$name.oci.tar"
@@ -178,6 +189,7 @@ for name in "${names[@]}"; do
 done
 
 builder=$(pick_builder)
+declare -A built_from=()  # "<Dockerfile> <args>" -> the reference built from them
 base=${BASE_IMAGE:-}
 if [ "$base" = local ]; then local_base; base=$LOCAL_BASE; fi
 [ -n "${WHEELHOUSE:-}" ] && fill_wheelhouse

@@ -123,11 +123,13 @@ def test_offline_uses_the_cached_local_base_the_cpu_torch_and_the_debian_python_
     key = subprocess.run(["sha256sum", str(SCRIPT.parent / "build-base-rootfs.sh")], capture_output=True,
                          text=True).stdout[:12]
     (cache / f"base-bookworm-py311-{key}.tar").write_bytes(b"cached")  # no mmdebstrap run when it is there
-    out = _run("agent-injector", "stage-runtime-gpu", path=path, OFFLINE="1", WHEELHOUSE="",
+    out = _run("agent-injector", "stage-runtime-gpu", "stage-runtime", path=path, OFFLINE="1", WHEELHOUSE="",
                ORCHARD_IMAGE_CACHE=str(cache))
     assert out.returncode == 0, out.stderr
     calls = (tmp_path / "buildah.calls").read_text()
     injector, gpu = [c for c in calls.splitlines() if " bud " in f" {c} "]
+    # stage-runtime has the very arguments of the CPU-torch GPU image: tagged, not built twice.
+    assert "--storage-driver vfs tag orchard/stage-runtime-gpu:0.1.0 orchard/stage-runtime:0.1.0" in calls
     base = f"--build-arg BASE_IMAGE=localhost/orchard-base:bookworm-py311-{key}"
     assert base in injector and base in gpu
     assert "--build-arg FINAL_BASE_IMAGE=scratch" in injector and "--build-arg PYTHON_SOURCE=debian" in injector
