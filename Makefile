@@ -28,21 +28,17 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m sandbox_service.bench
 
-# Every image the manifests and pipelines use, as <registry>/<name>:<tag> (pipelines/cluster.py).
-# Builder: docker, podman or buildah, whichever is installed (BUILDER= forces one). BASE= replaces
-# the public base images (e.g. a local Debian root, offline); OCI_ARCHIVE_DIR= also writes
-# <name>.oci.tar archives (kind load image-archive, skopeo copy). Then compile with the same names:
+# Every image the manifests and pipelines use (pipelines/cluster.py IMAGE_NAMES), as <registry>/<name>:<tag>,
+# the names `make compile` writes with the same REGISTRY/TAG. Builder: docker or podman whose engine
+# answers, else buildah (BUILDER= forces one). OFFLINE=1 needs no registry: a local Debian+Python base
+# (mmdebstrap, cached), wheels from docker/wheelhouse, the GPU image with the CPU torch. OCI_ARCHIVE_DIR=
+# also writes <name>.oci.tar (kind load image-archive, skopeo copy). Options: scripts/build-images.sh.
 #   make images REGISTRY=ghcr.io/you TAG=0.1.0 && make compile REGISTRY=ghcr.io/you TAG=0.1.0
-# INJECTOR_PLATFORMS=linux/amd64,linux/arm64 builds the agent injector (the one image every node runs:
-# sandbox pods land anywhere) as one multi-arch manifest list; the other images stay single-arch.
 REGISTRY ?= orchard
 TAG ?= 0.1.0
-IMAGES := sandbox-service agent-injector mlflow stage-runtime stage-runtime-gpu
 
 images:
-	@$(foreach image,$(IMAGES),BUILDER="$(BUILDER)" BASE="$(BASE)" OCI_ARCHIVE_DIR="$(OCI_ARCHIVE_DIR)" \
-	  PLATFORMS="$(if $(filter agent-injector,$(image)),$(INJECTOR_PLATFORMS))" \
-	  ./scripts/build-image.sh $(image) $(REGISTRY)/$(image):$(TAG) &&) true
+	REGISTRY="$(REGISTRY)" TAG="$(TAG)" ./scripts/build-images.sh
 
 compile: $(STAMP)
 	$(PY) -m pipelines.cli compile --out build/pipelines --image-registry $(REGISTRY) --image-tag $(TAG)

@@ -7,7 +7,8 @@
 #   NO_KIND=1 REGISTRY=registry.example/orchard scripts/smoke-k8s.sh   # any cluster: images are pushed
 #   ARGO=1 scripts/smoke-k8s.sh          # also install Argo Workflows and run the pipeline (preset tiny)
 #
-# Needs: docker (or podman/buildah for the builds), kubectl, kind (unless NO_KIND=1), the repo's .venv
+# Needs: docker, podman or buildah for the builds (scripts/build-images.sh; OFFLINE=1 builds without
+# registries), skopeo or docker to push (NO_KIND=1), kubectl, kind (unless NO_KIND=1), the repo's .venv
 # (make install), a CNI that enforces NetworkPolicy for the egress check (otherwise that check reports
 # "not enforced"); ARGO=1 needs the argo CLI and internet access for Argo's install manifest.
 # Steps (README "Cluster quickstart"): 1 cluster -> 2 `make images` (every image of pipelines/cluster.py)
@@ -28,7 +29,7 @@ PORT=${SMOKE_PORT:-18765}
 TAG=${TAG:-0.1.0}
 TASK_IMAGE=${TASK_IMAGE:-debian:bookworm-slim}
 PY=${PY:-.venv/bin/python}
-IMAGES=$(sed -n 's/^IMAGES := //p' Makefile)
+IMAGES=$(scripts/build-images.sh --list)  # pipelines/cluster.py IMAGE_NAMES
 
 say() { printf '\n== %s\n' "$*"; }
 need() { command -v "$1" >/dev/null || { echo "smoke-k8s: '$1' is required" >&2; exit 2; }; }
@@ -55,9 +56,16 @@ if [ -z "${NO_KIND:-}" ]; then
 else
   BUILD_REGISTRY=${REGISTRY:?set REGISTRY to push images when NO_KIND=1}
   say "2. building images: $IMAGES"
-  make images REGISTRY="$REGISTRY" TAG="$TAG"
+  make images REGISTRY="$REGISTRY" TAG="$TAG" OCI_ARCHIVE_DIR=build/images
   say "3. pushing images to $REGISTRY"
-  for image in $IMAGES; do docker push -q "$REGISTRY/$image:$TAG"; done
+  # From the archives, so it works whichever builder made them (skopeo, else the docker CLI).
+  for image in $IMAGES; do
+    if command -v skopeo >/dev/null; then
+      skopeo copy "oci-archive:build/images/$image.oci.tar" "docker://$REGISTRY/$image:$TAG"
+    else
+      docker push -q "$REGISTRY/$image:$TAG"
+    fi
+  done
   # A throwaway overlay on top of dev that points the images at the registry.
   OVERLAY=$(mktemp -d)
   cat > "$OVERLAY/kustomization.yaml" <<EOF
