@@ -122,13 +122,14 @@ def _millicores(cpu: float) -> str:
 
 
 def build_secret(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig, *,
-                 agent_secret: str, cert_pem: str, key_pem: str) -> k8s.V1Secret:
-    """The per-sandbox Secret: the agent's shared secret and its TLS certificate and key."""
+                 agent_secret: str, cert_pem: str, key_pem: str, immutable: bool = True) -> k8s.V1Secret:
+    """The per-sandbox Secret: the agent's shared secret and its TLS certificate and key. Mutable only
+    for a warm pod, whose key changes once, when it is claimed (and the Secret made immutable)."""
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
     return k8s.V1Secret(
-        api_version="v1", kind="Secret", type="Opaque", immutable=True,  # kubelet stops watching it
+        api_version="v1", kind="Secret", type="Opaque", immutable=immutable,  # kubelet stops watching it
         metadata=object_meta(name, sandbox_id, config, spec),
         data={SECRET_KEY_AGENT: b64(agent_secret), SECRET_KEY_CERT: b64(cert_pem), SECRET_KEY_KEY: b64(key_pem)})
 

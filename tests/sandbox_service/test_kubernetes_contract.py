@@ -421,12 +421,15 @@ class ProcessKubelet:
                  "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}
         if name not in self.procs:
             secret_name = next(v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v)
-            secret = self.fake.objects[("secrets", "orchard", secret_name)]
-            self.secret_dir.mkdir(exist_ok=True)
+            secret = self.fake.objects.get(("secrets", "orchard", secret_name))
+            if secret is None:  # a real kubelet waits too (FailedMount) until the Secret exists
+                return {"phase": "Pending"}
+            mounted = self.secret_dir / name  # each pod its own volume: concurrent pods must not share files
+            mounted.mkdir(parents=True, exist_ok=True)
             for key, value in secret["data"].items():
-                (self.secret_dir / key).write_bytes(base64.b64decode(value))
+                (mounted / key).write_bytes(base64.b64decode(value))
             ip = self.ips[name] = f"127.0.0.{len(self.ips) + 1}"
-            command = list(main["command"])
+            command = [arg.replace(str(self.secret_dir), str(mounted)) for arg in main["command"]]
             port = command[command.index("--tcp") + 1].rpartition(":")[2]
             command[command.index("--tcp") + 1] = f"{ip}:{port}"
             self.procs[name] = subprocess.Popen(
