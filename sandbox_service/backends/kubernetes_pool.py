@@ -37,7 +37,8 @@ import secrets
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+import concurrent.futures
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,7 +50,7 @@ from sandbox_service.backends.kubernetes_config import (
     USER_LABEL_PREFIX,
     USER_LABELS_ANNOTATION,
 )
-from sandbox_service.backends.kubernetes_objects import SECRET_KEY_AGENT, object_labels
+from sandbox_service.backends.kubernetes_objects import SECRET_KEY_AGENT, instance_selector, object_labels
 from sandbox_service.backends.kubernetes_snapshots import run_coroutine
 from sandbox_service.errors import BackendUnavailableError
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
@@ -61,6 +62,7 @@ log = logging.getLogger("sandbox_service.kubernetes.pool")
 
 POOL_USER_LABEL = "orchard-warm-pool"
 POOL_LABEL = f"{USER_LABEL_PREFIX}{POOL_USER_LABEL}"  # on a warm pod and its Secret until claimed
+CLOSE_WAIT_SECONDS = 15.0  # shutdown waits this long for warm pods still starting, then deletes by label
 
 
 def pool_key(image: str, resources: Resources, workdir: str) -> str:
@@ -90,6 +92,7 @@ class WarmPool:
         self._ready: dict[str, deque[WarmPod]] = {key: deque() for key in self.entries}
         self._starting: dict[str, int] = dict.fromkeys(self.entries, 0)
         self._pool_ids: set[str] = set()  # warm pods this pool started and nobody claimed yet
+        self._futures: list[Future] = []  # starts submitted (done ones are dropped at each refill)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = threading.Event()
@@ -226,9 +229,10 @@ class WarmPool:
                         for key, entry in self.entries.items()}
             for key, missing in deficits.items():
                 self._starting[key] += max(0, missing)
-        for key, missing in deficits.items():
-            for _ in range(missing):
-                self._workers.submit(self._start_one, key)
+        futures = [self._workers.submit(self._start_one, key)
+                   for key, missing in deficits.items() for _ in range(missing)]
+        with self._lock:
+            self._futures = [f for f in self._futures if not f.done()] + futures
 
     def _start_one(self, key: str) -> None:
         entry = self.entries[key]
@@ -297,18 +301,31 @@ class WarmPool:
             self._discard(warm, "past warm_pool_max_age_seconds")
 
     def close(self) -> None:
-        """Stop refilling and delete every warm pod (ready ones and those still starting)."""
+        """Stop refilling and delete every warm pod: ready ones at once; then, after starts in flight end
+        (bounded: CLOSE_WAIT_SECONDS), whatever still carries the pool label, found by one LIST per pool
+        (a start may have created its pod after the first round of deletes)."""
         self._closed.set()
         self._wake.set()
-        # Not waiting for starts in flight: one may wait for its pod up to start_timeout_seconds. Their
-        # pods are deleted below (a start that sees its pod go fails and cleans up after itself).
         self._workers.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             for q in self._ready.values():
                 q.clear()
             pool_ids, self._pool_ids = sorted(self._pool_ids), set()
+            running = [f for f in self._futures if not f.done()]
         for pool_id in pool_ids:
             try:
                 self.backend.stop(pool_id)
-            except Exception:  # noqa: BLE001 - the next start reaps what is left
+            except Exception:  # noqa: BLE001 - the LIST below and the next start's reap retry
                 log.exception("deleting warm pod %s at shutdown failed", pool_id)
+        concurrent.futures.wait(running, timeout=CLOSE_WAIT_SECONDS)
+        cleanup = self.backend.cleanup
+        for key in self.entries:
+            selector = f"{instance_selector(self.config)},{POOL_LABEL}={key}"
+            try:
+                for kind, list_fn in (("pod", self.backend.core.list_namespaced_pod),
+                                      ("secret", self.backend.core.list_namespaced_secret)):
+                    items = self.backend._call(f"list {kind}s", list_fn, self.config.namespace,
+                                               label_selector=selector).items
+                    cleanup.delete_named([(kind, obj.metadata.name) for obj in items])
+            except Exception:  # noqa: BLE001 - the next start reaps them as orphans
+                log.exception("deleting leftover warm pods of pool %s at shutdown failed", key)
