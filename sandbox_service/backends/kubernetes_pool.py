@@ -51,6 +51,7 @@ from sandbox_service.backends.kubernetes_config import (
     USER_LABELS_ANNOTATION,
 )
 from sandbox_service.backends.kubernetes_objects import SECRET_KEY_AGENT, instance_selector, object_labels
+from sandbox_service.backends.kubernetes_retry import is_not_found
 from sandbox_service.backends.kubernetes_snapshots import run_coroutine
 from sandbox_service.errors import BackendUnavailableError
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
@@ -62,6 +63,7 @@ log = logging.getLogger("sandbox_service.kubernetes.pool")
 
 POOL_USER_LABEL = "orchard-warm-pool"
 POOL_LABEL = f"{USER_LABEL_PREFIX}{POOL_USER_LABEL}"  # on a warm pod and its Secret until claimed
+CLAIM_ATTEMPTS = 3  # PATCHes per warm pod before it is dropped (each after a 409 and a fresh read)
 CLOSE_WAIT_SECONDS = 15.0  # shutdown waits this long for warm pods still starting, then deletes by label
 
 
@@ -115,9 +117,11 @@ class WarmPool:
             while (warm := self._take(key)) is not None:
                 endpoint = self._hand_over(warm, sandbox_id, spec, ttl, secret)
                 if endpoint is not None:
-                    self.claimed += 1
+                    with self._lock:
+                        self.claimed += 1
                     return endpoint
-            self.missed += 1
+            with self._lock:
+                self.missed += 1
             return None
         finally:
             self._wake.set()  # refill what was taken (or found dead)
@@ -142,8 +146,18 @@ class WarmPool:
         if deadline > (pod.spec.active_deadline_seconds or deadline):
             self._discard(warm, "too old to give the whole TTL")
             return None
-        if not self.relabel(warm, pod.metadata.resource_version, sandbox_id, spec, deadline):
-            self._forget(warm)  # someone else's now: not ours to delete
+        resource_version = pod.metadata.resource_version
+        for _ in range(CLAIM_ATTEMPTS):
+            if self.relabel(warm, resource_version, sandbox_id, spec, deadline):
+                break
+            # 409: a status update from the kubelet (the watch lags it), or another writer's claim
+            current = self._read(warm.pod_name)
+            if current is None or not is_warm_pool_object(current.metadata.labels):
+                self._forget(warm)  # gone, or someone else's now: not ours to delete
+                return None
+            resource_version = current.metadata.resource_version
+        else:
+            self._discard(warm, f"the claim kept conflicting ({CLAIM_ATTEMPTS} attempts)")
             return None
         try:
             endpoint = self._rekey(warm, sandbox_id, spec, secret)
@@ -158,6 +172,15 @@ class WarmPool:
         with self._lock:
             self._pool_ids.discard(warm.pool_id)
         return endpoint
+
+    def _read(self, pod_name: str):
+        try:
+            return self.backend._call("read pod", self.backend.core.read_namespaced_pod, pod_name,
+                                      self.config.namespace, passthrough=is_not_found)
+        except ApiException as err:
+            if is_not_found(err):
+                return None
+            raise
 
     def relabel(self, warm: WarmPod, resource_version: str, sandbox_id: str, spec: SandboxCreate,
                 deadline: int) -> bool:
@@ -249,11 +272,13 @@ class WarmPool:
             endpoint = self.backend._start_pod(pool_id, spec, entry.resources, secrets.token_urlsafe(32), warm=True)
             self._await_agent(endpoint)
             handle = self.backend._handle(pool_id)
-            warm = WarmPod(pool_id, handle.pod_name if handle else "", key, endpoint, time.monotonic())
+            if handle is None:
+                raise BackendUnavailableError("the pool closed while the pod started")
+            warm = WarmPod(pool_id, handle.pod_name, key, endpoint, time.monotonic())
         except Exception as err:  # noqa: BLE001 - the next refill tries again
-            self.failed += 1
             log.warning("starting a warm pod for %s failed: %s", entry.image, err)
             with self._lock:
+                self.failed += 1
                 self._pool_ids.discard(pool_id)
             if self.backend._handle(pool_id) is not None:
                 self.backend.stop(pool_id)

@@ -173,3 +173,16 @@ def test_the_service_gets_its_sandboxes_from_the_warm_pool(fake, tmp_path, agent
         with client.create(SandboxCreate(image=IMAGE, workdir=str(workspace))) as sandbox:
             assert sandbox.exec("echo from a warm pod").stdout == "from a warm pod\n"
             assert backend.pool.claimed == 1
+
+
+def test_a_claim_retries_when_only_the_status_moved_on(pooled, fake, monkeypatch):
+    """The watch lags the kubelet's status writes: a 409 on a pod still in the pool is retried with a
+    fresh resourceVersion, not taken for another replica's claim."""
+    backend, spec, _ = pooled
+    warm = backend.pool._take(next(iter(backend.pool.entries)))
+    stale = backend.pods.get(warm.pod_name)
+    fake.set_pod_status(warm.pod_name, fake.objects[("pods", "orchard", warm.pod_name)]["status"])  # rv moves on
+    monkeypatch.setattr(backend.pods, "get", lambda name, timeout=30.0: stale)
+    endpoint = backend.pool._hand_over(warm, "sb-late", spec, 600, "key-of-sb-late-0123456789")
+    assert endpoint is not None and backend._handle("sb-late").pod_name == warm.pod_name
+    assert len([r for r in fake.sent("PATCH", "pods") if r["name"] == warm.pod_name]) == 2
