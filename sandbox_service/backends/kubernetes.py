@@ -68,8 +68,8 @@ from sandbox_service.backends.kubernetes_objects import (
     pod_name_for,
     to_dict,
 )
-from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
 from sandbox_service.backends.kubernetes_pool import WarmPool
+from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
 from sandbox_service.backends.kubernetes_retry import RetryPolicy, call, is_already_exists, is_not_found
 from sandbox_service.backends.kubernetes_snapshots import AgentFactory, AgentSnapshots
 from sandbox_service.backends.kubernetes_status import PodAssessment, assess_pod
