@@ -287,6 +287,10 @@ class AgentClient(AgentClientBase):
                    else errors.InvalidRequestError)(resp.get("message", "pty refused"))
         return AgentPty(conn)
 
+    async def rekey(self, new_secret: str) -> None:
+        await self._call("rekey", {"new_secret": new_secret})
+        self.endpoint = self.endpoint.model_copy(update={"secret": new_secret})  # later calls use the new key
+
     async def close(self) -> None:
         self._closed = True
         idle, self._idle = self._idle, []

@@ -23,6 +23,11 @@ class PtySession(abc.ABC):
     @abc.abstractmethod
     async def resize(self, rows: int, cols: int) -> None: ...
 
+    async def rekey(self, new_secret: str) -> None:
+        """Make the agent accept `new_secret` only (authenticated with the current one). Only the
+        Kubernetes warm pool uses it; clients that cannot re-key say so."""
+        raise NotImplementedError(f"{type(self).__name__} cannot re-key an agent")
+
     @abc.abstractmethod
     async def close(self) -> None: ...
 
@@ -73,6 +78,11 @@ class AgentClientBase(abc.ABC):
                            body: bytes) -> tuple[int, dict[str, str], bytes]:
         """Relay one HTTP request to 127.0.0.1:port inside the sandbox (service-port exposure works
         the same in every backend because the agent, not the host, opens the connection)."""
+
+    async def rekey(self, new_secret: str) -> None:
+        """Make the agent accept `new_secret` only (authenticated with the current one). Only the
+        Kubernetes warm pool uses it; clients that cannot re-key say so."""
+        raise NotImplementedError(f"{type(self).__name__} cannot re-key an agent")
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -16,6 +16,8 @@ and a request's path to a handful of syscalls. Ops (request header ``op``):
     get_archive {path}                     -> tar.gz payload
     pty_open {argv, rows, cols, env, cwd}  -> the connection becomes a PTY stream (streams.py)
     http {port, method, path, headers} + body -> {status, headers} + body
+    rekey {new_secret}                     -> {} ; from then on only new_secret is accepted (a warm
+                                              pod handed to a sandbox gets that sandbox's key)
 
 Every request must carry ``secret``; it is compared in constant time and a wrong one closes the
 connection after an ``unauthorized`` answer. Stdlib only: this module is copied into every sandbox.
@@ -186,4 +188,11 @@ class AgentServer:
             return {"ok": True}, protocol.FileBody(f, size)
         if op == "http":
             return streams.http_relay(header, payload)
+        if op == "rekey":
+            new = header["new_secret"]
+            if not isinstance(new, str) or len(new) < 16:
+                raise files.FileOpError("invalid_request", "new_secret must be a string of at least 16 characters")
+            # One attribute store: every later request, on any connection, is checked against the new key.
+            self.secret = new.encode()
+            return {"ok": True}, b""
         raise files.FileOpError("invalid_request", f"unknown op {op!r}")

@@ -81,6 +81,7 @@ from sandbox_service.backends.kubernetes_objects import (
     pod_name_for,
     to_dict,
 )
+from sandbox_service.backends.kubernetes_pool import WarmPool
 from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
 from sandbox_service.backends.kubernetes_retry import RetryPolicy, call, is_already_exists, is_not_found
 from sandbox_service.backends.kubernetes_snapshots import AgentFactory, AgentSnapshots
@@ -178,6 +179,7 @@ class KubernetesBackend(SandboxBackend):
         self.snapshots = AgentSnapshots(self.config.snapshot_dir, agent_factory,
                                         python=f"{self.config.agent_mount_path}/python/bin/python3",
                                         ready_timeout=self.config.agent_ready_timeout_seconds)
+        self.pool = WarmPool(self) if self.config.warm_pools else None  # refills in its own threads
 
     @classmethod
     def from_service_config(cls, service_config: Any) -> "KubernetesBackend":
@@ -259,6 +261,12 @@ class KubernetesBackend(SandboxBackend):
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
+        if self.pool is not None and (endpoint := self.pool.claim(sandbox_id, spec, resources, secret)):
+            return endpoint  # a warm pod, re-keyed and relabelled for this sandbox (kubernetes_pool)
+        return self._start_pod(sandbox_id, spec, resources, secret)
+
+    def _start_pod(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str, *,
+                   warm: bool = False) -> AgentEndpoint:
         cfg, ns = self.config, self.config.namespace
         cidrs = allowlist_cidrs(spec.network, **self._resolver_kw)  # a bad allowlist fails before anything exists
         pod_name = pod_name_for(sandbox_id)
@@ -271,7 +279,7 @@ class KubernetesBackend(SandboxBackend):
             self._ensure_shared_policy()
             self._create("secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret,
                          build_secret(secret_name, sandbox_id, spec, cfg, agent_secret=secret,
-                                      cert_pem=cert_pem, key_pem=key_pem,
+                                      cert_pem=cert_pem, key_pem=key_pem, immutable=not warm,
                                       extra=kubernetes_adopt.secret_entries(spec, ca_pem)))
             pod = self._create("pod", self.core.create_namespaced_pod, self.core.read_namespaced_pod,
                                build_pod(pod_name, sandbox_id, spec, resources, cfg, secret_name=secret_name,
@@ -496,6 +504,8 @@ class KubernetesBackend(SandboxBackend):
 
     def close(self) -> None:
         self._closed.set()
+        if self.pool is not None:
+            self.pool.close()  # deletes its idle pods: nobody else knows their keys
         for cache in (self._cache, self._events):
             if cache is not None:
                 cache.close()

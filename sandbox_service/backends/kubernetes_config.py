@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sandbox_service.models import Resources
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY_VALUE = "orchard"
@@ -33,6 +35,16 @@ class Toleration(BaseModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         None, description="Taint effect to tolerate; None tolerates all effects.")
     toleration_seconds: int | None = Field(None, ge=0, description="NoExecute only: how long to stay after the taint.")
+
+
+class WarmPoolEntry(BaseModel):
+    """Pods kept running, ready to be claimed by creates of exactly this image, resources and workdir."""
+
+    model_config = ConfigDict(extra="forbid")
+    image: str = Field(..., min_length=1, description="Task image, as `SandboxCreate.image` names it.")
+    resources: Resources = Field(default_factory=Resources, description="Must equal the create's resources.")
+    workdir: str = Field("/workspace", description="Must equal the create's workdir (the agent's workspace).")
+    size: int = Field(..., ge=1, le=256, description="Ready pods to keep for this key.")
 
 
 class KubernetesBackendConfig(BaseSettings):
@@ -147,6 +159,16 @@ class KubernetesBackendConfig(BaseSettings):
     safe_to_evict: bool = Field(
         True, description="Annotate pods safe-to-evict so the cluster autoscaler can drain their nodes.")
 
+    # -- warm pool (kubernetes_pool) ---------------------------------------------------------------------
+    warm_pools: list[WarmPoolEntry] = Field(
+        default_factory=list, description="Warm pools, one per (image, resources, workdir); empty: off. E.g. "
+        'ORCHARD_K8S_WARM_POOLS=\'[{"image": "ghcr.io/me/task:1", "size": 32}]\'.')
+    warm_pool_max_total: int = Field(
+        512, ge=0, description="Bound on the sum of warm pool sizes (idle pods cost cluster capacity).")
+    warm_pool_max_age_seconds: float = Field(
+        3600.0, gt=0, description="An unclaimed warm pod older than this is replaced (its deadline keeps running).")
+    warm_pool_refill_concurrency: int = Field(8, ge=1, description="Warm pods started at once by the refill.")
+
     # -- retries of API calls ------------------------------------------------------------------------------
     retry_attempts: int = Field(6, ge=1, description="Attempts per write call on 409/429/5xx/connection errors.")
     retry_base_seconds: float = Field(0.2, gt=0, description="First backoff; doubles per attempt (full jitter).")
@@ -158,6 +180,14 @@ class KubernetesBackendConfig(BaseSettings):
     snapshot_dir: Path = Field(
         Path("/var/lib/orchard/snapshots"),
         description="Service-side directory of snapshot archives (a PVC in production).")
+
+    @model_validator(mode="after")
+    def _bounded_pools(self) -> "KubernetesBackendConfig":
+        total = sum(entry.size for entry in self.warm_pools)
+        if total > self.warm_pool_max_total:
+            raise ValueError(f"warm_pools hold {total} pods in all, over warm_pool_max_total="
+                             f"{self.warm_pool_max_total}; lower the sizes or raise the bound.")
+        return self
 
     @classmethod
     def from_env(cls) -> "KubernetesBackendConfig":

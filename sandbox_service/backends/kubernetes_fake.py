@@ -306,11 +306,8 @@ class FakeKubernetesAPI:
             self.on_delete(obj)
             self._gc(obj["metadata"]["uid"])
             return 200, obj if kind == "pods" else {"kind": "Status", "apiVersion": "v1", "status": "Success"}
-        if method == "PATCH":  # strategic merge, as far as the backend uses it: metadata fields
-            for field, value in (body.get("metadata") or {}).items():
-                obj["metadata"][field] = value
-            self._record("MODIFIED", kind, ns, obj)
-            return 200, obj
+        if method == "PATCH":
+            return self._patch(kind, ns, obj, body)
         if method == "PUT":
             if body["metadata"].get("resourceVersion") != obj["metadata"]["resourceVersion"]:
                 return self._status(409, "Conflict", "the object has been modified; please apply your "
@@ -323,6 +320,41 @@ class FakeKubernetesAPI:
             self._record("MODIFIED", kind, ns, new)
             return 200, new
         return self._status(405, "MethodNotAllowed", method)
+
+    def _patch(self, kind: str, ns: str, obj: dict, body: dict) -> tuple[int, dict]:
+        """Strategic merge as far as the backend uses it: metadata maps merge (null deletes a key), lists
+        replace; `metadata.resourceVersion` in the patch is a precondition (409 when stale); a pod's
+        `spec.activeDeadlineSeconds` may only be set or lowered; an immutable Secret's data never changes."""
+        meta = dict(body.get("metadata") or {})
+        expected = meta.pop("resourceVersion", None)
+        if expected is not None and expected != obj["metadata"]["resourceVersion"]:
+            return self._status(409, "Conflict", "the object has been modified; please apply your changes "
+                                                 "to the latest version and try again")
+        spec = body.get("spec") or {}
+        if kind == "pods" and set(spec) - {"activeDeadlineSeconds"}:
+            return self._status(422, "Invalid", f"pod updates may not change fields other than "
+                                                f"activeDeadlineSeconds here: {sorted(spec)}")
+        if "activeDeadlineSeconds" in spec:
+            new, old = spec["activeDeadlineSeconds"], obj["spec"].get("activeDeadlineSeconds")
+            if not isinstance(new, int) or new < 1 or (old is not None and new > old):
+                return self._status(422, "Invalid", f"spec.activeDeadlineSeconds: {new!r}: must be positive and "
+                                                    f"may not be increased (was {old})")
+        if kind == "secrets" and obj.get("immutable") and ("data" in body or body.get("immutable") is False):
+            return self._status(422, "Invalid", "data: Forbidden: field is immutable when `immutable` is set")
+        for field, value in meta.items():
+            if isinstance(value, dict) and isinstance(obj["metadata"].get(field), dict):
+                merged = {**obj["metadata"][field], **value}
+                obj["metadata"][field] = {k: v for k, v in merged.items() if v is not None}
+            else:
+                obj["metadata"][field] = value
+        if "activeDeadlineSeconds" in spec:
+            obj["spec"]["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
+        if kind == "secrets":
+            obj["data"] = {k: v for k, v in {**obj.get("data", {}), **(body.get("data") or {})}.items() if v is not None}
+            if "immutable" in body:
+                obj["immutable"] = body["immutable"]
+        self._record("MODIFIED", kind, ns, obj)
+        return 200, obj
 
     def _list(self, kind: str, ns: str, query: dict) -> list[dict]:
         selector, fields = _selectors(query)

@@ -133,15 +133,17 @@ def _millicores(cpu: float) -> str:
 
 
 def build_secret(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig, *,
-                 agent_secret: str, cert_pem: str, key_pem: str, extra: dict[str, str] | None = None) -> k8s.V1Secret:
+                 agent_secret: str, cert_pem: str, key_pem: str, immutable: bool = True,
+                 extra: dict[str, str] | None = None) -> k8s.V1Secret:
     """The per-sandbox Secret: the agent's shared secret and its TLS certificate and key (and `extra`
-    entries: what a restarted service needs to adopt the sandbox, `kubernetes_adopt.secret_entries`)."""
+    entries: what a restarted service needs to adopt the sandbox, `kubernetes_adopt.secret_entries`).
+    Mutable only for a warm pod, whose key changes once, when it is claimed (and the Secret made immutable)."""
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
     entries = {**(extra or {}), SECRET_KEY_AGENT: agent_secret, SECRET_KEY_CERT: cert_pem, SECRET_KEY_KEY: key_pem}
     return k8s.V1Secret(
-        api_version="v1", kind="Secret", type="Opaque", immutable=True,  # kubelet stops watching it
+        api_version="v1", kind="Secret", type="Opaque", immutable=immutable,  # kubelet stops watching it
         metadata=object_meta(name, sandbox_id, config, spec),
         data={key: b64(value) for key, value in entries.items()})
 

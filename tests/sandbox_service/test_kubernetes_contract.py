@@ -60,12 +60,14 @@ def fake():
 
 
 def make_backend(fake: FakeKubernetesAPI, tmp_path: Path, sleeps: Sleeps | None = None, clock=None,
-                 **overrides) -> KubernetesBackend:
+                 agent_factory=None, **overrides) -> KubernetesBackend:
     settings = dict(namespace="orchard", snapshot_dir=tmp_path / "snapshots", image_pull_grace_seconds=0,
                     unschedulable_timeout_seconds=60, start_timeout_seconds=20, retry_attempts=4)
     settings.update(overrides)
     configuration = k8s.Configuration(host=fake.url)
     kwargs = {"clock": clock} if clock else {}
+    if agent_factory is not None:
+        kwargs["agent_factory"] = agent_factory
     backend = KubernetesBackend(KubernetesBackendConfig(**settings), api_client=k8s.ApiClient(configuration),
                                 sleep=sleeps if sleeps is not None else Sleeps(),
                                 resolver=lambda h: ["93.184.216.34"], **kwargs)
@@ -346,6 +348,22 @@ def test_apply_network_policy_replaces_with_a_conflict_retry(fake, tmp_path):
 
 
 # -- RBAC: the Role grants exactly what the backend uses ---------------------------------------------------
+class AnsweringAgent:
+    """An agent that answers a warm pool's ping and re-key (the real one runs in the tests below)."""
+
+    def __init__(self, endpoint: AgentEndpoint):
+        self.endpoint = endpoint
+
+    async def ping(self, timeout: float = 1.0) -> dict:
+        return {}
+
+    async def rekey(self, new_secret: str) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
 def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fake, tmp_path):
     import yaml
 
@@ -361,6 +379,14 @@ def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fa
     backend.stop("sb-rbac-1")
     make_backend(fake, tmp_path).status("sb-unknown")  # the by-label path
     backend.list_orphans()
+    pooled = make_backend(fake, tmp_path, agent_factory=AnsweringAgent,  # a warm pool: fill, claim, shutdown
+                          warm_pools=[{"image": SPEC.image, "size": 1}])
+    deadline = time.monotonic() + 20
+    while not pooled.pool.ready():
+        assert time.monotonic() < deadline, "no warm pod"
+        time.sleep(0.02)
+    pooled.start("sb-rbac-2", SPEC, Resources(), "s" * 20)
+    pooled.close()
     verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "WATCH": "watch"}
     used = {(r["kind"], verb.get(r["method"]) or ("get" if r["name"] else "list")) for r in fake.requests}
     (role,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/rbac.yaml").read_text()) if d["kind"] == "Role"]
@@ -421,12 +447,15 @@ class ProcessKubelet:
                  "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}
         if name not in self.procs:
             secret_name = next(v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v)
-            secret = self.fake.objects[("secrets", "orchard", secret_name)]
-            self.secret_dir.mkdir(exist_ok=True)
+            secret = self.fake.objects.get(("secrets", "orchard", secret_name))
+            if secret is None:  # a real kubelet waits too (FailedMount) until the Secret exists
+                return {"phase": "Pending"}
+            mounted = self.secret_dir / name  # each pod its own volume: concurrent pods must not share files
+            mounted.mkdir(parents=True, exist_ok=True)
             for key, value in secret["data"].items():
-                (self.secret_dir / key).write_bytes(base64.b64decode(value))
+                (mounted / key).write_bytes(base64.b64decode(value))
             ip = self.ips[name] = f"127.0.0.{len(self.ips) + 1}"
-            command = list(main["command"])
+            command = [arg.replace(str(self.secret_dir), str(mounted)) for arg in main["command"]]
             port = command[command.index("--tcp") + 1].rpartition(":")[2]
             command[command.index("--tcp") + 1] = f"{ip}:{port}"
             self.procs[name] = subprocess.Popen(
