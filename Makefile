@@ -34,11 +34,13 @@ bench: $(STAMP)
 # (mmdebstrap, cached), wheels from docker/wheelhouse, the GPU image with the CPU torch. OCI_ARCHIVE_DIR=
 # also writes <name>.oci.tar (kind load image-archive, skopeo copy). Options: scripts/build-images.sh.
 #   make images REGISTRY=ghcr.io/you TAG=0.1.0 && make compile REGISTRY=ghcr.io/you TAG=0.1.0
+# INJECTOR_PLATFORMS=linux/amd64,linux/arm64 builds the agent injector (the one image every node runs:
+# sandbox pods land anywhere) as one multi-arch manifest list; the other images stay single-arch.
 REGISTRY ?= orchard
 TAG ?= 0.1.0
 
 images:
-	REGISTRY="$(REGISTRY)" TAG="$(TAG)" ./scripts/build-images.sh
+	INJECTOR_PLATFORMS="$(INJECTOR_PLATFORMS)" REGISTRY="$(REGISTRY)" TAG="$(TAG)" ./scripts/build-images.sh
 
 compile: $(STAMP)
 	$(PY) -m pipelines.cli compile --out build/pipelines --image-registry $(REGISTRY) --image-tag $(TAG)

@@ -25,6 +25,13 @@
 #   INJECTOR_PYTHON=standalone|debian  the agent injector's Python: python-build-standalone via uv (default,
 #                                   needs GitHub) or the base's Debian Python bundled with its libraries
 #   OCI_ARCHIVE_DIR=DIR             also write DIR/<name>.oci.tar (`kind load image-archive`, `skopeo copy`)
+#   INJECTOR_PLATFORMS=linux/amd64,linux/arm64  the agent injector (the one image every node runs: sandbox
+#                                   pods land anywhere) as one multi-arch manifest list; the other images stay
+#                                   single-arch. docker: `buildx build --push` (its image store cannot hold a
+#                                   list; no archive). podman/buildah: a local list `--manifest <ref>` (push it
+#                                   with `buildah manifest push --all <ref> docker://<ref>`); with OCI_ARCHIVE_DIR
+#                                   the archive is the whole list (an OCI index of every platform). Foreign
+#                                   platforms need binfmt/QEMU; BASE_IMAGE=local exists for this machine's only.
 #   BUILDAH_LAYERS=true             cache every step as a layer (off: with vfs each cached step is a full
 #                                   copy of the root, GBs for the stage runtime; the wheelhouse keeps
 #                                   rebuilds offline and fast enough)
@@ -45,6 +52,16 @@ LOCAL_BASE=localhost/orchard-base:bookworm-py311-$BASE_KEY
 STORAGE=(--storage-driver "${BUILDAH_STORAGE_DRIVER:-vfs}")
 
 die() { echo "build-images: $1" >&2; exit "${2:-2}"; }
+
+# The local base is imported for this machine's architecture only: a foreign platform has no base.
+check_injector_platforms() {
+  [ -n "${INJECTOR_PLATFORMS:-}" ] && [ "${BASE_IMAGE:-}" = local ] || return 0
+  local own platform
+  case "$HOSTTYPE" in x86_64) own=linux/amd64 ;; aarch64) own=linux/arm64 ;; *) own=linux/$HOSTTYPE ;; esac
+  for platform in ${INJECTOR_PLATFORMS//,/ }; do
+    [ "$platform" = "$own" ] || die "INJECTOR_PLATFORMS=$INJECTOR_PLATFORMS with BASE_IMAGE=local: the local base is $own only; use a public BASE_IMAGE (e.g. unset it) for $platform"
+  done
+}
 
 # The names live in pipelines/cluster.py only; read them without importing the project (no venv needed).
 image_names() {
@@ -141,7 +158,8 @@ fill_wheelhouse() {
 }
 
 build_one() {
-  local name=$1 ref="$REGISTRY/$1:$TAG" spec dockerfile out=""
+  local name=$1 ref="$REGISTRY/$1:$TAG" spec dockerfile out="" platforms=""
+  [ "$name" != agent-injector ] || platforms=${INJECTOR_PLATFORMS:-}
   spec=$(dockerfile_args "$name")
   dockerfile=$(head -1 <<<"$spec")
   [ -f "$dockerfile" ] || die "no Dockerfile for image '$name' ($dockerfile)"
@@ -159,10 +177,17 @@ build_one() {
       buildah) buildah "${STORAGE[@]}" tag "$same" "$ref" ;;
     esac
   else
-    echo "build-images: $builder building $ref from $dockerfile" >&2
-    case "$builder" in
+    echo "build-images: $builder building $ref from $dockerfile${platforms:+ for $platforms}" >&2
+    local bud=(bud --quiet --layers="${BUILDAH_LAYERS:-false}" --isolation "${BUILDAH_ISOLATION:-chroot}")
+    case "$builder${platforms:+/multi}" in
       docker|podman) "$builder" build -f "$dockerfile" -t "$ref" "${args[@]}" . ;;
-      buildah) buildah "${STORAGE[@]}" bud --quiet --layers="${BUILDAH_LAYERS:-false}" --isolation "${BUILDAH_ISOLATION:-chroot}" -f "$dockerfile" -t "$ref" "${args[@]}" . >/dev/null ;;
+      buildah) buildah "${STORAGE[@]}" "${bud[@]}" -f "$dockerfile" -t "$ref" "${args[@]}" . >/dev/null ;;
+      docker/multi) docker buildx build --platform "$platforms" -f "$dockerfile" -t "$ref" --push "${args[@]}" . ;;
+      # --manifest adds to an existing list: drop the previous build's list first (absent: nothing to drop).
+      podman/multi) podman manifest rm "$ref" >/dev/null 2>&1 || true
+        podman build --platform "$platforms" -f "$dockerfile" --manifest "$ref" "${args[@]}" . ;;
+      buildah/multi) buildah "${STORAGE[@]}" manifest rm "$ref" >/dev/null 2>&1 || true
+        buildah "${STORAGE[@]}" "${bud[@]}" --platform "$platforms" -f "$dockerfile" --manifest "$ref" "${args[@]}" . >/dev/null ;;
     esac
     built_from[$key]=$ref
   fi
@@ -170,10 +195,14 @@ build_one() {
     mkdir -p "$OCI_ARCHIVE_DIR"
     out="$OCI_ARCHIVE_DIR/$name.oci.tar"
     rm -f "$out"
-    case "$builder" in
+    case "$builder${platforms:+/multi}" in
       buildah) buildah "${STORAGE[@]}" push --quiet "$ref" "oci-archive:$out:$ref" ;;
       podman) podman save --format oci-archive -o "$out" "$ref" ;;
       docker) docker save -o "$out" "$ref" ;;  # docker >= 25 writes an OCI layout; kind loads both
+      # The list and every platform's image: an OCI index whose entry is the list (buildah >= 1.28).
+      buildah/multi) buildah "${STORAGE[@]}" manifest push --quiet --all "$ref" "oci-archive:$out:$ref" ;;
+      podman/multi) podman manifest push --all "$ref" "oci-archive:$out:$ref" ;;
+      docker/multi) echo "build-images: docker pushed $ref (a manifest list); no archive of it written" >&2; out="" ;;
     esac
   fi
   echo "build-images: built $ref in $((SECONDS - start)) s${out:+, wrote $out ($(du -h "$out" | cut -f1))}" >&2
@@ -188,6 +217,7 @@ for name in "${names[@]}"; do
   printf '%s\n' "${all[@]}" | grep -qx "$name" || die "unknown image '$name'; the images are: ${all[*]}"
 done
 
+check_injector_platforms
 builder=$(pick_builder)
 declare -A built_from=()  # "<Dockerfile> <args>" -> the reference built from them
 base=${BASE_IMAGE:-}

@@ -45,7 +45,8 @@ def _path_with(tmp_path: Path, builders: dict[str, int]) -> str:
 
 def _run(*args: str, path: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items()
-             if k not in ("BUILDER", "BASE_IMAGE", "OFFLINE", "WHEELHOUSE", "OCI_ARCHIVE_DIR", "REGISTRY", "TAG")}
+             if k not in ("BUILDER", "BASE_IMAGE", "OFFLINE", "WHEELHOUSE", "OCI_ARCHIVE_DIR", "REGISTRY", "TAG",
+                         "INJECTOR_PLATFORMS")}
     return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
                           env={**clean, "PATH": path, **env})
 
