@@ -12,8 +12,9 @@ A claim, in this order:
    `activeDeadlineSeconds` to the pod's age + the sandbox's TTL (the API server lets a deadline be
    lowered, never raised: warm pods start with the service's cap, and a pod too old to give the whole
    TTL is not claimed); it also writes what adoption reads (`kubernetes_adopt.pod_annotations`: the
-   sandbox's spec and resources, the claim time as the TTL's start). A 409 means another writer (a second replica, a sweep) got there first: the
-   claim moves on to the next pod, so two claims never share one.
+   sandbox's spec and resources, the claim time as the TTL's start). A 409 means another writer (a
+   second replica, a sweep) got there first: the claim moves on to the next pod, so two claims never
+   share one.
 2. re-key: the agent's `rekey` op, authenticated with the pool key over the pod's pinned TLS, makes the
    agent accept the sandbox's key only; then one PATCH writes that key and the adoption entries
    (`kubernetes_adopt.secret_entries`: the CA, the claim's env) into the pod's Secret and makes it
@@ -193,7 +194,8 @@ class WarmPool:
         labels[POOL_LABEL] = None
         # What a restarted service needs to adopt the sandbox, over the pool's own spec: the claim's spec,
         # resources (the pool key's: a claim matches them) and the claim time its TTL counts from.
-        annotations = {SANDBOX_ID_ANNOTATION: sandbox_id, USER_LABELS_ANNOTATION: json.dumps(spec.labels, sort_keys=True),
+        annotations = {SANDBOX_ID_ANNOTATION: sandbox_id,
+                       USER_LABELS_ANNOTATION: json.dumps(spec.labels, sort_keys=True),
                        **kubernetes_adopt.pod_annotations(spec, self.entries[warm.key].resources,
                                                           claimed_at=self.backend._clock())}
         body = {"metadata": {"resourceVersion": resource_version, "labels": labels, "annotations": annotations},
