@@ -15,9 +15,9 @@ run for an agent boot time, and only to the key in the pod's Secret in the fake 
 claim re-keyed it to). A create = queueing (waiting for a create slot) + start (pod start + readiness).
 During the burst an asyncio loop runs a stub exec (nominal 5 ms) every 20 ms on a ready sandbox:
 its p99 is the service-side stall a burst causes (GIL and loop contention from the backend's threads),
-not an agent's latency. Then a fresh backend plays a restarted service: `adopt()` if the backend has
-one (the adoption hook, issue 22 item 6; "n/a" where it does not), then it lists the orphans and reaps
-them (16 threads).
+not an agent's latency. Then a fresh backend plays a restarted service and times `adopt()` (one LIST
+per kind; claimed warm pods are adopted like any sandbox); a second one, with adoption off, lists the
+orphans and reaps all of them (16 threads).
 
 Modes (comma-separated, combinable): `watch` is the backend as built (one pod watch per backend);
 `poll` replaces only the wait for Running with the previous backend's loop (a GET of the pod every
@@ -271,15 +271,17 @@ def run(creates: int, cap: int, mode: str, args: argparse.Namespace, tmp: Path) 
 
     restarted = backend(warm_pools=[])  # a restarted service, before any pool of its own
     t1 = time.monotonic()
-    adopt = getattr(restarted, "adopt", None)  # the adoption hook (issue 22 item 6): absent here until merged
-    adopted = len(adopt()) if adopt is not None else None
+    adopted = len(restarted.adopt())  # claimed warm pods too: the claim wrote what adoption reads
     adopt_seconds = time.monotonic() - t1
-    orphans = restarted.list_orphans()
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(restarted.stop, orphans))
-    reap_seconds = time.monotonic() - t1 - adopt_seconds
-    left = len(fake.of_kind("pods"))
     restarted.close()
+    reaper = backend(warm_pools=[], adopt_on_restart=False)  # a restart that adopts nothing: reaps all
+    t1 = time.monotonic()
+    orphans = reaper.list_orphans()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(reaper.stop, orphans))
+    reap_seconds = time.monotonic() - t1
+    left = len(fake.of_kind("pods"))
+    reaper.close()
     fake.close()
     totals = [q + s for q, s in zip(queued, started)]
     return dict(creates=creates, cap=cap, mode=mode, ok=len(started), failed=len(failed), claimed=claimed,
@@ -289,7 +291,7 @@ def run(creates: int, cap: int, mode: str, args: argparse.Namespace, tmp: Path) 
                 queue_mean=statistics.fmean(queued), start_mean=statistics.fmean(started or [0]),
                 start_p99=pct(started, 99), create_mean=statistics.fmean(totals or [0]), burst_seconds=burst_seconds,
                 exec_p99_ms=1000 * pct(execs, 99), execs=len(execs),
-                adopt="n/a" if adopted is None else f"{adopted} in {adopt_seconds:.1f}",
+                adopt=f"{adopted} in {adopt_seconds:.1f}",
                 reaped=len(orphans), reap_seconds=reap_seconds, pods_left=left,
                 first_error=failed[0] if failed else "")
 

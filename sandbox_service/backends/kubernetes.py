@@ -81,7 +81,7 @@ from sandbox_service.backends.kubernetes_objects import (
     pod_name_for,
     to_dict,
 )
-from sandbox_service.backends.kubernetes_pool import WarmPool
+from sandbox_service.backends.kubernetes_pool import WarmPool, is_warm_pool_object
 from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
 from sandbox_service.backends.kubernetes_retry import RetryPolicy, call, is_already_exists, is_not_found
 from sandbox_service.backends.kubernetes_snapshots import AgentFactory, AgentSnapshots
@@ -408,7 +408,11 @@ class KubernetesBackend(SandboxBackend):
             for sid, objects in found.items():
                 if sid in self._handles:
                     continue
-                result = kubernetes_adopt.judge(sid, objects, self._assess, self.config, self._clock())
+                if any(is_warm_pool_object(o.metadata.labels) for o in objects.get("pod", [])):
+                    # an unclaimed warm pod of an earlier run: the pool's, its key died with that run
+                    result: tuple[AdoptedSandbox, str] | str = "an unclaimed warm-pool pod (reaped, never adopted)"
+                else:
+                    result = kubernetes_adopt.judge(sid, objects, self._assess, self.config, self._clock())
                 if isinstance(result, str):
                     log.info("not adopting sandbox %s: %s", sid, result)
                     self._unadopted[sid] = names(objects)

@@ -36,14 +36,20 @@ from sandbox_service.models import Resources, SandboxCreate
 
 SPEC_ANNOTATION = "orchard.dev/spec"
 RESOURCES_ANNOTATION = "orchard.dev/resources"
+CLAIMED_AT_ANNOTATION = "orchard.dev/claimed-at"  # a warm pod's sandbox starts at its claim, not at pod creation
 SECRET_KEY_CA = "ca.crt"
 SECRET_KEY_ENV = "env.json"
 
 
-def pod_annotations(spec: SandboxCreate, resources: Resources) -> dict[str, str]:
-    """What the pod carries for a later adoption (no env: it may hold credentials)."""
-    return {SPEC_ANNOTATION: spec.model_dump_json(exclude={"env", "from_snapshot"}),
-            RESOURCES_ANNOTATION: resources.model_dump_json()}
+def pod_annotations(spec: SandboxCreate, resources: Resources,
+                    claimed_at: datetime | None = None) -> dict[str, str]:
+    """What the pod carries for a later adoption (no env: it may hold credentials). `claimed_at`: when a
+    warm pod became this sandbox (the warm pool's claim writes these annotations over the pool's)."""
+    annotations = {SPEC_ANNOTATION: spec.model_dump_json(exclude={"env", "from_snapshot"}),
+                   RESOURCES_ANNOTATION: resources.model_dump_json()}
+    if claimed_at is not None:
+        annotations[CLAIMED_AT_ANNOTATION] = claimed_at.isoformat()
+    return annotations
 
 
 def secret_entries(spec: SandboxCreate, ca_pem: str) -> dict[str, str]:
@@ -73,7 +79,11 @@ def judge(sandbox_id: str, objects: dict[str, list[Any]], assess: Callable[[Any]
         resources = Resources.model_validate_json(annotations[RESOURCES_ANNOTATION])
     except (KeyError, ValidationError) as err:
         return f"pod {pod.metadata.name} lacks a readable spec ({type(err).__name__}: {err}); made by an older service?"
-    created = pod.metadata.creation_timestamp or now
+    try:
+        claimed = annotations.get(CLAIMED_AT_ANNOTATION)
+        created = datetime.fromisoformat(claimed) if claimed else pod.metadata.creation_timestamp or now
+    except ValueError as err:
+        return f"pod {pod.metadata.name} has an unreadable {CLAIMED_AT_ANNOTATION} annotation: {err}"
     if created.tzinfo is None:
         created = created.replace(tzinfo=timezone.utc)
     deadline = created + timedelta(seconds=min(spec.ttl_seconds, config.max_ttl_seconds))

@@ -11,18 +11,22 @@ A claim, in this order:
    sets the sandbox id label and annotation and the caller's labels, drops the pool label and lowers
    `activeDeadlineSeconds` to the pod's age + the sandbox's TTL (the API server lets a deadline be
    lowered, never raised: warm pods start with the service's cap, and a pod too old to give the whole
-   TTL is not claimed). A 409 means another writer (a second replica, a sweep) got there first: the
-   claim moves on to the next pod, so two claims never share one.
+   TTL is not claimed); it also writes what adoption reads (`kubernetes_adopt.pod_annotations`: the
+   sandbox's spec and resources, the claim time as the TTL's start). A 409 means another writer (a
+   second replica, a sweep) got there first: the claim moves on to the next pod, so two claims never
+   share one.
 2. re-key: the agent's `rekey` op, authenticated with the pool key over the pod's pinned TLS, makes the
-   agent accept the sandbox's key only; then one PATCH writes that key into the pod's Secret and makes
-   the Secret immutable (the cluster's record matches the agent; the kubelet stops watching it).
+   agent accept the sandbox's key only; then one PATCH writes that key and the adoption entries
+   (`kubernetes_adopt.secret_entries`: the CA, the claim's env) into the pod's Secret and makes it
+   immutable (the cluster's record matches the agent; the kubelet stops watching it).
 3. the backend's handle moves from the pool id to the sandbox id; the refill starts a replacement.
 If a step after the relabel fails, the pod is deleted and the create takes the normal path.
 
 Pool pods carry the label `label.orchard.dev/orchard-warm-pool` until claimed; this process keeps
 their handles, so its orphan sweeps never touch them. `close()` deletes them (their keys die with the
 process); those of a process that died without closing are reaped at the next start like any orphan
-(adoption must skip them: their keys are gone). The pool never adopts another process's warm pods.
+(`KubernetesBackend.adopt` skips them: their keys are gone). The pool never adopts another process's
+warm pods, and its pods carry the replica's owner label: its LISTs (shutdown) never see another replica's.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import TYPE_CHECKING
 
 from kubernetes.client.exceptions import ApiException
 
+from sandbox_service.backends import kubernetes_adopt
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.backends.kubernetes_config import (
     SANDBOX_ID_ANNOTATION,
@@ -187,9 +192,13 @@ class WarmPool:
         """The claim proper: True if this PATCH won the pod (its resourceVersion was still the one seen)."""
         labels: dict[str, str | None] = dict(object_labels(sandbox_id, self.config, spec.labels))
         labels[POOL_LABEL] = None
-        body = {"metadata": {"resourceVersion": resource_version, "labels": labels,
-                             "annotations": {SANDBOX_ID_ANNOTATION: sandbox_id,
-                                             USER_LABELS_ANNOTATION: json.dumps(spec.labels, sort_keys=True)}},
+        # What a restarted service needs to adopt the sandbox, over the pool's own spec: the claim's spec,
+        # resources (the pool key's: a claim matches them) and the claim time its TTL counts from.
+        annotations = {SANDBOX_ID_ANNOTATION: sandbox_id,
+                       USER_LABELS_ANNOTATION: json.dumps(spec.labels, sort_keys=True),
+                       **kubernetes_adopt.pod_annotations(spec, self.entries[warm.key].resources,
+                                                          claimed_at=self.backend._clock())}
+        body = {"metadata": {"resourceVersion": resource_version, "labels": labels, "annotations": annotations},
                 "spec": {"activeDeadlineSeconds": deadline}}
         try:
             self.backend._call("patch pod (claim)", self.backend.core.patch_namespaced_pod, warm.pod_name,
@@ -213,11 +222,13 @@ class WarmPool:
         run_coroutine(rekey)
         labels: dict[str, str | None] = dict(object_labels(sandbox_id, self.config, spec.labels))
         labels[POOL_LABEL] = None
+        # The adoption entries too: the CA stays the pod's (its certificate is unchanged), the env is the claim's.
+        entries = {**kubernetes_adopt.secret_entries(spec, warm.endpoint.ca_cert_pem or ""), SECRET_KEY_AGENT: secret}
         self.backend._call(
             "patch secret (re-key)", self.backend.core.patch_namespaced_secret, secret_name_for(warm.pod_name),
             self.config.namespace,
             {"metadata": {"labels": labels, "annotations": {SANDBOX_ID_ANNOTATION: sandbox_id}},
-             "data": {SECRET_KEY_AGENT: base64.b64encode(secret.encode()).decode()}, "immutable": True})
+             "data": {k: base64.b64encode(v.encode()).decode() for k, v in entries.items()}, "immutable": True})
         return warm.endpoint.model_copy(update={"secret": secret})
 
     def _discard(self, warm: WarmPod, why: str) -> None:

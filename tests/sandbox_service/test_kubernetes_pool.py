@@ -186,3 +186,64 @@ def test_a_claim_retries_when_only_the_status_moved_on(pooled, fake, monkeypatch
     endpoint = backend.pool._hand_over(warm, "sb-late", spec, 600, "key-of-sb-late-0123456789")
     assert endpoint is not None and backend._handle("sb-late").pod_name == warm.pod_name
     assert len([r for r in fake.sent("PATCH", "pods") if r["name"] == warm.pod_name]) == 2
+
+
+# -- the warm pool and adoption together (issue 22 items 6 and 8) ---------------------------------------
+def test_a_claimed_sandbox_survives_a_service_restart(pooled, fake, tmp_path, agent_node):  # noqa: F811
+    """The claim writes what adoption reads (spec and resources annotations, claim time, the Secret's CA
+    and env): a restarted backend adopts the claimed pod under the same id and exec reaches it."""
+    backend, spec, _ = pooled
+    _, settings = agent_node
+    spec = spec.model_copy(update={"env": {"TOKEN": "from-the-claim"}, "ttl_seconds": 900})
+    endpoint = backend.start("sb-kept", spec, Resources(), "key-of-sb-kept-0123456789")
+    run_exec(endpoint, "echo before > state.txt", spec.workdir)
+    pod_name = backend._handle("sb-kept").pod_name
+    backend.close()  # a rollout: the pool deletes its idle pods, the claimed sandbox stays
+
+    restarted = make_backend(fake, tmp_path, **settings)
+    (adopted,) = restarted.adopt()
+    assert adopted.sandbox_id == "sb-kept" and restarted._handle("sb-kept").pod_name == pod_name
+    assert adopted.spec.labels == {"stage": "rl"} and adopted.spec.env == {"TOKEN": "from-the-claim"}
+    assert adopted.spec.ttl_seconds == 900  # the claim's spec, not the pool's (max TTL, pool label)
+    assert (restarted._clock() - adopted.created_at).total_seconds() < 60  # the TTL counts from the claim
+    assert adopted.secret == "key-of-sb-kept-0123456789"
+    assert run_exec(adopted.endpoint, "cat state.txt", spec.workdir) == "before\n"  # the very same pod
+    assert restarted.list_orphans() == []
+
+
+def test_a_restart_reaps_unclaimed_warm_pods_and_never_adopts_them(pooled, fake, tmp_path, agent_node):  # noqa: F811
+    """A process that died with a full pool: its warm pods look like running sandboxes, but their keys
+    died with it; the next start reaps them."""
+    backend, _, _ = pooled
+    _, settings = agent_node
+    pool_ids = {p["metadata"]["annotations"]["orchard.dev/sandbox-id"] for p in fake.of_kind("pods")}
+    assert len(pool_ids) == 2
+    restarted = make_backend(fake, tmp_path, **settings)  # `backend` plays the process that died
+    assert restarted.adopt() == []
+    assert set(restarted.list_orphans()) == pool_ids
+    for orphan in restarted.list_orphans():
+        restarted.stop(orphan)
+    assert fake.of_kind("pods") == []
+
+
+def test_two_replicas_pools_never_touch_each_others_pods(fake, tmp_path, agent_node):  # noqa: F811
+    """Warm pods carry their replica's owner label; one replica's shutdown (its LIST by pool label) and
+    refill leave the other's pool whole."""
+    _, settings = agent_node
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    pools = [{"image": IMAGE, "size": 2, "workdir": str(workspace)}]
+    a = make_backend(fake, tmp_path, replica="service-0", warm_pools=pools, **settings)
+    b = make_backend(fake, tmp_path, replica="service-1", warm_pools=pools, **settings)
+    wait_until(lambda: a.pool.ready() == 2 and b.pool.ready() == 2, what="both pools full")
+    owners = sorted(p["metadata"]["labels"]["orchard.dev/owner"] for p in fake.of_kind("pods"))
+    assert owners == ["service-0"] * 2 + ["service-1"] * 2
+    with b.pool._lock:
+        b_pods = {w.pod_name for q in b.pool._ready.values() for w in q}
+    a.close()
+    assert {p["metadata"]["name"] for p in fake.of_kind("pods")} == b_pods
+    assert {s["metadata"]["labels"]["orchard.dev/owner"] for s in fake.of_kind("secrets")} == {"service-1"}
+    spec = SandboxCreate(image=IMAGE, workdir=str(workspace))
+    endpoint = b.start("sb-on-b", spec, Resources(), "key-of-sb-on-b-0123456789")
+    assert b._handle("sb-on-b").pod_name in b_pods and b.pool.claimed == 1
+    assert run_exec(endpoint, "echo b", str(workspace)) == "b\n"
