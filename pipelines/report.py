@@ -18,6 +18,8 @@ class EvalRow(BaseModel):
     model_config = ConfigDict(extra="forbid")
     policy: str = Field(description="untrained, sft, rl or teacher.")
     resolved_rate: float | None = Field(None, description="Resolved / evaluated attempts (infra errors excluded).")
+    resolved_rate_ci95: tuple[float, float] | None = Field(
+        None, description="95 % bootstrap interval over tasks (attempts clustered by task).")
     resolved: int | None = Field(None, description="Resolved attempts.")
     evaluated: int | None = Field(None, description="Attempts that count (not infra errors).")
     pass_at_k: float | None = Field(None, description="Unbiased pass@k over the attempts per task.")
@@ -25,9 +27,46 @@ class EvalRow(BaseModel):
     mean_steps: float | None = Field(None, description="Mean tool-loop steps per attempt.")
 
 
+class Comparison(BaseModel):
+    """One policy against another on the same held-out tasks: mean per-task pass@1 difference."""
+
+    model_config = ConfigDict(extra="forbid")
+    better: str = Field(description="The policy whose score is subtracted from (e.g. sft in sft - untrained).")
+    than: str = Field(description="The policy it is compared with.")
+    difference: float = Field(description="mean over tasks of pass@1(better) - pass@1(than), in [-1, 1].")
+    ci95: tuple[float, float] = Field(description="Paired bootstrap over tasks (the same tasks for both).")
+    tasks: int = Field(description="Tasks both were evaluated on (n).")
+
+    def verdict(self) -> str:
+        lo, hi = self.ci95
+        span = f"{100 * self.difference:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}], n={self.tasks} tasks"
+        if lo > 0:
+            return f"{self.better} beats {self.than} by {span}"
+        if hi < 0:
+            return f"{self.better} is worse than {self.than} by {span}"
+        return f"{self.better} vs {self.than}: no difference detected, {span} (the interval holds 0)"
+
+
+# Which arms are compared, in this order: what SFT adds, what RL adds on top, and both together.
+COMPARED = (("sft", "untrained"), ("rl", "sft"), ("rl", "untrained"))
+
+
+def compare_arms(per_task: dict[str, dict[str, float]], seed: int = 0) -> list[Comparison]:
+    """Paired comparisons of the arms in `COMPARED` that were both evaluated (per-task pass@1 by task id)."""
+    from components.core.intervals import paired_bootstrap_diff
+
+    out = []
+    for a, b in COMPARED:
+        if a in per_task and b in per_task:
+            diff, lo, hi, n = paired_bootstrap_diff(per_task[a], per_task[b], seed=seed)
+            out.append(Comparison(better=a, than=b, difference=diff, ci95=(lo, hi), tasks=n))
+    return out
+
+
 class RunReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rows: list[EvalRow] = Field(default_factory=list, description="One row per evaluated policy.")
+    comparisons: list[Comparison] = Field(default_factory=list, description="Paired arm differences.")
     trajectories: dict[str, float] = Field(default_factory=dict, description="Teacher trajectory counts by outcome.")
     exec_latency: dict[str, float] = Field(default_factory=dict, description="Sandbox exec latency (s): p50, p95, n.")
     stage_seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per step.")
@@ -48,6 +87,7 @@ def eval_row(policy: str, result: dict) -> EvalRow:
     return EvalRow(
         policy=policy,
         resolved_rate=_pick(result, "resolved_rate"),
+        resolved_rate_ci95=tuple(result["resolved_rate_ci95"]) if result.get("resolved_rate_ci95") else None,
         resolved=_pick(result, "resolved", "n_resolved"),
         evaluated=_pick(result, "valid_attempts", "evaluated"),
         pass_at_k=_pick(result, "pass_at_k", "pass@k"),
@@ -69,10 +109,12 @@ def trajectory_counts(distill_result: dict) -> dict[str, float]:
 
 def build_report(eval_results: dict[str, dict], distill_result: dict | None, *, exec_latency: dict | None = None,
                  stage_seconds: dict | None = None, stages_skipped: list[str] | None = None,
-                 notes: list[str] | None = None) -> RunReport:
+                 notes: list[str] | None = None, per_task: dict[str, dict[str, float]] | None = None) -> RunReport:
+    """`per_task`: each arm's pass@1 by held-out task id (from its per_task.parquet) for the paired comparisons."""
     order = ["teacher", "untrained", "sft", "rl"]
     rows = [eval_row(k, eval_results[k]) for k in sorted(eval_results, key=lambda k: (order.index(k) if k in order else 9, k))]
-    return RunReport(rows=rows, trajectories=trajectory_counts(distill_result or {}),
+    return RunReport(rows=rows, comparisons=compare_arms(per_task or {}),
+                     trajectories=trajectory_counts(distill_result or {}),
                      exec_latency=exec_latency or {}, stage_seconds=stage_seconds or {},
                      stages_skipped=stages_skipped or [], notes=notes or [])
 
@@ -93,13 +135,23 @@ def _fmt(value: Any, pct: bool = False) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def _rate(r: EvalRow) -> str:
+    if r.resolved_rate_ci95 is None or r.resolved_rate is None:
+        return _fmt(r.resolved_rate, True)
+    lo, hi = r.resolved_rate_ci95
+    return f"{_fmt(r.resolved_rate, True)} [{100 * lo:.1f}, {100 * hi:.1f}]"
+
+
 def to_markdown(report: RunReport) -> str:
-    lines = ["| policy | resolved rate | resolved / evaluated | pass@k | infra errors | mean steps |",
+    lines = ["| policy | resolved rate [95% CI] | resolved / evaluated | pass@k | infra errors | mean steps |",
              "|---|---|---|---|---|---|"]
     for r in report.rows:
         name = f"{r.policy} (reference)" if r.policy == "teacher" else r.policy
-        lines.append(f"| {name} | {_fmt(r.resolved_rate, True)} | {_fmt(r.resolved)} / {_fmt(r.evaluated)} | "
+        lines.append(f"| {name} | {_rate(r)} | {_fmt(r.resolved)} / {_fmt(r.evaluated)} | "
                      f"{_fmt(r.pass_at_k, True)} | {_fmt(r.infra_error_rate, True)} | {_fmt(r.mean_steps)} |")
+    if report.comparisons:
+        lines += ["", "Paired differences in held-out pass@1 (95% bootstrap over tasks):"]
+        lines += [f"- {c.verdict()}" for c in report.comparisons]
     if report.trajectories:
         lines += ["", "Teacher trajectories: " + ", ".join(f"{k} {int(v)}" for k, v in report.trajectories.items())]
     if report.exec_latency:
@@ -118,10 +170,10 @@ def to_rich(report: RunReport):
     from rich.table import Table
 
     table = Table(title="Held-out tasks: untrained vs SFT vs RL")
-    for col in ("policy", "resolved rate", "resolved / evaluated", "pass@k", "infra errors", "mean steps"):
+    for col in ("policy", "resolved rate [95% CI]", "resolved / evaluated", "pass@k", "infra errors", "mean steps"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in report.rows:
-        table.add_row(f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _fmt(r.resolved_rate, True),
+        table.add_row(f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _rate(r),
                       f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}", _fmt(r.pass_at_k, True),
                       _fmt(r.infra_error_rate, True), _fmt(r.mean_steps))
     return table
