@@ -256,17 +256,21 @@ def _report(difficulty: int, path: str, pkg: str, target: _Instance, example: st
 
 
 def generate_tasks(split: Split, n: int, seed: int = 0, *, difficulty: int | list[int] = 1,
-                   heldout_families: tuple[str, ...] = (), bugs: int | list[int] = 1) -> list[Task]:
+                   heldout_families: tuple[str, ...] = (), bugs: int | list[int] = 1,
+                   families: tuple[str, ...] = ()) -> list[Task]:
     """`n` tasks of `split`. Heldout families never appear in train; heldout uses only them when set.
 
+    `families`: the bug families both splits draw from (empty: all of them); a narrower suite has more
+    tasks per template, which is what lets a tiny model trained for minutes learn the fixes.
     `bugs`: planted bugs per task (1 or 2), or a list cycled over like `difficulty`."""
-    unknown = set(heldout_families) - set(FAMILIES)
+    unknown = (set(heldout_families) | set(families)) - set(FAMILIES)
     if unknown:
         raise ValueError(f"unknown bug families {sorted(unknown)}; choose from {FAMILIES}")
+    pool = tuple(f for f in FAMILIES if f in families) if families else FAMILIES
     if split == "train":
-        families = tuple(f for f in FAMILIES if f not in heldout_families)
+        families = tuple(f for f in pool if f not in heldout_families)
     else:
-        families = tuple(heldout_families) or FAMILIES
+        families = tuple(heldout_families) or pool
     if not families:
         raise ValueError("every family is held out: the train split would be empty")
     levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
