@@ -35,9 +35,10 @@ class SWERecipe(RecipeBase):
 
     def __init__(self, difficulty: int | list[int] = 1, heldout_families: tuple[str, ...] | list[str] = (),
                  tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000, bugs: int | list[int] = 1,
-                 families: tuple[str, ...] | list[str] = ()):
+                 families: tuple[str, ...] | list[str] = (), packages: tuple[str, ...] | list[str] = ()):
         self.difficulty = difficulty
         self.families = tuple(families)  # bug families tasks are drawn from (empty: all)
+        self.packages = tuple(packages)  # package names repositories are drawn from (empty: all)
         self.bugs = bugs  # planted bugs per task: 1, 2 (partial progress possible), or a list cycled over
         self.heldout_families = tuple(heldout_families)
         self.tool_timeout_seconds = tool_timeout_seconds
@@ -48,7 +49,7 @@ class SWERecipe(RecipeBase):
 
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
         return generate_tasks(split, n, seed, difficulty=self.difficulty, heldout_families=self.heldout_families,
-                              bugs=self.bugs, families=self.families)
+                              bugs=self.bugs, families=self.families, packages=self.packages)
 
     def tools(self) -> list[ToolSpec]:
         return list(TOOL_SPECS)
