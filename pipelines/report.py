@@ -29,9 +29,46 @@ class EvalRow(BaseModel):
                                                "only: partial progress the binary reward does not see).")
 
 
+class Comparison(BaseModel):
+    """One policy against another on the same held-out tasks: mean per-task pass@1 difference."""
+
+    model_config = ConfigDict(extra="forbid")
+    better: str = Field(description="The policy whose score is subtracted from (e.g. sft in sft - untrained).")
+    than: str = Field(description="The policy it is compared with.")
+    difference: float = Field(description="mean over tasks of pass@1(better) - pass@1(than), in [-1, 1].")
+    ci95: tuple[float, float] = Field(description="Paired bootstrap over tasks (the same tasks for both).")
+    tasks: int = Field(description="Tasks both were evaluated on (n).")
+
+    def verdict(self) -> str:
+        lo, hi = self.ci95
+        span = f"{100 * self.difference:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}], n={self.tasks} tasks"
+        if lo > 0:
+            return f"{self.better} beats {self.than} by {span}"
+        if hi < 0:
+            return f"{self.better} is worse than {self.than} by {span}"
+        return f"{self.better} vs {self.than}: no difference detected, {span} (the interval holds 0)"
+
+
+# Which arms are compared, in this order: what SFT adds, what RL adds on top, and both together.
+COMPARED = (("sft", "untrained"), ("rl", "sft"), ("rl", "untrained"))
+
+
+def compare_arms(per_task: dict[str, dict[str, float]], seed: int = 0) -> list[Comparison]:
+    """Paired comparisons of the arms in `COMPARED` that were both evaluated (per-task pass@1 by task id)."""
+    from components.core.intervals import paired_bootstrap_diff
+
+    out = []
+    for a, b in COMPARED:
+        if a in per_task and b in per_task:
+            diff, lo, hi, n = paired_bootstrap_diff(per_task[a], per_task[b], seed=seed)
+            out.append(Comparison(better=a, than=b, difference=diff, ci95=(lo, hi), tasks=n))
+    return out
+
+
 class RunReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rows: list[EvalRow] = Field(default_factory=list, description="One row per evaluated policy.")
+    comparisons: list[Comparison] = Field(default_factory=list, description="Paired arm differences.")
     trajectories: dict[str, float] = Field(default_factory=dict, description="Teacher trajectory counts by outcome.")
     exec_latency: dict[str, float] = Field(default_factory=dict, description="Sandbox exec latency (s): p50, p95, n.")
     stage_seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per step.")
@@ -98,10 +135,12 @@ def trajectory_counts(distill_result: dict) -> dict[str, float]:
 
 def build_report(eval_results: dict[str, dict], distill_result: dict | None, *, exec_latency: dict | None = None,
                  stage_seconds: dict | None = None, stages_skipped: list[str] | None = None,
-                 notes: list[str] | None = None) -> RunReport:
+                 notes: list[str] | None = None, per_task: dict[str, dict[str, float]] | None = None) -> RunReport:
+    """`per_task`: each arm's pass@1 by held-out task id (from its per_task.parquet) for the paired comparisons."""
     order = ["teacher", "untrained", "sft", "rl"]
     rows = [eval_row(k, eval_results[k]) for k in sorted(eval_results, key=lambda k: (order.index(k) if k in order else 9, k))]
-    return RunReport(rows=rows, trajectories=trajectory_counts(distill_result or {}),
+    return RunReport(rows=rows, comparisons=compare_arms(per_task or {}),
+                     trajectories=trajectory_counts(distill_result or {}),
                      exec_latency=exec_latency or {}, stage_seconds=stage_seconds or {},
                      stages_skipped=stages_skipped or [], notes=notes or [])
 
@@ -123,13 +162,17 @@ def _fmt(value: Any, pct: bool = False) -> str:
 
 
 def to_markdown(report: RunReport) -> str:
-    lines = ["| policy | resolved rate | resolved / evaluated | pass@k | infra errors | mean steps | hidden tests passing |",
+    lines = ["| policy | resolved rate [95% CI] | resolved / evaluated | pass@k | infra errors | mean steps "
+             "| hidden tests passing |",
              "|---|---|---|---|---|---|---|"]
     for r in report.rows:
         name = f"{r.policy} (reference)" if r.policy == "teacher" else r.policy
         lines.append(f"| {name} | {_rate(r)} | {_fmt(r.resolved)} / {_fmt(r.evaluated)} | "
                      f"{_fmt(r.pass_at_k, True)} | {_fmt(r.infra_error_rate, True)} | {_fmt(r.mean_steps)} | "
                      f"{_fmt(r.hidden_pass_fraction, True)} |")
+    if report.comparisons:
+        lines += ["", "Paired differences in held-out pass@1 (95% bootstrap over tasks):"]
+        lines += [f"- {c.verdict()}" for c in report.comparisons]
     if report.trajectories:
         lines += ["", "Teacher trajectories: " + ", ".join(f"{k} {int(v)}" for k, v in report.trajectories.items())]
     if report.exec_latency:
@@ -148,7 +191,7 @@ def to_rich(report: RunReport):
     from rich.table import Table
 
     table = Table(title="Held-out tasks: untrained vs SFT vs RL")
-    for col in ("policy", "resolved rate", "resolved / evaluated", "pass@k", "infra errors", "mean steps",
+    for col in ("policy", "resolved rate [95% CI]", "resolved / evaluated", "pass@k", "infra errors", "mean steps",
                 "hidden tests passing"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in report.rows:

@@ -176,6 +176,20 @@ def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlf
     return config, run_id
 
 
+def per_task_pass_at_1(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Each arm's pass@1 by task id, read from its per_task.parquet (arms whose file is not readable here,
+    e.g. a cluster artifact the report step cannot see, are left out of the paired comparisons)."""
+    import pandas as pd
+
+    out = {}
+    for arm, result in evals.items():
+        path = result.get("per_task_path")
+        if path and Path(path).is_file():
+            frame = pd.read_parquet(path, columns=["task_id", "pass_at_1"])
+            out[arm] = dict(zip(frame["task_id"], frame["pass_at_1"].astype(float)))
+    return out
+
+
 def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
                     *, exec_latency: dict[str, float] | None = None, stage_seconds: dict[str, float] | None = None,
                     stages_skipped: list[str] | None = None, stores: dict[str, Path] | None = None,
@@ -188,8 +202,7 @@ def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
 
     parsed = {k: json.loads(v) if isinstance(v, str) else v for k, v in results.items()}
     evals = {arm: r for name, r in parsed.items() if r is not None and (arm := stages.eval_arm(name))}
-    notes = [why for stage in ("rl", "sft") for trained, why in [model_trained(stage, parsed.get(stage))]
-             if not trained]
+    notes = [why for stage in ("sft", "rl") for _, why in [model_trained(stage, parsed.get(stage))]]
     data = parsed.get("accumulate")
     if data and data.get("data_store"):
         notes.append(f"trained on {len(data['trained_on'])} trajectory shard(s) of data store {data['data_store']}")
@@ -197,7 +210,8 @@ def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
     if gate:
         notes.append(report.promotion_note(gate))
     run_report = report.build_report(evals, parsed.get("distill"), exec_latency=exec_latency,
-                                     stage_seconds=stage_seconds, stages_skipped=stages_skipped, notes=notes)
+                                     stage_seconds=stage_seconds, stages_skipped=stages_skipped, notes=notes,
+                                     per_task=per_task_pass_at_1(evals))
     markdown = report.to_markdown(run_report)
     if ctx.parent_run_id:
         report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown, stores=stores)

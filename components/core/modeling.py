@@ -73,7 +73,7 @@ _PROTOCOL_EXAMPLES = [
     {"name": "bash", "arguments": {"command": "grep -rn def ."}},
     {"name": "read_file", "arguments": {"path": "src/module.py"}},
     {"name": "write_file", "arguments": {"path": "src/module.py", "content": "def f(x):\n    return x\n"}},
-    {"name": "str_replace", "arguments": {"path": "src/module.py", "old": "return x - 1", "new": "return x"}},
+    {"name": "str_replace", "arguments": {"path": "src/module.py", "old_str": "return x - 1", "new_str": "return x"}},
     {"name": "submit", "arguments": {}},
 ]
 
@@ -141,20 +141,29 @@ def _corpus(config: TokenizerConfig) -> Iterator[str]:
 
 
 def _recipe_corpus(recipe_name: str, n: int) -> Iterator[str]:
+    """Training tasks only (held-out tasks, and their fixes, never shape the vocabulary), each also as an
+    episode in the chat template: the system prompt with its tool list and the reference solution's tool
+    calls as the model will read and write them, so a tool call is a few tokens, not dozens."""
     if n == 0:
         return
+    from transformers.utils.chat_template_utils import render_jinja_template
+
     from components.recipes import get_recipe
 
     recipe = get_recipe(recipe_name)
     tools = [spec.openai() for spec in recipe.tools()]
     yield json.dumps(tools)
-    for split in ("train", "heldout"):
-        for task in recipe.tasks(split, n, seed=0):
-            yield recipe.system_prompt(task)
-            yield task.prompt
-            yield from task.environment.files.values()
-            if task.reference_solution:
-                yield task.reference_solution
+    for task in recipe.tasks("train", n, seed=0):
+        yield task.prompt
+        yield from task.environment.files.values()
+        if task.reference_solution:
+            yield task.reference_solution
+        messages = [{"role": "system", "content": recipe.system_prompt(task)}, {"role": "user", "content": task.prompt}]
+        messages += [{"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}]}
+            for call in recipe.reference_calls(task)]
+        rendered, _ = render_jinja_template([messages], tools=tools, chat_template=CHAT_TEMPLATE)
+        yield rendered[0]
 
 
 def build_tokenizer(config: TokenizerConfig | None = None, corpus: Iterable[str] | None = None):

@@ -75,5 +75,10 @@ class RecipeBase(abc.ABC):
     def system_prompt(self, task: Task) -> str:
         return "You are an agent acting in a sandbox through tools."
 
+    def reference_calls(self, task: Task) -> list[ToolCall]:
+        """The tool calls of a clean solution of a training task, without running it (the local tokenizer's
+        corpus learns how tool calls are written from them); [] when the recipe cannot say."""
+        return []
+
     def release(self, sandbox: Sandbox) -> None:
         """The episode on `sandbox` is over (verified or aborted): free what `setup` kept for it."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -59,6 +61,21 @@ def test_default_tokenizer_trains_on_builtin_corpus():
     assert 300 < len(tok) <= 2048
     ids = tok.encode("def add(a, b):\n    return a + b\n", add_special_tokens=False)
     assert len(ids) < 20  # merges learned from code: far fewer ids than bytes (32)
+
+
+def test_recipe_corpus_holds_training_episodes_and_no_heldout_task():
+    from components.core.modeling import _recipe_corpus
+    from components.recipes import get_recipe
+
+    recipe = get_recipe("swe")
+    corpus = "\n".join(_recipe_corpus("swe", 4))
+    heldout = recipe.tasks("heldout", 4, seed=0)
+    assert not any(t.prompt in corpus or t.reference_solution in corpus for t in heldout)
+    train = recipe.tasks("train", 4, seed=0)[0]
+    fix = train.metadata["fix"]
+    # the reference solution's str_replace exactly as the chat template renders a tool call
+    assert f'"old_str": {json.dumps(fix["old"])}, "new_str": {json.dumps(fix["new"])}' in corpus
+    assert "<tool_call>\n{\"name\": \"submit\", \"arguments\": {}}\n</tool_call>" in corpus
 
 
 def test_tiny_model_is_qwen3_moe_and_round_trips_through_from_pretrained(tokenizer, tmp_path):

@@ -168,33 +168,32 @@ def test_sft_continues_from_a_saved_model_and_rejects_empty_data(store, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the demo's 120 SFT steps alone take ~5 min on 2 idle cores
 def test_trained_tiny_policy_resolves_more_heldout_tasks_than_untrained(sandbox_service, tmp_path):
-    """End to end on SWE difficulty 1: teacher trajectories -> SFT -> greedy evaluation on held-out tasks.
-
-    The schedule is the ablation's (400 steps of 8 at lr 3e-3 on ~100 resolved trajectories, ~5 min on one
-    core): 120 steps on 40 tasks taught the format but not the edits (0/12, as untrained)."""
-    from components.core.harness import HarnessConfig
+    """End to end on the demo's task suite and schedule (pipelines/config.py `_DEMO`): teacher trajectories
+    -> SFT -> greedy evaluation on held-out tasks (new instances of the training templates); 8 held-out tasks
+    instead of the demo's 16 to fit the timeout."""
     from components.core.modeling import build_tiny_model, save_policy
-    from components.core.policy_base import GenerationConfig
-    from components.distill import DistillConfig, distill
-    from components.evaluate import EvalConfig, evaluate
-    from components.recipes import get_recipe
-
-    recipe = get_recipe("swe", difficulty=1)
     from components.core.store import TaskStore
+    from components.distill import DistillConfig, distill
+    from components.evaluate import evaluate
+    from components.recipes import get_recipe
+    from pipelines.config import PipelineConfig
 
-    TaskStore(tmp_path / "tasks").write(recipe.tasks("train", 120, seed=0) + recipe.tasks("heldout", 12, seed=0))
+    demo = PipelineConfig.preset_config("demo")
+    recipe = get_recipe("swe", difficulty=demo.provision.difficulty, **demo.provision.recipe_options)
+    TaskStore(tmp_path / "tasks").write(recipe.tasks("train", demo.provision.n_train, seed=0) +
+                                        recipe.tasks("heldout", 8, seed=0))
     connection = sandbox_service.connection()
-    distill(DistillConfig(error_rate=0.1, max_parallel=2, sandbox=connection, progress=False),
+    distill(DistillConfig(error_rate=demo.distill.error_rate, max_parallel=2, sandbox=connection, progress=False),
             tmp_path / "tasks", tmp_path / "trajs")
-    model_config = ModelConfig()
-    result = train_sft(SFTConfig(mode="resolved_only", steps=400, batch_size=8, learning_rate=3e-3, max_len=1024,
-                                 num_threads=1, model=model_config),
+    model_config = demo.model.tiny
+    result = train_sft(demo.sft.model_copy(update={"mode": "resolved_only", "model": model_config}),
                        tmp_path / "trajs", tmp_path / "sft")
     tokenizer = build_tokenizer(model_config.tokenizer)
     save_policy(build_tiny_model(model_config, tokenizer), tokenizer, tmp_path / "untrained")
-    harness = HarnessConfig(max_steps=8, generation=GenerationConfig(max_new_tokens=160, temperature=0.0))
-    eval_config = EvalConfig(k=1, temperature=0.0, harness=harness, sandbox=connection, workers=1)
+    eval_config = demo.evaluate.model_copy(update={"sandbox": connection})
+    assert eval_config.temperature == 0.0  # greedy: the comparison is not sampling luck
     trained = evaluate(eval_config, tmp_path / "tasks", tmp_path / "sft", tmp_path / "eval-sft")
     untrained = evaluate(eval_config, tmp_path / "tasks", tmp_path / "untrained", tmp_path / "eval-untrained")
     print(f"held-out resolved rate: trained {trained.resolved_rate:.3f} vs untrained {untrained.resolved_rate:.3f} "

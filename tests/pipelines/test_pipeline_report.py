@@ -29,7 +29,8 @@ def test_report_rows_come_from_typed_eval_results():
         "rl": {"resolved": 3, "valid_attempts": 6, "resolved_rate": 0.5, "pass_at_k": 0.5, "infra_error_rate": 0.0,
                "mean_steps": 4.0, "mean_hidden_pass_fraction": 0.625, "metrics": {}},
         "untrained": {"resolved": 0, "valid_attempts": 6, "resolved_rate": 0.0, "metrics": {"mean_steps": 6.0}},
-        "teacher": {"resolved": 5, "valid_attempts": 6, "resolved_rate": 5 / 6, "metrics": {}},
+        "teacher": {"resolved": 5, "valid_attempts": 6, "resolved_rate": 5 / 6, "resolved_rate_ci95": [0.5, 1.0],
+                    "metrics": {}},
     }
     report = build_report(evals, {"resolved": 10, "unresolved": 4, "infra_error": 1, "metrics": {}},
                           exec_latency={"n": 12, "p50": 0.02}, stages_skipped=["sft (x)"])
@@ -37,7 +38,7 @@ def test_report_rows_come_from_typed_eval_results():
     assert report.rows[1].mean_steps == 6.0  # found in metrics when not a typed field
     assert report.trajectories == {"resolved": 10, "unresolved": 4, "infra_error": 1, "total": 15}
     md = to_markdown(report)
-    assert "| teacher (reference) | 83.3% | 5 / 6 |" in md
+    assert "| teacher (reference) | 83.3% [50.0, 100.0] | 5 / 6 |" in md
     assert "| rl | 50.0% | 3 / 6 | 50.0% | 0.0% | 4.00 | 62.5% |" in md
     assert "| untrained | 0.0% | 0 / 6 | - | - | 6.00 | - |" in md  # no hidden-test fraction: none shown
     assert "Not run: sft (x)" in md
@@ -75,3 +76,20 @@ def test_presets_are_valid_and_overridable():
         PipelineConfig.preset_config("huge")
     with pytest.raises(ValueError):
         PipelineConfig.preset_config("tiny", sft={"stepz": 2})
+
+
+def test_report_states_paired_differences_with_intervals_and_n():
+    tasks = [f"t{i}" for i in range(12)]
+    per_task = {"untrained": dict.fromkeys(tasks, 0.0),
+                "sft": {t: float(i < 8) for i, t in enumerate(tasks)},  # 8 of 12 solved
+                "rl": {t: float(i < 7) for i, t in enumerate(tasks)}}  # one fewer than SFT
+    report = build_report({arm: {"resolved_rate": 0.0} for arm in per_task}, None, per_task=per_task)
+    by_pair = {(c.better, c.than): c for c in report.comparisons}
+    sft = by_pair[("sft", "untrained")]
+    assert sft.tasks == 12 and math.isclose(sft.difference, 8 / 12)
+    assert 0 < sft.ci95[0] < sft.difference < sft.ci95[1] <= 1
+    rl = by_pair[("rl", "sft")]
+    assert math.isclose(rl.difference, -1 / 12) and rl.ci95[0] < 0 <= rl.ci95[1]
+    md = to_markdown(report)
+    assert "- sft beats untrained by +66.7 points [" in md and "n=12 tasks" in md
+    assert "- rl vs sft: no difference detected, -8.3 points [" in md

@@ -35,6 +35,24 @@ def test_family_split_keeps_heldout_families_out_of_train():
         generate_tasks("train", 1, heldout_families=("nope",))
 
 
+def test_families_narrow_both_splits():
+    pool = ("wrong_operator", "inverted_condition")
+    assert {t.family for t in generate_tasks("train", 40, 0, families=pool)} == set(pool)
+    assert {t.family for t in generate_tasks("heldout", 20, 0, families=pool)} == set(pool)
+    train = generate_tasks("train", 40, 0, families=pool, heldout_families=("inverted_condition",))
+    assert {t.family for t in train} == {"wrong_operator"}
+    with pytest.raises(ValueError, match="unknown bug families"):
+        generate_tasks("train", 1, families=("nope",))
+
+
+def test_packages_narrow_the_repository_names():
+    tasks = generate_tasks("heldout", 20, 0, packages=("mathkit", "listutil"))
+    assert {t.metadata["package"] for t in tasks} == {"mathkit", "listutil"}
+    assert all(t.metadata["fix"]["path"].startswith(t.metadata["package"] + "/") for t in tasks)
+    with pytest.raises(ValueError, match="identifiers"):
+        generate_tasks("train", 1, packages=("not a name",))
+
+
 def test_level_one_is_small_and_names_the_function_precisely():
     for task in generate_tasks("train", 60, 0, difficulty=1):
         visible = "".join(task.environment.files.values())

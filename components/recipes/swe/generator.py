@@ -115,7 +115,7 @@ def _pick_instance(rng: random.Random, template: BugTemplate, taken: set[str]) -
 
 
 def make_task(split: Split, seed: int, index: int, *, difficulty: int, families: tuple[str, ...],
-              bugs: int = 1) -> Task:
+              bugs: int = 1, packages: tuple[str, ...] = PACKAGES) -> Task:
     """The `index`-th task of a split's seed stream (pure function of its arguments).
 
     `bugs=2` plants a second bug of another template in another function (in another module at
@@ -134,7 +134,7 @@ def make_task(split: Split, seed: int, index: int, *, difficulty: int, families:
     for t in targets:
         _check(t)
     target = targets[0]
-    pkg = rng.choice(PACKAGES)
+    pkg = rng.choice(packages)
 
     n_distractors = {1: 0, 2: 2, 3: 4}[difficulty]
     # Distractors must not contain a buggy line: each reference edit (old -> new) stays unique.
@@ -256,17 +256,23 @@ def _report(difficulty: int, path: str, pkg: str, target: _Instance, example: st
 
 
 def generate_tasks(split: Split, n: int, seed: int = 0, *, difficulty: int | list[int] = 1,
-                   heldout_families: tuple[str, ...] = (), bugs: int | list[int] = 1) -> list[Task]:
+                   heldout_families: tuple[str, ...] = (), bugs: int | list[int] = 1,
+                   families: tuple[str, ...] = (), packages: tuple[str, ...] = ()) -> list[Task]:
     """`n` tasks of `split`. Heldout families never appear in train; heldout uses only them when set.
 
+    `families`: the bug families both splits draw from (empty: all of them); a narrower suite has more
+    tasks per template, which is what lets a tiny model trained for minutes learn the fixes.
+    `packages`: the package names repositories are drawn from (empty: all of `PACKAGES`); the policy
+    copies the name from the issue into its paths, which a tiny model learns slowly from few names.
     `bugs`: planted bugs per task (1 or 2), or a list cycled over like `difficulty`."""
-    unknown = set(heldout_families) - set(FAMILIES)
+    unknown = (set(heldout_families) | set(families)) - set(FAMILIES)
     if unknown:
         raise ValueError(f"unknown bug families {sorted(unknown)}; choose from {FAMILIES}")
+    pool = tuple(f for f in FAMILIES if f in families) if families else FAMILIES
     if split == "train":
-        families = tuple(f for f in FAMILIES if f not in heldout_families)
+        families = tuple(f for f in pool if f not in heldout_families)
     else:
-        families = tuple(heldout_families) or FAMILIES
+        families = tuple(heldout_families) or pool
     if not families:
         raise ValueError("every family is held out: the train split would be empty")
     levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
@@ -275,5 +281,7 @@ def generate_tasks(split: Split, n: int, seed: int = 0, *, difficulty: int | lis
     counts = [bugs] if isinstance(bugs, int) else list(bugs)
     if any(b not in (1, 2) for b in counts):
         raise ValueError(f"bugs per task are 1 or 2, got {counts}")
+    if not all(isinstance(p, str) and p.isidentifier() for p in packages):
+        raise ValueError(f"package names must be Python identifiers, got {list(packages)}")
     return [make_task(split, seed, i, difficulty=levels[i % len(levels)], families=families,
-                      bugs=counts[i % len(counts)]) for i in range(n)]
+                      bugs=counts[i % len(counts)], packages=tuple(packages) or PACKAGES) for i in range(n)]

@@ -34,8 +34,11 @@ class SWERecipe(RecipeBase):
     name = "swe"
 
     def __init__(self, difficulty: int | list[int] = 1, heldout_families: tuple[str, ...] | list[str] = (),
-                 tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000, bugs: int | list[int] = 1):
+                 tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000, bugs: int | list[int] = 1,
+                 families: tuple[str, ...] | list[str] = (), packages: tuple[str, ...] | list[str] = ()):
         self.difficulty = difficulty
+        self.families = tuple(families)  # bug families tasks are drawn from (empty: all)
+        self.packages = tuple(packages)  # package names repositories are drawn from (empty: all)
         self.bugs = bugs  # planted bugs per task: 1, 2 (partial progress possible), or a list cycled over
         self.heldout_families = tuple(heldout_families)
         self.tool_timeout_seconds = tool_timeout_seconds
@@ -46,7 +49,7 @@ class SWERecipe(RecipeBase):
 
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
         return generate_tasks(split, n, seed, difficulty=self.difficulty, heldout_families=self.heldout_families,
-                              bugs=self.bugs)
+                              bugs=self.bugs, families=self.families, packages=self.packages)
 
     def tools(self) -> list[ToolSpec]:
         return list(TOOL_SPECS)
@@ -54,6 +57,23 @@ class SWERecipe(RecipeBase):
     def system_prompt(self, task: Task) -> str:
         return (f"You fix bugs in the Python repository at {task.environment.workdir}. "
                 "Inspect, edit and test with the tools, then submit.")
+
+    def reference_calls(self, task: Task) -> list[ToolCall]:
+        """The scripted teacher's clean path: list, read each file to fix, test, apply each fix, test, submit."""
+        from components.recipes.swe.teacher import LIST_COMMAND, TEST_COMMAND
+
+        meta = task.metadata
+        fixes = meta.get("fixes") or ([meta["fix"]] if "fix" in meta else [])
+        if not fixes:
+            return []
+        paths = list(dict.fromkeys(f["path"] for f in fixes))
+        return [ToolCall(name="bash", arguments={"command": LIST_COMMAND}),
+                *[ToolCall(name="read_file", arguments={"path": p}) for p in paths],
+                ToolCall(name="bash", arguments={"command": TEST_COMMAND}),
+                *[ToolCall(name="str_replace", arguments={"path": f["path"], "old_str": f["old"], "new_str": f["new"]})
+                  for f in fixes],
+                ToolCall(name="bash", arguments={"command": TEST_COMMAND}),
+                ToolCall(name="submit", arguments={})]
 
     def sandbox_spec(self, task: Task) -> SandboxCreate:
         env = task.environment
