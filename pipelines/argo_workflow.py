@@ -4,7 +4,8 @@ Where KFP passes artifacts, Argo steps share one volume per workflow (a volumeCl
 storage class, access mode and size are workflow parameters): the run directory `/data/<workflow
 name>` holds the layout of `pipelines/layout.py`, and each stage is `python -m pipelines.steps run
 <stage>` in the project image, as its own template (resources, GPU placement, retries, deadline from
-its row). The start step validates the PipelineConfig and opens the MLflow parent run; its output
+its row); the rows with `store_volume` also mount the persistent data store's PVC (workflow parameter
+`data_store_claim`), which outlives the run. The start step validates the PipelineConfig and opens the MLflow parent run; its output
 parameters reach every stage through `get_parameter`, and the dependencies are the rows' inputs (`>>`).
 A row whose config asks for more than one process (`Stage.launch`) is a `resource` template instead:
 it creates a PyTorchJob (`pipelines/pytorchjob.py`) whose pods mount the same volume and run the same
@@ -38,6 +39,7 @@ DATA = "/data"
 RUN_DIR = DATA + "/{{workflow.name}}"
 STEP_INPUTS = ["config_json", "parent_run_id"]
 LABELS = {"app.kubernetes.io/part-of": "orchard"}
+DATA_STORE_VOLUME = "data-store"
 
 
 def _wf(name: str) -> str:
@@ -83,6 +85,11 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
             access_modes=[_wf("access_mode")], storage_class_name=_wf("storage_class"),
             resources=m.VolumeResourceRequirements(requests={"storage": _wf("volume_size")})))
     data = m.VolumeMount(name="run-data", mount_path=DATA)
+    # The persistent data store: an existing PVC (manifests/base/data-store.yaml) every run shares; Argo
+    # substitutes workflow parameters in `volumes`, so the claim is a parameter like the run volume's settings.
+    store_volume = m.Volume(name=DATA_STORE_VOLUME, persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(
+        claim_name=_wf("data_store_claim")))
+    store = m.VolumeMount(name=DATA_STORE_VOLUME, mount_path=cluster.data_store_mount)
 
     with WorkflowTemplate(
         name=TEMPLATE_NAME,
@@ -91,6 +98,7 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
         on_exit=stages.CLOSE,
         service_account_name=cluster.service_account,
         volume_claim_templates=[claim],
+        volumes=[store_volume],
         arguments=[Parameter(name=x.name, value=x.argo_value, description=x.description) for x in params],
         labels=LABELS,
     ) as wt:
@@ -128,7 +136,7 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
                                 % (_wf("gpu_node_selector"), _wf("gpu_tolerations"))) if stage.gpu else None,
                 retry_strategy=RetryStrategy(limit=stage.retries) if stage.retries else None,
                 active_deadline_seconds=stage.timeout_seconds or cluster.stage_timeout_seconds,
-                volume_mounts=[data],
+                volume_mounts=[data, store] if stage.store_volume else [data],
             )
         report = Container(
             name=stages.REPORT, image=_wf("image"), command=["python", "-m", "pipelines.steps", stages.REPORT],
@@ -172,6 +180,6 @@ def build_cron_workflow(schedule: str = "0 3 * * 0", cluster: ClusterConfig | No
         service_account_name=cluster.service_account,
         workflow_template_ref=WorkflowTemplateRef(name=TEMPLATE_NAME),
         # The retraining knobs are always stated on the schedule (defaults from the parameter list).
-        arguments=[Parameter(name=k, value=str(v)) for k, v in {**retrain_arguments(), **(parameters or {})}.items()],
+        arguments=[Parameter(name=k, value=str(v)) for k, v in {**retrain_arguments(cluster=cluster), **(parameters or {})}.items()],
         labels=LABELS,
     )

@@ -57,6 +57,16 @@ class ClusterConfig(BaseModel):
         description="Access mode of the run volume. ReadWriteOnce works on every cluster but keeps a run's "
                     "pods on one node; use ReadWriteMany (NFS, CephFS, EFS) to spread them.")
     volume_size: str = Field("20Gi", description="Size of the run volume (stores, checkpoints).")
+    # The persistent data store (retrain.data_store) outlives every run, unlike the run volume: a PVC the
+    # manifests create (manifests/base/data-store.yaml), mounted by the stages that touch the store.
+    data_store_claim: str = Field("orchard-data-store", description="PVC of the persistent data store.")
+    data_store_mount: str = Field("/orchard-store", description="Where the store's stages mount that PVC.")
+    data_store_access_mode: str = Field(
+        "ReadWriteMany",
+        description="Access mode of the data store PVC: runs' provision and accumulate pods on any node share it. "
+                    "kind's default provisioner (local-path) only offers ReadWriteOnce (the dev overlay's): "
+                    "then every pod mounting it must run on one node.")
+    data_store_size: str = Field("50Gi", description="Size of the data store PVC (it grows with every run).")
     gpu_node_selector: dict[str, str] = Field(
         default_factory=lambda: {"orchard.dev/pool": "gpu"},
         description="nodeSelector of the GPU stages (label your GPU nodes with it, or set {} to drop it).")
@@ -73,6 +83,11 @@ class ClusterConfig(BaseModel):
     @property
     def mlflow_url(self) -> str:
         return f"http://{self.mlflow_service}.{self.namespace}.svc:{self.mlflow_port}"
+
+    @property
+    def data_store_path(self) -> str:
+        """The store a schedule grows by default (a directory on the data store PVC)."""
+        return f"{self.data_store_mount.rstrip('/')}/data-store"
 
     def image(self, name: str) -> str:
         return image_ref(name, self.image_registry, self.image_tag)

@@ -7,7 +7,9 @@ settings (kfp-kubernetes, the YAML's second document), all from pipeline paramet
 for one GPU with the GPU nodeSelector and tolerations; a row whose config asks for more than one process
 (`Stage.launch`: `sft.launch`, `rl.launch` of the compiled config) is a launcher step that runs it as a
 PyTorchJob (`pipelines/launcher.py`) over a run directory on the PVC; the resumable rows write their stores on a
-PVC (storage class, access mode, size); the sandbox token and the endpoint key come from Secrets as
+PVC (storage class, access mode, size); the rows with `store_volume` (provision, accumulate) mount the
+persistent data store's PVC (parameter `data_store_claim`, at `ClusterConfig.data_store_mount`), which
+the manifests create and every run shares; the sandbox token and the endpoint key come from Secrets as
 environment variables, never as parameters. The ServiceAccount is a property of a KFP *run*, not of
 a task (kfp-kubernetes has no per-task setting): `orchard schedule` and the README's `kfp run create`
 pass `ClusterConfig.service_account`.
@@ -97,6 +99,8 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
             if store is not None and stage.resumable:
                 kubernetes.mount_pvc(task, pvc_name=store.outputs["name"], mount_path=STORE_MOUNT)
                 task.set_env_variable("ORCHARD_STORE_MOUNT", STORE_MOUNT)
+            if for_cluster and stage.store_volume:  # the persistent data store, the same PVC in every run
+                kubernetes.mount_pvc(task, pvc_name=p["data_store_claim"], mount_path=cluster.data_store_mount)
         if store is not None:
             kubernetes.DeletePVC(pvc_name=store.outputs["name"]).after(
                 *[tasks[s.name] for s in stages.STAGES if s.resumable or s.launch(config_defaults)])

@@ -45,8 +45,9 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
         Param("train_tasks", 0, "Training tasks generated per run, i.e. the data store's growth per run "
               "(0: the preset's provision.n_train).", start=True),
         Param("data_store", config.retrain.data_store or "",
-              "Persistent data store path on a volume every run mounts ('' : each run trains on its own data).",
-              start=True),
+              f"Persistent data store path, on the PVC {cluster.data_store_claim} mounted at "
+              f"{cluster.data_store_mount} ('': each run trains on its own data; schedules default to "
+              f"{cluster.data_store_path}).", start=True),
         Param("window_runs", config.retrain.window_runs or 0,
               "Train on the data store's last N runs' shards (0: on everything accumulated).", start=True),
         Param("sandbox_url", cluster.sandbox_url, "Sandbox service URL (the Service of manifests/).", start=True),
@@ -62,6 +63,8 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
         Param("storage_class", cluster.storage_class, "StorageClass of the run volume ('' = default)."),
         Param("access_mode", cluster.access_mode, "Access mode of the run volume."),
         Param("volume_size", cluster.volume_size, "Size of the run volume."),
+        Param("data_store_claim", cluster.data_store_claim,
+              f"PVC of the persistent data store, mounted at {cluster.data_store_mount} by the stages that use it."),
     ]
 
 
@@ -69,10 +72,16 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
 RETRAIN_PARAMS = ("start_from", "promotion_margin", "train_tasks", "data_store", "window_runs")
 
 
-def retrain_arguments(config: PipelineConfig | None = None, **given: Any) -> dict[str, Any]:
-    """The retraining parameters with their defaults, `given` on top (a schedule always states them)."""
+def retrain_arguments(config: PipelineConfig | None = None, cluster: ClusterConfig | None = None,
+                      **given: Any) -> dict[str, Any]:
+    """The retraining parameters with their defaults, `given` on top (a schedule always states them).
+
+    A schedule grows the persistent store by default (`cluster.data_store_path`, on the store's PVC); a
+    one-off run keeps the template's default ('' unless the config sets one)."""
+    cluster = cluster or ClusterConfig()
     defaults = {p.name: p.default for p in pipeline_parameters(config or PipelineConfig.preset_config("demo"),
-                                                               ClusterConfig()) if p.name in RETRAIN_PARAMS}
+                                                               cluster) if p.name in RETRAIN_PARAMS}
+    defaults["data_store"] = defaults["data_store"] or cluster.data_store_path
     unknown = set(given) - set(defaults)
     if unknown:
         raise ValueError(f"unknown retraining parameter(s) {sorted(unknown)}; choose from {list(RETRAIN_PARAMS)}")

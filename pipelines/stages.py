@@ -50,6 +50,9 @@ class Stage:
     retries: int = 1
     timeout_seconds: int | None = None  # None: ClusterConfig.stage_timeout_seconds
     resumable: bool = False  # writes its store on the run volume so a retried pod resumes (KFP: a PVC)
+    # Reads or writes the persistent data store (retrain.data_store): on a cluster its pod mounts the
+    # store's PVC (ClusterConfig.data_store_claim) at ClusterConfig.data_store_mount.
+    store_volume: bool = False
     cache: bool = True  # False: the result depends on state outside its inputs (the registry), never reuse it
     # A stage whose config is built from several sections (the gate): PipelineConfig -> its config.
     build_config: Callable[[Any], BaseModel] | None = None
@@ -183,7 +186,7 @@ class StageFailed(RuntimeError):
 # --- The table ----------------------------------------------------------------------------------
 _TASKS = {"tasks": "provision.tasks"}
 STAGES: list[Stage] = [
-    Stage("provision", provision, "provision", outputs={"tasks": "dataset"}),
+    Stage("provision", provision, "provision", outputs={"tasks": "dataset"}, store_volume=True),
     Stage("init-policy", init_policy, "model", outputs={"model": "model"}, build_config=_init_config),
     # The reference row first: a teacher endpoint that cannot be reached stops the run before training.
     Stage("evaluate-teacher", evaluate, "evaluate_teacher", _TASKS, {"results": "dataset"}),
@@ -192,7 +195,7 @@ STAGES: list[Stage] = [
           retries=2, resumable=True),
     # This run's credited trajectories join the data store (retrain.data_store); SFT reads the union.
     Stage("accumulate", accumulate, "retrain", {**_TASKS, "credited": "credit.credited"}, {"training": "dataset"},
-          retries=2, cache=False),  # the store lives outside the artifacts
+          retries=2, cache=False, store_volume=True),  # the store lives outside the artifacts
     Stage("sft", sft, "sft", {"credited": "accumulate.training", "base_model": "init-policy.model"},
           {"model": "model"}, gpu=True, distributed=True),
     Stage("rl", rl, "rl", {**_TASKS, "sft_model": "sft.model"}, {"model": "model"}, gpu=True, distributed=True),
@@ -227,6 +230,8 @@ def _check_table() -> None:
             producer, out = ref.split(".", 1)
             if producer not in seen or out not in BY_NAME[producer].outputs:
                 raise ValueError(f"stage {stage.name}: input {ref} is not an output of an earlier stage")
+        if stage.store_volume and stage.distributed:  # a PyTorchJob's pods mount only the run volume
+            raise ValueError(f"stage {stage.name}: a distributed stage cannot mount the data store")
         seen.add(stage.name)
 
 

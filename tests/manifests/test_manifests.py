@@ -116,7 +116,8 @@ def test_overlays_set_namespaces_and_pinned_images(rendered):
     assert mlflow["spec"]["replicas"] == 2 and mlflow["spec"]["strategy"]["type"] == "RollingUpdate"
     (pdb,) = by_kind(prod, "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= mlflow["spec"]["template"]["metadata"]["labels"].items()
-    assert not by_kind(prod, "PersistentVolumeClaim")  # prod artifacts live in object storage
+    # prod artifacts live in object storage: its one volume is the data store
+    assert {d["metadata"]["name"] for d in by_kind(prod, "PersistentVolumeClaim")} == {ClusterConfig().data_store_claim}
     dev_mlflow = by_kind(rendered["overlays/dev"], "Deployment", "orchard-mlflow")[0]
     dev_env = {e["name"]: e.get("value") for e in dev_mlflow["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert dev_env["MLFLOW_BACKEND_STORE_URI"].startswith("sqlite:")

@@ -1,7 +1,7 @@
 """The compiled pipelines run against our own manifests: every name they reference exists there.
 
 Renders `kubectl kustomize manifests/overlays/{dev,prod}` and compiles the KFP and Argo YAML, then
-checks each Secret (and key), Service (and port), ServiceAccount, PVC setting and image the pipelines
+checks each Secret (and key), Service (and port), ServiceAccount, PVC (the data store's) and image the pipelines
 reference: created by the overlay, or by a `kubectl create secret` command of the README's cluster
 quickstart. Names come from `pipelines/cluster.py`; this test is what keeps the manifests equal to it.
 """
@@ -39,7 +39,7 @@ def readme_secrets() -> set[tuple[str, str]]:
 
 def references(compiled: dict[str, list[dict]]) -> dict[str, set]:
     """Secret names (with keys), service URLs, service accounts and images of the compiled YAML."""
-    refs: dict[str, set] = {"secrets": set(), "urls": set(), "service_accounts": set(), "images": set()}
+    refs: dict[str, set] = {"secrets": set(), "urls": set(), "service_accounts": set(), "images": set(), "pvcs": set()}
     kfp_spec, kfp_platform = compiled["kfp"]
     defaults = {n: p.get("defaultValue") for n, p in kfp_spec["root"]["inputDefinitions"]["parameters"].items()}
     for executor in kfp_platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].values():
@@ -47,6 +47,10 @@ def references(compiled: dict[str, list[dict]]) -> dict[str, set]:
             param = secret["secretNameParameter"]["componentInputParameter"].removeprefix("pipelinechannel--")
             for key in secret["keyToEnv"]:
                 refs["secrets"].add((defaults[param], key["secretKey"], bool(secret.get("optional"))))
+        for mount in executor.get("pvcMount", []):  # existing claims; a run's own (CreatePVC) is a task output
+            param = mount["pvcNameParameter"].get("componentInputParameter")
+            if param:
+                refs["pvcs"].add(defaults[param.removeprefix("pipelinechannel--")])
     refs["urls"] |= {defaults["sandbox_url"], defaults["mlflow_uri"]}
     refs["images"] |= {defaults["image"], defaults["gpu_image"]}
     refs["service_accounts"].add(ClusterConfig().service_account)  # KFP: a run setting (orchard schedule)
@@ -64,6 +68,8 @@ def references(compiled: dict[str, list[dict]]) -> dict[str, set]:
                 refs["secrets"].add((resolve(ref["name"]), ref["key"], bool(ref.get("optional"))))
     refs["urls"] |= {args["sandbox_url"], args["mlflow_uri"]}
     refs["images"] |= {args["image"], args["gpu_image"]}
+    refs["pvcs"] |= {resolve(v["persistentVolumeClaim"]["claimName"]) for v in template["spec"].get("volumes", [])
+                     if "persistentVolumeClaim" in v}
     refs["service_accounts"].add(template["spec"]["serviceAccountName"])
     (cron,) = compiled["argo_cron"]
     refs["service_accounts"].add(cron["spec"]["workflowSpec"]["serviceAccountName"])
@@ -94,12 +100,29 @@ def test_every_name_the_pipelines_reference_exists_in_the_overlay(compiled, over
         assert host.port in {p["port"] for p in services[service]["spec"]["ports"]}, url
     accounts = {d["metadata"]["name"] for d in by_kind(docs, "ServiceAccount")}
     assert refs["service_accounts"] <= accounts, refs["service_accounts"] - accounts
+    # existing PVCs the pipelines mount (the persistent data store) live in the pipelines' namespace
+    claims = {d["metadata"]["name"]: d for d in by_kind(docs, "PersistentVolumeClaim")
+              if d["metadata"].get("namespace") == namespace}
+    for name in sorted(refs["pvcs"]):
+        assert name in claims, f"{overlay}: PVC {name} is mounted by the pipelines but the overlay does not create it"
     # the pipeline identity may create and delete the run volume (KFP CreatePVC/DeletePVC runs as it)
     sa = ClusterConfig().service_account
     roles = {b["roleRef"]["name"] for b in by_kind(docs, "RoleBinding") if any(s["name"] == sa for s in b["subjects"])}
     verbs = {v for r in by_kind(docs, "Role") if r["metadata"]["name"] in roles for rule in r["rules"]
              if "persistentvolumeclaims" in rule["resources"] for v in rule["verbs"]}
     assert {"create", "delete"} <= verbs
+
+
+def test_the_data_store_claim_is_shared_by_every_run(compiled):
+    """Both runners mount ClusterConfig's store claim; it is ReadWriteMany in prod (any node), ReadWriteOnce in
+    dev (kind's local-path provisioner), in the cluster config's storage class, and not a per-run claim."""
+    cluster = ClusterConfig()
+    assert references(compiled)["pvcs"] == {cluster.data_store_claim}
+    for overlay, mode in (("overlays/prod", cluster.data_store_access_mode), ("overlays/dev", "ReadWriteOnce")):
+        (claim,) = by_kind(render(overlay), "PersistentVolumeClaim", cluster.data_store_claim)
+        assert claim["spec"]["accessModes"] == [mode], overlay
+        assert claim["spec"].get("storageClassName", "") == cluster.storage_class, overlay
+    assert cluster.data_store_access_mode == "ReadWriteMany"
 
 
 def test_images_follow_one_scheme_in_overlays_and_pipelines(compiled):
@@ -118,6 +141,16 @@ def test_images_follow_one_scheme_in_overlays_and_pipelines(compiled):
     assert len(registries) == 1, "prod pulls every image from one registry (compile with --image-registry it)"
     (registry,) = registries
     assert prod_images == {ClusterConfig(image_registry=registry).image(n) for n in ("sandbox-service", "mlflow")}
+
+
+def test_a_renamed_data_store_claim_is_caught(compiled):
+    broken = {k: [yaml.safe_load(yaml.safe_dump(d)) for d in v] for k, v in compiled.items()}
+    (template,) = broken["argo_template"]
+    for arg in template["spec"]["arguments"]["parameters"]:
+        if arg["name"] == "data_store_claim":
+            arg["value"] = "orchard-store-typo"
+    with pytest.raises(AssertionError, match="orchard-store-typo"):
+        test_every_name_the_pipelines_reference_exists_in_the_overlay(broken, "overlays/dev")
 
 
 def test_a_renamed_secret_is_caught(compiled):

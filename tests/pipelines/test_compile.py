@@ -144,12 +144,44 @@ def test_argo_dag_gpu_steps_and_cron(compiled):
     assert cron["spec"]["concurrencyPolicy"] == "Forbid"
     # the retraining knobs are the schedule's parameters, with defaults, and the template accepts them
     cron_args = {p["name"]: p["value"] for p in cron["spec"]["workflowSpec"]["arguments"]["parameters"]}
-    assert cron_args == {"start_from": "base", "promotion_margin": "-1.0", "train_tasks": "0", "data_store": "",
-                         "window_runs": "0"}
+    # a schedule grows the persistent store (on its PVC) by default; a one-off run of the template does not
+    assert cron_args == {"start_from": "base", "promotion_margin": "-1.0", "train_tasks": "0",
+                         "data_store": "/orchard-store/data-store", "window_runs": "0"}
+    assert args["data_store"] == ""
     template_args = {p["name"] for p in template["spec"]["arguments"]["parameters"]}
     assert set(cron_args) <= template_args
     assert cron["spec"]["workflowSpec"]["workflowTemplateRef"]["name"] == template["metadata"]["name"]
     assert cron["spec"]["workflowSpec"]["serviceAccountName"] == "orchard-pipeline"
+
+
+STORE_STAGES = {"provision", "accumulate"}  # the stages that read or write retrain.data_store
+
+
+def test_the_data_store_claim_is_mounted_by_exactly_the_store_stages(compiled):
+    """Both runners mount the persistent store's PVC (ClusterConfig) on provision and accumulate only."""
+    from pipelines import stages
+    from pipelines.cluster import ClusterConfig
+
+    cluster = ClusterConfig()
+    assert {s.name for s in stages.STAGES if s.store_volume} == STORE_STAGES
+    spec, platform = _kfp_docs(compiled)
+    assert spec["root"]["inputDefinitions"]["parameters"]["data_store_claim"]["defaultValue"] == "orchard-data-store"
+    assert spec["root"]["inputDefinitions"]["parameters"]["data_store"]["defaultValue"] == ""  # one-off runs
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    store_mounts = {name.removeprefix("exec-"): m for name, cfg in k8s.items() for m in cfg.get("pvcMount", [])
+                    if m["pvcNameParameter"].get("componentInputParameter") == "pipelinechannel--data_store_claim"}
+    assert set(store_mounts) == STORE_STAGES
+    assert {m["mountPath"] for m in store_mounts.values()} == {cluster.data_store_mount} == {"/orchard-store"}
+
+    template = yaml.safe_load(compiled["argo_template"].read_text())
+    (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == "data-store"]
+    assert volume["persistentVolumeClaim"]["claimName"] == "{{workflow.parameters.data_store_claim}}"
+    args = {p["name"]: p["value"] for p in template["spec"]["arguments"]["parameters"]}
+    assert args["data_store_claim"] == cluster.data_store_claim
+    mounted = {t["name"]: m["mountPath"] for t in template["spec"]["templates"]
+               for m in t.get("container", {}).get("volumeMounts", []) if m["name"] == "data-store"}
+    assert mounted == {name: cluster.data_store_mount for name in STORE_STAGES}
+    assert cluster.data_store_path.startswith(cluster.data_store_mount + "/")  # the schedules' default store
 
 
 @pytest.mark.parametrize("kind,filename", [("kfp", KFP_FILE), ("argo_template", ARGO_TEMPLATE_FILE),
@@ -206,7 +238,7 @@ def test_recurring_run_arguments_match_the_kfp_client_signature():
     assert bound.arguments["cron_expression"] == "0 0 3 * * 0"  # KFP wants a seconds field
     assert bound.arguments["max_concurrency"] == 1
     assert bound.arguments["params"] == {"preset": "demo", "start_from": "base", "promotion_margin": -1.0,
-                                         "train_tasks": 0, "data_store": "", "window_runs": 0}
+                                         "train_tasks": 0, "data_store": "/orchard-store/data-store", "window_runs": 0}
     retrain = RecurringRunSpec(package_path="x", params={"start_from": "champion", "promotion_margin": 0.05})
     assert recurring_run_arguments(retrain, "exp-1")["params"]["start_from"] == "champion"
     assert RecurringRunSpec(package_path="x", cron="0 0 3 * * 0").kfp_cron == "0 0 3 * * 0"
