@@ -5,8 +5,9 @@ storage class, access mode and size are workflow parameters): the run directory 
 name>` holds the layout of `pipelines/layout.py`, and each stage is `python -m pipelines.steps run
 <stage>` in the project image, as its own template (resources, GPU placement, retries, deadline from
 its row); the rows with `store_volume` also mount the persistent data store's PVC (workflow parameter
-`data_store_claim`), which outlives the run. The start step validates the PipelineConfig and opens the MLflow parent run; its output
-parameters reach every stage through `get_parameter`, and the dependencies are the rows' inputs (`>>`).
+`data_store_claim`), which outlives the run. The start step validates the PipelineConfig and opens the
+MLflow parent run; its output parameters reach every stage through `get_parameter`, and the
+dependencies are the rows' inputs (`>>`).
 A row whose config asks for more than one process (`Stage.launch`) is a `resource` template instead:
 it creates a PyTorchJob (`pipelines/pytorchjob.py`) whose pods mount the same volume and run the same
 step under torchrun, and succeeds or fails with the job's Master replica.
@@ -180,6 +181,7 @@ def build_cron_workflow(schedule: str = "0 3 * * 0", cluster: ClusterConfig | No
         service_account_name=cluster.service_account,
         workflow_template_ref=WorkflowTemplateRef(name=TEMPLATE_NAME),
         # The retraining knobs are always stated on the schedule (defaults from the parameter list).
-        arguments=[Parameter(name=k, value=str(v)) for k, v in {**retrain_arguments(cluster=cluster), **(parameters or {})}.items()],
+        arguments=[Parameter(name=k, value=str(v))
+                   for k, v in {**retrain_arguments(cluster=cluster), **(parameters or {})}.items()],
         labels=LABELS,
     )

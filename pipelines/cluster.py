@@ -60,7 +60,8 @@ class ClusterConfig(BaseModel):
     # The persistent data store (retrain.data_store) outlives every run, unlike the run volume: a PVC the
     # manifests create (manifests/base/data-store.yaml), mounted by the stages that touch the store.
     data_store_claim: str = Field("orchard-data-store", description="PVC of the persistent data store.")
-    data_store_mount: str = Field("/orchard-store", description="Where the store's stages mount that PVC.")
+    data_store_mount: str = Field("/orchard-store", pattern=r"^/",
+                                  description="Where the store's stages mount that PVC (absolute).")
     data_store_access_mode: str = Field(
         "ReadWriteMany",
         description="Access mode of the data store PVC: runs' provision and accumulate pods on any node share it. "
