@@ -130,3 +130,14 @@ def test_resolve_is_unchanged_no_cilium_call_and_wildcards_are_refused_with_the_
     with pytest.raises(InvalidRequestError, match="cilium-fqdn"):
         backend.start("sb-wild", SPEC.model_copy(update={"network": NetworkPolicy(
             mode="allowlist", allow_hosts=["*.pythonhosted.org"])}), Resources(), "s")
+
+
+def test_an_adopted_allowlist_sandbox_deletes_its_cilium_policy_by_name(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    fake.gc_enabled = False  # the delete by name, not the garbage collector, removes it
+    cilium_backend(fake, tmp_path).start("sb-adopt", SPEC.model_copy(update={"network": ALLOW}), Resources(), "s")
+    restarted = cilium_backend(fake, tmp_path)
+    (adopted,) = restarted.adopt()
+    assert adopted.sandbox_id == "sb-adopt" and len(cilium_policies(fake, "sb-adopt")) == 1
+    restarted.stop("sb-adopt")
+    assert cilium_policies(fake, "sb-adopt") == [] and sandbox_objects(fake) == {}
