@@ -437,9 +437,10 @@ class KubernetesBackend(SandboxBackend):
                 sandbox, pod_name = result
                 # CiliumNetworkPolicies are not listed (no `list` right): an allowlist's is deleted by name,
                 # and the garbage collector takes it with the pod anyway (ownerReference from its creation).
-                cilium_allowlist = is_cilium(self.config) and sandbox.spec.network.mode == "allowlist"
+                has_policy = ("networkpolicy", pod_name) in names(objects) or (
+                    is_cilium(self.config) and sandbox.spec.network.mode == "allowlist")
                 self._handles[sid] = _Handle(pod_name=pod_name, workdir=sandbox.spec.workdir, endpoint=sandbox.endpoint,
-                                             has_policy=("networkpolicy", pod_name) in names(objects) or cilium_allowlist,
+                                             has_policy=has_policy,
                                              policy_kind=self._policy_kind)
                 adopted.append(sandbox)
         return adopted

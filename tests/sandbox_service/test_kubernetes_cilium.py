@@ -56,8 +56,8 @@ def test_an_allowlist_gets_one_cilium_policy_with_the_hosts_as_fqdns_and_nothing
                                                    "k8s:k8s-app": "kube-dns"}}]
     assert dns["toPorts"] == [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": "*"}]}}]
     (pod,) = fake.of_kind("pods")
-    assert policy["metadata"]["ownerReferences"] == [{"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"],
-                                                      "uid": pod["metadata"]["uid"]}]
+    assert policy["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}]
     assert policy["metadata"]["name"] == pod["metadata"]["name"]
 
     backend.stop("sb-fqdn")
