@@ -275,7 +275,7 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
     for host in policy.allow_hosts:
         if host.startswith("*."):
             raise InvalidRequestError(f"allow_hosts entry {host!r} is a wildcard, which does not resolve to "
-                                      "addresses; name the hosts, or on Cilium use ORCHARD_K8S_HOST_POLICY=cilium-fqdn.")
+                                      "addresses; name the hosts, on Cilium: ORCHARD_K8S_HOST_POLICY=cilium-fqdn.")
         try:
             addresses = resolver(host)
         except OSError as err:
