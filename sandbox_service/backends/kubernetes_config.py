@@ -120,6 +120,11 @@ class KubernetesBackendConfig(BaseSettings):
                            "QoS class (evicted last, eligible for exclusive CPUs); overrides cpu_request_ratio.")
 
     # -- network ----------------------------------------------------------------------------------------
+    host_policy: Literal["resolve", "cilium-fqdn"] = Field(
+        "resolve", description="How allowlists name hosts. resolve: a NetworkPolicy with the addresses the "
+                               "hosts resolve to when applied (any enforcing CNI; CDN-hosted hosts drift). "
+                               "cilium-fqdn: a CiliumNetworkPolicy with the names as toFQDNs and DNS through "
+                               "Cilium's proxy (Cilium only; the Role's ciliumnetworkpolicies rule).")
     allow_dns_for_hosts: bool = Field(
         True, description="Allowlists naming hosts also allow DNS to the cluster DNS (else names do not resolve).")
     dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods.")

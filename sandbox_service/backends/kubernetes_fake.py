@@ -3,7 +3,8 @@
 Never used by the service itself.
 
 What it does like the API server: checks every created or replaced body against the Kubernetes
-OpenAPI schema (kubernetes-validate, strict) and the name/label rules; assigns uids and
+OpenAPI schema (kubernetes-validate, strict; CiliumNetworkPolicy, served as if Cilium's CRD were
+installed, against kubernetes_fake_crds) and the name/label rules; assigns uids and
 resourceVersions; answers 404/409/422 with `Status` bodies; garbage-collects dependents by their
 ownerReferences; serves LIST and WATCH (JSON lines from a resourceVersion, bookmarks not sent,
 `410 Gone` once the version is compacted away, see `compact()`); injects faults (`fail()`), latency
@@ -19,6 +20,7 @@ What it does not do: admission (quotas, PodSecurity, webhooks), scheduling, imag
 from __future__ import annotations
 
 import copy
+import ipaddress
 import json
 import re
 import threading
@@ -29,15 +31,24 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
+import jsonschema
 import kubernetes_validate
+
+from sandbox_service.backends.kubernetes_fake_crds import SCHEMAS as CRD_SCHEMAS
 
 K8S_VERSION = "1.30"  # the API version kubernetes==30 (the installed client) speaks
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_ROUTE = re.compile(r"^/(?:api/v1|apis/networking\.k8s\.io/v1)/namespaces/(?P<ns>[^/]+)/"
-                    r"(?P<kind>pods|secrets|networkpolicies|events)(?:/(?P<name>[^/]+))?$")
+_ROUTE = re.compile(r"^/(?:api/v1|apis/networking\.k8s\.io/v1|apis/cilium\.io/v2)/namespaces/(?P<ns>[^/]+)/"
+                    r"(?P<kind>pods|secrets|networkpolicies|ciliumnetworkpolicies|events)(?:/(?P<name>[^/]+))?$")
 _KIND = {"pods": ("Pod", "v1"), "secrets": ("Secret", "v1"),
-         "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1"), "events": ("Event", "v1")}
+         "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1"), "events": ("Event", "v1"),
+         "ciliumnetworkpolicies": ("CiliumNetworkPolicy", "cilium.io/v2")}  # as with Cilium's CRD installed
+
+_FORMATS = jsonschema.FormatChecker()
+_FORMATS.checks("cidr", raises=ValueError)(lambda value: bool(ipaddress.ip_network(value)))  # the API server's "cidr"
+_CRD_VALIDATORS = {kind: jsonschema.Draft202012Validator(schema, format_checker=_FORMATS)
+                   for kind, schema in CRD_SCHEMAS.items()}
 
 Kubelet = Callable[[dict, int], "dict | None"]
 
@@ -201,7 +212,11 @@ class FakeKubernetesAPI:
                       "reason": reason, "message": message}
 
     def _validate(self, kind: str, body: dict) -> str | None:
-        if self.validate:
+        if self.validate and kind in CRD_SCHEMAS:  # a custom resource: its CRD's schema (kubernetes_fake_crds)
+            error = jsonschema.exceptions.best_match(_CRD_VALIDATORS[kind].iter_errors(body))
+            if error is not None:
+                return f"schema: {error.message} at {list(error.absolute_path)}"
+        elif self.validate:
             try:
                 kubernetes_validate.validate(body, K8S_VERSION, strict=True)
             except kubernetes_validate.ValidationError as err:

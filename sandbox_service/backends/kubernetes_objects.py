@@ -250,13 +250,10 @@ def _default_resolver(host: str) -> list[str]:
     return sorted({info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
 
 
-def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolver) -> list[str]:
-    """The CIDRs an allowlist policy opens. Host names are resolved now, at apply time: a NetworkPolicy
-    holds addresses only, so a host whose addresses later change needs the policy applied again."""
-    if policy.mode != "allowlist":
-        return []
+def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
+    """The allowlist's CIDRs, normalised; a malformed one or the cloud metadata endpoint is refused."""
     cidrs: list[str] = []
-    for cidr in policy.allow_cidrs:
+    for cidr in allow_cidrs:
         try:
             network = ipaddress.ip_network(cidr, strict=False)
         except ValueError as err:
@@ -265,7 +262,20 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
             raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is the cloud metadata endpoint, which "
                                       "sandboxes never reach (it hands out the node's credentials).")
         cidrs.append(str(network))
+    return cidrs
+
+
+def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolver) -> list[str]:
+    """The CIDRs an allowlist policy opens. Host names are resolved now, at apply time: a NetworkPolicy
+    holds addresses only, so a host whose addresses later change needs the policy applied again
+    (`host_policy="cilium-fqdn"` avoids this on Cilium, see kubernetes_cilium)."""
+    if policy.mode != "allowlist":
+        return []
+    cidrs = checked_cidrs(policy.allow_cidrs)
     for host in policy.allow_hosts:
+        if host.startswith("*."):
+            raise InvalidRequestError(f"allow_hosts entry {host!r} is a wildcard, which does not resolve to "
+                                      "addresses; name the hosts, on Cilium: ORCHARD_K8S_HOST_POLICY=cilium-fqdn.")
         try:
             addresses = resolver(host)
         except OSError as err:
@@ -279,12 +289,16 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
 METADATA_CIDRS = ("169.254.169.254/32", "fd00:ec2::254/128")  # cloud metadata endpoints (IPv4, AWS IPv6)
 
 
+def metadata_excepts(cidr: str) -> list[str]:
+    """The cloud metadata endpoints inside an allowed CIDR (0.0.0.0/0 holds one): to be excepted from it."""
+    network = ipaddress.ip_network(cidr)
+    return [m for m in METADATA_CIDRS if (meta := ipaddress.ip_network(m)).version == network.version
+            and meta != network and meta.subnet_of(network)]
+
+
 def _ip_block_peer(cidr: str) -> k8s.V1NetworkPolicyPeer:
     """An allowed CIDR that never opens the cloud metadata endpoint (node credentials), even 0.0.0.0/0."""
-    network = ipaddress.ip_network(cidr)
-    excepted = [m for m in METADATA_CIDRS if (meta := ipaddress.ip_network(m)).version == network.version
-                and meta != network and meta.subnet_of(network)]
-    return k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=cidr, _except=excepted or None))
+    return k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=cidr, _except=metadata_excepts(cidr) or None))
 
 
 def shared_policy_name(config: KubernetesBackendConfig) -> str:

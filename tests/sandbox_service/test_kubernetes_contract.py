@@ -60,7 +60,7 @@ def fake():
 
 
 def make_backend(fake: FakeKubernetesAPI, tmp_path: Path, sleeps: Sleeps | None = None, clock=None,
-                 agent_factory=None, **overrides) -> KubernetesBackend:
+                 agent_factory=None, resolver=lambda host: ["93.184.216.34"], **overrides) -> KubernetesBackend:
     settings = dict(namespace="orchard", snapshot_dir=tmp_path / "snapshots", image_pull_grace_seconds=0,
                     unschedulable_timeout_seconds=60, start_timeout_seconds=20, retry_attempts=4)
     settings.update(overrides)
@@ -70,7 +70,7 @@ def make_backend(fake: FakeKubernetesAPI, tmp_path: Path, sleeps: Sleeps | None 
         kwargs["agent_factory"] = agent_factory
     backend = KubernetesBackend(KubernetesBackendConfig(**settings), api_client=k8s.ApiClient(configuration),
                                 sleep=sleeps if sleeps is not None else Sleeps(),
-                                resolver=lambda h: ["93.184.216.34"], **kwargs)
+                                resolver=resolver, **kwargs)
     fake.backends.append(backend)
     return backend
 
@@ -387,6 +387,13 @@ def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fa
         time.sleep(0.02)
     pooled.start("sb-rbac-2", SPEC, Resources(), "s" * 20)
     pooled.close()
+    cilium = make_backend(fake, tmp_path, host_policy="cilium-fqdn")  # its CiliumNetworkPolicy rule
+    fake.fail("POST", "ciliumnetworkpolicies", 500, "InternalError", after=True)  # read back: get
+    cilium.start("sb-rbac-3", SPEC.model_copy(update={"network": NetworkPolicy(mode="allowlist",
+                                                                               allow_hosts=["pypi.org"])}),
+                 Resources(), "s")
+    cilium.apply_network_policy("sb-rbac-3", NetworkPolicy(mode="allowlist", allow_hosts=["files.pythonhosted.org"]))
+    cilium.stop("sb-rbac-3")
     verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "WATCH": "watch"}
     used = {(r["kind"], verb.get(r["method"]) or ("get" if r["name"] else "list")) for r in fake.requests}
     (role,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/rbac.yaml").read_text()) if d["kind"] == "Role"]
