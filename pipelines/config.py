@@ -266,7 +266,7 @@ _DEMO: dict[str, Any] = {
                 "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
     "credit": {"estimator": "monte_carlo", "max_trajectories": 3, "segments": {"epsilon": 0.05},
                "monte_carlo": {"k": 1, "stride": 3, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 2}},
-    "sft": {"mode": "credited", "steps": 120, "learning_rate": 3e-3, "batch_size": 8, "max_len": 1024,
+    "sft": {"mode": "credited", "steps": 200, "learning_rate": 3e-3, "batch_size": 8, "max_len": 1024,
             "warmup_steps": 6},
     # Rollouts at T=0.5: at T=1 the SFT policy garbles a token of its 50-token edit in every episode (0 of 40
     # resolved on training tasks it resolves greedily, so BAR had no mixed group and made no update).

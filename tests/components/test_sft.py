@@ -168,7 +168,7 @@ def test_sft_continues_from_a_saved_model_and_rejects_empty_data(store, tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the demo's 120 SFT steps alone take ~5 min on 2 idle cores
+@pytest.mark.timeout(900)  # the demo's 200 SFT steps alone take ~4-6 min on 2 cores
 def test_trained_tiny_policy_resolves_more_heldout_tasks_than_untrained(sandbox_service, tmp_path):
     """End to end on the demo's task suite and schedule (pipelines/config.py `_DEMO`): teacher trajectories
     -> SFT -> greedy evaluation on held-out tasks (new instances of the training templates); 8 held-out tasks
