@@ -113,16 +113,10 @@ def sft_job(config_json: str, parent_run_id: str, credited: Input[Dataset], base
             workers: int, timeout_seconds: int, sandbox_token_secret: str, endpoint_secret: str, secret_keys: dict,
             gpu_node_selector: dict, gpu_tolerations: list) -> str:
     """The sft stage as a PyTorchJob of (1 + workers) nodes x nproc_per_node processes (pipelines/launcher.py)."""
-    from components.core.distributed import LaunchConfig
-    from pipelines.kfp_pipeline import STORE_MOUNT
-    from pipelines.launcher import kfp_job_entry
+    args = dict(locals())  # the parameters, taken before the import below adds a name
+    from pipelines.launcher import kfp_job_step
 
-    return kfp_job_entry("sft", config_json, parent_run_id, {"credited": credited, "base_model": base_model},
-                         {"model": model}, metrics, launch=LaunchConfig(nproc_per_node=nproc_per_node, workers=workers),
-                         image=job_image, run_store=run_store, mount_path=STORE_MOUNT, timeout_seconds=timeout_seconds,
-                         placement={"sandbox_token_secret": sandbox_token_secret, "endpoint_secret": endpoint_secret,
-                                    "gpu_node_selector": gpu_node_selector, "gpu_tolerations": gpu_tolerations,
-                                    **secret_keys})
+    return kfp_job_step("sft", **args)
 
 
 @_component
@@ -131,16 +125,10 @@ def rl_job(config_json: str, parent_run_id: str, tasks: Input[Dataset], sft_mode
            timeout_seconds: int, sandbox_token_secret: str, endpoint_secret: str, secret_keys: dict,
            gpu_node_selector: dict, gpu_tolerations: list) -> str:
     """The rl stage (engine trl) as a PyTorchJob of (1 + workers) nodes x nproc_per_node processes."""
-    from components.core.distributed import LaunchConfig
-    from pipelines.kfp_pipeline import STORE_MOUNT
-    from pipelines.launcher import kfp_job_entry
+    args = dict(locals())  # the parameters, taken before the import below adds a name
+    from pipelines.launcher import kfp_job_step
 
-    return kfp_job_entry("rl", config_json, parent_run_id, {"tasks": tasks, "sft_model": sft_model},
-                         {"model": model}, metrics, launch=LaunchConfig(nproc_per_node=nproc_per_node, workers=workers),
-                         image=job_image, run_store=run_store, mount_path=STORE_MOUNT, timeout_seconds=timeout_seconds,
-                         placement={"sandbox_token_secret": sandbox_token_secret, "endpoint_secret": endpoint_secret,
-                                    "gpu_node_selector": gpu_node_selector, "gpu_tolerations": gpu_tolerations,
-                                    **secret_keys})
+    return kfp_job_step("rl", **args)
 
 
 @_component

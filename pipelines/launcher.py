@@ -170,3 +170,26 @@ def kfp_job_entry(name: str, config_json: str, parent_run_id: str, inputs: dict[
     shutil.rmtree(layout.root, ignore_errors=True)  # the artifacts now hold it; the PVC is the run's scratch
     log_record_metrics(record, metrics)
     return json.dumps(record)
+
+
+def kfp_job_step(name: str, *, config_json: str, parent_run_id: str, metrics: Any, run_store: str, job_image: str,
+                 nproc_per_node: int, workers: int, timeout_seconds: int, sandbox_token_secret: str,
+                 endpoint_secret: str, secret_keys: dict, gpu_node_selector: dict, gpu_tolerations: list,
+                 **artifacts: Any) -> str:
+    """The body of every launcher component (`kfp_components.sft_job`, `rl_job`): their parameters as KFP
+    passes them, i.e. the stage's own input and output artifacts (by the row's names) plus the job's
+    launch and placement, assembled into a `kfp_job_entry` call."""
+    from pipelines.kfp_pipeline import STORE_MOUNT
+
+    stage = stages.BY_NAME[name]
+    if set(artifacts) != set(stage.inputs) | set(stage.outputs):
+        raise TypeError(f"launcher for stage {name}: got artifacts {sorted(artifacts)}, its row has inputs "
+                        f"{sorted(stage.inputs)} and outputs {sorted(stage.outputs)} (pipelines/stages.py); "
+                        "make the component's signature match its row")
+    return kfp_job_entry(name, config_json, parent_run_id, {arg: artifacts[arg] for arg in stage.inputs},
+                         {out: artifacts[out] for out in stage.outputs}, metrics,
+                         launch=LaunchConfig(nproc_per_node=nproc_per_node, workers=workers), image=job_image,
+                         run_store=run_store, mount_path=STORE_MOUNT, timeout_seconds=timeout_seconds,
+                         placement={"sandbox_token_secret": sandbox_token_secret, "endpoint_secret": endpoint_secret,
+                                    "gpu_node_selector": gpu_node_selector, "gpu_tolerations": gpu_tolerations,
+                                    **secret_keys})

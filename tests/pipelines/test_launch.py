@@ -290,6 +290,42 @@ def test_kfp_launcher_refuses_a_config_other_than_the_compiled_one(tmp_path):
     assert not api.requests, "nothing was created"
 
 
+@pytest.mark.parametrize("name", ["sft", "rl"])
+def test_a_launcher_component_hands_its_parameters_to_the_entry(name, monkeypatch):
+    """The component body (what KFP runs) splits its parameters into the row's artifacts, the launch and the placement."""
+    from pipelines import launcher
+    from pipelines.kfp_components import JOB_BY_STAGE
+    from pipelines.kfp_pipeline import STORE_MOUNT
+
+    calls: list = []
+    monkeypatch.setattr(launcher, "kfp_job_entry", lambda *a, **kw: calls.append((a, kw)) or "result")
+    stage = stages.BY_NAME[name]
+    artifacts = {arg: _Artifact(path=f"/in/{arg}") for arg in stage.inputs} | {"model": _Artifact(path="/out/model")}
+    metrics = _Metrics()
+    assert JOB_BY_STAGE[name].python_func(
+        config_json="{}", parent_run_id="run1", metrics=metrics, run_store="pvc-1", job_image="img:1",
+        nproc_per_node=2, workers=1, timeout_seconds=60, sandbox_token_secret="tok", endpoint_secret="ep",
+        secret_keys={"sandbox_token_key": "token", "endpoint_key": "api-key"}, gpu_node_selector={"gpu": "y"},
+        gpu_tolerations=[{"key": "gpu"}], **artifacts) == "result"
+    (args, kwargs), = calls
+    assert args == (name, "{}", "run1", {arg: artifacts[arg] for arg in stage.inputs}, {"model": artifacts["model"]},
+                    metrics)
+    assert kwargs == dict(launch=LaunchConfig(nproc_per_node=2, workers=1), image="img:1", run_store="pvc-1",
+                          mount_path=STORE_MOUNT, timeout_seconds=60,
+                          placement={"sandbox_token_secret": "tok", "sandbox_token_key": "token", "endpoint_secret": "ep",
+                                     "endpoint_key": "api-key", "gpu_node_selector": {"gpu": "y"},
+                                     "gpu_tolerations": [{"key": "gpu"}]})
+
+
+def test_a_launcher_refuses_artifacts_its_row_does_not_have():
+    from pipelines.launcher import kfp_job_step
+
+    with pytest.raises(TypeError, match="make the component's signature match its row"):
+        kfp_job_step("sft", config_json="{}", parent_run_id="", metrics=None, run_store="", job_image="",
+                     nproc_per_node=2, workers=0, timeout_seconds=1, sandbox_token_secret="", endpoint_secret="",
+                     secret_keys={}, gpu_node_selector={}, gpu_tolerations=[], tasks=None, model=None)
+
+
 def test_a_stage_refuses_to_run_in_another_number_of_processes(multi, monkeypatch):
     from pipelines.steps import StepContext, run_stage
 
