@@ -12,12 +12,13 @@ import asyncio
 import contextlib
 import json
 import shlex
+from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from sandbox_service.auth import TokenAuth
 from sandbox_service.errors import SandboxServiceError
-from sandbox_service.service import SandboxManager
+from sandbox_service.service import SandboxManager, SandboxRecord
 
 
 def _control(text: str) -> dict | None:
@@ -28,6 +29,40 @@ def _control(text: str) -> dict | None:
     except ValueError:
         return None
     return msg if isinstance(msg, dict) and msg.get("type") == "resize" else None
+
+
+@contextlib.asynccontextmanager
+async def pty_session(rec: SandboxRecord, session: Any, websocket: WebSocket,
+                      cleanup: Callable[[], Awaitable[Any]] | None = None) -> AsyncIterator[None]:
+    """An open PTY session, counted as an active call of its sandbox. On leaving, whatever happened: the
+    session is closed, `cleanup` awaited, then the socket closed with 1000 (each step even if one fails)."""
+    rec.active_calls += 1
+    try:
+        yield
+    finally:
+        rec.active_calls -= 1
+        with contextlib.suppress(Exception):
+            await session.close()
+        if cleanup is not None:
+            with contextlib.suppress(Exception):
+                await cleanup()
+        with contextlib.suppress(Exception, WebSocketDisconnect):
+            await websocket.close(code=1000)
+
+
+async def relay(pump_out: Coroutine, pump_in: Coroutine,
+                client_gone: Callable[[asyncio.Task], Awaitable[None]] | None = None) -> None:
+    """Run a PTY's two pumps until either ends, then cancel the other. `client_gone(out_task)` runs first
+    when the input side ended (the client left) while the output still flows."""
+    out_task, in_task = asyncio.create_task(pump_out), asyncio.create_task(pump_in)
+    try:
+        done, _ = await asyncio.wait({out_task, in_task}, return_when=asyncio.FIRST_COMPLETED)
+        if client_gone is not None and in_task in done and not out_task.done():
+            await client_gone(out_task)
+    finally:
+        for task in (out_task, in_task):
+            task.cancel()
+        await asyncio.gather(out_task, in_task, return_exceptions=True)
 
 
 def pty_router(manager: SandboxManager, auth: TokenAuth) -> APIRouter:
@@ -47,7 +82,6 @@ def pty_router(manager: SandboxManager, auth: TokenAuth) -> APIRouter:
         except SandboxServiceError as err:
             await websocket.close(code=4000 + err.status_code, reason=f"{err.code}: {err.message}"[:120])
             return
-        rec.active_calls += 1
 
         async def pump_out() -> None:
             while chunk := await session.read():
@@ -69,18 +103,7 @@ def pty_router(manager: SandboxManager, auth: TokenAuth) -> APIRouter:
                     else:
                         await session.write(msg["text"].encode())
 
-        out_task = asyncio.create_task(pump_out())
-        in_task = asyncio.create_task(pump_in())
-        try:
-            await asyncio.wait({out_task, in_task}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            rec.active_calls -= 1
-            for task in (out_task, in_task):
-                task.cancel()
-            await asyncio.gather(out_task, in_task, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await session.close()
-            with contextlib.suppress(Exception, WebSocketDisconnect):
-                await websocket.close(code=1000)
+        async with pty_session(rec, session, websocket):
+            await relay(pump_out(), pump_in())
 
     return router

@@ -18,6 +18,7 @@ import contextlib
 import json
 import secrets
 import signal
+from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
@@ -26,6 +27,7 @@ from sandbox_service.compat.published import PREFIX, PublishedState
 from sandbox_service.errors import SandboxNotFoundError, SandboxNotReadyError, SandboxServiceError
 from sandbox_service.models import ExecRequest
 from sandbox_service.operations import SandboxOperations
+from sandbox_service.pty_route import pty_session, relay
 
 _WRAPPER = 'echo $$ > "$0.pid"; "$@"; echo $? > "$0.rc"'
 _SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT, "HUP": signal.SIGHUP}
@@ -89,7 +91,11 @@ def published_pty_router(state: PublishedState, ops: SandboxOperations, auth: To
             with contextlib.suppress(Exception):
                 await ws.close(code=4400, reason="expected an init frame")
             return
-        rec.active_calls += 1
+        async with pty_session(rec, session, ws, cleanup=lambda: sh(our_id, 'rm -f "$1.pid" "$1.rc"', marker)):
+            await run_session(ws, session, our_id, marker)
+
+    async def run_session(ws: WebSocket, session: Any, our_id: str, marker: str) -> None:
+        """After the init: report the wrapper's pid, then relay until the command exits or the client leaves."""
         pid = None
         for _ in range(40):  # the wrapper writes its pid at once; a few ms in practice
             pid = await sh(our_id, 'cat "$1.pid" 2>/dev/null', marker)
@@ -126,23 +132,11 @@ def published_pty_router(state: PublishedState, ops: SandboxOperations, auth: To
                 elif kind == "close":
                     await send_signal(signal.SIGTERM)
 
-        out_task, in_task = asyncio.create_task(pump_out()), asyncio.create_task(pump_in())
-        try:
-            done, _ = await asyncio.wait({out_task, in_task}, return_when=asyncio.FIRST_COMPLETED)
-            if in_task in done and not out_task.done():  # client gone or closed: end the process too
-                await send_signal(signal.SIGKILL)
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(out_task, 5)
-        finally:
-            rec.active_calls -= 1
-            for task in (out_task, in_task):
-                task.cancel()
-            await asyncio.gather(out_task, in_task, return_exceptions=True)
+        async def client_gone(out_task: asyncio.Task) -> None:  # gone or closed: end the process too
+            await send_signal(signal.SIGKILL)
             with contextlib.suppress(Exception):
-                await session.close()
-            with contextlib.suppress(Exception):
-                await sh(our_id, 'rm -f "$1.pid" "$1.rc"', marker)
-            with contextlib.suppress(Exception, WebSocketDisconnect):
-                await ws.close(code=1000)
+                await asyncio.wait_for(out_task, 5)
+
+        await relay(pump_out(), pump_in(), client_gone)
 
     return router

@@ -57,3 +57,67 @@ def test_pty_on_an_unknown_sandbox_closes_with_404(sandbox_service):
         with pytest.raises(ConnectionClosed):
             ws.recv(timeout=10)
         assert ws.close_code == 4404
+
+
+# --- The relay both PTY routes share (sandbox_service/pty_route.py) -----------------------------
+class _Closes:
+    def __init__(self, name: str, log: list, fails: bool = False):
+        self.name, self.log, self.fails = name, log, fails
+
+    async def close(self, code: int | None = None) -> None:
+        self.log.append((self.name, code))
+        if self.fails:
+            raise RuntimeError(f"{self.name} failed to close")
+
+
+def test_a_pty_session_releases_its_call_and_closes_in_order_even_when_steps_fail():
+    import asyncio
+    from types import SimpleNamespace
+
+    from sandbox_service.pty_route import pty_session
+
+    log: list = []
+    rec = SimpleNamespace(active_calls=0)
+
+    async def cleanup() -> None:
+        log.append(("cleanup", rec.active_calls))
+
+    async def session_body() -> None:
+        async with pty_session(rec, _Closes("session", log, fails=True), _Closes("socket", log), cleanup):
+            assert rec.active_calls == 1
+            raise ConnectionError("client gone")
+
+    with pytest.raises(ConnectionError):
+        asyncio.run(session_body())
+    assert rec.active_calls == 0
+    assert log == [("session", None), ("cleanup", 0), ("socket", 1000)]
+
+
+def test_the_relay_ends_with_either_pump_and_tells_when_the_client_left_first():
+    import asyncio
+
+    from sandbox_service.pty_route import relay
+
+    async def scenario(client_leaves: bool) -> list:
+        events: list = []
+        out_may_end = asyncio.Event()
+
+        async def pump_out() -> None:
+            await (out_may_end.wait() if client_leaves else asyncio.sleep(0))
+            events.append("out ended")
+
+        async def pump_in() -> None:
+            if client_leaves:
+                return
+            await asyncio.sleep(3600)  # cancelled once the output ended
+
+        async def client_gone(out_task: asyncio.Task) -> None:
+            events.append("client gone")
+            out_may_end.set()
+            await out_task
+
+        await asyncio.wait_for(relay(pump_out(), pump_in(), client_gone), 10)
+        return events
+
+    assert asyncio.run(scenario(client_leaves=False)) == ["out ended"]
+    assert asyncio.run(scenario(client_leaves=True)) == ["client gone", "out ended"]

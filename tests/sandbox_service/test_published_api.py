@@ -220,6 +220,17 @@ def test_pty_signal_kills_the_process_and_reports_a_negative_code(sandbox_servic
         assert _frames(ws, "exit", timeout=10)[-1] == {"type": "exit", "code": -9}
 
 
+def test_pty_client_leaving_kills_the_command_and_removes_the_wrapper_files(api, sandbox_service, sbx):
+    with _pty(sandbox_service, sbx) as ws:
+        ws.send(json.dumps({"type": "init", "cmd": ["sleep", "4242"]}))
+        _frames(ws, "ready")
+    check = "ls /tmp/.orchard-pty-* 2>/dev/null; ps -eo args | grep -c '^sleep 4242' || true"
+    deadline = time.monotonic() + 15
+    while (out := api.post(f"/sandboxes/{sbx}/exec", json={"command": check, "wait": True}).json()["stdout"]) != "0\n":
+        assert time.monotonic() < deadline, f"left behind after the client left: {out!r}"
+        time.sleep(0.2)
+
+
 def test_pty_auth_by_subprotocol_and_refusals(sandbox_service, sbx):
     base = sandbox_service.url.replace("http://", "ws://") + "/published/sandboxes"
     with connect(f"{base}/{sbx}/exec/pty", subprotocols=[f"api_key.{sandbox_service.token}"]) as ws:
