@@ -21,6 +21,7 @@ import ctypes
 import errno
 import os
 import stat
+from collections.abc import Callable
 
 RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, RESOLVE_BENEATH = 0x02, 0x04, 0x08
 _SYS_OPENAT2 = 437  # the same number on every architecture (unified syscall table since 5.6)
@@ -64,29 +65,40 @@ def has_openat2() -> bool:
     return _state["openat2"]
 
 
-def _walk(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
-    """Fallback: open each component with O_NOFOLLOW relative to the previous one; no symlink followed."""
-    cur = os.dup(dirfd)
+def _chain(cur: int, parts: list[str], open_next: Callable[[int, int, str], int]) -> int:
+    """The fd reached one component at a time: `open_next(fd, i, name)` opens `parts[i]` from the fd of
+    the components before it, starting at `cur` (owned: closed here). Each fd is closed once the next is
+    open, and the one in hand on any error, so neither a walk nor a failure leaks fds."""
     try:
         for i, name in enumerate(parts):
-            last = i == len(parts) - 1
-            f = (flags if last else os.O_PATH | os.O_DIRECTORY) | os.O_NOFOLLOW | os.O_CLOEXEC
-            try:
-                nxt = os.open(name, f, mode, dir_fd=cur)
-            except OSError as exc:
-                if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(cur, name):
-                    raise EscapeError(errno.ELOOP, f"{'/'.join(parts)!r} goes through the symlink {name!r} "
-                                                   "(not followed on this kernel: no openat2)") from None
-                raise
-            if last and flags & os.O_PATH and _is_link(nxt, ""):
-                os.close(nxt)
-                raise EscapeError(errno.ELOOP, f"{'/'.join(parts)!r} is a symlink")
+            nxt = open_next(cur, i, name)
             os.close(cur)
             cur = nxt
         return cur
     except BaseException:
         os.close(cur)
         raise
+
+
+def _walk(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
+    """Fallback: open each component with O_NOFOLLOW relative to the previous one; no symlink followed."""
+
+    def open_next(cur: int, i: int, name: str) -> int:
+        last = i == len(parts) - 1
+        f = (flags if last else os.O_PATH | os.O_DIRECTORY) | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            nxt = os.open(name, f, mode, dir_fd=cur)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(cur, name):
+                raise EscapeError(errno.ELOOP, f"{'/'.join(parts)!r} goes through the symlink {name!r} "
+                                               "(not followed on this kernel: no openat2)") from None
+            raise
+        if last and flags & os.O_PATH and _is_link(nxt, ""):
+            os.close(nxt)
+            raise EscapeError(errno.ELOOP, f"{'/'.join(parts)!r} is a symlink")
+        return nxt
+
+    return _chain(os.dup(dirfd), parts, open_next)
 
 
 def _is_link(dirfd: int, name: str) -> bool:
@@ -139,21 +151,16 @@ def make_dirs(dirfd: int, rel: str) -> int:
     Each missing directory is made with mkdirat in its verified parent (mkdirat never follows a link),
     and every component is then opened beneath `dirfd`, so a link swapped in meanwhile is refused."""
     parts = [p for p in rel.split("/") if p and p != "."]
-    cur = open_beneath(dirfd, "", os.O_PATH | os.O_DIRECTORY)
-    try:
-        for i, name in enumerate(parts):
-            sub = "/".join(parts[: i + 1])
+
+    def open_next(cur: int, i: int, name: str) -> int:
+        sub = "/".join(parts[: i + 1])
+        try:
+            return open_beneath(dirfd, sub, os.O_PATH | os.O_DIRECTORY)
+        except FileNotFoundError:
             try:
-                nxt = open_beneath(dirfd, sub, os.O_PATH | os.O_DIRECTORY)
-            except FileNotFoundError:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=cur)
-                except FileExistsError:
-                    pass
-                nxt = open_beneath(dirfd, sub, os.O_PATH | os.O_DIRECTORY)
-            os.close(cur)
-            cur = nxt
-        return cur
-    except BaseException:
-        os.close(cur)
-        raise
+                os.mkdir(name, 0o755, dir_fd=cur)
+            except FileExistsError:
+                pass
+            return open_beneath(dirfd, sub, os.O_PATH | os.O_DIRECTORY)
+
+    return _chain(open_beneath(dirfd, "", os.O_PATH | os.O_DIRECTORY), parts, open_next)

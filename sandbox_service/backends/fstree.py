@@ -22,6 +22,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger(__name__)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -58,6 +59,45 @@ def _clear_dir(fd: int) -> list[str]:
     return subdirs
 
 
+def _walk(cur: int, path: str, scan: Callable[[int], list[str]], *, skip: type[OSError], doing: str,
+          left: Callable[[int, str, list[str]], None] | None = None) -> None:
+    """Depth-first from the directory fd `cur` (the walk closes it), one directory fd open at a time.
+
+    `scan(fd)` handles a directory's entries and returns the subdirectories to enter; each is entered with
+    O_NOFOLLOW (one that raises `skip` on opening is passed over) and left through ".." after checking
+    that ".." is the directory it came from. `left(parent_fd, name, pending)` then runs, with the
+    parent's subdirectories still to enter (it may add `name` back to enter it again)."""
+    # One level per directory entered: (its name in the parent, the parent's identity, the parent's
+    # remaining subdirectories).
+    stack: list[tuple[str, tuple[int, int], list[str]]] = []
+    try:
+        pending = scan(cur)
+        while True:
+            if pending:
+                name = pending.pop()
+                try:
+                    child = os.open(name, _DIR_FLAGS, dir_fd=cur)
+                except skip:
+                    continue
+                stack.append((name, _ident(cur), pending))
+                os.close(cur)
+                cur = child
+                pending = scan(cur)
+                continue
+            if not stack:
+                return
+            name, parent_id, pending = stack.pop()
+            parent = os.open("..", _DIR_FLAGS, dir_fd=cur)
+            os.close(cur)
+            cur = parent
+            if _ident(cur) != parent_id:
+                raise TreeChangedError(errno.ESTALE, f"{path}: the tree changed while it was {doing}")
+            if left is not None:
+                left(cur, name, pending)
+    finally:
+        os.close(cur)
+
+
 def remove_tree(path: str | os.PathLike) -> None:
     """`rm -rf path` for trees of any depth and size; a missing path is fine; raises OSError on failure."""
     path = os.fspath(path)
@@ -68,41 +108,18 @@ def remove_tree(path: str | os.PathLike) -> None:
     if not stat.S_ISDIR(st.st_mode):
         os.unlink(path)
         return
-    cur = os.open(path, _DIR_FLAGS)
-    # One level per directory entered: (its name in the parent, the parent's identity, the parent's
-    # remaining non-empty subdirectories).
-    stack: list[tuple[str, tuple[int, int], list[str]]] = []
-    try:
-        pending = _clear_dir(cur)
-        while True:
-            if pending:
-                name = pending.pop()
-                try:
-                    child = os.open(name, _DIR_FLAGS, dir_fd=cur)
-                except FileNotFoundError:
-                    continue
-                stack.append((name, _ident(cur), pending))
-                os.close(cur)
-                cur, pending = child, _clear_dir(child)
-                continue
-            if not stack:
-                break
-            name, parent_id, pending = stack.pop()
-            parent = os.open("..", _DIR_FLAGS, dir_fd=cur)
-            os.close(cur)
-            cur = parent
-            if _ident(cur) != parent_id:
-                raise TreeChangedError(errno.ESTALE, f"{path}: the tree changed while it was removed")
-            try:
-                os.rmdir(name, dir_fd=cur)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                if exc.errno != errno.ENOTEMPTY:
-                    raise
-                pending.append(name)  # something appeared meanwhile: clear it again
-    finally:
-        os.close(cur)
+
+    def remove_cleared(parent: int, name: str, pending: list[str]) -> None:
+        try:
+            os.rmdir(name, dir_fd=parent)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            if exc.errno != errno.ENOTEMPTY:
+                raise
+            pending.append(name)  # something appeared meanwhile: clear it again
+
+    _walk(os.open(path, _DIR_FLAGS), path, _clear_dir, skip=FileNotFoundError, doing="removed", left=remove_cleared)
     try:
         os.rmdir(path)
     except FileNotFoundError:
@@ -129,11 +146,10 @@ def tree_size(path: str | os.PathLike) -> int:
     """Total bytes of the regular files under `path` (symlinks not followed): one directory fd at a time,
     like `remove_tree`, so neither depth nor width exhausts the stack or the fd table."""
     try:
-        cur = os.open(os.fspath(path), _DIR_FLAGS)
+        top = os.open(os.fspath(path), _DIR_FLAGS)
     except OSError:
         return 0
     total = 0
-    stack: list[tuple[tuple[int, int], list[str]]] = []
 
     def scan(fd: int) -> list[str]:
         nonlocal total
@@ -149,25 +165,5 @@ def tree_size(path: str | os.PathLike) -> int:
                     pass
         return subdirs
 
-    try:
-        pending = scan(cur)
-        while True:
-            if pending:
-                try:
-                    child = os.open(pending.pop(), _DIR_FLAGS, dir_fd=cur)
-                except OSError:
-                    continue
-                stack.append((_ident(cur), pending))
-                os.close(cur)
-                cur, pending = child, scan(child)
-                continue
-            if not stack:
-                return total
-            parent_id, pending = stack.pop()
-            parent = os.open("..", _DIR_FLAGS, dir_fd=cur)
-            os.close(cur)
-            cur = parent
-            if _ident(cur) != parent_id:
-                raise TreeChangedError(errno.ESTALE, f"{path}: the tree changed while it was measured")
-    finally:
-        os.close(cur)
+    _walk(top, os.fspath(path), scan, skip=OSError, doing="measured")
+    return total

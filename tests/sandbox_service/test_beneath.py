@@ -58,3 +58,23 @@ def test_the_workspace_root_itself_lists(tmp_path, mode):
     for root in (str(ws), "."):
         assert [e["name"] for e in files.list_dir(conf, root)] == ["pkg"]
     assert [e["name"] for e in files.list_dir(conf, "pkg")] == ["a.py"]
+
+
+def test_walks_leave_no_fd_open_whether_they_succeed_or_are_refused(tmp_path, mode):
+    ws = tmp_path / "ws"
+    (ws / "a" / "b").mkdir(parents=True)
+    os.symlink("/", ws / "a" / "out")
+    root = beneath.open_root(str(ws))
+    try:
+        before = sorted(os.listdir("/proc/self/fd"))
+        for _ in range(3):
+            os.close(beneath.open_beneath(root, "a/b", os.O_PATH | os.O_DIRECTORY))
+            os.close(beneath.make_dirs(root, "a/b/c/d"))
+            with pytest.raises(beneath.EscapeError):
+                beneath.open_beneath(root, "a/out/etc", os.O_PATH | os.O_DIRECTORY)
+            with pytest.raises(beneath.EscapeError):
+                beneath.make_dirs(root, "a/out/new")
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(root)
+    assert (ws / "a" / "b" / "c" / "d").is_dir() and not os.path.exists("/new")
