@@ -160,27 +160,27 @@ class SandboxOperations:
         if rec.deleting:
             return infra_result(InfraErrorKind.SANDBOX_DELETED, f"sandbox {rec.id} was deleted during the call",
                                 duration)
-        status = await self.manager.in_thread(self.manager.backend.status_after_agent_loss, rec.id)
+        status = await self.manager.runtime.in_thread(self.manager.backend.status_after_agent_loss, rec.id)
         if status.infra_error is InfraErrorKind.OOM_KILLED:
             why = status.message or "sandbox killed for memory"
             if verification:
                 return infra_result(InfraErrorKind.OOM_KILLED, why, duration)
             if not status.alive:
-                await self.manager.recover(rec, agent)
+                await self.manager.runtime.recover(rec, agent)
             return ExecResult(exit_code=None, outcome=ExecOutcome.command_failed, reason="oom",
                               duration_seconds=duration,
                               message=f"the command ran the sandbox out of memory ({why}); the sandbox was "
                                       "kept or recreated with the same memory and its files")
         if not status.alive:
             kind = status.infra_error or InfraErrorKind.SANDBOX_CRASHED
-            await self.manager.mark_crashed(rec, agent, kind, f"sandbox died: {status.message or err}")
+            await self.manager.runtime.mark_crashed(rec, agent, kind, f"sandbox died: {status.message or err}")
             return infra_result(kind, f"sandbox {rec.id} died: {status.message or err}", duration)
         return infra_result(InfraErrorKind.AGENT_LOST, f"the agent of sandbox {rec.id} did not answer: {err}",
                             duration)
 
     async def _escalate(self, rec: SandboxRecord, agent, result: ExecResult) -> ExecResult:
         before = rec.info.resources.memory_mb
-        event = await self.manager.escalate(rec, agent, InfraErrorKind.OOM_KILLED)
+        event = await self.manager.runtime.escalate(rec, agent, InfraErrorKind.OOM_KILLED)
         if event is None:
             note = f"killed for memory at {before} MiB; no escalation (disabled or at the cap)"
         else:

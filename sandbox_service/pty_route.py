@@ -18,7 +18,8 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from sandbox_service.auth import TokenAuth
 from sandbox_service.errors import SandboxServiceError
-from sandbox_service.service import SandboxManager, SandboxRecord
+from sandbox_service.records import SandboxRecord
+from sandbox_service.service import SandboxManager
 
 
 def _control(text: str) -> dict | None:
