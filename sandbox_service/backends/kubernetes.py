@@ -60,7 +60,6 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox_service.agent_client_base import AgentClientBase
 from sandbox_service.backends import kubernetes_adopt
-from sandbox_service.backends.kubernetes_cilium import CiliumPolicies, build_cilium_policy, is_cilium
 from sandbox_service.backends.base import AdoptedSandbox, AgentEndpoint, BackendStatus, SandboxBackend
 from sandbox_service.backends.kubernetes_cleanup import Cleanup, Objects, names
 from sandbox_service.backends.kubernetes_config import (
@@ -68,6 +67,7 @@ from sandbox_service.backends.kubernetes_config import (
     KubernetesBackendConfig,
 )
 from sandbox_service.backends.kubernetes_events import EventCache, assess_events
+from sandbox_service.backends.kubernetes_host_policy import FqdnPolicies, fqdn_policy_type
 from sandbox_service.backends.kubernetes_objects import (
     Resolver,
     agent_address,
@@ -111,7 +111,7 @@ class _Handle:
     workdir: str
     endpoint: AgentEndpoint | None = None
     has_policy: bool = True  # a per-sandbox NetworkPolicy (allowlists only) may exist
-    policy_kind: str = "networkpolicy"  # or ciliumnetworkpolicy (host_policy="cilium-fqdn")
+    policy_kind: str = "networkpolicy"  # or an FQDN policy's kind (kubernetes_host_policy)
 
     def objects(self) -> list[tuple[str, str]]:
         """(kind, name) of everything start() creates for this pod: deleted by name, never by a LIST."""
@@ -160,7 +160,8 @@ class KubernetesBackend(SandboxBackend):
         self.api_client = api_client or load_api_client(self.config)
         self.core = k8s.CoreV1Api(self.api_client)
         self.net = k8s.NetworkingV1Api(self.api_client)
-        self.cilium = CiliumPolicies(k8s.CustomObjectsApi(self.api_client))
+        self.fqdn_type = fqdn_policy_type(self.config)  # None: allowlists get a resolved NetworkPolicy
+        self.fqdn = FqdnPolicies(k8s.CustomObjectsApi(self.api_client), self.fqdn_type) if self.fqdn_type else None
         # A certificate outliving its pod's hard deadline would only widen what a leaked key opens.
         self.certificates = certificates or AgentCertificates((self.config.max_ttl_seconds + 3600) / 86400)
         self._resolver_kw = {"resolver": resolver} if resolver else {}
@@ -177,7 +178,8 @@ class KubernetesBackend(SandboxBackend):
         self._handles: dict[str, _Handle] = {}
         self._orphans: dict[str, Objects] = {}  # sandbox id -> its objects, from list_orphans
         self._unadopted: dict[str, Objects] | None = None  # what adopt() found and left: list_orphans' answer
-        self.cleanup = Cleanup(self.core, self.net, self.config, self._call, cilium_delete=self.cilium.delete)
+        self.cleanup = Cleanup(self.core, self.net, self.config, self._call,
+                               fqdn_deletes={self.fqdn_type.kind: self.fqdn.delete} if self.fqdn else None)
         self._lock = threading.Lock()
         self.snapshots = AgentSnapshots(self.config.snapshot_dir, agent_factory,
                                         python=f"{self.config.agent_mount_path}/python/bin/python3",
@@ -272,12 +274,12 @@ class KubernetesBackend(SandboxBackend):
     def _start_pod(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str, *,
                    warm: bool = False) -> AgentEndpoint:
         cfg, ns = self.config, self.config.namespace
-        cilium = is_cilium(cfg)
+        fqdn = self.fqdn_type
         pod_name = pod_name_for(sandbox_id)
-        # A bad allowlist fails before anything exists (cilium-fqdn: names stay names, nothing is resolved).
-        cidrs = [] if cilium else allowlist_cidrs(spec.network, **self._resolver_kw)
-        if cilium:
-            build_cilium_policy(pod_name, sandbox_id, spec, cfg, spec.network)
+        # A bad allowlist fails before anything exists (FQDN policies: names stay names, nothing is resolved).
+        cidrs = [] if fqdn else allowlist_cidrs(spec.network, **self._resolver_kw)
+        if fqdn:
+            fqdn.build(pod_name, sandbox_id, spec, cfg, spec.network)
         secret_name = secret_name_for(pod_name)
         ca_pem, cert_pem, key_pem = self.certificates.issue(pod_name)
         allowlist = spec.network.mode == "allowlist"
@@ -297,9 +299,9 @@ class KubernetesBackend(SandboxBackend):
             # The Secret had to exist before the pod (its volume); only now is the owner's uid known.
             self._call("patch secret owner", self.core.patch_namespaced_secret, secret_name, ns,
                        {"metadata": {"ownerReferences": [to_dict(owner)]}})
-            if allowlist and cilium:
-                self._create("ciliumnetworkpolicy", self.cilium.create, self.cilium.read,
-                             build_cilium_policy(pod_name, sandbox_id, spec, cfg, spec.network, owner=owner))
+            if allowlist and fqdn:
+                self._create(fqdn.kind, self.fqdn.create, self.fqdn.read,
+                             fqdn.build(pod_name, sandbox_id, spec, cfg, spec.network, owner=owner))
             elif allowlist:
                 self._create("networkpolicy", self.net.create_namespaced_network_policy,
                              self.net.read_namespaced_network_policy,
@@ -326,7 +328,7 @@ class KubernetesBackend(SandboxBackend):
 
     @property
     def _policy_kind(self) -> str:
-        return "ciliumnetworkpolicy" if is_cilium(self.config) else "networkpolicy"
+        return self.fqdn_type.kind if self.fqdn_type else "networkpolicy"
 
     def _ensure_shared_policy(self) -> None:
         """Create the instance's deny-all policy once (it outlives sandboxes and service restarts)."""
@@ -435,10 +437,10 @@ class KubernetesBackend(SandboxBackend):
                     self._unadopted[sid] = names(objects)
                     continue
                 sandbox, pod_name = result
-                # CiliumNetworkPolicies are not listed (no `list` right): an allowlist's is deleted by name,
-                # and the garbage collector takes it with the pod anyway (ownerReference from its creation).
+                # FQDN policies are not listed (no `list` right): an allowlist's is deleted by name, and
+                # the garbage collector takes it with the pod anyway (ownerReference from its creation).
                 has_policy = ("networkpolicy", pod_name) in names(objects) or (
-                    is_cilium(self.config) and sandbox.spec.network.mode == "allowlist")
+                    self.fqdn_type is not None and sandbox.spec.network.mode == "allowlist")
                 self._handles[sid] = _Handle(pod_name=pod_name, workdir=sandbox.spec.workdir, endpoint=sandbox.endpoint,
                                              has_policy=has_policy,
                                              policy_kind=self._policy_kind)
@@ -475,8 +477,8 @@ class KubernetesBackend(SandboxBackend):
     # -- network ----------------------------------------------------------------------------------
     def apply_network_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
         cfg, ns = self.config, self.config.namespace
-        if is_cilium(cfg):
-            return self._apply_cilium_policy(sandbox_id, policy)
+        if self.fqdn_type:
+            return self._apply_fqdn_policy(sandbox_id, policy)
         cidrs = allowlist_cidrs(policy, **self._resolver_kw)
         pod = self._find_pod(sandbox_id)
         if pod is None:
@@ -512,21 +514,22 @@ class KubernetesBackend(SandboxBackend):
                 self._sleep(min(cfg.retry_max_seconds, cfg.retry_base_seconds * 2 ** attempt))
         raise BackendUnavailableError(f"networkpolicy {name}: kept conflicting after {cfg.retry_attempts} attempts")
 
-    def _apply_cilium_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
-        """Delete the sandbox's CiliumNetworkPolicy and create the new one (kubernetes_cilium: no `update`
-        right; between the two calls the shared policy denies all egress, the safe direction)."""
+    def _apply_fqdn_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
+        """Delete the sandbox's FQDN policy and create the new one (kubernetes_fqdn: no `update` right;
+        between the two calls the shared policy denies all egress, the safe direction)."""
         pod = self._find_pod(sandbox_id)
         if pod is None:
             raise SandboxNotFoundError(f"no pod for sandbox {sandbox_id!r}; it was deleted or never started")
         name = pod.metadata.name
         spec = SandboxCreate(image=pod.spec.containers[0].image, network=policy)
-        desired = (build_cilium_policy(name, sandbox_id, spec, self.config, policy, owner=owner_reference(pod))
+        fqdn = self.fqdn_type
+        desired = (fqdn.build(name, sandbox_id, spec, self.config, policy, owner=owner_reference(pod))
                    if policy.mode == "allowlist" else None)  # built first: a bad allowlist changes nothing
-        self.cleanup.delete_named([("ciliumnetworkpolicy", name)])
+        self.cleanup.delete_named([(fqdn.kind, name)])
         if desired is not None:
             if (handle := self._handle(sandbox_id)) is not None:
                 handle.has_policy = True
-            self._create("ciliumnetworkpolicy", self.cilium.create, self.cilium.read, desired)
+            self._create(fqdn.kind, self.fqdn.create, self.fqdn.read, desired)
 
     # -- snapshots (through the agent, see kubernetes_snapshots) ------------------------------------
     def _agent_handle(self, sandbox_id: str) -> _Handle:
