@@ -413,11 +413,13 @@ def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fa
             mode="allowlist", allow_hosts=["pypi.org"])}), Resources(), "s")
         fqdn.stop(f"sb-rbac-fqdn-{n}")
     verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "WATCH": "watch"}
-    used = {(qualified(r["kind"]), verb.get(r["method"]) or ("get" if r["name"] else "list")) for r in fake.requests}
+    used = {(qualified(r["kind"]), verb.get(r["method"]) or ("get" if r["name"] else "list"))
+            for r in fake.requests}
     (role,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/rbac.yaml").read_text()) if d["kind"] == "Role"]
     # tier.networkpolicies is no resource anyone requests: Calico's API server checks it on top of networkpolicies
-    granted = {(f"{resource}.{group}" if group else resource, v) for rule in role["rules"] for group in rule["apiGroups"]
-               for resource in rule["resources"] if resource != "tier.networkpolicies" for v in rule["verbs"]}
+    granted = {(f"{resource}.{group}" if group else resource, v) for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"] if resource != "tier.networkpolicies"
+               for v in rule["verbs"]}
     assert used == granted
 
 

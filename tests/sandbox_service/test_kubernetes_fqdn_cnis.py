@@ -65,7 +65,8 @@ def test_antrea_gets_one_policy_with_fqdn_peers_metadata_dropped_first_dns_and_a
     assert list(rules) == ["drop-metadata", "allow-cidrs", "allow-hosts", "allow-dns", "drop-rest"]  # in order
     assert rules["drop-metadata"] == {"name": "drop-metadata", "action": "Drop", "to": [
         {"ipBlock": {"cidr": "169.254.169.254/32"}}, {"ipBlock": {"cidr": "fd00:ec2::254/128"}}]}
-    assert rules["allow-cidrs"]["to"] == [{"ipBlock": {"cidr": c}} for c in ("0.0.0.0/0", "10.20.0.0/16", "2001:db8::/32")]
+    assert rules["allow-cidrs"]["to"] == [{"ipBlock": {"cidr": c}}
+                                          for c in ("0.0.0.0/0", "10.20.0.0/16", "2001:db8::/32")]
     assert rules["allow-hosts"] == {"name": "allow-hosts", "action": "Allow",
                                     "to": [{"fqdn": "pypi.org"}, {"fqdn": "*.pythonhosted.org"}]}
     assert rules["allow-dns"]["to"] == [
