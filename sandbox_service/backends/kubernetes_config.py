@@ -131,7 +131,8 @@ class KubernetesBackendConfig(BaseSettings):
                                "(Calico Enterprise or Calico Cloud only: Calico Open Source has no DNS "
                                "policy). Each needs the Role's rule for its resource (manifests/base/rbac.yaml).")
     allow_dns_for_hosts: bool = Field(
-        True, description="Allowlists naming hosts also allow DNS to the cluster DNS (else names do not resolve).")
+        True, description="Allowlists naming hosts also allow DNS to the cluster DNS (else names do not resolve); "
+                          "FQDN host policies always do (the CNI learns the names' addresses from it).")
     dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods.")
     dns_selector: dict[str, str] = Field(
         default_factory=lambda: {"k8s-app": "kube-dns"}, description="Labels of the cluster DNS pods.")

@@ -171,6 +171,17 @@ def test_an_adopted_allowlist_sandbox_deletes_its_policy_by_name(fake, tmp_path,
 
 
 @pytest.mark.parametrize("host_policy", ["antrea-fqdn", "calico-dns"])
+def test_a_reaped_orphan_takes_its_policy_along_through_its_pod(fake, tmp_path, host_policy):
+    """Policies are never listed (no `list` right): an orphan's goes with its pod, by the ownerReference."""
+    start_allowlisted(fake, tmp_path, host_policy, "sb-orphan")
+    restarted = fqdn_backend(fake, tmp_path, host_policy, adopt_on_restart=False)
+    assert restarted.adopt() == [] and restarted.list_orphans() == ["sb-orphan"]
+    restarted.stop("sb-orphan")
+    assert policies(fake, host_policy, "sb-orphan") == [] and sandbox_objects(fake) == {}
+    assert not fake.sent("DELETE", KIND_KEY[host_policy])  # the garbage collector's doing, not a delete
+
+
+@pytest.mark.parametrize("host_policy", ["antrea-fqdn", "calico-dns"])
 def test_a_failed_start_leaves_no_policy_behind(fake, tmp_path, host_policy):
     fake.gc_enabled = False  # the cleanup's delete by name, not the garbage collector
     fake.fail("POST", KIND_KEY[host_policy], 422, "Invalid", after=True)  # created, then the answer says no
