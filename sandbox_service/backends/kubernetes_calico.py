@@ -8,8 +8,9 @@ policy allows; the service resolves nothing. `*.example.com` matches any depth o
 
 DNS policy (`domains`) is Calico Enterprise and Calico Cloud only: Calico Open Source has no `domains`
 field in its v3 API (checked against projectcalico/calico's api/pkg/apis/projectcalico/v3 as of 2026-08),
-and its API server or CRD schema refuses or prunes the field. On Calico Open Source use `resolve` (a
-standard NetworkPolicy, which Calico enforces) or an egress proxy.
+so its API server or CRD schema drops the field, and the Allow rule left would match everything: the
+backend checks the stored policy for the hosts and deletes it if they are gone (kubernetes_network). On
+Calico Open Source use `resolve` (a standard NetworkPolicy, which Calico enforces) or an egress proxy.
 
 Rules are evaluated in order and an Allow is final, so the body is self-contained: the metadata
 endpoint is denied first (even when an allowed name resolves to it), then CIDRs, domains and DNS are

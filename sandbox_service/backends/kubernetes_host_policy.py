@@ -2,7 +2,7 @@
 
 `resolve` (the default) is not here: its policy is a standard NetworkPolicy with resolved addresses
 (kubernetes_objects.build_network_policy). Every other value names a CNI's own policy resource, built
-by its module and sent through the CustomObjectsApi; the backend asks this map, never the value itself.
+by its module and sent through the CustomObjectsApi; kubernetes_network asks this map, never the value itself.
 """
 
 from __future__ import annotations
@@ -24,15 +24,19 @@ class FqdnPolicyType:
     version: str
     plural: str
     build: Callable[..., dict[str, Any]]  # (name, sandbox_id, spec, config, policy, owner=None) -> body
+    needs: str  # what the cluster must run, for the error when it does not
 
 
 FQDN_POLICY_TYPES: dict[str, FqdnPolicyType] = {
     "cilium-fqdn": FqdnPolicyType("ciliumnetworkpolicy", kubernetes_cilium.GROUP, kubernetes_cilium.VERSION,
-                                  kubernetes_cilium.PLURAL, kubernetes_cilium.build_cilium_policy),
+                                  kubernetes_cilium.PLURAL, kubernetes_cilium.build_cilium_policy,
+                                  "Cilium (the cilium.io/v2 CiliumNetworkPolicy CRD)"),
     "antrea-fqdn": FqdnPolicyType("antreanetworkpolicy", kubernetes_antrea.GROUP, kubernetes_antrea.VERSION,
-                                  kubernetes_antrea.PLURAL, kubernetes_antrea.build_antrea_policy),
+                                  kubernetes_antrea.PLURAL, kubernetes_antrea.build_antrea_policy,
+                                  "Antrea >= 1.13 with Antrea-native policies (crd.antrea.io/v1beta1)"),
     "calico-dns": FqdnPolicyType("caliconetworkpolicy", kubernetes_calico.GROUP, kubernetes_calico.VERSION,
-                                 kubernetes_calico.PLURAL, kubernetes_calico.build_calico_policy),
+                                 kubernetes_calico.PLURAL, kubernetes_calico.build_calico_policy,
+                                 "Calico Enterprise or Calico Cloud (Calico Open Source has no DNS policy)"),
 }
 
 

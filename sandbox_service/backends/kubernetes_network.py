@@ -10,6 +10,7 @@ enforced only by a CNI that implements it, and cannot stop a pod's processes fro
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +27,7 @@ from sandbox_service.backends.kubernetes_objects import (
     owner_reference,
 )
 from sandbox_service.backends.kubernetes_retry import is_not_found
-from sandbox_service.errors import BackendUnavailableError, SandboxNotFoundError
+from sandbox_service.errors import BackendUnavailableError, SandboxNotFoundError, SandboxServiceError
 from sandbox_service.models import NetworkPolicy, SandboxCreate
 
 
@@ -68,8 +69,8 @@ class SandboxNetwork:
                owner: k8s.V1OwnerReference) -> None:
         """The allowlist sandbox's own policy, owned by its pod (`check` has validated it)."""
         if self.fqdn_type:
-            self.api.create(self.fqdn_type.kind, self.fqdn.create, self.fqdn.read,
-                            self.fqdn_type.build(pod_name, sandbox_id, spec, self.config, spec.network, owner=owner))
+            self._create_fqdn(self.fqdn_type.build(pod_name, sandbox_id, spec, self.config, spec.network, owner=owner),
+                              spec.network)
         else:
             net = self.api.net
             self.api.create("networkpolicy", net.create_namespaced_network_policy, net.read_namespaced_network_policy,
@@ -125,7 +126,23 @@ class SandboxNetwork:
         self._delete_named([(fqdn.kind, name)])
         if desired is not None:
             mark_policy()
-            self.api.create(fqdn.kind, self.fqdn.create, self.fqdn.read, desired)
+            self._create_fqdn(desired, policy)
+
+    def _create_fqdn(self, body: dict[str, Any], policy: NetworkPolicy) -> None:
+        """Create an FQDN policy and check that the API server kept the host names: a server without the
+        field they go in (Calico Open Source has no `domains`; an old CRD) prunes it, which would leave
+        an Allow rule with no destination, open to everything. Such a policy is deleted at once."""
+        fqdn = self.fqdn_type
+        stored = self.api.create(fqdn.kind, self.fqdn.create, self.fqdn.read, body)
+        kept = json.dumps((stored or {}).get("spec")).lower()
+        if missing := [host for host in policy.allow_hosts if json.dumps(host.lower()) not in kept]:
+            name = body["metadata"]["name"]
+            self._delete_named([(fqdn.kind, name)])
+            raise SandboxServiceError(
+                f"{fqdn.kind} {name}: the API server stored it without the allowed hosts {missing} (it does not "
+                f"know the field they go in, so the policy would open more than the allowlist), and it was "
+                f"deleted. host_policy={self.config.host_policy} needs {fqdn.needs}; on another CNI use "
+                "host_policy=resolve (README: the per-CNI table).")
 
 
 def _pod(sandbox_id: str, find_pod: Callable[[str], k8s.V1Pod | None]) -> k8s.V1Pod:

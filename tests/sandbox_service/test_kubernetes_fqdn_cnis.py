@@ -20,7 +20,7 @@ from sandbox_service.backends.kubernetes_config import SANDBOX_ID_LABEL, Kuberne
 from sandbox_service.backends.kubernetes_fake import running_after
 from sandbox_service.backends.kubernetes_fake_crds import CUSTOM_RESOURCES
 from sandbox_service.backends.kubernetes_host_policy import FQDN_POLICY_TYPES
-from sandbox_service.errors import InvalidRequestError
+from sandbox_service.errors import InvalidRequestError, SandboxServiceError
 from sandbox_service.models import NetworkPolicy, Resources
 
 ALLOW = NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org", "*.pythonhosted.org"],
@@ -190,6 +190,33 @@ def test_a_failed_start_leaves_no_policy_behind(fake, tmp_path, host_policy):
     with pytest.raises(InvalidRequestError, match="rejected the object"):
         backend.start("sb-fail", SPEC.model_copy(update={"network": ALLOW}), Resources(), "s")
     assert policies(fake, host_policy, "sb-fail") == [] and sandbox_objects(fake) == {}
+
+
+def prune_hosts(body: dict) -> None:
+    """What an API server that does not know the host-name field stores (Calico Open Source prunes `domains`)."""
+    for rule in body["spec"]["egress"]:
+        rule.get("destination", {}).pop("domains", None)
+        for peer in rule.get("to", []):
+            peer.pop("fqdn", None)
+
+
+@pytest.mark.parametrize("host_policy, needs", [("antrea-fqdn", "Antrea >= 1.13"),
+                                                ("calico-dns", "Calico Enterprise or Calico Cloud")])
+def test_a_server_that_drops_the_host_names_gets_no_policy_and_a_clear_error(fake, tmp_path, host_policy, needs):
+    """Pruned, the hosts' Allow rule would have no destination left: open to everything. Never kept."""
+    fake.kubelet = running_after(0)
+    backend = fqdn_backend(fake, tmp_path, host_policy)
+    create = backend.network.fqdn.create
+    backend.network.fqdn.create = lambda ns, body, **kw: prune_hosts(body) or create(ns, body, **kw)
+    with pytest.raises(SandboxServiceError, match=f"stored it without the allowed hosts.*needs {needs}"):
+        backend.start("sb-pruned", SPEC.model_copy(update={"network": ALLOW}), Resources(), "s")
+    assert policies(fake, host_policy, "sb-pruned") == [] and sandbox_objects(fake) == {}
+    backend.network.fqdn.create = create  # a server that keeps them: then apply meets the pruning one
+    backend.start("sb-kept", SPEC.model_copy(update={"network": ALLOW}), Resources(), "s")
+    backend.network.fqdn.create = lambda ns, body, **kw: prune_hosts(body) or create(ns, body, **kw)
+    with pytest.raises(SandboxServiceError, match="stored it without the allowed hosts"):
+        backend.apply_network_policy("sb-kept", NetworkPolicy(mode="allowlist", allow_hosts=["github.com"]))
+    assert policies(fake, host_policy, "sb-kept") == []  # the shared deny-all is what is left: the safe side
 
 
 def test_the_fake_refuses_policies_the_crds_would_not_take(fake):
