@@ -5,22 +5,18 @@ What it does, per sandbox:
   (`kubernetes_tls`: the service pins that CA in the endpoint);
 - a Pod from the task's image, with the agent injected at run time (init container + emptyDir, see
   `kubernetes_objects`), no service-account token, no restarts, the hard TTL as activeDeadlineSeconds;
-- a NetworkPolicy: ingress only from the service pods to the agent port, egress denied unless the
-  policy allows it; the Secret and the NetworkPolicy are owned by the Pod (deleting it cascades);
+- network policies (`kubernetes_network`): a shared deny-all, and for an allowlist one policy of its
+  own that opens egress; the Secret and that policy are owned by the Pod (deleting it cascades);
 - exec and file calls go from the service straight to the agent at the pod IP, over TLS: never through
   the API server's exec channel, which does not scale (API server memory grows with long execs).
 
-Creation: start() blocks until the sandbox container runs (image pulled) and returns the pod IP; the
-service then pings the agent, and readiness is that answer, not the pod phase. Pod status comes from
-one watch per backend (`kubernetes_watch.PodCache`): a create costs its POSTs and no status reads, and
-`status()` costs no API call. Every call takes a token from one client-side bucket
-(`kubernetes_ratelimit`); reads retry until a deadline, writes for a number of attempts. Deletes go
-by name. After an agent loss, `status_after_agent_loss` waits on the watch until the pod's status is
-final, so a late-reported OOM kill is escalated as one.
-
-What it does not do: it never creates anything outside its namespace; it cannot stop a pod's own
-processes from using the pod's loopback (NetworkPolicy has no say there); NetworkPolicy is enforced
-only by a CNI that implements it.
+Creation: start() blocks until the sandbox container runs (image pulled, `kubernetes_startup`) and
+returns the pod IP; the service then pings the agent, and readiness is that answer, not the pod phase.
+Pod status comes from one watch per backend (`kubernetes_watch.PodCache`): a create costs its POSTs
+and no status reads, and `status()` costs no API call. Every API call is rate-limited and retried the
+same way (`kubernetes_api`). Deletes go by name (`kubernetes_cleanup`). After an agent loss,
+`status_after_agent_loss` waits on the watch until the pod's status is final, so a late-reported OOM
+kill is escalated as one. It never creates anything outside its namespace.
 
 Restarts and replicas: a restarted service adopts its running sandboxes (`adopt`, `kubernetes_adopt`:
 their state is on the pod and its Secret) and keeps serving them under the same ids; only what cannot be
@@ -55,27 +51,23 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
 
 from sandbox_service.agent_client_base import AgentClientBase
 from sandbox_service.backends import kubernetes_adopt
-from sandbox_service.backends.kubernetes_cilium import CiliumPolicies, build_cilium_policy, is_cilium
 from sandbox_service.backends.base import AdoptedSandbox, AgentEndpoint, BackendStatus, SandboxBackend
+from sandbox_service.backends.kubernetes_api import KubernetesApi, load_api_client
 from sandbox_service.backends.kubernetes_cleanup import Cleanup, Objects, names
 from sandbox_service.backends.kubernetes_config import (
     SANDBOX_ID_LABEL,
     KubernetesBackendConfig,
 )
-from sandbox_service.backends.kubernetes_events import EventCache, assess_events
+from sandbox_service.backends.kubernetes_events import EventCache
+from sandbox_service.backends.kubernetes_network import SandboxNetwork
 from sandbox_service.backends.kubernetes_objects import (
     Resolver,
     agent_address,
-    allowlist_cidrs,
-    build_network_policy,
     build_pod,
     build_secret,
-    build_shared_network_policy,
     instance_selector,
     label_value,
     owner_reference,
@@ -83,26 +75,17 @@ from sandbox_service.backends.kubernetes_objects import (
     to_dict,
 )
 from sandbox_service.backends.kubernetes_pool import WarmPool, is_warm_pool_object
-from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
-from sandbox_service.backends.kubernetes_retry import RetryPolicy, call, is_already_exists, is_not_found
 from sandbox_service.backends.kubernetes_snapshots import AgentFactory, AgentSnapshots
+from sandbox_service.backends.kubernetes_startup import PodStartError, wait_running
 from sandbox_service.backends.kubernetes_status import PodAssessment, assess_pod
 from sandbox_service.backends.kubernetes_tls import AgentCertificates
 from sandbox_service.backends.kubernetes_watch import PodCache
-from sandbox_service.errors import BackendUnavailableError, SandboxNotFoundError, SandboxServiceError
+from sandbox_service.errors import BackendUnavailableError, SandboxNotFoundError
 from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
+__all__ = ["KubernetesBackend", "PodStartError", "load_api_client", "secret_name_for"]
+
 log = logging.getLogger("sandbox_service.kubernetes")
-
-
-class PodStartError(SandboxServiceError):
-    """The pod cannot come up and waiting will not help (bad image, crash on start)."""
-
-    code = "sandbox_start_failed"
-
-    def __init__(self, message: str, infra_error: InfraErrorKind):
-        super().__init__(message)
-        self.infra_error = infra_error  # the service records this kind on the failed sandbox
 
 
 @dataclass
@@ -111,7 +94,7 @@ class _Handle:
     workdir: str
     endpoint: AgentEndpoint | None = None
     has_policy: bool = True  # a per-sandbox NetworkPolicy (allowlists only) may exist
-    policy_kind: str = "networkpolicy"  # or ciliumnetworkpolicy (host_policy="cilium-fqdn")
+    policy_kind: str = "networkpolicy"  # or an FQDN policy's kind (kubernetes_host_policy)
 
     def objects(self) -> list[tuple[str, str]]:
         """(kind, name) of everything start() creates for this pod: deleted by name, never by a LIST."""
@@ -129,25 +112,6 @@ def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
     return AgentClient(endpoint)
 
 
-def load_api_client(config: KubernetesBackendConfig) -> k8s.ApiClient:
-    """An API client from the pod's service account (in a cluster) or a kubeconfig."""
-    configuration = k8s.Configuration()
-    in_cluster = config.api_mode == "in_cluster" or (
-        config.api_mode == "auto" and "KUBERNETES_SERVICE_HOST" in os.environ)
-    try:
-        if in_cluster:
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        else:
-            k8s_config.load_kube_config(config_file=config.kubeconfig, context=config.context,
-                                        client_configuration=configuration)
-    except (k8s_config.ConfigException, OSError) as err:
-        raise BackendUnavailableError(
-            f"cannot reach a Kubernetes cluster ({'in-cluster' if in_cluster else 'kubeconfig'} mode): {err}. "
-            "Run the service in the cluster (manifests/) or point ORCHARD_K8S_KUBECONFIG at a kubeconfig.") from err
-    configuration.connection_pool_maxsize = config.api_pool_size
-    return k8s.ApiClient(configuration)
-
-
 class KubernetesBackend(SandboxBackend):
     name = "kubernetes"
 
@@ -158,26 +122,23 @@ class KubernetesBackend(SandboxBackend):
                  sleep: Callable[[float], None] = time.sleep):
         self.config = config or KubernetesBackendConfig()
         self.api_client = api_client or load_api_client(self.config)
-        self.core = k8s.CoreV1Api(self.api_client)
-        self.net = k8s.NetworkingV1Api(self.api_client)
-        self.cilium = CiliumPolicies(k8s.CustomObjectsApi(self.api_client))
+        self.api = KubernetesApi(self.config, self.api_client, sleep)
+        self.core, self.limiter = self.api.core, self.api.limiter
+        self._call, self._create = self.api.call, self.api.create
         # A certificate outliving its pod's hard deadline would only widen what a leaked key opens.
         self.certificates = certificates or AgentCertificates((self.config.max_ttl_seconds + 3600) / 86400)
-        self._resolver_kw = {"resolver": resolver} if resolver else {}
-        self._clock, self._sleep = clock, sleep
-        self._retry = RetryPolicy(attempts=self.config.retry_attempts, base_seconds=self.config.retry_base_seconds,
-                                  max_seconds=self.config.retry_max_seconds,
-                                  read_deadline_seconds=self.config.read_deadline_seconds)
-        self.limiter = TokenBucket(self.config.api_qps, self.config.api_burst)
+        self._clock = clock
         self._cache: PodCache | None = None
         self._events: EventCache | None = None
-        self._shared_policy = False  # the instance's deny-all policy is known to exist
         self._closed = threading.Event()
         self._sweeper: threading.Thread | None = None
         self._handles: dict[str, _Handle] = {}
         self._orphans: dict[str, Objects] = {}  # sandbox id -> its objects, from list_orphans
         self._unadopted: dict[str, Objects] | None = None  # what adopt() found and left: list_orphans' answer
-        self.cleanup = Cleanup(self.core, self.net, self.config, self._call, cilium_delete=self.cilium.delete)
+        self.network = SandboxNetwork(self.api, self.config, {"resolver": resolver} if resolver else {},
+                                      delete_named=lambda objects: self.cleanup.delete_named(objects))
+        self.cleanup = Cleanup(self.core, self.api.net, self.config, self._call,
+                               fqdn_deletes=self.network.fqdn_deletes())
         self._lock = threading.Lock()
         self.snapshots = AgentSnapshots(self.config.snapshot_dir, agent_factory,
                                         python=f"{self.config.agent_mount_path}/python/bin/python3",
@@ -199,11 +160,6 @@ class KubernetesBackend(SandboxBackend):
         return cls(config)
 
     # -- plumbing ---------------------------------------------------------------------------------
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("_request_timeout", self.config.api_timeout_seconds)
-        return call(what, fn, *args, policy=self._retry, sleep=self._sleep, limiter=self.limiter.acquire,
-                    read=what.startswith(("read ", "list ")), **kwargs)
-
     @property
     def pods(self) -> PodCache:
         """The watch of this instance's pods, started on first use (one per backend, whatever the load)."""
@@ -228,17 +184,6 @@ class KubernetesBackend(SandboxBackend):
                                           request_timeout_seconds=self.config.api_timeout_seconds,
                                           backoff_max_seconds=self.config.retry_max_seconds)
             return self._events
-
-    def _create(self, what: str, create: Callable[..., Any], read: Callable[..., Any], body: Any) -> Any:
-        """Create, or read back what an earlier attempt of this very call already created."""
-        ns = self.config.namespace
-        try:
-            return self._call(f"create {what}", create, ns, body)
-        except ApiException as err:
-            if not is_already_exists(err):
-                raise
-            name = body["metadata"]["name"] if isinstance(body, dict) else body.metadata.name  # custom objects: dicts
-            return self._call(f"read {what}", read, name, ns)
 
     def _handle(self, sandbox_id: str) -> _Handle | None:
         with self._lock:
@@ -272,20 +217,16 @@ class KubernetesBackend(SandboxBackend):
     def _start_pod(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str, *,
                    warm: bool = False) -> AgentEndpoint:
         cfg, ns = self.config, self.config.namespace
-        cilium = is_cilium(cfg)
         pod_name = pod_name_for(sandbox_id)
-        # A bad allowlist fails before anything exists (cilium-fqdn: names stay names, nothing is resolved).
-        cidrs = [] if cilium else allowlist_cidrs(spec.network, **self._resolver_kw)
-        if cilium:
-            build_cilium_policy(pod_name, sandbox_id, spec, cfg, spec.network)
+        cidrs = self.network.check(pod_name, sandbox_id, spec)  # a bad allowlist fails before anything exists
         secret_name = secret_name_for(pod_name)
         ca_pem, cert_pem, key_pem = self.certificates.issue(pod_name)
         allowlist = spec.network.mode == "allowlist"
         with self._lock:
             self._handles[sandbox_id] = _Handle(pod_name=pod_name, workdir=spec.workdir, has_policy=allowlist,
-                                                policy_kind=self._policy_kind)
+                                                policy_kind=self.network.kind)
         try:
-            self._ensure_shared_policy()
+            self.network.ensure_shared()
             self._create("secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret,
                          build_secret(secret_name, sandbox_id, spec, cfg, agent_secret=secret,
                                       cert_pem=cert_pem, key_pem=key_pem, immutable=not warm,
@@ -297,13 +238,8 @@ class KubernetesBackend(SandboxBackend):
             # The Secret had to exist before the pod (its volume); only now is the owner's uid known.
             self._call("patch secret owner", self.core.patch_namespaced_secret, secret_name, ns,
                        {"metadata": {"ownerReferences": [to_dict(owner)]}})
-            if allowlist and cilium:
-                self._create("ciliumnetworkpolicy", self.cilium.create, self.cilium.read,
-                             build_cilium_policy(pod_name, sandbox_id, spec, cfg, spec.network, owner=owner))
-            elif allowlist:
-                self._create("networkpolicy", self.net.create_namespaced_network_policy,
-                             self.net.read_namespaced_network_policy,
-                             build_network_policy(pod_name, sandbox_id, spec, cfg, spec.network, cidrs, owner=owner))
+            if allowlist:
+                self.network.create(pod_name, sandbox_id, spec, cidrs, owner)
             ip = self._wait_running(pod_name)
             endpoint = AgentEndpoint(transport="tcp", address=agent_address(ip, cfg.agent_port), secret=secret,
                                      tls=True, ca_cert_pem=ca_pem)
@@ -316,7 +252,7 @@ class KubernetesBackend(SandboxBackend):
                 self._handles.pop(sandbox_id, None)
             try:
                 self.cleanup.delete_named(_Handle(pod_name, spec.workdir, has_policy=allowlist,  # leak nothing
-                                                  policy_kind=self._policy_kind).objects())
+                                                  policy_kind=self.network.kind).objects())
             except Exception:  # noqa: BLE001 - keep the original error; stop() and list_orphans() retry
                 log.exception("cleanup after a failed start of %s failed", sandbox_id)
             raise
@@ -324,59 +260,9 @@ class KubernetesBackend(SandboxBackend):
             self._handles[sandbox_id].endpoint = endpoint
         return endpoint
 
-    @property
-    def _policy_kind(self) -> str:
-        return "ciliumnetworkpolicy" if is_cilium(self.config) else "networkpolicy"
-
-    def _ensure_shared_policy(self) -> None:
-        """Create the instance's deny-all policy once (it outlives sandboxes and service restarts)."""
-        if self._shared_policy:
-            return
-        self._create("shared networkpolicy", self.net.create_namespaced_network_policy,
-                     self.net.read_namespaced_network_policy, build_shared_network_policy(self.config))
-        self._shared_policy = True
-
     def _wait_running(self, pod_name: str) -> str:
-        """Wait until the sandbox container runs (its image pulled, the agent starting); return the pod IP.
-
-        This waits longer than "has an IP" on purpose: pulling a multi-GB task image is the pod's
-        start, and the service's agent-readiness timeout is sized for the agent, not for a pull.
-        """
-        cfg = self.config
-        last: dict[str, Any] = {}
-        errors_since: dict[str, datetime] = {}  # grace periods run from the first error seen, not from creation
-        events = self.events
-
-        def settled(pod: k8s.V1Pod | None) -> PodAssessment | None:
-            if pod is None:  # not in the watch yet (it lags the create), or gone since
-                return PodAssessment(state="failed", infra_error=InfraErrorKind.SANDBOX_DELETED,
-                                     message=f"pod {pod_name} was deleted while starting") if last else None
-            seen = self._assess(pod, errors_since)
-            if seen.state == "pending":  # failures only Events tell (no pod IPs left, a mount that fails)
-                seen = assess_events(pod, events.for_pod(pod_name), self._clock(), errors_since,
-                                     grace=cfg.event_error_grace_seconds,
-                                     scheduling_grace=cfg.unschedulable_timeout_seconds,
-                                     autoscaled_nodes=cfg.autoscaled_nodes) or seen
-            last["pod"], last["seen"] = pod, seen
-            return seen if seen.state != "pending" else None
-
-        seen = self.pods.wait(pod_name, settled, cfg.start_timeout_seconds)
-        if seen is None:
-            pod, pending = last.get("pod"), last.get("seen")
-            err = BackendUnavailableError(
-                f"pod {pod_name} was not running after {cfg.start_timeout_seconds:g} s "
-                f"(phase {pod.status.phase if pod is not None and pod.status else 'not seen'}"
-                f"{': ' + pending.message if pending is not None and pending.message else ''}"
-                f"{''.join('; ' + e.get('reason', '') + ': ' + e.get('message', '') for e in events.for_pod(pod_name))}"
-                f"{'; pod watch: ' + self.pods.last_error if self.pods.last_error else ''})",
-                infra_error=InfraErrorKind.TIMEOUT)
-            raise err
-        if seen.state == "running" and seen.pod_ip:
-            return seen.pod_ip
-        assert seen.infra_error is not None
-        if seen.retryable:
-            raise BackendUnavailableError(seen.message or "sandbox pod failed", infra_error=seen.infra_error)
-        raise PodStartError(seen.message or "sandbox pod failed", seen.infra_error)
+        """The pod IP once its sandbox container runs (kubernetes_startup; scripts/sim_k8s_scale.py swaps it)."""
+        return wait_running(pod_name, self.events, self.pods, self._assess, self._clock, self.config)
 
     def status(self, sandbox_id: str) -> BackendStatus:
         pod = self._find_pod(sandbox_id)
@@ -435,13 +321,13 @@ class KubernetesBackend(SandboxBackend):
                     self._unadopted[sid] = names(objects)
                     continue
                 sandbox, pod_name = result
-                # CiliumNetworkPolicies are not listed (no `list` right): an allowlist's is deleted by name,
-                # and the garbage collector takes it with the pod anyway (ownerReference from its creation).
+                # FQDN policies are not listed (no `list` right): an allowlist's is deleted by name, and
+                # the garbage collector takes it with the pod anyway (ownerReference from its creation).
                 has_policy = ("networkpolicy", pod_name) in names(objects) or (
-                    is_cilium(self.config) and sandbox.spec.network.mode == "allowlist")
+                    self.network.fqdn_type is not None and sandbox.spec.network.mode == "allowlist")
                 self._handles[sid] = _Handle(pod_name=pod_name, workdir=sandbox.spec.workdir, endpoint=sandbox.endpoint,
                                              has_policy=has_policy,
-                                             policy_kind=self._policy_kind)
+                                             policy_kind=self.network.kind)
                 adopted.append(sandbox)
         return adopted
 
@@ -474,59 +360,11 @@ class KubernetesBackend(SandboxBackend):
 
     # -- network ----------------------------------------------------------------------------------
     def apply_network_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
-        cfg, ns = self.config, self.config.namespace
-        if is_cilium(cfg):
-            return self._apply_cilium_policy(sandbox_id, policy)
-        cidrs = allowlist_cidrs(policy, **self._resolver_kw)
-        pod = self._find_pod(sandbox_id)
-        if pod is None:
-            raise SandboxNotFoundError(f"no pod for sandbox {sandbox_id!r}; it was deleted or never started")
-        name = pod.metadata.name
-        handle = self._handle(sandbox_id)
-        if policy.mode != "allowlist":  # the shared policy denies all egress: drop the sandbox's own
-            try:
-                self._call("delete networkpolicy", self.net.delete_namespaced_network_policy, name, ns,
-                           passthrough=is_not_found)
-            except ApiException as err:
-                if not is_not_found(err):
-                    raise
-            return
-        if handle is not None:
-            handle.has_policy = True
-        spec = SandboxCreate(image=pod.spec.containers[0].image, network=policy)
-        desired = build_network_policy(name, sandbox_id, spec, cfg, policy, cidrs, owner=owner_reference(pod))
-        for attempt in range(cfg.retry_attempts):
-            try:
-                current = self._call("read networkpolicy", self.net.read_namespaced_network_policy, name, ns,
-                                     passthrough=is_not_found)
-            except ApiException:
-                self._create("networkpolicy", self.net.create_namespaced_network_policy,
-                             self.net.read_namespaced_network_policy, desired)
-                return
-            current.spec = desired.spec  # keep its metadata: labels, owner, resourceVersion
-            try:
-                self._call("replace networkpolicy", self.net.replace_namespaced_network_policy, name, ns, current,
-                           retry_conflicts=False, passthrough=lambda e: e.status == 409)
-                return
-            except ApiException:  # 409: someone changed it since our read; read again
-                self._sleep(min(cfg.retry_max_seconds, cfg.retry_base_seconds * 2 ** attempt))
-        raise BackendUnavailableError(f"networkpolicy {name}: kept conflicting after {cfg.retry_attempts} attempts")
-
-    def _apply_cilium_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
-        """Delete the sandbox's CiliumNetworkPolicy and create the new one (kubernetes_cilium: no `update`
-        right; between the two calls the shared policy denies all egress, the safe direction)."""
-        pod = self._find_pod(sandbox_id)
-        if pod is None:
-            raise SandboxNotFoundError(f"no pod for sandbox {sandbox_id!r}; it was deleted or never started")
-        name = pod.metadata.name
-        spec = SandboxCreate(image=pod.spec.containers[0].image, network=policy)
-        desired = (build_cilium_policy(name, sandbox_id, spec, self.config, policy, owner=owner_reference(pod))
-                   if policy.mode == "allowlist" else None)  # built first: a bad allowlist changes nothing
-        self.cleanup.delete_named([("ciliumnetworkpolicy", name)])
-        if desired is not None:
+        def mark_policy() -> None:  # stop() deletes it by name from now on
             if (handle := self._handle(sandbox_id)) is not None:
                 handle.has_policy = True
-            self._create("ciliumnetworkpolicy", self.cilium.create, self.cilium.read, desired)
+
+        self.network.apply(sandbox_id, policy, self._find_pod, mark_policy)
 
     # -- snapshots (through the agent, see kubernetes_snapshots) ------------------------------------
     def _agent_handle(self, sandbox_id: str) -> _Handle:

@@ -21,21 +21,20 @@ from sandbox_service.backends.kubernetes_config import (
 from sandbox_service.backends.kubernetes_objects import instance_selector, sandbox_selector
 from sandbox_service.backends.kubernetes_retry import is_not_found
 
-Objects = set[tuple[str, str]]  # (kind, name): kind is pod, secret, networkpolicy or ciliumnetworkpolicy
+Objects = set[tuple[str, str]]  # (kind, name): pod, secret, networkpolicy or an FQDN policy (kubernetes_host_policy)
 
 
 class Cleanup:
     def __init__(self, core: k8s.CoreV1Api, net: k8s.NetworkingV1Api, config: KubernetesBackendConfig,
-                 call: Callable[..., Any], cilium_delete: Callable[..., Any] | None = None):
+                 call: Callable[..., Any], fqdn_deletes: dict[str, Callable[..., Any]] | None = None):
         self.config, self._call = config, call
         self._list = {"pod": core.list_namespaced_pod, "secret": core.list_namespaced_secret,
                       "networkpolicy": net.list_namespaced_network_policy}
         self._delete = {"pod": core.delete_namespaced_pod, "secret": core.delete_namespaced_secret,
                         "networkpolicy": net.delete_namespaced_network_policy}
-        if cilium_delete is not None:
-            # Deleted by name only, never listed: each has an ownerReference to its pod from the start
-            # (created after it), so the garbage collector takes those of orphaned pods along.
-            self._delete["ciliumnetworkpolicy"] = cilium_delete
+        # FQDN policies (kind -> delete): by name only, never listed: each has an ownerReference to its pod
+        # from the start (created after it), so the garbage collector takes those of orphaned pods along.
+        self._delete.update(fqdn_deletes or {})
 
     def delete_named(self, objects: list[tuple[str, str]]) -> None:
         """Delete objects by (kind, name); gone already is fine. The pod goes first: garbage collection

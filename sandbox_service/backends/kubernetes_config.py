@@ -120,13 +120,19 @@ class KubernetesBackendConfig(BaseSettings):
                            "QoS class (evicted last, eligible for exclusive CPUs); overrides cpu_request_ratio.")
 
     # -- network ----------------------------------------------------------------------------------------
-    host_policy: Literal["resolve", "cilium-fqdn"] = Field(
-        "resolve", description="How allowlists name hosts. resolve: a NetworkPolicy with the addresses the "
-                               "hosts resolve to when applied (any enforcing CNI; CDN-hosted hosts drift). "
-                               "cilium-fqdn: a CiliumNetworkPolicy with the names as toFQDNs and DNS through "
-                               "Cilium's proxy (Cilium only; the Role's ciliumnetworkpolicies rule).")
+    host_policy: Literal["resolve", "cilium-fqdn", "antrea-fqdn", "calico-dns"] = Field(
+        "resolve", description="How allowlists name hosts (README: the per-CNI table). resolve: a NetworkPolicy "
+                               "with the addresses the hosts resolve to when applied (any enforcing CNI; "
+                               "CDN-hosted hosts drift; no wildcards). The others keep names as names, learnt "
+                               "by the CNI from the sandbox's DNS answers, nothing resolved by the service: "
+                               "cilium-fqdn: a CiliumNetworkPolicy with toFQDNs (Cilium); antrea-fqdn: an "
+                               "Antrea NetworkPolicy (crd.antrea.io/v1beta1) with fqdn peers (Antrea >= 1.13); "
+                               "calico-dns: a projectcalico.org/v3 NetworkPolicy with destination domains "
+                               "(Calico Enterprise or Calico Cloud only: Calico Open Source has no DNS "
+                               "policy). Each needs the Role's rule for its resource (manifests/base/rbac.yaml).")
     allow_dns_for_hosts: bool = Field(
-        True, description="Allowlists naming hosts also allow DNS to the cluster DNS (else names do not resolve).")
+        True, description="Allowlists naming hosts also allow DNS to the cluster DNS (else names do not resolve); "
+                          "FQDN host policies always do (the CNI learns the names' addresses from it).")
     dns_namespace: str = Field("kube-system", description="Namespace of the cluster DNS pods.")
     dns_selector: dict[str, str] = Field(
         default_factory=lambda: {"k8s-app": "kube-dns"}, description="Labels of the cluster DNS pods.")

@@ -3,7 +3,7 @@
 Never used by the service itself.
 
 What it does like the API server: checks every created or replaced body against the Kubernetes
-OpenAPI schema (kubernetes-validate, strict; CiliumNetworkPolicy, served as if Cilium's CRD were
+OpenAPI schema (kubernetes-validate, strict; the CNIs' policy resources, served as if their CRDs were
 installed, against kubernetes_fake_crds) and the name/label rules; assigns uids and
 resourceVersions; answers 404/409/422 with `Status` bodies; garbage-collects dependents by their
 ownerReferences; serves LIST and WATCH (JSON lines from a resourceVersion, bookmarks not sent,
@@ -34,16 +34,26 @@ from urllib.parse import parse_qs, urlparse
 import jsonschema
 import kubernetes_validate
 
+from sandbox_service.backends.kubernetes_fake_crds import CUSTOM_RESOURCES
 from sandbox_service.backends.kubernetes_fake_crds import SCHEMAS as CRD_SCHEMAS
 
 K8S_VERSION = "1.30"  # the API version kubernetes==30 (the installed client) speaks
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_ROUTE = re.compile(r"^/(?:api/v1|apis/networking\.k8s\.io/v1|apis/cilium\.io/v2)/namespaces/(?P<ns>[^/]+)/"
-                    r"(?P<kind>pods|secrets|networkpolicies|ciliumnetworkpolicies|events)(?:/(?P<name>[^/]+))?$")
+_ROUTE = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/"
+                    r"(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?$")
 _KIND = {"pods": ("Pod", "v1"), "secrets": ("Secret", "v1"),
          "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1"), "events": ("Event", "v1"),
-         "ciliumnetworkpolicies": ("CiliumNetworkPolicy", "cilium.io/v2")}  # as with Cilium's CRD installed
+         **CUSTOM_RESOURCES}  # as with the CRDs installed
+_RESOURCES = {(api_version, key.split(".")[0]): key for key, (_, api_version) in _KIND.items()}  # -> kind key
+
+
+def _route(path: str) -> tuple[str, str, str | None] | None:
+    """(namespace, kind, name) of a path the fake serves. kind is the plural, or kubectl's `plural.group`
+    for a custom resource whose plural a built-in resource has (networkpolicies.crd.antrea.io)."""
+    route = _ROUTE.match(path)
+    kind = route and _RESOURCES.get((route["core"] or route["gv"], route["plural"]))
+    return (route["ns"], kind, route["name"]) if kind else None
 
 _FORMATS = jsonschema.FormatChecker()
 _FORMATS.checks("cidr", raises=ValueError)(lambda value: bool(ipaddress.ip_network(value)))  # the API server's "cidr"
@@ -256,10 +266,10 @@ class FakeKubernetesAPI:
 
     # -- requests -------------------------------------------------------------------------------------
     def handle(self, method: str, path: str, query: dict, body: dict | None) -> tuple[int, dict, dict]:
-        route = _ROUTE.match(path)
+        route = _route(path)
         if not route:
             return (*self._status(404, "NotFound", f"no route {path}"), {})
-        ns, kind, name = route["ns"], route["kind"], route["name"]
+        ns, kind, name = route
         with self.lock:
             self.requests.append(dict(method=method, kind=kind, name=name, query=query, body=body, at=time.monotonic()))
             if self.inflight_limit is not None and self._inflight >= self.inflight_limit:
@@ -378,8 +388,7 @@ class FakeKubernetesAPI:
 
     def watch(self, write: Callable[[bytes], None], path: str, query: dict) -> None:
         """Stream events after `resourceVersion` as JSON lines until `timeoutSeconds` or close."""
-        route = _ROUTE.match(path)
-        ns, kind = route["ns"], route["kind"]
+        ns, kind, _ = _route(path)
         selector, fields = _selectors(query)
         cursor = int(query.get("resourceVersion", ["0"])[0] or 0)
         until = time.monotonic() + float(query.get("timeoutSeconds", ["300"])[0])

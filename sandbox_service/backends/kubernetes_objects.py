@@ -268,14 +268,15 @@ def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
 def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolver) -> list[str]:
     """The CIDRs an allowlist policy opens. Host names are resolved now, at apply time: a NetworkPolicy
     holds addresses only, so a host whose addresses later change needs the policy applied again
-    (`host_policy="cilium-fqdn"` avoids this on Cilium, see kubernetes_cilium)."""
+    (an FQDN `host_policy` avoids this on Cilium, Antrea or Calico Enterprise, see kubernetes_host_policy)."""
     if policy.mode != "allowlist":
         return []
     cidrs = checked_cidrs(policy.allow_cidrs)
     for host in policy.allow_hosts:
         if host.startswith("*."):
             raise InvalidRequestError(f"allow_hosts entry {host!r} is a wildcard, which does not resolve to "
-                                      "addresses; name the hosts, on Cilium: ORCHARD_K8S_HOST_POLICY=cilium-fqdn.")
+                                      "addresses; name the hosts, or let the CNI follow names: "
+                                      "ORCHARD_K8S_HOST_POLICY=cilium-fqdn, antrea-fqdn or calico-dns.")
         try:
             addresses = resolver(host)
         except OSError as err:

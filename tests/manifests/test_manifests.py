@@ -36,7 +36,7 @@ from sandbox_service.config import ServiceConfig
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 VERSIONS = ["1.30", kubernetes_validate.latest_version()]
-TARGETS = ["base", "overlays/dev", "overlays/prod", "components/pytorchjob"]
+TARGETS = ["base", "overlays/dev", "overlays/prod", "components/pytorchjob", "components/calico-dns"]
 # What lives in the sandbox namespace, apart from the sandboxes themselves.
 SANDBOX_NAMESPACE_OBJECTS = {("Role", "orchard-sandbox-service"), ("RoleBinding", "orchard-sandbox-service"),
                              ("NetworkPolicy", "orchard-sandboxes-baseline"), ("ServiceAccount", "orchard-sandbox")}
@@ -167,8 +167,10 @@ def test_the_sandbox_creating_identity_has_rights_in_the_sandbox_namespace_only(
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == cluster.sandbox_namespace
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orchard-sandbox-service",
                                     "namespace": cluster.namespace}]
-    assert {r for rule in role["rules"] for r in rule["resources"]} == {"pods", "secrets", "networkpolicies",
-                                                                           "ciliumnetworkpolicies", "events"}
+    assert {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]} == {
+        ("", "pods"), ("", "secrets"), ("", "events"), ("networking.k8s.io", "networkpolicies"),
+        ("cilium.io", "ciliumnetworkpolicies"), ("crd.antrea.io", "networkpolicies"),  # FQDN host policies
+        ("projectcalico.org", "networkpolicies"), ("projectcalico.org", "tier.networkpolicies")}
     # in its own namespace (the API token, pipeline credentials) it is bound to nothing
     assert not [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["namespace"] == cluster.namespace
                 and any(s["name"] == "orchard-sandbox-service" for s in b["subjects"])]
@@ -176,6 +178,19 @@ def test_the_sandbox_creating_identity_has_rights_in_the_sandbox_namespace_only(
     env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["ORCHARD_K8S_NAMESPACE"]["value"] == cluster.sandbox_namespace
     assert env["ORCHARD_K8S_SERVICE_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
+def test_the_calico_dns_component_grants_reading_the_default_tier_only_to_the_sandbox_service(rendered):
+    docs, cluster = rendered["components/calico-dns"], ClusterConfig()
+    (role,), (binding,) = by_kind(docs, "ClusterRole"), by_kind(docs, "ClusterRoleBinding")
+    assert role["rules"] == [{"apiGroups": ["projectcalico.org"], "resources": ["tiers"],
+                              "resourceNames": ["default"], "verbs": ["get"]}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orchard-sandbox-service",
+                                    "namespace": cluster.namespace}]
+    (service_role,) = by_kind(rendered["overlays/prod"], "Role", "orchard-sandbox-service")
+    (tiered,) = [r for r in service_role["rules"] if r["resources"] == ["tier.networkpolicies"]]
+    assert tiered["resourceNames"] == ["default.*"]  # the tier kubernetes_calico's policies land in
 
 
 def test_rbac_is_namespaced_and_least_privilege(rendered):

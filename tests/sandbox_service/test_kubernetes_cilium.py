@@ -55,6 +55,8 @@ def test_an_allowlist_gets_one_cilium_policy_with_the_hosts_as_fqdns_and_nothing
     assert dns["toEndpoints"] == [{"matchLabels": {"k8s:io.kubernetes.pod.namespace": "kube-system",
                                                    "k8s:k8s-app": "kube-dns"}}]
     assert dns["toPorts"] == [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": "*"}]}}]
+    # denied outright too: a deny beats the toFQDNs allow of a name whose answer is the metadata endpoint
+    assert spec["egressDeny"] == [{"toCIDRSet": [{"cidr": "169.254.169.254/32"}, {"cidr": "fd00:ec2::254/128"}]}]
     (pod,) = fake.of_kind("pods")
     assert policy["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}]

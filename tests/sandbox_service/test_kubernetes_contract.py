@@ -364,6 +364,18 @@ class AnsweringAgent:
         pass
 
 
+# The fake's kind keys of the FQDN policies, and every kind key as `resource.group` (what a Role names).
+KIND_KEYS = {"antrea-fqdn": "networkpolicies.crd.antrea.io", "calico-dns": "networkpolicies.projectcalico.org"}
+_GROUPS = {"pods": "", "secrets": "", "events": "", "networkpolicies": "networking.k8s.io",
+           "ciliumnetworkpolicies": "cilium.io"}
+
+
+def qualified(kind: str) -> str:
+    if "." in kind:  # already `plural.group`
+        return kind
+    return f"{kind}.{_GROUPS[kind]}" if _GROUPS[kind] else kind
+
+
 def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fake, tmp_path):
     import yaml
 
@@ -394,10 +406,20 @@ def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fa
                  Resources(), "s")
     cilium.apply_network_policy("sb-rbac-3", NetworkPolicy(mode="allowlist", allow_hosts=["files.pythonhosted.org"]))
     cilium.stop("sb-rbac-3")
+    for n, host_policy in enumerate(("antrea-fqdn", "calico-dns")):  # the other FQDN policies' rules
+        fqdn = make_backend(fake, tmp_path, host_policy=host_policy)
+        fake.fail("POST", KIND_KEYS[host_policy], 500, "InternalError", after=True)
+        fqdn.start(f"sb-rbac-fqdn-{n}", SPEC.model_copy(update={"network": NetworkPolicy(
+            mode="allowlist", allow_hosts=["pypi.org"])}), Resources(), "s")
+        fqdn.stop(f"sb-rbac-fqdn-{n}")
     verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "WATCH": "watch"}
-    used = {(r["kind"], verb.get(r["method"]) or ("get" if r["name"] else "list")) for r in fake.requests}
+    used = {(qualified(r["kind"]), verb.get(r["method"]) or ("get" if r["name"] else "list"))
+            for r in fake.requests}
     (role,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/rbac.yaml").read_text()) if d["kind"] == "Role"]
-    granted = {(resource, v) for rule in role["rules"] for resource in rule["resources"] for v in rule["verbs"]}
+    # tier.networkpolicies is no resource anyone requests: Calico's API server checks it on top of networkpolicies
+    granted = {(f"{resource}.{group}" if group else resource, v) for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"] if resource != "tier.networkpolicies"
+               for v in rule["verbs"]}
     assert used == granted
 
 
