@@ -11,17 +11,39 @@ one, so a batch is formed from whoever is waiting, without knowing how many epis
             trajectories = list(pool.map(lambda t: run_episode(t, recipe, policy, client, harness), tasks))
 
 Rows are grouped by (temperature, top_p, stop) because one `generate` call samples them alike.
+
+A batch runs with `generation_threads` torch intra-op threads (1 by default): while it runs, the wave's
+other episodes run their sandbox work on the same cores, and a multi-threaded decode of small per-token
+ops then waits at every op's thread barrier for a descheduled worker (on 2 busy cores a 16-row decode step
+of the tiny model took 166 ms with 2 threads and 7 ms with 1; scripts/bench_rollout.py).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import queue
 import threading
 import time
 from typing import Any
 
 from components.core.policy_base import ChatMessage, Generation, GenerationConfig
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None):
+    """Run the block with `threads` torch intra-op threads (None: as set), restoring the setting after."""
+    import torch
+
+    before = torch.get_num_threads()
+    if threads is None or threads == before:
+        yield
+        return
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def generation_logprobs(gen: Generation) -> list[float] | None:
@@ -34,13 +56,17 @@ class BatchingPolicy:
 
     # 50 ms: episode threads drift apart by their sandbox calls; a batched turn takes ~0.5 s on CPU, so
     # waiting this long for stragglers costs < 10% and gave 5.5x vs 3.7x episodes/min at 5 ms (bench_rollout).
-    def __init__(self, policy: Any, max_batch: int = 64, window_seconds: float = 0.05):
+    def __init__(self, policy: Any, max_batch: int = 64, window_seconds: float = 0.05,
+                 generation_threads: int | None = 1):
+        if generation_threads is not None and generation_threads < 1:
+            raise ValueError(f"generation_threads must be >= 1 or None (torch's setting), got {generation_threads}")
         if not hasattr(policy, "generate_batch"):
             raise TypeError(f"{type(policy).__name__} has no generate_batch; BatchingPolicy wraps local policies "
                             "(an endpoint batches on its own server: call it from threads directly)")
         self.policy = policy
         self.max_batch = max_batch
         self.window_seconds = window_seconds
+        self.generation_threads = generation_threads
         self.batches = 0  # generate_batch calls made (batch sizes are in `batch_sizes`)
         self.batch_sizes: list[int] = []
         self.busy_seconds = 0.0  # time spent inside generate_batch
@@ -127,8 +153,9 @@ class BatchingPolicy:
         self.batch_sizes.append(len(items))
         start = time.perf_counter()
         try:
-            outs = self.policy.generate_batch([m for m, _, _, _ in items], [c for _, c, _, _ in items],
-                                              [t for _, _, t, _ in items])
+            with intra_op_threads(self.generation_threads):
+                outs = self.policy.generate_batch([m for m, _, _, _ in items], [c for _, c, _, _ in items],
+                                                  [t for _, _, t, _ in items])
         except BaseException as err:  # every waiting episode sees the failure (the harness attributes it)
             for *_, future in items:
                 future.set_exception(err)
