@@ -12,10 +12,12 @@ one, so a batch is formed from whoever is waiting, without knowing how many epis
 
 Rows are grouped by (temperature, top_p, stop) because one `generate` call samples them alike.
 
-A batch runs with `generation_threads` torch intra-op threads (1 by default): while it runs, the wave's
-other episodes run their sandbox work on the same cores, and a multi-threaded decode of small per-token
-ops then waits at every op's thread barrier for a descheduled worker (on 2 busy cores a 16-row decode step
-of the tiny model took 166 ms with 2 threads and 7 ms with 1; scripts/bench_rollout.py).
+A batch runs with `generation_threads` torch intra-op threads (1 by default): while it runs, stragglers
+of the wave, the sandbox service and its processes share the cores, and a multi-threaded decode of small
+per-token ops waits at every op's thread barrier for a descheduled worker. On the shared 2-core machine, 16
+tiny-policy SWE episodes (3 turns) spent 1.8 s in batched generation with 1 thread and 30.9 s with 2
+(load ~3). A lone decode on idle cores gains from 2 threads (a 127M model: 90 vs 128 ms per 16-row step),
+which is why plain `LocalTransformersPolicy` keeps torch's setting.
 """
 
 from __future__ import annotations
