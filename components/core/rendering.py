@@ -166,7 +166,8 @@ class Rendered:
 class _Cached:
     context: str  # tokenizer, tool format and tools the conversation was rendered with
     keys: list[str]  # one per message
-    texts: list[str]  # render(messages[:i+1]) per message
+    text: str  # render(messages): render(messages[:i+1]) is its first text_ends[i] characters (append-only)
+    text_ends: list[int]
     ends: list[tuple[int, int]]  # (token count, retokenized count) after each message
     out: Rendered
 
@@ -179,6 +180,8 @@ class PrefixCache:
     every other episode. Valid because rendering is append-only: a segment never changes once later
     messages are appended."""
 
+    # 256 conversations: a wave larger than the cache would miss on every turn (least recently used goes
+    # first); an entry holds its text once and ~40 bytes per token.
     def __init__(self, size: int = 256) -> None:
         self.lock = threading.Lock()
         self.size = size
@@ -229,7 +232,7 @@ def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]
     out = Rendered([], [], [], [], [])
     keys = [_key(m) for m in messages] if cache is not None else []
     context = json.dumps([fmt.tokenizer_id, fmt.tool_format, tools_arg], sort_keys=True, default=str)
-    start, prev, texts, ends = 0, "", [], []
+    start, prev, text_ends, ends = 0, "", [], []
     hit = None
     if cache is not None:
         hit, start = cache.longest_prefix(context, keys)
@@ -237,7 +240,7 @@ def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]
             n, r = hit.ends[start - 1]
             out = Rendered(hit.out.input_ids[:n], hit.out.roles[:n], hit.out.loss_mask[:n],
                            hit.out.step_index[:n], hit.out.retokenized[:r])
-            prev, texts, ends = hit.texts[start - 1], hit.texts[:start], hit.ends[:start]
+            prev, text_ends, ends = hit.text[:hit.text_ends[start - 1]], hit.text_ends[:start], hit.ends[:start]
 
     def put(ids: list[int], m: _Message, loss: bool) -> None:
         out.input_ids.extend(ids)
@@ -258,7 +261,7 @@ def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]
         if m.role != "assistant":
             put(encode_text(segment, tokenizer), m, False)
             prev = cur
-            texts.append(cur)
+            text_ends.append(len(cur))
             ends.append((len(out.input_ids), len(out.retokenized)))
             continue
         header = text(i, generation=True)[len(prev):]
@@ -285,12 +288,12 @@ def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]
             if m.loss:
                 out.retokenized.append(m.step_index)
         prev = cur
-        texts.append(cur)
+        text_ends.append(len(cur))
         ends.append((len(out.input_ids), len(out.retokenized)))
-    if cache is not None:
-        cache.store(_Cached(context, keys, texts, ends, Rendered(list(out.input_ids), list(out.roles),
-                                                                 list(out.loss_mask), list(out.step_index),
-                                                                 list(out.retokenized))),
+    if cache is not None and keys and (hit is None or start < len(keys)):  # else nothing new to keep
+        rendered = Rendered(list(out.input_ids), list(out.roles), list(out.loss_mask), list(out.step_index),
+                            list(out.retokenized))
+        cache.store(_Cached(context, keys, prev, text_ends, ends, rendered),
                     extends=hit if hit is not None and start == len(hit.keys) else None)
     if add_generation_prompt:
         tail = text(len(messages), generation=True)[len(prev):]

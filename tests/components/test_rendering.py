@@ -218,3 +218,8 @@ def test_the_prefix_cache_keeps_interleaved_conversations_apart(tokenizer, monke
             if pos > 2:  # the two messages appended since the last turn (+ their headers), not the history
                 assert len(rendered_messages) <= 4, rendered_messages
     assert sorted(len(e.keys) for e in cache.entries) == [len(episodes[0])] * 3
+    monkeypatch.setattr(type(tokenizer), "apply_chat_template", real)
+    small = PrefixCache(size=2)  # bounded: the least recently used conversation goes
+    for messages in episodes:
+        render_prompt(messages, tokenizer, tools=TOOLS, cache=small)
+    assert [e.keys[1] for e in small.entries] == [cache.entries[1].keys[1], cache.entries[2].keys[1]]
