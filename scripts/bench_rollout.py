@@ -8,7 +8,7 @@ same harness limits and sampling settings. The paths alternate within each repea
 the table gives medians over repeats of episodes/minute and generated tokens/s, and their ratio, and
 each repeat's line how much of the path's wall time was generation (the rest is sandbox work: creation,
 setup, tool execs, verification). `--threads` sets torch's threads for both paths (default: torch's, as the
-old path ran); the batched path decodes with `--generation-threads` (BatchingPolicy's default, 1).
+old path ran); the batched path decodes with `--generation-threads` (default: BatchingPolicy's, half the CPUs).
 Needs what the embedded service needs (root, or an external service via ORCHARD_SANDBOX_URL/TOKEN and --external).
 """
 
@@ -31,7 +31,7 @@ def _generation_seconds(trajectories) -> float:
 
 
 def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, threads: int | None, connection,
-        window: float = 0.05, generation_threads: int | None = 1) -> dict:
+        window: float = 0.05, generation_threads: int | None = None) -> dict:
     import torch
 
     from components.core.batching import BatchingPolicy
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48, help="tokens per turn")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--window", type=float, default=0.05, help="BatchingPolicy window (s)")
-    parser.add_argument("--generation-threads", type=int, default=1,
-                        help="torch threads of the batched path's decode (BatchingPolicy); 0: as --threads")
+    parser.add_argument("--generation-threads", type=int, default=None,
+                        help="torch threads of the batched path's decode (default: BatchingPolicy's)")
     parser.add_argument("--external", action="store_true", help="use ORCHARD_SANDBOX_URL/TOKEN")
     args = parser.parse_args(argv)
     from components.core.connection import SandboxConnection
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
             connection = stack.enter_context(EmbeddedService()).connection()
         result = run(args.episodes, args.repeats, args.max_steps, args.max_new_tokens, args.threads, connection,
-                     args.window, args.generation_threads or None)
+                     args.window, args.generation_threads)
     print(f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}")
     print(f"{'old: one episode at a time':<34}{result['old']['episodes_per_min']:>14.1f}"
           f"{result['old']['tokens_per_s']:>14.1f}")
@@ -114,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['new']['tokens_per_s'] / result['old']['tokens_per_s']:>14.2f}")
     import torch
 
+    from components.core.batching import default_generation_threads
+
     print(f"(medians of {args.repeats} repeats; torch threads {torch.get_num_threads()}, batched decode "
-          f"{args.generation_threads or torch.get_num_threads()}; "
+          f"{args.generation_threads or default_generation_threads()}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
     return 0
 
