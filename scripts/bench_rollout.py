@@ -5,7 +5,10 @@
 Both paths run the same tiny policy (random init: it calls tools badly and episodes run to max_steps, which
 is what a policy early in RL does) on the same SWE tasks in real sandboxes of an embedded service, with the
 same harness limits and sampling settings. The paths alternate within each repeat so load drifts hit both;
-the table gives medians over repeats of episodes/minute and generated tokens/s, and their ratio.
+the table gives medians over repeats of episodes/minute and generated tokens/s, and their ratio, and
+each repeat's line how much of the path's wall time was generation (the rest is sandbox work: creation,
+setup, tool execs, verification). `--threads` sets torch's threads for both paths (default: torch's, as the
+old path ran); the batched path decodes with `--generation-threads` (default: BatchingPolicy's, half the CPUs).
 Needs what the embedded service needs (root, or an external service via ORCHARD_SANDBOX_URL/TOKEN and --external).
 """
 
@@ -23,8 +26,12 @@ def _tokens(trajectories) -> int:
     return sum(len(s.token_ids or []) for t in trajectories for s in t.steps if s.role == "assistant")
 
 
+def _generation_seconds(trajectories) -> float:
+    return sum(t.metadata["policy_seconds"] for t in trajectories)
+
+
 def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, threads: int | None, connection,
-        window: float = 0.05) -> dict:
+        window: float = 0.05, generation_threads: int | None = None) -> dict:
     import torch
 
     from components.core.batching import BatchingPolicy
@@ -54,7 +61,8 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
             t0 = time.perf_counter()
             old = [run_episode(t, recipe, policy, client, h) for t, h in zip(tasks, configs(repeat))]
             rows["old"].append((time.perf_counter() - t0, _tokens(old), len(old)))
-            with BatchingPolicy(policy, max_batch=episodes, window_seconds=window) as batching:
+            with BatchingPolicy(policy, max_batch=episodes, window_seconds=window,
+                                generation_threads=generation_threads) as batching:
                 t0 = time.perf_counter()
                 with concurrent.futures.ThreadPoolExecutor(max_workers=episodes) as pool:
                     new = list(pool.map(lambda th: run_episode(th[0], recipe, batching, client, th[1]),
@@ -62,7 +70,8 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
                 rows["new"].append((time.perf_counter() - t0, _tokens(new), len(new)))
                 sizes, busy = batching.batch_sizes, batching.busy_seconds
             errors = sum(t.outcome.value == "infra_error" for t in old + new)
-            print(f"repeat {repeat}: old {rows['old'][-1][0]:.1f}s {rows['old'][-1][1]} tok | new "
+            print(f"repeat {repeat}: old {rows['old'][-1][0]:.1f}s ({_generation_seconds(old):.1f}s generating) "
+                  f"{rows['old'][-1][1]} tok | new "
                   f"{rows['new'][-1][0]:.1f}s {rows['new'][-1][1]} tok, {len(sizes)} batches "
                   f"(mean {statistics.mean(sizes):.1f} rows, {busy:.1f}s generating) | infra errors {errors} | load {os.getloadavg()[0]:.1f}",
                   flush=True)
@@ -81,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48, help="tokens per turn")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--window", type=float, default=0.05, help="BatchingPolicy window (s)")
+    parser.add_argument("--generation-threads", type=int, default=None,
+                        help="torch threads of the batched path's decode (default: BatchingPolicy's)")
     parser.add_argument("--external", action="store_true", help="use ORCHARD_SANDBOX_URL/TOKEN")
     args = parser.parse_args(argv)
     from components.core.connection import SandboxConnection
@@ -93,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
             connection = stack.enter_context(EmbeddedService()).connection()
         result = run(args.episodes, args.repeats, args.max_steps, args.max_new_tokens, args.threads, connection,
-                     args.window)
+                     args.window, args.generation_threads)
     print(f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}")
     print(f"{'old: one episode at a time':<34}{result['old']['episodes_per_min']:>14.1f}"
           f"{result['old']['tokens_per_s']:>14.1f}")
@@ -101,7 +112,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['new']['tokens_per_s']:>14.1f}")
     print(f"{'ratio new/old':<34}{result['new']['episodes_per_min'] / result['old']['episodes_per_min']:>14.2f}"
           f"{result['new']['tokens_per_s'] / result['old']['tokens_per_s']:>14.2f}")
-    print(f"(medians of {args.repeats} repeats; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    import torch
+
+    from components.core.batching import default_generation_threads
+
+    print(f"(medians of {args.repeats} repeats; torch threads {torch.get_num_threads()}, batched decode "
+          f"{args.generation_threads or default_generation_threads()}; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
     return 0
 
 

@@ -2,7 +2,7 @@
 
 The prompt is the model's own chat template (`rendering.render_prompt`, tools through `tools=` when the
 template takes them), with the policy's earlier turns re-used as the ids it sampled, so the token
-stream it generates from is the one RL later trains on. Generation runs under `torch.no_grad` with the
+stream it generates from is the one RL later trains on. Generation runs under `torch.inference_mode` with the
 KV cache and stops on the tokenizer's end-of-turn token; it returns the ids exactly as sampled and the
 log-probability of each under the sampling distribution (temperature applied), tagged with the
 tokenizer's fingerprint so training can tell they belong to this vocabulary.
@@ -151,7 +151,7 @@ class LocalTransformersPolicy:
                             device=self.device)
         rng = torch.random.fork_rng() if seed is not None else contextlib.nullcontext()
         self.model.eval()
-        with rng, torch.no_grad():
+        with rng, torch.inference_mode():
             if seed is not None:
                 torch.manual_seed(seed)
             out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)

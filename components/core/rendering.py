@@ -162,18 +162,49 @@ class Rendered:
     retokenized: list[int]
 
 
-class PrefixCache:
-    """The last conversation a policy rendered: its next turn's prompt renders only the messages appended
-    since (an episode's prompts cost O(n) template renders each instead of re-rendering the history).
-    Valid because rendering is append-only: a segment never changes once later messages are appended."""
+@dataclass
+class _Cached:
+    context: str  # tokenizer, tool format and tools the conversation was rendered with
+    keys: list[str]  # one per message
+    text: str  # render(messages): render(messages[:i+1]) is its first text_ends[i] characters (append-only)
+    text_ends: list[int]
+    ends: list[tuple[int, int]]  # (token count, retokenized count) after each message
+    out: Rendered
 
-    def __init__(self) -> None:
+
+class PrefixCache:
+    """The conversations a policy rendered last (up to `size`): a conversation's next turn renders only the
+    messages appended since the longest cached prefix (an episode's prompts cost O(n) template renders each
+    instead of re-rendering the history). It keeps one entry per conversation because a batched wave
+    (`BatchingPolicy`) renders the turns of all its episodes in turn; a single entry would be evicted by
+    every other episode. Valid because rendering is append-only: a segment never changes once later
+    messages are appended."""
+
+    # 256 conversations: a wave larger than the cache would miss on every turn (least recently used goes
+    # first); an entry holds its text once and ~40 bytes per token.
+    def __init__(self, size: int = 256) -> None:
         self.lock = threading.Lock()
-        self.context = ""
-        self.keys: list[str] = []
-        self.texts: list[str] = []  # render(messages[:i+1]) per message
-        self.ends: list[tuple[int, int]] = []  # (token count, retokenized count) after each message
-        self.out = Rendered([], [], [], [], [])
+        self.size = size
+        self.entries: list[_Cached] = []  # least recently used first
+
+    def longest_prefix(self, context: str, keys: list[str]) -> tuple[_Cached | None, int]:
+        """The entry sharing the most leading messages with `keys` (and how many), or (None, 0)."""
+        best, best_n = None, 0
+        for entry in self.entries:
+            if entry.context != context:
+                continue
+            n, limit = 0, min(len(keys), len(entry.keys))
+            while n < limit and keys[n] == entry.keys[n]:
+                n += 1
+            if n > best_n:
+                best, best_n = entry, n
+        return best, best_n
+
+    def store(self, entry: _Cached, extends: _Cached | None) -> None:
+        """Add `entry`; `extends` (an entry it grew from: all its messages are a prefix of `entry`'s) is
+        dropped, so a conversation holds one entry as it grows."""
+        self.entries = [e for e in self.entries if e is not extends] + [entry]
+        del self.entries[:-self.size]
 
 
 def _key(m: _Message) -> str:
@@ -201,15 +232,15 @@ def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]
     out = Rendered([], [], [], [], [])
     keys = [_key(m) for m in messages] if cache is not None else []
     context = json.dumps([fmt.tokenizer_id, fmt.tool_format, tools_arg], sort_keys=True, default=str)
-    start, prev, texts, ends = 0, "", [], []
-    if cache is not None and cache.context == context:
-        while start < min(len(keys), len(cache.keys)) and keys[start] == cache.keys[start]:
-            start += 1
-        if start:
-            n, r = cache.ends[start - 1]
-            out = Rendered(cache.out.input_ids[:n], cache.out.roles[:n], cache.out.loss_mask[:n],
-                           cache.out.step_index[:n], cache.out.retokenized[:r])
-            prev, texts, ends = cache.texts[start - 1], cache.texts[:start], cache.ends[:start]
+    start, prev, text_ends, ends = 0, "", [], []
+    hit = None
+    if cache is not None:
+        hit, start = cache.longest_prefix(context, keys)
+        if hit is not None:
+            n, r = hit.ends[start - 1]
+            out = Rendered(hit.out.input_ids[:n], hit.out.roles[:n], hit.out.loss_mask[:n],
+                           hit.out.step_index[:n], hit.out.retokenized[:r])
+            prev, text_ends, ends = hit.text[:hit.text_ends[start - 1]], hit.text_ends[:start], hit.ends[:start]
 
     def put(ids: list[int], m: _Message, loss: bool) -> None:
         out.input_ids.extend(ids)
@@ -230,7 +261,7 @@ def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]
         if m.role != "assistant":
             put(encode_text(segment, tokenizer), m, False)
             prev = cur
-            texts.append(cur)
+            text_ends.append(len(cur))
             ends.append((len(out.input_ids), len(out.retokenized)))
             continue
         header = text(i, generation=True)[len(prev):]
@@ -257,12 +288,13 @@ def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]
             if m.loss:
                 out.retokenized.append(m.step_index)
         prev = cur
-        texts.append(cur)
+        text_ends.append(len(cur))
         ends.append((len(out.input_ids), len(out.retokenized)))
-    if cache is not None:
-        cache.context, cache.keys, cache.texts, cache.ends = context, keys, texts, ends
-        cache.out = Rendered(list(out.input_ids), list(out.roles), list(out.loss_mask), list(out.step_index),
-                             list(out.retokenized))
+    if cache is not None and keys and (hit is None or start < len(keys)):  # else nothing new to keep
+        rendered = Rendered(list(out.input_ids), list(out.roles), list(out.loss_mask), list(out.step_index),
+                            list(out.retokenized))
+        cache.store(_Cached(context, keys, prev, text_ends, ends, rendered),
+                    extends=hit if hit is not None and start == len(hit.keys) else None)
     if add_generation_prompt:
         tail = text(len(messages), generation=True)[len(prev):]
         out.input_ids.extend(encode_text(tail, tokenizer))
@@ -273,7 +305,7 @@ def render_prompt(messages: Iterable[ChatMessage | Mapping], tokenizer, tools: l
                   add_generation_prompt: bool = True, tool_format: ToolFormat | None = None,
                   cache: PrefixCache | None = None) -> list[int]:
     """Prompt ids for a conversation; assistant messages with this tokenizer's `token_ids` are used verbatim.
-    `cache` (one per policy) re-uses the rendering of the longest unchanged prefix of the last call."""
+    `cache` (one per policy) re-uses the rendering of the longest unchanged prefix among recent calls."""
     fmt = chat_format(tokenizer, tool_format)
     msgs = [m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages]
     rendered = _render([_template_message(m, tools or [], fmt, i, False) for i, m in enumerate(msgs)],

@@ -186,3 +186,33 @@ def test_the_wrapper_passes_each_rows_tools_and_speaks_the_policys_tool_format(p
         got = batching.generate(SHORT, cfg, tools=tools)
     assert got.prompt_tokens == len(policy.prompt_ids(SHORT, tools)) > len(policy.prompt_ids(SHORT))
     assert got.token_ids == policy.generate(SHORT, cfg, tools=tools).token_ids
+
+
+def test_batches_run_with_the_generation_threads_and_leave_the_callers_setting_alone(monkeypatch):
+    import os
+
+    class Recording:
+        policy_id = "recording"
+
+        def __init__(self):
+            self.threads: list[int] = []
+
+        def generate_batch(self, conversations, configs, tools=None):
+            self.threads.append(torch.get_num_threads())
+            return [None] * len(conversations)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        # default: half the usable CPUs (at least 1, at most torch's setting); or as given
+        for cpus, setting, expected in [(2, None, 1), (1, None, 1), (4, None, 2), (16, None, 3), (2, 2, 2), (2, 5, 5)]:
+            monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+            inner = Recording()
+            with BatchingPolicy(inner, generation_threads=setting) as batching:
+                batching.generate(SHORT, GenerationConfig())
+            assert inner.threads == [expected], (cpus, setting)
+            assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="generation_threads"):
+        BatchingPolicy(Recording(), generation_threads=0)

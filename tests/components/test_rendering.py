@@ -183,8 +183,43 @@ def test_the_prefix_cache_gives_the_same_prompts_as_a_fresh_render(tokenizer):
     for pos in range(2, len(messages) + 1, 2):  # an episode's turns, then a conversation that diverges
         assert render_prompt(messages[:pos], tokenizer, tools=TOOLS, cache=cache) == \
             render_prompt(messages[:pos], tokenizer, tools=TOOLS)
-    assert len(cache.keys) == len(messages)
+    assert [len(e.keys) for e in cache.entries] == [len(messages)]  # one conversation, one entry as it grew
     changed = [m.model_copy() for m in messages]
     changed[3] = changed[3].model_copy(update={"content": "another output"})
     assert render_prompt(changed, tokenizer, tools=TOOLS, cache=cache) == render_prompt(changed, tokenizer, tools=TOOLS)
     assert render_prompt(messages[:4], tokenizer, cache=cache) == render_prompt(messages[:4], tokenizer)  # no tools
+
+
+def test_the_prefix_cache_keeps_interleaved_conversations_apart(tokenizer, monkeypatch):
+    """A batched wave renders its episodes' turns in turn: each episode renders only its new messages."""
+    from components.core.rendering import PrefixCache
+
+    episodes = []
+    for k in range(3):
+        messages = steps_as_messages(_trajectory([True, True]).steps)
+        messages[1] = messages[1].model_copy(update={"content": f"Bug {k} in `mathkit/core.py`."})
+        episodes.append(messages)
+    cache = PrefixCache()
+    rendered_messages = []
+    real = type(tokenizer).apply_chat_template
+
+    def counting(self, conversation, *args, **kwargs):
+        rendered_messages.append(len(conversation))
+        return real(self, conversation, *args, **kwargs)
+
+    monkeypatch.setattr(type(tokenizer), "apply_chat_template", counting)
+    for pos in range(2, len(episodes[0]) + 1, 2):  # turn by turn, every episode in each turn
+        for messages in episodes:
+            rendered_messages.clear()
+            got = render_prompt(messages[:pos], tokenizer, tools=TOOLS, cache=cache)
+            monkeypatch.setattr(type(tokenizer), "apply_chat_template", real)
+            assert got == render_prompt(messages[:pos], tokenizer, tools=TOOLS)
+            monkeypatch.setattr(type(tokenizer), "apply_chat_template", counting)
+            if pos > 2:  # the two messages appended since the last turn (+ their headers), not the history
+                assert len(rendered_messages) <= 4, rendered_messages
+    assert sorted(len(e.keys) for e in cache.entries) == [len(episodes[0])] * 3
+    monkeypatch.setattr(type(tokenizer), "apply_chat_template", real)
+    small = PrefixCache(size=2)  # bounded: the least recently used conversation goes
+    for messages in episodes:
+        render_prompt(messages, tokenizer, tools=TOOLS, cache=small)
+    assert [e.keys[1] for e in small.entries] == [cache.entries[1].keys[1], cache.entries[2].keys[1]]
