@@ -270,7 +270,7 @@ _DEMO: dict[str, Any] = {
             "warmup_steps": 6},
     # Rollouts at T=0.5: at T=1 the SFT policy garbles a token of its 50-token edit in every episode (0 of 40
     # resolved on training tasks it resolves greedily, so BAR had no mixed group and made no update).
-    "rl": {"engine": "builtin", "steps": 3, "rollout_budget": 40, "learning_rate": 2e-4, "temperature": 0.5,
+    "rl": {"steps": 3, "rollout_budget": 40, "learning_rate": 2e-4, "temperature": 0.5,
            "rollout": {"sampler": "bar", "group_size": 4, "max_rollouts_per_prompt": 8, "stride": 4,
                        "batch_prompts": 2, "max_prompts_per_batch": 4},
            "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}}},
