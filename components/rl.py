@@ -22,6 +22,8 @@ The algorithm's choices, in order:
 5. The result is saved with `save_pretrained`; every sampler choice goes to `rollout_records.jsonl`
    next to it and, with the loss curve and the group-statistics plot, to MLflow. `steps_done` counts the
    optimizer steps whose batch held at least one kept (mixed-reward) group: the promotion gate reads it.
+   TRL still steps the optimizer on a batch of placeholders (`optimizer_steps` counts those too): no policy
+   gradient, but AdamW's momentum and an MoE model's router loss move the weights a little.
 
 What of the sampler cannot apply here, numbered (refused by `RLConfig`, still open to the sampler study
 in `scripts/compare_rollout.py`):
