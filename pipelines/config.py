@@ -270,9 +270,14 @@ _DEMO: dict[str, Any] = {
             "warmup_steps": 6},
     # Rollouts at T=0.5: at T=1 the SFT policy garbles a token of its 50-token edit in every episode (0 of 40
     # resolved on training tasks it resolves greedily, so BAR had no mixed group and made no update).
-    "rl": {"engine": "builtin", "steps": 3, "rollout_budget": 40, "learning_rate": 2e-4, "temperature": 0.5,
+    # One prompt per optimizer step, 5 steps: TRL deals exactly batch_prompts prompts per step and cannot pull
+    # another for a dropped group, and at T=0.5 most training prompts give 0 of 8 (the policy solves a task
+    # reliably or not at all), so with 2 per step the informative groups bunched into one step (1 update of 3
+    # in a trial run); alone, each mixed prompt is its own update (2 in a trial on the same SFT model, 40 episodes:
+    # a prompt spends its N_max = 8 unless BAR balances early).
+    "rl": {"steps": 5, "rollout_budget": 40, "learning_rate": 2e-4, "temperature": 0.5,
            "rollout": {"sampler": "bar", "group_size": 4, "max_rollouts_per_prompt": 8, "stride": 4,
-                       "batch_prompts": 2, "max_prompts_per_batch": 4},
+                       "batch_prompts": 1},
            "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}}},
     # One model whose turns are batched over 4 concurrent episodes (batch_local); greedy rows never depend
     # on their batch-mates, so the result is the same as one episode at a time.
@@ -288,8 +293,7 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
     "credit": {"max_trajectories": 2, "monte_carlo": {"k": 1, "stride": 3, "max_steps": 6}},
     "sft": {"steps": 4, "batch_size": 2, "max_len": 512, "warmup_steps": 0},
     "rl": {"steps": 1, "rollout_budget": 4,
-           "rollout": {"group_size": 2, "max_rollouts_per_prompt": 2, "stride": 2, "batch_prompts": 1,
-                       "max_prompts_per_batch": 2},
+           "rollout": {"group_size": 2, "max_rollouts_per_prompt": 2, "stride": 2, "batch_prompts": 1},
            "harness": {"max_steps": 4, "generation": {"max_new_tokens": 64}}},
     "evaluate": {"harness": {"max_steps": 4, "generation": {"max_new_tokens": 64}}},
     "evaluate_teacher": {"harness": {"max_steps": 10, "generation": {"max_new_tokens": 64}}},

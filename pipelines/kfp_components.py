@@ -124,7 +124,7 @@ def rl_job(config_json: str, parent_run_id: str, tasks: Input[Dataset], sft_mode
            metrics: Output[Metrics], run_store: str, job_image: str, nproc_per_node: int, workers: int,
            timeout_seconds: int, sandbox_token_secret: str, endpoint_secret: str, secret_keys: dict,
            gpu_node_selector: dict, gpu_tolerations: list) -> str:
-    """The rl stage (engine trl) as a PyTorchJob of (1 + workers) nodes x nproc_per_node processes."""
+    """The rl stage (TRL GRPOTrainer) as a PyTorchJob of (1 + workers) nodes x nproc_per_node processes."""
     args = dict(locals())  # the parameters, taken before the import below adds a name
     from pipelines.launcher import kfp_job_step
 

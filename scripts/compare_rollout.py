@@ -50,12 +50,23 @@ ARMS = {  # the same N = 8 everywhere
     "BAR s=4 + all options": RolloutConfig(sampler="bar", stride=4, early_stop=True, history=True, prefix_fork=True),
 }
 HEADLINE = "+ history + prefix fork"
-REAL_ARMS = {  # the real arms: each is a train_rl run (MLflow, group-statistics plot) and an evaluation
-    "fixed": dict(sampler="fixed", refill=False),
-    "dapo": dict(sampler="fixed"),
-    "bar": dict(sampler="bar", advantage_baseline="group"),
-    "adaptive": dict(_ADAPTIVE, history=True, prefix_fork=True),
+# The real arms: each is a train_rl run (MLflow, group-statistics plot) and an evaluation. The RL stage trains
+# with TRL, which computes advantages over the group and deals exactly batch_prompts prompts per step, so
+# DAPO refill and the pool baseline have no real arm (components/rl.py's docstring).
+REAL_ARMS = {
+    "fixed": dict(sampler="fixed"),
+    "bar": dict(sampler="bar"),
+    "adaptive": dict(_ADAPTIVE, advantage_baseline="group", history=True, prefix_fork=True),
 }
+
+
+def prompt_stream(task_ids: list[str], seed: int):
+    """Task ids forever, reshuffled on every pass."""
+    rng = random.Random(seed)
+    while True:
+        order = list(task_ids)
+        rng.shuffle(order)
+        yield from order
 
 
 def balance(records) -> float:
@@ -203,7 +214,8 @@ def teacher_sampling(args, sandbox, work: Path, tracking: TrackingConfig | None)
     from components.core.store import TaskStore
     from components.recipes import get_recipe
     from components.recipes.swe.teacher import ScriptedTeacher
-    from components.rl import EpisodeSource, RLConfig, prompt_stream
+    from components.rl import RLConfig
+    from components.rl_rollout import EpisodeSource
     from components.rl_plots import plot_group_statistics
 
     recipe = get_recipe("swe", difficulty=1)

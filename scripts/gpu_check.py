@@ -6,7 +6,7 @@ Steps, each printed with its figures:
 2. service     the sandbox service (EmbeddedService: a local service process on this machine);
 3. data        SWE tasks (provision) and scripted-teacher trajectories in sandboxes (distill);
 4. sft         a few SFT steps on the resolved trajectories (transformers Trainer; bf16 on the GPU);
-5. grpo        a few GRPO steps (TRL GRPOTrainer, engine=trl) whose episodes run in sandboxes and are
+5. grpo        a few GRPO steps (TRL GRPOTrainer) whose episodes run in sandboxes and are
                sampled through TRL's colocated vLLM engine (`rl.use_vllm`).
 Then one table: tokens/s, episodes/min and peak GPU memory (torch.cuda.max_memory_allocated, i.e. the
 training process's PyTorch allocations; vLLM's KV cache is reserved through its own pool on top).
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 
         _reset_peak()
         rl = train_rl(RLConfig(
-            engine="trl", use_vllm=not args.no_vllm, steps=args.rl_steps, learning_rate=1e-5, save_rollouts=True,
+            use_vllm=not args.no_vllm, steps=args.rl_steps, learning_rate=1e-5, save_rollouts=True,
             rollout=RolloutConfig(group_size=args.group_size, max_rollouts_per_prompt=2 * args.group_size,
                                   stride=args.group_size, batch_prompts=1),
             harness=HarnessConfig(max_steps=args.max_turns, generation=generation), sandbox=connection, load=load,

@@ -13,7 +13,7 @@ A row per trajectory (parquet, loadable by `datasets.load_dataset("parquet", ...
 The ids and the mask come from `rendering.render_trajectory` under `sft_data.loss_rule`, the same functions
 SFT and RL train with, so `prompt_ids + response_ids` and the mask are exactly what our trainer sees;
 assistant steps sampled locally keep their sampled ids (never re-tokenized). Our trajectories do not store
-sampling logprobs (the RL stage recomputes them from the rollout weights before its update); pass that
+sampling logprobs (the RL stage takes them from the sampler or recomputes them from the rollout weights); pass that
 `model` to `export_tokens` to fill `response_logprobs` the same way.
 """
 
@@ -79,11 +79,19 @@ def trajectory_to_tokens(traj: Trajectory, tokenizer, mode: SFTMode = "whole",
             "failure_reason": failure, "metadata": json.dumps(metadata, default=str)}
 
 
-def response_logprobs(model, row: dict[str, Any], temperature: float = 1.0) -> list[float]:
-    """log p(token) of every response token under `model` (the rollout policy), as `rl_loss` computes them."""
-    import torch
+def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0):
+    """log p(token_t | tokens_<t) for t >= 1, shape [B, T-1], under logits / temperature (as sampled)."""
+    import torch.nn.functional as F
 
-    from components.rl_loss import token_logprobs
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return -F.cross_entropy(logits.transpose(1, 2), input_ids[:, 1:], reduction="none")
+
+
+def response_logprobs(model, row: dict[str, Any], temperature: float = 1.0) -> list[float]:
+    """log p(token) of every response token under `model` (the rollout policy) at the sampling temperature."""
+    import torch
 
     ids = row["prompt_ids"] + row["response_ids"]
     if not row["response_ids"]:

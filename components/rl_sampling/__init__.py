@@ -6,11 +6,11 @@ from components.rl_sampling.records import (
     Attempt, PrefixForkSource, PromptRecord, PromptResult, RolloutBudget, RolloutSource, SampledBatch,
     StrideRecord, summarize,
 )
-from components.rl_sampling.rules import advantages, p_all_same, p_mixed
+from components.rl_sampling.rules import advantages, group_advantages, outcome_reward, p_all_same, p_mixed
 from components.rl_sampling.sampler import RolloutConfig, sample_batch, sample_prompt
 
 __all__ = [
     "Attempt", "PrefixForkSource", "PromptHistory", "PromptRecord", "PromptResult", "PromptStats", "RolloutBudget",
-    "RolloutConfig", "RolloutSource", "SampledBatch", "StrideRecord", "advantages", "p_all_same", "p_mixed",
-    "sample_batch", "sample_prompt", "summarize",
+    "RolloutConfig", "RolloutSource", "SampledBatch", "StrideRecord", "advantages", "group_advantages", "outcome_reward",
+    "p_all_same", "p_mixed", "sample_batch", "sample_prompt", "summarize",
 ]

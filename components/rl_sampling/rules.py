@@ -1,12 +1,20 @@
-"""The per-prompt rules: BAR's group choice, the drop filter, the Beta posterior and the advantages."""
+"""The per-prompt rules: the verified reward, BAR's group choice, the drop filter, the Beta posterior and the
+advantages."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
 
-from components.core.schema import EpisodeStatus
+from components.core.schema import EpisodeStatus, Outcome, Trajectory
 from components.rl_sampling.records import Attempt, DropReason
+
+
+def outcome_reward(traj: Trajectory) -> float | None:
+    """+1 resolved, -1 unresolved, None when the infrastructure failed (no verified outcome: never a reward)."""
+    if traj.outcome is Outcome.infra_error:
+        return None
+    return 1.0 if traj.outcome is Outcome.resolved else -1.0
 
 
 def positive_range(n: int, rho_min: float, rho_max: float) -> tuple[int, int]:
@@ -100,7 +108,7 @@ def reward_variance(rewards: Sequence[float]) -> float:
 def advantages(group: Sequence[float], baseline_from: Sequence[float], eps: float = 1e-6) -> list[float]:
     """(r - mean) / std for the group's rewards, with mean and (population) std taken over `baseline_from`:
     the group itself (GRPO), or every verified attempt of the prompt (Reinforce-Ada's global baseline).
-    With `baseline_from == group` this is `rl_loss.group_advantages` exactly."""
+    With `baseline_from == group` this is GRPO's rule (`group_advantages`), the one TRL applies in the RL stage."""
     if any(r is None for r in list(group) + list(baseline_from)):
         raise ValueError("an attempt without a verified reward reached the advantage computation; "
                          "the sampler must keep infra failures out of groups and baselines")
@@ -109,3 +117,8 @@ def advantages(group: Sequence[float], baseline_from: Sequence[float], eps: floa
     mean = sum(baseline_from) / len(baseline_from)
     std = math.sqrt(reward_variance(baseline_from))
     return [0.0 if std < eps else (r - mean) / std for r in group]
+
+
+def group_advantages(rewards: Sequence[float | None]) -> list[float]:
+    """(r - mean) / std over one group (GRPO); zeros when every reward is equal; refuses an unverified reward."""
+    return advantages(rewards, rewards) if rewards else []  # type: ignore[arg-type]

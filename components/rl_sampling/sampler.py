@@ -1,7 +1,7 @@
 """The group sampler: one loop, with BAR or fixed-size groups and three opt-in options.
 
 Pure logic over an abstract `RolloutSource` (prompt id, n -> n attempts), so every rule can be tested
-on synthetic reward sources with known pass rates; `components/rl.py` plugs in real sandbox episodes.
+on synthetic reward sources with known pass rates; `components/rl_rollout.py` plugs in real sandbox episodes.
 
 Groups (`sampler`):
 - "fixed": N attempts per prompt (DAPO dynamic sampling when `refill`: uniform groups are dropped and

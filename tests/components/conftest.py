@@ -1,4 +1,4 @@
-"""Fixtures shared by the RL tests (builtin engine and TRL engine)."""
+"""Fixtures shared by the RL tests (the stage end to end, its rollout_func, its distributed launch)."""
 
 from __future__ import annotations
 

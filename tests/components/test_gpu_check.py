@@ -65,19 +65,18 @@ def test_the_cpu_variant_runs_every_step_and_prints_the_table(tmp_path):
 def test_use_vllm_switch(tmp_path):
     import importlib.util
 
-    from components.rl import RLConfig
-    from components.rl_trl import grpo_args
+    from components.rl import RLConfig, grpo_args
 
     installed = importlib.util.find_spec("vllm") is not None
     import torch
 
-    auto = grpo_args(RLConfig(engine="trl", use_vllm="auto"), tmp_path)
+    auto = grpo_args(RLConfig(use_vllm="auto"), tmp_path)
     assert auto.use_vllm == (installed and torch.cuda.is_available())
-    assert grpo_args(RLConfig(engine="trl"), tmp_path).use_vllm is False
+    assert grpo_args(RLConfig(), tmp_path).use_vllm is False
     if not (installed and torch.cuda.is_available()):
         with pytest.raises(ValueError, match="rl.use_vllm=true"):
-            grpo_args(RLConfig(engine="trl", use_vllm=True), tmp_path)
+            grpo_args(RLConfig(use_vllm=True), tmp_path)
     else:
-        args = grpo_args(RLConfig(engine="trl", use_vllm=True, vllm_gpu_memory_utilization=0.4, max_len=2048), tmp_path)
+        args = grpo_args(RLConfig(use_vllm=True, vllm_gpu_memory_utilization=0.4, max_len=2048), tmp_path)
         assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization, args.vllm_max_model_length) == \
             (True, "colocate", 0.4, 2048)

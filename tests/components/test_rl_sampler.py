@@ -1,11 +1,13 @@
 """BAR and fixed-size sampling on synthetic reward sources with known outcomes."""
 
+import math
 import random
 
 import pytest
 
 from components.core.schema import EpisodeStatus as S
-from components.rl_loss import group_advantages
+from components.core.schema import Outcome, Trajectory
+from components.rl_sampling import group_advantages, outcome_reward
 from components.rl_sampler import (
     Attempt,
     RolloutBudget,
@@ -218,3 +220,46 @@ def test_source_must_return_what_was_asked_and_config_is_validated():
         RolloutConfig(group_size=2, rho_min=0.6, rho_max=0.9)
     with pytest.raises(ValueError):
         RolloutConfig(strid=3)
+
+
+# --- rewards and advantages --------------------------------------------------------------------
+def _traj(outcome: Outcome) -> Trajectory:
+    return Trajectory(task_id="t", recipe="swe", policy_id="p", outcome=outcome)
+
+
+def test_rewards_come_only_from_verified_outcomes():
+    assert outcome_reward(_traj(Outcome.resolved)) == 1.0
+    assert outcome_reward(_traj(Outcome.unresolved)) == -1.0
+    assert outcome_reward(_traj(Outcome.infra_error)) is None
+
+
+def test_group_advantages():
+    assert group_advantages([1, 1, -1, -1]) == pytest.approx([1, 1, -1, -1])
+    mean, std = -0.5, math.sqrt(0.75)
+    assert group_advantages([1, -1, -1, -1]) == pytest.approx([(1 - mean) / std] + [(-1 - mean) / std] * 3)
+    assert group_advantages([-1, -1, -1]) == [0.0, 0.0, 0.0]
+    assert group_advantages([]) == []
+
+
+@pytest.mark.parametrize("sampler", ["fixed", "bar"])
+def test_infra_failures_never_enter_a_group_mean_or_std(sampler):
+    verified = [_traj(Outcome.resolved), _traj(Outcome.unresolved), _traj(Outcome.unresolved)]
+    crashed = _traj(Outcome.infra_error).model_copy(update={"status": S.aborted})
+    with pytest.raises(ValueError, match="without a verified reward"):
+        group_advantages([outcome_reward(t) for t in verified + [crashed]])
+
+    # The RL stage's path: episodes -> attempts (as EpisodeSource builds them) -> the sampler's group and
+    # advantages. The crash must leave the group and the baseline, so the siblings get exactly the
+    # verified-only advantages, not the ones counting it as a failure.
+    def source(prompt_id, n):
+        return [Attempt(reward=outcome_reward(t), status=t.status, attempt_id=t.id, payload=t)
+                for t in (verified + [crashed])[:n]]
+
+    config = RolloutConfig(sampler=sampler, group_size=3 if sampler == "bar" else 4, max_rollouts_per_prompt=4,
+                           stride=4, rho_min=0.0, rho_max=0.5, advantage_baseline="group")
+    result = sample_prompt("p", source, config, RolloutBudget())
+    assert result.record.kept and [a.payload for a in result.group] == verified
+    advantages = [a.advantage for a in result.group]
+    assert advantages == pytest.approx(group_advantages([1, -1, -1]))
+    assert advantages != pytest.approx(group_advantages([1, -1, -1, -1])[:3])  # what counting it would give
+    assert result.record.pool_aborted == 1

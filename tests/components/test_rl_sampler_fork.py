@@ -1,11 +1,12 @@
 """Prefix-fork sampling on real sandboxes: `EpisodeSource.fork` continues a resolved teacher trajectory
-from a forked snapshot, records the prefix, and `group_samples` puts no loss on the prefix."""
+from a forked snapshot, records the prefix, and `episode_tokens` (what the RL stage sends TRL) puts no loss on the prefix."""
 
 import pytest
 
 from components.core.harness import HarnessConfig, run_episode
 from components.core.schema import Outcome
-from components.rl import EpisodeSource, RLConfig, group_samples
+from components.rl import RLConfig
+from components.rl_rollout import EpisodeSource, episode_tokens
 
 
 @pytest.mark.slow  # ~20 s on a loaded 2-core box: three real episodes and a tokenizer
@@ -35,10 +36,9 @@ def test_fork_continues_from_the_teacher_snapshot_and_the_prefix_has_no_loss(san
 
     (plain,) = source(task.id, 1)
     assert (plain.prefix_steps, plain.forked) == (0, False) and plain.env_steps > 0
-    forked.advantage, plain.advantage = 0.5, -0.5
     tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=4))
-    (f_ids, f_mask, f_adv), (p_ids, p_mask, p_adv) = group_samples([[forked, plain]], tokenizer, max_len=100_000)
-    assert (f_adv, p_adv) == (0.5, -0.5)  # the sampler's advantages, not recomputed from the pair
+    f_ids, f_mask = episode_tokens(forked, tokenizer, max_len=100_000)
+    p_ids, p_mask = episode_tokens(plain, tokenizer, max_len=100_000)
     from components.core.rendering import render_trajectory
 
     rendered = render_trajectory(traj, tokenizer, loss_on="assistant")

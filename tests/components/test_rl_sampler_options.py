@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from components.rl_loss import group_advantages
+from components.rl_sampling import group_advantages
 from components.rl_sampling import (
     Attempt, PromptHistory, RolloutBudget, RolloutConfig, p_mixed, sample_batch, sample_prompt, summarize,
 )
@@ -235,6 +235,9 @@ def test_every_comparison_arm_is_a_valid_config():
     from scripts.compare_rollout import ARMS, REAL_ARMS
 
     assert {cfg.group_size for cfg in ARMS.values()} == {8}  # the same N in every arm
+    from components.rl import RLConfig
+
     for arm, options in REAL_ARMS.items():
         cfg = RolloutConfig(**({"stride": 16} | options), batch_prompts=2, max_prompts_per_batch=64)
         assert cfg.group_size == 8 and (cfg.prefix_fork == (arm == "adaptive"))
+        RLConfig(rollout=cfg)  # each real arm is a train_rl run: its options must be ones TRL can honour

@@ -1,13 +1,16 @@
-"""The RL stage end to end: tiny policy, real sandboxes, real verifier, real updates, MLflow.
+"""The RL stage end to end on TRL's GRPOTrainer: tiny policy, real sandboxes, real verifier, real updates, MLflow.
 
-Two training tasks: a coin task whose verifier resolves with probability 1/2 whatever the agent does
-(so groups have mixed rewards and training happens even for an untrained policy), and a task whose
-sandbox cannot be created (every attempt ends in infra_error). The second must never give a reward.
+Tasks and starting policy: the `rl_inputs` fixture (tests/components/conftest.py): a coin task whose verifier
+resolves with probability 1/2 whatever the agent does (mixed groups even for an untrained policy) and a task
+whose sandbox cannot be created (every attempt ends in infra_error, which must never give a reward).
 """
+
+from __future__ import annotations
 
 import json
 import math
 
+import pytest
 import torch
 
 from components.core.harness import HarnessConfig
@@ -15,62 +18,122 @@ from components.core.policy_base import GenerationConfig
 from components.core.schema import Outcome
 from components.core.store import TrajectoryStore
 from components.core.tracking import TrackingConfig
-from components.rl import RLConfig, train_rl
+from components.rl import RLConfig, informative_steps, train_rl
 from components.rl_sampler import PromptRecord, RolloutConfig
 
 
-
-def test_rl_steps_train_the_policy_and_infra_errors_never_become_rewards(rl_inputs, sandbox_service, tmp_path,
-                                                                         tmp_path_factory, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
-    root = rl_inputs
-    config = RLConfig(
-        # N=2 with exactly one positive: the smallest balanced group, so the test stays fast.
-        rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=6, stride=2, rho_min=0.5, rho_max=0.5,
-                              batch_prompts=1, max_prompts_per_batch=6),
-        steps=2, learning_rate=1e-3, epochs_per_batch=2, kl_coef=0.05, save_rollouts=True,
-        harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=8)),
+def _config(sandbox_service, **update) -> RLConfig:
+    base = dict(
+        # BAR, N=2 from up to 8 attempts, exactly one positive: the smallest balanced group.
+        rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=8, stride=2, rho_min=0.5, rho_max=0.5,
+                              batch_prompts=1),
+        steps=3, learning_rate=1e-3, harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=12)),
         sandbox=sandbox_service.connection(), seed=3,
         num_threads=1,  # tiny tensors: a second thread only adds contention on a shared machine
     )
-    # One sqlite store per session (basetemp is shared): creating its tables costs seconds.
-    db = tmp_path_factory.getbasetemp() / "rl-eval-mlflow.db"
-    tracking = TrackingConfig(tracking_uri=f"sqlite:///{db}", experiment="rl-test")
-    result = train_rl(config, root / "tasks", root / "sft", tmp_path / "rl", tracking=tracking)
+    return RLConfig(**(base | update))
 
-    assert result.steps_done == 2 and result.informative_groups == 2
-    assert math.isfinite(result.metrics["final_loss"])
+
+def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_reward_infra_errors(
+        rl_inputs, sandbox_service, tmp_path, tmp_path_factory, monkeypatch):
+    import components.rl as rl
+    from components.core.modeling import load_policy
+
+    monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
+    seen: list[tuple[list[str], list[float]]] = []
+    real = rl.verified_reward
+
+    def spy(prompts, completions, verified_reward, attempt_id, **kw):  # what reaches TRL's advantages
+        seen.append((list(attempt_id), list(verified_reward)))
+        return real(prompts, completions, verified_reward, **kw)
+
+    spy.__name__ = "verified_reward"
+    monkeypatch.setattr(rl, "verified_reward", spy)
+    before = {k: v.clone() for k, v in load_policy(rl_inputs / "sft")[0].state_dict().items()}
+    # No weight decay and no router loss: only the policy-gradient loss can move a weight.
+    config = _config(sandbox_service, save_rollouts=True, trl_args={"weight_decay": 0.0, "router_aux_loss_coef": 0.0})
+    db = tmp_path_factory.getbasetemp() / "rl-eval-mlflow.db"  # one sqlite store per session: its tables cost seconds
+    tracking = TrackingConfig(tracking_uri=f"sqlite:///{db}", experiment="rl-test")
+    result = train_rl(config, rl_inputs / "tasks", rl_inputs / "sft", tmp_path / "rl", tracking=tracking)
 
     records = [PromptRecord.model_validate_json(line) for line in open(result.records_path)]
+    assert len(records) == 3  # one prompt per step (batch_prompts=1)
+    # Two tasks, three steps: TRL deals both in the first pass, so `broken` (never a group) takes a step of its own.
+    # That optimizer step trained on nothing and is no update for the promotion gate.
+    assert result.optimizer_steps == 3 and math.isfinite(result.metrics["final_loss"])
+    assert result.steps_done == sum(r.kept for r in records) == result.informative_groups
+    assert 0 < result.steps_done < result.optimizer_steps
     episodes = {t.id: t for t in TrajectoryStore(tmp_path / "rl" / "rollouts").read()}
     assert sum(r.generated for r in records) == len(episodes) == result.trajectories
     broken = [r for r in records if r.prompt_id == "broken"]
-    assert all(not r.kept and r.drop_reason == "aborted" and r.pool_aborted == r.generated for r in broken)
+    assert broken and all(not r.kept and r.drop_reason == "aborted" and r.pool_aborted == r.generated > 0
+                          for r in broken)
     assert result.infra_errors == sum(t.outcome is Outcome.infra_error for t in episodes.values()) > 0
-    for r in records:
-        if r.kept:
-            group = [episodes[i] for i in r.group_attempt_ids]
-            assert {t.outcome for t in group} == {Outcome.resolved, Outcome.unresolved}
-            assert all(t.task_id == "coin" for t in group)
-
-    # Every weight the loss reaches moved; the checkpoint loads like the SFT one.
-    from components.core.modeling import load_policy_model
-
-    before, after = load_policy_model(root / "sft").state_dict(), load_policy_model(tmp_path / "rl").state_dict()
-    changed = [k for k in before if not torch.equal(before[k], after[k])]
-    assert len(changed) > 0.5 * len(before)
-    assert all(".experts." in k or "rotary" in k for k in before if k not in changed)
+    assert result.metrics["dropped_groups"] == sum(not r.kept for r in records)
+    # BAR groups reach TRL's advantage computation as N consecutive completions of one prompt: the
+    # group the sampler chose, or N placeholders with equal rewards (no gradient) for a dropped one.
+    assert len(seen) == 3
+    for record, (ids, rewards) in zip(records, seen):
+        assert len(ids) == len(rewards) == 2
+        if record.kept:
+            assert ids == record.group_attempt_ids and sorted(rewards) == [-1.0, 1.0]
+            assert {episodes[i].task_id for i in ids} == {"coin"}
+        else:
+            assert ids == ["", ""] and rewards == [0.0, 0.0]
+    model, _ = load_policy(tmp_path / "rl")
+    after = model.state_dict()
+    unchanged = [n for n, _ in model.named_parameters() if torch.equal(before[n], after[n])]
+    assert not unchanged, f"{len(unchanged)} parameters did not change: {unchanged[:5]}"
+    assert json.loads((tmp_path / "rl" / "config.json").read_text())["model_type"] == "qwen3_moe"
 
     import mlflow
 
     mlflow.set_tracking_uri(tracking.tracking_uri)
     (run,) = mlflow.search_runs(experiment_names=["rl-test"], output_format="list")
     assert run.data.params["rollout.sampler"] == "bar"
-    assert run.data.metrics["final.informative_groups"] == 2
+    assert run.data.metrics["final.steps_done"] == result.steps_done
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
     assert {"bar_group_statistics.png", "rollout_records.json", "rl_result.json"} <= artifacts
     # Per-step metrics are curves over the optimizer steps (what the notebook overlays), not one value.
     client = mlflow.MlflowClient()
-    for name in ("loss", "reward_mean_all", "sampler.informative_groups"):
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [0, 1], name
-    assert json.loads((tmp_path / "rl" / "config.json").read_text())["model_type"] == "qwen3_moe"
+    for name in ("loss", "sampler.informative_groups"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [0, 1, 2], name
+
+
+def test_informative_steps_follow_trls_generation_schedule():
+    # One generation per optimizer step (steps_per_generation = gradient_accumulation_steps): a step per call.
+    assert informative_steps([True, False, True], 3, 2, 2, 1) == 2
+    # num_iterations=2: each generation trains two optimizer steps.
+    assert informative_steps([False, True], 4, 1, 1, 2) == 2
+    assert informative_steps([True, False], 3, 1, 1, 2) == 2  # the run stopped inside the second call's steps
+    # Two generations per optimizer step: a step is informative when either of them was.
+    assert informative_steps([False, True, False, False], 2, 4, 2, 1) == 1
+    assert informative_steps([], 2, 1, 1, 1) == 0
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"engine": "builtin"}, "builtin RL engine .* was removed"),
+    ({"engine": "trl"}, "rl.engine was removed"),
+    ({"rollout": {"advantage_baseline": "pool"}}, "advantage_baseline='pool' cannot apply"),
+    ({"rollout": {"refill": True}}, "refill .* cannot apply"),
+])
+def test_settings_trl_cannot_honour_are_refused(setting, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message):
+        RLConfig.model_validate(setting)
+    config = RLConfig.model_validate({"rollout": {"sampler": "fixed"}})  # left out: what TRL does
+    assert (config.rollout.advantage_baseline, config.rollout.refill) == ("group", False)
+    assert RLConfig.model_validate(config.model_dump()) == config  # a dumped config (pipelines) loads back
+
+
+def test_grpo_args_map_our_fields_one_to_one(tmp_path):
+    from components.rl import grpo_args
+
+    config = RLConfig(steps=5, learning_rate=1e-4, epochs_per_batch=2, clip_eps=0.1, clip_eps_high=0.3, kl_coef=0.05,
+                      temperature=0.7, rollout=RolloutConfig(group_size=4, max_rollouts_per_prompt=8, batch_prompts=3),
+                      trl_args={"loss_type": "dapo", "epsilon": 0.15})
+    args = grpo_args(config, tmp_path)
+    assert (args.max_steps, args.learning_rate, args.num_iterations, args.epsilon_high, args.beta) == (5, 1e-4, 2, 0.3, 0.05)
+    assert (args.num_generations, args.per_device_train_batch_size, args.gradient_accumulation_steps) == (4, 4, 3)
+    assert args.temperature == 0.7 and args.loss_type == "dapo" and args.epsilon == 0.15  # trl_args override

@@ -282,7 +282,7 @@ def test_the_service_image_installs_every_package_the_service_imports():
     assert needed <= installed, f"add to docker/sandbox-service/requirements.txt: {sorted(needed - installed)}"
 
 
-def test_training_entry_accepts_its_stage_file_and_refuses_multi_process_builtin_rl(tmp_path, monkeypatch, capsys):
+def test_training_entry_accepts_its_stage_file_and_refuses_an_invalid_config(tmp_path, capsys):
     import importlib.util
 
     from components.sft import SFTConfig
@@ -294,10 +294,10 @@ def test_training_entry_accepts_its_stage_file_and_refuses_multi_process_builtin
     entry = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(entry)
     rl = tmp_path / "rl.json"
-    rl.write_text(json.dumps({"stage": "rl", "config": {}, "tasks_dir": "t", "model_dir": "m", "out_model_dir": "o"}))
-    monkeypatch.setenv("WORLD_SIZE", "2")
+    rl.write_text(json.dumps({"stage": "rl", "config": {"engine": "builtin"}, "tasks_dir": "t", "model_dir": "m",
+                              "out_model_dir": "o"}))
     assert entry.main(["train_entry.py", str(rl)]) == 2
-    assert "set \"engine\": \"trl\"" in capsys.readouterr().err
+    assert "the builtin RL engine (our own clipped update) was removed" in capsys.readouterr().err
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"stage": "dpo"}))
     assert entry.main(["train_entry.py", str(bad)]) == 2

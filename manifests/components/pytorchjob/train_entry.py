@@ -6,9 +6,8 @@ stage.json names the stage and its inputs:
 
 SFT trains with transformers' Trainer, which joins the process group torchrun set up (the operator
 provides MASTER_ADDR, WORLD_SIZE, RANK), so every rank runs the same call and Trainer shards the data
-and averages gradients. RL in more than one process needs `"engine": "trl"` in its config (TRL's
-GRPOTrainer: every rank rolls out its share of the groups, gradients are averaged); the builtin
-engine is one process and `train_rl` refuses a larger world instead of training N unsynchronised copies.
+and averages gradients. RL trains with TRL's GRPOTrainer the same way: every rank rolls out its share
+of the groups, gradients are averaged. A config the stage refuses ends the job with its message (exit 2).
 (The pipelines launch their own PyTorchJobs, `pipelines/pytorchjob.py`; this file is for a job by hand.)
 """
 
@@ -25,26 +24,32 @@ def main(argv: list[str]) -> int:
         return 2
     with open(argv[1]) as f:
         job = json.load(f)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    from pydantic import ValidationError
+
     stage = job.get("stage")
-    if stage == "sft":
-        from components.sft import SFTConfig, train_sft
-
-        result = train_sft(SFTConfig(**job.get("config", {})), job["trajectories_dir"], job["out_model_dir"],
-                           base_model_dir=job.get("base_model_dir"))
-    elif stage == "rl":
-        from components.rl import RLConfig, train_rl
-
-        config = RLConfig(**job.get("config", {}))
-        if world > 1 and config.engine != "trl":
-            print(f"train_entry: this job has WORLD_SIZE={world} but the RL config's engine is {config.engine!r}; "
-                  "set \"engine\": \"trl\" (or run one process: Worker replicas 0, nprocPerNode \"1\")",
-                  file=sys.stderr)
-            return 2
-        result = train_rl(config, job["tasks_dir"], job["model_dir"], job["out_model_dir"])
-    else:
+    if stage not in ("sft", "rl"):
         print(f"train_entry: unknown stage {stage!r}; use 'sft' or 'rl'", file=sys.stderr)
         return 2
+    try:
+        if stage == "sft":
+            from components.sft import SFTConfig
+
+            config = SFTConfig(**job.get("config", {}))
+        else:
+            from components.rl import RLConfig
+
+            config = RLConfig(**job.get("config", {}))
+    except ValidationError as err:
+        print(f"train_entry: the {stage} config in {argv[1]} is invalid: {err}", file=sys.stderr)
+        return 2
+    if stage == "sft":
+        from components.sft import train_sft
+
+        result = train_sft(config, job["trajectories_dir"], job["out_model_dir"], base_model_dir=job.get("base_model_dir"))
+    else:
+        from components.rl import train_rl
+
+        result = train_rl(config, job["tasks_dir"], job["model_dir"], job["out_model_dir"])
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result.model_dump(mode="json")))
     return 0

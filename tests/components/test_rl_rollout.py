@@ -1,72 +1,17 @@
-"""The RL stage on TRL's GRPOTrainer (`engine="trl"`): tiny policy, real sandboxes, real verifier.
+"""Our episodes as GRPOTrainer's rollout_func (`components/rl_rollout.py`): what reaches TRL's objective and
+rewards. Tiny policy, real sandboxes, real verifier.
 
 Tasks and starting policy: the `rl_inputs` fixture (tests/components/conftest.py), shared with test_rl_stage.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from components.core.harness import HarnessConfig
 from components.core.policy_base import GenerationConfig
 from components.core.store import TaskStore
-from components.rl import RLConfig, train_rl
-from components.rl_sampler import PromptRecord, RolloutConfig
-
-
-
-def _config(sandbox_service, **update) -> RLConfig:
-    base = dict(
-        engine="trl",
-        # BAR, N=2 from up to 8 attempts, exactly one positive: the smallest balanced group.
-        rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=8, stride=2, rho_min=0.5, rho_max=0.5,
-                              batch_prompts=1),
-        steps=3, learning_rate=1e-3, harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=12)),
-        sandbox=sandbox_service.connection(), seed=3, num_threads=1,
-    )
-    return RLConfig(**(base | update))
-
-
-def test_trl_grpo_steps_train_every_parameter_and_infra_errors_never_reach_rewards(rl_inputs, sandbox_service,
-                                                                                   tmp_path, monkeypatch):
-    import components.rl_trl as rl_trl
-    from components.core.modeling import load_policy
-
-    seen: list[tuple[list[str], list[float]]] = []
-    real = rl_trl.verified_reward
-
-    def spy(prompts, completions, verified_reward, attempt_id, **kw):  # what reaches TRL's advantages
-        seen.append((list(attempt_id), list(verified_reward)))
-        return real(prompts, completions, verified_reward, **kw)
-
-    spy.__name__ = "verified_reward"
-    monkeypatch.setattr(rl_trl, "verified_reward", spy)
-    before = {k: v.clone() for k, v in load_policy(rl_inputs / "sft")[0].state_dict().items()}
-    config = _config(sandbox_service, trl_args={"weight_decay": 0.0, "router_aux_loss_coef": 0.0})
-    result = train_rl(config, rl_inputs / "tasks", rl_inputs / "sft", tmp_path / "rl")
-
-    assert result.steps_done == 3 and math.isfinite(result.metrics["final_loss"])
-    records = [PromptRecord.model_validate_json(line) for line in open(result.records_path)]
-    assert len(records) == 3  # one prompt per step (batch_prompts=1)
-    broken = [r for r in records if r.prompt_id == "broken"]
-    assert all(not r.kept and r.pool_aborted == r.generated > 0 for r in broken)
-    assert result.metrics["dropped_groups"] == sum(not r.kept for r in records)
-    # BAR groups reach TRL's advantage computation as N consecutive completions of one prompt: the
-    # group the sampler chose, or N placeholders with equal rewards (no gradient) for a dropped one.
-    assert len(seen) == 3
-    for record, (ids, rewards) in zip(records, seen):
-        assert len(ids) == len(rewards) == 2
-        if record.kept:
-            assert ids == record.group_attempt_ids and sorted(rewards) == [-1.0, 1.0]
-        else:
-            assert ids == ["", ""] and rewards == [0.0, 0.0]
-    model, _ = load_policy(tmp_path / "rl")
-    after = model.state_dict()
-    assert any(r.kept for r in records)
-    unchanged = [n for n, _ in model.named_parameters() if torch.equal(before[n], after[n])]
-    assert not unchanged, f"{len(unchanged)} parameters did not change: {unchanged[:5]}"
+from tests.components.test_rl_stage import _config
 
 
 def _trainer(rl_inputs, config, client, tmp_path):
@@ -76,7 +21,8 @@ def _trainer(rl_inputs, config, client, tmp_path):
     from components.core.modeling import load_policy
     from components.core.store import TaskStore
     from components.recipes import get_recipe
-    from components.rl_trl import TRLRollout, grpo_args, verified_reward
+    from components.rl import grpo_args
+    from components.rl_rollout import TRLRollout, verified_reward
 
     model, tokenizer = load_policy(rl_inputs / "sft")
     tasks = {t.id: t for t in TaskStore(rl_inputs / "tasks").read(split="train")}
@@ -183,7 +129,7 @@ def test_injected_crashes_and_timeouts_never_reach_a_reward(rl_inputs, sandbox_s
     from components.core.schema import Outcome
     from components.core.store import TrajectoryStore
     from components.recipes import get_recipe
-    from components.rl_trl import TRLRollout
+    from components.rl_rollout import TRLRollout
 
     config = _config(sandbox_service)
     model, tokenizer = load_policy(rl_inputs / "sft")

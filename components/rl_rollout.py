@@ -1,0 +1,293 @@
+"""The rollout side of the RL stage: our sandbox episodes as `GRPOTrainer`'s `rollout_func`.
+
+`EpisodeSource` is the sampler's `RolloutSource` over real episodes: the task's sandbox, the policy, the
+verifier's reward (+1 resolved / -1 unresolved; an `infra_error` episode has no reward). `TRLRollout` is
+the `rollout_func`. For each group of `num_generations` identical prompts TRL hands it, it runs our
+multi-turn harness episodes through the sampler (`sample_prompt`: BAR or fixed groups, each group of N
+chosen from up to N_max attempts) and returns per completion:
+
+- `prompt_ids`: the episode up to the first sampled token (system, task, assistant header; for a
+  prefix-forked attempt also the teacher's prefix, which is context only);
+- `completion_ids`: the rest of the episode, every assistant turn as sampled and every tool observation;
+- `env_mask`: 1 on sampled assistant tokens, 0 on tool/environment tokens and chat markup (no loss);
+- `logprobs`: the rollout logprobs of sampled tokens (`Step.logprobs` when the harness recorded them,
+  else one no-grad forward of the rollout weights at the sampling temperature); 0 on env tokens;
+- `verified_reward`: +1 / -1, read by `verified_reward` (the reward function).
+
+A group the sampler does not keep (an attempt without a verified outcome, zero variance, abandoned,
+budget spent) is sent as N placeholder rows: the bare prompt, one end-of-turn token with env_mask 0,
+reward 0 for all N, so TRL's advantage is 0 and no token carries loss. The infra-error episode's tokens
+and reward never leave this module; `TRLRollout.dropped_groups` counts such groups, and `informative_calls`
+says which of this rank's calls (one per generation batch) held at least one kept group.
+
+Generation is HF `generate` through our policy (batched across a wave, `BatchingPolicy`), or with
+`RLConfig.use_vllm` TRL's colocated vLLM engine (`VLLMPolicy`, still batched per wave; TRL syncs the
+weights into it before each step's rollout). vLLM's server mode is not wired: its client lives on rank 0
+only, while every rank runs its own multi-turn episodes here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from components.core.distributed import world_size
+from components.core.harness import HarnessConfig, initial_steps, run_episode, steps_to_messages
+from components.core.schema import Outcome, Task, Trajectory
+from components.core.store import TrajectoryStore
+from components.rl_sampling import (
+    Attempt, PromptHistory, PromptRecord, RolloutBudget, outcome_reward, sample_prompt, summarize,
+)
+
+if TYPE_CHECKING:
+    from components.rl import RLConfig
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in trl 1.16
+
+
+class EpisodeSource:
+    """`RolloutSource` over real episodes: the task's sandbox, the policy, the verifier's reward."""
+
+    def __init__(self, tasks: dict[str, Task], recipe: Any, policy: Any, client: Any, config: RLConfig,
+                 store: TrajectoryStore | None = None, references: dict[str, Trajectory] | None = None):
+        self.tasks, self.recipe, self.policy, self.client, self.config = tasks, recipe, policy, client, config
+        self.store = store
+        self.references = references or {}  # task id -> a resolved trajectory to fork from
+        self.episodes = 0
+        self.finished: list[Trajectory] = []  # the current call's episodes, for its partial-progress metrics
+
+    def _harness(self, extra_turns: int = 0) -> HarnessConfig:
+        self.episodes += 1
+        generation = self.config.harness.generation.model_copy(update={
+            "temperature": self.config.temperature, "seed": self.config.seed * 1_000_003 + self.episodes})
+        return self.config.harness.model_copy(update={
+            "generation": generation, "max_steps": self.config.harness.max_steps + extra_turns})
+
+    def _attempts(self, trajectories: list[Trajectory], prefix_tool_steps: int = 0) -> list[Attempt]:
+        if self.store is not None:
+            self.store.append(trajectories)
+        self.finished.extend(trajectories)
+        return [Attempt(reward=outcome_reward(t), status=t.status, attempt_id=t.id, payload=t,
+                        prefix_steps=prefix_tool_steps,
+                        env_steps=sum(s.role == "tool" for s in t.steps[t.metadata.get("prefix_len", 0):]))
+                for t in trajectories]
+
+    def has_prefix(self, prompt_id: str) -> bool:
+        from components.credit_base import assistant_positions
+
+        return prompt_id in self.references and len(assistant_positions(self.references[prompt_id])) >= 2
+
+    def fork(self, prompt_id: str, n: int, fraction: float) -> list[Attempt]:
+        """n episodes continuing from the state after the first `fraction` of the reference's assistant
+        steps: the sandbox forks that step's snapshot, or (none kept) the prefix's tool calls are replayed."""
+        from components.credit_base import assistant_positions, state_end
+
+        ref = self.references[prompt_id]
+        positions = assistant_positions(ref)
+        turns = max(1, min(len(positions) - 1, round(fraction * len(positions))))
+        prefix = ref.steps[:state_end(ref, positions[turns - 1])]
+        snapshot = prefix[-1].sandbox_state_id
+
+        def one(harness: HarnessConfig) -> Trajectory:  # max_steps counts the prefix's turns too
+            traj = run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client, harness,
+                               prefix_steps=prefix, from_snapshot=snapshot)
+            if snapshot and traj.outcome is Outcome.infra_error and "setup failed" in (traj.outcome_reason or ""):
+                traj = run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client, harness,
+                                   prefix_steps=prefix)  # the snapshot is gone: rebuild the state by replay
+            return traj
+
+        trajectories = self._run([lambda h=self._harness(extra_turns=turns): one(h) for _ in range(n)])
+        return self._attempts(trajectories, prefix_tool_steps=sum(s.role == "tool" for s in prefix))
+
+    def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
+        task = self.tasks[prompt_id]
+        return self._attempts(self._run([
+            lambda h=self._harness(): run_episode(task, self.recipe, self.policy, self.client, h) for _ in range(n)]))
+
+    def _run(self, episodes: list) -> list[Trajectory]:
+        """The wave's episodes: in threads when the policy batches their turns (`BatchingPolicy`), else in turn."""
+        from components.core.batching import BatchingPolicy
+
+        if len(episodes) < 2 or not isinstance(self.policy, BatchingPolicy):
+            return [run() for run in episodes]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(episodes)) as pool:
+            return list(pool.map(lambda run: run(), episodes))
+
+
+def episode_tokens(attempt: Attempt, tokenizer: Any, max_len: int) -> tuple[list[int], list[int]]:
+    """(ids, loss mask) of an attempt's episode: loss on the tokens the policy sampled, none on a forked
+    attempt's teacher prefix, cut at `max_len`."""
+    from components.core.rendering import render_trajectory
+
+    s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant")
+    prefix_len = attempt.payload.metadata.get("prefix_len", 0) if attempt.forked else 0
+    loss = [m if i >= prefix_len else 0 for m, i in zip(s.loss_mask, s.step_index)]
+    return s.input_ids[:max_len], loss[:max_len]
+
+
+def _key(prompt: list[dict]) -> str:
+    return json.dumps([{"role": m["role"], "content": m["content"]} for m in prompt], sort_keys=True)
+
+
+def verified_reward(prompts: list, completions: list, verified_reward: list[float], **_: Any) -> list[float]:
+    """The reward function: the verifier's reward that `TRLRollout` carried with each completion."""
+    return list(verified_reward)
+
+
+class TRLRollout:
+    """`rollout_func` for `GRPOTrainer`: sampler-chosen groups of real sandbox episodes (module docstring)."""
+
+    def __init__(self, tasks: dict[str, Task], recipe: Any, client: Any, config: RLConfig, tokenizer: Any,
+                 store: TrajectoryStore | None = None, references: dict[str, Trajectory] | None = None):
+        self.tasks, self.recipe, self.client, self.config, self.tokenizer = tasks, recipe, client, config, tokenizer
+        self.store = store
+        self.references = references or {}  # task id -> a resolved trajectory that prefix-fork starts from
+        # Every rank rolls out its own groups: each gets an equal share of the global episode budget.
+        share = None if config.rollout_budget is None else -(-config.rollout_budget // world_size())
+        self.budget = RolloutBudget(share)
+        self.history = PromptHistory(config.rollout, config.seed)
+        self.records: list[PromptRecord] = []
+        self.dropped_groups = 0
+        self.informative_calls: list[bool] = []  # per call (generation batch): did any group train?
+        self._prompts = {_key(self.prompt(t)): t.id for t in tasks.values()}
+        self._source: Any = None
+        self._model: Any = None
+
+    @property
+    def calls(self) -> int:
+        return len(self.informative_calls)
+
+    def prompt(self, task: Task) -> list[dict]:
+        """The dataset prompt of a task: its system and user messages (what an episode starts from)."""
+        return [{"role": m.role, "content": m.content} for m in steps_to_messages(initial_steps(task, self.recipe))]
+
+    def dataset_rows(self) -> list[dict]:
+        return [{"prompt": self.prompt(t), "task_id": t.id} for t in self.tasks.values()]
+
+    def _episode_source(self, model: Any, trainer: Any = None) -> EpisodeSource:
+        from components.core.batching import BatchingPolicy
+        from components.core.local_policy import LocalTransformersPolicy
+
+        if self._model is not model:  # the same weights object across steps: the rollout is on-policy
+            device = str(next(model.parameters()).device)
+            if getattr(getattr(trainer, "args", None), "use_vllm", False):
+                from components.core.vllm_policy import VLLMPolicy
+
+                policy: Any = VLLMPolicy(trainer.vllm_generation.llm, model, self.tokenizer, device=device)
+            else:
+                tool_format = None if self.config.harness.tool_format == "auto" else self.config.harness.tool_format
+                policy = LocalTransformersPolicy(model, self.tokenizer, device=device, tool_format=tool_format)
+            if self.config.batch_rollouts:
+                policy = BatchingPolicy(policy, max_batch=max(self.config.rollout.stride,
+                                                              self.config.rollout.group_size))
+            self.close()
+            self._source = EpisodeSource(self.tasks, self.recipe, policy, self.client, self.config, self.store,
+                                         self.references)
+            self._model = model
+        return self._source
+
+    def close(self) -> None:
+        if self._source is not None and hasattr(self._source.policy, "close"):
+            self._source.policy.close()
+
+    def __call__(self, prompts: list[list[dict]], trainer: Any) -> dict[str, list]:
+        from components.core.schema import hidden_pass_metrics
+        from components.core.tracking import log_metrics
+
+        n = trainer.num_generations
+        if n != self.config.rollout.group_size:
+            raise ValueError(f"GRPOConfig.num_generations={n} but rollout.group_size={self.config.rollout.group_size}; "
+                             "they are the same N")
+        if len(prompts) % n:
+            raise ValueError(f"{len(prompts)} prompts is not whole groups of {n}")
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        was_training = model.training
+        source = self._episode_source(model, trainer)
+        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
+                                                "verified_reward", "attempt_id")}
+        records: list[PromptRecord] = []
+        try:
+            for start in range(0, len(prompts), n):
+                chunk = prompts[start:start + n]
+                if any(_key(p) != _key(chunk[0]) for p in chunk):
+                    raise ValueError("TRL handed a group of different prompts; rollout_func needs each prompt "
+                                     "num_generations times in a row (TRL's RepeatSampler)")
+                task_id = self._prompts.get(_key(chunk[0]))
+                if task_id is None:
+                    raise ValueError("a prompt that is no task of this run; build the dataset with "
+                                     "TRLRollout.dataset_rows()")
+                result = sample_prompt(task_id, source, self.config.rollout, self.budget, step=self.calls,
+                                       history=self.history)
+                records.append(result.record)
+                rows = [self._row(a, model) for a in result.group] if result.record.kept else []
+                if len(rows) != n:
+                    self.dropped_groups += 1
+                    rows = [self._placeholder(self.tasks[task_id])] * n
+                for row in rows:
+                    for k, v in row.items():
+                        out[k].append(v)
+        finally:
+            model.train(was_training)  # generation put it in eval mode; TRL computes the loss next
+        self.records.extend(records)
+        log_metrics({**{f"sampler.{k}": v for k, v in summarize(records).items()},
+                     **{f"rollout.{k}": v for k, v in hidden_pass_metrics(source.finished).items()}}, step=self.calls)
+        source.finished.clear()
+        self.informative_calls.append(any(r.kept for r in records))
+        return out
+
+    def _row(self, attempt: Attempt, model: Any) -> dict[str, Any]:
+        traj: Trajectory = attempt.payload
+        if attempt.aborted or traj.outcome is Outcome.infra_error or attempt.reward is None:
+            raise AssertionError(f"attempt {attempt.attempt_id} has no verified outcome but was kept; "
+                                 "the sampler must drop such groups")
+        ids, mask = episode_tokens(attempt, self.tokenizer, self.config.max_len)
+        start = mask.index(1) if 1 in mask else len(ids) - 1
+        logprobs = self._logprobs(traj, ids, mask, model)
+        return {"prompt_ids": ids[:start], "completion_ids": ids[start:], "env_mask": mask[start:],
+                "logprobs": logprobs[start:], "verified_reward": float(attempt.reward),
+                "attempt_id": attempt.attempt_id}
+
+    def _logprobs(self, traj: Trajectory, ids: list[int], mask: list[int], model: Any) -> list[float]:
+        sampled = [s for s in traj.steps if s.role == "assistant"]
+        recorded = [getattr(s, "logprobs", None) for s in sampled]
+        if sampled and all(lp is not None and s.token_ids is not None and len(lp) == len(s.token_ids)
+                           for s, lp in zip(sampled, recorded)):
+            # The harness kept the sampler's own logprobs (Step.logprobs): loss tokens are exactly the
+            # sampled ids of the assistant steps, in order (a forked prefix has none, so it never gets here).
+            flat = iter([x for lp in recorded for x in lp])  # type: ignore[union-attr]
+            return [next(flat) if m else 0.0 for m in mask]
+        import torch
+
+        from components.core.token_format import token_logprobs
+
+        with torch.no_grad():  # the rollout weights are still the current ones: this is the sampling distribution
+            model.eval()
+            t = torch.tensor([ids], device=next(model.parameters()).device)
+            per_token = [0.0] + token_logprobs(model, t, torch.ones_like(t), self.config.temperature)[0].tolist()
+        return [p if m else 0.0 for p, m in zip(per_token, mask)]
+
+    def _placeholder(self, task: Task) -> dict[str, Any]:
+        from components.core.rendering import render_prompt
+
+        end = self.tokenizer.eos_token_id  # a finished, empty turn: TRL counts it as terminated, not truncated
+        return {"prompt_ids": render_prompt(steps_to_messages(initial_steps(task, self.recipe)), self.tokenizer),
+                "completion_ids": [end], "env_mask": [0], "logprobs": [0.0], "verified_reward": 0.0,
+                "attempt_id": ""}
+
+    def gather(self) -> None:
+        """Under several processes: every rank's records and dropped groups, in rank order, on every rank; a
+        call is informative when it was on any rank (the ranks' gradients go into one optimizer step)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, (self.records, self.dropped_groups, self.informative_calls))
+        self.records = [r for records, _, _ in parts for r in records]
+        self.dropped_groups = sum(dropped for _, dropped, _ in parts)
+        self.informative_calls = [any(c) for c in zip(*(calls for _, _, calls in parts))]
+
+    def summary(self) -> dict[str, float]:
+        return {**summarize(self.records), "dropped_groups": float(self.dropped_groups)}
