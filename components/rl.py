@@ -30,6 +30,8 @@ in `scripts/compare_rollout.py`):
 1. The pool baseline (`RolloutConfig.advantage_baseline="pool"`): TRL computes advantages over the group.
 2. DAPO refill (`RolloutConfig.refill`): TRL deals exactly `batch_prompts` prompts per optimizer step, so a
    dropped group is a step with fewer informative groups, never an extra prompt.
+3. Lookahead ordering (`RolloutConfig.lookahead` > 1): TRL's sampler orders the prompts. History's
+   skipping does apply: a skipped prompt spends no episode and goes to TRL as placeholders.
 """
 
 from __future__ import annotations
@@ -122,6 +124,10 @@ class RLConfig(BaseModel):
         if "refill" in rollout.model_fields_set and rollout.refill:
             raise ValueError("rollout.refill (DAPO dynamic sampling) cannot apply in the RL stage: TRL deals "
                              "exactly batch_prompts prompts per optimizer step; set refill to false or leave it out")
+        if rollout.lookahead > 1:
+            raise ValueError("rollout.lookahead cannot apply in the RL stage: TRL deals the prompts (its sampler "
+                             "orders them), so ours cannot reorder them by their history; set lookahead to 1 "
+                             "(history still skips prompts whose recent groups were all one reward)")
         return rollout.model_copy(update={"advantage_baseline": "group", "refill": False})
 
 

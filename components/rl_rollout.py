@@ -38,7 +38,7 @@ from components.core.harness import HarnessConfig, initial_steps, run_episode, s
 from components.core.schema import Outcome, Task, Trajectory
 from components.core.store import TrajectoryStore
 from components.rl_sampling import (
-    Attempt, PromptHistory, PromptRecord, RolloutBudget, outcome_reward, sample_prompt, summarize,
+    Attempt, PromptHistory, PromptRecord, RolloutBudget, outcome_reward, sample_prompt, skipped_record, summarize,
 )
 
 if TYPE_CHECKING:
@@ -218,10 +218,16 @@ class TRLRollout:
                 if task_id is None:
                     raise ValueError("a prompt that is no task of this run; build the dataset with "
                                      "TRLRollout.dataset_rows()")
-                result = sample_prompt(task_id, source, self.config.rollout, self.budget, step=self.calls,
-                                       history=self.history)
-                records.append(result.record)
-                rows = [self._row(a, model) for a in result.group] if result.record.kept else []
+                # A prompt the history skips spends no episode: its group goes out as placeholders (no gradient).
+                skipped = skipped_record(task_id, source, self.config.rollout, self.history, step=self.calls)
+                if skipped is not None:
+                    records.append(skipped)
+                    rows = []
+                else:
+                    result = sample_prompt(task_id, source, self.config.rollout, self.budget, step=self.calls,
+                                           history=self.history)
+                    records.append(result.record)
+                    rows = [self._row(a, model) for a in result.group] if result.record.kept else []
                 if len(rows) != n:
                     self.dropped_groups += 1
                     rows = [self._placeholder(self.tasks[task_id])] * n

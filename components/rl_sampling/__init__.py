@@ -7,10 +7,10 @@ from components.rl_sampling.records import (
     StrideRecord, summarize,
 )
 from components.rl_sampling.rules import advantages, group_advantages, outcome_reward, p_all_same, p_mixed
-from components.rl_sampling.sampler import RolloutConfig, sample_batch, sample_prompt
+from components.rl_sampling.sampler import RolloutConfig, sample_batch, sample_prompt, skipped_record
 
 __all__ = [
     "Attempt", "PrefixForkSource", "PromptHistory", "PromptRecord", "PromptResult", "PromptStats", "RolloutBudget",
     "RolloutConfig", "RolloutSource", "SampledBatch", "StrideRecord", "advantages", "group_advantages", "outcome_reward",
-    "p_all_same", "p_mixed", "sample_batch", "sample_prompt", "summarize",
+    "p_all_same", "p_mixed", "sample_batch", "sample_prompt", "skipped_record", "summarize",
 ]

@@ -257,6 +257,15 @@ def _record(step: int, prompt_id: str, cfg: RolloutConfig, pool: list[Attempt], 
     )
 
 
+def skipped_record(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, history: PromptHistory | None,
+                   step: int = 0) -> PromptRecord | None:
+    """The record of a prompt `history` skips this visit (option 2), or None when it is to be sampled."""
+    if not (cfg.history and history is not None):
+        return None
+    forkable = cfg.prefix_fork and isinstance(source, PrefixForkSource) and source.has_prefix(prompt_id)
+    return _skipped(step, prompt_id, cfg, history) if history.skip(prompt_id, forkable) else None
+
+
 def _skipped(step: int, prompt_id: str, cfg: RolloutConfig, history: PromptHistory) -> PromptRecord:
     s = history.get(prompt_id)
     return PromptRecord(step=step, prompt_id=prompt_id, sampler=cfg.sampler, generated=0, pool_positives=0,
@@ -287,11 +296,10 @@ def sample_batch(prompts: Iterator[str], source: RolloutSource, cfg: RolloutConf
         if prompt_id is None:
             stop = "prompts_exhausted"
             break
-        if cfg.history and history is not None:
-            forkable = cfg.prefix_fork and isinstance(source, PrefixForkSource) and source.has_prefix(prompt_id)
-            if history.skip(prompt_id, forkable):
-                records.append(_skipped(step, prompt_id, cfg, history))
-                continue
+        skipped = skipped_record(prompt_id, source, cfg, history, step)
+        if skipped is not None:
+            records.append(skipped)
+            continue
         result = sample_prompt(prompt_id, source, cfg, budget, step, history)
         records.append(result.record)
         sampled += 1

@@ -155,3 +155,44 @@ def test_injected_crashes_and_timeouts_never_reach_a_reward(rl_inputs, sandbox_s
             assert sorted(rewards) == [-1.0, 1.0] and all(episodes[a].outcome is not Outcome.infra_error for a in ids)
     assert sum(r.pool_aborted for r in rollout.records) == len(infra) > 0
     assert rollout.dropped_groups == sum(not r.kept for r in rollout.records)
+
+
+def test_a_prompt_the_history_skips_spends_no_episode_and_sends_placeholders(rl_inputs, sandbox_service, tmp_path):
+    """`rollout.history` under TRL: a prompt whose recent groups were all one reward is skipped (no sandbox, no
+    episode, the record says so) and TRL gets its group as placeholder rows that carry no loss."""
+    from types import SimpleNamespace
+
+    from components.core.modeling import load_policy
+    from components.core.store import TrajectoryStore
+    from components.recipes import get_recipe
+    from components.rl_rollout import TRLRollout
+    from components.rl_sampling import RolloutConfig
+
+    config = _config(sandbox_service, rollout=RolloutConfig(
+        group_size=2, max_rollouts_per_prompt=8, stride=2, rho_min=0.5, rho_max=0.5, batch_prompts=1,
+        history=True, skip_explore=0.0))
+    model, tokenizer = load_policy(rl_inputs / "sft")
+    tasks = {t.id: t for t in TaskStore(rl_inputs / "tasks").read(split="train")}
+    store = TrajectoryStore(tmp_path / "episodes")
+    trainer = SimpleNamespace(num_generations=2, model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m))
+    with config.sandbox.client() as client:
+        rollout = TRLRollout(tasks, get_recipe("swe"), client, config, tokenizer, store)
+        rollout.history.get("coin").uniform_streak = config.rollout.skip_after_uniform_visits  # all-one-reward so far
+        coin = next(r["prompt"] for r in rollout.dataset_rows() if r["task_id"] == "coin")
+        out = rollout([coin] * 2, trainer)
+        rollout.close()
+    assert [(r.rule, r.generated, r.kept) for r in rollout.records] == [("skipped", 0, False)]
+    assert not (tmp_path / "episodes").exists() and rollout.budget.spent == 0  # no episode ran
+    assert out["attempt_id"] == ["", ""] and out["verified_reward"] == [0.0, 0.0] and not any(sum(out["env_mask"], []))
+    assert rollout.dropped_groups == 1
+
+
+def test_lookahead_is_refused_in_the_rl_stage():
+    import pytest
+    from pydantic import ValidationError
+
+    from components.rl import RLConfig
+    from components.rl_sampling import RolloutConfig
+
+    with pytest.raises(ValidationError, match="lookahead cannot apply"):
+        RLConfig(rollout=RolloutConfig(history=True, lookahead=4))
