@@ -36,7 +36,12 @@ def _trainer(rl_inputs, config, client, tmp_path):
 def test_tool_tokens_carry_no_loss_in_trls_objective(rl_inputs, sandbox_service, tmp_path):
     """Perturbing the model's output (final hidden state, hence logits) wherever env_mask is 0 (tool observations, chat markup) leaves
     TRL's loss and its gradient unchanged; perturbing one sampled token's logits changes the gradient."""
-    config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=10)))
+    from components.rl_sampling import RolloutConfig
+
+    # Up to 16 coin flips for one mixed pair: a group of one reward (no advantage) has odds 2^-15, not 2^-7.
+    config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=10)),
+                     rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=16, stride=2, rho_min=0.5,
+                                           rho_max=0.5, batch_prompts=1))
     with config.sandbox.client() as client:
         trainer, rollout = _trainer(rl_inputs, config, client, tmp_path)
         coin = next(r for r in rollout.dataset_rows() if r["task_id"] == "coin")
