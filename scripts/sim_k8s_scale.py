@@ -56,6 +56,7 @@ from sandbox_service.agent_client_base import AgentClientBase, AgentUnreachableE
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.backends.kubernetes import KubernetesBackend
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes_decode import FastApiClient
 from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, running_status, waiting
 from sandbox_service.backends.kubernetes_retry import is_not_found
 from sandbox_service.models import ExecOutcome, ExecRequest, ExecResult, Resources, SandboxCreate
@@ -94,6 +95,18 @@ class SimKubelet:
         if flaky and now < (seen_at + ready_at) / 2:
             return waiting("CreateContainerError", "failed to reserve container name")(pod, ticks)
         return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+
+    def revisit(self, pod: dict) -> float | None:
+        """When this pod's status next changes (the fake's ticker visits it then, not every tick)."""
+        plan = self.plan.get(pod["metadata"]["name"])
+        if plan is None:
+            return 0.0
+        seen_at, ready_at, flaky, _ = plan
+        now = time.monotonic()
+        if now >= ready_at:
+            return None  # running: nothing changes by itself any more
+        middle = (seen_at + ready_at) / 2
+        return (middle if flaky and now < middle else ready_at) - now
 
 
 class PollingBackend(KubernetesBackend):
@@ -232,7 +245,7 @@ def run(creates: int, cap: int, mode: str, args: argparse.Namespace, tmp: Path) 
     def backend(cls=KubernetesBackend, **extra) -> KubernetesBackend:
         configuration = k8s.Configuration(host=fake.url)
         configuration.connection_pool_maxsize = settings["api_pool_size"]  # as load_api_client sets it
-        return cls(KubernetesBackendConfig(**{**settings, **extra}), api_client=k8s.ApiClient(configuration),
+        return cls(KubernetesBackendConfig(**{**settings, **extra}), api_client=FastApiClient(configuration),
                    resolver=lambda h: ["93.184.216.34"], agent_factory=lambda ep: StubAgent(node, ep))
 
     first = backend(PollingBackend if mode.startswith("poll") else KubernetesBackend)
