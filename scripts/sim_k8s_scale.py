@@ -30,6 +30,12 @@ exec, kubelet tick) by S so a large run fits a shared machine; times in the tabl
 seconds of the scaled run (divide by S for the unscaled world, which overstates the CPU-bound part);
 Retry-After stays 1 s (the API server sends whole seconds).
 
+The fake keeps indexes (kubernetes_fake_store: by kind, label and owner) and its kubelet visits a pod
+only when its next transition is due (`SimKubelet.revisit`), so the fake's own work per request and per
+pod stays constant as N grows and what grows with N is the backend's. Profile a run with a pinned
+py-spy outside the project's venv (`pip install --target /tmp/pyspy py-spy==0.4.3`, then
+`/tmp/pyspy/bin/py-spy record -r 3 -t -f raw -o prof.txt --nonblocking -- python scripts/sim_k8s_scale.py ...`).
+
 What this cannot show: a real API server's CPU, etcd, the scheduler, real image pulls or a CNI.
 Figures depend on this machine's load: report /proc/loadavg with them.
 """
@@ -101,12 +107,12 @@ class SimKubelet:
         plan = self.plan.get(pod["metadata"]["name"])
         if plan is None:
             return 0.0
+        if (pod.get("status") or {}).get("phase") == "Running":
+            return None  # nothing changes by itself any more (judged by the status, not the clock: the
+            # clock may have passed ready_at since this visit returned Pending, which must be visited again)
         seen_at, ready_at, flaky, _ = plan
-        now = time.monotonic()
-        if now >= ready_at:
-            return None  # running: nothing changes by itself any more
-        middle = (seen_at + ready_at) / 2
-        return (middle if flaky and now < middle else ready_at) - now
+        now, middle = time.monotonic(), (seen_at + ready_at) / 2
+        return max(0.0, (middle if flaky and now < middle else ready_at) - now)
 
 
 class PollingBackend(KubernetesBackend):
