@@ -18,6 +18,7 @@ from pathlib import Path
 from kubernetes import client as k8s
 from sandbox_service.backends.kubernetes import KubernetesBackend
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes_decode import FastApiClient
 from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, running_after
 from sandbox_service.models import Resources, SandboxCreate
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
@@ -26,7 +27,7 @@ fake.kubelet = running_after(0)
 tmp = Path(tempfile.mkdtemp())
 def backend():
     return KubernetesBackend(KubernetesBackendConfig(namespace="orchard", snapshot_dir=tmp / "s", api_qps=1e6, api_burst=10**6),
-                             api_client=k8s.ApiClient(k8s.Configuration(host=fake.url)))
+                             api_client=FastApiClient(k8s.Configuration(host=fake.url)))
 old = backend()
 spec = SandboxCreate(image="python:3.12-slim")
 old.start("sb-template", spec, Resources(), "s")

@@ -30,6 +30,12 @@ exec, kubelet tick) by S so a large run fits a shared machine; times in the tabl
 seconds of the scaled run (divide by S for the unscaled world, which overstates the CPU-bound part);
 Retry-After stays 1 s (the API server sends whole seconds).
 
+The fake keeps indexes (kubernetes_fake_store: by kind, label and owner) and its kubelet visits a pod
+only when its next transition is due (`SimKubelet.revisit`), so the fake's own work per request and per
+pod stays constant as N grows and what grows with N is the backend's. Profile a run with a pinned
+py-spy outside the project's venv (`pip install --target /tmp/pyspy py-spy==0.4.3`, then
+`/tmp/pyspy/bin/py-spy record -r 3 -t -f raw -o prof.txt --nonblocking -- python scripts/sim_k8s_scale.py ...`).
+
 What this cannot show: a real API server's CPU, etcd, the scheduler, real image pulls or a CNI.
 Figures depend on this machine's load: report /proc/loadavg with them.
 """
@@ -56,6 +62,7 @@ from sandbox_service.agent_client_base import AgentClientBase, AgentUnreachableE
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.backends.kubernetes import KubernetesBackend
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes_decode import FastApiClient
 from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, running_status, waiting
 from sandbox_service.backends.kubernetes_retry import is_not_found
 from sandbox_service.models import ExecOutcome, ExecRequest, ExecResult, Resources, SandboxCreate
@@ -94,6 +101,18 @@ class SimKubelet:
         if flaky and now < (seen_at + ready_at) / 2:
             return waiting("CreateContainerError", "failed to reserve container name")(pod, ticks)
         return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+
+    def revisit(self, pod: dict) -> float | None:
+        """When this pod's status next changes (the fake's ticker visits it then, not every tick)."""
+        plan = self.plan.get(pod["metadata"]["name"])
+        if plan is None:
+            return 0.0
+        if (pod.get("status") or {}).get("phase") == "Running":
+            return None  # nothing changes by itself any more (judged by the status, not the clock: the
+            # clock may have passed ready_at since this visit returned Pending, which must be visited again)
+        seen_at, ready_at, flaky, _ = plan
+        now, middle = time.monotonic(), (seen_at + ready_at) / 2
+        return max(0.0, (middle if flaky and now < middle else ready_at) - now)
 
 
 class PollingBackend(KubernetesBackend):
@@ -232,7 +251,7 @@ def run(creates: int, cap: int, mode: str, args: argparse.Namespace, tmp: Path) 
     def backend(cls=KubernetesBackend, **extra) -> KubernetesBackend:
         configuration = k8s.Configuration(host=fake.url)
         configuration.connection_pool_maxsize = settings["api_pool_size"]  # as load_api_client sets it
-        return cls(KubernetesBackendConfig(**{**settings, **extra}), api_client=k8s.ApiClient(configuration),
+        return cls(KubernetesBackendConfig(**{**settings, **extra}), api_client=FastApiClient(configuration),
                    resolver=lambda h: ["93.184.216.34"], agent_factory=lambda ep: StubAgent(node, ep))
 
     first = backend(PollingBackend if mode.startswith("poll") else KubernetesBackend)

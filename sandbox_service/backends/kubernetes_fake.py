@@ -19,7 +19,9 @@ What it does not do: admission (quotas, PodSecurity, webhooks), scheduling, imag
 
 from __future__ import annotations
 
+import bisect
 import copy
+import heapq
 import ipaddress
 import json
 import re
@@ -36,6 +38,7 @@ import kubernetes_validate
 
 from sandbox_service.backends.kubernetes_fake_crds import CUSTOM_RESOURCES
 from sandbox_service.backends.kubernetes_fake_crds import SCHEMAS as CRD_SCHEMAS
+from sandbox_service.backends.kubernetes_fake_store import Key, ObjectStore
 
 K8S_VERSION = "1.30"  # the API version kubernetes==30 (the installed client) speaks
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -61,6 +64,9 @@ _CRD_VALIDATORS = {kind: jsonschema.Draft202012Validator(schema, format_checker=
                    for kind, schema in CRD_SCHEMAS.items()}
 
 Kubelet = Callable[[dict, int], "dict | None"]
+# A kubelet may also have `revisit(pod) -> seconds | None`: when its status can next change by itself
+# (None: not until something else happens). Without it every pod is visited every tick, as a script
+# counting ticks needs; with it the ticker visits only pods with a transition due (scale simulation).
 
 
 def ts(at: datetime) -> str:
@@ -104,7 +110,10 @@ class FakeKubernetesAPI:
     """The handful of endpoints the backend uses, with the API server's observable behaviour."""
 
     def __init__(self, *, validate: bool = True, tick_seconds: float = 0.02) -> None:
-        self.objects: dict[tuple[str, str, str], dict] = {}
+        self._due: list[tuple[float, Key]] = []  # (when, pod key): the kubelet's next visits, a heap
+        self._visit_at: dict[Key, float] = {}  # pod key -> its one current entry in _due
+        self._tick_seconds = tick_seconds
+        self._store = ObjectStore(on_add=self._added)
         self.requests: list[dict] = []
         self.faults: list[dict] = []
         self.kubelet: Kubelet | None = None  # fn(pod, ticks) -> status dict | None
@@ -137,6 +146,25 @@ class FakeKubernetesAPI:
         self.ticker.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
+    @property
+    def objects(self) -> ObjectStore:
+        """Every object by (kind, namespace, name). Tests may assign a plain dict: it is re-indexed."""
+        return self._store
+
+    @objects.setter
+    def objects(self, items: dict) -> None:
+        with self.lock:
+            self._due, self._visit_at = [], {}
+            self._store = ObjectStore(items, on_add=self._added)
+
+    def _added(self, key: Key) -> None:
+        if key[0] == "pods":  # the kubelet looks at a new pod at its next tick
+            self._schedule(key, time.monotonic())
+
+    def _schedule(self, key: Key, at: float) -> None:
+        self._visit_at[key] = at
+        heapq.heappush(self._due, (at, key))
+
     def close(self) -> None:
         self._closed.set()
         with self.lock:
@@ -154,7 +182,7 @@ class FakeKubernetesAPI:
 
     def of_kind(self, kind: str) -> list[dict]:
         with self.lock:
-            return [o for (k, _, _), o in self.objects.items() if k == kind]
+            return self.objects.of(kind)
 
     def sent(self, method: str, kind: str) -> list[dict]:
         return [r for r in self.requests if r["method"] == method and r["kind"] == kind]
@@ -239,13 +267,13 @@ class FakeKubernetesAPI:
         return "; ".join(label_problems(meta.get("labels") or {})) or None
 
     def _gc(self, uid: str) -> None:
-        """The garbage collector: dependents of a deleted owner go too."""
+        """The garbage collector: dependents of a deleted owner go too (found by the store's owner index)."""
         if not self.gc_enabled:
             return
-        for key, obj in list(self.objects.items()):
-            if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or []):
-                del self.objects[key]
-                self._record("DELETED", key[0], key[1], obj)
+        for key in self.objects.dependents(uid):
+            obj = self.objects[key]
+            del self.objects[key]
+            self._record("DELETED", key[0], key[1], obj)
 
     def _kubelet(self, pod: dict, ns: str) -> None:
         if self.kubelet is None:
@@ -258,11 +286,24 @@ class FakeKubernetesAPI:
             self._record("MODIFIED", "pods", ns, pod)
 
     def _tick(self, seconds: float) -> None:
+        """Every `seconds`, the kubelet visits the pods whose visit is due (each pod's next visit is a
+        tick later, or when the kubelet's `revisit` says): O(due pods) per tick, not O(pods)."""
         while not self._closed.wait(seconds):
             with self.lock:
-                for (kind, ns, _), obj in list(self.objects.items()):
-                    if kind == "pods":
-                        self._kubelet(obj, ns)
+                now = time.monotonic()
+                while self._due and self._due[0][0] <= now:
+                    at, key = heapq.heappop(self._due)
+                    if self._visit_at.get(key) != at:
+                        continue  # rescheduled since, or deleted
+                    del self._visit_at[key]
+                    pod = self.objects.get(key)
+                    if pod is None:
+                        continue
+                    self._kubelet(pod, key[1])
+                    revisit = getattr(self.kubelet, "revisit", None)
+                    delay = seconds if revisit is None else revisit(pod)
+                    if delay is not None:
+                        self._schedule(key, now + max(delay, seconds))
 
     # -- requests -------------------------------------------------------------------------------------
     def handle(self, method: str, path: str, query: dict, body: dict | None) -> tuple[int, dict, dict]:
@@ -378,13 +419,13 @@ class FakeKubernetesAPI:
             obj["data"] = {k: v for k, v in {**obj.get("data", {}), **(body.get("data") or {})}.items() if v is not None}
             if "immutable" in body:
                 obj["immutable"] = body["immutable"]
+        self.objects[(kind, ns, obj["metadata"]["name"])] = obj  # re-indexed: labels or owners may have changed
         self._record("MODIFIED", kind, ns, obj)
         return 200, obj
 
     def _list(self, kind: str, ns: str, query: dict) -> list[dict]:
         selector, fields = _selectors(query)
-        return [o for (k, n, _), o in self.objects.items()
-                if k == kind and n == ns and _matches(o, selector, fields)]
+        return [o for o in self.objects.labelled(kind, ns, selector) if _matches(o, selector, fields)]
 
     def watch(self, write: Callable[[bytes], None], path: str, query: dict) -> None:
         """Stream events after `resourceVersion` as JSON lines until `timeoutSeconds` or close."""
@@ -401,9 +442,10 @@ class FakeKubernetesAPI:
                 if cursor < self._compacted or generation != self._expired:
                     gone = self._status(410, "Expired", f"too old resource version: {cursor} ({self._compacted})")
                     lines = [{"type": "ERROR", "object": gone[1]}]
-                else:
-                    lines = [{"type": t, "object": o} for rv, k, n, t, o in self._events
-                             if rv > cursor and k == kind and n == ns and _matches(o, selector, fields)]
+                else:  # the events after `cursor` only: found by bisection, resourceVersions only grow
+                    first = bisect.bisect_right(self._events, cursor, key=lambda event: event[0])
+                    lines = [{"type": t, "object": o} for rv, k, n, t, o in self._events[first:]
+                             if k == kind and n == ns and _matches(o, selector, fields)]
                     cursor = max(cursor, self._rv)
                     if not lines:
                         self.lock.wait(min(0.5, max(0.0, until - time.monotonic())))

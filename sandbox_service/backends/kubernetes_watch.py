@@ -24,18 +24,13 @@ from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
+from sandbox_service.backends.kubernetes_decode import decode
+
 log = logging.getLogger("sandbox_service.kubernetes")
-
-_DESERIALIZER = k8s.ApiClient()
-
-
-class _Raw:
-    def __init__(self, data: dict):
-        self.data = json.dumps(data)
 
 
 def decode_pod(data: dict) -> k8s.V1Pod:
-    return _DESERIALIZER.deserialize(_Raw(data), "V1Pod")
+    return decode(data, "V1Pod")
 
 
 class PodCache:

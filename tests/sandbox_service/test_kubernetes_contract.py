@@ -37,6 +37,7 @@ from kubernetes import client as k8s
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.backends.kubernetes import KubernetesBackend, PodStartError
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes_decode import FastApiClient
 from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, running_after, waiting
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxServiceError
 from sandbox_service.models import ExecOutcome, InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
@@ -68,7 +69,7 @@ def make_backend(fake: FakeKubernetesAPI, tmp_path: Path, sleeps: Sleeps | None 
     kwargs = {"clock": clock} if clock else {}
     if agent_factory is not None:
         kwargs["agent_factory"] = agent_factory
-    backend = KubernetesBackend(KubernetesBackendConfig(**settings), api_client=k8s.ApiClient(configuration),
+    backend = KubernetesBackend(KubernetesBackendConfig(**settings), api_client=FastApiClient(configuration),
                                 sleep=sleeps if sleeps is not None else Sleeps(),
                                 resolver=resolver, **kwargs)
     fake.backends.append(backend)
