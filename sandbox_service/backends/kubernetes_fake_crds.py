@@ -42,22 +42,24 @@ _EGRESS = {"type": "object", "additionalProperties": False, "minProperties": 1, 
     "toEndpoints": {"type": "array", "items": _SELECTOR},
     "toPorts": {"type": "array", "items": _PORT_RULE}}}
 
-CILIUM_NETWORK_POLICY = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "cilium.io/v2"},
-        "kind": {"const": "CiliumNetworkPolicy"},
-        "metadata": {"type": "object"},  # checked by the fake's name/label rules
-        "spec": {"type": "object", "additionalProperties": False, "required": ["endpointSelector"],
-                 "anyOf": [{"required": ["egress"]}, {"required": ["ingress"]}],
-                 "properties": {"endpointSelector": _SELECTOR, "egress": {"type": "array", "items": _EGRESS},
-                                "egressDeny": {"type": "array", "items": {
-                                    "type": "object", "additionalProperties": False, "minProperties": 1,
-                                    "properties": {"toCIDRSet": {"type": "array", "items": _CIDR_RULE}}}},
-                                "ingress": {"type": "array", "items": {"type": "object"}},
-                                "description": {"type": "string"}}},
-    },
-}
+
+def _custom_object(api_version: str, kind: str, spec: dict) -> dict:
+    """The schema of a whole custom object: its apiVersion and kind, any metadata (the fake's name/label
+    rules check it), and `spec`."""
+    return {"type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+            "properties": {"apiVersion": {"const": api_version}, "kind": {"const": kind},
+                           "metadata": {"type": "object"}, "spec": spec}}
+
+
+CILIUM_NETWORK_POLICY = _custom_object("cilium.io/v2", "CiliumNetworkPolicy", {
+    "type": "object", "additionalProperties": False, "required": ["endpointSelector"],
+    "anyOf": [{"required": ["egress"]}, {"required": ["ingress"]}],
+    "properties": {"endpointSelector": _SELECTOR, "egress": {"type": "array", "items": _EGRESS},
+                   "egressDeny": {"type": "array", "items": {
+                       "type": "object", "additionalProperties": False, "minProperties": 1,
+                       "properties": {"toCIDRSet": {"type": "array", "items": _CIDR_RULE}}}},
+                   "ingress": {"type": "array", "items": {"type": "object"}},
+                   "description": {"type": "string"}}})
 
 _LABEL_VALUE = {"type": "string", "pattern": r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"}
 _ANTREA_SELECTOR = {"type": "object", "additionalProperties": False,
@@ -78,21 +80,14 @@ _ANTREA_RULE = {"type": "object", "additionalProperties": False, "required": ["a
         "properties": {"protocol": {"enum": ["TCP", "UDP", "SCTP"]}, "port": {"type": ["integer", "string"]},
                        "endPort": {"type": "integer"}}}},
     "enableLogging": {"type": "boolean"}}}
-ANTREA_NETWORK_POLICY = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "crd.antrea.io/v1beta1"},
-        "kind": {"const": "NetworkPolicy"},
-        "metadata": {"type": "object"},
-        "spec": {"type": "object", "additionalProperties": False, "required": ["priority"], "properties": {
-            "tier": {"type": "string"}, "priority": {"type": "number", "minimum": 1, "maximum": 10000},
-            "appliedTo": {"type": "array", "items": {"type": "object", "additionalProperties": False,
-                                                     "properties": {"podSelector": _ANTREA_SELECTOR,
-                                                                    "group": {"type": "string"}}}},
-            "egress": {"type": "array", "items": _ANTREA_RULE},
-            "ingress": {"type": "array", "items": {"type": "object"}}}},
-    },
-}
+ANTREA_NETWORK_POLICY = _custom_object("crd.antrea.io/v1beta1", "NetworkPolicy", {
+    "type": "object", "additionalProperties": False, "required": ["priority"], "properties": {
+        "tier": {"type": "string"}, "priority": {"type": "number", "minimum": 1, "maximum": 10000},
+        "appliedTo": {"type": "array", "items": {"type": "object", "additionalProperties": False,
+                                                 "properties": {"podSelector": _ANTREA_SELECTOR,
+                                                                "group": {"type": "string"}}}},
+        "egress": {"type": "array", "items": _ANTREA_RULE},
+        "ingress": {"type": "array", "items": {"type": "object"}}}})
 
 _PORTS = {"type": "array", "maxItems": 50, "items": {"type": ["integer", "string"]}}
 _NETS = {"type": "array", "maxItems": 256, "items": {"type": "string", "format": "cidr"}}
@@ -116,21 +111,14 @@ _CALICO_RULE = {
                                  "destination": {"not": {"anyOf": [{"required": ["nets"]},
                                                                    {"required": ["selector"]}]}}}}},
     ]}
-CALICO_NETWORK_POLICY = {
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "projectcalico.org/v3"},
-        "kind": {"const": "NetworkPolicy"},
-        "metadata": {"type": "object"},
-        "spec": {"type": "object", "additionalProperties": False, "properties": {
-            "tier": {"type": "string"}, "order": {"type": "number"},
-            "selector": {"type": "string", "maxLength": 1024},
-            "types": {"type": "array", "minItems": 1, "maxItems": 2, "uniqueItems": True,
-                      "items": {"enum": ["Ingress", "Egress"]}},
-            "egress": {"type": "array", "items": _CALICO_RULE},
-            "ingress": {"type": "array", "items": _CALICO_RULE}}},
-    },
-}
+CALICO_NETWORK_POLICY = _custom_object("projectcalico.org/v3", "NetworkPolicy", {
+    "type": "object", "additionalProperties": False, "properties": {
+        "tier": {"type": "string"}, "order": {"type": "number"},
+        "selector": {"type": "string", "maxLength": 1024},
+        "types": {"type": "array", "minItems": 1, "maxItems": 2, "uniqueItems": True,
+                  "items": {"enum": ["Ingress", "Egress"]}},
+        "egress": {"type": "array", "items": _CALICO_RULE},
+        "ingress": {"type": "array", "items": _CALICO_RULE}}})
 
 # The fake's kind key -> (kind, apiVersion). The key is the plural, or kubectl's `plural.group` where a
 # built-in resource has the same plural (networkpolicies of networking.k8s.io).
