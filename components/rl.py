@@ -22,8 +22,8 @@ The algorithm's choices, in order:
 5. The result is saved with `save_pretrained`; every sampler choice goes to `rollout_records.jsonl`
    next to it and, with the loss curve and the group-statistics plot, to MLflow. `steps_done` counts the
    optimizer steps whose batch held at least one kept (mixed-reward) group: the promotion gate reads it.
-   TRL still steps the optimizer on a batch of placeholders (`optimizer_steps` counts those too): no policy
-   gradient, but AdamW's momentum and an MoE model's router loss move the weights a little.
+   TRL still takes an optimizer step on a batch of placeholders (`optimizer_steps` counts those too), but
+   `signal_only` keeps it from moving any weight (no router loss, no AdamW momentum step).
 
 What of the sampler cannot apply here, numbered (refused by `RLConfig`, still open to the sampler study
 in `scripts/compare_rollout.py`):
@@ -226,6 +226,30 @@ def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out
         torch.set_num_threads(previous_threads)
 
 
+def signal_only(trainer_class: type) -> type:
+    """`trainer_class` (GRPOTrainer) whose micro-batches without one loss-bearing token (only dropped groups'
+    placeholder rows, on every process) leave the weights exactly as they are.
+
+    TRL would still run the forward and backward there: the policy-gradient term is zero, but an MoE model's
+    router loss is not, and AdamW moves every weight by its momentum whatever the gradient. Returning a loss
+    that no weight feeds leaves every `.grad` None, and torch's optimizers skip such parameters entirely.
+    The processes agree first (one all-reduce), so under DDP either all skip or none does."""
+    import torch
+
+    class SignalOnly(trainer_class):  # type: ignore[misc, valid-type]
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            mask = inputs["completion_mask"]
+            if inputs.get("tool_mask") is not None:
+                mask = mask * inputs["tool_mask"]
+            loss_tokens = self.accelerator.reduce(mask.sum().detach().float(), reduction="sum")
+            if loss_tokens.item() == 0:
+                return torch.zeros((), device=mask.device, requires_grad=True)
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    SignalOnly.__name__ = SignalOnly.__qualname__ = f"SignalOnly{trainer_class.__name__}"
+    return SignalOnly
+
+
 def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out: Path,
            tracking: TrackingConfig | None) -> RLResult:
     from datasets import Dataset
@@ -246,8 +270,9 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
                              TrajectoryStore(out / "rollouts") if config.save_rollouts else None, references)
         args = grpo_args(config, out)
         try:
-            trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[verified_reward], args=args,
-                                  train_dataset=Dataset.from_list(rollout.dataset_rows()), rollout_func=rollout)
+            trainer = signal_only(GRPOTrainer)(
+                model=model, processing_class=tokenizer, reward_funcs=[verified_reward], args=args,
+                train_dataset=Dataset.from_list(rollout.dataset_rows()), rollout_func=rollout)
             trainer.train()
         finally:
             rollout.close()

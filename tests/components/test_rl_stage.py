@@ -100,6 +100,24 @@ def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_rewa
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [0, 1, 2], name
 
 
+def test_steps_with_only_dropped_groups_leave_every_weight_as_it_was(rl_inputs, sandbox_service, tmp_path):
+    """A batch of placeholders (every attempt an infra error) is an optimizer step that changes nothing: no
+    router loss of the MoE policy, no weight decay, no AdamW momentum step (`rl.signal_only`)."""
+    from components.core.modeling import load_policy
+    from components.core.store import TaskStore
+
+    broken_only = TaskStore(tmp_path / "tasks")
+    broken_only.write([t for t in TaskStore(rl_inputs / "tasks").read() if t.id == "broken"])
+    before = {k: v.clone() for k, v in load_policy(rl_inputs / "sft")[0].state_dict().items()}
+    config = _config(sandbox_service, steps=2, weight_decay=0.1)
+    result = train_rl(config, tmp_path / "tasks", rl_inputs / "sft", tmp_path / "rl")
+
+    assert (result.optimizer_steps, result.steps_done, result.informative_groups) == (2, 0, 0)
+    after = load_policy(tmp_path / "rl")[0].state_dict()
+    changed = [n for n in before if not torch.equal(before[n], after[n])]
+    assert not changed, f"{len(changed)} tensors moved without a reward signal: {changed[:5]}"
+
+
 def test_informative_steps_follow_trls_generation_schedule():
     # One generation per optimizer step (steps_per_generation = gradient_accumulation_steps): a step per call.
     assert informative_steps([True, False, True], 3, 2, 2, 1) == 2
