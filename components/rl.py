@@ -20,10 +20,10 @@ The algorithm's choices, in order:
    clipping and, through accelerate, distribution (`launch`). Any other GRPOConfig field goes through
    `trl_args`. The global rollout budget ends the run early.
 5. The result is saved with `save_pretrained`; every sampler choice goes to `rollout_records.jsonl`
-   next to it and, with the loss curve and the group-statistics plot, to MLflow. `steps_done` counts the
-   optimizer steps whose batch held at least one kept (mixed-reward) group: the promotion gate reads it.
-   TRL still takes an optimizer step on a batch of placeholders (`optimizer_steps` counts those too), but
-   `signal_only` keeps it from moving any weight (no router loss, no AdamW momentum step).
+   next to it and, with the loss curve and the group-statistics plot, to MLflow. TRL still takes an optimizer
+   step on a batch of placeholders (`optimizer_steps` counts those too), but `signal_only` keeps it from
+   moving any weight (no router loss, no AdamW momentum step); `steps_done` counts the steps it let train
+   (at least one kept, mixed-reward group): the promotion gate reads it.
 
 What of the sampler cannot apply here, numbered (refused by `RLConfig`, still open to the sampler study
 in `scripts/compare_rollout.py`):
@@ -135,8 +135,8 @@ class RLResult(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # final_loss NaN: no update
     model_dir: str
     sampler: Literal["bar", "fixed"]
-    steps_done: int = Field(description="Optimizer steps whose batch held at least one kept (mixed-reward) group: "
-                                        "the updates that trained on a reward signal.")
+    steps_done: int = Field(description="Optimizer steps that got a gradient (a kept, mixed-reward group's "
+                                        "loss-bearing tokens on some process): the updates that trained on a reward.")
     optimizer_steps: int = Field(description="Optimizer steps TRL took (also the ones with only dropped groups).")
     trajectories: int = Field(description="Episodes generated.")
     informative_groups: int = Field(description="Groups with mixed verified rewards (trained on).")
@@ -145,21 +145,6 @@ class RLResult(BaseModel):
     stop_reason: Literal["steps", "budget"] = Field(description="Why the run ended.")
     records_path: str = Field(description="JSONL of PromptRecord: every sampler choice.")
     metrics: dict[str, float] = Field(default_factory=dict)
-
-
-def informative_steps(informative_calls: list[bool], optimizer_steps: int, gradient_accumulation_steps: int,
-                      steps_per_generation: int, num_iterations: int) -> int:
-    """Optimizer steps that trained on at least one kept group. TRL generates (one `rollout_func` call)
-    every steps_per_generation * num_iterations micro-batches and steps the optimizer every
-    gradient_accumulation_steps micro-batches; micro-batch m uses call m // (steps_per_generation *
-    num_iterations)."""
-    every = steps_per_generation * num_iterations
-    count = 0
-    for step in range(optimizer_steps):
-        micro = range(step * gradient_accumulation_steps, (step + 1) * gradient_accumulation_steps)
-        calls = {m // every for m in micro}
-        count += any(c < len(informative_calls) and informative_calls[c] for c in calls)
-    return count
 
 
 def grpo_args(config: RLConfig, out: Path, **overrides: Any) -> Any:
@@ -233,10 +218,15 @@ def signal_only(trainer_class: type) -> type:
     TRL would still run the forward and backward there: the policy-gradient term is zero, but an MoE model's
     router loss is not, and AdamW moves every weight by its momentum whatever the gradient. Returning a loss
     that no weight feeds leaves every `.grad` None, and torch's optimizers skip such parameters entirely.
-    The processes agree first (one all-reduce), so under DDP either all skip or none does."""
+    The processes agree first (one all-reduce), so under DDP either all skip or none does. `trained_steps`:
+    the optimizer steps (global_step at the time) that got a gradient, i.e. the updates `steps_done` counts."""
     import torch
 
     class SignalOnly(trainer_class):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, **kwargs)
+            self.trained_steps: set[int] = set()
+
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             mask = inputs["completion_mask"]
             if inputs.get("tool_mask") is not None:
@@ -244,6 +234,7 @@ def signal_only(trainer_class: type) -> type:
             loss_tokens = self.accelerator.reduce(mask.sum().detach().float(), reduction="sum")
             if loss_tokens.item() == 0:
                 return torch.zeros((), device=mask.device, requires_grad=True)
+            self.trained_steps.add(self.state.global_step)
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     SignalOnly.__name__ = SignalOnly.__qualname__ = f"SignalOnly{trainer_class.__name__}"
@@ -288,8 +279,7 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
         for i, h in enumerate(logged):
             log_metrics({k: float(v) for k, v in h.items() if isinstance(v, (int, float))}, step=i)
         optimizer_steps = int(trainer.state.global_step)
-        steps_done = informative_steps(rollout.informative_calls, optimizer_steps, args.gradient_accumulation_steps,
-                                       args.steps_per_generation, args.num_iterations)
+        steps_done = len(trainer.trained_steps)
         totals = rollout.summary()
         result = RLResult(
             model_dir=str(out), sampler=config.rollout.sampler, steps_done=steps_done, optimizer_steps=optimizer_steps,

@@ -17,8 +17,7 @@ chosen from up to N_max attempts) and returns per completion:
 A group the sampler does not keep (an attempt without a verified outcome, zero variance, abandoned,
 budget spent) is sent as N placeholder rows: the bare prompt, one end-of-turn token with env_mask 0,
 reward 0 for all N, so TRL's advantage is 0 and no token carries loss. The infra-error episode's tokens
-and reward never leave this module; `TRLRollout.dropped_groups` counts such groups, and `informative_calls`
-says which of this rank's calls (one per generation batch) held at least one kept group.
+and reward never leave this module; `TRLRollout.dropped_groups` counts such groups.
 
 Generation is HF `generate` through our policy (batched across a wave, `BatchingPolicy`), or with
 `RLConfig.use_vllm` TRL's colocated vLLM engine (`VLLMPolicy`, still batched per wave; TRL syncs the
@@ -150,14 +149,10 @@ class TRLRollout:
         self.history = PromptHistory(config.rollout, config.seed)
         self.records: list[PromptRecord] = []
         self.dropped_groups = 0
-        self.informative_calls: list[bool] = []  # per call (generation batch): did any group train?
+        self.calls = 0  # rollout_func calls so far (one per generation batch): the records' step
         self._prompts = {_key(self.prompt(t)): t.id for t in tasks.values()}
         self._source: Any = None
         self._model: Any = None
-
-    @property
-    def calls(self) -> int:
-        return len(self.informative_calls)
 
     def prompt(self, task: Task) -> list[dict]:
         """The dataset prompt of a task: its system and user messages (what an episode starts from)."""
@@ -240,7 +235,7 @@ class TRLRollout:
         log_metrics({**{f"sampler.{k}": v for k, v in summarize(records).items()},
                      **{f"rollout.{k}": v for k, v in hidden_pass_metrics(source.finished).items()}}, step=self.calls)
         source.finished.clear()
-        self.informative_calls.append(any(r.kept for r in records))
+        self.calls += 1
         return out
 
     def _row(self, attempt: Attempt, model: Any) -> dict[str, Any]:
@@ -283,17 +278,15 @@ class TRLRollout:
                 "attempt_id": ""}
 
     def gather(self) -> None:
-        """Under several processes: every rank's records and dropped groups, in rank order, on every rank; a
-        call is informative when it was on any rank (the ranks' gradients go into one optimizer step)."""
+        """Under several processes: every rank's records and dropped groups, in rank order, on every rank."""
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         parts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, (self.records, self.dropped_groups, self.informative_calls))
-        self.records = [r for records, _, _ in parts for r in records]
-        self.dropped_groups = sum(dropped for _, dropped, _ in parts)
-        self.informative_calls = [any(c) for c in zip(*(calls for _, _, calls in parts))]
+        dist.all_gather_object(parts, (self.records, self.dropped_groups))
+        self.records = [r for records, _ in parts for r in records]
+        self.dropped_groups = sum(dropped for _, dropped in parts)
 
     def summary(self) -> dict[str, float]:
         return {**summarize(self.records), "dropped_groups": float(self.dropped_groups)}

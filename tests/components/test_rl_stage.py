@@ -18,7 +18,7 @@ from components.core.policy_base import GenerationConfig
 from components.core.schema import Outcome
 from components.core.store import TrajectoryStore
 from components.core.tracking import TrackingConfig
-from components.rl import RLConfig, informative_steps, train_rl
+from components.rl import RLConfig, train_rl
 from components.rl_sampler import PromptRecord, RolloutConfig
 
 
@@ -116,17 +116,6 @@ def test_steps_with_only_dropped_groups_leave_every_weight_as_it_was(rl_inputs, 
     after = load_policy(tmp_path / "rl")[0].state_dict()
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert not changed, f"{len(changed)} tensors moved without a reward signal: {changed[:5]}"
-
-
-def test_informative_steps_follow_trls_generation_schedule():
-    # One generation per optimizer step (steps_per_generation = gradient_accumulation_steps): a step per call.
-    assert informative_steps([True, False, True], 3, 2, 2, 1) == 2
-    # num_iterations=2: each generation trains two optimizer steps.
-    assert informative_steps([False, True], 4, 1, 1, 2) == 2
-    assert informative_steps([True, False], 3, 1, 1, 2) == 2  # the run stopped inside the second call's steps
-    # Two generations per optimizer step: a step is informative when either of them was.
-    assert informative_steps([False, True, False, False], 2, 4, 2, 1) == 1
-    assert informative_steps([], 2, 1, 1, 1) == 0
 
 
 @pytest.mark.parametrize(("setting", "message"), [
