@@ -18,6 +18,18 @@ import os
 import sys
 
 
+def _stage(stage: str):
+    """(config class, run(config, job)) of a stage this entry point trains."""
+    if stage == "sft":
+        from components.sft import SFTConfig, train_sft
+
+        return SFTConfig, lambda config, job: train_sft(config, job["trajectories_dir"], job["out_model_dir"],
+                                                        base_model_dir=job.get("base_model_dir"))
+    from components.rl import RLConfig, train_rl
+
+    return RLConfig, lambda config, job: train_rl(config, job["tasks_dir"], job["model_dir"], job["out_model_dir"])
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: torchrun train_entry.py STAGE_JSON", file=sys.stderr)
@@ -30,26 +42,13 @@ def main(argv: list[str]) -> int:
     if stage not in ("sft", "rl"):
         print(f"train_entry: unknown stage {stage!r}; use 'sft' or 'rl'", file=sys.stderr)
         return 2
+    config_class, run = _stage(stage)
     try:
-        if stage == "sft":
-            from components.sft import SFTConfig
-
-            config = SFTConfig(**job.get("config", {}))
-        else:
-            from components.rl import RLConfig
-
-            config = RLConfig(**job.get("config", {}))
+        config = config_class(**job.get("config", {}))
     except ValidationError as err:
         print(f"train_entry: the {stage} config in {argv[1]} is invalid: {err}", file=sys.stderr)
         return 2
-    if stage == "sft":
-        from components.sft import train_sft
-
-        result = train_sft(config, job["trajectories_dir"], job["out_model_dir"], base_model_dir=job.get("base_model_dir"))
-    else:
-        from components.rl import train_rl
-
-        result = train_rl(config, job["tasks_dir"], job["model_dir"], job["out_model_dir"])
+    result = run(config, job)
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result.model_dump(mode="json")))
     return 0
