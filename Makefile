@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo bench compile images clean
+.PHONY: install test test-all demo bench compile images clean cluster-up cluster-down cluster-clean test-cluster
 
 $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
 	./scripts/install-system-deps.sh
@@ -44,6 +44,23 @@ images:
 
 compile: $(STAMP)
 	$(PY) -m pipelines.cli compile --out build/pipelines --image-registry $(REGISTRY) --image-tag $(TAG)
+
+# A single-node Kubernetes on this machine (no Docker): scripts/cluster/up.sh says what runs where.
+# Binaries build once from the Go module proxy into /var/cache/orchard-cluster (cluster-clean removes it).
+cluster-up:
+	./scripts/cluster/up.sh
+
+cluster-down:
+	./scripts/cluster/down.sh
+
+cluster-clean: cluster-down
+	rm -rf /var/cache/orchard-cluster
+
+# The pipeline and the Kubernetes backend on that cluster (too long for every CI run: not in `make test`).
+# Brings the cluster up if needed, builds and imports the images, runs the phases, tears the cluster down
+# and checks the host is as before (KEEP_CLUSTER=1 leaves it up).
+test-cluster: $(STAMP)
+	./scripts/cluster/test.sh
 
 clean:
 	rm -rf build .pytest_cache

@@ -166,7 +166,8 @@ build_one() {
   # shellcheck disable=SC2206  # the build args are words without spaces
   local args=($(tail -n +2 <<<"$spec" | tr '\n' ' '))
   [ -n "${BASE_IMAGE:-}" ] && args+=(--build-arg "BASE_IMAGE=$base")
-  [ -n "${WHEELHOUSE:-}" ] && args+=(--build-arg PIP_OFFLINE=1)
+  # The wheelhouse holds torch as constraints.txt pins it (PyPI's default build): no +cpu local build.
+  [ -n "${WHEELHOUSE:-}" ] && args+=(--build-arg PIP_OFFLINE=1 --build-arg "TORCH_SPEC=$(grep '^torch==' constraints.txt)")
   local start=$SECONDS key="$dockerfile ${args[*]}"
   local same=${built_from[$key]:-}
   if [ -n "$same" ]; then

@@ -210,6 +210,8 @@ class KubernetesBackend(SandboxBackend):
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
+        if not spec.image and self.config.default_image:
+            spec = spec.model_copy(update={"image": self.config.default_image})
         if self.pool is not None and (endpoint := self.pool.claim(sandbox_id, spec, resources, secret)):
             return endpoint  # a warm pod, re-keyed and relabelled for this sandbox (kubernetes_pool)
         return self._start_pod(sandbox_id, spec, resources, secret)

@@ -82,6 +82,10 @@ class KubernetesBackendConfig(BaseSettings):
                           "reap only what cannot be adopted; at shutdown, leave ready sandboxes running for the "
                           "next start. False: every start reaps them all, every shutdown deletes them.")
 
+    default_image: str | None = Field(
+        None, description="Task image of a sandbox whose create names none (generated tasks: an image with Python "
+                          "and pytest, e.g. the stage runtime). None: such a create is refused.")
+
     # -- the agent ----------------------------------------------------------------------------------
     injector_image: str = Field(
         "ghcr.io/orchard-dev/agent-injector:0.1.0",

@@ -188,7 +188,8 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
     `annotations`: what a restarted service needs to adopt it (`kubernetes_adopt.pod_annotations`)."""
     if not spec.image:
         raise InvalidRequestError("The Kubernetes backend needs SandboxCreate.image (a container image "
-                                  "reference such as 'python:3.12-slim'); it was empty.")
+                                  "reference such as 'python:3.12-slim'); it was empty and the service has no "
+                                  "default (ORCHARD_K8S_DEFAULT_IMAGE).")
     agent_volume, secret_volume = "orchard-agent", "orchard-secret"
     injector = k8s.V1Container(
         name=INJECTOR_CONTAINER, image=config.injector_image, image_pull_policy="IfNotPresent",

@@ -204,6 +204,16 @@ def test_missing_image_is_refused_before_any_request(fake, tmp_path):
     assert fake.sent("POST", "pods") == [] and sandbox_objects(fake) == {}
 
 
+def test_a_create_without_an_image_runs_the_services_default_image(fake, tmp_path):
+    # Generated tasks name no image: on a cluster they run in the configured one (dev: the stage runtime).
+    fake.kubelet = running_after(0)
+    backend = make_backend(fake, tmp_path, default_image="orchard/stage-runtime:0.1.0")
+    backend.start("sb-default", SandboxCreate(), Resources(), "s")
+    (pod,) = fake.of_kind("pods")
+    images = {c["name"]: c["image"] for c in pod["spec"]["containers"]}
+    assert "orchard/stage-runtime:0.1.0" in images.values(), images
+
+
 # -- retries ----------------------------------------------------------------------------------------------
 def test_retries_429_with_retry_after_500_and_quota_conflict_then_succeeds(fake, tmp_path):
     fake.kubelet = running_after(0)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# `make test-cluster`: the project on the single-node cluster, phase by phase, each phase's time printed.
+#   1 cluster-up (if not up)   2 images: `make images OFFLINE=1` + the add-ons', imported into containerd
+#   3 tests/cluster (marker `cluster`): deploy manifests/overlays/dev, the Kubernetes backend on real pods,
+#     the Argo pipeline (preset tiny) + MLflow + a CronWorkflow run on the grown data store
+#   4 cluster-down, which fails if the host is not as before (KEEP_CLUSTER=1 skips it)
+# A failing test prints the events and logs of the pods that are not healthy.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+source scripts/cluster/env.sh
+PY=${PY:-.venv/bin/python}
+declare -a timings=()
+timed() {
+  local name="$1" start=$SECONDS; shift
+  "$@"
+  timings+=("$(printf '%-22s %5d s' "$name" $((SECONDS - start)))")
+  say "phase $name: $((SECONDS - start)) s"
+}
+report() { printf '\n== test-cluster phases\n'; printf '%s\n' "${timings[@]}"; }
+trap report EXIT
+
+if [ ! -e "$NETNS_PATH" ]; then
+  # The images first: cluster-up imports whatever archives exist.
+  timed images-build bash -c "make images OFFLINE=1 OCI_ARCHIVE_DIR='$CACHE/images' >'$CACHE/images-build.log' 2>&1 \
+    || { tail -30 '$CACHE/images-build.log'; exit 1; }"
+  timed cluster-up scripts/cluster/up.sh
+else
+  timed images-import scripts/cluster/images.sh import
+fi
+export KUBECONFIG="$KUBECONFIG_ADMIN" ORCHARD_TEST_CLUSTER=1
+timed tests "$PY" -m pytest -m cluster tests/cluster -p no:cacheprovider -s -v --timeout 4000 ${PYTEST_ARGS:-}
+[ -n "${KEEP_CLUSTER:-}" ] || timed cluster-down scripts/cluster/down.sh

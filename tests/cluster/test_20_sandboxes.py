@@ -1,0 +1,135 @@
+"""Phase 2: the Kubernetes sandbox backend on real pods, through the in-cluster sandbox service.
+
+Each test is something only a real API server, scheduler, kubelet, runtime and policy enforcer decide:
+the injected agent starting in a task image, execs and files over TLS to the pod IP, snapshot and fork,
+NetworkPolicy egress actually dropped (and allowed by an allowlist), a command's OOM kill attributed to
+the command, sandboxes adopted by a restarted service. The last tests measure create-to-ready on real
+pods and keep 100 sandboxes alive at once on the node.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import statistics
+import time
+
+import pytest
+
+from sandbox_service.backends.kubernetes_config import SANDBOX_ID_LABEL
+from sandbox_service.backends.kubernetes_objects import label_value
+from sandbox_service.client import SandboxClient
+from sandbox_service.models import ExecOutcome, NetworkPolicy, Resources, SandboxCreate
+from tests.cluster.conftest import kubectl, kubectl_json, secret_value, service_url, wait_until
+
+pytestmark = pytest.mark.cluster
+# Generated SWE tasks run in the stage runtime's image (Python + pytest), already on the node.
+IMAGE = "orchard/stage-runtime:0.1.0"
+
+
+@pytest.fixture(scope="module")
+def client():
+    token = secret_value("orchard", "orchard-api-token", "token")
+    with SandboxClient(service_url("orchard", "orchard-sandbox-service"), token, timeout=120) as c:
+        yield c
+
+
+def spec(**kw) -> SandboxCreate:
+    return SandboxCreate(image=IMAGE, resources=Resources(cpu=0.2, memory_mb=256), **kw)
+
+
+def test_create_exec_files_snapshot_fork_and_delete_on_a_real_pod(client):
+    with client.create(spec(), wait_timeout=300) as sandbox:
+        result = sandbox.exec(["python", "-c", "import os; print(os.getuid(), open('/proc/1/cmdline').read()[:40])"])
+        assert result.ok, result
+        sandbox.write_file("notes/a.txt", "first")
+        assert sandbox.read_text("notes/a.txt") == "first"
+        # No API credentials in a sandbox pod.
+        token = sandbox.exec("ls /var/run/secrets/kubernetes.io/serviceaccount 2>&1 || true")
+        assert "token" not in token.stdout
+        snap = sandbox.snapshot()
+        sandbox.write_file("notes/a.txt", "changed")
+        with client.create(spec(from_snapshot=snap.id), wait_timeout=300) as fork:
+            assert fork.read_text("notes/a.txt") == "first"
+        pod = sandbox.id
+    wait_until("the sandbox's pod deleted", lambda: not kubectl(
+        "-n", "orchard-sandboxes", "get", "pods", "-l", f"{SANDBOX_ID_LABEL}={label_value(pod)}", "-o", "name", check=False).strip(),
+        timeout=120)
+
+
+def _connect(sandbox, host: str, port: int) -> str:
+    code = (f"import socket; s = socket.socket(); s.settimeout(3)\n"
+            f"try:\n  s.connect(({host!r}, {port})); print('connected')\n"
+            f"except OSError as e:\n  print('blocked', e)")
+    return sandbox.exec(["python", "-c", code], timeout=20).stdout.strip()
+
+
+def test_network_policy_is_enforced_by_the_node(client):
+    mlflow = kubectl_json("-n", "orchard", "get", "pods", "-l", "app.kubernetes.io/name=orchard-mlflow")["items"][0]
+    ip = mlflow["status"]["podIP"]
+    with client.create(spec(), wait_timeout=300) as closed:
+        assert _connect(closed, ip, 5000).startswith("blocked")
+    with client.create(spec(network=NetworkPolicy(mode="allowlist", allow_cidrs=[f"{ip}/32"])),
+                       wait_timeout=300) as open_:
+        assert _connect(open_, ip, 5000) == "connected"
+
+
+def test_a_command_killed_at_the_memory_limit_is_the_commands_oom(client):
+    with client.create(spec(), wait_timeout=300) as sandbox:
+        hog = sandbox.exec(["python", "-c", "b = [bytearray(16 << 20) for _ in range(64)]"], timeout=60)
+        assert hog.outcome is not ExecOutcome.infrastructure_error, hog
+        assert hog.reason == "oom", hog
+        after = sandbox.exec(["true"], timeout=60)
+        assert after.ok, after
+
+
+def test_sandboxes_survive_a_restart_of_the_service(client):
+    with client.create(spec(), wait_timeout=300) as sandbox:
+        sandbox.write_file("kept.txt", "still here")
+        kubectl("-n", "orchard", "rollout", "restart", "deploy/orchard-sandbox-service")
+        kubectl("-n", "orchard", "rollout", "status", "deploy/orchard-sandbox-service", "--timeout", "300s", timeout=320)
+        adopted = wait_until("the restarted service knows the sandbox", lambda: _get(client, sandbox.id), timeout=120)
+        assert adopted.state.value == "ready", adopted
+        assert client.attach(sandbox.id).read_text("kept.txt") == "still here"
+
+
+def _get(client, sandbox_id):
+    try:
+        return client.get(sandbox_id)
+    except Exception:
+        return None
+
+
+def test_create_to_ready_on_real_pods(client):
+    seconds = []
+    for _ in range(10):
+        start = time.monotonic()
+        with client.create(spec(), wait_timeout=300) as sandbox:
+            seconds.append(time.monotonic() - start)
+            assert sandbox.exec(["true"]).ok
+    seconds.sort()
+    print(f"\n[figure] create-to-ready on real pods, n=10 sequential: p50 {statistics.median(seconds):.2f} s, "
+          f"max {seconds[-1]:.2f} s")
+
+
+def test_a_hundred_sandboxes_alive_at_once_on_the_node(client):
+    n = 100
+    start = time.monotonic()
+
+    def one(i):
+        return client.create(spec(labels={"orchard.test": "hundred"}), wait_timeout=600)
+
+    sandboxes = []
+    try:
+        with futures.ThreadPoolExecutor(16) as pool:
+            sandboxes = list(pool.map(one, range(n)))
+        ready = time.monotonic() - start
+        alive = kubectl_json("-n", "orchard-sandboxes", "get", "pods", "--field-selector", "status.phase=Running")
+        assert len(alive["items"]) >= n
+        with futures.ThreadPoolExecutor(16) as pool:
+            results = list(pool.map(lambda s: s.exec(["true"], timeout=120), sandboxes))
+        assert all(r.ok for r in results)
+        print(f"\n[figure] {n} sandboxes alive at once: all ready in {ready:.1f} s, one exec each ok "
+              f"({time.monotonic() - start:.1f} s in all)")
+    finally:
+        with futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda s: s.delete(), sandboxes))
