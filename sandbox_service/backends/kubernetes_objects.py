@@ -197,7 +197,10 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         volume_mounts=[k8s.V1VolumeMount(name=agent_volume, mount_path=config.agent_mount_path)],
         resources=k8s.V1ResourceRequirements(
             limits={"cpu": "200m", "memory": "64Mi"},
-            requests={"cpu": "200m", "memory": "64Mi"} if config.guaranteed_qos else {"cpu": "50m", "memory": "32Mi"}),
+            requests={"cpu": "200m", "memory": "64Mi"} if config.guaranteed_qos else {
+                # The pod's CPU request is the larger of this and the agent container's: with a low
+                # cpu_request_ratio (dense dev nodes) a fixed 50m would decide it, 100 pods = 5 cores.
+                "cpu": _millicores(min(0.05, 0.2 * config.cpu_request_ratio)), "memory": "32Mi"}),
         security_context=k8s.V1SecurityContext(
             run_as_user=65532, run_as_non_root=True, read_only_root_filesystem=True,
             allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"])))

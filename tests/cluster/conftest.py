@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -59,10 +60,40 @@ def secret_value(namespace: str, name: str, key: str) -> str:
     return base64.b64decode(data).decode()
 
 
+_forwards: dict[tuple[str, str], tuple[subprocess.Popen, str]] = {}
+
+
 def service_url(namespace: str, name: str) -> str:
-    """http://<ClusterIP>:<port>: the host routes the Service range into the cluster's namespace."""
+    """A local URL of a Service, through `kubectl port-forward` as a user reaches it (namespace orchard's
+    NetworkPolicy admits only the pipeline's pods; a port-forward enters the pod's own network). One
+    forward per Service for the session; a dead one (its pod restarted) is started again."""
+    key = (namespace, name)
+    if key in _forwards and _forwards[key][0].poll() is None:
+        url = _forwards[key][1]
+        try:
+            socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=2).close()
+            return url
+        except OSError:
+            _forwards[key][0].kill()
     svc = kubectl_json("-n", namespace, "get", "service", name)
-    return f"http://{svc['spec']['clusterIP']}:{svc['spec']['ports'][0]['port']}"
+    port = svc["spec"]["ports"][0]["port"]
+    proc = subprocess.Popen(["kubectl", "--kubeconfig", KUBECONFIG, "-n", namespace, "port-forward",
+                             f"service/{name}", f":{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # "Forwarding from 127.0.0.1:NNNNN -> PORT"
+    if "Forwarding from 127.0.0.1:" not in line:
+        proc.kill()
+        raise AssertionError(f"kubectl port-forward {namespace}/{name}: {line}{proc.stderr.read()[-2000:]}")
+    local = int(line.split("127.0.0.1:", 1)[1].split()[0])
+    url = f"http://127.0.0.1:{local}"
+    _forwards[key] = (proc, url)
+    return url
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_port_forwards():
+    yield
+    for proc, _ in _forwards.values():
+        proc.kill()
 
 
 def dump_unhealthy_pods() -> str:

@@ -134,6 +134,12 @@ def test_pod_has_no_credentials_no_restarts_and_the_requested_resources():
     assert {m.mount_path: m.read_only for m in main.volume_mounts} == {"/orchard": True, "/orchard-secret": True}
     injector = spec.init_containers[0]
     assert injector.name == INJECTOR_CONTAINER and injector.security_context.run_as_non_root
+    assert injector.resources.requests["cpu"] == "50m"
+    # A dense node (cpu_request_ratio 0.02): the injector's request follows, or it would set the pod's.
+    dense = build_pod("p", "sb-1", SPECS["labelled"], Resources(cpu=0.2), config.model_copy(
+        update={"cpu_request_ratio": 0.02}), secret_name="s")
+    assert dense.spec.init_containers[0].resources.requests["cpu"] == "4m"
+    assert next(c for c in dense.spec.containers if c.name == AGENT_CONTAINER).resources.requests["cpu"] == "4m"
     secret_volume = next(v for v in spec.volumes if v.secret is not None)
     assert secret_volume.secret.secret_name == "orchard-sb-1-abcde-agent"
     with pytest.raises(InvalidRequestError, match="image"):
