@@ -9,15 +9,18 @@ source "$(dirname "$0")/env.sh"
 ADDONS="$CACHE/images/addons"
 STORE=(--root "$CACHE/buildah/storage" --runroot "$RUN/buildah" --storage-driver vfs)
 
-# addon NAME TAG ENTRYPOINT FILE...: an image of static files at their host paths' basenames in /bin.
+# addon NAME TAG ENTRYPOINT FILE...: an image of static programs in /bin (a directory: its contents).
 addon() {
   local name="$1" tag="$2" entry="$3"; shift 3
   local out="$ADDONS/$name-$tag.oci.tar" ref="$IMAGE_PREFIX/$name:$tag" newest f
-  newest=$(stat -c %Y "$@" | sort -n | tail -1)
+  newest=$(stat -L -c %Y "$@" | sort -n | tail -1)
   [ -s "$out" ] && [ "$(stat -c %Y "$out")" -ge "$newest" ] && return
   say "image $ref"
   local c; c=$(buildah "${STORE[@]}" from --quiet scratch)
-  for f in "$@"; do buildah "${STORE[@]}" copy --quiet "$c" "$(readlink -f "$f")" "/bin/$(basename "$f")" >/dev/null; done
+  for f in "$@"; do
+    if [ -d "$f" ]; then buildah "${STORE[@]}" copy --quiet "$c" "$f" /bin >/dev/null
+    else buildah "${STORE[@]}" copy --quiet "$c" "$(readlink -f "$f")" "/bin/$(basename "$f")" >/dev/null; fi
+  done
   buildah "${STORE[@]}" config --entrypoint "$entry" --env PATH=/bin --user 0 "$c"
   buildah "${STORE[@]}" commit --quiet --rm "$c" "$ref" >/dev/null
   rm -f "$out.tmp"
@@ -33,10 +36,15 @@ build() {
     gcc -static -Os -o "$pause" "$CLUSTER_DIR/pause.c"
   fi
   addon pause 3.10 '["/bin/pause"]' "$pause"
-  # busybox-static: the shell and coreutils of the local-path helper pods and the test's probe pods.
-  local tools="$CACHE/tools"; mkdir -p "$tools"
-  cp -u /bin/busybox "$tools/busybox"
-  addon tools 1 '["/bin/busybox", "sh"]' "$tools/busybox"
+  # busybox-static with a link per applet (/bin/sh, mkdir, chown, ...): the shell and coreutils of the
+  # local-path helper pods and of probe pods.
+  local tools="$CACHE/tools"
+  if [ ! -x "$tools/busybox" ] || [ /bin/busybox -nt "$tools/busybox" ]; then
+    rm -rf "$tools"; mkdir -p "$tools"
+    cp /bin/busybox "$tools/busybox"
+    for applet in $(/bin/busybox --list); do [ "$applet" = busybox ] || ln -s busybox "$tools/$applet"; done
+  fi
+  addon tools 1 '["/bin/sh"]' "$tools"
   addon coredns "$COREDNS_VERSION" '["/bin/coredns"]' "$BIN/coredns"
   addon local-path-provisioner "$LOCAL_PATH_VERSION" '["/bin/local-path-provisioner"]' "$BIN/local-path-provisioner"
   addon workflow-controller "$ARGO_VERSION" '["/bin/workflow-controller"]' "$BIN/workflow-controller"
