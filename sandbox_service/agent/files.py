@@ -212,6 +212,51 @@ def list_dir(conf: Confinement, path: str) -> list[dict]:
         os.close(fd)
 
 
+class ArchiveMemberRefused(Exception):
+    """A member tarfile's `data` filter (or the fallback below) refuses."""
+
+
+def data_filter(member, dest: str):
+    """tarfile's `data` filter where this Python has it (3.11.4+, 3.12+), else the same checks here.
+
+    The agent runs on whatever Python a sandbox has: in Kubernetes pods the injected one, which can be
+    older (Debian bookworm's 3.11.2 has no filters: forks of a snapshot failed there with AttributeError)."""
+    import tarfile
+
+    if hasattr(tarfile, "data_filter"):
+        try:
+            return tarfile.data_filter(member, dest)
+        except tarfile.FilterError as exc:
+            raise ArchiveMemberRefused(str(exc)) from exc
+    return _data_filter_fallback(member, dest)
+
+
+def _data_filter_fallback(member, dest: str):
+    """What `tarfile.data_filter` checks, for Pythons without it: names and link targets stay inside
+    `dest`, no device or FIFO files, no setuid/setgid/sticky or group/other-write bits, no owners."""
+    import copy
+
+    dest = os.path.realpath(dest)
+    target = os.path.realpath(os.path.join(dest, member.name))
+    if os.path.isabs(member.name) or os.path.commonpath([target, dest]) != dest:
+        raise ArchiveMemberRefused(f"{member.name!r} would be extracted outside the destination")
+    if member.ischr() or member.isblk() or member.isfifo():
+        raise ArchiveMemberRefused(f"{member.name!r} is a special file")
+    if member.issym() or member.islnk():
+        base = os.path.dirname(target) if member.issym() else dest
+        link = os.path.realpath(os.path.join(base, member.linkname))
+        if os.path.isabs(member.linkname) or os.path.commonpath([link, dest]) != dest:
+            raise ArchiveMemberRefused(f"{member.name!r} links outside the destination ({member.linkname!r})")
+    checked = copy.copy(member)
+    checked.uid = checked.gid = None
+    checked.uname = checked.gname = None
+    if member.isreg() or member.islnk():
+        checked.mode = (member.mode & 0o755) | 0o600  # owner read/write; execute kept where it was
+    elif member.isdir() or member.issym():
+        checked.mode = None  # as the data filter: directories and links get the default mode
+    return checked
+
+
 def put_archive(conf: Confinement, path: str, data) -> int:
     """Extract a (gzipped) tar (bytes or a binary file object) into `path`, all members checked first."""
     import tarfile
@@ -236,8 +281,8 @@ def put_archive(conf: Confinement, path: str, data) -> int:
                     raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} has an absolute "
                                       "path; archives must hold relative names; nothing was extracted")
                 try:
-                    checked.append(tarfile.data_filter(member, full))
-                except tarfile.FilterError as exc:
+                    checked.append(data_filter(member, full))
+                except ArchiveMemberRefused as exc:
                     raise FileOpError("path_outside_sandbox",
                                       f"archive member {member.name!r} refused: {exc}; nothing was extracted") from exc
             dest_fd = conf.make_dirs(path, rel)

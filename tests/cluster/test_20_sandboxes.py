@@ -10,6 +10,7 @@ pods and keep 100 sandboxes alive at once on the node.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import os
 import statistics
 import time
 
@@ -23,7 +24,7 @@ from tests.cluster.conftest import kubectl, kubectl_json, secret_value, service_
 
 pytestmark = pytest.mark.cluster
 # Generated SWE tasks run in the stage runtime's image (Python + pytest), already on the node.
-IMAGE = "orchard/stage-runtime:0.1.0"
+IMAGE = os.environ.get("ORCHARD_TEST_CLUSTER_TASK_IMAGE", "orchard/stage-runtime:0.1.0")
 
 
 def connect() -> SandboxClient:
