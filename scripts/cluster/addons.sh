@@ -10,10 +10,11 @@ render() {
 }
 modcache=$(go env GOMODCACHE)
 render "$CLUSTER_DIR/addons/coredns.yaml" "" > "$out/coredns.yaml"
-render "$CLUSTER_DIR/addons/local-path-kustomization.yaml" \
-  "$modcache/github.com/rancher/local-path-provisioner@$LOCAL_PATH_VERSION" > "$out/local-path/kustomization.yaml"
-render "$CLUSTER_DIR/addons/argo-kustomization.yaml" \
-  "$modcache/github.com/argoproj/argo-workflows/v3@$ARGO_VERSION" > "$out/argo/kustomization.yaml"
+# kustomize takes a directory resource only by a relative path.
+render "$CLUSTER_DIR/addons/local-path-kustomization.yaml" "$(realpath --relative-to "$out/local-path" \
+  "$modcache/github.com/rancher/local-path-provisioner@$LOCAL_PATH_VERSION")" > "$out/local-path/kustomization.yaml"
+render "$CLUSTER_DIR/addons/argo-kustomization.yaml" "$(realpath --relative-to "$out/argo" \
+  "$modcache/github.com/argoproj/argo-workflows/v3@$ARGO_VERSION")" > "$out/argo/kustomization.yaml"
 cp "$CLUSTER_DIR/addons/argo-namespace.yaml" "$out/argo/namespace.yaml"
 kc apply -f "$out/coredns.yaml" >/dev/null
 kc kustomize --load-restrictor LoadRestrictionsNone "$out/local-path" | kc apply -f - >/dev/null

@@ -111,6 +111,21 @@ want_group kube-router && build_main kube-router github.com/cloudnativelabs/kube
 argo_replace=github.com/olekukonko/tablewriter=github.com/olekukonko/tablewriter@v0.0.5
 want_group argo && build_main workflow-controller github.com/argoproj/argo-workflows/v3/cmd/workflow-controller \
   github.com/argoproj/argo-workflows/v3 "$ARGO_VERSION" "$argo_replace"
+# The module proxy's zip of argo-workflows v3 lacks workflow/executor/osspecific/signal_linux.go (the
+# repository has it; v3.5-v3.7 and v4 zips alike), so argoexec does not build for Linux from it. Build
+# from a copy of the module whose Linux file is its own POSIX variant (signal_darwin.go: Kill by process
+# group, Setpgid, reaping Wait), made in the cache, never committed.
+argo_linux_source() {
+  local src dst="$cache_root/src/argo-workflows-$ARGO_VERSION-linux"
+  src=$(go mod download -json "github.com/argoproj/argo-workflows/v3@$ARGO_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  if [ ! -f "$dst/go.mod" ]; then
+    rm -rf "$dst"; cp -r "$src" "$dst"; chmod -R u+w "$dst"
+    local os="$dst/workflow/executor/osspecific"
+    [ -f "$os/signal_linux.go" ] || cp "$os/signal_darwin.go" "$os/signal_linux.go"
+  fi
+  echo "$dst"
+}
 want_group argo && build_main argoexec github.com/argoproj/argo-workflows/v3/cmd/argoexec \
-  github.com/argoproj/argo-workflows/v3 "$ARGO_VERSION" "$argo_replace"
+  github.com/argoproj/argo-workflows/v3 "$ARGO_VERSION" "$argo_replace" \
+  "github.com/argoproj/argo-workflows/v3=$(argo_linux_source)"
 echo "$bin"

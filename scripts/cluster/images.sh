@@ -9,9 +9,10 @@ source "$(dirname "$0")/env.sh"
 ADDONS="$CACHE/images/addons"
 STORE=(--root "$CACHE/buildah/storage" --runroot "$RUN/buildah" --storage-driver vfs)
 
-# addon NAME TAG ENTRYPOINT FILE...: an image of static programs in /bin (a directory: its contents).
+# addon NAME TAG ENTRYPOINT FILE...: an image of static programs in /bin (a directory: its contents), run
+# as root unless ADDON_USER names another uid (Argo's manifests ask for a non-root image user).
 addon() {
-  local name="$1" tag="$2" entry="$3"; shift 3
+  local name="$1" tag="$2" entry="$3" user="${ADDON_USER:-0}"; shift 3
   local out="$ADDONS/$name-$tag.oci.tar" ref="$IMAGE_PREFIX/$name:$tag" newest f
   newest=$(stat -L -c %Y "$@" | sort -n | tail -1)
   [ -s "$out" ] && [ "$(stat -c %Y "$out")" -ge "$newest" ] && return
@@ -21,7 +22,7 @@ addon() {
     if [ -d "$f" ]; then buildah "${STORE[@]}" copy --quiet "$c" "$f" /bin >/dev/null
     else buildah "${STORE[@]}" copy --quiet "$c" "$(readlink -f "$f")" "/bin/$(basename "$f")" >/dev/null; fi
   done
-  buildah "${STORE[@]}" config --entrypoint "$entry" --env PATH=/bin --user 0 "$c"
+  buildah "${STORE[@]}" config --entrypoint "$entry" --env PATH=/bin --user "$user" "$c"
   buildah "${STORE[@]}" commit --quiet --rm "$c" "$ref" >/dev/null
   rm -f "$out.tmp"
   buildah "${STORE[@]}" push --quiet "$ref" "oci-archive:$out.tmp:$ref"
@@ -47,9 +48,10 @@ build() {
   addon tools 1 '["/bin/sh"]' "$tools"
   addon coredns "$COREDNS_VERSION" '["/bin/coredns"]' "$BIN/coredns"
   addon local-path-provisioner "$LOCAL_PATH_VERSION" '["/bin/local-path-provisioner"]' "$BIN/local-path-provisioner"
-  addon workflow-controller "$ARGO_VERSION" '["/bin/workflow-controller"]' "$BIN/workflow-controller"
-  # Argo's init container copies argoexec itself into the pod (emissary executor).
-  addon argoexec "$ARGO_VERSION" '["/bin/argoexec"]' "$BIN/argoexec"
+  # Argo's own images run as uid 8737; its controller's manifest requires a non-root user. Argo's init
+  # container copies argoexec itself into each workflow pod (the emissary executor).
+  ADDON_USER=8737 addon workflow-controller "$ARGO_VERSION" '["/bin/workflow-controller"]' "$BIN/workflow-controller"
+  ADDON_USER=8737 addon argoexec "$ARGO_VERSION" '["/bin/argoexec"]' "$BIN/argoexec"
 }
 
 # import_archive ARCHIVE REF: import (unpacked for the CRI's snapshotter) and name it as the kubelet

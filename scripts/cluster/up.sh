@@ -125,6 +125,7 @@ state = "$RUN/containerd"
 TOML
 start containerd containerd --config "$STATE/containerd.toml"
 wait_for containerd 60 ctr --address "$CONTAINERD_SOCK" version
+"$CLUSTER_DIR/images.sh" build
 "$CLUSTER_DIR/images.sh" import
 phase "images imported"
 
