@@ -51,7 +51,10 @@ class ClusterConfig(BaseModel):
                                  description="Optional Secret with the model endpoints' API key (teacher, judge).")
     endpoint_key: str = Field("api-key", description="Key of the API key in that Secret.")
     service_account: str = Field("orchard-pipeline", description="ServiceAccount pipeline pods run as.")
-    storage_class: str = Field("", description="StorageClass of the run volume ('' = the cluster default).")
+    storage_class: str | None = Field(
+        None, description="StorageClass of the run volume. None: the cluster's default class (the field is left "
+                          "out of the claim; `storageClassName: \"\"` would mean *no* class, i.e. no dynamic "
+                          "provisioning, and the claim would stay Pending).")
     access_mode: str = Field(
         "ReadWriteOnce",
         description="Access mode of the run volume. ReadWriteOnce works on every cluster but keeps a run's "
@@ -68,6 +71,13 @@ class ClusterConfig(BaseModel):
                     "kind's default provisioner (local-path) only offers ReadWriteOnce (the dev overlay's): "
                     "then every pod mounting it must run on one node.")
     data_store_size: str = Field("50Gi", description="Size of the data store PVC (it grows with every run).")
+    # The store's StorageClass is a manifest setting, not a compiled one: the PVC is created by
+    # `kubectl apply -k`, and an overlay names an RWX class with the component manifests/components/
+    # data-store-class (GKE: Filestore `standard-rwx`; EKS: an EFS class, e.g. `efs-sc`; AKS: `azurefile-csi`).
+    stage_uid: int = Field(
+        10001, ge=1, description="uid of the stage image's user (docker/stage-runtime/Dockerfile): stage pods run as "
+                                 "it with fsGroup = it, so fresh volumes (root-owned on GKE PD, EBS, Azure Disk) are "
+                                 "writable.")
     gpu_node_selector: dict[str, str] = Field(
         default_factory=lambda: {"orchard.dev/pool": "gpu"},
         description="nodeSelector of the GPU stages (label your GPU nodes with it, or set {} to drop it).")
@@ -92,6 +102,12 @@ class ClusterConfig(BaseModel):
 
     def image(self, name: str) -> str:
         return image_ref(name, self.image_registry, self.image_tag)
+
+    def pod_security_context(self) -> dict:
+        """The pod securityContext of every stage pod (Argo workflow pods, PyTorchJob replicas): fsGroup makes the
+        kubelet give mounted volumes to the stage's group; OnRootMismatch skips the walk when already owned."""
+        return {"runAsUser": self.stage_uid, "runAsGroup": self.stage_uid, "runAsNonRoot": True,
+                "fsGroup": self.stage_uid, "fsGroupChangePolicy": "OnRootMismatch"}
 
     def tolerations_json(self) -> list[dict]:
         return [t.model_dump(exclude_none=True) for t in self.gpu_tolerations]

@@ -24,6 +24,12 @@ def compiled(tmp_path_factory) -> dict[str, Path]:
     return compile_all(tmp_path_factory.mktemp("compiled"))
 
 
+@pytest.fixture(scope="module")
+def gpu_compiled(tmp_path_factory) -> dict[str, Path]:
+    """Compiled with the GPU stages on GPUs (the presets run them on CPU)."""
+    return compile_all(tmp_path_factory.mktemp("gpu"), sets=["resources.gpu=true"])
+
+
 def _kfp_docs(compiled) -> list[dict]:
     return list(yaml.safe_load_all(compiled["kfp"].read_text()))
 
@@ -35,7 +41,7 @@ def test_kfp_yaml_loads_back_with_the_sdk_and_parses_as_pipeline_spec(compiled):
     loaded = components.load_component_from_file(str(compiled["kfp"]))
     assert loaded.name == "orchard-training"
     assert {"recipe", "preset", "overrides_json", "start_from", "promotion_margin", "train_tasks", "data_store", "window_runs", "image", "gpu_image", "sandbox_url", "mlflow_uri",
-            "sandbox_token_secret", "gpu_node_selector", "storage_class"} <= set(loaded.component_spec.inputs)
+            "sandbox_token_secret", "gpu_node_selector", "volume_size"} <= set(loaded.component_spec.inputs)
     docs = _kfp_docs(compiled)
     assert len(docs) == 2, "kfp-kubernetes settings compile into a second YAML document"
     spec = json_format.ParseDict(docs[0], pipeline_spec_pb2.PipelineSpec())
@@ -64,10 +70,10 @@ def test_kfp_dag_reads_like_the_diagram(compiled):
     assert comps["comp-sft"]["outputDefinitions"]["artifacts"]["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
 
 
-def test_kfp_kubernetes_settings_gpu_pvc_secrets(compiled):
+def test_kfp_kubernetes_settings_gpu_pvc_secrets(gpu_compiled):
     from kfp.kubernetes import kubernetes_executor_config_pb2 as k8s_pb
 
-    spec, platform = _kfp_docs(compiled)
+    spec, platform = _kfp_docs(gpu_compiled)
     executors = spec["deploymentSpec"]["executors"]
     for step in ("sft", "rl"):
         resources = executors[f"exec-{step}"]["container"]["resources"]
@@ -107,7 +113,7 @@ def test_argo_yaml_validates_against_the_workflow_schema(compiled):
         validate_argo(broken)
 
 
-def test_argo_dag_gpu_steps_and_cron(compiled):
+def test_argo_dag_gpu_steps_and_cron(compiled, gpu_compiled):
     template = yaml.safe_load(compiled["argo_template"].read_text())
     assert template["kind"] == "WorkflowTemplate"
     templates = {t["name"]: t for t in template["spec"]["templates"]}
@@ -122,7 +128,7 @@ def test_argo_dag_gpu_steps_and_cron(compiled):
     assert {f"evaluate-{a}" for a in ("teacher", "untrained", "sft", "rl")} <= set(dag["report"]["depends"].split(" && "))
     for name in dag:
         assert dag[name]["template"] == name, "one template per stage, named after it"
-    gpu = templates["sft"]
+    gpu = {t["name"]: t for t in yaml.safe_load(gpu_compiled["argo_template"].read_text())["spec"]["templates"]}["sft"]
     assert gpu["container"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert gpu["podSpecPatch"] == ('{"nodeSelector": {{workflow.parameters.gpu_node_selector}}, '
                                    '"tolerations": {{workflow.parameters.gpu_tolerations}}}')
@@ -135,8 +141,8 @@ def test_argo_dag_gpu_steps_and_cron(compiled):
     assert template["spec"]["serviceAccountName"] == "orchard-pipeline"
     claim = template["spec"]["volumeClaimTemplates"][0]
     assert claim["metadata"]["name"] == "run-data"
-    assert claim["spec"]["storageClassName"] == "{{workflow.parameters.storage_class}}"
-    assert claim["spec"]["accessModes"] == ["{{workflow.parameters.access_mode}}"]
+    assert "storageClassName" not in claim["spec"]  # the cluster's default class
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
 
     cron = yaml.safe_load(compiled["argo_cron"].read_text())
     assert cron["kind"] == "CronWorkflow"
