@@ -6,8 +6,10 @@
     orchard demo                                                  = orchard run --preset demo (`make demo`)
     orchard config show [--preset P] [--set ...]                  the resolved PipelineConfig
     orchard schedule --host URL --cron "0 3 * * 0" --package build/pipelines/orchard-training.kfp.yaml
+                     [--namespace kubeflow] [--service-account orchard-pipeline]
 
-A bad preset, --set, recipe or config file is reported as one line (exit 2), not a traceback.
+A bad preset, --set, recipe or config file is reported as one line (exit 2), not a traceback; so is a
+KFP API that `orchard schedule` cannot reach (exit 1).
 """
 
 from __future__ import annotations
@@ -130,6 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experiment", default="orchard")
     p.add_argument("--name", default="orchard-retrain")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="pipeline parameter")
+    p.add_argument("--namespace", default=None,
+                   help="KFP namespace the runs go to (multi-user KFP: your profile's; default: the client's)")
+    p.add_argument("--service-account", default=None,
+                   help="ServiceAccount of the runs' pods (default: ClusterConfig.service_account, orchard-pipeline)")
 
     args = parser.parse_args(argv)
     from pipelines.config import ConfigError
@@ -172,12 +178,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "schedule":
         from pipelines.cluster import ClusterConfig
-        from pipelines.schedule import RecurringRunSpec, create_recurring_run
+        from pipelines.schedule import KfpUnreachable, RecurringRunSpec, create_recurring_run
 
         spec = RecurringRunSpec(experiment=args.experiment, name=args.name, cron=args.cron,
                                 package_path=args.package, params=parse_set(args.param or []),
-                                service_account=ClusterConfig().service_account)
-        run = create_recurring_run(spec, host=args.host)
+                                service_account=args.service_account or ClusterConfig().service_account,
+                                namespace=args.namespace)
+        try:
+            run = create_recurring_run(spec, host=args.host)
+        except KfpUnreachable as err:
+            print(f"orchard schedule: {err}", file=sys.stderr)
+            return 1
         print(getattr(run, "recurring_run_id", run))
         return 0
     return 2

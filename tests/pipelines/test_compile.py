@@ -250,3 +250,47 @@ def test_recurring_run_arguments_match_the_kfp_client_signature():
     assert RecurringRunSpec(package_path="x", cron="0 0 3 * * 0").kfp_cron == "0 0 3 * * 0"
     with pytest.raises(ValueError, match="fields"):
         RecurringRunSpec(package_path="x", cron="every sunday")
+
+
+def test_cli_schedule_passes_namespace_and_service_account(monkeypatch, capsys):
+    """`orchard schedule --namespace --service-account` reach the KFP client and the recurring run."""
+    import kfp
+
+    calls: dict = {}
+
+    class Client:
+        def __init__(self, host=None, namespace=None, **kw):
+            calls["client"] = (host, namespace)
+
+        def get_experiment(self, experiment_name=None, namespace=None):
+            calls["get"] = (experiment_name, namespace)
+            raise ValueError("no such experiment")
+
+        def create_experiment(self, name, namespace=None):
+            calls["create"] = (name, namespace)
+            return type("E", (), {"experiment_id": "exp-1"})()
+
+        def create_recurring_run(self, **kw):
+            calls["run"] = kw
+            return type("R", (), {"recurring_run_id": "rr-1"})()
+
+    monkeypatch.setattr(kfp, "Client", Client)
+    assert main(["schedule", "--host", "http://kfp:8080", "--package", "p.yaml", "--namespace", "team-a",
+                 "--service-account", "trainer"]) == 0
+    assert calls["client"] == ("http://kfp:8080", "team-a")
+    assert calls["get"][1] == calls["create"][1] == "team-a"
+    assert calls["run"]["service_account"] == "trainer"
+    assert capsys.readouterr().out.strip() == "rr-1"
+
+
+def test_cli_schedule_says_in_one_line_that_the_host_is_unreachable(capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        unused_tcp_port = s.getsockname()[1]
+    code = main(["schedule", "--host", f"http://127.0.0.1:{unused_tcp_port}", "--package", "p.yaml"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert "Traceback" not in err and err.count("\n") == 0, err
+    assert err.startswith(f"orchard schedule: cannot reach the KFP API at http://127.0.0.1:{unused_tcp_port}")
