@@ -34,7 +34,7 @@ from hera.workflows import models as m
 from hera.workflows.models import ValueFrom, WorkflowTemplateRef
 
 from pipelines import pytorchjob, stages
-from pipelines.cluster import ClusterConfig
+from pipelines.cluster import PIPELINE_POD_LABELS, ClusterConfig
 from pipelines.config import PipelineConfig
 from pipelines.parameters import pipeline_parameters, retrain_arguments
 
@@ -102,7 +102,7 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
             access_modes=[cluster.access_mode], storage_class_name=cluster.storage_class,
             resources=m.VolumeResourceRequirements(requests={"storage": _wf("volume_size")})))
     data = m.VolumeMount(name="run-data", mount_path=DATA)
-    # The persistent data store: an existing PVC (manifests/base/data-store.yaml) every run shares; Argo
+    # The persistent data store: an existing PVC (manifests/base/pipelines/data-store.yaml) every run shares; Argo
     # substitutes workflow parameters in `volumes`, so the claim is a parameter like the run volume's settings.
     store_volume = m.Volume(name=DATA_STORE_VOLUME, persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(
         claim_name=_wf("data_store_claim")))
@@ -115,6 +115,7 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
         on_exit=stages.CLOSE,
         service_account_name=cluster.service_account,
         security_context=m.PodSecurityContext(**_snake(cluster.pod_security_context())),
+        pod_metadata=m.Metadata(labels={**LABELS, **PIPELINE_POD_LABELS}),  # admitted to MLflow and the sandbox API
         volume_claim_templates=[claim],
         volumes=[store_volume],
         arguments=[Parameter(name=x.name, value=x.argo_value, description=x.description) for x in params],

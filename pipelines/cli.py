@@ -1,6 +1,6 @@
 """`orchard`: compile the pipelines, run them locally, show the config, schedule them.
 
-    orchard compile --out build/pipelines [--image-registry R] [--set sft.launch.nproc_per_node=4]
+    orchard compile --out build/pipelines [--image-registry R | --overlay manifests/overlays/prod] [--set ...]
                                                                   KFP YAML + Argo WorkflowTemplate/CronWorkflow
     orchard run [--preset tiny] [--config F] [--set sft.steps=400] [--kfp-local] [--retrain]   the whole DAG here
     orchard demo                                                  = orchard run --preset demo (`make demo`)
@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedule", default="0 3 * * 0", help="cron schedule of the Argo CronWorkflow")
     p.add_argument("--image-registry", default=None, help="registry of every image (as `make images REGISTRY=`)")
     p.add_argument("--image-tag", default=None, help="tag of every image (as `make images TAG=`)")
+    p.add_argument("--overlay", default=None,
+                   help="compile for the registry and tag a kustomize overlay's `images:` name, e.g. "
+                        "manifests/overlays/prod (instead of --image-registry/--image-tag)")
     p.add_argument("--cluster", action="append", metavar="KEY=VALUE",
                    help="a ClusterConfig name (pipelines/cluster.py), e.g. namespace=ml")
     _config_args(p, preset=False)  # compiled in: e.g. --set sft.launch.nproc_per_node=4 (a PyTorchJob)
@@ -156,6 +159,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from pipelines.cluster import ClusterConfig
 
         fields = parse_set(args.cluster or [])
+        if args.overlay:
+            from pipelines.cluster import overlay_images
+
+            if args.image_registry or args.image_tag:
+                raise ConfigError("--overlay names the registry and tag; drop --image-registry/--image-tag")
+            try:
+                fields["image_registry"], fields["image_tag"] = overlay_images(args.overlay)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         if args.image_registry:
             fields["image_registry"] = args.image_registry
         if args.image_tag:

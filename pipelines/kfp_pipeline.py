@@ -24,7 +24,7 @@ from kfp import compiler, dsl, kubernetes
 
 from pipelines import kfp_components as c
 from pipelines import stages
-from pipelines.cluster import ClusterConfig
+from pipelines.cluster import PIPELINE_POD_LABELS, ClusterConfig
 from pipelines.config import PipelineConfig
 from pipelines.parameters import Param, pipeline_parameters
 
@@ -34,8 +34,15 @@ STORE_MOUNT = "/mnt/run-store"
 
 def _step(task: dsl.PipelineTask, p: dict, config: PipelineConfig) -> dsl.PipelineTask:
     """A light step (start, report, close-run, a job launcher): the CPU image and the small requests."""
-    return (task.set_container_image(p["image"]).set_cpu_request(config.resources.step_cpu)
+    return (_labelled(task).set_container_image(p["image"]).set_cpu_request(config.resources.step_cpu)
             .set_memory_request(config.resources.step_memory))
+
+
+def _labelled(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """The pipeline-pod labels: manifests/base/service-network.yaml admits these pods to MLflow and the sandbox API."""
+    for key, value in PIPELINE_POD_LABELS.items():
+        kubernetes.add_pod_label(task, key, value)
+    return task
 
 
 def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: ClusterConfig, config: PipelineConfig,
@@ -46,7 +53,7 @@ def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: Cluste
         _step(task, p, config)
     else:
         cpu, memory = stage.requests(config)
-        task.set_container_image(p["gpu_image"] if gpu else p["image"])
+        _labelled(task).set_container_image(p["gpu_image"] if gpu else p["image"])
         task.set_cpu_request(cpu).set_memory_request(memory)
     kubernetes.use_secret_as_env(task, secret_name=p["sandbox_token_secret"],
                                  secret_key_to_env={cluster.sandbox_token_key: "ORCHARD_SANDBOX_TOKEN"})

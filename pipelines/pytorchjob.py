@@ -26,10 +26,11 @@ import jsonschema
 import yaml
 
 from components.core.distributed import LaunchConfig
+from pipelines.cluster import PIPELINE_POD_LABELS
 
 API_VERSION, KIND = "kubeflow.org/v1", "PyTorchJob"
 CONTAINER = "pytorch"  # the operator finds the training container by this name
-LABELS = {"app.kubernetes.io/part-of": "orchard", "app.kubernetes.io/component": "training"}
+LABELS = {"app.kubernetes.io/part-of": "orchard", "app.kubernetes.io/component": "training", **PIPELINE_POD_LABELS}
 # Argo resource conditions (label-selector syntax over the object's JSON, so conditions[] cannot be
 # queried): the job succeeded when its Master did, failed as soon as any Master pod failed.
 SUCCESS_CONDITION = "status.replicaStatuses.Master.succeeded > 0"

@@ -3,7 +3,7 @@
 kfp-kubernetes' CreatePVC cannot ask for the cluster's default StorageClass: KFP's driver always sets
 `storageClassName` (to the value given, `""` by default, or `standard` when absent), and `""` means *no*
 class, so on a cluster without a class of that name the claim stays Pending. This step creates the claim
-itself through the Kubernetes API (the run's ServiceAccount may create PVCs, manifests/base/pipelines-rbac.yaml)
+itself through the Kubernetes API (the run's ServiceAccount may create PVCs, manifests/base/pipelines/pipelines-rbac.yaml)
 and leaves the field out when no class is configured (ClusterConfig.storage_class None), as the Argo
 volumeClaimTemplate does. kfp-kubernetes' DeletePVC deletes it by name at the end of the run.
 """
