@@ -167,12 +167,14 @@ def test_no_allowlist_opens_the_cloud_metadata_endpoint():
     wide = NetworkPolicy(mode="allowlist", allow_cidrs=["0.0.0.0/0", "::/0", "169.254.0.0/16", "10.0.0.0/8"])
     policy = to_dict(build_network_policy("p", "sb", SPECS["plain"], config, wide, allowlist_cidrs(wide, _resolve)))
     blocks = {peer["ipBlock"]["cidr"]: peer["ipBlock"].get("except") for peer in policy["spec"]["egress"][0]["to"]}
-    assert blocks == {"0.0.0.0/0": ["169.254.169.254/32"], "169.254.0.0/16": ["169.254.169.254/32"],
-                      "::/0": ["fd00:ec2::254/128"], "10.0.0.0/8": None}
+    # the instance metadata service, GKE Workload Identity (.252), EKS Pod Identity (.170.23, fd00:ec2::23)
+    assert blocks == {"0.0.0.0/0": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"], "169.254.0.0/16": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"],
+                      "::/0": ["fd00:ec2::254/128", "fd00:ec2::23/128"], "10.0.0.0/8": None}
     for version in VERSIONS:
         kubernetes_validate.validate(policy, version, strict=True)
-    with pytest.raises(InvalidRequestError, match="metadata endpoint"):
-        allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_cidrs=["169.254.169.254/32"]), _resolve)
+    for endpoint in ("169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32", "fd00:ec2::23/128"):
+        with pytest.raises(InvalidRequestError, match="metadata endpoint"):
+            allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_cidrs=[endpoint]), _resolve)
 
 
 def test_the_pods_deadline_is_capped_and_it_does_not_block_node_scale_down():
