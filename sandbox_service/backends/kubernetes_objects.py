@@ -234,11 +234,10 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
                                       toleration_seconds=t.toleration_seconds) for t in config.tolerations] or None,
         runtime_class_name=config.runtime_class_name, priority_class_name=config.priority_class_name)
     annotations = {**(annotations or {}), WORKDIR_ANNOTATION: spec.workdir}
+    # Said either way: scale-down must not kill a running episode unless the operator chose so (safe_to_evict).
+    annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "true" if config.safe_to_evict else "false"
     if config.safe_to_evict:
-        # A bare pod with an emptyDir blocks the cluster autoscaler's scale-down; a sandbox is disposable
-        # (the service recreates it), so it says so.
-        annotations.update({"cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
-                            "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes": "orchard-agent"})
+        annotations["cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"] = "orchard-agent"
     meta = object_meta(name, sandbox_id, config, spec, extra_annotations={**annotations, **config.pod_annotations})
     return k8s.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=pod_spec)
 

@@ -130,7 +130,7 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
     main = spec["containers"][0]
     assert main["image"] == SPEC.image and "--tcp" in main["command"] and "[::]:8700" in main["command"]
     assert "--inherit-env" in main["command"] and "env" not in main  # the image's own ENV reaches commands
-    assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
     assert secret["immutable"] is True
     assert main["resources"]["limits"] == {"cpu": "2000m", "memory": "2112Mi", "ephemeral-storage": "2304Mi"}
     assert not any("serviceaccount" in (m["mountPath"]) for m in main["volumeMounts"])

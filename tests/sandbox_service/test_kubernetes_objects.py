@@ -177,18 +177,20 @@ def test_no_allowlist_opens_the_cloud_metadata_endpoint():
             allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_cidrs=[endpoint]), _resolve)
 
 
-def test_the_pods_deadline_is_capped_and_it_does_not_block_node_scale_down():
+def test_the_pods_deadline_is_capped_and_scale_down_never_kills_a_running_episode():
     config = KubernetesBackendConfig(max_ttl_seconds=3600)
     pod = build_pod("p", "sb-1", SandboxCreate(image="i:1", ttl_seconds=10 * 86400), Resources(), config,
                     secret_name="s")
     assert pod.spec.active_deadline_seconds == 3600
     annotations = pod.metadata.annotations
-    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
-    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"] == "orchard-agent"
+    # the default: the cluster autoscaler must not remove a node under a running sandbox
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes" not in annotations
     assert any(v.name == "orchard-agent" and v.empty_dir for v in pod.spec.volumes)
-    off = build_pod("p", "sb-1", SandboxCreate(image="i:1"), Resources(),
-                    KubernetesBackendConfig(safe_to_evict=False), secret_name="s")
-    assert "cluster-autoscaler.kubernetes.io/safe-to-evict" not in off.metadata.annotations
+    opted_in = build_pod("p", "sb-1", SandboxCreate(image="i:1"), Resources(),
+                         KubernetesBackendConfig(safe_to_evict=True), secret_name="s").metadata.annotations
+    assert opted_in["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert opted_in["cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"] == "orchard-agent"
 
 
 # -- status mapping on the objects the API returns --------------------------------------------------------------
