@@ -89,6 +89,11 @@ class SandboxBackend(abc.ABC):
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Free a snapshot. Idempotent."""
 
+    def health(self) -> str | None:
+        """Can the backend create sandboxes now? None if so, else why not (one line). Cheap and bounded:
+        `/healthz` (the readiness probe) calls it every few seconds. Default: nothing outside the process."""
+        return None
+
     @property
     def keeps_sandboxes_on_shutdown(self) -> bool:
         """True where the next start adopts running sandboxes (`adopt`): shutdown then leaves ready ones."""

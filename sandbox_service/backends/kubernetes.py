@@ -384,6 +384,9 @@ class KubernetesBackend(SandboxBackend):
     def delete_snapshot(self, snapshot_id: str) -> None:
         self.snapshots.delete(snapshot_id)
 
+    def health(self) -> str | None:
+        return self.api.health()
+
     def close(self) -> None:
         self._closed.set()
         if self.pool is not None:
