@@ -42,9 +42,12 @@ from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 AGENT_CONTAINER = "sandbox"
 INJECTOR_CONTAINER = "orchard-agent-injector"
 INJECTOR_SOURCE = "/opt/orchard"  # where docker/agent-injector/Dockerfile puts Python + agent
-SECRET_KEY_AGENT = "agent-secret"
+SECRET_KEY_AGENT = "agent-secret"  # the live key: read by the service (adoption), never mounted into the pod
+SECRET_KEY_BOOT = "agent-boot-secret"  # what the agent starts with; re-keyed away before the sandbox is used
 SECRET_KEY_CERT = "tls.crt"
 SECRET_KEY_KEY = "tls.key"
+# The keys the pod's secret volume holds (the live key is not among them).
+POD_SECRET_KEYS = (SECRET_KEY_BOOT, SECRET_KEY_CERT, SECRET_KEY_KEY)
 
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 _DNS_BAD = re.compile(r"[^a-z0-9-]+")
@@ -133,15 +136,17 @@ def _millicores(cpu: float) -> str:
 
 
 def build_secret(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig, *,
-                 agent_secret: str, cert_pem: str, key_pem: str, immutable: bool = True,
+                 agent_secret: str, boot_secret: str, cert_pem: str, key_pem: str, immutable: bool = True,
                  extra: dict[str, str] | None = None) -> k8s.V1Secret:
-    """The per-sandbox Secret: the agent's shared secret and its TLS certificate and key (and `extra`
-    entries: what a restarted service needs to adopt the sandbox, `kubernetes_adopt.secret_entries`).
+    """The per-sandbox Secret: the agent's live key (for adoption; not mounted), the boot key the pod's agent
+    starts with, its TLS certificate and key (and `extra` entries: what a restarted service needs to adopt
+    the sandbox, `kubernetes_adopt.secret_entries`).
     Mutable only for a warm pod, whose key changes once, when it is claimed (and the Secret made immutable)."""
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
-    entries = {**(extra or {}), SECRET_KEY_AGENT: agent_secret, SECRET_KEY_CERT: cert_pem, SECRET_KEY_KEY: key_pem}
+    entries = {**(extra or {}), SECRET_KEY_AGENT: agent_secret, SECRET_KEY_BOOT: boot_secret,
+               SECRET_KEY_CERT: cert_pem, SECRET_KEY_KEY: key_pem}
     return k8s.V1Secret(
         api_version="v1", kind="Secret", type="Opaque", immutable=immutable,  # kubelet stops watching it
         metadata=object_meta(name, sandbox_id, config, spec),
@@ -164,7 +169,7 @@ def agent_command(spec: SandboxCreate, config: KubernetesBackendConfig) -> list[
     return [f"{mount}/python/bin/python3", "-I", "-S", "-c", AGENT_BOOTSTRAP, f"{mount}/agent",
             "--tcp", f"[::]:{config.agent_port}",  # dual stack; IPv4 alone where the node has no IPv6
             "--tls-cert", f"{sec}/{SECRET_KEY_CERT}", "--tls-key", f"{sec}/{SECRET_KEY_KEY}",
-            "--secret-file", f"{sec}/{SECRET_KEY_AGENT}", "--workspace", spec.workdir,
+            "--secret-file", f"{sec}/{SECRET_KEY_BOOT}", "--workspace", spec.workdir,
             "--isolation", "kubernetes-pod", "--inherit-env"]
 
 
@@ -225,9 +230,13 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         volumes=[
             k8s.V1Volume(name=agent_volume, empty_dir=k8s.V1EmptyDirVolumeSource(
                 size_limit=_quantity_mi(config.agent_volume_size_mb))),
-            # 0444: the agent may run as any user the image picks; everything in the pod is the sandbox anyway.
+            # The boot key, certificate and key only: the live key never enters the pod, and the boot key
+            # is refused once the service re-keyed the agent (runtime.take_over), so a workload that reads
+            # it learns nothing. 0444, not 0400: the kubelet makes the files root's, and the agent runs as
+            # whatever user the image picks (0400 would lock a non-root agent out of its own files).
             k8s.V1Volume(name=secret_volume, secret=k8s.V1SecretVolumeSource(
-                secret_name=secret_name, default_mode=0o444))],
+                secret_name=secret_name, default_mode=0o444,
+                items=[k8s.V1KeyToPath(key=k, path=k) for k in POD_SECRET_KEYS]))],
         image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.image_pull_secrets] or None,
         node_selector=dict(config.node_selector) or None,
         tolerations=[k8s.V1Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect,

@@ -88,7 +88,7 @@ def test_every_generated_object_validates_against_the_openapi_schema(config_name
         name = pod_name_for(sandbox_id)
         pod = to_dict(build_pod(name, sandbox_id, spec, Resources(cpu=0.5, memory_mb=700), config,
                                 secret_name=f"{name}-agent"))
-        secret = to_dict(build_secret(f"{name}-agent", sandbox_id, spec, config, agent_secret="s",
+        secret = to_dict(build_secret(f"{name}-agent", sandbox_id, spec, config, agent_secret="s", boot_secret="b",
                                       cert_pem="c", key_pem="k"))
         policy = to_dict(build_network_policy(name, sandbox_id, spec, config, spec.network,
                                               allowlist_cidrs(spec.network, _resolve)))
