@@ -1,7 +1,11 @@
 """The same DAG for Argo Workflows, built with hera from the stage table: a WorkflowTemplate + a CronWorkflow.
 
-Where KFP passes artifacts, Argo steps share one volume per workflow (a volumeClaimTemplate whose
-storage class, access mode and size are workflow parameters): the run directory `/data/<workflow
+Where KFP passes artifacts, Argo steps share one volume per workflow (a volumeClaimTemplate: storage
+class and access mode from the ClusterConfig it is compiled with, no class meaning the cluster's default;
+size a workflow parameter). A ReadWriteOnce volume can be attached to one node at a time, so with it the
+DAG runs one step at a time (`parallelism: 1`: parallel branches on two nodes would fail with
+Multi-Attach); ReadWriteMany lets them run at once. Every pod runs as the stage image's user with
+fsGroup = its uid, so fresh volumes are writable. The run directory `/data/<workflow
 name>` holds the layout of `pipelines/layout.py`, and each stage is `python -m pipelines.steps run
 <stage>` in the project image, as its own template (resources, GPU placement, retries, deadline from
 its row); the rows with `store_volume` also mount the persistent data store's PVC (workflow parameter
@@ -30,7 +34,7 @@ from hera.workflows import models as m
 from hera.workflows.models import ValueFrom, WorkflowTemplateRef
 
 from pipelines import pytorchjob, stages
-from pipelines.cluster import ClusterConfig
+from pipelines.cluster import PIPELINE_POD_LABELS, ClusterConfig
 from pipelines.config import PipelineConfig
 from pipelines.parameters import pipeline_parameters, retrain_arguments
 
@@ -47,6 +51,15 @@ def _wf(name: str) -> str:
     return "{{workflow.parameters.%s}}" % name
 
 
+def _snake(fields: dict) -> dict:
+    """camelCase Kubernetes field names -> hera's model argument names."""
+    return {"".join("_" + c.lower() if c.isupper() else c for c in k): v for k, v in fields.items()}
+
+
+def _requests(cpu: str, memory: str, gpu: bool = False) -> Resources:
+    return Resources(cpu_request=cpu, memory_request=memory, gpus=1 if gpu else None)
+
+
 def _secrets(cluster: ClusterConfig) -> list:
     return [
         SecretEnv(name="ORCHARD_SANDBOX_TOKEN", secret_name=_wf("sandbox_token_secret"),
@@ -56,11 +69,13 @@ def _secrets(cluster: ClusterConfig) -> list:
     ]
 
 
-def _job_template(stage: stages.Stage, launch, cluster: ClusterConfig, inputs: list) -> Resource:
+def _job_template(stage: stages.Stage, launch, cluster: ClusterConfig, inputs: list, gpu: bool,
+                  requests: tuple[str, str]) -> Resource:
     """The stage as a PyTorchJob over the workflow's volume (claim `<workflow>-run-data`, as Argo names it)."""
     placeholders = (_wf("gpu_node_selector"), _wf("gpu_tolerations"))  # JSON parameters: unquoted in the YAML
     manifest = pytorchjob.pytorchjob_manifest(
-        stage, launch, generate_name=f"orchard-{stage.name}-", image=_wf("gpu_image" if stage.gpu else "image"),
+        stage, launch, gpu=gpu, requests=requests, security_context=cluster.pod_security_context(),
+        generate_name=f"orchard-{stage.name}-", image=_wf("gpu_image" if gpu else "image"),
         command=pytorchjob.job_command(stage.name, launch, RUN_DIR, "{{inputs.parameters.parent_run_id}}"),
         claim_name="{{workflow.name}}-run-data", mount_path=DATA,
         secret_env=pytorchjob.secret_env(_wf("sandbox_token_secret"), cluster.sandbox_token_key,
@@ -79,14 +94,15 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
     cluster = cluster or ClusterConfig()
     defaults = defaults or PipelineConfig.preset_config("demo")  # also decides which stages are PyTorchJobs
     params = pipeline_parameters(defaults, cluster)
-    # A model-level claim template: hera's Volume validates access mode and size, which are parameters here.
+    # A model-level claim template: hera's Volume validates the size, which is a parameter here. No
+    # storage class: the field is left out (the cluster's default), never "" (no provisioning at all).
     claim = m.PersistentVolumeClaim(
         metadata=m.ObjectMeta(name="run-data"),
         spec=m.PersistentVolumeClaimSpec(
-            access_modes=[_wf("access_mode")], storage_class_name=_wf("storage_class"),
+            access_modes=[cluster.access_mode], storage_class_name=cluster.storage_class,
             resources=m.VolumeResourceRequirements(requests={"storage": _wf("volume_size")})))
     data = m.VolumeMount(name="run-data", mount_path=DATA)
-    # The persistent data store: an existing PVC (manifests/base/data-store.yaml) every run shares; Argo
+    # The persistent data store: an existing PVC (manifests/base/pipelines/data-store.yaml) every run shares; Argo
     # substitutes workflow parameters in `volumes`, so the claim is a parameter like the run volume's settings.
     store_volume = m.Volume(name=DATA_STORE_VOLUME, persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(
         claim_name=_wf("data_store_claim")))
@@ -98,11 +114,14 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
         entrypoint="pipeline",
         on_exit=stages.CLOSE,
         service_account_name=cluster.service_account,
+        security_context=m.PodSecurityContext(**_snake(cluster.pod_security_context())),
+        pod_metadata=m.Metadata(labels={**LABELS, **PIPELINE_POD_LABELS}),  # admitted to MLflow and the sandbox API
         volume_claim_templates=[claim],
         volumes=[store_volume],
         arguments=[Parameter(name=x.name, value=x.argo_value, description=x.description) for x in params],
         labels=LABELS,
     ) as wt:
+        step = _requests(defaults.resources.step_cpu, defaults.resources.step_memory)  # start, report, close-run
         start = Container(
             name=stages.START,
             image=_wf("image"),
@@ -112,6 +131,7 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
             # Global outputs, so the exit handler can read them after any failure.
             outputs=[Parameter(name=n, value_from=ValueFrom(path=f"/tmp/outputs/{n}"), global_name=n)
                      for n in STEP_INPUTS],
+            resources=step,
             volume_mounts=[data],
         )
         inputs = [Parameter(name=n) for n in STEP_INPUTS]
@@ -119,29 +139,28 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
                      "--parent-run-id", "{{inputs.parameters.parent_run_id}}"]
         templates = {}
         for stage in stages.STAGES:
-            launch = stage.launch(defaults)
+            launch, gpu = stage.launch(defaults), stage.wants_gpu(defaults)
             if launch is not None:
-                templates[stage.name] = _job_template(stage, launch, cluster, inputs)
+                templates[stage.name] = _job_template(stage, launch, cluster, inputs, gpu, stage.requests(defaults))
                 continue
             templates[stage.name] = Container(
                 name=stage.name,
-                image=_wf("gpu_image" if stage.gpu else "image"),
+                image=_wf("gpu_image" if gpu else "image"),
                 command=["python", "-m", "pipelines.steps", "run", stage.name],
                 args=step_args,
                 inputs=inputs,
                 env=_secrets(cluster),
-                resources=Resources(cpu_request=int(stage.cpu), memory_request=stage.memory,
-                                    gpus=1 if stage.gpu else None),
+                resources=_requests(*stage.requests(defaults), gpu=gpu),
                 # nodeSelector and tolerations come from workflow parameters (JSON), hence a patch.
                 pod_spec_patch=('{"nodeSelector": %s, "tolerations": %s}'
-                                % (_wf("gpu_node_selector"), _wf("gpu_tolerations"))) if stage.gpu else None,
+                                % (_wf("gpu_node_selector"), _wf("gpu_tolerations"))) if gpu else None,
                 retry_strategy=RetryStrategy(limit=stage.retries) if stage.retries else None,
                 active_deadline_seconds=stage.timeout_seconds or cluster.stage_timeout_seconds,
                 volume_mounts=[data, store] if stage.store_volume else [data],
             )
         report = Container(
             name=stages.REPORT, image=_wf("image"), command=["python", "-m", "pipelines.steps", stages.REPORT],
-            args=step_args, inputs=inputs, env=_secrets(cluster), volume_mounts=[data])
+            args=step_args, inputs=inputs, env=_secrets(cluster), resources=step, volume_mounts=[data])
         Container(  # exit handler: a run that died before `report` must not stay RUNNING in MLflow
             name=stages.CLOSE,
             image=_wf("image"),
@@ -149,9 +168,11 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
             args=["--run-dir", RUN_DIR, "--status", "{{workflow.status}}",
                   "--config-json", "{{workflow.outputs.parameters.config_json}}",
                   "--parent-run-id", "{{workflow.outputs.parameters.parent_run_id}}"],
+            resources=step,
         )
 
-        with DAG(name="pipeline"):
+        # One node at a time can attach a ReadWriteOnce run volume: then one step at a time.
+        with DAG(name="pipeline", parallelism=1 if cluster.access_mode == "ReadWriteOnce" else None):
             begin = start(name=stages.START)
             common = {n: begin.get_parameter(n) for n in STEP_INPUTS}
             tasks = {}

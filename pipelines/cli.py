@@ -1,13 +1,15 @@
 """`orchard`: compile the pipelines, run them locally, show the config, schedule them.
 
-    orchard compile --out build/pipelines [--image-registry R] [--set sft.launch.nproc_per_node=4]
+    orchard compile --out build/pipelines [--image-registry R | --overlay manifests/overlays/prod] [--set ...]
                                                                   KFP YAML + Argo WorkflowTemplate/CronWorkflow
     orchard run [--preset tiny] [--config F] [--set sft.steps=400] [--kfp-local] [--retrain]   the whole DAG here
     orchard demo                                                  = orchard run --preset demo (`make demo`)
     orchard config show [--preset P] [--set ...]                  the resolved PipelineConfig
     orchard schedule --host URL --cron "0 3 * * 0" --package build/pipelines/orchard-training.kfp.yaml
+                     [--namespace kubeflow] [--service-account orchard-pipeline]
 
-A bad preset, --set, recipe or config file is reported as one line (exit 2), not a traceback.
+A bad preset, --set, recipe or config file is reported as one line (exit 2), not a traceback; so is a
+KFP API that `orchard schedule` cannot reach (exit 1).
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--schedule", default="0 3 * * 0", help="cron schedule of the Argo CronWorkflow")
     p.add_argument("--image-registry", default=None, help="registry of every image (as `make images REGISTRY=`)")
     p.add_argument("--image-tag", default=None, help="tag of every image (as `make images TAG=`)")
+    p.add_argument("--overlay", default=None,
+                   help="compile for the registry and tag a kustomize overlay's `images:` name, e.g. "
+                        "manifests/overlays/prod (instead of --image-registry/--image-tag)")
     p.add_argument("--cluster", action="append", metavar="KEY=VALUE",
                    help="a ClusterConfig name (pipelines/cluster.py), e.g. namespace=ml")
     _config_args(p, preset=False)  # compiled in: e.g. --set sft.launch.nproc_per_node=4 (a PyTorchJob)
@@ -130,6 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experiment", default="orchard")
     p.add_argument("--name", default="orchard-retrain")
     p.add_argument("--param", action="append", metavar="KEY=VALUE", help="pipeline parameter")
+    p.add_argument("--namespace", default=None,
+                   help="KFP namespace the runs go to (multi-user KFP: your profile's; default: the client's)")
+    p.add_argument("--service-account", default=None,
+                   help="ServiceAccount of the runs' pods (default: ClusterConfig.service_account, orchard-pipeline)")
 
     args = parser.parse_args(argv)
     from pipelines.config import ConfigError
@@ -150,6 +159,15 @@ def _dispatch(args: argparse.Namespace) -> int:
         from pipelines.cluster import ClusterConfig
 
         fields = parse_set(args.cluster or [])
+        if args.overlay:
+            from pipelines.cluster import overlay_images
+
+            if args.image_registry or args.image_tag:
+                raise ConfigError("--overlay names the registry and tag; drop --image-registry/--image-tag")
+            try:
+                fields["image_registry"], fields["image_tag"] = overlay_images(args.overlay)
+            except ValueError as err:
+                raise ConfigError(str(err)) from None
         if args.image_registry:
             fields["image_registry"] = args.image_registry
         if args.image_tag:
@@ -172,12 +190,17 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     if args.command == "schedule":
         from pipelines.cluster import ClusterConfig
-        from pipelines.schedule import RecurringRunSpec, create_recurring_run
+        from pipelines.schedule import KfpUnreachable, RecurringRunSpec, create_recurring_run
 
         spec = RecurringRunSpec(experiment=args.experiment, name=args.name, cron=args.cron,
                                 package_path=args.package, params=parse_set(args.param or []),
-                                service_account=ClusterConfig().service_account)
-        run = create_recurring_run(spec, host=args.host)
+                                service_account=args.service_account or ClusterConfig().service_account,
+                                namespace=args.namespace)
+        try:
+            run = create_recurring_run(spec, host=args.host)
+        except KfpUnreachable as err:
+            print(f"orchard schedule: {err}", file=sys.stderr)
+            return 1
         print(getattr(run, "recurring_run_id", run))
         return 0
     return 2

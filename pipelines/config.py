@@ -40,6 +40,8 @@ from components.sft import SFTConfig
 
 # Top-level fields copied into the stage configs (see the module docstring).
 SHARED_FIELDS = ("recipe", "seed")
+# Sections that belong to the run, not to a stage.
+_RUN_SECTIONS = ("failure", "resources")
 
 
 class ConfigError(ValueError):
@@ -62,6 +64,29 @@ class FailurePolicy(BaseModel):
         return self.per_stage.get(stage, self.max_infra_error_rate)
 
 
+# Kubernetes quantities: a CPU count or millicores ("2", "500m"); memory with a binary suffix ("8Gi", "512Mi").
+_CPU = r"^[0-9]+(\.[0-9]+)?m?$"
+_MEMORY = r"^[0-9]+(Ki|Mi|Gi|Ti)$"
+
+
+class PodResources(BaseModel):
+    """What the pods of a run ask the cluster for (compiled into the KFP/Argo YAML: requests are not run
+    parameters). `gpu` is the one definition of "the GPU stages get a GPU" (`Stage.wants_gpu`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    gpu: bool = Field(
+        True, description="The GPU-capable stages (sft, rl) request nvidia.com/gpu (one per process), use the GPU "
+                          "image and go to the GPU nodes (ClusterConfig.gpu_node_selector/tolerations). False: "
+                          "they run on CPU on any node (the demo and tiny presets).")
+    stage_cpu: str = Field("2", pattern=_CPU, description="CPU request of each CPU stage (provision, distill, ...).")
+    stage_memory: str = Field("8Gi", pattern=_MEMORY, description="Memory request of each CPU stage.")
+    train_cpu: str = Field("4", pattern=_CPU, description="CPU request of sft and rl (per PyTorchJob replica).")
+    train_memory: str = Field("16Gi", pattern=_MEMORY, description="Memory request of sft and rl (a PyTorchJob's limit too).")
+    step_cpu: str = Field("250m", pattern=_CPU,
+                          description="CPU request of the light steps: start, report, close-run, job launchers.")
+    step_memory: str = Field("1Gi", pattern=_MEMORY, description="Memory request of the light steps.")
+
+
 class PipelineConfig(BaseModel):
     """Every setting of one pipeline run; the stage sections are the stages' own configs."""
 
@@ -78,6 +103,8 @@ class PipelineConfig(BaseModel):
         "orchard-policy", description="Registered model the promotion gate registers a promoted model under "
                                       "(None: no gate, nothing registered); copied to promote.model_name.")
     failure: FailurePolicy = Field(default_factory=FailurePolicy, description="When a stage fails loudly.")
+    resources: PodResources = Field(default_factory=PodResources,
+                                    description="On a cluster: each pod's requests, and whether sft/rl get a GPU.")
     retrain: RetrainConfig = Field(default_factory=RetrainConfig,
                                    description="Scheduled retraining (accumulate stage; init-policy's start_from).")
 
@@ -138,7 +165,7 @@ class PipelineConfig(BaseModel):
 def stage_sections() -> list[str]:
     """PipelineConfig fields that are a stage's own config."""
     return [n for n, f in PipelineConfig.model_fields.items()
-            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and n != "failure"]
+            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and n not in _RUN_SECTIONS]
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -287,6 +314,9 @@ _DEMO: dict[str, Any] = {
                  "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}}},
     "evaluate_teacher": {"policy": "scripted", "k": 1, "scripted_error_rate": 0.1, "workers": 2,
                          "harness": {"max_steps": 12, "generation": {"max_new_tokens": 128}}},
+    # The tiny model trains on CPU in minutes: no GPU, and requests a 2-4 core node (kind, CI) can grant.
+    "resources": {"gpu": False, "stage_cpu": "500m", "stage_memory": "2Gi", "train_cpu": "1", "train_memory": "3Gi",
+                  "step_cpu": "100m", "step_memory": "512Mi"},
 }
 
 _TINY: dict[str, Any] = deep_merge(_DEMO, {
@@ -299,6 +329,7 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
            "harness": {"max_steps": 4, "generation": {"max_new_tokens": 64}}},
     "evaluate": {"harness": {"max_steps": 4, "generation": {"max_new_tokens": 64}}},
     "evaluate_teacher": {"harness": {"max_steps": 10, "generation": {"max_new_tokens": 64}}},
+    "resources": {"stage_cpu": "250m", "stage_memory": "1Gi", "train_cpu": "500m", "train_memory": "2Gi"},
 })
 
 PRESETS: dict[str, dict[str, Any]] = {"demo": _DEMO, "tiny": _TINY}

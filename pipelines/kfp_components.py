@@ -111,7 +111,7 @@ def rl(config_json: str, parent_run_id: str, tasks: Input[Dataset], sft_model: I
 def sft_job(config_json: str, parent_run_id: str, credited: Input[Dataset], base_model: Input[Model],
             model: Output[Model], metrics: Output[Metrics], run_store: str, job_image: str, nproc_per_node: int,
             workers: int, timeout_seconds: int, sandbox_token_secret: str, endpoint_secret: str, secret_keys: dict,
-            gpu_node_selector: dict, gpu_tolerations: list) -> str:
+            gpu_node_selector: dict, gpu_tolerations: list, pod_security_context: dict) -> str:
     """The sft stage as a PyTorchJob of (1 + workers) nodes x nproc_per_node processes (pipelines/launcher.py)."""
     args = dict(locals())  # the parameters, taken before the import below adds a name
     from pipelines.launcher import kfp_job_step
@@ -123,7 +123,7 @@ def sft_job(config_json: str, parent_run_id: str, credited: Input[Dataset], base
 def rl_job(config_json: str, parent_run_id: str, tasks: Input[Dataset], sft_model: Input[Model], model: Output[Model],
            metrics: Output[Metrics], run_store: str, job_image: str, nproc_per_node: int, workers: int,
            timeout_seconds: int, sandbox_token_secret: str, endpoint_secret: str, secret_keys: dict,
-           gpu_node_selector: dict, gpu_tolerations: list) -> str:
+           gpu_node_selector: dict, gpu_tolerations: list, pod_security_context: dict) -> str:
     """The rl stage (TRL GRPOTrainer) as a PyTorchJob of (1 + workers) nodes x nproc_per_node processes."""
     args = dict(locals())  # the parameters, taken before the import below adds a name
     from pipelines.launcher import kfp_job_step
@@ -178,6 +178,14 @@ def report(config_json: str, parent_run_id: str, provision: str, init_policy: st
     with open(table.path, "w") as f:
         f.write(markdown)
     return markdown
+
+
+@_component
+def run_store(kfp_run_id: str, size: str, access_mode: str, storage_class: str) -> str:
+    """Create the run's store PVC; storage_class '' leaves the class out (the cluster's default; pipelines/run_store.py)."""
+    from pipelines.run_store import create_run_store
+
+    return create_run_store(kfp_run_id, size=size, access_mode=access_mode, storage_class=storage_class or None)
 
 
 @_component

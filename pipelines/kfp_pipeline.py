@@ -7,7 +7,9 @@ settings (kfp-kubernetes, the YAML's second document), all from pipeline paramet
 for one GPU with the GPU nodeSelector and tolerations; a row whose config asks for more than one process
 (`Stage.launch`: `sft.launch`, `rl.launch` of the compiled config) is a launcher step that runs it as a
 PyTorchJob (`pipelines/launcher.py`) over a run directory on the PVC; the resumable rows write their stores on a
-PVC (storage class, access mode, size); the rows with `store_volume` (provision, accumulate) mount the
+PVC that the `run-store` step creates (`pipelines/run_store.py`: size a parameter, storage class and access mode
+from the ClusterConfig, no class meaning the cluster's default) and DeletePVC removes; the light steps (start,
+report, close-run, launchers) and the stages request `PipelineConfig.resources`; the rows with `store_volume` (provision, accumulate) mount the
 persistent data store's PVC (parameter `data_store_claim`, at `ClusterConfig.data_store_mount`), which
 the manifests create and every run shares; the sandbox token and the endpoint key come from Secrets as
 environment variables, never as parameters. The ServiceAccount is a property of a KFP *run*, not of
@@ -22,7 +24,7 @@ from kfp import compiler, dsl, kubernetes
 
 from pipelines import kfp_components as c
 from pipelines import stages
-from pipelines.cluster import ClusterConfig
+from pipelines.cluster import PIPELINE_POD_LABELS, ClusterConfig
 from pipelines.config import PipelineConfig
 from pipelines.parameters import Param, pipeline_parameters
 
@@ -30,15 +32,29 @@ PIPELINE_NAME = "orchard-training"
 STORE_MOUNT = "/mnt/run-store"
 
 
-def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: ClusterConfig,
+def _step(task: dsl.PipelineTask, p: dict, config: PipelineConfig) -> dsl.PipelineTask:
+    """A light step (start, report, close-run, a job launcher): the CPU image and the small requests."""
+    return (_labelled(task).set_container_image(p["image"]).set_cpu_request(config.resources.step_cpu)
+            .set_memory_request(config.resources.step_memory))
+
+
+def _labelled(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    """The pipeline-pod labels: manifests/base/service-network.yaml admits these pods to MLflow and the sandbox API."""
+    for key, value in PIPELINE_POD_LABELS.items():
+        kubernetes.add_pod_label(task, key, value)
+    return task
+
+
+def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: ClusterConfig, config: PipelineConfig,
            job: bool = False) -> dsl.PipelineTask:
     """Image, secrets, resources, retries and timeout of one stage's task (`job`: its PyTorchJob launcher)."""
-    gpu = stage.gpu and not job  # a launcher only waits; its job's pods get the GPUs
-    task.set_container_image(p["gpu_image"] if gpu else p["image"])
+    gpu = stage.wants_gpu(config) and not job  # a launcher only waits; its job's pods get the GPUs
     if job:
-        task.set_cpu_request("1").set_memory_request("2G")
+        _step(task, p, config)
     else:
-        task.set_cpu_request(stage.cpu).set_memory_request(stage.memory.replace("Gi", "G"))
+        cpu, memory = stage.requests(config)
+        _labelled(task).set_container_image(p["gpu_image"] if gpu else p["image"])
+        task.set_cpu_request(cpu).set_memory_request(memory)
     kubernetes.use_secret_as_env(task, secret_name=p["sandbox_token_secret"],
                                  secret_key_to_env={cluster.sandbox_token_key: "ORCHARD_SANDBOX_TOKEN"})
     kubernetes.use_secret_as_env(task, secret_name=p["endpoint_secret"],
@@ -72,8 +88,9 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
     def dag(p: dict, config, run_id) -> None:
         store = None
         if for_cluster:  # resumable stores live on a PVC, so a retried pod resumes from its shards
-            store = kubernetes.CreatePVC(pvc_name_suffix="-run-store", access_modes=[p["access_mode"]],
-                                         size=p["volume_size"], storage_class_name=p["storage_class"])
+            store = _step(c.run_store(kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, size=p["volume_size"],
+                                      access_mode=cluster.access_mode, storage_class=cluster.storage_class or ""),
+                          p, config_defaults).set_caching_options(False)
         tasks: dict[str, dsl.PipelineTask] = {}
         for stage in stages.STAGES:
             args = {arg: tasks[ref.split(".")[0]].outputs[ref.split(".")[1]] for arg, ref in stage.inputs.items()}
@@ -85,28 +102,28 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
                     raise ValueError(f"stage {stage.name} asks for {launch.processes} processes ({stage.config}.launch), "
                                      "a PyTorchJob, which needs a cluster; kfp.local runs one process per stage")
                 task = c.JOB_BY_STAGE[stage.name](
-                    config_json=config, parent_run_id=run_id, **args, run_store=store.outputs["name"],
-                    job_image=p["gpu_image"] if stage.gpu else p["image"], nproc_per_node=launch.nproc_per_node,
+                    config_json=config, parent_run_id=run_id, **args, run_store=store.output,
+                    job_image=p["gpu_image"] if stage.wants_gpu(config_defaults) else p["image"], nproc_per_node=launch.nproc_per_node,
                     workers=launch.workers, timeout_seconds=stage.timeout_seconds or cluster.stage_timeout_seconds,
                     sandbox_token_secret=p["sandbox_token_secret"], endpoint_secret=p["endpoint_secret"],
                     secret_keys={"sandbox_token_key": cluster.sandbox_token_key, "endpoint_key": cluster.endpoint_key},
-                    gpu_node_selector=p["gpu_node_selector"], gpu_tolerations=p["gpu_tolerations"])
-                tasks[stage.name] = _place(task, stage, p, cluster, job=True)
-                kubernetes.mount_pvc(task, pvc_name=store.outputs["name"], mount_path=STORE_MOUNT)
+                    gpu_node_selector=p["gpu_node_selector"], gpu_tolerations=p["gpu_tolerations"],
+                    pod_security_context=cluster.pod_security_context())
+                tasks[stage.name] = _place(task, stage, p, cluster, config_defaults, job=True)
+                kubernetes.mount_pvc(task, pvc_name=store.output, mount_path=STORE_MOUNT)
                 continue
             task = c.BY_STAGE[stage.name](config_json=config, parent_run_id=run_id, **args)
-            tasks[stage.name] = _place(task, stage, p, cluster)
+            tasks[stage.name] = _place(task, stage, p, cluster, config_defaults)
             if store is not None and stage.resumable:
-                kubernetes.mount_pvc(task, pvc_name=store.outputs["name"], mount_path=STORE_MOUNT)
+                kubernetes.mount_pvc(task, pvc_name=store.output, mount_path=STORE_MOUNT)
                 task.set_env_variable("ORCHARD_STORE_MOUNT", STORE_MOUNT)
             if for_cluster and stage.store_volume:  # the persistent data store, the same PVC in every run
                 kubernetes.mount_pvc(task, pvc_name=p["data_store_claim"], mount_path=cluster.data_store_mount)
         if store is not None:
-            kubernetes.DeletePVC(pvc_name=store.outputs["name"]).after(
+            kubernetes.DeletePVC(pvc_name=store.output).after(
                 *[tasks[s.name] for s in stages.STAGES if s.resumable or s.launch(config_defaults)])
         results = {s.name.replace("-", "_"): tasks[s.name].outputs["Output"] for s in stages.STAGES}
-        final = c.report(config_json=config, parent_run_id=run_id, **results)
-        final.set_container_image(p["image"])
+        _step(c.report(config_json=config, parent_run_id=run_id, **results), p, config_defaults)
 
     def orchard_training(*values):
         p = dict(zip(names, values))
@@ -114,12 +131,13 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
         def body():
             begin = c.start(**{x.name: p[x.name] for x in params if x.start},
                             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, run_label=p["run_label"])
-            begin.set_container_image(p["image"]).set_caching_options(False)  # a fresh parent run every time
+            _step(begin, p, config_defaults).set_caching_options(False)  # a fresh parent run every time
             dag(p, begin.outputs["config_json"], begin.outputs["parent_run_id"])
 
         if for_cluster:
             closer = c.close_run(mlflow_uri=p["mlflow_uri"], experiment=p["experiment"],
-                                 kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER).set_container_image(p["image"])
+                                 kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+            _step(closer, p, config_defaults)
             with dsl.ExitHandler(closer, name="mlflow-parent-run"):
                 body()
         else:

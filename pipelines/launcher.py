@@ -136,7 +136,8 @@ def kfp_job_entry(name: str, config_json: str, parent_run_id: str, inputs: dict[
                   poll_seconds: float = 10.0) -> str:
     """The body of a stage's launcher component (steps 1-4 of the module docstring).
 
-    `placement`: sandbox_token_secret/key, endpoint_secret/key, gpu_node_selector, gpu_tolerations."""
+    `placement`: sandbox_token_secret/key, endpoint_secret/key, gpu_node_selector, gpu_tolerations,
+    security_context (the job pods' securityContext, optional)."""
     from pipelines.steps import StepContext, log_record_metrics
 
     stage = stages.BY_NAME[name]
@@ -153,7 +154,8 @@ def kfp_job_entry(name: str, config_json: str, parent_run_id: str, inputs: dict[
         _copy(Path(inputs[arg].path), layout.artifact(*ref.split(".", 1)))
     layout.config.write_text(config_json)
     manifest = pytorchjob_manifest(
-        stage, launch, name=job, image=image, command=job_command(name, launch, str(layout.root), parent_run_id),
+        stage, launch, gpu=stage.wants_gpu(ctx.config), requests=stage.requests(ctx.config),
+        security_context=placement.get("security_context"), name=job, image=image, command=job_command(name, launch, str(layout.root), parent_run_id),
         claim_name=run_store, mount_path=mount_path, deadline_seconds=timeout_seconds,
         secret_env=secret_env(placement["sandbox_token_secret"], placement["sandbox_token_key"],
                               placement["endpoint_secret"], placement["endpoint_key"]),
@@ -175,7 +177,7 @@ def kfp_job_entry(name: str, config_json: str, parent_run_id: str, inputs: dict[
 def kfp_job_step(name: str, *, config_json: str, parent_run_id: str, metrics: Any, run_store: str, job_image: str,
                  nproc_per_node: int, workers: int, timeout_seconds: int, sandbox_token_secret: str,
                  endpoint_secret: str, secret_keys: dict, gpu_node_selector: dict, gpu_tolerations: list,
-                 **artifacts: Any) -> str:
+                 pod_security_context: dict | None = None, **artifacts: Any) -> str:
     """The body of every launcher component (`kfp_components.sft_job`, `rl_job`): their parameters as KFP
     passes them, i.e. the stage's own input and output artifacts (by the row's names) plus the job's
     launch and placement, assembled into a `kfp_job_entry` call."""
@@ -192,4 +194,4 @@ def kfp_job_step(name: str, *, config_json: str, parent_run_id: str, metrics: An
                          run_store=run_store, mount_path=STORE_MOUNT, timeout_seconds=timeout_seconds,
                          placement={"sandbox_token_secret": sandbox_token_secret, "endpoint_secret": endpoint_secret,
                                     "gpu_node_selector": gpu_node_selector, "gpu_tolerations": gpu_tolerations,
-                                    **secret_keys})
+                                    "security_context": pod_security_context, **secret_keys})

@@ -60,8 +60,6 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
               f"Optional Secret with model endpoints' API key (key '{cluster.endpoint_key}')."),
         Param("gpu_node_selector", dict(cluster.gpu_node_selector), "nodeSelector of the GPU stages."),
         Param("gpu_tolerations", cluster.tolerations_json(), "Tolerations of the GPU stages."),
-        Param("storage_class", cluster.storage_class, "StorageClass of the run volume ('' = default)."),
-        Param("access_mode", cluster.access_mode, "Access mode of the run volume."),
         Param("volume_size", cluster.volume_size, "Size of the run volume."),
         Param("data_store_claim", cluster.data_store_claim,
               f"PVC of the persistent data store, mounted at {cluster.data_store_mount} by the stages that use it."),

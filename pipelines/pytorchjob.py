@@ -26,10 +26,11 @@ import jsonschema
 import yaml
 
 from components.core.distributed import LaunchConfig
+from pipelines.cluster import PIPELINE_POD_LABELS
 
 API_VERSION, KIND = "kubeflow.org/v1", "PyTorchJob"
 CONTAINER = "pytorch"  # the operator finds the training container by this name
-LABELS = {"app.kubernetes.io/part-of": "orchard", "app.kubernetes.io/component": "training"}
+LABELS = {"app.kubernetes.io/part-of": "orchard", "app.kubernetes.io/component": "training", **PIPELINE_POD_LABELS}
 # Argo resource conditions (label-selector syntax over the object's JSON, so conditions[] cannot be
 # queried): the job succeeded when its Master did, failed as soon as any Master pod failed.
 SUCCESS_CONDITION = "status.replicaStatuses.Master.succeeded > 0"
@@ -42,19 +43,24 @@ def job_command(stage: str, launch: LaunchConfig, run_dir: str, parent_run_id: s
             "--run-dir", run_dir, "--config-file", f"{run_dir}/config.json", "--parent-run-id", parent_run_id]
 
 
-def pytorchjob_manifest(stage: Any, launch: LaunchConfig, *, image: str, command: list[str], claim_name: str,
-                        mount_path: str, secret_env: list[dict], node_selector: Any, tolerations: Any,
+def pytorchjob_manifest(stage: Any, launch: LaunchConfig, *, gpu: bool, requests: tuple[str, str], image: str,
+                        command: list[str], claim_name: str, mount_path: str, secret_env: list[dict],
+                        node_selector: Any, tolerations: Any, security_context: dict | None = None,
                         name: str | None = None, generate_name: str | None = None,
                         deadline_seconds: int | None = None) -> dict:
     """The PyTorchJob running one stage row (`pipelines.stages.Stage`) as `launch` says.
 
+    `gpu`, `requests`: `stage.wants_gpu(config)`, `stage.requests(config)` of the run's PipelineConfig.
+    `security_context`: the pods' (ClusterConfig.pod_security_context: fsGroup for the run volume).
     `node_selector`/`tolerations`: objects, or placeholder strings (Argo) that `to_yaml` leaves unquoted."""
     if (name is None) == (generate_name is None):
         raise ValueError("give the job a name or a generate_name (one of them)")
-    resources: dict[str, Any] = {"requests": {"cpu": stage.cpu, "memory": stage.memory},
-                                 "limits": {"memory": stage.memory}}
+    cpu, memory = requests
+    resources: dict[str, Any] = {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}}
     pod: dict[str, Any] = {"automountServiceAccountToken": False}  # the pods need no Kubernetes API
-    if stage.gpu:  # one GPU per process
+    if security_context:
+        pod["securityContext"] = dict(security_context)
+    if gpu:  # one GPU per process
         resources["limits"]["nvidia.com/gpu"] = launch.nproc_per_node
         pod |= {"nodeSelector": node_selector, "tolerations": tolerations}
     labels = {**LABELS, "orchard.dev/stage": stage.name}

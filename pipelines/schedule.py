@@ -27,6 +27,9 @@ class RecurringRunSpec(BaseModel):
     enabled: bool = Field(True, description="Start the schedule enabled.")
     enable_caching: bool = Field(False, description="Retraining must not reuse cached steps.")
     service_account: str | None = Field(None, description="Kubernetes service account for the runs.")
+    namespace: str | None = Field(
+        None, description="KFP namespace (multi-user KFP: the profile's; None: the client's default, `kubeflow` "
+                          "on KFP standalone). The runs' pods, the data store PVC and the Secrets live there.")
 
     @field_validator("cron")
     @classmethod
@@ -60,13 +63,31 @@ def recurring_run_arguments(spec: RecurringRunSpec, experiment_id: str) -> dict[
     }
 
 
-def create_recurring_run(spec: RecurringRunSpec, *, host: str | None = None, client: Any = None):
-    """Create the recurring run on a KFP server (get-or-create the experiment first)."""
-    import kfp
+class KfpUnreachable(ConnectionError):
+    """The KFP API could not be reached or refused the call; the message is one line saying which and why."""
 
-    client = client or kfp.Client(host=host)
+
+def create_recurring_run(spec: RecurringRunSpec, *, host: str | None = None, client: Any = None):
+    """Create the recurring run on a KFP server (get-or-create the experiment first).
+
+    Raises KfpUnreachable when the server cannot be reached or answers with an error."""
+    from kfp_server_api.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
     try:
-        experiment = client.get_experiment(experiment_name=spec.experiment)
-    except Exception:  # the SDK raises a bare ValueError/ApiException when it is absent
-        experiment = client.create_experiment(name=spec.experiment)
-    return client.create_recurring_run(**recurring_run_arguments(spec, experiment.experiment_id))
+        if client is None:
+            import kfp
+
+            client = kfp.Client(host=host, namespace=spec.namespace)
+        try:
+            experiment = client.get_experiment(experiment_name=spec.experiment, namespace=spec.namespace)
+        except (ValueError, ApiException):  # the SDK's answer when the experiment does not exist
+            experiment = client.create_experiment(name=spec.experiment, namespace=spec.namespace)
+        return client.create_recurring_run(**recurring_run_arguments(spec, experiment.experiment_id))
+    except (HTTPError, OSError) as err:
+        reason = getattr(err, "reason", None) or err
+        raise KfpUnreachable(f"cannot reach the KFP API at {host}: {str(reason).splitlines()[0]}") from err
+    except ApiException as err:
+        body = (err.body or "").strip().splitlines()
+        raise KfpUnreachable(f"the KFP API at {host} answered {err.status} {err.reason}"
+                             + (f": {body[0][:200]}" if body else "")) from err

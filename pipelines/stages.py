@@ -46,7 +46,7 @@ class Stage:
     config: str  # PipelineConfig section
     inputs: dict[str, str] = field(default_factory=dict)  # argument -> "producer.output"
     outputs: dict[str, ArtifactKind] = field(default_factory=dict)
-    gpu: bool = False
+    gpu: bool = False  # may use a GPU: it gets one when the config asks (`wants_gpu`)
     retries: int = 1
     timeout_seconds: int | None = None  # None: ClusterConfig.stage_timeout_seconds
     resumable: bool = False  # writes its store on the run volume so a retried pod resumes (KFP: a PVC)
@@ -70,13 +70,16 @@ class Stage:
     def depends(self) -> list[str]:
         return sorted({ref.split(".", 1)[0] for ref in self.inputs.values()})
 
-    @property
-    def cpu(self) -> str:
-        return "4" if self.gpu else "2"
+    def wants_gpu(self, config: Any) -> bool:
+        """Whether this stage's pods ask for a GPU under `config` (a PipelineConfig): the one definition.
+        A GPU-capable row (`gpu`) gets one only when `config.resources.gpu` says so; then it also uses the
+        GPU image and the GPU nodeSelector/tolerations, else none of them."""
+        return self.gpu and config.resources.gpu
 
-    @property
-    def memory(self) -> str:
-        return "16Gi" if self.gpu else "8Gi"
+    def requests(self, config: Any) -> tuple[str, str]:
+        """(cpu, memory) requests of this stage's pods under `config` (`PipelineConfig.resources`)."""
+        r = config.resources
+        return (r.train_cpu, r.train_memory) if self.gpu else (r.stage_cpu, r.stage_memory)
 
 
 # --- The stage functions -----------------------------------------------------------------------

@@ -324,12 +324,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.step == stages.START:
         params: dict[str, Any] = dict(item.split("=", 1) for item in args.param)
         params["seed"] = int(params.get("seed", 0))
+        try:  # before the parent run exists: a volume the step cannot write fails it with no run left RUNNING
+            for directory in (args.run_dir, args.outputs_dir):
+                directory.mkdir(parents=True, exist_ok=True)
+                probe = directory / ".orchard-write-check"
+                probe.write_text("")
+                probe.unlink()
+        except OSError as err:
+            print(f"error: cannot write the run directory ({err}); the volume must be writable by uid "
+                  f"{os.getuid()} (the stage pods' fsGroup, ClusterConfig.stage_uid)", file=sys.stderr)
+            return 1
         config, run_id = start_pipeline(**params, tags={"orchard.runner": "argo"})
-        args.run_dir.mkdir(parents=True, exist_ok=True)
-        args.outputs_dir.mkdir(parents=True, exist_ok=True)
-        (args.outputs_dir / "config_json").write_text(config.model_dump_json())
-        RunLayout(args.run_dir).config.write_text(config.model_dump_json())  # for a stage's PyTorchJob pods
-        (args.outputs_dir / "parent_run_id").write_text(run_id)
+        try:
+            (args.outputs_dir / "config_json").write_text(config.model_dump_json())
+            RunLayout(args.run_dir).config.write_text(config.model_dump_json())  # for a stage's PyTorchJob pods
+            (args.outputs_dir / "parent_run_id").write_text(run_id)
+        except OSError:
+            close_pipeline_run(StepContext(config, run_id).tracking_config, run_id, status="FAILED")
+            raise
         return 0
     ctx = StepContext.from_json(args.config_json, args.parent_run_id)
     if args.step == stages.REPORT:

@@ -8,6 +8,7 @@ pass), which keeps the exec hot path short.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 
@@ -22,7 +23,7 @@ from sandbox_service.auth import TokenAuth
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.compat import PUBLISHED_PREFIX, mount_published_api
 from sandbox_service.config import ServiceConfig
-from sandbox_service.errors import InvalidRequestError, SandboxServiceError
+from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxServiceError
 from sandbox_service.jobs import JobManager
 from sandbox_service.middleware import ServiceMiddleware
 from sandbox_service.middleware import error_response as _error
@@ -272,10 +273,20 @@ def create_app(config: ServiceConfig | None = None, backend: SandboxBackend | No
     _install_error_handlers(app, config)
 
     @app.get("/healthz")
-    async def healthz() -> dict:
+    async def healthz() -> JSONResponse:
+        """Readiness: 200 when the backend can create sandboxes now (Kubernetes: its API answers), else 503
+        with the reason. `/livez` (liveness) only says the process answers: an API outage is not a restart."""
+        problem = await asyncio.to_thread(backend.health)
         live = sum(1 for r in manager.sandboxes.values() if r.info.state is not SandboxState.deleted)
-        return {"status": "ok", "backend": backend.name, "isolated": not config.unisolated, "sandboxes": live,
-                "startup_cleanup": manager.startup_report}
+        body = {"status": "unavailable" if problem else "ok", "backend": backend.name,
+                "isolated": not config.unisolated, "sandboxes": live, "startup_cleanup": manager.startup_report}
+        if problem:  # also an error body (code, message): clients raise BackendUnavailableError
+            body |= {"code": BackendUnavailableError.code, "message": problem}
+        return JSONResponse(body, status_code=503 if problem else 200)
+
+    @app.get("/livez")
+    async def livez() -> dict:
+        return {"status": "ok"}
 
     # Routers are included flat (not nested), which keeps route matching on the exec path short.
     app.include_router(_v1_router(manager, ops, jobs, ports))
@@ -287,9 +298,9 @@ def create_app(config: ServiceConfig | None = None, backend: SandboxBackend | No
     app.include_router(proxy_router(ports))  # the token in the URL is the credential
     app.include_router(pty_router(manager, auth))  # checks the token itself (header or ?token=)
     mount_published_api(app, config, auth, manager, ops, jobs)  # checks X-API-Key itself
-    # Open: /healthz, and exposed-port URLs (the unguessable token in their path is the credential).
+    # Open: /healthz, /livez, and exposed-port URLs (the unguessable token in their path is the credential).
     app.add_middleware(ServiceMiddleware, auth=auth, metrics=metrics, limit=config.max_request_bytes,
-                       config=config, ops=ops, jobs=jobs, open_paths=("/healthz",),
+                       config=config, ops=ops, jobs=jobs, open_paths=("/healthz", "/livez"),
                        open_prefixes=("/v1/ports/", PUBLISHED_PREFIX + "/"))
     return app
 

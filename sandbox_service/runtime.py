@@ -66,6 +66,8 @@ class SandboxRuntime:
                 spec = rec.spec.model_copy(update={"from_snapshot": None}) if recreate else rec.spec
                 rec.endpoint = await self.in_thread(self.backend.start, rec.id, spec, rec.info.resources,
                                                     rec.secret)
+                if rec.endpoint.boot_secret is not None:
+                    await self.take_over(rec)
                 if restore_from is not None:
                     await self.in_thread(self.backend.restore, rec.id, restore_from)
                 await self.await_agent(rec)
@@ -89,6 +91,20 @@ class SandboxRuntime:
             rec.info.infra_error = None
             rec.set_state(SandboxState.ready)
             return
+
+    async def take_over(self, rec: SandboxRecord) -> None:
+        """Re-key a fresh agent from its boot key (readable inside the sandbox) to the sandbox's own, which
+        only the service holds; from then on the boot key is refused."""
+        live = rec.endpoint
+        rec.endpoint = live.model_copy(update={"secret": live.boot_secret})
+        try:
+            await self.await_agent(rec)
+            await rec.agent.rekey(live.secret)
+        finally:
+            if rec.agent is not None:
+                agent, rec.agent = rec.agent, None
+                await agent.close()
+            rec.endpoint = live.model_copy(update={"boot_secret": None})
 
     async def await_agent(self, rec: SandboxRecord, timeout: float | None = None) -> None:
         """Ping until the agent answers; give up early if the backend says the sandbox died."""

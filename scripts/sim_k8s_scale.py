@@ -150,7 +150,8 @@ class StubNode:
         key = self.rekeyed.get(ip)
         if key is None:
             secret = self.fake.objects.get(("secrets", "orchard", f"{name}-agent"))
-            key = base64.b64decode(secret["data"]["agent-secret"]).decode() if secret else None
+            # the agent boots with the key in the pod's files (the boot key; a warm pod's: its pool key)
+            key = base64.b64decode(secret["data"]["agent-boot-secret"]).decode() if secret else None
         if key != endpoint.secret:
             raise AgentUnreachableError("unauthorized: wrong or missing agent secret")
 
@@ -272,6 +273,10 @@ def run(creates: int, cap: int, mode: str, args: argparse.Namespace, tmp: Path) 
         queued.append(began - t0)
         try:
             endpoint = first.start(f"sb-sim-{i:05d}", SPEC, Resources(), f"secret-of-sandbox-{i:05d}")
+            if endpoint.boot_secret is not None:  # the service's take-over: ping with the boot key, re-key
+                agent = StubAgent(node, endpoint.model_copy(update={"secret": endpoint.boot_secret}))
+                asyncio.run(await_agent(agent))
+                asyncio.run(agent.rekey(endpoint.secret))
             asyncio.run(await_agent(StubAgent(node, endpoint)))
             ready.append(endpoint)
             started.append(time.monotonic() - began)

@@ -23,6 +23,10 @@ class AgentEndpoint(BaseModel):
     secret: str = Field(description="Per-sandbox shared secret; the agent refuses requests without it.")
     tls: bool = Field(False, description="True where traffic crosses a network (Kubernetes).")
     ca_cert_pem: str | None = Field(None, description="CA the agent's certificate is signed by (tls only).")
+    boot_secret: str | None = Field(
+        None, description="The key a fresh agent starts with when it is not `secret` (Kubernetes: the only key in "
+                          "the pod's files, which the workload can read): the service re-keys the agent to "
+                          "`secret` as soon as it answers, before anything else uses it (runtime.take_over).")
 
 
 class BackendStatus(BaseModel):
@@ -88,6 +92,11 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     def delete_snapshot(self, snapshot_id: str) -> None:
         """Free a snapshot. Idempotent."""
+
+    def health(self) -> str | None:
+        """Can the backend create sandboxes now? None if so, else why not (one line). Cheap and bounded:
+        `/healthz` (the readiness probe) calls it every few seconds. Default: nothing outside the process."""
+        return None
 
     @property
     def keeps_sandboxes_on_shutdown(self) -> bool:

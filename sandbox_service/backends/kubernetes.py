@@ -41,6 +41,7 @@ snapshotted at all, so an escalated sandbox restarts from its image then.
 from __future__ import annotations
 
 import logging
+import secrets
 import os
 import threading
 import time
@@ -229,8 +230,11 @@ class KubernetesBackend(SandboxBackend):
                                                 policy_kind=self.network.kind)
         try:
             self.network.ensure_shared()
+            # A warm pod boots with its pool key (the claim re-keys it); any other with a key the service
+            # re-keys away as soon as the agent answers: the pod's files never hold a key still accepted.
+            boot = secret if warm else secrets.token_urlsafe(32)
             self._create("secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret,
-                         build_secret(secret_name, sandbox_id, spec, cfg, agent_secret=secret,
+                         build_secret(secret_name, sandbox_id, spec, cfg, agent_secret=secret, boot_secret=boot,
                                       cert_pem=cert_pem, key_pem=key_pem, immutable=not warm,
                                       extra=kubernetes_adopt.secret_entries(spec, ca_pem)))
             pod = self._create("pod", self.core.create_namespaced_pod, self.core.read_namespaced_pod,
@@ -244,11 +248,12 @@ class KubernetesBackend(SandboxBackend):
                 self.network.create(pod_name, sandbox_id, spec, cidrs, owner)
             ip = self._wait_running(pod_name)
             endpoint = AgentEndpoint(transport="tcp", address=agent_address(ip, cfg.agent_port), secret=secret,
-                                     tls=True, ca_cert_pem=ca_pem)
+                                     tls=True, ca_cert_pem=ca_pem, boot_secret=None if warm else boot)
             if spec.from_snapshot:
                 # A fork: the service leaves restoring the snapshot to the backend (the local backend
-                # starts from the snapshot's filesystem; here the workdir is restored through the agent).
-                self.snapshots.restore(endpoint, spec.workdir, spec.from_snapshot)
+                # starts from the snapshot's filesystem; here the workdir is restored through the agent,
+                # which still has its boot key).
+                self.snapshots.restore(endpoint.model_copy(update={"secret": boot}), spec.workdir, spec.from_snapshot)
         except BaseException:
             with self._lock:
                 self._handles.pop(sandbox_id, None)
@@ -258,8 +263,8 @@ class KubernetesBackend(SandboxBackend):
             except Exception:  # noqa: BLE001 - keep the original error; stop() and list_orphans() retry
                 log.exception("cleanup after a failed start of %s failed", sandbox_id)
             raise
-        with self._lock:
-            self._handles[sandbox_id].endpoint = endpoint
+        with self._lock:  # the backend's own agent calls (snapshots) come after the take-over: the live key
+            self._handles[sandbox_id].endpoint = endpoint.model_copy(update={"boot_secret": None})
         return endpoint
 
     def _wait_running(self, pod_name: str) -> str:
@@ -385,6 +390,9 @@ class KubernetesBackend(SandboxBackend):
 
     def delete_snapshot(self, snapshot_id: str) -> None:
         self.snapshots.delete(snapshot_id)
+
+    def health(self) -> str | None:
+        return self.api.health()
 
     def close(self) -> None:
         self._closed.set()

@@ -73,3 +73,14 @@ class KubernetesApi:
                 raise
             name = body["metadata"]["name"] if isinstance(body, dict) else body.metadata.name  # custom objects: dicts
             return self.call(f"read {what}", read, name, ns)
+
+    def health(self, timeout_seconds: float = 3.0) -> str | None:
+        """One LIST of at most one pod in the sandbox namespace, unretried (what every create needs: the API
+        server reachable and this identity's rights there). None when it answers, else why not."""
+        try:
+            self.core.list_namespaced_pod(self.config.namespace, limit=1, _request_timeout=timeout_seconds)
+        except ApiException as err:
+            return f"the Kubernetes API answered {err.status} {err.reason} listing pods in {self.config.namespace}"
+        except Exception as err:  # noqa: BLE001 - urllib3/socket errors: unreachable, whatever the class
+            return f"the Kubernetes API is unreachable ({type(err).__name__}: {str(err).splitlines()[0][:200]})"
+        return None

@@ -172,7 +172,10 @@ class KubernetesBackendConfig(BaseSettings):
     max_ttl_seconds: float = Field(
         86400.0, gt=0, description="Cap on a pod's activeDeadlineSeconds (the service's max_ttl_seconds).")
     safe_to_evict: bool = Field(
-        True, description="Annotate pods safe-to-evict so the cluster autoscaler can drain their nodes.")
+        False, description="The cluster autoscaler's safe-to-evict annotation of sandbox pods. False (default): "
+                           "\"false\", so scale-down never removes a node under a running episode (its state "
+                           "lives only in the pod; adoption keeps sandboxes across service restarts, not node "
+                           "removals). True: \"true\", nodes drain faster and running episodes die.")
 
     # -- warm pool (kubernetes_pool) ---------------------------------------------------------------------
     warm_pools: list[WarmPoolEntry] = Field(

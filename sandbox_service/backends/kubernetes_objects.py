@@ -42,9 +42,12 @@ from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 AGENT_CONTAINER = "sandbox"
 INJECTOR_CONTAINER = "orchard-agent-injector"
 INJECTOR_SOURCE = "/opt/orchard"  # where docker/agent-injector/Dockerfile puts Python + agent
-SECRET_KEY_AGENT = "agent-secret"
+SECRET_KEY_AGENT = "agent-secret"  # the live key: read by the service (adoption), never mounted into the pod
+SECRET_KEY_BOOT = "agent-boot-secret"  # what the agent starts with; re-keyed away before the sandbox is used
 SECRET_KEY_CERT = "tls.crt"
 SECRET_KEY_KEY = "tls.key"
+# The keys the pod's secret volume holds (the live key is not among them).
+POD_SECRET_KEYS = (SECRET_KEY_BOOT, SECRET_KEY_CERT, SECRET_KEY_KEY)
 
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 _DNS_BAD = re.compile(r"[^a-z0-9-]+")
@@ -133,15 +136,17 @@ def _millicores(cpu: float) -> str:
 
 
 def build_secret(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig, *,
-                 agent_secret: str, cert_pem: str, key_pem: str, immutable: bool = True,
+                 agent_secret: str, boot_secret: str, cert_pem: str, key_pem: str, immutable: bool = True,
                  extra: dict[str, str] | None = None) -> k8s.V1Secret:
-    """The per-sandbox Secret: the agent's shared secret and its TLS certificate and key (and `extra`
-    entries: what a restarted service needs to adopt the sandbox, `kubernetes_adopt.secret_entries`).
+    """The per-sandbox Secret: the agent's live key (for adoption; not mounted), the boot key the pod's agent
+    starts with, its TLS certificate and key (and `extra` entries: what a restarted service needs to adopt
+    the sandbox, `kubernetes_adopt.secret_entries`).
     Mutable only for a warm pod, whose key changes once, when it is claimed (and the Secret made immutable)."""
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
-    entries = {**(extra or {}), SECRET_KEY_AGENT: agent_secret, SECRET_KEY_CERT: cert_pem, SECRET_KEY_KEY: key_pem}
+    entries = {**(extra or {}), SECRET_KEY_AGENT: agent_secret, SECRET_KEY_BOOT: boot_secret,
+               SECRET_KEY_CERT: cert_pem, SECRET_KEY_KEY: key_pem}
     return k8s.V1Secret(
         api_version="v1", kind="Secret", type="Opaque", immutable=immutable,  # kubelet stops watching it
         metadata=object_meta(name, sandbox_id, config, spec),
@@ -164,7 +169,7 @@ def agent_command(spec: SandboxCreate, config: KubernetesBackendConfig) -> list[
     return [f"{mount}/python/bin/python3", "-I", "-S", "-c", AGENT_BOOTSTRAP, f"{mount}/agent",
             "--tcp", f"[::]:{config.agent_port}",  # dual stack; IPv4 alone where the node has no IPv6
             "--tls-cert", f"{sec}/{SECRET_KEY_CERT}", "--tls-key", f"{sec}/{SECRET_KEY_KEY}",
-            "--secret-file", f"{sec}/{SECRET_KEY_AGENT}", "--workspace", spec.workdir,
+            "--secret-file", f"{sec}/{SECRET_KEY_BOOT}", "--workspace", spec.workdir,
             "--isolation", "kubernetes-pod", "--inherit-env"]
 
 
@@ -229,20 +234,23 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         volumes=[
             k8s.V1Volume(name=agent_volume, empty_dir=k8s.V1EmptyDirVolumeSource(
                 size_limit=_quantity_mi(config.agent_volume_size_mb))),
-            # 0444: the agent may run as any user the image picks; everything in the pod is the sandbox anyway.
+            # The boot key, certificate and key only: the live key never enters the pod, and the boot key
+            # is refused once the service re-keyed the agent (runtime.take_over), so a workload that reads
+            # it learns nothing. 0444, not 0400: the kubelet makes the files root's, and the agent runs as
+            # whatever user the image picks (0400 would lock a non-root agent out of its own files).
             k8s.V1Volume(name=secret_volume, secret=k8s.V1SecretVolumeSource(
-                secret_name=secret_name, default_mode=0o444))],
+                secret_name=secret_name, default_mode=0o444,
+                items=[k8s.V1KeyToPath(key=k, path=k) for k in POD_SECRET_KEYS]))],
         image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.image_pull_secrets] or None,
         node_selector=dict(config.node_selector) or None,
         tolerations=[k8s.V1Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect,
                                       toleration_seconds=t.toleration_seconds) for t in config.tolerations] or None,
         runtime_class_name=config.runtime_class_name, priority_class_name=config.priority_class_name)
     annotations = {**(annotations or {}), WORKDIR_ANNOTATION: spec.workdir}
+    # Said either way: scale-down must not kill a running episode unless the operator chose so (safe_to_evict).
+    annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "true" if config.safe_to_evict else "false"
     if config.safe_to_evict:
-        # A bare pod with an emptyDir blocks the cluster autoscaler's scale-down; a sandbox is disposable
-        # (the service recreates it), so it says so.
-        annotations.update({"cluster-autoscaler.kubernetes.io/safe-to-evict": "true",
-                            "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes": "orchard-agent"})
+        annotations["cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"] = "orchard-agent"
     meta = object_meta(name, sandbox_id, config, spec, extra_annotations={**annotations, **config.pod_annotations})
     return k8s.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=pod_spec)
 
@@ -263,7 +271,7 @@ def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
         except ValueError as err:
             raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is not a CIDR ({err}); use e.g. 10.0.0.0/8.")
         if any(network.version == m.version and network.subnet_of(m) for m in map(ipaddress.ip_network, METADATA_CIDRS)):
-            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is the cloud metadata endpoint, which "
+            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is a cloud metadata endpoint, which "
                                       "sandboxes never reach (it hands out the node's credentials).")
         cidrs.append(str(network))
     return cidrs
@@ -291,7 +299,16 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
     return sorted(set(cidrs))
 
 
-METADATA_CIDRS = ("169.254.169.254/32", "fd00:ec2::254/128")  # cloud metadata endpoints (IPv4, AWS IPv6)
+# Cloud metadata and node credential endpoints, never reachable from a sandbox (they hand out the node's or the
+# workload's cloud credentials): the one list every policy builder (NetworkPolicy excepts, Cilium, Antrea, Calico)
+# and the allowlist check use.
+METADATA_CIDRS = (
+    "169.254.169.254/32",  # the instance metadata service (AWS, GCP, Azure, OpenStack, ...)
+    "169.254.169.252/32",  # GKE Workload Identity metadata server (GKE Dataplane V2)
+    "169.254.170.23/32",   # EKS Pod Identity agent
+    "fd00:ec2::254/128",   # AWS instance metadata, IPv6
+    "fd00:ec2::23/128",    # EKS Pod Identity agent, IPv6
+)
 
 
 def metadata_excepts(cidr: str) -> list[str]:

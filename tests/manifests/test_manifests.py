@@ -36,7 +36,7 @@ from sandbox_service.config import ServiceConfig
 REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "manifests"
 VERSIONS = ["1.30", kubernetes_validate.latest_version()]
-TARGETS = ["base", "overlays/dev", "overlays/prod", "components/pytorchjob", "components/calico-dns"]
+TARGETS = ["base", "overlays/dev", "overlays/prod", "overlays/kfp", "components/pytorchjob", "components/calico-dns"]
 # What lives in the sandbox namespace, apart from the sandboxes themselves.
 SANDBOX_NAMESPACE_OBJECTS = {("Role", "orchard-sandbox-service"), ("RoleBinding", "orchard-sandbox-service"),
                              ("NetworkPolicy", "orchard-sandboxes-baseline"), ("ServiceAccount", "orchard-sandbox")}
@@ -105,7 +105,8 @@ def test_overlays_set_namespaces_and_pinned_images(rendered):
                          if d["metadata"].get("namespace") == cluster.sandbox_namespace}
         assert in_sandbox_ns == SANDBOX_NAMESPACE_OBJECTS
         assert all(d["metadata"].get("namespace") == namespace for d in docs
-                   if d["kind"] != "Namespace" and (d["kind"], d["metadata"]["name"]) not in in_sandbox_ns)
+                   if d["kind"] not in ("Namespace", "PriorityClass")  # cluster-scoped
+                   and (d["kind"], d["metadata"]["name"]) not in in_sandbox_ns)
         images = [c["image"] for d in docs for t in pod_templates(d) for c in t["spec"]["containers"]]
         assert images and all(image.endswith(f":{tag}") for image in images), images
         (service,) = by_kind(docs, "Deployment", "orchard-sandbox-service")
@@ -116,8 +117,9 @@ def test_overlays_set_namespaces_and_pinned_images(rendered):
     assert mlflow["spec"]["replicas"] == 2 and mlflow["spec"]["strategy"]["type"] == "RollingUpdate"
     (pdb,) = by_kind(prod, "PodDisruptionBudget")
     assert pdb["spec"]["selector"]["matchLabels"].items() <= mlflow["spec"]["template"]["metadata"]["labels"].items()
-    # prod artifacts live in object storage: its one volume is the data store
-    assert {d["metadata"]["name"] for d in by_kind(prod, "PersistentVolumeClaim")} == {ClusterConfig().data_store_claim}
+    # prod artifacts live in object storage: its volumes are the data store and the service's snapshots
+    assert {d["metadata"]["name"] for d in by_kind(prod, "PersistentVolumeClaim")} == {
+        ClusterConfig().data_store_claim, "orchard-sandbox-state"}
     dev_mlflow = by_kind(rendered["overlays/dev"], "Deployment", "orchard-mlflow")[0]
     dev_env = {e["name"]: e.get("value") for e in dev_mlflow["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert dev_env["MLFLOW_BACKEND_STORE_URI"].startswith("sqlite:")

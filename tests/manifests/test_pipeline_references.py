@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from pipelines.cli import compile_all
-from pipelines.cluster import ClusterConfig
+from pipelines.cluster import ClusterConfig, overlay_images
 from tests.manifests.test_manifests import by_kind, pod_templates, render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,7 +121,8 @@ def test_the_data_store_claim_is_shared_by_every_run(compiled):
     for overlay, mode in (("overlays/prod", cluster.data_store_access_mode), ("overlays/dev", "ReadWriteOnce")):
         (claim,) = by_kind(render(overlay), "PersistentVolumeClaim", cluster.data_store_claim)
         assert claim["spec"]["accessModes"] == [mode], overlay
-        assert claim["spec"].get("storageClassName", "") == cluster.storage_class, overlay
+        # dev: the default class (local-path, RWO); prod: an RWX class named in its overlay, never ""
+        assert claim["spec"].get("storageClassName") == (None if overlay == "overlays/dev" else "standard-rwx")
     assert cluster.data_store_access_mode == "ReadWriteMany"
 
 
@@ -137,10 +138,12 @@ def test_images_follow_one_scheme_in_overlays_and_pipelines(compiled):
     assert images == {cluster.image(n) for n in ("sandbox-service", "mlflow", "agent-injector")}, images
     prod = render("overlays/prod")
     prod_images = {c["image"] for d in prod for t in pod_templates(d) for c in t["spec"]["containers"]}
-    registries = {i.rsplit("/", 1)[0] for i in prod_images}
-    assert len(registries) == 1, "prod pulls every image from one registry (compile with --image-registry it)"
-    (registry,) = registries
-    assert prod_images == {ClusterConfig(image_registry=registry).image(n) for n in ("sandbox-service", "mlflow")}
+    (service,) = by_kind(prod, "Deployment", "orchard-sandbox-service")
+    prod_images |= {e["value"] for e in service["spec"]["template"]["spec"]["containers"][0]["env"]
+                    if e["name"] == "ORCHARD_K8S_INJECTOR_IMAGE"}
+    registry, tag = overlay_images(REPO / "manifests" / "overlays" / "prod")
+    assert prod_images == {ClusterConfig(image_registry=registry, image_tag=tag).image(n)
+                           for n in ("sandbox-service", "mlflow", "agent-injector")}
 
 
 def test_a_renamed_data_store_claim_is_caught(compiled):

@@ -24,6 +24,12 @@ def compiled(tmp_path_factory) -> dict[str, Path]:
     return compile_all(tmp_path_factory.mktemp("compiled"))
 
 
+@pytest.fixture(scope="module")
+def gpu_compiled(tmp_path_factory) -> dict[str, Path]:
+    """Compiled with the GPU stages on GPUs (the presets run them on CPU)."""
+    return compile_all(tmp_path_factory.mktemp("gpu"), sets=["resources.gpu=true"])
+
+
 def _kfp_docs(compiled) -> list[dict]:
     return list(yaml.safe_load_all(compiled["kfp"].read_text()))
 
@@ -35,7 +41,7 @@ def test_kfp_yaml_loads_back_with_the_sdk_and_parses_as_pipeline_spec(compiled):
     loaded = components.load_component_from_file(str(compiled["kfp"]))
     assert loaded.name == "orchard-training"
     assert {"recipe", "preset", "overrides_json", "start_from", "promotion_margin", "train_tasks", "data_store", "window_runs", "image", "gpu_image", "sandbox_url", "mlflow_uri",
-            "sandbox_token_secret", "gpu_node_selector", "storage_class"} <= set(loaded.component_spec.inputs)
+            "sandbox_token_secret", "gpu_node_selector", "volume_size"} <= set(loaded.component_spec.inputs)
     docs = _kfp_docs(compiled)
     assert len(docs) == 2, "kfp-kubernetes settings compile into a second YAML document"
     spec = json_format.ParseDict(docs[0], pipeline_spec_pb2.PipelineSpec())
@@ -64,10 +70,10 @@ def test_kfp_dag_reads_like_the_diagram(compiled):
     assert comps["comp-sft"]["outputDefinitions"]["artifacts"]["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
 
 
-def test_kfp_kubernetes_settings_gpu_pvc_secrets(compiled):
+def test_kfp_kubernetes_settings_gpu_pvc_secrets(gpu_compiled):
     from kfp.kubernetes import kubernetes_executor_config_pb2 as k8s_pb
 
-    spec, platform = _kfp_docs(compiled)
+    spec, platform = _kfp_docs(gpu_compiled)
     executors = spec["deploymentSpec"]["executors"]
     for step in ("sft", "rl"):
         resources = executors[f"exec-{step}"]["container"]["resources"]
@@ -107,7 +113,7 @@ def test_argo_yaml_validates_against_the_workflow_schema(compiled):
         validate_argo(broken)
 
 
-def test_argo_dag_gpu_steps_and_cron(compiled):
+def test_argo_dag_gpu_steps_and_cron(compiled, gpu_compiled):
     template = yaml.safe_load(compiled["argo_template"].read_text())
     assert template["kind"] == "WorkflowTemplate"
     templates = {t["name"]: t for t in template["spec"]["templates"]}
@@ -122,7 +128,7 @@ def test_argo_dag_gpu_steps_and_cron(compiled):
     assert {f"evaluate-{a}" for a in ("teacher", "untrained", "sft", "rl")} <= set(dag["report"]["depends"].split(" && "))
     for name in dag:
         assert dag[name]["template"] == name, "one template per stage, named after it"
-    gpu = templates["sft"]
+    gpu = {t["name"]: t for t in yaml.safe_load(gpu_compiled["argo_template"].read_text())["spec"]["templates"]}["sft"]
     assert gpu["container"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert gpu["podSpecPatch"] == ('{"nodeSelector": {{workflow.parameters.gpu_node_selector}}, '
                                    '"tolerations": {{workflow.parameters.gpu_tolerations}}}')
@@ -135,8 +141,8 @@ def test_argo_dag_gpu_steps_and_cron(compiled):
     assert template["spec"]["serviceAccountName"] == "orchard-pipeline"
     claim = template["spec"]["volumeClaimTemplates"][0]
     assert claim["metadata"]["name"] == "run-data"
-    assert claim["spec"]["storageClassName"] == "{{workflow.parameters.storage_class}}"
-    assert claim["spec"]["accessModes"] == ["{{workflow.parameters.access_mode}}"]
+    assert "storageClassName" not in claim["spec"]  # the cluster's default class
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
 
     cron = yaml.safe_load(compiled["argo_cron"].read_text())
     assert cron["kind"] == "CronWorkflow"
@@ -244,3 +250,47 @@ def test_recurring_run_arguments_match_the_kfp_client_signature():
     assert RecurringRunSpec(package_path="x", cron="0 0 3 * * 0").kfp_cron == "0 0 3 * * 0"
     with pytest.raises(ValueError, match="fields"):
         RecurringRunSpec(package_path="x", cron="every sunday")
+
+
+def test_cli_schedule_passes_namespace_and_service_account(monkeypatch, capsys):
+    """`orchard schedule --namespace --service-account` reach the KFP client and the recurring run."""
+    import kfp
+
+    calls: dict = {}
+
+    class Client:
+        def __init__(self, host=None, namespace=None, **kw):
+            calls["client"] = (host, namespace)
+
+        def get_experiment(self, experiment_name=None, namespace=None):
+            calls["get"] = (experiment_name, namespace)
+            raise ValueError("no such experiment")
+
+        def create_experiment(self, name, namespace=None):
+            calls["create"] = (name, namespace)
+            return type("E", (), {"experiment_id": "exp-1"})()
+
+        def create_recurring_run(self, **kw):
+            calls["run"] = kw
+            return type("R", (), {"recurring_run_id": "rr-1"})()
+
+    monkeypatch.setattr(kfp, "Client", Client)
+    assert main(["schedule", "--host", "http://kfp:8080", "--package", "p.yaml", "--namespace", "team-a",
+                 "--service-account", "trainer"]) == 0
+    assert calls["client"] == ("http://kfp:8080", "team-a")
+    assert calls["get"][1] == calls["create"][1] == "team-a"
+    assert calls["run"]["service_account"] == "trainer"
+    assert capsys.readouterr().out.strip() == "rr-1"
+
+
+def test_cli_schedule_says_in_one_line_that_the_host_is_unreachable(capsys):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        unused_tcp_port = s.getsockname()[1]
+    code = main(["schedule", "--host", f"http://127.0.0.1:{unused_tcp_port}", "--package", "p.yaml"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert "Traceback" not in err and err.count("\n") == 0, err
+    assert err.startswith(f"orchard schedule: cannot reach the KFP API at http://127.0.0.1:{unused_tcp_port}")

@@ -22,7 +22,7 @@ from pipelines.launcher import JobFailed, PyTorchJobs, kfp_job_entry
 from pipelines.pytorchjob import job_command, pytorchjob_manifest, secret_env, validate_pytorchjob
 from tests.pipelines.pytorchjob_api import SUCCEEDS, PyTorchJobAPI, condition, fails
 
-MULTI = ["sft.launch.nproc_per_node=2", "sft.launch.workers=1", "rl.launch.nproc_per_node=2"]
+MULTI = ["sft.launch.nproc_per_node=2", "sft.launch.workers=1", "rl.launch.nproc_per_node=2", "resources.gpu=true"]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_kfp_runs_a_multi_process_stage_through_a_launcher_step(kfp_docs):
         assert params["nproc_per_node"]["runtimeValue"]["constant"] == nproc
         assert params["workers"]["runtimeValue"]["constant"] == workers
         assert params["job_image"]["componentInputParameter"] == "pipelinechannel--gpu_image"
-        assert params["run_store"]["taskOutputParameter"]["producerTask"] == "createpvc"
+        assert params["run_store"]["taskOutputParameter"]["producerTask"] == "run-store"
         container = executors[f"exec-{name}"]["container"]
         assert container["args"][-1] == f"{name}_job", "the launcher component runs"
         assert "accelerator" not in container.get("resources", {}), "the launcher waits on a CPU; the job has GPUs"
@@ -108,7 +108,8 @@ def test_the_job_a_kfp_launcher_creates_validates(multi):
     launch = stage.launch(multi)
     cluster = ClusterConfig()
     manifest = pytorchjob_manifest(
-        stage, launch, name="orchard-sft-1a2b3c4d", image=cluster.image("stage-runtime-gpu"),
+        stage, launch, gpu=True, requests=("4", "16Gi"), security_context=cluster.pod_security_context(),
+        name="orchard-sft-1a2b3c4d", image=cluster.image("stage-runtime-gpu"),
         command=job_command("sft", launch, "/mnt/run-store/jobs/orchard-sft-1a2b3c4d", "abc123"),
         claim_name="orchard-training-run-store", mount_path="/mnt/run-store",
         secret_env=secret_env("orchard-api-token", "token", "orchard-endpoints", "api-key"),
@@ -174,7 +175,8 @@ def test_kfp_local_refuses_a_multi_process_stage(multi):
 def _manifest(name: str = "orchard-sft-test") -> dict:
     stage = stages.BY_NAME["sft"]
     launch = LaunchConfig(nproc_per_node=2, workers=1)
-    return pytorchjob_manifest(stage, launch, name=name, image="orchard/stage-runtime-gpu:0.1.0",
+    return pytorchjob_manifest(stage, launch, gpu=True, requests=("4", "16Gi"), name=name,
+                               image="orchard/stage-runtime-gpu:0.1.0",
                                command=job_command("sft", launch, "/mnt/run-store/jobs/x", "run1"),
                                claim_name="store", mount_path="/mnt/run-store",
                                secret_env=secret_env("tok", "token", "ep", "api-key"),
@@ -306,7 +308,7 @@ def test_a_launcher_component_hands_its_parameters_to_the_entry(name, monkeypatc
         config_json="{}", parent_run_id="run1", metrics=metrics, run_store="pvc-1", job_image="img:1",
         nproc_per_node=2, workers=1, timeout_seconds=60, sandbox_token_secret="tok", endpoint_secret="ep",
         secret_keys={"sandbox_token_key": "token", "endpoint_key": "api-key"}, gpu_node_selector={"gpu": "y"},
-        gpu_tolerations=[{"key": "gpu"}], **artifacts) == "result"
+        gpu_tolerations=[{"key": "gpu"}], pod_security_context={"fsGroup": 10001}, **artifacts) == "result"
     (args, kwargs), = calls
     assert args == (name, "{}", "run1", {arg: artifacts[arg] for arg in stage.inputs}, {"model": artifacts["model"]},
                     metrics)
@@ -314,7 +316,7 @@ def test_a_launcher_component_hands_its_parameters_to_the_entry(name, monkeypatc
                           mount_path=STORE_MOUNT, timeout_seconds=60,
                           placement={"sandbox_token_secret": "tok", "sandbox_token_key": "token", "endpoint_secret": "ep",
                                      "endpoint_key": "api-key", "gpu_node_selector": {"gpu": "y"},
-                                     "gpu_tolerations": [{"key": "gpu"}]})
+                                     "gpu_tolerations": [{"key": "gpu"}], "security_context": {"fsGroup": 10001}})
 
 
 def test_a_launcher_refuses_artifacts_its_row_does_not_have():

@@ -9,9 +9,10 @@ import yaml
 
 from pipelines import kfp_components, stages
 from pipelines.argo_workflow import build_workflow_template
+from pipelines.config import PipelineConfig
 from pipelines.kfp_pipeline import build_pipeline
 
-INFRA_TASKS = {"createpvc", "deletepvc"}  # kfp-kubernetes' PVC steps: cluster plumbing, not stages
+INFRA_TASKS = {"run-store", "deletepvc"}  # the run store's PVC steps: cluster plumbing, not stages
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ def test_rows_decide_placement_retries_and_timeouts_in_both_cluster_yamls(kfp_sp
     for stage in stages.STAGES:
         gpu_kfp = "accelerator" in executors[f"exec-{stage.name}"]["container"].get("resources", {})
         gpu_argo = "nvidia.com/gpu" in argo[stage.name]["container"]["resources"].get("limits", {})
-        assert gpu_kfp == gpu_argo == stage.gpu, stage.name
+        assert gpu_kfp == gpu_argo == stage.wants_gpu(PipelineConfig.preset_config("demo")), stage.name
         kfp_task = _kfp_dag(kfp_spec)[stage.name]
         assert kfp_task.get("cachingOptions", {}).get("enableCache", False) == stage.cache, stage.name
         if not stage.retries:  # the gate: a retry after registering could register twice

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
+import httpx
+
 from test_kubernetes_contract import (  # noqa: F401 - fixtures are used by name
     SPEC,
     agent_node,
@@ -168,7 +170,9 @@ def test_with_the_api_down_at_start_adoption_is_retried_and_nothing_is_reaped_be
     fake.fail("GET", "pods", 503, "ServiceUnavailable", times=10_000)  # the API server is down at the restart
     restarted = make_backend(fake, tmp_path, read_deadline_seconds=0.3, **settings)
     with serve(restarted, tmp_path / "state2") as client:
-        assert any("adopting sandboxes" in e for e in client.healthz()["startup_cleanup"]["errors"])
+        down = httpx.get(client.base_url + "/healthz", timeout=30)  # not ready: it cannot create sandboxes
+        assert down.status_code == 503 and down.json()["code"] == "backend_unavailable"
+        assert any("adopting sandboxes" in e for e in down.json()["startup_cleanup"]["errors"])
         time.sleep(1.5)  # the background task keeps trying; it must not reap what it could not adopt yet
         assert _sandbox_ids(fake) == {kept.id}
         fake.faults.clear()  # the API is back

@@ -49,14 +49,15 @@ def test_an_allowlist_gets_one_cilium_policy_with_the_hosts_as_fqdns_and_nothing
     assert spec["endpointSelector"] == {"matchLabels": {"orchard.dev/sandbox-id": "sb-fqdn",
                                                         "orchard.dev/service-instance": "default"}}
     cidrs, fqdns, dns = spec["egress"]
-    assert cidrs == {"toCIDRSet": [{"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]},
+    assert cidrs == {"toCIDRSet": [{"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"]},
                                    {"cidr": "10.20.0.0/16"}]}
     assert fqdns == {"toFQDNs": [{"matchName": "pypi.org"}, {"matchPattern": "*.pythonhosted.org"}]}
     assert dns["toEndpoints"] == [{"matchLabels": {"k8s:io.kubernetes.pod.namespace": "kube-system",
                                                    "k8s:k8s-app": "kube-dns"}}]
     assert dns["toPorts"] == [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": "*"}]}}]
     # denied outright too: a deny beats the toFQDNs allow of a name whose answer is the metadata endpoint
-    assert spec["egressDeny"] == [{"toCIDRSet": [{"cidr": "169.254.169.254/32"}, {"cidr": "fd00:ec2::254/128"}]}]
+    assert spec["egressDeny"] == [{"toCIDRSet": [{"cidr": c} for c in (
+        "169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32", "fd00:ec2::254/128", "fd00:ec2::23/128")]}]
     (pod,) = fake.of_kind("pods")
     assert policy["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}]

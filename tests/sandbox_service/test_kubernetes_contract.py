@@ -130,7 +130,7 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
     main = spec["containers"][0]
     assert main["image"] == SPEC.image and "--tcp" in main["command"] and "[::]:8700" in main["command"]
     assert "--inherit-env" in main["command"] and "env" not in main  # the image's own ENV reaches commands
-    assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert pod["metadata"]["annotations"]["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
     assert secret["immutable"] is True
     assert main["resources"]["limits"] == {"cpu": "2000m", "memory": "2112Mi", "ephemeral-storage": "2304Mi"}
     assert not any("serviceaccount" in (m["mountPath"]) for m in main["volumeMounts"])
@@ -486,14 +486,15 @@ class ProcessKubelet:
                 {"name": main["name"], "image": main["image"], "imageID": "", "ready": False, "restartCount": 0,
                  "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}
         if name not in self.procs:
-            secret_name = next(v["secret"]["secretName"] for v in pod["spec"]["volumes"] if "secret" in v)
-            secret = self.fake.objects.get(("secrets", "orchard", secret_name))
+            volume = next(v["secret"] for v in pod["spec"]["volumes"] if "secret" in v)
+            secret = self.fake.objects.get(("secrets", "orchard", volume["secretName"]))
             if secret is None:  # a real kubelet waits too (FailedMount) until the Secret exists
                 return {"phase": "Pending"}
             mounted = self.secret_dir / name  # each pod its own volume: concurrent pods must not share files
             mounted.mkdir(parents=True, exist_ok=True)
-            for key, value in secret["data"].items():
-                (mounted / key).write_bytes(base64.b64decode(value))
+            # as the kubelet projects a secret volume: the listed items only, when it lists any
+            for item in volume.get("items") or [{"key": k, "path": k} for k in secret["data"]]:
+                (mounted / item["path"]).write_bytes(base64.b64decode(secret["data"][item["key"]]))
             ip = self.ips[name] = f"127.0.0.{len(self.ips) + 1}"
             command = [arg.replace(str(self.secret_dir), str(mounted)) for arg in main["command"]]
             port = command[command.index("--tcp") + 1].rpartition(":")[2]
@@ -543,10 +544,46 @@ def injected_agent(fake, tmp_path, agent_node):
     endpoint = backend.start("sb-agent", SPEC.model_copy(update={"workdir": str(workspace)}), Resources(),
                              "agent-secret-value")
     (proc,) = kubelet.procs.values()
+    take_over(endpoint, proc)  # what the service does before it uses a new sandbox (runtime.take_over)
     try:
         yield backend, endpoint, workspace, proc
     finally:
         backend.close()
+
+
+def take_over(endpoint: AgentEndpoint, proc: subprocess.Popen) -> AgentEndpoint:
+    """Re-key a fresh agent from its boot key to the endpoint's own, as the service's runtime does."""
+    import asyncio
+
+    from sandbox_service.agent_client import AgentClient
+
+    boot = endpoint.model_copy(update={"secret": endpoint.boot_secret, "boot_secret": None})
+    _wait_for_agent(boot, proc)
+
+    async def rekey() -> None:
+        client = AgentClient(boot)
+        try:
+            await client.rekey(endpoint.secret)
+        finally:
+            await client.close()
+
+    asyncio.run(rekey())
+    return endpoint.model_copy(update={"boot_secret": None})
+
+
+def test_the_pods_files_hold_no_key_the_agent_accepts(injected_agent, tmp_path):
+    """The workload can read the pod's secret volume; the live key is not in it, and the boot key that is
+    was re-keyed away before the sandbox was handed out."""
+    from sandbox_service.errors import UnauthorizedError
+
+    backend, endpoint, workspace, proc = injected_agent
+    mounted = next((tmp_path / "orchard-secret").iterdir())
+    files = {f.name: f.read_text() for f in mounted.iterdir()}
+    assert set(files) == {"agent-boot-secret", "tls.crt", "tls.key"}
+    assert endpoint.secret not in files.values()
+    _wait_for_agent(endpoint, proc)  # the live key works
+    with pytest.raises(UnauthorizedError):
+        _wait_for_agent(endpoint.model_copy(update={"secret": files["agent-boot-secret"]}), proc, timeout=2.0)
 
 
 def _wait_for_agent(endpoint: AgentEndpoint, proc: subprocess.Popen, timeout: float = 20.0) -> dict:

@@ -63,8 +63,8 @@ def test_antrea_gets_one_policy_with_fqdn_peers_metadata_dropped_first_dns_and_a
     assert 1 <= spec["priority"] <= 10000
     rules = {rule["name"]: rule for rule in spec["egress"]}
     assert list(rules) == ["drop-metadata", "allow-cidrs", "allow-hosts", "allow-dns", "drop-rest"]  # in order
-    assert rules["drop-metadata"] == {"name": "drop-metadata", "action": "Drop", "to": [
-        {"ipBlock": {"cidr": "169.254.169.254/32"}}, {"ipBlock": {"cidr": "fd00:ec2::254/128"}}]}
+    assert rules["drop-metadata"] == {"name": "drop-metadata", "action": "Drop", "to": [{"ipBlock": {"cidr": c}} for c in (
+        "169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32", "fd00:ec2::254/128", "fd00:ec2::23/128")]}
     assert rules["allow-cidrs"]["to"] == [{"ipBlock": {"cidr": c}}
                                           for c in ("0.0.0.0/0", "10.20.0.0/16", "2001:db8::/32")]
     assert rules["allow-hosts"] == {"name": "allow-hosts", "action": "Allow",
@@ -104,8 +104,8 @@ def test_calico_gets_one_policy_with_domains_metadata_denied_first_dns_and_a_fin
     assert spec["selector"] == "orchard.dev/sandbox-id == 'sb-calico' && orchard.dev/service-instance == 'default'"
     assert spec["types"] == ["Egress"] and "tier" not in spec  # the default tier: the Role's tier.networkpolicies
     assert spec["egress"] == [
-        {"action": "Deny", "destination": {"nets": ["169.254.169.254/32"]}},  # first: even an allowed name's answer
-        {"action": "Deny", "destination": {"nets": ["fd00:ec2::254/128"]}},
+        {"action": "Deny", "destination": {"nets": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"]}},  # first: even an allowed name's answer
+        {"action": "Deny", "destination": {"nets": ["fd00:ec2::254/128", "fd00:ec2::23/128"]}},
         {"action": "Allow", "destination": {"nets": ["0.0.0.0/0", "10.20.0.0/16"]}},  # one IP family per rule
         {"action": "Allow", "destination": {"nets": ["2001:db8::/32"]}},
         {"action": "Allow", "destination": {"domains": ["pypi.org", "*.pythonhosted.org"]}},

@@ -88,7 +88,7 @@ def test_every_generated_object_validates_against_the_openapi_schema(config_name
         name = pod_name_for(sandbox_id)
         pod = to_dict(build_pod(name, sandbox_id, spec, Resources(cpu=0.5, memory_mb=700), config,
                                 secret_name=f"{name}-agent"))
-        secret = to_dict(build_secret(f"{name}-agent", sandbox_id, spec, config, agent_secret="s",
+        secret = to_dict(build_secret(f"{name}-agent", sandbox_id, spec, config, agent_secret="s", boot_secret="b",
                                       cert_pem="c", key_pem="k"))
         policy = to_dict(build_network_policy(name, sandbox_id, spec, config, spec.network,
                                               allowlist_cidrs(spec.network, _resolve)))
@@ -173,26 +173,30 @@ def test_no_allowlist_opens_the_cloud_metadata_endpoint():
     wide = NetworkPolicy(mode="allowlist", allow_cidrs=["0.0.0.0/0", "::/0", "169.254.0.0/16", "10.0.0.0/8"])
     policy = to_dict(build_network_policy("p", "sb", SPECS["plain"], config, wide, allowlist_cidrs(wide, _resolve)))
     blocks = {peer["ipBlock"]["cidr"]: peer["ipBlock"].get("except") for peer in policy["spec"]["egress"][0]["to"]}
-    assert blocks == {"0.0.0.0/0": ["169.254.169.254/32"], "169.254.0.0/16": ["169.254.169.254/32"],
-                      "::/0": ["fd00:ec2::254/128"], "10.0.0.0/8": None}
+    # the instance metadata service, GKE Workload Identity (.252), EKS Pod Identity (.170.23, fd00:ec2::23)
+    assert blocks == {"0.0.0.0/0": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"], "169.254.0.0/16": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"],
+                      "::/0": ["fd00:ec2::254/128", "fd00:ec2::23/128"], "10.0.0.0/8": None}
     for version in VERSIONS:
         kubernetes_validate.validate(policy, version, strict=True)
-    with pytest.raises(InvalidRequestError, match="metadata endpoint"):
-        allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_cidrs=["169.254.169.254/32"]), _resolve)
+    for endpoint in ("169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32", "fd00:ec2::23/128"):
+        with pytest.raises(InvalidRequestError, match="metadata endpoint"):
+            allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_cidrs=[endpoint]), _resolve)
 
 
-def test_the_pods_deadline_is_capped_and_it_does_not_block_node_scale_down():
+def test_the_pods_deadline_is_capped_and_scale_down_never_kills_a_running_episode():
     config = KubernetesBackendConfig(max_ttl_seconds=3600)
     pod = build_pod("p", "sb-1", SandboxCreate(image="i:1", ttl_seconds=10 * 86400), Resources(), config,
                     secret_name="s")
     assert pod.spec.active_deadline_seconds == 3600
     annotations = pod.metadata.annotations
-    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
-    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"] == "orchard-agent"
+    # the default: the cluster autoscaler must not remove a node under a running sandbox
+    assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
+    assert "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes" not in annotations
     assert any(v.name == "orchard-agent" and v.empty_dir for v in pod.spec.volumes)
-    off = build_pod("p", "sb-1", SandboxCreate(image="i:1"), Resources(),
-                    KubernetesBackendConfig(safe_to_evict=False), secret_name="s")
-    assert "cluster-autoscaler.kubernetes.io/safe-to-evict" not in off.metadata.annotations
+    opted_in = build_pod("p", "sb-1", SandboxCreate(image="i:1"), Resources(),
+                         KubernetesBackendConfig(safe_to_evict=True), secret_name="s").metadata.annotations
+    assert opted_in["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
+    assert opted_in["cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"] == "orchard-agent"
 
 
 # -- status mapping on the objects the API returns --------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from test_kubernetes_contract import _wait_for_agent, agent_node, fake, make_backend  # noqa: F401 - fixtures
+from test_kubernetes_contract import agent_node, fake, make_backend, take_over  # noqa: F401 - fixtures
 
 from sandbox_service.agent_client import AgentClient
 from sandbox_service.backends.base import AgentEndpoint
@@ -74,7 +74,7 @@ def test_a_claim_returns_a_working_sandbox_faster_than_a_cold_create(pooled, fak
     cold_spec = spec.model_copy(update={"image": "ghcr.io/example/other:1"})  # no pool: the normal path
     began = time.monotonic()
     cold = backend.start("sb-cold", cold_spec, Resources(), "key-of-sb-cold-0123456789")
-    _wait_for_agent(cold, kubelet.procs[backend._handle("sb-cold").pod_name])  # ready = the agent answers
+    take_over(cold, kubelet.procs[backend._handle("sb-cold").pod_name])  # ready = answered and re-keyed
     cold_seconds = time.monotonic() - began
     assert backend._handle("sb-cold").pod_name not in warm_pods
     assert claim_seconds < cold_seconds, (claim_seconds, cold_seconds)
