@@ -1,7 +1,8 @@
 """The harness: one episode of a policy acting on a task through tools in a sandbox.
 
-It turns model text into tool calls (`protocol.py`) and tool results into observations, enforces
-the limits, and verifies the end state with the recipe's hidden checks. Every failure is attributed
+It turns model text into tool calls (`protocol.py`) and tool results into observations, checks each
+call's arguments against the tool's own JSON schema before it runs (a mismatch is the policy's error,
+an observation), enforces the limits, and verifies the end state with the recipe's hidden checks. Every failure is attributed
 to one boundary: malformed output or a bad tool call is the policy's error (an observation, the
 episode goes on); the sandbox service, the verifier's environment or the policy endpoint failing is
 infrastructure (`Outcome.infra_error`, `EpisodeStatus.aborted`, with the reason), never unresolved.
@@ -132,7 +133,8 @@ class _Episode:
     def __init__(self, task: Task, recipe: RecipeBase, policy: Policy, config: HarnessConfig):
         self.task, self.recipe, self.policy, self.config = task, recipe, policy, config
         self.tool_format = policy_tool_format(policy, config)
-        self.tools = [t.openai() for t in recipe.tools()]
+        self.specs = {t.name: t for t in recipe.tools()}
+        self.tools = [t.openai() for t in self.specs.values()]
         self.start = time.monotonic()
         self.steps: list[Step] = []
         self.prompt_tokens = 0
@@ -162,6 +164,10 @@ class _Episode:
     def run_tool(self, step: Step) -> ToolResult:
         """Execute an assistant step's call under the watchdog; infra failures raise `_Abort`."""
         assert self.sandbox is not None and step.tool_call is not None
+        spec = self.specs.get(step.tool_call.name)
+        wrong = spec.argument_error(step.tool_call.arguments) if spec is not None else None
+        if wrong:  # checked against the tool's own schema before anything runs: the policy's error
+            return ToolResult(output=f"Error: {wrong}", policy_error=wrong)
         metered = _Metered(self.sandbox, self)
         future = self._pool.submit(self.recipe.execute_tool, metered, self.task, step.tool_call)
         try:
