@@ -7,11 +7,17 @@ state-changing API calls (`journal.jsonl`, appended by the tools) replayed throu
 its argument checks. Writing `state.db` directly (the shell harness can), deleting or corrupting it,
 or editing the sandbox's `claw.py` changes nothing judged; such divergences are recorded as ignored.
 A missing journal means no change was made; journal lines that are not a valid state-changing call
-are rejected (recorded as ignored). Only the verifier's own replay failing is an infrastructure error.
+are rejected (recorded as ignored), whatever they hold (deep nesting, wrong types, huge lines). A
+journal over `MAX_JOURNAL_BYTES`, or one whose replay fails or runs past `REPLAY_TIMEOUT_SECONDS`
+while replaying no journal on the same world succeeds, is the policy's failure (unresolved); only a
+replay that fails the same way without a journal is an infrastructure error (`core/blame.py`).
 
 On the rebuilt state, only rows with origin 'user' (what the agent created) count as the agent's
 changes, so a task fails both when the right change is missing and when a wrong one was made
-alongside it. Questions need one answer equal to the expected one (`common.one_answer`).
+alongside it. Checks are exact: the event's title and attendees, the mail's recipients, the note's
+title; the one fact a body must carry (a note's total, a mail's phone number) and every answer follow
+the one-answer rule (`common.one_answer`): every number or phone number the text mentions must be the
+expected one, so a body listing every candidate never passes.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
+from components.core.blame import Failure
 from components.core.schema import IgnoredPart
 
 from components.core.recipe_base import VerifyResult
@@ -33,7 +40,7 @@ from components.recipes.common import normalize_text as _norm
 from components.recipes.common import one_answer
 
 NAME = "claw-journal-replay"
-VERSION = "2"  # 1: the sandbox's state.db as read back, answers checked by containment
+VERSION = "3"  # 1: the sandbox's state.db as read back, answers checked by containment; 2: bodies by containment
 # Compared between the sandbox's state.db and the rebuilt one (mail.thread_id holds a process id).
 _COLUMNS = {"contacts": "email, name, phone, company", "events": "title, start, duration_min, attendees, origin",
             "mail": "sender, recipients, cc, subject, body, date, folder, origin", "notes": "title, body, origin",
@@ -41,7 +48,15 @@ _COLUMNS = {"contacts": "email, name, phone, company", "events": "title, start, 
 
 
 class ReplayError(RuntimeError):
-    """The verifier's own rebuild of the state failed: an infrastructure error."""
+    """The rebuild of the state failed (`failure` says how); whose failure is decided by a control
+    replay of no journal (`components/core/blame.py`)."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(str(failure))
+        self.failure = failure
+
+
+REPLAY_TIMEOUT_SECONDS = 60.0  # one replay of a journal; beyond it the replay is a failure
 
 
 def replay_journal(world: dict, journal: bytes, directory: str | Path) -> tuple[str, list[IgnoredPart]]:
@@ -53,21 +68,45 @@ def replay_journal(world: dict, journal: bytes, directory: str | Path) -> tuple[
     journal_path.write_bytes(journal)
     claw_py = resources.files("components.recipes.claw.sandbox").joinpath("claw.py")
     env = {"CLAW_DB": str(db), "CLAW_JOURNAL": str(directory / "unused.jsonl"), "PATH": os.environ.get("PATH", "")}
-    res = subprocess.run([sys.executable, "-I", "-S", str(claw_py), "replay", str(seed), str(journal_path)],
-                         capture_output=True, text=True, env=env, timeout=120, check=False)
+    try:
+        res = subprocess.run([sys.executable, "-I", "-S", str(claw_py), "replay", str(seed), str(journal_path)],
+                             capture_output=True, text=True, env=env, timeout=REPLAY_TIMEOUT_SECONDS, check=False)
+    except subprocess.TimeoutExpired:
+        raise ReplayError(Failure("timeout", f"claw.py replay ran past {REPLAY_TIMEOUT_SECONDS:g}s")) from None
     if res.returncode != 0:
-        raise ReplayError(f"claw.py replay exited {res.returncode}: {res.stdout[-300:]} {res.stderr[-500:]}")
-    out = json.loads(res.stdout)
+        raise ReplayError(Failure(f"exit {res.returncode}", f"{res.stdout[-300:]} {res.stderr[-500:]}"))
+    try:
+        out = json.loads(res.stdout)
+    except ValueError:
+        raise ReplayError(Failure("unreadable output", res.stdout[-300:])) from None
     return str(db), [IgnoredPart(path=f"journal.jsonl:{r['line']}", reason=f"rejected: {r['error']}")
                      for r in out["rejected"]]
 
 
-def _rows(db_path: str) -> dict[str, list[tuple]]:
-    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+# Reads every compared table of a database read-only and prints sorted row reprs as JSON. It runs in a
+# child process with a time limit: the sandbox's state.db is the agent's file, and its "tables" may be
+# views whose SQL never ends or never stops growing.
+_DUMP = """
+import json, sqlite3, sys
+cols = json.loads(sys.argv[2])
+db = sqlite3.connect("file:" + sys.argv[1] + "?mode=ro", uri=True)
+out = {t: sorted(repr(r)[:10000] for r in db.execute("SELECT " + c + " FROM " + t).fetchmany(100000))
+       for t, c in cols.items()}
+print(json.dumps(out))
+"""
+DUMP_TIMEOUT_SECONDS = 10.0
+
+
+def _rows(db_path: str) -> dict[str, list[str]]:
+    """Sorted row reprs of each compared table; raises sqlite3.Error when the file cannot be read in time."""
     try:
-        return {t: sorted(db.execute(f"SELECT {cols} FROM {t}").fetchall(), key=repr) for t, cols in _COLUMNS.items()}
-    finally:
-        db.close()
+        res = subprocess.run([sys.executable, "-I", "-S", "-c", _DUMP, db_path, json.dumps(_COLUMNS)],
+                             capture_output=True, text=True, timeout=DUMP_TIMEOUT_SECONDS, check=False)
+    except subprocess.TimeoutExpired:
+        raise sqlite3.Error(f"reading it took over {DUMP_TIMEOUT_SECONDS:g}s") from None
+    if res.returncode != 0:
+        raise sqlite3.Error(res.stderr.strip().splitlines()[-1][:200] if res.stderr.strip() else "unreadable")
+    return json.loads(res.stdout)
 
 
 def state_divergence(sandbox_db: str | None, rebuilt_db: str) -> list[IgnoredPart]:
@@ -84,12 +123,6 @@ def state_divergence(sandbox_db: str | None, rebuilt_db: str) -> list[IgnoredPar
             for t in _COLUMNS if theirs[t] != ours[t]]
 
 
-
-
-def _digits(s: str | None) -> str:
-    return re.sub(r"[,\s]", "", s or "")
-
-
 def verify_db(db_path: str, expected: dict, final_answer: str | None) -> VerifyResult:
     """Check the database at `db_path` (a host-side copy) against the task's expected state."""
     kind = expected.get("kind")
@@ -101,7 +134,7 @@ def verify_db(db_path: str, expected: dict, final_answer: str | None) -> VerifyR
             attendees = sorted(a.strip().lower() for a in json.loads(ev[2] or "[]"))
             return _result([
                 (f"exactly one event created (found {len(rows)})", len(rows) == 1),
-                (f"title mentions {expected['title']!r}", _norm(expected["title"]) in _norm(ev[0])),
+                (f"title is {expected['title']!r}", _norm(expected["title"]) == _norm(ev[0])),
                 (f"starts at {expected['start']}", ev[1] == expected["start"]),
                 (f"attendees are {expected['attendees']} (got {attendees})",
                  attendees == sorted(a.lower() for a in expected["attendees"])),
@@ -113,7 +146,8 @@ def verify_db(db_path: str, expected: dict, final_answer: str | None) -> VerifyR
             return _result([
                 (f"exactly one email sent (found {len(rows)})", len(rows) == 1),
                 (f"sent to {expected['to']} (got {to})", to == sorted(a.lower() for a in expected["to"])),
-                (f"body contains {expected['body_contains']!r}", _digits(expected["body_contains"]) in _digits(msg[1])),
+                (f"body gives {expected['body_contains']!r} and no other phone number",
+                 one_answer(msg[1], expected["body_contains"])[0]),
             ])
         if kind == "note":
             rows = db.execute("SELECT title, body FROM notes WHERE origin='user'").fetchall()
@@ -121,8 +155,8 @@ def verify_db(db_path: str, expected: dict, final_answer: str | None) -> VerifyR
             return _result([
                 (f"exactly one note created (found {len(rows)})", len(rows) == 1),
                 (f"title is {expected['title']!r}", _norm(note[0]) == _norm(expected["title"])),
-                (f"body contains {expected['body_contains']}",
-                 re.search(rf"(^|\D){expected['body_contains']}(\D|$)", _digits(note[1])) is not None),
+                (f"body gives {expected['body_contains']} and no other number",
+                 one_answer(note[1], expected["body_contains"])[0]),
             ])
         if kind == "answer":
             changed = sum(db.execute(f"SELECT count(*) FROM {t} WHERE origin='user'").fetchone()[0]
