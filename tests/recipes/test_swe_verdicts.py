@@ -158,3 +158,17 @@ def test_tampering_with_an_imported_tasks_pytest_run_is_evident(sandbox_client, 
     assert_unresolved(traj)
     assert "tampered" in traj.outcome_reason
 
+
+
+@pytest.mark.parametrize("make", [
+    "for i in $(seq 24); do d=$(printf 'd%.0s' $(seq 200)); mkdir $d && cd $d; done; echo 'x = 1' > deep.py",
+    "python3 -c \"import os; open(b'bad\\xff\\xfe.py', 'wb').write(b'x = 1')\"",
+], ids=["path-over-PATH_MAX", "non-UTF-8-name"])
+def test_hostile_file_names_in_the_package_end_unresolved_and_store(sandbox_client, task, make, tmp_path):
+    from components.core.store import TrajectoryStore
+
+    package = task.metadata["fix"]["path"].split("/")[0]
+    traj = play(sandbox_client, task, [bash(f"cd {package} && {make}")])
+    assert_unresolved(traj)
+    assert any(package in i.path for i in traj.verification.ignored), traj.verification.ignored
+    TrajectoryStore(tmp_path).append([traj])  # the escaped names serialise
