@@ -279,7 +279,10 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     wanted = list(dict.fromkeys(spec.fail_to_pass + spec.pass_to_pass))
     canary: Canary | None = None
     if spec.kind == "calls":
-        checks = {path: calls.parse_checks(source) for path, source in _test_sources(task).items()}
+        try:
+            checks = {path: calls.parse_checks(source) for path, source in _test_sources(task).items()}
+        except (ValueError, SyntaxError) as err:  # the task's own tests, never the agent's
+            raise _Infra(f"the task's hidden tests cannot be judged outside pytest: {err}") from err
         merged = calls.Checks([i for c in checks.values() for i in c.imports],
                               [calls.Check(f"{path}::{t.name}", t.calls, t.assertions)
                                for path, c in checks.items() for t in c.tests])
