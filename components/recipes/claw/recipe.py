@@ -169,35 +169,37 @@ class ClawRecipe(RecipeBase):
             return VerifyResult(resolved=False, verification=record,
                                 reason=f"the tools' journal is {len(journal)} bytes (at most {MAX_JOURNAL_BYTES})")
         with tempfile.TemporaryDirectory() as tmp:
-            try:
-                db, rejected = replay_journal(task.metadata["world"], journal, tmp)
-            except ReplayError as err:  # whose failure: replaying no journal on the same world decides
-                def control() -> Failure | None:
-                    with tempfile.TemporaryDirectory() as ctl:
-                        try:
-                            replay_journal(task.metadata["world"], b"", ctl)
-                        except ReplayError as again:
-                            return again.failure
-                    return None
-
-                infra = blame(err.failure, control)
-                if infra:
-                    return VerifyResult(resolved=False, infra_error=f"rebuilding the Claw state failed: {infra}",
-                                        verification=record)
-                return VerifyResult(resolved=False, verification=record,
-                                    reason=f"the tools' journal cannot be replayed: {err.failure}")
-            except OSError as err:  # the host's own temporary files: nothing the policy wrote
-                return VerifyResult(resolved=False, infra_error=f"rebuilding the Claw state failed: {err}",
-                                    verification=record)
             copy = None
             if sandbox_db is not None:
                 copy = os.path.join(tmp, "sandbox-state.db")
                 with open(copy, "wb") as f:
                     f.write(sandbox_db)
-            record.ignored = rejected + state_divergence(copy, db)
-            verdict = verify_db(db, task.verifier.expected, final_answer)
+            verdict = _replay_and_judge(task, journal, copy, final_answer, record, tmp)
         verdict.verification = record
         return verdict
+
+
+def _replay_and_judge(task: Task, journal: bytes, agent_db: str | None, final_answer: str | None,
+                      record: Verification, tmp: str) -> VerifyResult:
+    try:
+        replayed = replay_journal(task.metadata["world"], journal, tmp, agent_db)
+    except ReplayError as err:  # whose failure: replaying no journal on the same world decides
+        def control() -> Failure | None:
+            with tempfile.TemporaryDirectory() as ctl:
+                try:
+                    replay_journal(task.metadata["world"], b"", ctl)
+                except ReplayError as again:
+                    return again.failure
+            return None
+
+        infra = blame(err.failure, control)
+        if infra:
+            return VerifyResult(resolved=False, infra_error=f"rebuilding the Claw state failed: {infra}")
+        return VerifyResult(resolved=False, reason=f"the tools' journal cannot be replayed: {err.failure}")
+    except OSError as err:  # the host's own temporary files: nothing the policy wrote
+        return VerifyResult(resolved=False, infra_error=f"rebuilding the Claw state failed: {err}")
+    record.ignored = replayed.rejected + state_divergence(replayed, agent_db is not None)
+    return verify_db(replayed.db, task.verifier.expected, final_answer)
 
 
 def _pristine_call(task: Task, name: str, args: dict, timeout: float) -> Failure | None:

@@ -28,6 +28,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -57,67 +58,96 @@ class ReplayError(RuntimeError):
 
 
 REPLAY_TIMEOUT_SECONDS = 60.0  # one replay of a journal; beyond it the replay is a failure
+DUMP_TIMEOUT_SECONDS = 10.0  # reading the agent's state.db; beyond it the file counts as unreadable
+
+# Every compared table of a database as sorted row reprs (read-only), stopped by sqlite at `deadline`.
+_DUMP = """
+import json, sqlite3, sys, time
+
+def dump(path, cols, deadline):
+    db = sqlite3.connect("file:" + path + "?mode=ro", uri=True)
+    db.set_progress_handler(lambda: time.monotonic() > deadline, 10000)
+    try:
+        return {t: sorted(repr(r)[:10000] for r in db.execute("SELECT " + c + " FROM " + t).fetchmany(100000))
+                for t, c in cols.items()}
+    finally:
+        db.close()
+"""
+# The replay child: claw.py's own `replay`, then (optionally) the agent's state.db read under its own
+# deadline. The agent's database is SQL the agent wrote (its "tables" may be views that never end), so
+# it is only ever read here, in a child process with a time limit, never in the host process.
+_REPLAY = _DUMP + """
+import runpy
+claw = runpy.run_path(sys.argv[1])
+print(json.dumps(claw["replay"](sys.argv[2], sys.argv[3])), flush=True)
+if len(sys.argv) > 5:
+    deadline = time.monotonic() + float(sys.argv[5])
+    try:
+        rows = {"rows": dump(sys.argv[4], json.loads(sys.argv[6]), deadline)}
+    except Exception as exc:
+        late = time.monotonic() > deadline
+        rows = {"error": "reading it took over " + sys.argv[5] + "s" if late else (type(exc).__name__ + ": " + str(exc))[:200]}
+    print(json.dumps(rows), flush=True)
+"""
 
 
-def replay_journal(world: dict, journal: bytes, directory: str | Path) -> tuple[str, list[IgnoredPart]]:
+@dataclass
+class Replayed:
+    """The rebuilt database, the journal lines rejected, and the agent's own state.db as read (or why not)."""
+
+    db: str
+    rejected: list[IgnoredPart]
+    agent_rows: dict[str, list[str]] | None = None
+    agent_error: str | None = None
+
+
+def replay_journal(world: dict, journal: bytes, directory: str | Path, agent_db: str | None = None) -> Replayed:
     """Rebuild the state from `world` and `journal` in `directory` (on the host, with the package's own
-    claw.py); the database path and the journal lines that were rejected."""
+    claw.py, in a child process); with `agent_db`, the same child then reads that copy of the agent's database."""
     directory = Path(directory)
     seed, journal_path, db = directory / "seed.json", directory / "journal.jsonl", directory / "state.db"
     seed.write_text(json.dumps(world))
     journal_path.write_bytes(journal)
     claw_py = resources.files("components.recipes.claw.sandbox").joinpath("claw.py")
     env = {"CLAW_DB": str(db), "CLAW_JOURNAL": str(directory / "unused.jsonl"), "PATH": os.environ.get("PATH", "")}
+    argv = [sys.executable, "-I", "-S", "-c", _REPLAY, str(claw_py), str(seed), str(journal_path)]
+    if agent_db is not None:
+        argv += [agent_db, str(DUMP_TIMEOUT_SECONDS), json.dumps(_COLUMNS)]
     try:
-        res = subprocess.run([sys.executable, "-I", "-S", str(claw_py), "replay", str(seed), str(journal_path)],
-                             capture_output=True, text=True, env=env, timeout=REPLAY_TIMEOUT_SECONDS, check=False)
-    except subprocess.TimeoutExpired:
-        raise ReplayError(Failure("timeout", f"claw.py replay ran past {REPLAY_TIMEOUT_SECONDS:g}s")) from None
-    if res.returncode != 0:
-        raise ReplayError(Failure(f"exit {res.returncode}", f"{res.stdout[-300:]} {res.stderr[-500:]}"))
+        res = subprocess.run(argv, capture_output=True, env=env, check=False,
+                             timeout=REPLAY_TIMEOUT_SECONDS + (DUMP_TIMEOUT_SECONDS if agent_db else 0))
+        out, code = res.stdout, res.returncode
+    except subprocess.TimeoutExpired as exc:
+        out, code = exc.stdout or b"", None
+    lines = out.decode("utf-8", "replace").splitlines()
     try:
-        out = json.loads(res.stdout)
-    except ValueError:
-        raise ReplayError(Failure("unreadable output", res.stdout[-300:])) from None
-    return str(db), [IgnoredPart(path=f"journal.jsonl:{r['line']}", reason=f"rejected: {r['error']}")
-                     for r in out["rejected"]]
+        replayed = json.loads(lines[0])
+    except (IndexError, ValueError):
+        if code is None:
+            raise ReplayError(Failure("timeout", f"claw.py replay ran past {REPLAY_TIMEOUT_SECONDS:g}s")) from None
+        raise ReplayError(Failure(f"exit {code}", out.decode("utf-8", "replace")[-300:])) from None
+    result = Replayed(str(db), [IgnoredPart(path=f"journal.jsonl:{r['line']}", reason=f"rejected: {r['error']}")
+                                for r in replayed["rejected"]])
+    if agent_db is not None:
+        try:
+            read = json.loads(lines[1])
+        except (IndexError, ValueError):
+            read = {"error": f"reading it took over {DUMP_TIMEOUT_SECONDS:g}s" if code is None else f"exit {code}"}
+        result.agent_rows, result.agent_error = read.get("rows"), read.get("error")
+    return result
 
 
-# Reads every compared table of a database read-only and prints sorted row reprs as JSON. It runs in a
-# child process with a time limit: the sandbox's state.db is the agent's file, and its "tables" may be
-# views whose SQL never ends or never stops growing.
-_DUMP = """
-import json, sqlite3, sys
-cols = json.loads(sys.argv[2])
-db = sqlite3.connect("file:" + sys.argv[1] + "?mode=ro", uri=True)
-out = {t: sorted(repr(r)[:10000] for r in db.execute("SELECT " + c + " FROM " + t).fetchmany(100000))
-       for t, c in cols.items()}
-print(json.dumps(out))
-"""
-DUMP_TIMEOUT_SECONDS = 10.0
-
-
-def _rows(db_path: str) -> dict[str, list[str]]:
-    """Sorted row reprs of each compared table; raises sqlite3.Error when the file cannot be read in time."""
-    try:
-        res = subprocess.run([sys.executable, "-I", "-S", "-c", _DUMP, db_path, json.dumps(_COLUMNS)],
-                             capture_output=True, text=True, timeout=DUMP_TIMEOUT_SECONDS, check=False)
-    except subprocess.TimeoutExpired:
-        raise sqlite3.Error(f"reading it took over {DUMP_TIMEOUT_SECONDS:g}s") from None
-    if res.returncode != 0:
-        raise sqlite3.Error(res.stderr.strip().splitlines()[-1][:200] if res.stderr.strip() else "unreadable")
-    return json.loads(res.stdout)
-
-
-def state_divergence(sandbox_db: str | None, rebuilt_db: str) -> list[IgnoredPart]:
+def state_divergence(replayed: Replayed, agent_db_present: bool) -> list[IgnoredPart]:
     """What the sandbox's own state.db holds beyond the tools' journal (ignored by verification)."""
-    if sandbox_db is None:
+    if not agent_db_present:
         return [IgnoredPart(path="state.db", reason="deleted or unreadable; the state is rebuilt from the journal")]
-    try:
-        theirs = _rows(sandbox_db)
-    except sqlite3.Error as err:
-        return [IgnoredPart(path="state.db", reason=f"corrupt ({err}); the state is rebuilt from the journal")]
-    ours = _rows(rebuilt_db)
+    theirs = replayed.agent_rows
+    if theirs is None or set(theirs) != set(_COLUMNS):
+        return [IgnoredPart(path="state.db", reason=f"corrupt ({replayed.agent_error}); the state is rebuilt "
+                            "from the journal")]
+    ns: dict = {}
+    exec(_DUMP, ns)  # our own code, on the database we rebuilt
+    ours = ns["dump"](replayed.db, _COLUMNS, float("inf"))
     return [IgnoredPart(path=f"state.db:{t}", reason="rows changed outside the assistant's tools "
                         f"({len(theirs[t])} rows vs {len(ours[t])} from the journal)")
             for t in _COLUMNS if theirs[t] != ours[t]]
