@@ -18,7 +18,9 @@ execs (`ExecRequest.verification`); tools only ever get the unmarked handle, so 
 its own commands, and its OOM is never an infrastructure error.
 
 What the agent left in its sandbox can never make verification an infrastructure error (each
-recipe's verifier states its rule); the verdict's record (verifier, version, ignored parts of the
+recipe's verifier states its rule); a step that failed on the agent's state is the infrastructure's only
+when the same step fails the same way on the pristine state, or a health probe fails (one rule,
+`components/core/blame.py`, which recipes call where such a step fails); the verdict's record (verifier, version, ignored parts of the
 change) is kept on the trajectory, and `recipe.release` frees what setup kept (a pristine snapshot).
 
 Limits: `max_steps` and `max_total_tokens` count what the policy wrote; `max_wall_seconds` counts policy
