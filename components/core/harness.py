@@ -107,6 +107,16 @@ def initial_steps(task: Task, recipe: RecipeBase, tool_format: ToolFormat = "pro
     return [Step(index=0, role="system", content=system), Step(index=1, role="user", content=task.prompt)]
 
 
+def storable(text: str) -> str:
+    """`text` with any lone surrogate (an endpoint's JSON can carry "\\ud800") replaced, so the
+    trajectory always serialises as UTF-8."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
 def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"[:1000]
 
@@ -255,7 +265,7 @@ class _Episode:
                 error = None
             except ToolCallParseError as err:
                 call, error = None, str(err)
-            step = self.add(role="assistant", content=gen.text, tool_call=call, policy_error=error,
+            step = self.add(role="assistant", content=storable(gen.text), tool_call=call, policy_error=error,
                             token_ids=list(gen.token_ids) if gen.token_ids is not None else None,
                             logprobs=list(gen.logprobs) if gen.logprobs is not None else None,
                             tokenizer_id=gen.tokenizer_id if gen.token_ids is not None else None,
