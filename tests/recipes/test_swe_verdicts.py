@@ -174,20 +174,15 @@ def test_hostile_file_names_in_the_package_end_unresolved_and_store(sandbox_clie
     TrajectoryStore(tmp_path).append([traj])  # the escaped names serialise
 
 
-class RawText:
-    """A policy that writes the given texts verbatim (the last one repeats)."""
+class RawText(Script):
+    """The scripted policy, writing the given texts verbatim instead of formatted calls."""
 
     policy_id = "raw-text"
 
-    def __init__(self, texts: list[str]):
-        self.texts, self.turn = texts, 0
-
     def generate(self, messages, config):
-        from components.core.policy_base import Generation
-
-        text = self.texts[min(self.turn, len(self.texts) - 1)]
-        self.turn += 1
-        return Generation(text=text)
+        generation = super().generate(messages, config)
+        generation.text = self.calls[min(self.turn, len(self.calls)) - 1].arguments["text"]
+        return generation
 
 
 def test_tool_call_text_that_cannot_be_parsed_or_stored_is_a_policy_error(sandbox_client, task, tmp_path):
@@ -200,7 +195,8 @@ def test_tool_call_text_that_cannot_be_parsed_or_stored_is_a_policy_error(sandbo
     texts = ['<tool_call>{"name": "bash", "arguments": {"command": ' + "[" * 200_000 + "]" * 200_000 + "}}</tool_call>",
              '<tool_call>{"name": "bash", "arguments": {"command": "echo \\ud800"}}</tool_call>',
              "thinking \ud800 " + format_tool_call(ToolCall(name="submit", arguments={}))]
-    traj = run_episode(task, SWERecipe(), RawText(texts), sandbox_client, HarnessConfig(max_steps=5))
+    policy = RawText([ToolCall(name="raw", arguments={"text": t}) for t in texts])
+    traj = run_episode(task, SWERecipe(), policy, sandbox_client, HarnessConfig(max_steps=5))
     assert_unresolved(traj)
     errors = [s.policy_error for s in traj.steps if s.role == "tool"]
     assert "nested too deeply" in errors[0] and "lone surrogates" in errors[1], errors
