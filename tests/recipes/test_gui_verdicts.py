@@ -43,3 +43,15 @@ def test_the_controller_answers_every_malformed_request(sandbox_client, gui):
             answer = json.loads(res.stdout)
             assert res.exit_code == 0 and answer["ok"] is False and not answer.get("controller_error"), (request, res)
         assert json.loads(sb.exec(["python", "-S", CTL, SOCKET, '{"action": "ping"}']).stdout)["ok"]
+
+
+def test_form_comments_holding_every_candidate_fail():
+    from components.recipes.gui.tasks import COMMENTS, generate_tasks
+    from components.recipes.gui.verify import verify_state
+
+    task = generate_tasks("heldout", 1, 0, ("form_register",))[0]
+    exp = task.verifier.expected
+    honest = {"name": exp["name"], "email": exp["email"], "ticket": exp["ticket"], "workshops": exp["workshops"]}
+    assert verify_state({"submissions": [{**honest, "comments": exp["comments"]}]}, None, exp).resolved
+    stuffed = {**honest, "comments": " / ".join(COMMENTS)}
+    assert not verify_state({"submissions": [stuffed]}, None, exp).resolved
