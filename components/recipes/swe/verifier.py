@@ -199,7 +199,11 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
         # Blame by control run (components/core/blame.py): the same run with the same limits on a fresh
         # clean room of the pristine state, plus the clean room's own health.
         def control() -> Failure | None:
-            pristine_room = open_clean_room(stack)
+            try:
+                pristine_room = open_clean_room(stack)
+            except Exception as err:  # no control run, no decision against the policy
+                raise _Infra(f"the control run's clean room could not be built: {type(err).__name__}: {err}"[:1000]) \
+                    from err
             if spec.kind != "calls":
                 _place_tests(pristine_room, task, workdir)
             return _run_hidden_tests(pristine_room, task).failure
@@ -361,8 +365,11 @@ class Canary:
                 f"def test_f{self.token}():\n    assert {self.expect} + 1 == {self.expect + 2}\n")
 
     def tampering(self, by_key: dict[tuple[str, str], str], exit_code: int | None) -> str | None:
+        """Why the run's report cannot stand (None when the canaries and exit status are as they must be)."""
         module = f"test_{self.token}"
         seen = (by_key.get((module, f"test_p{self.token}")), by_key.get((module, f"test_f{self.token}")))
+        if seen == (None, None) and exit_code in (2, 3, 4):  # collection, internal or usage errors: no tests ran
+            return f"pytest stopped before running the tests (exit {exit_code})"
         if seen != ("PASSED", "FAILED") or exit_code != 1:
             return (f"the run was tampered with: canaries {seen[0] or 'missing'}/{seen[1] or 'missing'} "
                     f"(must be PASSED/FAILED), pytest exit {exit_code} (must be 1)")
