@@ -1,7 +1,8 @@
 """The harness: one episode of a policy acting on a task through tools in a sandbox.
 
-It turns model text into tool calls (`protocol.py`) and tool results into observations, enforces
-the limits, and verifies the end state with the recipe's hidden checks. Every failure is attributed
+It turns model text into tool calls (`protocol.py`) and tool results into observations, checks each
+call's arguments against the tool's own JSON schema before it runs (a mismatch is the policy's error,
+an observation), enforces the limits, and verifies the end state with the recipe's hidden checks. Every failure is attributed
 to one boundary: malformed output or a bad tool call is the policy's error (an observation, the
 episode goes on); the sandbox service, the verifier's environment or the policy endpoint failing is
 infrastructure (`Outcome.infra_error`, `EpisodeStatus.aborted`, with the reason), never unresolved.
@@ -17,7 +18,9 @@ execs (`ExecRequest.verification`); tools only ever get the unmarked handle, so 
 its own commands, and its OOM is never an infrastructure error.
 
 What the agent left in its sandbox can never make verification an infrastructure error (each
-recipe's verifier states its rule); the verdict's record (verifier, version, ignored parts of the
+recipe's verifier states its rule); a step that failed on the agent's state is the infrastructure's only
+when the same step fails the same way on the pristine state, or a health probe fails (one rule,
+`components/core/blame.py`, which recipes call where such a step fails); the verdict's record (verifier, version, ignored parts of the
 change) is kept on the trajectory, and `recipe.release` frees what setup kept (a pristine snapshot).
 
 Limits: `max_steps` and `max_total_tokens` count what the policy wrote; `max_wall_seconds` counts policy
@@ -104,6 +107,16 @@ def initial_steps(task: Task, recipe: RecipeBase, tool_format: ToolFormat = "pro
     return [Step(index=0, role="system", content=system), Step(index=1, role="user", content=task.prompt)]
 
 
+def storable(text: str) -> str:
+    """`text` with any lone surrogate (an endpoint's JSON can carry "\\ud800") replaced, so the
+    trajectory always serialises as UTF-8."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
 def _describe(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"[:1000]
 
@@ -132,7 +145,8 @@ class _Episode:
     def __init__(self, task: Task, recipe: RecipeBase, policy: Policy, config: HarnessConfig):
         self.task, self.recipe, self.policy, self.config = task, recipe, policy, config
         self.tool_format = policy_tool_format(policy, config)
-        self.tools = [t.openai() for t in recipe.tools()]
+        self.specs = {t.name: t for t in recipe.tools()}
+        self.tools = [t.openai() for t in self.specs.values()]
         self.start = time.monotonic()
         self.steps: list[Step] = []
         self.prompt_tokens = 0
@@ -162,6 +176,10 @@ class _Episode:
     def run_tool(self, step: Step) -> ToolResult:
         """Execute an assistant step's call under the watchdog; infra failures raise `_Abort`."""
         assert self.sandbox is not None and step.tool_call is not None
+        spec = self.specs.get(step.tool_call.name)
+        wrong = spec.argument_error(step.tool_call.arguments) if spec is not None else None
+        if wrong:  # checked against the tool's own schema before anything runs: the policy's error
+            return ToolResult(output=f"Error: {wrong}", policy_error=wrong)
         metered = _Metered(self.sandbox, self)
         future = self._pool.submit(self.recipe.execute_tool, metered, self.task, step.tool_call)
         try:
@@ -247,7 +265,7 @@ class _Episode:
                 error = None
             except ToolCallParseError as err:
                 call, error = None, str(err)
-            step = self.add(role="assistant", content=gen.text, tool_call=call, policy_error=error,
+            step = self.add(role="assistant", content=storable(gen.text), tool_call=call, policy_error=error,
                             token_ids=list(gen.token_ids) if gen.token_ids is not None else None,
                             logprobs=list(gen.logprobs) if gen.logprobs is not None else None,
                             tokenizer_id=gen.tokenizer_id if gen.token_ids is not None else None,

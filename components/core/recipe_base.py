@@ -25,6 +25,46 @@ class ToolSpec(BaseModel):
     def openai(self) -> dict[str, Any]:
         return {"type": "function", "function": self.model_dump()}
 
+    def argument_error(self, arguments: Any) -> str | None:
+        """Why `arguments` do not fit this tool's JSON schema (None when they do). The subset our tools
+        use: object/string/integer/number/boolean/array types, `properties`, `required`, `items`,
+        `enum`; integers must fit in 64 bits. Iterative and bounded, so no argument can crash the check."""
+        return schema_error(self.parameters, arguments, self.name)
+
+
+_JSON_TYPES = {"object": (dict,), "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
+               "array": (list,), "null": (type(None),)}
+
+
+def schema_error(schema: dict[str, Any], value: Any, where: str = "arguments", max_nodes: int = 10_000) -> str | None:
+    """The first way `value` breaks `schema` (a JSON-schema subset, see `ToolSpec.argument_error`), or None."""
+    stack = [(schema, value, where)]
+    while stack:
+        max_nodes -= 1
+        if max_nodes < 0:
+            return f"{where}: too many values"
+        sch, val, path = stack.pop()
+        kind = sch.get("type")
+        if kind is not None:
+            ok = type(val) in _JSON_TYPES.get(kind, (object,)) or (kind == "number" and type(val) is int)
+            if kind in ("integer", "number") and type(val) is bool:
+                ok = False
+            if not ok:
+                return f"{path} must be {'an' if kind[0] in 'aeiou' else 'a'} {kind}, got {type(val).__name__}"
+            if kind == "integer" and not -(1 << 63) <= val < (1 << 63):
+                return f"{path} must be a 64-bit integer"
+        if "enum" in sch and val not in sch["enum"]:
+            return f"{path} must be one of {sch['enum']}"
+        if isinstance(val, dict):
+            missing = [k for k in sch.get("required", []) if k not in val]
+            if missing:
+                return f"{path} needs {missing}"
+            props = sch.get("properties", {})
+            stack += [(props[k], v, f"{path}.{k}") for k, v in val.items() if k in props]
+        elif isinstance(val, list) and "items" in sch:
+            stack += [(sch["items"], v, f"{path}[{i}]") for i, v in enumerate(val)]
+    return None
+
 
 class ToolResult(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -51,8 +51,9 @@ class EnvironmentSpec(_Record):
 class VerifierSpec(_Record):
     """How an outcome is verified. Hidden files are placed only after the agent submits."""
 
-    kind: Literal["pytest", "command", "python"] = Field(
-        "pytest", description="pytest: hidden test files + pytest; command: exit code; python: recipe verifier."
+    kind: Literal["pytest", "calls", "command", "python"] = Field(
+        "pytest", description="pytest: hidden test files + pytest; calls: the tests' calls run in a worker, "
+        "their assertions judged on the host (SWE `calls.py`); command: exit code; python: recipe verifier."
     )
     hidden_files: dict[str, str] = Field(default_factory=dict, description="Never visible to the agent.")
     command: str | None = Field(None, description="Command whose exit code 0 means resolved.")

@@ -65,10 +65,17 @@ def _parse_llama3(text: str, call_id: str | None) -> ToolCall:
 
 def parse_call(text: str, tool_format: ToolFormat, *, call_id: str | None = None) -> ToolCall:
     """The tool call in `text`, read in `tool_format`; raises `ToolCallParseError` (a message for the model)."""
-    if tool_format == "llama3_json":
-        return _parse_llama3(text, call_id)
-    # protocol and hermes share the tag syntax; the parser tolerates hermes' newlines around the JSON
-    return parse_tool_call(text, call_id=call_id)
+    try:
+        if tool_format == "llama3_json":
+            call = _parse_llama3(text, call_id)
+        else:  # protocol and hermes share the tag syntax; the parser tolerates hermes' newlines around the JSON
+            call = parse_tool_call(text, call_id=call_id)
+        json.dumps(call.arguments, ensure_ascii=False).encode("utf-8")  # storable as the trajectory stores it
+    except RecursionError:
+        raise ToolCallParseError("the tool call's JSON is nested too deeply") from None
+    except UnicodeEncodeError:
+        raise ToolCallParseError("the tool call's arguments hold escapes that are not text (lone surrogates)") from None
+    return call
 
 
 def format_call(call: ToolCall, tool_format: ToolFormat) -> str:

@@ -33,6 +33,7 @@ def normalize_text(s: str | None) -> str:
     return re.sub(r"[^a-z0-9]+", " ", (s or "").lower()).strip()
 
 
+_PHONE = re.compile(r"\+?\d{1,3}(?:[ -]\d{3,4}){2,3}")
 _TIME = re.compile(r"(?<![\d:])(\d{1,2}:\d{2})(?![\d:])")
 _NUMBER = re.compile(r"(?<![\d,.])\d[\d,]*(?:\.\d+)?")
 _FRAMING = re.compile(r"^(?:(?:the )?answer(?: is)?|it is|it s|that is|that s)\s+")
@@ -41,20 +42,29 @@ _FRAMING = re.compile(r"^(?:(?:the )?answer(?: is)?|it is|it s|that is|that s)\s
 def one_answer(final_answer: str | None, expected: str) -> tuple[bool, str]:
     """Is `final_answer` one answer, and the expected one? (ok, what was compared)
 
-    The rule of every question a recipe checks: a time (HH:MM) or a number is matched against every
-    time or number the answer mentions, which must all be the expected one ("It starts at 14:30." is
+    The rule of every question a recipe checks, and of every single fact a written artefact must carry
+    (a note's total, a mail's phone number): a phone number, a time (HH:MM) or a number is matched
+    against every phone number, time or number the text mentions, which must all be the expected one ("It starts at 14:30." is
     right; "09:00 or 14:30" is not); any other answer must equal the expected text after
     normalisation (case, punctuation, spacing, a leading "the answer is"), so listing every candidate
     ("Red Mug, Blue Lamp, Green Chair") never matches the one it contains.
     """
     text = final_answer or ""
     want = expected.strip()
+    if _PHONE.fullmatch(want):
+        found = {re.sub(r"\D", "", p) for p in _PHONE.findall(text)}
+        return found == {re.sub(r"\D", "", want)}, f"phone numbers {_few(found)}"
     if _TIME.fullmatch(want):
         found = {t.zfill(5) for t in _TIME.findall(text)}
-        return found == {want.zfill(5)}, f"times {sorted(found)}"
+        return found == {want.zfill(5)}, f"times {_few(found)}"
     compact = want.replace(",", "")
     if re.fullmatch(r"\d+(?:\.\d+)?", compact):
         found = {n.replace(",", "") for n in _NUMBER.findall(text)}
-        return found == {compact}, f"numbers {sorted(found)}"
+        return found == {compact}, f"numbers {_few(found)}"
     got = _FRAMING.sub("", normalize_text(text))
-    return got == normalize_text(want), repr(got)
+    return got == normalize_text(want), repr(got[:200])
+
+
+def _few(found: set[str]) -> str:
+    shown = sorted(found)[:5]
+    return f"{shown}" + (f" and {len(found) - 5} more" if len(found) > 5 else "")

@@ -7,6 +7,11 @@ Process-tree kill, in order of strength:
    command is born inside it: no window in which it could fork outside. Nothing in the sandbox can
    leave that cgroup (the sandbox has no cgroupfs and no CAP_SYS_ADMIN), so `setsid`, double forks
    and daemonising do not escape a timeout kill.
+   On a timeout the group is sealed first (pids.max 0: no member can fork any more) and its members
+   are SIGKILLed until it is empty; a fork bomb stops growing at once, so the kill ends within the
+   command's own timeout (`command_timeout`), never the service's TIMEOUT. (Sealed, not frozen: the
+   freezer hierarchy would need a second delegated cgroup fd at boot; sealing needs only the group
+   the agent made, whose pids.max it owns.)
 2. Always: each command starts a new session; on timeout its process group, its session and every
    descendant found by a /proc ancestry walk are SIGKILLed, repeatedly until none is left.
 3. Without a cgroup (Kubernetes pods, unisolated mode), each command also carries

@@ -1,8 +1,9 @@
 """Finding and killing all processes of one command (see execs.py for the strategy).
 
 `CgroupTracker` holds the agent's fds to its pids cgroup (per-exec child groups) and memory OOM
-counter; `kill_tree` SIGKILLs a command's exec cgroup, session, descendants and, without a cgroup,
-every process carrying its ORCHARD_EXEC_ID. Stdlib only: this module is copied into every sandbox.
+counter; `kill_tree` seals a command's exec cgroup against forks (pids.max 0: the tree stops growing, a
+fork bomb included) and SIGKILLs its members until it is empty; without a per-thread cgroup (v2, none)
+it also walks the session, descendants and every process carrying its ORCHARD_EXEC_ID. Stdlib only: this module is copied into every sandbox.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class CgroupTracker:
             for name in self._stale:
                 if not self.pids(name):
                     self._stale.remove(name)
+                    self.seal(name, False)  # a group killed while it still had members stayed sealed
                     return name
             self._counter += 1
             name = f"x{self._counter}"
@@ -80,6 +82,32 @@ class CgroupTracker:
         finally:
             os.close(fd)
         return [int(x) for x in data.split()]
+
+    def seal(self, name: str, sealed: bool = True) -> bool:
+        """Stop (or allow again) every fork in the exec cgroup `name` (pids.max 0 / max): a tree that cannot
+        grow is killed in one or two passes, however fast it forked (a fork bomb)."""
+        return _write_at(f"{name}/pids.max", "0" if sealed else "max", self.dir_fd)
+
+    def kill_group(self, name: str, timeout: float = 3.0) -> bool:
+        """Seal the exec cgroup and SIGKILL its members until it is empty (True) or `timeout` passed."""
+        sealed = self.seal(name)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                pids = self.pids(name)
+                if not pids:
+                    return True
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.001)
+        finally:
+            if sealed and not self.pids(name):
+                self.seal(name, False)
 
     def release(self, name: str | None) -> None:
         """Return an exec cgroup; one still holding background processes is reused once they exit."""
@@ -173,6 +201,10 @@ def _carrying(table: dict, marker: bytes) -> set[int]:
 def kill_tree(root_pid: int, tracker: CgroupTracker, group: str | None, exec_id: str | None = None) -> None:
     """SIGKILL the command, its session, its descendants, everything in its exec cgroup and (without
     a cgroup) every process carrying its ORCHARD_EXEC_ID."""
+    if group is not None and tracker.v1 and tracker.kill_group(group):
+        # cgroup v1: the command was born inside its group and nothing leaves it, so the sealed group's
+        # members are the whole tree; no /proc walk, which a tree that keeps growing would outrun.
+        return
     me = os.getpid()
     marker = f"\0{EXEC_ID_VAR}={exec_id}\0".encode() if exec_id else None
     for _ in range(100):

@@ -368,3 +368,20 @@ def test_no_ipv6_path_out_of_allowlist_mode_and_no_host_loopback(sandbox_client,
             assert "CONNECTED" not in r.stdout and r.stdout.count("FAILED") == 2, r.stdout
     finally:
         srv.close()
+
+
+FORK_BOMB = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"
+
+
+def test_a_fork_bomb_is_the_commands_timeout_not_the_services(sandbox_client, labels):
+    """A tree that forks faster than a /proc walk can kill it outran the kill loop: the agent did not
+    answer within timeout + grace and the exec became the service's TIMEOUT (an infra error the policy
+    escapes its reward with). Sealing the command's cgroup (no more forks) and killing it ends it in time."""
+    with sandbox_client.create(SandboxCreate(labels=labels)) as sb:
+        start = time.monotonic()
+        result = sb.exec(["python3", "-c", FORK_BOMB], timeout=3)
+        assert result.outcome is ExecOutcome.command_timeout, result
+        assert time.monotonic() - start < 3 + 5, "the kill must not take anywhere near the service's grace"
+        after = sb.exec("echo alive", timeout=10)
+        assert after.ok and after.stdout == "alive\n", after
+        assert sb.exec("ps -e --no-headers | wc -l").stdout.strip() in {"1", "2", "3", "4"}  # agent, ps, wc, sh

@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from importlib import resources
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from components.core.blame import Failure, blame
 from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
 from components.core.schema import Split, Task, ToolCall
 from components.recipes.claw.sandbox import claw as claw_api
@@ -37,6 +39,7 @@ CLAW_PY = f"{CLAW_DIR}/claw.py"
 DB_PATH = f"{CLAW_DIR}/state.db"
 JOURNAL_PATH = f"{CLAW_DIR}/journal.jsonl"  # claw.py's default: beside the database
 MAX_OUTPUT = 4000
+MAX_JOURNAL_BYTES = 8_000_000  # a longer journal is the policy's failure, never replayed
 
 Harness = Literal["tools", "shell"]
 
@@ -144,8 +147,14 @@ class ClawRecipe(RecipeBase):
             return ToolResult(output=_clip(res.stdout), policy_error=res.stdout.strip()[:300])
         if res.reason == "oom":  # the policy's arguments ran the sandbox out of memory: its outcome
             return ToolResult(output="Error: the tool ran out of memory", policy_error="tool call ran out of memory")
-        if res.exit_code != 0:  # a crash of our own tool is the environment's failure, not the policy's
-            return ToolResult(output=f"Error: tool crashed: {res.stderr[-500:]}", infra_error=f"claw.py exit {res.exit_code}")
+        if res.exit_code != 0:  # whose failure: the same call on the pristine world decides (core/blame.py)
+            failure = Failure(f"exit {res.exit_code}", res.stderr[-300:])
+            infra = blame(failure, lambda: _pristine_call(task, call.name, args, timeout),
+                          probe=lambda: _probe(sandbox))
+            if infra:
+                return ToolResult(output=f"Error: tool crashed: {res.stderr[-500:]}", infra_error=f"claw.py {infra}")
+            return ToolResult(output=f"Error: the tool failed on the state your actions left: {res.stderr[-500:]}",
+                              policy_error=f"claw.py {failure.kind} (not on the pristine state)")
         return ToolResult(output=_clip(res.stdout))
 
     # -- verification ----------------------------------------------------------------------------
@@ -156,21 +165,66 @@ class ClawRecipe(RecipeBase):
         if journal is None:
             journal = b""  # no state-changing call was made (or the policy removed the record of them)
         sandbox_db = _read_or_none(sandbox, DB_PATH)
+        if len(journal) > MAX_JOURNAL_BYTES:  # read whole by the file API, replayed only up to this size
+            return VerifyResult(resolved=False, verification=record,
+                                reason=f"the tools' journal is {len(journal)} bytes (at most {MAX_JOURNAL_BYTES})")
         with tempfile.TemporaryDirectory() as tmp:
-            try:
-                db, rejected = replay_journal(task.metadata["world"], journal, tmp)
-            except (ReplayError, OSError, ValueError, subprocess.SubprocessError) as err:
-                return VerifyResult(resolved=False, infra_error=f"rebuilding the Claw state failed: {err}",
-                                    verification=record)
             copy = None
             if sandbox_db is not None:
                 copy = os.path.join(tmp, "sandbox-state.db")
                 with open(copy, "wb") as f:
                     f.write(sandbox_db)
-            record.ignored = rejected + state_divergence(copy, db)
-            verdict = verify_db(db, task.verifier.expected, final_answer)
+            verdict = _replay_and_judge(task, journal, copy, final_answer, record, tmp)
         verdict.verification = record
         return verdict
+
+
+def _replay_and_judge(task: Task, journal: bytes, agent_db: str | None, final_answer: str | None,
+                      record: Verification, tmp: str) -> VerifyResult:
+    try:
+        replayed = replay_journal(task.metadata["world"], journal, tmp, agent_db)
+    except ReplayError as err:  # whose failure: replaying no journal on the same world decides
+        def control() -> Failure | None:
+            with tempfile.TemporaryDirectory() as ctl:
+                try:
+                    replay_journal(task.metadata["world"], b"", ctl)
+                except ReplayError as again:
+                    return again.failure
+            return None
+
+        infra = blame(err.failure, control)
+        if infra:
+            return VerifyResult(resolved=False, infra_error=f"rebuilding the Claw state failed: {infra}")
+        return VerifyResult(resolved=False, reason=f"the tools' journal cannot be replayed: {err.failure}")
+    except OSError as err:  # the host's own temporary files: nothing the policy wrote
+        return VerifyResult(resolved=False, infra_error=f"rebuilding the Claw state failed: {err}")
+    record.ignored = replayed.rejected + state_divergence(replayed, agent_db is not None)
+    return verify_db(replayed.db, task.verifier.expected, final_answer)
+
+
+def _pristine_call(task: Task, name: str, args: dict, timeout: float) -> Failure | None:
+    """The control run of a tool call: the same call, same time limit, on the task's pristine world (host)."""
+    claw_py = str(resources.files("components.recipes.claw.sandbox").joinpath("claw.py"))
+    with tempfile.TemporaryDirectory() as tmp:
+        seed = os.path.join(tmp, "seed.json")
+        with open(seed, "w") as f:
+            json.dump(task.metadata["world"], f)
+        env = {"CLAW_DB": os.path.join(tmp, "state.db"), "CLAW_JOURNAL": os.path.join(tmp, "journal.jsonl"),
+               "PATH": os.environ.get("PATH", "")}
+        try:
+            for argv in (["init", seed], ["call", name, json.dumps(args)]):
+                res = subprocess.run([sys.executable, "-I", "-S", claw_py, *argv], capture_output=True, text=True,
+                                     env=env, timeout=timeout, check=False)
+                if res.returncode not in (0, 2):
+                    return Failure(f"exit {res.returncode}", res.stderr[-300:])
+        except subprocess.TimeoutExpired:
+            return Failure("timeout")
+    return None
+
+
+def _probe(sandbox: Sandbox) -> str | None:
+    res = sandbox.exec(["true"], timeout=30)
+    return None if res.ok else f"`true` gave {res.outcome.value} ({res.infra_error or res.exit_code})"
 
 
 def _read_or_none(sandbox: Sandbox, path: str) -> bytes | None:

@@ -177,6 +177,8 @@ class GUIRecipe(RecipeBase):
         answer, infra = self._browser(sandbox, request)
         if infra:
             return ToolResult(output=f"Error: the browser failed: {infra}", infra_error=infra)
+        if answer.get("controller_error"):
+            return ToolResult(output=f"Error: the browser failed: {answer.get('error')}", infra_error=answer.get("error"))
         if not answer.get("ok"):
             return ToolResult(output=f"Error: {answer.get('error')}", policy_error=answer.get("error"))
         png = None

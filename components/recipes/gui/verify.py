@@ -8,6 +8,10 @@ The rule (verifier `gui-site-state`, version `VERSION`):
   127.0.0.1/localhost, and the state file lives outside what any page or form can address.
 - A missing or unreadable state file after the episode cannot be caused by the policy (nothing it
   can do reaches the file), so it stays an infrastructure error.
+- Every field is checked exactly (after normalising case, punctuation and spacing): the order's items,
+  shipping, name and address; the form's name, email, ticket and workshops. Free-text comments must
+  carry the requested text and none of the other requests a task can ask for, so comments that hold
+  every candidate never pass.
 - Answer tasks need one answer equal to the expected one after normalisation (`common.one_answer`):
   an answer that lists every candidate fails.
 """
@@ -18,9 +22,10 @@ from components.core.recipe_base import VerifyResult
 from components.recipes.common import checklist_result as _result
 from components.recipes.common import normalize_text as _norm
 from components.recipes.common import one_answer
+from components.recipes.gui.tasks import COMMENTS
 
 NAME = "gui-site-state"
-VERSION = "2"  # 1: answers checked by containment
+VERSION = "3"  # 1: answers checked by containment; 2: comments by containment
 
 
 def verify_shop(state: dict, expected: dict) -> VerifyResult:
@@ -45,8 +50,15 @@ def verify_form(state: dict, expected: dict) -> VerifyResult:
         ("email matches", (sub.get("email") or "").strip().lower() == expected["email"].lower()),
         (f"ticket is {expected['ticket']}", sub.get("ticket") == expected["ticket"]),
         (f"workshops are {expected['workshops']}", sorted(sub.get("workshops") or []) == sorted(expected["workshops"])),
-        ("comments mention the request", _norm(expected["comments"]) in _norm(sub.get("comments"))),
+        (f"comments give {expected['comments']!r} and no other request", _one_request(sub.get("comments"), expected)),
     ])
+
+
+def _one_request(comments: str | None, expected: dict) -> bool:
+    """The comments carry the requested text and none of the other requests a form task can ask for."""
+    text = _norm(comments)
+    others = [c for c in COMMENTS if _norm(c) != _norm(expected["comments"])]
+    return _norm(expected["comments"]) in text and not any(_norm(c) in text for c in others)
 
 
 def verify_answer(final_answer: str | None, expected: dict) -> VerifyResult:

@@ -87,10 +87,23 @@ def read_tree(archive: bytes) -> Tree:
     return tree
 
 
+MAX_PATH_BYTES = 1024  # longer paths (or a component over NAME_MAX) are never written on the host
+NAME_MAX = 255
+
+
+def escaped(path: str) -> str:
+    """`path` as it is recorded: any byte that is not UTF-8 (tar names carry them as surrogates) as `\\xNN`."""
+    return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def ignore_reason(path: str, content: bytes | None, package_dirs: set[str]) -> str | None:
     """Why verification leaves `path` out, or None when it is applied (`content` None: a deletion)."""
     parts = path.split("/")
     name = parts[-1]
+    if escaped(path) != path:
+        return "file name is not UTF-8"
+    if len(path.encode()) > MAX_PATH_BYTES or any(len(p.encode()) > NAME_MAX for p in parts):
+        return f"path longer than {MAX_PATH_BYTES} bytes (or a name over {NAME_MAX})"
     if CACHE_PARTS & set(parts) or name.endswith((".pyc", ".pyo")):
         return "cache or version-control metadata"
     if name in RUNNER_CONFIG:
@@ -122,14 +135,14 @@ def extract_change(pristine: Tree, final: Tree) -> RepoChange:
     package_dirs = {p.split("/", 1)[0] for p in pristine.files if "/" in p}
     for path, kind in sorted(final.other.items()):
         if pristine.other.get(path) != kind:
-            change.ignored.append(IgnoredPart(path=path, reason=f"{kind} (only regular files are applied)"))
+            change.ignored.append(IgnoredPart(path=escaped(path), reason=f"{kind} (only regular files are applied)"))
     for path in sorted(set(pristine.files) | set(final.files)):
         before, after = pristine.files.get(path), final.files.get(path)
         if before == after or path.split("/", 1)[0] == ".git":  # git's own bookkeeping (submit's `git add`)
             continue
         reason = ignore_reason(path, after, package_dirs)
         if reason is not None:
-            change.ignored.append(IgnoredPart(path=path, reason=reason + (" (deleted)" if after is None else "")))
+            change.ignored.append(IgnoredPart(path=escaped(path), reason=reason + (" (deleted)" if after is None else "")))
         elif after is None:
             change.delete.append(path)
         else:

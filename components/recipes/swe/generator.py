@@ -216,7 +216,7 @@ def make_task(split: Split, seed: int, index: int, *, difficulty: int, families:
         split=split,
         prompt=prompt,
         environment=EnvironmentSpec(files=files, workdir=WORKDIR),
-        verifier=VerifierSpec(kind="pytest", hidden_files={HIDDEN_TEST_PATH: hidden},
+        verifier=VerifierSpec(kind="calls", hidden_files={HIDDEN_TEST_PATH: hidden},
                               fail_to_pass=hidden_ids, pass_to_pass=visible_ids, timeout_seconds=60.0),
         reference_solution="".join(unified_diff(p, files[p], a) for p, a in after_by_path.items()),
         family=family,

@@ -9,42 +9,53 @@ The rule (verifier `swe-clean-room`, version `VERSION`):
    none of the agent's processes exist there. Only the applied part of the change is written into it,
    then whatever sits at a hidden test path is removed and the hidden tests (or the task's test patch)
    are placed.
-3. pytest runs as `python -I` (no workspace path before the standard library, no PYTHON* variables,
+3. Generated tasks (kind `calls`, `calls.py`): the hidden tests' calls of the package's functions run
+   in a worker process in the clean room that returns typed plain data; the assertions are judged in
+   the host process, which never imports the agent's code. A value that is not plain data, an
+   exception, a missing answer or a worker that dies fails the test. Imported tasks (kind `pytest`):
+   pytest runs as `python -I` (no workspace path before the standard library, no PYTHON* variables,
    no user site), with plugin autoloading off, no cache, `--rootdir` the repository and `-c` a
    configuration file the verifier writes into a fresh `mktemp -d` directory outside the repository;
    the outcome is the JUnit XML report written there, never the run's stdout.
 4. Resolved means every FAIL_TO_PASS and PASS_TO_PASS test passed (with neither listed: at least one
    test ran and none failed; a task `command` decides by its exit code).
 5. Outcomes the agent's change can cause (tests failing, a hang until the timeout, a crash, no report,
-   a workspace that cannot be archived while its sandbox is up) are unresolved. Only failures of the
-   service, of the agent's sandbox itself (no longer ready) or of the clean room (it cannot be forked,
-   written, or run the verifier's own pytest) are infrastructure errors.
+   a workspace that cannot be archived while its sandbox is up) are unresolved. A run that leaves no
+   verdict (no report or answer, an infrastructure error of the run) is blamed by a control run
+   (`components/core/blame.py`): the same run with the same limits in a fresh clean room of the
+   pristine state, plus a health probe; it is an infrastructure error only when the control fails
+   the same way or the probe fails. Failures of the service or of building the clean room are
+   infrastructure errors.
 
-Known limit: the code under test runs inside the pytest process (as in SWE-bench harnesses), so a
-change that deliberately patches the runner from imported package code is not prevented here.
+Known limit (imported tasks only): the code under test runs inside the pytest process (as in SWE-bench
+harnesses); `Canary` makes tampering evident, and the README says what remains possible.
 """
 
 from __future__ import annotations
 
+import secrets
 import shlex
 import tempfile
 import time
 import xml.etree.ElementTree as ET
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import httpx
 
+from components.core.blame import Failure, blame
 from components.core.recipe_base import VerifyResult
 from components.core.schema import Task, TestReport, Verification
+from components.recipes.swe import calls
 from components.recipes.swe.change import RepoChange, Tree, extract_change, read_tree
 from sandbox_service.client import Sandbox
 from sandbox_service.errors import SandboxServiceError
 from sandbox_service.models import ExecOutcome, SandboxState
 
 NAME = "swe-clean-room"
-VERSION = "2"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout
+VERSION = "3"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout; 2: pytest for every task
 PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -129,15 +140,6 @@ def _read_report(room: Sandbox, path: str) -> bytes:
     return res.stdout.encode()
 
 
-def _runner_works(room: Sandbox, vdir: str) -> str | None:
-    """None when the verifier's own pytest starts in the clean room (outside the repository)."""
-    res = room.exec(["python", "-I", "-m", "pytest", "-c", f"{vdir}/pytest.ini", "--version"], cwd=vdir,
-                    env=PYTEST_ENV, timeout=60)
-    if res.is_infra_error:
-        return f"{res.infra_error}: {res.message}"
-    return None if res.exit_code == 0 else f"exit {res.exit_code}: {(res.stdout + res.stderr)[-300:]}"
-
-
 def verify_in_clean_room(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], Sandbox]) -> VerifyResult:
     """Verify the agent's repository (in `agent`) in a clean room `open_clean_room` builds (and registers
     for deletion on the stack) from the task's pristine state."""
@@ -187,53 +189,44 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
     lap("diff")
     record.ignored, record.applied = change.ignored, sorted({*change.write, *change.delete})
     _apply(room, workdir, change)
-    bad_patch = _place_tests(room, task, workdir)
+    bad_patch = _place_tests(room, task, workdir) if spec.kind != "calls" else None
     lap("apply")
     if bad_patch:
         return VerifyResult(resolved=False, reason=bad_patch)
-
-    made = _checked(room.exec(["mktemp", "-d", "/tmp/orchard-verify.XXXXXXXXXX"], timeout=30), "mktemp")
-    vdir = made.stdout.strip()
-    if made.exit_code != 0 or not vdir.startswith("/tmp/orchard-verify."):
-        raise _Infra(f"could not create the report directory in the clean room: {made.stderr[-300:]}")
-    # `pythonpath` puts the repository root on sys.path (python -I leaves out the working directory).
-    ini = f"[pytest]\npythonpath = {workdir}\njunit_family = xunit2\n"
-    wrote = _checked(room.exec(["bash", "-c", 'cat > "$0"', f"{vdir}/pytest.ini"], stdin=ini, timeout=30), "config")
-    if wrote.exit_code != 0:
-        raise _Infra(f"could not write the verifier's pytest.ini in the clean room: {wrote.stderr[-300:]}")
-
-    wanted = list(dict.fromkeys(spec.fail_to_pass + spec.pass_to_pass))
-    command = (["bash", "-c", spec.command] if spec.command
-               else _pytest_command(vdir, workdir, _test_files(wanted)))
-    start = time.monotonic()
-    result = _checked(room.exec(command, cwd=workdir, env=PYTEST_ENV, timeout=spec.timeout_seconds,
-                                max_output_bytes=200_000), "running hidden tests")
-    duration = time.monotonic() - start
+    run = _run_hidden_tests(room, task)
     lap("run")
-    tail = (result.stdout + result.stderr)[-4000:]
-    # No test seen to pass (timed out, no report) is 0 of the hidden tests: every verified trajectory of a
-    # pytest task gets its fraction, so partial-progress means never silently skip the hard failures.
-    none_passed = {"hidden_total": len(spec.fail_to_pass), "hidden_passed": 0} if spec.fail_to_pass else {}
-    if result.outcome is ExecOutcome.command_timeout:
-        return VerifyResult(resolved=False, report=TestReport(output=tail, duration_seconds=duration, **none_passed),
+    if run.failure is not None:
+        # Blame by control run (components/core/blame.py): the same run with the same limits on a fresh
+        # clean room of the pristine state, plus the clean room's own health.
+        def control() -> Failure | None:
+            try:
+                pristine_room = open_clean_room(stack)
+            except Exception as err:  # no control run, no decision against the policy
+                raise _Infra(f"the control run's clean room could not be built: {type(err).__name__}: {err}"[:1000]) \
+                    from err
+            if spec.kind != "calls":
+                _place_tests(pristine_room, task, workdir)
+            return _run_hidden_tests(pristine_room, task).failure
+
+        infra = blame(run.failure, control, probe=lambda: _health(agent, room))
+        lap("control")
+        if infra:
+            raise _Infra(f"running hidden tests: {infra}")
+        return VerifyResult(resolved=False, report=run.report, reason=f"hidden tests gave no verdict: {run.failure}")
+    if run.tampered:
+        return VerifyResult(resolved=False, report=run.report, reason=run.tampered)
+    if run.timed_out:
+        return VerifyResult(resolved=False, report=run.report,
                             reason=f"hidden tests timed out after {spec.timeout_seconds:g}s")
-    if spec.command is not None and not wanted:
-        ok = result.exit_code == 0
-        return VerifyResult(resolved=ok, report=TestReport(output=tail, duration_seconds=duration),
-                            reason=None if ok else f"command exited {result.exit_code}")
-    try:
-        statuses, report = parse_junit(_read_report(room, f"{vdir}/report.xml"))
-    except Exception as err:  # noqa: BLE001 - no readable report: decide whose fault in the clean room
-        broken = _runner_works(room, vdir)
-        if broken:
-            raise _Infra(f"the verifier's pytest does not run in the clean room: {broken}") from err
-        return VerifyResult(resolved=False, report=TestReport(output=tail, duration_seconds=duration, **none_passed),
-                            reason=f"pytest wrote no readable report (exit {result.exit_code}): {type(err).__name__}")
-    report.output, report.duration_seconds = tail, duration
+    if run.exit_ok is not None:  # a task `command` without listed tests: its exit code decides
+        return VerifyResult(resolved=run.exit_ok, report=run.report,
+                            reason=None if run.exit_ok else f"command exited {run.exit_code}")
+    report, statuses = run.report, run.statuses
+    wanted = list(dict.fromkeys(spec.fail_to_pass + spec.pass_to_pass))
     if not wanted:
         ok = report.passed > 0 and report.failed == report.errors == 0
-        return VerifyResult(resolved=ok, report=report, reason=None if ok else f"pytest exited {result.exit_code}")
-    got = {node: statuses.get(junit_key(node), "missing") for node in wanted}
+        return VerifyResult(resolved=ok, report=report, reason=None if ok else f"pytest exited {run.exit_code}")
+    got = {node: statuses.get(node, "missing") for node in wanted}
     report.hidden_total = len(spec.fail_to_pass)
     report.hidden_passed = sum(got.get(t) == "PASSED" for t in spec.fail_to_pass)
     not_passed = [t for t in wanted if got[t] != "PASSED"]
@@ -242,6 +235,158 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
         detail = ", ".join(f"{t}={got[t]}" for t in not_passed[:5])
         return VerifyResult(resolved=False, report=report, reason=f"{len(not_passed)} {kind} tests not passing: {detail}")
     return VerifyResult(resolved=True, report=report)
+
+
+@dataclass
+class _Run:
+    """One run of the hidden tests: per-test statuses by node id, or the failure that left no verdict."""
+
+    report: TestReport
+    statuses: dict[str, str] = field(default_factory=dict)
+    failure: Failure | None = None
+    timed_out: bool = False
+    exit_code: int | None = None
+    exit_ok: bool | None = None
+    tampered: str | None = None
+
+
+def _report_dir(room: Sandbox) -> str:
+    made = _checked(room.exec(["mktemp", "-d", "/tmp/orchard-verify.XXXXXXXXXX"], timeout=30), "mktemp")
+    vdir = made.stdout.strip()
+    if made.exit_code != 0 or not vdir.startswith("/tmp/orchard-verify."):
+        raise _Infra(f"could not create the report directory in the clean room: {made.stderr[-300:]}")
+    return vdir
+
+
+def _write_in_room(room: Sandbox, path: str, content: str, what: str) -> None:
+    wrote = _checked(room.exec(["bash", "-c", 'cat > "$0"', path], stdin=content, timeout=30), what)
+    if wrote.exit_code != 0:
+        raise _Infra(f"could not write {what} in the clean room: {wrote.stderr[-300:]}")
+
+
+def _health(agent: Sandbox, room: Sandbox) -> str | None:
+    """The independent probe: both sandboxes ready and the clean room's interpreter starting."""
+    for sb, name in ((agent, "the agent's sandbox"), (room, "the clean room")):
+        info = sb.refresh()
+        if info.state is not SandboxState.ready:
+            return f"{name} is {info.state.value} ({info.infra_error}: {info.error})"
+    res = room.exec(["python", "-I", "-c", "pass"], cwd="/", timeout=60)
+    if res.is_infra_error or res.exit_code != 0:
+        return f"python does not start in the clean room: {res.infra_error or res.exit_code}: {res.message}"
+    return None
+
+
+def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
+    """Run the task's hidden tests in `room` (its change already applied) and collect per-test statuses."""
+    spec, workdir = task.verifier, task.environment.workdir
+    vdir = _report_dir(room)
+    wanted = list(dict.fromkeys(spec.fail_to_pass + spec.pass_to_pass))
+    canary: Canary | None = None
+    if spec.kind == "calls":
+        try:
+            checks = {path: calls.parse_checks(source) for path, source in _test_sources(task).items()}
+        except (ValueError, SyntaxError) as err:  # the task's own tests, never the agent's
+            raise _Infra(f"the task's hidden tests cannot be judged outside pytest: {err}") from err
+        merged = calls.Checks([i for c in checks.values() for i in c.imports],
+                              [calls.Check(f"{path}::{t.name}", t.calls, t.assertions)
+                               for path, c in checks.items() for t in c.tests])
+        _write_in_room(room, f"{vdir}/worker.py", calls.WORKER, "the call worker")
+        command = ["python", "-I", f"{vdir}/worker.py"]
+        stdin = calls.worker_request(merged, workdir)
+    else:
+        # `pythonpath` puts the repository root on sys.path (python -I leaves out the working directory).
+        _write_in_room(room, f"{vdir}/pytest.ini", f"[pytest]\npythonpath = {workdir}\njunit_family = xunit2\n",
+                       "the verifier's pytest.ini")
+        canary = None if spec.command else Canary.new()
+        if canary is not None:
+            _write_in_room(room, f"{workdir}/{canary.path}", canary.source(), "the canary tests")
+        command = (["bash", "-c", spec.command] if spec.command
+                   else _pytest_command(vdir, workdir, [*_test_files(wanted), canary.path]))
+        stdin = None
+    start = time.monotonic()
+    result = room.exec(command, cwd=workdir, env=PYTEST_ENV, timeout=spec.timeout_seconds, stdin=stdin,
+                       max_output_bytes=20_000_000 if spec.kind == "calls" else 200_000)
+    duration = time.monotonic() - start
+    tail = (result.stderr if spec.kind == "calls" else result.stdout + result.stderr)[-4000:]
+    # No test seen to pass (timed out, no report) is 0 of the hidden tests: every verified trajectory of a
+    # pytest task gets its fraction, so partial-progress means never silently skip the hard failures.
+    none_passed = {"hidden_total": len(spec.fail_to_pass), "hidden_passed": 0} if spec.fail_to_pass else {}
+    bare = TestReport(output=tail, duration_seconds=duration, **none_passed)
+    if result.is_infra_error:
+        return _Run(bare, failure=Failure(str(result.infra_error.value), result.message or ""))
+    if result.outcome is ExecOutcome.command_timeout:
+        return _Run(bare, timed_out=True)
+    if spec.command is not None and not wanted:
+        return _Run(TestReport(output=tail, duration_seconds=duration), exit_code=result.exit_code,
+                    exit_ok=result.exit_code == 0)
+    if spec.kind == "calls":
+        statuses = calls.judge(merged, result.stdout)
+        if result.exit_code != 0 or all(v == "ERROR" for v in statuses.values()):
+            return _Run(bare, failure=Failure("no_answer", f"the call worker exited {result.exit_code}"))
+        values = list(statuses.values())
+        report = TestReport(passed=values.count("PASSED"), failed=values.count("FAILED"),
+                            errors=values.count("ERROR"), output=tail, duration_seconds=duration)
+        return _Run(report, statuses=statuses, exit_code=result.exit_code)
+    try:
+        by_key, report = parse_junit(_read_report(room, f"{vdir}/report.xml"))
+    except Exception as err:  # noqa: BLE001 - no readable report: blamed by a control run
+        return _Run(bare, failure=Failure("no_report", f"pytest exited {result.exit_code}: {type(err).__name__}"),
+                    exit_code=result.exit_code)
+    report.output, report.duration_seconds = tail, duration
+    if canary is not None:
+        tampered = canary.tampering(by_key, result.exit_code)
+        if tampered:
+            return _Run(bare, tampered=tampered, exit_code=result.exit_code)
+        report.passed, report.failed = report.passed - 1, report.failed - 1  # the canaries' own results
+    statuses = {node: by_key.get(junit_key(node), "missing") for node in wanted}
+    return _Run(report, statuses=statuses, exit_code=result.exit_code)
+
+
+@dataclass(frozen=True)
+class Canary:
+    """Must-pass and must-fail tests whose names are drawn after the agent's code is frozen, run in the same
+    pytest process as the hidden tests (imported tasks). A run whose report does not show exactly the
+    must-pass one passed, the must-fail one failed and pytest's exit status 1 (tests failed) was
+    tampered with from inside the process: unresolved, the policy's failure."""
+
+    token: str
+    expect: int
+
+    @classmethod
+    def new(cls) -> Canary:
+        return cls(secrets.token_hex(6), secrets.randbelow(1 << 30))
+
+    @property
+    def path(self) -> str:
+        return f"test_{self.token}.py"
+
+    def source(self) -> str:
+        return (f"def test_p{self.token}():\n    assert {self.expect} + 1 == {self.expect + 1}\n\n\n"
+                f"def test_f{self.token}():\n    assert {self.expect} + 1 == {self.expect + 2}\n")
+
+    def tampering(self, by_key: dict[tuple[str, str], str], exit_code: int | None) -> str | None:
+        """Why the run's report cannot stand (None when the canaries and exit status are as they must be)."""
+        module = f"test_{self.token}"
+        seen = (by_key.get((module, f"test_p{self.token}")), by_key.get((module, f"test_f{self.token}")))
+        if seen == (None, None) and exit_code in (2, 3, 4):  # collection, internal or usage errors: no tests ran
+            return f"pytest stopped before running the tests (exit {exit_code})"
+        if seen != ("PASSED", "FAILED") or exit_code != 1:
+            return (f"the run was tampered with: canaries {seen[0] or 'missing'}/{seen[1] or 'missing'} "
+                    f"(must be PASSED/FAILED), pytest exit {exit_code} (must be 1)")
+        return None
+
+
+def _test_sources(task: Task) -> dict[str, str]:
+    """Source of every test file the task's test ids name: hidden files first, else the pristine files
+    the task placed (never the agent's copies)."""
+    spec, env = task.verifier, task.environment
+    sources = {}
+    for path in _test_files(spec.fail_to_pass + spec.pass_to_pass):
+        source = spec.hidden_files.get(path, env.files.get(path))
+        if source is None:
+            raise ValueError(f"task {task.id}: no source for test file {path} (verifier kind calls)")
+        sources[path] = source
+    return sources
 
 
 __all__ = ["NAME", "VERSION", "Tree", "junit_key", "parse_junit", "verify_in_clean_room"]

@@ -25,6 +25,7 @@ import sys
 DB = os.environ.get("CLAW_DB", os.path.join(os.path.dirname(os.path.abspath(__file__)), "state.db"))
 JOURNAL = os.environ.get("CLAW_JOURNAL", os.path.join(os.path.dirname(os.path.abspath(DB)), "journal.jsonl"))
 MUTATING = ("mail_send", "calendar_create", "notes_create")
+MAX_JOURNAL_LINE = 1_000_000  # characters; a longer line is rejected unparsed
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -203,20 +204,54 @@ API: dict[str, tuple[object, str, list[Param]]] = {
 }
 
 
-def call(name: str, arguments: dict, journal: bool = True) -> object:
-    if name not in API:
+MAX_TEXT = 100_000  # characters of one string argument
+MAX_ITEMS = 100  # entries of one list argument
+INT_RANGE = (-(1 << 63), (1 << 63) - 1)  # what sqlite stores
+
+
+def _check(tool: str, p: Param, value: object) -> None:
+    """`value` against the parameter's JSON-schema type (the tool specs are built from the same
+    Param kinds): str = a string, int = an integer (not a bool) sqlite can store, list = an array of
+    strings (or, from the shell harness's CLI, one comma-separated string). Raises UsageError."""
+    where = f"{tool}: {p.name!r}"
+    if p.kind == "int":
+        if type(value) is not int or not INT_RANGE[0] <= value <= INT_RANGE[1]:
+            raise UsageError(f"{where} must be an integer (got {type(value).__name__})")
+        return
+    if p.kind == "list" and type(value) is list:
+        if len(value) > MAX_ITEMS or any(type(v) is not str or len(v) > MAX_TEXT for v in value):
+            raise UsageError(f"{where} must be a list of at most {MAX_ITEMS} strings")
+        return
+    if type(value) is not str or len(value) > MAX_TEXT:
+        raise UsageError(f"{where} must be a string of at most {MAX_TEXT} characters (got {type(value).__name__})")
+
+
+def validate(name: object, arguments: object) -> None:
+    """Raise UsageError unless `name` is an API function and `arguments` fit its parameters (names,
+    required ones, types): the check every call passes before anything runs, in the sandbox and on the host."""
+    if not isinstance(name, str) or name not in API:
         raise UsageError(f"unknown tool {name!r}; available: {sorted(API)}")
-    fn, _, params = API[name]
+    if not isinstance(arguments, dict):
+        raise UsageError(f"{name}: arguments must be a JSON object")
+    _, _, params = API[name]
     known = {p.name for p in params}
     extra = set(arguments) - known
     if extra:
-        raise UsageError(f"{name} does not take {sorted(extra)}; it takes {sorted(known)}")
+        raise UsageError(f"{name} does not take {sorted(map(str, extra))[:10]}; it takes {sorted(known)}")
     missing = [p.name for p in params if p.required and arguments.get(p.name) in (None, "", [])]
     if missing:
         raise UsageError(f"{name} needs {missing}")
+    for p in params:
+        if arguments.get(p.name) is not None:
+            _check(name, p, arguments[p.name])
+
+
+def call(name: str, arguments: dict, journal: bool = True) -> object:
+    validate(name, arguments)
+    fn = API[name][0]
     try:
         out = fn(**arguments)
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError, sqlite3.InterfaceError) as err:
         if isinstance(err, UsageError):
             raise
         raise UsageError(f"bad arguments for {name}: {err}") from None
@@ -235,13 +270,15 @@ def replay(seed_path: str, journal_path: str) -> dict:
         lines = f.read().decode("utf-8", errors="replace").splitlines()
     for i, line in enumerate(lines, start=1):
         try:
+            if len(line) > MAX_JOURNAL_LINE:
+                raise UsageError(f"line of {len(line)} characters (at most {MAX_JOURNAL_LINE})")
             entry = json.loads(line)
             name, arguments = entry["name"], entry["arguments"]
             if name not in MUTATING or not isinstance(arguments, dict):
                 raise UsageError(f"{name!r} is not a state-changing call")
             call(name, arguments, journal=False)
             applied += 1
-        except (UsageError, ValueError, KeyError, TypeError) as err:
+        except Exception as err:  # noqa: BLE001 - whatever a line does (deep nesting, odd types), it is not applied
             rejected.append({"line": i, "error": f"{type(err).__name__}: {err}"[:300]})
     return {"applied": applied, "rejected": rejected}
 
@@ -311,8 +348,8 @@ def main(argv: list[str]) -> int:
     except UsageError as err:
         print(json.dumps({"error": str(err)}))
         return 2
-    except json.JSONDecodeError as err:
-        print(json.dumps({"error": f"arguments must be a JSON object: {err}"}))
+    except (json.JSONDecodeError, RecursionError) as err:
+        print(json.dumps({"error": f"arguments must be a JSON object: {type(err).__name__}"}))
         return 2
     print(json.dumps(out, ensure_ascii=False))
     return 0

@@ -87,6 +87,13 @@ SNAPSHOT_JS = r"""
 """
 
 
+# Every field a request may carry and its JSON types (bool is not an int here): checked before any action,
+# so a wrongly typed request is the policy's error (`ok: false`) and never a dropped connection.
+_REQUEST_TYPES: dict[str, tuple[type, ...]] = {
+    "action": (str,), "element_id": (int,), "text": (str,), "submit": (bool,), "direction": (str,),
+    "amount": (int,), "url": (str,), "path": (str,)}
+
+
 class Browser:
     def __init__(self, start_url: str, profile_dir: str):
         self.pw = sync_playwright().start()
@@ -130,6 +137,15 @@ class Browser:
             pass  # a slow page is the page's problem; the snapshot shows what is there
 
     def handle(self, req: dict) -> dict:
+        if not isinstance(req, dict):
+            raise ValueError("a request is a JSON object")
+        for key, value in req.items():
+            kinds = _REQUEST_TYPES.get(key)
+            if kinds is None:
+                raise ValueError(f"unknown field {key!r}")
+            if type(value) not in kinds or (type(value) is int and not -100_000 <= value <= 100_000):
+                raise ValueError(f"{key} must be {' or '.join(k.__name__ for k in kinds)} (in range), "
+                                 f"got {type(value).__name__}")
         action = req.get("action")
         if action == "ping":
             return {"ok": True, "url": self.page.url}
@@ -160,7 +176,9 @@ class Browser:
                 el.press("Enter")
                 self.settle()
         elif action == "scroll":
-            dy = int(req.get("amount", 600)) * (-1 if req.get("direction") == "up" else 1)
+            if req.get("direction", "down") not in ("up", "down"):
+                raise ValueError("direction must be up or down")
+            dy = req.get("amount", 600) * (-1 if req.get("direction") == "up" else 1)
             self.page.mouse.wheel(0, dy)
             self.page.wait_for_timeout(100)
         elif action == "screenshot":
@@ -176,12 +194,15 @@ def serve(browser: Browser, socket_path: str) -> None:
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
             try:
-                req = json.loads(self.rfile.readline())
+                req = json.loads(self.rfile.readline(1 << 20))
                 resp = browser.handle(req)
-            except (ValueError, KeyError) as err:  # the policy's mistake
-                resp = {"ok": False, "error": str(err)}
+            except (ValueError, KeyError, TypeError, RecursionError) as err:  # the request's fault: the policy's
+                resp = {"ok": False, "error": str(err)[:300]}
             except PlaywrightError as err:  # timeouts, detached elements: also reported to the policy
                 resp = {"ok": False, "error": str(err).splitlines()[0][:300]}
+            except Exception as err:  # noqa: BLE001 - our own failure: answered (never a dropped connection)
+                resp = {"ok": False, "error": f"controller error: {type(err).__name__}: {err}"[:300],
+                        "controller_error": True}
             self.wfile.write((json.dumps(resp) + "\n").encode())
 
     if os.path.exists(socket_path):
