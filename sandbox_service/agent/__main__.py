@@ -3,7 +3,8 @@
     python -m sandbox_service.agent (--unix PATH | --tcp HOST:PORT [--tls-cert F --tls-key F])
                                     --secret-file F [--workspace /workspace] [--workdir DIR]
                                     [--boot CONFIG.json] [--ready-fd N] [--env K=V ...] [--inherit-env]
-    python -m sandbox_service.agent --zygote SOCKET      (fork server, see zygote.py)
+    python -m sandbox_service.agent --zygote [SOCKET]    (fork server, see zygote.py; SOCKET defaults to
+                                                          $ORCHARD_ZYGOTE_SOCKET)
 
 `--boot` is used by the local backend: the agent is then PID 1 of fresh namespaces and builds the
 sandbox root itself (see boot.py) before serving. The listening Unix socket is bound *before* the
@@ -149,11 +150,13 @@ def shield_from_signals() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
+    if argv is None and "ORCHARD_AGENT_ARGV" in os.environ:  # the local backend's unshare path: no paths in argv
+        argv = json.loads(os.environ.pop("ORCHARD_AGENT_ARGV"))
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--zygote"] and len(argv) == 2:
+    if argv[:1] == ["--zygote"] and len(argv) <= 2:
         from sandbox_service.agent import zygote
 
-        return zygote.serve(argv[1])
+        return zygote.serve(argv[1] if len(argv) == 2 else os.environ.pop("ORCHARD_ZYGOTE_SOCKET"))
     try:
         args = _parse(argv)
     except UsageError as exc:

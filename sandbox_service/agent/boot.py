@@ -8,8 +8,9 @@ Given a JSON boot config written by the local backend, before serving it:
    /proc (with kernel knobs read-only and kcore/keys/timers masked), a minimal /dev (null, zero,
    full, random, urandom, tty, a private devpts, shm), read-only sysfs, private /tmp and /run,
    empty read-only tmpfs over host secrets and the service's state dir (should an allowlist reach
-   them), the agent copy read-only at /.orchard/agent;
-3. pivot_roots into it and detaches the host root, sets the hostname, brings lo up if asked;
+   them), the agent copy and its interpreter's stdlib read-only under /.orchard (a read-only tmpfs);
+3. pivot_roots into it and detaches the host root, confines imports to /.orchard (confine_imports: the
+   agent never imports a module the sandbox could have written), sets the hostname, brings lo up;
 4. joins its user namespace (prepare_userns/enter_userns: uid 0 inside = an unprivileged host uid; the
    other namespaces stay the host's, so root inside holds no capability over them);
 5. drops dangerous capabilities from the bounding set and its own sets, so commands (root in the
@@ -27,6 +28,7 @@ import json
 import os
 import socket
 import struct
+import sys
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC = 32, 4096, 16384
@@ -42,6 +44,10 @@ DROPPED_CAPS = (2, 9, 12, 13, 16, 17, 19, 20, 21, 22, 24, 25, 26, 27, 30, 32, 33
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats")
+
+# Where the agent's code and its interpreter's stdlib are mounted in the sandbox (_mount_code).
+CODE_DIR = "/.orchard"
+_CODE_ROOTS: list[tuple[str, str]] = []  # code_roots() as mounted, kept across the pivot for confine_imports
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -160,9 +166,7 @@ def build_root(config: dict) -> None:
             mount("tmpfs", target, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=755")
         else:
             mount("/dev/null", target, None, MS_BIND)
-    agent_target = os.path.join(merged, ".orchard", "agent")
-    os.makedirs(agent_target, exist_ok=True)
-    bind_readonly(config["agent_dir"], agent_target)
+    _mount_code(merged)
     for d in (config["workspace"], config["workdir"]):
         os.makedirs(os.path.join(merged, d.lstrip("/")), exist_ok=True)
     userns = config.get("userns")
@@ -172,6 +176,74 @@ def build_root(config: dict) -> None:
             if target is not None and os.lstat(target).st_uid != userns["base"]:
                 os.lchown(target, userns["base"], userns["base"])
     _pivot(merged)
+    confine_imports()
+
+
+def code_roots() -> list[tuple[str, str]]:
+    """(sys.path entry, its path in the sandbox) for every directory on the agent's sys.path: the agent
+    copy (sys.path[0], see local_rootfs.install_agent) and its interpreter's stdlib and lib-dynload. Each
+    top directory is mounted at CODE_DIR/<n>; an entry inside another one maps into that one's mount."""
+    mounts: list[tuple[str, str]] = []  # (real host dir, CODE_DIR/<n>)
+    entries: list[tuple[str, str]] = []
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        real = os.path.realpath(entry)
+        top = next(((host, inside) for host, inside in mounts if real == host or real.startswith(host + "/")), None)
+        if top is None:
+            top = (real, f"{CODE_DIR}/{len(mounts)}")
+            mounts.append(top)
+        entries.append((os.path.normpath(entry), top[1] + real[len(top[0]):]))
+    return entries
+
+
+def _mount_code(merged: str) -> None:
+    """Show the agent's import roots read-only under CODE_DIR, on a tmpfs of its own that is remounted
+    read-only after the pivot: a mount point cannot be renamed or removed and nothing can be created
+    in it, so no path under CODE_DIR ever leads to something the sandbox wrote (a directory in the
+    sandbox's root, even a read-only bind, could be renamed away and replaced by its parent's owner)."""
+    top = os.path.join(merged, CODE_DIR.lstrip("/"))
+    if os.path.islink(top) or (os.path.lexists(top) and not os.path.isdir(top)):
+        os.unlink(top)  # an image's or a snapshot's /.orchard: never followed
+    os.makedirs(top, exist_ok=True)
+    mount("tmpfs", top, "tmpfs", MS_NOSUID | MS_NODEV, "size=16k,nr_inodes=64,mode=755")
+    _CODE_ROOTS[:] = code_roots()
+    for entry, inside in _CODE_ROOTS:
+        if inside.count("/") == 2:  # CODE_DIR/<n>: a top directory
+            target = os.path.join(merged, inside.lstrip("/"))
+            os.mkdir(target)
+            bind_readonly(entry, target, recursive=True)
+
+
+def confine_imports() -> None:
+    """After the pivot: import only from CODE_DIR. sys.path becomes its mounts, and every package already
+    imported gets its __path__ rebased there (a submodule is looked up in its package's __path__, not in
+    sys.path: a host path kept there would resolve, in the sandbox's root, to wherever the sandbox put
+    it). Paths that map to no mount are dropped: a lazy import from them fails instead of running
+    sandbox code. Then CODE_DIR's tmpfs turns read-only."""
+    roots = sorted(_CODE_ROOTS, key=lambda r: -len(r[0]))
+    if not roots:
+        return
+
+    def rebase(path: str) -> str | None:
+        path = os.path.normpath(path)
+        for entry, inside in roots:
+            if path == entry or path.startswith(entry + "/"):
+                return inside + path[len(entry):]
+        return None
+
+    sys.path[:] = [inside for _, inside in _CODE_ROOTS]
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__path__", None)
+        if path is None:
+            continue
+        new = [p for p in (rebase(entry) for entry in list(path)) if p]
+        module.__path__ = new
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec.submodule_search_locations = new
+    sys.path_importer_cache.clear()
+    mount(None, CODE_DIR, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def _owner(config: dict) -> str:
@@ -203,13 +275,13 @@ def _pivot(merged: str) -> None:
     nr = _PIVOT_ROOT.get(machine)
     if nr is None:
         raise BootError(f"pivot_root syscall number unknown for {machine}")
-    old = os.path.join(merged, ".orchard", "oldroot")
+    old = os.path.join(merged, CODE_DIR.lstrip("/"), "oldroot")
     os.makedirs(old, exist_ok=True)
     os.chdir(merged)
-    _check(_libc.syscall(nr, b".", b".orchard/oldroot"), "pivot_root")
+    _check(_libc.syscall(nr, b".", (CODE_DIR.lstrip("/") + "/oldroot").encode()), "pivot_root")
     os.chdir("/")
-    _check(_libc.umount2(b"/.orchard/oldroot", MNT_DETACH), "umount old root")
-    os.rmdir("/.orchard/oldroot")
+    _check(_libc.umount2(f"{CODE_DIR}/oldroot".encode(), MNT_DETACH), "umount old root")
+    os.rmdir(f"{CODE_DIR}/oldroot")
 
 
 def set_hostname(name: str) -> None:

@@ -136,15 +136,19 @@ class LocalBackend(SandboxBackend):
         self._lock = threading.Lock()
         self._launchers: dict[str, subprocess.Popen] = {}
         self._records: dict[str, SandboxRecord] = {}
-        self._launch_code = (f"import sys; sys.path.insert(0, {str(self.agent_dir)!r}); "
+        # The agent's command line (/proc/1/cmdline in a sandbox) names no host path: the agent dir, the
+        # zygote socket and the unshare path's arguments travel in the environment, which the agent
+        # (non-dumpable) does not show and clears before serving.
+        self._launch_code = ("import os, sys; sys.path.insert(0, os.environ.pop('ORCHARD_AGENT_DIR')); "
                              "from sandbox_service.agent.__main__ import main; sys.exit(main())")
+        self._launch_env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "ORCHARD_AGENT_DIR": str(self.agent_dir)}
         self._zygote = None
         self._gvisor = None
         if self.isolated and config.runtime == "gvisor":
             self._gvisor = local_gvisor.GvisorRuntime(config.gvisor_platform)
         elif self.isolated and config.fast_start:
             self._zygote = Zygote(self.python, self._launch_code, self.state_dir / "zygote.sock",
-                                  self.state_dir / "zygote.log", {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
+                                  self.state_dir / "zygote.log", self._launch_env)
         self.net_indexes = local_network.NetIndexes(config.net_index_dir)
 
     @classmethod
@@ -290,18 +294,20 @@ class LocalBackend(SandboxBackend):
                 d.save(rec)
                 return
             argv = ["unshare", "--mount", "--uts", "--ipc", "--net", "--pid", "--fork", "--kill-child",
-                    "--propagation", "private", self.python, "-I", "-S", "-c", self._launch_code, *agent_args,
-                    "--ready-fd", str(ready_w)]
+                    "--propagation", "private", self.python, "-I", "-S", "-c", self._launch_code]
+            env = {**self._launch_env,
+                   "ORCHARD_AGENT_ARGV": json.dumps([*agent_args, "--ready-fd", str(ready_w)])}
         else:
             d.workspace.mkdir(exist_ok=True)
             argv = [self.python, "-I", "-S", "-c", self._launch_code, "--unix", str(d.socket),
                     "--secret-file", str(d.secret), "--workspace", str(d.workspace), "--workspace-alias",
                     "/workspace", "--workdir", rec.workdir, "--ready-fd", str(ready_w), "--isolation", "unisolated",
                     *[f"--env={k}={v}" for k, v in base_env.items()]]
+            env = self._launch_env
         try:
             with open(d.log, "ab") as log:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
-                                        env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}, start_new_session=True,
+                                        env=env, start_new_session=True,
                                         cwd=str(d.root))
         finally:
             os.close(ready_w)
