@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             if config.get("lo_up"):
                 boot.loopback_up()
             if config.get("userns"):
-                boot.enter_userns(config["userns"]["base"], config["userns"]["size"])
+                boot.enter_userns()
             boot.harden()
             if config.get("seccomp"):
                 seccomp.install()

@@ -37,6 +37,9 @@ CLONE_NEWUSER = 0x10000000
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 PR_SET_DUMPABLE, PR_CAPBSET_DROP = 4, 24
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+_MOUNT_API = {arch: {"open_tree": 428, "move_mount": 429, "mount_setattr": 442} for arch in ("x86_64", "aarch64")}
+AT_FDCWD, AT_EMPTY_PATH, OPEN_TREE_CLONE, OPEN_TREE_CLOEXEC = -100, 0x1000, 1, 0o2000000
+MOUNT_ATTR_IDMAP, MOVE_MOUNT_F_EMPTY_PATH = 0x00100000, 4
 # DAC_READ_SEARCH, LINUX_IMMUTABLE, NET_ADMIN, NET_RAW, SYS_MODULE, SYS_RAWIO, SYS_PTRACE, SYS_PACCT,
 # SYS_ADMIN, SYS_BOOT, SYS_RESOURCE, SYS_TIME, SYS_TTY_CONFIG, MKNOD, AUDIT_CONTROL, MAC_OVERRIDE,
 # MAC_ADMIN, SYSLOG, WAKE_ALARM, BLOCK_SUSPEND, AUDIT_READ, PERFMON, BPF, CHECKPOINT_RESTORE
@@ -133,7 +136,7 @@ def _bind_point(merged: str, src: str) -> None:
 
 def build_root(config: dict) -> None:
     merged = config["merged"]
-    lower = config["lower"]
+    lower = _idmapped(config["lower"], config.get("lower_idmapped"))
     mount("overlay", merged, "overlay", 0,
           f"lowerdir={lower},upperdir={config['upper']},workdir={config['work']}")
     proc = os.path.join(merged, "proc")
@@ -246,6 +249,34 @@ def confine_imports() -> None:
     mount(None, CODE_DIR, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
+def _idmapped(lower: str, at: str | None) -> str:
+    """`lower` seen through the sandbox's user namespace (an idmapped bind at `at`): files host root owns
+    on disk are its root's, whatever the sandbox's id range, so one skeleton or image serves every range.
+    Where the filesystem cannot be idmapped, the plain directory (its files then show as nobody's)."""
+    if not _userns_fd or not at:
+        return lower
+    nr = _MOUNT_API.get(os.uname().machine)
+    fd = -1
+    try:
+        os.makedirs(at, exist_ok=True)
+        if nr is None:
+            raise BootError(f"mount API syscall numbers unknown for {os.uname().machine}")
+        fd = _libc.syscall(nr["open_tree"], AT_FDCWD, lower.encode(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC)
+        if fd < 0:
+            _check(-1, f"open_tree {lower}")
+        attr = ctypes.create_string_buffer(struct.pack("QQQQ", MOUNT_ATTR_IDMAP, 0, 0, _userns_fd[-1]))
+        _check(_libc.syscall(nr["mount_setattr"], fd, b"", AT_EMPTY_PATH, attr, 32), f"idmap {lower}")
+        _check(_libc.syscall(nr["move_mount"], fd, b"", AT_FDCWD, at.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+               f"move_mount {lower} -> {at}")
+        return at
+    except (OSError, BootError) as exc:
+        print(f"agent: lower layer not idmapped ({exc}); its files show as nobody's", file=sys.stderr, flush=True)
+        return lower
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def _owner(config: dict) -> str:
     userns = config.get("userns")
     return f",uid={userns['base']},gid={userns['base']}" if userns else ""
@@ -299,18 +330,53 @@ def loopback_up() -> None:
 
 # Set by the zygote (zygote.py) in the agent it forks: the pid of a process that has unshared a fresh user
 # namespace for this sandbox, a pipe saying it did, and a pipe to close once we hold that namespace.
+# Without the zygote, prepare_userns forks such a process itself.
 USERNS_PEER: dict = {}
 _userns_fd: list[int] = []
 
 
+def become(uid: int) -> None:
+    """Drop to host uid/gid `uid` (no supplementary groups) for good."""
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
+def _fork_userns_peer(owner: int) -> dict:
+    """A child that unshares a user namespace as `owner` (see zygote._child: the namespace's owner is charged
+    for per-user kernel counters too, so it must be the sandbox's own uid, never host root)."""
+    unshared_r, unshared_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(unshared_r)
+            os.close(done_w)
+            os.write(unshared_w, f"{host_pid()}\n".encode())  # /proc is still the host's
+            become(owner)
+            os.write(unshared_w, b"1" if _libc.unshare(CLONE_NEWUSER) == 0 else b"0")
+            os.read(done_r, 1)
+        finally:
+            os._exit(0)
+    os.close(unshared_w)
+    os.close(done_r)
+    line = b""
+    while not line.endswith(b"\n"):
+        chunk = os.read(unshared_r, 1)
+        if not chunk:
+            raise BootError("the user namespace helper died")
+        line += chunk
+    USERNS_PEER.update(pid=int(line), reap=pid, unshared_fd=unshared_r, done_fd=done_w)
+    return USERNS_PEER
+
+
 def prepare_userns(base: int, size: int) -> None:
-    """Before the pivot (host /proc in view): map the zygote peer's fresh user namespace and keep an fd to it."""
-    peer = USERNS_PEER
-    if not peer:
-        return
+    """Before the pivot (host /proc in view): map the peer's fresh user namespace (uid/gid 0..size-1 = host
+    base..) and keep an fd to it, for the idmapped lower layer and for enter_userns."""
+    peer = USERNS_PEER or _fork_userns_peer(base)
     try:
         if os.read(peer["unshared_fd"], 1) != b"1":
-            raise BootError("the zygote could not create a user namespace (user.max_user_namespaces?)")
+            raise BootError("could not create a user namespace (user.max_user_namespaces?)")
         for name in ("uid_map", "gid_map"):
             with open(f"/proc/{peer['pid']}/{name}", "w") as f:
                 f.write(f"0 {base} {size}\n")
@@ -324,48 +390,27 @@ def release_userns_peer() -> None:
         fd = USERNS_PEER.pop(key, None)
         if fd is not None:
             os.close(fd)
+    if USERNS_PEER.get("reap"):
+        os.waitpid(USERNS_PEER["reap"], 0)
     USERNS_PEER.clear()
 
 
-def enter_userns(base: int, size: int) -> None:
-    """Move the agent into a new user namespace whose uid/gid 0..size-1 are host base..base+size-1.
+def enter_userns() -> None:
+    """Move the agent into the sandbox's user namespace (prepare_userns), whose uid/gid 0.. are the host
+    ids of the sandbox's own range.
 
     Called last in the boot, after every mount: the mount, pid, net, uts and ipc namespaces stay owned by
     the host's user namespace, so root in the sandbox holds no capability over them (it cannot mount,
     change routes or the hostname even with CAP_SYS_ADMIN), and on the host it is an unprivileged uid that
     owns nothing but the sandbox's own files (and not the host root's kernel keyring). The maps must be
-    written from the parent user namespace: prepare_userns() did that for the namespace the zygote made;
-    without the zygote, a forked helper, still host root, writes them."""
-    if _userns_fd:
-        fd = _userns_fd.pop()
-        try:
-            _check(_libc.setns(fd, CLONE_NEWUSER), "setns(user namespace)")
-        finally:
-            os.close(fd)
-        _become_root()
-        return
-    read_end, write_end = os.pipe()
-    helper = os.fork()
-    if helper == 0:
-        code = 1
-        try:
-            os.close(write_end)
-            os.read(read_end, 1)
-            for name in ("uid_map", "gid_map"):
-                with open(f"/proc/{os.getppid()}/{name}", "w") as f:
-                    f.write(f"0 {base} {size}\n")
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(read_end)
+    written from the parent user namespace, which prepare_userns did."""
+    if not _userns_fd:
+        raise BootError("enter_userns without prepare_userns")
+    fd = _userns_fd.pop()
     try:
-        _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+        _check(_libc.setns(fd, CLONE_NEWUSER), "setns(user namespace)")
     finally:
-        os.write(write_end, b"x")
-        os.close(write_end)
-        _, status = os.waitpid(helper, 0)
-    if status != 0:
-        raise BootError(f"writing the user namespace maps (0 -> host {base}, {size} ids) failed")
+        os.close(fd)
     _become_root()
 
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import stat
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,6 +44,8 @@ class SandboxRecord(BaseModel):
     network: NetworkPolicy = Field(description="Current network policy.")
     net_index: int | None = Field(None, description="Machine-wide slot for the veth name and allowlist address "
                                   "(taken when an allowlist is first applied).")
+    uid_slot: int | None = Field(None, description="Slot of the sandbox's host id range in the machine-wide pool "
+                                 "(LocalBackendConfig.userns_pool_size); None without a user namespace.")
     isolation: str = Field(description="'namespaces' or 'none' (unisolated).")
     host_pid: int | None = Field(None, description="Host pid of the sandbox's PID 1 (the agent).")
     launcher_pid: int | None = Field(None, description="Host pid of the unshare process holding the namespaces.")
@@ -123,6 +127,23 @@ def install_agent(state_dir: Path) -> Path:
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
     return dest
+
+
+def shift_owners(root: Path, old: int, new: int, size: int) -> None:
+    """Hand the files of `root` owned by ids old..old+size-1 to new..new+size-1 (a snapshot taken in one
+    sandbox's id range, forked or restored into another's), keeping setuid/setgid bits."""
+    def shifted(i: int) -> int:
+        return i - old + new if old <= i < old + size else i
+
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (".", *dirnames, *filenames) if dirpath == str(root) else (*dirnames, *filenames):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            uid, gid = shifted(st.st_uid), shifted(st.st_gid)
+            if (uid, gid) != (st.st_uid, st.st_gid):
+                os.lchown(path, uid, gid)
+                if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    os.chmod(path, stat.S_IMODE(st.st_mode))  # chown clears them
 
 
 def copy_tree(src: Path, dest: Path) -> None:

@@ -45,13 +45,14 @@ class Zygote:
                 raise BackendUnavailableError(f"agent zygote did not start: {line!r}; see {self.log_path}")
             self._proc = proc
 
-    def spawn(self, argv: list[str], log: Path, timeout: float) -> dict:
+    def spawn(self, argv: list[str], log: Path, timeout: float, userns_owner: int | None = None) -> dict:
+        """`userns_owner`: the host uid the sandbox's user namespace is created as (its own id range's first)."""
         for attempt in (0, 1):
             self._ensure()
             try:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                     conn.connect(str(self.path))
-                    conn.sendall((json.dumps({"argv": argv, "log": str(log)}) + "\n").encode())
+                    conn.sendall((json.dumps({"argv": argv, "log": str(log), "userns_owner": userns_owner}) + "\n").encode())
                     line = _read_line(conn.fileno(), timeout)
             except (ConnectionRefusedError, FileNotFoundError):
                 if attempt == 0:

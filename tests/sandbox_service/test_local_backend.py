@@ -265,6 +265,30 @@ def test_snapshot_restore_and_fork(backend):
         backend.start("t-nosnap", SandboxCreate(from_snapshot=snap), Resources(), "s")
 
 
+def test_each_sandbox_gets_its_own_id_range_from_a_pool_returned_on_delete(tmp_path):
+    """Every sandbox's root used to be the same host uid (shared per-user kernel counters, one delegated
+    cgroup owner for all): now a range per sandbox, from a pool of configurable size."""
+    state = tempfile.mkdtemp(prefix="orb", dir="/tmp")
+    b = LocalBackend(LocalBackendConfig(state_dir=state, userns_base=2_000_000_000, userns_pool_size=2,
+                                        userns_slot_dir=tmp_path / "slots"))
+    try:
+        with Box(b, memory_mb=128) as one, Box(b, memory_mb=128) as two:
+            bases = {box.sh("cat /proc/self/uid_map").stdout.split()[1] for box in (one, two)}
+            assert bases == {"2000000000", "2000065536"}
+            assert all(b._cgroups(box.id).work_pids_dir.stat().st_uid == int(b._uid_base(b.record(box.id)))
+                       for box in (one, two))  # each delegated cgroup is its own sandbox's uid's
+            with pytest.raises(errors.BackendUnavailableError, match="all 2 sandbox id ranges"):
+                Box(b, memory_mb=128)
+            freed = one.sh("cat /proc/self/uid_map").stdout.split()[1]
+            one.close()
+            with Box(b, memory_mb=128) as three:  # the deleted sandbox's range went back to the pool
+                assert three.sh("cat /proc/self/uid_map").stdout.split()[1] == freed
+            one.close = lambda: None
+    finally:
+        b.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def test_orphans_of_a_crashed_service_are_found_and_stopped(backend):
     box = Box(backend)
     try:
@@ -332,8 +356,9 @@ def _tiny_image(root: Path) -> Path:
 
 
 def test_custom_image_directory_is_the_root(backend, tmp_path):
-    image = _tiny_image(tmp_path / "image")
-    with Box(backend, SandboxCreate(image=str(image))) as box:
+    name = f"tiny-{uuid.uuid4().hex[:6]}"
+    image = _tiny_image(backend.image_dir / name)
+    with Box(backend, SandboxCreate(image=name)) as box:
         r = box.sh("echo from-image; echo /usr/*; test -e /work && echo host-visible || echo host-hidden")
         assert r.stdout.split("\n")[0] == "from-image" and "host-hidden" in r.stdout, r.stdout
         assert "python" not in r.stdout
@@ -343,6 +368,7 @@ def test_custom_image_directory_is_the_root(backend, tmp_path):
         box.call(box.client.put_archive("copy", blob))
         assert box.call(box.client.read_file("copy/b.txt")) == b"in image"
     assert not (image / "workspace").exists()  # writes went to the sandbox's upper layer
+    shutil.rmtree(image)
 
 
 def test_missing_isolation_is_refused_with_a_clear_message(monkeypatch, tmp_path):
