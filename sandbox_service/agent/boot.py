@@ -6,7 +6,8 @@ Given a JSON boot config written by the local backend, before serving it:
 2. mounts the root: overlay (lower = image dir or the allowlist skeleton of local_root.py, upper/work
    per sandbox on its size-limited disk tmpfs), the allowlisted host paths read-only over it, a fresh
    /proc (with kernel knobs read-only and kcore/keys/timers masked), a minimal /dev (null, zero,
-   full, random, urandom, tty, a private devpts, shm), read-only sysfs, private /tmp and /run,
+   full, random, urandom, tty, a private devpts), read-only sysfs, /tmp, /run and /dev/shm from the
+   sandbox's disk tmpfs (one memory pool, see _mount_scratch),
    empty read-only tmpfs over host secrets and the service's state dir (should an allowlist reach
    them), the agent copy and its interpreter's stdlib read-only under /.orchard (a read-only tmpfs);
 3. pivot_roots into it and detaches the host root, confines imports to /.orchard (confine_imports: the
@@ -46,7 +47,7 @@ MOUNT_ATTR_IDMAP, MOVE_MOUNT_F_EMPTY_PATH = 0x00100000, 4
 DROPPED_CAPS = (2, 9, 12, 13, 16, 17, 19, 20, 21, 22, 24, 25, 26, 27, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40)
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 PROC_READONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
-PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats")
+PROC_MASKED = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "kallsyms", "modules")
 
 # Where the agent's code and its interpreter's stdlib are mounted in the sandbox (_mount_code).
 CODE_DIR = "/.orchard"
@@ -150,14 +151,11 @@ def build_root(config: dict) -> None:
         p = os.path.join(proc, name)
         if os.path.exists(p):
             mount("/dev/null", p, None, MS_BIND)
-    _build_dev(os.path.join(merged, "dev"), _owner(config))
+    _build_dev(os.path.join(merged, "dev"))
     sys_dir = os.path.join(merged, "sys")
     os.makedirs(sys_dir, exist_ok=True)
     mount("sysfs", sys_dir, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    for rel, size in (("tmp", config.get("tmp_size_mb", 1024)), ("run", 64)):
-        p = os.path.join(merged, rel)
-        os.makedirs(p, exist_ok=True)
-        mount("tmpfs", p, "tmpfs", MS_NOSUID | MS_NODEV, f"size={int(size)}m,mode=1777{_owner(config)}")
+    _mount_scratch(merged, config)
     for src in config.get("ro_binds", []):
         _bind_point(merged, src)
         bind_readonly(src, os.path.join(merged, src.lstrip("/")))
@@ -282,7 +280,32 @@ def _owner(config: dict) -> str:
     return f",uid={userns['base']},gid={userns['base']}" if userns else ""
 
 
-def _build_dev(dev: str, owner: str) -> None:
+SCRATCH_DIRS = ("tmp", "run", "dev/shm")
+
+
+def _mount_scratch(merged: str, config: dict) -> None:
+    """/tmp, /run and /dev/shm: fresh directories of the sandbox's disk tmpfs (`scratch`), so every
+    memory-backed file of the sandbox is in one pool whose size (local.py _mount_disk) leaves the agent
+    and the next command memory: filling them is ENOSPC for the command that did it, not an OOM that the
+    agent or the next command pays for. Without a scratch dir (tests), a small private tmpfs each."""
+    scratch = config.get("scratch")
+    userns = config.get("userns")
+    for rel in SCRATCH_DIRS:
+        target = os.path.join(merged, rel)
+        os.makedirs(target, exist_ok=True)
+        if not scratch:
+            mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size=64m,mode=1777{_owner(config)}")
+            continue
+        src = os.path.join(scratch, rel.replace("/", "-"))
+        os.mkdir(src)  # fresh at every boot (the backend empties `scratch` before a restart)
+        if userns:
+            os.chown(src, userns["base"], userns["base"])
+        os.chmod(src, 0o1777)
+        mount(src, target, None, MS_BIND)
+        mount(None, target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV)
+
+
+def _build_dev(dev: str) -> None:
     os.makedirs(dev, exist_ok=True)
     mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
     for name in DEV_NODES:
@@ -293,9 +316,7 @@ def _build_dev(dev: str, owner: str) -> None:
     os.mkdir(pts)
     mount("devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
     os.symlink("pts/ptmx", os.path.join(dev, "ptmx"))
-    shm = os.path.join(dev, "shm")
-    os.mkdir(shm)
-    mount("tmpfs", shm, "tmpfs", MS_NOSUID | MS_NODEV, f"size=256m,mode=1777{owner}")
+    os.mkdir(os.path.join(dev, "shm"))  # filled by _mount_scratch
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                          ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(target, os.path.join(dev, name))

@@ -36,8 +36,9 @@ What it does not cover
   seccomp) is reachable; a kernel exploit there escapes. runtime="gvisor" puts gVisor's user-space
   kernel in between (slower, fewer features); for untrusted code from the internet use the Kubernetes
   backend with a VM runtime class (Kata) or gVisor. No LSM (AppArmor/SELinux) profile.
-- The writable layer is a tmpfs: what a sandbox writes counts against its memory cgroup too, so with
-  disk_mb above memory_mb a large write is OOM-killed before it sees ENOSPC.
+- The writable layer, /tmp, /run and /dev/shm are one tmpfs whose pages count against the memory
+  cgroup: it is capped at memory_mb minus memory_headroom_mb (disk_size_mb), so disk_mb above that is
+  not granted; filling it is ENOSPC for the command that did it.
 - An image whose filesystem cannot be idmapped (or with files owned by ids outside 0..65535 on disk) is
   seen as owned by nobody: readable, not writable by the sandbox's root except /workspace, /root, /tmp.
 - Allowlist mode cannot reach the internet without host IP forwarding + NAT (neither iptables nor nft
@@ -225,9 +226,18 @@ class LocalBackend(SandboxBackend):
         """The writable layer lives on a tmpfs of disk_mb (and disk_mb * disk_inodes_per_mb inodes), so a
         sandbox that fills it gets ENOSPC and the state dir's filesystem is untouched. Its pages are charged
         to the memory cgroup of the process writing them (the sandbox's), like its /tmp."""
-        inodes = resources.disk_mb * self.config.disk_inodes_per_mb
+        size = self.disk_size_mb(resources)
+        inodes = size * self.config.disk_inodes_per_mb
         boot.mount("tmpfs", str(d.disk), "tmpfs", boot.MS_NOSUID | boot.MS_NODEV,
-                   f"size={resources.disk_mb}m,nr_inodes={inodes},mode=700")
+                   f"size={size}m,nr_inodes={inodes},mode=700")
+
+    def disk_size_mb(self, resources: Resources) -> int:
+        """The disk tmpfs holds everything memory-backed a sandbox writes (upper layer, /tmp, /run,
+        /dev/shm) and its pages count against memory_mb, so it is disk_mb but at most memory_mb minus
+        `memory_headroom_mb` (half of memory_mb when that is smaller): whoever fills it gets ENOSPC, and
+        the agent and later commands keep memory to run in."""
+        headroom = min(self.config.memory_headroom_mb, resources.memory_mb // 2)
+        return max(1, min(resources.disk_mb, resources.memory_mb - headroom))
 
     @staticmethod
     def _umount_disk(d: SandboxDir) -> None:
@@ -318,7 +328,7 @@ class LocalBackend(SandboxBackend):
                 "cgroup_procs": cg.procs_files(),
                 "pids_cgroup": str(cg.work_pids_dir), "pids_home": str(cg.pids_dir), "oom_counter": str(cg.oom_counter),
                 "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
-                "tmp_size_mb": self.config.tmp_size_mb, "preload": rec.image is not None,
+                "scratch": str(d.scratch), "preload": rec.image is not None,
                 "workspace": "/workspace", "workdir": rec.workdir, "env": base_env,
             }
             d.boot.write_text(json.dumps(config))

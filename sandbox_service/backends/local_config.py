@@ -70,7 +70,9 @@ class LocalBackendConfig(BaseModel):
     disk_inodes_per_mb: int = Field(256, ge=1, description="Inode limit of the writable layer per MiB of disk_mb.")
     agent_python: str | None = Field(None, description="Interpreter for the agent (default: the host's base python).")
     boot_timeout_seconds: float = Field(15.0, gt=0, description="Give up on a sandbox whose agent is not up by then.")
-    tmp_size_mb: int = Field(1024, ge=1, description="Size of each sandbox's private /tmp tmpfs.")
+    memory_headroom_mb: int = Field(
+        64, ge=1, description="Memory a sandbox's files can never take: its disk tmpfs (upper layer, /tmp, /run, "
+        "/dev/shm in one pool) is at most memory_mb minus this (or half of memory_mb), see LocalBackend.disk_size_mb.")
     allowlist_subnet: str = Field("10.213.0.0/16", description="Addresses for sandboxes in allowlist mode.")
     image_dir: Path | None = Field(
         None, description="Directory of built roots: SandboxCreate(image='NAME') is <image_dir>/NAME (e.g. "

@@ -59,6 +59,7 @@ class SandboxDir:
         self.quarantine = state_dir / "quarantine"
         self.disk = self.root / "disk"  # the size-limited tmpfs holding upper and work (isolated mode)
         self.upper = self.disk / "upper"
+        self.scratch = self.disk / "scratch"  # /tmp, /run, /dev/shm of the running agent (boot._mount_scratch)
         self.work = self.disk / "work"
         self.merged = self.root / "merged"
         self.socket = self.root / "a.sock"
@@ -80,13 +81,14 @@ class SandboxDir:
 
     def make_layers(self) -> None:
         """Overlay upper and work dirs (after the disk tmpfs is mounted on `disk`, if it is)."""
-        for d in (self.upper, self.work):
+        for d in (self.upper, self.work, self.scratch):
             d.mkdir(exist_ok=True)
 
     def reset_layers(self) -> None:
         """Empty overlay work dir and mountpoint (after the sandbox's mount namespace is gone)."""
-        remove_tree(self.work)
-        self.work.mkdir(exist_ok=True)
+        for d in (self.work, self.scratch):
+            remove_tree(d)
+            d.mkdir(exist_ok=True)
         self.merged.mkdir(exist_ok=True)
 
     def save(self, record: SandboxRecord) -> None:

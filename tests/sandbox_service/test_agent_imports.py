@@ -128,7 +128,7 @@ def _pwned(sb) -> list[str]:
 
 
 def test_modules_planted_everywhere_a_sandbox_writes_never_run_in_its_agent(sandbox_service, sandbox_client,
-                                                                          labels):
+                                                                          labels, wait_for_port):
     import httpx
 
     files = _stdlib_files()
@@ -169,11 +169,7 @@ def test_modules_planted_everywhere_a_sandbox_writes_never_run_in_its_agent(sand
         _pty_round_trip(sandbox_service, sb.id)
         sb.write_file("/workspace/.site.py", RELAY_SITE)
         sb.exec_async(["python3", "-I", "-S", "/workspace/.site.py"], cwd="/", timeout=120)
-        deadline = time.monotonic() + 20
-        while sb.exec("python3 -I -S -c \"import socket; socket.create_connection(('127.0.0.1', 8125), 1)\"",
-                      cwd="/").exit_code:
-            assert time.monotonic() < deadline, "the in-sandbox server did not start"
-            time.sleep(0.1)
+        wait_for_port(sb, 8125)
         url = sb.expose_port(8125).url
         for path in ("/", "/x%E2%82%AC?q=\u00e9", "/b\u00fccher.example"):
             got = httpx.get(url.rstrip("/") + path, timeout=20)

@@ -265,6 +265,20 @@ def test_snapshot_restore_and_fork(backend):
         backend.start("t-nosnap", SandboxCreate(from_snapshot=snap), Resources(), "s")
 
 
+@pytest.mark.parametrize("where", ["/tmp", "/dev/shm", "/workspace"])
+def test_filling_files_to_the_memory_limit_fails_that_command_and_the_next_one_runs(backend, where):
+    """tmpfs pages count against the memory limit and cannot be reclaimed: filling /tmp (1 GiB tmpfs)
+    in a 128 MiB sandbox left the memory full, so the *next* command was OOM-killed, then the agent
+    (SANDBOX_CRASHED, an infrastructure error). All of them are one pool now, below the memory limit."""
+    with Box(backend, memory_mb=128, disk_mb=512) as box:
+        fill = box.sh(f"head -c 300M /dev/zero > {where}/fill")
+        assert fill.outcome is ExecOutcome.command_failed and "No space left" in fill.stderr, fill
+        after = box.sh("echo next; python3 -c 'print(len(bytearray(16 << 20)))'")
+        assert after.ok and after.stdout == f"next\n{16 << 20}\n", after
+        status = backend.status(box.id)
+        assert status.alive and status.infra_error is None, status
+
+
 def test_each_sandbox_gets_its_own_id_range_from_a_pool_returned_on_delete(tmp_path):
     """Every sandbox's root used to be the same host uid (shared per-user kernel counters, one delegated
     cgroup owner for all): now a range per sandbox, from a pool of configurable size."""
