@@ -122,10 +122,16 @@ def _tls_context(args: types.SimpleNamespace):
 
 
 def _preload() -> None:
-    """Import everything lazily used later: after the pivot the host's stdlib may not exist."""
+    """Import, before the pivot, everything used lazily later, extension modules above all: one imported
+    after it would make the dynamic loader resolve its libraries (libbz2, liblzma, ...) through the
+    sandbox's own /etc/ld.so.cache and /usr/lib, i.e. load what the sandbox wrote into the agent."""
+    import bz2  # noqa: F401  (tarfile's "r:*" tries every compression)
+    import encodings.idna  # noqa: F401  (unicodedata, stringprep)
     import gzip  # noqa: F401
     import http.client  # noqa: F401
+    import lzma  # noqa: F401
     import tarfile  # noqa: F401
+    import tempfile  # noqa: F401
     import zlib  # noqa: F401
 
 
@@ -185,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             pids_fd, home_fd, oom_fd = boot.join_cgroups(config)
             oom_protected = boot.protect_from_oom()
             host_pid = boot.host_pid()
-            if config.get("preload"):
-                _preload()
+            _preload()  # (already done in a zygote's sandboxes)
             if config.get("seccomp"):
                 from sandbox_service.agent import seccomp
 

@@ -328,7 +328,7 @@ class LocalBackend(SandboxBackend):
                 "cgroup_procs": cg.procs_files(),
                 "pids_cgroup": str(cg.work_pids_dir), "pids_home": str(cg.pids_dir), "oom_counter": str(cg.oom_counter),
                 "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
-                "scratch": str(d.scratch), "preload": rec.image is not None,
+                "scratch": str(d.scratch),
                 "workspace": "/workspace", "workdir": rec.workdir, "env": base_env,
             }
             d.boot.write_text(json.dumps(config))
