@@ -111,7 +111,9 @@ from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, San
 
 __all__ = ["LocalBackend", "LocalBackendConfig"]
 
-IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")  # a name in the image directory, never a path
+# A name in the image directory (registry-style "a/b:tag" allowed), never a host path: no leading "/", ".",
+# "~", no "." or ".." component.
+IMAGE_NAME = re.compile(r"(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9][A-Za-z0-9._:@/-]{0,254}(?<!/)")
 
 
 class LocalBackend(SandboxBackend):
@@ -245,7 +247,7 @@ class LocalBackend(SandboxBackend):
             boot.umount(str(d.disk))
 
     def check_image(self, image: str) -> None:
-        if not IMAGE_NAME.fullmatch(image) or image in (".", ".."):
+        if not IMAGE_NAME.fullmatch(image) or "//" in image:
             raise InvalidRequestError(
                 f"image {image!r} is not an image name: the local backend runs the built roots of its image "
                 f"directory ({self.image_dir}) by name, e.g. image='bookworm' for "
@@ -254,13 +256,18 @@ class LocalBackend(SandboxBackend):
             raise InvalidRequestError("images need isolation; unisolated mode runs on the host root")
 
     def knows_image(self, image: str) -> bool:
-        return bool(IMAGE_NAME.fullmatch(image)) and (self.image_dir / image).is_dir()
+        return bool(IMAGE_NAME.fullmatch(image)) and self._built_root(image) is not None
+
+    def _built_root(self, image: str) -> Path | None:
+        """<image_dir>/<image> if it is a directory really inside the image directory (no symlink out)."""
+        root = (self.image_dir / image).resolve()
+        return root if root.is_dir() and root.is_relative_to(self.image_dir) else None
 
     def _image_root(self, image: str) -> str:
         """The built root of image `image` (a name, checked), for the overlay's lower layer."""
         self.check_image(image)
-        root = self.image_dir / image
-        if not root.is_dir():
+        root = self._built_root(image)
+        if root is None:
             raise InvalidRequestError(f"no image {image!r} in {self.image_dir} (build it there first)")
         return str(root)
 
