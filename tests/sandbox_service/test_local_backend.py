@@ -78,11 +78,11 @@ def _host_leftovers(backend: LocalBackend, sandbox_id: str) -> list[str]:
     for p in Path("/proc").iterdir():
         if p.name.isdigit() and int(p.name) != os.getpid():
             try:
-                cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                groups = (p / "cgroup").read_text()
             except OSError:
                 continue
-            if f"{state}/s/{sandbox_id}" in cmd:
-                found.append(f"process {p.name} {cmd[:80]}")
+            if f"/{sandbox_id}" in groups:  # the agent's command line names no host path: go by its cgroups
+                found.append(f"process {p.name}")
     found += [f"mount {line}" for line in Path("/proc/self/mountinfo").read_text().splitlines() if state in line]
     found += [f"cgroup {d}" for d in backend._cgroups(sandbox_id).dirs.values() if d.exists()]
     if (backend.state_dir / "s" / sandbox_id).exists():
