@@ -163,13 +163,21 @@ def test_credentials_in_urls_never_reach_the_service_log(caplog):
     from sandbox_service.auth import redact_secrets_in_logs
 
     redact_secrets_in_logs()
-    logger = logging.getLogger("uvicorn.error")
-    caplog.set_level(logging.INFO)
-    with caplog.at_level(logging.INFO, logger="uvicorn.error"):
-        logger.info('%s - "WebSocket %s" [accepted]', "127.0.0.1:40000",
-                    "/published/sandboxes/sb-1/pty?api_key=s3cret-key&rows=24")
-        logger.info('%s - "WebSocket %s" 403', "127.0.0.1:40001", "/v1/sandboxes/sb-1/exec/pty?token=s3cret-token")
-        logging.getLogger("uvicorn.access").info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:40002", "GET",
-                                                 "/v1/ports/s3cret-port/index.html", "1.1", 200)
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "uvicorn.access")]
+    saved = [(lg.level, lg.propagate) for lg in loggers]
+    for lg in loggers:  # uvicorn's own logging config may have turned propagation off
+        lg.addHandler(caplog.handler)
+        lg.setLevel(logging.INFO)
+    try:
+        loggers[0].info('%s - "WebSocket %s" [accepted]', "127.0.0.1:40000",
+                        "/published/sandboxes/sb-1/pty?api_key=s3cret-key&rows=24")
+        loggers[0].info('%s - "WebSocket %s" 403', "127.0.0.1:40001", "/v1/sandboxes/sb-1/exec/pty?token=s3cret-token")
+        loggers[1].info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:40002", "GET", "/v1/ports/s3cret-port/index.html",
+                        "1.1", 200)
+    finally:
+        for lg, (level, propagate) in zip(loggers, saved):
+            lg.removeHandler(caplog.handler)
+            lg.setLevel(level)
+            lg.propagate = propagate
     text = caplog.text
     assert "s3cret" not in text and "api_key=***" in text and "token=***" in text and "/v1/ports/***" in text, text
