@@ -39,6 +39,10 @@ What it does not cover
 - The writable layer, /tmp, /run and /dev/shm are one tmpfs whose pages count against the memory
   cgroup: it is capped at memory_mb minus memory_headroom_mb (disk_size_mb), so disk_mb above that is
   not granted; filling it is ENOSPC for the command that did it.
+- The agent keeps fds of its cgroup directories (per-exec groups and kills, agent/proctree.py): from one,
+  `..` names the other sandboxes' groups. Commands cannot use them (PID 1 is non-dumpable and imports
+  nothing a sandbox wrote, agent/boot.py confine_imports), and every sandbox's delegated groups belong
+  to its own uid, so none can be written from another sandbox.
 - An image whose filesystem cannot be idmapped (or with files owned by ids outside 0..65535 on disk) is
   seen as owned by nobody: readable, not writable by the sandbox's root except /workspace, /root, /tmp.
 - Allowlist mode cannot reach the internet without host IP forwarding + NAT (neither iptables nor nft
