@@ -14,6 +14,7 @@ import socket
 import sys
 from pathlib import Path
 
+from sandbox_service.auth import redact_secrets_in_logs
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import IsolationUnavailableError
 
@@ -71,6 +72,7 @@ def serve(config: ServiceConfig, *, port_file: Path | None = None, log_level: st
               "they can see and change everything the service can.", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
                                            timeout_graceful_shutdown=10, ws_ping_interval=None))
+    redact_secrets_in_logs()
     if port_file is not None:
         tmp = port_file.with_suffix(".tmp")
         tmp.write_text(str(port))

@@ -266,9 +266,9 @@ class AgentClient(AgentClientBase):
         self._release(conn)
 
     async def http_request(self, port: int, method: str, path: str, headers: dict[str, str],
-                           body: bytes) -> tuple[int, dict[str, str], bytes]:
+                           body: bytes, max_body_bytes: int = 32 << 20) -> tuple[int, dict[str, str], bytes]:
         resp, data = await self._call("http", {"port": port, "method": method, "path": path,
-                                               "headers": headers}, body)
+                                               "headers": headers, "max_body": max_body_bytes}, body)
         return resp["status"], resp["headers"], data
 
     async def open_pty(self, command: list[str], rows: int = 24, cols: int = 80,

@@ -75,9 +75,10 @@ class AgentClientBase(abc.ABC):
 
     @abc.abstractmethod
     async def http_request(self, port: int, method: str, path: str, headers: dict[str, str],
-                           body: bytes) -> tuple[int, dict[str, str], bytes]:
+                           body: bytes, max_body_bytes: int = 32 << 20) -> tuple[int, dict[str, str], bytes]:
         """Relay one HTTP request to 127.0.0.1:port inside the sandbox (service-port exposure works
-        the same in every backend because the agent, not the host, opens the connection)."""
+        the same in every backend because the agent, not the host, opens the connection). A response
+        body over `max_body_bytes` is a 502 (the agent stops reading it there)."""
 
     async def rekey(self, new_secret: str) -> None:
         """Make the agent accept `new_secret` only (authenticated with the current one). Only the

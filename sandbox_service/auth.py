@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hmac
 import json
+import logging
+import re
 
 from starlette.requests import HTTPConnection
 
@@ -50,4 +52,55 @@ def bearer_from_headers(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+_SECRET_QUERY = re.compile(r"(?i)\b(token|api_key|apikey|key|secret|password|access_token|auth)=[^&\s\"']*")
+_PORT_URL = re.compile(r"/v1/ports/[^/\s\"'?]+")
+
+
+def redact(text: str) -> str:
+    """`text` with credentials in URLs masked: secret-looking query parameters and exposed-port tokens."""
+    return _PORT_URL.sub("/v1/ports/***", _SECRET_QUERY.sub(r"\1=***", text))
+
+
+class _RedactSecrets(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = redact(record.msg)
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
+        return True
+
+
+def redact_secrets_in_logs() -> None:
+    """Mask credentials in what uvicorn logs (its WebSocket lines and access log carry the full URL, so a
+    PTY's `?token=` / `?api_key=` went to the service log in clear). Call after uvicorn configured its
+    logging (uvicorn.Config); idempotent."""
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _RedactSecrets) for f in logger.filters):
+            logger.addFilter(_RedactSecrets())
+
+
 UNAUTHORIZED_BODY = json.dumps({"code": UnauthorizedError.code, "message": _MESSAGE}).encode()
+
+
+class BearerAuthMiddleware:
+    """Pure ASGI: every HTTP request and WebSocket handshake must carry `Authorization: Bearer <token>`,
+    except the paths in `open_paths` (health checks). Refused: HTTP 401 with the JSON error shape; a
+    WebSocket is closed before it is accepted (the handshake answers 403). For the project's other
+    servers (the OpenEnv server); the sandbox service checks its token in its own middleware."""
+
+    def __init__(self, app, auth: TokenAuth, open_paths: tuple[str, ...] = (), message: str = _MESSAGE):
+        self.app, self.auth, self.open_paths = app, auth, open_paths
+        self.body = json.dumps({"code": UnauthorizedError.code, "message": message}).encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] in ("http", "websocket") and scope["path"] not in self.open_paths \
+                and not self.auth.check(bearer_from_headers(scope["headers"])):
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 4401})
+            else:
+                await send({"type": "http.response.start", "status": 401,
+                            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                await send({"type": "http.response.body", "body": self.body})
+            return
+        await self.app(scope, receive, send)

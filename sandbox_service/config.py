@@ -60,6 +60,9 @@ class ServiceConfig(BaseSettings):
                                    "bigger ones get 413. Uploads are streamed, so this bounds disk, not memory.")
     max_download_bytes: int = Field(1 << 30, ge=1024, description="Largest file or archive download (streamed); "
                                     "bigger ones get 413.")
+    max_port_body_bytes: int = Field(
+        32 << 20, ge=1024, description="Largest request or response body relayed to an exposed port: a bigger "
+        "request gets 413, a bigger response 502; neither the service nor the agent ever holds more than this.")
     max_concurrent_execs: int = Field(400, ge=1, description="Execs running at once; more get 503 + Retry-After.")
     max_concurrent_creates: int = Field(50, ge=1, description="Backend creations running at once (others queue).")
     max_pending_creates: int = Field(1000, ge=1, description="Creates queued behind the create cap; more get 503.")

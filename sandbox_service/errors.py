@@ -103,6 +103,17 @@ class IsolationUnavailableError(SandboxServiceError, RuntimeError):
     code = "isolation_unavailable"
 
 
+def refuse_unpassable(env: dict[str, str], *texts: str | None) -> None:
+    """A NUL byte cannot reach execve (argv, env) or a path, nor can an env name holding '=': such requests
+    are the caller's mistake (400), never a backend failure to retry."""
+    for name in env:
+        if not name or "=" in name or "\0" in name:
+            raise InvalidRequestError(f"env name {name[:40]!r} must be non-empty, without '=' or NUL bytes")
+    for text in (*env.values(), *texts):
+        if text is not None and "\0" in text:
+            raise InvalidRequestError(f"a NUL byte (\\0) cannot be passed to a command or path: {text[:40]!r}")
+
+
 _BY_CODE: dict[str, type[SandboxServiceError]] = {}
 
 

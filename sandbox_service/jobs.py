@@ -18,7 +18,7 @@ from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import CapacityExceededError, JobNotFoundError, WaitTimeoutError
 from sandbox_service.metrics import ServiceMetrics
 from sandbox_service.models import ExecRequest, Job, JobState
-from sandbox_service.operations import SandboxOperations
+from sandbox_service.operations import SandboxOperations, check_exec_request
 
 
 def _now() -> datetime:
@@ -50,6 +50,7 @@ class JobManager:
             metrics.jobs.labels(state).set(n)
 
     def submit(self, sandbox_id: str, request: ExecRequest) -> Job:
+        check_exec_request(request)  # 400 now rather than a failed job later
         self.ops.manager.ready(sandbox_id)  # 404/409 now rather than a failed job later
         if self._queued >= self.config.max_queued_jobs:
             raise CapacityExceededError(f"{self._queued} jobs queued (max_queued_jobs); retry later",

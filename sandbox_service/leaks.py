@@ -1,8 +1,9 @@
 """Find what a stopped service left behind under its state directory: processes, mounts, cgroups.
 
 Used by `EmbeddedService` on exit, by the test suite's final check and by the stress benchmark. A
-process counts as leaked when its command line, working directory or root lies under the state
-directory (every sandbox process does: its root, agent socket and scratch space live there); a mount
+process counts as leaked when its command line, environment, working directory or root names the state
+directory (every sandbox process does: its root, agent socket and scratch space live there; the agent
+and its zygote carry it in their environment only, so that no host path is on their command line); a mount
 when its mount point does; a cgroup when it is named after one of the service's sandbox ids.
 """
 
@@ -28,6 +29,10 @@ def leaked_processes(state_dir: Path) -> list[str]:
             continue
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\x00", b" ").decode(errors="replace").strip()
+            try:
+                environ = (entry / "environ").read_bytes().decode(errors="replace")
+            except OSError:
+                environ = ""
             links = []
             for name in ("cwd", "root"):
                 try:
@@ -36,7 +41,7 @@ def leaked_processes(state_dir: Path) -> list[str]:
                     pass
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        if root in cmdline or any(_under(link, root) for link in links):
+        if root in cmdline or root in environ or any(_under(link, root) for link in links):
             found.append(f"process {entry.name}: {cmdline[:160]}")
     return found
 

@@ -21,6 +21,7 @@ from sandbox_service.errors import (
     CapacityExceededError,
     PathOutsideSandboxError,
     ServiceUnavailableError,
+    refuse_unpassable,
 )
 from sandbox_service.metrics import ServiceMetrics
 from sandbox_service.models import (
@@ -49,6 +50,11 @@ def check_path(path: str) -> str:
 def infra_result(kind: InfraErrorKind, message: str, duration: float = 0.0) -> ExecResult:
     return ExecResult(exit_code=None, outcome=ExecOutcome.infrastructure_error, infra_error=kind,
                       message=message, duration_seconds=duration)
+
+
+def check_exec_request(req: ExecRequest) -> None:
+    """400 for what no command can be started with (NUL bytes in argv, cwd or env)."""
+    refuse_unpassable(req.env, *([req.command] if isinstance(req.command, str) else req.command), req.cwd)
 
 
 class ExecLimiter:
@@ -116,6 +122,7 @@ class SandboxOperations:
     # -- exec -----------------------------------------------------------------------------------
     async def exec(self, sandbox_id: str, req: ExecRequest) -> ExecResult:
         """A synchronous exec: refused with 503 when the exec cap is reached."""
+        check_exec_request(req)
         rec = self.manager.ready(sandbox_id)
         self.limiter.try_acquire()
         try:

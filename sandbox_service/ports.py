@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_service.agent_client_base import AgentUnreachableError
-from sandbox_service.errors import ConflictError, NotFoundError, ServiceUnavailableError
+from sandbox_service.errors import ConflictError, NotFoundError, RequestTooLargeError, ServiceUnavailableError
 from sandbox_service.models import PortExposure
 from sandbox_service.service import SandboxManager
 
@@ -68,9 +68,10 @@ class _Exposure:
 
 
 class PortRegistry:
-    def __init__(self, manager: SandboxManager, public_url: str | None):
+    def __init__(self, manager: SandboxManager, public_url: str | None, max_body_bytes: int = 32 << 20):
         self.manager = manager
         self.public_url = public_url
+        self.max_body_bytes = max_body_bytes
         self._by_token: dict[str, _Exposure] = {}
 
     def expose(self, sandbox_id: str, port: int, base_url: str) -> PortExposure:
@@ -108,6 +109,20 @@ class PortRegistry:
         return exp
 
 
+async def _capped_body(request: Request, cap: int) -> bytes:
+    """The request body, read as it streams in and refused (413) once it passes `cap`."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > cap:
+        raise RequestTooLargeError(f"request body of {declared} bytes is over the relay's {cap} (max_port_body_bytes)")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise RequestTooLargeError(f"request body is over the relay's {cap} bytes (max_port_body_bytes)")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def proxy_router(registry: PortRegistry) -> APIRouter:
     router = APIRouter()
 
@@ -118,9 +133,10 @@ def proxy_router(registry: PortRegistry) -> APIRouter:
         rec = registry.manager.ready(exp.sandbox_id)
         target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
+        body = await _capped_body(request, registry.max_body_bytes)
         try:
             status, resp_headers, body = await rec.agent.http_request(exp.port, request.method, target, headers,
-                                                                      await request.body())
+                                                                      body, max_body_bytes=registry.max_body_bytes)
         except AgentUnreachableError as err:
             raise ServiceUnavailableError(f"agent of sandbox {exp.sandbox_id} did not answer: {err}") from err
         return Response(content=body, status_code=status, headers=confine_response_headers(resp_headers))

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from sandbox_service.auth import TokenAuth
-from sandbox_service.errors import SandboxServiceError
+from sandbox_service.errors import InvalidRequestError, SandboxServiceError
 from sandbox_service.records import SandboxRecord
 from sandbox_service.service import SandboxManager
 
@@ -78,7 +78,11 @@ def pty_router(manager: SandboxManager, auth: TokenAuth) -> APIRouter:
         try:
             auth.require(websocket)
             rec = manager.ready(sandbox_id)
-            session = await rec.agent.open_pty(shlex.split(command), rows=rows, cols=cols,
+            try:
+                argv = shlex.split(command)
+            except ValueError as exc:  # unbalanced quotes, a lone escape
+                raise InvalidRequestError(f"command {command[:60]!r} is not valid shell syntax: {exc}") from None
+            session = await rec.agent.open_pty(argv, rows=rows, cols=cols,
                                                env=dict(rec.spec.env), cwd=cwd or rec.spec.workdir)
         except SandboxServiceError as err:
             await websocket.close(code=4000 + err.status_code, reason=f"{err.code}: {err.message}"[:120])

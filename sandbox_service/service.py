@@ -25,6 +25,7 @@ from sandbox_service.errors import (
     SandboxNotReadyError,
     SnapshotNotFoundError,
     WaitTimeoutError,
+    refuse_unpassable,
 )
 from sandbox_service.leftovers import Leftovers
 from sandbox_service.metrics import ServiceMetrics
@@ -168,6 +169,9 @@ class SandboxManager:
             self.metrics.rejections.labels("creates").inc()
             raise CapacityExceededError(f"{self._queued_creates} creates queued (cap {self.config.max_pending_creates})"
                                         "; retry later", retry_after=self.config.retry_after_seconds)
+        refuse_unpassable(spec.env, spec.workdir)  # else every start attempt fails and is retried
+        if spec.image is not None:
+            self.backend.check_image(spec.image)  # a host path is a 400 now, not a failed sandbox later
         if spec.from_snapshot is not None and spec.from_snapshot not in self.snapshots:
             raise SnapshotNotFoundError(f"no snapshot {spec.from_snapshot!r}; take one with POST "
                                         "/v1/sandboxes/{id}/snapshots")

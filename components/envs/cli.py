@@ -1,6 +1,8 @@
 """`orchard env serve --recipe swe`: serve a recipe as an OpenEnv environment (needs `orchard[openenv]`).
 
     orchard env serve --recipe swe --port 8000                       # sandbox service from ORCHARD_SANDBOX_URL/TOKEN
+                                                                     # clients' token: --token / ORCHARD_ENV_TOKEN,
+                                                                     # else generated and printed once
     orchard env serve --recipe claw --embedded-service --port 8001   # start a local sandbox service too (root)
     orchard-env serve ...                                            # the same, as its own entry point
 """
@@ -11,6 +13,8 @@ import argparse
 import contextlib
 import json
 import logging
+import os
+import secrets
 import sys
 
 from components.core.connection import SandboxConnection
@@ -23,10 +27,23 @@ def _config(args: argparse.Namespace, service: SandboxConnection) -> EnvConfig:
                      fork_setup=not args.no_fork, service=service)
 
 
+def server_token(given: str | None) -> str:
+    """The clients' bearer token: --token, else $ORCHARD_ENV_TOKEN, else a fresh one printed once to stderr."""
+    from components.envs.openenv_env import TOKEN_ENV
+
+    token = given or os.environ.get(TOKEN_ENV)
+    if not token:
+        token = secrets.token_urlsafe(32)
+        print(f"OpenEnv token (printed once; clients send it as 'Authorization: Bearer <token>', "
+              f"RecipeEnvClient reads {TOKEN_ENV}): {token}", file=sys.stderr, flush=True)
+    return token
+
+
 def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from components.envs.openenv_env import create_env_app
+    from sandbox_service.auth import redact_secrets_in_logs
 
     with contextlib.ExitStack() as stack:
         if args.embedded_service:
@@ -36,11 +53,14 @@ def serve(args: argparse.Namespace) -> int:
             print(f"sandbox service: {service.url}", file=sys.stderr)
         else:
             service = SandboxConnection()
-        app, shared = create_env_app(_config(args, service), max_concurrent_envs=args.max_concurrent)
+        app, shared = create_env_app(_config(args, service), token=server_token(args.token),
+                                     max_concurrent_envs=args.max_concurrent)
         stack.callback(shared.close)
         print(f"OpenEnv {args.recipe} environment: http://{args.host}:{args.port} (ws /ws, POST /reset /step, "
               "GET /state /health)", file=sys.stderr)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+        server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level))
+        redact_secrets_in_logs()
+        server.run()
     return 0
 
 
@@ -50,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="serve a recipe as an OpenEnv environment (HTTP + WebSocket)")
     p.add_argument("--recipe", required=True, choices=["swe", "gui", "claw"])
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="listen address (loopback by default)")
+    p.add_argument("--token", help="bearer token clients must send (default: $ORCHARD_ENV_TOKEN, else generated and "
+                   "printed once)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--split", default="train", choices=["train", "heldout"])
     p.add_argument("--num-tasks", type=int, default=64)

@@ -15,6 +15,7 @@ retry. Each WebSocket session of the server is one `RecipeEnvironment`, i.e. one
 
 from __future__ import annotations
 
+import os
 import uuid
 from typing import Any
 
@@ -121,16 +122,43 @@ class SharedEnv(session_module.SharedEnv):
         return RecipeEnvironment(self)
 
 
-def create_env_app(config: EnvConfig, *, max_concurrent_envs: int = 64) -> tuple[FastAPI, SharedEnv]:
-    """The OpenEnv server app (reset/step/state over HTTP and WebSocket). Call `shared.close()` at exit."""
+TOKEN_ENV = "ORCHARD_ENV_TOKEN"
+_UNAUTHORIZED = (f"missing or wrong token: send 'Authorization: Bearer <token>' (the server printed it at start, "
+                 f"or it was given as --token / {TOKEN_ENV}); RecipeEnvClient reads {TOKEN_ENV}")
+
+
+def create_env_app(config: EnvConfig, *, token: str, max_concurrent_envs: int = 64) -> tuple[FastAPI, SharedEnv]:
+    """The OpenEnv server app (reset/step/state over HTTP and WebSocket), every route but /health behind
+    `Authorization: Bearer <token>`: its episodes spend the sandbox service's token and its session cap.
+    Call `shared.close()` at exit."""
+    from sandbox_service.auth import BearerAuthMiddleware, TokenAuth
+
     shared = SharedEnv(config)
     app = create_fastapi_app(shared.new_environment, RecipeAction, RecipeObservation,
                              max_concurrent_envs=max_concurrent_envs)
+    app.add_middleware(BearerAuthMiddleware, auth=TokenAuth(token), open_paths=("/health",), message=_UNAUTHORIZED)
     return app, shared
 
 
 class RecipeEnvClient(EnvClient[RecipeAction, RecipeObservation, RecipeState]):
-    """OpenEnv client of a served recipe (async; `.sync()` for a blocking one)."""
+    """OpenEnv client of a served recipe (async; `.sync()` for a blocking one). `token`: the server's
+    (default: $ORCHARD_ENV_TOKEN), sent as a bearer token on the WebSocket handshake."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, **kwargs: Any):
+        super().__init__(base_url, **kwargs)
+        self._token = token or os.environ.get(TOKEN_ENV)
+
+    async def connect(self) -> "RecipeEnvClient":
+        if self._ws is None and self._token:
+            from websockets.asyncio.client import connect as ws_connect
+
+            try:
+                self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout,
+                                            max_size=self._max_message_size, proxy=None,
+                                            additional_headers={"Authorization": f"Bearer {self._token}"})
+            except Exception as e:  # the base class's contract
+                raise ConnectionError(f"Failed to connect to {self._ws_url}: {e}") from e
+        return await super().connect()
 
     def _step_payload(self, action: RecipeAction) -> dict[str, Any]:
         return action.model_dump(exclude={"metadata"})

@@ -3,7 +3,8 @@
     python -m sandbox_service.agent (--unix PATH | --tcp HOST:PORT [--tls-cert F --tls-key F])
                                     --secret-file F [--workspace /workspace] [--workdir DIR]
                                     [--boot CONFIG.json] [--ready-fd N] [--env K=V ...] [--inherit-env]
-    python -m sandbox_service.agent --zygote SOCKET      (fork server, see zygote.py)
+    python -m sandbox_service.agent --zygote [SOCKET]    (fork server, see zygote.py; SOCKET defaults to
+                                                          $ORCHARD_ZYGOTE_SOCKET)
 
 `--boot` is used by the local backend: the agent is then PID 1 of fresh namespaces and builds the
 sandbox root itself (see boot.py) before serving. The listening Unix socket is bound *before* the
@@ -121,10 +122,16 @@ def _tls_context(args: types.SimpleNamespace):
 
 
 def _preload() -> None:
-    """Import everything lazily used later: after the pivot the host's stdlib may not exist."""
+    """Import, before the pivot, everything used lazily later, extension modules above all: one imported
+    after it would make the dynamic loader resolve its libraries (libbz2, liblzma, ...) through the
+    sandbox's own /etc/ld.so.cache and /usr/lib, i.e. load what the sandbox wrote into the agent."""
+    import bz2  # noqa: F401  (tarfile's "r:*" tries every compression)
+    import encodings.idna  # noqa: F401  (unicodedata, stringprep)
     import gzip  # noqa: F401
     import http.client  # noqa: F401
+    import lzma  # noqa: F401
     import tarfile  # noqa: F401
+    import tempfile  # noqa: F401
     import zlib  # noqa: F401
 
 
@@ -149,11 +156,13 @@ def shield_from_signals() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
+    if argv is None and "ORCHARD_AGENT_ARGV" in os.environ:  # the local backend's unshare path: no paths in argv
+        argv = json.loads(os.environ.pop("ORCHARD_AGENT_ARGV"))
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--zygote"] and len(argv) == 2:
+    if argv[:1] == ["--zygote"] and len(argv) <= 2:
         from sandbox_service.agent import zygote
 
-        return zygote.serve(argv[1])
+        return zygote.serve(argv[1] if len(argv) == 2 else os.environ.pop("ORCHARD_ZYGOTE_SOCKET"))
     try:
         args = _parse(argv)
     except UsageError as exc:
@@ -182,8 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             pids_fd, home_fd, oom_fd = boot.join_cgroups(config)
             oom_protected = boot.protect_from_oom()
             host_pid = boot.host_pid()
-            if config.get("preload"):
-                _preload()
+            _preload()  # (already done in a zygote's sandboxes)
             if config.get("seccomp"):
                 from sandbox_service.agent import seccomp
 
@@ -198,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             if config.get("lo_up"):
                 boot.loopback_up()
             if config.get("userns"):
-                boot.enter_userns(config["userns"]["base"], config["userns"]["size"])
+                boot.enter_userns()
             boot.harden()
             if config.get("seccomp"):
                 seccomp.install()

@@ -120,8 +120,15 @@ def http_relay(header: dict, body: bytes) -> tuple[dict, bytes]:
         conn.request(header.get("method", "GET"), header.get("path", "/") or "/", body=body or None,
                      headers=headers)
         resp = conn.getresponse()
-        data = resp.read()
-        return {"ok": True, "status": resp.status, "headers": dict(resp.getheaders())}, data
+        cap = int(header.get("max_body", 32 << 20))
+        chunks, size = [], 0
+        while chunk := resp.read(min(1 << 16, cap + 1 - size)):  # never more than cap + 1 bytes in memory
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > cap:
+                why = f"the sandbox's response on port {port} is over {cap} bytes (max_port_body_bytes); not relayed"
+                return {"ok": True, "status": 502, "headers": {"content-type": "text/plain"}}, why.encode()
+        return {"ok": True, "status": resp.status, "headers": dict(resp.getheaders())}, b"".join(chunks)
     except OSError as exc:
         why = (f"nothing answered on port {port} inside the sandbox ({exc.strerror or exc}); is the server "
                "running, and is the sandbox's network mode loopback or allowlist (mode none has no lo)?")

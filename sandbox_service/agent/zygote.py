@@ -53,20 +53,24 @@ def _child(conn: socket.socket, request: dict) -> None:
             raise OSError(ctypes.get_errno(), f"make mounts private: {os.strerror(ctypes.get_errno())}")
         # This process also makes the sandbox's user namespace (boot.enter_userns): it unshares one after
         # forking the agent, and the agent, still host root, writes its maps and later joins it. No extra
-        # fork, and the wait is hidden behind the agent's own boot.
+        # fork, and the wait is hidden behind the agent's own boot. It does so as the sandbox's own host
+        # uid (`userns_owner`): the kernel charges per-user counters of everything in a namespace (inotify
+        # instances, message queues) to its owner too, so a namespace root made would share them.
+        from sandbox_service.agent import boot
+
         unshared_r, unshared_w = os.pipe()
         done_r, done_w = os.pipe()
         peer = os.getpid()
         if os.fork() != 0:
             os.close(unshared_r)
             os.close(done_w)
+            if request.get("userns_owner") is not None:
+                boot.become(request["userns_owner"])
             os.write(unshared_w, b"1" if libc.unshare(CLONE_NEWUSER) == 0 else b"0")
             os.read(done_r, 1)  # EOF once the agent holds the namespace (or is gone)
             os._exit(0)  # the grandchild, PID 1 of the new namespace, is adopted by the zygote
         os.close(unshared_w)
         os.close(done_r)
-        from sandbox_service.agent import boot
-
         boot.USERNS_PEER.update(pid=peer, unshared_fd=unshared_r, done_fd=done_w)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the agent's reaper thread owns its children
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)

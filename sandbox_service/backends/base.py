@@ -64,6 +64,15 @@ class SandboxBackend(abc.ABC):
         Readiness is decided by the service: the sandbox is `ready` only once the agent answers.
         """
 
+    def check_image(self, image: str) -> None:
+        """Raise `InvalidRequestError` (400) for an image this backend can never run, e.g. a host path on the
+        local backend; called when a create is accepted, before anything starts. Default: any image."""
+
+    def knows_image(self, image: str) -> bool:
+        """Whether `image` names something this backend has (the local backend's built roots); backends
+        that pull images by reference know them all."""
+        return True
+
     @abc.abstractmethod
     def status(self, sandbox_id: str) -> BackendStatus:
         """Is it alive; if not, why (OOM_KILLED, SANDBOX_CRASHED, IMAGE_PULL_FAILED, ...)."""

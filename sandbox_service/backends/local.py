@@ -2,11 +2,15 @@
 
 What the isolation covers (runtime "namespaces", the default; runtime "gvisor" in local_gvisor.py)
 - Namespaces: mount, pid, net, uts, ipc, set up by the agent itself (a pre-forked zygote, agent/boot.py),
-  then a *user namespace* entered last: uid/gid 0..65535 in the sandbox are the unprivileged host ids
-  userns_base.. (default 1000000000..), and every other namespace stays owned by the host's user
-  namespace, so root inside holds no capability over its own mounts, network or hostname, and on the
-  host it owns nothing but the sandbox's files (nor the host root's kernel keyring). The agent is PID 1;
-  killing it ends every process of the sandbox.
+  then a *user namespace* entered last: uid/gid 0..65535 in the sandbox are unprivileged host ids of a
+  range of its own (slot n of a machine-wide pool: userns_base + n * 65536.., returned on delete; the
+  namespace is created as that uid too), so per-user kernel counters (inotify instances, message queue
+  bytes, RLIMIT_NPROC) and its delegated cgroup never span sandboxes. Every other namespace stays owned
+  by the host's user namespace, so root inside holds no capability over its own mounts, network or
+  hostname, and on the host it owns nothing but the sandbox's files (nor the host root's kernel
+  keyring). The lower layer (skeleton or image, owned by host root on disk) is an idmapped mount
+  through the sandbox's namespace, so its root owns it whatever its range; forks and restores hand a
+  snapshot's files to the new range. The agent is PID 1; killing it ends every process of the sandbox.
 - Filesystem: a root from an allowlist, not the host minus masks (local_root.py): the overlay's lower
   layer is an image directory, or a skeleton with a sanitised /etc (world-readable files only: no
   shadow, gshadow, ssh host keys) and read-only binds of /usr, /lib*, /bin, /sbin, Playwright's browsers,
@@ -32,11 +36,15 @@ What it does not cover
   seccomp) is reachable; a kernel exploit there escapes. runtime="gvisor" puts gVisor's user-space
   kernel in between (slower, fewer features); for untrusted code from the internet use the Kubernetes
   backend with a VM runtime class (Kata) or gVisor. No LSM (AppArmor/SELinux) profile.
-- The writable layer is a tmpfs: what a sandbox writes counts against its memory cgroup too, so with
-  disk_mb above memory_mb a large write is OOM-killed before it sees ENOSPC. All sandboxes share one
-  host id range (they cannot reach each other anyway: separate pid, mount, net, ipc namespaces).
-- An image directory owned by host root is seen as owned by nobody: readable, not writable by the
-  sandbox's root except /workspace, /root, /tmp; scripts/build-debian-root.sh builds a shifted one.
+- The writable layer, /tmp, /run and /dev/shm are one tmpfs whose pages count against the memory
+  cgroup: it is capped at memory_mb minus memory_headroom_mb (disk_size_mb), so disk_mb above that is
+  not granted; filling it is ENOSPC for the command that did it.
+- The agent keeps fds of its cgroup directories (per-exec groups and kills, agent/proctree.py): from one,
+  `..` names the other sandboxes' groups. Commands cannot use them (PID 1 is non-dumpable and imports
+  nothing a sandbox wrote, agent/boot.py confine_imports), and every sandbox's delegated groups belong
+  to its own uid, so none can be written from another sandbox.
+- An image whose filesystem cannot be idmapped (or with files owned by ids outside 0..65535 on disk) is
+  seen as owned by nobody: readable, not writable by the sandbox's root except /workspace, /root, /tmp.
 - Allowlist mode cannot reach the internet without host IP forwarding + NAT (neither iptables nor nft
   exists here); it reaches addresses on this host and networks routing the sandbox subnet back.
   Enforcement is routing inside the sandbox's namespace (commands cannot change routes), not a host
@@ -82,6 +90,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -98,12 +107,17 @@ from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_versio
 from sandbox_service.backends.local_config import DEFAULT_PATH, LocalBackendConfig, check_isolation
 from sandbox_service.backends.local_root import build_root
 from sandbox_service.backends.local_rootfs import (SandboxDir, SandboxRecord, SnapshotStore, copy_tree,
-                                                   install_agent)
+                                                   install_agent, shift_owners)
+from sandbox_service.backends.local_slots import MachineSlots
 from sandbox_service.backends.local_zygote import Zygote
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxNotFoundError
 from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
 __all__ = ["LocalBackend", "LocalBackendConfig"]
+
+# A name in the image directory (registry-style "a/b:tag" allowed), never a host path: no leading "/", ".",
+# "~", no "." or ".." component.
+IMAGE_NAME = re.compile(r"(?!.*(^|/)\.\.?(/|$))[A-Za-z0-9][A-Za-z0-9._:@/-]{0,254}(?<!/)")
 
 
 class LocalBackend(SandboxBackend):
@@ -125,27 +139,34 @@ class LocalBackend(SandboxBackend):
         (self.state_dir / "s").mkdir(exist_ok=True)
         self.agent_dir = install_agent(self.state_dir)
         self.snapshots = SnapshotStore(self.state_dir)
+        self.image_dir = Path(config.image_dir or self.state_dir / "images").resolve()
         self.root_lower, self.root_binds = None, []
         if self.isolated:
             allowlist = list(config.root_allowlist)
             if config.prepend_service_python_to_path:  # the venv and the interpreter it links to
                 allowlist += [sys.prefix, sys.base_prefix]
-            self.root_lower, self.root_binds = build_root(self.state_dir, allowlist,
-                                                          config.userns_base if config.userns else 0)
+            self.root_lower, self.root_binds = build_root(self.state_dir, allowlist)
         self.python = config.agent_python or os.path.realpath(getattr(sys, "_base_executable", sys.executable))
         self._lock = threading.Lock()
         self._launchers: dict[str, subprocess.Popen] = {}
         self._records: dict[str, SandboxRecord] = {}
-        self._launch_code = (f"import sys; sys.path.insert(0, {str(self.agent_dir)!r}); "
+        # The agent's command line (/proc/1/cmdline in a sandbox) names no host path: the agent dir, the
+        # zygote socket and the unshare path's arguments travel in the environment, which the agent
+        # (non-dumpable) does not show and clears before serving.
+        self._launch_code = ("import os, sys; sys.path.insert(0, os.environ.pop('ORCHARD_AGENT_DIR')); "
                              "from sandbox_service.agent.__main__ import main; sys.exit(main())")
+        self._launch_env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "ORCHARD_AGENT_DIR": str(self.agent_dir)}
         self._zygote = None
         self._gvisor = None
         if self.isolated and config.runtime == "gvisor":
             self._gvisor = local_gvisor.GvisorRuntime(config.gvisor_platform)
         elif self.isolated and config.fast_start:
             self._zygote = Zygote(self.python, self._launch_code, self.state_dir / "zygote.sock",
-                                  self.state_dir / "zygote.log", {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"})
-        self.net_indexes = local_network.NetIndexes(config.net_index_dir)
+                                  self.state_dir / "zygote.log", self._launch_env)
+        self.net_indexes = MachineSlots(config.net_index_dir, 65000, "allowlist network slots")
+        self.uid_slots = None
+        if self.isolated and config.userns and self._gvisor is None:
+            self.uid_slots = MachineSlots(config.userns_slot_dir, config.userns_pool_size, "sandbox id ranges")
 
     @classmethod
     def from_env(cls) -> "LocalBackend":
@@ -189,39 +210,82 @@ class LocalBackend(SandboxBackend):
         binds = self.root_binds if image is None else []
         return [*binds, *(b for b in self.config.extra_ro_binds if b not in binds)]
 
-    def _userns(self) -> dict | None:
-        return {"base": self.config.userns_base, "size": self.config.userns_size} if self.config.userns else None
+    def _uid_base(self, rec: SandboxRecord) -> int | None:
+        """The first host uid of the sandbox's own id range (its root), None without a user namespace."""
+        if rec.uid_slot is None:
+            return None
+        return self.config.userns_base + rec.uid_slot * self.config.userns_size
+
+    def _userns(self, rec: SandboxRecord) -> dict | None:
+        base = self._uid_base(rec)
+        return {"base": base, "size": self.config.userns_size} if base is not None else None
+
+    def _copy_snapshot(self, snapshot_id: str, target: Path, rec: SandboxRecord) -> None:
+        """Copy a snapshot's upper layer into `target`, its files handed from the id range of the sandbox it
+        was taken in to this one's."""
+        copy_tree(self.snapshots.upper(snapshot_id), target)
+        old, new = self.snapshots.meta(snapshot_id).get("uid_base"), self._uid_base(rec)
+        if old is not None and new is not None and old != new:
+            shift_owners(target, old, new, self.config.userns_size)
 
     def _mount_disk(self, d: SandboxDir, resources: Resources) -> None:
         """The writable layer lives on a tmpfs of disk_mb (and disk_mb * disk_inodes_per_mb inodes), so a
         sandbox that fills it gets ENOSPC and the state dir's filesystem is untouched. Its pages are charged
         to the memory cgroup of the process writing them (the sandbox's), like its /tmp."""
-        inodes = resources.disk_mb * self.config.disk_inodes_per_mb
+        size = self.disk_size_mb(resources)
+        inodes = size * self.config.disk_inodes_per_mb
         boot.mount("tmpfs", str(d.disk), "tmpfs", boot.MS_NOSUID | boot.MS_NODEV,
-                   f"size={resources.disk_mb}m,nr_inodes={inodes},mode=700")
+                   f"size={size}m,nr_inodes={inodes},mode=700")
+
+    def disk_size_mb(self, resources: Resources) -> int:
+        """The disk tmpfs holds everything memory-backed a sandbox writes (upper layer, /tmp, /run,
+        /dev/shm) and its pages count against memory_mb, so it is disk_mb but at most memory_mb minus
+        `memory_headroom_mb` (half of memory_mb when that is smaller): whoever fills it gets ENOSPC, and
+        the agent and later commands keep memory to run in."""
+        headroom = min(self.config.memory_headroom_mb, resources.memory_mb // 2)
+        return max(1, min(resources.disk_mb, resources.memory_mb - headroom))
 
     @staticmethod
     def _umount_disk(d: SandboxDir) -> None:
         if os.path.ismount(d.disk):
             boot.umount(str(d.disk))
 
+    def check_image(self, image: str) -> None:
+        if not IMAGE_NAME.fullmatch(image) or "//" in image:
+            raise InvalidRequestError(
+                f"image {image!r} is not an image name: the local backend runs the built roots of its image "
+                f"directory ({self.image_dir}) by name, e.g. image='bookworm' for "
+                "scripts/build-debian-root.sh <image_dir>/bookworm; host paths are refused")
+        if not self.isolated:
+            raise InvalidRequestError("images need isolation; unisolated mode runs on the host root")
+
+    def knows_image(self, image: str) -> bool:
+        return bool(IMAGE_NAME.fullmatch(image)) and self._built_root(image) is not None
+
+    def _built_root(self, image: str) -> Path | None:
+        """<image_dir>/<image> if it is a directory really inside the image directory (no symlink out)."""
+        root = (self.image_dir / image).resolve()
+        return root if root.is_dir() and root.is_relative_to(self.image_dir) else None
+
+    def _image_root(self, image: str) -> str:
+        """The built root of image `image` (a name, checked), for the overlay's lower layer."""
+        self.check_image(image)
+        root = self._built_root(image)
+        if root is None:
+            raise InvalidRequestError(f"no image {image!r} in {self.image_dir} (build it there first)")
+        return str(root)
+
     # -- SandboxBackend ------------------------------------------------------------------------
     def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
         image = spec.image
-        snapshot_upper = None
         if spec.from_snapshot:
             meta = self.snapshots.meta(spec.from_snapshot)
             if image is not None and image != meta.get("image"):
                 raise InvalidRequestError(f"snapshot {spec.from_snapshot!r} was taken on image {meta.get('image')!r}, "
                                           f"not {image!r}; omit image to fork it")
             image = meta.get("image")
-            snapshot_upper = self.snapshots.upper(spec.from_snapshot)
         if image is not None:
-            if not self.isolated:
-                raise InvalidRequestError("image directories need isolation; unisolated mode runs on the host root")
-            if not os.path.isdir(image):
-                raise InvalidRequestError(f"image directory {image!r} does not exist on this host")
-            image = os.path.realpath(image)
+            self._image_root(image)
         d = self._dir(sandbox_id)
         if d.root.exists():
             raise InvalidRequestError(f"sandbox {sandbox_id!r} already exists in {d.root}")
@@ -230,19 +294,21 @@ class LocalBackend(SandboxBackend):
                             isolation="namespaces" if self.isolated else "none", service_pid=os.getpid())
         try:
             d.create(secret)
-            if self.isolated:
-                self._mount_disk(d, resources)
-            d.make_layers()
+            if self.uid_slots is not None:
+                rec.uid_slot = self.uid_slots.acquire(str(d.root))
             d.save(rec)
             with self._lock:
                 self._records[sandbox_id] = rec
-            if snapshot_upper is not None:
-                copy_tree(snapshot_upper, d.workspace if not self.isolated else d.upper)
+            if self.isolated:
+                self._mount_disk(d, resources)
+            d.make_layers()
+            if spec.from_snapshot:
+                self._copy_snapshot(spec.from_snapshot, d.workspace if not self.isolated else d.upper, rec)
             if self.isolated:
                 cg = self._cgroups(sandbox_id)
                 cg.create(resources)
-                if self.config.userns:
-                    cg.delegate(self.config.userns_base)
+                if rec.uid_slot is not None:
+                    cg.delegate(self._uid_base(rec))
             self._launch(d, rec)
             if self.isolated and rec.network.mode == "allowlist":
                 if self._gvisor is not None:
@@ -265,14 +331,15 @@ class LocalBackend(SandboxBackend):
         if self.isolated:
             cg = self._cgroups(rec.id)
             config = {
-                "lower": rec.image or str(self.root_lower), "upper": str(d.upper), "work": str(d.work),
+                "lower": self._image_root(rec.image) if rec.image else str(self.root_lower), "upper": str(d.upper), "work": str(d.work),
                 "merged": str(d.merged),
                 "agent_dir": str(self.agent_dir), "masks": [*self.config.mask_paths, str(self.state_dir)],
-                "ro_binds": self._ro_binds(rec.image), "seccomp": self.config.seccomp, "userns": self._userns(),
+                "ro_binds": self._ro_binds(rec.image), "seccomp": self.config.seccomp, "userns": self._userns(rec),
+                "lower_idmapped": str(d.root / "lower"),
                 "cgroup_procs": cg.procs_files(),
                 "pids_cgroup": str(cg.work_pids_dir), "pids_home": str(cg.pids_dir), "oom_counter": str(cg.oom_counter),
                 "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
-                "tmp_size_mb": self.config.tmp_size_mb, "preload": rec.image is not None,
+                "scratch": str(d.scratch),
                 "workspace": "/workspace", "workdir": rec.workdir, "env": base_env,
             }
             d.boot.write_text(json.dumps(config))
@@ -281,7 +348,7 @@ class LocalBackend(SandboxBackend):
             if self._zygote is not None:
                 os.close(ready_r)
                 os.close(ready_w)
-                status = self._zygote.spawn(agent_args, d.log, self.config.boot_timeout_seconds)
+                status = self._zygote.spawn(agent_args, d.log, self.config.boot_timeout_seconds, self._uid_base(rec))
                 if not status.get("ok"):
                     raise BackendUnavailableError(f"sandbox boot failed: {status.get('message')}; "
                                                   f"log: {_tail(d.log)}")
@@ -290,18 +357,20 @@ class LocalBackend(SandboxBackend):
                 d.save(rec)
                 return
             argv = ["unshare", "--mount", "--uts", "--ipc", "--net", "--pid", "--fork", "--kill-child",
-                    "--propagation", "private", self.python, "-I", "-S", "-c", self._launch_code, *agent_args,
-                    "--ready-fd", str(ready_w)]
+                    "--propagation", "private", self.python, "-I", "-S", "-c", self._launch_code]
+            env = {**self._launch_env,
+                   "ORCHARD_AGENT_ARGV": json.dumps([*agent_args, "--ready-fd", str(ready_w)])}
         else:
             d.workspace.mkdir(exist_ok=True)
             argv = [self.python, "-I", "-S", "-c", self._launch_code, "--unix", str(d.socket),
                     "--secret-file", str(d.secret), "--workspace", str(d.workspace), "--workspace-alias",
                     "/workspace", "--workdir", rec.workdir, "--ready-fd", str(ready_w), "--isolation", "unisolated",
                     *[f"--env={k}={v}" for k, v in base_env.items()]]
+            env = self._launch_env
         try:
             with open(d.log, "ab") as log:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
-                                        env={"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}, start_new_session=True,
+                                        env=env, start_new_session=True,
                                         cwd=str(d.root))
         finally:
             os.close(ready_w)
@@ -321,7 +390,7 @@ class LocalBackend(SandboxBackend):
     def _launch_gvisor(self, d: SandboxDir, rec: SandboxRecord, base_env: dict[str, str]) -> None:
         if rec.image is None:
             python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
-        elif os.path.exists(os.path.join(rec.image, "usr/bin/python3")):
+        elif os.path.exists(os.path.join(self._image_root(rec.image), "usr/bin/python3")):
             python = "/usr/bin/python3"  # the agent is stdlib-only: the image's interpreter runs it
         else:
             raise InvalidRequestError(f"image {rec.image!r} has no /usr/bin/python3, which runtime 'gvisor' needs "
@@ -331,7 +400,7 @@ class LocalBackend(SandboxBackend):
         args = ["--unix", f"{local_gvisor.IN_SANDBOX_SOCKET_DIR}/{sock.name}", "--secret-file",
                 local_gvisor.IN_SANDBOX_SECRET, "--workspace", "/workspace", "--workdir", rec.workdir,
                 "--isolation", "gvisor", *[f"--env={k}={v}" for k, v in base_env.items()]]
-        oci = local_gvisor.spec(lower=rec.image or str(self.root_lower), binds=self._ro_binds(rec.image),
+        oci = local_gvisor.spec(lower=self._image_root(rec.image) if rec.image else str(self.root_lower), binds=self._ro_binds(rec.image),
                                 agent_dir=str(self.agent_dir), socket_dir=str(sock.parent), secret=str(d.secret),
                                 python=python, agent_args=args, hostname=f"sbx-{rec.id[:20]}",
                                 pids=rec.resources.pids)
@@ -428,6 +497,8 @@ class LocalBackend(SandboxBackend):
                 local_network.delete_veth(local_network.veth_name(rec.net_index))
                 self.net_indexes.release(rec.net_index, str(d.root))
             self._cgroups(sandbox_id).remove()
+        if rec is not None and rec.uid_slot is not None and self.uid_slots is not None:
+            self.uid_slots.release(rec.uid_slot, str(d.root))
         d.remove()
         with self._lock:
             self._records.pop(sandbox_id, None)
@@ -450,7 +521,7 @@ class LocalBackend(SandboxBackend):
             raise local_gvisor.refuse("snapshot")
         rec = self.record(sandbox_id)
         d = self._dir(sandbox_id)
-        meta = {"image": rec.image, "workdir": rec.workdir, "sandbox_id": sandbox_id}
+        meta = {"image": rec.image, "workdir": rec.workdir, "sandbox_id": sandbox_id, "uid_base": self._uid_base(rec)}
         if not self.isolated:
             return self.snapshots.save(snapshot_id, d.workspace, meta)
         cg = self._cgroups(sandbox_id)
@@ -461,7 +532,6 @@ class LocalBackend(SandboxBackend):
             cg.freeze(False)
 
     def restore(self, sandbox_id: str, snapshot_id: str) -> None:
-        src = self.snapshots.upper(snapshot_id)
         rec = self.record(sandbox_id)
         if rec.image != self.snapshots.meta(snapshot_id).get("image"):
             raise InvalidRequestError(f"snapshot {snapshot_id!r} was taken on another image than sandbox {sandbox_id!r}")
@@ -470,7 +540,7 @@ class LocalBackend(SandboxBackend):
         target = d.upper if self.isolated else d.workspace
         remove_tree(target)
         target.mkdir()
-        copy_tree(src, target)
+        self._copy_snapshot(snapshot_id, target, rec)
         d.reset_layers()
         self._launch(d, rec)
         if self.isolated and rec.network.mode == "allowlist":

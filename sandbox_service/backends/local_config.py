@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_service.backends.local_cgroups import detect_version
 from sandbox_service.errors import IsolationUnavailableError
@@ -56,28 +56,49 @@ class LocalBackendConfig(BaseModel):
     seccomp: bool = Field(True, description="Install the seccomp filter of agent/seccomp.py on every sandbox "
                           "process (needs libseccomp2).")
     userns: bool = Field(True, description="Run each sandbox in a user namespace: its uid/gid 0..userns_size-1 "
-                         "are the unprivileged host ids userns_base.. (see agent/boot.py enter_userns).")
-    userns_base: int = Field(1_000_000_000, ge=1, description="First host uid/gid of the sandboxes' id range "
-                             "(must belong to no host user).")
+                         "are unprivileged host ids of a range of its own (see agent/boot.py enter_userns).")
+    userns_base: int = Field(1_000_000_000, ge=1, description="First host uid/gid of the id pool: the sandbox "
+                             "holding slot n is base + n * userns_size.. (no host user may own ids in the pool).")
     userns_size: int = Field(65536, ge=1, description="Number of uids/gids mapped into each sandbox.")
+    userns_pool_size: int = Field(
+        4096, ge=1, description="Id ranges in the pool, one per running sandbox, returned on delete. A sandbox's "
+        "root is a host uid no other sandbox has, so per-user kernel counters (inotify instances, RLIMIT_NPROC, "
+        "message queue bytes) and its delegated cgroup never span sandboxes; creates beyond it are refused (503).")
+    userns_slot_dir: Path = Field(Path("/run/orchard/uid-slots"),
+                                  description="Machine-wide allocation of id ranges (one file per slot), shared "
+                                  "by every service on this host.")
     disk_inodes_per_mb: int = Field(256, ge=1, description="Inode limit of the writable layer per MiB of disk_mb.")
     agent_python: str | None = Field(None, description="Interpreter for the agent (default: the host's base python).")
     boot_timeout_seconds: float = Field(15.0, gt=0, description="Give up on a sandbox whose agent is not up by then.")
-    tmp_size_mb: int = Field(1024, ge=1, description="Size of each sandbox's private /tmp tmpfs.")
+    memory_headroom_mb: int = Field(
+        64, ge=1, description="Memory a sandbox's files can never take: its disk tmpfs (upper layer, /tmp, /run, "
+        "/dev/shm in one pool) is at most memory_mb minus this (or half of memory_mb), see LocalBackend.disk_size_mb.")
     allowlist_subnet: str = Field("10.213.0.0/16", description="Addresses for sandboxes in allowlist mode.")
+    image_dir: Path | None = Field(
+        None, description="Directory of built roots: SandboxCreate(image='NAME') is <image_dir>/NAME (e.g. "
+        "scripts/build-debian-root.sh <image_dir>/bookworm). Images are names, never host paths. Default "
+        "<state_dir>/images; env ORCHARD_IMAGE_DIR.")
     fast_start: bool = Field(True, description="Fork sandboxes from a pre-imported agent (zygote) instead of "
                              "starting an interpreter per sandbox (saves ~30-100 ms each).")
     net_index_dir: Path = Field(Path("/run/orchard/net-slots"),
                                 description="Machine-wide allocation of veth names/addresses (one file per slot).")
 
+    @model_validator(mode="after")
+    def _pool_fits(self) -> "LocalBackendConfig":
+        if self.userns_base + self.userns_pool_size * self.userns_size > 2**32 - 1:
+            raise ValueError(f"userns_base + userns_pool_size * userns_size exceeds the uid space (2**32 - 1)")
+        return self
+
     @classmethod
     def from_env(cls, **overrides) -> "LocalBackendConfig":
-        """ORCHARD_STATE_DIR, ORCHARD_UNISOLATED=1, ORCHARD_RUNTIME override the defaults."""
+        """ORCHARD_STATE_DIR, ORCHARD_UNISOLATED=1, ORCHARD_RUNTIME, ORCHARD_IMAGE_DIR override the defaults."""
         values: dict = {}
         if os.environ.get("ORCHARD_STATE_DIR"):
             values["state_dir"] = Path(os.environ["ORCHARD_STATE_DIR"])
         if os.environ.get("ORCHARD_UNISOLATED") == "1":
             values["isolation"] = "none"
+        if os.environ.get("ORCHARD_IMAGE_DIR"):
+            values["image_dir"] = Path(os.environ["ORCHARD_IMAGE_DIR"])
         if os.environ.get("ORCHARD_RUNTIME"):
             values["runtime"] = os.environ["ORCHARD_RUNTIME"]
         return cls(**{**values, **overrides})

@@ -22,42 +22,12 @@ networks that route the sandbox subnet back.
 from __future__ import annotations
 
 import ipaddress
-import os
 import socket
 import subprocess
 from pathlib import Path
 
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError
 from sandbox_service.models import NetworkPolicy
-
-
-class NetIndexes:
-    """Machine-wide allocation of veth names and addresses: one O_EXCL file per index, so services
-    with different state dirs (or a restarted one) never hand out the same veth or address."""
-
-    def __init__(self, directory: Path, limit: int = 65000):
-        self.dir = Path(directory)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.limit = limit
-
-    def acquire(self, owner: str) -> int:
-        for index in range(self.limit):
-            try:
-                fd = os.open(self.dir / str(index), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-            except FileExistsError:
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(owner)
-            return index
-        raise BackendUnavailableError(f"all {self.limit} allowlist network slots in {self.dir} are taken")
-
-    def release(self, index: int, owner: str) -> None:
-        path = self.dir / str(index)
-        try:
-            if path.read_text() == owner:
-                path.unlink()
-        except OSError:
-            pass
 
 
 def veth_name(index: int) -> str:

@@ -78,14 +78,15 @@ def _etc_entries(src: str) -> list[tuple[str, os.stat_result, str | None]]:
     return out
 
 
-def build_root(state_dir: Path, allowlist: list[str], owner: int = 0, etc: str = "/etc") -> tuple[Path, list[str]]:
+def build_root(state_dir: Path, allowlist: list[str], etc: str = "/etc") -> tuple[Path, list[str]]:
     """Return (skeleton lower dir, host paths to bind read-only over it); built once per content.
 
-    `owner` is the host uid/gid of the sandboxes' root (their user namespace's uid 0): the skeleton is
-    theirs, so root in a sandbox may change its /etc and home (in its own upper layer)."""
+    The skeleton is owned by host root; each sandbox sees it through an idmapped mount of its own user
+    namespace (agent/boot.py), so root in every sandbox, whatever its id range, owns it and may change
+    its /etc and home (in its own upper layer)."""
     binds, links = plan(allowlist)
     entries = _etc_entries(etc)
-    digest = hashlib.sha256(repr((binds, links, owner)).encode())
+    digest = hashlib.sha256(repr((binds, links, "idmapped")).encode())
     for rel, st, target in entries:
         digest.update(f"{rel}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{target}\n".encode())
     dest = state_dir / "root" / digest.hexdigest()[:16]
@@ -122,10 +123,6 @@ def build_root(state_dir: Path, allowlist: list[str], owner: int = 0, etc: str =
         else:
             shutil.copyfile(os.path.join(etc, rel), out)
             os.chmod(out, stat.S_IMODE(st.st_mode))
-    if owner:
-        for dirpath, dirnames, filenames in os.walk(tmp):
-            for name in (".", *dirnames, *filenames):
-                os.lchown(os.path.join(dirpath, name), owner, owner)
     (tmp / ".orchard" / "ok").touch()
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import stat
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,6 +44,8 @@ class SandboxRecord(BaseModel):
     network: NetworkPolicy = Field(description="Current network policy.")
     net_index: int | None = Field(None, description="Machine-wide slot for the veth name and allowlist address "
                                   "(taken when an allowlist is first applied).")
+    uid_slot: int | None = Field(None, description="Slot of the sandbox's host id range in the machine-wide pool "
+                                 "(LocalBackendConfig.userns_pool_size); None without a user namespace.")
     isolation: str = Field(description="'namespaces' or 'none' (unisolated).")
     host_pid: int | None = Field(None, description="Host pid of the sandbox's PID 1 (the agent).")
     launcher_pid: int | None = Field(None, description="Host pid of the unshare process holding the namespaces.")
@@ -55,6 +59,7 @@ class SandboxDir:
         self.quarantine = state_dir / "quarantine"
         self.disk = self.root / "disk"  # the size-limited tmpfs holding upper and work (isolated mode)
         self.upper = self.disk / "upper"
+        self.scratch = self.disk / "scratch"  # /tmp, /run, /dev/shm of the running agent (boot._mount_scratch)
         self.work = self.disk / "work"
         self.merged = self.root / "merged"
         self.socket = self.root / "a.sock"
@@ -76,13 +81,14 @@ class SandboxDir:
 
     def make_layers(self) -> None:
         """Overlay upper and work dirs (after the disk tmpfs is mounted on `disk`, if it is)."""
-        for d in (self.upper, self.work):
+        for d in (self.upper, self.work, self.scratch):
             d.mkdir(exist_ok=True)
 
     def reset_layers(self) -> None:
         """Empty overlay work dir and mountpoint (after the sandbox's mount namespace is gone)."""
-        remove_tree(self.work)
-        self.work.mkdir(exist_ok=True)
+        for d in (self.work, self.scratch):
+            remove_tree(d)
+            d.mkdir(exist_ok=True)
         self.merged.mkdir(exist_ok=True)
 
     def save(self, record: SandboxRecord) -> None:
@@ -123,6 +129,23 @@ def install_agent(state_dir: Path) -> Path:
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
     return dest
+
+
+def shift_owners(root: Path, old: int, new: int, size: int) -> None:
+    """Hand the files of `root` owned by ids old..old+size-1 to new..new+size-1 (a snapshot taken in one
+    sandbox's id range, forked or restored into another's), keeping setuid/setgid bits."""
+    def shifted(i: int) -> int:
+        return i - old + new if old <= i < old + size else i
+
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (".", *dirnames, *filenames) if dirpath == str(root) else (*dirnames, *filenames):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            uid, gid = shifted(st.st_uid), shifted(st.st_gid)
+            if (uid, gid) != (st.st_uid, st.st_gid):
+                os.lchown(path, uid, gid)
+                if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                    os.chmod(path, stat.S_IMODE(st.st_mode))  # chown clears them
 
 
 def copy_tree(src: Path, dest: Path) -> None:

@@ -31,9 +31,12 @@ class Zygote:
             if self._proc is not None and self._proc.poll() is None:
                 return
             with open(self.log_path, "ab") as log:
-                proc = subprocess.Popen([self.python, "-I", "-S", "-c", self.launch, "--zygote", str(self.path)],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                                        env=self.env, start_new_session=True)
+                # argv[0] is a name, not the interpreter's path: sandboxes forked from the zygote show its
+                # command line as theirs, and it names no host path (the socket's is in the environment).
+                proc = subprocess.Popen(["orchard-agent", "-I", "-S", "-c", self.launch, "--zygote"],
+                                        executable=self.python, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=log, env={**self.env, "ORCHARD_ZYGOTE_SOCKET": str(self.path)},
+                                        start_new_session=True)
             line = _read_line(proc.stdout.fileno(), 30.0)
             proc.stdout.close()
             if not line.startswith(b'{"ok": true'):
@@ -42,13 +45,14 @@ class Zygote:
                 raise BackendUnavailableError(f"agent zygote did not start: {line!r}; see {self.log_path}")
             self._proc = proc
 
-    def spawn(self, argv: list[str], log: Path, timeout: float) -> dict:
+    def spawn(self, argv: list[str], log: Path, timeout: float, userns_owner: int | None = None) -> dict:
+        """`userns_owner`: the host uid the sandbox's user namespace is created as (its own id range's first)."""
         for attempt in (0, 1):
             self._ensure()
             try:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                     conn.connect(str(self.path))
-                    conn.sendall((json.dumps({"argv": argv, "log": str(log)}) + "\n").encode())
+                    conn.sendall((json.dumps({"argv": argv, "log": str(log), "userns_owner": userns_owner}) + "\n").encode())
                     line = _read_line(conn.fileno(), timeout)
             except (ConnectionRefusedError, FileNotFoundError):
                 if attempt == 0:

@@ -16,8 +16,8 @@ to our token (sent as `X-API-Key`). Written from the reference document's routes
 
 Where our security rules differ from the reference, ours win and the error says so: file paths are
 confined to `/workspace`; `block_network: false` (unrestricted egress) is refused; container images
-apply on the Kubernetes backend only (the local backend runs an image name on the read-only host root,
-or an absolute image directory).
+apply on the Kubernetes backend only (the local backend runs a built root of its image directory by
+name, any other name on the default root; host paths are refused with a 400).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import binascii
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.encoders import jsonable_encoder
@@ -36,6 +35,7 @@ from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse
 
 from sandbox_service.auth import TokenAuth
+from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.compat import PUBLISHED_PREFIX as PREFIX
 from sandbox_service.compat.published_models import (
     ApplyPatch,
@@ -209,11 +209,11 @@ def _argv(req: ExecCommand) -> list[str]:
     return ["bash", "-lc" if req.login_shell else "-c", req.command]
 
 
-def _image_for(config: ServiceConfig, image: str) -> str | None:
-    if config.backend == "kubernetes":
-        return image
-    # Local backend: sandboxes overlay a root directory, not a registry image.
-    return image if image.startswith("/") and Path(image).is_dir() else None
+def _image_for(backend: SandboxBackend, image: str) -> str | None:
+    """The image to create: on the local backend a built root it knows by name; other names (registry
+    references, which mean nothing there) give the default root. A host path is refused (400)."""
+    backend.check_image(image)
+    return image if backend.knows_image(image) else None
 
 
 def key_checker(auth: TokenAuth) -> Callable:
@@ -272,7 +272,7 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
         defaults = Resources()
         resources = Resources(cpu=parse_cpu(req.cpu) or defaults.cpu,
                               memory_mb=parse_memory_mb(req.memory) or defaults.memory_mb)
-        info = await manager.create(SandboxCreate(image=_image_for(config, req.image), resources=resources,
+        info = await manager.create(SandboxCreate(image=_image_for(manager.backend, req.image), resources=resources,
                                                   network=NetworkPolicy(mode="none"),
                                                   labels={"api": "published"}))
         state.requested[info.id] = _Requested(req.image, True, req.timeout or 3600)

@@ -22,7 +22,7 @@ def rl_inputs(tmp_path_factory):
                 environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
                 verifier=VerifierSpec(kind="command", command=COIN))
     broken = Task(id="broken", recipe="swe", split="train", prompt="Unreachable.",
-                  environment=EnvironmentSpec(image="/nonexistent/task-image"))
+                  environment=EnvironmentSpec(image="nonexistent-task-image"))
     TaskStore(root / "tasks").write([coin, broken])
     tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=8))
     save_policy(build_tiny_model(ModelConfig(), tokenizer), tokenizer, root / "sft")

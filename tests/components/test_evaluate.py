@@ -130,7 +130,7 @@ def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_pat
     (task,) = get_recipe("swe").tasks("heldout", 1, seed=0)
     # The same task on an image that does not exist: every attempt is an infrastructure failure.
     broken = task.model_copy(update={"id": "zz-broken"}, deep=True)
-    broken.environment.image = "/nonexistent/task-image"
+    broken.environment.image = "nonexistent-task-image"
     TaskStore(tmp_path / "tasks").write([task, broken])
     config = EvalConfig(policy="scripted", scripted_error_rate=0.0, k=2, infra_retries=1,
                         sandbox=sandbox_service.connection())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
@@ -27,3 +28,17 @@ def module_sandbox(sandbox_client):
     """One ready sandbox shared by a module's read-mostly tests."""
     with sandbox_client.create(SandboxCreate(labels={"test": "module"})) as sb:
         yield sb
+
+
+@pytest.fixture
+def wait_for_port():
+    """`wait_for_port(sandbox, port)`: until something listens on 127.0.0.1:port inside the sandbox."""
+    return _wait_for_port
+
+
+def _wait_for_port(sandbox, port: int, timeout: float = 20.0) -> None:
+    probe = f"python3 -I -S -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 1)\""
+    deadline = time.monotonic() + timeout
+    while sandbox.exec(probe, cwd="/").exit_code:
+        assert time.monotonic() < deadline, f"the in-sandbox server on port {port} did not start"
+        time.sleep(0.1)

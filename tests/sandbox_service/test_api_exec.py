@@ -64,3 +64,25 @@ def test_huge_output_is_truncated_at_the_cap(module_sandbox):
 def test_duration_is_measured(module_sandbox):
     result = module_sandbox.exec("sleep 0.3")
     assert 0.25 <= result.duration_seconds < 5
+
+
+def test_a_nul_byte_in_env_argv_or_cwd_is_a_400_not_a_backend_failure(sandbox_client, module_sandbox, labels):
+    """A NUL in a create's env value was retried as a backend failure (4 attempts, then
+    BackendUnavailable); in an exec it cannot reach execve either."""
+    import pytest
+
+    from sandbox_service.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match="NUL"):
+        sandbox_client.create(SandboxCreate(labels=labels, env={"A": "x\0y"}), wait_timeout=60)
+    with pytest.raises(InvalidRequestError, match="env name"):
+        sandbox_client.create(SandboxCreate(labels=labels, env={"A=B": "x"}), wait_timeout=60)
+    assert sandbox_client.list(labels) == []  # refused up front: nothing was created and retried
+    for kw in ({"env": {"A": "x\0y"}}, {"cwd": "/tmp\0x"}):
+        with pytest.raises(InvalidRequestError, match="NUL"):
+            module_sandbox.exec("true", **kw)
+        with pytest.raises(InvalidRequestError, match="NUL"):
+            module_sandbox.exec_async("true", **kw)
+    with pytest.raises(InvalidRequestError, match="NUL"):
+        module_sandbox.exec(["echo", "a\0b"])
+    assert module_sandbox.exec("echo still-fine").stdout == "still-fine\n"

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from sandbox_service.errors import BackendUnavailableError, SandboxNotReadyError
+from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxNotReadyError
 from sandbox_service.models import Resources, SandboxCreate, SandboxInfo, SandboxState
 
 
@@ -61,9 +61,23 @@ def test_wait_endpoint_returns_the_settled_state(sandbox_client, labels):
         sb.delete()
 
 
+@pytest.mark.parametrize("image", ["/", "/usr", "/tmp/../etc", "../root", "a/../../etc", "~/x", "./x", ".", ".."])
+def test_an_image_is_a_name_and_host_paths_are_a_400(sandbox_service, sandbox_client, labels, image):
+    """`image="/"` made the host root the sandbox's lower layer (the project's sources readable), on the
+    native API and (any absolute directory) on the published one."""
+    with pytest.raises(InvalidRequestError, match="not an image name"):
+        sandbox_client.create(SandboxCreate(labels=labels, image=image))
+    import httpx
+
+    published = httpx.post(sandbox_service.url + "/published/sandboxes", json={"image": image}, timeout=60,
+                           headers={"X-API-Key": sandbox_service.token})
+    assert published.status_code == 400 and "not an image name" in published.text, published.text
+    assert sandbox_client.list(labels) == []
+
+
 def test_a_sandbox_that_cannot_start_fails_with_its_reason(sandbox_client, labels):
     with pytest.raises(BackendUnavailableError, match="failed"):
-        sandbox_client.create(SandboxCreate(labels=labels, image="/nonexistent/image/root"), wait_timeout=60)
+        sandbox_client.create(SandboxCreate(labels=labels, image="nonexistent-image"), wait_timeout=60)
     failed = sandbox_client.request("GET", "/v1/sandboxes",
                                     params=[("label", f"test={labels['test']}"), ("state", "deleted")]).json()
     # The client deletes a sandbox it gave up on; the record keeps the failure's reason.

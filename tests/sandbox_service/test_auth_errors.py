@@ -153,3 +153,31 @@ def test_the_direct_exec_path_answers_like_the_route(tight_service):
         streamed = httpx.post(url, content=iter([b'{"command": "' + b"x" * 40_000] * 3),
                               headers={**auth, "Content-Type": "application/json"})
         assert streamed.status_code == 413 and _body(streamed)["code"] == "request_too_large"
+
+
+def test_credentials_in_urls_never_reach_the_service_log(caplog):
+    """uvicorn logs each WebSocket's full URL at INFO: a PTY's `?token=` / published `?api_key=` (and an
+    exposed port's token, in its path) went to the service log in clear."""
+    import logging
+
+    from sandbox_service.auth import redact_secrets_in_logs
+
+    redact_secrets_in_logs()
+    loggers = [logging.getLogger(name) for name in ("uvicorn.error", "uvicorn.access")]
+    saved = [(lg.level, lg.propagate) for lg in loggers]
+    for lg in loggers:  # uvicorn's own logging config may have turned propagation off
+        lg.addHandler(caplog.handler)
+        lg.setLevel(logging.INFO)
+    try:
+        loggers[0].info('%s - "WebSocket %s" [accepted]', "127.0.0.1:40000",
+                        "/published/sandboxes/sb-1/pty?api_key=s3cret-key&rows=24")
+        loggers[0].info('%s - "WebSocket %s" 403', "127.0.0.1:40001", "/v1/sandboxes/sb-1/exec/pty?token=s3cret-token")
+        loggers[1].info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:40002", "GET", "/v1/ports/s3cret-port/index.html",
+                        "1.1", 200)
+    finally:
+        for lg, (level, propagate) in zip(loggers, saved):
+            lg.removeHandler(caplog.handler)
+            lg.setLevel(level)
+            lg.propagate = propagate
+    text = caplog.text
+    assert "s3cret" not in text and "api_key=***" in text and "token=***" in text and "/v1/ports/***" in text, text

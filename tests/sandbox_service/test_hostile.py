@@ -217,7 +217,7 @@ http.server.HTTPServer(("127.0.0.1", 8124), H).serve_forever()
 """
 
 
-def test_ports_proxy_confines_sandbox_content_away_from_the_api_origin(sandbox_client, labels):
+def test_ports_proxy_confines_sandbox_content_away_from_the_api_origin(sandbox_client, labels, wait_for_port):
     """Sandbox HTML/JS, Set-Cookie and `Access-Control-Allow-Origin: *` used to be served as is on the
     service's own origin (where the API lives)."""
     import httpx
@@ -227,10 +227,7 @@ def test_ports_proxy_confines_sandbox_content_away_from_the_api_origin(sandbox_c
     with sandbox_client.create(SandboxCreate(labels=labels, network=NetworkPolicy(mode="loopback"))) as sb:
         sb.write_file("/workspace/site.py", HOSTILE_SITE)
         sb.exec_async(["python3", "/workspace/site.py"], timeout=120)
-        deadline = time.monotonic() + 20
-        while sb.exec("python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8124), 1)\"").exit_code:
-            assert time.monotonic() < deadline, "the in-sandbox server did not start"
-            time.sleep(0.1)
+        wait_for_port(sb, 8124)
         url = sb.expose_port(8124).url
         got = httpx.get(url, headers={"cookie": "api_session=secret", "origin": "https://evil.example"}, timeout=10)
         assert got.status_code == 200

@@ -4,6 +4,7 @@ secrets, processes or root filesystem, and not the privileges that would undo it
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import shutil
@@ -125,3 +126,67 @@ def test_pty_inside_a_sandbox_has_its_own_devpts(pair):
 
     out, code = loop.run_until_complete(body())
     assert "/dev/pts/0" in out and "20 70" in out and code == 0, out
+
+
+# Exhausts, for the sandbox's uid, inotify instances (fs.inotify.max_user_instances, 128) and POSIX message
+# queue bytes (RLIMIT_MSGQUEUE, 800 KiB): both counted per host uid, whatever the user namespace.
+COUNTERS = r'''
+import ctypes, json, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+try:
+    libc.mq_open
+    rt = libc
+except AttributeError:
+    rt = ctypes.CDLL("librt.so.1", use_errno=True)
+
+class Attr(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_long), ("maxmsg", ctypes.c_long), ("msgsize", ctypes.c_long), ("cur", ctypes.c_long)]
+
+def inotify():
+    fd = libc.inotify_init1(0)
+    return fd, ctypes.get_errno()
+
+def mqueue(name):
+    attr = Attr(0, 10, 8192, 0)
+    fd = rt.mq_open(name.encode(), os.O_CREAT | os.O_RDWR, 0o600, ctypes.byref(attr))
+    return fd, ctypes.get_errno()
+
+if sys.argv[1] == "hold":
+    held = [0, 0]
+    while inotify()[0] >= 0:
+        held[0] += 1
+    while mqueue(f"/q{held[1]}")[0] >= 0:
+        held[1] += 1
+    print(json.dumps([held, inotify()[1], mqueue("/last")[1]]), flush=True)
+    open("/workspace/held", "w").close()
+    time.sleep(float(sys.argv[2]))
+else:
+    print(inotify()[0] >= 0, mqueue("/mine")[0] >= 0)
+'''
+
+
+def test_per_user_kernel_counters_never_span_sandboxes(pair):
+    """Every sandbox's root was one host uid: one sandbox holding all 128 inotify instances (or all its
+    message queue bytes) made inotify_init1 (mq_open) fail with EMFILE in every other sandbox."""
+    import errno
+    import time
+
+    backend, boxes, loop = pair
+    for index in (0, 1):
+        assert sh(pair, index, "rm -f /workspace/held").ok
+        loop.run_until_complete(boxes[index][1].write_file("/workspace/counters.py", COUNTERS.encode()))
+    holder = loop.create_task(boxes[0][1].exec(ExecRequest(command=["python3", "/workspace/counters.py", "hold", "15"],
+                                                           timeout_seconds=60), workdir="/workspace", env={},
+                                               max_output_bytes=1 << 16))
+    held = backend._dir(boxes[0][0]).upper / "workspace" / "held"
+    deadline = time.monotonic() + 40
+    while not held.exists():
+        assert time.monotonic() < deadline and not holder.done(), holder.result() if holder.done() else "no hold"
+        loop.run_until_complete(asyncio.sleep(0.1))
+    other = sh(pair, 1, ["python3", "/workspace/counters.py", "use"])
+    same = sh(pair, 0, ["python3", "/workspace/counters.py", "use"])
+    result = loop.run_until_complete(holder)
+    counts, inotify_errno, mq_errno = json.loads(result.stdout)
+    assert counts[0] >= 100 and counts[1] >= 5 and inotify_errno == mq_errno == errno.EMFILE, result.stdout
+    assert same.stdout.split() == ["False", "False"], same.stdout + same.stderr  # the limits did bite there
+    assert other.stdout.split() == ["True", "True"], other.stdout + other.stderr

@@ -78,11 +78,11 @@ def _host_leftovers(backend: LocalBackend, sandbox_id: str) -> list[str]:
     for p in Path("/proc").iterdir():
         if p.name.isdigit() and int(p.name) != os.getpid():
             try:
-                cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                groups = (p / "cgroup").read_text()
             except OSError:
                 continue
-            if f"{state}/s/{sandbox_id}" in cmd:
-                found.append(f"process {p.name} {cmd[:80]}")
+            if f"/{sandbox_id}" in groups:  # the agent's command line names no host path: go by its cgroups
+                found.append(f"process {p.name}")
     found += [f"mount {line}" for line in Path("/proc/self/mountinfo").read_text().splitlines() if state in line]
     found += [f"cgroup {d}" for d in backend._cgroups(sandbox_id).dirs.values() if d.exists()]
     if (backend.state_dir / "s" / sandbox_id).exists():
@@ -265,6 +265,44 @@ def test_snapshot_restore_and_fork(backend):
         backend.start("t-nosnap", SandboxCreate(from_snapshot=snap), Resources(), "s")
 
 
+@pytest.mark.parametrize("where", ["/tmp", "/dev/shm", "/workspace"])
+def test_filling_files_to_the_memory_limit_fails_that_command_and_the_next_one_runs(backend, where):
+    """tmpfs pages count against the memory limit and cannot be reclaimed: filling /tmp (1 GiB tmpfs)
+    in a 128 MiB sandbox left the memory full, so the *next* command was OOM-killed, then the agent
+    (SANDBOX_CRASHED, an infrastructure error). All of them are one pool now, below the memory limit."""
+    with Box(backend, memory_mb=128, disk_mb=512) as box:
+        fill = box.sh(f"head -c 300M /dev/zero > {where}/fill")
+        assert fill.outcome is ExecOutcome.command_failed and "No space left" in fill.stderr, fill
+        after = box.sh("echo next; python3 -c 'print(len(bytearray(16 << 20)))'")
+        assert after.ok and after.stdout == f"next\n{16 << 20}\n", after
+        status = backend.status(box.id)
+        assert status.alive and status.infra_error is None, status
+
+
+def test_each_sandbox_gets_its_own_id_range_from_a_pool_returned_on_delete(tmp_path):
+    """Every sandbox's root used to be the same host uid (shared per-user kernel counters, one delegated
+    cgroup owner for all): now a range per sandbox, from a pool of configurable size."""
+    state = tempfile.mkdtemp(prefix="orb", dir="/tmp")
+    b = LocalBackend(LocalBackendConfig(state_dir=state, userns_base=2_000_000_000, userns_pool_size=2,
+                                        userns_slot_dir=tmp_path / "slots"))
+    try:
+        with Box(b, memory_mb=128) as one, Box(b, memory_mb=128) as two:
+            bases = {box.sh("cat /proc/self/uid_map").stdout.split()[1] for box in (one, two)}
+            assert bases == {"2000000000", "2000065536"}
+            assert all(b._cgroups(box.id).work_pids_dir.stat().st_uid == int(b._uid_base(b.record(box.id)))
+                       for box in (one, two))  # each delegated cgroup is its own sandbox's uid's
+            with pytest.raises(errors.BackendUnavailableError, match="all 2 sandbox id ranges"):
+                Box(b, memory_mb=128)
+            freed = one.sh("cat /proc/self/uid_map").stdout.split()[1]
+            one.close()
+            with Box(b, memory_mb=128) as three:  # the deleted sandbox's range went back to the pool
+                assert three.sh("cat /proc/self/uid_map").stdout.split()[1] == freed
+            one.close = lambda: None
+    finally:
+        b.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
 def test_orphans_of_a_crashed_service_are_found_and_stopped(backend):
     box = Box(backend)
     try:
@@ -332,8 +370,9 @@ def _tiny_image(root: Path) -> Path:
 
 
 def test_custom_image_directory_is_the_root(backend, tmp_path):
-    image = _tiny_image(tmp_path / "image")
-    with Box(backend, SandboxCreate(image=str(image))) as box:
+    name = f"tiny-{uuid.uuid4().hex[:6]}"
+    image = _tiny_image(backend.image_dir / name)
+    with Box(backend, SandboxCreate(image=name)) as box:
         r = box.sh("echo from-image; echo /usr/*; test -e /work && echo host-visible || echo host-hidden")
         assert r.stdout.split("\n")[0] == "from-image" and "host-hidden" in r.stdout, r.stdout
         assert "python" not in r.stdout
@@ -343,6 +382,7 @@ def test_custom_image_directory_is_the_root(backend, tmp_path):
         box.call(box.client.put_archive("copy", blob))
         assert box.call(box.client.read_file("copy/b.txt")) == b"in image"
     assert not (image / "workspace").exists()  # writes went to the sandbox's upper layer
+    shutil.rmtree(image)
 
 
 def test_missing_isolation_is_refused_with_a_clear_message(monkeypatch, tmp_path):

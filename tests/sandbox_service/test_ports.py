@@ -36,13 +36,10 @@ def sandbox(sandbox_client, labels):
         yield sb
 
 
-def test_expose_relay_and_revoke(sandbox):
+def test_expose_relay_and_revoke(sandbox, wait_for_port):
     sandbox.write_file("/workspace/server.py", _SERVER)
     server_job = sandbox.exec_async(["python3", "/workspace/server.py"], timeout=300)
-    deadline = time.monotonic() + 20
-    while sandbox.exec("python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8123), 1)\"").exit_code:
-        assert time.monotonic() < deadline, "the in-sandbox server did not start"
-        time.sleep(0.1)
+    wait_for_port(sandbox, 8123)
 
     exposure = sandbox.expose_port(8123)
     assert exposure.port == 8123 and exposure.token in exposure.url
@@ -69,3 +66,35 @@ def test_a_sandbox_without_network_cannot_expose_and_deleting_revokes(sandbox_cl
     exposure = sb.expose_port(9000)
     sb.delete()
     assert httpx.get(exposure.url, timeout=10).status_code == 404
+
+
+_BIG = """
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        size = int(self.path.strip("/"))
+        self.send_response(200)
+        self.send_header("content-length", str(size))
+        self.end_headers()
+        for _ in range(size >> 20):
+            self.wfile.write(b"x" * (1 << 20))
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8126), H).serve_forever()
+"""
+
+
+def test_relayed_bodies_are_capped_502_for_a_response_413_for_a_request(sandbox_service, sandbox, wait_for_port):
+    """The relay read a whole response body into the agent and then the service, with no cap."""
+    from sandbox_service.config import ServiceConfig
+
+    cap = ServiceConfig().max_port_body_bytes
+    sandbox.write_file("/workspace/big.py", _BIG)
+    sandbox.exec_async(["python3", "/workspace/big.py"], timeout=300)
+    wait_for_port(sandbox, 8126)
+    url = sandbox.expose_port(8126).url
+    small = httpx.get(url + str(1 << 20), timeout=60)
+    assert small.status_code == 200 and len(small.content) == 1 << 20
+    big = httpx.get(url + str(cap + (4 << 20)), timeout=120)
+    assert big.status_code == 502 and "max_port_body_bytes" in big.text, big.text[:200]
+    too_much = httpx.post(url + "x", content=b"y" * (cap + 1), timeout=120)
+    assert too_much.status_code == 413 and too_much.json()["code"] == "request_too_large", too_much.text[:200]

@@ -121,3 +121,15 @@ def test_the_relay_ends_with_either_pump_and_tells_when_the_client_left_first():
 
     assert asyncio.run(scenario(client_leaves=False)) == ["out ended"]
     assert asyncio.run(scenario(client_leaves=True)) == ["client gone", "out ended"]
+
+
+@pytest.mark.parametrize("command", ["sh -c 'unbalanced", "echo \\"])
+def test_a_command_that_is_not_shell_syntax_closes_with_4400(sandbox_service, module_sandbox, command):
+    """shlex.split raised out of the route (an unhandled exception, the socket dropped without a reason)."""
+    from urllib.parse import quote
+
+    url = _ws_url(sandbox_service, module_sandbox.id, f"?command={quote(command)}")
+    with connect(url, additional_headers={"Authorization": f"Bearer {sandbox_service.token}"}) as ws:
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=10)
+        assert ws.close_code == 4400 and "shell syntax" in ws.close_reason, (ws.close_code, ws.close_reason)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import socket
 import threading
 import time
@@ -21,9 +23,11 @@ def serve_env(config, max_concurrent_envs: int = 32):
     """An OpenEnv server for `config` in a thread; yields (base_url, shared)."""
     import uvicorn
 
-    from components.envs.openenv_env import create_env_app
+    from components.envs.openenv_env import TOKEN_ENV, create_env_app
 
-    app, shared = create_env_app(config, max_concurrent_envs=max_concurrent_envs)
+    token = secrets.token_urlsafe(16)
+    app, shared = create_env_app(config, token=token, max_concurrent_envs=max_concurrent_envs)
+    os.environ[TOKEN_ENV] = token  # what RecipeEnvClient sends
     port = _free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -38,6 +42,7 @@ def serve_env(config, max_concurrent_envs: int = 32):
         server.should_exit = True
         thread.join(timeout=30)
         shared.close()
+        os.environ.pop(TOKEN_ENV, None)
 
 
 @pytest.fixture

@@ -147,3 +147,39 @@ def test_orchard_env_serve_is_reachable_from_the_orchard_cli(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["env", "serve", "--recipe", "nope"])
     assert exit_info.value.code == 2 and "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_the_server_wants_its_token_on_every_route_but_health(sandbox_service, env_server):
+    """The OpenEnv server had no authentication: any local process could reset and step episodes in
+    sandboxes paid for with the service's token, and fill the session cap."""
+    import httpx
+
+    config = _config(sandbox_service, "claw", max_steps=4)
+    with env_server(config) as (url, _):
+        assert httpx.get(url + "/health", timeout=30).status_code == 200
+        for method, path in (("POST", "/reset"), ("POST", "/step"), ("GET", "/state"), ("GET", "/schema")):
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                got = httpx.request(method, url + path, json={}, headers=headers, timeout=30)
+                assert got.status_code == 401 and got.json()["code"] == "unauthorized", (path, got.text)
+        refused = RecipeEnvClient(base_url=url, token="wrong").sync()
+        with pytest.raises(ConnectionError):
+            refused.reset()
+        client = RecipeEnvClient(base_url=url).sync()  # the token from ORCHARD_ENV_TOKEN
+        try:
+            assert client.reset().observation.output
+        finally:
+            client.close()
+
+
+def test_the_server_token_is_generated_and_printed_once_when_not_given(monkeypatch, capsys):
+    from components.envs.cli import main, server_token
+
+    monkeypatch.delenv("ORCHARD_ENV_TOKEN", raising=False)
+    token = server_token(None)
+    assert len(token) >= 32 and capsys.readouterr().err.count(token) == 1
+    assert server_token("given") == "given" and capsys.readouterr().err == ""
+    monkeypatch.setenv("ORCHARD_ENV_TOKEN", "from-env")
+    assert server_token(None) == "from-env"
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "(loopback by default)" in capsys.readouterr().out

@@ -1,0 +1,38 @@
+"""Machine-wide numbered slots: veth names/addresses (local_network) and sandbox id ranges (local.py).
+
+One O_EXCL file per slot in a directory under /run, holding its owner (the sandbox's dir), so services
+with different state dirs, or a restarted one, never hand out the same slot; the lowest free one is taken.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sandbox_service.errors import BackendUnavailableError
+
+
+class MachineSlots:
+    def __init__(self, directory: Path, limit: int, what: str):
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.limit, self.what = limit, what
+
+    def acquire(self, owner: str) -> int:
+        for index in range(self.limit):
+            try:
+                fd = os.open(self.dir / str(index), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            except FileExistsError:
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(owner)
+            return index
+        raise BackendUnavailableError(f"all {self.limit} {self.what} in {self.dir} are taken")
+
+    def release(self, index: int, owner: str) -> None:
+        path = self.dir / str(index)
+        try:
+            if path.read_text() == owner:
+                path.unlink()
+        except OSError:
+            pass
