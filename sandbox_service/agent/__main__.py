@@ -101,13 +101,17 @@ def _listen(args: types.SimpleNamespace) -> socket.socket:
 
 
 def _container_oom_counter(root: str = "/sys/fs/cgroup") -> int | None:
-    """The container's own memory.events (cgroup v2 with a private cgroup namespace, as kubelet gives
-    containers), whose oom_kill counter tells a command killed for memory from one that crashed; None
-    where it cannot be read (cgroup v1, a shared namespace): commands are then not flagged as OOM."""
-    try:
-        return os.open(os.path.join(root, "memory.events"), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
+    """The container's own OOM-kill counter, which tells a command killed for memory from one that
+    crashed: memory.events on cgroup v2 (a private cgroup namespace, as kubelet gives containers), the
+    memory controller's memory.oom_control on v1 (runc mounts the container's own group there; on the
+    test cluster's v1 nodes a command's OOM was a plain SIGKILL without it). None where neither can be
+    read: commands are then not flagged as OOM."""
+    for name in ("memory.events", "memory/memory.oom_control"):
+        try:
+            return os.open(os.path.join(root, name), os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+    return None
 
 
 def _tls_context(args: types.SimpleNamespace):

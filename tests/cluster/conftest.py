@@ -63,11 +63,14 @@ def secret_value(namespace: str, name: str, key: str) -> str:
 _forwards: dict[tuple[str, str], tuple[subprocess.Popen, str]] = {}
 
 
-def service_url(namespace: str, name: str) -> str:
+def service_url(namespace: str, name: str, fresh: bool = False) -> str:
     """A local URL of a Service, through `kubectl port-forward` as a user reaches it (namespace orchard's
     NetworkPolicy admits only the pipeline's pods; a port-forward enters the pod's own network). One
-    forward per Service for the session; a dead one (its pod restarted) is started again."""
+    forward per Service for the session; a dead one is started again, and `fresh` starts a new one (a
+    forward stays bound to the pod it began with: after a restart it is a stale listener)."""
     key = (namespace, name)
+    if fresh and key in _forwards:
+        _forwards.pop(key)[0].kill()
     if key in _forwards and _forwards[key][0].poll() is None:
         url = _forwards[key][1]
         try:

@@ -10,6 +10,7 @@ pods and keep 100 sandboxes alive at once on the node.
 from __future__ import annotations
 
 import concurrent.futures as futures
+import json
 import os
 import statistics
 import time
@@ -27,9 +28,9 @@ pytestmark = pytest.mark.cluster
 IMAGE = os.environ.get("ORCHARD_TEST_CLUSTER_TASK_IMAGE", "orchard/stage-runtime:0.1.0")
 
 
-def connect() -> SandboxClient:
+def connect(fresh: bool = False) -> SandboxClient:
     token = secret_value("orchard", "orchard-api-token", "token")
-    return SandboxClient(service_url("orchard", "orchard-sandbox-service"), token, timeout=120)
+    return SandboxClient(service_url("orchard", "orchard-sandbox-service", fresh=fresh), token, timeout=120)
 
 
 @pytest.fixture
@@ -68,14 +69,28 @@ def _connect(sandbox, host: str, port: int) -> str:
     return sandbox.exec(["python", "-c", code], timeout=20).stdout.strip()
 
 
-def test_network_policy_is_enforced_by_the_node(client):
-    mlflow = kubectl_json("-n", "orchard", "get", "pods", "-l", "app.kubernetes.io/name=orchard-mlflow")["items"][0]
-    ip = mlflow["status"]["podIP"]
+@pytest.fixture(scope="module")
+def echo_server():
+    """A TCP server in a namespace without policies of its own: only the sandbox's side decides."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orchard-test-echo", "namespace": "default"},
+           "spec": {"containers": [{"name": "echo", "image": "docker.io/orchard-cluster/tools:1",
+                                    "imagePullPolicy": "Never",
+                                    "command": ["/bin/sh", "-c", "while true; do echo hi | nc -l -p 8080; done"]}]}}
+    kubectl("apply", "-f", "-", input=json.dumps(pod))
+    kubectl("-n", "default", "wait", "--for", "condition=Ready", "pod/orchard-test-echo", "--timeout", "120s")
+    yield kubectl_json("-n", "default", "get", "pod", "orchard-test-echo")["status"]["podIP"]
+    kubectl("-n", "default", "delete", "pod", "orchard-test-echo", "--wait=false")
+
+
+def test_network_policy_is_enforced_by_the_node(client, echo_server):
     with client.create(spec(), wait_timeout=300) as closed:
-        assert _connect(closed, ip, 5000).startswith("blocked")
-    with client.create(spec(network=NetworkPolicy(mode="allowlist", allow_cidrs=[f"{ip}/32"])),
+        assert _connect(closed, echo_server, 8080).startswith("blocked")
+    with client.create(spec(network=NetworkPolicy(mode="allowlist", allow_cidrs=[f"{echo_server}/32"])),
                        wait_timeout=300) as open_:
-        assert _connect(open_, ip, 5000) == "connected"
+        assert _connect(open_, echo_server, 8080) == "connected"
+        # MLflow and the sandbox API admit pipeline pods only, never a sandbox, whatever its allowlist.
+        mlflow = kubectl_json("-n", "orchard", "get", "pods", "-l", "app.kubernetes.io/name=orchard-mlflow")
+        assert _connect(open_, mlflow["items"][0]["status"]["podIP"], 5000).startswith("blocked")
 
 
 def test_a_command_killed_at_the_memory_limit_is_the_commands_oom(client):
@@ -92,7 +107,7 @@ def test_sandboxes_survive_a_restart_of_the_service(client):
     sandbox.write_file("kept.txt", "still here")
     kubectl("-n", "orchard", "rollout", "restart", "deploy/orchard-sandbox-service")
     kubectl("-n", "orchard", "rollout", "status", "deploy/orchard-sandbox-service", "--timeout", "300s", timeout=320)
-    with connect() as restarted:  # the old port-forward ended with the old pod
+    with connect(fresh=True) as restarted:  # the old port-forward ended with the old pod
         try:
             adopted = wait_until("the restarted service knows the sandbox", lambda: _get(restarted, sandbox.id),
                                  timeout=120)
@@ -126,7 +141,7 @@ def test_a_hundred_sandboxes_alive_at_once_on_the_node():
     # The dev overlay caps a service at 50 sandboxes; the restart comes back through adoption.
     kubectl("-n", "orchard", "set", "env", "deploy/orchard-sandbox-service", f"ORCHARD_MAX_SANDBOXES={n + 20}")
     kubectl("-n", "orchard", "rollout", "status", "deploy/orchard-sandbox-service", "--timeout", "300s", timeout=320)
-    client = connect()
+    client = connect(fresh=True)
     small = SandboxCreate(image=IMAGE, resources=Resources(cpu=0.2, memory_mb=64), labels={"orchard.test": "hundred"})
     start = time.monotonic()
 

@@ -913,7 +913,21 @@ def test_the_agent_in_a_pod_counts_oom_kills_from_the_containers_memory_events(t
     assert tracker.oom_kills() == 1
     events.write_text("low 0\nhigh 0\nmax 14\noom 3\noom_kill 2\noom_group_kill 0\n")  # a command was killed
     assert tracker.oom_kills() == 2
-    assert agent_main._container_oom_counter(str(tmp_path / "no-cgroup")) is None  # cgroup v1: no counter
+    assert agent_main._container_oom_counter(str(tmp_path / "no-cgroup")) is None  # nothing readable: no counter
+
+
+def test_the_agent_in_a_pod_on_cgroup_v1_counts_oom_kills_from_memory_oom_control(tmp_path):
+    # cgroup v1 nodes (the test cluster's): runc mounts the container's memory group at /sys/fs/cgroup/memory.
+    from sandbox_service.agent import __main__ as agent_main
+    from sandbox_service.agent.proctree import CgroupTracker
+
+    control = tmp_path / "memory" / "memory.oom_control"
+    control.parent.mkdir()
+    control.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 0\n")
+    tracker = CgroupTracker(None, agent_main._container_oom_counter(str(tmp_path)))
+    assert tracker.oom_kills() == 0
+    control.write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    assert tracker.oom_kills() == 1
 
 
 def test_orphans_left_by_a_failed_cleanup_are_swept_periodically(fake, tmp_path):
