@@ -117,10 +117,13 @@ class EpisodeSource:
 
 def episode_tokens(attempt: Attempt, tokenizer: Any, max_len: int) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of an attempt's episode: loss on the tokens the policy sampled, none on a forked
-    attempt's teacher prefix, cut at `max_len`."""
+    attempt's teacher prefix, cut at `max_len`. Rendered in the tool format the episode was sampled in
+    (`metadata["tool_format"]`, which the harness records), not the template's detected one: with an
+    explicit `harness.tool_format` they differ, and so would the system prompt and every call's markup."""
     from components.core.rendering import render_trajectory
 
-    s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant")
+    s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant",
+                          tool_format=attempt.payload.metadata.get("tool_format"))
     prefix_len = attempt.payload.metadata.get("prefix_len", 0) if attempt.forked else 0
     loss = [m if i >= prefix_len else 0 for m, i in zip(s.loss_mask, s.step_index)]
     return s.input_ids[:max_len], loss[:max_len]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +42,9 @@ class SFTConfig(BaseModel):
     batch_size: int = Field(8, ge=1, description="Samples per micro-batch.")
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
     max_len: int = Field(2048, ge=16, description="Tokens per sample; longer samples are cut at the end.")
+    tool_format: Literal["auto", "protocol", "hermes", "llama3_json"] = Field(
+        "auto", description="The tool-call format the trained model is sampled in afterwards (the evaluation and RL "
+                            "harness's tool_format; auto = its chat template's own): SFT renders its data in it.")
     bucketing: bool = Field(True, description="Group samples of similar length into a batch (less padding).")
     seed: int = Field(0, description="Seed of data order (and of the fresh model unless model.seed differs).")
     save_every: int | None = Field(None, ge=1, description="Also save a checkpoint every N steps.")
@@ -196,7 +200,8 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
     else:
         # loaded on the CPU: the Trainer places it on the device `load.device` resolves to
         model, tokenizer = load_policy(base_model_dir, spec=config.load.model_copy(update={"device": "cpu"}))
-    samples, stats = build_samples(trajectories, tokenizer, config.mode, config.max_len)
+    tool_format = None if config.tool_format == "auto" else config.tool_format
+    samples, stats = build_samples(trajectories, tokenizer, config.mode, config.max_len, tool_format)
     if not samples:
         raise ValueError(
             f"no trainable samples in {trajectories_dir} for mode {config.mode!r} ({stats.model_dump()}); "

@@ -114,6 +114,11 @@ class PipelineConfig(BaseModel):
             if name != "model" and "load" in type(stage).model_fields:
                 update["load"] = LoadOptions(**{f: getattr(self.model, f) for f in LoadOptions.model_fields})
             setattr(self, name, stage.model_copy(update=update))
+        # The student is sampled in one tool format: SFT renders its data in the one RL and evaluation sample in.
+        formats = {"sft.tool_format": self.sft.tool_format, "rl.harness.tool_format": self.rl.harness.tool_format,
+                   "evaluate.harness.tool_format": self.evaluate.harness.tool_format}
+        if len(set(formats.values())) > 1:
+            raise ValueError(f"one tool format for the trained model, got {formats}; set all three alike")
         # The data store is one setting (retrain.data_store); provision draws its new task seeds from it.
         self.provision = self.provision.model_copy(update={"data_store": self.retrain.data_store})
         if self.register_model_name:  # one name for the registered model
