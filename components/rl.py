@@ -112,6 +112,20 @@ class RLConfig(BaseModel):
                              "clip_eps_high and kl_coef")
         return data
 
+    @field_validator("trl_args")
+    @classmethod
+    def _loss_over_tokens(cls, trl_args: dict[str, Any]) -> dict[str, Any]:
+        """Dropped groups reach TRL as placeholder rows (no loss token, reward None). A loss averaged per row
+        or per micro-batch (grpo, sapo: mean over sequences; luspo, dr_grpo: over rows; bnpo: token mean per
+        micro-batch, then divided by the accumulation steps, and a micro-batch is one group here) counts them
+        in its denominator, so a step's gradient would shrink with the number of dropped groups. TRL's
+        default dapo (and cispo, vespo) divides by the loss tokens of the whole batch: placeholders have none."""
+        if trl_args.get("loss_type") in ("grpo", "sapo", "luspo", "dr_grpo", "bnpo"):
+            raise ValueError(f"rl.trl_args.loss_type={trl_args['loss_type']!r} averages over rows or micro-batches, "
+                             "so dropped groups' placeholder rows would dilute every step's gradient; use 'dapo' "
+                             "(TRL's default), 'cispo' or 'vespo', which divide by the batch's loss tokens")
+        return trl_args
+
     @field_validator("rollout")
     @classmethod
     def _sampler_fits_trl(cls, rollout: RolloutConfig) -> RolloutConfig:
@@ -211,6 +225,20 @@ def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out
         torch.set_num_threads(previous_threads)
 
 
+def _quiet_placeholder_warning() -> None:
+    """TRL warns, with the whole row, whenever every reward function returned None for a row; here that is
+    every dropped group's placeholder row by design (`rl_rollout`), counted in `dropped_groups` instead."""
+    import logging
+
+    class _Placeholders(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "All reward functions returned None" not in record.getMessage()
+
+    trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
+    if not any(isinstance(f, _Placeholders) or type(f).__name__ == "_Placeholders" for f in trl_logger.filters):
+        trl_logger.addFilter(_Placeholders())
+
+
 def signal_only(trainer_class: type) -> type:
     """`trainer_class` (GRPOTrainer) whose micro-batches without one loss-bearing token (only dropped groups'
     placeholder rows, on every process) leave the weights exactly as they are.
@@ -260,6 +288,7 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
         rollout = TRLRollout(tasks, get_recipe(config.recipe, **config.recipe_options), client, config, tokenizer,
                              TrajectoryStore(out / "rollouts") if config.save_rollouts else None, references)
         args = grpo_args(config, out)
+        _quiet_placeholder_warning()
         try:
             trainer = signal_only(GRPOTrainer)(
                 model=model, processing_class=tokenizer, reward_funcs=[verified_reward], args=args,

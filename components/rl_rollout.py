@@ -15,8 +15,11 @@ chosen from up to N_max attempts) and returns per completion:
 - `verified_reward`: +1 / -1, read by `verified_reward` (the reward function).
 
 A group the sampler does not keep (an attempt without a verified outcome, zero variance, abandoned,
-budget spent) is sent as N placeholder rows: the bare prompt, one end-of-turn token with env_mask 0,
-reward 0 for all N, so TRL's advantage is 0 and no token carries loss. The infra-error episode's tokens
+budget spent), and a fixed-size group left with fewer than N verified attempts (its record is marked
+dropped, `short`, so it is not counted informative), is sent as N placeholder rows: the bare prompt, one
+end-of-turn token with env_mask 0, reward None for all N, so TRL leaves them out of its reward means and
+stds, gives them advantage 0, and no token carries loss (loss types that average over rows, grpo / sapo /
+luspo / dr_grpo, would still count them: `RLConfig` refuses those). The infra-error episode's tokens
 and reward never leave this module; `TRLRollout.dropped_groups` counts such groups.
 
 Generation is HF `generate` through our policy (batched across a wave, `BatchingPolicy`), or with
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from components.core.distributed import world_size
 from components.core.harness import HarnessConfig, initial_steps, run_episode, steps_to_messages
-from components.core.schema import Outcome, Task, Trajectory
+from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
 from components.core.store import TrajectoryStore
 from components.rl_sampling import (
     Attempt, PromptHistory, PromptRecord, RolloutBudget, outcome_reward, sample_prompt, skipped_record, summarize,
@@ -120,21 +123,47 @@ def episode_tokens(attempt: Attempt, tokenizer: Any, max_len: int) -> tuple[list
     attempt's teacher prefix, cut at `max_len`. Rendered in the tool format the episode was sampled in
     (`metadata["tool_format"]`, which the harness records), not the template's detected one: with an
     explicit `harness.tool_format` they differ, and so would the system prompt and every call's markup."""
+    ids, loss = _whole_episode(attempt, tokenizer)
+    return ids[:max_len], loss[:max_len]
+
+
+def _whole_episode(attempt: Attempt, tokenizer: Any) -> tuple[list[int], list[int]]:
     from components.core.rendering import render_trajectory
 
     s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant",
                           tool_format=attempt.payload.metadata.get("tool_format"))
     prefix_len = attempt.payload.metadata.get("prefix_len", 0) if attempt.forked else 0
-    loss = [m if i >= prefix_len else 0 for m, i in zip(s.loss_mask, s.step_index)]
-    return s.input_ids[:max_len], loss[:max_len]
+    return s.input_ids, [m if i >= prefix_len else 0 for m, i in zip(s.loss_mask, s.step_index)]
+
+
+def _end_turn(ids: list[int], mask: list[int], tokenizer: Any, truncated: bool) -> tuple[list[int], list[int]]:
+    """The episode as TRL judges its end: TRL calls a completion truncated when its last token is not an end
+    token. The template's glue after the final end-of-turn token (ChatML's newline after `<|im_end|>`, no
+    loss) goes, so an episode that ended (the agent submitted) ends on its end token; one cut by a step,
+    token or wall-clock limit, or at `max_len`, keeps a last token that is no end token (else TRL's
+    `clipped_ratio` and `mask_truncated_completions` would see every episode alike)."""
+    from components.core.rendering import chat_format
+
+    stops = chat_format(tokenizer).stop_ids | ({tokenizer.pad_token_id} - {None})
+    last = max((i for i, t in enumerate(ids) if t in stops), default=None)
+    if not truncated:
+        if last is not None and not any(mask[last + 1:]):
+            return ids[:last + 1], mask[:last + 1]
+        return ids, mask
+    if ids and ids[-1] in stops:  # a cut right after an end token still reads as a cut
+        return ids[:-1], mask[:-1]
+    return ids, mask
 
 
 def _key(prompt: list[dict]) -> str:
     return json.dumps([{"role": m["role"], "content": m["content"]} for m in prompt], sort_keys=True)
 
 
-def verified_reward(prompts: list, completions: list, verified_reward: list[float], **_: Any) -> list[float]:
-    """The reward function: the verifier's reward that `TRLRollout` carried with each completion."""
+def verified_reward(prompts: list, completions: list, verified_reward: list[float | None],
+                    **_: Any) -> list[float | None]:
+    """The reward function: the verifier's reward that `TRLRollout` carried with each completion; None for a
+    dropped group's placeholder rows, which TRL then leaves out of every mean and std (the batch std of
+    `scale_rewards="batch"`, the logged reward) and gives advantage 0."""
     return list(verified_reward)
 
 
@@ -224,8 +253,14 @@ class TRLRollout:
                 else:
                     result = sample_prompt(task_id, source, self.config.rollout, self.budget, step=self.calls,
                                            history=self.history)
-                    records.append(result.record)
-                    rows = [self._row(a, model) for a in result.group] if result.record.kept else []
+                    record = result.record
+                    if record.kept and len(result.group) != n:
+                        # A fixed group that lost attempts to infra errors or wall-clock cuts is smaller than N;
+                        # TRL takes exactly N rows, so it goes out as placeholders and is no informative group.
+                        record = record.model_copy(update={"kept": False, "drop_reason": "short",
+                                                           "group_reward_variance": 0.0})
+                    records.append(record)
+                    rows = [self._row(a, model) for a in result.group] if record.kept else []
                 if len(rows) != n:
                     self.dropped_groups += 1
                     rows = [self._placeholder(self.tasks[task_id])] * n
@@ -246,20 +281,26 @@ class TRLRollout:
         if attempt.aborted or traj.outcome is Outcome.infra_error or attempt.reward is None:
             raise AssertionError(f"attempt {attempt.attempt_id} has no verified outcome but was kept; "
                                  "the sampler must drop such groups")
-        ids, mask = episode_tokens(attempt, self.tokenizer, self.config.max_len)
+        whole, whole_mask = _whole_episode(attempt, self.tokenizer)
+        ids, mask = whole[:self.config.max_len], whole_mask[:self.config.max_len]
+        cut = len(ids) < len(whole) or traj.status is not EpisodeStatus.completed
+        ids, mask = _end_turn(ids, mask, self.tokenizer, truncated=cut)
         start = mask.index(1) if 1 in mask else len(ids) - 1
-        logprobs = self._logprobs(traj, ids, mask, model)
+        prefix_len = traj.metadata.get("prefix_len", 0) if attempt.forked else 0
+        logprobs = self._logprobs(traj, ids, mask, model, prefix_len)
         return {"prompt_ids": ids[:start], "completion_ids": ids[start:], "env_mask": mask[start:],
                 "logprobs": logprobs[start:], "verified_reward": float(attempt.reward),
                 "attempt_id": attempt.attempt_id}
 
-    def _logprobs(self, traj: Trajectory, ids: list[int], mask: list[int], model: Any) -> list[float]:
-        sampled = [s for s in traj.steps if s.role == "assistant"]
+    def _logprobs(self, traj: Trajectory, ids: list[int], mask: list[int], model: Any,
+                  prefix_len: int = 0) -> list[float]:
+        # Loss tokens are exactly the sampled ids of the assistant steps after a forked attempt's prefix, in
+        # order: a prefix's own steps (a teacher's, possibly with stored logprobs) carry no loss and give none.
+        sampled = [s for s in traj.steps[prefix_len:] if s.role == "assistant"]
         recorded = [getattr(s, "logprobs", None) for s in sampled]
         if sampled and all(lp is not None and s.token_ids is not None and len(lp) == len(s.token_ids)
                            for s, lp in zip(sampled, recorded)):
-            # The harness kept the sampler's own logprobs (Step.logprobs): loss tokens are exactly the
-            # sampled ids of the assistant steps, in order (a forked prefix has none, so it never gets here).
+            # The harness kept the sampler's own logprobs (Step.logprobs).
             flat = iter([x for lp in recorded for x in lp])  # type: ignore[union-attr]
             return [next(flat) if m else 0.0 for m in mask]
         import torch
@@ -277,7 +318,7 @@ class TRLRollout:
 
         end = self.tokenizer.eos_token_id  # a finished, empty turn: TRL counts it as terminated, not truncated
         return {"prompt_ids": render_prompt(steps_to_messages(initial_steps(task, self.recipe)), self.tokenizer),
-                "completion_ids": [end], "env_mask": [0], "logprobs": [0.0], "verified_reward": 0.0,
+                "completion_ids": [end], "env_mask": [0], "logprobs": [0.0], "verified_reward": None,
                 "attempt_id": ""}
 
     def gather(self) -> None:
