@@ -117,7 +117,7 @@ def test_retraining_parameters_reach_the_config(tmp_path):
     default, _ = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
                                 start_from="base", promotion_margin="-1.0", train_tasks="0", data_store="",
                                 window_runs="0")
-    assert (default.retrain.start_from, default.promote.margin, default.provision.n_train) == ("base", None, 4)
+    assert (default.retrain.start_from, default.promote.margin, default.provision.n_train) == ("base", 0.0, 4)
     assert (default.retrain.data_store, default.retrain.window_runs, default.provision.data_store) == (None, None, None)
 
 
