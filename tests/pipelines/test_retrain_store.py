@@ -49,7 +49,8 @@ def test_two_local_runs_grow_one_data_store(tmp_path, external_service, micro_co
     # the shard lists are in MLflow for both runs, the rejected one included
     client = mlflow.MlflowClient(second.tracking_uri)
     gates = [one.read_result("promote"), two.read_result("promote")]
-    assert gates[0]["promoted"] and not gates[1]["promoted"], gates  # a tiny model does not beat its champion
+    # one held-out task is below min_tasks: neither run can show it beats its start
+    assert not gates[0]["promoted"] and not gates[1]["promoted"], gates
     for result, run in ((first, run1), (second, run2)):
         parent = client.get_run(result.parent_run_id)
         assert parent.data.tags["orchard.trained_shards"] == ",".join(run.trained_on)
