@@ -28,8 +28,13 @@ The algorithm's choices, in order:
 What of the sampler cannot apply here, numbered (refused by `RLConfig`, still open to the sampler study
 in `scripts/compare_rollout.py`):
 1. The pool baseline (`RolloutConfig.advantage_baseline="pool"`): TRL computes advantages over the group.
-2. DAPO refill (`RolloutConfig.refill`): TRL deals exactly `batch_prompts` prompts per optimizer step, so a
-   dropped group is a step with fewer informative groups, never an extra prompt.
+2. Refill is not DAPO's (more prompts per step): TRL deals exactly `batch_prompts` prompts per optimizer step.
+   With `rollout.refill` (BAR's "groups that remain unsuitable can be filtered and replenished from other
+   tasks") a dropped group is replaced inside the rollout by a kept group of another training prompt, not
+   in this batch, with that prompt's own ids and rewards (`rollout_func` returns each completion's
+   `prompt_ids`), up to `max_prompts_per_batch` pulls per call; `replacement_groups` counts them and each
+   step logs its informative groups with and without them. TRL still logs the dealt prompt's text beside a
+   replacement's completion. Off by default in this stage.
 3. Lookahead ordering (`RolloutConfig.lookahead` > 1): TRL's sampler orders the prompts. History's
    skipping does apply: a skipped prompt spends no episode and goes to TRL as placeholders.
 """
@@ -135,14 +140,12 @@ class RLConfig(BaseModel):
             raise ValueError("rollout.advantage_baseline='pool' cannot apply in the RL stage: TRL computes "
                              "advantages over each group (scale_rewards in rl.trl_args); set it to 'group' or "
                              "leave it out (the pool baseline stays in the sampler study, compare_rollout.py)")
-        if "refill" in rollout.model_fields_set and rollout.refill:
-            raise ValueError("rollout.refill (DAPO dynamic sampling) cannot apply in the RL stage: TRL deals "
-                             "exactly batch_prompts prompts per optimizer step; set refill to false or leave it out")
         if rollout.lookahead > 1:
             raise ValueError("rollout.lookahead cannot apply in the RL stage: TRL deals the prompts (its sampler "
                              "orders them), so ours cannot reorder them by their history; set lookahead to 1 "
                              "(history still skips prompts whose recent groups were all one reward)")
-        return rollout.model_copy(update={"advantage_baseline": "group", "refill": False})
+        refill = rollout.refill if "refill" in rollout.model_fields_set else False  # off unless asked for
+        return rollout.model_copy(update={"advantage_baseline": "group", "refill": refill})
 
 
 class RLResult(BaseModel):

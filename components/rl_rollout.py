@@ -20,7 +20,9 @@ dropped, `short`, so it is not counted informative), is sent as N placeholder ro
 end-of-turn token with env_mask 0, reward None for all N, so TRL leaves them out of its reward means and
 stds, gives them advantage 0, and no token carries loss (loss types that average over rows, grpo / sapo /
 luspo / dr_grpo, would still count them: `RLConfig` refuses those). The infra-error episode's tokens
-and reward never leave this module; `TRLRollout.dropped_groups` counts such groups.
+and reward never leave this module; `TRLRollout.dropped_groups` counts such groups. With
+`rollout.refill` a dropped group is first replaced by a kept group of another training prompt (its own
+prompt ids and rewards; `TRLRollout.replacements`, `PromptRecord.replaces`).
 
 Generation is HF `generate` through our policy (batched across a wave, `BatchingPolicy`), or with
 `RLConfig.use_vllm` TRL's colocated vLLM engine (`VLLMPolicy`, still batched per wave; TRL syncs the
@@ -181,6 +183,8 @@ class TRLRollout:
         self.history = PromptHistory(config.rollout, config.seed)
         self.records: list[PromptRecord] = []
         self.dropped_groups = 0
+        self.replacements = 0  # dropped groups replaced by a kept group of another prompt (rollout.refill)
+        self._refill_order = self._refill_stream()
         self.calls = 0  # rollout_func calls so far (one per generation batch): the records' step
         self._prompts = {_key(self.prompt(t)): t.id for t in tasks.values()}
         self._source: Any = None
@@ -235,6 +239,8 @@ class TRLRollout:
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                 "verified_reward", "attempt_id")}
         records: list[PromptRecord] = []
+        exclude = {self._prompts.get(_key(p)) for p in prompts}  # this batch's own prompts are no replacements
+        pulls = [0]  # replacement prompts pulled in this call (capped by rollout.max_prompts_per_batch)
         try:
             for start in range(0, len(prompts), n):
                 chunk = prompts[start:start + n]
@@ -245,22 +251,9 @@ class TRLRollout:
                 if task_id is None:
                     raise ValueError("a prompt that is no task of this run; build the dataset with "
                                      "TRLRollout.dataset_rows()")
-                # A prompt the history skips spends no episode: its group goes out as placeholders (no gradient).
-                skipped = skipped_record(task_id, source, self.config.rollout, self.history, step=self.calls)
-                if skipped is not None:
-                    records.append(skipped)
-                    rows = []
-                else:
-                    result = sample_prompt(task_id, source, self.config.rollout, self.budget, step=self.calls,
-                                           history=self.history)
-                    record = result.record
-                    if record.kept and len(result.group) != n:
-                        # A fixed group that lost attempts to infra errors or wall-clock cuts is smaller than N;
-                        # TRL takes exactly N rows, so it goes out as placeholders and is no informative group.
-                        record = record.model_copy(update={"kept": False, "drop_reason": "short",
-                                                           "group_reward_variance": 0.0})
-                    records.append(record)
-                    rows = [self._row(a, model) for a in result.group] if record.kept else []
+                rows = self._group(task_id, source, model, records)
+                if len(rows) != n and self.config.rollout.refill:
+                    rows = self._replacement(exclude, source, model, records, pulls)
                 if len(rows) != n:
                     self.dropped_groups += 1
                     rows = [self._placeholder(self.tasks[task_id])] * n
@@ -270,11 +263,65 @@ class TRLRollout:
         finally:
             model.train(was_training)  # generation put it in eval mode; TRL computes the loss next
         self.records.extend(records)
+        replaced = sum(1 for r in records if r.replaces and r.kept)
         log_metrics({**{f"sampler.{k}": v for k, v in summarize(records).items()},
+                     "rollout.informative_groups_without_refill": float(sum(r.kept for r in records) - replaced),
+                     "rollout.replacement_groups": float(replaced),
                      **{f"rollout.{k}": v for k, v in hidden_pass_metrics(source.finished).items()}}, step=self.calls)
         source.finished.clear()
         self.calls += 1
         return out
+
+    def _group(self, task_id: str, source: EpisodeSource, model: Any, records: list[PromptRecord],
+               replaces: str | None = None) -> list[dict[str, Any]]:
+        """The N rows of the prompt's kept group, or [] (its record, kept or not, goes to `records`)."""
+        n = self.config.rollout.group_size
+        # A prompt the history skips spends no episode: its group goes out as placeholders (no gradient).
+        skipped = skipped_record(task_id, source, self.config.rollout, self.history, step=self.calls)
+        if skipped is not None:
+            records.append(skipped.model_copy(update={"replaces": replaces}))
+            return []
+        result = sample_prompt(task_id, source, self.config.rollout, self.budget, step=self.calls,
+                               history=self.history)
+        record = result.record.model_copy(update={"replaces": replaces})
+        if record.kept and len(result.group) != n:
+            # A fixed group that lost attempts to infra errors or wall-clock cuts is smaller than N; TRL takes
+            # exactly N rows, so it goes out as placeholders and is no informative group.
+            record = record.model_copy(update={"kept": False, "drop_reason": "short", "group_reward_variance": 0.0})
+        records.append(record)
+        return [self._row(a, model) for a in result.group] if record.kept else []
+
+    def _replacement(self, exclude: set, source: EpisodeSource, model: Any, records: list[PromptRecord],
+                     pulls: list[int]) -> list[dict[str, Any]]:
+        """BAR's refill inside one rollout_func call: the rows of a kept group of another training prompt (with
+        that prompt's own ids and rewards), or [] when none could be had within `max_prompts_per_batch` pulls,
+        the budget, or the prompts not already in this batch."""
+        n, dropped = self.config.rollout.group_size, records[-1].prompt_id
+        while pulls[0] < self.config.rollout.max_prompts_per_batch and self.budget.remaining > 0:
+            if exclude >= set(self.tasks):
+                return []
+            task_id = next(self._refill_order)
+            if task_id in exclude:
+                continue
+            exclude.add(task_id)
+            pulls[0] += 1
+            rows = self._group(task_id, source, model, records, replaces=dropped)
+            if len(rows) == n:
+                self.replacements += 1
+                return rows
+        return []
+
+    def _refill_stream(self):
+        """Training task ids forever, reshuffled on every pass (this rank's own order)."""
+        import random
+
+        from components.core.distributed import rank
+
+        rng = random.Random(f"refill/{self.config.seed}/{rank()}")
+        while True:
+            order = sorted(self.tasks)
+            rng.shuffle(order)
+            yield from order
 
     def _row(self, attempt: Attempt, model: Any) -> dict[str, Any]:
         traj: Trajectory = attempt.payload
@@ -328,9 +375,11 @@ class TRLRollout:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         parts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, (self.records, self.dropped_groups))
-        self.records = [r for records, _ in parts for r in records]
-        self.dropped_groups = sum(dropped for _, dropped in parts)
+        dist.all_gather_object(parts, (self.records, self.dropped_groups, self.replacements))
+        self.records = [r for records, _, _ in parts for r in records]
+        self.dropped_groups = sum(dropped for _, dropped, _ in parts)
+        self.replacements = sum(replaced for _, _, replaced in parts)
 
     def summary(self) -> dict[str, float]:
-        return {**summarize(self.records), "dropped_groups": float(self.dropped_groups)}
+        return {**summarize(self.records), "dropped_groups": float(self.dropped_groups),
+                "replacement_groups": float(self.replacements)}

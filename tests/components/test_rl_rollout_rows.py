@@ -46,25 +46,29 @@ def _episode(tokenizer, reward: float | None, status=EpisodeStatus.completed, pr
 
 
 class ListSource:
-    """Hands out prepared attempts in order (what `EpisodeSource` would have produced)."""
+    """Hands out prepared attempts in order, per prompt (what `EpisodeSource` would have produced)."""
 
-    def __init__(self, attempts: list[Attempt]):
-        self.attempts, self.finished, self.policy = list(attempts), [], None
+    def __init__(self, attempts: list[Attempt] | dict[str, list[Attempt]]):
+        self.attempts = {k: list(v) for k, v in attempts.items()} if isinstance(attempts, dict) else {"t": list(attempts)}
+        self.finished, self.policy, self.calls = [], None, []
 
     def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
-        out, self.attempts = self.attempts[:n], self.attempts[n:]
+        self.calls.append(prompt_id)
+        out, self.attempts[prompt_id] = self.attempts[prompt_id][:n], self.attempts[prompt_id][n:]
         return out
 
 
-def _rollout(tokenizer, attempts: list[Attempt], n: int, **rollout) -> tuple[TRLRollout, dict]:
-    task = Task(id="t", recipe="swe", split="train", prompt="Fix it.", environment=EnvironmentSpec(files={}))
+def _rollout(tokenizer, attempts, n: int, tasks=("t",), **rollout) -> tuple[TRLRollout, dict]:
+    prompts = {"t": "Fix it.", "u": "Fix the other one.", "v": "And this."}
+    found = {i: Task(id=i, recipe="swe", split="train", prompt=prompts[i], environment=EnvironmentSpec(files={}))
+             for i in tasks}
     config = RLConfig(rollout=RolloutConfig(group_size=n, max_rollouts_per_prompt=n, stride=n, batch_prompts=1,
                                             **rollout))
-    rollout_func = TRLRollout({"t": task}, get_recipe("swe"), None, config, tokenizer)
+    rollout_func = TRLRollout(found, get_recipe("swe"), None, config, tokenizer)
     model = SimpleNamespace(training=True, train=lambda mode=True: None)
     rollout_func._model, rollout_func._source = model, ListSource(attempts)
     trainer = SimpleNamespace(num_generations=n, model=model, accelerator=SimpleNamespace(unwrap_model=lambda m: m))
-    prompt = rollout_func.dataset_rows()[0]["prompt"]
+    prompt = next(r["prompt"] for r in rollout_func.dataset_rows() if r["task_id"] == "t")
     return rollout_func, rollout_func([prompt] * n, trainer)
 
 
@@ -129,3 +133,25 @@ def test_a_forked_attempt_gets_its_own_turns_logprobs_not_its_prefixs(tokenizer)
     _, out = _rollout(tokenizer, forked, 2)
     for mask, logprobs in zip(out["env_mask"], out["logprobs"]):
         assert sum(mask) > 0 and {lp for m, lp in zip(mask, logprobs) if m} == {-0.5}
+
+
+@pytest.mark.parametrize("refill", [False, True])
+def test_refill_replaces_a_dropped_group_by_another_prompts_kept_group(tokenizer, refill):
+    """BAR's "replenished from other tasks" inside rollout_func: TRL dealt `t`, whose group is all failures;
+    with refill the N rows TRL gets are a kept group of `u` or `v` (their own prompt ids and rewards)."""
+    flat = [_attempt(_episode(tokenizer, -1.0)) for _ in range(2)]
+    uniform = [_attempt(_episode(tokenizer, 1.0)) for _ in range(2)]
+    mixed = [_attempt(_episode(tokenizer, r)) for r in (1.0, -1.0)]
+    rollout, out = _rollout(tokenizer, {"t": flat, "u": uniform, "v": mixed}, 2, tasks=("t", "u", "v"),
+                            refill=refill, max_prompts_per_batch=4)
+    assert rollout.records[0].prompt_id == "t" and rollout.records[0].drop_reason == "zero_std"
+    summary = rollout.summary()
+    if not refill:
+        assert out["attempt_id"] == ["", ""] and rollout.dropped_groups == 1 and summary["informative_groups"] == 0
+        assert rollout._source.calls == ["t"]
+        return
+    assert rollout.replacements == 1 and rollout.dropped_groups == 0 and summary["replacement_groups"] == 1
+    kept = [r for r in rollout.records if r.kept]
+    assert [(r.prompt_id, r.replaces) for r in kept] == [("v", "t")] and summary["informative_groups"] == 1
+    assert out["attempt_id"] == [a.attempt_id for a in mixed] and sorted(out["verified_reward"]) == [-1.0, 1.0]
+    assert "t" not in rollout._source.calls[1:]  # the batch's own prompt is never its own replacement
