@@ -67,7 +67,8 @@ def rl_minus_sft(runs: dict[int, tuple[dict[str, float], dict[str, float]]], lev
     parts = [(se_task, len(tasks) - 1), (se_seed, len(by_seed) - 1)]
     denominator = sum(v**4 / n for v, n in parts if n >= 1 and v > 0)  # Welch-Satterthwaite
     df = se**4 / denominator if denominator > 0 else len(tasks) - 1
-    half = student_t.ppf(0.5 + level / 2, df) * se if df >= 1 and se == se else float("nan")
+    # No task differs between the arms (se 0): a t-interval would be the point [d, d]; say "no interval".
+    half = student_t.ppf(0.5 + level / 2, df) * se if df >= 1 and se > 0 else float("nan")
     sft_mean = {t: statistics.fmean(runs[s][0][t] for s in runs) for t in tasks}
     rl_mean = {t: statistics.fmean(runs[s][1][t] for s in runs) for t in tasks}
     p, _, _ = paired_sign_flip_p(rl_mean, sft_mean)
@@ -125,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
                          "provision.heldout_seed")
     summary = rl_minus_sft(runs)
     one_seed = " (one seed: the interval covers task sampling only)" if summary["seeds"] == 1 else ""
+    if math.isnan(summary["ci_low"]):
+        one_seed += " (no task differs between the arms: no interval)"
     print(f"RL − SFT pass@1 = {summary['difference']:+.4f}, {summary['level']:.0%} interval "
           f"[{summary['ci_low']:+.4f}, {summary['ci_high']:+.4f}] over {summary['tasks']} tasks x "
           f"{summary['seeds']} seed(s){one_seed}; SE tasks {summary['se_tasks']:.4f}, seeds {summary['se_seeds']:.4f}; "

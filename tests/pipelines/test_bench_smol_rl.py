@@ -37,3 +37,9 @@ def test_tasks_without_a_verified_result_in_every_arm_are_left_out():
     assert rl_minus_sft(runs)["tasks"] == 9
     with pytest.raises(ValueError, match="no held-out task"):
         rl_minus_sft({0: ({"a": math.nan}, {"a": 1.0})})
+
+
+def test_arms_that_never_differ_get_no_interval_not_a_point():
+    same = {f"t{i}": 0.0 for i in range(5)}
+    summary = rl_minus_sft({0: (same, dict(same))})
+    assert summary["difference"] == 0.0 and math.isnan(summary["ci_low"]) and summary["sign_flip_p"] == 1.0
