@@ -25,8 +25,8 @@ The algorithm's choices, in order:
    moving any weight (no router loss, no AdamW momentum step); `steps_done` counts the steps it let train
    (at least one kept, mixed-reward group): the promotion gate reads it.
 
-What of the sampler cannot apply here, numbered (refused by `RLConfig`, still open to the sampler study
-in `scripts/compare_rollout.py`):
+Where the sampler's options meet TRL, numbered (1 and 3 refused by `RLConfig`, still open to the sampler study
+in `scripts/compare_rollout.py`; 2 applies in its own form):
 1. The pool baseline (`RolloutConfig.advantage_baseline="pool"`): TRL computes advantages over the group.
 2. Refill is not DAPO's (more prompts per step): TRL deals exactly `batch_prompts` prompts per optimizer step.
    With `rollout.refill` (BAR's "groups that remain unsuitable can be filtered and replenished from other
