@@ -21,8 +21,8 @@ promoted (the test is exact, so at most alpha; discrete data make it smaller, e.
 task and 16 tasks the sign test has attainable sizes 1/32, 1/16, ...). `tests/components/test_promote.py`
 measures it by simulating equal policies. Over G scheduled retrains against an unchanged champion the
 chance of at least one false promotion is at most 1 - (1 - alpha)^G (about 40 % for G = 10 at alpha
-0.05): lower `alpha`, or raise `margin`, for frequent schedules. The paired bootstrap interval in the
-decision is for reading only.
+0.05): lower `alpha`, or raise `margin`, for frequent schedules. The paired interval in the decision
+(`intervals.paired_difference_ci`) is for reading only.
 
 Promotion registers the candidate as a new version (with its lineage: parent model, dataset shards,
 pipeline run, git commit, evaluation table) and moves the alias; the old version is kept, so rolling
@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.intervals import paired_bootstrap_diff, paired_sign_flip_p
+from components.core.intervals import paired_difference_ci, paired_sign_flip_p
 
 
 class PromotionConfig(BaseModel):
@@ -54,11 +54,10 @@ class PromotionConfig(BaseModel):
                                                    "runs against it: 0 = any real gain.")
     alpha: float = Field(0.05, gt=0.0, lt=0.5, description="False-promotion rate per gate: the one-sided size of "
                                                            "the exact paired test.")
-    level: float = Field(0.95, gt=0.5, lt=1.0, description="Level of the paired bootstrap interval reported "
-                                                           "with the decision (not used to decide).")
-    resamples: int = Field(4000, ge=100, description="Bootstrap resamples (reported interval) and Monte Carlo "
-                                                     "sign flips above 16 differing tasks (x5).")
-    seed: int = Field(0, description="Seed of the bootstrap and of the Monte Carlo flips.")
+    level: float = Field(0.95, gt=0.5, lt=1.0, description="Level of the paired interval reported with the "
+                                                           "decision (not used to decide).")
+    resamples: int = Field(4000, ge=100, description="Monte Carlo sign flips (x5) above 16 differing tasks.")
+    seed: int = Field(0, description="Seed of the Monte Carlo sign flips.")
     max_infra_error_rate: float = Field(0.5, ge=0.0, le=1.0, description="Reject a candidate whose evaluation lost more attempts than this to infrastructure.")
 
 
@@ -117,12 +116,11 @@ def decide(candidate: Scorecard, champion: Scorecard | None, config: PromotionCo
                                  "training started from: nothing shows the candidate is better")
     p, diff, n = paired_sign_flip_p(candidate.per_task_pass_at_1, reference.per_task_pass_at_1, config.margin,
                                     resamples=5 * config.resamples, seed=config.seed)
-    _, lo, hi, _ = paired_bootstrap_diff(candidate.per_task_pass_at_1, reference.per_task_pass_at_1,
-                                         level=config.level, resamples=config.resamples, seed=config.seed)
+    _, lo, hi, _ = paired_difference_ci(candidate.per_task_pass_at_1, reference.per_task_pass_at_1, config.level)
     stats = {**base, "champion_mean": reference.mean, "difference": diff, "ci_low": lo, "ci_high": hi, "tasks": n,
              "p_value": p, "reference": "champion" if champion is not None else "start"}
     said = (f"pass@1 {diff:+.3f} over {name} on {n} tasks, exact paired p = {p:.4f} (alpha {config.alpha}, "
-            f"margin {config.margin}; {config.level:.0%} bootstrap [{lo:+.3f}, {hi:+.3f}])")
+            f"margin {config.margin}; {config.level:.0%} paired interval [{lo:+.3f}, {hi:+.3f}])")
     if n < config.min_tasks:
         return PromotionDecision(promoted=False, reason=f"only {n} tasks (min_tasks {config.min_tasks}): {said}",
                                  **stats)

@@ -16,8 +16,8 @@ are plain Clopper-Pearson. `tests/components/test_intervals.py` checks their cov
 
 Paired comparisons (candidate vs champion on the same tasks) use an exact sign-flip permutation test of
 the per-task differences (`paired_sign_flip_p`): with one attempt per task it is the exact McNemar / sign
-test; with k attempts it is Fisher's randomisation test. `paired_bootstrap_diff` is kept for *reporting*
-a difference with an interval (pipelines/report.py); no decision rests on it.
+test; with k attempts it is Fisher's randomisation test. A paired difference is reported with Newcombe's
+interval (`paired_difference_ci`): each arm's interval above, combined through the per-task correlation.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-DEFAULT_RESAMPLES = 4000
 EXACT_FLIPS_UP_TO = 16  # nonzero differences enumerated exactly (2^16 sign patterns); Monte Carlo above
 
 
@@ -102,20 +101,21 @@ def paired_sign_flip_p(a: Mapping[str, float], b: Mapping[str, float], margin: f
     return p, float(raw.mean()), len(common)
 
 
-def paired_bootstrap_diff(a: Mapping[str, float], b: Mapping[str, float], level: float = 0.95,
-                          resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> tuple[float, float, float, int]:
-    """mean(a - b) over the tasks both have (NaNs dropped), with a paired bootstrap interval, for reports
-    (a decision uses `paired_sign_flip_p`: this interval is too narrow at small n and [0, 0] when every
-    task agrees).
-
-    Returns (difference, low, high, tasks). Raises ValueError when the two share no task: a comparison
-    on different tasks is not paired and would mislead."""
+def paired_difference_ci(a: Mapping[str, float], b: Mapping[str, float], level: float = 0.95,
+                         attempts_per_task: int = 1) -> tuple[float, float, float, int]:
+    """mean(a - b) over the tasks both have (NaNs dropped) with Newcombe's paired interval (his method 10,
+    Stat. Med. 1998): each arm's own interval (`task_mean_ci`: Clopper-Pearson at the effective number of
+    attempts) combined through the correlation of the per-task results. Unlike a bootstrap it stays an
+    interval when every task agrees (0/16 vs 0/16: about +-0.21). Returns (difference, low, high, tasks)."""
     common = sorted(t for t in a.keys() & b.keys() if not (math.isnan(a[t]) or math.isnan(b[t])))
     if not common:
         raise ValueError("paired comparison needs results on the same tasks; the two share none")
-    diff = np.array([a[t] - b[t] for t in common], dtype=float)
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, len(diff), size=(resamples, len(diff)))].mean(axis=1)
-    alpha = (1.0 - level) / 2.0
-    lo, hi = np.quantile(means, [alpha, 1.0 - alpha])
-    return float(diff.mean()), float(lo), float(hi), len(common)
+    x, y = np.array([a[t] for t in common], dtype=float), np.array([b[t] for t in common], dtype=float)
+    p1, p2 = float(x.mean()), float(y.mean())
+    l1, u1 = task_mean_ci(list(x), level, attempts_per_task)
+    l2, u2 = task_mean_ci(list(y), level, attempts_per_task)
+    phi = float(np.corrcoef(x, y)[0, 1]) if len(common) > 1 and x.std() > 0 and y.std() > 0 else 0.0
+    phi = max(phi, 0.0)  # a negative correlation only widens; taking 0 keeps the interval conservative
+    low = (p1 - p2) - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    high = (p1 - p2) + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    return p1 - p2, max(-1.0, low), min(1.0, high), len(common)

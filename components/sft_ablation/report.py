@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.intervals import paired_bootstrap_diff, task_mean_ci
+from components.core.intervals import paired_difference_ci, task_mean_ci
 from components.sft_ablation.budget import ArmPlan
 from components.sft_ablation.config import ALL_ARMS, REFERENCE_ARM, AblationConfig
 
@@ -114,7 +114,7 @@ def arm_results(work_dir: str | Path, plans: dict[str, ArmPlan], seeds: list[int
     for row in rows:
         for base, field in ((REFERENCE_ARM, "vs_resolved_only"), ("untrained", "vs_untrained")):
             if row.arm != base:
-                diff, lo, hi, n = paired_bootstrap_diff(tasks[row.arm], tasks[base])
+                diff, lo, hi, n = paired_difference_ci(tasks[row.arm], tasks[base])
                 setattr(row, field, Paired(diff=diff, ci95=(lo, hi), tasks=n))
     return rows
 

@@ -14,7 +14,7 @@ from components.core.policy_base import GenerationConfig
 from components.core.schema import EnvironmentSpec, Outcome, Task, Trajectory, VerifierSpec
 from components.core.store import TaskStore
 from components.core.tracking import TrackingConfig
-from components.core.intervals import paired_bootstrap_diff, task_mean_ci, task_rate_ci
+from components.core.intervals import paired_difference_ci, task_mean_ci, task_rate_ci
 from components.evaluate import EvalConfig, evaluate, summarize_attempts
 
 COIN = "python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"
@@ -110,21 +110,21 @@ def test_intervals_cluster_attempts_by_task():
     assert lo_m < 0.5 < hi_m and hi_m - lo_m > 0.3
 
 
-def test_paired_bootstrap_sees_a_consistent_small_gain_that_unpaired_rates_hide():
+def test_the_paired_interval_sees_a_consistent_small_gain_that_unpaired_rates_hide():
     import random
 
     rng = random.Random(0)
     base = {f"t{i}": rng.random() for i in range(200)}  # tasks of very different difficulty
     better = {t: min(1.0, v + 0.05) for t, v in base.items()}
-    diff, lo, hi, n = paired_bootstrap_diff(better, base)
+    diff, lo, hi, n = paired_difference_ci(better, base)
     assert n == 200 and 0 < lo <= diff <= hi
     lo_a, hi_a = task_mean_ci(list(better.values()))
     lo_b, hi_b = task_mean_ci(list(base.values()))
     assert lo_a < hi_b  # unpaired intervals overlap: they could not tell the two apart
-    same = paired_bootstrap_diff(base, dict(base))
-    assert same[:3] == (0.0, 0.0, 0.0)
+    same = paired_difference_ci(base, dict(base))
+    assert same[0] == 0.0 and same[1] < 0 < same[2]
     with pytest.raises(ValueError, match="same tasks"):
-        paired_bootstrap_diff({"a": 1.0}, {"b": 1.0})
+        paired_difference_ci({"a": 1.0}, {"b": 1.0})
 
 
 def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_path, tmp_path_factory, monkeypatch):

@@ -53,3 +53,31 @@ def test_the_level_is_the_one_asked_for_and_0_of_n_is_not_a_point():
     cp_lo, cp_hi = clopper_pearson(8, 16)
     assert lo <= cp_lo and hi >= cp_hi and hi - lo == pytest.approx(cp_hi - cp_lo, rel=0.05)
     assert task_mean_ci([0.0] * 16, attempts_per_task=4) == task_rate_ci([(4, 0)] * 16)
+
+
+@pytest.mark.parametrize(("tasks", "k", "base", "gain"), [(16, 1, 0.0, 0.0), (16, 1, 0.3, 0.0), (16, 1, 0.2, 0.2),
+                                                          (40, 4, 0.3, 0.1), (100, 4, 0.1, 0.0)])
+def test_the_paired_difference_interval_covers_at_its_stated_level(tasks, k, base, gain):
+    """Two policies on the same tasks: task pass rates spread out, the second better by `gain` where it can be."""
+    from components.core.intervals import paired_difference_ci
+
+    rng = np.random.default_rng(11)
+    hits = 0
+    for _ in range(SIMULATIONS):
+        rates = np.zeros(tasks) if base == 0.0 else rng.beta(base * 2, (1 - base) * 2, size=tasks)
+        better = np.clip(rates + gain, 0, 1)
+        truth = float((better - rates).mean())
+        names = [f"t{i}" for i in range(tasks)]
+        a = dict(zip(names, rng.binomial(k, better) / k))
+        b = dict(zip(names, rng.binomial(k, rates) / k))
+        _, lo, hi, _ = paired_difference_ci(a, b, 0.95, attempts_per_task=k)
+        hits += lo <= truth <= hi
+    assert hits / SIMULATIONS >= 0.95 - 3 * np.sqrt(0.95 * 0.05 / SIMULATIONS), hits / SIMULATIONS
+
+
+def test_a_paired_difference_where_every_task_agrees_is_not_a_point():
+    from components.core.intervals import paired_difference_ci
+
+    zeros = {f"t{i}": 0.0 for i in range(16)}  # a task bootstrap gave [0, 0] here
+    diff, lo, hi, n = paired_difference_ci(zeros, dict(zeros))
+    assert (diff, n) == (0.0, 16) and lo < -0.15 and hi > 0.15
