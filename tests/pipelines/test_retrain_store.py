@@ -61,7 +61,6 @@ def test_two_local_runs_grow_one_data_store(tmp_path, external_service, micro_co
         assert [i.dataset.name for i in inputs] == ["training-shards"] and str(store) in inputs[0].dataset.source
         assert json.loads(inputs[0].dataset.profile)["num_rows"] == len(run.trained_on)
     assert client.get_run(second.parent_run_id).data.tags["orchard.promotion"] == "rejected"
-    champion = client.get_model_version_by_alias(config.register_model_name, "champion")
-    assert champion.tags["orchard.trained_shards"] == ",".join(run1.trained_on)
-    assert champion.tags["orchard.data_store"] == str(store)
+    # nothing was promoted, so nothing is registered (a promoted version's lineage tags: tests/pipelines/test_gate.py)
+    assert client.search_model_versions(f"name = '{config.register_model_name}'") == []
 
