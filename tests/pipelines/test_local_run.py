@@ -111,6 +111,15 @@ def test_local_pipeline_micro(tmp_path, external_service, micro_config):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_local_pipeline_tiny_preset(tmp_path, external_service):
+    config = PipelineConfig.preset_config("tiny", register_model_name="orchard-test-policy",
+                                          sandbox_url=external_service.url)
+    result = run_local(config, tmp_path / "runs")
+    _check_run(result, config)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(1800)  # every component is a fresh interpreter: minutes of imports alone
 def test_kfp_local_subprocess_runner(tmp_path, external_service, micro_config):
     """The same DAG through kfp.local: every component in its own subprocess via KFP's executor."""
