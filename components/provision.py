@@ -47,6 +47,9 @@ class ProvisionConfig(BaseModel):
     n_train: int = Field(24, ge=0, description="Training tasks.")
     n_heldout: int = Field(12, ge=0, description="Held-out tasks.")
     seed: int = Field(0, description="Generation seed (tasks are a pure function of it).")
+    heldout_seed: int | None = Field(
+        None, description="Seed of the held-out tasks (None: `seed`). Fixed, every seed of a study is evaluated on "
+                          "the same held-out set (ProvisionResult.heldout_digest says so).")
     difficulty: int | list[int] | None = Field(
         1, description="Difficulty level(s), cycled over tasks; None for recipes without levels."
     )
@@ -69,6 +72,8 @@ class ProvisionResult(BaseModel):
     train_seed: int | None = Field(None, description="Seed of the training tasks (drawn from the data store).")
     counts: dict[str, int] = Field(description="Tasks per split.")
     families: dict[str, int] = Field(default_factory=dict, description="Tasks per family (all splits).")
+    heldout_digest: str = Field("", description="sha256 of the held-out tasks (ids, prompts, environments, "
+                                                "verifiers): equal digests, equal held-out sets.")
     metrics: dict[str, float] = Field(default_factory=dict, description="Counts and sandbox latencies (seconds).")
 
 
@@ -124,12 +129,22 @@ def provision_environment(config: ProvisionConfig, out_tasks_dir: str | Path,
         log_metrics(metrics)
     families = Counter(t.family or "none" for t in train + heldout)
     return ProvisionResult(tasks_dir=str(out_tasks_dir), train_seed=train_seed, counts={"train": len(train), "heldout": len(heldout)},
-                           families=dict(families), metrics=metrics)
+                           families=dict(families), metrics=metrics, heldout_digest=heldout_digest(heldout))
+
+
+def heldout_digest(tasks: list) -> str:
+    """A digest of a task set that ignores order and creation times."""
+    import hashlib
+
+    rows = sorted(t.model_dump_json(include={"id", "prompt", "environment", "verifier", "family", "difficulty"})
+                  for t in tasks)
+    return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
 
 def _tasks(config: ProvisionConfig, recipe) -> tuple[list, list]:
     if config.source.kind == "generator":
-        return recipe.tasks("train", config.n_train, config.seed), recipe.tasks("heldout", config.n_heldout, config.seed)
+        heldout_seed = config.seed if config.heldout_seed is None else config.heldout_seed
+        return recipe.tasks("train", config.n_train, config.seed), recipe.tasks("heldout", config.n_heldout, heldout_seed)
     if recipe.name != "swe":
         raise ProvisionError(f"a SWE-bench task source needs recipe 'swe', not {recipe.name!r}")
     from components.recipes.swe.swebench import SWEBenchImportError, import_swebench

@@ -25,11 +25,16 @@ The algorithm's choices, in order:
    moving any weight (no router loss, no AdamW momentum step); `steps_done` counts the steps it let train
    (at least one kept, mixed-reward group): the promotion gate reads it.
 
-What of the sampler cannot apply here, numbered (refused by `RLConfig`, still open to the sampler study
-in `scripts/compare_rollout.py`):
+Where the sampler's options meet TRL, numbered (1 and 3 refused by `RLConfig`, still open to the sampler study
+in `scripts/compare_rollout.py`; 2 applies in its own form):
 1. The pool baseline (`RolloutConfig.advantage_baseline="pool"`): TRL computes advantages over the group.
-2. DAPO refill (`RolloutConfig.refill`): TRL deals exactly `batch_prompts` prompts per optimizer step, so a
-   dropped group is a step with fewer informative groups, never an extra prompt.
+2. Refill is not DAPO's (more prompts per step): TRL deals exactly `batch_prompts` prompts per optimizer step.
+   With `rollout.refill` (BAR's "groups that remain unsuitable can be filtered and replenished from other
+   tasks") a dropped group is replaced inside the rollout by a kept group of another training prompt, not
+   in this batch, with that prompt's own ids and rewards (`rollout_func` returns each completion's
+   `prompt_ids`), up to `max_prompts_per_batch` pulls per call; `replacement_groups` counts them and each
+   step logs its informative groups with and without them. TRL still logs the dealt prompt's text beside a
+   replacement's completion. Off by default in this stage.
 3. Lookahead ordering (`RolloutConfig.lookahead` > 1): TRL's sampler orders the prompts. History's
    skipping does apply: a skipped prompt spends no episode and goes to TRL as placeholders.
 """
@@ -112,6 +117,20 @@ class RLConfig(BaseModel):
                              "clip_eps_high and kl_coef")
         return data
 
+    @field_validator("trl_args")
+    @classmethod
+    def _loss_over_tokens(cls, trl_args: dict[str, Any]) -> dict[str, Any]:
+        """Dropped groups reach TRL as placeholder rows (no loss token, reward None). A loss averaged per row
+        or per micro-batch (grpo, sapo: mean over sequences; luspo, dr_grpo: over rows; bnpo: token mean per
+        micro-batch, then divided by the accumulation steps, and a micro-batch is one group here) counts them
+        in its denominator, so a step's gradient would shrink with the number of dropped groups. TRL's
+        default dapo (and cispo, vespo) divides by the loss tokens of the whole batch: placeholders have none."""
+        if trl_args.get("loss_type") in ("grpo", "sapo", "luspo", "dr_grpo", "bnpo"):
+            raise ValueError(f"rl.trl_args.loss_type={trl_args['loss_type']!r} averages over rows or micro-batches, "
+                             "so dropped groups' placeholder rows would dilute every step's gradient; use 'dapo' "
+                             "(TRL's default), 'cispo' or 'vespo', which divide by the batch's loss tokens")
+        return trl_args
+
     @field_validator("rollout")
     @classmethod
     def _sampler_fits_trl(cls, rollout: RolloutConfig) -> RolloutConfig:
@@ -121,14 +140,12 @@ class RLConfig(BaseModel):
             raise ValueError("rollout.advantage_baseline='pool' cannot apply in the RL stage: TRL computes "
                              "advantages over each group (scale_rewards in rl.trl_args); set it to 'group' or "
                              "leave it out (the pool baseline stays in the sampler study, compare_rollout.py)")
-        if "refill" in rollout.model_fields_set and rollout.refill:
-            raise ValueError("rollout.refill (DAPO dynamic sampling) cannot apply in the RL stage: TRL deals "
-                             "exactly batch_prompts prompts per optimizer step; set refill to false or leave it out")
         if rollout.lookahead > 1:
             raise ValueError("rollout.lookahead cannot apply in the RL stage: TRL deals the prompts (its sampler "
                              "orders them), so ours cannot reorder them by their history; set lookahead to 1 "
                              "(history still skips prompts whose recent groups were all one reward)")
-        return rollout.model_copy(update={"advantage_baseline": "group", "refill": False})
+        refill = rollout.refill if "refill" in rollout.model_fields_set else False  # off unless asked for
+        return rollout.model_copy(update={"advantage_baseline": "group", "refill": refill})
 
 
 class RLResult(BaseModel):
@@ -211,6 +228,20 @@ def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out
         torch.set_num_threads(previous_threads)
 
 
+def _quiet_placeholder_warning() -> None:
+    """TRL warns, with the whole row, whenever every reward function returned None for a row; here that is
+    every dropped group's placeholder row by design (`rl_rollout`), counted in `dropped_groups` instead."""
+    import logging
+
+    class _Placeholders(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "All reward functions returned None" not in record.getMessage()
+
+    trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
+    if not any(isinstance(f, _Placeholders) or type(f).__name__ == "_Placeholders" for f in trl_logger.filters):
+        trl_logger.addFilter(_Placeholders())
+
+
 def signal_only(trainer_class: type) -> type:
     """`trainer_class` (GRPOTrainer) whose micro-batches without one loss-bearing token (only dropped groups'
     placeholder rows, on every process) leave the weights exactly as they are.
@@ -260,6 +291,7 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
         rollout = TRLRollout(tasks, get_recipe(config.recipe, **config.recipe_options), client, config, tokenizer,
                              TrajectoryStore(out / "rollouts") if config.save_rollouts else None, references)
         args = grpo_args(config, out)
+        _quiet_placeholder_warning()
         try:
             trainer = signal_only(GRPOTrainer)(
                 model=model, processing_class=tokenizer, reward_funcs=[verified_reward], args=args,

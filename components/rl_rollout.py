@@ -15,9 +15,14 @@ chosen from up to N_max attempts) and returns per completion:
 - `verified_reward`: +1 / -1, read by `verified_reward` (the reward function).
 
 A group the sampler does not keep (an attempt without a verified outcome, zero variance, abandoned,
-budget spent) is sent as N placeholder rows: the bare prompt, one end-of-turn token with env_mask 0,
-reward 0 for all N, so TRL's advantage is 0 and no token carries loss. The infra-error episode's tokens
-and reward never leave this module; `TRLRollout.dropped_groups` counts such groups.
+budget spent), and a fixed-size group left with fewer than N verified attempts (its record is marked
+dropped, `short`, so it is not counted informative), is sent as N placeholder rows: the bare prompt, one
+end-of-turn token with env_mask 0, reward None for all N, so TRL leaves them out of its reward means and
+stds, gives them advantage 0, and no token carries loss (loss types that average over rows, grpo / sapo /
+luspo / dr_grpo, would still count them: `RLConfig` refuses those). The infra-error episode's tokens
+and reward never leave this module; `TRLRollout.dropped_groups` counts such groups. With
+`rollout.refill` a dropped group is first replaced by a kept group of another training prompt (its own
+prompt ids and rewards; `TRLRollout.replacements`, `PromptRecord.replaces`).
 
 Generation is HF `generate` through our policy (batched across a wave, `BatchingPolicy`), or with
 `RLConfig.use_vllm` TRL's colocated vLLM engine (`VLLMPolicy`, still batched per wave; TRL syncs the
@@ -34,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from components.core.distributed import world_size
 from components.core.harness import HarnessConfig, initial_steps, run_episode, steps_to_messages
-from components.core.schema import Outcome, Task, Trajectory
+from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
 from components.core.store import TrajectoryStore
 from components.rl_sampling import (
     Attempt, PromptHistory, PromptRecord, RolloutBudget, outcome_reward, sample_prompt, skipped_record, summarize,
@@ -117,21 +122,50 @@ class EpisodeSource:
 
 def episode_tokens(attempt: Attempt, tokenizer: Any, max_len: int) -> tuple[list[int], list[int]]:
     """(ids, loss mask) of an attempt's episode: loss on the tokens the policy sampled, none on a forked
-    attempt's teacher prefix, cut at `max_len`."""
+    attempt's teacher prefix, cut at `max_len`. Rendered in the tool format the episode was sampled in
+    (`metadata["tool_format"]`, which the harness records), not the template's detected one: with an
+    explicit `harness.tool_format` they differ, and so would the system prompt and every call's markup."""
+    ids, loss = _whole_episode(attempt, tokenizer)
+    return ids[:max_len], loss[:max_len]
+
+
+def _whole_episode(attempt: Attempt, tokenizer: Any) -> tuple[list[int], list[int]]:
     from components.core.rendering import render_trajectory
 
-    s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant")
+    s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant",
+                          tool_format=attempt.payload.metadata.get("tool_format"))
     prefix_len = attempt.payload.metadata.get("prefix_len", 0) if attempt.forked else 0
-    loss = [m if i >= prefix_len else 0 for m, i in zip(s.loss_mask, s.step_index)]
-    return s.input_ids[:max_len], loss[:max_len]
+    return s.input_ids, [m if i >= prefix_len else 0 for m, i in zip(s.loss_mask, s.step_index)]
+
+
+def _end_turn(ids: list[int], mask: list[int], tokenizer: Any, truncated: bool) -> tuple[list[int], list[int]]:
+    """The episode as TRL judges its end: TRL calls a completion truncated when its last token is not an end
+    token. The template's glue after the final end-of-turn token (ChatML's newline after `<|im_end|>`, no
+    loss) goes, so an episode that ended (the agent submitted) ends on its end token; one cut by a step,
+    token or wall-clock limit, or at `max_len`, keeps a last token that is no end token (else TRL's
+    `clipped_ratio` and `mask_truncated_completions` would see every episode alike)."""
+    from components.core.rendering import chat_format
+
+    stops = chat_format(tokenizer).stop_ids | ({tokenizer.pad_token_id} - {None})
+    last = max((i for i, t in enumerate(ids) if t in stops), default=None)
+    if not truncated:
+        if last is not None and not any(mask[last + 1:]):
+            return ids[:last + 1], mask[:last + 1]
+        return ids, mask
+    if ids and ids[-1] in stops:  # a cut right after an end token still reads as a cut
+        return ids[:-1], mask[:-1]
+    return ids, mask
 
 
 def _key(prompt: list[dict]) -> str:
     return json.dumps([{"role": m["role"], "content": m["content"]} for m in prompt], sort_keys=True)
 
 
-def verified_reward(prompts: list, completions: list, verified_reward: list[float], **_: Any) -> list[float]:
-    """The reward function: the verifier's reward that `TRLRollout` carried with each completion."""
+def verified_reward(prompts: list, completions: list, verified_reward: list[float | None],
+                    **_: Any) -> list[float | None]:
+    """The reward function: the verifier's reward that `TRLRollout` carried with each completion; None for a
+    dropped group's placeholder rows, which TRL then leaves out of every mean and std (the batch std of
+    `scale_rewards="batch"`, the logged reward) and gives advantage 0."""
     return list(verified_reward)
 
 
@@ -149,6 +183,8 @@ class TRLRollout:
         self.history = PromptHistory(config.rollout, config.seed)
         self.records: list[PromptRecord] = []
         self.dropped_groups = 0
+        self.replacements = 0  # dropped groups replaced by a kept group of another prompt (rollout.refill)
+        self._refill_order = self._refill_stream()
         self.calls = 0  # rollout_func calls so far (one per generation batch): the records' step
         self._prompts = {_key(self.prompt(t)): t.id for t in tasks.values()}
         self._source: Any = None
@@ -203,6 +239,8 @@ class TRLRollout:
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                 "verified_reward", "attempt_id")}
         records: list[PromptRecord] = []
+        exclude = {self._prompts.get(_key(p)) for p in prompts}  # this batch's own prompts are no replacements
+        pulls = [0]  # replacement prompts pulled in this call (capped by rollout.max_prompts_per_batch)
         try:
             for start in range(0, len(prompts), n):
                 chunk = prompts[start:start + n]
@@ -213,16 +251,9 @@ class TRLRollout:
                 if task_id is None:
                     raise ValueError("a prompt that is no task of this run; build the dataset with "
                                      "TRLRollout.dataset_rows()")
-                # A prompt the history skips spends no episode: its group goes out as placeholders (no gradient).
-                skipped = skipped_record(task_id, source, self.config.rollout, self.history, step=self.calls)
-                if skipped is not None:
-                    records.append(skipped)
-                    rows = []
-                else:
-                    result = sample_prompt(task_id, source, self.config.rollout, self.budget, step=self.calls,
-                                           history=self.history)
-                    records.append(result.record)
-                    rows = [self._row(a, model) for a in result.group] if result.record.kept else []
+                rows = self._group(task_id, source, model, records)
+                if len(rows) != n and self.config.rollout.refill:
+                    rows = self._replacement(exclude, source, model, records, pulls)
                 if len(rows) != n:
                     self.dropped_groups += 1
                     rows = [self._placeholder(self.tasks[task_id])] * n
@@ -232,31 +263,91 @@ class TRLRollout:
         finally:
             model.train(was_training)  # generation put it in eval mode; TRL computes the loss next
         self.records.extend(records)
+        replaced = sum(1 for r in records if r.replaces and r.kept)
         log_metrics({**{f"sampler.{k}": v for k, v in summarize(records).items()},
+                     "rollout.informative_groups_without_refill": float(sum(r.kept for r in records) - replaced),
+                     "rollout.replacement_groups": float(replaced),
                      **{f"rollout.{k}": v for k, v in hidden_pass_metrics(source.finished).items()}}, step=self.calls)
         source.finished.clear()
         self.calls += 1
         return out
+
+    def _group(self, task_id: str, source: EpisodeSource, model: Any, records: list[PromptRecord],
+               replaces: str | None = None) -> list[dict[str, Any]]:
+        """The N rows of the prompt's kept group, or [] (its record, kept or not, goes to `records`)."""
+        n = self.config.rollout.group_size
+        # A prompt the history skips spends no episode: its group goes out as placeholders (no gradient).
+        skipped = skipped_record(task_id, source, self.config.rollout, self.history, step=self.calls)
+        if skipped is not None:
+            records.append(skipped.model_copy(update={"replaces": replaces}))
+            return []
+        result = sample_prompt(task_id, source, self.config.rollout, self.budget, step=self.calls,
+                               history=self.history)
+        record = result.record.model_copy(update={"replaces": replaces})
+        if record.kept and len(result.group) != n:
+            # A fixed group that lost attempts to infra errors or wall-clock cuts is smaller than N; TRL takes
+            # exactly N rows, so it goes out as placeholders and is no informative group.
+            record = record.model_copy(update={"kept": False, "drop_reason": "short", "group_reward_variance": 0.0})
+        records.append(record)
+        return [self._row(a, model) for a in result.group] if record.kept else []
+
+    def _replacement(self, exclude: set, source: EpisodeSource, model: Any, records: list[PromptRecord],
+                     pulls: list[int]) -> list[dict[str, Any]]:
+        """BAR's refill inside one rollout_func call: the rows of a kept group of another training prompt (with
+        that prompt's own ids and rewards), or [] when none could be had within `max_prompts_per_batch` pulls,
+        the budget, or the prompts not already in this batch."""
+        n, dropped = self.config.rollout.group_size, records[-1].prompt_id
+        while pulls[0] < self.config.rollout.max_prompts_per_batch and self.budget.remaining > 0:
+            if exclude >= set(self.tasks):
+                return []
+            task_id = next(self._refill_order)
+            if task_id in exclude:
+                continue
+            exclude.add(task_id)
+            pulls[0] += 1
+            rows = self._group(task_id, source, model, records, replaces=dropped)
+            if len(rows) == n:
+                self.replacements += 1
+                return rows
+        return []
+
+    def _refill_stream(self):
+        """Training task ids forever, reshuffled on every pass (this rank's own order)."""
+        import random
+
+        from components.core.distributed import rank
+
+        rng = random.Random(f"refill/{self.config.seed}/{rank()}")
+        while True:
+            order = sorted(self.tasks)
+            rng.shuffle(order)
+            yield from order
 
     def _row(self, attempt: Attempt, model: Any) -> dict[str, Any]:
         traj: Trajectory = attempt.payload
         if attempt.aborted or traj.outcome is Outcome.infra_error or attempt.reward is None:
             raise AssertionError(f"attempt {attempt.attempt_id} has no verified outcome but was kept; "
                                  "the sampler must drop such groups")
-        ids, mask = episode_tokens(attempt, self.tokenizer, self.config.max_len)
+        whole, whole_mask = _whole_episode(attempt, self.tokenizer)
+        ids, mask = whole[:self.config.max_len], whole_mask[:self.config.max_len]
+        cut = len(ids) < len(whole) or traj.status is not EpisodeStatus.completed
+        ids, mask = _end_turn(ids, mask, self.tokenizer, truncated=cut)
         start = mask.index(1) if 1 in mask else len(ids) - 1
-        logprobs = self._logprobs(traj, ids, mask, model)
+        prefix_len = traj.metadata.get("prefix_len", 0) if attempt.forked else 0
+        logprobs = self._logprobs(traj, ids, mask, model, prefix_len)
         return {"prompt_ids": ids[:start], "completion_ids": ids[start:], "env_mask": mask[start:],
                 "logprobs": logprobs[start:], "verified_reward": float(attempt.reward),
                 "attempt_id": attempt.attempt_id}
 
-    def _logprobs(self, traj: Trajectory, ids: list[int], mask: list[int], model: Any) -> list[float]:
-        sampled = [s for s in traj.steps if s.role == "assistant"]
+    def _logprobs(self, traj: Trajectory, ids: list[int], mask: list[int], model: Any,
+                  prefix_len: int = 0) -> list[float]:
+        # Loss tokens are exactly the sampled ids of the assistant steps after a forked attempt's prefix, in
+        # order: a prefix's own steps (a teacher's, possibly with stored logprobs) carry no loss and give none.
+        sampled = [s for s in traj.steps[prefix_len:] if s.role == "assistant"]
         recorded = [getattr(s, "logprobs", None) for s in sampled]
         if sampled and all(lp is not None and s.token_ids is not None and len(lp) == len(s.token_ids)
                            for s, lp in zip(sampled, recorded)):
-            # The harness kept the sampler's own logprobs (Step.logprobs): loss tokens are exactly the
-            # sampled ids of the assistant steps, in order (a forked prefix has none, so it never gets here).
+            # The harness kept the sampler's own logprobs (Step.logprobs).
             flat = iter([x for lp in recorded for x in lp])  # type: ignore[union-attr]
             return [next(flat) if m else 0.0 for m in mask]
         import torch
@@ -274,7 +365,7 @@ class TRLRollout:
 
         end = self.tokenizer.eos_token_id  # a finished, empty turn: TRL counts it as terminated, not truncated
         return {"prompt_ids": render_prompt(steps_to_messages(initial_steps(task, self.recipe)), self.tokenizer),
-                "completion_ids": [end], "env_mask": [0], "logprobs": [0.0], "verified_reward": 0.0,
+                "completion_ids": [end], "env_mask": [0], "logprobs": [0.0], "verified_reward": None,
                 "attempt_id": ""}
 
     def gather(self) -> None:
@@ -284,9 +375,11 @@ class TRLRollout:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return
         parts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, (self.records, self.dropped_groups))
-        self.records = [r for records, _ in parts for r in records]
-        self.dropped_groups = sum(dropped for _, dropped in parts)
+        dist.all_gather_object(parts, (self.records, self.dropped_groups, self.replacements))
+        self.records = [r for records, _, _ in parts for r in records]
+        self.dropped_groups = sum(dropped for _, dropped, _ in parts)
+        self.replacements = sum(replaced for _, _, replaced in parts)
 
     def summary(self) -> dict[str, float]:
-        return {**summarize(self.records), "dropped_groups": float(self.dropped_groups)}
+        return {**summarize(self.records), "dropped_groups": float(self.dropped_groups),
+                "replacement_groups": float(self.replacements)}

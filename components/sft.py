@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -25,6 +26,18 @@ from components.core.modeling import (
 from components.core.store import TrajectoryStore
 from components.core.tracking import TrackingConfig, log_dataset_input, log_json, log_metrics, stage_run
 from components.sft_data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
+
+
+class LoraOptions(BaseModel):
+    """LoRA adapters through peft: the base weights stay frozen, only the adapters train; they are merged into
+    the weights when the model is saved, so every later stage loads an ordinary checkpoint."""
+
+    model_config = ConfigDict(extra="forbid")
+    r: int = Field(16, ge=1, description="Rank of each adapter.")
+    alpha: float = Field(32.0, gt=0, description="lora_alpha: the adapter's update is scaled by alpha / r.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input.")
+    target_modules: list[str] | str = Field(
+        "all-linear", description="peft target_modules ('all-linear': every linear layer but the output head).")
 
 
 class SFTConfig(BaseModel):
@@ -41,6 +54,11 @@ class SFTConfig(BaseModel):
     batch_size: int = Field(8, ge=1, description="Samples per micro-batch.")
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
     max_len: int = Field(2048, ge=16, description="Tokens per sample; longer samples are cut at the end.")
+    tool_format: Literal["auto", "protocol", "hermes", "llama3_json"] = Field(
+        "auto", description="The tool-call format the trained model is sampled in afterwards (the evaluation and RL "
+                            "harness's tool_format; auto = its chat template's own): SFT renders its data in it.")
+    lora: LoraOptions | None = Field(None, description="Train LoRA adapters (peft) instead of every weight; "
+                                                       "None = full fine-tuning.")
     bucketing: bool = Field(True, description="Group samples of similar length into a batch (less padding).")
     seed: int = Field(0, description="Seed of data order (and of the fresh model unless model.seed differs).")
     save_every: int | None = Field(None, ge=1, description="Also save a checkpoint every N steps.")
@@ -196,7 +214,8 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
     else:
         # loaded on the CPU: the Trainer places it on the device `load.device` resolves to
         model, tokenizer = load_policy(base_model_dir, spec=config.load.model_copy(update={"device": "cpu"}))
-    samples, stats = build_samples(trajectories, tokenizer, config.mode, config.max_len)
+    tool_format = None if config.tool_format == "auto" else config.tool_format
+    samples, stats = build_samples(trajectories, tokenizer, config.mode, config.max_len, tool_format)
     if not samples:
         raise ValueError(
             f"no trainable samples in {trajectories_dir} for mode {config.mode!r} ({stats.model_dump()}); "
@@ -211,9 +230,18 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
         log_metrics({f"data.{k}": v for k, v in stats.model_dump().items()} | {
             "data.loss_token_fraction": stats.loss_token_fraction, "num_parameters": num_parameters(model),
             "world_size": world_size()})
+        if config.lora is not None:
+            model = with_lora(model, config.lora)
+            log_metrics({"trainable_parameters": num_parameters(model, trainable_only=True)})
         t0 = time.perf_counter()
-        history = train_on_samples(config, model, tokenizer, SampleDataset(samples), out / "trainer", save_to=out).history
+        history = train_on_samples(config, model, tokenizer, SampleDataset(samples), out / "trainer",
+                                   save_to=None if config.lora is not None else out).history
         seconds = time.perf_counter() - t0
+        if config.lora is not None:
+            model = model.merge_and_unload()  # an ordinary checkpoint for every later stage
+            if main:
+                model.save_pretrained(str(out))
+                tokenizer.save_pretrained(str(out))
         # Tokens are counted on this rank; every rank trains on an equal share of each global batch.
         tokens = sum(h["tokens"] for h in history) * world_size()
         result = SFTResult(
@@ -234,6 +262,14 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
             _log_loss_curve(history)
         barrier()  # nobody returns (and reads the model) before it is written
     return result
+
+
+def with_lora(model, options: LoraOptions):
+    """`model` wrapped with trainable LoRA adapters (peft); every other weight frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=options.r, lora_alpha=options.alpha, lora_dropout=options.dropout,
+                                            target_modules=options.target_modules, task_type="CAUSAL_LM"))
 
 
 def _log_loss_curve(history: list[dict[str, float]]) -> None:

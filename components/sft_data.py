@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from components.core.rendering import malformed_call, render_trajectory
 from components.core.schema import Outcome, TokenizedSample, Trajectory, hidden_pass_metrics
+from components.core.tool_formats import ToolFormat
 
 SFTMode = Literal["resolved_only", "whole", "credited"]
 
@@ -59,14 +60,18 @@ def loss_rule(trajectory: Trajectory, mode: SFTMode) -> Literal["assistant", "cr
     return "assistant" if mode == "whole" else "credited"
 
 
-def render_for_sft(trajectory: Trajectory, tokenizer, rule: Literal["assistant", "credited"] | None) -> TokenizedSample:
+def render_for_sft(trajectory: Trajectory, tokenizer, rule: Literal["assistant", "credited"] | None,
+                   tool_format: ToolFormat | None = None) -> TokenizedSample:
     """The trajectory rendered with SFT's loss mask: `rule` (from `loss_rule`; None = context only), never
-    on a malformed call."""
-    return render_trajectory(trajectory, tokenizer, loss_on=rule or "none", malformed_loss=False)
+    on a malformed call. `tool_format` is the format the trained model will be sampled in (the evaluation
+    and RL harness's `tool_format`; None = the template's own): SFT must train on that context, whatever
+    format the teacher wrote its calls in (the calls are re-rendered in it)."""
+    return render_trajectory(trajectory, tokenizer, loss_on=rule or "none", tool_format=tool_format,
+                             malformed_loss=False)
 
 
-def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode,
-                  max_len: int) -> tuple[list[TokenizedSample], DataStats]:
+def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode, max_len: int,
+                  tool_format: ToolFormat | None = None) -> tuple[list[TokenizedSample], DataStats]:
     stats = DataStats(trajectories_in=len(trajectories))
     samples = []
     used: list[Trajectory] = []
@@ -77,7 +82,7 @@ def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode,
         rule = loss_rule(traj, mode)
         if rule is None:
             continue
-        sample = render_for_sft(traj, tokenizer, rule)
+        sample = render_for_sft(traj, tokenizer, rule, tool_format)
         if len(sample.input_ids) > max_len:
             stats.truncated += 1
             sample = sample.model_copy(update={

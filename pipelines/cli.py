@@ -86,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _config_args(p: argparse.ArgumentParser, preset: bool = True) -> None:
     if preset:
-        p.add_argument("--preset", default="demo", help="demo or tiny")
+        p.add_argument("--preset", default="demo", help="demo, tiny or smol (SmolLM2-135M-Instruct; make smol-model)")
     p.add_argument("--config", default=None, help="YAML/JSON file of PipelineConfig settings (nested or dotted keys)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="a PipelineConfig setting in the stage configs' own names, e.g. sft.steps=400 (repeatable)")

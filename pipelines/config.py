@@ -14,8 +14,8 @@ a field of that name, and may not be set per stage:
   sandbox_url         -> each stage's `sandbox.url` (the token never enters the config: it comes from
                          the environment, i.e. a Secret on the cluster, when the stage runs)
 
-Presets ("demo": the `make demo` run, < 15 min on 2 CPU cores; "tiny": tests, ~1-2 min) are nested
-overrides on top of the stage configs' own defaults.
+Presets ("demo": the `make demo` run, < 15 min on 2 CPU cores; "tiny": tests, ~1-2 min; "smol": SmolLM2-135M-
+Instruct with a powered evaluation, hours) are nested overrides on top of the stage configs' own defaults.
 """
 
 from __future__ import annotations
@@ -141,6 +141,11 @@ class PipelineConfig(BaseModel):
             if name != "model" and "load" in type(stage).model_fields:
                 update["load"] = LoadOptions(**{f: getattr(self.model, f) for f in LoadOptions.model_fields})
             setattr(self, name, stage.model_copy(update=update))
+        # The student is sampled in one tool format: SFT renders its data in the one RL and evaluation sample in.
+        formats = {"sft.tool_format": self.sft.tool_format, "rl.harness.tool_format": self.rl.harness.tool_format,
+                   "evaluate.harness.tool_format": self.evaluate.harness.tool_format}
+        if len(set(formats.values())) > 1:
+            raise ValueError(f"one tool format for the trained model, got {formats}; set all three alike")
         # The data store is one setting (retrain.data_store); provision draws its new task seeds from it.
         self.provision = self.provision.model_copy(update={"data_store": self.retrain.data_store})
         if self.register_model_name:  # one name for the registered model
@@ -291,7 +296,10 @@ _DEMO: dict[str, Any] = {
                        "tokenizer": {"vocab_size": 2048, "corpus_tasks": 64}}},
     "distill": {"teacher": "scripted", "error_rate": 0.1, "attempts_per_task": 1, "max_parallel": 2,
                 "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
-    "credit": {"estimator": "monte_carlo", "max_trajectories": 3, "segments": {"epsilon": 0.05},
+    # k = 1 continuation per state has no spread to estimate the credit's SE from (the estimator then uses the
+    # worst case, which credits nothing at z = 2): the demo turns the noise bar off and keeps epsilon alone,
+    # knowing that on a flat value curve about a quarter of the steps pass it by chance.
+    "credit": {"estimator": "monte_carlo", "max_trajectories": 3, "segments": {"epsilon": 0.05, "z": 0.0},
                "monte_carlo": {"k": 1, "stride": 3, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 2}},
     "sft": {"mode": "credited", "steps": 200, "learning_rate": 3e-3, "batch_size": 8, "max_len": 1024,
             "warmup_steps": 6},
@@ -332,4 +340,39 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
     "resources": {"stage_cpu": "250m", "stage_memory": "1Gi", "train_cpu": "500m", "train_memory": "2Gi"},
 })
 
-PRESETS: dict[str, dict[str, Any]] = {"demo": _DEMO, "tiny": _TINY}
+# The smol preset: a real pretrained chat model (SmolLM2-135M-Instruct, converted from its PyPI wheel on first
+# use: components/core/named_models.py) through every stage, sized so that RL can show a difference from SFT
+# with power (issue 33). Untrained it answers in prose (0 tool calls): SFT teaches the protocol, RL must make it
+# fix more bugs. The two single-line bug families of the demo at difficulty 1: the SFT model resolves some and
+# fails others, which is what makes RL groups mixed. Not a CPU demo: hours on 2 cores (scripts/bench_smol_rl.py).
+# - Evaluation with power: 100 held-out tasks from one fixed seed (the same held-out digest for every run seed),
+#   k = 4 attempts each at the RL temperature (pass@1 per task from 4 samples; intervals clustered by task).
+# - RL: >= 1,000 episodes over all 200 training prompts, 8 prompts per optimizer step, BAR groups of 8 from up
+#   to 16 in waves of 4 with early abandon (a prompt whose first waves all fail is dropped when the posterior
+#   says the rest would too) and history (a prompt never solved in its last visit is skipped, GRESO-style).
+#   Temperature 0.7 (not 1.0: at 1.0 a small model garbles the exact edit lines; not greedy: groups must vary).
+#   60 steps is an upper bound: the episode budget ends the run (about 12-15 updates). Learning rate 5e-6 and
+#   the temperature are untuned first choices (no full run on this machine yet).
+# - SFT: full fine-tuning at 5e-5 (a pretrained model, not one from scratch); `--set sft.lora='{"r": 16}'`
+#   trains LoRA adapters instead (merged when saved).
+_SMOL: dict[str, Any] = {
+    "model": {"path": "smollm2-135m-instruct"},
+    "provision": {"n_train": 200, "n_heldout": 100, "heldout_seed": 1_000_003, "difficulty": 1,
+                  "recipe_options": {"families": ["off_by_one", "wrong_operator"]}},
+    "distill": {"teacher": "scripted", "error_rate": 0.1, "attempts_per_task": 1, "max_parallel": 4,
+                "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
+    "credit": {"estimator": "monte_carlo", "max_trajectories": 40, "segments": {"epsilon": 0.05},
+               "monte_carlo": {"k": 4, "stride": 2, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 4}},
+    "sft": {"mode": "credited", "steps": 300, "learning_rate": 5e-5, "batch_size": 8, "max_len": 2048,
+            "warmup_steps": 20},
+    "rl": {"steps": 60, "rollout_budget": 1200, "learning_rate": 5e-6, "temperature": 0.7, "max_len": 4096,
+           "rollout": {"sampler": "bar", "group_size": 8, "max_rollouts_per_prompt": 16, "stride": 4,
+                       "batch_prompts": 8, "early_stop": True, "history": True},
+           "harness": {"max_steps": 10, "generation": {"max_new_tokens": 256}}},
+    "evaluate": {"k": 4, "temperature": 0.7, "workers": 4, "batch_local": True,
+                 "harness": {"max_steps": 10, "generation": {"max_new_tokens": 256}}},
+    "evaluate_teacher": {"policy": "scripted", "k": 1, "scripted_error_rate": 0.1, "workers": 2,
+                         "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
+}
+
+PRESETS: dict[str, dict[str, Any]] = {"demo": _DEMO, "tiny": _TINY, "smol": _SMOL}

@@ -3,7 +3,8 @@
 The candidate is the final trained model (RL if it made updates, else SFT: the report's rule,
 `pipelines.steps.model_trained`). Its evaluation is reused (`evaluate-rl` / `evaluate-sft`); the
 champion (registry alias `champion`) is downloaded and evaluated with the same EvalConfig on the same
-held-out tasks, so both get the same attempt seeds. `components.promote.decide` rules; a promoted
+held-out tasks, so both get the same attempt seeds; with no champion yet, the candidate is compared with
+the evaluation of the model training started from (`evaluate-untrained`). `components.promote.decide` rules; a promoted
 candidate is logged, registered with its lineage and gets the alias; otherwise nothing is registered
 and the reason is the stage result, a tag on the pipeline run and a row of the report.
 """
@@ -124,8 +125,9 @@ def plot_comparison(decision: PromotionDecision, table):
 
 
 def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path, rl_model: Path, sft_results: Path, rl_results: Path,
-             credited: Path, out: Path, tracking) -> GateResult:
-    """The gate (module docstring); `out` receives the champion's evaluation and comparison.json."""
+             credited: Path, out: Path, tracking, base_results: Path | None = None) -> GateResult:
+    """The gate (module docstring); `out` receives the champion's evaluation and comparison.json.
+    `base_results`: the evaluation of the model training started from (the first candidate's reference)."""
     import mlflow
 
     from components.core.data_store import read_training_list
@@ -156,7 +158,10 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
         champion = scorecard_from_evaluation(out / "champion_eval", policy=f"{promo.model_name}/"
                                              f"{champion_version.version}", trained=True)
     version = str(champion_version.version) if champion_version is not None else None
-    decision = decide(candidate, champion, promo, champion_version=version)
+    start = None
+    if champion is None and base_results is not None and (Path(base_results) / "eval_result.json").exists():
+        start = scorecard_from_evaluation(base_results, policy="start", trained=False)
+    decision = decide(candidate, champion, promo, champion_version=version, start=start)
     origin = base_model / STARTED_FROM  # retrain.start_from=champion: trained from that version
     parent_model = json.loads(origin.read_text())["model"] if origin.exists() else "base (init-policy)"
     table = comparison_table(candidate, champion)

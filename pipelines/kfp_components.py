@@ -154,13 +154,15 @@ def evaluate(stage: str, config_json: str, parent_run_id: str, tasks: Input[Data
 def promote(config_json: str, parent_run_id: str, tasks: Input[Dataset], base_model: Input[Model],
             sft_model: Input[Model],
             rl_model: Input[Model], sft_results: Input[Dataset], rl_results: Input[Dataset],
-            credited: Input[Dataset], results: Output[Dataset], metrics: Output[Metrics]) -> str:
+            base_results: Input[Dataset], credited: Input[Dataset], results: Output[Dataset],
+            metrics: Output[Metrics]) -> str:
     """The promotion gate: the final trained model vs the registry's champion; registers it only if promoted."""
     from pipelines.steps import kfp_entry
 
     return kfp_entry("promote", config_json, parent_run_id,
                      {"tasks": tasks, "base_model": base_model, "sft_model": sft_model, "rl_model": rl_model, "sft_results": sft_results,
-                      "rl_results": rl_results, "credited": credited}, {"results": results}, metrics)
+                      "rl_results": rl_results, "base_results": base_results, "credited": credited},
+                     {"results": results}, metrics)
 
 
 @_component

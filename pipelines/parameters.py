@@ -39,9 +39,9 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
         # Retraining (a schedule's knobs): what a run starts from and what it must beat
         Param("start_from", config.retrain.start_from, "Train from the 'base' model or the registry's 'champion'.",
               start=True),
-        Param("promotion_margin", -1.0 if config.promote.margin is None else config.promote.margin,
-              "Also promote when the mean pass@1 gain reaches this (< 0: the config's, default the paired "
-              "interval rule only).", start=True),
+        Param("promotion_margin", -1.0,
+              "The mean pass@1 gain over the champion must exceed this, by an exact paired test (< 0: the "
+              "config's).", start=True),
         Param("train_tasks", 0, "Training tasks generated per run, i.e. the data store's growth per run "
               "(0: the preset's provision.n_train).", start=True),
         Param("data_store", config.retrain.data_store or "",

@@ -19,7 +19,7 @@ class EvalRow(BaseModel):
     policy: str = Field(description="untrained, sft, rl or teacher.")
     resolved_rate: float | None = Field(None, description="Resolved / evaluated attempts (infra errors excluded).")
     resolved_rate_ci95: tuple[float, float] | None = Field(
-        None, description="95% bootstrap interval over tasks (attempts clustered by task), from the evaluation.")
+        None, description="95% interval (attempts clustered by task), from the evaluation.")
     resolved: int | None = Field(None, description="Resolved attempts.")
     evaluated: int | None = Field(None, description="Attempts that count (not infra errors).")
     pass_at_k: float | None = Field(None, description="Unbiased pass@k over the attempts per task.")
@@ -36,7 +36,8 @@ class Comparison(BaseModel):
     better: str = Field(description="The policy whose score is subtracted from (e.g. sft in sft - untrained).")
     than: str = Field(description="The policy it is compared with.")
     difference: float = Field(description="mean over tasks of pass@1(better) - pass@1(than), in [-1, 1].")
-    ci95: tuple[float, float] = Field(description="Paired bootstrap over tasks (the same tasks for both).")
+    ci95: tuple[float, float] = Field(description="Newcombe's paired interval over the same tasks "
+                                                  "(components.core.intervals.paired_difference_ci).")
     tasks: int = Field(description="Tasks both were evaluated on (n).")
 
     def verdict(self) -> str:
@@ -55,12 +56,12 @@ COMPARED = (("sft", "untrained"), ("rl", "sft"), ("rl", "untrained"))
 
 def compare_arms(per_task: dict[str, dict[str, float]], seed: int = 0) -> list[Comparison]:
     """Paired comparisons of the arms in `COMPARED` that were both evaluated (per-task pass@1 by task id)."""
-    from components.core.intervals import paired_bootstrap_diff
+    from components.core.intervals import paired_difference_ci
 
     out = []
     for a, b in COMPARED:
         if a in per_task and b in per_task:
-            diff, lo, hi, n = paired_bootstrap_diff(per_task[a], per_task[b], seed=seed)
+            diff, lo, hi, n = paired_difference_ci(per_task[a], per_task[b])
             out.append(Comparison(better=a, than=b, difference=diff, ci95=(lo, hi), tasks=n))
     return out
 
@@ -171,7 +172,7 @@ def to_markdown(report: RunReport) -> str:
                      f"{_fmt(r.pass_at_k, True)} | {_fmt(r.infra_error_rate, True)} | {_fmt(r.mean_steps)} | "
                      f"{_fmt(r.hidden_pass_fraction, True)} |")
     if report.comparisons:
-        lines += ["", "Paired differences in held-out pass@1 (95% bootstrap over tasks):"]
+        lines += ["", "Paired differences in held-out pass@1 (95% paired interval over tasks):"]
         lines += [f"- {c.verdict()}" for c in report.comparisons]
     if report.trajectories:
         lines += ["", "Teacher trajectories: " + ", ".join(f"{k} {int(v)}" for k, v in report.trajectories.items())]
@@ -209,7 +210,7 @@ def plot_resolved_rates(report: RunReport):
 
     rows = [r for r in report.rows if r.resolved_rate is not None]
     rates = [100 * r.resolved_rate for r in rows]  # type: ignore[operator]
-    # Asymmetric error bars from the task-bootstrap interval; none where the evaluation gave no interval.
+    # Asymmetric error bars from the evaluation's interval; none where the evaluation gave no interval.
     below = [rate - 100 * r.resolved_rate_ci95[0] if r.resolved_rate_ci95 else 0.0 for rate, r in zip(rates, rows)]
     above = [100 * r.resolved_rate_ci95[1] - rate if r.resolved_rate_ci95 else 0.0 for rate, r in zip(rates, rows)]
     fig, ax = plt.subplots(figsize=(5, 3.2))
@@ -219,7 +220,7 @@ def plot_resolved_rates(report: RunReport):
         ax.annotate(f"n={r.evaluated if r.evaluated is not None else '?'}", (bar.get_x() + bar.get_width() / 2, 1),
                     ha="center", va="bottom", fontsize=8, color="white" if bar.get_height() > 8 else "black")
     ax.set_ylabel("held-out resolved rate (%)")
-    ax.set_title("resolved rate, 95% task-bootstrap interval, n attempts", fontsize=9)
+    ax.set_title("resolved rate, 95% interval (clustered by task), n attempts", fontsize=9)
     ax.set_ylim(0, 100)
     fig.tight_layout()
     return fig

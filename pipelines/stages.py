@@ -159,7 +159,7 @@ def promote(call: StageCall):
 
     i = call.inputs
     return run_gate(call.config, i["tasks"], i["base_model"], i["sft_model"], i["rl_model"], i["sft_results"], i["rl_results"],
-                    i["credited"], call.outputs["results"], call.tracking)
+                    i["credited"], call.outputs["results"], call.tracking, base_results=i["base_results"])
 
 
 def _gate_config(config: Any) -> BaseModel:
@@ -208,7 +208,8 @@ STAGES: list[Stage] = [
     # Last: the final trained model against the registry's champion; only a promoted model is registered.
     Stage("promote", promote, "promote",
           {**_TASKS, "base_model": "init-policy.model", "sft_model": "sft.model", "rl_model": "rl.model", "sft_results": "evaluate-sft.results",
-           "rl_results": "evaluate-rl.results", "credited": "accumulate.training"}, {"results": "dataset"},
+           "rl_results": "evaluate-rl.results", "base_results": "evaluate-untrained.results",
+           "credited": "accumulate.training"}, {"results": "dataset"},
           retries=0, cache=False, build_config=_gate_config),  # a retry could register twice
 ]
 BY_NAME = {s.name: s for s in STAGES}

@@ -11,10 +11,24 @@ groups with a gradient) per generated trajectory and per 1k environment steps, t
 / generated, summed group reward variance per trajectory, and, for the real arms, the held-out
 resolved rate after RL (beside the SFT checkpoint's own rate).
 
-1. Synthetic: a fixed prompt set per population (pass rates known), several epochs; arms: fixed N=8,
-   DAPO N=8 (drop uniform groups, refill), BAR as published (N=8, N_max=16, s=16, [0.375, 0.625]),
+1. Synthetic: a fixed prompt set per population (pass rates known); every arm passes over it (reshuffled
+   each pass) until the same number of trajectories is spent (`--synthetic-trajectories`): arms are
+   compared at equal trajectories, not at equal passes (an arm that skips or abandons prompts would
+   otherwise get a smaller denominator for free). Arms: fixed N=8, DAPO N=8 (drop uniform groups,
+   refill), BAR with the published settings (N=8, N_max=16, s=16, [0.375, 0.625]), BAR's rule at s=4,
    the sampler's options added one at a time (early stop, + history, + prefix fork) and BAR with all
    of them. Each arm is an MLflow run with the group-statistics plot (unless --no-synthetic-tracking).
+
+What the synthetic part assumes, and what it therefore cannot show:
+- Prefix forking: a forked attempt's pass rate is *assumed* (`SyntheticSource`: p + (1 - p) * f^2 after
+  a fraction f of a teacher trajectory). Every population is run under that assumption and under
+  "forking adds nothing" (p_fork = p); a fork arm's gain that vanishes under the second is the formula's,
+  not a measurement (on hard / bimodal prompts it then sits at or below "+ history").
+- BAR with the published settings has s = N_max = 16: all 16 attempts are generated in one wave before
+  a group is chosen, so it can never stop early and per trajectory it is built to lose to anything
+  that can (the published system counts groups per step, not per trajectory). "BAR s=4" is the same
+  rule given the chance to stop after each wave.
+- Pass rates are fixed per prompt (no learning between passes), outcomes independent across attempts.
 2. Real: tasks of the built-in SWE suite, an SFT checkpoint (given, or distilled from the scripted
    teacher and trained here), `components.rl.train_rl` for each arm, `components.evaluate` on held-out
    tasks. Each arm is an MLflow run (with the BAR group-statistics plot) under one parent run.
@@ -24,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import sys
 from pathlib import Path
@@ -43,13 +58,17 @@ _ADAPTIVE = dict(sampler="fixed", stride=2, early_stop=True, advantage_baseline=
 ARMS = {  # the same N = 8 everywhere
     "fixed N=8": RolloutConfig(sampler="fixed", refill=False),
     "DAPO N=8": RolloutConfig(sampler="fixed", refill=True),
-    "BAR (published)": RolloutConfig(sampler="bar", stride=16, advantage_baseline="group"),
+    "BAR published s=16": RolloutConfig(sampler="bar", stride=16, advantage_baseline="group"),  # s = N_max
+    "BAR s=4": RolloutConfig(sampler="bar", stride=4, advantage_baseline="group"),
     "early stop s=2": RolloutConfig(**_ADAPTIVE),
     "+ history": RolloutConfig(**_ADAPTIVE, history=True),
     "+ history + prefix fork": RolloutConfig(**_ADAPTIVE, history=True, prefix_fork=True),
     "BAR s=4 + all options": RolloutConfig(sampler="bar", stride=4, early_stop=True, history=True, prefix_fork=True),
 }
 HEADLINE = "+ history + prefix fork"
+# What a forked attempt's pass rate is taken to be (SyntheticSource.prefix_exponent): the assumed formula,
+# and forking adding nothing (f ** inf = 0: p_fork = p). Every population runs under both.
+FORK_ASSUMPTIONS = {"assumed p+(1-p)f^2": 2.0, "none (p_fork = p)": math.inf}
 # The real arms: each is a train_rl run (MLflow, group-statistics plot) and an evaluation. The RL stage trains
 # with TRL, which computes advantages over the group and deals exactly batch_prompts prompts per step, so
 # DAPO refill and the pool baseline have no real arm (components/rl.py's docstring).
@@ -81,27 +100,31 @@ def synthetic_prompts(rates: list[float], seed: int, teacher_coverage: float) ->
             for i, r in enumerate(rates)}
 
 
-def run_arm(cfg: RolloutConfig, prompts: dict[str, SyntheticPrompt], epochs: int, seed: int) -> list:
-    """Every arm: the same prompt set, the same per-epoch order, the same outcome draws (common random numbers)."""
-    source = SyntheticSource(prompts, seed + 1)
+def run_arm(cfg: RolloutConfig, prompts: dict[str, SyntheticPrompt], trajectories: int, seed: int,
+            prefix_exponent: float = 2.0) -> list:
+    """Every arm: the same prompt set, the same order of every pass, the same outcome draws (common random
+    numbers), and the same number of trajectories (the budget ends the run, mid-prompt if need be)."""
+    source = SyntheticSource(prompts, seed + 1, prefix_exponent=prefix_exponent)
     history = PromptHistory(cfg, seed + 2)
-    budget = RolloutBudget()
+    budget = RolloutBudget(trajectories)
     records = []
-    for epoch in range(epochs):
+    epoch = 0
+    while budget.remaining > 0:
         order = sorted(prompts)
         random.Random(seed * 1000 + epoch).shuffle(order)
         stream = history.prefer(iter(order)) if cfg.history else iter(order)
         step = 0
-        while True:
+        while budget.remaining > 0:
             batch = sample_batch(stream, source, cfg, budget, step=epoch * 10_000 + step, history=history)
             records += batch.records
             step += 1
             if batch.stop_reason == "prompts_exhausted":
                 break
+        epoch += 1
     return records
 
 
-def synthetic(n_prompts: int, epochs: int, seed: int, teacher_coverage: float, tracking: TrackingConfig | None,
+def synthetic(n_prompts: int, trajectories: int, seed: int, teacher_coverage: float, tracking: TrackingConfig | None,
               extra: dict[str, list[float]] | None = None):
     from components.rl_plots import plot_group_statistics
 
@@ -111,12 +134,16 @@ def synthetic(n_prompts: int, epochs: int, seed: int, teacher_coverage: float, t
         rng = random.Random(seed)
         draws = given if given is not None else [POPULATIONS[pop_name](rng) for _ in range(n_prompts)]
         prompts = synthetic_prompts(draws, seed, teacher_coverage)
-        for arm_name, cfg in ARMS.items():
+        for (assumption, exponent), (arm_name, cfg) in [(f, a) for f in FORK_ASSUMPTIONS.items() for a in ARMS.items()]:
+            if exponent != 2.0 and not cfg.prefix_fork:
+                continue  # arms that never fork do not depend on the assumption
             cfg = cfg.model_copy(update={"max_prompts_per_batch": 10 * len(prompts), "batch_prompts": 8})
-            run_tracking = tracking.model_copy(update={"run_name": f"synthetic {pop_name} / {arm_name}"}) if tracking else None
+            label = arm_name if exponent == 2.0 else f"{arm_name}, p_fork=p"
+            run_tracking = tracking.model_copy(update={"run_name": f"synthetic {pop_name} / {label}"}) if tracking else None
             with stage_run("compare-rollout-synthetic", cfg, run_tracking):
-                records = run_arm(cfg, prompts, epochs, seed)
-                row = {"population": pop_name, "arm": arm_name, **summarize(records), "imbalance": balance(records)}
+                records = run_arm(cfg, prompts, trajectories, seed, prefix_exponent=exponent)
+                row = {"population": pop_name, "arm": label, "fork_assumption": assumption, **summarize(records),
+                       "imbalance": balance(records)}
                 log_metrics({k: v for k, v in row.items() if isinstance(v, float)})
                 if tracking is not None and tracking.enabled:
                     import matplotlib.pyplot as plt
@@ -128,12 +155,13 @@ def synthetic(n_prompts: int, epochs: int, seed: int, teacher_coverage: float, t
     return rows
 
 
-def print_synthetic(rows: list[dict], n_prompts: int, epochs: int) -> None:
+def print_synthetic(rows: list[dict], n_prompts: int, trajectories: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Synthetic: {n_prompts} prompts x {epochs} epochs, N=8 in every arm")
-    for col in ("population", "arm", "traj", "env steps", "groups", "groups/traj", "vs fixed", "vs DAPO",
+    table = Table(title=f"Synthetic: {n_prompts} prompts, {trajectories} trajectories in every arm, N=8; "
+                        "fork arms under the assumed fork pass rate and under 'fork adds nothing'")
+    for col in ("population", "arm", "p_fork", "traj", "env steps", "groups", "groups/traj", "vs fixed", "vs DAPO",
                 "groups/1k steps", "trained/gen", "var/traj", "skipped", "abandoned", "forked", "imbalance"):
         table.add_column(col, justify="right")
     per = {(r["population"], r["arm"]): r for r in rows}
@@ -143,7 +171,8 @@ def print_synthetic(rows: list[dict], n_prompts: int, epochs: int) -> None:
         return f"{r[key] / b:.2f}x" if b else "-"
 
     for r in rows:
-        table.add_row(r["population"], r["arm"], f"{r['trajectories']:.0f}", f"{r['env_steps']:.0f}",
+        fork = "-" if not r["forked_trajectories"] else "p" if "p_fork=p" in r["arm"] else "p+(1-p)f^2"
+        table.add_row(r["population"], r["arm"], fork, f"{r['trajectories']:.0f}", f"{r['env_steps']:.0f}",
                       f"{r['informative_groups']:.0f}", f"{r['informative_groups_per_trajectory']:.4f}",
                       ratio(r, "fixed N=8"), ratio(r, "DAPO N=8"), f"{r['informative_groups_per_1k_env_steps']:.2f}",
                       f"{r['trained_over_generated']:.2f}", f"{r['group_reward_variance_per_trajectory']:.4f}",
@@ -299,7 +328,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="Sandbox part with the scripted teacher as the rollout policy (sampler only, no training).")
     p.add_argument("--teacher-sampling-error-rate", type=float, default=0.5)
     p.add_argument("--synthetic-prompts", type=int, default=512, help="Fixed prompt set per synthetic population.")
-    p.add_argument("--synthetic-epochs", type=int, default=3, help="Passes over the prompt set in every arm.")
+    p.add_argument("--synthetic-trajectories", type=int, default=None,
+                   help="Trajectories every synthetic arm spends (default: 3 passes of fixed N=8, 24 x prompts).")
     p.add_argument("--teacher-coverage", type=float, default=0.8,
                    help="Fraction of synthetic prompts with a successful teacher trajectory to fork from.")
     p.add_argument("--no-synthetic-tracking", action="store_true", help="Skip the per-arm MLflow runs and plots.")
@@ -349,9 +379,10 @@ def main(argv: list[str] | None = None) -> None:
         first = next((a for a in REAL_ARMS if a in out.get("real", {})), None)
         if first and out["real"][first]["pass_rates"]:
             measured["measured"] = list(out["real"][first]["pass_rates"].values())
-        out["synthetic"] = synthetic(args.synthetic_prompts, args.synthetic_epochs, args.seed, args.teacher_coverage,
+        spend = args.synthetic_trajectories or 24 * args.synthetic_prompts
+        out["synthetic"] = synthetic(args.synthetic_prompts, spend, args.seed, args.teacher_coverage,
                                      None if args.no_synthetic_tracking else child, measured)
-        print_synthetic(out["synthetic"], args.synthetic_prompts, args.synthetic_epochs)
+        print_synthetic(out["synthetic"], args.synthetic_prompts, spend)
         _log_synthetic_plot(out["synthetic"])
         if "real" in out:
             print_real(out["real"])

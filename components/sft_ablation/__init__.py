@@ -20,8 +20,8 @@ loss tokens by definition), so both figures are in the table and in each arm's M
 Estimate and intervals (report.py): each (arm, seed) is evaluated with k ≥ 4 sampled attempts per held-out
 task (temperature > 0), giving per-task pass@1 = resolved / valid attempts. Per task, pass@1 is averaged
 over seeds (the seeds are a second source of variance the task average should integrate over); the arm's
-pass@1 is the mean over tasks with a task-bootstrap interval, and arm vs resolved_only (and vs untrained)
-is `paired_bootstrap_diff` over the same tasks. Evaluation attempt seeds depend on the training seed, not
+pass@1 is the mean over tasks with its interval (clustered by task), and arm vs resolved_only (and vs untrained)
+is `paired_difference_ci` over the same tasks. Evaluation attempt seeds depend on the training seed, not
 on the arm, so arms are also paired in their sampling noise. The table is printed whichever arm wins.
 
 Every arm is one MLflow run (detached, so the seeds' SFT and evaluation runs, made in worker processes,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.intervals import mean_bootstrap_ci, paired_bootstrap_diff
+from components.core.intervals import paired_difference_ci, task_mean_ci
 from components.sft_ablation.budget import ArmPlan
 from components.sft_ablation.config import ALL_ARMS, REFERENCE_ARM, AblationConfig
 
@@ -107,14 +107,14 @@ def arm_results(work_dir: str | Path, plans: dict[str, ArmPlan], seeds: list[int
         values = [p for p in tasks[arm].values() if not math.isnan(p)]
         rows.append(ArmResult(
             arm=arm, pass_at_1=statistics.fmean(values) if values else float("nan"),
-            ci95=mean_bootstrap_ci(values), tasks=len(values), seed_pass_at_1=per_seed,
+            ci95=task_mean_ci(values), tasks=len(values), seed_pass_at_1=per_seed,
             valid_call_rate=valid / turns if turns else 0.0,
             mean_steps=statistics.fmean(lengths) if lengths else 0.0,
             plan=plans[arm], final_loss=statistics.fmean(sft) if sft else float("nan")))
     for row in rows:
         for base, field in ((REFERENCE_ARM, "vs_resolved_only"), ("untrained", "vs_untrained")):
             if row.arm != base:
-                diff, lo, hi, n = paired_bootstrap_diff(tasks[row.arm], tasks[base])
+                diff, lo, hi, n = paired_difference_ci(tasks[row.arm], tasks[base])
                 setattr(row, field, Paired(diff=diff, ci95=(lo, hi), tasks=n))
     return rows
 

@@ -14,7 +14,7 @@ from components.core.policy_base import GenerationConfig
 from components.core.schema import EnvironmentSpec, Outcome, Task, Trajectory, VerifierSpec
 from components.core.store import TaskStore
 from components.core.tracking import TrackingConfig
-from components.core.intervals import mean_bootstrap_ci, paired_bootstrap_diff, task_bootstrap_ci
+from components.core.intervals import paired_difference_ci, task_mean_ci, task_rate_ci
 from components.evaluate import EvalConfig, evaluate, summarize_attempts
 
 COIN = "python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"
@@ -79,7 +79,11 @@ def test_resolved_rate_plot_draws_each_family_with_its_interval_and_n():
     assert [round(b.get_height(), 6) for b in ax.patches] == [50.0, 50.0, 50.0]
     (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     (lo_a, hi_a), (lo_b, hi_b), _ = [tuple(p[1] for p in seg) for seg in bars.lines[2][0].get_segments()]
-    assert (lo_a, hi_a) == pytest.approx((0.0, 100.0)) and (lo_b, hi_b) == pytest.approx((50.0, 50.0))
+    from components.core.intervals import task_rate_ci
+
+    expected = [100 * x for x in task_rate_ci([(4, 4), (4, 0)]) + task_rate_ci([(2, 1)])]
+    assert [lo_a, hi_a, lo_b, hi_b] == pytest.approx(expected)
+    assert lo_a < 5 and hi_a > 95 and hi_b - lo_b > 90  # two tasks, or one task of two attempts, say little
     assert [t.get_text() for t in ax.texts] == ["n=8", "n=2", "n=10"]
 
 
@@ -91,36 +95,36 @@ def _wilson_width(successes: int, n: int, z: float = 1.96) -> float:
 def test_intervals_cluster_attempts_by_task():
     # 20 tasks x 8 attempts, every task all-or-nothing: the information is 20 tasks, not 160 attempts.
     clustered = [(8, 8)] * 10 + [(8, 0)] * 10
-    lo, hi = task_bootstrap_ci(clustered)
+    lo, hi = task_rate_ci(clustered)
     assert lo < 0.5 < hi
     # A bootstrap over attempts pooled across tasks would be about as narrow as Wilson on n=160 (~0.15).
     assert hi - lo > 2 * _wilson_width(80, 160)
     assert hi - lo == pytest.approx(_wilson_width(10, 20), rel=0.3)  # about what 20 independent draws give
     # The same 160 attempts spread evenly over tasks carry nearly the attempt-level information.
     spread = [(8, 4)] * 20
-    lo_s, hi_s = task_bootstrap_ci(spread)
-    assert (lo_s, hi_s) == (0.5, 0.5)  # every resample of identical tasks has the same rate
-    assert task_bootstrap_ci([(0, 0), (4, 4), (4, 0)]) == task_bootstrap_ci([(4, 4), (4, 0)])  # no-attempt tasks carry nothing
-    assert all(math.isnan(x) for x in task_bootstrap_ci([(0, 0)]))
-    lo_m, hi_m = mean_bootstrap_ci([1.0] * 10 + [0.0] * 10 + [float("nan")])
+    lo_s, hi_s = task_rate_ci(spread)
+    assert hi_s - lo_s == pytest.approx(_wilson_width(80, 160), rel=0.2)  # binomial noise, never [0.5, 0.5]
+    assert task_rate_ci([(0, 0), (4, 4), (4, 0)]) == task_rate_ci([(4, 4), (4, 0)])  # no-attempt tasks carry nothing
+    assert all(math.isnan(x) for x in task_rate_ci([(0, 0)]))
+    lo_m, hi_m = task_mean_ci([1.0] * 10 + [0.0] * 10 + [float("nan")])
     assert lo_m < 0.5 < hi_m and hi_m - lo_m > 0.3
 
 
-def test_paired_bootstrap_sees_a_consistent_small_gain_that_unpaired_rates_hide():
+def test_the_paired_interval_sees_a_consistent_small_gain_that_unpaired_rates_hide():
     import random
 
     rng = random.Random(0)
     base = {f"t{i}": rng.random() for i in range(200)}  # tasks of very different difficulty
     better = {t: min(1.0, v + 0.05) for t, v in base.items()}
-    diff, lo, hi, n = paired_bootstrap_diff(better, base)
+    diff, lo, hi, n = paired_difference_ci(better, base)
     assert n == 200 and 0 < lo <= diff <= hi
-    lo_a, hi_a = mean_bootstrap_ci(list(better.values()))
-    lo_b, hi_b = mean_bootstrap_ci(list(base.values()))
+    lo_a, hi_a = task_mean_ci(list(better.values()))
+    lo_b, hi_b = task_mean_ci(list(base.values()))
     assert lo_a < hi_b  # unpaired intervals overlap: they could not tell the two apart
-    same = paired_bootstrap_diff(base, dict(base))
-    assert same[:3] == (0.0, 0.0, 0.0)
+    same = paired_difference_ci(base, dict(base))
+    assert same[0] == 0.0 and same[1] < 0 < same[2]
     with pytest.raises(ValueError, match="same tasks"):
-        paired_bootstrap_diff({"a": 1.0}, {"b": 1.0})
+        paired_difference_ci({"a": 1.0}, {"b": 1.0})
 
 
 def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_path, tmp_path_factory, monkeypatch):

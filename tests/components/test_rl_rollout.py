@@ -155,7 +155,7 @@ def test_injected_crashes_and_timeouts_never_reach_a_reward(rl_inputs, sandbox_s
     for i in range(0, 6, 2):
         ids, rewards = out["attempt_id"][i:i + 2], out["verified_reward"][i:i + 2]
         if ids == ["", ""]:  # a dropped group: equal rewards and no loss-bearing token
-            assert rewards == [0.0, 0.0] and all(not any(m) for m in out["env_mask"][i:i + 2])
+            assert rewards == [None, None] and all(not any(m) for m in out["env_mask"][i:i + 2])
         else:
             assert sorted(rewards) == [-1.0, 1.0] and all(episodes[a].outcome is not Outcome.infra_error for a in ids)
     assert sum(r.pool_aborted for r in rollout.records) == len(infra) > 0
@@ -188,7 +188,7 @@ def test_a_prompt_the_history_skips_spends_no_episode_and_sends_placeholders(rl_
         rollout.close()
     assert [(r.rule, r.generated, r.kept) for r in rollout.records] == [("skipped", 0, False)]
     assert not (tmp_path / "episodes").exists() and rollout.budget.spent == 0  # no episode ran
-    assert out["attempt_id"] == ["", ""] and out["verified_reward"] == [0.0, 0.0] and not any(sum(out["env_mask"], []))
+    assert out["attempt_id"] == ["", ""] and out["verified_reward"] == [None, None] and not any(sum(out["env_mask"], []))
     assert rollout.dropped_groups == 1
 
 

@@ -41,7 +41,9 @@ def test_fork_continues_from_the_teacher_snapshot_and_the_prefix_has_no_loss(san
     p_ids, p_mask = episode_tokens(plain, tokenizer, max_len=100_000)
     from components.core.rendering import render_trajectory
 
-    rendered = render_trajectory(traj, tokenizer, loss_on="assistant")
+    # episode_tokens renders in the format the episode was sampled in (the scripted teacher's text protocol)
+    rendered = render_trajectory(traj, tokenizer, loss_on="assistant", tool_format=traj.metadata["tool_format"])
     assert not any(m for m, i in zip(f_mask, rendered.step_index) if i < prefix_len)
     assert any(m for m, i in zip(f_mask, rendered.step_index) if i >= prefix_len)
-    assert sum(p_mask) == sum(render_trajectory(plain.payload, tokenizer, loss_on="assistant").loss_mask)
+    assert sum(p_mask) == sum(render_trajectory(plain.payload, tokenizer, loss_on="assistant",
+                                                tool_format=plain.payload.metadata["tool_format"]).loss_mask)

@@ -192,20 +192,26 @@ def test_synthetic_source_uses_common_random_numbers_and_the_prefix_rule():
     assert abs(sum(x.reward > 0 for x in forked) / 2000 - 0.25) < 0.04
 
 
-def test_comparison_arms_on_a_small_bimodal_set():
+def test_comparison_arms_spend_equal_trajectories_and_the_fork_gain_is_the_assumptions():
+    import math
     import random
 
     from scripts.compare_rollout import ARMS, HEADLINE, POPULATIONS, run_arm, synthetic_prompts
 
     rng = random.Random(0)
     ps = synthetic_prompts([POPULATIONS["bimodal"](rng) for _ in range(96)], 0, 0.8)
-    per = {}
-    for arm in ("fixed N=8", "DAPO N=8", HEADLINE):
-        s = summarize(run_arm(ARMS[arm].model_copy(update={"batch_prompts": 8, "max_prompts_per_batch": 960}),
-                              ps, 3, 0))
-        per[arm] = s["informative_groups_per_trajectory"]
-    assert per["DAPO N=8"] == per["fixed N=8"]  # same stream, same draws: refill changes batches, not the ratio
-    assert per[HEADLINE] > 1.5 * per["fixed N=8"]
+    per, spent = {}, {}
+    for arm in ("fixed N=8", "DAPO N=8", "+ history", HEADLINE):
+        for exponent in (2.0, math.inf):
+            s = summarize(run_arm(ARMS[arm].model_copy(update={"batch_prompts": 8, "max_prompts_per_batch": 960}),
+                                  ps, 2000, 0, prefix_exponent=exponent))
+            per[arm, exponent], spent[arm, exponent] = s["informative_groups_per_trajectory"], s["trajectories"]
+    assert set(spent.values()) == {2000}  # equal trajectories in every arm, not equal passes
+    assert per["DAPO N=8", 2.0] == per["fixed N=8", 2.0]  # same stream, same draws: refill changes batches only
+    assert per[HEADLINE, 2.0] > 1.5 * per["fixed N=8", 2.0]
+    # Forking adds nothing (p_fork = p): the fork arm's edge over history alone is gone. It came from the formula.
+    assert per[HEADLINE, math.inf] <= 1.02 * per["+ history", math.inf]
+    assert per[HEADLINE, 2.0] > per["+ history", 2.0]
 
 
 def test_arm_ratio_plot_draws_one_bar_per_population_and_arm():

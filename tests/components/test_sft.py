@@ -211,3 +211,24 @@ def test_t_interval_over_seeds():
     assert t_interval([0.0, 1.0])[1:] == (0.0, 1.0)  # clipped to probabilities
     single = t_interval([0.3])
     assert single[0] == 0.3 and single[1] != single[1]  # NaN: one seed has no interval
+
+
+def test_lora_trains_adapters_only_and_saves_an_ordinary_merged_checkpoint(store, tmp_path):
+    """`sft.lora`: peft adapters train, every base weight stays frozen, and the saved model is a plain
+    checkpoint (no adapter keys) whose targeted linear layers moved and whose embeddings did not."""
+    from components.core.modeling import build_tiny_model, save_policy
+    from components.sft import LoraOptions
+
+    trajectories_dir, _ = store
+    tokenizer = build_tokenizer(TINY.tokenizer)
+    save_policy(build_tiny_model(TINY, tokenizer), tokenizer, tmp_path / "base")
+    before = load_policy(tmp_path / "base")[0].state_dict()
+    config = SFTConfig(mode="credited", steps=8, batch_size=2, learning_rate=1e-2, warmup_steps=0, model=TINY,
+                       lora=LoraOptions(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    result = train_sft(config, trajectories_dir, tmp_path / "lora", base_model_dir=tmp_path / "base")
+    assert result.final_loss < result.first_loss
+    merged, _ = load_policy(tmp_path / "lora")
+    after = merged.state_dict()
+    assert set(after) == set(before)  # merged: no lora_A / lora_B keys, loads like any checkpoint
+    changed = {k for k in after if not torch.equal(before[k], after[k])}
+    assert changed and all(k.endswith(("q_proj.weight", "v_proj.weight")) for k in changed), changed

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from components.core.intervals import paired_bootstrap_diff
+from components.core.intervals import paired_difference_ci
 from components.sft_ablation import ALL_ARMS, ARMS, AblationConfig, arm_results, quick_config, run_ablation
 from components.sft_ablation.budget import ArmPlan, steps_for
 
@@ -77,10 +77,10 @@ def test_report_averages_seeds_per_task_and_pairs_arms_over_tasks(tmp_path):
     assert rows["credited"].pass_at_1 == pytest.approx(3.5 / 6)
     assert rows["resolved_only"].pass_at_1 == pytest.approx(1.0 / 6)
     assert rows["credited"].seed_pass_at_1 == pytest.approx([3 / 5, 3.5 / 6])  # NaN left out of the seed mean
-    expected = paired_bootstrap_diff(credited, resolved)
+    expected = paired_difference_ci(credited, resolved)
     got = rows["credited"].vs_resolved_only
     assert (got.diff, *got.ci95, got.tasks) == pytest.approx(expected)
-    assert got.diff == pytest.approx(2.5 / 6) and got.ci95[0] > 0  # credited beats resolved_only on these tasks
+    assert got.diff == pytest.approx(2.5 / 6) and got.ci95[0] < got.diff < got.ci95[1]  # six tasks say little
     assert rows["resolved_only"].vs_resolved_only is None and rows["untrained"].vs_untrained is None
     assert rows["whole"].vs_untrained.diff == pytest.approx(rows["whole"].pass_at_1)
 

@@ -42,14 +42,14 @@ def test_every_field_of_every_stage_config_is_a_pipeline_setting_under_its_own_n
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_round_trips_through_json_and_the_cli(preset, capsys, tmp_path):
-    config = resolve(preset, ["sft.steps=7", "rl.rollout.group_size=2", "recipe=gui", "seed=3"])
+    config = resolve(preset, ["sft.steps=7", "rl.rollout.group_size=2", "rl.rollout.stride=1", "recipe=gui", "seed=3"])
     assert PipelineConfig.model_validate_json(config.model_dump_json()) == config
     assert main(["config", "show", "--preset", preset, "--set", "sft.steps=7", "--set", "rl.rollout.group_size=2",
-                 "--set", "recipe=gui", "--set", "seed=3"]) == 0
+                 "--set", "rl.rollout.stride=1", "--set", "recipe=gui", "--set", "seed=3"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert PipelineConfig.model_validate(shown) == config
     path = tmp_path / "run.yaml"
-    path.write_text("sft:\n  steps: 7\nrl.rollout.group_size: 2\nrecipe: gui\nseed: 3\n")
+    path.write_text("sft:\n  steps: 7\nrl.rollout.group_size: 2\nrl.rollout.stride: 1\nrecipe: gui\nseed: 3\n")
     assert resolve(preset, config_file=path) == config
 
 
@@ -83,7 +83,7 @@ def test_a_checkpoint_and_its_load_options_are_run_wide_settings(tmp_path):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--preset", "huge"], "unknown preset 'huge'; choose one of demo, tiny"),
+    (["--preset", "huge"], "unknown preset 'huge'; choose one of demo, smol, tiny"),
     (["--set", "sft.stepz=4"], "sft.stepz: Extra inputs are not permitted"),
     (["--set", "sft.steps=-1"], "sft.steps: Input should be greater than or equal to 1"),
     (["--set", "recipe=chess"], "recipe: Input should be 'swe', 'gui' or 'claw'"),
@@ -117,7 +117,7 @@ def test_retraining_parameters_reach_the_config(tmp_path):
     default, _ = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
                                 start_from="base", promotion_margin="-1.0", train_tasks="0", data_store="",
                                 window_runs="0")
-    assert (default.retrain.start_from, default.promote.margin, default.provision.n_train) == ("base", None, 4)
+    assert (default.retrain.start_from, default.promote.margin, default.provision.n_train) == ("base", 0.0, 4)
     assert (default.retrain.data_store, default.retrain.window_runs, default.provision.data_store) == (None, None, None)
 
 
@@ -135,3 +135,22 @@ def test_run_retrain_flag_starts_from_the_champion_unless_set_says_otherwise(tmp
         resolve("tiny", ["provision.data_store=/elsewhere"])
     plain = _config(argparse.Namespace(preset="tiny", set=None, config=None)).retrain
     assert (plain.start_from, plain.data_store) == ("base", None)
+
+
+def test_the_smol_preset_has_an_evaluation_with_power_and_an_rl_budget_that_can_win():
+    from components.provision import _tasks, heldout_digest
+    from components.recipes import get_recipe
+
+    digests = set()
+    for seed in (0, 1, 2):
+        config = PipelineConfig.preset_config("smol", seed=seed)
+        assert config.model.path == "smollm2-135m-instruct"
+        assert config.provision.n_heldout >= 100 and config.evaluate.k >= 4
+        assert config.evaluate.temperature == config.rl.temperature > 0  # k samples at the training temperature
+        assert config.rl.rollout_budget >= 1000 and config.rl.rollout.batch_prompts >= 8
+        assert config.rl.rollout.early_stop and config.rl.rollout.history  # never-solved prompts are abandoned
+        recipe = get_recipe("swe", difficulty=config.provision.difficulty, **config.provision.recipe_options)
+        train, heldout = _tasks(config.provision, recipe)
+        digests.add(heldout_digest(heldout))
+        assert not {t.id for t in train} & {t.id for t in heldout}
+    assert len(digests) == 1  # the same held-out set for every seed

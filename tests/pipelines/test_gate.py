@@ -41,7 +41,8 @@ def world(sandbox_service, tmp_path):
     (tmp_path / "credited").mkdir()
     pd.DataFrame({"x": [1]}).to_parquet(tmp_path / "credited" / "part-00000.parquet")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    config = GateConfig(promotion=PromotionConfig(model_name=NAME), evaluate=eval_config,
+    # three tasks: all three improved is p = 1/8 by the exact sign test, so the test gate runs at alpha 0.2
+    config = GateConfig(promotion=PromotionConfig(model_name=NAME, min_tasks=3, alpha=0.2), evaluate=eval_config,
                         sandbox=sandbox_service.connection())
     return tmp_path, uri, config
 
@@ -57,14 +58,14 @@ def _candidate(root, name: str, steps: int):
     return dst
 
 
-def _gate(root, uri, config, model, evaluation, n: int):
+def _gate(root, uri, config, model, evaluation, n: int, start=None):
     tracking = TrackingConfig(tracking_uri=uri, experiment="gate")
     parent = open_pipeline_run(tracking, f"pipeline-{n}")
     tracking = tracking.model_copy(update={"parent_run_id": parent, "run_name": "promote"})
     empty_rl = root / f"rl-{n}"
     empty_rl.mkdir()
     result = run_gate(config, root / "tasks", root / "model", model, empty_rl, evaluation, root / "unused", root / "credited",
-                      root / f"gate-{n}", tracking)
+                      root / f"gate-{n}", tracking, base_results=start)
     mlflow.end_run()
     return result, parent
 
@@ -73,8 +74,11 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     root, uri, config = world
     client = mlflow.MlflowClient(uri)
 
-    first, parent = _gate(root, uri, config, _candidate(root, "c1", 2), root / "eval-weak", 1)
-    assert first.promoted and first.candidate_version == "1" and "no champion" in first.reason
+    # No champion yet: the first candidate must beat the model training started from (evaluate-untrained).
+    level, _ = _gate(root, uri, config, _candidate(root, "c0", 2), root / "eval-weak", 0, start=root / "eval-weak")
+    assert not level.promoted and "its start" in level.reason and current_champion(uri, config.promotion) is None
+    first, parent = _gate(root, uri, config, _candidate(root, "c1", 2), root / "eval-strong", 1, start=root / "eval-weak")
+    assert first.promoted and first.candidate_version == "1" and "better than its start" in first.reason
     v1 = current_champion(uri, config.promotion)
     assert str(v1.version) == "1"
     assert v1.tags["orchard.parent_model"] == "base (init-policy)"
@@ -85,19 +89,21 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     gate_run = client.get_run(v1.run_id)
     assert any(i.dataset.name == "training-shards" for i in gate_run.inputs.dataset_inputs)
 
-    untrained, parent = _gate(root, uri, config, _candidate(root, "c2", 0), root / "eval-strong", 2)
+    untrained, parent = _gate(root, uri, config, _candidate(root, "c2", 0), root / "eval-strong", 2,
+                              start=root / "eval-weak")
     assert not untrained.promoted and "not trained" in untrained.reason
     assert client.get_run(parent).data.tags["orchard.promotion_reason"] == untrained.reason
 
     # The same weights as the champion, evaluated the same way: no better, so the champion stays.
     same, _ = _gate(root, uri, config, _candidate(root, "c3", 2), root / "eval-weak", 3)
     assert not same.promoted and "not better than champion v1" in same.reason and same.tasks == 3
+    assert same.reference == "champion"
     assert (root / "gate-3" / "champion_eval" / "per_task.parquet").exists()  # the champion was evaluated
     assert str(current_champion(uri, config.promotion).version) == "1"
     assert len(client.search_model_versions(f"name='{NAME}'")) == 1  # rejected candidates are never registered
 
     better, parent = _gate(root, uri, config, _candidate(root, "c4", 2), root / "eval-strong", 4)
-    assert better.promoted and better.candidate_version == "2" and better.ci_low > 0, better.reason
+    assert better.promoted and better.candidate_version == "2" and better.p_value <= 0.125, better.reason
     v2 = current_champion(uri, config.promotion)
     assert str(v2.version) == "2" and v2.tags["orchard.parent_model"] == "base (init-policy)"
     assert {str(v.version) for v in client.search_model_versions(f"name='{NAME}'")} == {"1", "2"}

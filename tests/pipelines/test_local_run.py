@@ -71,18 +71,22 @@ def _check_run(result, config: PipelineConfig) -> None:
     assert any(p.endswith(".parquet") for p in shards), shards
     plots = {a.path for a in client.list_artifacts(result.parent_run_id, "plots")}
     assert "plots/resolved_rates.png" in plots
-    # The gate: a fresh store has no champion, so the final trained model is promoted (and registered)
+    # The gate: a fresh store has no champion, so the final trained model is judged against the model
+    # training started from (evaluate-untrained); it is registered only if the gate promotes it.
+    gate = json.loads(layout.result_path("promote").read_text())
+    assert gate["reference"] == "start" and "its start" in gate["reason"], gate
     versions = client.search_model_versions(f"name = '{config.register_model_name}'")
-    rl = json.loads(layout.result_path("rl").read_text())
-    assert len(versions) == 1  # the RL model if it made updates, else the SFT model: never an untrained one
-    registered_from = client.get_run(versions[0].run_id).data.tags.get("orchard.registered_from")
-    assert registered_from == ("rl" if rl["steps_done"] > 0 else "sft")
-    assert parent.data.tags["orchard.promotion"] == "promoted"
-    champion = client.get_model_version_by_alias(config.register_model_name, "champion")
-    assert str(champion.version) == str(versions[0].version)
-    assert champion.tags["orchard.pipeline_run_id"] == result.parent_run_id
-    assert champion.tags["orchard.parent_model"] == "base (init-policy)"
-    assert "promoted sft model as version 1" in result.markdown or "promoted rl model as version 1" in result.markdown
+    assert len(versions) == int(gate["promoted"])
+    assert parent.data.tags["orchard.promotion"] == ("promoted" if gate["promoted"] else "rejected")
+    if gate["promoted"]:
+        rl = json.loads(layout.result_path("rl").read_text())
+        registered_from = client.get_run(versions[0].run_id).data.tags.get("orchard.registered_from")
+        assert registered_from == ("rl" if rl["steps_done"] > 0 else "sft")  # never an untrained model
+        champion = client.get_model_version_by_alias(config.register_model_name, "champion")
+        assert str(champion.version) == str(versions[0].version)
+        assert champion.tags["orchard.pipeline_run_id"] == result.parent_run_id
+        assert champion.tags["orchard.parent_model"] == "base (init-policy)"
+        assert "promoted sft model as version 1" in result.markdown or "promoted rl model as version 1" in result.markdown
 
 
 @pytest.mark.timeout(900)
@@ -94,15 +98,15 @@ def test_local_pipeline_micro(tmp_path, external_service, micro_config):
     rl = json.loads(RunLayout(result.run_dir).result_path("rl").read_text())
     assert rl["steps_done"] == 0
     assert "rl made 0 optimizer updates: its model is untrained and is not registered" in result.markdown
-    # A second run against the same MLflow store: the same seeds train the same model, which is not
-    # better than the champion it is compared with, so it is rejected and the alias stays.
+    # One held-out task is below the gate's min_tasks: nothing is registered, and a second run against the
+    # same MLflow store (no champion still) is judged against its start again.
+    gate = json.loads(RunLayout(result.run_dir).result_path("promote").read_text())
+    assert not gate["promoted"] and "min_tasks" in gate["reason"], gate
     again = run_local(config, tmp_path / "runs")
     gate = json.loads(RunLayout(again.run_dir).result_path("promote").read_text())
-    assert not gate["promoted"] and "not better than champion v1" in gate["reason"], gate
-    assert "kept champion v1: not better than champion v1" in again.markdown
+    assert not gate["promoted"] and gate["reference"] == "start", gate
     client = mlflow.MlflowClient(again.tracking_uri)
-    assert str(client.get_model_version_by_alias(config.register_model_name, "champion").version) == "1"
-    assert len(client.search_model_versions(f"name = '{config.register_model_name}'")) == 1
+    assert client.search_model_versions(f"name = '{config.register_model_name}'") == []
     assert client.get_run(again.parent_run_id).data.tags["orchard.promotion"] == "rejected"
 
 

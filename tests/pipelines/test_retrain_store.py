@@ -49,7 +49,8 @@ def test_two_local_runs_grow_one_data_store(tmp_path, external_service, micro_co
     # the shard lists are in MLflow for both runs, the rejected one included
     client = mlflow.MlflowClient(second.tracking_uri)
     gates = [one.read_result("promote"), two.read_result("promote")]
-    assert gates[0]["promoted"] and not gates[1]["promoted"], gates  # a tiny model does not beat its champion
+    # one held-out task is below min_tasks: neither run can show it beats its start
+    assert not gates[0]["promoted"] and not gates[1]["promoted"], gates
     for result, run in ((first, run1), (second, run2)):
         parent = client.get_run(result.parent_run_id)
         assert parent.data.tags["orchard.trained_shards"] == ",".join(run.trained_on)
@@ -60,7 +61,6 @@ def test_two_local_runs_grow_one_data_store(tmp_path, external_service, micro_co
         assert [i.dataset.name for i in inputs] == ["training-shards"] and str(store) in inputs[0].dataset.source
         assert json.loads(inputs[0].dataset.profile)["num_rows"] == len(run.trained_on)
     assert client.get_run(second.parent_run_id).data.tags["orchard.promotion"] == "rejected"
-    champion = client.get_model_version_by_alias(config.register_model_name, "champion")
-    assert champion.tags["orchard.trained_shards"] == ",".join(run1.trained_on)
-    assert champion.tags["orchard.data_store"] == str(store)
+    # nothing was promoted, so nothing is registered (a promoted version's lineage tags: tests/pipelines/test_gate.py)
+    assert client.search_model_versions(f"name = '{config.register_model_name}'") == []
 
