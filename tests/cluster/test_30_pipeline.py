@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -84,7 +85,7 @@ def parent_run(client, workflow: dict):
     return client.get_run(parent_id)
 
 
-def test_the_pipeline_runs_on_the_cluster_and_mlflow_holds_the_run(first_run):
+def test_the_pipeline_runs_on_the_cluster_and_mlflow_holds_the_run(first_run, tmp_path):
     client = mlflow_client()
     parent = parent_run(client, first_run)
     assert parent.info.status == "FINISHED", parent.info
@@ -95,8 +96,16 @@ def test_the_pipeline_runs_on_the_cluster_and_mlflow_holds_the_run(first_run):
     print(f"\n[check] parent run {parent.info.run_id}: {len(children)} child runs: {sorted(stages)}")
     assert len(children) >= 6, stages
     assert all(c.info.status == "FINISHED" for c in children), [(c.info.run_name, c.info.status) for c in children]
+    # The gate's decision is on the parent run and the registry agrees with it (preset tiny evaluates
+    # fewer tasks than the gate's min_tasks, so it normally keeps the champion and registers nothing).
+    decision = parent.data.tags.get("orchard.promotion")
+    assert decision in ("promoted", "rejected"), (decision, sorted(pods))
     versions = client.search_model_versions("name = 'orchard-policy'")
-    assert versions, f"no registered model version (pods: {sorted(pods)})"
+    assert len(versions) == (decision == "promoted"), (decision, [v.version for v in versions])
+    # The decision travelled through MLflow's artifact store (the gate pod uploads, we download).
+    promote = next(c for c in children if (c.data.tags.get("orchard.stage") or c.info.run_name) == "promote")
+    logged = client.download_artifacts(promote.info.run_id, "promotion/decision.json", dst_path=str(tmp_path))
+    assert json.loads(Path(logged).read_text())["promoted"] == (decision == "promoted")
 
 
 def test_a_run_from_the_cron_workflow_trains_on_the_store_the_first_run_grew(compiled, first_run):
