@@ -17,8 +17,10 @@ import time
 
 import pytest
 
+from sandbox_service.backends.kubernetes_adopt import CLAIMED_AT_ANNOTATION
 from sandbox_service.backends.kubernetes_config import SANDBOX_ID_LABEL
 from sandbox_service.backends.kubernetes_objects import label_value
+from sandbox_service.backends.kubernetes_pool import POOL_LABEL
 from sandbox_service.client import SandboxClient
 from sandbox_service.models import ExecOutcome, NetworkPolicy, Resources, SandboxCreate
 from tests.cluster.conftest import kubectl, kubectl_json, secret_value, service_url, wait_until
@@ -134,6 +136,34 @@ def test_create_to_ready_on_real_pods(client):
     seconds.sort()
     print(f"\n[figure] create-to-ready on real pods, n=10 sequential: p50 {statistics.median(seconds):.2f} s, "
           f"max {seconds[-1]:.2f} s")
+
+
+def _ready_pods(selector: str) -> list[dict]:
+    pods = kubectl_json("-n", "orchard-sandboxes", "get", "pods", "-l", selector)["items"]
+    return [p for p in pods if p["status"].get("phase") == "Running"
+            and all(c.get("ready") for c in p["status"].get("containerStatuses", []))]
+
+
+def test_a_warm_pool_hands_out_ready_pods_and_refills():
+    size, warm = 2, POOL_LABEL
+    pool = [{"image": IMAGE, "resources": spec().resources.model_dump(mode="json"), "size": size}]
+    kubectl("-n", "orchard", "set", "env", "deploy/orchard-sandbox-service", f"ORCHARD_K8S_WARM_POOLS={json.dumps(pool)}")
+    try:
+        kubectl("-n", "orchard", "rollout", "status", "deploy/orchard-sandbox-service", "--timeout", "300s", timeout=320)
+        wait_until(f"{size} ready warm pods", lambda: len(_ready_pods(warm)) >= size, timeout=300)
+        with connect(fresh=True) as client:
+            start = time.monotonic()
+            with client.create(spec(), wait_timeout=300) as sandbox:
+                claimed = time.monotonic() - start
+                assert sandbox.exec(["true"]).ok
+                pod = kubectl_json("-n", "orchard-sandboxes", "get", "pods", "-l",
+                                   f"{SANDBOX_ID_LABEL}={label_value(sandbox.id)}")["items"]
+                assert len(pod) == 1 and CLAIMED_AT_ANNOTATION in pod[0]["metadata"]["annotations"], pod
+                wait_until("the pool refilled", lambda: len(_ready_pods(warm)) >= size, timeout=300)
+        print(f"\n[figure] create-to-ready from a warm pool on real pods: {claimed:.2f} s")
+    finally:
+        kubectl("-n", "orchard", "set", "env", "deploy/orchard-sandbox-service", "ORCHARD_K8S_WARM_POOLS-")
+        kubectl("-n", "orchard", "rollout", "status", "deploy/orchard-sandbox-service", "--timeout", "300s", timeout=320)
 
 
 def test_a_hundred_sandboxes_alive_at_once_on_the_node():
