@@ -93,14 +93,15 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
                             namespace: str | None = None) -> WorkflowTemplate:
     cluster = cluster or ClusterConfig()
     defaults = defaults or PipelineConfig.preset_config("demo")  # also decides which stages are PyTorchJobs
-    params = pipeline_parameters(defaults, cluster)
-    # A model-level claim template: hera's Volume validates the size, which is a parameter here. No
-    # storage class: the field is left out (the cluster's default), never "" (no provisioning at all).
+    params = [p for p in pipeline_parameters(defaults, cluster) if p.argo]
+    # A model-level claim template. Its size is compiled in (`orchard compile --cluster volume_size=50Gi`
+    # or ClusterConfig): the controller parses it before substituting parameters. No storage class: the
+    # field is left out (the cluster's default), never "" (no provisioning at all).
     claim = m.PersistentVolumeClaim(
         metadata=m.ObjectMeta(name="run-data"),
         spec=m.PersistentVolumeClaimSpec(
             access_modes=[cluster.access_mode], storage_class_name=cluster.storage_class,
-            resources=m.VolumeResourceRequirements(requests={"storage": _wf("volume_size")})))
+            resources=m.VolumeResourceRequirements(requests={"storage": cluster.volume_size})))
     data = m.VolumeMount(name="run-data", mount_path=DATA)
     # The persistent data store: an existing PVC (manifests/base/pipelines/data-store.yaml) every run shares; Argo
     # substitutes workflow parameters in `volumes`, so the claim is a parameter like the run volume's settings.

@@ -87,7 +87,9 @@ class ClusterConfig(BaseModel):
         "ReadWriteOnce",
         description="Access mode of the run volume. ReadWriteOnce works on every cluster but keeps a run's "
                     "pods on one node; use ReadWriteMany (NFS, CephFS, EFS) to spread them.")
-    volume_size: str = Field("20Gi", description="Size of the run volume (stores, checkpoints).")
+    volume_size: str = Field("20Gi", pattern=r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$",
+                             description="Size of the run volume (stores, checkpoints), a Kubernetes quantity; "
+                                         "compiled into the Argo template, a parameter of the KFP pipeline.")
     # The persistent data store (retrain.data_store) outlives every run, unlike the run volume: a PVC the
     # manifests create (manifests/base/pipelines/data-store.yaml), mounted by the stages that touch the store.
     data_store_claim: str = Field("orchard-data-store", description="PVC of the persistent data store.")

@@ -21,6 +21,9 @@ class Param:
     default: Any  # str | int | dict | list; KFP keeps the type, Argo gets JSON for dict/list
     description: str
     start: bool = False  # an argument of the start step (turned into the PipelineConfig)
+    # False: KFP only. Argo parses a volumeClaimTemplate's quantities when it reads the template, before any
+    # parameter is substituted ("quantities must match the regular expression"): such values are compiled in.
+    argo: bool = True
 
     @property
     def argo_value(self) -> str:
@@ -60,7 +63,7 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
               f"Optional Secret with model endpoints' API key (key '{cluster.endpoint_key}')."),
         Param("gpu_node_selector", dict(cluster.gpu_node_selector), "nodeSelector of the GPU stages."),
         Param("gpu_tolerations", cluster.tolerations_json(), "Tolerations of the GPU stages."),
-        Param("volume_size", cluster.volume_size, "Size of the run volume."),
+        Param("volume_size", cluster.volume_size, "Size of the run volume.", argo=False),
         Param("data_store_claim", cluster.data_store_claim,
               f"PVC of the persistent data store, mounted at {cluster.data_store_mount} by the stages that use it."),
     ]

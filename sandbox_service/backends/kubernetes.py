@@ -239,7 +239,7 @@ class KubernetesBackend(SandboxBackend):
                                       extra=kubernetes_adopt.secret_entries(spec, ca_pem)))
             pod = self._create("pod", self.core.create_namespaced_pod, self.core.read_namespaced_pod,
                                build_pod(pod_name, sandbox_id, spec, resources, cfg, secret_name=secret_name,
-                                         annotations=kubernetes_adopt.pod_annotations(spec, resources)))
+                                         annotations=kubernetes_adopt.pod_annotations(spec, resources), warm=warm))
             owner = owner_reference(pod)
             # The Secret had to exist before the pod (its volume); only now is the owner's uid known.
             self._call("patch secret owner", self.core.patch_namespaced_secret, secret_name, ns,

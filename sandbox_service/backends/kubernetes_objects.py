@@ -17,6 +17,7 @@ import base64
 import hashlib
 import ipaddress
 import json
+import math
 import re
 import secrets as _secrets
 import socket
@@ -186,9 +187,18 @@ def build_resources(resources: Resources, config: KubernetesBackendConfig) -> k8
     return k8s.V1ResourceRequirements(limits=limits, requests=requests)
 
 
+def pod_deadline_seconds(spec: SandboxCreate, config: KubernetesBackendConfig, *, warm: bool = False) -> int:
+    """A sandbox pod's activeDeadlineSeconds: its TTL, capped as the service caps it, so the hard TTL holds
+    even if the service dies. A warm pod's is the cap plus the longest it waits unclaimed
+    (`warm_pool_max_age_seconds`, then it is replaced): a claim at any age can still lower it to age + the
+    full TTL (the API server lowers a deadline, never raises it)."""
+    ttl = max(1, int(min(spec.ttl_seconds, config.max_ttl_seconds)))
+    return ttl + math.ceil(config.warm_pool_max_age_seconds) if warm else ttl
+
+
 def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resources,
               config: KubernetesBackendConfig, *, secret_name: str,
-              annotations: dict[str, str] | None = None) -> k8s.V1Pod:
+              annotations: dict[str, str] | None = None, warm: bool = False) -> k8s.V1Pod:
     """The sandbox pod: the task image, the injected agent, no API credentials, no restarts.
     `annotations`: what a restarted service needs to adopt it (`kubernetes_adopt.pod_annotations`)."""
     if not spec.image:
@@ -227,8 +237,7 @@ def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resour
         restart_policy="Never",  # a crashed sandbox is reported, never silently restarted without its state
         automount_service_account_token=False, service_account_name=config.service_account_name,
         enable_service_links=False, hostname=dns_label(sandbox_id),
-        # the hard TTL holds even if the service dies; capped as the service caps it
-        active_deadline_seconds=max(1, int(min(spec.ttl_seconds, config.max_ttl_seconds))),
+        active_deadline_seconds=pod_deadline_seconds(spec, config, warm=warm),
         termination_grace_period_seconds=config.delete_grace_seconds,
         security_context=k8s.V1PodSecurityContext(seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
         volumes=[

@@ -10,8 +10,8 @@ A claim, in this order:
 1. relabel: one PATCH of the pod with the resourceVersion the watch last saw as a precondition; it
    sets the sandbox id label and annotation and the caller's labels, drops the pool label and lowers
    `activeDeadlineSeconds` to the pod's age + the sandbox's TTL (the API server lets a deadline be
-   lowered, never raised: warm pods start with the service's cap, and a pod too old to give the whole
-   TTL is not claimed); it also writes what adoption reads (`kubernetes_adopt.pod_annotations`: the
+   lowered, never raised: warm pods start with the service's cap plus `warm_pool_max_age_seconds`
+   (`kubernetes_objects.pod_deadline_seconds`), and a pod too old to give the whole TTL is not claimed); it also writes what adoption reads (`kubernetes_adopt.pod_annotations`: the
    sandbox's spec and resources, the claim time as the TTL's start). A 409 means another writer (a
    second replica, a sweep) got there first: the claim moves on to the next pod, so two claims never
    share one.

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 import yaml
 from google.protobuf import json_format
+from kubernetes.utils.quantity import parse_quantity
 
 from pipelines.argo_schema import validate_argo
 from pipelines.cli import ARGO_CRON_FILE, ARGO_TEMPLATE_FILE, KFP_FILE, compile_all, main
@@ -143,6 +144,10 @@ def test_argo_dag_gpu_steps_and_cron(compiled, gpu_compiled):
     assert claim["metadata"]["name"] == "run-data"
     assert "storageClassName" not in claim["spec"]  # the cluster's default class
     assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    # The controller parses the claim's quantities before substituting parameters (a real Argo 3.7 rejects
+    # '{{workflow.parameters.volume_size}}' as malformed): the size is compiled in, not a parameter.
+    assert parse_quantity(claim["spec"]["resources"]["requests"]["storage"]) == 20 * 2**30
+    assert "volume_size" not in args
 
     cron = yaml.safe_load(compiled["argo_cron"].read_text())
     assert cron["kind"] == "CronWorkflow"

@@ -80,6 +80,22 @@ def test_a_claim_returns_a_working_sandbox_faster_than_a_cold_create(pooled, fak
     assert claim_seconds < cold_seconds, (claim_seconds, cold_seconds)
 
 
+def test_a_create_asking_for_the_whole_ttl_cap_is_still_served_warm(fake, tmp_path, agent_node):  # noqa: F811
+    """Found on a real cluster: warm pods started with the cap as their deadline could never give a create
+    the cap's TTL (the default TTL where the service caps at it), so every such create went cold."""
+    kubelet, settings = agent_node
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    backend = make_backend(fake, tmp_path, warm_pools=[{"image": IMAGE, "size": 1, "workdir": str(workspace)}],
+                           max_ttl_seconds=600, **settings)
+    wait_until(lambda: backend.pool.ready() == 1, what="a warm pod")
+    time.sleep(1.1)  # the pod is older than a second: age + TTL exceeds the cap
+    backend.start("sb-capped", SandboxCreate(image=IMAGE, workdir=str(workspace), ttl_seconds=600), Resources(),
+                  "key-of-sb-capped-0123456789")
+    assert backend.pool.claimed == 1
+    assert 600 < backend._find_pod("sb-capped").spec.active_deadline_seconds <= 600 + 60
+
+
 def test_a_claimed_pods_agent_rejects_the_pool_key(pooled):
     backend, spec, _ = pooled
     with backend.pool._lock:
