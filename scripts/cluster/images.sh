@@ -74,10 +74,14 @@ import_archive() {
     ctr_k8s images tag "$got" "$full" >/dev/null && ctr_k8s images rm "$got" >/dev/null
   fi
   touch "$stamp"
+  echo "$full" >>"$CACHE/imported/changed"
 }
 
+# Also lists the references it imported in $CACHE/imported/changed (test.sh restarts what runs them: a
+# re-imported tag does not replace a running container).
 import() {
   local f name tag
+  mkdir -p "$CACHE/imported"; : >"$CACHE/imported/changed"
   for f in "$ADDONS"/*.oci.tar; do
     name=$(basename "$f" .oci.tar); tag=${name##*-}; name=${name%-*}
     import_archive "$f" "$IMAGE_PREFIX/$name:$tag"

@@ -28,5 +28,12 @@ else
   timed images-import scripts/cluster/images.sh import
 fi
 export KUBECONFIG="$KUBECONFIG_ADMIN" ORCHARD_TEST_CLUSTER=1
+# A tag imported again (a rebuilt image) does not replace running containers: restart orchard's
+# Deployments so the tests run what was just built.
+if grep -q '/orchard/' "$CACHE/imported/changed" 2>/dev/null \
+    && kubectl -n orchard get deploy -o name 2>/dev/null | grep -q .; then
+  timed restart-deployments bash -c 'kubectl -n orchard rollout restart deploy \
+    && kubectl -n orchard rollout status deploy --timeout 300s'
+fi
 timed tests "$PY" -m pytest -m cluster tests/cluster -p no:cacheprovider -s -v --timeout 4000 ${PYTEST_ARGS:-}
 [ -n "${KEEP_CLUSTER:-}" ] || timed cluster-down scripts/cluster/down.sh
