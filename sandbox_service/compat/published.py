@@ -52,7 +52,6 @@ from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import (
     ConflictError,
     InvalidRequestError,
-    JobNotFoundError,
     SandboxNotFoundError,
     SandboxNotReadyError,
     SandboxServiceError,
@@ -123,14 +122,15 @@ class _Requested:
 
 @dataclass
 class PublishedState:
-    """Custom sandbox ids and job commands: the two things the reference exposes that we do not store."""
+    """Custom sandbox ids and what was asked at create time: what the reference exposes that we do not store.
+
+    (A job's command as submitted is kept by the job manager, with the job, and goes when the job does.)"""
 
     manager: SandboxManager
     jobs: JobManager
     aliases: dict[str, str] = field(default_factory=dict)  # custom id -> our id
     public: dict[str, str] = field(default_factory=dict)  # our id -> the id the caller knows
     requested: dict[str, _Requested] = field(default_factory=dict)
-    commands: dict[str, str] = field(default_factory=dict)  # job id -> command as submitted
 
     def resolve(self, sandbox_id: str):
         """Our record for a caller's id; deleted sandboxes are 404, as in the reference."""
@@ -144,15 +144,6 @@ class PublishedState:
         public = self.public.pop(our_id, our_id)
         self.aliases.pop(public, None)
         self.requested.pop(our_id, None)
-
-    def remember_command(self, job_id: str, command: str) -> None:
-        if len(self.commands) > 4096:  # drop commands of jobs the job manager has already pruned
-            for known in list(self.commands):
-                try:
-                    self.jobs.get(known)
-                except JobNotFoundError:
-                    del self.commands[known]
-        self.commands[job_id] = command
 
 
 def _sandbox_view(state: PublishedState, config: ServiceConfig, rec) -> dict:
@@ -176,7 +167,7 @@ def _sandbox_view(state: PublishedState, config: ServiceConfig, rec) -> dict:
     }
 
 
-def _job_view(state: PublishedState, job: Job) -> JobView:
+def _job_view(state: PublishedState, job: Job, command: str) -> JobView:
     result = job.result
     error = job.reason
     if job.state in (JobState.queued, JobState.running):
@@ -193,7 +184,7 @@ def _job_view(state: PublishedState, job: Job) -> JobView:
         started = completed - result.duration_seconds
     return JobView(
         job_id=job.id, sandbox_id=state.public.get(job.sandbox_id, job.sandbox_id),
-        command=state.commands.get(job.id, ""), status=status,
+        command=command, status=status,
         stdout=result.stdout if result else "", stderr=result.stderr if result else "",
         exit_code=result.exit_code if result else None, created_at=job.created_at.timestamp(),
         started_at=started, completed_at=completed, error=error,
@@ -309,25 +300,27 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
     async def exec_command(sandbox_id: str, req: ExecCommand) -> Response:
         rec = state.resolve(sandbox_id)
         timeout = req.timeout_seconds or DEFAULT_EXEC_TIMEOUT
+        command = req.command if isinstance(req.command, str) else " ".join(req.command)
         job = jobs.submit(rec.info.id, ExecRequest(command=_argv(req), cwd=req.cwd, env=req.env or {},
-                                                   timeout_seconds=timeout, wait=False))
-        state.remember_command(job.id, req.command if isinstance(req.command, str) else " ".join(req.command))
+                                                   timeout_seconds=timeout, wait=False), command_text=command)
         if not req.wait:
             return JSONResponse({"job_id": job.id, "status": "queued"})
         try:
             job = await jobs.wait(job.id, timeout + WAIT_GRACE)
         except WaitTimeoutError:
             job = jobs.get(job.id)  # still running: the reference answers the job as it stands
-        return Response(_job_view(state, job).model_dump_json(), media_type="application/json")
+        return Response(_job_view(state, job, command).model_dump_json(), media_type="application/json")
 
     @authed.get("/jobs/{job_id}")
     async def get_job(job_id: str) -> Response:
-        return Response(_job_view(state, jobs.get(job_id)).model_dump_json(), media_type="application/json")
+        return Response(_job_view(state, jobs.get(job_id), jobs.command_text(job_id)).model_dump_json(),
+                        media_type="application/json")
 
     @authed.get("/jobs/{job_id}/wait")
     async def wait_job(job_id: str, timeout: float = 300) -> Response:
+        command = jobs.command_text(job_id)  # before waiting: a finished job may be pruned meanwhile
         job = await jobs.wait(job_id, max(0.0, min(timeout, 3600.0)))  # 408 when it runs out
-        return Response(_job_view(state, job).model_dump_json(), media_type="application/json")
+        return Response(_job_view(state, job, command).model_dump_json(), media_type="application/json")
 
     @authed.post("/sandboxes/{sandbox_id}/apply_patch")
     async def apply_patch(sandbox_id: str, req: ApplyPatch) -> dict:
