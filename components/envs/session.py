@@ -182,13 +182,18 @@ class RecipeSession:
             raise ValueError(f"no task {task_id!r} in this {self.config.recipe} suite "
                              f"({self.config.split}, {len(self.tasks)} tasks, seed {self.config.task_seed})")
         if task_index is None:
-            task_index = random.Random(seed).randrange(len(self.tasks))
-        return self.tasks[task_index % len(self.tasks)]
+            return self.tasks[random.Random(seed).randrange(len(self.tasks))]
+        if not 0 <= task_index < len(self.tasks):
+            raise ValueError(f"task_index {task_index} is out of range: this {self.config.recipe} suite "
+                             f"({self.config.split}, seed {self.config.task_seed}) has {len(self.tasks)} tasks, "
+                             f"0 to {len(self.tasks) - 1} (num_tasks sets the size)")
+        return self.tasks[task_index]
 
     def reset(self, *, task_id: str | None = None, task_index: int | None = None,
               seed: int | None = None) -> StepOutcome:
         """Start an episode (ending any previous one). Infrastructure failures come back as a done
-        observation with `outcome="infra_error"`; a bad task id raises ValueError (the caller's mistake)."""
+        observation with `outcome="infra_error"`; an unknown task id or an out-of-range task index raises
+        ValueError (the caller's mistake)."""
         self.close()
         self.task = self.pick(task_id=task_id, task_index=task_index, seed=seed)
         self.steps, self.final_answer = 0, None

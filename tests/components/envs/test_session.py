@@ -37,3 +37,11 @@ def test_reset_with_an_unknown_task_id_is_the_callers_error(sandbox_service, san
     session = _session(sandbox_service, sandbox_client, None)
     with pytest.raises(ValueError, match="no task 'swe-nope'"):
         session.reset(task_id="swe-nope")
+
+
+@pytest.mark.parametrize("index", [2, 99999, -1])
+def test_reset_with_an_out_of_range_task_index_is_the_callers_error(sandbox_service, sandbox_client, index):
+    session = _session(sandbox_service, sandbox_client, None)  # 2 tasks: indexes 0 and 1
+    with pytest.raises(ValueError, match=f"task_index {index} is out of range.* has 2 tasks, 0 to 1"):
+        session.reset(task_index=index)
+    assert session.sandbox is None  # nothing was created for it
