@@ -211,14 +211,16 @@ class RecipeSession:
         if self.config.sandbox_heartbeat_ttl_seconds is not None:
             spec = spec.model_copy(update={"heartbeat_ttl_seconds": self.config.sandbox_heartbeat_ttl_seconds})
         snapshot = self.cache.get(task.id) if self.cache is not None and self.config.fork_setup else None
+        if snapshot is not None:
+            spec = spec.model_copy(update={"from_snapshot": snapshot})
         try:
-            if snapshot is not None:
-                return self.client.create(spec.model_copy(update={"from_snapshot": snapshot}),
-                                          wait_timeout=self.config.sandbox_wait_seconds)
             sandbox = self.client.create(spec, wait_timeout=self.config.sandbox_wait_seconds)
         except (SandboxServiceError, httpx.HTTPError) as err:
             raise _Infra(f"sandbox create failed: {_describe(err)}") from err
         try:
+            if snapshot is not None:  # setup's files, none of its processes: the recipe restarts those
+                self.recipe.resume(sandbox, task)
+                return sandbox
             self.recipe.setup(sandbox, task)
             if self.cache is not None and self.config.fork_setup:
                 snap = sandbox.snapshot()
@@ -226,7 +228,8 @@ class RecipeSession:
                     delete_snapshot(self.client, snap.id)
         except Exception as err:  # setup is the environment's job: any failure is infrastructure
             self._delete(sandbox)
-            raise _Infra(f"setup of {task.id} failed: {_describe(err)}") from err
+            what = "resuming the forked setup" if snapshot is not None else "setup"
+            raise _Infra(f"{what} of {task.id} failed: {_describe(err)}") from err
         return sandbox
 
     def step(self, tool: str, arguments: dict[str, Any] | None = None) -> StepOutcome:
