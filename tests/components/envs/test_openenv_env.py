@@ -235,17 +235,18 @@ def test_an_out_of_range_task_index_is_refused_with_the_suite_size(sandbox_servi
             client.close()
 
 
-@pytest.mark.slow
-def test_gui_repeat_episodes_of_a_task_fork_the_setup_and_restart_the_browser(sandbox_service, env_server):
-    """With forking on, the second episode of a GUI task forked the first set-up's snapshot, which holds the
-    files but not the running site and browser: every later episode was "browser controller unreachable"."""
-    config = _config(sandbox_service, "gui", max_steps=16)
+@pytest.mark.parametrize("recipe", ["swe", "claw", pytest.param("gui", marks=pytest.mark.slow)])
+def test_repeat_episodes_of_a_task_fork_the_setup_and_resolve(sandbox_service, env_server, recipe):
+    """With forking on, later episodes of a task fork the first set-up's snapshot, which holds its files but not
+    its processes: GUI's every later episode was "browser controller unreachable" (its site and browser are
+    restarted now)."""
+    config = _config(sandbox_service, recipe, max_steps=16)
     assert config.fork_setup
     with env_server(config) as (url, shared):
         client = RecipeEnvClient(base_url=url, message_timeout_s=240).sync()
         try:
             for episode in range(2):
-                result, _ = _drive(client, "gui", config, task_index=1)
+                result, _ = _drive(client, recipe, config, task_index=1)
                 outcome = (result.done, result.reward, result.observation.outcome)
                 assert outcome == (True, 1.0, "resolved"), (episode, result.observation.infra_error)
                 assert len(shared.cache) == 1  # the first episode's set-up, which the second forked
