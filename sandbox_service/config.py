@@ -94,6 +94,11 @@ class ServiceConfig(BaseSettings):
         15.0, gt=0, description="Service-side deadline = command timeout + this; past it the result is TIMEOUT."
     )
 
+    published_unrestricted_egress: bool = Field(
+        False, description="The published API's `block_network: false`: when true such sandboxes reach every "
+        "public IPv4 address (private, loopback, link-local/cloud-metadata and reserved ranges stay unreachable; "
+        "compat/egress.py); when false (the default) it is refused with 400.")
+
     escalation_enabled: bool = Field(True, description="Global switch for OOM resource escalation.")
     escalation_max_memory_mb: int = Field(16384, ge=16, description="Global cap over every spec's escalation cap.")
 

@@ -15,7 +15,8 @@ to our token (sent as `X-API-Key`). Written from the reference document's routes
   `failed` job was (the command's, or `infrastructure_error`).
 
 Where our security rules differ from the reference, ours win and the error says so: file paths are
-confined to `/workspace`; `block_network: false` (unrestricted egress) is refused; container images
+confined to `/workspace`; `block_network: false` (unrestricted egress) is refused unless the operator
+turns on `published_unrestricted_egress` (then: the public internet only, compat/egress.py); container images
 apply on the Kubernetes backend only (the local backend runs a built root of its image directory by
 name, any other name on the default root; host paths are refused with a 400).
 """
@@ -37,6 +38,7 @@ from starlette.responses import JSONResponse
 from sandbox_service.auth import TokenAuth
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.compat import PUBLISHED_PREFIX as PREFIX
+from sandbox_service.compat.egress import unrestricted_egress
 from sandbox_service.compat.published_models import (
     ApplyPatch,
     CreateSandbox,
@@ -113,11 +115,13 @@ def _error_route(retry_after: float) -> type[APIRoute]:
 
 @dataclass
 class _Requested:
-    """What the caller asked for at create time, echoed back in the reference's shape."""
+    """What the caller asked for at create time, echoed back as given (the reference's shape)."""
 
     image: str
     block_network: bool
     timeout: int
+    cpu: str | None  # as written ("2000m" stays "2000m"); None: not given, our default is shown
+    memory: str | None  # as written ("8Gi" stays "8Gi")
 
 
 @dataclass
@@ -156,9 +160,9 @@ def _sandbox_view(state: PublishedState, config: ServiceConfig, rec) -> dict:
         "namespace": config.backend,
         "image": asked.image if asked else (info.image or ""),
         "pod_name": public_id,
-        "block_network": info.network.mode == "none",
-        "cpu": format_cpu(info.resources.cpu),
-        "memory": f"{info.resources.memory_mb}Mi",
+        "block_network": asked.block_network if asked else info.network.mode == "none",
+        "cpu": (asked and asked.cpu) or format_cpu(info.resources.cpu),
+        "memory": (asked and asked.memory) or f"{info.resources.memory_mb}Mi",
         "created_at": info.created_at.timestamp(),
         "ready": info.state is SandboxState.ready,
         "status": status,
@@ -254,19 +258,23 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
 
     @authed.post("/sandboxes")
     async def create_sandbox(req: CreateSandbox) -> dict:
-        if not req.block_network:
+        if not req.block_network and not config.published_unrestricted_egress:
             raise InvalidRequestError(
-                "block_network=false (unrestricted egress) is not offered by this service; create with "
-                "block_network=true and set an allowlist with PUT /v1/sandboxes/{id}/network-policy")
+                "block_network=false (unrestricted egress) is off on this service: its operator turns it on with "
+                "the setting published_unrestricted_egress (ORCHARD_PUBLISHED_UNRESTRICTED_EGRESS=true; private "
+                "and metadata addresses stay unreachable); or create with block_network=true and set an allowlist "
+                "with PUT /v1/sandboxes/{id}/network-policy")
         if req.sandbox_id is not None and (req.sandbox_id in state.aliases or req.sandbox_id in manager.sandboxes):
             raise ConflictError(f"sandbox_id {req.sandbox_id!r} is already in use; pick another")
         defaults = Resources()
         resources = Resources(cpu=parse_cpu(req.cpu) or defaults.cpu,
                               memory_mb=parse_memory_mb(req.memory) or defaults.memory_mb)
         info = await manager.create(SandboxCreate(image=_image_for(manager.backend, req.image), resources=resources,
-                                                  network=NetworkPolicy(mode="none"),
+                                                  network=NetworkPolicy(mode="none") if req.block_network
+                                                  else unrestricted_egress(),
                                                   labels={"api": "published"}))
-        state.requested[info.id] = _Requested(req.image, True, req.timeout or 3600)
+        state.requested[info.id] = _Requested(req.image, req.block_network, req.timeout or 3600, req.cpu,
+                                              req.memory)
         if req.sandbox_id is not None:
             state.aliases[req.sandbox_id] = info.id
             state.public[info.id] = req.sandbox_id

@@ -161,7 +161,7 @@ def test_unknown_ids_404_bad_bodies_422_and_refused_options_400(api):
     assert api.post("/sandboxes/nope/exec", json={"command": "true"}).status_code == 404
     assert api.post("/sandboxes", json={"block_network": True}).status_code == 422  # image is required
     refused = api.post("/sandboxes", json={"image": "x", "block_network": False})
-    assert refused.status_code == 400 and "network-policy" in refused.json()["detail"]
+    assert refused.status_code == 400 and "published_unrestricted_egress" in refused.json()["detail"]
     assert api.post("/sandboxes", json={"image": "x", "memory": "lots"}).status_code == 400
     assert api.post("/sandboxes", json={"image": "x", "sandbox_id": "Bad_Id"}).status_code == 422
 
