@@ -14,10 +14,13 @@ to our token (sent as `X-API-Key`). Written from the reference document's routes
   Job status `succeeded` means exit code 0, as in the reference; our `outcome` says whose failure a
   `failed` job was (the command's, or `infrastructure_error`).
 
-Where our security rules differ from the reference, ours win and the error says so: file paths are
-confined to `/workspace`; `block_network: false` (unrestricted egress) is refused unless the operator
-turns on `published_unrestricted_egress` (then: the public internet only, compat/egress.py); container images
-apply on the Kubernetes backend only (the local backend runs a built root of its image directory by
+File paths may name anything inside the sandbox's own root, as in the reference (relative ones start at
+`/workspace`): what a command in the sandbox reaches anyway, resolved beneath that root with no escape
+(agent/server.py, scope "root"); the host's read-only directories stay read-only.
+
+Where our security rules differ from the reference, ours win and the error says so: `block_network: false`
+(unrestricted egress) is refused unless the operator turns on `published_unrestricted_egress` (then: the
+public internet only, compat/egress.py); `cpu` and `memory` are echoed as given; container images apply on the Kubernetes backend only (the local backend runs a built root of its image directory by
 name, any other name on the default root; host paths are refused with a 400).
 """
 
@@ -344,19 +347,19 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
             data = base64.b64decode(req.content, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidRequestError("content must be base64 (standard alphabet, padded)") from None
-        await ops.write_file(rec.info.id, req.path, data, None)
+        await ops.write_file(rec.info.id, req.path, data, None, scope="root")
         return {"success": True, "path": req.path, "size": len(data)}
 
     @authed.get("/sandboxes/{sandbox_id}/files")
     async def download_file(sandbox_id: str, path: str) -> dict:
         rec = state.resolve(sandbox_id)
-        data = await ops.read_file(rec.info.id, path)
+        data = await ops.read_file(rec.info.id, path, scope="root")
         return {"path": path, "content": base64.b64encode(data).decode("ascii"), "size": len(data)}
 
     @authed.get("/sandboxes/{sandbox_id}/files/list")
     async def list_files(sandbox_id: str, path: str = "/workspace") -> dict:
         rec = state.resolve(sandbox_id)
-        entries = await ops.list_files(rec.info.id, path)
+        entries = await ops.list_files(rec.info.id, path, scope="root")
         files = [FileInfo(name=e.name, type="directory" if e.type == "dir" else "file", size=e.size,
                           modified=e.modified_at.replace(tzinfo=None).isoformat(timespec="seconds"))
                  for e in entries]

@@ -56,7 +56,7 @@ class ApplyPatch(_In):
 
 
 class UploadFile(_In):
-    path: str = Field(description="Destination inside /workspace (absolute or relative to it).")
+    path: str = Field(description="Destination anywhere in the sandbox (absolute, or relative to /workspace).")
     content: str = Field(description="Base64 file content.")
 
 
