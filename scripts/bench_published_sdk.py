@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             run = _run(args.sdk, "bench_concurrent.py", service.url + "/published", service.token, num,
                        ["--save-timing", str(timing_file)])
             if run.returncode != 0 or not timing_file.exists():
-                print(f"N={num}: bench_concurrent.py exited {run.returncode}:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
+                print(f"N={num}: bench_concurrent.py exited {run.returncode}:\n"
+                      f"{run.stdout[-2000:]}{run.stderr[-2000:]}")
                 failed = True
                 continue
             rows.append({"num": num, **_summary(json.loads(timing_file.read_text())),
