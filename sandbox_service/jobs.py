@@ -148,6 +148,8 @@ class JobManager:
                 acquired = True
             finally:
                 self._queued -= 1
+            if rec.done.is_set():  # ended while it queued (its sandbox was deleted)
+                return
             sandbox = self.ops.manager.ready(rec.job.sandbox_id)
             self.ledger.set_state(rec, JobState.running)
             result = await self.ops.run_exec(sandbox, rec.request)
