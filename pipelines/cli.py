@@ -5,6 +5,7 @@
     orchard run [--preset tiny] [--config F] [--set sft.steps=400] [--kfp-local] [--retrain]   the whole DAG here
     orchard demo                                                  = orchard run --preset demo (`make demo`)
     orchard config show [--preset P] [--set ...]                  the resolved PipelineConfig
+    orchard export tokens --trajectories DIR --model M --out F    the token-level dataset (also: export openai)
     orchard schedule --host URL --cron "0 3 * * 0" --package build/pipelines/orchard-training.kfp.yaml
                      [--namespace kubeflow] [--service-account orchard-pipeline]
 
@@ -97,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     if args_in[:1] == ["env"]:  # `orchard env serve ...`: the trainer-facing environments (components/envs/cli.py)
         from components.envs.cli import main as env_main
         return env_main(args_in[1:])
+    if args_in[:1] == ["export"]:  # `orchard export tokens|openai ...`: datasets for other trainers
+        from components.export_cli import main as export_main
+        return export_main(args_in[1:])
     parser = argparse.ArgumentParser(prog="orchard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 
 from sandbox_service import errors
 from sandbox_service.agent import protocol
-from sandbox_service.agent_client_base import AgentClientBase, AgentUnreachableError, PtySession
+from sandbox_service.agent_client_base import AgentClientBase, AgentUnreachableError, FileScope, PtySession
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.models import ExecOutcome, ExecRequest, ExecResult, FileEntry, InfraErrorKind
 
@@ -171,15 +171,16 @@ class AgentClient(AgentClientBase):
             raise
         return _exec_result(resp, body, request.timeout_seconds, request.verification)
 
-    async def read_file(self, path: str) -> bytes:
-        _, body = await self._call("read_file", {"path": path})
+    async def read_file(self, path: str, *, scope: FileScope = "workspace") -> bytes:
+        _, body = await self._call("read_file", {"path": path, "scope": scope})
         return body
 
-    async def write_file(self, path: str, data: bytes, mode: int | None = None) -> None:
-        await self._call("write_file", {"path": path, "mode": mode}, data)
+    async def write_file(self, path: str, data: bytes, mode: int | None = None, *,
+                         scope: FileScope = "workspace") -> None:
+        await self._call("write_file", {"path": path, "mode": mode, "scope": scope}, data)
 
-    async def list_files(self, path: str) -> list[FileEntry]:
-        resp, _ = await self._call("list_files", {"path": path})
+    async def list_files(self, path: str, *, scope: FileScope = "workspace") -> list[FileEntry]:
+        resp, _ = await self._call("list_files", {"path": path, "scope": scope})
         return [FileEntry(name=e["name"], path=e["path"], type=e["type"], size=e["size"],
                           modified_at=datetime.fromtimestamp(e["mtime"], tz=timezone.utc))
                 for e in resp["entries"]]

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator
+from typing import Literal
 
 from sandbox_service.models import ExecRequest, ExecResult, FileEntry
+
+# Where a file path is confined: the workspace (every native route), or the sandbox's whole root (the
+# published API, as the reference allows; refused by an unisolated agent, whose root is the host's).
+FileScope = Literal["workspace", "root"]
 
 
 class PtySession(abc.ABC):
@@ -46,13 +51,14 @@ class AgentClientBase(abc.ABC):
         `AgentUnreachableError` if the agent is gone (the service maps that to an infra error)."""
 
     @abc.abstractmethod
-    async def read_file(self, path: str) -> bytes: ...
+    async def read_file(self, path: str, *, scope: FileScope = "workspace") -> bytes: ...
 
     @abc.abstractmethod
-    async def write_file(self, path: str, data: bytes, mode: int | None = None) -> None: ...
+    async def write_file(self, path: str, data: bytes, mode: int | None = None, *,
+                         scope: FileScope = "workspace") -> None: ...
 
     @abc.abstractmethod
-    async def list_files(self, path: str) -> list[FileEntry]: ...
+    async def list_files(self, path: str, *, scope: FileScope = "workspace") -> list[FileEntry]: ...
 
     @abc.abstractmethod
     async def put_archive(self, path: str, tar_gz: bytes) -> None:

@@ -78,6 +78,9 @@ class ServiceConfig(BaseSettings):
     reaper_interval_seconds: float = Field(2.0, gt=0, description="How often the reaper looks for lapsed sandboxes.")
     tombstone_seconds: float = Field(600.0, ge=0, description="How long a deleted sandbox still answers GET.")
     job_retention_seconds: float = Field(3600.0, ge=0, description="How long a finished job stays queryable.")
+    max_finished_jobs: int = Field(
+        10_000, ge=0, description="Finished jobs kept queryable at most; past this the oldest go first (bounds "
+        "memory however many commands the service runs).")
 
     ready_timeout_seconds: float = Field(60.0, gt=0, description="Agent must answer a ping this soon after start.")
     adopt_timeout_seconds: float = Field(
@@ -90,6 +93,11 @@ class ServiceConfig(BaseSettings):
     exec_grace_seconds: float = Field(
         15.0, gt=0, description="Service-side deadline = command timeout + this; past it the result is TIMEOUT."
     )
+
+    published_unrestricted_egress: bool = Field(
+        False, description="The published API's `block_network: false`: when true such sandboxes reach every "
+        "public IPv4 address (private, loopback, link-local/cloud-metadata and reserved ranges stay unreachable; "
+        "compat/egress.py); when false (the default) it is refused with 400.")
 
     escalation_enabled: bool = Field(True, description="Global switch for OOM resource escalation.")
     escalation_max_memory_mb: int = Field(16384, ge=16, description="Global cap over every spec's escalation cap.")

@@ -40,8 +40,9 @@ class EmbeddedService:
     started: list["EmbeddedService"] = []
 
     def __init__(self, config: ServiceConfig | None = None, *, startup_timeout: float = 60.0,
-                 check_leaks: bool = True, log_file: Path | None = None):
+                 check_leaks: bool = True, log_file: Path | None = None, python: str | None = None):
         self.config = config
+        self.python = python or sys.executable  # the interpreter the service runs on (path as given)
         self.startup_timeout = startup_timeout
         self.check_leaks = check_leaks
         self.url = ""
@@ -81,7 +82,7 @@ class EmbeddedService:
         self._log = open(log_path, "ab")
         self.log_path = log_path
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "sandbox_service", "serve", "--config", str(config_file),
+            [self.python, "-m", "sandbox_service", "serve", "--config", str(config_file),
              "--port-file", str(port_file), "--log-level", "warning"],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         EmbeddedService.started.append(self)

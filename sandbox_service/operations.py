@@ -15,7 +15,7 @@ import collections
 import contextlib
 import time
 
-from sandbox_service.agent_client_base import AgentUnreachableError
+from sandbox_service.agent_client_base import AgentUnreachableError, FileScope
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import (
     CapacityExceededError,
@@ -210,14 +210,18 @@ class SandboxOperations:
                 raise ServiceUnavailableError(f"{op} failed: {result.message} ({kind})",
                                               retry_after=self.config.retry_after_seconds) from err
 
-    async def read_file(self, sandbox_id: str, path: str) -> bytes:
-        return await self._agent_call(sandbox_id, "read_file", lambda a, p: a.read_file(p), check_path(path))
+    async def read_file(self, sandbox_id: str, path: str, *, scope: FileScope = "workspace") -> bytes:
+        return await self._agent_call(sandbox_id, "read_file", lambda a, p: a.read_file(p, scope=scope),
+                                      check_path(path))
 
-    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int | None) -> None:
-        await self._agent_call(sandbox_id, "write_file", lambda a, p: a.write_file(p, data, mode), check_path(path))
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int | None, *,
+                         scope: FileScope = "workspace") -> None:
+        await self._agent_call(sandbox_id, "write_file", lambda a, p: a.write_file(p, data, mode, scope=scope),
+                               check_path(path))
 
-    async def list_files(self, sandbox_id: str, path: str) -> list[FileEntry]:
-        return await self._agent_call(sandbox_id, "list_files", lambda a, p: a.list_files(p), check_path(path))
+    async def list_files(self, sandbox_id: str, path: str, *, scope: FileScope = "workspace") -> list[FileEntry]:
+        return await self._agent_call(sandbox_id, "list_files", lambda a, p: a.list_files(p, scope=scope),
+                                      check_path(path))
 
     async def upload_small(self, sandbox_id: str, op: str, header: dict, data: bytes) -> None:
         """`write_file` / `put_archive` of a body read whole (small)."""

@@ -15,11 +15,15 @@ retry. Each WebSocket session of the server is one `RecipeEnvironment`, i.e. one
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI
+from fastmcp import FastMCP
+from fastmcp.tools import FunctionTool
 from openenv.core.client_types import StepResult
 from openenv.core.env_client import EnvClient
 from openenv.core.env_server.http_server import create_fastapi_app
@@ -76,6 +80,26 @@ class RecipeEnvironment(Environment[RecipeAction, RecipeObservation, RecipeState
         self.shared = shared
         self.session = shared.session()
         self._state = RecipeState(recipe=shared.config.recipe)
+        self._mcp: FastMCP | None = None
+
+    @property
+    def mcp_server(self) -> FastMCP:
+        """The recipe's tools over MCP (the server's `/mcp` route and the WebSocket's `mcp` messages):
+        `tools/list` lists them with their JSON schemas; `tools/call` is one step of this session's episode
+        (reset first), answered with the step's observation."""
+        if self._mcp is None:
+            self._mcp = FastMCP(f"orchard-{self.shared.config.recipe}")
+            for spec in self.session.recipe.tools():
+                self._mcp.add_tool(FunctionTool(name=spec.name, description=spec.description,
+                                                parameters=spec.parameters, fn=self._mcp_call(spec.name)))
+        return self._mcp
+
+    def _mcp_call(self, tool: str) -> Callable[..., Awaitable[dict[str, Any]]]:
+        async def call(**arguments: Any) -> dict[str, Any]:  # off the event loop: a step runs a sandbox command
+            obs = await asyncio.to_thread(self.step, RecipeAction(tool=tool, arguments=arguments))
+            return obs.model_dump(exclude={"metadata"})
+
+        return call
 
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
               task_index: int | None = None, **_: Any) -> RecipeObservation:

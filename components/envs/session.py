@@ -182,13 +182,18 @@ class RecipeSession:
             raise ValueError(f"no task {task_id!r} in this {self.config.recipe} suite "
                              f"({self.config.split}, {len(self.tasks)} tasks, seed {self.config.task_seed})")
         if task_index is None:
-            task_index = random.Random(seed).randrange(len(self.tasks))
-        return self.tasks[task_index % len(self.tasks)]
+            return self.tasks[random.Random(seed).randrange(len(self.tasks))]
+        if not 0 <= task_index < len(self.tasks):
+            raise ValueError(f"task_index {task_index} is out of range: this {self.config.recipe} suite "
+                             f"({self.config.split}, seed {self.config.task_seed}) has {len(self.tasks)} tasks, "
+                             f"0 to {len(self.tasks) - 1} (num_tasks sets the size)")
+        return self.tasks[task_index]
 
     def reset(self, *, task_id: str | None = None, task_index: int | None = None,
               seed: int | None = None) -> StepOutcome:
         """Start an episode (ending any previous one). Infrastructure failures come back as a done
-        observation with `outcome="infra_error"`; a bad task id raises ValueError (the caller's mistake)."""
+        observation with `outcome="infra_error"`; an unknown task id or an out-of-range task index raises
+        ValueError (the caller's mistake)."""
         self.close()
         self.task = self.pick(task_id=task_id, task_index=task_index, seed=seed)
         self.steps, self.final_answer = 0, None
@@ -206,14 +211,16 @@ class RecipeSession:
         if self.config.sandbox_heartbeat_ttl_seconds is not None:
             spec = spec.model_copy(update={"heartbeat_ttl_seconds": self.config.sandbox_heartbeat_ttl_seconds})
         snapshot = self.cache.get(task.id) if self.cache is not None and self.config.fork_setup else None
+        if snapshot is not None:
+            spec = spec.model_copy(update={"from_snapshot": snapshot})
         try:
-            if snapshot is not None:
-                return self.client.create(spec.model_copy(update={"from_snapshot": snapshot}),
-                                          wait_timeout=self.config.sandbox_wait_seconds)
             sandbox = self.client.create(spec, wait_timeout=self.config.sandbox_wait_seconds)
         except (SandboxServiceError, httpx.HTTPError) as err:
             raise _Infra(f"sandbox create failed: {_describe(err)}") from err
         try:
+            if snapshot is not None:  # setup's files, none of its processes: the recipe restarts those
+                self.recipe.resume(sandbox, task)
+                return sandbox
             self.recipe.setup(sandbox, task)
             if self.cache is not None and self.config.fork_setup:
                 snap = sandbox.snapshot()
@@ -221,7 +228,8 @@ class RecipeSession:
                     delete_snapshot(self.client, snap.id)
         except Exception as err:  # setup is the environment's job: any failure is infrastructure
             self._delete(sandbox)
-            raise _Infra(f"setup of {task.id} failed: {_describe(err)}") from err
+            what = "resuming the forked setup" if snapshot is not None else "setup"
+            raise _Infra(f"{what} of {task.id} failed: {_describe(err)}") from err
         return sandbox
 
     def step(self, tool: str, arguments: dict[str, Any] | None = None) -> StepOutcome:

@@ -137,6 +137,8 @@ def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: st
             except PermissionError:
                 return _spawn_failure(126, f"{argv[0]}: permission denied\n", start, group, tracker)
             except OSError as exc:
+                if exc.errno == errno.E2BIG:  # as a shell answers it: exit 126 and why on stderr
+                    return _spawn_failure(126, _too_long(argv, env), start, group, tracker)
                 if exc.errno in (errno.EAGAIN, errno.ENOMEM):
                     tracker.release(group)
                     raise SpawnError("spawn_failed", "could not start the command: "
@@ -168,6 +170,19 @@ def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: st
         "stdout_len": len(out), "stdout_truncated": out_trunc, "stderr_truncated": err_trunc,
         "duration": time.monotonic() - start,
     }, out + err
+
+
+MAX_ARG_BYTES = 131072  # Linux MAX_ARG_STRLEN: the longest single argument or environment string
+
+
+def _too_long(argv: list[str], env: dict[str, str]) -> str:
+    """What an E2BIG from exec means, in figures the caller can act on."""
+    longest = max(len(a.encode(errors="surrogateescape")) for a in argv)
+    total = sum(len(a.encode(errors="surrogateescape")) + 1 for a in argv)
+    total += sum(len(k.encode()) + len(v.encode(errors="surrogateescape")) + 2 for k, v in env.items())
+    return (f"{argv[0]}: Argument list too long: its longest argument is {longest} bytes and the command line "
+            f"with its environment {total} bytes; Linux takes at most {MAX_ARG_BYTES} bytes in one argument "
+            "and about 2 MB in all (pass long input on stdin or in a file)\n")
 
 
 def _spawn_failure(code: int, message: str, start: float, group: str | None, tracker: CgroupTracker):

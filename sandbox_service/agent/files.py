@@ -36,10 +36,11 @@ class FileOpError(Exception):
 class Confinement:
     """`alias`: a logical workspace path (unisolated agents show their host directory as /workspace)."""
 
-    def __init__(self, workspace: str, workdir: str, alias: str | None = None):
+    def __init__(self, workspace: str, workdir: str, alias: str | None = None, note: str = ""):
         self.root = os.path.realpath(workspace)
         self.alias = alias.rstrip("/") if alias else None
         self.workdir = self.unalias(workdir)
+        self.note = note  # appended to the refusal of a path outside
 
     def unalias(self, path: str) -> str:
         if self.alias and (path == self.alias or path.startswith(self.alias + "/")):
@@ -53,7 +54,8 @@ class Confinement:
         joined = os.path.normpath(os.path.join(self.workdir, self.unalias(path)))
         if not self._inside(joined):
             raise FileOpError("path_outside_sandbox",
-                              f"path {path!r} resolves to {joined!r}, outside the workspace {self.root!r}")
+                              f"path {path!r} resolves to {joined!r}, outside the workspace {self.root!r}"
+                              + self.note)
         return joined
 
     def relative(self, path: str) -> tuple[str, str]:

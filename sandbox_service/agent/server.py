@@ -9,9 +9,9 @@ and a request's path to a handful of syscalls. Ops (request header ``op``):
     exec   {argv, cwd, env, timeout, max_output} + stdin payload
                                            -> {exit_code, timed_out, oom_killed, stdout_len, ...}
                                               + payload stdout||stderr
-    read_file {path}                       -> payload
-    write_file {path, mode} + payload
-    list_files {path}                      -> {entries: [{name, path, type, size, mtime}]}
+    read_file {path, scope}                -> payload
+    write_file {path, mode, scope} + payload
+    list_files {path, scope}               -> {entries: [{name, path, type, size, mtime}]}
     put_archive {path} + tar.gz payload    -> {members}
     get_archive {path}                     -> tar.gz payload
     pty_open {argv, rows, cols, env, cwd}  -> the connection becomes a PTY stream (streams.py)
@@ -21,6 +21,11 @@ and a request's path to a handful of syscalls. Ops (request header ``op``):
 
 Every request must carry ``secret``; it is compared in constant time and a wrong one closes the
 connection after an ``unauthorized`` answer. Stdlib only: this module is copied into every sandbox.
+
+File ops are confined to the workspace; with ``scope: "root"`` (read_file, write_file, list_files) to the
+sandbox's own root instead, with the same beneath-only resolution (no magic links, no escape): what any
+command in the sandbox can reach anyway. An unisolated agent (its root is the host's) keeps that scope in the
+workspace too, and says why when a path is outside.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ MAX_READ_BYTES = 256 * 1024 * 1024  # download limit when the request names none
 # Uploads bigger than this are read from the socket as they are written (never whole in memory).
 STREAM_MIN_BYTES = 1 << 20
 _STREAMED_OPS = ("write_file", "put_archive")
+UNISOLATED = ("unisolated", "none")  # agents whose "/" is the host's (the local backend's and a bare one's)
 
 
 class AgentServer:
@@ -57,6 +63,16 @@ class AgentServer:
         self.tls = tls_context
         self.reaper = execs.Reaper()
         self.conf = files.Confinement(workspace, workdir, workspace_alias)
+        # The sandbox's own root, for scope "root"; where "/" is the host's, the workspace still.
+        self.root_conf = files.Confinement("/", self.workdir) if isolation not in UNISOLATED else files.Confinement(
+            workspace, workdir, workspace_alias, note=" (this sandbox runs unisolated: its root is the host's, "
+                                                      "so file paths stay in the workspace)")
+
+    def _scoped(self, header: dict) -> files.Confinement:
+        scope = header.get("scope") or "workspace"
+        if scope not in ("workspace", "root"):
+            raise files.FileOpError("invalid_request", f"scope {scope!r} must be 'workspace' or 'root'")
+        return self.conf if scope == "workspace" else self.root_conf
 
     # -- serving -------------------------------------------------------------------------------
     def serve(self, listener: socket.socket) -> None:
@@ -174,13 +190,14 @@ class AgentServer:
             result["ok"] = True
             return result, out
         if op == "read_file":
-            f, size = files.open_file(self.conf, header["path"], int(header.get("limit") or MAX_READ_BYTES))
+            f, size = files.open_file(self._scoped(header), header["path"],
+                                      int(header.get("limit") or MAX_READ_BYTES))
             return {"ok": True}, protocol.FileBody(f, size)
         if op == "write_file":
-            files.write_file(self.conf, header["path"], payload, header.get("mode"))
+            files.write_file(self._scoped(header), header["path"], payload, header.get("mode"))
             return {"ok": True}, b""
         if op == "list_files":
-            return {"ok": True, "entries": files.list_dir(self.conf, header["path"])}, b""
+            return {"ok": True, "entries": files.list_dir(self._scoped(header), header["path"])}, b""
         if op == "put_archive":
             return {"ok": True, "members": files.put_archive(self.conf, header["path"], payload)}, b""
         if op == "get_archive":

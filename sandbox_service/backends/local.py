@@ -105,7 +105,7 @@ from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxB
 from sandbox_service.backends.fstree import remove_tree
 from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_version
 from sandbox_service.backends.local_config import DEFAULT_PATH, LocalBackendConfig, check_isolation
-from sandbox_service.backends.local_root import build_root
+from sandbox_service.backends.local_root import build_root, service_python_dir
 from sandbox_service.backends.local_rootfs import (SandboxDir, SandboxRecord, SnapshotStore, copy_tree,
                                                    install_agent, shift_owners)
 from sandbox_service.backends.local_slots import MachineSlots
@@ -203,7 +203,7 @@ class LocalBackend(SandboxBackend):
     def _base_env(self, image: str | None, env: dict[str, str]) -> dict[str, str]:
         path = DEFAULT_PATH
         if image is None and self.config.prepend_service_python_to_path:
-            path = f"{os.path.dirname(sys.executable)}:{path}"
+            path = f"{service_python_dir()}:{path}"
         return {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8", **env}
 
     def _ro_binds(self, image: str | None) -> list[str]:

@@ -21,11 +21,21 @@ import hashlib
 import os
 import shutil
 import stat
+import sys
 from pathlib import Path
 
 SKELETON_DIRS = ("proc", "dev", "sys", "tmp", "run", "home", "workspace", "var/tmp", "opt", ".orchard/agent")
 # World-readable but still not the sandbox's business.
 ETC_SKIPPED = ("orchard", "ssh/ssh_host_", "machine-id")
+
+
+def service_python_dir() -> str:
+    """The service interpreter's directory (its venv's `bin`) by its resolved path, as a sandbox sees it.
+
+    The root binds resolved paths, so a symlink leading to the venv, or to any directory above it
+    (`.venv -> /elsewhere/venv`, `/tmp/proj -> /data/proj`), does not exist inside; the resolved one does.
+    The directory is resolved, not the interpreter, which in a venv links to the base python."""
+    return os.path.realpath(os.path.dirname(sys.executable))
 
 
 def _covered(path: str, binds: list[str]) -> bool:

@@ -14,9 +14,13 @@ to our token (sent as `X-API-Key`). Written from the reference document's routes
   Job status `succeeded` means exit code 0, as in the reference; our `outcome` says whose failure a
   `failed` job was (the command's, or `infrastructure_error`).
 
-Where our security rules differ from the reference, ours win and the error says so: file paths are
-confined to `/workspace`; `block_network: false` (unrestricted egress) is refused; container images
-apply on the Kubernetes backend only (the local backend runs a built root of its image directory by
+File paths may name anything inside the sandbox's own root, as in the reference (relative ones start at
+`/workspace`): what a command in the sandbox reaches anyway, resolved beneath that root with no escape
+(agent/server.py, scope "root"); the host's read-only directories stay read-only.
+
+Where our security rules differ from the reference, ours win and the error says so: `block_network: false`
+(unrestricted egress) is refused unless the operator turns on `published_unrestricted_egress` (then: the
+public internet only, compat/egress.py); `cpu` and `memory` are echoed as given; container images apply on the Kubernetes backend only (the local backend runs a built root of its image directory by
 name, any other name on the default root; host paths are refused with a 400).
 """
 
@@ -37,6 +41,7 @@ from starlette.responses import JSONResponse
 from sandbox_service.auth import TokenAuth
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.compat import PUBLISHED_PREFIX as PREFIX
+from sandbox_service.compat.egress import unrestricted_egress
 from sandbox_service.compat.published_models import (
     ApplyPatch,
     CreateSandbox,
@@ -52,7 +57,6 @@ from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import (
     ConflictError,
     InvalidRequestError,
-    JobNotFoundError,
     SandboxNotFoundError,
     SandboxNotReadyError,
     SandboxServiceError,
@@ -114,23 +118,26 @@ def _error_route(retry_after: float) -> type[APIRoute]:
 
 @dataclass
 class _Requested:
-    """What the caller asked for at create time, echoed back in the reference's shape."""
+    """What the caller asked for at create time, echoed back as given (the reference's shape)."""
 
     image: str
     block_network: bool
     timeout: int
+    cpu: str | None  # as written ("2000m" stays "2000m"); None: not given, our default is shown
+    memory: str | None  # as written ("8Gi" stays "8Gi")
 
 
 @dataclass
 class PublishedState:
-    """Custom sandbox ids and job commands: the two things the reference exposes that we do not store."""
+    """Custom sandbox ids and what was asked at create time: what the reference exposes that we do not store.
+
+    (A job's command as submitted is kept by the job manager, with the job, and goes when the job does.)"""
 
     manager: SandboxManager
     jobs: JobManager
     aliases: dict[str, str] = field(default_factory=dict)  # custom id -> our id
     public: dict[str, str] = field(default_factory=dict)  # our id -> the id the caller knows
     requested: dict[str, _Requested] = field(default_factory=dict)
-    commands: dict[str, str] = field(default_factory=dict)  # job id -> command as submitted
 
     def resolve(self, sandbox_id: str):
         """Our record for a caller's id; deleted sandboxes are 404, as in the reference."""
@@ -145,15 +152,6 @@ class PublishedState:
         self.aliases.pop(public, None)
         self.requested.pop(our_id, None)
 
-    def remember_command(self, job_id: str, command: str) -> None:
-        if len(self.commands) > 4096:  # drop commands of jobs the job manager has already pruned
-            for known in list(self.commands):
-                try:
-                    self.jobs.get(known)
-                except JobNotFoundError:
-                    del self.commands[known]
-        self.commands[job_id] = command
-
 
 def _sandbox_view(state: PublishedState, config: ServiceConfig, rec) -> dict:
     info = rec.info
@@ -165,9 +163,9 @@ def _sandbox_view(state: PublishedState, config: ServiceConfig, rec) -> dict:
         "namespace": config.backend,
         "image": asked.image if asked else (info.image or ""),
         "pod_name": public_id,
-        "block_network": info.network.mode == "none",
-        "cpu": format_cpu(info.resources.cpu),
-        "memory": f"{info.resources.memory_mb}Mi",
+        "block_network": asked.block_network if asked else info.network.mode == "none",
+        "cpu": (asked and asked.cpu) or format_cpu(info.resources.cpu),
+        "memory": (asked and asked.memory) or f"{info.resources.memory_mb}Mi",
         "created_at": info.created_at.timestamp(),
         "ready": info.state is SandboxState.ready,
         "status": status,
@@ -176,7 +174,7 @@ def _sandbox_view(state: PublishedState, config: ServiceConfig, rec) -> dict:
     }
 
 
-def _job_view(state: PublishedState, job: Job) -> JobView:
+def _job_view(state: PublishedState, job: Job, command: str) -> JobView:
     result = job.result
     error = job.reason
     if job.state in (JobState.queued, JobState.running):
@@ -193,7 +191,7 @@ def _job_view(state: PublishedState, job: Job) -> JobView:
         started = completed - result.duration_seconds
     return JobView(
         job_id=job.id, sandbox_id=state.public.get(job.sandbox_id, job.sandbox_id),
-        command=state.commands.get(job.id, ""), status=status,
+        command=command, status=status,
         stdout=result.stdout if result else "", stderr=result.stderr if result else "",
         exit_code=result.exit_code if result else None, created_at=job.created_at.timestamp(),
         started_at=started, completed_at=completed, error=error,
@@ -263,19 +261,23 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
 
     @authed.post("/sandboxes")
     async def create_sandbox(req: CreateSandbox) -> dict:
-        if not req.block_network:
+        if not req.block_network and not config.published_unrestricted_egress:
             raise InvalidRequestError(
-                "block_network=false (unrestricted egress) is not offered by this service; create with "
-                "block_network=true and set an allowlist with PUT /v1/sandboxes/{id}/network-policy")
+                "block_network=false (unrestricted egress) is off on this service: its operator turns it on with "
+                "the setting published_unrestricted_egress (ORCHARD_PUBLISHED_UNRESTRICTED_EGRESS=true; private "
+                "and metadata addresses stay unreachable); or create with block_network=true and set an allowlist "
+                "with PUT /v1/sandboxes/{id}/network-policy")
         if req.sandbox_id is not None and (req.sandbox_id in state.aliases or req.sandbox_id in manager.sandboxes):
             raise ConflictError(f"sandbox_id {req.sandbox_id!r} is already in use; pick another")
         defaults = Resources()
         resources = Resources(cpu=parse_cpu(req.cpu) or defaults.cpu,
                               memory_mb=parse_memory_mb(req.memory) or defaults.memory_mb)
         info = await manager.create(SandboxCreate(image=_image_for(manager.backend, req.image), resources=resources,
-                                                  network=NetworkPolicy(mode="none"),
+                                                  network=NetworkPolicy(mode="none") if req.block_network
+                                                  else unrestricted_egress(),
                                                   labels={"api": "published"}))
-        state.requested[info.id] = _Requested(req.image, True, req.timeout or 3600)
+        state.requested[info.id] = _Requested(req.image, req.block_network, req.timeout or 3600, req.cpu,
+                                              req.memory)
         if req.sandbox_id is not None:
             state.aliases[req.sandbox_id] = info.id
             state.public[info.id] = req.sandbox_id
@@ -309,25 +311,27 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
     async def exec_command(sandbox_id: str, req: ExecCommand) -> Response:
         rec = state.resolve(sandbox_id)
         timeout = req.timeout_seconds or DEFAULT_EXEC_TIMEOUT
+        command = req.command if isinstance(req.command, str) else " ".join(req.command)
         job = jobs.submit(rec.info.id, ExecRequest(command=_argv(req), cwd=req.cwd, env=req.env or {},
-                                                   timeout_seconds=timeout, wait=False))
-        state.remember_command(job.id, req.command if isinstance(req.command, str) else " ".join(req.command))
+                                                   timeout_seconds=timeout, wait=False), command_text=command)
         if not req.wait:
             return JSONResponse({"job_id": job.id, "status": "queued"})
         try:
             job = await jobs.wait(job.id, timeout + WAIT_GRACE)
         except WaitTimeoutError:
             job = jobs.get(job.id)  # still running: the reference answers the job as it stands
-        return Response(_job_view(state, job).model_dump_json(), media_type="application/json")
+        return Response(_job_view(state, job, command).model_dump_json(), media_type="application/json")
 
     @authed.get("/jobs/{job_id}")
     async def get_job(job_id: str) -> Response:
-        return Response(_job_view(state, jobs.get(job_id)).model_dump_json(), media_type="application/json")
+        return Response(_job_view(state, jobs.get(job_id), jobs.command_text(job_id)).model_dump_json(),
+                        media_type="application/json")
 
     @authed.get("/jobs/{job_id}/wait")
     async def wait_job(job_id: str, timeout: float = 300) -> Response:
+        command = jobs.command_text(job_id)  # before waiting: a finished job may be pruned meanwhile
         job = await jobs.wait(job_id, max(0.0, min(timeout, 3600.0)))  # 408 when it runs out
-        return Response(_job_view(state, job).model_dump_json(), media_type="application/json")
+        return Response(_job_view(state, job, command).model_dump_json(), media_type="application/json")
 
     @authed.post("/sandboxes/{sandbox_id}/apply_patch")
     async def apply_patch(sandbox_id: str, req: ApplyPatch) -> dict:
@@ -343,19 +347,19 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
             data = base64.b64decode(req.content, validate=True)
         except (binascii.Error, ValueError):
             raise InvalidRequestError("content must be base64 (standard alphabet, padded)") from None
-        await ops.write_file(rec.info.id, req.path, data, None)
+        await ops.write_file(rec.info.id, req.path, data, None, scope="root")
         return {"success": True, "path": req.path, "size": len(data)}
 
     @authed.get("/sandboxes/{sandbox_id}/files")
     async def download_file(sandbox_id: str, path: str) -> dict:
         rec = state.resolve(sandbox_id)
-        data = await ops.read_file(rec.info.id, path)
+        data = await ops.read_file(rec.info.id, path, scope="root")
         return {"path": path, "content": base64.b64encode(data).decode("ascii"), "size": len(data)}
 
     @authed.get("/sandboxes/{sandbox_id}/files/list")
     async def list_files(sandbox_id: str, path: str = "/workspace") -> dict:
         rec = state.resolve(sandbox_id)
-        entries = await ops.list_files(rec.info.id, path)
+        entries = await ops.list_files(rec.info.id, path, scope="root")
         files = [FileInfo(name=e.name, type="directory" if e.type == "dir" else "file", size=e.size,
                           modified=e.modified_at.replace(tzinfo=None).isoformat(timespec="seconds"))
                  for e in entries]

@@ -24,8 +24,9 @@ class _In(BaseModel):
 class CreateSandbox(_In):
     image: str = Field(description="Container image (Kubernetes backend). Local backend: an absolute path is an "
                                    "image root directory; any other name runs on the host root, read-only.")
-    block_network: bool = Field(True, description="Must stay true: unrestricted egress is not offered here; "
-                                                  "use the native network-policy route for an allowlist.")
+    block_network: bool = Field(True, description="False: unrestricted egress, offered only where the operator "
+                                                  "set published_unrestricted_egress (the public internet; "
+                                                  "private and metadata addresses stay unreachable).")
     sandbox_id: str | None = Field(None, description="Custom id (DNS label: lowercase, digits, '-').")
     cpu: str | None = Field(None, description="CPU cores, e.g. '4' or '2000m'.")
     memory: str | None = Field(None, description="Memory, e.g. '16Gi', '512Mi', '1G'.")
@@ -55,7 +56,7 @@ class ApplyPatch(_In):
 
 
 class UploadFile(_In):
-    path: str = Field(description="Destination inside /workspace (absolute or relative to it).")
+    path: str = Field(description="Destination anywhere in the sandbox (absolute, or relative to /workspace).")
     content: str = Field(description="Base64 file content.")
 
 

@@ -20,6 +20,16 @@ def test_exit_codes_and_outcomes(module_sandbox):
     assert missing.outcome is ExecOutcome.command_failed and not missing.is_infra_error
 
 
+def test_a_command_line_too_long_to_exec_says_so_as_a_shell_would(module_sandbox):
+    """A 2 MB bash command came back as exit code None with empty output ("Argument list too long" lost)."""
+    for command in (["bash", "-c", "echo " + "x" * 2_000_000], "echo " + "x" * 200_000):
+        result = module_sandbox.exec(command)
+        assert result.exit_code == 126 and result.outcome is ExecOutcome.command_failed, result
+        assert "Argument list too long" in result.stderr and "at most 131072 bytes in one argument" in result.stderr
+        assert not result.is_infra_error
+    assert module_sandbox.exec(["echo", "x" * 100_000]).exit_code == 0  # under the limit: runs
+
+
 def test_argv_is_not_a_shell_but_a_string_is(module_sandbox):
     assert module_sandbox.exec(["echo", "$HOME", "a b"]).stdout == "$HOME a b\n"
     assert module_sandbox.exec("printf '%s|' a 'b c'").stdout == "a|b c|"

@@ -136,12 +136,25 @@ def test_files_upload_download_list_with_base64_bodies(api, sbx):
     assert api.post(f"/sandboxes/{sbx}/files", json={"path": "x", "content": "!!"}).status_code == 400
 
 
-def test_files_stay_confined_to_the_workspace(api, sbx):
-    for path in ("/etc/passwd", "/workspace/../etc/passwd"):
-        refused = api.get(f"/sandboxes/{sbx}/files", params={"path": path})
-        assert refused.status_code == 400 and refused.json()["code"] == "path_outside_sandbox"
-    refused = api.post(f"/sandboxes/{sbx}/files", json={"path": "/etc/evil", "content": "eA=="})
-    assert refused.status_code == 400
+def test_files_reach_any_path_in_the_sandbox_root_and_nothing_beyond(api, sbx):
+    """As in the reference, file routes take any path inside the sandbox (its SDK lists `/` by default);
+    the sandbox's root is still the limit: no `..`, no magic links, the host's directories read-only."""
+    listing = api.get(f"/sandboxes/{sbx}/files/list", params={"path": "/"})
+    assert listing.status_code == 200, listing.text
+    assert {"etc", "workspace", "tmp"} <= {f["name"] for f in listing.json()["files"]}
+    passwd = api.get(f"/sandboxes/{sbx}/files", params={"path": "/etc/passwd"}).json()
+    assert b"root:" in base64.b64decode(passwd["content"])
+    up = api.post(f"/sandboxes/{sbx}/files", json={"path": "/tmp/pub/note.txt", "content": "eA=="})
+    assert up.status_code == 200, up.text
+    seen = api.post(f"/sandboxes/{sbx}/exec", json={"command": "cat /tmp/pub/note.txt", "wait": True}).json()
+    assert seen["stdout"] == "x"  # the file the command sees is the one written
+    refused = api.get(f"/sandboxes/{sbx}/files", params={"path": "/workspace/../etc/passwd"})
+    assert refused.status_code == 400 and refused.json()["code"] == "path_outside_sandbox"
+    for magic in ("/proc/1/root/etc/passwd", "/proc/self/cwd/x"):  # magic links could lead out: refused
+        assert api.get(f"/sandboxes/{sbx}/files", params={"path": magic}).status_code in (400, 404), magic
+    read_only = api.post(f"/sandboxes/{sbx}/files", json={"path": "/usr/bin/evil", "content": "eA=="})
+    assert read_only.status_code >= 400  # the host's /usr is bound read-only into the sandbox
+    # (The native API keeps its own rule, the workspace only: tests/sandbox_service/test_api_files.py.)
 
 
 def test_apply_patch(api, sbx):
@@ -161,7 +174,7 @@ def test_unknown_ids_404_bad_bodies_422_and_refused_options_400(api):
     assert api.post("/sandboxes/nope/exec", json={"command": "true"}).status_code == 404
     assert api.post("/sandboxes", json={"block_network": True}).status_code == 422  # image is required
     refused = api.post("/sandboxes", json={"image": "x", "block_network": False})
-    assert refused.status_code == 400 and "network-policy" in refused.json()["detail"]
+    assert refused.status_code == 400 and "published_unrestricted_egress" in refused.json()["detail"]
     assert api.post("/sandboxes", json={"image": "x", "memory": "lots"}).status_code == 400
     assert api.post("/sandboxes", json={"image": "x", "sandbox_id": "Bad_Id"}).status_code == 422
 
@@ -259,3 +272,21 @@ def test_overload_is_503_with_retry_after():
                 assert full.json()["code"] == "capacity_exceeded" and "retry" in full.json()["detail"]
             finally:
                 assert api.delete(f"/sandboxes/{first.json()['sandbox_id']}").status_code == 200
+
+
+def test_an_unisolated_service_keeps_published_file_routes_in_the_workspace():
+    """Unisolated, a sandbox's root is the host's: published file paths stay in the workspace there, and a
+    refusal says why."""
+    from sandbox_service.config import ServiceConfig
+    from sandbox_service.embedded import EmbeddedService
+
+    with EmbeddedService(ServiceConfig(token="unused", unisolated=True)) as service, service.client() as client, \
+            client.create() as sandbox, httpx.Client(base_url=service.url + "/published", timeout=60,
+                                                     headers={"X-API-Key": service.token}) as api:
+        # (created natively: unisolated sandboxes run on the host root, so the published create's image is refused)
+        refused = api.get(f"/sandboxes/{sandbox.id}/files", params={"path": "/etc/passwd"})
+        assert refused.status_code == 400 and "unisolated" in refused.json()["detail"]
+        assert refused.json()["code"] == "path_outside_sandbox"
+        sandbox.write_file("/workspace/ok.txt", "in the workspace")
+        inside = api.get(f"/sandboxes/{sandbox.id}/files", params={"path": "ok.txt"}).json()
+        assert base64.b64decode(inside["content"]) == b"in the workspace"

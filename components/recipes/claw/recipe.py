@@ -135,7 +135,8 @@ class ClawRecipe(RecipeBase):
             if res.is_infra_error:
                 return ToolResult(output=f"Error: the sandbox failed: {res.message}", infra_error=str(res.infra_error))
             tail = ("[timed out]" if res.outcome.value == "command_timeout" else
-                    "[killed: out of memory]" if res.reason == "oom" else f"[exit {res.exit_code}]")
+                    "[killed: out of memory]" if res.reason == "oom" else
+                    f"[could not run: {res.message}]" if res.exit_code is None else f"[exit {res.exit_code}]")
             return ToolResult(output=_clip(f"{res.stdout}{res.stderr}{tail}"))
         if call.name not in claw_api.API:
             return ToolResult(output=f"Error: unknown tool {call.name!r}; use one of {sorted(claw_api.API)} or answer.",

@@ -114,12 +114,21 @@ class GUIRecipe(RecipeBase):
         site = task.metadata.get("site")
         if not site:
             raise ValueError(f"GUI task {task.id} has no metadata['site']; generate tasks with GUIRecipe.tasks()")
-        sandbox.exec(["mkdir", "-p", SITE_DIR, f"{GUI_DIR}/home", f"{GUI_DIR}/tmp", f"{GUI_DIR}/shots",
-                      f"{GUI_DIR}/profile"])
+        sandbox.exec(["mkdir", "-p", SITE_DIR, f"{GUI_DIR}/home", f"{GUI_DIR}/tmp", f"{GUI_DIR}/shots"])
         sandbox.write_file(f"{SITE_DIR}/site_server.py", _file("site_server.py"))
         sandbox.write_file(f"{SITE_DIR}/data.json", json.dumps(site))
         sandbox.write_file(f"{GUI_DIR}/browser_controller.py", _file("browser_controller.py"))
         sandbox.write_file(CTL, _file("ctl.py"))
+        self._start(sandbox, task)
+
+    def resume(self, sandbox: Sandbox, task: Task) -> None:
+        """A fork of a set-up sandbox has the site and controller files but neither process: start both."""
+        self._start(sandbox, task)
+
+    def _start(self, sandbox: Sandbox, task: Task) -> None:
+        """Start the site server and the browser controller; wait until the controller answers. The browser
+        gets an empty profile every time (a forked one would hold the previous Chromium's locks)."""
+        sandbox.exec(["bash", "-c", f"rm -rf {GUI_DIR}/profile && mkdir -p {GUI_DIR}/profile"])
         site_job = sandbox.exec_async(["python", f"{SITE_DIR}/site_server.py", "--data", f"{SITE_DIR}/data.json",
                                        "--state", STATE, "--port", str(SITE_PORT)], timeout=JOB_SECONDS)
         browser_job = sandbox.exec_async(["python", f"{GUI_DIR}/browser_controller.py", "--socket", SOCKET,

@@ -94,6 +94,9 @@ class SWETools:
         if result.outcome is ExecOutcome.command_timeout:
             return ToolResult(output=f"{text}\n[timed out after {self.timeout_seconds:g}s]",
                               policy_error="command timed out")
+        if result.exit_code is None:  # it never ran: the service says why
+            tail = f"[could not run: {result.message}]"
+            return ToolResult(output=f"{text}\n{tail}" if text else tail, policy_error=result.message)
         tail = f"[exit code {result.exit_code}]"
         if result.reason == "oom":  # its own OOM: the policy's outcome, shown to it like any failure
             tail = f"[killed: out of memory, exit code {result.exit_code}]"

@@ -183,3 +183,72 @@ def test_the_server_token_is_generated_and_printed_once_when_not_given(monkeypat
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     assert "(loopback by default)" in capsys.readouterr().out
+
+
+def test_mcp_lists_the_recipe_tools_and_a_call_is_one_step_of_the_session(sandbox_service, env_server):
+    """`/mcp tools/list` answered -32603 ("Environment does not support MCP") although the server advertises
+    the route; now it lists the recipe's tools, and `tools/call` in a session steps that session's episode."""
+    import os
+
+    import httpx
+
+    from components.envs.openenv_env import TOKEN_ENV
+
+    config = _config(sandbox_service, "swe", max_steps=4)
+    expected = {t.name: t.parameters for t in get_recipe("swe").tools()}
+    with env_server(config) as (url, _):
+        auth = {"Authorization": f"Bearer {os.environ[TOKEN_ENV]}"}
+        listed = httpx.post(url + "/mcp", json={"jsonrpc": "2.0", "method": "tools/list", "params": {}, "id": 1},
+                            headers=auth, timeout=30).json()
+        assert "error" not in listed or listed["error"] is None, listed
+        assert {t["name"]: t["inputSchema"] for t in listed["result"]["tools"]} == expected
+        # Outside a session there is no episode: the call says so (an observation, not a server error).
+        stateless = httpx.post(url + "/mcp", headers=auth, timeout=30, json={
+            "jsonrpc": "2.0", "method": "tools/call", "params": {"name": "bash", "arguments": {"command": "ls"}},
+            "id": 2}).json()
+        assert "result" in stateless, stateless
+        assert "reset" in stateless["result"]["output"] and stateless["result"]["done"] is True
+
+        async def in_a_session() -> dict:
+            async with RecipeEnvClient(base_url=url) as client:
+                await client.reset(task_index=0)
+                reply = await client._send_and_receive({"type": "mcp", "data": {
+                    "jsonrpc": "2.0", "method": "tools/call", "id": 3,
+                    "params": {"name": "bash", "arguments": {"command": "echo via-mcp"}}}})
+                state = await client.state()
+                return {"reply": reply, "steps": state.step_count}
+
+        got = asyncio.run(in_a_session())
+        result = got["reply"]["data"]["result"]
+        assert "via-mcp" in result["output"] and result["done"] is False and got["steps"] == 1
+
+
+def test_an_out_of_range_task_index_is_refused_with_the_suite_size(sandbox_service, env_server):
+    """`reset(task_index=99999)` used to wrap around silently and give another task."""
+    config = _config(sandbox_service, "claw")
+    with env_server(config) as (url, _):
+        client = RecipeEnvClient(base_url=url).sync()
+        try:
+            with pytest.raises(RuntimeError, match="task_index 99999 is out of range.* has 4 tasks, 0 to 3"):
+                client.reset(task_index=99999)
+        finally:
+            client.close()
+
+
+@pytest.mark.parametrize("recipe", ["swe", "claw", pytest.param("gui", marks=pytest.mark.slow)])
+def test_repeat_episodes_of_a_task_fork_the_setup_and_resolve(sandbox_service, env_server, recipe):
+    """With forking on, later episodes of a task fork the first set-up's snapshot, which holds its files but not
+    its processes: GUI's every later episode was "browser controller unreachable" (its site and browser are
+    restarted now)."""
+    config = _config(sandbox_service, recipe, max_steps=16)
+    assert config.fork_setup
+    with env_server(config) as (url, shared):
+        client = RecipeEnvClient(base_url=url, message_timeout_s=240).sync()
+        try:
+            for episode in range(2):
+                result, _ = _drive(client, recipe, config, task_index=1)
+                outcome = (result.done, result.reward, result.observation.outcome)
+                assert outcome == (True, 1.0, "resolved"), (episode, result.observation.infra_error)
+                assert len(shared.cache) == 1  # the first episode's set-up, which the second forked
+        finally:
+            client.close()
