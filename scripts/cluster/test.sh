@@ -4,7 +4,8 @@
 #   3 tests/cluster (marker `cluster`): deploy manifests/overlays/dev, the Kubernetes backend on real pods,
 #     the Argo pipeline (preset tiny) + MLflow + a CronWorkflow run on the grown data store
 #   4 cluster-down, which fails if the host is not as before (KEEP_CLUSTER=1 skips it)
-# A failing test prints the events and logs of the pods that are not healthy.
+# A failing test prints the events and logs of the pods that are not healthy. Arguments go to pytest,
+# e.g. `scripts/cluster/test.sh -k 'pipeline or cron'` (KEEP_CLUSTER=1 for a cluster already up).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/cluster/env.sh
@@ -28,12 +29,20 @@ else
   timed images-import scripts/cluster/images.sh import
 fi
 export KUBECONFIG="$KUBECONFIG_ADMIN" ORCHARD_TEST_CLUSTER=1
-# A tag imported again (a rebuilt image) does not replace running containers: restart orchard's
-# Deployments so the tests run what was just built.
-if grep -q '/orchard/' "$CACHE/imported/changed" 2>/dev/null \
-    && kubectl -n orchard get deploy -o name 2>/dev/null | grep -q .; then
-  timed restart-deployments bash -c 'kubectl -n orchard rollout restart deploy \
-    && kubectl -n orchard rollout status deploy --timeout 300s'
-fi
-timed tests "$PY" -m pytest -m cluster tests/cluster -p no:cacheprovider -s -v --timeout 4000 ${PYTEST_ARGS:-}
+# A tag imported again (a rebuilt image) does not replace running containers: restart the Deployments of
+# namespace orchard that run an image just imported, so the tests run what was just built.
+restart_rebuilt() {
+  local deploy image
+  for deploy in $(kubectl -n orchard get deploy -o name 2>/dev/null); do
+    for image in $(kubectl -n orchard get "$deploy" -o jsonpath='{.spec.template.spec.containers[*].image}'); do
+      case "$image" in */*/*) ;; *) image="docker.io/$image" ;; esac
+      if grep -qxF "$image" "$CACHE/imported/changed" 2>/dev/null; then
+        kubectl -n orchard rollout restart "$deploy" && kubectl -n orchard rollout status "$deploy" --timeout 300s
+        break
+      fi
+    done
+  done
+}
+timed restart-rebuilt restart_rebuilt
+timed tests "$PY" -m pytest -m cluster tests/cluster -p no:cacheprovider -s -v --timeout 4000 "$@"
 [ -n "${KEEP_CLUSTER:-}" ] || timed cluster-down scripts/cluster/down.sh
