@@ -49,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from components.core.connection import SandboxConnection
 from components.core.distributed import LaunchConfig, barrier, is_main_process, world_size
+from components.core.interrupts import trainer_callback
 from components.core.harness import HarnessConfig
 from components.core.modeling import LoadOptions
 from components.core.schema import Outcome, Recipe, Task
@@ -295,7 +296,8 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
         try:
             trainer = signal_only(GRPOTrainer)(
                 model=model, processing_class=tokenizer, reward_funcs=[verified_reward], args=args,
-                train_dataset=Dataset.from_list(rollout.dataset_rows()), rollout_func=rollout)
+                train_dataset=Dataset.from_list(rollout.dataset_rows()), rollout_func=rollout,
+                callbacks=[trainer_callback()])
             trainer.train()
         finally:
             rollout.close()

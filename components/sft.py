@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.distributed import LaunchConfig, barrier, is_main_process, world_size
+from components.core.interrupts import trainer_callback
 from components.core.modeling import (
     LoadOptions, ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters, resolve_device,
 )
@@ -189,7 +190,7 @@ def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset
     metrics = _StepMetrics()
     trainer = CountingTrainer(
         model=model, args=args, train_dataset=dataset, data_collator=PadCollator(tokenizer.pad_token_id),
-        callbacks=[MetricsCallback(metrics, config.mode)], step_metrics=metrics,
+        callbacks=[MetricsCallback(metrics, config.mode), trainer_callback()], step_metrics=metrics,
     )
     from transformers.trainer_callback import PrinterCallback
 

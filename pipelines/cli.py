@@ -9,7 +9,8 @@
                      [--namespace kubeflow] [--service-account orchard-pipeline]
 
 A bad preset, --set, recipe or config file is reported as one line (exit 2), not a traceback; so is a
-KFP API that `orchard schedule` cannot reach (exit 1).
+KFP API that `orchard schedule` cannot reach (exit 1). Ctrl-C or SIGTERM stops `orchard run` cleanly (exit 130
+or 143; the current stage ends, its sandboxes are deleted, MLflow marks the runs KILLED); twice exits at once.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="ServiceAccount of the runs' pods (default: ClusterConfig.service_account, orchard-pipeline)")
 
     args = parser.parse_args(argv)
+    from components.core.interrupts import RunInterrupted
     from pipelines.config import ConfigError
 
     try:
@@ -148,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"orchard: {err}", file=sys.stderr)
         return 2
+    except RunInterrupted as err:  # the runner has ended the stage, its sandboxes and the MLflow runs
+        print(f"orchard: {err}: run stopped", file=sys.stderr)
+        return err.exit_code
 
 
 def _dispatch(args: argparse.Namespace) -> int:

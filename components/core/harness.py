@@ -44,6 +44,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from components.core.interrupts import raise_if_stopping
 from components.core.policy_base import EpisodeAwarePolicy, GenerationConfig, Policy, ToolAwarePolicy
 from components.core.protocol import ToolCallParseError, tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult
@@ -236,6 +237,7 @@ class _Episode:
         cfg = self.config
         assert self.sandbox is not None
         while not self.submitted:
+            raise_if_stopping()  # Ctrl-C/SIGTERM: the episode ends here and its sandbox is deleted
             turns = sum(1 for s in self.steps if s.role == "assistant")
             if turns >= cfg.max_steps:
                 return EpisodeStatus.truncated
@@ -285,6 +287,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
                 *, prefix_steps: list[Step] | None = None, from_snapshot: str | None = None) -> Trajectory:
     """Run one episode and verify it. With `from_snapshot` the sandbox forks that state (no setup,
     no replay); with only `prefix_steps` the prefix's tool calls are re-executed after setup."""
+    raise_if_stopping()  # a stopping run starts no more episodes (queued ones in a thread pool end here)
     ep = _Episode(task, recipe, policy, config)
     if isinstance(policy, EpisodeAwarePolicy):
         policy.reset(task)

@@ -1,0 +1,171 @@
+"""Ctrl-C and SIGTERM stop `orchard run` cleanly: a real CLI process, signalled while its sandboxes are live.
+
+Each test starts `python -m pipelines.cli run` (the micro config, with enough distill tasks to be caught
+mid-stage) in its own process group, waits until sandbox processes of its embedded service exist, signals
+the group as a terminal's Ctrl-C or a CI timeout would, and then checks that the process left within seconds
+with the shell's exit code, that no sandbox process or mount and no service is left, and what MLflow says.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import yaml
+
+from sandbox_service.leaks import leaked_mounts, leaked_processes
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _micro_file(micro_config, tmp_path: Path) -> Path:
+    path = tmp_path / "micro.yaml"
+    data = micro_config.model_dump(mode="json", exclude={"preset"})
+    data["provision"]["n_train"] = 40  # distill runs long enough to be interrupted in the middle
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+class _Run:
+    """`orchard run` in its own process group, with its embedded service's temporary files under `tmp`."""
+
+    def __init__(self, tmp_path: Path, short_tmp: Path, micro_config, *, ignore_sigint: bool):
+        self.tmp = short_tmp
+        self.runs = tmp_path / "runs"
+        self.log_path = tmp_path / "orchard.log"
+        env = {**os.environ, "TMPDIR": str(self.tmp), "PYTHONPATH": str(REPO)}
+        # A non-interactive shell starts a background job with SIGINT ignored; Python then installs no
+        # KeyboardInterrupt handler (the case where Ctrl-C used to be lost).
+        preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "pipelines.cli", "run", "--preset", "tiny",
+                 "--config", str(_micro_file(micro_config, tmp_path)), "--runs-dir", str(self.runs)],
+                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, preexec_fn=preexec)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_sandboxes(self, timeout: float = 240.0) -> tuple[Path, int]:
+        """The service's state dir and pid, once sandbox processes of it exist after init-policy (a stage is
+        mid-episode)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"orchard run ended before any sandbox existed:\n{self.log()[-3000:]}"
+            for state in self.tmp.glob("orchard-svc-*/state"):
+                # after init-policy: provision's own probe sandboxes are not an episode's
+                if "done init-policy" in self.log() and leaked_processes(state):
+                    service = [pid for pid in _children(self.proc.pid)
+                               if b"sandbox_service" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+                    assert len(service) == 1, service
+                    return state, service[0]
+            time.sleep(0.1)
+        raise AssertionError(f"no sandbox within {timeout} s:\n{self.log()[-3000:]}")
+
+    def signal(self, sig: int) -> float:
+        os.killpg(self.proc.pid, sig)
+        return time.monotonic()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def short_tmp():
+    """TMPDIR of the run: short, as the sandboxes' agent sockets live under it (107-byte socket paths)."""
+    path = Path(tempfile.mkdtemp(prefix="oi-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _wait_gone(check, timeout: float) -> list:
+    deadline = time.monotonic() + timeout
+    while (left := check()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def _mlflow_runs(runs_dir: Path):
+    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("orchard")
+    return client.search_runs([experiment.experiment_id])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_signal_stops_the_run_cleanly(tmp_path, short_tmp, micro_config, sig):
+    run = _Run(tmp_path, short_tmp, micro_config, ignore_sigint=sig == signal.SIGINT)
+    try:
+        state, service = run.wait_for_sandboxes()
+        sent = run.signal(sig)
+        code = run.proc.wait(timeout=60)
+        seconds = time.monotonic() - sent
+    finally:
+        run.kill()
+    log = run.log()
+    assert code == 128 + sig, log[-3000:]
+    assert seconds < 30, f"took {seconds:.1f} s to stop:\n{log[-3000:]}"
+    assert "Traceback" not in log, log[-3000:]
+    assert f"interrupted by {signal.Signals(sig).name}: run stopped" in log
+    assert not _alive(service), "the embedded sandbox service outlived orchard run"
+    assert not leaked_processes(state) and not leaked_mounts(state)
+
+    runs = _mlflow_runs(run.runs)
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    parent = next(r for r in runs if r.data.tags.get("orchard.stage") == "pipeline")
+    assert parent.info.status == "KILLED"
+    assert parent.data.tags["orchard.failure_reason"] == f"RunInterrupted: interrupted by {signal.Signals(sig).name}"
+    stage = parent.data.tags["orchard.failed_stage"]
+    assert stage in ("evaluate-teacher", "distill"), stage
+    stopped = [r for r in runs if r.info.run_name == stage]
+    assert [r.info.status for r in stopped] == ["KILLED"]
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    assert finished and all(r.info.run_name in ("provision", "init-policy", "evaluate-teacher") for r in finished)
+
+
+def test_second_ctrl_c_exits_at_once(tmp_path, short_tmp, micro_config):
+    run = _Run(tmp_path, short_tmp, micro_config, ignore_sigint=False)
+    try:
+        state, service = run.wait_for_sandboxes()
+        run.signal(signal.SIGINT)
+        time.sleep(0.05)
+        sent = run.signal(signal.SIGINT)
+        code = run.proc.wait(timeout=60)
+        seconds = time.monotonic() - sent
+    finally:
+        run.kill()
+    assert code == 130, run.log()[-3000:]
+    assert seconds < 5, f"the second Ctrl-C took {seconds:.1f} s"
+    assert "SIGINT again: exiting now" in run.log()
+    # Not waited for, but not orphaned either: the service was told to stop and deletes its sandboxes.
+    assert not _wait_gone(lambda: [service] if _alive(service) else [], 60), "the sandbox service kept running"
+    assert not _wait_gone(lambda: leaked_processes(state) + leaked_mounts(state), 30)
