@@ -24,10 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.connection import SandboxConnection
 from components.core.interrupts import raise_if_stopping, stop_on_signals
-from components.core.tracking import ended_status, fail_pipeline_run, open_pipeline_run
+from components.core.tracking import FAILURE_REASON_TAG, fail_pipeline_run, open_pipeline_run
 from pipelines import stages
 from pipelines.config import PipelineConfig
 from pipelines.layout import RunLayout
+from pipelines.preflight import preflight
 from pipelines.report import RunReport
 from pipelines.steps import StepContext, report_in_layout, run_in_layout, tracking_uri_for
 
@@ -70,6 +71,7 @@ def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console:
 
     console = console or Console()
     t_start = time.perf_counter()
+    preflight(config)  # an endpoint that cannot work fails the run now, not stages later
     services: list[Any] = []  # the embedded service, for a second Ctrl-C (stop_on_signals)
     with stop_on_signals(on_force_exit=lambda: [s.request_stop() for s in services]):
         if config.sandbox_url:
@@ -122,8 +124,8 @@ def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console:
                     progress.advance(bar)
             except BaseException as err:
                 status = fail_pipeline_run(ctx.tracking_config, parent, err, stage=current)
-                console.print(f"[red]{status}[/] {current or 'between stages'}: {ended_status(err)[1]} "
-                              f"(MLflow parent run {parent} and the runs under it marked {status})")
+                console.print(f"[red]{status}[/] at {current or 'a stage boundary'}: MLflow parent run {parent} "
+                              f"and the runs under it marked {status} ({FAILURE_REASON_TAG} says why)")
                 raise
         finally:
             for service in services:

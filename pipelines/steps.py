@@ -21,6 +21,7 @@ from components.core.distributed import is_main_process, world_size
 from components.core.tracking import TrackingConfig, close_pipeline_run, open_pipeline_run
 from pipelines import stages
 from pipelines.config import PipelineConfig, resolve
+from pipelines.preflight import preflight
 
 if TYPE_CHECKING:
     from pipelines.layout import RunLayout
@@ -170,6 +171,7 @@ def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlf
     config = resolve(preset, overrides={  # overrides_json (the whole config, from kfp.local) has the last word
         **retrain, **json.loads(overrides_json or "{}"), "recipe": recipe, "seed": seed,
         "sandbox_url": sandbox_url or None, "tracking_uri": mlflow_uri or None, "experiment": experiment})
+    preflight(config)  # before the parent run: a config that cannot work leaves nothing RUNNING
     ctx = StepContext(config, None)
     run_id = open_pipeline_run(ctx.tracking_config, run_name or f"pipeline-{config.recipe}", config,
                                tags={"orchard.preset": config.preset, "orchard.recipe": config.recipe, **(tags or {})})

@@ -39,7 +39,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
@@ -50,7 +50,7 @@ from components.core.protocol import ToolCallParseError, tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult
 from components.core.rendering import steps_as_messages
 from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, Verification, utcnow
-from components.core.tool_formats import NATIVE_FORMATS, ToolFormat, parse_call
+from components.core.tool_formats import NATIVE_FORMATS, ToolFormat, ToolFormatSetting, parse_call
 from sandbox_service.client import Sandbox, SandboxClient
 from sandbox_service.errors import SandboxServiceError
 
@@ -74,7 +74,7 @@ class HarnessConfig(BaseModel):
     )
     sandbox_wait_seconds: float = Field(120.0, gt=0, description="How long to wait for a new sandbox to be ready.")
     heartbeat_every_seconds: float = Field(30.0, gt=0, description="Heartbeat the sandbox when idle this long.")
-    tool_format: Literal["auto", "protocol", "hermes", "llama3_json"] = Field(
+    tool_format: ToolFormatSetting = Field(
         "auto", description="How tool calls are written and parsed: auto = the policy's own (a local model's "
                             "chat template; the text protocol for endpoints and scripted teachers); protocol = "
                             "our text protocol described in the system prompt; hermes / llama3_json = native.")

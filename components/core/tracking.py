@@ -254,8 +254,13 @@ def ended_status(err: BaseException) -> tuple[str, str]:
     from components.core.interrupts import RunInterrupted
 
     status = "KILLED" if isinstance(err, (RunInterrupted, KeyboardInterrupt)) else "FAILED"
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    text = error_line(err)
     return status, (f"{type(err).__name__}: {text}" if text else type(err).__name__)[:500]
+
+
+def error_line(err: BaseException) -> str:
+    """The first non-empty line of an exception's message ("" when it has none)."""
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), "")
 
 
 def fail_pipeline_run(tracking: TrackingConfig, run_id: str, err: BaseException, stage: str | None = None) -> str:

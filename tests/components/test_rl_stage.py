@@ -60,9 +60,9 @@ def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_rewa
     assert len(records) == 3  # one prompt per step (batch_prompts=1)
     # Two tasks, three steps: TRL deals both in the first pass, so `broken` (never a group) takes a step of its own.
     # That optimizer step trained on nothing and is no update for the promotion gate.
-    assert result.optimizer_steps == 3 and math.isfinite(result.metrics["final_loss"])
+    assert result.steps_done + result.steps_without_update == 3 and math.isfinite(result.metrics["final_loss"])
     assert result.steps_done == sum(r.kept for r in records) == result.informative_groups
-    assert 0 < result.steps_done < result.optimizer_steps
+    assert result.steps_done > 0 and result.steps_without_update > 0
     episodes = {t.id: t for t in TrajectoryStore(tmp_path / "rl" / "rollouts").read()}
     assert sum(r.generated for r in records) == len(episodes) == result.trajectories
     broken = [r for r in records if r.prompt_id == "broken"]
@@ -112,7 +112,7 @@ def test_steps_with_only_dropped_groups_leave_every_weight_as_it_was(rl_inputs, 
     config = _config(sandbox_service, steps=2, weight_decay=0.1)
     result = train_rl(config, tmp_path / "tasks", rl_inputs / "sft", tmp_path / "rl")
 
-    assert (result.optimizer_steps, result.steps_done, result.informative_groups) == (2, 0, 0)
+    assert (result.steps_without_update, result.steps_done, result.informative_groups) == (2, 0, 0)
     after = load_policy(tmp_path / "rl")[0].state_dict()
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert not changed, f"{len(changed)} tensors moved without a reward signal: {changed[:5]}"

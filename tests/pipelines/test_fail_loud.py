@@ -75,9 +75,15 @@ def test_the_infra_error_limit_is_configurable_per_stage(tmp_path, sandbox_servi
 
 
 def test_evaluating_an_unreachable_endpoint_fails_with_the_connection_error(tmp_path, external_service, micro_config):
+    from pipelines.preflight import PreflightError
+    from pipelines.stages import check_endpoint
+
     base_url = f"http://127.0.0.1:{_closed_port()}/v1"
     config = micro_config.updated(sandbox_url=external_service.url, evaluate_teacher={
         "policy": "openai", "endpoint": {"base_url": base_url, "model": "teacher", "connect_timeout_seconds": 2}})
-    with pytest.raises(StageFailed, match=f"evaluation endpoint {base_url} is unreachable .*ConnectError"):
-        run_local(config, tmp_path / "runs")
-    assert _parent_status(tmp_path) == "FAILED"
+    with pytest.raises(PreflightError, match=f"evaluate_teacher.endpoint: {base_url} does not answer .*ConnectError"):
+        run_local(config, tmp_path / "runs")  # before anything ran
+    assert not (tmp_path / "runs").exists()
+    # the stage asks again when it starts (on a cluster, hours after the run's start step)
+    with pytest.raises(StageFailed, match=f"evaluation endpoint: {base_url} does not answer .*ConnectError"):
+        check_endpoint(config.evaluate_teacher)
