@@ -193,8 +193,12 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
             mlflow.set_tags({"orchard.promotion": "promoted" if result.promoted else "rejected",
                              "orchard.promotion_reason": result.reason[:5000]})
             if result.candidate_version:
-                mlflow.set_tag("orchard.registered_model", f"{promo.model_name}/{result.candidate_version}")
+                name, version = promo.model_name, result.candidate_version
+                mlflow.set_tag("orchard.registered_model", f"{name}/{version}")
                 mlflow.set_tag("orchard.registered_from", stage)
+                link = f"- registered: [{name} version {version}](#/models/{name}/versions/{version}) (from {stage})"
+                note = mlflow.get_run(tracking.parent_run_id).data.tags.get("mlflow.note.content", "")
+                mlflow.set_tag("mlflow.note.content", f"{note}\n{link}" if note else link)
     (out / "comparison.json").write_text(result.model_dump_json(indent=2))
     return result
 

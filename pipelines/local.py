@@ -30,7 +30,7 @@ from pipelines.config import PipelineConfig
 from pipelines.layout import RunLayout
 from pipelines.preflight import preflight
 from pipelines.report import RunReport
-from pipelines.steps import StepContext, report_in_layout, run_in_layout, tracking_uri_for
+from pipelines.steps import StepContext, parent_run_tags, report_in_layout, run_in_layout, tracking_uri_for
 
 
 class LocalRunResult(BaseModel):
@@ -89,8 +89,8 @@ def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console:
             layout.config.write_text(config.model_dump_json(indent=2))
             ctx = StepContext(config, None, sandbox=connection)
             parent = open_pipeline_run(ctx.tracking_config, f"local-{config.preset}-{layout.root.name}", config,
-                                       tags={"orchard.preset": config.preset, "orchard.recipe": config.recipe,
-                                             "orchard.runner": "local", "orchard.run_dir": str(layout.root)})
+                                       tags=parent_run_tags(config, **{"orchard.runner": "local",
+                                                                       "orchard.run_dir": str(layout.root)}))
             ctx.parent_run_id = parent
             console.print(f"[bold]orchard[/] {config.preset} run -> {layout.root}  (MLflow {config.tracking_uri}, "
                           f"parent run {parent}; sandboxes at {connection.url})")

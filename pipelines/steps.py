@@ -174,8 +174,34 @@ def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlf
     preflight(config)  # before the parent run: a config that cannot work leaves nothing RUNNING
     ctx = StepContext(config, None)
     run_id = open_pipeline_run(ctx.tracking_config, run_name or f"pipeline-{config.recipe}", config,
-                               tags={"orchard.preset": config.preset, "orchard.recipe": config.recipe, **(tags or {})})
+                               tags=parent_run_tags(config, **(tags or {})))
     return config, run_id
+
+
+def parent_run_tags(config: PipelineConfig, **extra: str) -> dict[str, str]:
+    """The parent run's tags: preset, recipe, the code's git commit and a description (the run page's
+    Description: preset, model, data, teacher, commit), plus `extra`."""
+    from components.promote import git_commit
+
+    commit = git_commit(Path(__file__).resolve().parents[1])
+    source = config.provision.source
+    model = f"`{config.model.path}`" if config.model.path else "the tiny model (`model.tiny`)"
+    if config.retrain.start_from == "champion":
+        model += f", or the champion of `{config.register_model_name}` when there is one"
+    data = (f"`{source.kind}` tasks from `{source.path}`" if source.kind != "generator"
+            else f"`{config.recipe}` tasks generated from seed {config.provision.seed}")
+    data += f": {config.provision.n_train} train, {config.provision.n_heldout} held out"
+    if config.retrain.data_store:
+        data += f"; training data accumulates in `{config.retrain.data_store}`"
+    teacher = config.distill.openai.model if config.distill.teacher == "openai" and config.distill.openai else \
+        f"scripted (error rate {config.distill.error_rate:g})"
+    note = "\n".join([f"orchard **{config.preset}** run, recipe `{config.recipe}`, seed {config.seed}", "",
+                      f"- model: {model}", f"- data: {data}", f"- teacher: {teacher}",
+                      f"- stages: sft {config.sft.steps} steps ({config.sft.mode}), rl {config.rl.steps} steps "
+                      f"({config.rl.rollout.sampler}), evaluation k={config.evaluate.k}",
+                      f"- code: git commit `{commit}`"])
+    return {"orchard.preset": config.preset, "orchard.recipe": config.recipe, "mlflow.source.git.commit": commit,
+            "mlflow.note.content": note, **extra}
 
 
 def per_task_pass_at_1(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
@@ -195,7 +221,7 @@ def per_task_pass_at_1(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
 def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
                     *, exec_latency: dict[str, float] | None = None, stage_seconds: dict[str, float] | None = None,
                     stages_skipped: list[str] | None = None, stores: dict[str, Path] | None = None,
-                    status: str = "FINISHED"):
+                    tasks_dir: Path | None = None, status: str = "FINISHED"):
     """Log the results table and plots to the parent run and close it (registering is the gate's job).
 
     `results`: each stage's result by stage name. Returns (RunReport, markdown table).
@@ -216,7 +242,8 @@ def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
                                      per_task=per_task_pass_at_1(evals))
     markdown = report.to_markdown(run_report)
     if ctx.parent_run_id:
-        report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown, stores=stores)
+        report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown, stores=stores,
+                             tasks_dir=tasks_dir)
         close_pipeline_run(ctx.tracking_config, ctx.parent_run_id, status=status)
     return run_report, markdown
 
@@ -292,7 +319,8 @@ def report_in_layout(layout: RunLayout, ctx: StepContext, **kw: Any):
     results = {s.name: layout.read_result(s.name) for s in stages.STAGES}
     stores = {"trajectories": layout.artifact("distill", "trajectories"),
               "credited": layout.artifact("credit", "credited")}
-    run_report, markdown = finish_pipeline(ctx, results, stores=stores, **kw)
+    run_report, markdown = finish_pipeline(ctx, results, stores=stores, tasks_dir=layout.artifact("provision", "tasks"),
+                                           **kw)
     layout.report.write_text(markdown)
     return run_report, markdown
 

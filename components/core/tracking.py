@@ -66,8 +66,14 @@ def ui_command(tracking: TrackingConfig) -> str:
     return f"mlflow ui --backend-store-uri {tracking.tracking_uri}"
 
 
+# The MLflow UI (3.x) opens an experiment by its kind: without this tag it guesses, and a store with traces
+# opens on the GenAI pages. Ours train models: runs, metrics and the registry first.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
 def ensure_experiment(tracking: TrackingConfig) -> str:
-    """The experiment's id, created with `artifact_location` when it does not exist yet."""
+    """The experiment's id, created with `artifact_location` and marked as a model-training experiment
+    when it does not exist yet (an experiment someone marked otherwise keeps its kind)."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking.tracking_uri)
@@ -76,7 +82,8 @@ def ensure_experiment(tracking: TrackingConfig) -> str:
     if experiment is not None:
         return experiment.experiment_id
     try:
-        return client.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking))
+        return client.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking),
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel worker
         return client.get_experiment_by_name(tracking.experiment).experiment_id
 

@@ -110,6 +110,9 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     artifacts = {a.path for a in client.list_artifacts(v2.run_id, "promotion")}
     assert {"promotion/comparison.png", "promotion/comparison.json", "promotion/decision.json"} <= artifacts
     assert client.get_run(parent).data.tags["orchard.registered_model"] == f"{NAME}/2"
+    # the parent's description links the version (the UI's model-version page)
+    assert client.get_run(parent).data.tags["mlflow.note.content"] == \
+        f"- registered: [{NAME} version 2](#/models/{NAME}/versions/2) (from sft)"
 
     # retrain.start_from=champion: init-policy starts from the champion's weights, and says so
     from pipelines import stages
