@@ -3,14 +3,19 @@
 Checks that need no I/O are validators of the configs themselves, so `orchard config show` refuses them too
 (a teacher or judge without its endpoint settings: `DistillConfig`, `TeacherConfig`, `EvalConfig`,
 `CreditConfig`; imported tasks without a teacher that can solve them: `PipelineConfig`). This module holds
-the one that needs the network: every OpenAI-compatible endpoint the config names answers one cheap request
-(`GET <base_url>/models`, no retries) and serves the model the config asks for. The local runner calls
-`preflight` before it starts anything, the cluster's start step before it opens the MLflow parent run.
+the checks that need more than the config:
+- `preflight`: every OpenAI-compatible endpoint the config names answers one cheap request (`GET
+  <base_url>/models`, no retries) and serves the model the config asks for. The local runner calls it before
+  it starts anything, the cluster's start step before it opens the MLflow parent run.
+- `check_lengths`: the length limits leave room for the first prompt (system prompt, tools, task) in the
+  model's own template plus one turn. It needs the tokenizer, so it runs right after init-policy (the tiny
+  model's tokenizer is trained there), seconds into the run and before any episode.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import NamedTuple
 
 import httpx
@@ -78,3 +83,40 @@ def preflight(config: PipelineConfig) -> None:
     """The network checks of a run's config (see the module docstring); raises PreflightError."""
     for endpoint in endpoints(config):
         check_endpoint(endpoint)
+
+
+def prompt_tokens(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> int:
+    """Tokens of an episode's first prompt (system prompt, tools, the first task) in the trained model's
+    template and tool format: what every sample, rollout and evaluation turn starts with."""
+    from components.core.harness import initial_steps
+    from components.core.modeling import load_tokenizer
+    from components.core.rendering import chat_format, render_prompt, steps_as_messages
+    from components.core.store import TaskStore
+    from components.recipes import get_recipe
+
+    tokenizer = load_tokenizer(model_dir)
+    fmt = chat_format(tokenizer, None if config.sft.tool_format == "auto" else config.sft.tool_format).tool_format
+    tasks = TaskStore(tasks_dir).read()
+    task = next((t for t in tasks if t.split == "train"), tasks[0])
+    recipe = get_recipe(config.recipe, **config.provision.recipe_options)
+    steps = initial_steps(task, recipe, fmt)
+    return len(render_prompt(steps_as_messages(steps), tokenizer, tools=[t.openai() for t in recipe.tools()],
+                             tool_format=fmt))
+
+
+def check_lengths(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> int:
+    """Every length limit leaves room for the first prompt and one turn after it (raises PreflightError);
+    returns the prompt's tokens. Run once the model exists (after init-policy), before any episode."""
+    prompt = prompt_tokens(config, tasks_dir, model_dir)
+    limits = (("sft.max_len", config.sft.max_len, config.distill.harness.generation.max_new_tokens),
+              ("rl.max_len", config.rl.max_len, config.rl.harness.generation.max_new_tokens),
+              ("rl.harness.max_total_tokens", config.rl.harness.max_total_tokens,
+               config.rl.harness.generation.max_new_tokens),
+              ("evaluate.harness.max_total_tokens", config.evaluate.harness.max_total_tokens,
+               config.evaluate.harness.generation.max_new_tokens))
+    for where, limit, turn in limits:
+        if prompt + turn > limit:
+            raise PreflightError(f"{where}={limit} leaves no room for a turn: the system prompt, tools and first task "
+                                 f"take {prompt} tokens in this model's template and one turn writes up to {turn}; "
+                                 f"set {where} >= {prompt + turn}")
+    return prompt

@@ -98,6 +98,24 @@ def test_endpoints_are_asked_once_before_anything_runs(endpoint, monkeypatch):
         preflight(resolve("tiny", _teacher(url)))
 
 
+def test_lengths_that_leave_no_room_for_a_turn_stop_the_run_right_after_init_policy(tmp_path, external_service,
+                                                                                 micro_config):
+    import mlflow
+
+    from pipelines.local import run_local
+
+    config = micro_config.updated(sandbox_url=external_service.url, sft={"max_len": 300})
+    with pytest.raises(PreflightError, match=r"sft.max_len=300 leaves no room for a turn: the system prompt, tools "
+                                             r"and first task take (\d+) tokens .* set sft.max_len >= \d+"):
+        run_local(config, tmp_path / "runs")
+    (run_dir,) = (tmp_path / "runs").glob("2*")
+    assert sorted(p.name for p in (run_dir / "results").iterdir()) == ["init-policy.json", "provision.json"]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    (parent,) = client.search_runs([client.get_experiment_by_name("orchard").experiment_id],
+                                   filter_string="tags.`orchard.stage` = 'pipeline'")
+    assert parent.info.status == "FAILED" and parent.data.tags["orchard.failed_stage"] == "init-policy"
+
+
 def test_orchard_run_with_an_unreachable_endpoint_fails_in_seconds_in_one_line(tmp_path, capsys):
     url = f"http://127.0.0.1:{_closed_port()}/v1"
     argv = ["run", "--preset", "tiny", "--runs-dir", str(tmp_path / "runs"), *sum([["--set", s] for s in _teacher(url)], [])]
