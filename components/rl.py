@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from components.core.connection import SandboxConnection
 from components.core.distributed import LaunchConfig, barrier, is_main_process, world_size
 from components.core.interrupts import trainer_callback
+from components.core.episode_traces import TraceConfig
 from components.core.harness import HarnessConfig
 from components.core.modeling import LoadOptions
 from components.core.schema import Outcome, Recipe, Task
@@ -90,6 +91,8 @@ class RLConfig(BaseModel):
         None, description="TrajectoryStore of resolved (teacher) trajectories that prefix-fork sampling "
                           "(rollout.prefix_fork) starts attempts from; None = no prompt can be forked.")
     save_rollouts: bool = Field(False, description="Also store every episode under out_model_dir/rollouts.")
+    traces: TraceConfig = Field(default_factory=TraceConfig,
+                                description="Which rollout episodes become MLflow traces (max_per_stage: over the run).")
     batch_rollouts: bool = Field(
         True, description="Episodes of a wave run in threads and their turns share one batched forward "
                           "(BatchingPolicy); a sampled episode then depends on its batch-mates. False: one "

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from components.core.connection import SandboxConnection
+from components.core.episode_traces import TraceConfig
 from components.core.modeling import InitPolicyConfig, LoadOptions, ModelConfig
 from components.core.schema import Recipe
 from components.core.tool_formats import ToolFormatSetting
@@ -119,6 +120,9 @@ class PipelineConfig(BaseModel):
                                    description="Scheduled retraining (accumulate stage; init-policy's start_from).")
     harness: RunHarness = Field(default_factory=RunHarness,
                                 description="Harness settings of every stage that samples the trained model.")
+    traces: TraceConfig | None = Field(
+        None, description="Episodes as MLflow traces in every stage that has them (evaluate, evaluate_teacher, rl), "
+                          "e.g. traces.enabled=false (None: each stage's own `traces`).")
 
     # --- The stages' own configs (one section per stage; names as in pipelines/stages.py) -------
     provision: ProvisionConfig = Field(default_factory=ProvisionConfig, description="provision stage.")
@@ -161,6 +165,9 @@ class PipelineConfig(BaseModel):
                 section = getattr(self, name)
                 setattr(self, name, section.model_copy(
                     update={"harness": section.harness.model_copy(update={"tool_format": fmt})}))
+        if self.traces is not None:
+            for name in ("evaluate", "evaluate_teacher", "rl"):
+                setattr(self, name, getattr(self, name).model_copy(update={"traces": self.traces}))
         formats = {"sft.tool_format": self.sft.tool_format, "rl.harness.tool_format": self.rl.harness.tool_format,
                    "evaluate.harness.tool_format": self.evaluate.harness.tool_format}
         if len(set(formats.values())) > 1:

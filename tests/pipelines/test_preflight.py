@@ -130,3 +130,11 @@ def test_orchard_run_with_an_unreachable_endpoint_fails_in_seconds_in_one_line(t
     assert not (tmp_path / "runs").exists(), "nothing started: no service, no run directory, no MLflow run"
     with pytest.raises(PreflightError):  # --debug: the exception itself, traceback and all
         main([*argv, "--debug"])
+
+
+def test_traces_are_switched_off_once_for_every_stage_that_has_them():
+    config = resolve("tiny", ["traces.enabled=false"])
+    assert not any(getattr(config, name).traces.enabled for name in ("evaluate", "evaluate_teacher", "rl"))
+    config = resolve("tiny", ["traces.sample_rate=1.0", "traces.max_per_stage=5"])
+    assert {getattr(config, name).traces.sample_rate for name in ("evaluate", "evaluate_teacher", "rl")} == {1.0}
+    assert resolve("tiny").rl.traces.sample_rate == 0.25  # unset: each stage's own
