@@ -134,7 +134,7 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     from components.core.tracking import log_dataset_input, log_figure, log_table, resume_run, stage_run
     from components.evaluate import evaluate
     from components.promote import (current_champion, decide, download_champion, git_commit, log_policy_model,
-                                    promote, scorecard_from_evaluation)
+                                    model_card, promote, scorecard_from_evaluation)
     from pipelines.stages import StageFailed
 
     out.mkdir(parents=True, exist_ok=True)
@@ -185,7 +185,8 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
                        "orchard.trained_shards": ",".join(shards)[:4000], "orchard.candidate_stage": stage,
                        "orchard.data_store": str((training or {}).get("store") or ""),
                        "orchard.evaluation_table": f"runs:/{mlflow.active_run().info.run_id}/promotion/comparison.json"}
-            decision.candidate_version = promote(uri, promo, model_uri, lineage, description=decision.reason)
+            decision.candidate_version = promote(uri, promo, model_uri, lineage,
+                                                 description=model_card(decision, lineage))
     result = GateResult(**decision.model_dump(), candidate_stage=stage, parent_model=parent_model,
                         metrics={"promoted": float(decision.promoted), "candidate_mean": decision.candidate_mean})
     if tracking.parent_run_id:
