@@ -26,10 +26,10 @@ from sandbox_service.leaks import leaked_mounts, leaked_processes
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _micro_file(micro_config, tmp_path: Path) -> Path:
+def _micro_file(micro_config, tmp_path: Path, **update) -> Path:
     path = tmp_path / "micro.yaml"
-    data = micro_config.model_dump(mode="json", exclude={"preset"})
-    data["provision"]["n_train"] = 40  # distill runs long enough to be interrupted in the middle
+    # by default distill runs long enough to be interrupted in the middle
+    data = micro_config.updated(**(update or {"provision": {"n_train": 40}})).model_dump(mode="json", exclude={"preset"})
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -56,7 +56,7 @@ def _alive(pid: int) -> bool:
 class _Run:
     """`orchard run` in its own process group, with its embedded service's temporary files under `tmp`."""
 
-    def __init__(self, tmp_path: Path, short_tmp: Path, micro_config, *, ignore_sigint: bool):
+    def __init__(self, tmp_path: Path, short_tmp: Path, micro_config, *, ignore_sigint: bool, **update):
         self.tmp = short_tmp
         self.runs = tmp_path / "runs"
         self.log_path = tmp_path / "orchard.log"
@@ -67,7 +67,7 @@ class _Run:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pipelines.cli", "run", "--preset", "tiny",
-                 "--config", str(_micro_file(micro_config, tmp_path)), "--runs-dir", str(self.runs)],
+                 "--config", str(_micro_file(micro_config, tmp_path, **update)), "--runs-dir", str(self.runs)],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=preexec)
 
@@ -89,6 +89,12 @@ class _Run:
                     return state, service[0]
             time.sleep(0.1)
         raise AssertionError(f"no sandbox within {timeout} s:\n{self.log()[-3000:]}")
+
+    def wait_for(self, text: str, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.log():
+            assert self.proc.poll() is None and time.monotonic() < deadline, f"no {text!r}:\n{self.log()[-3000:]}"
+            time.sleep(0.1)
 
     def signal(self, sig: int) -> float:
         os.killpg(self.proc.pid, sig)
@@ -169,3 +175,21 @@ def test_second_ctrl_c_exits_at_once(tmp_path, short_tmp, micro_config):
     # Not waited for, but not orphaned either: the service was told to stop and deletes its sandboxes.
     assert not _wait_gone(lambda: [service] if _alive(service) else [], 60), "the sandbox service kept running"
     assert not _wait_gone(lambda: leaked_processes(state) + leaked_mounts(state), 30)
+
+
+@pytest.mark.slow  # ~50 s on a loaded 2-core machine: a model is built and trains before the signal
+def test_sigterm_stops_training_between_optimizer_steps(tmp_path, short_tmp, micro_config):
+    run = _Run(tmp_path, short_tmp, micro_config, ignore_sigint=False, sft={"steps": 5000})
+    try:
+        run.wait_for("done accumulate")
+        time.sleep(3)  # inside SFT's training loop
+        sent = run.signal(signal.SIGTERM)
+        code = run.proc.wait(timeout=60)
+        seconds = time.monotonic() - sent
+    finally:
+        run.kill()
+    assert code == 143 and seconds < 30, (code, seconds, run.log()[-3000:])
+    runs = {r.info.run_name: r for r in _mlflow_runs(run.runs)}
+    parent = next(r for r in runs.values() if r.data.tags.get("orchard.stage") == "pipeline")
+    assert parent.data.tags["orchard.failed_stage"] == "sft" and runs["sft"].info.status == "KILLED"
+    assert not list(run.runs.glob("*/sft/model/sft_result.json")), "SFT ran to its end"
