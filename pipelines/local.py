@@ -105,8 +105,8 @@ def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console:
                     for stage in stages.STAGES:
                         progress.update(bar, description=f"[cyan]{stage.name}")
                         t0, c0 = time.perf_counter(), time.process_time()
+                        current = stage.name  # a stop request now stops the run before this stage
                         raise_if_stopping()
-                        current = stage.name
                         run_in_layout(stage.name, layout, ctx)
                         current = None
                         seconds[stage.name] = time.perf_counter() - t0

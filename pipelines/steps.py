@@ -381,11 +381,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage is None:
         parser.error("run needs the stage name")
+    from components.core.interrupts import RunInterrupted, stop_on_signals
+
     try:
-        run_in_layout(args.stage, RunLayout(args.run_dir), ctx)
+        # A stopped workflow or a pod deadline sends SIGTERM: the stage ends at its next turn or optimizer step,
+        # its episodes delete their sandboxes and its MLflow run is KILLED (the exit handler closes the parent).
+        with stop_on_signals():
+            run_in_layout(args.stage, RunLayout(args.run_dir), ctx)
     except stages.StageFailed as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except RunInterrupted as err:
+        print(f"error: stage {args.stage} {err}: stopped", file=sys.stderr)
+        return err.exit_code
     return 0
 
 

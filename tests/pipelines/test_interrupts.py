@@ -53,6 +53,18 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _ready_sandboxes(url: str, token: str) -> list[str]:
+    """Sandboxes the service holds in state ready now: live episodes (deleted ones are tombstones)."""
+    from sandbox_service.client import SandboxClient
+
+    try:
+        with SandboxClient(url, token, timeout=5) as client:
+            response = client.request("GET", "/v1/sandboxes", params={"state": "ready"}, retry=False)
+            return [item["id"] for item in response.json()]
+    except Exception:  # noqa: BLE001 - not up yet, or already gone
+        return []
+
+
 class _Run:
     """`orchard run` in its own process group, with its embedded service's temporary files under `tmp`."""
 
@@ -75,14 +87,15 @@ class _Run:
         return self.log_path.read_text(errors="replace")
 
     def wait_for_sandboxes(self, timeout: float = 240.0) -> tuple[Path, int]:
-        """The service's state dir and pid, once sandbox processes of it exist after init-policy (a stage is
-        mid-episode)."""
+        """The service's state dir and pid, once it holds a live sandbox in distill (40 tasks: mid-stage).
+        The embedded service's port and token are in its temporary directory."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"orchard run ended before any sandbox existed:\n{self.log()[-3000:]}"
             for state in self.tmp.glob("orchard-svc-*/state"):
-                # after init-policy: provision's own probe sandboxes are not an episode's
-                if "done init-policy" in self.log() and leaked_processes(state):
+                svc = state.parent
+                if "done evaluate-teacher" in self.log() and (svc / "port").exists() and _ready_sandboxes(
+                        f"http://127.0.0.1:{int((svc / 'port').read_text())}", (svc / "token").read_text()):
                     service = [pid for pid in _children(self.proc.pid)
                                if b"sandbox_service" in Path(f"/proc/{pid}/cmdline").read_bytes()]
                     assert len(service) == 1, service
@@ -122,7 +135,11 @@ def _wait_gone(check, timeout: float) -> list:
 
 
 def _mlflow_runs(runs_dir: Path):
-    client = mlflow.MlflowClient(f"sqlite:///{runs_dir / 'mlflow.db'}")
+    return _mlflow_runs_at(f"sqlite:///{runs_dir / 'mlflow.db'}")
+
+
+def _mlflow_runs_at(uri: str):
+    client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("orchard")
     return client.search_runs([experiment.experiment_id])
 
@@ -150,12 +167,10 @@ def test_signal_stops_the_run_cleanly(tmp_path, short_tmp, micro_config, sig):
     parent = next(r for r in runs if r.data.tags.get("orchard.stage") == "pipeline")
     assert parent.info.status == "KILLED"
     assert parent.data.tags["orchard.failure_reason"] == f"RunInterrupted: interrupted by {signal.Signals(sig).name}"
-    stage = parent.data.tags["orchard.failed_stage"]
-    assert stage in ("evaluate-teacher", "distill"), stage
-    stopped = [r for r in runs if r.info.run_name == stage]
-    assert [r.info.status for r in stopped] == ["KILLED"]
-    finished = [r for r in runs if r.info.status == "FINISHED"]
-    assert finished and all(r.info.run_name in ("provision", "init-policy", "evaluate-teacher") for r in finished)
+    assert parent.data.tags["orchard.failed_stage"] == "distill"
+    assert [r.info.status for r in runs if r.info.run_name == "distill"] == ["KILLED"]
+    assert sorted(r.info.run_name for r in runs if r.info.status == "FINISHED") == \
+        ["evaluate-teacher", "init-policy", "provision"]
 
 
 def test_second_ctrl_c_exits_at_once(tmp_path, short_tmp, micro_config):
@@ -193,3 +208,35 @@ def test_sigterm_stops_training_between_optimizer_steps(tmp_path, short_tmp, mic
     parent = next(r for r in runs.values() if r.data.tags.get("orchard.stage") == "pipeline")
     assert parent.data.tags["orchard.failed_stage"] == "sft" and runs["sft"].info.status == "KILLED"
     assert not list(run.runs.glob("*/sft/model/sft_result.json")), "SFT ran to its end"
+
+
+def test_sigterm_to_an_argo_stage_step_ends_its_episodes_and_kills_its_run(tmp_path, sandbox_service, micro_config):
+    """A stopped workflow (or a pod deadline) sends the stage container SIGTERM."""
+    from pipelines.layout import RunLayout
+    from pipelines.steps import StepContext, run_in_layout, start_pipeline
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    overrides = micro_config.updated(provision={"n_train": 40}).model_dump_json()
+    config, parent = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url=sandbox_service.url,
+                                    mlflow_uri=uri, experiment="orchard", overrides_json=overrides)
+    layout = RunLayout(tmp_path / "run")
+    ctx = StepContext(config, parent, sandbox=sandbox_service.connection())
+    run_in_layout("provision", layout, ctx)
+    env = {**os.environ, "ORCHARD_SANDBOX_TOKEN": sandbox_service.token, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "pipelines.steps", "run", "distill", "--run-dir", str(layout.root),
+                             "--config-json", config.model_dump_json(), "--parent-run-id", parent],
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert _wait_gone(lambda: [] if _ready_sandboxes(sandbox_service.url, sandbox_service.token) else ["none yet"],
+                          240) == [], "no episode started"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143 and "error: stage distill interrupted by SIGTERM: stopped" in out, out[-3000:]
+    # the episodes deleted theirs (the service keeps running, as the cluster's does, with its agent zygote)
+    assert _ready_sandboxes(sandbox_service.url, sandbox_service.token) == []
+    (distill,) = [r for r in _mlflow_runs_at(uri) if r.info.run_name == "distill"]
+    assert distill.info.status == "KILLED"
+    assert distill.data.tags["orchard.failure_reason"] == "RunInterrupted: interrupted by SIGTERM"
