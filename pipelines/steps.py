@@ -218,6 +218,12 @@ def per_task_pass_at_1(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def training_steps(results: dict[str, dict | None]) -> dict[str, int]:
+    """Optimizer updates behind each trained arm: untrained 0, sft its steps, rl the SFT steps plus its own."""
+    sft = int((results.get("sft") or {}).get("steps") or 0)
+    return {"untrained": 0, "sft": sft, "rl": sft + int((results.get("rl") or {}).get("steps_done") or 0)}
+
+
 def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
                     *, exec_latency: dict[str, float] | None = None, stage_seconds: dict[str, float] | None = None,
                     stages_skipped: list[str] | None = None, stores: dict[str, Path] | None = None,
@@ -243,7 +249,7 @@ def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
     markdown = report.to_markdown(run_report)
     if ctx.parent_run_id:
         report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown, stores=stores,
-                             tasks_dir=tasks_dir)
+                             tasks_dir=tasks_dir, training_steps=training_steps(parsed))
         close_pipeline_run(ctx.tracking_config, ctx.parent_run_id, status=status)
     return run_report, markdown
 
