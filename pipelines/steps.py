@@ -372,7 +372,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot write the run directory ({err}); the volume must be writable by uid "
                   f"{os.getuid()} (the stage pods' fsGroup, ClusterConfig.stage_uid)", file=sys.stderr)
             return 1
-        config, run_id = start_pipeline(**params, tags={"orchard.runner": "argo"})
+        from pipelines.config import ConfigError
+        from pipelines.preflight import PreflightError
+
+        try:
+            config, run_id = start_pipeline(**params, tags={"orchard.runner": "argo"})
+        except (ConfigError, PreflightError) as err:  # a run that cannot work: one line, no parent run left open
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         try:
             (args.outputs_dir / "config_json").write_text(config.model_dump_json())
             RunLayout(args.run_dir).config.write_text(config.model_dump_json())  # for a stage's PyTorchJob pods

@@ -138,3 +138,19 @@ def test_traces_are_switched_off_once_for_every_stage_that_has_them():
     config = resolve("tiny", ["traces.sample_rate=1.0", "traces.max_per_stage=5"])
     assert {getattr(config, name).traces.sample_rate for name in ("evaluate", "evaluate_teacher", "rl")} == {1.0}
     assert resolve("tiny").rl.traces.sample_rate == 0.25  # unset: each stage's own
+
+
+def test_the_argo_start_step_refuses_an_unreachable_endpoint_in_one_line(tmp_path, capsys):
+    from pipelines.steps import main as steps_main
+
+    url = f"http://127.0.0.1:{_closed_port()}/v1"
+    overrides = json.dumps({"evaluate_teacher.policy": "openai",
+                            "evaluate_teacher.endpoint": {"base_url": url, "model": "m", "api_key_env": None}})
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    code = steps_main(["start", "--run-dir", str(tmp_path / "run"), "--outputs-dir", str(tmp_path / "out"),
+                       "--param", "preset=tiny", "--param", "recipe=swe", "--param", "sandbox_url=",
+                       "--param", f"mlflow_uri={uri}", "--param", "experiment=orchard",
+                       "--param", f"overrides_json={overrides}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"error: evaluate_teacher.endpoint: {url} does not answer") and "\n" not in err
+    assert not (tmp_path / "out" / "parent_run_id").exists()  # no parent run: the exit handler has nothing to close
