@@ -207,7 +207,8 @@ def _check_imported_tasks(config: PipelineConfig) -> None:
     if scripted:
         raise ValueError(
             f"provision.source is {config.provision.source.kind!r} (imported tasks), but {', '.join(scripted)} "
-            "is the scripted teacher, which only solves generated tasks; give each an endpoint: distill.teacher=openai "
+            f"{'uses' if len(scripted) == 1 else 'use'} the scripted teacher, which only solves generated tasks; give "
+            "each an endpoint: distill.teacher=openai "
             "with distill.openai={...}, evaluate_teacher.policy=openai with evaluate_teacher.endpoint={...}, "
             "credit.monte_carlo.teacher={\"kind\": \"openai\", \"endpoint\": {...}} or credit.estimator=judge")
 

@@ -62,7 +62,7 @@ def test_an_endpoint_teacher_without_its_settings_is_refused_by_config_show(caps
 
 def test_imported_tasks_need_a_teacher_that_can_solve_them():
     source = 'provision.source={"kind": "swebench", "path": "x.jsonl", "repos_dir": "/repos"}'
-    with pytest.raises(ConfigError, match="distill.teacher, evaluate_teacher.policy, credit.monte_carlo.teacher is "
+    with pytest.raises(ConfigError, match="distill.teacher, evaluate_teacher.policy, credit.monte_carlo.teacher use "
                                           "the scripted teacher, which only solves generated tasks"):
         resolve("tiny", [source])
     endpoint = {"base_url": "http://vllm:8000/v1", "model": "m"}
