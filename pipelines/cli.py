@@ -81,7 +81,14 @@ def _run(args: argparse.Namespace) -> int:
     gate = layout.read_result("promote")
     if gate:
         print(f"\npromotion gate: {promotion_note(gate)}")
+    import mlflow
+
+    from components.core.tracking import TrackingConfig, ui_link
+
+    tracking = TrackingConfig(tracking_uri=result.tracking_uri, experiment=config.experiment)
+    experiment = mlflow.MlflowClient(result.tracking_uri).get_run(result.parent_run_id).info.experiment_id
     print(f"\nrun dir: {result.run_dir}\nMLflow: {result.tracking_uri} (parent run {result.parent_run_id})\n"
+          f"open it: {ui_link(tracking, experiment, result.parent_run_id)}\n"
           f"stages run: {', '.join(result.stages_ran) or 'none'}\nwall time: {result.wall_seconds:.1f} s")
     return 0
 

@@ -71,6 +71,18 @@ def ui_command(tracking: TrackingConfig) -> str:
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
+def ui_link(tracking: TrackingConfig, experiment_id: str, run_id: str | None = None) -> str:
+    """Where a run (or the experiment's runs) opens in the MLflow UI, on its model-training pages.
+
+    MLflow 3.17's UI decides GenAI vs model training by a UI-wide switch (the `workflowType` URL parameter,
+    else the browser's last choice, GenAI by default) and ignores the experiment's kind tag while the switch
+    is on: the link carries `workflowType=machine_learning` so the runs table, not the GenAI overview, opens."""
+    path = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + "?workflowType=machine_learning"
+    if tracking.tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking.tracking_uri.rstrip('/')}/{path}"
+    return f"{ui_command(tracking)}, then http://127.0.0.1:5000/{path}"
+
+
 def ensure_experiment(tracking: TrackingConfig) -> str:
     """The experiment's id, created with `artifact_location` and marked as a model-training experiment
     when it does not exist yet (an experiment someone marked otherwise keeps its kind)."""
