@@ -7,9 +7,10 @@ the checks that need more than the config:
 - `preflight`: every OpenAI-compatible endpoint the config names answers one cheap request (`GET
   <base_url>/models`, no retries) and serves the model the config asks for. The local runner calls it before
   it starts anything, the cluster's start step before it opens the MLflow parent run.
-- `check_lengths`: the length limits leave room for the first prompt (system prompt, tools, task) in the
-  model's own template plus one turn. It needs the tokenizer, so it runs right after init-policy (the tiny
-  model's tokenizer is trained there), seconds into the run and before any episode.
+- `check_model`, right after init-policy (it needs the model's tokenizer, which the tiny model trains there),
+  seconds into the run and before any episode: the template renders a two-turn tool conversation
+  append-only (`check_template`), and the length limits leave room for the first prompt (system prompt, tools,
+  task) plus one turn (`check_lengths`).
 """
 
 from __future__ import annotations
@@ -85,12 +86,12 @@ def preflight(config: PipelineConfig) -> None:
         check_endpoint(endpoint)
 
 
-def prompt_tokens(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> int:
-    """Tokens of an episode's first prompt (system prompt, tools, the first task) in the trained model's
-    template and tool format: what every sample, rollout and evaluation turn starts with."""
+def _first_episode(config: PipelineConfig, tasks_dir: Path, model_dir: Path):
+    """(tokenizer, tool format, recipe, the first steps of an episode on a training task) in the trained
+    model's template and tool format."""
     from components.core.harness import initial_steps
     from components.core.modeling import load_tokenizer
-    from components.core.rendering import chat_format, render_prompt, steps_as_messages
+    from components.core.rendering import chat_format
     from components.core.store import TaskStore
     from components.recipes import get_recipe
 
@@ -99,9 +100,52 @@ def prompt_tokens(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> i
     tasks = TaskStore(tasks_dir).read()
     task = next((t for t in tasks if t.split == "train"), tasks[0])
     recipe = get_recipe(config.recipe, **config.provision.recipe_options)
-    steps = initial_steps(task, recipe, fmt)
+    return tokenizer, fmt, recipe, task, initial_steps(task, recipe, fmt)
+
+
+def prompt_tokens(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> int:
+    """Tokens of an episode's first prompt (system prompt, tools, the first task) in the trained model's
+    template and tool format: what every sample, rollout and evaluation turn starts with."""
+    from components.core.rendering import render_prompt, steps_as_messages
+
+    tokenizer, fmt, recipe, _, steps = _first_episode(config, tasks_dir, model_dir)
     return len(render_prompt(steps_as_messages(steps), tokenizer, tools=[t.openai() for t in recipe.tools()],
                              tool_format=fmt))
+
+
+def check_template(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> None:
+    """The model's chat template renders a two-turn tool conversation of text-only teacher turns append-only,
+    as SFT must (`components/core/rendering.py`, history rule); raises PreflightError in one line. A template
+    that rewrites earlier turns (Qwen3's drops their empty `<think>` block once a tool message follows) would
+    otherwise fail at SFT, minutes into the run."""
+    from components.core.rendering import TemplateError, render_trajectory
+    from components.core.schema import Outcome, Step, ToolCall, Trajectory
+    from components.core.tool_formats import format_call
+
+    tokenizer, fmt, recipe, task, steps = _first_episode(config, tasks_dir, model_dir)
+    tool = recipe.tools()[0]
+    for n in range(2):
+        call = ToolCall(name=tool.name, arguments={})
+        steps += [Step(index=len(steps), role="assistant", content=format_call(call, fmt), tool_call=call),
+                  Step(index=len(steps) + 1, role="tool", content=f"result {n}", tool_call_id=call.id,
+                       tool_name=tool.name)]
+    conversation = Trajectory(task_id=task.id, recipe=task.recipe, policy_id="teacher", steps=steps,
+                              tools=[t.openai() for t in recipe.tools()], outcome=Outcome.resolved)
+    try:
+        render_trajectory(conversation, tokenizer, loss_on="assistant", tool_format=fmt)
+    except TemplateError as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), str(err))
+        raise PreflightError(f"the chat template of {model_dir} cannot train on text-only teacher turns: it "
+                             f"rewrites earlier turns of a two-turn tool conversation ({first[:300]}); use a "
+                             "checkpoint whose template renders history append-only, or a teacher whose turns "
+                             "carry this tokenizer's ids (distill.openai.sampled_tokens with tokenizer_path)") from None
+
+
+def check_model(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> int:
+    """What init-policy's model must allow, checked right after it (seconds into the run, before any episode):
+    its template (`check_template`) and the length limits (`check_lengths`); returns the first prompt's tokens."""
+    check_template(config, tasks_dir, model_dir)
+    return check_lengths(config, tasks_dir, model_dir)
 
 
 def check_lengths(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> int:

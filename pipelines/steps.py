@@ -21,7 +21,7 @@ from components.core.distributed import is_main_process, world_size
 from components.core.tracking import TrackingConfig, close_pipeline_run, open_pipeline_run
 from pipelines import stages
 from pipelines.config import PipelineConfig, resolve
-from pipelines.preflight import check_lengths, preflight
+from pipelines.preflight import check_model, preflight
 
 if TYPE_CHECKING:
     from pipelines.layout import RunLayout
@@ -318,7 +318,7 @@ def run_in_layout(name: str, layout: RunLayout, ctx: StepContext) -> dict:
     if is_main_process():  # a PyTorchJob's other ranks trained too; rank 0 writes the one result
         layout.write_result(name, record)
     if name == "init-policy":  # the first moment the model's template exists: lengths fit, before any episode
-        check_lengths(ctx.config, layout.artifact("provision", "tasks"), layout.artifact(name, "model"))
+        check_model(ctx.config, layout.artifact("provision", "tasks"), layout.artifact(name, "model"))
     return record
 
 

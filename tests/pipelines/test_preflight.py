@@ -154,3 +154,35 @@ def test_the_argo_start_step_refuses_an_unreachable_endpoint_in_one_line(tmp_pat
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith(f"error: evaluate_teacher.endpoint: {url} does not answer") and "\n" not in err
     assert not (tmp_path / "out" / "parent_run_id").exists()  # no parent run: the exit handler has nothing to close
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_in_one_line(tmp_path):
+    """Qwen3's template gives the last assistant turn an empty <think> block and drops it from earlier ones
+    once another turn follows: text-only teacher turns cannot be rendered append-only."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "components"))
+    from hf_checkpoints import qwen_vocab_tokenizer
+
+    from components.core.chat_templates import CHATML_TOOLS
+    from components.core.store import TaskStore
+    from components.recipes import get_recipe
+    from pipelines.preflight import check_model
+
+    TaskStore(tmp_path / "tasks").write(get_recipe("swe").tasks("train", 1, seed=0))
+    config = resolve("tiny")
+    tokenizer = qwen_vocab_tokenizer("chatml")
+    tokenizer.save_pretrained(tmp_path / "chatml")
+    assert check_model(config, tmp_path / "tasks", tmp_path / "chatml") > 0  # renders append-only: fine
+    tokenizer.chat_template = CHATML_TOOLS.replace(
+        "{{- '<|im_start|>assistant\\n' + (message.content or '') }}",
+        "{{- '<|im_start|>assistant\\n' + ('<think>\\n\\n</think>\\n\\n' if loop.last else '') "
+        "+ (message.content or '') }}")
+    assert tokenizer.chat_template != CHATML_TOOLS
+    tokenizer.save_pretrained(tmp_path / "qwen3-like")
+    with pytest.raises(PreflightError) as err:
+        check_model(config, tmp_path / "tasks", tmp_path / "qwen3-like")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"the chat template of {tmp_path / 'qwen3-like'} cannot train "
+                                                      "on text-only teacher turns: it rewrites earlier turns")
