@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm.auto import tqdm
 
 from components.core.connection import SandboxConnection
@@ -49,6 +49,14 @@ class DistillConfig(BaseModel):
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service.")
     progress: bool = Field(True, description="Show a progress bar.")
 
+    @model_validator(mode="after")
+    def _endpoint_teacher_has_settings(self) -> DistillConfig:
+        # With the config, not at the stage: a pipeline would otherwise find out after its first stages.
+        if self.teacher == "openai" and self.openai is None:
+            raise ValueError("teacher='openai' needs its endpoint settings: set distill.openai={\"base_url\": "
+                             "\"http://host:8000/v1\", \"model\": \"...\"} (api_key_env names the key's variable)")
+        return self
+
 
 class DistillResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -76,8 +84,6 @@ class _Teachers:
 
     def __init__(self, config: DistillConfig):
         self.config = config
-        if config.teacher == "openai" and config.openai is None:
-            raise ValueError("teacher='openai' needs `openai` settings (base_url, model, api_key_env)")
         self.teacher = TeacherConfig(kind=config.teacher, error_rate=config.error_rate, endpoint=config.openai)
         self.make = self.teacher.factory(config.recipe, 0)
         self.endpoint: OpenAICompatiblePolicy | None = self.make(0) if config.teacher == "openai" else None  # type: ignore[assignment]

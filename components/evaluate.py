@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from components.core.connection import SandboxConnection
+from components.core.episode_traces import TraceConfig, log_episode_traces
 from components.core.harness import HarnessConfig, run_episode
 from components.core.intervals import task_mean_ci, task_rate_ci
 from components.core.modeling import LoadOptions
@@ -56,6 +57,8 @@ class EvalConfig(BaseModel):
                                                 "turns are batched (BatchingPolicy); a sampled attempt then depends "
                                                 "on its batch-mates, greedy ones do not. False: a model per worker.")
     seed: int = Field(0, description="Base seed of per-attempt sampling seeds.")
+    traces: TraceConfig = Field(default_factory=TraceConfig,
+                                description="Which episodes become MLflow traces (components/core/episode_traces.py).")
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
@@ -272,6 +275,9 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
                 shared.close()
         store = TrajectoryStore(out / "trajectories")
         store.append(trajectories)
+        sampling = config.harness.generation.model_dump(include={"max_new_tokens", "top_p"})
+        log_episode_traces(trajectories, config.traces, stage=(tracking.run_name if tracking else None) or "evaluate",
+                           sampling={**sampling, "temperature": config.temperature})
         rows, metrics = summarize_attempts(tasks, trajectories, config.k)
         per_task = out / "per_task.parquet"
         pd.DataFrame(rows).to_parquet(per_task, index=False)

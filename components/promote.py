@@ -190,8 +190,51 @@ def log_policy_model(model_dir: str | Path) -> str:
     if not (Path(model_dir) / "config.json").exists():
         raise FileNotFoundError(f"{model_dir} is not a save_pretrained directory (no config.json)")
     info = mlflow.pyfunc.log_model(name="policy", python_model=str(Path(__file__).with_name("policy_pyfunc.py")),
-                                   artifacts={"model_dir": str(model_dir)}, pip_requirements=["torch", "transformers"])
+                                   artifacts={"model_dir": str(model_dir)}, pip_requirements=["torch", "transformers"],
+                                   signature=policy_signature())
     return info.model_uri
+
+
+def policy_signature():
+    """What `policy_pyfunc.PolicyPyfunc.predict` takes and returns: prompts (a `prompt` column of rendered
+    text) in, one completion per prompt out, `max_new_tokens` (default 64) as a parameter."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec("string", "prompt")]), outputs=Schema([ColSpec("string")]),
+                          params=ParamSchema([ParamSpec("max_new_tokens", "long", 64)]))
+
+
+def model_card(decision: PromotionDecision, lineage: dict[str, str]) -> str:
+    """A registered version's card (its description in the registry): training, data, evaluation with its
+    interval, the gate's reason, limits. `lineage`: the version's `orchard.*` tags."""
+    shards = [s for s in lineage.get("orchard.trained_shards", "").split(",") if s]
+    reference = f"{decision.reference} v{decision.champion_version}" if decision.champion_version else decision.reference
+    evaluation = f"- held-out pass@1 {decision.candidate_mean:.3f} on {decision.tasks} tasks"
+    if decision.champion_mean is not None and decision.difference is not None:
+        evaluation += (f" vs {decision.champion_mean:.3f} for the {reference}: paired difference "
+                       f"{decision.difference:+.3f}, 95% interval [{decision.ci_low:+.3f}, {decision.ci_high:+.3f}]")
+    if decision.p_value is not None:
+        evaluation += f", exact paired p = {decision.p_value:.4f}"
+    store = lineage.get("orchard.data_store")
+    return "\n".join([
+        "# Agent policy trained by orchard", "",
+        "## Training",
+        f"- from: {lineage.get('orchard.parent_model', 'unknown')}; candidate stage "
+        f"`{lineage.get('orchard.candidate_stage', '?')}` of distill -> credit -> SFT -> RL",
+        f"- pipeline run `{lineage.get('orchard.pipeline_run_id') or '?'}`, code at git commit "
+        f"`{lineage.get('orchard.git_commit', 'unknown')}`", "",
+        "## Data",
+        f"- {len(shards)} credited teacher-trajectory shard(s){f' of data store `{store}`' if store else ''}: "
+        f"{', '.join(shards[:10])}{' ...' if len(shards) > 10 else ''}", "",
+        "## Evaluation", evaluation, f"- promotion gate: {decision.reason}",
+        f"- comparison table: {lineage.get('orchard.evaluation_table', '?')}", "",
+        "## Limits",
+        "- measured on the recipe's held-out tasks only, at the gate's sampling settings; few tasks make a wide "
+        "interval",
+        "- the policy writes tool calls in the format it was trained in (`harness.tool_format`); a harness that "
+        "parses another format sees none",
+    ])
 
 
 def promote(tracking_uri: str, config: PromotionConfig, model_uri: str, lineage: dict[str, str],

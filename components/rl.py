@@ -21,7 +21,7 @@ The algorithm's choices, in order:
    `trl_args`. The global rollout budget ends the run early.
 5. The result is saved with `save_pretrained`; every sampler choice goes to `rollout_records.jsonl`
    next to it and, with the loss curve and the group-statistics plot, to MLflow. TRL still takes an optimizer
-   step on a batch of placeholders (`optimizer_steps` counts those too), but `signal_only` keeps it from
+   step on a batch of placeholders (`steps_without_update` counts those), but `signal_only` keeps it from
    moving any weight (no router loss, no AdamW momentum step); `steps_done` counts the steps it let train
    (at least one kept, mixed-reward group): the promotion gate reads it.
 
@@ -49,6 +49,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from components.core.connection import SandboxConnection
 from components.core.distributed import LaunchConfig, barrier, is_main_process, world_size
+from components.core.interrupts import trainer_callback
+from components.core.episode_traces import TraceConfig
 from components.core.harness import HarnessConfig
 from components.core.modeling import LoadOptions
 from components.core.schema import Outcome, Recipe, Task
@@ -89,6 +91,8 @@ class RLConfig(BaseModel):
         None, description="TrajectoryStore of resolved (teacher) trajectories that prefix-fork sampling "
                           "(rollout.prefix_fork) starts attempts from; None = no prompt can be forked.")
     save_rollouts: bool = Field(False, description="Also store every episode under out_model_dir/rollouts.")
+    traces: TraceConfig = Field(default_factory=TraceConfig,
+                                description="Which rollout episodes become MLflow traces (max_per_stage: over the run).")
     batch_rollouts: bool = Field(
         True, description="Episodes of a wave run in threads and their turns share one batched forward "
                           "(BatchingPolicy); a sampled episode then depends on its batch-mates. False: one "
@@ -154,7 +158,8 @@ class RLResult(BaseModel):
     sampler: Literal["bar", "fixed"]
     steps_done: int = Field(description="Optimizer steps that got a gradient (a kept, mixed-reward group's "
                                         "loss-bearing tokens on some process): the updates that trained on a reward.")
-    optimizer_steps: int = Field(description="Optimizer steps TRL took (also the ones with only dropped groups).")
+    steps_without_update: int = Field(description="Optimizer steps TRL took on batches of only dropped groups (no "
+                                                  "weight moved); steps_done + steps_without_update = TRL's steps.")
     trajectories: int = Field(description="Episodes generated.")
     informative_groups: int = Field(description="Groups with mixed verified rewards (trained on).")
     informative_groups_per_trajectory: float
@@ -295,7 +300,8 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
         try:
             trainer = signal_only(GRPOTrainer)(
                 model=model, processing_class=tokenizer, reward_funcs=[verified_reward], args=args,
-                train_dataset=Dataset.from_list(rollout.dataset_rows()), rollout_func=rollout)
+                train_dataset=Dataset.from_list(rollout.dataset_rows()), rollout_func=rollout,
+                callbacks=[trainer_callback()])
             trainer.train()
         finally:
             rollout.close()
@@ -310,16 +316,17 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
         logged = [h for h in trainer.state.log_history if "loss" in h]
         for i, h in enumerate(logged):
             log_metrics({k: float(v) for k, v in h.items() if isinstance(v, (int, float))}, step=i)
-        optimizer_steps = int(trainer.state.global_step)
         steps_done = len(trainer.trained_steps)
+        steps_without_update = int(trainer.state.global_step) - steps_done
         totals = rollout.summary()
         result = RLResult(
-            model_dir=str(out), sampler=config.rollout.sampler, steps_done=steps_done, optimizer_steps=optimizer_steps,
+            model_dir=str(out), sampler=config.rollout.sampler, steps_done=steps_done,
+            steps_without_update=steps_without_update,
             trajectories=int(totals["trajectories"]), informative_groups=int(totals["informative_groups"]),
             informative_groups_per_trajectory=totals["informative_groups_per_trajectory"],
             infra_errors=int(totals["aborted_attempts"]),
             stop_reason="budget" if rollout.budget.remaining <= 0 else "steps", records_path=str(records_path),
-            metrics={**totals, "steps_done": float(steps_done), "optimizer_steps": float(optimizer_steps),
+            metrics={**totals, "steps_done": float(steps_done), "steps_without_update": float(steps_without_update),
                      "train_seconds": time.perf_counter() - t0,
                      "final_loss": logged[-1]["loss"] if logged else float("nan")},
         )

@@ -38,6 +38,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from components.core.distributed import world_size
+from components.core.episode_traces import log_episode_traces
 from components.core.harness import HarnessConfig, initial_steps, run_episode, steps_to_messages
 from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
 from components.core.store import TrajectoryStore
@@ -186,6 +187,7 @@ class TRLRollout:
         self.replacements = 0  # dropped groups replaced by a kept group of another prompt (rollout.refill)
         self._refill_order = self._refill_stream()
         self.calls = 0  # rollout_func calls so far (one per generation batch): the records' step
+        self.traced = 0  # episodes logged as MLflow traces so far (config.traces.max_per_stage bounds the run)
         self._prompts = {_key(self.prompt(t)): t.id for t in tasks.values()}
         self._source: Any = None
         self._model: Any = None
@@ -268,6 +270,12 @@ class TRLRollout:
                      "rollout.informative_groups_without_refill": float(sum(r.kept for r in records) - replaced),
                      "rollout.replacement_groups": float(replaced),
                      **{f"rollout.{k}": v for k, v in hidden_pass_metrics(source.finished).items()}}, step=self.calls)
+        left = self.config.traces.max_per_stage - self.traced
+        if left > 0:
+            sampling = self.config.harness.generation.model_dump(include={"max_new_tokens", "top_p"})
+            self.traced += log_episode_traces(
+                source.finished, self.config.traces.model_copy(update={"max_per_stage": left}), stage="rl",
+                sampling={**sampling, "temperature": self.config.temperature}, step=self.calls)
         source.finished.clear()
         self.calls += 1
         return out

@@ -13,17 +13,19 @@ gradients; only the main process opens the MLflow run and writes the model and t
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.distributed import LaunchConfig, barrier, is_main_process, world_size
+from components.core.interrupts import trainer_callback
 from components.core.modeling import (
     LoadOptions, ModelConfig, build_tiny_model, build_tokenizer, load_policy, num_parameters, resolve_device,
 )
 from components.core.store import TrajectoryStore
+from components.core.tool_formats import ToolFormatSetting
 from components.core.tracking import TrackingConfig, log_dataset_input, log_json, log_metrics, stage_run
 from components.sft_data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
 
@@ -54,7 +56,13 @@ class SFTConfig(BaseModel):
     batch_size: int = Field(8, ge=1, description="Samples per micro-batch.")
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
     max_len: int = Field(2048, ge=16, description="Tokens per sample; longer samples are cut at the end.")
-    tool_format: Literal["auto", "protocol", "hermes", "llama3_json"] = Field(
+    truncation_warning: float = Field(
+        0.05, ge=0.0, le=1.0, description="Warn on the console when cutting at max_len drops more than this share "
+                                          "of the loss-bearing tokens (a cut sample loses its later turns).")
+    truncation_limit: float = Field(
+        0.5, ge=0.0, le=1.0, description="Refuse to train when cutting at max_len drops more than this share of "
+                                         "the loss-bearing tokens (raise max_len instead).")
+    tool_format: ToolFormatSetting = Field(
         "auto", description="The tool-call format the trained model is sampled in afterwards (the evaluation and RL "
                             "harness's tool_format; auto = its chat template's own): SFT renders its data in it.")
     lora: LoraOptions | None = Field(None, description="Train LoRA adapters (peft) instead of every weight; "
@@ -189,7 +197,7 @@ def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset
     metrics = _StepMetrics()
     trainer = CountingTrainer(
         model=model, args=args, train_dataset=dataset, data_collator=PadCollator(tokenizer.pad_token_id),
-        callbacks=[MetricsCallback(metrics, config.mode)], step_metrics=metrics,
+        callbacks=[MetricsCallback(metrics, config.mode), trainer_callback()], step_metrics=metrics,
     )
     from transformers.trainer_callback import PrinterCallback
 
@@ -216,6 +224,7 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
         model, tokenizer = load_policy(base_model_dir, spec=config.load.model_copy(update={"device": "cpu"}))
     tool_format = None if config.tool_format == "auto" else config.tool_format
     samples, stats = build_samples(trajectories, tokenizer, config.mode, config.max_len, tool_format)
+    check_truncation(config, stats)
     if not samples:
         raise ValueError(
             f"no trainable samples in {trajectories_dir} for mode {config.mode!r} ({stats.model_dump()}); "
@@ -262,6 +271,23 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
             _log_loss_curve(history)
         barrier()  # nobody returns (and reads the model) before it is written
     return result
+
+
+class TruncationError(ValueError):
+    """Cutting the samples at max_len would drop more of the training signal than `truncation_limit` allows."""
+
+
+def check_truncation(config: SFTConfig, stats: DataStats) -> None:
+    """Warn (console) above `truncation_warning`, refuse (TruncationError) above `truncation_limit`."""
+    lost = stats.truncated_loss_fraction
+    if lost <= config.truncation_warning:
+        return
+    what = (f"sft: cutting samples at max_len={config.max_len} drops {lost:.0%} of the loss-bearing tokens "
+            f"({stats.truncated} sample(s) cut)")
+    if lost > config.truncation_limit:
+        raise TruncationError(f"{what}, above truncation_limit {config.truncation_limit:.0%}: raise sft.max_len "
+                              "(or shorten the episodes: harness.max_steps)")
+    print(f"warning: {what}; raise sft.max_len to train on whole episodes", file=sys.stderr, flush=True)
 
 
 def with_lora(model, options: LoraOptions):

@@ -36,6 +36,7 @@ class DataStats(BaseModel):
     skipped_no_loss: int = 0
     malformed_steps_masked: int = 0  # assistant turns with an unparsable tool call in used trajectories
     truncated: int = 0
+    loss_tokens_truncated: int = 0  # loss-bearing tokens cut off at max_len (what truncation took from training)
     tokens: int = 0
     loss_tokens: int = 0
     mean_length: float = 0.0
@@ -47,6 +48,12 @@ class DataStats(BaseModel):
     @property
     def loss_token_fraction(self) -> float:
         return self.loss_tokens / self.tokens if self.tokens else 0.0
+
+    @property
+    def truncated_loss_fraction(self) -> float:
+        """Share of the loss-bearing tokens that truncation at max_len cut away."""
+        total = self.loss_tokens + self.loss_tokens_truncated
+        return self.loss_tokens_truncated / total if total else 0.0
 
 
 def loss_rule(trajectory: Trajectory, mode: SFTMode) -> Literal["assistant", "credited"] | None:
@@ -85,6 +92,7 @@ def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode, max_
         sample = render_for_sft(traj, tokenizer, rule, tool_format)
         if len(sample.input_ids) > max_len:
             stats.truncated += 1
+            stats.loss_tokens_truncated += sum(sample.loss_mask[max_len:])
             sample = sample.model_copy(update={
                 "input_ids": sample.input_ids[:max_len], "roles": sample.roles[:max_len],
                 "loss_mask": sample.loss_mask[:max_len], "step_index": sample.step_index[:max_len]})

@@ -10,7 +10,9 @@
                      [--namespace kubeflow] [--service-account orchard-pipeline]
 
 A bad preset, --set, recipe or config file is reported as one line (exit 2), not a traceback; so is a
-KFP API that `orchard schedule` cannot reach (exit 1).
+KFP API that `orchard schedule` cannot reach (exit 1); any other error too (exit 1), with its traceback only
+under --debug. Ctrl-C or SIGTERM stops `orchard run` cleanly (exit 130
+or 143; the current stage ends, its sandboxes are deleted, MLflow marks the runs KILLED); twice exits at once.
 """
 
 from __future__ import annotations
@@ -80,7 +82,14 @@ def _run(args: argparse.Namespace) -> int:
     gate = layout.read_result("promote")
     if gate:
         print(f"\npromotion gate: {promotion_note(gate)}")
+    import mlflow
+
+    from components.core.tracking import TrackingConfig, ui_link
+
+    tracking = TrackingConfig(tracking_uri=result.tracking_uri, experiment=config.experiment)
+    experiment = mlflow.MlflowClient(result.tracking_uri).get_run(result.parent_run_id).info.experiment_id
     print(f"\nrun dir: {result.run_dir}\nMLflow: {result.tracking_uri} (parent run {result.parent_run_id})\n"
+          f"open it: {ui_link(tracking, experiment, result.parent_run_id)}\n"
           f"stages run: {', '.join(result.stages_ran) or 'none'}\nwall time: {result.wall_seconds:.1f} s")
     return 0
 
@@ -101,10 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     if args_in[:1] == ["export"]:  # `orchard export tokens|openai ...`: datasets for other trainers
         from components.export_cli import main as export_main
         return export_main(args_in[1:])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="on an error, print the traceback (not one line)")
     parser = argparse.ArgumentParser(prog="orchard", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("compile", help="write the KFP and Argo YAML")
+    p = sub.add_parser("compile", parents=[common], help="write the KFP and Argo YAML")
     p.add_argument("--out", default="build/pipelines", help="output directory")
     p.add_argument("--preset", default="demo", help="preset whose values become the parameter defaults")
     p.add_argument("--schedule", default="0 3 * * 0", help="cron schedule of the Argo CronWorkflow")
@@ -118,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     _config_args(p, preset=False)  # compiled in: e.g. --set sft.launch.nproc_per_node=4 (a PyTorchJob)
 
     for name, help_text in (("run", "run the whole DAG on this machine"), ("demo", "the demo run (make demo)")):
-        p = sub.add_parser(name, help=help_text)
+        p = sub.add_parser(name, parents=[common], help=help_text)
         _config_args(p, preset=name == "run")
         if name == "run":
             p.add_argument("--kfp-local", action="store_true", help="through kfp.local (SubprocessRunner)")
@@ -128,11 +139,11 @@ def main(argv: list[str] | None = None) -> int:
                                 "(retrain.data_store); the promotion gate decides whether the model replaces it")
         p.add_argument("--runs-dir", default="runs", help="where run directories and mlflow.db go")
 
-    p = sub.add_parser("config", help="show the resolved PipelineConfig")
+    p = sub.add_parser("config", parents=[common], help="show the resolved PipelineConfig")
     p.add_argument("action", choices=["show"])
     _config_args(p)
 
-    p = sub.add_parser("schedule", help="create a KFP recurring run (needs a KFP server)")
+    p = sub.add_parser("schedule", parents=[common], help="create a KFP recurring run (needs a KFP server)")
     p.add_argument("--host", required=True, help="KFP API endpoint")
     p.add_argument("--package", required=True, help="compiled pipeline YAML (orchard compile)")
     p.add_argument("--cron", default="0 3 * * 0", help="5-field cron (a seconds field is prepended for KFP)")
@@ -145,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="ServiceAccount of the runs' pods (default: ClusterConfig.service_account, orchard-pipeline)")
 
     args = parser.parse_args(argv)
+    from components.core.interrupts import RunInterrupted
     from pipelines.config import ConfigError
 
     try:
@@ -152,6 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"orchard: {err}", file=sys.stderr)
         return 2
+    except RunInterrupted as err:  # the runner has ended the stage, its sandboxes and the MLflow runs
+        print(f"orchard: {err}: run stopped", file=sys.stderr)
+        return err.exit_code
+    except Exception as err:
+        if args.debug:
+            raise
+        from components.core.tracking import error_line
+
+        print(f"orchard: {error_line(err) or type(err).__name__} ({type(err).__name__}; --debug shows the "
+              "traceback)", file=sys.stderr)
+        return 1
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -27,8 +27,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from components.core.connection import SandboxConnection
+from components.core.episode_traces import TraceConfig
 from components.core.modeling import InitPolicyConfig, LoadOptions, ModelConfig
 from components.core.schema import Recipe
+from components.core.tool_formats import ToolFormatSetting
 from components.accumulate import RetrainConfig
 from components.credit import CreditConfig
 from components.distill import DistillConfig
@@ -41,7 +43,7 @@ from components.sft import SFTConfig
 # Top-level fields copied into the stage configs (see the module docstring).
 SHARED_FIELDS = ("recipe", "seed")
 # Sections that belong to the run, not to a stage.
-_RUN_SECTIONS = ("failure", "resources")
+_RUN_SECTIONS = ("failure", "resources", "harness")
 
 
 class ConfigError(ValueError):
@@ -62,6 +64,15 @@ class FailurePolicy(BaseModel):
 
     def limit(self, stage: str) -> float:
         return self.per_stage.get(stage, self.max_infra_error_rate)
+
+
+class RunHarness(BaseModel):
+    """Harness settings that are one value for the whole run (`--set harness.tool_format=hermes`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    tool_format: ToolFormatSetting | None = Field(
+        None, description="The trained model's tool-call format, copied into sft.tool_format, "
+                          "rl.harness.tool_format and evaluate.harness.tool_format (None: those three as set).")
 
 
 # Kubernetes quantities: a CPU count or millicores ("2", "500m"); memory with a binary suffix ("8Gi", "512Mi").
@@ -107,6 +118,11 @@ class PipelineConfig(BaseModel):
                                     description="On a cluster: each pod's requests, and whether sft/rl get a GPU.")
     retrain: RetrainConfig = Field(default_factory=RetrainConfig,
                                    description="Scheduled retraining (accumulate stage; init-policy's start_from).")
+    harness: RunHarness = Field(default_factory=RunHarness,
+                                description="Harness settings of every stage that samples the trained model.")
+    traces: TraceConfig | None = Field(
+        None, description="Episodes as MLflow traces in every stage that has them (evaluate, evaluate_teacher, rl), "
+                          "e.g. traces.enabled=false (None: each stage's own `traces`).")
 
     # --- The stages' own configs (one section per stage; names as in pipelines/stages.py) -------
     provision: ProvisionConfig = Field(default_factory=ProvisionConfig, description="provision stage.")
@@ -142,10 +158,22 @@ class PipelineConfig(BaseModel):
                 update["load"] = LoadOptions(**{f: getattr(self.model, f) for f in LoadOptions.model_fields})
             setattr(self, name, stage.model_copy(update=update))
         # The student is sampled in one tool format: SFT renders its data in the one RL and evaluation sample in.
+        if self.harness.tool_format is not None:
+            fmt = self.harness.tool_format
+            self.sft = self.sft.model_copy(update={"tool_format": fmt})
+            for name in ("rl", "evaluate"):
+                section = getattr(self, name)
+                setattr(self, name, section.model_copy(
+                    update={"harness": section.harness.model_copy(update={"tool_format": fmt})}))
+        if self.traces is not None:
+            for name in ("evaluate", "evaluate_teacher", "rl"):
+                setattr(self, name, getattr(self, name).model_copy(update={"traces": self.traces}))
         formats = {"sft.tool_format": self.sft.tool_format, "rl.harness.tool_format": self.rl.harness.tool_format,
                    "evaluate.harness.tool_format": self.evaluate.harness.tool_format}
         if len(set(formats.values())) > 1:
-            raise ValueError(f"one tool format for the trained model, got {formats}; set all three alike")
+            raise ValueError(f"one tool format for the trained model, got {formats}; set all three at once with "
+                             "harness.tool_format=...")
+        _check_imported_tasks(self)
         # The data store is one setting (retrain.data_store); provision draws its new task seeds from it.
         self.provision = self.provision.model_copy(update={"data_store": self.retrain.data_store})
         if self.register_model_name:  # one name for the registered model
@@ -165,6 +193,24 @@ class PipelineConfig(BaseModel):
         merged = deep_merge({"preset": name}, PRESETS[name])
         plain = {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in overrides.items()}
         return validate(deep_merge(merged, plain))
+
+
+def _check_imported_tasks(config: PipelineConfig) -> None:
+    """Imported tasks (SWE-bench) carry no reference fix: a scripted teacher cannot solve them."""
+    if config.provision.source.kind == "generator":
+        return
+    scripted = [name for name, kind in (("distill.teacher", config.distill.teacher),
+                                        ("evaluate_teacher.policy", config.evaluate_teacher.policy)) if kind == "scripted"]
+    teacher = config.credit.monte_carlo.teacher
+    if config.credit.estimator == "monte_carlo" and (teacher is None or teacher.kind == "scripted"):
+        scripted.append("credit.monte_carlo.teacher")
+    if scripted:
+        raise ValueError(
+            f"provision.source is {config.provision.source.kind!r} (imported tasks), but {', '.join(scripted)} "
+            f"{'uses' if len(scripted) == 1 else 'use'} the scripted teacher, which only solves generated tasks; give "
+            "each an endpoint: distill.teacher=openai "
+            "with distill.openai={...}, evaluate_teacher.policy=openai with evaluate_teacher.endpoint={...}, "
+            "credit.monte_carlo.teacher={\"kind\": \"openai\", \"endpoint\": {...}} or credit.estimator=judge")
 
 
 def stage_sections() -> list[str]:
@@ -248,9 +294,10 @@ def validate(data: dict) -> PipelineConfig:
         problems = []
         for err in e.errors():
             where = ".".join(str(p) for p in err["loc"]) or "config"
-            given = "" if err["type"] == "missing" else f" (got {err.get('input')!r})"
+            # a section's own check (a model validator) says what it needs: the section's dump adds nothing
+            given = "" if err["type"] == "missing" or isinstance(err.get("input"), dict) else f" (got {err.get('input')!r})"
             hint = "; `orchard config show` lists the fields" if err["type"] == "extra_forbidden" else ""
-            problems.append(f"{where}: {err['msg']}{given}{hint}")
+            problems.append(f"{where}: {err['msg'].removeprefix('Value error, ')}{given}{hint}")
         raise ConfigError("; ".join(problems)) from None
 
 
@@ -331,7 +378,7 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
     "provision": {"n_train": 4, "n_heldout": 3, "difficulty": [1]},
     "distill": {"harness": {"max_steps": 10}},
     "credit": {"max_trajectories": 2, "monte_carlo": {"k": 1, "stride": 3, "max_steps": 6}},
-    "sft": {"steps": 4, "batch_size": 2, "max_len": 512, "warmup_steps": 0},
+    "sft": {"steps": 4, "batch_size": 2, "max_len": 1024, "warmup_steps": 0},  # at 512 the cut dropped 75% of the loss
     "rl": {"steps": 1, "rollout_budget": 4,
            "rollout": {"group_size": 2, "max_rollouts_per_prompt": 2, "stride": 2, "batch_prompts": 1},
            "harness": {"max_steps": 4, "generation": {"max_new_tokens": 64}}},

@@ -134,7 +134,7 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     from components.core.tracking import log_dataset_input, log_figure, log_table, resume_run, stage_run
     from components.evaluate import evaluate
     from components.promote import (current_champion, decide, download_champion, git_commit, log_policy_model,
-                                    promote, scorecard_from_evaluation)
+                                    model_card, promote, scorecard_from_evaluation)
     from pipelines.stages import StageFailed
 
     out.mkdir(parents=True, exist_ok=True)
@@ -185,7 +185,8 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
                        "orchard.trained_shards": ",".join(shards)[:4000], "orchard.candidate_stage": stage,
                        "orchard.data_store": str((training or {}).get("store") or ""),
                        "orchard.evaluation_table": f"runs:/{mlflow.active_run().info.run_id}/promotion/comparison.json"}
-            decision.candidate_version = promote(uri, promo, model_uri, lineage, description=decision.reason)
+            decision.candidate_version = promote(uri, promo, model_uri, lineage,
+                                                 description=model_card(decision, lineage))
     result = GateResult(**decision.model_dump(), candidate_stage=stage, parent_model=parent_model,
                         metrics={"promoted": float(decision.promoted), "candidate_mean": decision.candidate_mean})
     if tracking.parent_run_id:
@@ -193,8 +194,12 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
             mlflow.set_tags({"orchard.promotion": "promoted" if result.promoted else "rejected",
                              "orchard.promotion_reason": result.reason[:5000]})
             if result.candidate_version:
-                mlflow.set_tag("orchard.registered_model", f"{promo.model_name}/{result.candidate_version}")
+                name, version = promo.model_name, result.candidate_version
+                mlflow.set_tag("orchard.registered_model", f"{name}/{version}")
                 mlflow.set_tag("orchard.registered_from", stage)
+                link = f"- registered: [{name} version {version}](#/models/{name}/versions/{version}) (from {stage})"
+                note = mlflow.get_run(tracking.parent_run_id).data.tags.get("mlflow.note.content", "")
+                mlflow.set_tag("mlflow.note.content", f"{note}\n{link}" if note else link)
     (out / "comparison.json").write_text(result.model_dump_json(indent=2))
     return result
 

@@ -7,7 +7,10 @@ like the KFP components and the Argo steps, with the artifact layout of `pipelin
 The sandbox service: `config.sandbox_url` when given (token from ORCHARD_SANDBOX_TOKEN; the run stops
 at once if it does not answer), else a real service on loopback for the run's duration
 (`EmbeddedService`). One MLflow parent run stays RUNNING from start to report, which closes it; every
-stage opens its child run under it. A failing stage fails the run and marks the parent FAILED.
+stage opens its child run under it. A failing stage fails the run and marks the parent and the stage's run
+FAILED, with the reason (`orchard.failure_reason`). Ctrl-C or SIGTERM ends the current stage (its episodes
+delete their sandboxes), stops the embedded service and marks the runs KILLED; a second one exits at once
+(`components/core/interrupts.py`).
 """
 
 from __future__ import annotations
@@ -20,12 +23,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.connection import SandboxConnection
-from components.core.tracking import close_pipeline_run, open_pipeline_run
+from components.core.interrupts import raise_if_stopping, stop_on_signals
+from components.core.tracking import FAILURE_REASON_TAG, fail_pipeline_run, open_pipeline_run
 from pipelines import stages
 from pipelines.config import PipelineConfig
 from pipelines.layout import RunLayout
+from pipelines.preflight import preflight
 from pipelines.report import RunReport
-from pipelines.steps import StepContext, report_in_layout, run_in_layout, tracking_uri_for
+from pipelines.steps import StepContext, parent_run_tags, report_in_layout, run_in_layout, tracking_uri_for
 
 
 class LocalRunResult(BaseModel):
@@ -66,54 +71,65 @@ def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console:
 
     console = console or Console()
     t_start = time.perf_counter()
-    service = None
-    if config.sandbox_url:
-        connection = external_connection(config.sandbox_url)
-    else:
-        from sandbox_service.embedded import EmbeddedService
+    preflight(config)  # an endpoint that cannot work fails the run now, not stages later
+    services: list[Any] = []  # the embedded service, for a second Ctrl-C (stop_on_signals)
+    with stop_on_signals(on_force_exit=lambda: [s.request_stop() for s in services]):
+        if config.sandbox_url:
+            connection = external_connection(config.sandbox_url)
+        else:
+            from sandbox_service.embedded import EmbeddedService
 
-        service = EmbeddedService()
-        service.start()
-        connection = service.connection()
-    layout = RunLayout.new(runs_dir)
-    layout.root.mkdir(parents=True, exist_ok=False)
-    try:
-        config = config.updated(tracking_uri=tracking_uri_for(config, layout.root))
-        layout.config.write_text(config.model_dump_json(indent=2))
-        ctx = StepContext(config, None, sandbox=connection)
-        parent = open_pipeline_run(ctx.tracking_config, f"local-{config.preset}-{layout.root.name}", config,
-                                   tags={"orchard.preset": config.preset, "orchard.recipe": config.recipe,
-                                         "orchard.runner": "local", "orchard.run_dir": str(layout.root)})
-        ctx.parent_run_id = parent
-        console.print(f"[bold]orchard[/] {config.preset} run -> {layout.root}  (MLflow {config.tracking_uri}, "
-                      f"parent run {parent}; sandboxes at {connection.url})")
-        ran: list[str] = []
-        seconds: dict[str, float] = {}
+            services.append(EmbeddedService())
+            services[0].start()
+            connection = services[0].connection()
         try:
-            with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                          TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=console) as progress:
-                bar = progress.add_task("pipeline", total=len(stages.STAGES) + 1)
-                for stage in stages.STAGES:
-                    progress.update(bar, description=f"[cyan]{stage.name}")
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    run_in_layout(stage.name, layout, ctx)
-                    seconds[stage.name] = time.perf_counter() - t0
-                    ran.append(stage.name)
-                    # CPU time of this process (all its threads; not the sandbox service's): on a shared
-                    # machine it says what the stage costs where wall time only says how busy the machine was.
-                    progress.console.print(f"  [green]done[/] {stage.name} in {seconds[stage.name]:.1f} s "
-                                           f"(CPU {time.process_time() - c0:.1f} s)")
+            layout = RunLayout.new(runs_dir)
+            layout.root.mkdir(parents=True, exist_ok=False)
+            config = config.updated(tracking_uri=tracking_uri_for(config, layout.root))
+            layout.config.write_text(config.model_dump_json(indent=2))
+            ctx = StepContext(config, None, sandbox=connection)
+            parent = open_pipeline_run(ctx.tracking_config, f"local-{config.preset}-{layout.root.name}", config,
+                                       tags=parent_run_tags(config, **{"orchard.runner": "local",
+                                                                       "orchard.run_dir": str(layout.root)}))
+            ctx.parent_run_id = parent
+            console.print(f"[bold]orchard[/] {config.preset} run -> {layout.root}  (MLflow {config.tracking_uri}, "
+                          f"parent run {parent}; sandboxes at {connection.url})")
+            ran: list[str] = []
+            seconds: dict[str, float] = {}
+            current: str | None = None  # the stage running now (named on the parent run if it fails)
+            try:
+                with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                              TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                              console=console) as progress:
+                    bar = progress.add_task("pipeline", total=len(stages.STAGES) + 1)
+                    for stage in stages.STAGES:
+                        progress.update(bar, description=f"[cyan]{stage.name}")
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        current = stage.name  # a stop request now stops the run before this stage
+                        raise_if_stopping()
+                        run_in_layout(stage.name, layout, ctx)
+                        current = None
+                        seconds[stage.name] = time.perf_counter() - t0
+                        ran.append(stage.name)
+                        # CPU time of this process (all its threads; not the sandbox service's): on a shared
+                        # machine it says what the stage costs where wall time only says how busy the machine was.
+                        progress.console.print(f"  [green]done[/] {stage.name} in {seconds[stage.name]:.1f} s "
+                                               f"(CPU {time.process_time() - c0:.1f} s)")
+                        progress.advance(bar)
+                    progress.update(bar, description=f"[cyan]{stages.REPORT}")
+                    current = stages.REPORT
+                    run_report, markdown = report_in_layout(
+                        layout, ctx, exec_latency=exec_latency(connection.url, connection.token),
+                        stage_seconds=seconds)
                     progress.advance(bar)
-                progress.update(bar, description=f"[cyan]{stages.REPORT}")
-                run_report, markdown = report_in_layout(
-                    layout, ctx, exec_latency=exec_latency(connection.url, connection.token), stage_seconds=seconds)
-                progress.advance(bar)
-        except BaseException:
-            close_pipeline_run(ctx.tracking_config, parent, status="FAILED")
-            raise
-    finally:
-        if service is not None:
-            service.stop()
+            except BaseException as err:
+                status = fail_pipeline_run(ctx.tracking_config, parent, err, stage=current)
+                console.print(f"[red]{status}[/] at {current or 'a stage boundary'}: MLflow parent run {parent} "
+                              f"and the runs under it marked {status} ({FAILURE_REASON_TAG} says why)")
+                raise
+        finally:
+            for service in services:
+                service.stop()
     console.print(to_rich(run_report))
     console.print(markdown.split("\n\n", 1)[1] if "\n\n" in markdown else "")
     return LocalRunResult(run_dir=str(layout.root), tracking_uri=config.tracking_uri, parent_run_id=parent,

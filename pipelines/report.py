@@ -11,7 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.tracking import TrackingConfig, log_artifact_path, log_figure, log_json, log_table, resume_run
+from components.core.tracking import (
+    TrackingConfig, log_artifact_path, log_dataset_input, log_figure, log_json, log_table, resume_run,
+)
 
 
 class EvalRow(BaseModel):
@@ -264,8 +266,14 @@ def plot_child_curves(tracking_uri: str, parent_run_id: str, keys: tuple[str, ..
 
 
 def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunReport, markdown: str, *,
-                  stores: dict[str, Path] | None = None) -> dict[str, Any]:
-    """Table, plots and the trajectory stores on the pipeline's parent run."""
+                  stores: dict[str, Path] | None = None, tasks_dir: Path | None = None,
+                  training_steps: dict[str, int] | None = None) -> dict[str, Any]:
+    """Table, plots and the trajectory stores on the pipeline's parent run; with `tasks_dir` its tasks as the
+    run's datasets (one per split, with its digest: two runs evaluated on the same held-out set show the same).
+
+    `training_steps`: optimizer updates behind each trained arm (untrained 0, sft its steps, rl the SFT steps
+    plus its own): the arms' held-out rates are then also one curve over training, `heldout.resolved_rate`
+    (and its interval bounds) at those steps, beside the per-arm values."""
     import matplotlib.pyplot as plt
     import mlflow
     import pandas as pd
@@ -283,6 +291,12 @@ def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunRepor
                 mlflow.log_metric(f"heldout_resolved_rate_ci95_high.{r.policy}", r.resolved_rate_ci95[1])
             if r.evaluated is not None:
                 mlflow.log_metric(f"heldout_evaluated.{r.policy}", float(r.evaluated))
+            step = (training_steps or {}).get(r.policy)
+            if step is not None and r.resolved_rate is not None:
+                mlflow.log_metric("heldout.resolved_rate", float(r.resolved_rate), step=step)
+                if r.resolved_rate_ci95 is not None:
+                    mlflow.log_metric("heldout.resolved_rate_ci95_low", r.resolved_rate_ci95[0], step=step)
+                    mlflow.log_metric("heldout.resolved_rate_ci95_high", r.resolved_rate_ci95[1], step=step)
         for k, v in report.trajectories.items():
             mlflow.log_metric(f"trajectories.{k}", v)
         for k, v in report.exec_latency.items():
@@ -300,4 +314,12 @@ def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunRepor
         for name, path in (stores or {}).items():  # parquet shards, e.g. stores/trajectories/*.parquet
             if Path(path).is_dir():
                 log_artifact_path(path, f"stores/{name}")
+        if tasks_dir is not None and Path(tasks_dir).is_dir():
+            from components.core.store import TaskStore
+
+            tasks = TaskStore(tasks_dir).read()
+            for split in sorted({t.split for t in tasks}):
+                log_dataset_input([{"task_id": t.id, "family": t.family, "difficulty": t.difficulty, "seed": t.seed}
+                                   for t in tasks if t.split == split], tasks_dir,
+                                  name=f"{tasks[0].recipe}-{split}", context=split)
     return out

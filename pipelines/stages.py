@@ -169,17 +169,17 @@ def _gate_config(config: Any) -> BaseModel:
 
 
 def check_endpoint(config: Any) -> None:
-    """An endpoint that cannot be reached fails the stage with the connection error (not NaN rates)."""
+    """An endpoint that cannot work fails the stage with the reason (not NaN rates): the run's preflight check,
+    again when the stage starts (on a cluster, hours may lie between the two)."""
     if getattr(config, "policy", None) != "openai" or config.endpoint is None:
         return
-    import httpx
+    from pipelines.preflight import Endpoint, PreflightError, check_endpoint as ask
 
-    url = config.endpoint.base_url.rstrip("/") + "/models"
+    e = config.endpoint
     try:
-        httpx.get(url, timeout=config.endpoint.connect_timeout_seconds)
-    except httpx.TransportError as err:
-        raise StageFailed(f"evaluation endpoint {config.endpoint.base_url} is unreachable "
-                          f"({type(err).__name__}: {err}); start it or fix endpoint.base_url") from err
+        ask(Endpoint("endpoint", e.base_url, e.model, e.api_key_env), timeout=e.connect_timeout_seconds)
+    except PreflightError as err:
+        raise StageFailed(f"evaluation {err}") from err
 
 
 class StageFailed(RuntimeError):

@@ -21,6 +21,7 @@ from components.core.distributed import is_main_process, world_size
 from components.core.tracking import TrackingConfig, close_pipeline_run, open_pipeline_run
 from pipelines import stages
 from pipelines.config import PipelineConfig, resolve
+from pipelines.preflight import check_model, preflight
 
 if TYPE_CHECKING:
     from pipelines.layout import RunLayout
@@ -170,10 +171,37 @@ def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlf
     config = resolve(preset, overrides={  # overrides_json (the whole config, from kfp.local) has the last word
         **retrain, **json.loads(overrides_json or "{}"), "recipe": recipe, "seed": seed,
         "sandbox_url": sandbox_url or None, "tracking_uri": mlflow_uri or None, "experiment": experiment})
+    preflight(config)  # before the parent run: a config that cannot work leaves nothing RUNNING
     ctx = StepContext(config, None)
     run_id = open_pipeline_run(ctx.tracking_config, run_name or f"pipeline-{config.recipe}", config,
-                               tags={"orchard.preset": config.preset, "orchard.recipe": config.recipe, **(tags or {})})
+                               tags=parent_run_tags(config, **(tags or {})))
     return config, run_id
+
+
+def parent_run_tags(config: PipelineConfig, **extra: str) -> dict[str, str]:
+    """The parent run's tags: preset, recipe, the code's git commit and a description (the run page's
+    Description: preset, model, data, teacher, commit), plus `extra`."""
+    from components.promote import git_commit
+
+    commit = git_commit(Path(__file__).resolve().parents[1])
+    source = config.provision.source
+    model = f"`{config.model.path}`" if config.model.path else "the tiny model (`model.tiny`)"
+    if config.retrain.start_from == "champion":
+        model += f", or the champion of `{config.register_model_name}` when there is one"
+    data = (f"`{source.kind}` tasks from `{source.path}`" if source.kind != "generator"
+            else f"`{config.recipe}` tasks generated from seed {config.provision.seed}")
+    data += f": {config.provision.n_train} train, {config.provision.n_heldout} held out"
+    if config.retrain.data_store:
+        data += f"; training data accumulates in `{config.retrain.data_store}`"
+    teacher = config.distill.openai.model if config.distill.teacher == "openai" and config.distill.openai else \
+        f"scripted (error rate {config.distill.error_rate:g})"
+    note = "\n".join([f"orchard **{config.preset}** run, recipe `{config.recipe}`, seed {config.seed}", "",
+                      f"- model: {model}", f"- data: {data}", f"- teacher: {teacher}",
+                      f"- stages: sft {config.sft.steps} steps ({config.sft.mode}), rl {config.rl.steps} steps "
+                      f"({config.rl.rollout.sampler}), evaluation k={config.evaluate.k}",
+                      f"- code: git commit `{commit}`"])
+    return {"orchard.preset": config.preset, "orchard.recipe": config.recipe, "mlflow.source.git.commit": commit,
+            "mlflow.note.content": note, **extra}
 
 
 def per_task_pass_at_1(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
@@ -190,10 +218,16 @@ def per_task_pass_at_1(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
     return out
 
 
+def training_steps(results: dict[str, dict | None]) -> dict[str, int]:
+    """Optimizer updates behind each trained arm: untrained 0, sft its steps, rl the SFT steps plus its own."""
+    sft = int((results.get("sft") or {}).get("steps") or 0)
+    return {"untrained": 0, "sft": sft, "rl": sft + int((results.get("rl") or {}).get("steps_done") or 0)}
+
+
 def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
                     *, exec_latency: dict[str, float] | None = None, stage_seconds: dict[str, float] | None = None,
                     stages_skipped: list[str] | None = None, stores: dict[str, Path] | None = None,
-                    status: str = "FINISHED"):
+                    tasks_dir: Path | None = None, status: str = "FINISHED"):
     """Log the results table and plots to the parent run and close it (registering is the gate's job).
 
     `results`: each stage's result by stage name. Returns (RunReport, markdown table).
@@ -214,7 +248,8 @@ def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
                                      per_task=per_task_pass_at_1(evals))
     markdown = report.to_markdown(run_report)
     if ctx.parent_run_id:
-        report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown, stores=stores)
+        report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown, stores=stores,
+                             tasks_dir=tasks_dir, training_steps=training_steps(parsed))
         close_pipeline_run(ctx.tracking_config, ctx.parent_run_id, status=status)
     return run_report, markdown
 
@@ -282,6 +317,8 @@ def run_in_layout(name: str, layout: RunLayout, ctx: StepContext) -> dict:
     record = run_stage(name, ctx, inputs, outputs)
     if is_main_process():  # a PyTorchJob's other ranks trained too; rank 0 writes the one result
         layout.write_result(name, record)
+    if name == "init-policy":  # the first moment the model's template exists: lengths fit, before any episode
+        check_model(ctx.config, layout.artifact("provision", "tasks"), layout.artifact(name, "model"))
     return record
 
 
@@ -290,7 +327,8 @@ def report_in_layout(layout: RunLayout, ctx: StepContext, **kw: Any):
     results = {s.name: layout.read_result(s.name) for s in stages.STAGES}
     stores = {"trajectories": layout.artifact("distill", "trajectories"),
               "credited": layout.artifact("credit", "credited")}
-    run_report, markdown = finish_pipeline(ctx, results, stores=stores, **kw)
+    run_report, markdown = finish_pipeline(ctx, results, stores=stores, tasks_dir=layout.artifact("provision", "tasks"),
+                                           **kw)
     layout.report.write_text(markdown)
     return run_report, markdown
 
@@ -334,7 +372,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: cannot write the run directory ({err}); the volume must be writable by uid "
                   f"{os.getuid()} (the stage pods' fsGroup, ClusterConfig.stage_uid)", file=sys.stderr)
             return 1
-        config, run_id = start_pipeline(**params, tags={"orchard.runner": "argo"})
+        from pipelines.config import ConfigError
+        from pipelines.preflight import PreflightError
+
+        try:
+            config, run_id = start_pipeline(**params, tags={"orchard.runner": "argo"})
+        except (ConfigError, PreflightError) as err:  # a run that cannot work: one line, no parent run left open
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         try:
             (args.outputs_dir / "config_json").write_text(config.model_dump_json())
             RunLayout(args.run_dir).config.write_text(config.model_dump_json())  # for a stage's PyTorchJob pods
@@ -349,11 +394,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.stage is None:
         parser.error("run needs the stage name")
+    from components.core.interrupts import RunInterrupted, stop_on_signals
+
     try:
-        run_in_layout(args.stage, RunLayout(args.run_dir), ctx)
+        # A stopped workflow or a pod deadline sends SIGTERM: the stage ends at its next turn or optimizer step,
+        # its episodes delete their sandboxes and its MLflow run is KILLED (the exit handler closes the parent).
+        with stop_on_signals():
+            run_in_layout(args.stage, RunLayout(args.run_dir), ctx)
     except stages.StageFailed as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except RunInterrupted as err:
+        print(f"error: stage {args.stage} {err}: stopped", file=sys.stderr)
+        return err.exit_code
     return 0
 
 

@@ -128,6 +128,13 @@ class EmbeddedService:
         if self._log_file is None and self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
 
+    def request_stop(self) -> None:
+        """Ask the service to stop and return at once (it deletes its sandboxes on SIGTERM by itself): for a
+        process about to exit without cleaning up (a second Ctrl-C). `stop()` is the normal way: it waits and
+        checks for leaks."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+
     def find_leaks(self) -> list[str]:
         """Processes, mounts and cgroups of this service's sandboxes that exist now."""
         return find_leaks(self.state_dir, self.sandbox_ids) if self.state_dir else []

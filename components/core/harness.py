@@ -39,17 +39,18 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from components.core.interrupts import raise_if_stopping
 from components.core.policy_base import EpisodeAwarePolicy, GenerationConfig, Policy, ToolAwarePolicy
 from components.core.protocol import ToolCallParseError, tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult
 from components.core.rendering import steps_as_messages
 from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, Verification, utcnow
-from components.core.tool_formats import NATIVE_FORMATS, ToolFormat, parse_call
+from components.core.tool_formats import NATIVE_FORMATS, ToolFormat, ToolFormatSetting, parse_call
 from sandbox_service.client import Sandbox, SandboxClient
 from sandbox_service.errors import SandboxServiceError
 
@@ -73,7 +74,7 @@ class HarnessConfig(BaseModel):
     )
     sandbox_wait_seconds: float = Field(120.0, gt=0, description="How long to wait for a new sandbox to be ready.")
     heartbeat_every_seconds: float = Field(30.0, gt=0, description="Heartbeat the sandbox when idle this long.")
-    tool_format: Literal["auto", "protocol", "hermes", "llama3_json"] = Field(
+    tool_format: ToolFormatSetting = Field(
         "auto", description="How tool calls are written and parsed: auto = the policy's own (a local model's "
                             "chat template; the text protocol for endpoints and scripted teachers); protocol = "
                             "our text protocol described in the system prompt; hermes / llama3_json = native.")
@@ -236,6 +237,7 @@ class _Episode:
         cfg = self.config
         assert self.sandbox is not None
         while not self.submitted:
+            raise_if_stopping()  # Ctrl-C/SIGTERM: the episode ends here and its sandbox is deleted
             turns = sum(1 for s in self.steps if s.role == "assistant")
             if turns >= cfg.max_steps:
                 return EpisodeStatus.truncated
@@ -285,6 +287,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
                 *, prefix_steps: list[Step] | None = None, from_snapshot: str | None = None) -> Trajectory:
     """Run one episode and verify it. With `from_snapshot` the sandbox forks that state (no setup,
     no replay); with only `prefix_steps` the prefix's tool calls are re-executed after setup."""
+    raise_if_stopping()  # a stopping run starts no more episodes (queued ones in a thread pool end here)
     ep = _Episode(task, recipe, policy, config)
     if isinstance(policy, EpisodeAwarePolicy):
         policy.reset(task)

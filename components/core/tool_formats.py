@@ -19,6 +19,7 @@ from components.core.protocol import CLOSE_TAG, OPEN_TAG, ToolCallParseError, fo
 from components.core.schema import ToolCall
 
 ToolFormat = Literal["protocol", "hermes", "llama3_json"]
+ToolFormatSetting = Literal["auto", "protocol", "hermes", "llama3_json"]  # a config's choice: auto = the policy's own
 NATIVE_FORMATS: tuple[ToolFormat, ...] = ("hermes", "llama3_json")
 PYTHON_TAG = "<|python_tag|>"
 

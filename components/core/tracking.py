@@ -66,8 +66,26 @@ def ui_command(tracking: TrackingConfig) -> str:
     return f"mlflow ui --backend-store-uri {tracking.tracking_uri}"
 
 
+# The MLflow UI (3.x) opens an experiment by its kind: without this tag it guesses, and a store with traces
+# opens on the GenAI pages. Ours train models: runs, metrics and the registry first.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
+def ui_link(tracking: TrackingConfig, experiment_id: str, run_id: str | None = None) -> str:
+    """Where a run (or the experiment's runs) opens in the MLflow UI, on its model-training pages.
+
+    MLflow 3.17's UI decides GenAI vs model training by a UI-wide switch (the `workflowType` URL parameter,
+    else the browser's last choice, GenAI by default) and ignores the experiment's kind tag while the switch
+    is on: the link carries `workflowType=machine_learning` so the runs table, not the GenAI overview, opens."""
+    path = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + "?workflowType=machine_learning"
+    if tracking.tracking_uri.startswith(("http://", "https://")):
+        return f"{tracking.tracking_uri.rstrip('/')}/{path}"
+    return f"{ui_command(tracking)}, then http://127.0.0.1:5000/{path}"
+
+
 def ensure_experiment(tracking: TrackingConfig) -> str:
-    """The experiment's id, created with `artifact_location` when it does not exist yet."""
+    """The experiment's id, created with `artifact_location` and marked as a model-training experiment
+    when it does not exist yet (an experiment someone marked otherwise keeps its kind)."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking.tracking_uri)
@@ -76,7 +94,8 @@ def ensure_experiment(tracking: TrackingConfig) -> str:
     if experiment is not None:
         return experiment.experiment_id
     try:
-        return client.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking))
+        return client.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking),
+                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
     except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel worker
         return client.get_experiment_by_name(tracking.experiment).experiment_id
 
@@ -109,7 +128,13 @@ def stage_run(stage: str, config: BaseModel | None, tracking: TrackingConfig | N
         if config is not None:
             for batch in _param_batches(config):
                 mlflow.log_params(batch)
-        yield run
+        try:
+            yield run
+        except BaseException as err:  # FAILED with its reason, or KILLED when the run was stopped
+            status, reason = ended_status(err)
+            mlflow.set_tag(FAILURE_REASON_TAG, reason)
+            mlflow.end_run(status)
+            raise
 
 
 def _param_batches(config: BaseModel) -> Iterator[dict[str, Any]]:
@@ -236,6 +261,57 @@ def close_pipeline_run(tracking: TrackingConfig, run_id: str, status: str = "FIN
     import mlflow
 
     mlflow.MlflowClient(tracking.tracking_uri).set_terminated(run_id, status=status)
+
+
+FAILURE_REASON_TAG = "orchard.failure_reason"
+FAILED_STAGE_TAG = "orchard.failed_stage"
+
+
+def ended_status(err: BaseException) -> tuple[str, str]:
+    """The MLflow status of a run that `err` ended (KILLED for Ctrl-C/SIGTERM, else FAILED) and its reason in
+    one line (the exception's type and first line, at most 500 characters)."""
+    from components.core.interrupts import RunInterrupted
+
+    status = "KILLED" if isinstance(err, (RunInterrupted, KeyboardInterrupt)) else "FAILED"
+    text = error_line(err)
+    return status, (f"{type(err).__name__}: {text}" if text else type(err).__name__)[:500]
+
+
+def error_line(err: BaseException) -> str:
+    """The first non-empty line of an exception's message ("" when it has none)."""
+    return next((line.strip() for line in str(err).splitlines() if line.strip()), "")
+
+
+def fail_pipeline_run(tracking: TrackingConfig, run_id: str, err: BaseException, stage: str | None = None) -> str:
+    """End a parent run that `err` stopped, and every run under it, with the status and reason of `ended_status`.
+
+    The parent gets `orchard.failure_reason` (and `orchard.failed_stage`); runs still RUNNING under it (the
+    stage that was running, its detached workers) end with the same status; the failing stage's own run is
+    marked FAILED too when it had already finished (a runner check after the stage, e.g. too many infra
+    errors). Returns the status."""
+    import mlflow
+
+    status, reason = ended_status(err)
+    client = mlflow.MlflowClient(tracking.tracking_uri)
+    parent = client.get_run(run_id)
+    tags = {FAILURE_REASON_TAG: reason, **({FAILED_STAGE_TAG: stage} if stage else {})}
+    pending, children = [run_id], []
+    while pending:  # every generation under the parent
+        found = client.search_runs([parent.info.experiment_id],
+                                   filter_string=f"tags.mlflow.parentRunId = '{pending.pop()}'")
+        children += found
+        pending += [c.info.run_id for c in found]
+    failing = [c for c in children if c.info.run_name == stage and c.data.tags.get("mlflow.parentRunId") == run_id]
+    latest = max(failing, key=lambda c: c.info.start_time, default=None)
+    for child in children:
+        if child.info.status == "RUNNING" or (child is latest and child.info.status == "FINISHED"):
+            for key, value in tags.items():
+                client.set_tag(child.info.run_id, key, value)
+            client.set_terminated(child.info.run_id, status=status)
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+    client.set_terminated(run_id, status=status)
+    return status
 
 
 @contextlib.contextmanager

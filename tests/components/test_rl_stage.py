@@ -13,6 +13,7 @@ import math
 import pytest
 import torch
 
+from components.core.episode_traces import TraceConfig, sampled
 from components.core.harness import HarnessConfig
 from components.core.policy_base import GenerationConfig
 from components.core.schema import Outcome
@@ -51,7 +52,8 @@ def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_rewa
     monkeypatch.setattr(rl, "verified_reward", spy)
     before = {k: v.clone() for k, v in load_policy(rl_inputs / "sft")[0].state_dict().items()}
     # No weight decay and no router loss: only the policy-gradient loss can move a weight.
-    config = _config(sandbox_service, save_rollouts=True, trl_args={"weight_decay": 0.0, "router_aux_loss_coef": 0.0})
+    config = _config(sandbox_service, save_rollouts=True, trl_args={"weight_decay": 0.0, "router_aux_loss_coef": 0.0},
+                     traces=TraceConfig(sample_rate=0.5))
     db = tmp_path_factory.getbasetemp() / "rl-eval-mlflow.db"  # one sqlite store per session: its tables cost seconds
     tracking = TrackingConfig(tracking_uri=f"sqlite:///{db}", experiment="rl-test")
     result = train_rl(config, rl_inputs / "tasks", rl_inputs / "sft", tmp_path / "rl", tracking=tracking)
@@ -60,9 +62,9 @@ def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_rewa
     assert len(records) == 3  # one prompt per step (batch_prompts=1)
     # Two tasks, three steps: TRL deals both in the first pass, so `broken` (never a group) takes a step of its own.
     # That optimizer step trained on nothing and is no update for the promotion gate.
-    assert result.optimizer_steps == 3 and math.isfinite(result.metrics["final_loss"])
+    assert result.steps_done + result.steps_without_update == 3 and math.isfinite(result.metrics["final_loss"])
     assert result.steps_done == sum(r.kept for r in records) == result.informative_groups
-    assert 0 < result.steps_done < result.optimizer_steps
+    assert result.steps_done > 0 and result.steps_without_update > 0
     episodes = {t.id: t for t in TrajectoryStore(tmp_path / "rl" / "rollouts").read()}
     assert sum(r.generated for r in records) == len(episodes) == result.trajectories
     broken = [r for r in records if r.prompt_id == "broken"]
@@ -98,6 +100,14 @@ def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_rewa
     client = mlflow.MlflowClient()
     for name in ("loss", "sampler.informative_groups"):
         assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [0, 1, 2], name
+    # A sample of the rollout episodes as traces of this run, chosen by trajectory id across the rollout calls.
+    traces = client.search_traces(experiment_ids=[run.info.experiment_id], run_id=run.info.run_id)
+    sample = sampled(list(episodes.values()), config.traces)
+    assert 0 < len(sample) < len(episodes)
+    assert sum(m.value for m in client.get_metric_history(run.info.run_id, "traces_logged")) == len(traces) == len(sample)
+    assert {t.info.tags["orchard.stage"] for t in traces} <= {"rl"}
+    assert sorted(next(s for s in t.data.spans if s.parent_id is None).attributes["trajectory_id"] for t in traces) == \
+        sorted(t.id for t in sample)
 
 
 def test_steps_with_only_dropped_groups_leave_every_weight_as_it_was(rl_inputs, sandbox_service, tmp_path):
@@ -112,7 +122,7 @@ def test_steps_with_only_dropped_groups_leave_every_weight_as_it_was(rl_inputs, 
     config = _config(sandbox_service, steps=2, weight_decay=0.1)
     result = train_rl(config, tmp_path / "tasks", rl_inputs / "sft", tmp_path / "rl")
 
-    assert (result.optimizer_steps, result.steps_done, result.informative_groups) == (2, 0, 0)
+    assert (result.steps_without_update, result.steps_done, result.informative_groups) == (2, 0, 0)
     after = load_policy(tmp_path / "rl")[0].state_dict()
     changed = [n for n in before if not torch.equal(before[n], after[n])]
     assert not changed, f"{len(changed)} tensors moved without a reward signal: {changed[:5]}"

@@ -121,6 +121,32 @@ def test_long_samples_are_cut_at_the_end_and_dropped_without_loss(store, tokeniz
     assert stats.truncated >= 1 and stats.skipped_no_loss >= 1
 
 
+def test_truncation_warns_above_one_share_and_refuses_to_train_above_another(store, tokenizer, tmp_path, capsys):
+    from components.sft import TruncationError, check_truncation
+
+    data, trajs = store
+    whole, _ = build_samples(trajs, tokenizer, "credited", max_len=1 << 16)
+    longest = max(len(s.input_ids) for s in whole)
+    _, full = build_samples(trajs, tokenizer, "credited", max_len=longest)
+    assert full.truncated == full.loss_tokens_truncated == 0 and full.truncated_loss_fraction == 0.0
+    cut_at = longest // 2
+    _, cut = build_samples(trajs, tokenizer, "credited", max_len=cut_at)
+    assert cut.truncated >= 1 and 0 < cut.truncated_loss_fraction < 1
+    assert cut.loss_tokens + cut.loss_tokens_truncated == full.loss_tokens  # what training lost, exactly
+
+    check_truncation(SFTConfig(max_len=cut_at, truncation_warning=1.0, truncation_limit=1.0), cut)  # tolerated
+    assert capsys.readouterr().err == ""
+    check_truncation(SFTConfig(max_len=cut_at, truncation_warning=0.0, truncation_limit=1.0), cut)
+    warning = capsys.readouterr().err
+    assert warning.startswith(f"warning: sft: cutting samples at max_len={cut_at} drops ") and "raise sft.max_len" in warning
+    with pytest.raises(TruncationError, match=r"above truncation_limit 0%: raise sft.max_len"):
+        check_truncation(SFTConfig(max_len=cut_at, truncation_limit=0.0), cut)
+    # train_sft checks before it builds a model: a run that would train on scraps fails in seconds
+    with pytest.raises(TruncationError):
+        train_sft(SFTConfig(mode="credited", steps=1, max_len=40, model=TINY), data, tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+
+
 def test_a_few_sft_steps_reduce_loss_and_change_every_parameter(store, tmp_path):
     from components.core.modeling import build_tiny_model
 

@@ -19,10 +19,14 @@ def _closed_port() -> int:
         return s.getsockname()[1]  # closed once the socket is: connections are refused
 
 
-def _parent_status(tmp_path) -> str:
+def _runs(tmp_path) -> list:
     client = mlflow.MlflowClient(f"sqlite:///{(tmp_path / 'runs').resolve() / 'mlflow.db'}")
     (experiment,) = [e for e in client.search_experiments() if e.name == "orchard"]
-    (run,) = client.search_runs([experiment.experiment_id], filter_string="tags.`orchard.stage` = 'pipeline'")
+    return client.search_runs([experiment.experiment_id])
+
+
+def _parent_status(tmp_path) -> str:
+    (run,) = [r for r in _runs(tmp_path) if r.data.tags.get("orchard.stage") == "pipeline"]
     return run.info.status
 
 
@@ -44,7 +48,16 @@ def test_a_stage_whose_every_episode_is_an_infra_error_fails_with_the_reason(tmp
     message = str(err.value)
     assert message.startswith("stage evaluate-teacher: 1 of 1 episodes were infrastructure errors (limit 100%)")
     assert "401" in message or "nauthorized" in message, message
-    assert _parent_status(tmp_path) == "FAILED"
+    # MLflow says the same: the parent and the stage's own run (finished before the runner's check) FAILED,
+    # both with the reason; nothing left RUNNING.
+    runs = {r.info.run_name: r for r in _runs(tmp_path)}
+    (parent,) = [r for r in runs.values() if r.data.tags.get("orchard.stage") == "pipeline"]
+    for run in (parent, runs["evaluate-teacher"]):
+        assert run.info.status == "FAILED"
+        assert run.data.tags["orchard.failure_reason"] == f"StageFailed: {message}"[:500]
+        assert run.data.tags["orchard.failed_stage"] == "evaluate-teacher"
+    assert {r.info.status for name, r in runs.items() if name not in ("evaluate-teacher", parent.info.run_name)} \
+        == {"FINISHED"}
 
 
 def test_the_infra_error_limit_is_configurable_per_stage(tmp_path, sandbox_service, micro_config, monkeypatch):
@@ -62,9 +75,15 @@ def test_the_infra_error_limit_is_configurable_per_stage(tmp_path, sandbox_servi
 
 
 def test_evaluating_an_unreachable_endpoint_fails_with_the_connection_error(tmp_path, external_service, micro_config):
+    from pipelines.preflight import PreflightError
+    from pipelines.stages import check_endpoint
+
     base_url = f"http://127.0.0.1:{_closed_port()}/v1"
     config = micro_config.updated(sandbox_url=external_service.url, evaluate_teacher={
         "policy": "openai", "endpoint": {"base_url": base_url, "model": "teacher", "connect_timeout_seconds": 2}})
-    with pytest.raises(StageFailed, match=f"evaluation endpoint {base_url} is unreachable .*ConnectError"):
-        run_local(config, tmp_path / "runs")
-    assert _parent_status(tmp_path) == "FAILED"
+    with pytest.raises(PreflightError, match=f"evaluate_teacher.endpoint: {base_url} does not answer .*ConnectError"):
+        run_local(config, tmp_path / "runs")  # before anything ran
+    assert not (tmp_path / "runs").exists()
+    # the stage asks again when it starts (on a cluster, hours after the run's start step)
+    with pytest.raises(StageFailed, match=f"evaluation endpoint: {base_url} does not answer .*ConnectError"):
+        check_endpoint(config.evaluate_teacher)

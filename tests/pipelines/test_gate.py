@@ -85,6 +85,16 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     assert v1.tags["orchard.pipeline_run_id"] == parent and v1.tags["orchard.git_commit"]
     assert v1.tags["orchard.trained_shards"] == "part-00000.parquet"
     assert v1.tags["orchard.evaluation_table"].endswith("promotion/comparison.json")
+    # the version's card: training, data, evaluation with its interval, the gate's reason, limits
+    card = v1.description
+    assert card.startswith("# Agent policy trained by orchard") and "## Limits" in card
+    assert f"pipeline run `{parent}`" in card and "1 credited teacher-trajectory shard(s)" in card
+    assert f"held-out pass@1 {first.candidate_mean:.3f} on 3 tasks vs {first.champion_mean:.3f} for the start" in card
+    assert f"95% interval [{first.ci_low:+.3f}, {first.ci_high:+.3f}]" in card and first.reason in card
+    # and a signature: prompts in, completions out, max_new_tokens as a parameter
+    signature = mlflow.models.get_model_info(v1.source).signature
+    assert [c.name for c in signature.inputs.inputs] == ["prompt"]
+    assert [(p.name, p.default) for p in signature.params.params] == [("max_new_tokens", 64)]
     assert client.get_run(parent).data.tags["orchard.promotion"] == "promoted"
     gate_run = client.get_run(v1.run_id)
     assert any(i.dataset.name == "training-shards" for i in gate_run.inputs.dataset_inputs)
@@ -110,6 +120,9 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     artifacts = {a.path for a in client.list_artifacts(v2.run_id, "promotion")}
     assert {"promotion/comparison.png", "promotion/comparison.json", "promotion/decision.json"} <= artifacts
     assert client.get_run(parent).data.tags["orchard.registered_model"] == f"{NAME}/2"
+    # the parent's description links the version (the UI's model-version page)
+    assert client.get_run(parent).data.tags["mlflow.note.content"] == \
+        f"- registered: [{NAME} version 2](#/models/{NAME}/versions/2) (from sft)"
 
     # retrain.start_from=champion: init-policy starts from the champion's weights, and says so
     from pipelines import stages

@@ -54,6 +54,23 @@ def _check_run(result, config: PipelineConfig) -> None:
     client = mlflow.MlflowClient(result.tracking_uri)
     parent = client.get_run(result.parent_run_id)
     assert parent.info.status == "FINISHED"
+    # what a researcher compares runs by: a training experiment, a description, the commit, the task sets
+    experiment = client.get_experiment(parent.info.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    note = parent.data.tags["mlflow.note.content"]
+    assert note.startswith(f"orchard **{config.preset}** run, recipe `swe`, seed {config.seed}")
+    assert "- model: the tiny model" in note and f"{config.provision.n_train} train, {config.provision.n_heldout} " \
+        "held out" in note and f"git commit `{parent.data.tags['mlflow.source.git.commit']}`" in note
+    # the held-out rate as one curve over training: untrained at 0, sft at its steps, rl after its updates
+    curve = client.get_metric_history(result.parent_run_id, "heldout.resolved_rate")
+    sft_steps = json.loads(layout.result_path("sft").read_text())["steps"]
+    rl_steps = json.loads(layout.result_path("rl").read_text())["steps_done"]
+    rate = {r.policy: r.resolved_rate for r in result.report.rows}
+    assert sorted((m.step, m.value) for m in curve) == sorted(
+        [(0, rate["untrained"]), (sft_steps, rate["sft"]), (sft_steps + rl_steps, rate["rl"])])
+    datasets = {d.dataset.name: d for d in parent.inputs.dataset_inputs}
+    assert set(datasets) == {"swe-train", "swe-heldout"}
+    assert {t.value for t in datasets["swe-heldout"].tags} == {"heldout"}
     assert parent.data.tags["orchard.stage"] == "pipeline"
     assert parent.data.params["provision.n_train"] == str(config.provision.n_train)
     assert 0.0 <= parent.data.metrics["heldout_resolved_rate.rl"] <= 1.0

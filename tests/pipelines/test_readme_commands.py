@@ -1,0 +1,87 @@
+"""Every `orchard` command the README shows has a config that validates (the cheap half of issue 34, item 6).
+
+The commands are read from the README itself: fenced bash blocks (backslash continuations joined, shell
+variables set earlier in the block expanded) and inline code spans. For `orchard run`, `demo`, `compile` and
+`config show` the same preset, `--config` and `--set` items go through `orchard config show`, so a setting the
+README names wrongly, or a combination the config refuses (imported tasks with the scripted teacher), fails
+here instead of in a reader's terminal. Running the commands is not done here (most need a GPU, a cluster or
+minutes).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from pipelines.cli import main
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+_CONFIG_COMMANDS = ("run", "demo", "compile", "config")
+
+
+def readme_commands(text: str) -> list[str]:
+    """The `orchard ...` command lines of the README (placeholders such as `…` or `<dir>` left out)."""
+    found: list[str] = []
+    for block in _shell_blocks(text):
+        variables: dict[str, str] = {}
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split("  #", 1)[0].strip()
+            if m := re.fullmatch(r"([A-Z_]+)=(.+)", line):
+                variables[m.group(1)] = shlex.split(m.group(2))[0]
+            elif line.startswith("orchard "):
+                for name, value in variables.items():
+                    line = line.replace(f"${name}", value.replace('"', '\\"'))
+                found.append(line)
+    found += [m for m in re.findall(r"`(orchard [^`]+)`", text)]
+    return [c for c in dict.fromkeys(found) if not re.search(r"…|\.\.\.|<[^>]+>|\[", c)]
+
+
+def _shell_blocks(text: str) -> list[str]:
+    """The bodies of the fenced blocks marked bash/sh/console (or unmarked)."""
+    blocks, body, lang = [], None, None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if body is None:
+                body, lang = [], line[3:].strip()
+            else:
+                if lang in ("", "bash", "sh", "console"):
+                    blocks.append("\n".join(body) + "\n")
+                body = None
+        elif body is not None:
+            body.append(line)
+    return blocks
+
+
+def _config_show_argv(command: str) -> list[str] | None:
+    """`orchard config show` with the command's preset, --config and --set items (None: not a config command)."""
+    words = shlex.split(command)[1:]
+    if not words or words[0] not in _CONFIG_COMMANDS:
+        return None
+    argv, i = ["config", "show", "--preset", "demo"], 1
+    while i < len(words):
+        if words[i] in ("--preset", "--set", "--config") and i + 1 < len(words):
+            if words[i] == "--preset":
+                argv[3] = words[i + 1]
+            else:
+                argv += [words[i], words[i + 1]]
+            i += 2
+        else:
+            i += 1
+    return argv
+
+
+COMMANDS = [c for c in readme_commands(README.read_text()) if _config_show_argv(c) is not None]
+
+
+def test_the_readme_commands_are_found():
+    assert len(COMMANDS) >= 8, COMMANDS
+    assert any("provision.source" in c and "distill.teacher=openai" in c for c in COMMANDS)  # the SWE-bench example
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_orchard_command_in_the_readme_has_a_valid_config(command, capsys):
+    code = main(_config_show_argv(command))
+    assert code == 0, f"{command}\n{capsys.readouterr().err}"
