@@ -218,8 +218,18 @@ def log_dataset_input(rows: list[dict[str, Any]], source: str | Path, name: str,
         return
     import pandas as pd
 
+    from mlflow.exceptions import MlflowException
+
     dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=str(source), name=name)
-    mlflow.log_input(dataset, context=context)
+    try:
+        mlflow.log_input(dataset, context=context)
+    except MlflowException as err:
+        # The SQL store looks a dataset up, then inserts it: two runs of one experiment logging the same
+        # dataset at once (parallel evaluations, ablation arms) race, and the loser hits the unique key.
+        # Once the winner's row exists, logging again links to it.
+        if "UNIQUE constraint" not in str(err) and "Duplicate entry" not in str(err):
+            raise
+        mlflow.log_input(dataset, context=context)
 
 
 def log_json(obj: Any, name: str) -> None:
