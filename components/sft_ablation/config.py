@@ -70,7 +70,7 @@ def quick_config() -> AblationConfig:
         train_tasks=6, heldout_tasks=2, bugs=[1], teacher_error_rate=0.5, seeds=[0, 1], jobs=2,
         credit=CreditConfig(monte_carlo=MonteCarloConfig(k=1, stride=1, max_steps=3, parallel=2),
                             segments=SegmentConfig(epsilon=0.0, z=0.0), max_trajectories=2),
-        sft=SFTConfig(steps=1, batch_size=2, max_len=512, num_threads=1, warmup_steps=0,
+        sft=SFTConfig(steps=1, batch_size=2, max_len=1024, num_threads=1, warmup_steps=0,
                       model=ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[]))),
         resolved_epochs=1.0, eval_k=2, eval_temperature=1.0, eval_max_steps=2, eval_max_new_tokens=16,
     )
