@@ -144,19 +144,17 @@ def test_a_fork_bomb_in_the_agents_own_command_is_its_timeout(sandbox_client, ta
     assert observation.role == "tool" and "timed out" in observation.content.lower(), observation.content
 
 
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["generated", "imported"])
-def test_a_fork_bomb_at_import_is_the_policys_failure(sandbox_client, task, kind):
+@pytest.mark.parametrize("which", ["task", "imported_task"], ids=["generated", "imported"])
+def test_a_fork_bomb_at_import_is_the_policys_failure(sandbox_client, which, request):
     # The verifier imports the package (a worker for generated tasks, pytest for imported ones): a fork
     # bomb there must end in the verifier's own time limit, unresolved, never a service TIMEOUT that the
     # harness would count as infrastructure.
-    if kind == "imported":
-        task = task.model_copy(update={"verifier": task.verifier.model_copy(update={"kind": "pytest"})})
+    task = request.getfixturevalue(which)
     traj = play(sandbox_client, task, [append_to_package(task, FORK_BOMB)])
     assert_unresolved(traj)
     assert "timed out" in traj.outcome_reason, traj.outcome_reason
+
 
 @pytest.fixture(scope="module")
 def imported_task(task):
