@@ -24,6 +24,11 @@ if [ ! -e "$NETNS_PATH" ]; then
   # The images first: cluster-up imports whatever archives exist.
   timed images-build bash -c "make images OFFLINE=1 OCI_ARCHIVE_DIR='$CACHE/images' >'$CACHE/images-build.log' 2>&1 \
     || { tail -30 '$CACHE/images-build.log'; exit 1; }"
+  # The archives are what the node imports: buildah's vfs copies of the same images (GBs each; a node
+  # short of disk evicts pods and deletes images it cannot pull back) go.
+  for name in $(scripts/build-images.sh --list); do
+    buildah --storage-driver vfs rmi -f "${REGISTRY:-orchard}/$name:${TAG:-0.1.0}" >/dev/null 2>&1 || true
+  done
   timed cluster-up scripts/cluster/up.sh
 else
   timed images-import scripts/cluster/images.sh import
