@@ -17,10 +17,12 @@ recreated with the same memory). Verification runs go through `Sandbox.verifying
 execs (`ExecRequest.verification`); tools only ever get the unmarked handle, so a policy cannot mark
 its own commands, and its OOM is never an infrastructure error.
 
-What the agent left in its sandbox can never make verification an infrastructure error (each
-recipe's verifier states its rule); a step that failed on the agent's state is the infrastructure's only
-when the same step fails the same way on the pristine state, or a health probe fails (one rule,
-`components/core/blame.py`, which recipes call where such a step fails); the verdict's record (verifier, version, ignored parts of the
+What the agent left in its sandbox can never make a tool call or the verification an infrastructure
+error: a step that failed on the agent's state is the infrastructure's only when the same step fails the
+same way on a fresh sandbox set up from the task's pristine state, or a health probe of the sandbox
+fails (one rule, `components/core/blame.py`, applied to every tool call and verification here by
+`step_blame.py`; otherwise a tool's failure is a policy error the model sees and a verification's is
+unresolved with the reason); the verdict's record (verifier, version, ignored parts of the
 change) is kept on the trajectory, and `recipe.release` frees what setup kept (a pristine snapshot).
 
 Limits: `max_steps` and `max_total_tokens` count what the policy wrote; `max_wall_seconds` counts policy
@@ -39,16 +41,18 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from components.core.blame import Failure, blame
 from components.core.interrupts import raise_if_stopping
 from components.core.policy_base import EpisodeAwarePolicy, GenerationConfig, Policy, ToolAwarePolicy
 from components.core.protocol import ToolCallParseError, tools_prompt
-from components.core.recipe_base import RecipeBase, ToolResult
+from components.core.recipe_base import RecipeBase, ToolResult, VerifyResult
 from components.core.rendering import steps_as_messages
+from components.core.step_blame import ControlUnavailable, PristineControl, failure_of_tool, failure_of_verification, probe
 from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, Verification, utcnow
 from components.core.tool_formats import NATIVE_FORMATS, ToolFormat, ToolFormatSetting, parse_call
 from sandbox_service.client import Sandbox, SandboxClient
@@ -64,7 +68,8 @@ class HarnessConfig(BaseModel):
         16384, ge=16, description="Most tokens in the conversation (last prompt + completion); beyond: truncated."
     )
     tool_call_timeout_seconds: float = Field(
-        180.0, gt=0, description="Watchdog on one tool call; a call that hangs this long is an infra failure."
+        180.0, gt=0, description="Watchdog on one tool call; a call that hangs this long is blamed by a control run "
+                                 "(the policy's error unless the same call hangs on the pristine state)."
     )
     max_wall_seconds: float = Field(900.0, gt=0, description="Policy-time budget per episode (generation + the "
                                     "commands' own run time; never sandbox latency); beyond: time_truncated.")
@@ -143,8 +148,10 @@ class _Metered:
 class _Episode:
     """State of one running episode (kept off module globals so episodes run in parallel threads)."""
 
-    def __init__(self, task: Task, recipe: RecipeBase, policy: Policy, config: HarnessConfig):
+    def __init__(self, task: Task, recipe: RecipeBase, policy: Policy, config: HarnessConfig,
+                 control: PristineControl):
         self.task, self.recipe, self.policy, self.config = task, recipe, policy, config
+        self.control = control  # the same step on a fresh pristine sandbox, for blame
         self.tool_format = policy_tool_format(policy, config)
         self.specs = {t.name: t for t in recipe.tools()}
         self.tools = [t.openai() for t in self.specs.values()]
@@ -175,28 +182,48 @@ class _Episode:
                 raise _Abort(f"snapshot failed: {_describe(err)}") from err
 
     def run_tool(self, step: Step) -> ToolResult:
-        """Execute an assistant step's call under the watchdog; infra failures raise `_Abort`."""
+        """Execute an assistant step's call under the watchdog. A call that ends in an infrastructure
+        outcome is blamed by the one rule (`step_blame.py`): the infrastructure's raises `_Abort`, the
+        policy's is an error the model sees."""
         assert self.sandbox is not None and step.tool_call is not None
-        spec = self.specs.get(step.tool_call.name)
-        wrong = spec.argument_error(step.tool_call.arguments) if spec is not None else None
+        call = step.tool_call
+        spec = self.specs.get(call.name)
+        wrong = spec.argument_error(call.arguments) if spec is not None else None
         if wrong:  # checked against the tool's own schema before anything runs: the policy's error
             return ToolResult(output=f"Error: {wrong}", policy_error=wrong)
-        metered = _Metered(self.sandbox, self)
-        future = self._pool.submit(self.recipe.execute_tool, metered, self.task, step.tool_call)
+        future = self._pool.submit(self.recipe.execute_tool, _Metered(self.sandbox, self), self.task, call)
+        outcome: ToolResult | BaseException
         try:
-            result = future.result(timeout=self.config.tool_call_timeout_seconds)
-        except concurrent.futures.TimeoutError:
-            raise _Abort(f"TIMEOUT: tool {step.tool_call.name} did not return within "
-                         f"{self.config.tool_call_timeout_seconds:g}s") from None
-        except (SandboxServiceError, httpx.HTTPError) as err:
-            raise _Abort(f"sandbox failed in tool {step.tool_call.name}: {_describe(err)}") from err
-        except Exception as err:  # a recipe bug: recorded as data, not a crash of the whole stage
-            log.exception("tool %s raised", step.tool_call.name)
-            raise _Abort(f"tool {step.tool_call.name} raised {_describe(err)}") from err
+            outcome = future.result(timeout=self.config.tool_call_timeout_seconds)
+        except concurrent.futures.TimeoutError as err:
+            outcome = err
+            # The hung call keeps its thread; later calls get a fresh one instead of queueing behind it.
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool")
+        except Exception as err:  # sandbox service, transport, or the recipe's own code
+            if not isinstance(err, (SandboxServiceError, httpx.HTTPError)):
+                log.warning("tool %s raised %s", call.name, _describe(err))
+            outcome = err
         self.last_contact = time.monotonic()
-        if result.infra_error:
-            raise _Abort(f"infrastructure error in tool {step.tool_call.name}: {result.infra_error}")
-        return result
+        failure = failure_of_tool(outcome)
+        if failure is None:
+            assert isinstance(outcome, ToolResult)
+            return outcome
+        infra = self.blame(failure, lambda: self.control.tool(call, self.config.tool_call_timeout_seconds))
+        if infra:
+            raise _Abort(f"infrastructure error in tool {call.name}: {infra}")
+        shown = outcome.output if isinstance(outcome, ToolResult) and outcome.output else str(failure)
+        return ToolResult(output=f"Error: the tool failed on the state your actions left: {shown[-1000:]}",
+                          policy_error=f"tool {call.name}: {failure.kind} (not on the pristine state)")
+
+    def blame(self, failure: Failure, control: Callable[[], Failure | None]) -> str | None:
+        """The infrastructure's reason for a failed step, or None when the policy caused it (`blame.py`)."""
+        assert self.sandbox is not None
+        sandbox = self.sandbox
+        try:
+            return blame(failure, control, probe=lambda: probe(sandbox))
+        except ControlUnavailable as err:
+            return f"{failure}; no control run: {err}"
 
     def observe(self, step: Step, result: ToolResult, started: float) -> Step:
         assert step.tool_call is not None
@@ -232,6 +259,28 @@ class _Episode:
                     self.submitted, self.final_answer = True, result.final_answer
             else:
                 self.observe(step, result, time.monotonic())
+
+    def verify(self) -> VerifyResult:
+        """The recipe's verdict. A verification that gives none is blamed by the one rule: the
+        infrastructure's raises `_Abort`; the policy's is unresolved with the reason."""
+        assert self.sandbox is not None
+        try:
+            # The only place execs are marked as verification runs (their OOM is the infrastructure's).
+            outcome: VerifyResult | BaseException = self.recipe.verify(self.sandbox.verifying(), self.task,
+                                                                       self.final_answer)
+        except Exception as err:  # sandbox service, transport, or the verifier's own code
+            outcome = err
+        failure = failure_of_verification(outcome)
+        if failure is None:
+            assert isinstance(outcome, VerifyResult)
+            return outcome
+        infra = self.blame(failure, lambda: self.control.verification(self.final_answer))
+        if infra:
+            raise _Abort(f"verification failed: {infra}")
+        kept = outcome if isinstance(outcome, VerifyResult) else VerifyResult(resolved=False)
+        return kept.model_copy(update={"resolved": False, "infra_error": None,
+                                       "reason": f"verification failed on the state the policy left, not on the "
+                                                 f"pristine state: {failure}"})
 
     def loop(self) -> EpisodeStatus:
         cfg = self.config
@@ -288,14 +337,15 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
     """Run one episode and verify it. With `from_snapshot` the sandbox forks that state (no setup,
     no replay); with only `prefix_steps` the prefix's tool calls are re-executed after setup."""
     raise_if_stopping()  # a stopping run starts no more episodes (queued ones in a thread pool end here)
-    ep = _Episode(task, recipe, policy, config)
+    spec = recipe.sandbox_spec(task)
+    ep = _Episode(task, recipe, policy, config,
+                  PristineControl(client, spec, recipe, task, config.sandbox_wait_seconds))
     if isinstance(policy, EpisodeAwarePolicy):
         policy.reset(task)
     status, outcome, reason = EpisodeStatus.aborted, Outcome.infra_error, None
     report: TestReport | None = None
     verification: Verification | None = None
     try:
-        spec = recipe.sandbox_spec(task)
         if from_snapshot:
             spec = spec.model_copy(update={"from_snapshot": from_snapshot})
         try:
@@ -312,14 +362,8 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
             ep.steps = initial_steps(task, recipe, ep.tool_format)
             ep.snapshot_into(ep.steps[-1])
         status = ep.loop() if not ep.submitted else EpisodeStatus.completed
-        try:
-            # The only place execs are marked as verification runs (their OOM is the infrastructure's).
-            verdict = recipe.verify(ep.sandbox.verifying(), task, ep.final_answer)
-        except (SandboxServiceError, httpx.HTTPError) as err:
-            raise _Abort(f"verification failed: {_describe(err)}") from err
+        verdict = ep.verify()
         report, verification = verdict.report, verdict.verification
-        if verdict.infra_error:
-            raise _Abort(f"verification failed: {verdict.infra_error}")
         outcome = Outcome.resolved if verdict.resolved else Outcome.unresolved
         reason = verdict.reason if not verdict.resolved else None
         if not verdict.resolved and status is not EpisodeStatus.completed:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from components.core.blame import Failure, blame
 from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
 from components.core.schema import Split, Task, ToolCall
+from components.core.step_blame import probe
 from components.recipes.claw.sandbox import claw as claw_api
 from components.recipes.claw.tasks import FAMILIES, families_at, generate_tasks
 from components.core.schema import Verification
@@ -151,7 +152,7 @@ class ClawRecipe(RecipeBase):
         if res.exit_code != 0:  # whose failure: the same call on the pristine world decides (core/blame.py)
             failure = Failure(f"exit {res.exit_code}", res.stderr[-300:])
             infra = blame(failure, lambda: _pristine_call(task, call.name, args, timeout),
-                          probe=lambda: _probe(sandbox))
+                          probe=lambda: probe(sandbox))
             if infra:
                 return ToolResult(output=f"Error: tool crashed: {res.stderr[-500:]}", infra_error=f"claw.py {infra}")
             return ToolResult(output=f"Error: the tool failed on the state your actions left: {res.stderr[-500:]}",
@@ -221,11 +222,6 @@ def _pristine_call(task: Task, name: str, args: dict, timeout: float) -> Failure
         except subprocess.TimeoutExpired:
             return Failure("timeout")
     return None
-
-
-def _probe(sandbox: Sandbox) -> str | None:
-    res = sandbox.exec(["true"], timeout=30)
-    return None if res.ok else f"`true` gave {res.outcome.value} ({res.infra_error or res.exit_code})"
 
 
 def _read_or_none(sandbox: Sandbox, path: str) -> bytes | None:
