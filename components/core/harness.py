@@ -350,7 +350,9 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
             spec = spec.model_copy(update={"from_snapshot": from_snapshot})
         try:
             ep.sandbox = client.create(spec, wait_timeout=config.sandbox_wait_seconds)
-            if not from_snapshot:
+            if from_snapshot:  # the snapshot's files, none of its processes: the recipe restarts those
+                recipe.resume(ep.sandbox, task)
+            else:
                 recipe.setup(ep.sandbox, task)
         except Exception as err:
             raise _Abort(f"sandbox setup failed: {_describe(err)}") from err

@@ -105,8 +105,9 @@ class RecipeBase(abc.ABC):
         """Place the task's files and start its services inside the sandbox (no hidden files)."""
 
     def resume(self, sandbox: Sandbox, task: Task) -> None:
-        """`sandbox` was forked from a snapshot taken right after `setup`: it holds setup's files but none of
-        the processes setup started. Start them again (the default: nothing, for recipes whose state is files)."""
+        """`sandbox` was forked from a snapshot of this task's sandbox (right after `setup`, or after any later
+        step of an episode: a prefix fork): it holds the files but none of the processes setup started. Start
+        them again (the default: nothing, for recipes whose state is files)."""
 
     @abc.abstractmethod
     def execute_tool(self, sandbox: Sandbox, task: Task, call: ToolCall) -> ToolResult:

@@ -81,3 +81,19 @@ def test_noisy_teacher_recovers_or_fails(sandbox_client):
     trajs = [run_episode(t, recipe, teacher, sandbox_client, CFG) for t in recipe.tasks("train", 6)]
     assert {t.outcome for t in trajs} <= {Outcome.resolved, Outcome.unresolved}
     assert Outcome.unresolved in {t.outcome for t in trajs}
+
+
+@pytest.mark.slow
+def test_an_episode_forked_from_a_mid_episode_snapshot_restarts_the_browser(sandbox_client):
+    """A prefix fork (the RL samplers' `from_snapshot`) holds the files, not the site or the browser:
+    `run_episode` has the recipe start them again instead of failing 'browser controller not reachable'."""
+    recipe = get_recipe("gui", families=("shop_checkout",))
+    task = recipe.tasks("train", 1)[0]
+    full = run_episode(task, recipe, ScriptedTeacher(error_rate=0.0), sandbox_client,
+                       CFG.model_copy(update={"snapshot_every_step": True}))
+    assert full.outcome is Outcome.resolved, full.outcome_reason
+    prefix = full.steps[:4]  # system, user, the first action and its observation
+    forked = run_episode(task, recipe, ScriptedTeacher(error_rate=0.0, seed=1), sandbox_client, CFG,
+                         prefix_steps=prefix, from_snapshot=prefix[-1].sandbox_state_id)
+    assert forked.outcome is Outcome.resolved, forked.outcome_reason
+    assert forked.status is EpisodeStatus.completed and len(forked.steps) > len(prefix)
