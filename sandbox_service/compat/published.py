@@ -20,8 +20,9 @@ File paths may name anything inside the sandbox's own root, as in the reference 
 
 Where our security rules differ from the reference, ours win and the error says so: `block_network: false`
 (unrestricted egress) is refused unless the operator turns on `published_unrestricted_egress` (then: the
-public internet only, compat/egress.py); `cpu` and `memory` are echoed as given; container images apply on the Kubernetes backend only (the local backend runs a built root of its image directory by
-name, any other name on the default root; host paths are refused with a 400).
+public internet only, compat/egress.py); `cpu` and `memory` are echoed as given; images are honoured by name (the Kubernetes backend pulls the
+reference; the local backend runs the built root of that name in its image directory, a name it has
+not built on the default root; host paths are refused with a 400).
 """
 
 from __future__ import annotations

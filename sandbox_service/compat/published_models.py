@@ -22,8 +22,9 @@ class _In(BaseModel):
 
 
 class CreateSandbox(_In):
-    image: str = Field(description="Container image (Kubernetes backend). Local backend: an absolute path is an "
-                                   "image root directory; any other name runs on the host root, read-only.")
+    image: str = Field(description="Container image (Kubernetes backend: pulled by reference). Local backend: "
+                                   "the built root of that name in the image directory; a name it has not "
+                                   "built runs on the default root; host paths are refused (400).")
     block_network: bool = Field(True, description="False: unrestricted egress, offered only where the operator "
                                                   "set published_unrestricted_egress (the public internet; "
                                                   "private and metadata addresses stay unreachable).")

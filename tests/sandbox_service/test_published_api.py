@@ -4,6 +4,8 @@ real service: every route of the reference, its bodies, status codes, the job li
 from __future__ import annotations
 
 import base64
+import shutil
+import uuid
 import json
 import time
 
@@ -290,3 +292,24 @@ def test_an_unisolated_service_keeps_published_file_routes_in_the_workspace():
         sandbox.write_file("/workspace/ok.txt", "in the workspace")
         inside = api.get(f"/sandboxes/{sandbox.id}/files", params={"path": "ok.txt"}).json()
         assert base64.b64decode(inside["content"]) == b"in the workspace"
+
+
+def test_an_image_is_honoured_by_name(api, sandbox_service):
+    """A name the local backend has built (a root under its image directory) is the sandbox's root; the
+    name is echoed as given; a host path is refused."""
+    from tests.sandbox_service.test_local_backend import _tiny_image
+
+    name = f"tiny-{uuid.uuid4().hex[:6]}"
+    root = _tiny_image(sandbox_service.state_dir / "local" / "images" / name)
+    try:
+        created = api.post("/sandboxes", json={"image": name, "sandbox_id": f"pub-{name}"})
+        assert created.status_code == 200 and created.json()["image"] == name, created.text
+        sid = created.json()["sandbox_id"]
+        assert api.get(f"/sandboxes/{sid}/wait", params={"timeout": 60}).status_code == 200
+        ran = api.post(f"/sandboxes/{sid}/exec", json={"command": ["/bin/sh", "-c", "[ -e /usr/bin/env ] && echo default || echo tiny"], "wait": True,
+                                                       "timeout_seconds": 30}).json()
+        assert (ran["exit_code"], ran["stdout"]) == (0, "tiny\n"), ran  # the built root, not the default one
+        api.delete(f"/sandboxes/{sid}")
+        assert api.post("/sandboxes", json={"image": str(root)}).status_code == 400
+    finally:
+        shutil.rmtree(root)
