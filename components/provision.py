@@ -48,8 +48,9 @@ class ProvisionConfig(BaseModel):
     n_heldout: int = Field(12, ge=0, description="Held-out tasks.")
     seed: int = Field(0, description="Generation seed (tasks are a pure function of it).")
     heldout_seed: int | None = Field(
-        None, description="Seed of the held-out tasks (None: `seed`). Fixed, every seed of a study is evaluated on "
-                          "the same held-out set (ProvisionResult.heldout_digest says so).")
+        0, description="Seed of the held-out tasks, fixed by default so that every seed of a study (and every "
+                       "run) is evaluated on the same held-out set (ProvisionResult.heldout_digest says so); "
+                       "None: follow `seed`.")
     difficulty: int | list[int] | None = Field(
         1, description="Difficulty level(s), cycled over tasks; None for recipes without levels."
     )

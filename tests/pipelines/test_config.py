@@ -154,3 +154,20 @@ def test_the_smol_preset_has_an_evaluation_with_power_and_an_rl_budget_that_can_
         digests.add(heldout_digest(heldout))
         assert not {t.id for t in train} & {t.id for t in heldout}
     assert len(digests) == 1  # the same held-out set for every seed
+
+
+@pytest.mark.parametrize("preset", ["tiny", "demo"])
+def test_every_seed_of_a_preset_is_evaluated_on_the_same_heldout_set(preset):
+    """Cross-seed rates compare the same tests (issue 34: the digests differed between seeds)."""
+    from components.provision import _tasks, heldout_digest
+    from components.recipes import get_recipe
+
+    digests, trains = set(), set()
+    for seed in (0, 1):
+        config = PipelineConfig.preset_config(preset, seed=seed)
+        recipe = get_recipe(config.provision.recipe, difficulty=config.provision.difficulty,
+                            **config.provision.recipe_options)
+        train, heldout = _tasks(config.provision, recipe)
+        digests.add(heldout_digest(heldout))
+        trains.add(tuple(t.id for t in train))
+    assert len(digests) == 1 and len(trains) == 2  # training data follows the seed, the test set does not
