@@ -114,10 +114,10 @@ def prompt_tokens(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> i
 
 
 def check_template(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> None:
-    """The model's chat template renders a two-turn tool conversation of text-only teacher turns append-only,
-    as SFT must (`components/core/rendering.py`, history rule); raises PreflightError in one line. A template
-    that rewrites earlier turns (Qwen3's drops their empty `<think>` block once a tool message follows) would
-    otherwise fail at SFT, minutes into the run."""
+    """The model's chat template renders a two-turn tool conversation of text-only teacher turns so that no
+    emitted token changes (`components/core/rendering.py`, history rule: append-only, or through the history
+    view for templates such as Qwen3's that drop an earlier turn's `<think>` block); raises PreflightError in
+    one line. A template even the view cannot hold would otherwise fail at SFT, minutes into the run."""
     from components.core.rendering import TemplateError, render_trajectory
     from components.core.schema import Outcome, Step, ToolCall, Trajectory
     from components.core.tool_formats import format_call

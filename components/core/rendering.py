@@ -17,12 +17,17 @@ sample corrupts every ratio. Turns without such ids are rendered from their text
 `TokenizedSample.retokenized_steps`.
 
 The history rule (templates that re-render earlier turns). Rendering is append-only: a segment never
-changes once a later message is appended. For sampled turns this is enforced by rendering them through
-a placeholder content, so a template that rewrites history (Qwen3 and DeepSeek-R1 drop `<think>`
-reasoning from earlier assistant turns) has nothing to rewrite: earlier turns keep their reasoning
-tokens, exactly as the local policy saw them when it generated the later turns (`render_prompt` is the
-same function), so training ids equal sampling ids. Where a template rewrites a *text* turn (no ids),
-`TemplateError` says which message, instead of training on a sequence no sampler ever produced.
+changes once a later message is appended. Most templates are append-only as they are. For those that
+rewrite history (Qwen3 renders the newest assistant turn with a `<think>` block, an empty one if it has
+no reasoning, and drops it once any message follows; DeepSeek-R1 and QwQ drop earlier reasoning), the
+history view `_render_frozen` takes over: each assistant turn is frozen as the tokens it had when it
+was the newest message (sampled ids verbatim, whatever the template would put before them; a text turn,
+e.g. a teacher's, as the template renders it while it is last, so Qwen3's empty `<think>` block is part
+of what the policy learns to write) and later renders see it as a placeholder, so nothing emitted
+changes. `render_prompt` is the same function, so the ids the local policy generates from are the ids
+training sees. A template is switched to the history view the first time it fails append-only, and the
+switch is remembered; the view renders without the prefix cache (one template render per message).
+`TemplateError` remains for templates even the view cannot hold (a frozen turn's surroundings change).
 
 Per-template proof (tests/components/test_chat_templates.py): for conversations without sampled ids,
 the ids equal `apply_chat_template(..., tokenize=True)` of the whole conversation.
@@ -211,12 +216,109 @@ def _key(m: _Message) -> str:
     return json.dumps([m.template, m.sampled, m.loss, m.step_index, m.role], sort_keys=True, default=str)
 
 
+_REWRITES_HISTORY: set[str] = set()  # templates (by `ChatFormat.tokenizer_id`) rendered by the history view
+
+
 def _render(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | None, fmt: ChatFormat,
             add_generation_prompt: bool, cache: PrefixCache | None = None) -> Rendered:
-    if cache is None:
-        return _render_from(messages, tokenizer, tools, fmt, add_generation_prompt, None)
-    with cache.lock:
-        return _render_from(messages, tokenizer, tools, fmt, add_generation_prompt, cache)
+    if fmt.tokenizer_id in _REWRITES_HISTORY:
+        return _render_frozen(messages, tokenizer, tools, fmt, add_generation_prompt)
+    try:
+        if cache is None:
+            return _render_from(messages, tokenizer, tools, fmt, add_generation_prompt, None)
+        with cache.lock:
+            return _render_from(messages, tokenizer, tools, fmt, add_generation_prompt, cache)
+    except TemplateError:
+        rendered = _render_frozen(messages, tokenizer, tools, fmt, add_generation_prompt)
+        with _LOCK:
+            _REWRITES_HISTORY.add(fmt.tokenizer_id)
+        return rendered
+
+
+def _render_frozen(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | None, fmt: ChatFormat,
+                   add_generation_prompt: bool) -> Rendered:
+    """The history view (module docstring): every assistant turn frozen as it was when newest."""
+    tools_arg = tools if tools and fmt.tool_format in NATIVE_FORMATS else None
+    shown = [m.template for m in messages]  # what the template sees: frozen turns become placeholders
+
+    def text(msgs: list[dict[str, Any]], generation: bool = False) -> str:
+        if not msgs and not generation:
+            return ""
+        return tokenizer.apply_chat_template(msgs, tools=tools_arg, tokenize=False, add_generation_prompt=generation)
+
+    out = Rendered([], [], [], [], [])
+    prev = ""  # the rendered text so far, up to where the next segment starts
+
+    def put(ids: list[int], m: _Message, loss: bool) -> None:
+        out.input_ids.extend(ids)
+        out.roles.extend([int(TokenRole[m.role])] * len(ids))
+        out.loss_mask.extend([int(loss)] * len(ids))
+        out.step_index.extend([m.step_index] * len(ids))
+
+    pending: tuple[str, str, str] | None = None  # (placeholder, header, glue) of the last frozen turn
+
+    def settle(rendered: str, i: int) -> str:
+        """The text up to the end of the frozen turn `pending` in a render where it is no longer last."""
+        assert pending is not None
+        marker, header, glue = pending
+        before, found, after = rendered.partition(marker)
+        if not found or before != prev + header or not after.startswith(glue):
+            raise TemplateError(f"the chat template re-renders earlier messages when message {i} is appended, "
+                                "even with every assistant turn frozen as it was generated; use a template that "
+                                "renders history as it was generated")
+        return before + marker + glue
+
+    for i, m in enumerate(messages):
+        if m.role != "assistant":
+            cur = text(shown[:i + 1])
+            if pending is not None:
+                prev, pending = settle(cur, i), None
+            if not cur.startswith(prev):
+                raise TemplateError(f"the chat template re-renders earlier messages when message {i} ({m.role}) is "
+                                    "appended, even with every assistant turn frozen as it was generated")
+            put(encode_text(cur[len(prev):], tokenizer), m, False)
+            prev = cur
+            continue
+        if pending is not None:
+            raise TemplateError(f"message {i}: two assistant turns in a row cannot be rendered by the history view")
+        generation = text(shown[:i], generation=True)
+        if not generation.startswith(prev):
+            raise TemplateError(f"message {i}: the generation prompt re-renders earlier messages")
+        header = generation[len(prev):]
+        put(encode_text(header, tokenizer), m, False)
+        if m.sampled is not None:
+            completion = list(m.sampled)
+        else:
+            segment = text(shown[:i + 1])[len(prev):]
+            if not segment.startswith(header):
+                raise TemplateError(f"message {i}: the assistant turn does not start with the generation prompt "
+                                    f"{header!r} (rendered {segment[:80]!r})")
+            ids = encode_text(segment[len(header):], tokenizer)
+            completion = ids[:next((k + 1 for k, t in enumerate(ids) if t in fmt.stop_ids), len(ids))]
+            if m.loss:
+                out.retokenized.append(m.step_index)
+        put(completion, m, m.loss)
+        marker = _PLACEHOLDER.format(i)
+        shown[i] = {"role": "assistant", "content": marker}
+        _, found, glue = text(shown[:i + 1]).partition(marker)
+        if not found:
+            raise TemplateError(f"message {i}: the template drops assistant content")
+        glue_ids = encode_text(glue, tokenizer)
+        if completion and completion[-1] in fmt.stop_ids and glue_ids and glue_ids[0] in fmt.stop_ids:
+            glue_ids = glue_ids[1:]  # the end token was generated; the template's own copy is not repeated
+        put(glue_ids, m, False)
+        pending = (marker, header, glue)
+    if add_generation_prompt:
+        generation = text(shown, generation=True)
+        if pending is not None:  # the conversation ends on an assistant turn
+            _, _, after = generation.partition(pending[0])
+            tail = after[len(pending[2]):] if after.startswith(pending[2]) else None
+        else:
+            tail = generation[len(prev):] if generation.startswith(prev) else None
+        if tail is None:
+            raise TemplateError("the generation prompt re-renders earlier messages")
+        out.input_ids.extend(encode_text(tail, tokenizer))
+    return out
 
 
 def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | None, fmt: ChatFormat,

@@ -14,7 +14,7 @@ from typing import Literal
 
 from components.core.chat_templates import CHATML_TOOLS, LLAMA3_TOOLS
 
-Family = Literal["chatml", "llama3", "chatml_drop_think"]
+Family = Literal["chatml", "llama3", "chatml_drop_think", "qwen3"]
 
 # ChatML as DeepSeek-R1 / QwQ render it: reasoning of every earlier assistant turn is dropped.
 CHATML_DROP_THINK = CHATML_TOOLS.replace(
@@ -24,6 +24,60 @@ CHATML_DROP_THINK = CHATML_TOOLS.replace(
     "{{- '<|im_start|>assistant\\n' + c }}",
 )
 assert CHATML_DROP_THINK != CHATML_TOOLS
+
+# Qwen3's own chat template (tools, the <think> rules and the generation prompt as Qwen3 ships them): an
+# assistant turn after the last user query is rendered with a <think> block while it is the last message
+# (an empty one if it has no reasoning) and without it once any message follows, so earlier turns change.
+QWEN3 = (
+    "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0].role == 'system' %}\n"
+    "        {{- messages[0].content + '\\n\\n' }}\n    {%- endif %}\n"
+    "    {{- \"# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are "
+    "provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
+    "    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n"
+    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
+    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0].role == 'system' %}\n"
+    "        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n"
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n"
+    "{%- for message in messages[::-1] %}\n    {%- set index = (messages|length - 1) - loop.index0 %}\n"
+    "    {%- if ns.multi_step_tool and message.role == \"user\" and message.content is string and "
+    "not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}\n"
+    "        {%- set ns.multi_step_tool = false %}\n        {%- set ns.last_query_index = index %}\n"
+    "    {%- endif %}\n{%- endfor %}\n{%- for message in messages %}\n    {%- if message.content is string %}\n"
+    "        {%- set content = message.content %}\n    {%- else %}\n        {%- set content = '' %}\n    {%- endif %}\n"
+    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n"
+    "        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}\n"
+    "    {%- elif message.role == \"assistant\" %}\n        {%- set reasoning_content = '' %}\n"
+    "        {%- if message.reasoning_content is string %}\n"
+    "            {%- set reasoning_content = message.reasoning_content %}\n        {%- else %}\n"
+    "            {%- if '</think>' in content %}\n"
+    "                {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1]"
+    ".lstrip('\\n') %}\n                {%- set content = content.split('</think>')[-1].lstrip('\\n') %}\n"
+    "            {%- endif %}\n        {%- endif %}\n        {%- if loop.index0 > ns.last_query_index %}\n"
+    "            {%- if loop.last or (not loop.last and reasoning_content) %}\n"
+    "                {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + "
+    "'\\n</think>\\n\\n' + content.lstrip('\\n') }}\n            {%- else %}\n"
+    "                {{- '<|im_start|>' + message.role + '\\n' + content }}\n            {%- endif %}\n"
+    "        {%- else %}\n            {{- '<|im_start|>' + message.role + '\\n' + content }}\n        {%- endif %}\n"
+    "        {%- if message.tool_calls %}\n            {%- for tool_call in message.tool_calls %}\n"
+    "                {%- if (loop.first and content) or (not loop.first) %}\n                    {{- '\\n' }}\n"
+    "                {%- endif %}\n                {%- if tool_call.function %}\n"
+    "                    {%- set tool_call = tool_call.function %}\n                {%- endif %}\n"
+    "                {{- '<tool_call>\\n{\"name\": \"' }}\n                {{- tool_call.name }}\n"
+    "                {{- '\", \"arguments\": ' }}\n                {%- if tool_call.arguments is string %}\n"
+    "                    {{- tool_call.arguments }}\n                {%- else %}\n"
+    "                    {{- tool_call.arguments | tojson }}\n                {%- endif %}\n"
+    "                {{- '}\\n</tool_call>' }}\n            {%- endfor %}\n        {%- endif %}\n"
+    "        {{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}\n"
+    "        {%- if loop.first or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    "            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n"
+    "        {{- content }}\n        {{- '\\n</tool_response>' }}\n"
+    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    "            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n"
+    "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n"
+    "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
+    "        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}\n{%- endif %}"
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -49,7 +103,7 @@ def qwen_vocab_tokenizer(family: Family = "chatml"):
         plain: list[str] = []
     else:
         specials, eos = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>"
-        template = CHATML_TOOLS if family == "chatml" else CHATML_DROP_THINK
+        template = {"chatml": CHATML_TOOLS, "chatml_drop_think": CHATML_DROP_THINK, "qwen3": QWEN3}[family]
         pad, extra = "<|endoftext|>", {}
         # Qwen's tool and reasoning tags: added tokens, not special (they stay in decoded text)
         plain = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]

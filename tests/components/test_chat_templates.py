@@ -114,12 +114,49 @@ def test_history_rule_sampled_reasoning_stays_as_it_was_generated():
     assert "Read the file first." not in tok.apply_chat_template(plain + [{"role": "user", "content": "x"}],
                                                                  tools=TOOLS, tokenize=False)
     assert "Read the file first." in tok.decode(prompt)
-    # the same reasoning as text without ids cannot be rendered append-only: refused, not silently rewritten
+    # the same reasoning as text without ids: the history view trains it as it was when newest, and the
+    # next prompt keeps it (never silently rewritten between sampling and training)
     text_only = traj.model_copy(deep=True)
     text_only.steps[2].token_ids = None
     text_only.steps[2].tool_call = None
-    with pytest.raises(TemplateError, match="re-renders earlier messages when message 3"):
-        render_trajectory(text_only, tok)
+    sample = render_trajectory(text_only, tok, loss_on="assistant")
+    trained = [t for t, i, m in zip(sample.input_ids, sample.step_index, sample.loss_mask) if i == 2 and m]
+    assert tok.decode(trained) == turn + "<|im_end|>" and sample.retokenized_steps[0] == 2
+    prompt = render_prompt(steps_as_messages(text_only.steps[:4]), tok, tools=TOOLS)
+    assert sample.input_ids[:len(prompt)] == prompt and "Read the file first." in tok.decode(prompt)
+
+
+def test_qwen3_template_trains_every_turn_as_it_was_when_newest():
+    """Qwen3's own template drops the empty <think> block of an earlier assistant turn once a tool message
+    follows (issue 34: refused with TemplateError at SFT). The history view trains each turn as the template
+    rendered it while newest, and every prompt the policy generates from is a prefix of the training ids."""
+    tok = qwen_vocab_tokenizer("qwen3")
+    assert chat_format(tok).tool_format == "hermes"
+    traj = _teacher_trajectory()  # text-only teacher turns
+    sample = render_trajectory(traj, tok, loss_on="assistant")
+    messages = steps_as_messages(traj.steps)
+    first = render_prompt(messages[:2], tok, tools=TOOLS)
+    reference = tok.apply_chat_template(_template_messages("qwen3")[:2], tools=TOOLS, tokenize=True,
+                                        add_generation_prompt=True)
+    assert first == list(reference["input_ids"] if hasattr(reference, "keys") else reference)
+    for k, call in zip((2, 4), CALLS):
+        prompt = render_prompt(messages[:k], tok, tools=TOOLS)
+        assert sample.input_ids[:len(prompt)] == prompt  # the context the turn is sampled in = trained on
+        trained = [t for t, i, m in zip(sample.input_ids, sample.step_index, sample.loss_mask) if i == k and m]
+        assert tok.decode(trained) == (f"<think>\n\n</think>\n\nI check {call.name}.\n"
+                                       f"{format_call(call, 'hermes')}<|im_end|>")
+        assert sample.input_ids[len(prompt):len(prompt) + len(trained)] == trained
+    assert sample.retokenized_steps == [2, 4]
+
+    # a sampled turn with reasoning stays verbatim, and the next prompt shows it as it was generated
+    turn = "<think>\nRead the file first.\n</think>\n\nI check bash.\n" + format_call(CALLS[0], "hermes")
+    sampled = tok.encode(turn, add_special_tokens=False) + [tok.eos_token_id]
+    traj.steps[2] = traj.steps[2].model_copy(update={"content": turn, "token_ids": sampled,
+                                                     "tokenizer_id": tokenizer_id(tok)})
+    sample = render_trajectory(traj, tok, loss_on="assistant")
+    assert [t for t, i, m in zip(sample.input_ids, sample.step_index, sample.loss_mask) if i == 2 and m] == sampled
+    prompt = render_prompt(steps_as_messages(traj.steps[:4]), tok, tools=TOOLS)
+    assert sample.input_ids[:len(prompt)] == prompt and "Read the file first." in tok.decode(prompt)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -193,7 +230,7 @@ def test_endpoint_ids_and_logprobs_are_stored_and_trained_verbatim(id_style, san
 # The stages on an outside checkpoint: init-policy -> distill -> SFT -> RL -> evaluate
 # -------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["chatml", "llama3"])
+@pytest.mark.parametrize("family", ["chatml", "llama3", "qwen3"])
 def test_stages_end_to_end_on_a_user_checkpoint(family, sandbox_service, tmp_path):
     from components.core.harness import HarnessConfig
     from components.core.modeling import PolicySpec, init_policy, load_tokenizer

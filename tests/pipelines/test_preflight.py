@@ -156,9 +156,10 @@ def test_the_argo_start_step_refuses_an_unreachable_endpoint_in_one_line(tmp_pat
     assert not (tmp_path / "out" / "parent_run_id").exists()  # no parent run: the exit handler has nothing to close
 
 
-def test_a_template_that_rewrites_earlier_turns_is_refused_in_one_line(tmp_path):
-    """Qwen3's template gives the last assistant turn an empty <think> block and drops it from earlier ones
-    once another turn follows: text-only teacher turns cannot be rendered append-only."""
+def test_qwen3_trains_and_a_template_that_rewrites_other_turns_is_refused_in_one_line(tmp_path):
+    """Qwen3's template gives the newest assistant turn an empty <think> block and drops it once another
+    turn follows: the history view trains it (issue 34). A template that rewrites a tool turn once another
+    follows cannot be trained at all, and init-policy says so in one line, seconds into the run."""
     import sys
     from pathlib import Path
 
@@ -172,17 +173,19 @@ def test_a_template_that_rewrites_earlier_turns_is_refused_in_one_line(tmp_path)
 
     TaskStore(tmp_path / "tasks").write(get_recipe("swe").tasks("train", 1, seed=0))
     config = resolve("tiny")
-    tokenizer = qwen_vocab_tokenizer("chatml")
-    tokenizer.save_pretrained(tmp_path / "chatml")
-    assert check_model(config, tmp_path / "tasks", tmp_path / "chatml") > 0  # renders append-only: fine
+    for family in ("chatml", "qwen3"):
+        tokenizer = qwen_vocab_tokenizer(family)
+        tokenizer.save_pretrained(tmp_path / family)
+        assert check_model(config, tmp_path / "tasks", tmp_path / family) > 0  # trainable
+    tool_turn = "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + '\\n</tool_response><|im_end|>\\n' }}"
+    assert tool_turn in CHATML_TOOLS
     tokenizer.chat_template = CHATML_TOOLS.replace(
-        "{{- '<|im_start|>assistant\\n' + (message.content or '') }}",
-        "{{- '<|im_start|>assistant\\n' + ('<think>\\n\\n</think>\\n\\n' if loop.last else '') "
-        "+ (message.content or '') }}")
+        tool_turn, "{{- '<|im_start|>user\\n<tool_response>\\n' + message.content + ('\\n(latest)' if loop.last "
+                   "else '') + '\\n</tool_response><|im_end|>\\n' }}")
     assert tokenizer.chat_template != CHATML_TOOLS
-    tokenizer.save_pretrained(tmp_path / "qwen3-like")
+    tokenizer.save_pretrained(tmp_path / "rewrites-tools")
     with pytest.raises(PreflightError) as err:
-        check_model(config, tmp_path / "tasks", tmp_path / "qwen3-like")
+        check_model(config, tmp_path / "tasks", tmp_path / "rewrites-tools")
     message = str(err.value)
-    assert "\n" not in message and message.startswith(f"the chat template of {tmp_path / 'qwen3-like'} cannot train "
-                                                      "on text-only teacher turns: it rewrites earlier turns")
+    assert "\n" not in message and message.startswith(f"the chat template of {tmp_path / 'rewrites-tools'} cannot "
+                                                      "train on text-only teacher turns: it rewrites earlier turns")
