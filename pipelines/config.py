@@ -190,9 +190,8 @@ class PipelineConfig(BaseModel):
         """A named preset with overrides (nested dicts or models, merged field by field)."""
         if name not in PRESETS:
             raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}")
-        merged = deep_merge({"preset": name}, PRESETS[name])
         plain = {k: v.model_dump() if isinstance(v, BaseModel) else v for k, v in overrides.items()}
-        return validate(deep_merge(merged, plain))
+        return validate(with_preset(name, plain))
 
 
 def _check_imported_tasks(config: PipelineConfig) -> None:
@@ -306,12 +305,24 @@ def resolve(preset: str = "demo", sets: list[str] | None = None, config_file: st
     """The run's config: a preset, then a JSON/YAML file of overrides, then `overrides`, then `--set` items."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
-    data = deep_merge({"preset": preset}, PRESETS[preset])
+    data: dict = {}
     if config_file:
         data = deep_merge(data, dotted_to_nested(_read_file(Path(config_file))))
     if overrides:
         data = deep_merge(data, dotted_to_nested(overrides))
-    return validate(deep_merge(data, parse_set(sets or [])))
+    return validate(with_preset(preset, deep_merge(data, parse_set(sets or []))))
+
+
+def with_preset(name: str, user: dict) -> dict:
+    """Preset `name` under the user's settings. A preset's `provision.recipe_options` are written for its own
+    recipe (the demo's bug families and package names are SWE's): when the user picks another recipe they are
+    left out, so `--preset tiny --set recipe=claw` gets Claw's defaults instead of SWE's options."""
+    preset = deep_merge({"preset": name}, PRESETS[name])
+    chosen = user.get("recipe", user.get("provision", {}).get("recipe"))
+    own = preset.get("recipe", preset.get("provision", {}).get("recipe", PipelineConfig.model_fields["recipe"].default))
+    if chosen is not None and chosen != own and "recipe_options" in preset.get("provision", {}):
+        preset["provision"] = {k: v for k, v in preset["provision"].items() if k != "recipe_options"}
+    return deep_merge(preset, user)
 
 
 def _read_file(path: Path) -> dict:
@@ -328,7 +339,7 @@ def _read_file(path: Path) -> dict:
     return data
 
 
-# The demo (`make demo`): a schedule that learns in ~10 minutes on 2 CPU cores (README, "What `make demo`
+# The demo (`make demo`): a schedule that learns in ~10 minutes on 2 CPU cores (docs/changelog.md, "What `make demo`
 # shows"). Difficulty 1 tasks of two bug families (six templates whose fix lines hold no task-specific
 # names) in repositories named one of two packages, so ~40 teacher trajectories give each template several
 # examples; held-out tasks are new instances (other function names, values and package choice). With all

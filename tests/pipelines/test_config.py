@@ -171,3 +171,13 @@ def test_every_seed_of_a_preset_is_evaluated_on_the_same_heldout_set(preset):
         digests.add(heldout_digest(heldout))
         trains.add(tuple(t.id for t in train))
     assert len(digests) == 1 and len(trains) == 2  # training data follows the seed, the test set does not
+
+
+def test_a_presets_recipe_options_stay_with_its_recipe():
+    """The tiny/demo presets' SWE options (bug families, package names) are not handed to another recipe:
+    `--preset tiny --set recipe=claw`, as the docs write it, failed with 'Extra inputs ... packages'."""
+    claw = resolve("tiny", ["recipe=claw"])
+    assert claw.provision.recipe_options == {} and claw.recipe == "claw"
+    assert resolve("tiny").provision.recipe_options["packages"] == ["mathkit", "listutil"]  # the preset untouched
+    chosen = resolve("tiny", ["recipe=claw", 'provision.recipe_options={"harness": "shell"}'])
+    assert chosen.provision.recipe_options == {"harness": "shell"}  # the user's own options are kept
