@@ -1,4 +1,6 @@
-"""Rollout throughput: SWE episodes one at a time (old path) vs N in parallel through `BatchingPolicy` (new).
+"""Rollout throughput: SWE episodes one at a time (old path) vs N in parallel through `BatchingPolicy`, without
+and with KV reuse across turns (`components/core/kv_reuse.py`: each turn decodes from its conversation's kept
+cache instead of re-encoding the conversation).
 
     PYTHONPATH=$PWD python scripts/bench_rollout.py --episodes 16 --repeats 3
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import contextlib
 import os
 import statistics
@@ -45,7 +48,9 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=8))
-    policy = LocalTransformersPolicy(build_tiny_model(ModelConfig(), tokenizer), tokenizer)
+    model = build_tiny_model(ModelConfig(), tokenizer)
+    policy = LocalTransformersPolicy(model, tokenizer, kv_reuse=False)
+    reusing = LocalTransformersPolicy(model, tokenizer)
     recipe = get_recipe("swe")
     tasks = recipe.tasks("train", episodes, seed=0)
     harness = HarnessConfig(max_steps=max_steps, generation=GenerationConfig(max_new_tokens=max_new_tokens,
@@ -55,26 +60,36 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
         return [harness.model_copy(update={"generation": harness.generation.model_copy(
             update={"seed": repeat * 1000 + i})}) for i in range(episodes)]
 
-    rows: dict[str, list[tuple[float, float, int]]] = {"old": [], "new": []}
+    rows: dict[str, list[tuple[float, float, int]]] = {"old": [], "new": [], "kv": []}
+
+    def batched(base, repeat: int):
+        with BatchingPolicy(base, max_batch=episodes, window_seconds=window,
+                            generation_threads=generation_threads) as batching:
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(max_workers=episodes) as pool:
+                done = list(pool.map(lambda th: run_episode(th[0], recipe, batching, client, th[1]),
+                                     zip(tasks, configs(repeat))))
+            return done, time.perf_counter() - t0, batching.batch_sizes, batching.busy_seconds
+
     with connection.client() as client:
         for repeat in range(repeats):
             t0 = time.perf_counter()
             old = [run_episode(t, recipe, policy, client, h) for t, h in zip(tasks, configs(repeat))]
             rows["old"].append((time.perf_counter() - t0, _tokens(old), len(old)))
-            with BatchingPolicy(policy, max_batch=episodes, window_seconds=window,
-                                generation_threads=generation_threads) as batching:
-                t0 = time.perf_counter()
-                with concurrent.futures.ThreadPoolExecutor(max_workers=episodes) as pool:
-                    new = list(pool.map(lambda th: run_episode(th[0], recipe, batching, client, th[1]),
-                                        zip(tasks, configs(repeat))))
-                rows["new"].append((time.perf_counter() - t0, _tokens(new), len(new)))
-                sizes, busy = batching.batch_sizes, batching.busy_seconds
-            errors = sum(t.outcome.value == "infra_error" for t in old + new)
+            new, wall, sizes, busy = batched(policy, repeat)
+            rows["new"].append((wall, _tokens(new), len(new)))
+            before = dataclasses.replace(reusing.turns.stats)
+            kv, kv_wall, kv_sizes, kv_busy = batched(reusing, repeat)
+            rows["kv"].append((kv_wall, _tokens(kv), len(kv)))
+            stats = reusing.turns.stats
+            errors = sum(t.outcome.value == "infra_error" for t in old + new + kv)
             print(f"repeat {repeat}: old {rows['old'][-1][0]:.1f}s ({_generation_seconds(old):.1f}s generating) "
-                  f"{rows['old'][-1][1]} tok | new "
-                  f"{rows['new'][-1][0]:.1f}s {rows['new'][-1][1]} tok, {len(sizes)} batches "
-                  f"(mean {statistics.mean(sizes):.1f} rows, {busy:.1f}s generating) | infra errors {errors} | load {os.getloadavg()[0]:.1f}",
-                  flush=True)
+                  f"{rows['old'][-1][1]} tok | batched {wall:.1f}s {rows['new'][-1][1]} tok, {len(sizes)} batches "
+                  f"(mean {statistics.mean(sizes):.1f} rows, {busy:.1f}s generating) | batched+kv {kv_wall:.1f}s "
+                  f"{rows['kv'][-1][1]} tok ({kv_busy:.1f}s generating; prefilled "
+                  f"{stats.prefilled_tokens - before.prefilled_tokens} tokens, reused "
+                  f"{stats.reused_tokens - before.reused_tokens}) | infra errors {errors} | "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
     out = {}
     for name, runs in rows.items():
         out[name] = {"episodes_per_min": statistics.median(n / s * 60 for s, _, n in runs),
@@ -110,8 +125,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['old']['tokens_per_s']:>14.1f}")
     print(f"{f'new: {args.episodes} in parallel, batched':<34}{result['new']['episodes_per_min']:>14.1f}"
           f"{result['new']['tokens_per_s']:>14.1f}")
-    print(f"{'ratio new/old':<34}{result['new']['episodes_per_min'] / result['old']['episodes_per_min']:>14.2f}"
-          f"{result['new']['tokens_per_s'] / result['old']['tokens_per_s']:>14.2f}")
+    print(f"{'new + KV reuse across turns':<34}{result['kv']['episodes_per_min']:>14.1f}"
+          f"{result['kv']['tokens_per_s']:>14.1f}")
+    for name in ("new", "kv"):
+        print(f"{f'ratio {name}/old':<34}{result[name]['episodes_per_min'] / result['old']['episodes_per_min']:>14.2f}"
+              f"{result[name]['tokens_per_s'] / result['old']['tokens_per_s']:>14.2f}")
     import torch
 
     from components.core.batching import default_generation_threads

@@ -15,6 +15,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
+from components.core.kv_reuse import TurnCache, batch_inputs, plain_layers, row_layers, weights_stamp
 from components.core.modeling import LoadOptions, load_policy, model_fingerprint, resolve_device
 from components.core.policy_base import ChatMessage, Generation, GenerationConfig
 from components.core.rendering import PrefixCache, chat_format, render_prompt
@@ -34,7 +35,7 @@ class LocalTransformersPolicy:
 
     def __init__(self, model_or_path: Any, tokenizer: Any = None, device: str = "cpu",
                  max_context_tokens: int | None = None, spec: LoadOptions | None = None,
-                 tool_format: str | None = None) -> None:
+                 tool_format: str | None = None, kv_reuse: bool = True) -> None:
         if isinstance(model_or_path, (str, Path)):
             path = Path(model_or_path)
             spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
@@ -68,6 +69,9 @@ class LocalTransformersPolicy:
             suppress.add(tokenizer.pad_token_id)
         self._suppress = sorted(suppress - set(self._stop_ids))
         self._cache = PrefixCache()
+        # Each conversation's KV between its turns (None: every turn prefills its whole prompt).
+        self.turns: TurnCache | None = TurnCache() if kv_reuse else None
+        self._turns_stamp: tuple[int, int] | None = None
 
     def prompt_ids(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return render_prompt(messages, self.tokenizer, tools=tools, tool_format=self.tool_format,  # type: ignore[arg-type]
@@ -144,11 +148,15 @@ class LocalTransformersPolicy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if config.stop:
             kwargs.update(stop_strings=list(config.stop), tokenizer=self.tokenizer)
-        width = max(len(p) for p in prompts)
-        # Left padding: every row's last prompt token sits at the same position, where decoding starts.
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], dtype=torch.long, device=self.device)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long,
-                            device=self.device)
+        # Left padding: every row's last prompt token sits at the same position, where decoding starts. Rows
+        # whose earlier turn is kept (`kv_reuse.py`) bring its cache: only what follows it is prefilled.
+        if self.turns is not None and (stamp := weights_stamp(self.model)) != self._turns_stamp:
+            self.turns.clear()  # kept KV was computed with other weights (an optimizer step, a new model)
+            self._turns_stamp = stamp
+        kept = [self.turns.take(p) for p in prompts] if self.turns is not None else [None] * len(prompts)
+        ids, mask, cache, width, segments = batch_inputs(prompts, kept, pad, self.device)
+        if cache is not None:
+            kwargs["past_key_values"] = cache
         rng = torch.random.fork_rng() if seed is not None else contextlib.nullcontext()
         self.model.eval()
         with rng, torch.inference_mode():
@@ -167,7 +175,23 @@ class LocalTransformersPolicy:
                 cut = row_ids.index(pad)
             row_ids = row_ids[:cut] if cut is not None else row_ids
             rows.append((row_ids, picked[row, : len(row_ids)].tolist()))
+        self._keep_turns(out, prompts, rows, segments)
         return rows
+
+    def _keep_turns(self, out: Any, prompts: list[list[int]], rows: list[tuple[list[int], list[float]]],
+                    segments: list[list[tuple[int, int]]]) -> None:
+        """Keep each row's KV (prompt + sampled ids but the last, which was never fed back) for its next turn."""
+        if self.turns is None:
+            return
+        layers = plain_layers(getattr(out, "past_key_values", None))
+        if layers is None:  # a cache we cannot slice per row (sliding window, hybrid): decode without reuse
+            self.turns = None
+            return
+        for row, ((row_ids, _), prompt, spans) in enumerate(zip(rows, prompts, segments)):
+            if not row_ids:
+                continue
+            *head, (start, end) = spans
+            self.turns.keep(prompt + row_ids[:-1], row_layers(layers, row, [*head, (start, end + len(row_ids) - 1)]))
 
     def _finish(self, new_ids: list[int], logprobs: list[float], prompt_tokens: int, stop: list[str]) -> Generation:
         finished = bool(new_ids) and new_ids[-1] in self._stop_ids

@@ -22,7 +22,7 @@ class VLLMPolicy(LocalTransformersPolicy):
     """`Policy` whose turns are sampled by `llm` (a `vllm.LLM` holding the same weights as `model`)."""
 
     def __init__(self, llm: Any, model: Any, tokenizer: Any, device: str = "cuda", tool_format: str | None = None):
-        super().__init__(model, tokenizer, device=device, tool_format=tool_format)
+        super().__init__(model, tokenizer, device=device, tool_format=tool_format, kv_reuse=False)  # vLLM caches itself
         self.llm = llm
 
     def _sample(self, prompts: list[list[int]], caps: list[int], config: GenerationConfig,
