@@ -156,7 +156,7 @@ class LocalTransformersPolicy:
         kept = [self.turns.take(p) for p in prompts] if self.turns is not None else [None] * len(prompts)
         ids, mask, cache, width, segments = batch_inputs(prompts, kept, pad, self.device)
         if cache is not None:
-            kwargs["past_key_values"] = cache
+            kwargs["cache"] = cache
         rng = torch.random.fork_rng() if seed is not None else contextlib.nullcontext()
         self.model.eval()
         with rng, torch.inference_mode():
@@ -183,7 +183,7 @@ class LocalTransformersPolicy:
         """Keep each row's KV (prompt + sampled ids but the last, which was never fed back) for its next turn."""
         if self.turns is None:
             return
-        layers = plain_layers(getattr(out, "past_key_values", None))
+        layers = plain_layers(getattr(out, "cache", None))
         if layers is None:  # a cache we cannot slice per row (sliding window, hybrid): decode without reuse
             self.turns = None
             return
