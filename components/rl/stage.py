@@ -5,8 +5,8 @@ The algorithm's choices, in order:
    trained (HF generate through our policy, or TRL's colocated vLLM engine with `use_vllm`), so every
    batch is on-policy.
 2. TRL deals the prompts (the run's training tasks, reshuffled each pass), `batch_prompts` per optimizer
-   step, each repeated N = `rollout.group_size` times. Our `rollout_func` (`rl_rollout.TRLRollout`)
-   hands each prompt to the sampler (`rl_sampler`: Balanced Adaptive Rollout or fixed-size groups), which
+   step, each repeated N = `rollout.group_size` times. Our `rollout_func` (`rollout.TRLRollout`)
+   hands each prompt to the sampler (`sampling`: Balanced Adaptive Rollout or fixed-size groups), which
    runs up to N_max attempts (one `harness.run_episode` each, in a real sandbox, rewarded +1 resolved /
    -1 unresolved from the verifier only) and chooses the group of N. An `infra_error` episode has no
    reward and never enters a group; a group that cannot be assembled is N placeholder rows with equal
@@ -56,8 +56,8 @@ from components.core.modeling import LoadOptions
 from components.core.schema import Outcome, Recipe, Task
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
-from components.rl_rollout import TRLRollout, verified_reward
-from components.rl_sampler import RolloutConfig
+from components.rl.rollout import TRLRollout, verified_reward
+from components.rl.sampling import RolloutConfig
 
 
 class RLConfig(BaseModel):
@@ -235,7 +235,7 @@ def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out
 
 def _quiet_placeholder_warning() -> None:
     """TRL warns, with the whole row, whenever every reward function returned None for a row; here that is
-    every dropped group's placeholder row by design (`rl_rollout`), counted in `dropped_groups` instead."""
+    every dropped group's placeholder row by design (`rollout`), counted in `dropped_groups` instead."""
     import logging
 
     class _Placeholders(logging.Filter):
@@ -338,7 +338,7 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
             if tracking is not None and tracking.enabled and rollout.records:
                 import matplotlib.pyplot as plt
 
-                from components.rl_plots import plot_group_statistics
+                from components.rl.plots import plot_group_statistics
 
                 fig = plot_group_statistics(rollout.records, title=f"{config.rollout.sampler} rollout groups")
                 log_figure(fig, f"{config.rollout.sampler}_group_statistics.png")

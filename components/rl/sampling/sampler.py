@@ -1,7 +1,7 @@
 """The group sampler: one loop, with BAR or fixed-size groups and three opt-in options.
 
 Pure logic over an abstract `RolloutSource` (prompt id, n -> n attempts), so every rule can be tested
-on synthetic reward sources with known pass rates; `components/rl_rollout.py` plugs in real sandbox episodes.
+on synthetic reward sources with known pass rates; `components/rl/rollout.py` plugs in real sandbox episodes.
 
 Groups (`sampler`):
 - "fixed": N attempts per prompt (DAPO dynamic sampling when `refill`: uniform groups are dropped and
@@ -52,7 +52,7 @@ Deviations from the published rule (BAR), numbered:
 3. A group smaller than N (only when the global budget runs out mid-prompt) is dropped.
 4. Fixed-size groups remove attempts without a verified reward (they never enter mean/std); such a group
    may train with fewer than N here, but the RL stage on TRL (exactly N rows per prompt) drops it as
-   `short` (components/rl_rollout.py).
+   `short` (components/rl/rollout.py).
 5. Options 1-3 are not part of BAR; with all three off and `advantage_baseline="group"` the sampler
    is the published rule.
 """
@@ -64,12 +64,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from components.rl_sampling.history import PromptHistory
-from components.rl_sampling.records import (
+from components.rl.sampling.history import PromptHistory
+from components.rl.sampling.records import (
     Attempt, PrefixForkSource, PromptRecord, PromptResult, RolloutBudget, RolloutSource, Rule, Sampler,
     SampledBatch, StrideRecord, DropReason,
 )
-from components.rl_sampling.rules import (
+from components.rl.sampling.rules import (
     advantages, carries_reward, choose_positives, drop_reason, p_all_same, positive_range, reward_variance, split_pool,
     target_positives,
 )
@@ -98,7 +98,7 @@ class RolloutConfig(BaseModel):
     max_prompts_per_batch: int = Field(32, ge=1, description="Cap on prompts pulled (skips included) per batch.")
     refill: bool = Field(True, description="Pull prompts until batch_prompts groups are informative (DAPO dynamic "
                                            "sampling); False: a batch is batch_prompts sampled prompts. In the RL "
-                                           "stage: a dropped group is replaced by another prompt's (rl_rollout).")
+                                           "stage: a dropped group is replaced by another prompt's (rl.rollout).")
     # --- option 1: sequential early abandon
     early_stop: bool = Field(False, description="Abandon a prompt whose waves agree when the rest likely will too.")
     abandon_threshold: float = Field(0.5, gt=0.0, le=1.0,
