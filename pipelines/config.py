@@ -37,7 +37,7 @@ from components.distill import DistillConfig
 from components.evaluate import EvalConfig
 from components.promote import PromotionConfig
 from components.provision import ProvisionConfig
-from components.rl.stage import RLConfig
+from components.rl.config import RLConfig
 from components.sft.stage import SFTConfig
 
 # Top-level fields copied into the stage configs (see the module docstring).

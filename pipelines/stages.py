@@ -26,6 +26,8 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel
 
+from pipelines.errors import StageFailed
+
 ArtifactKind = Literal["dataset", "model"]
 
 
@@ -180,10 +182,6 @@ def check_endpoint(config: Any) -> None:
         ask(Endpoint("endpoint", e.base_url, e.model, e.api_key_env), timeout=e.connect_timeout_seconds)
     except PreflightError as err:
         raise StageFailed(f"evaluation {err}") from err
-
-
-class StageFailed(RuntimeError):
-    """A stage that ran but must not hand its output on (reason in the message)."""
 
 
 # --- The table ----------------------------------------------------------------------------------

@@ -243,7 +243,7 @@ def teacher_sampling(args, sandbox, work: Path, tracking: TrackingConfig | None)
     from components.core.store import TaskStore
     from components.recipes import get_recipe
     from components.recipes.swe.teacher import ScriptedTeacher
-    from components.rl.stage import RLConfig
+    from components.rl.config import RLConfig
     from components.rl.rollout import EpisodeSource
     from components.rl.plots import plot_group_statistics
 

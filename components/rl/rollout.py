@@ -47,7 +47,7 @@ from components.rl.sampling import (
 )
 
 if TYPE_CHECKING:
-    from components.rl.stage import RLConfig
+    from components.rl.config import RLConfig
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in trl 1.16
 

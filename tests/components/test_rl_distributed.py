@@ -26,7 +26,7 @@ print("RESULT " + result.model_dump_json())
 def _config(sandbox_service, **update):
     from components.core.harness import HarnessConfig
     from components.core.policy_base import GenerationConfig
-    from components.rl.stage import RLConfig
+    from components.rl.config import RLConfig
     from components.rl.sampling import RolloutConfig
 
     return RLConfig(**{**dict(

@@ -196,7 +196,7 @@ def test_lookahead_is_refused_in_the_rl_stage():
     import pytest
     from pydantic import ValidationError
 
-    from components.rl.stage import RLConfig
+    from components.rl.config import RLConfig
     from components.rl.sampling import RolloutConfig
 
     with pytest.raises(ValidationError, match="lookahead cannot apply"):

@@ -5,7 +5,7 @@ import pytest
 
 from components.core.harness import HarnessConfig, run_episode
 from components.core.schema import Outcome
-from components.rl.stage import RLConfig
+from components.rl.config import RLConfig
 from components.rl.rollout import EpisodeSource, episode_tokens
 
 

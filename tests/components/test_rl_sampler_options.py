@@ -241,7 +241,7 @@ def test_every_comparison_arm_is_a_valid_config():
     from scripts.compare_rollout import ARMS, REAL_ARMS
 
     assert {cfg.group_size for cfg in ARMS.values()} == {8}  # the same N in every arm
-    from components.rl.stage import RLConfig
+    from components.rl.config import RLConfig
 
     for arm, options in REAL_ARMS.items():
         cfg = RolloutConfig(**({"stride": 16} | options), batch_prompts=2, max_prompts_per_batch=64)

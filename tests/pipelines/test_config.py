@@ -7,7 +7,7 @@ import json
 import pytest
 
 from components.core.modeling import InitPolicyConfig, ModelConfig
-from components.rl.stage import RLConfig
+from components.rl.config import RLConfig
 from components.sft.stage import SFTConfig
 from pipelines.cli import main
 from pipelines.config import PRESETS, ConfigError, PipelineConfig, resolve, stage_sections

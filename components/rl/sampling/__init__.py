@@ -7,7 +7,8 @@ from components.rl.sampling.records import (
     StrideRecord, summarize,
 )
 from components.rl.sampling.rules import advantages, group_advantages, outcome_reward, p_all_same, p_mixed
-from components.rl.sampling.sampler import RolloutConfig, sample_batch, sample_prompt, skipped_record
+from components.rl.sampling.config import RolloutConfig
+from components.rl.sampling.sampler import sample_batch, sample_prompt, skipped_record
 
 __all__ = [
     "Attempt", "PrefixForkSource", "PromptHistory", "PromptRecord", "PromptResult", "PromptStats", "RolloutBudget",

@@ -18,7 +18,7 @@ from components.rl.sampling.records import Attempt
 from components.rl.sampling.rules import carries_reward, p_mixed
 
 if TYPE_CHECKING:
-    from components.rl.sampling.sampler import RolloutConfig
+    from components.rl.sampling.config import RolloutConfig
 
 
 class PromptStats(BaseModel):
