@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.episode_traces import TraceConfig
 from components.core.modeling import InitPolicyConfig, LoadOptions, ModelConfig
 from components.core.schema import Recipe

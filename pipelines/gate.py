@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.modeling import InitPolicyConfig
 from components.evaluate import EvalConfig
 from components.promote import PromotionConfig, PromotionDecision, Scorecard

@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         child = tracking.model_copy(update={"parent_run_id": parent.info.run_id})
         out: dict = {}
         if not args.synthetic_only:
-            from components.core.connection import SandboxConnection
+            from sandbox_service.connection import SandboxConnection
 
             part, key = (teacher_sampling, "teacher") if args.teacher_sampling else (real, "real")
             if args.sandbox_url:

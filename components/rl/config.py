@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.distributed import LaunchConfig
 from components.core.episode_traces import TraceConfig
 from components.core.harness import HarnessConfig

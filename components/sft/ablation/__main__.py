@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.tracking import TrackingConfig, ui_command
 from components.sft.ablation import __doc__ as _DOC
 from components.sft.ablation.budget import ArmPlan

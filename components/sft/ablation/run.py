@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.harness import HarnessConfig
 from components.core.modeling import build_tiny_model, build_tokenizer, save_policy
 from components.core.policy_base import GenerationConfig
