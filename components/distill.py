@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm.auto import tqdm
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.harness import HarnessConfig, run_episode
 from components.core.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
 from components.core.policy_base import Policy

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.episode_traces import TraceConfig, log_episode_traces
 from components.core.harness import HarnessConfig, run_episode
 from components.core.intervals import task_mean_ci, task_rate_ci

@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from components.sft_data import SFTMode
+from components.sft.data import SFTMode
 
 
 class ExportError(ValueError):

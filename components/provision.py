@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.store import TaskStore
 from components.core.tracking import TrackingConfig, log_metrics, stage_run
 from components.recipes import get_recipe

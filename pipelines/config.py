@@ -1,7 +1,7 @@
 """PipelineConfig: one pipeline run as one typed object that *embeds* each stage's own config.
 
-There is no second set of knobs: `config.sft` is a `components.sft.SFTConfig`, `config.rl` a
-`components.rl.RLConfig`, and so on, so a field added to a stage's config is a pipeline setting at
+There is no second set of knobs: `config.sft` is a `components.sft.stage.SFTConfig`, `config.rl` a
+`components.rl.stage.RLConfig`, and so on, so a field added to a stage's config is a pipeline setting at
 once (in presets, `--set`, `orchard config show`, MLflow params) with its own name and description.
 `--set sft.steps=400` and `--set rl.rollout.group_size=8` use the stage configs' field names.
 
@@ -26,19 +26,19 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.episode_traces import TraceConfig
 from components.core.modeling import InitPolicyConfig, LoadOptions, ModelConfig
 from components.core.schema import Recipe
 from components.core.tool_formats import ToolFormatSetting
 from components.accumulate import RetrainConfig
-from components.credit import CreditConfig
+from components.credit.stage import CreditConfig
 from components.distill import DistillConfig
 from components.evaluate import EvalConfig
 from components.promote import PromotionConfig
 from components.provision import ProvisionConfig
-from components.rl import RLConfig
-from components.sft import SFTConfig
+from components.rl.config import RLConfig
+from components.sft.stage import SFTConfig
 
 # Top-level fields copied into the stage configs (see the module docstring).
 SHARED_FIELDS = ("recipe", "seed")

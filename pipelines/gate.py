@@ -16,10 +16,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.modeling import InitPolicyConfig
 from components.evaluate import EvalConfig
 from components.promote import PromotionConfig, PromotionDecision, Scorecard
+from pipelines.errors import StageFailed
 
 
 class GateConfig(BaseModel):
@@ -135,7 +136,6 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     from components.evaluate import evaluate
     from components.promote import (current_champion, decide, download_champion, git_commit, log_policy_model,
                                     model_card, promote, scorecard_from_evaluation)
-    from pipelines.stages import StageFailed
 
     out.mkdir(parents=True, exist_ok=True)
     stage, model_dir, trained = pick_candidate(sft_model, rl_model)

@@ -24,12 +24,11 @@ from kfp import compiler, dsl, kubernetes
 
 from pipelines import kfp_components as c
 from pipelines import stages
-from pipelines.cluster import PIPELINE_POD_LABELS, ClusterConfig
+from pipelines.cluster import PIPELINE_POD_LABELS, STORE_MOUNT, ClusterConfig
 from pipelines.config import PipelineConfig
 from pipelines.parameters import Param, pipeline_parameters
 
 PIPELINE_NAME = "orchard-training"
-STORE_MOUNT = "/mnt/run-store"
 
 
 def _step(task: dsl.PipelineTask, p: dict, config: PipelineConfig) -> dsl.PipelineTask:

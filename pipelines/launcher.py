@@ -22,12 +22,12 @@ from typing import Any, Callable
 
 from components.core.distributed import LaunchConfig
 from pipelines import stages
+from pipelines.cluster import SA_NAMESPACE, STORE_MOUNT
 from pipelines.layout import RunLayout
 from pipelines.pytorchjob import API_VERSION, job_command, pytorchjob_manifest, secret_env
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "pytorchjobs"
-SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
 class JobFailed(stages.StageFailed):
@@ -181,8 +181,6 @@ def kfp_job_step(name: str, *, config_json: str, parent_run_id: str, metrics: An
     """The body of every launcher component (`kfp_components.sft_job`, `rl_job`): their parameters as KFP
     passes them, i.e. the stage's own input and output artifacts (by the row's names) plus the job's
     launch and placement, assembled into a `kfp_job_entry` call."""
-    from pipelines.kfp_pipeline import STORE_MOUNT
-
     stage = stages.BY_NAME[name]
     if set(artifacts) != set(stage.inputs) | set(stage.outputs):
         raise TypeError(f"launcher for stage {name}: got artifacts {sorted(artifacts)}, its row has inputs "

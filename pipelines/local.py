@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.interrupts import raise_if_stopping, stop_on_signals
 from components.core.tracking import FAILURE_REASON_TAG, fail_pipeline_run, open_pipeline_run
 from pipelines import stages

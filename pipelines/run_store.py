@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipelines.launcher import SA_NAMESPACE
+from pipelines.cluster import SA_NAMESPACE
 from pipelines.pytorchjob import LABELS
 
 

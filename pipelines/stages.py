@@ -26,6 +26,8 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel
 
+from pipelines.errors import StageFailed
+
 ArtifactKind = Literal["dataset", "model"]
 
 
@@ -119,7 +121,7 @@ def distill(call: StageCall):
 
 
 def credit(call: StageCall):
-    from components.credit import label_credit
+    from components.credit.stage import label_credit
 
     return label_credit(call.config, call.inputs["trajectories"], call.inputs["tasks"], call.outputs["credited"],
                         tracking=call.tracking)
@@ -133,14 +135,14 @@ def accumulate(call: StageCall):
 
 
 def sft(call: StageCall):
-    from components.sft import train_sft
+    from components.sft.stage import train_sft
 
     return train_sft(call.config, call.inputs["credited"], call.outputs["model"],
                      base_model_dir=call.inputs["base_model"], tracking=call.tracking)
 
 
 def rl(call: StageCall):
-    from components.rl import train_rl
+    from components.rl.stage import train_rl
 
     return train_rl(call.config, call.inputs["tasks"], call.inputs["sft_model"], call.outputs["model"],
                     tracking=call.tracking)
@@ -180,10 +182,6 @@ def check_endpoint(config: Any) -> None:
         ask(Endpoint("endpoint", e.base_url, e.model, e.api_key_env), timeout=e.connect_timeout_seconds)
     except PreflightError as err:
         raise StageFailed(f"evaluation {err}") from err
-
-
-class StageFailed(RuntimeError):
-    """A stage that ran but must not hand its output on (reason in the message)."""
 
 
 # --- The table ----------------------------------------------------------------------------------

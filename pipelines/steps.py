@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.distributed import is_main_process, world_size
 from components.core.tracking import TrackingConfig, close_pipeline_run, open_pipeline_run
 from pipelines import stages

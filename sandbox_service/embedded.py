@@ -167,6 +167,6 @@ class EmbeddedService:
         return AsyncSandboxClient(self.url, self.token, timeout=timeout)
 
     def connection(self):
-        from components.core.connection import SandboxConnection
+        from sandbox_service.connection import SandboxConnection
 
         return SandboxConnection(url=self.url, token=self.token)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox_service.backends.base import AdoptedSandbox
 from sandbox_service.models import InfraErrorKind, SandboxInfo, SandboxState
@@ -22,15 +22,28 @@ from sandbox_service.records import SandboxRecord
 from sandbox_service.records import now as _now
 
 if TYPE_CHECKING:
-    from sandbox_service.service import SandboxManager
+    from sandbox_service.config import ServiceConfig
+    from sandbox_service.runtime import SandboxRuntime
 
 log = logging.getLogger("sandbox_service")
+
+
+class LeftoversOwner(Protocol):
+    """What `Leftovers` uses of its owner (`service.SandboxManager`, which imports this module)."""
+
+    config: ServiceConfig
+    runtime: SandboxRuntime
+    sandboxes: dict[str, SandboxRecord]
+
+    def register(self, rec: SandboxRecord) -> None: ...
+
+    async def delete(self, sandbox_id: str, *, reason: str = ...) -> SandboxInfo: ...
 
 
 class Leftovers:
     """One service start's adoption and clean-up of what an earlier run left."""
 
-    def __init__(self, manager: SandboxManager):
+    def __init__(self, manager: LeftoversOwner):
         self.manager = manager
         self.runtime = manager.runtime
         self.report: dict[str, Any] = {"sandboxes_adopted": [], "sandboxes_removed": [],

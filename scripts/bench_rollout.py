@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads of the batched path's decode (default: BatchingPolicy's)")
     parser.add_argument("--external", action="store_true", help="use ORCHARD_SANDBOX_URL/TOKEN")
     args = parser.parse_args(argv)
-    from components.core.connection import SandboxConnection
+    from sandbox_service.connection import SandboxConnection
 
     with contextlib.ExitStack() as stack:
         if args.external:

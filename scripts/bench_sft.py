@@ -1,4 +1,4 @@
-"""SFT throughput: our Trainer path (components.sft.train_on_samples) beside a bare torch loop.
+"""SFT throughput: our Trainer path (components.sft.stage.train_on_samples) beside a bare torch loop.
 
 Same model config, same samples, same batch size, same collator and optimizer settings, measured in
 the same process, alternating the two paths `--repeats` times. Reports the median tokens/s per step
@@ -26,8 +26,8 @@ from components.core.protocol import format_tool_call
 from components.core.schema import Outcome, Step, ToolCall, Trajectory
 from components.core.store import TrajectoryStore
 from components.recipes import get_recipe
-from components.sft import SFTConfig, train_on_samples
-from components.sft_data import PadCollator, SampleDataset, build_samples
+from components.sft.stage import SFTConfig, train_on_samples
+from components.sft.data import PadCollator, SampleDataset, build_samples
 
 
 def synthetic_trajectories(n: int, split: str = "train") -> list[Trajectory]:

@@ -30,7 +30,7 @@ What the synthetic part assumes, and what it therefore cannot show:
   rule given the chance to stop after each wave.
 - Pass rates are fixed per prompt (no learning between passes), outcomes independent across attempts.
 2. Real: tasks of the built-in SWE suite, an SFT checkpoint (given, or distilled from the scripted
-   teacher and trained here), `components.rl.train_rl` for each arm, `components.evaluate` on held-out
+   teacher and trained here), `components.rl.stage.train_rl` for each arm, `components.evaluate` on held-out
    tasks. Each arm is an MLflow run (with the BAR group-statistics plot) under one parent run.
 """
 
@@ -46,8 +46,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run  # noqa: E402
-from components.rl_sampling import PromptHistory, RolloutBudget, RolloutConfig, sample_batch, summarize  # noqa: E402
-from components.rl_sampling.synthetic import SyntheticPrompt, SyntheticSource  # noqa: E402
+from components.rl.sampling import PromptHistory, RolloutBudget, RolloutConfig, sample_batch, summarize  # noqa: E402
+from components.rl.sampling.synthetic import SyntheticPrompt, SyntheticSource  # noqa: E402
 
 POPULATIONS = {  # pass rate of a prompt
     "uniform": lambda rng: rng.random(),
@@ -71,7 +71,7 @@ HEADLINE = "+ history + prefix fork"
 FORK_ASSUMPTIONS = {"assumed p+(1-p)f^2": 2.0, "none (p_fork = p)": math.inf}
 # The real arms: each is a train_rl run (MLflow, group-statistics plot) and an evaluation. The RL stage trains
 # with TRL, which computes advantages over the group and deals exactly batch_prompts prompts per step, so
-# DAPO refill and the pool baseline have no real arm (components/rl.py's docstring).
+# DAPO refill and the pool baseline have no real arm (components/rl/stage.py's docstring).
 REAL_ARMS = {
     "fixed": dict(sampler="fixed"),
     "bar": dict(sampler="bar"),
@@ -126,7 +126,7 @@ def run_arm(cfg: RolloutConfig, prompts: dict[str, SyntheticPrompt], trajectorie
 
 def synthetic(n_prompts: int, trajectories: int, seed: int, teacher_coverage: float, tracking: TrackingConfig | None,
               extra: dict[str, list[float]] | None = None):
-    from components.rl_plots import plot_group_statistics
+    from components.rl.plots import plot_group_statistics
 
     rows = []
     populations = {name: None for name in POPULATIONS} | {name: rates for name, rates in (extra or {}).items()}
@@ -183,7 +183,7 @@ def print_synthetic(rows: list[dict], n_prompts: int, trajectories: int) -> None
 
 def build_sft_model(args, sandbox, tasks_dir: Path, work: Path, tracking) -> Path:
     from components.distill import DistillConfig, distill
-    from components.sft import SFTConfig, train_sft
+    from components.sft.stage import SFTConfig, train_sft
 
     model_dir = work / "sft"
     if (model_dir / "config.json").exists():
@@ -203,8 +203,8 @@ def real(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
     from components.core.store import TaskStore
     from components.evaluate import EvalConfig, evaluate
     from components.recipes import get_recipe
-    from components.rl import RLConfig, train_rl
-    from components.rl_sampler import PromptRecord
+    from components.rl.stage import RLConfig, train_rl
+    from components.rl.sampling import PromptRecord
 
     tasks_dir = work / "tasks"
     if not TaskStore(tasks_dir).shards():
@@ -243,9 +243,9 @@ def teacher_sampling(args, sandbox, work: Path, tracking: TrackingConfig | None)
     from components.core.store import TaskStore
     from components.recipes import get_recipe
     from components.recipes.swe.teacher import ScriptedTeacher
-    from components.rl import RLConfig
-    from components.rl_rollout import EpisodeSource
-    from components.rl_plots import plot_group_statistics
+    from components.rl.config import RLConfig
+    from components.rl.rollout import EpisodeSource
+    from components.rl.plots import plot_group_statistics
 
     recipe = get_recipe("swe", difficulty=1)
     tasks_dir = work / "tasks"
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
         child = tracking.model_copy(update={"parent_run_id": parent.info.run_id})
         out: dict = {}
         if not args.synthetic_only:
-            from components.core.connection import SandboxConnection
+            from sandbox_service.connection import SandboxConnection
 
             part, key = (teacher_sampling, "teacher") if args.teacher_sampling else (real, "real")
             if args.sandbox_url:
@@ -400,7 +400,7 @@ def _log_synthetic_plot(rows: list[dict]) -> None:
     """Informative groups per trajectory of every synthetic arm relative to fixed N=8, on the parent run."""
     import matplotlib.pyplot as plt
 
-    from components.rl_plots import plot_arm_ratios
+    from components.rl.plots import plot_arm_ratios
 
     fig = plot_arm_ratios(rows, "fixed N=8")
     log_figure(fig, "synthetic_groups_per_trajectory.png")
@@ -409,8 +409,8 @@ def _log_synthetic_plot(rows: list[dict]) -> None:
 
 def _log_comparison_plot(work: Path) -> None:
     """Cumulative informative groups vs trajectories of the real arms, if they ran."""
-    from components.rl_plots import plot_comparison
-    from components.rl_sampler import PromptRecord
+    from components.rl.plots import plot_comparison
+    from components.rl.sampling import PromptRecord
 
     arms = {}
     for arm in REAL_ARMS:

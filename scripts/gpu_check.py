@@ -126,9 +126,9 @@ def run(args: argparse.Namespace) -> list[dict]:
     from components.core.store import TrajectoryStore
     from components.distill import DistillConfig, distill
     from components.provision import ProvisionConfig, provision_environment
-    from components.rl import RLConfig, train_rl
-    from components.rl_sampler import RolloutConfig
-    from components.sft import SFTConfig, train_sft
+    from components.rl.stage import RLConfig, train_rl
+    from components.rl.sampling import RolloutConfig
+    from components.sft.stage import SFTConfig, train_sft
     from sandbox_service.embedded import EmbeddedService
 
     out = Path(args.out)

@@ -26,9 +26,9 @@ def main() -> None:
 
     import torch
 
-    from components.sft import train_sft
-    from components.sft_ablation import AblationConfig
-    from components.sft_ablation.run import _evaluate
+    from components.sft.stage import train_sft
+    from components.sft.ablation import AblationConfig
+    from components.sft.ablation.run import _evaluate
     from sandbox_service.embedded import EmbeddedService
 
     torch.set_num_threads(1)

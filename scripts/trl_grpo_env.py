@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--external", action="store_true", help="use ORCHARD_SANDBOX_URL/TOKEN, not an embedded one")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    from components.core.connection import SandboxConnection
+    from sandbox_service.connection import SandboxConnection
 
     with contextlib.ExitStack() as stack:
         if args.external:

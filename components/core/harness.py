@@ -33,7 +33,7 @@ infrastructure's time and are never charged (they stay in `wall_seconds`). Why n
 (count everything, and call a wall-clock cut caused by infrastructure an infra error): telling which
 cut the infrastructure caused would need exactly this accounting, and dropping such episodes would
 also drop the policy's slow-but-honest ones. All three cuts end the episode unsubmitted and it is still
-verified; how the RL samplers treat its reward is one rule for all of them (`rl_sampling.rules.carries_reward`).
+verified; how the RL samplers treat its reward is one rule for all of them (`rl.sampling.rules.carries_reward`).
 """
 
 from __future__ import annotations

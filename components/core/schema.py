@@ -105,7 +105,7 @@ class Step(_Record):
     sandbox_state_id: str | None = Field(None, description="Snapshot id of the sandbox after this step.")
     started_at: datetime | None = None
     duration_seconds: float | None = None
-    # Filled by the credit stage (components/credit.py):
+    # Filled by the credit stage (components/credit/stage.py):
     value_estimate: float | None = Field(None, description="Estimated P(resolve) after this step.")
     credit: float | None = Field(None, description="value_estimate(t) - value_estimate(t-1).")
     credited: bool | None = Field(None, description="Inside a selected rise segment (loss is applied).")

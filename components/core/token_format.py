@@ -10,7 +10,7 @@ A row per trajectory (parquet, loadable by `datasets.load_dataset("parquet", ...
   `failure_reason`     null when resolved, else "<outcome>: <why>" (unresolved or infra_error);
   `metadata`           JSON: task, recipe, split, policy, outcome, status, step count, the loss rule.
 
-The ids and the mask come from `rendering.render_trajectory` under `sft_data.loss_rule`, the same functions
+The ids and the mask come from `rendering.render_trajectory` under `sft.data.loss_rule`, the same functions
 SFT and RL train with, so `prompt_ids + response_ids` and the mask are exactly what our trainer sees;
 assistant steps sampled locally keep their sampled ids (never re-tokenized). Our trajectories do not store
 sampling logprobs (the RL stage takes them from the sampler or recomputes them from the rollout weights); pass that
@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from components.core.rendering import render_prompt, steps_as_messages
 from components.core.schema import Outcome, Trajectory
 from components.core.store import write_table_atomic
-from components.sft_data import SFTMode, loss_rule, render_for_sft
+from components.sft.data import SFTMode, loss_rule, render_for_sft
 
 TOKEN_SCHEMA = pa.schema([
     ("trajectory_id", pa.string()),
@@ -59,7 +59,7 @@ def _prompt_length(traj: Trajectory, input_ids: list[int], tokenizer) -> int:
 def trajectory_to_tokens(traj: Trajectory, tokenizer, mode: SFTMode = "whole",
                          logprobs: list[float] | None = None) -> dict[str, Any]:
     """One row. `mode` is the SFT arm whose loss rule sets the mask ("whole": every assistant step of every
-    verified trajectory, malformed calls excepted: SFT's rule, `sft_data`); infrastructure failures get an
+    verified trajectory, malformed calls excepted: SFT's rule, `sft.data`); infrastructure failures get an
     all-zero mask."""
     rule = loss_rule(traj, mode)
     sample = render_for_sft(traj, tokenizer, rule)

@@ -17,7 +17,7 @@ import os
 import secrets
 import sys
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.envs.session import EnvConfig
 
 

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.protocol import tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult
 from components.core.schema import Split, Task, ToolCall

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--zygote"] and len(argv) <= 2:
         from sandbox_service.agent import zygote
 
-        return zygote.serve(argv[1] if len(argv) == 2 else os.environ.pop("ORCHARD_ZYGOTE_SOCKET"))
+        return zygote.serve(argv[1] if len(argv) == 2 else os.environ.pop("ORCHARD_ZYGOTE_SOCKET"), main, _preload)
     try:
         args = _parse(argv)
     except UsageError as exc:

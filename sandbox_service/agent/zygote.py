@@ -24,6 +24,7 @@ import select
 import signal
 import socket
 import sys
+from collections.abc import Callable
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWNET, CLONE_NEWPID, CLONE_NEWUSER = 0x40000000, 0x20000000, 0x10000000
@@ -41,7 +42,7 @@ def _reap(*_):
             return
 
 
-def _child(conn: socket.socket, request: dict) -> None:
+def _child(conn: socket.socket, request: dict, agent_main: Callable[[list[str]], int]) -> None:
     """Runs in the forked child; never returns."""
     libc = ctypes.CDLL(None, use_errno=True)
     try:
@@ -84,9 +85,7 @@ def _child(conn: socket.socket, request: dict) -> None:
         sys.stderr = os.fdopen(2, "w", buffering=1)
         ready = os.dup(conn.fileno())
         conn.close()
-        from sandbox_service.agent.__main__ import main
-
-        rc = main([*request["argv"], "--ready-fd", str(ready)])
+        rc = agent_main([*request["argv"], "--ready-fd", str(ready)])
     except BaseException as exc:  # report and die: nothing may return into the zygote's loop
         try:
             conn.sendall((json.dumps({"ok": False, "message": f"zygote child: {exc!r}"}) + "\n").encode())
@@ -96,10 +95,12 @@ def _child(conn: socket.socket, request: dict) -> None:
     os._exit(rc or 0)
 
 
-def serve(path: str) -> int:
-    from sandbox_service.agent import __main__ as agent_main, boot, execs, files, proctree, server, streams  # noqa: F401
+def serve(path: str, agent_main: Callable[[list[str]], int], preload: Callable[[], None]) -> int:
+    """Fork `agent_main` (the agent's `main`, from `__main__.py`, which starts the zygote) for each request;
+    `preload` imports what the agent would import lazily, before any fork."""
+    from sandbox_service.agent import boot, execs, files, proctree, server, streams  # noqa: F401
 
-    agent_main._preload()
+    preload()
     from sandbox_service.agent import seccomp
 
     try:
@@ -139,7 +140,7 @@ def serve(path: str) -> int:
             request = json.loads(buf)
             if os.fork() == 0:
                 listener.close()
-                _child(conn, request)
+                _child(conn, request, agent_main)
         except (OSError, ValueError) as exc:
             try:
                 conn.sendall((json.dumps({"ok": False, "message": f"zygote: {exc!r}"}) + "\n").encode())

@@ -73,6 +73,7 @@ from sandbox_service.backends.kubernetes_objects import (
     label_value,
     owner_reference,
     pod_name_for,
+    secret_name_for,
     to_dict,
 )
 from sandbox_service.backends.kubernetes_pool import WarmPool, is_warm_pool_object
@@ -101,10 +102,6 @@ class _Handle:
         """(kind, name) of everything start() creates for this pod: deleted by name, never by a LIST."""
         return [("pod", self.pod_name), ("secret", secret_name_for(self.pod_name))] + (
             [(self.policy_kind, self.pod_name)] if self.has_policy else [])
-
-
-def secret_name_for(pod_name: str) -> str:
-    return f"{pod_name}-agent"
 
 
 def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:

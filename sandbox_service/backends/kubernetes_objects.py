@@ -84,6 +84,11 @@ def pod_name_for(sandbox_id: str) -> str:
     return f"orchard-{dns_label(sandbox_id, 45)}-{_secrets.token_hex(3)[:5]}"
 
 
+def secret_name_for(pod_name: str) -> str:
+    """Name of the Secret of a pod's agent (`build_secret`), deleted with the pod."""
+    return f"{pod_name}-agent"
+
+
 def owner_labels(config: KubernetesBackendConfig) -> dict[str, str]:
     """The labels of everything this replica of the service instance created."""
     return {MANAGED_BY_LABEL: MANAGED_BY_VALUE, INSTANCE_LABEL: config.instance, OWNER_LABEL: config.replica}

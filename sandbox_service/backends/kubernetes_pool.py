@@ -44,7 +44,9 @@ from collections import deque
 import concurrent.futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kubernetes.client.exceptions import ApiException
 
@@ -55,14 +57,20 @@ from sandbox_service.backends.kubernetes_config import (
     USER_LABEL_PREFIX,
     USER_LABELS_ANNOTATION,
 )
-from sandbox_service.backends.kubernetes_objects import SECRET_KEY_AGENT, instance_selector, object_labels
+from sandbox_service.backends.kubernetes_objects import (
+    SECRET_KEY_AGENT, instance_selector, object_labels, secret_name_for,
+)
 from sandbox_service.backends.kubernetes_retry import is_not_found
 from sandbox_service.backends.kubernetes_snapshots import run_coroutine
 from sandbox_service.errors import BackendUnavailableError
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 
 if TYPE_CHECKING:
-    from sandbox_service.backends.kubernetes import KubernetesBackend
+    from sandbox_service.backends.kubernetes_cleanup import Cleanup
+    from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
+    from sandbox_service.backends.kubernetes_snapshots import AgentSnapshots
+    from sandbox_service.backends.kubernetes_status import PodAssessment
+    from sandbox_service.backends.kubernetes_watch import PodCache
 
 log = logging.getLogger("sandbox_service.kubernetes.pool")
 
@@ -92,8 +100,33 @@ class WarmPod:
     ready_at: float  # monotonic
 
 
+class PoolBackend(Protocol):
+    """What the warm pool uses of its backend (`KubernetesBackend`, which owns the pool and imports this module)."""
+
+    config: KubernetesBackendConfig
+    core: Any  # kubernetes CoreV1Api
+    snapshots: AgentSnapshots
+    cleanup: Cleanup
+    _lock: threading.Lock
+    _handles: dict[str, Any]
+    _clock: Callable[[], datetime]
+    _call: Callable[..., Any]
+
+    @property
+    def pods(self) -> PodCache: ...
+
+    def _handle(self, sandbox_id: str) -> Any: ...
+
+    def _assess(self, pod: Any, errors_since: dict[str, datetime] | None = None) -> PodAssessment: ...
+
+    def _start_pod(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str, *,
+                   warm: bool = False) -> AgentEndpoint: ...
+
+    def stop(self, sandbox_id: str) -> None: ...
+
+
 class WarmPool:
-    def __init__(self, backend: "KubernetesBackend"):
+    def __init__(self, backend: PoolBackend):
         self.backend, self.config = backend, backend.config
         self.entries = {pool_key(e.image, e.resources, e.workdir): e for e in self.config.warm_pools}
         self._ready: dict[str, deque[WarmPod]] = {key: deque() for key in self.entries}
@@ -210,8 +243,6 @@ class WarmPool:
         return True
 
     def _rekey(self, warm: WarmPod, sandbox_id: str, spec: SandboxCreate, secret: str) -> AgentEndpoint:
-        from sandbox_service.backends.kubernetes import secret_name_for  # the backend imports this module
-
         async def rekey() -> None:
             agent = self.backend.snapshots.agent_factory(warm.endpoint)
             try:

@@ -5,21 +5,19 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from sandbox_service.auth import TokenAuth
+from sandbox_service.compat.published import PREFIX as PUBLISHED_PREFIX
+from sandbox_service.compat.published import published_router
+from sandbox_service.compat.published_pty import published_pty_router
 from sandbox_service.config import ServiceConfig
 from sandbox_service.jobs import JobManager
 from sandbox_service.operations import SandboxOperations
 from sandbox_service.service import SandboxManager
-
-PUBLISHED_PREFIX = "/published"
 
 
 def mount_published_api(app: FastAPI, config: ServiceConfig, auth: TokenAuth, manager: SandboxManager,
                         ops: SandboxOperations, jobs: JobManager) -> None:
     """Serve the published environment API under `PUBLISHED_PREFIX` (it checks `X-API-Key` itself, so the
     service middleware must leave that prefix open)."""
-    from sandbox_service.compat.published import published_router
-    from sandbox_service.compat.published_pty import published_pty_router
-
     router, state = published_router(config, auth, manager, ops, jobs)
     app.include_router(router)
     app.include_router(published_pty_router(state, ops, auth))

@@ -41,7 +41,6 @@ from starlette.responses import JSONResponse
 
 from sandbox_service.auth import TokenAuth
 from sandbox_service.backends.base import SandboxBackend
-from sandbox_service.compat import PUBLISHED_PREFIX as PREFIX
 from sandbox_service.compat.egress import unrestricted_egress
 from sandbox_service.compat.published_models import (
     ApplyPatch,
@@ -78,6 +77,7 @@ from sandbox_service.models import (
 from sandbox_service.operations import SandboxOperations
 from sandbox_service.service import SandboxManager
 
+PREFIX = "/published"  # where the service mounts this API (`compat.mount_published_api`)
 DEFAULT_EXEC_TIMEOUT = 300  # the reference's default when timeout_seconds is omitted
 WAIT_GRACE = 30  # exec with wait: the server waits timeout + this before answering "running"
 

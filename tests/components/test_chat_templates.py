@@ -240,10 +240,10 @@ def test_stages_end_to_end_on_a_user_checkpoint(family, sandbox_service, tmp_pat
     from components.distill import DistillConfig, distill
     from components.evaluate import EvalConfig, evaluate
     from components.recipes.swe.generator import generate_tasks
-    from components.rl import RLConfig, train_rl
-    from components.rl_sampler import RolloutConfig
-    from components.sft import SFTConfig, train_sft
-    from components.sft_data import build_samples
+    from components.rl.stage import RLConfig, train_rl
+    from components.rl.sampling import RolloutConfig
+    from components.sft.stage import SFTConfig, train_sft
+    from components.sft.data import build_samples
 
     conn = sandbox_service.connection()
     user_dir = save_checkpoint(tmp_path / "user-model", family)

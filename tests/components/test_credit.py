@@ -12,10 +12,10 @@ import pytest
 from components.core.schema import EpisodeStatus, Outcome, Step, Task, ToolCall, Trajectory
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig
-from components.credit import CreditConfig, label_credit
-from components.credit_base import CreditEstimationError
-from components.credit_judge import JudgeConfig, LLMJudgeEstimator, parse_answer
-from components.credit_segments import SegmentConfig, interpolate, segments, select_segments, smooth
+from components.credit.stage import CreditConfig, label_credit
+from components.credit.base import CreditEstimationError
+from components.credit.judge import JudgeConfig, LLMJudgeEstimator, parse_answer
+from components.credit.segments import SegmentConfig, interpolate, segments, select_segments, smooth
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ def test_a_rise_must_clear_its_own_noise_bar():
 
 
 def test_paired_credit_stderr_from_continuation_outcomes():
-    from components.credit_mc import independent_credit_stderr, paired_credit_stderr
+    from components.credit.monte_carlo import independent_credit_stderr, paired_credit_stderr
 
     # keys 0, 2, 3: the same seeds succeed at 0 and 2 (paired differences all zero), then the terminal 0.
     outcomes = {0: [1.0, 0.0, 1.0, 0.0], 2: [1.0, 0.0, 1.0, 0.0], 3: [0.0] * 4}
@@ -249,8 +249,8 @@ def _known_solvability_trajectory(client, task, recipe):
 
 @pytest.mark.parametrize("use_snapshots,k", [(True, 1), pytest.param(False, 2, marks=pytest.mark.slow)])
 def test_monte_carlo_recovers_known_values_and_credits_the_repair(sandbox_client, use_snapshots, k):
-    from components.credit import apply_estimate
-    from components.credit_mc import MonteCarloConfig, MonteCarloEstimator
+    from components.credit.stage import apply_estimate
+    from components.credit.monte_carlo import MonteCarloConfig, MonteCarloEstimator
     from components.recipes import get_recipe
 
     recipe = get_recipe("swe", difficulty=1)
@@ -280,8 +280,8 @@ def test_common_random_numbers_cancel_the_teachers_noise_between_equal_states(sa
     replays the same teacher decisions from s_0, s_1 and s_2, so both credits are exactly 0 with SE 0,
     although each value on its own is a noisy mean of a teacher that fails half the time."""
     from components.core.harness import HarnessConfig, run_episode
-    from components.credit import apply_estimate
-    from components.credit_mc import MonteCarloConfig, MonteCarloEstimator
+    from components.credit.stage import apply_estimate
+    from components.credit.monte_carlo import MonteCarloConfig, MonteCarloEstimator
     from components.recipes import get_recipe
 
     recipe = get_recipe("swe", difficulty=1)
@@ -306,7 +306,7 @@ def test_common_random_numbers_cancel_the_teachers_noise_between_equal_states(sa
 @pytest.mark.slow
 def test_monte_carlo_value_is_the_resolved_share_of_its_seeded_continuations(sandbox_client):
     from components.core.harness import HarnessConfig, run_episode
-    from components.credit_mc import MonteCarloConfig, MonteCarloEstimator
+    from components.credit.monte_carlo import MonteCarloConfig, MonteCarloEstimator
     from components.recipes import get_recipe, get_scripted_teacher
 
     recipe = get_recipe("swe", difficulty=1)
@@ -333,7 +333,7 @@ def test_one_continuation_per_state_does_not_fall_back_to_epsilon(common_random_
     with epsilon as the only bar about a quarter of the steps were credited by chance (issue 33, finding 7)."""
     import random
 
-    from components.credit_mc import independent_credit_stderr, paired_credit_stderr, value_stderr
+    from components.credit.monte_carlo import independent_credit_stderr, paired_credit_stderr, value_stderr
 
     rng = random.Random(0)
     steps = credited = by_epsilon = 0

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.harness import HarnessConfig
 from components.core.policies import OpenAIPolicyConfig
 from components.core.schema import Outcome

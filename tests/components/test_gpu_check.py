@@ -65,7 +65,7 @@ def test_the_cpu_variant_runs_every_step_and_prints_the_table(tmp_path):
 def test_use_vllm_switch(tmp_path):
     import importlib.util
 
-    from components.rl import RLConfig, grpo_args
+    from components.rl.stage import RLConfig, grpo_args
 
     installed = importlib.util.find_spec("vllm") is not None
     import torch

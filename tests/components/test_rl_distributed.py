@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENTRY = """
 import json, sys
 from components.core.tracking import TrackingConfig
-from components.rl import RLConfig, train_rl
+from components.rl.stage import RLConfig, train_rl
 config = RLConfig.model_validate_json(sys.argv[1])
 result = train_rl(config, sys.argv[2], sys.argv[3], sys.argv[4],
                   tracking=TrackingConfig(tracking_uri=sys.argv[5], experiment="grpo-ddp"))
@@ -26,8 +26,8 @@ print("RESULT " + result.model_dump_json())
 def _config(sandbox_service, **update):
     from components.core.harness import HarnessConfig
     from components.core.policy_base import GenerationConfig
-    from components.rl import RLConfig
-    from components.rl_sampler import RolloutConfig
+    from components.rl.config import RLConfig
+    from components.rl.sampling import RolloutConfig
 
     return RLConfig(**{**dict(
         steps=2, learning_rate=1e-3, seed=3, num_threads=1,
@@ -44,7 +44,7 @@ def test_two_process_grpo_trains_once_logs_once_and_saves_once(rl_inputs, sandbo
     import torch
 
     from components.core.modeling import load_policy
-    from components.rl_sampler import PromptRecord
+    from components.rl.sampling import PromptRecord
 
     config = _config(sandbox_service)
     script = tmp_path / "entry.py"

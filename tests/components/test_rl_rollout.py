@@ -1,4 +1,4 @@
-"""Our episodes as GRPOTrainer's rollout_func (`components/rl_rollout.py`): what reaches TRL's objective and
+"""Our episodes as GRPOTrainer's rollout_func (`components/rl/rollout.py`): what reaches TRL's objective and
 rewards. Tiny policy, real sandboxes, real verifier.
 
 Tasks and starting policy: the `rl_inputs` fixture (tests/components/conftest.py), shared with test_rl_stage.
@@ -21,8 +21,8 @@ def _trainer(rl_inputs, config, client, tmp_path):
     from components.core.modeling import load_policy
     from components.core.store import TaskStore
     from components.recipes import get_recipe
-    from components.rl import grpo_args
-    from components.rl_rollout import TRLRollout, verified_reward
+    from components.rl.stage import grpo_args
+    from components.rl.rollout import TRLRollout, verified_reward
 
     model, tokenizer = load_policy(rl_inputs / "sft")
     tasks = {t.id: t for t in TaskStore(rl_inputs / "tasks").read(split="train")}
@@ -36,7 +36,7 @@ def _trainer(rl_inputs, config, client, tmp_path):
 def test_tool_tokens_carry_no_loss_in_trls_objective(rl_inputs, sandbox_service, tmp_path):
     """Perturbing the model's output (final hidden state, hence logits) wherever env_mask is 0 (tool observations, chat markup) leaves
     TRL's loss and its gradient unchanged; perturbing one sampled token's logits changes the gradient."""
-    from components.rl_sampling import RolloutConfig
+    from components.rl.sampling import RolloutConfig
 
     # Up to 16 coin flips for one mixed pair: a group of one reward (no advantage) has odds 2^-15, not 2^-7.
     config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=10)),
@@ -134,7 +134,7 @@ def test_injected_crashes_and_timeouts_never_reach_a_reward(rl_inputs, sandbox_s
     from components.core.schema import Outcome
     from components.core.store import TrajectoryStore
     from components.recipes import get_recipe
-    from components.rl_rollout import TRLRollout
+    from components.rl.rollout import TRLRollout
 
     config = _config(sandbox_service)
     model, tokenizer = load_policy(rl_inputs / "sft")
@@ -170,8 +170,8 @@ def test_a_prompt_the_history_skips_spends_no_episode_and_sends_placeholders(rl_
     from components.core.modeling import load_policy
     from components.core.store import TrajectoryStore
     from components.recipes import get_recipe
-    from components.rl_rollout import TRLRollout
-    from components.rl_sampling import RolloutConfig
+    from components.rl.rollout import TRLRollout
+    from components.rl.sampling import RolloutConfig
 
     config = _config(sandbox_service, rollout=RolloutConfig(
         group_size=2, max_rollouts_per_prompt=8, stride=2, rho_min=0.5, rho_max=0.5, batch_prompts=1,
@@ -196,8 +196,8 @@ def test_lookahead_is_refused_in_the_rl_stage():
     import pytest
     from pydantic import ValidationError
 
-    from components.rl import RLConfig
-    from components.rl_sampling import RolloutConfig
+    from components.rl.config import RLConfig
+    from components.rl.sampling import RolloutConfig
 
     with pytest.raises(ValidationError, match="lookahead cannot apply"):
         RLConfig(rollout=RolloutConfig(history=True, lookahead=4))

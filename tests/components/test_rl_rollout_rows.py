@@ -14,9 +14,9 @@ from components.core.modeling import TokenizerConfig, build_tokenizer
 from components.core.rendering import tokenizer_id
 from components.core.schema import EnvironmentSpec, EpisodeStatus, Outcome, Step, Task, Trajectory
 from components.recipes import get_recipe
-from components.rl import RLConfig
-from components.rl_rollout import TRLRollout, verified_reward
-from components.rl_sampling import Attempt, RolloutConfig
+from components.rl.config import RLConfig
+from components.rl.rollout import TRLRollout, verified_reward
+from components.rl.sampling import Attempt, RolloutConfig
 
 
 @pytest.fixture(scope="module")

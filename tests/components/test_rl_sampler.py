@@ -7,8 +7,8 @@ import pytest
 
 from components.core.schema import EpisodeStatus as S
 from components.core.schema import Outcome, Trajectory
-from components.rl_sampling import group_advantages, outcome_reward
-from components.rl_sampler import (
+from components.rl.sampling import group_advantages, outcome_reward
+from components.rl.sampling import (
     Attempt,
     RolloutBudget,
     RolloutConfig,

@@ -5,8 +5,8 @@ import pytest
 
 from components.core.harness import HarnessConfig, run_episode
 from components.core.schema import Outcome
-from components.rl import RLConfig
-from components.rl_rollout import EpisodeSource, episode_tokens
+from components.rl.config import RLConfig
+from components.rl.rollout import EpisodeSource, episode_tokens
 
 
 @pytest.mark.slow  # ~20 s on a loaded 2-core box: three real episodes and a tokenizer

@@ -5,11 +5,11 @@ import math
 
 import pytest
 
-from components.rl_sampling import group_advantages
-from components.rl_sampling import (
+from components.rl.sampling import group_advantages
+from components.rl.sampling import (
     Attempt, PromptHistory, RolloutBudget, RolloutConfig, p_mixed, sample_batch, sample_prompt, summarize,
 )
-from components.rl_sampling.synthetic import SyntheticPrompt, SyntheticSource
+from components.rl.sampling.synthetic import SyntheticPrompt, SyntheticSource
 
 P, N = +1.0, -1.0
 
@@ -215,7 +215,7 @@ def test_comparison_arms_spend_equal_trajectories_and_the_fork_gain_is_the_assum
 
 
 def test_arm_ratio_plot_draws_one_bar_per_population_and_arm():
-    from components.rl_plots import plot_arm_ratios
+    from components.rl.plots import plot_arm_ratios
 
     rows = [{"population": p, "arm": a, "informative_groups_per_trajectory": v}
             for p, a, v in [("hard", "fixed", 0.05), ("hard", "ours", 0.08), ("bimodal", "fixed", 0.04),
@@ -241,7 +241,7 @@ def test_every_comparison_arm_is_a_valid_config():
     from scripts.compare_rollout import ARMS, REAL_ARMS
 
     assert {cfg.group_size for cfg in ARMS.values()} == {8}  # the same N in every arm
-    from components.rl import RLConfig
+    from components.rl.config import RLConfig
 
     for arm, options in REAL_ARMS.items():
         cfg = RolloutConfig(**({"stride": 16} | options), batch_prompts=2, max_prompts_per_batch=64)

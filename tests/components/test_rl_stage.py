@@ -19,8 +19,8 @@ from components.core.policy_base import GenerationConfig
 from components.core.schema import Outcome
 from components.core.store import TrajectoryStore
 from components.core.tracking import TrackingConfig
-from components.rl import RLConfig, train_rl
-from components.rl_sampler import PromptRecord, RolloutConfig
+from components.rl.stage import RLConfig, train_rl
+from components.rl.sampling import PromptRecord, RolloutConfig
 
 
 def _config(sandbox_service, **update) -> RLConfig:
@@ -37,7 +37,7 @@ def _config(sandbox_service, **update) -> RLConfig:
 
 def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_reward_infra_errors(
         rl_inputs, sandbox_service, tmp_path, tmp_path_factory, monkeypatch):
-    import components.rl as rl
+    import components.rl.stage as rl
     from components.core.modeling import load_policy
 
     monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
@@ -145,7 +145,7 @@ def test_settings_trl_cannot_honour_are_refused(setting, message):
 
 
 def test_grpo_args_map_our_fields_one_to_one(tmp_path):
-    from components.rl import grpo_args
+    from components.rl.stage import grpo_args
 
     config = RLConfig(steps=5, learning_rate=1e-4, epochs_per_batch=2, clip_eps=0.1, clip_eps_high=0.3, kl_coef=0.05,
                       temperature=0.7, rollout=RolloutConfig(group_size=4, max_rollouts_per_prompt=8, batch_prompts=3),

@@ -10,8 +10,8 @@ from components.core.rendering import render_trajectory
 from components.core.schema import EpisodeStatus, Outcome, Step, TokenRole, ToolCall, Trajectory
 from components.core.store import TrajectoryStore
 from components.core.tracking import TrackingConfig
-from components.sft import SFTConfig, train_sft
-from components.sft_data import SampleDataset, build_samples
+from components.sft.stage import SFTConfig, train_sft
+from components.sft.data import SampleDataset, build_samples
 from components.core.harness import HarnessConfig, run_episode
 from components.core.policy_base import Generation
 from components.core.token_format import trajectory_to_tokens
@@ -122,7 +122,7 @@ def test_long_samples_are_cut_at_the_end_and_dropped_without_loss(store, tokeniz
 
 
 def test_truncation_warns_above_one_share_and_refuses_to_train_above_another(store, tokenizer, tmp_path, capsys):
-    from components.sft import TruncationError, check_truncation
+    from components.sft.stage import TruncationError, check_truncation
 
     data, trajs = store
     whole, _ = build_samples(trajs, tokenizer, "credited", max_len=1 << 16)
@@ -229,7 +229,7 @@ def test_trained_tiny_policy_resolves_more_heldout_tasks_than_untrained(sandbox_
 
 
 def test_t_interval_over_seeds():
-    from components.sft_ablation import t_interval
+    from components.sft.ablation import t_interval
 
     mean, lo, hi = t_interval([0.4, 0.5, 0.6])  # sd 0.1, n 3, t(0.975, 2 dof) = 4.303
     assert mean == pytest.approx(0.5)
@@ -243,7 +243,7 @@ def test_lora_trains_adapters_only_and_saves_an_ordinary_merged_checkpoint(store
     """`sft.lora`: peft adapters train, every base weight stays frozen, and the saved model is a plain
     checkpoint (no adapter keys) whose targeted linear layers moved and whose embeddings did not."""
     from components.core.modeling import build_tiny_model, save_policy
-    from components.sft import LoraOptions
+    from components.sft.stage import LoraOptions
 
     trajectories_dir, _ = store
     tokenizer = build_tokenizer(TINY.tokenizer)

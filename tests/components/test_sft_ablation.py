@@ -8,8 +8,8 @@ import math
 import pytest
 
 from components.core.intervals import paired_difference_ci
-from components.sft_ablation import ALL_ARMS, ARMS, AblationConfig, arm_results, quick_config, run_ablation
-from components.sft_ablation.budget import ArmPlan, steps_for
+from components.sft.ablation import ALL_ARMS, ARMS, AblationConfig, arm_results, quick_config, run_ablation
+from components.sft.ablation.budget import ArmPlan, steps_for
 
 # (samples, resolved samples, loss tokens, resolved loss tokens) per arm: 10 resolved trajectories of 50 loss
 # tokens; whole adds 10 unresolved of 100; credited adds 4 with 30 credited tokens each.
@@ -93,7 +93,7 @@ def test_quick_ablation_trains_matched_arms_and_logs_each_as_an_mlflow_run(sandb
     import pandas as pd
 
     from components.core.tracking import TrackingConfig
-    from components.sft_ablation.__main__ import main
+    from components.sft.ablation.__main__ import main
 
     config = quick_config()
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -165,7 +165,7 @@ def test_sequential_jobs_nest_their_stage_runs_under_the_arm_runs(tmp_path, monk
     import mlflow
 
     from components.core.tracking import TrackingConfig, stage_run
-    from components.sft_ablation import run as ablation
+    from components.sft.ablation import run as ablation
 
     def fake_run_job(config, arm, seed, steps, work, sandbox, tracking):  # the stage-run part of a real job
         with stage_run("sft", None, tracking):

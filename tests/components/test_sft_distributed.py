@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENTRY = """
 import json, sys
 from components.core.tracking import TrackingConfig
-from components.sft import SFTConfig, train_sft
+from components.sft.stage import SFTConfig, train_sft
 config = SFTConfig(**json.loads(sys.argv[1]))
 train_sft(config, sys.argv[2], sys.argv[3], tracking=TrackingConfig(tracking_uri=sys.argv[4], experiment="ddp"))
 """
@@ -94,7 +94,7 @@ def test_bf16_and_gradient_checkpointing_train(tmp_path):
     import torch
 
     from components.core.modeling import load_policy
-    from components.sft import SFTConfig, train_sft
+    from components.sft.stage import SFTConfig, train_sft
 
     data = tmp_path / "data"
     TrajectoryStore(data).append(_trajectories(4))

@@ -11,7 +11,7 @@ from components.core.protocol import format_tool_call
 from components.core.rendering import encode_text, render_trajectory
 from components.core.schema import EpisodeStatus, Outcome, Step, ToolCall, Trajectory
 from components.core.token_format import export_tokens, read_tokens, trajectory_to_tokens
-from components.sft_data import build_samples
+from components.sft.data import build_samples
 
 
 @pytest.fixture(scope="module")

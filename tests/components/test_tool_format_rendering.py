@@ -7,9 +7,9 @@ from components.core.modeling import TokenizerConfig, build_tokenizer
 from components.core.protocol import format_tool_call, tools_prompt
 from components.core.rendering import chat_format, render_prompt, steps_as_messages
 from components.core.schema import Outcome, Step, ToolCall, Trajectory
-from components.rl_rollout import episode_tokens
-from components.rl_sampling import Attempt
-from components.sft_data import build_samples
+from components.rl.rollout import episode_tokens
+from components.rl.sampling import Attempt
+from components.sft.data import build_samples
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.",
                                            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]

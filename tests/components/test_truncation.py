@@ -2,7 +2,7 @@
 submit is treated the same way by the fixed sampler and Balanced Adaptive Rollout, and infrastructure
 latency never turns into a reward.
 
-The rule (components/rl_sampling/rules.py `carries_reward`, components/core/harness.py `policy_seconds`):
+The rule (components/rl/sampling/rules.py `carries_reward`, components/core/harness.py `policy_seconds`):
 - a step/token cut is the policy's outcome: verified, its reward counts in both samplers;
 - the wall-clock budget counts only policy time (generation + the commands' own run time inside the
   sandbox); sandbox creation, setup, exec queueing / transport, snapshots and heartbeats do not count;
@@ -22,7 +22,7 @@ from components.core.schema import EpisodeStatus as S
 from components.core.schema import Outcome, ToolCall
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.generator import generate_tasks
-from components.rl_sampler import Attempt, RolloutBudget, RolloutConfig, advantages, sample_prompt
+from components.rl.sampling import Attempt, RolloutBudget, RolloutConfig, advantages, sample_prompt
 from tests.components.test_harness import Scripted
 
 P, N = +1.0, -1.0

@@ -287,7 +287,7 @@ def test_the_service_image_installs_every_package_the_service_imports():
 def test_training_entry_accepts_its_stage_file_and_refuses_an_invalid_config(tmp_path, capsys):
     import importlib.util
 
-    from components.sft import SFTConfig
+    from components.sft.stage import SFTConfig
 
     directory = MANIFESTS / "components" / "pytorchjob"
     stage = json.loads((directory / "stage.json").read_text())

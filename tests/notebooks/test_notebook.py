@@ -35,7 +35,7 @@ def _log_store(uri: str) -> None:
                 log_metrics({"loss": 3.0 - 0.4 * step}, step=step)
         with stage_run("rl", config.rl, child):
             for step in range(3):
-                log_metrics({"reward_mean_all": -0.5 + 0.3 * step}, step=step)  # as components/rl.py names it
+                log_metrics({"reward_mean_all": -0.5 + 0.3 * step}, step=step)  # as components/rl/stage.py names it
             log_metrics({"informative_groups_per_trajectory": informative})
         with stage_run("evaluate", config.evaluate, child):
             log_metrics({"resolved_rate": rl})
@@ -71,9 +71,9 @@ def test_compare_runs_notebook_executes(tmp_path, monkeypatch):
 
 
 def _log_ablation(uri: str, arms: dict[str, list[float]]) -> None:
-    """The SFT ablation's run layout (components/sft_ablation/run.py): parent, one run per arm, an `sft`
+    """The SFT ablation's run layout (components/sft/ablation/run.py): parent, one run per arm, an `sft`
     child per seed with its loss curve (written by run id, as its worker processes do)."""
-    from components.sft import SFTConfig
+    from components.sft.stage import SFTConfig
 
     tracking = TrackingConfig(tracking_uri=uri, experiment="sft-ablation")
     parent = open_detached_run("sft-ablation", None, tracking)

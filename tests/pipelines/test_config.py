@@ -7,8 +7,8 @@ import json
 import pytest
 
 from components.core.modeling import InitPolicyConfig, ModelConfig
-from components.rl import RLConfig
-from components.sft import SFTConfig
+from components.rl.config import RLConfig
+from components.sft.stage import SFTConfig
 from pipelines.cli import main
 from pipelines.config import PRESETS, ConfigError, PipelineConfig, resolve, stage_sections
 from pipelines.stages import STAGES

@@ -1,4 +1,4 @@
-"""`--set credit.estimator=judge` reaches the LLM judge (components/credit_judge.py) through the local
+"""`--set credit.estimator=judge` reaches the LLM judge (components/credit/judge.py) through the local
 pipeline's credit step, against a real OpenAI-compatible HTTP server on loopback."""
 
 from __future__ import annotations

@@ -297,7 +297,7 @@ def test_a_launcher_component_hands_its_parameters_to_the_entry(name, monkeypatc
     """The component body (what KFP runs) splits its parameters into the row's artifacts, the launch and the placement."""
     from pipelines import launcher
     from pipelines.kfp_components import JOB_BY_STAGE
-    from pipelines.kfp_pipeline import STORE_MOUNT
+    from pipelines.cluster import STORE_MOUNT
 
     calls: list = []
     monkeypatch.setattr(launcher, "kfp_job_entry", lambda *a, **kw: calls.append((a, kw)) or "result")

@@ -2,7 +2,7 @@
 
 one environment, two harnesses (function-call tools vs shell + CLI docs). For each harness:
 teacher trajectories on train tasks (harness.run_episode) -> SFT of the tiny model
-(components.sft.train_sft) -> held-out evaluation with k=3 attempts (pass@1, pass@3), next to the
+(components.sft.stage.train_sft) -> held-out evaluation with k=3 attempts (pass@1, pass@3), next to the
 scripted teacher's own held-out figures. Writes build/recipe_results/claw_<harness>_sft<steps>.json.
 
     ORCHARD_CLAW_SFT_STEPS=200 .venv/bin/python -m pytest -q -m slow tests/recipes/test_claw_training.py -s
@@ -59,7 +59,7 @@ def _summary(trajs) -> dict[str, float]:
 @pytest.mark.parametrize("harness", ["tools", "shell"])
 def test_harness_choice_changes_results_on_the_same_environment(sandbox_client, tmp_path, harness):
     from components.core.local_policy import LocalTransformersPolicy
-    from components.sft import SFTConfig, train_sft
+    from components.sft.stage import SFTConfig, train_sft
 
     recipe = get_recipe("claw", harness=harness)
     train, heldout = recipe.tasks("train", N_TRAIN), recipe.tasks("heldout", N_HELDOUT)

@@ -4,7 +4,7 @@ Modes (the ablation's three arms):
 - resolved_only: resolved trajectories, loss on every assistant step; unresolved ones are dropped.
 - whole: resolved + unresolved trajectories, loss on every assistant step of both.
 - credited: resolved trajectories whole + unresolved ones with loss only on credited steps
-  (`Step.credited`, filled by components/credit.py); earlier steps stay as context.
+  (`Step.credited`, filled by components/credit/stage.py); earlier steps stay as context.
 In every mode an assistant turn whose tool call did not parse (`rendering.malformed_call`: the harness
 answered it with a protocol error) carries no loss, even in a resolved or credited trajectory: SFT
 imitates, and a malformed call is never worth imitating; it stays as context, with the error observation

@@ -16,7 +16,7 @@ import random
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.rl_sampling.records import Attempt
+from components.rl.sampling.records import Attempt
 
 
 class SyntheticPrompt(BaseModel):

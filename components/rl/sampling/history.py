@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.rl_sampling.records import Attempt
-from components.rl_sampling.rules import carries_reward, p_mixed
+from components.rl.sampling.records import Attempt
+from components.rl.sampling.rules import carries_reward, p_mixed
 
 if TYPE_CHECKING:
-    from components.rl_sampling.sampler import RolloutConfig
+    from components.rl.sampling.config import RolloutConfig
 
 
 class PromptStats(BaseModel):

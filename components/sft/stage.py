@@ -2,7 +2,7 @@
 
 One typed `SFTConfig` (logged to MLflow as params), the transformers `Trainer` for the loop, and a
 callback that logs loss, learning rate, tokens/s and the masked-token fraction every step. Loss only on
-the assistant tokens `sft_data` selects for the mode; length-grouped batches keep padding low on CPU.
+the assistant tokens `data` selects for the mode; length-grouped batches keep padding low on CPU.
 The result is a `save_pretrained` directory (model + tokenizer) that `load_policy_model` and
 `LocalTransformersPolicy` read; `base_model_dir=None` starts from a fresh tiny model.
 
@@ -27,7 +27,7 @@ from components.core.modeling import (
 from components.core.store import TrajectoryStore
 from components.core.tool_formats import ToolFormatSetting
 from components.core.tracking import TrackingConfig, log_dataset_input, log_json, log_metrics, stage_run
-from components.sft_data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
+from components.sft.data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
 
 
 class LoraOptions(BaseModel):
@@ -46,7 +46,7 @@ class SFTConfig(BaseModel):
     """Everything that decides an SFT run."""
 
     model_config = ConfigDict(extra="forbid")
-    mode: SFTMode = Field("credited", description="resolved_only | whole | credited (see components/sft_data.py).")
+    mode: SFTMode = Field("credited", description="resolved_only | whole | credited (see components/sft/data.py).")
     steps: int = Field(200, ge=1, description="Optimizer steps.")
     learning_rate: float = Field(2e-3, gt=0, description="Peak learning rate (tiny models from scratch like it high).")
     lr_scheduler: str = Field("cosine", description="transformers scheduler name.")

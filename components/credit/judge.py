@@ -17,7 +17,7 @@ import time
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from components.credit_base import CreditEstimationError, ValueEstimate
+from components.credit.base import CreditEstimationError, ValueEstimate
 from components.core.schema import Task, Trajectory
 
 _SYSTEM = (

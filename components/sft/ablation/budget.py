@@ -12,8 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.modeling import build_tokenizer
 from components.core.store import TrajectoryStore
-from components.sft_ablation.config import ARMS, REFERENCE_ARM, AblationConfig
-from components.sft_data import build_samples
+from components.sft.ablation.config import ARMS, REFERENCE_ARM, AblationConfig
+from components.sft.data import build_samples
 
 
 class ArmPlan(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from components.rl_sampler import PromptRecord
+from components.rl.sampling import PromptRecord
 
 
 def plot_group_statistics(records: list[PromptRecord], title: str = "rollout groups") -> Any:

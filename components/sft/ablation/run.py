@@ -5,18 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.harness import HarnessConfig
 from components.core.modeling import build_tiny_model, build_tokenizer, save_policy
 from components.core.policy_base import GenerationConfig
 from components.core.store import TaskStore
 from components.core.tracking import (TrackingConfig, close_detached_run, log_json, log_metrics, open_detached_run,
                                       stage_run)
-from components.credit import label_credit
-from components.sft import train_sft
-from components.sft_ablation.budget import ArmPlan, plan_arms
-from components.sft_ablation.config import ALL_ARMS, AblationConfig
-from components.sft_ablation.report import ArmResult, arm_results
+from components.credit.stage import label_credit
+from components.sft.stage import train_sft
+from components.sft.ablation.budget import ArmPlan, plan_arms
+from components.sft.ablation.config import ALL_ARMS, AblationConfig
+from components.sft.ablation.report import ArmResult, arm_results
 
 
 def _distill(config: AblationConfig, sandbox: SandboxConnection, tasks_dir: Path, out_dir: Path,

@@ -7,11 +7,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from components.core.modeling import ModelConfig, TokenizerConfig
-from components.credit import CreditConfig
-from components.credit_mc import MonteCarloConfig
-from components.credit_segments import SegmentConfig
-from components.sft import SFTConfig
-from components.sft_data import SFTMode
+from components.credit.stage import CreditConfig
+from components.credit.monte_carlo import MonteCarloConfig
+from components.credit.segments import SegmentConfig
+from components.sft.stage import SFTConfig
+from components.sft.data import SFTMode
 
 ARMS: tuple[SFTMode, ...] = ("resolved_only", "whole", "credited")
 ALL_ARMS: tuple[str, ...] = ("untrained", *ARMS)

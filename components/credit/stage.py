@@ -1,8 +1,8 @@
 """Credit labeling stage: which steps of an unresolved trajectory still deserve to be imitated.
 
-For every unresolved trajectory an estimator (`credit_mc.MonteCarloEstimator`, the embedded default,
-or `credit_judge.LLMJudgeEstimator`, as published) gives V(s_0..s_T), the probability of resolving the
-task before the first and after every assistant step; `credit_segments` turns the curve into rise
+For every unresolved trajectory an estimator (`monte_carlo.MonteCarloEstimator`, the embedded default,
+or `judge.LLMJudgeEstimator`, as published) gives V(s_0..s_T), the probability of resolving the
+task before the first and after every assistant step; `segments` turns the curve into rise
 segments. Resolved trajectories are kept whole (every assistant step credited); infrastructure
 failures are copied through untouched (SFT never trains on them). The output store holds every step's
 `value_estimate`, `credit` and `credited`; `rendering.render_trajectory(loss_on="credited")` turns
@@ -18,14 +18,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.schema import Outcome, Task, Trajectory
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
-from components.credit_base import CreditEstimationError, ValueEstimate, ValueEstimator
-from components.credit_judge import JudgeConfig, LLMJudgeEstimator
-from components.credit_mc import MonteCarloConfig, MonteCarloEstimator
-from components.credit_segments import SegmentConfig, credits, segments, select_segments
+from components.credit.base import CreditEstimationError, ValueEstimate, ValueEstimator
+from components.credit.judge import JudgeConfig, LLMJudgeEstimator
+from components.credit.monte_carlo import MonteCarloConfig, MonteCarloEstimator
+from components.credit.segments import SegmentConfig, credits, segments, select_segments
 
 
 class CreditConfig(BaseModel):

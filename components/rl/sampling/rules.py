@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 
 from components.core.schema import EpisodeStatus, Outcome, Trajectory
-from components.rl_sampling.records import Attempt, DropReason
+from components.rl.sampling.records import Attempt, DropReason
 
 
 def outcome_reward(traj: Trajectory) -> float | None:

@@ -32,11 +32,11 @@ from components.core.harness import HarnessConfig, run_episode
 from components.core.policy_base import GenerationConfig, Policy
 from components.core.recipe_base import RecipeBase
 from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
-from components.credit_base import (
+from components.credit.base import (
     CreditEstimationError, ValueEstimate, assistant_positions, initial_end, state_end,
 )
 from components.core.teacher import TeacherConfig
-from components.credit_segments import interpolate
+from components.credit.segments import interpolate
 from sandbox_service.client import SandboxClient
 
 

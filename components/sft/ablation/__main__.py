@@ -1,4 +1,4 @@
-"""`python -m components.sft_ablation`: the command line (see the package docstring)."""
+"""`python -m components.sft.ablation`: the command line (see the package docstring)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from components.core.connection import SandboxConnection
+from sandbox_service.connection import SandboxConnection
 from components.core.tracking import TrackingConfig, ui_command
-from components.sft_ablation import __doc__ as _DOC
-from components.sft_ablation.budget import ArmPlan
-from components.sft_ablation.config import AblationConfig, quick_config
-from components.sft_ablation.report import arm_results, print_table
-from components.sft_ablation.run import run_ablation
+from components.sft.ablation import __doc__ as _DOC
+from components.sft.ablation.budget import ArmPlan
+from components.sft.ablation.config import AblationConfig, quick_config
+from components.sft.ablation.report import arm_results, print_table
+from components.sft.ablation.run import run_ablation
 
 
 def _bugs(text: str) -> list[int]:

@@ -42,12 +42,12 @@ from components.core.episode_traces import log_episode_traces
 from components.core.harness import HarnessConfig, initial_steps, run_episode, steps_to_messages
 from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
 from components.core.store import TrajectoryStore
-from components.rl_sampling import (
+from components.rl.sampling import (
     Attempt, PromptHistory, PromptRecord, RolloutBudget, outcome_reward, sample_prompt, skipped_record, summarize,
 )
 
 if TYPE_CHECKING:
-    from components.rl import RLConfig
+    from components.rl.config import RLConfig
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in trl 1.16
 
@@ -80,14 +80,14 @@ class EpisodeSource:
                 for t in trajectories]
 
     def has_prefix(self, prompt_id: str) -> bool:
-        from components.credit_base import assistant_positions
+        from components.credit.base import assistant_positions
 
         return prompt_id in self.references and len(assistant_positions(self.references[prompt_id])) >= 2
 
     def fork(self, prompt_id: str, n: int, fraction: float) -> list[Attempt]:
         """n episodes continuing from the state after the first `fraction` of the reference's assistant
         steps: the sandbox forks that step's snapshot, or (none kept) the prefix's tool calls are replayed."""
-        from components.credit_base import assistant_positions, state_end
+        from components.credit.base import assistant_positions, state_end
 
         ref = self.references[prompt_id]
         positions = assistant_positions(ref)

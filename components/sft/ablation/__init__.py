@@ -1,6 +1,6 @@
 """The ablation the field asks for: what do unresolved trajectories add to SFT, whole or credited?
 
-    python -m components.sft_ablation [--work-dir build/sft_ablation] [--quick] [--bugs 1,2] ...
+    python -m components.sft.ablation [--work-dir build/sft_ablation] [--quick] [--bugs 1,2] ...
 
 One command: generate SWE tasks (level 1, one- and two-bug tasks mixed by default), distill a scripted
 teacher with a high error rate (so there are unresolved trajectories), label credit (Monte-Carlo with
@@ -30,10 +30,10 @@ at a time in separate processes (one torch thread each); finished ones are kept 
 A sandbox service is started on loopback unless --sandbox-url is given.
 """
 
-from components.sft_ablation.budget import ArmPlan, plan_arms
-from components.sft_ablation.config import ALL_ARMS, ARMS, AblationConfig, quick_config
-from components.sft_ablation.report import ArmResult, arm_results, print_table, t_interval
-from components.sft_ablation.run import run_ablation
+from components.sft.ablation.budget import ArmPlan, plan_arms
+from components.sft.ablation.config import ALL_ARMS, ARMS, AblationConfig, quick_config
+from components.sft.ablation.report import ArmResult, arm_results, print_table, t_interval
+from components.sft.ablation.run import run_ablation
 
 __all__ = ["ALL_ARMS", "ARMS", "AblationConfig", "ArmPlan", "ArmResult", "arm_results", "plan_arms", "print_table",
            "quick_config", "run_ablation", "t_interval"]

@@ -10,8 +10,8 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.intervals import paired_difference_ci, task_mean_ci
-from components.sft_ablation.budget import ArmPlan
-from components.sft_ablation.config import ALL_ARMS, REFERENCE_ARM, AblationConfig
+from components.sft.ablation.budget import ArmPlan
+from components.sft.ablation.config import ALL_ARMS, REFERENCE_ARM, AblationConfig
 
 # Student t quantiles (0.975) for small numbers of seeds; beyond 10 the normal quantile is close.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}

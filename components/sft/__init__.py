@@ -1,0 +1,1 @@
+"""The SFT stage: supervised fine-tuning on distilled, credit-labelled trajectories (entry point `stage.train_sft`)."""
