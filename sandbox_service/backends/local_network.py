@@ -22,6 +22,7 @@ networks that route the sandbox subnet back.
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import subprocess
 from pathlib import Path
@@ -121,10 +122,11 @@ def apply(pid: int, index: int, subnet: str, policy: NetworkPolicy) -> list[str]
     new_link = not link_exists(host_if)
     lines = []
     if new_link:
-        # Two processes in the namespace and two on the host (was eight): the default first, so the peer
-        # never gets a link-local address; the host side's IPv6 off before it comes up.
-        disable_ipv6_in_netns(pid)
-        _run(["ip", "link", "add", host_if, "type", "veth", "peer", "name", peer, "netns", str(pid)])
+        # Two processes in the namespace and one on the host (was eight). The pair is made from inside the
+        # namespace, after its IPv6 default is off, so the sandbox's end never gets a link-local address;
+        # the host's end is born in the service's namespace and has IPv6 off before it comes up.
+        _run(["nsenter", "-t", str(pid), "-n", "sh", "-c", _NO_IPV6.format(dev="default") + " && exec ip link add "
+              f"{peer} type veth peer name {host_if} netns {os.getpid()}"])
         disable_ipv6_host(host_if)
         _run(["ip", "-batch", "-"], stdin=f"link set {host_if} up\nroute replace {sip}/32 dev {host_if}\n")
         lines = ["link set lo up", f"link set {peer} name eth0", f"addr add {sip}/32 dev eth0", "link set eth0 up"]
