@@ -3,7 +3,7 @@
 Every value here is a pipeline parameter default (KFP and Argo) or a field of the compiled YAML;
 `tests/manifests/test_pipeline_references.py` renders `kubectl kustomize manifests/overlays/{dev,prod}`
 and checks that each Secret, Service, ServiceAccount and PVC named here exists there (or is created
-by a command in the cluster quickstart, docs/operations.md). Change a name here and in the manifests together.
+by a command in the cluster quickstart, docs/pipelines/cluster-quickstart.md). Change a name here and in the manifests together.
 
 Images follow one scheme everywhere (Makefile, overlays, compiled YAML): `<registry>/<name>:<tag>`.
 """

@@ -13,7 +13,7 @@ report, close-run, launchers) and the stages request `PipelineConfig.resources`;
 persistent data store's PVC (parameter `data_store_claim`, at `ClusterConfig.data_store_mount`), which
 the manifests create and every run shares; the sandbox token and the endpoint key come from Secrets as
 environment variables, never as parameters. The ServiceAccount is a property of a KFP *run*, not of
-a task (kfp-kubernetes has no per-task setting): `orchard schedule` and docs/operations.md's `kfp run create`
+a task (kfp-kubernetes has no per-task setting): `orchard schedule` and docs/pipelines/cluster-quickstart.md's `kfp run create`
 pass `ClusterConfig.service_account`.
 """
 

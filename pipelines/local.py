@@ -16,6 +16,8 @@ delete their sandboxes), stops the embedded service and marks the runs KILLED; a
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_service.connection import SandboxConnection
-from components.core.interrupts import raise_if_stopping, stop_on_signals
+from components.core.interrupts import RunInterrupted, raise_if_stopping, stop_on_signals, stopping
 from components.core.tracking import FAILURE_REASON_TAG, fail_pipeline_run, open_pipeline_run
 from pipelines import stages
 from pipelines.config import PipelineConfig
@@ -171,13 +173,56 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
     if token:
         os.environ["ORCHARD_SANDBOX_TOKEN"] = token  # what a Secret provides on the cluster
     t0 = time.perf_counter()
+    keep = {service._proc.pid} if service is not None and service._proc is not None else set()
+
+    signalled: set[int] = set()
+    main = threading.main_thread().ident
+
+    def interrupt(signum: int, _frame: object) -> None:  # SIGUSR1, sent by `forward` below to this thread
+        raise_if_stopping()
+
+    def stop(signum: int) -> None:
+        # The running component (a process below this one) ends its stage as the local runner would
+        # (sandboxes deleted, its MLflow run KILLED) while kfp.local keeps reading its output; a component
+        # that starts meanwhile (kfp.local retries a failed task) is stopped at once. When none is left, the
+        # main thread is interrupted wherever kfp.local has it (waiting, or sleeping before a retry).
+        def forward() -> None:
+            while stopping():
+                live = set(_descendants(keep))
+                for pid in live - signalled:
+                    signalled.add(pid)
+                    try:
+                        os.kill(pid, signum)
+                    except ProcessLookupError:
+                        pass
+                if not live:
+                    signal.pthread_kill(main, signal.SIGUSR1)
+                    return
+                time.sleep(0.05)
+
+        threading.Thread(target=forward, name="forward-stop", daemon=True).start()
+
+    previous_usr1 = signal.signal(signal.SIGUSR1, interrupt)
     try:
-        kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(layout.root / "kfp"))
-        pipeline = build_pipeline(for_cluster=False)
-        pipeline(preset=config.preset, recipe=config.recipe, seed=config.seed, sandbox_url=url,
-                 mlflow_uri=config.tracking_uri, experiment=config.experiment,
-                 overrides_json=config.model_dump_json(exclude={"sandbox_url", "tracking_uri"}), run_label=label)
+        with stop_on_signals(on_force_exit=lambda: service.request_stop() if service is not None else None,
+                             on_stop=stop):
+            kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(layout.root / "kfp"))
+            pipeline = build_pipeline(for_cluster=False)
+            try:
+                pipeline(preset=config.preset, recipe=config.recipe, seed=config.seed, sandbox_url=url,
+                         mlflow_uri=config.tracking_uri, experiment=config.experiment,
+                         overrides_json=config.model_dump_json(exclude={"sandbox_url", "tracking_uri"}),
+                         run_label=label)
+            except Exception:
+                if not stopping():
+                    raise
+            raise_if_stopping()  # a stop that came while the last component ended
+    except RunInterrupted as err:
+        _wait_children(keep, timeout=120)
+        _kill_parent_run(config, label, err)
+        raise
     finally:
+        signal.signal(signal.SIGUSR1, previous_usr1)
         if old_token is None:
             os.environ.pop("ORCHARD_SANDBOX_TOKEN", None)
         else:
@@ -193,3 +238,41 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
     report = client.download_artifacts(parent.info.run_id, "report.md", str(layout.root))
     return {"run_dir": str(layout.root), "tracking_uri": config.tracking_uri, "parent_run_id": parent.info.run_id,
             "markdown": Path(report).read_text(), "wall_seconds": time.perf_counter() - t0}
+
+
+def _wait_children(keep: set[int], timeout: float) -> None:
+    """Wait until no process below this one lives but `keep` and theirs (the stopped component cleaning up)."""
+    deadline = time.monotonic() + timeout
+    while _descendants(keep) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _descendants(keep: set[int]) -> list[int]:
+    """Live processes below this one, leaving out `keep` and everything below them (zombies have exited)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+                if state != "Z":
+                    children.setdefault(int(ppid), []).append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    out, stack = [], [p for p in children.get(os.getpid(), []) if p not in keep]
+    while stack:
+        pid = stack.pop()
+        out.append(pid)
+        stack += [p for p in children.get(pid, []) if p not in keep]
+    return out
+
+
+def _kill_parent_run(config: PipelineConfig, label: str, err: RunInterrupted) -> None:
+    """Mark the interrupted kfp.local run's parent MLflow run (and anything still running under it) KILLED."""
+    import mlflow
+
+    client = mlflow.MlflowClient(config.tracking_uri)
+    experiment = client.get_experiment_by_name(config.experiment)
+    if experiment is None:
+        return
+    for parent in client.search_runs([experiment.experiment_id], filter_string=f"tags.`orchard.run_label` = '{label}'"):
+        fail_pipeline_run(StepContext(config, parent.info.run_id).tracking_config, parent.info.run_id, err)

@@ -291,7 +291,12 @@ def kfp_entry(name: str, config_json: str, parent_run_id: str, inputs: dict[str,
     out_paths = {k: Path(a.path) for k, a in outputs.items()}
     mount = os.environ.get("ORCHARD_STORE_MOUNT")
     work = {k: Path(mount) / name / k if (mount and stage.resumable) else p for k, p in out_paths.items()}
-    record = run_stage(name, ctx, {k: a.path for k, a in inputs.items()}, work)
+    from components.core.interrupts import stop_on_signals
+
+    # A stopped run (KFP's, or Ctrl-C/SIGTERM forwarded by `orchard run --kfp-local`) ends the stage at its
+    # next turn or optimizer step: episodes delete their sandboxes, the stage's MLflow run is KILLED.
+    with stop_on_signals():
+        record = run_stage(name, ctx, {k: a.path for k, a in inputs.items()}, work)
     for k, path in work.items():  # resumable stores live on the PVC; the artifact gets a copy
         if path != out_paths[k]:
             shutil.copytree(path, out_paths[k], dirs_exist_ok=True)

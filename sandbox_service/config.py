@@ -43,7 +43,7 @@ class ServiceConfig(BaseSettings):
     )
     runtime: Literal["namespaces", "gvisor"] = Field(
         "namespaces", description="Local backend only: 'namespaces' (fast, shares the host kernel) or 'gvisor' "
-        "(runsc's user-space kernel in between; slower, fewer features). See docs/sandbox-service.md (threat model).")
+        "(runsc's user-space kernel in between; slower, fewer features). See docs/concepts/threat-model.md.")
     token: SecretStr | None = Field(None, validation_alias=AliasChoices(TOKEN_ENV, "token"),
                                     description=f"Bearer token clients must send ({TOKEN_ENV}).")
     token_file: Path | None = Field(None, description="File holding the bearer token (read when `token` is unset).")

@@ -7,7 +7,7 @@ to one boundary: malformed output or a bad tool call is the policy's error (an o
 episode goes on); the sandbox service, the verifier's environment or the policy endpoint failing is
 infrastructure (`Outcome.infra_error`, `EpisodeStatus.aborted`, with the reason), never unresolved.
 
-Attribution rule (also in docs/rewards.md): infrastructure errors are only failures of the sandbox as a
+Attribution rule (also in docs/concepts/rewards.md): infrastructure errors are only failures of the sandbox as a
 whole for a reason outside its own processes (creation, image, node, agent lost without a cause inside,
 service timeout) and failures of the verification runs this harness starts. Everything a policy's
 command does to itself is the policy's: a non-zero exit, its own timeout, the signals it sends (the

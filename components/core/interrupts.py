@@ -24,9 +24,13 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Callable, Iterator
 
 _stop = threading.Event()
+# A second signal this soon after the first is the same stop arriving twice (a Ctrl-C reaches the whole
+# process group, and a parent runner forwards it to its stage processes too), not a request to exit at once.
+DUPLICATE_SECONDS = 0.3
 _reason: list[str] = []
 
 
@@ -68,15 +72,20 @@ def trainer_callback():
 
 
 @contextlib.contextmanager
-def stop_on_signals(on_force_exit: Callable[[], None] | None = None) -> Iterator[None]:
+def stop_on_signals(on_force_exit: Callable[[], None] | None = None,
+                    on_stop: Callable[[int], None] | None = None) -> Iterator[None]:
     """SIGINT/SIGTERM stop the run (see the module docstring); the previous handlers come back on exit.
+    `on_stop(signum)` runs at the first signal (a runner whose stages are child processes forwards it).
 
     Outside the main thread (where Python cannot install handlers) this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    first: list[float] = []
 
     def handle(signum: int, _frame: object) -> None:
+        if _stop.is_set() and time.monotonic() - first[0] < DUPLICATE_SECONDS:
+            return  # the same stop delivered twice (to the process group and forwarded by a parent runner)
         if _stop.is_set():  # the second signal: out now
             sys.stderr.write(f"\norchard: {signal.Signals(signum).name} again: exiting now, without cleaning up "
                              "(the sandbox service deletes its sandboxes; MLflow runs stay RUNNING)\n")
@@ -87,10 +96,13 @@ def stop_on_signals(on_force_exit: Callable[[], None] | None = None) -> Iterator
             finally:
                 os._exit(128 + signum)
         _reason[:] = [str(signum)]
+        first[:] = [time.monotonic()]
         _stop.set()
         sys.stderr.write(f"\norchard: {signal.Signals(signum).name}: stopping the run (ending the current stage, "
                          "deleting its sandboxes); send it again to exit at once\n")
         sys.stderr.flush()
+        if on_stop is not None:
+            on_stop(signum)
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

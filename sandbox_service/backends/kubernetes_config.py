@@ -125,7 +125,7 @@ class KubernetesBackendConfig(BaseSettings):
 
     # -- network ----------------------------------------------------------------------------------------
     host_policy: Literal["resolve", "cilium-fqdn", "antrea-fqdn", "calico-dns"] = Field(
-        "resolve", description="How allowlists name hosts (docs/sandbox-service.md: the per-CNI table). resolve: a NetworkPolicy "
+        "resolve", description="How allowlists name hosts (docs/operations/kubernetes.md: the per-CNI table). resolve: a NetworkPolicy "
                                "with the addresses the hosts resolve to when applied (any enforcing CNI; "
                                "CDN-hosted hosts drift; no wildcards). The others keep names as names, learnt "
                                "by the CNI from the sandbox's DNS answers, nothing resolved by the service: "

@@ -142,7 +142,7 @@ class SandboxNetwork:
                 f"{fqdn.kind} {name}: the API server stored it without the allowed hosts {missing} (it does not "
                 f"know the field they go in, so the policy would open more than the allowlist), and it was "
                 f"deleted. host_policy={self.config.host_policy} needs {fqdn.needs}; on another CNI use "
-                "host_policy=resolve (docs/sandbox-service.md: the per-CNI table).")
+                "host_policy=resolve (docs/operations/kubernetes.md: the per-CNI table).")
 
 
 def _pod(sandbox_id: str, find_pod: Callable[[str], k8s.V1Pod | None]) -> k8s.V1Pod:

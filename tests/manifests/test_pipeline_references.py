@@ -3,7 +3,7 @@
 Renders `kubectl kustomize manifests/overlays/{dev,prod}` and compiles the KFP and Argo YAML, then
 checks each Secret (and key), Service (and port), ServiceAccount, PVC (the data store's) and image the pipelines
 reference: created by the overlay, or by a `kubectl create secret` command of the cluster quickstart
-(docs/operations.md). Names come from `pipelines/cluster.py`; this test is what keeps the manifests equal to it.
+(docs/pipelines/cluster-quickstart.md). Names come from `pipelines/cluster.py`; this test is what keeps the manifests equal to it.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def compiled(tmp_path_factory) -> dict[str, list[dict]]:
 
 
 def readme_secrets() -> set[tuple[str, str]]:
-    """(namespace, Secret) pairs the cluster quickstart (docs/operations.md) creates with `kubectl create secret generic`."""
-    text = (REPO / "docs" / "operations.md").read_text()
+    """(namespace, Secret) pairs the cluster quickstart creates with `kubectl create secret generic`."""
+    text = (REPO / "docs" / "pipelines" / "cluster-quickstart.md").read_text()
     return {(m.group(1), m.group(2)) for m in
             re.finditer(r"kubectl -n (\S+) create secret generic (\S+)", text)}
 
@@ -89,7 +89,7 @@ def test_every_name_the_pipelines_reference_exists_in_the_overlay(compiled, over
             assert key in created[name].get("data", {}) | created[name].get("stringData", {}), (overlay, name, key)
         else:
             assert name in documented, (f"{overlay}: Secret {name} (key {key}) is referenced by the pipelines but "
-                                        "neither the overlay nor a docs/operations.md `kubectl -n NS create secret generic` "
+                                        "neither the overlay nor a cluster-quickstart `kubectl -n NS create secret generic` "
                                         "command creates it")
     services = {d["metadata"]["name"]: d for d in by_kind(docs, "Service")}
     for url in sorted(refs["urls"]):

@@ -68,7 +68,8 @@ def _ready_sandboxes(url: str, token: str) -> list[str]:
 class _Run:
     """`orchard run` in its own process group, with its embedded service's temporary files under `tmp`."""
 
-    def __init__(self, tmp_path: Path, short_tmp: Path, micro_config, *, ignore_sigint: bool, **update):
+    def __init__(self, tmp_path: Path, short_tmp: Path, micro_config, *, ignore_sigint: bool,
+                 extra: tuple[str, ...] = (), **update):
         self.tmp = short_tmp
         self.runs = tmp_path / "runs"
         self.log_path = tmp_path / "orchard.log"
@@ -79,14 +80,15 @@ class _Run:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "pipelines.cli", "run", "--preset", "tiny",
-                 "--config", str(_micro_file(micro_config, tmp_path, **update)), "--runs-dir", str(self.runs)],
+                 "--config", str(_micro_file(micro_config, tmp_path, **update)), "--runs-dir", str(self.runs),
+                 *extra],
                 cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=preexec)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_for_sandboxes(self, timeout: float = 240.0) -> tuple[Path, int]:
+    def wait_for_sandboxes(self, timeout: float = 240.0, after: str = "done evaluate-teacher") -> tuple[Path, int]:
         """The service's state dir and pid, once it holds a live sandbox in distill (40 tasks: mid-stage).
         The embedded service's port and token are in its temporary directory."""
         deadline = time.monotonic() + timeout
@@ -94,7 +96,7 @@ class _Run:
             assert self.proc.poll() is None, f"orchard run ended before any sandbox existed:\n{self.log()[-3000:]}"
             for state in self.tmp.glob("orchard-svc-*/state"):
                 svc = state.parent
-                if "done evaluate-teacher" in self.log() and (svc / "port").exists() and _ready_sandboxes(
+                if after in self.log() and (svc / "port").exists() and _ready_sandboxes(
                         f"http://127.0.0.1:{int((svc / 'port').read_text())}", (svc / "token").read_text()):
                     service = [pid for pid in _children(self.proc.pid)
                                if b"sandbox_service" in Path(f"/proc/{pid}/cmdline").read_bytes()]
@@ -108,6 +110,16 @@ class _Run:
         while text not in self.log():
             assert self.proc.poll() is None and time.monotonic() < deadline, f"no {text!r}:\n{self.log()[-3000:]}"
             time.sleep(0.1)
+
+    def stop_mid_distill(self, sig: int, timeout: float, after: str = "done evaluate-teacher"):
+        """Signal the group once distill's sandboxes are live: (state dir, service pid, exit code, seconds)."""
+        try:
+            state, service = self.wait_for_sandboxes(after=after)
+            sent = self.signal(sig)
+            code = self.proc.wait(timeout=timeout)
+            return state, service, code, time.monotonic() - sent
+        finally:
+            self.kill()
 
     def signal(self, sig: int) -> float:
         os.killpg(self.proc.pid, sig)
@@ -147,13 +159,7 @@ def _mlflow_runs_at(uri: str):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_signal_stops_the_run_cleanly(tmp_path, short_tmp, micro_config, sig):
     run = _Run(tmp_path, short_tmp, micro_config, ignore_sigint=sig == signal.SIGINT)
-    try:
-        state, service = run.wait_for_sandboxes()
-        sent = run.signal(sig)
-        code = run.proc.wait(timeout=60)
-        seconds = time.monotonic() - sent
-    finally:
-        run.kill()
+    state, service, code, seconds = run.stop_mid_distill(sig, timeout=60)
     log = run.log()
     assert code == 128 + sig, log[-3000:]
     assert seconds < 30, f"took {seconds:.1f} s to stop:\n{log[-3000:]}"
@@ -178,7 +184,7 @@ def test_second_ctrl_c_exits_at_once(tmp_path, short_tmp, micro_config):
     try:
         state, service = run.wait_for_sandboxes()
         run.signal(signal.SIGINT)
-        time.sleep(0.05)
+        time.sleep(0.5)  # later than DUPLICATE_SECONDS: a second press, not the first delivered twice
         sent = run.signal(signal.SIGINT)
         code = run.proc.wait(timeout=60)
         seconds = time.monotonic() - sent
@@ -190,6 +196,26 @@ def test_second_ctrl_c_exits_at_once(tmp_path, short_tmp, micro_config):
     # Not waited for, but not orphaned either: the service was told to stop and deletes its sandboxes.
     assert not _wait_gone(lambda: [service] if _alive(service) else [], 60), "the sandbox service kept running"
     assert not _wait_gone(lambda: leaked_processes(state) + leaked_mounts(state), 30)
+
+
+@pytest.mark.slow  # every component is its own Python process: ~1 min before distill
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_stops_a_kfp_local_run_cleanly(tmp_path, short_tmp, micro_config, sig):
+    """`orchard run --kfp-local`: the running component ends its stage, no further component starts, the
+    embedded service stops, the parent run is KILLED, and the CLI exits with the signal's code."""
+    run = _Run(tmp_path, short_tmp, micro_config, ignore_sigint=False, extra=("--kfp-local",))
+    state, service, code, seconds = run.stop_mid_distill(sig, timeout=90, after="distill")
+    log = run.log()
+    assert code == 128 + sig and seconds < 60, (code, seconds, log[-3000:])
+    assert f"interrupted by {signal.Signals(sig).name}: run stopped" in log and "exiting now" not in log
+    assert not _wait_gone(lambda: [service] if _alive(service) else [], 30), "the sandbox service outlived the run"
+    assert not _wait_gone(lambda: leaked_processes(state) + leaked_mounts(state), 30)
+    runs = _mlflow_runs(run.runs)
+    assert not [r.info.run_name for r in runs if r.info.status == "RUNNING"]
+    parent = next(r for r in runs if r.data.tags.get("orchard.stage") == "pipeline")
+    assert parent.info.status == "KILLED"
+    assert parent.data.tags["orchard.failure_reason"] == f"RunInterrupted: interrupted by {signal.Signals(sig).name}"
+    assert not [r for r in runs if r.info.run_name in ("sft", "rl")], "a component started after the signal"
 
 
 @pytest.mark.slow  # ~50 s on a loaded 2-core machine: a model is built and trains before the signal

@@ -24,7 +24,7 @@ from pipelines.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
-PAGES = [README, *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [README, *sorted((REPO / "docs").rglob("*.md"))]
 _CONFIG_COMMANDS = ("run", "demo", "compile", "config")
 
 

@@ -28,7 +28,7 @@ The rule (verifier `swe-clean-room`, version `VERSION`):
    infrastructure errors.
 
 Known limit (imported tasks only): the code under test runs inside the pytest process (as in SWE-bench
-harnesses); `Canary` makes tampering evident, and docs/rewards.md says what remains possible.
+harnesses); `Canary` makes tampering evident, and docs/concepts/rewards.md says what remains possible.
 """
 
 from __future__ import annotations
