@@ -34,7 +34,7 @@ def _generation_seconds(trajectories) -> float:
 
 
 def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, threads: int | None, connection,
-        window: float = 0.05, generation_threads: int | None = None) -> dict:
+        window: float = 0.05, generation_threads: int | None = None, model_path: str | None = None) -> dict:
     import torch
 
     from components.core.batching import BatchingPolicy
@@ -47,8 +47,13 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=8))
-    model = build_tiny_model(ModelConfig(), tokenizer)
+    if model_path:  # e.g. smollm2-135m-instruct (a named model: its converted checkpoint, cached by make smol-model)
+        from components.core.modeling import load_policy
+
+        model, tokenizer = load_policy(model_path)
+    else:
+        tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=8))
+        model = build_tiny_model(ModelConfig(), tokenizer)
     policy = LocalTransformersPolicy(model, tokenizer, kv_reuse=False)
     reusing = LocalTransformersPolicy(model, tokenizer)
     recipe = get_recipe("swe")
@@ -108,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generation-threads", type=int, default=None,
                         help="torch threads of the batched path's decode (default: BatchingPolicy's)")
     parser.add_argument("--external", action="store_true", help="use ORCHARD_SANDBOX_URL/TOKEN")
+    parser.add_argument("--model", default=None, help="checkpoint dir or named model (default: the tiny model)")
     args = parser.parse_args(argv)
     from sandbox_service.connection import SandboxConnection
 
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
             connection = stack.enter_context(EmbeddedService()).connection()
         result = run(args.episodes, args.repeats, args.max_steps, args.max_new_tokens, args.threads, connection,
-                     args.window, args.generation_threads)
+                     args.window, args.generation_threads, args.model)
     print(f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}")
     print(f"{'old: one episode at a time':<34}{result['old']['episodes_per_min']:>14.1f}"
           f"{result['old']['tokens_per_s']:>14.1f}")
