@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="ServiceAccount of the runs' pods (default: ClusterConfig.service_account, orchard-pipeline)")
 
     args = parser.parse_args(argv)
-    from components.core.interrupts import RunInterrupted
+    from components.core.interrupts import RunInterrupted, exit_at_once_on_signals
     from pipelines.config import ConfigError
 
     try:
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"orchard: {err}", file=sys.stderr)
         return 2
     except RunInterrupted as err:  # the runner has ended the stage, its sandboxes and the MLflow runs
+        exit_at_once_on_signals()  # a second Ctrl-C during the interpreter's shutdown still ends it at once
         print(f"orchard: {err}: run stopped", file=sys.stderr)
         return err.exit_code
     except Exception as err:

@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_service.connection import SandboxConnection
-from components.core.interrupts import RunInterrupted, raise_if_stopping, stop_on_signals, stopping
+from components.core.interrupts import FORWARDED_STOP, RunInterrupted, raise_if_stopping, stop_on_signals, stopping
 from components.core.tracking import FAILURE_REASON_TAG, fail_pipeline_run, open_pipeline_run
 from pipelines import stages
 from pipelines.config import PipelineConfig
@@ -191,10 +191,11 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
                 live = set(_descendants(keep))
                 for pid in live - signalled:
                     signalled.add(pid)
-                    try:
-                        os.kill(pid, signum)
-                    except ProcessLookupError:
-                        pass
+                    if _is_component(pid):
+                        try:
+                            os.kill(pid, FORWARDED_STOP)
+                        except ProcessLookupError:
+                            pass
                 if not live:
                     signal.pthread_kill(main, signal.SIGUSR1)
                     return
@@ -238,6 +239,14 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
     report = client.download_artifacts(parent.info.run_id, "report.md", str(layout.root))
     return {"run_dir": str(layout.root), "tracking_uri": config.tracking_uri, "parent_run_id": parent.info.run_id,
             "markdown": Path(report).read_text(), "wall_seconds": time.perf_counter() - t0}
+
+
+def _is_component(pid: int) -> bool:
+    """A KFP component's executor process (not the shell kfp.local wraps it in)."""
+    try:
+        return b"executor_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 def _wait_children(keep: set[int], timeout: float) -> None:

@@ -24,13 +24,13 @@ import os
 import signal
 import sys
 import threading
-import time
 from typing import Callable, Iterator
 
 _stop = threading.Event()
-# A second signal this soon after the first is the same stop arriving twice (a Ctrl-C reaches the whole
-# process group, and a parent runner forwards it to its stage processes too), not a request to exit at once.
-DUPLICATE_SECONDS = 0.3
+# A runner whose stages are child processes (`orchard run --kfp-local`) forwards a stop to them as this
+# signal: a stop request like the first Ctrl-C, never counted as the second one (a Ctrl-C also reaches the
+# stage directly, through the process group).
+FORWARDED_STOP = signal.SIGUSR2
 _reason: list[str] = []
 
 
@@ -81,12 +81,15 @@ def stop_on_signals(on_force_exit: Callable[[], None] | None = None,
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    first: list[float] = []
+    first: list[int] = []  # a SIGINT/SIGTERM came (forwarded stops do not count)
+
+    def forwarded(_signum: int, _frame: object) -> None:
+        if not _stop.is_set():
+            _reason[:] = [str(signal.SIGTERM)]  # the runner above was stopped
+            _stop.set()
 
     def handle(signum: int, _frame: object) -> None:
-        if _stop.is_set() and time.monotonic() - first[0] < DUPLICATE_SECONDS:
-            return  # the same stop delivered twice (to the process group and forwarded by a parent runner)
-        if _stop.is_set():  # the second signal: out now
+        if first:  # the second signal: out now
             sys.stderr.write(f"\norchard: {signal.Signals(signum).name} again: exiting now, without cleaning up "
                              "(the sandbox service deletes its sandboxes; MLflow runs stay RUNNING)\n")
             sys.stderr.flush()
@@ -95,8 +98,9 @@ def stop_on_signals(on_force_exit: Callable[[], None] | None = None,
                     on_force_exit()
             finally:
                 os._exit(128 + signum)
-        _reason[:] = [str(signum)]
-        first[:] = [time.monotonic()]
+        if not _stop.is_set():
+            _reason[:] = [str(signum)]
+        first[:] = [signum]
         _stop.set()
         sys.stderr.write(f"\norchard: {signal.Signals(signum).name}: stopping the run (ending the current stage, "
                          "deleting its sandboxes); send it again to exit at once\n")
@@ -105,6 +109,7 @@ def stop_on_signals(on_force_exit: Callable[[], None] | None = None,
             on_stop(signum)
 
     previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous[FORWARDED_STOP] = signal.signal(FORWARDED_STOP, forwarded)
     try:
         yield
     finally:
@@ -112,3 +117,16 @@ def stop_on_signals(on_force_exit: Callable[[], None] | None = None,
             signal.signal(sig, handler)
         _stop.clear()
         _reason.clear()
+
+
+def exit_at_once_on_signals() -> None:
+    """From now on SIGINT/SIGTERM end the process at once, with the message: for a CLI already on its way out
+    after a stop (interpreter shutdown flushes MLflow's queues), where a second Ctrl-C would otherwise end in a
+    KeyboardInterrupt traceback. Main thread only."""
+    def handle(signum: int, _frame: object) -> None:
+        sys.stderr.write(f"\norchard: {signal.Signals(signum).name} again: exiting now\n")
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handle)
