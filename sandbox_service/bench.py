@@ -2,7 +2,7 @@
 
 1. exec latency of `true` through REST + agent (keep-alive client, one sandbox), interleaved call by
    call with a bare `subprocess.run(["true"])` on the host, so both see the same machine load:
-   p50, p99 and the ratio of medians (targets: p50 <= 5 ms, ratio <= 3x).
+   p50, p99 and the ratio of medians (targets: p50 <= 5 ms, ratio <= 2.5x, issue 30).
 2. create-to-ready latency (POST until `wait` returns ready), p50 and p99.
 3. stress: N sandboxes (1,000 by default) each created, running one exec, deleted, with bounded
    concurrency: success rate, wall time, commands per second, and what leaked (processes, mounts,
@@ -183,19 +183,19 @@ def main(argv: list[str] | None = None) -> dict:
     table.add_row("exec `true` p50 (REST+agent)", f"{e['rest_p50_ms']:.2f} ms", "<= 5 ms")
     table.add_row("exec `true` p99", f"{e['rest_p99_ms']:.2f} ms", "")
     table.add_row("bare subprocess.run p50", f"{e['bare_p50_ms']:.2f} ms", "")
-    table.add_row("ratio of p50s", f"{e['ratio_p50']:.2f}x", "<= 3x")
+    table.add_row("ratio of p50s", f"{e['ratio_p50']:.2f}x", "<= 2.5x")
     u = e["cpu_per_exec"]
     table.add_row("CPU per exec: client / service / agent+command",
                   f"{u['client_ms']:.2f} / {u['service_ms']:.2f} / {u['agent_and_command_ms']:.2f} ms", "")
     table.add_row("CPU per exec: REST total vs bare", f"{u['rest_total_ms']:.2f} vs {u['bare_ms']:.2f} ms "
                   f"({u['ratio']:.2f}x)", "")
     table.add_row("load average during exec (1/5/15 min)", " / ".join(f"{x:.1f}" for x in e["load_average"]), "")
-    table.add_row("create-to-ready p50 / p99", f"{c['p50_ms']:.0f} / {c['p99_ms']:.0f} ms", "")
+    table.add_row("create-to-ready p50 / p99", f"{c['p50_ms']:.0f} / {c['p99_ms']:.0f} ms", "p50 <= 50 ms")
     if "stress" in figures:
         s = figures["stress"]
         table.add_row(f"stress {s['n']} sandboxes (concurrency {s['concurrency']})",
                       f"{s['success_rate'] * 100:.1f} % in {s['wall_seconds']:.1f} s", "100 %")
-        table.add_row("stress throughput", f"{s['sandboxes_per_second']:.1f} sandboxes/s", "")
+        table.add_row("stress throughput", f"{s['sandboxes_per_second']:.1f} sandboxes/s", ">= 20/s")
     table.add_row("leaked processes/mounts/cgroups", str(figures["leaks"]["count"]), "0")
     console.print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ from sandbox_service.errors import (
     ServiceUnavailableError,
     error_from_body,
 )
+from sandbox_service.keepalive import KeepAliveLane
 from sandbox_service.retry import Backoff
 from sandbox_service.models import (
     ExecRequest,
@@ -198,8 +199,9 @@ class _SandboxOps:
                           max_output_bytes=max_output_bytes, wait=True, verification=self.verification)
         # Exec is not idempotent, so transport errors are not retried here; 503 (saturation) is.
         # JSON is written and parsed by pydantic-core directly (no dict round trip): the exec hot path.
-        response = yield _call("POST", self._exec_target(), content=req.model_dump_json(), headers=_JSON_HEADERS,
-                               timeout=timeout + 30.0)
+        # `lane`: the blocking face sends it on its keep-alive lane (sandbox_service/keepalive.py).
+        response = yield _call("POST", self._exec_target(), content=req.model_dump_json().encode(),
+                               headers=_JSON_HEADERS, timeout=timeout + 30.0, lane=True)
         return ExecResult.model_validate_json(response.content)
 
     def exec_async(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
@@ -322,15 +324,22 @@ class SandboxClient(_ClientOps):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+        self._lane = KeepAliveLane.for_client(self.base_url, headers, transport)
 
     # -- plumbing -------------------------------------------------------------------------------
-    def request(self, method: str, path: str, *, timeout: float | None = None, retry: bool = True,
-                **kwargs: Any) -> httpx.Response:
-        """One HTTP call; 503s and connection errors are retried with backoff when `retry`."""
+    def request(self, method: str, path: str | httpx.URL, *, timeout: float | None = None, retry: bool = True,
+                lane: bool = False, **kwargs: Any) -> httpx.Response:
+        """One HTTP call; 503s and connection errors are retried with backoff when `retry`. `lane`: a POST of
+        `content` to an absolute URL that may go on the keep-alive lane instead of httpx (the exec hot path)."""
         attempts = _RETRY_ATTEMPTS if retry else 1
+        on_lane = lane and self._lane is not None
         for attempt in range(attempts):
             try:
-                response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
+                if on_lane:
+                    response = self._lane.post(path, kwargs["content"], kwargs.get("headers") or {},
+                                               timeout or DEFAULT_TIMEOUT)
+                else:
+                    response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
                 _raise_for_error(response)
                 return response
             except ServiceUnavailableError as err:
@@ -344,6 +353,8 @@ class SandboxClient(_ClientOps):
         raise AssertionError("unreachable")
 
     def close(self) -> None:
+        if self._lane is not None:
+            self._lane.close()
         self._http.close()
 
     def __enter__(self) -> "SandboxClient":
@@ -362,8 +373,9 @@ class AsyncSandboxClient(_ClientOps):
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
 
-    async def request(self, method: str, path: str, *, timeout: float | None = None, retry: bool = True,
-                      **kwargs: Any) -> httpx.Response:
+    async def request(self, method: str, path: str | httpx.URL, *, timeout: float | None = None, retry: bool = True,
+                      lane: bool = False, **kwargs: Any) -> httpx.Response:
+        # `lane` concerns the blocking client only (sandbox_service/keepalive.py): here httpx carries every call.
         attempts = _RETRY_ATTEMPTS if retry else 1
         for attempt in range(attempts):
             try:
