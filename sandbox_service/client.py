@@ -13,6 +13,7 @@ import asyncio
 import functools
 import inspect
 import io
+import ssl
 import tarfile
 import time
 import uuid
@@ -47,6 +48,15 @@ from sandbox_service.models import (
 DEFAULT_TIMEOUT = 30.0
 _RETRY_ATTEMPTS = 4
 _JSON_HEADERS = {"content-type": "application/json"}
+
+
+@functools.cache
+def _tls_context() -> ssl.SSLContext:
+    """httpx's default verifying context, built once per process and shared by every client: building one
+    loads the CA bundle, 37 ms of CPU here, which each `SandboxClient` paid again (a client per sandbox
+    made that the service benchmark's bottleneck). Environment variables (SSL_CERT_FILE, ...) are read at
+    the first client, as httpx reads them at each."""
+    return httpx.create_ssl_context()
 
 
 def _exec_url(base_url: str, sandbox_id: str) -> httpx.URL:
@@ -323,7 +333,8 @@ class SandboxClient(_ClientOps):
                  transport: httpx.BaseTransport | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
+                                  verify=_tls_context())
         self._lane = KeepAliveLane.for_client(self.base_url, headers, transport)
 
     # -- plumbing -------------------------------------------------------------------------------
@@ -371,7 +382,8 @@ class AsyncSandboxClient(_ClientOps):
                  transport: httpx.AsyncBaseTransport | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport)
+        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
+                                       verify=_tls_context())
 
     async def request(self, method: str, path: str | httpx.URL, *, timeout: float | None = None, retry: bool = True,
                       lane: bool = False, **kwargs: Any) -> httpx.Response:

@@ -240,3 +240,19 @@ def test_threads_sharing_one_client_each_get_a_connection_of_their_own(sandbox_c
     assert not errors
     assert sorted(outputs) == sorted(f"{i}-{j}\n" for i in range(8) for j in range(10))
     assert 1 <= len(sandbox_client._lane._idle) <= 8
+
+
+def test_clients_share_one_tls_context_instead_of_loading_the_ca_bundle_each(monkeypatch):
+    import sandbox_service.client as client_module
+
+    built = []
+    real = httpx.create_ssl_context
+    monkeypatch.setattr(httpx, "create_ssl_context", lambda *a, **k: built.append(1) or real(*a, **k))
+    client_module._tls_context.cache_clear()
+    try:
+        for _ in range(3):
+            SandboxClient("http://127.0.0.1:1", "t").close()
+            client_module.AsyncSandboxClient("https://svc:443", "t")
+        assert len(built) == 1
+    finally:
+        client_module._tls_context.cache_clear()
