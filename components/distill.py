@@ -28,6 +28,7 @@ from components.core.schema import Outcome, Task, Trajectory, hidden_pass_metric
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
 from components.recipes import get_recipe
+from components.teachers import teacher_factory
 
 
 class DistillConfig(BaseModel):
@@ -85,7 +86,7 @@ class _Teachers:
     def __init__(self, config: DistillConfig):
         self.config = config
         self.teacher = TeacherConfig(kind=config.teacher, error_rate=config.error_rate, endpoint=config.openai)
-        self.make = self.teacher.factory(config.recipe, 0)
+        self.make = teacher_factory(self.teacher, config.recipe, 0)
         self.endpoint: OpenAICompatiblePolicy | None = self.make(0) if config.teacher == "openai" else None  # type: ignore[assignment]
 
     def get(self, task: Task, attempt: int, retry: int) -> Policy:

@@ -4,7 +4,7 @@
                           --out tokens.parquet [--mode whole|resolved_only|credited] [--logprobs]
     orchard export openai --trajectories runs/<run>/distill/trajectories --out messages.parquet
 
-`tokens` is the token-level record (components/core/token_format.py: prompt_ids, response_ids, loss_mask,
+`tokens` is the token-level record (components/sft/tokens.py: prompt_ids, response_ids, loss_mask,
 response_logprobs, reward, failure_reason, metadata), rendered with the model's own tokenizer and chat template,
 the same functions SFT and RL train with; `--logprobs` also scores each response token under that model.
 `openai` is the OpenAI-messages shape of the published dataset (components/core/openai_format.py).
@@ -40,7 +40,7 @@ def export_tokens_from(store_dir: str, model: str, out: str, *, mode: SFTMode = 
                        device: str = "cpu") -> Path:
     """The token-level dataset of the trajectories in `store_dir`, under `model`'s tokenizer, at `out`."""
     from components.core.modeling import LoadOptions, load_policy, load_tokenizer
-    from components.core.token_format import export_tokens
+    from components.sft.tokens import export_tokens
 
     trajectories = _trajectories(store_dir)
     try:

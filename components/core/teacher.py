@@ -2,17 +2,17 @@
 
 One definition for every stage that needs a teacher (distill's trajectories, credit's Monte-Carlo
 continuations). The endpoint's API key is never in the config: `endpoint.api_key_env` names the
-environment variable (a Kubernetes secret mounted as env in the cluster) it is read from.
+environment variable (a Kubernetes secret mounted as env in the cluster) it is read from. The policies a
+config makes come from `components.teachers.teacher_factory` (a scripted teacher is the recipe's own).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from components.core.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
-from components.core.policy_base import Policy
+from components.core.policies import OpenAIPolicyConfig
 
 
 class TeacherConfig(BaseModel):
@@ -28,12 +28,3 @@ class TeacherConfig(BaseModel):
             raise ValueError("teacher kind 'openai' needs endpoint=OpenAIPolicyConfig(base_url=..., model=..., "
                              "api_key_env=...)")
         return self
-
-    def factory(self, recipe: str, base_seed: int) -> Callable[[int], Policy]:
-        """seed -> policy: a fresh (stateful) scripted teacher per episode, one shared endpoint client."""
-        if self.kind == "openai":
-            shared = OpenAICompatiblePolicy(self.endpoint)
-            return lambda seed: shared
-        from components.recipes import get_scripted_teacher
-
-        return lambda seed: get_scripted_teacher(recipe, self.error_rate, base_seed + seed)

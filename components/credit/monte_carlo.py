@@ -37,6 +37,7 @@ from components.credit.base import (
 )
 from components.core.teacher import TeacherConfig
 from components.credit.segments import interpolate
+from components.teachers import teacher_factory
 from sandbox_service.client import SandboxClient
 
 
@@ -60,12 +61,6 @@ class MonteCarloConfig(BaseModel):
 PolicyFactory = Callable[[int], Policy]
 
 
-def scripted_teacher_factory(recipe: str, error_rate: float, base_seed: int) -> PolicyFactory:
-    from components.recipes import get_scripted_teacher
-
-    return lambda i: get_scripted_teacher(recipe, error_rate, base_seed + i)
-
-
 class MonteCarloEstimator:
     name = "monte_carlo"
 
@@ -74,9 +69,10 @@ class MonteCarloEstimator:
         self.config = config
         self.recipe = recipe
         self.client = client
-        if policy_factory is None and config.teacher is not None:
-            policy_factory = config.teacher.factory(recipe.name, config.seed)
-        self.policy_factory = policy_factory or scripted_teacher_factory(recipe.name, config.teacher_error_rate, config.seed)
+        if policy_factory is None:
+            teacher = config.teacher or TeacherConfig(error_rate=config.teacher_error_rate)
+            policy_factory = teacher_factory(teacher, recipe.name, config.seed)
+        self.policy_factory = policy_factory
         self.harness = harness or HarnessConfig(max_steps=config.max_steps, max_wall_seconds=300,
                                                 generation=GenerationConfig(temperature=0.0))
         self.continuations = 0

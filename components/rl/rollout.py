@@ -360,7 +360,7 @@ class TRLRollout:
             return [next(flat) if m else 0.0 for m in mask]
         import torch
 
-        from components.core.token_format import token_logprobs
+        from components.core.logprobs import token_logprobs
 
         with torch.no_grad():  # the rollout weights are still the current ones: this is the sampling distribution
             model.eval()

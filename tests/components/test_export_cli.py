@@ -9,7 +9,7 @@ from components.core.openai_format import read_openai
 from components.core.protocol import format_tool_call
 from components.core.schema import EpisodeStatus, Outcome, Step, ToolCall, Trajectory
 from components.core.store import TrajectoryStore
-from components.core.token_format import read_tokens, trajectory_to_tokens
+from components.sft.tokens import read_tokens, trajectory_to_tokens
 from pipelines.cli import main
 
 

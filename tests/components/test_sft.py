@@ -14,7 +14,7 @@ from components.sft.stage import SFTConfig, train_sft
 from components.sft.data import SampleDataset, build_samples
 from components.core.harness import HarnessConfig, run_episode
 from components.core.policy_base import Generation
-from components.core.token_format import trajectory_to_tokens
+from components.sft.tokens import trajectory_to_tokens
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.generator import generate_tasks
 from components.recipes.swe.teacher import ScriptedTeacher

@@ -10,7 +10,7 @@ from components.core.modeling import ModelConfig, TokenizerConfig, build_policy
 from components.core.protocol import format_tool_call
 from components.core.rendering import encode_text, render_trajectory
 from components.core.schema import EpisodeStatus, Outcome, Step, ToolCall, Trajectory
-from components.core.token_format import export_tokens, read_tokens, trajectory_to_tokens
+from components.sft.tokens import export_tokens, read_tokens, trajectory_to_tokens
 from components.sft.data import build_samples
 
 

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from components.core.rendering import render_prompt, steps_as_messages
 from components.core.schema import Outcome, Trajectory
+from components.core.logprobs import token_logprobs
 from components.core.store import write_table_atomic
 from components.sft.data import SFTMode, loss_rule, render_for_sft
 
@@ -77,16 +78,6 @@ def trajectory_to_tokens(traj: Trajectory, tokenizer, mode: SFTMode = "whole",
             "loss_mask": sample.loss_mask[cut:], "response_logprobs": logprobs,
             "reward": traj.reward if traj.outcome is not Outcome.infra_error else None,
             "failure_reason": failure, "metadata": json.dumps(metadata, default=str)}
-
-
-def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0):
-    """log p(token_t | tokens_<t) for t >= 1, shape [B, T-1], under logits / temperature (as sampled)."""
-    import torch.nn.functional as F
-
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    if temperature > 0 and temperature != 1.0:
-        logits = logits / temperature
-    return -F.cross_entropy(logits.transpose(1, 2), input_ids[:, 1:], reduction="none")
 
 
 def response_logprobs(model, row: dict[str, Any], temperature: float = 1.0) -> list[float]:
