@@ -9,7 +9,9 @@ is what a policy early in RL does) on the same SWE tasks in real sandboxes of an
 same harness limits and sampling settings. The paths alternate within each repeat so load drifts hit both;
 the table gives medians over repeats of episodes/minute and generated tokens/s, and their ratio, and
 each repeat's line how much of the path's wall time was generation (the rest is sandbox work: creation,
-setup, tool execs, verification). `--threads` sets torch's threads for both paths (default: torch's, as the
+setup, tool execs, verification) and how the model's forward time splits into prefill (calls over more
+than one new position: a prompt, or with KV reuse only its new suffix) and decode (one position per row).
+`--threads` sets torch's threads for both paths (default: torch's, as the
 old path ran); the batched path decodes with `--generation-threads` (default: BatchingPolicy's, half the CPUs).
 Needs what the embedded service needs (root, or an external service via ORCHARD_SANDBOX_URL/TOKEN and --external).
 """
@@ -22,6 +24,7 @@ import dataclasses
 import contextlib
 import os
 import statistics
+import threading
 import time
 
 
@@ -31,6 +34,36 @@ def _tokens(trajectories) -> int:
 
 def _generation_seconds(trajectories) -> float:
     return sum(t.metadata["policy_seconds"] for t in trajectories)
+
+
+class ForwardClock:
+    """Wall time of the model's forward calls, split into prefill (more than one new position) and decode
+    (one), from hooks on the model: generate() calls the module once per step, on whichever thread decodes."""
+
+    def __init__(self, model) -> None:
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        self.positions = {"prefill": 0, "decode": 0}
+        self._started = {}
+        model.register_forward_pre_hook(self._pre, with_kwargs=True)
+        model.register_forward_hook(self._post, with_kwargs=True)
+
+    def _pre(self, module, args, kwargs):
+        ids = kwargs.get("input_ids") if kwargs.get("input_ids") is not None else (args[0] if args else None)
+        self._started[threading.get_ident()] = (time.perf_counter(), tuple(ids.shape) if ids is not None else (0, 0))
+
+    def _post(self, module, args, kwargs, output):
+        start, (rows, width) = self._started.pop(threading.get_ident())
+        kind = "prefill" if width > 1 else "decode"
+        self.seconds[kind] += time.perf_counter() - start
+        self.positions[kind] += rows * width
+
+    def take(self) -> dict:
+        """The totals since the last call (one path's share), then start again from zero."""
+        out = {f"{k}_seconds": round(v, 2) for k, v in self.seconds.items()}
+        out.update({f"{k}_positions": v for k, v in self.positions.items()})
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        self.positions = {"prefill": 0, "decode": 0}
+        return out
 
 
 def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, threads: int | None, connection,
@@ -54,6 +87,7 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
     else:
         tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=8))
         model = build_tiny_model(ModelConfig(), tokenizer)
+    clock = ForwardClock(model)
     policy = LocalTransformersPolicy(model, tokenizer, kv_reuse=False)
     reusing = LocalTransformersPolicy(model, tokenizer)
     recipe = get_recipe("swe")
@@ -66,6 +100,7 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
             update={"seed": repeat * 1000 + i})}) for i in range(episodes)]
 
     rows: dict[str, list[tuple[float, float, int]]] = {"old": [], "new": [], "kv": []}
+    forward: dict[str, list[dict]] = {"old": [], "new": [], "kv": []}
 
     def batched(base, repeat: int):
         with BatchingPolicy(base, max_batch=episodes, window_seconds=window,
@@ -79,13 +114,17 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
     with connection.client() as client:
         for repeat in range(repeats):
             t0 = time.perf_counter()
+            clock.take()
             old = [run_episode(t, recipe, policy, client, h) for t, h in zip(tasks, configs(repeat))]
             rows["old"].append((time.perf_counter() - t0, _tokens(old), len(old)))
+            forward["old"].append(clock.take())
             new, wall, sizes, busy = batched(policy, repeat)
             rows["new"].append((wall, _tokens(new), len(new)))
+            forward["new"].append(clock.take())
             before = dataclasses.replace(reusing.turns.stats)
             kv, kv_wall, kv_sizes, kv_busy = batched(reusing, repeat)
             rows["kv"].append((kv_wall, _tokens(kv), len(kv)))
+            forward["kv"].append(clock.take())
             stats = reusing.turns.stats
             errors = sum(t.outcome.value == "infra_error" for t in old + new + kv)
             print(f"repeat {repeat}: old {rows['old'][-1][0]:.1f}s ({_generation_seconds(old):.1f}s generating) "
@@ -95,10 +134,16 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
                   f"{stats.prefilled_tokens - before.prefilled_tokens} tokens, reused "
                   f"{stats.reused_tokens - before.reused_tokens}) | infra errors {errors} | "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
+            print("  forward time, prefill / decode: " + " | ".join(
+                f"{name} {f['prefill_seconds']:.1f}s ({f['prefill_positions']} positions) / {f['decode_seconds']:.1f}s "
+                f"({f['decode_positions']} positions)" for name, f in ((n, forward[n][-1]) for n in forward)),
+                flush=True)
     out = {}
     for name, runs in rows.items():
         out[name] = {"episodes_per_min": statistics.median(n / s * 60 for s, _, n in runs),
-                     "tokens_per_s": statistics.median(k / s for s, k, _ in runs)}
+                     "tokens_per_s": statistics.median(k / s for s, k, _ in runs),
+                     "prefill_seconds": statistics.median(f["prefill_seconds"] for f in forward[name]),
+                     "decode_seconds": statistics.median(f["decode_seconds"] for f in forward[name])}
     return out
 
 
@@ -126,13 +171,12 @@ def main(argv: list[str] | None = None) -> int:
             connection = stack.enter_context(EmbeddedService()).connection()
         result = run(args.episodes, args.repeats, args.max_steps, args.max_new_tokens, args.threads, connection,
                      args.window, args.generation_threads, args.model)
-    print(f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}")
-    print(f"{'old: one episode at a time':<34}{result['old']['episodes_per_min']:>14.1f}"
-          f"{result['old']['tokens_per_s']:>14.1f}")
-    print(f"{f'new: {args.episodes} in parallel, batched':<34}{result['new']['episodes_per_min']:>14.1f}"
-          f"{result['new']['tokens_per_s']:>14.1f}")
-    print(f"{'new + KV reuse across turns':<34}{result['kv']['episodes_per_min']:>14.1f}"
-          f"{result['kv']['tokens_per_s']:>14.1f}")
+    print(f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}{'prefill s':>11}{'decode s':>10}")
+    for name, label in (("old", "old: one episode at a time"), ("new", f"new: {args.episodes} in parallel, batched"),
+                        ("kv", "new + KV reuse across turns")):
+        r = result[name]
+        print(f"{label:<34}{r['episodes_per_min']:>14.1f}{r['tokens_per_s']:>14.1f}{r['prefill_seconds']:>11.1f}"
+              f"{r['decode_seconds']:>10.1f}")
     for name in ("new", "kv"):
         print(f"{f'ratio {name}/old':<34}{result[name]['episodes_per_min'] / result['old']['episodes_per_min']:>14.2f}"
               f"{result[name]['tokens_per_s'] / result['old']['tokens_per_s']:>14.2f}")
