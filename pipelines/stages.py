@@ -92,6 +92,7 @@ def provision(call: StageCall):
 
 
 def init_policy(call: StageCall):
+    from components import tiny_model
     from components.core import modeling
     from components.core.tracking import log_metrics, stage_run
     from pipelines.gate import start_model
@@ -100,7 +101,7 @@ def init_policy(call: StageCall):
         # retrain.start_from=champion: the registry's champion is the model training starts from
         started_from = start_model(call.config, call.tracking, call.outputs["model"])
         if started_from is None:  # the configured checkpoint (model.path) or the tiny model
-            modeling.init_policy(call.config.model, call.config.model.tiny, call.outputs["model"])
+            tiny_model.init_policy(call.config.model, call.config.model.tiny, call.outputs["model"])
         params = float(modeling.checkpoint_parameters(call.outputs["model"]))
         log_metrics({"num_parameters": params})
     return {"model_dir": str(call.outputs["model"]), "started_from": started_from or "base",

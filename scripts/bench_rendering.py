@@ -12,7 +12,8 @@ import statistics
 import time
 
 from components.core.harness import initial_steps
-from components.core.modeling import TokenizerConfig, build_tokenizer
+from components.core.modeling import TokenizerConfig
+from components.tiny_model import build_tokenizer
 from components.core.protocol import format_tool_call
 from components.core.rendering import PrefixCache, render_prompt, render_trajectory, steps_as_messages
 from components.core.schema import Step, ToolCall, Trajectory

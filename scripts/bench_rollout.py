@@ -73,7 +73,8 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
     from components.core.batching import BatchingPolicy
     from components.core.harness import HarnessConfig, run_episode
     from components.core.local_policy import LocalTransformersPolicy
-    from components.core.modeling import ModelConfig, TokenizerConfig, build_tiny_model, build_tokenizer
+    from components.core.modeling import ModelConfig, TokenizerConfig
+    from components.tiny_model import build_tiny_model, build_tokenizer
     from components.core.policy_base import GenerationConfig
     from components.recipes import get_recipe
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from components.core.harness import initial_steps
-from components.core.modeling import ModelConfig, build_tiny_model, build_tokenizer
+from components.core.modeling import ModelConfig
+from components.tiny_model import build_tiny_model, build_tokenizer
 from components.core.protocol import format_tool_call
 from components.core.schema import Outcome, Step, ToolCall, Trajectory
 from components.core.store import TrajectoryStore

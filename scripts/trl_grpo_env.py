@@ -26,7 +26,8 @@ def train(recipe: str, steps: int, service, out_dir: str, model_dir: str | None 
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from components.core.modeling import ModelConfig, TokenizerConfig, build_policy, load_policy
+    from components.core.modeling import ModelConfig, TokenizerConfig, load_policy
+    from components.tiny_model import build_policy
     from components.envs.session import EnvConfig
     from components.envs.trl_env import ENVIRONMENTS, prepare_tokenizer
 

@@ -15,7 +15,8 @@ def rl_inputs(tmp_path_factory):
     """`tasks/`: a coin task the verifier resolves with probability 1/2 whatever the agent does (mixed
     groups for an untrained policy) and a task whose sandbox cannot be created (every attempt is an infra
     error, which must never reach a reward); `sft/`: a fresh tiny policy to start RL from."""
-    from components.core.modeling import ModelConfig, TokenizerConfig, build_tiny_model, build_tokenizer, save_policy
+    from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+    from components.tiny_model import build_tiny_model, build_tokenizer
 
     root = tmp_path_factory.mktemp("rl")
     coin = Task(id="coin", recipe="swe", split="train", prompt="Flip the coin, then submit.",

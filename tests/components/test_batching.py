@@ -9,7 +9,8 @@ import torch
 
 from components.core.batching import BatchingPolicy, generation_logprobs
 from components.core.local_policy import LocalTransformersPolicy
-from components.core.modeling import ModelConfig, TokenizerConfig, build_policy
+from components.core.modeling import ModelConfig, TokenizerConfig
+from components.tiny_model import build_policy
 from components.core.policy_base import ChatMessage, GenerationConfig
 from components.core.rendering import render_prompt
 

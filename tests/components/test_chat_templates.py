@@ -233,7 +233,8 @@ def test_endpoint_ids_and_logprobs_are_stored_and_trained_verbatim(id_style, san
 @pytest.mark.parametrize("family", ["chatml", "llama3", "qwen3"])
 def test_stages_end_to_end_on_a_user_checkpoint(family, sandbox_service, tmp_path):
     from components.core.harness import HarnessConfig
-    from components.core.modeling import PolicySpec, init_policy, load_tokenizer
+    from components.core.modeling import PolicySpec, load_tokenizer
+    from components.tiny_model import init_policy
     from components.core.policy_base import GenerationConfig
     from components.core.schema import EnvironmentSpec, Task, VerifierSpec
     from components.core.store import TaskStore, TrajectoryStore

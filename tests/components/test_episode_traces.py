@@ -72,7 +72,8 @@ def test_every_sampled_episode_reads_back_turn_by_turn(sandbox_service, tasks, t
 
 
 def test_a_local_model_turn_carries_its_tokens_and_logprobs(sandbox_service, tasks, tmp_path):
-    from components.core.modeling import ModelConfig, TokenizerConfig, build_tiny_model, build_tokenizer, save_policy
+    from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+    from components.tiny_model import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=0))
     save_policy(build_tiny_model(ModelConfig(), tokenizer), tokenizer, tmp_path / "model")

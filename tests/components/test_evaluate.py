@@ -196,7 +196,8 @@ class _SubmitEndpoint:
 
 
 def test_local_model_and_endpoint_policies(sandbox_service, tmp_path):
-    from components.core.modeling import ModelConfig, TokenizerConfig, build_tiny_model, build_tokenizer, save_policy
+    from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+    from components.tiny_model import build_tiny_model, build_tokenizer
 
     TaskStore(tmp_path / "tasks").write([COIN_TASK])
     tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=0))

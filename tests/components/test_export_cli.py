@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.modeling import ModelConfig, TokenizerConfig, build_policy, save_policy
+from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+from components.tiny_model import build_policy
 from components.core.openai_format import read_openai
 from components.core.protocol import format_tool_call
 from components.core.schema import EpisodeStatus, Outcome, Step, ToolCall, Trajectory

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from components.core.local_policy import LocalTransformersPolicy
-from components.core.modeling import ModelConfig, TokenizerConfig, build_policy, save_policy
+from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+from components.tiny_model import build_policy
 from components.core.policy_base import ChatMessage, GenerationConfig, Policy, ToolAwarePolicy
 from components.core.rendering import render_prompt, tokenizer_id
 from components.core.tool_formats import parse_call

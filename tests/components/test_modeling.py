@@ -8,10 +8,8 @@ import pytest
 import torch
 
 from components.core.chat_templates import CHATML_SPECIAL_TOKENS, CHATML_TOOL_TOKENS
-from components.core.modeling import (
-    END, ModelConfig, PolicySpec, TokenizerConfig, build_tiny_model, build_tokenizer, init_policy, load_policy,
-    load_policy_model, load_tokenizer, model_fingerprint, save_policy,
-)
+from components.core.modeling import END, ModelConfig, PolicySpec, TokenizerConfig, load_policy, load_policy_model, load_tokenizer, model_fingerprint, save_policy
+from components.tiny_model import build_tiny_model, build_tokenizer, init_policy
 from components.core.rendering import chat_format, render_prompt
 
 CORPUS = [
@@ -64,7 +62,7 @@ def test_default_tokenizer_trains_on_builtin_corpus():
 
 
 def test_recipe_corpus_holds_training_episodes_and_no_heldout_task():
-    from components.core.modeling import _recipe_corpus
+    from components.tiny_model import _recipe_corpus
     from components.recipes import get_recipe
 
     recipe = get_recipe("swe")

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from components.core import named_models
-from components.core.modeling import PolicySpec, _resolve_path
+from components.core.modeling import PolicySpec, resolve_checkpoint_path
 
 
 def test_a_named_model_resolves_to_its_cached_checkpoint_without_converting_again(tmp_path, monkeypatch):
@@ -18,7 +18,7 @@ def test_a_named_model_resolves_to_its_cached_checkpoint_without_converting_agai
     (cached / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (cached / named_models._DONE).write_text("done\n")
     monkeypatch.setattr(named_models, "convert_gguf", lambda *a: pytest.fail("converted a cached model again"))
-    assert _resolve_path("smollm2-135m-instruct", allow_download=False) == str(cached)
+    assert resolve_checkpoint_path("smollm2-135m-instruct", allow_download=False) == str(cached)
     assert PolicySpec(path="smollm2-135m-instruct").path == "smollm2-135m-instruct"
 
 

@@ -100,7 +100,8 @@ def test_the_false_promotion_rate_per_gate_is_at_most_alpha(alpha):
 def test_the_alias_moves_only_on_promotion_and_old_versions_stay(tmp_path):
     import mlflow
 
-    from components.core.modeling import ModelConfig, TokenizerConfig, build_policy, save_policy
+    from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+    from components.tiny_model import build_policy
 
     uri = f"sqlite:///{tmp_path}/registry.db"
     config = PromotionConfig(model_name="gate-test")

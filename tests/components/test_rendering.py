@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.modeling import END, TokenizerConfig, build_tokenizer
+from components.core.modeling import END, TokenizerConfig
+from components.tiny_model import build_tokenizer
 from components.core.rendering import (
     TemplateError, chat_format, render_prompt, render_trajectory, steps_as_messages, tokenizer_id,
 )

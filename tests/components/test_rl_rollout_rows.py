@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from components.core.modeling import TokenizerConfig, build_tokenizer
+from components.core.modeling import TokenizerConfig
+from components.tiny_model import build_tokenizer
 from components.core.rendering import tokenizer_id
 from components.core.schema import EnvironmentSpec, EpisodeStatus, Outcome, Step, Task, Trajectory
 from components.recipes import get_recipe

@@ -11,7 +11,8 @@ from components.rl.rollout import EpisodeSource, episode_tokens
 
 @pytest.mark.slow  # ~20 s on a loaded 2-core box: three real episodes and a tokenizer
 def test_fork_continues_from_the_teacher_snapshot_and_the_prefix_has_no_loss(sandbox_service, sandbox_client):
-    from components.core.modeling import TokenizerConfig, build_tokenizer
+    from components.core.modeling import TokenizerConfig
+    from components.tiny_model import build_tokenizer
     from components.recipes import get_recipe, get_scripted_teacher
 
     recipe = get_recipe("swe", difficulty=1)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.core.modeling import ModelConfig, TokenizerConfig, build_tokenizer, load_policy
+from components.core.modeling import ModelConfig, TokenizerConfig, load_policy
+from components.tiny_model import build_tokenizer
 from components.core.rendering import render_trajectory
 from components.core.schema import EpisodeStatus, Outcome, Step, TokenRole, ToolCall, Trajectory
 from components.core.store import TrajectoryStore
@@ -148,7 +149,7 @@ def test_truncation_warns_above_one_share_and_refuses_to_train_above_another(sto
 
 
 def test_a_few_sft_steps_reduce_loss_and_change_every_parameter(store, tmp_path):
-    from components.core.modeling import build_tiny_model
+    from components.tiny_model import build_tiny_model
 
     trajectories_dir, _ = store
     tokenizer = build_tokenizer(TINY.tokenizer)
@@ -199,7 +200,8 @@ def test_trained_tiny_policy_resolves_more_heldout_tasks_than_untrained(sandbox_
     """End to end on the demo's task suite and schedule (pipelines/config.py `_DEMO`): teacher trajectories
     -> SFT -> greedy evaluation on held-out tasks (new instances of the training templates); 8 held-out tasks
     instead of the demo's 16 to fit the timeout."""
-    from components.core.modeling import build_tiny_model, save_policy
+    from components.core.modeling import save_policy
+    from components.tiny_model import build_tiny_model
     from components.core.store import TaskStore
     from components.distill import DistillConfig, distill
     from components.evaluate import evaluate
@@ -242,7 +244,8 @@ def test_t_interval_over_seeds():
 def test_lora_trains_adapters_only_and_saves_an_ordinary_merged_checkpoint(store, tmp_path):
     """`sft.lora`: peft adapters train, every base weight stays frozen, and the saved model is a plain
     checkpoint (no adapter keys) whose targeted linear layers moved and whose embeddings did not."""
-    from components.core.modeling import build_tiny_model, save_policy
+    from components.core.modeling import save_policy
+    from components.tiny_model import build_tiny_model
     from components.sft.stage import LoraOptions
 
     trajectories_dir, _ = store

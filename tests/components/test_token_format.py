@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from components.core.modeling import ModelConfig, TokenizerConfig, build_policy
+from components.core.modeling import ModelConfig, TokenizerConfig
+from components.tiny_model import build_policy
 from components.core.protocol import format_tool_call
 from components.core.rendering import encode_text, render_trajectory
 from components.core.schema import EpisodeStatus, Outcome, Step, ToolCall, Trajectory

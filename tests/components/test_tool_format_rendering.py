@@ -3,7 +3,8 @@ explicitly and differs from the chat template's own (issue 33, finding 1)."""
 
 from __future__ import annotations
 
-from components.core.modeling import TokenizerConfig, build_tokenizer
+from components.core.modeling import TokenizerConfig
+from components.tiny_model import build_tokenizer
 from components.core.protocol import format_tool_call, tools_prompt
 from components.core.rendering import chat_format, render_prompt, steps_as_messages
 from components.core.schema import Outcome, Step, ToolCall, Trajectory

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 from components.core.harness import HarnessConfig
-from components.core.modeling import InitPolicyConfig, ModelConfig, TokenizerConfig, build_policy, save_policy
+from components.core.modeling import InitPolicyConfig, ModelConfig, TokenizerConfig, save_policy
+from components.tiny_model import build_policy
 from components.core.policy_base import GenerationConfig
 from components.core.tracking import TrackingConfig, open_pipeline_run
 from components.evaluate import EvalConfig, evaluate

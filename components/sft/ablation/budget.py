@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.modeling import build_tokenizer
+from components.tiny_model import build_tokenizer
 from components.core.store import TrajectoryStore
 from components.sft.ablation.config import ARMS, REFERENCE_ARM, AblationConfig
 from components.sft.data import build_samples

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from sandbox_service.connection import SandboxConnection
 from components.core.harness import HarnessConfig
-from components.core.modeling import build_tiny_model, build_tokenizer, save_policy
+from components.core.modeling import save_policy
+from components.tiny_model import build_tiny_model, build_tokenizer
 from components.core.policy_base import GenerationConfig
 from components.core.store import TaskStore
 from components.core.tracking import (TrackingConfig, close_detached_run, log_json, log_metrics, open_detached_run,
