@@ -165,7 +165,7 @@ def test_dapo_refill_fills_the_batch_and_fixed_does_not():
 
 # --- advantages: a baseline from all of the prompt's attempts -----------------------------------
 def test_balanced_subset_gets_the_pool_baseline():
-    from tests.components.test_rl_sampler import ScriptedSource
+    from tests.components.rl.test_rl_sampler import ScriptedSource
 
     script = [P, N, N, N, N, N, N, N] + [N, N, P, N, N, P, N, N]  # 3 of 16 solved
     res = sample_prompt("s", ScriptedSource({"s": script}), RolloutConfig(stride=16), RolloutBudget())

@@ -14,7 +14,7 @@ import pytest
 from components.core.schema import Outcome, Step, ToolCall, Trajectory
 from components.core.store import TrajectoryStore
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ENTRY = """
 import json, sys
 from components.core.tracking import TrackingConfig

@@ -11,7 +11,7 @@ import torch
 from components.core.harness import HarnessConfig
 from components.core.policy_base import GenerationConfig
 from components.core.store import TaskStore
-from tests.components.test_rl_stage import _config
+from tests.components.rl.test_rl_stage import _config
 
 
 def _trainer(rl_inputs, config, client, tmp_path):
