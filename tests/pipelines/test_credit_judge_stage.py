@@ -10,7 +10,7 @@ from components.core.store import TaskStore, TrajectoryStore
 from pipelines.config import ConfigError, resolve
 from pipelines.layout import RunLayout
 from pipelines.steps import StepContext, run_in_layout
-from tests.components.test_credit import FakeOpenAI, _answer, _trajectory
+from tests.components.credit.test_credit import FakeOpenAI, _answer, _trajectory
 
 
 def test_set_estimator_judge_runs_the_judge_in_the_pipelines_credit_step(tmp_path):
