@@ -348,7 +348,7 @@ class SandboxClient(_ClientOps):
             try:
                 if on_lane:
                     response = self._lane.post(path, kwargs["content"], kwargs.get("headers") or {},
-                                               timeout or DEFAULT_TIMEOUT)
+                                               timeout or self._http.timeout.read)
                 else:
                     response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
                 _raise_for_error(response)
