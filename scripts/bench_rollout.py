@@ -11,6 +11,10 @@ the table gives medians over repeats of episodes/minute and generated tokens/s, 
 each repeat's line how much of the path's wall time was generation (the rest is sandbox work: creation,
 setup, tool execs, verification) and how the model's forward time splits into prefill (calls over more
 than one new position: a prompt, or with KV reuse only its new suffix) and decode (one position per row).
+Each path's CPU time (the whole machine's busy time from /proc/stat while it ran: the policy, the sandbox
+service, its sandboxes and anything else running) gives the most its wall time could shrink: on C cores a path
+that did S CPU-seconds of work needs at least S / C seconds, so `ceiling` = the old path's wall / (S / C) is the
+largest ratio the path could reach on this machine without doing less work.
 `--threads` sets torch's threads for both paths (default: torch's, as the
 old path ran); the batched path decodes with `--generation-threads` (default: BatchingPolicy's, half the CPUs).
 Needs what the embedded service needs (root, or an external service via ORCHARD_SANDBOX_URL/TOKEN and --external).
@@ -30,6 +34,13 @@ import time
 
 def _tokens(trajectories) -> int:
     return sum(len(s.token_ids or []) for t in trajectories for s in t.steps if s.role == "assistant")
+
+
+def _busy_seconds() -> float:
+    """CPU-seconds the whole machine has spent busy since boot (every CPU, all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def _generation_seconds(trajectories) -> float:
@@ -102,6 +113,7 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
 
     rows: dict[str, list[tuple[float, float, int]]] = {"old": [], "new": [], "kv": []}
     forward: dict[str, list[dict]] = {"old": [], "new": [], "kv": []}
+    cpu: dict[str, list[float]] = {"old": [], "new": [], "kv": []}
 
     def batched(base, repeat: int):
         with BatchingPolicy(base, max_batch=episodes, window_seconds=window,
@@ -116,16 +128,22 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
         for repeat in range(repeats):
             t0 = time.perf_counter()
             clock.take()
+            c0 = _busy_seconds()
             old = [run_episode(t, recipe, policy, client, h) for t, h in zip(tasks, configs(repeat))]
             rows["old"].append((time.perf_counter() - t0, _tokens(old), len(old)))
             forward["old"].append(clock.take())
+            c1 = _busy_seconds()
             new, wall, sizes, busy = batched(policy, repeat)
             rows["new"].append((wall, _tokens(new), len(new)))
             forward["new"].append(clock.take())
+            c2 = _busy_seconds()
             before = dataclasses.replace(reusing.turns.stats)
             kv, kv_wall, kv_sizes, kv_busy = batched(reusing, repeat)
             rows["kv"].append((kv_wall, _tokens(kv), len(kv)))
             forward["kv"].append(clock.take())
+            cpu["old"].append(c1 - c0)
+            cpu["new"].append(c2 - c1)
+            cpu["kv"].append(_busy_seconds() - c2)
             stats = reusing.turns.stats
             errors = sum(t.outcome.value == "infra_error" for t in old + new + kv)
             print(f"repeat {repeat}: old {rows['old'][-1][0]:.1f}s ({_generation_seconds(old):.1f}s generating) "
@@ -133,15 +151,20 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
                   f"(mean {statistics.mean(sizes):.1f} rows, {busy:.1f}s generating) | batched+kv {kv_wall:.1f}s "
                   f"{rows['kv'][-1][1]} tok ({kv_busy:.1f}s generating; prefilled "
                   f"{stats.prefilled_tokens - before.prefilled_tokens} tokens, reused "
-                  f"{stats.reused_tokens - before.reused_tokens}) | infra errors {errors} | "
+                  f"{stats.reused_tokens - before.reused_tokens}) | CPU s old / batched / +kv "
+                  f"{cpu['old'][-1]:.1f} / {cpu['new'][-1]:.1f} / {cpu['kv'][-1]:.1f} | infra errors {errors} | "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
             print("  forward time, prefill / decode: " + " | ".join(
                 f"{name} {f['prefill_seconds']:.1f}s ({f['prefill_positions']} positions) / {f['decode_seconds']:.1f}s "
                 f"({f['decode_positions']} positions)" for name, f in ((n, forward[n][-1]) for n in forward)),
                 flush=True)
     out = {}
+    cores = len(os.sched_getaffinity(0))
     for name, runs in rows.items():
         out[name] = {"episodes_per_min": statistics.median(n / s * 60 for s, _, n in runs),
+                     "cpu_seconds": statistics.median(cpu[name]),
+                     # per repeat: the old path's wall over the least wall this path's CPU work allows
+                     "ceiling": statistics.median(old[0] / (c / cores) for old, c in zip(rows["old"], cpu[name])),
                      "tokens_per_s": statistics.median(k / s for s, k, _ in runs),
                      "prefill_seconds": statistics.median(f["prefill_seconds"] for f in forward[name]),
                      "decode_seconds": statistics.median(f["decode_seconds"] for f in forward[name])}
@@ -172,12 +195,13 @@ def main(argv: list[str] | None = None) -> int:
             connection = stack.enter_context(EmbeddedService()).connection()
         result = run(args.episodes, args.repeats, args.max_steps, args.max_new_tokens, args.threads, connection,
                      args.window, args.generation_threads, args.model)
-    print(f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}{'prefill s':>11}{'decode s':>10}")
+    print(f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}{'prefill s':>11}{'decode s':>10}{'CPU s':>8}"
+          f"{'ceiling':>9}")
     for name, label in (("old", "old: one episode at a time"), ("new", f"new: {args.episodes} in parallel, batched"),
                         ("kv", "new + KV reuse across turns")):
         r = result[name]
         print(f"{label:<34}{r['episodes_per_min']:>14.1f}{r['tokens_per_s']:>14.1f}{r['prefill_seconds']:>11.1f}"
-              f"{r['decode_seconds']:>10.1f}")
+              f"{r['decode_seconds']:>10.1f}{r['cpu_seconds']:>8.1f}{r['ceiling']:>8.2f}x")
     for name in ("new", "kv"):
         print(f"{f'ratio {name}/old':<34}{result[name]['episodes_per_min'] / result['old']['episodes_per_min']:>14.2f}"
               f"{result[name]['tokens_per_s'] / result['old']['tokens_per_s']:>14.2f}")
@@ -185,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from components.core.batching import default_generation_threads
 
+    print("(ceiling: the old path's wall time over the least time this path's CPU-seconds allow on "
+          f"{len(os.sched_getaffinity(0))} cores; the ratio can only pass it by doing less work)")
     print(f"(medians of {args.repeats} repeats; torch threads {torch.get_num_threads()}, batched decode "
           f"{args.generation_threads or default_generation_threads()}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})")

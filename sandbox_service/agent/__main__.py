@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         # pod's env; without it commands would get a default PATH only (no HOME, JAVA_HOME, conda, ...).
         base_env = dict(os.environ) if args.inherit_env else {}
         base_env.update(kv.split("=", 1) for kv in args.env)
-        pids_fd = home_fd = oom_fd = None
+        pids_fd = oom_fd = None
         host_pid = os.getpid()
         tls = _tls_context(args)
         if args.boot:
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
 
             config = boot.load_config(args.boot)
             base_env.update(config.get("env", {}))
-            pids_fd, home_fd, oom_fd = boot.join_cgroups(config)
+            pids_fd, oom_fd = boot.join_cgroups(config)
             oom_protected = boot.protect_from_oom()
             host_pid = boot.host_pid()
             _preload()  # (already done in a zygote's sandboxes)
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             workdir = args.workspace + workdir[len(args.workspace_alias.rstrip("/")):]
         os.makedirs(workdir, exist_ok=True)
         os.chdir(workdir)
-        tracker = proctree.CgroupTracker(pids_fd, oom_fd, home_fd)
+        tracker = proctree.CgroupTracker(pids_fd, oom_fd)
         if args.boot:
             tracker.raise_oom_score = not oom_protected
         agent = server.AgentServer(secret=secret, workspace=args.workspace, workdir=workdir, base_env=base_env,

@@ -86,16 +86,16 @@ def _write(path: str, value: str) -> None:
         f.write(value)
 
 
-def join_cgroups(config: dict) -> tuple[int | None, int | None, int | None]:
-    """Join the sandbox's cgroups; return fds (commands' pids cgroup dir, the agent's own pids cgroup
-    dir, memory OOM counter file), kept open across the pivot."""
+def join_cgroups(config: dict) -> tuple[int | None, int | None]:
+    """Join the sandbox's cgroups; return fds (commands' pids cgroup dir, memory OOM counter file), kept
+    open across the pivot."""
     for procs in config.get("cgroup_procs", []):
         _write(procs, "0")  # "0" = the writing process
     fds = []
-    for key in ("pids_cgroup", "pids_home", "oom_counter"):
+    for key in ("pids_cgroup", "oom_counter"):
         path = config.get(key)
         fds.append(os.open(path, os.O_RDONLY | (os.O_DIRECTORY if key != "oom_counter" else 0)) if path else None)
-    return fds[0], fds[1], fds[2]
+    return fds[0], fds[1]
 
 
 def protect_from_oom() -> bool:

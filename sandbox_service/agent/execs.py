@@ -2,9 +2,10 @@
 
 Process-tree kill, in order of strength:
 1. Per-exec cgroup (isolated local sandboxes): the agent holds a directory fd to the sandbox's pids
-   cgroup (opened at boot, before the cgroup filesystem disappeared from view), creates a child
-   cgroup per exec and moves the *spawning thread* into it (cgroup v1 allows per-thread moves), so the
-   command is born inside it: no window in which it could fork outside. Nothing in the sandbox can
+   cgroup (opened at boot, before the cgroup filesystem disappeared from view), gives each command a
+   child cgroup (recycled once empty) and has a thread that lives in that cgroup spawn it (cgroup v1
+   allows per-thread membership; `proctree._Spawner`), so the command is born inside it: no window in
+   which it could fork outside. Nothing in the sandbox can
    leave that cgroup (the sandbox has no cgroupfs and no CAP_SYS_ADMIN), so `setsid`, double forks
    and daemonising do not escape a timeout kill.
    On a timeout the group is sealed first (pids.max 0: no member can fork any more) and its members
@@ -118,38 +119,33 @@ def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: st
         env = {**env, EXEC_ID_VAR: exec_id}
     oom_before = tracker.oom_kills()
     start = time.monotonic()
-    entered = tracker.enter_thread(group)
-    try:
-        with reaper.lock:
-            try:
-                # bufsize=0: raw pipe objects (the loop below reads the fds itself); a /dev/null fd
-                # opened once instead of per exec. No preexec_fn, so subprocess spawns with vfork.
-                proc = subprocess.Popen(
-                    argv, cwd=cwd, env=env, close_fds=True, start_new_session=True, bufsize=0,
-                    stdin=subprocess.PIPE if stdin else _devnull(),
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                )
-            except FileNotFoundError as exc:
-                missing = exc.filename or argv[0]
-                if not os.path.isdir(cwd):
-                    raise SpawnError("file_not_found", f"working directory {cwd!r} does not exist") from exc
-                return _spawn_failure(127, f"{missing}: command not found\n", start, group, tracker)
-            except PermissionError:
-                return _spawn_failure(126, f"{argv[0]}: permission denied\n", start, group, tracker)
-            except OSError as exc:
-                if exc.errno == errno.E2BIG:  # as a shell answers it: exit 126 and why on stderr
-                    return _spawn_failure(126, _too_long(argv, env), start, group, tracker)
-                if exc.errno in (errno.EAGAIN, errno.ENOMEM):
-                    tracker.release(group)
-                    raise SpawnError("spawn_failed", "could not start the command: "
-                                     f"{os.strerror(exc.errno)} (process or memory limit of the sandbox "
-                                     "reached?); the agent is still running") from exc
-                raise SpawnError("spawn_failed", f"could not start the command: {exc}") from exc
-            notify_r, notify_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            cell = reaper.register(proc.pid, notify_w)
-    finally:
-        if entered:
-            tracker.leave_thread()
+    with reaper.lock:
+        try:
+            # bufsize=0: raw pipe objects (the loop below reads the fds itself); a /dev/null fd
+            # opened once instead of per exec. No preexec_fn, so subprocess spawns with vfork.
+            proc = tracker.spawn(group, lambda: subprocess.Popen(
+                argv, cwd=cwd, env=env, close_fds=True, start_new_session=True, bufsize=0,
+                stdin=subprocess.PIPE if stdin else _devnull(),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            ))
+        except FileNotFoundError as exc:
+            missing = exc.filename or argv[0]
+            if not os.path.isdir(cwd):
+                raise SpawnError("file_not_found", f"working directory {cwd!r} does not exist") from exc
+            return _spawn_failure(127, f"{missing}: command not found\n", start, group, tracker)
+        except PermissionError:
+            return _spawn_failure(126, f"{argv[0]}: permission denied\n", start, group, tracker)
+        except OSError as exc:
+            if exc.errno == errno.E2BIG:  # as a shell answers it: exit 126 and why on stderr
+                return _spawn_failure(126, _too_long(argv, env), start, group, tracker)
+            if exc.errno in (errno.EAGAIN, errno.ENOMEM):
+                tracker.release(group)
+                raise SpawnError("spawn_failed", "could not start the command: "
+                                 f"{os.strerror(exc.errno)} (process or memory limit of the sandbox "
+                                 "reached?); the agent is still running") from exc
+            raise SpawnError("spawn_failed", f"could not start the command: {exc}") from exc
+        notify_r, notify_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        cell = reaper.register(proc.pid, notify_w)
     tracker.adopt(group, proc.pid)
     if tracker.raise_oom_score:
         mark_oom_victim(proc.pid)

@@ -9,22 +9,55 @@ it also walks the session, descendants and every process carrying its ORCHARD_EX
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
+from typing import Any, Callable
+
+
+class _Spawner:
+    """A thread that lives in one exec cgroup (v1) and starts that group's commands, so what it spawns is
+    born there. Moving a thread between v1 cgroups takes the kernel's cgroup_threadgroup_rwsem for
+    writing, which after an idle spell (~50 ms without moves) first waits out an RCU grace period: 8-16 ms
+    for the first exec after every pause, i.e. every tool call of an agent that thinks between calls.
+    A resident thread moves once, when its group is made."""
+
+    def __init__(self, tracker: CgroupTracker, name: str) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._serve, args=(tracker, name), name=f"spawn-{name}", daemon=True).start()
+
+    def _serve(self, tracker: CgroupTracker, name: str) -> None:
+        tracker.enter_thread(name)  # if refused, commands start in the agent's group, as a failed move did before
+        while True:
+            start, done, box = self._jobs.get()
+            try:
+                box.append((True, start()))
+            except BaseException as exc:  # re-raised on the caller's thread
+                box.append((False, exc))
+            done.set()
+
+    def call(self, start: Callable[[], Any]) -> Any:
+        done, box = threading.Event(), []
+        self._jobs.put((start, done, box))
+        done.wait()
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
 
 
 class CgroupTracker:
     """Per-exec child cgroups under the sandbox's pids cgroup (held as a directory fd)."""
 
-    def __init__(self, pids_dir_fd: int | None, oom_control_fd: int | None, home_dir_fd: int | None = None) -> None:
+    def __init__(self, pids_dir_fd: int | None, oom_control_fd: int | None) -> None:
         self.dir_fd = pids_dir_fd
-        self.home_fd = home_dir_fd if home_dir_fd is not None else pids_dir_fd
         self.oom_fd = oom_control_fd
         self._counter = 0
         self._lock = threading.Lock()
         self._stale: list[str] = []
         self._free: list[str] = []
+        self._spawners: dict[str, _Spawner] = {}
         self.v1 = pids_dir_fd is not None and _exists_at("tasks", pids_dir_fd)
         # True when the agent could not get oom_score_adj -1000: commands get +1000 instead.
         self.raise_oom_score = False
@@ -40,7 +73,7 @@ class CgroupTracker:
         with self._lock:
             if self._free:
                 # Found empty at release: nothing can be born into an empty exec cgroup (only the
-                # agent's spawning thread ever enters one), so it needs no second look.
+                # agent's spawner thread lives in one), so it needs no second look.
                 return self._free.pop()
             for name in self._stale:
                 if not self.pids(name):
@@ -63,9 +96,16 @@ class CgroupTracker:
             return False
         return _write_at(f"{name}/tasks", str(threading.get_native_id()), self.dir_fd)
 
-    def leave_thread(self) -> None:
-        if self.v1:
-            _write_at("tasks", str(threading.get_native_id()), self.home_fd)
+    def spawn(self, name: str | None, start: Callable[[], Any]) -> Any:
+        """`start()` (which starts a process) run so that the process is born in exec cgroup `name`: on that
+        group's resident thread (v1); elsewhere on the calling thread (v2 then moves it: `adopt`)."""
+        if name is None or not self.v1:
+            return start()
+        with self._lock:
+            spawner = self._spawners.get(name)
+            if spawner is None:
+                spawner = self._spawners[name] = _Spawner(self, name)
+        return spawner.call(start)
 
     def adopt(self, name: str | None, pid: int) -> None:
         """cgroup v2 (no per-thread moves): move the child right after spawn (a small race)."""
@@ -73,6 +113,7 @@ class CgroupTracker:
             _write_at(f"{name}/cgroup.procs", str(pid), self.dir_fd)
 
     def pids(self, name: str) -> list[int]:
+        """The processes in exec cgroup `name`, never the agent (whose spawner thread lives there)."""
         try:
             fd = os.open(f"{name}/cgroup.procs", os.O_RDONLY, dir_fd=self.dir_fd)
         except OSError:
@@ -81,7 +122,8 @@ class CgroupTracker:
             data = os.read(fd, 1 << 20)
         finally:
             os.close(fd)
-        return [int(x) for x in data.split()]
+        me = os.getpid()
+        return [pid for pid in map(int, data.split()) if pid != me]
 
     def seal(self, name: str, sealed: bool = True) -> bool:
         """Stop (or allow again) every fork in the exec cgroup `name` (pids.max 0 / max): a tree that cannot

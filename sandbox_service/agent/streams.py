@@ -36,24 +36,20 @@ def run_pty(sock, reaper, tracker, header: dict, env: dict[str, str], cwd: str) 
     _set_size(master, int(header.get("rows", 24)), int(header.get("cols", 80)))
     send_lock = threading.Lock()
     group = tracker.new_group()  # the shell counts against the commands' pids limit, not the agent's
-    entered = tracker.enter_thread(group)
     try:
         with reaper.lock:
             # preexec_fn (fork, not vfork) only here: the shell needs the PTY as controlling terminal.
-            proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
-                                    start_new_session=True, close_fds=True,
-                                    preexec_fn=_make_controlling_tty)
+            proc = tracker.spawn(group, lambda: subprocess.Popen(
+                argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env, start_new_session=True,
+                close_fds=True, preexec_fn=_make_controlling_tty))
             cell = reaper.register(proc.pid)
     except OSError as exc:
-        if entered:
-            tracker.leave_thread()
+        tracker.release(group)
         os.close(master)
         os.close(slave)
         protocol.send_frame(sock, {"ok": False, "code": "invalid_request",
                                    "message": f"cannot start {argv[0]!r} on a PTY: {exc}"})
         return
-    if entered:
-        tracker.leave_thread()
     tracker.adopt(group, proc.pid)
     os.close(slave)
     protocol.send_frame(sock, {"ok": True, "pid": proc.pid})

@@ -337,7 +337,7 @@ class LocalBackend(SandboxBackend):
                 "ro_binds": self._ro_binds(rec.image), "seccomp": self.config.seccomp, "userns": self._userns(rec),
                 "lower_idmapped": str(d.root / "lower"),
                 "cgroup_procs": cg.procs_files(),
-                "pids_cgroup": str(cg.work_pids_dir), "pids_home": str(cg.pids_dir), "oom_counter": str(cg.oom_counter),
+                "pids_cgroup": str(cg.work_pids_dir), "oom_counter": str(cg.oom_counter),
                 "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
                 "scratch": str(d.scratch),
                 "workspace": "/workspace", "workdir": rec.workdir, "env": base_env,
