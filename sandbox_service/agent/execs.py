@@ -3,9 +3,9 @@
 Process-tree kill, in order of strength:
 1. Per-exec cgroup (isolated local sandboxes): the agent holds a directory fd to the sandbox's pids
    cgroup (opened at boot, before the cgroup filesystem disappeared from view), gives each command a
-   child cgroup (recycled once empty) and has a thread that lives in that cgroup spawn it (cgroup v1
-   allows per-thread membership; `proctree._Spawner`), so the command is born inside it: no window in
-   which it could fork outside. Nothing in the sandbox can
+   child cgroup (recycled once empty) that the thread starting it lives in (cgroup v1 allows per-thread
+   membership; `CgroupTracker.command_group`), so the command is born inside it: no window in which it
+   could fork outside. Nothing in the sandbox can
    leave that cgroup (the sandbox has no cgroupfs and no CAP_SYS_ADMIN), so `setsid`, double forks
    and daemonising do not escape a timeout kill.
    On a timeout the group is sealed first (pids.max 0: no member can fork any more) and its members
@@ -112,7 +112,7 @@ def build_env(base_env: dict[str, str], env: dict[str, str] | None) -> dict[str,
 def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: str, env: dict[str, str],
              stdin: bytes, timeout: float, max_output: int) -> dict:
     """Run one command to completion (or timeout); returns the exec response header + output."""
-    group = tracker.new_group()
+    group = tracker.command_group()  # on v1 this thread now lives in it: the command is born there
     exec_id = None
     if group is None:
         exec_id = new_exec_id()
@@ -123,11 +123,11 @@ def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: st
         try:
             # bufsize=0: raw pipe objects (the loop below reads the fds itself); a /dev/null fd
             # opened once instead of per exec. No preexec_fn, so subprocess spawns with vfork.
-            proc = tracker.spawn(group, lambda: subprocess.Popen(
+            proc = subprocess.Popen(
                 argv, cwd=cwd, env=env, close_fds=True, start_new_session=True, bufsize=0,
                 stdin=subprocess.PIPE if stdin else _devnull(),
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            ))
+            )
         except FileNotFoundError as exc:
             missing = exc.filename or argv[0]
             if not os.path.isdir(cwd):

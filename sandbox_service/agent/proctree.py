@@ -9,46 +9,21 @@ it also walks the session, descendants and every process carrying its ORCHARD_EX
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import threading
 import time
-from typing import Any, Callable
-
-
-class _Spawner:
-    """A thread that lives in one exec cgroup (v1) and starts that group's commands, so what it spawns is
-    born there. Moving a thread between v1 cgroups takes the kernel's cgroup_threadgroup_rwsem for
-    writing, which after an idle spell (~50 ms without moves) first waits out an RCU grace period: 8-16 ms
-    for the first exec after every pause, i.e. every tool call of an agent that thinks between calls.
-    A resident thread moves once, when its group is made."""
-
-    def __init__(self, tracker: CgroupTracker, name: str) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._serve, args=(tracker, name), name=f"spawn-{name}", daemon=True).start()
-
-    def _serve(self, tracker: CgroupTracker, name: str) -> None:
-        tracker.enter_thread(name)  # if refused, commands start in the agent's group, as a failed move did before
-        while True:
-            start, done, box = self._jobs.get()
-            try:
-                box.append((True, start()))
-            except BaseException as exc:  # re-raised on the caller's thread
-                box.append((False, exc))
-            done.set()
-
-    def call(self, start: Callable[[], Any]) -> Any:
-        done, box = threading.Event(), []
-        self._jobs.put((start, done, box))
-        done.wait()
-        ok, value = box[0]
-        if not ok:
-            raise value
-        return value
 
 
 class CgroupTracker:
-    """Per-exec child cgroups under the sandbox's pids cgroup (held as a directory fd)."""
+    """Per-exec child cgroups under the sandbox's pids cgroup (held as a directory fd).
+
+    On cgroup v1 a thread of the agent that starts a command lives in that command's exec cgroup, so the
+    command is born there, and stays there afterwards: its next command reuses the same group when it is
+    free, and no thread moves. Moving a thread between v1 cgroups takes the kernel's
+    cgroup_threadgroup_rwsem for writing, which after an idle spell (~50 ms without moves) first waits
+    out an RCU grace period: 8-16 ms on the first exec after every pause, i.e. on every tool call of an
+    agent that thinks between calls. Idle agent threads in a group fork nothing (only command starts
+    fork), and `pids` never lists the agent."""
 
     def __init__(self, pids_dir_fd: int | None, oom_control_fd: int | None) -> None:
         self.dir_fd = pids_dir_fd
@@ -57,7 +32,9 @@ class CgroupTracker:
         self._lock = threading.Lock()
         self._stale: list[str] = []
         self._free: list[str] = []
-        self._spawners: dict[str, _Spawner] = {}
+        # The exec group the calling thread lives in (v1). Thread-local, not by thread id: a new thread
+        # that reuses a dead one's id lives in the agent's own group.
+        self._resident = threading.local()
         self.v1 = pids_dir_fd is not None and _exists_at("tasks", pids_dir_fd)
         # True when the agent could not get oom_score_adj -1000: commands get +1000 instead.
         self.raise_oom_score = False
@@ -66,46 +43,48 @@ class CgroupTracker:
     def enabled(self) -> bool:
         return self.dir_fd is not None
 
-    def new_group(self) -> str | None:
-        """An empty exec cgroup: a recycled one (cheaper than mkdir+rmdir per exec) or a new one."""
+    def command_group(self) -> str | None:
+        """An empty exec cgroup for the command the calling thread is about to start (None: no cgroups).
+        On v1 the thread lives in it from here on: the group it already lives in when that one is free,
+        else a recycled or new one it moves into (v2 moves the child instead: `adopt`)."""
         if self.dir_fd is None:
             return None
+        mine = getattr(self._resident, "group", None)
         with self._lock:
-            if self._free:
-                # Found empty at release: nothing can be born into an empty exec cgroup (only the
-                # agent's spawner thread lives in one), so it needs no second look.
-                return self._free.pop()
-            for name in self._stale:
-                if not self.pids(name):
-                    self._stale.remove(name)
-                    self.seal(name, False)  # a group killed while it still had members stayed sealed
-                    return name
-            self._counter += 1
-            name = f"x{self._counter}"
-        try:
-            os.mkdir(name, dir_fd=self.dir_fd)
-        except FileExistsError:
-            pass
-        except OSError:
-            return None
+            if mine is not None and mine in self._free:
+                self._free.remove(mine)
+                return mine
+            name = self._recycled()
+            if name is None:
+                self._counter += 1
+                name = f"x{self._counter}"
+                try:
+                    os.mkdir(name, dir_fd=self.dir_fd)
+                except FileExistsError:
+                    pass
+                except OSError:
+                    return None
+        if self.v1:
+            # If the move is refused the command starts in the agent's group, as before per-exec groups.
+            self._resident.group = name if self._enter(name) else None
         return name
 
-    def enter_thread(self, name: str | None) -> bool:
-        """Move the calling thread into `name` (v1), so that what it spawns is born there."""
-        if name is None or not self.v1:
-            return False
-        return _write_at(f"{name}/tasks", str(threading.get_native_id()), self.dir_fd)
+    def _recycled(self) -> str | None:
+        """A released group found empty (cheaper than mkdir+rmdir per exec); call with the lock held."""
+        if self._free:
+            # Found empty at release: nothing is born into an empty exec cgroup (the agent's threads that
+            # live in one fork only to start a command they took the group for), so no second look.
+            return self._free.pop()
+        for name in self._stale:
+            if not self.pids(name):
+                self._stale.remove(name)
+                self.seal(name, False)  # a group killed while it still had members stayed sealed
+                return name
+        return None
 
-    def spawn(self, name: str | None, start: Callable[[], Any]) -> Any:
-        """`start()` (which starts a process) run so that the process is born in exec cgroup `name`: on that
-        group's resident thread (v1); elsewhere on the calling thread (v2 then moves it: `adopt`)."""
-        if name is None or not self.v1:
-            return start()
-        with self._lock:
-            spawner = self._spawners.get(name)
-            if spawner is None:
-                spawner = self._spawners[name] = _Spawner(self, name)
-        return spawner.call(start)
+    def _enter(self, name: str) -> bool:
+        """Move the calling thread into exec group `name` (v1)."""
+        return _write_at(f"{name}/tasks", str(threading.get_native_id()), self.dir_fd)
 
     def adopt(self, name: str | None, pid: int) -> None:
         """cgroup v2 (no per-thread moves): move the child right after spawn (a small race)."""
@@ -113,7 +92,7 @@ class CgroupTracker:
             _write_at(f"{name}/cgroup.procs", str(pid), self.dir_fd)
 
     def pids(self, name: str) -> list[int]:
-        """The processes in exec cgroup `name`, never the agent (whose spawner thread lives there)."""
+        """The processes in exec cgroup `name`, never the agent (whose threads may live there)."""
         try:
             fd = os.open(f"{name}/cgroup.procs", os.O_RDONLY, dir_fd=self.dir_fd)
         except OSError:

@@ -35,13 +35,12 @@ def run_pty(sock, reaper, tracker, header: dict, env: dict[str, str], cwd: str) 
     master, slave = os.openpty()
     _set_size(master, int(header.get("rows", 24)), int(header.get("cols", 80)))
     send_lock = threading.Lock()
-    group = tracker.new_group()  # the shell counts against the commands' pids limit, not the agent's
+    group = tracker.command_group()  # the shell counts against the commands' pids limit, not the agent's
     try:
         with reaper.lock:
             # preexec_fn (fork, not vfork) only here: the shell needs the PTY as controlling terminal.
-            proc = tracker.spawn(group, lambda: subprocess.Popen(
-                argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env, start_new_session=True,
-                close_fds=True, preexec_fn=_make_controlling_tty))
+            proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
+                                    start_new_session=True, close_fds=True, preexec_fn=_make_controlling_tty)
             cell = reaper.register(proc.pid)
     except OSError as exc:
         tracker.release(group)
@@ -76,9 +75,14 @@ def run_pty(sock, reaper, tracker, header: dict, env: dict[str, str], cwd: str) 
                 pass
 
     out = threading.Thread(target=pump_out, name="pty-out", daemon=True)
-    out.start()
     try:
-        while out.is_alive():
+        # Born in the shell's exec group (this thread lives there): it fails only when the shell's
+        # processes have used up the commands' pids limit; the session then ends as if closed.
+        out.start()
+    except RuntimeError:
+        out = None
+    try:
+        while out is not None and out.is_alive():
             frame = protocol.recv_frame(sock)
             if frame is None:
                 break
@@ -100,7 +104,8 @@ def run_pty(sock, reaper, tracker, header: dict, env: dict[str, str], cwd: str) 
                 os.killpg(proc.pid, 9)
             except OSError:
                 pass
-        out.join(5.0)
+        if out is not None:
+            out.join(5.0)
         os.close(master)
         tracker.release(group)
 

@@ -12,6 +12,8 @@ restart then refused the state dir. Here:
 - `remove_or_quarantine` falls back to moving a tree it cannot remove (a busy mount, an I/O error)
   into a quarantine directory, and says which it did, so that start-up and deletes always go on.
 - `tree_size` sums regular-file sizes the same way, one fd at a time, also without recursion.
+- `shift_owners` hands a tree from one sandbox's user-id range to another's the same way (a snapshot
+  forked or restored into another sandbox).
 """
 
 from __future__ import annotations
@@ -167,3 +169,34 @@ def tree_size(path: str | os.PathLike) -> int:
 
     _walk(top, os.fspath(path), scan, skip=OSError, doing="measured")
     return total
+
+
+def shift_owners(path: str | os.PathLike, old: int, new: int, size: int) -> None:
+    """Hand the files of `path` owned by ids old..old+size-1 to new..new+size-1 (a snapshot taken in one
+    sandbox's id range, forked or restored into another's), keeping setuid/setgid bits; one directory fd at
+    a time, symlinks changed themselves and never followed."""
+    def shifted(i: int) -> int:
+        return i - old + new if old <= i < old + size else i
+
+    def shift(st: os.stat_result, chown: Callable[[int, int], None], chmod: Callable[[int], None]) -> None:
+        uid, gid = shifted(st.st_uid), shifted(st.st_gid)
+        if (uid, gid) != (st.st_uid, st.st_gid):
+            chown(uid, gid)
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                chmod(stat.S_IMODE(st.st_mode))  # chown clears them
+
+    def scan(fd: int) -> list[str]:
+        subdirs = []
+        with os.scandir(fd) as entries:
+            names = [entry.name for entry in entries]
+        for name in names:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            shift(st, lambda uid, gid: os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False),
+                  lambda mode: os.chmod(name, mode, dir_fd=fd))
+            if stat.S_ISDIR(st.st_mode):
+                subdirs.append(name)
+        return subdirs
+
+    top = os.open(os.fspath(path), _DIR_FLAGS)
+    shift(os.fstat(top), lambda uid, gid: os.fchown(top, uid, gid), lambda mode: os.fchmod(top, mode))
+    _walk(top, os.fspath(path), scan, skip=FileNotFoundError, doing="handed to another id range")

@@ -102,12 +102,12 @@ from pathlib import Path
 from sandbox_service.agent import boot
 from sandbox_service.backends import local_gvisor, local_network
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
-from sandbox_service.backends.fstree import remove_tree
+from sandbox_service.backends.fstree import remove_tree, shift_owners
 from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_version
 from sandbox_service.backends.local_config import DEFAULT_PATH, LocalBackendConfig, check_isolation
 from sandbox_service.backends.local_root import build_root, service_python_dir
 from sandbox_service.backends.local_rootfs import (SandboxDir, SandboxRecord, SnapshotStore, copy_tree,
-                                                   install_agent, shift_owners)
+                                                   install_agent)
 from sandbox_service.backends.local_slots import MachineSlots
 from sandbox_service.backends.local_zygote import Zygote
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxNotFoundError

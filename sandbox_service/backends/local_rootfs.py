@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
@@ -129,23 +128,6 @@ def install_agent(state_dir: Path) -> Path:
         shutil.rmtree(dest, ignore_errors=True)
         tmp.rename(dest)
     return dest
-
-
-def shift_owners(root: Path, old: int, new: int, size: int) -> None:
-    """Hand the files of `root` owned by ids old..old+size-1 to new..new+size-1 (a snapshot taken in one
-    sandbox's id range, forked or restored into another's), keeping setuid/setgid bits."""
-    def shifted(i: int) -> int:
-        return i - old + new if old <= i < old + size else i
-
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in (".", *dirnames, *filenames) if dirpath == str(root) else (*dirnames, *filenames):
-            path = os.path.join(dirpath, name)
-            st = os.lstat(path)
-            uid, gid = shifted(st.st_uid), shifted(st.st_gid)
-            if (uid, gid) != (st.st_uid, st.st_gid):
-                os.lchown(path, uid, gid)
-                if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-                    os.chmod(path, stat.S_IMODE(st.st_mode))  # chown clears them
 
 
 def copy_tree(src: Path, dest: Path) -> None:
