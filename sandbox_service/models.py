@@ -39,7 +39,7 @@ class InfraErrorKind(str, enum.Enum):
 class Resources(_Model):
     cpu: float = Field(1.0, gt=0, description="CPU cores (cgroup quota locally, limits in Kubernetes).")
     memory_mb: int = Field(1024, ge=16, description="Memory limit in MiB; exceeding it is an OOM kill.")
-    pids: int = Field(512, ge=8, description="Maximum number of processes (fork-bomb guard).")
+    pids: int = Field(512, ge=8, description="Maximum number of processes and threads of the commands (fork-bomb guard); on local cgroup v1 hosts the agent threads that started commands count too (one per connection, typically 1-4).")
     disk_mb: int = Field(2048, ge=16, description="Writable-layer size hint in MiB.")
 
 
