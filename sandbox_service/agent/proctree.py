@@ -44,7 +44,7 @@ class CgroupTracker:
         return self.dir_fd is not None
 
     def command_group(self) -> str | None:
-        """An empty exec cgroup for the command the calling thread is about to start (None: no cgroups).
+        """An empty exec cgroup for the command the calling thread is about to start (None: none to use).
         On v1 the thread lives in it from here on: the group it already lives in when that one is free,
         else a recycled or new one it moves into (v2 moves the child instead: `adopt`)."""
         if self.dir_fd is None:
@@ -65,8 +65,12 @@ class CgroupTracker:
                 except OSError:
                     return None
         if self.v1:
-            # If the move is refused the command starts in the agent's group, as before per-exec groups.
-            self._resident.group = name if self._enter(name) else None
+            if not self._enter(name):
+                # The thread stays where it was: no group to account the command to. Without one it is
+                # started and killed as where there are no cgroups (its session, descendants, exec id).
+                self.release(name)
+                return None
+            self._resident.group = name
         return name
 
     def _recycled(self) -> str | None:

@@ -124,3 +124,13 @@ def test_killing_a_group_spares_the_agent(tracker):
     assert tracker.kill_group(group)
     assert proc.wait(5) == -9
     assert tracker.pids(group) == []
+
+
+def test_a_refused_move_gives_no_group(tracker, monkeypatch):
+    """The thread did not get into the group: the command is not accounted to it (a group kill would miss
+    it), so the exec falls back to the session / exec-id kill."""
+    tracker, _ = tracker
+    monkeypatch.setattr(tracker, "_enter", lambda name: False)
+    assert tracker.command_group() is None
+    monkeypatch.undo()
+    assert tracker.command_group() == "x1"  # the refused group went back to the free list
