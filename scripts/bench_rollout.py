@@ -164,7 +164,8 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
         out[name] = {"episodes_per_min": statistics.median(n / s * 60 for s, _, n in runs),
                      "cpu_seconds": statistics.median(cpu[name]),
                      # per repeat: the old path's wall over the least wall this path's CPU work allows
-                     "ceiling": statistics.median(old[0] / (c / cores) for old, c in zip(rows["old"], cpu[name])),
+                     "ceiling": statistics.median(old_wall / (c / cores)
+                                                  for (old_wall, _, _), c in zip(rows["old"], cpu[name])),
                      "tokens_per_s": statistics.median(k / s for s, k, _ in runs),
                      "prefill_seconds": statistics.median(f["prefill_seconds"] for f in forward[name]),
                      "decode_seconds": statistics.median(f["decode_seconds"] for f in forward[name])}

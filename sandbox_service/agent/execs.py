@@ -5,9 +5,8 @@ Process-tree kill, in order of strength:
    cgroup (opened at boot, before the cgroup filesystem disappeared from view), gives each command a
    child cgroup (recycled once empty) that the thread starting it lives in (cgroup v1 allows per-thread
    membership; `CgroupTracker.command_group`), so the command is born inside it: no window in which it
-   could fork outside. Nothing in the sandbox can
-   leave that cgroup (the sandbox has no cgroupfs and no CAP_SYS_ADMIN), so `setsid`, double forks
-   and daemonising do not escape a timeout kill.
+   could fork outside. Nothing in the sandbox can leave that cgroup (the sandbox has no cgroupfs and
+   no CAP_SYS_ADMIN), so `setsid`, double forks and daemonising do not escape a timeout kill.
    On a timeout the group is sealed first (pids.max 0: no member can fork any more) and its members
    are SIGKILLed until it is empty; a fork bomb stops growing at once, so the kill ends within the
    command's own timeout (`command_timeout`), never the service's TIMEOUT. (Sealed, not frozen: the
