@@ -300,12 +300,13 @@ class _Episode:
                 self.last_contact = time.monotonic()
             started = time.monotonic()
             started_at = utcnow()
+            generation = cfg.generation.for_turn(turns)  # fresh random numbers every turn
             try:
                 messages = steps_as_messages(self.steps)
                 if isinstance(self.policy, ToolAwarePolicy):
-                    gen = self.policy.generate(messages, cfg.generation, tools=self.tools)
+                    gen = self.policy.generate(messages, generation, tools=self.tools)
                 else:
-                    gen = self.policy.generate(messages, cfg.generation)
+                    gen = self.policy.generate(messages, generation)
             except Exception as err:  # the provider boundary: an endpoint failure is not a policy error
                 raise _Abort(f"policy {self.policy.policy_id} failed to generate: {_describe(err)}") from err
             self.policy_seconds += time.monotonic() - started

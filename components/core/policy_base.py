@@ -34,7 +34,27 @@ class GenerationConfig(BaseModel):
     temperature: float = Field(1.0, ge=0.0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, description="Stop strings (e.g. '</tool_call>').")
-    seed: int | None = None
+    seed: int | None = Field(None, description="The episode's sampling seed (None: unseeded). Each turn samples "
+                                               "with its own seed derived from it (`for_turn`).")
+
+    def for_turn(self, turn: int) -> GenerationConfig:
+        """This config for the episode's `turn`-th assistant turn (0-based): the seed of turn t is a hash of
+        (seed, t), so every turn draws fresh random numbers while the episode stays reproducible from its
+        seed. One seed for every turn would replay the same uniforms at each turn (a policy that reseeds
+        per call puts turn 2's first token at the same CDF position as turn 1's), and a multi-turn episode
+        would not be a draw from the policy. Turn 0 keeps the episode seed itself."""
+        if self.seed is None or turn == 0:
+            return self
+        return self.model_copy(update={"seed": turn_seed(self.seed, turn)})
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """A 63-bit seed for (episode seed, turn), independent of its neighbours (no seed + turn arithmetic: episode
+    e's turn 1 would be episode e + 1's turn 0)."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"{seed}:{turn}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 class Generation(BaseModel):

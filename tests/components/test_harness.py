@@ -188,3 +188,45 @@ def test_a_verification_run_out_of_memory_is_the_infrastructures(sandbox_client)
     traj = run_episode(TASK, TightMemory(verifier_hog=True), Scripted([submit]), sandbox_client, HarnessConfig())
     assert traj.outcome is Outcome.infra_error and traj.status is EpisodeStatus.aborted
     assert "OOM_KILLED" in traj.outcome_reason
+
+
+class SeedDrawn(Scripted):
+    """`Scripted`, but each turn also draws its sampling uniform as a local policy does: a generator seeded
+    with the turn's `GenerationConfig.seed` (LocalTransformersPolicy reseeds torch on every call)."""
+
+    def __init__(self, texts):
+        super().__init__(texts)
+        self.draws: list[tuple[int | None, float]] = []
+
+    def generate(self, messages, config):
+        import random
+
+        self.draws.append((config.seed, random.Random(config.seed).random()))
+        return super().generate(messages, config)
+
+
+def test_every_turn_samples_with_fresh_random_numbers(sandbox_client):
+    """One seed handed to every turn replays the same uniforms: turn 2's first token sits at the CDF position
+    of turn 1's (correlation 1). Each turn's seed is derived from (episode seed, turn): the turns' draws are
+    uncorrelated, and the same episode seed still gives the same draws."""
+    import numpy as np
+
+    from components.core.policy_base import GenerationConfig
+
+    ls = format_tool_call(ToolCall(name="bash", arguments={"command": "true"}))
+    first, second, seeds = [], [], []
+    for episode in range(24):
+        policy = SeedDrawn([ls])
+        config = HarnessConfig(max_steps=2, generation=GenerationConfig(temperature=1.0, seed=1000 + episode))
+        run_episode(TASK, RECIPE, policy, sandbox_client, config)
+        (s1, u1), (s2, u2) = policy.draws
+        assert s1 == 1000 + episode and s2 not in (None, s1)
+        first.append(u1)
+        second.append(u2)
+        seeds += [s1, s2]
+    assert len(set(seeds)) == len(seeds)  # no turn of one episode shares a seed with any turn of another
+    assert abs(np.corrcoef(first, second)[0, 1]) < 0.5
+    again = SeedDrawn([ls])
+    run_episode(TASK, RECIPE, again, sandbox_client,
+                HarnessConfig(max_steps=2, generation=GenerationConfig(temperature=1.0, seed=1000)))
+    assert [u for _, u in again.draws] == [first[0], second[0]]  # reproducible from the episode seed
