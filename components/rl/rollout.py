@@ -24,7 +24,10 @@ and reward never leave this module; `TRLRollout.dropped_groups` counts such grou
 `rollout.refill` a dropped group is first replaced by a kept group of another training prompt (its own
 prompt ids and rewards; `TRLRollout.replacements`, `PromptRecord.replaces`).
 
-Generation is HF `generate` through our policy (batched across a wave, `BatchingPolicy`), or with
+The prompts of a generation batch are sampled at the same time (a thread each), so with `batch_rollouts`
+every live episode of every prompt shares one batched forward per turn (`BatchingPolicy`, up to
+`batch_prompts x stride` rows); the global budget may then be overrun by the waves already in flight.
+Generation is HF `generate` through our policy (batched, `BatchingPolicy`), or with
 `RLConfig.use_vllm` TRL's colocated vLLM engine (`VLLMPolicy`, still batched per wave; TRL syncs the
 weights into it before each step's rollout). vLLM's server mode is not wired: its client lives on rank 0
 only, while every rank runs its own multi-turn episodes here.
@@ -33,8 +36,10 @@ only, while every rank runs its own multi-turn episodes here.
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 from components.core.distributed import world_size
@@ -61,12 +66,13 @@ class EpisodeSource:
         self.store = store
         self.references = references or {}  # task id -> a resolved trajectory to fork from
         self.episodes = 0
+        self._episode_numbers = itertools.count(1)  # prompts sample concurrently: one counter, no lost update
         self.finished: list[Trajectory] = []  # the current call's episodes, for its partial-progress metrics
 
     def _harness(self, extra_turns: int = 0) -> HarnessConfig:
-        self.episodes += 1
+        self.episodes = number = next(self._episode_numbers)
         generation = self.config.harness.generation.model_copy(update={
-            "temperature": self.config.temperature, "seed": self.config.seed * 1_000_003 + self.episodes})
+            "temperature": self.config.temperature, "seed": self.config.seed * 1_000_003 + number})
         return self.config.harness.model_copy(update={
             "generation": generation, "max_steps": self.config.harness.max_steps + extra_turns})
 
@@ -186,6 +192,7 @@ class TRLRollout:
         self.dropped_groups = 0
         self.replacements = 0  # dropped groups replaced by a kept group of another prompt (rollout.refill)
         self._refill_order = self._refill_stream()
+        self._pulling = threading.Lock()
         self.calls = 0  # rollout_func calls so far (one per generation batch): the records' step
         self.traced = 0  # episodes logged as MLflow traces so far (config.traces.max_per_stage bounds the run)
         self._prompts = {_key(self.prompt(t)): t.id for t in tasks.values()}
@@ -213,8 +220,8 @@ class TRLRollout:
                 tool_format = None if self.config.harness.tool_format == "auto" else self.config.harness.tool_format
                 policy = LocalTransformersPolicy(model, self.tokenizer, device=device, tool_format=tool_format)
             if self.config.batch_rollouts:
-                policy = BatchingPolicy(policy, max_batch=max(self.config.rollout.stride,
-                                                              self.config.rollout.group_size))
+                r = self.config.rollout  # every prompt of a batch has a wave in flight at once
+                policy = BatchingPolicy(policy, max_batch=r.batch_prompts * max(r.stride, r.group_size))
             self.close()
             self._source = EpisodeSource(self.tasks, self.recipe, policy, self.client, self.config, self.store,
                                          self.references)
@@ -226,6 +233,7 @@ class TRLRollout:
             self._source.policy.close()
 
     def __call__(self, prompts: list[list[dict]], trainer: Any) -> dict[str, list]:
+        from components.core.batching import BatchingPolicy
         from components.core.schema import hidden_pass_metrics
         from components.core.tracking import log_metrics
 
@@ -240,30 +248,47 @@ class TRLRollout:
         source = self._episode_source(model, trainer)
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
                                                 "verified_reward", "attempt_id")}
-        records: list[PromptRecord] = []
-        exclude = {self._prompts.get(_key(p)) for p in prompts}  # this batch's own prompts are no replacements
+        task_ids = []
+        for start in range(0, len(prompts), n):
+            chunk = prompts[start:start + n]
+            if any(_key(p) != _key(chunk[0]) for p in chunk):
+                raise ValueError("TRL handed a group of different prompts; rollout_func needs each prompt "
+                                 "num_generations times in a row (TRL's RepeatSampler)")
+            task_id = self._prompts.get(_key(chunk[0]))
+            if task_id is None:
+                raise ValueError("a prompt that is no task of this run; build the dataset with "
+                                 "TRLRollout.dataset_rows()")
+            task_ids.append(task_id)
+        exclude = set(task_ids)  # this batch's own prompts are no replacements
         pulls = [0]  # replacement prompts pulled in this call (capped by rollout.max_prompts_per_batch)
+
+        def slot(task_id: str) -> tuple[list[dict[str, Any]], list[PromptRecord]]:
+            """One dealt prompt: its kept group's rows (or a replacement's, or []), and its records."""
+            own: list[PromptRecord] = []
+            rows = self._group(task_id, source, model, own)
+            if len(rows) != n and self.config.rollout.refill:
+                rows = self._replacement(exclude, source, model, own, pulls)
+            return rows, own
+
         try:
-            for start in range(0, len(prompts), n):
-                chunk = prompts[start:start + n]
-                if any(_key(p) != _key(chunk[0]) for p in chunk):
-                    raise ValueError("TRL handed a group of different prompts; rollout_func needs each prompt "
-                                     "num_generations times in a row (TRL's RepeatSampler)")
-                task_id = self._prompts.get(_key(chunk[0]))
-                if task_id is None:
-                    raise ValueError("a prompt that is no task of this run; build the dataset with "
-                                     "TRLRollout.dataset_rows()")
-                rows = self._group(task_id, source, model, records)
-                if len(rows) != n and self.config.rollout.refill:
-                    rows = self._replacement(exclude, source, model, records, pulls)
-                if len(rows) != n:
-                    self.dropped_groups += 1
-                    rows = [self._placeholder(self.tasks[task_id])] * n
-                for row in rows:
-                    for k, v in row.items():
-                        out[k].append(v)
+            # The batch's prompts are sampled at once: with a batching policy every live episode of every
+            # prompt shares each batched forward (batch_prompts x stride rows), not one prompt's wave at a time.
+            if len(task_ids) > 1 and isinstance(source.policy, BatchingPolicy):
+                with concurrent.futures.ThreadPoolExecutor(max_workers=len(task_ids)) as pool:
+                    slots = list(pool.map(slot, task_ids))
+            else:
+                slots = [slot(task_id) for task_id in task_ids]
         finally:
             model.train(was_training)  # generation put it in eval mode; TRL computes the loss next
+        records: list[PromptRecord] = []
+        for task_id, (rows, own) in zip(task_ids, slots):
+            records += own
+            if len(rows) != n:
+                self.dropped_groups += 1
+                rows = [self._placeholder(self.tasks[task_id])] * n
+            for row in rows:
+                for k, v in row.items():
+                    out[k].append(v)
         self.records.extend(records)
         replaced = sum(1 for r in records if r.replaces and r.kept)
         log_metrics({**{f"sampler.{k}": v for k, v in summarize(records).items()},
@@ -305,19 +330,29 @@ class TRLRollout:
         that prompt's own ids and rewards), or [] when none could be had within `max_prompts_per_batch` pulls,
         the budget, or the prompts not already in this batch."""
         n, dropped = self.config.rollout.group_size, records[-1].prompt_id
-        while pulls[0] < self.config.rollout.max_prompts_per_batch and self.budget.remaining > 0:
-            if exclude >= set(self.tasks):
+        while True:
+            with self._pulling:  # the batch's prompts refill concurrently: one pull at a time
+                task_id = self._next_replacement(exclude, pulls)
+            if task_id is None:
                 return []
-            task_id = next(self._refill_order)
-            if task_id in exclude:
-                continue
-            exclude.add(task_id)
-            pulls[0] += 1
             rows = self._group(task_id, source, model, records, replaces=dropped)
             if len(rows) == n:
                 self.replacements += 1
                 return rows
         return []
+
+    def _next_replacement(self, exclude: set, pulls: list[int]) -> str | None:
+        """The next training prompt to refill from (claimed: added to `exclude`, counted in `pulls`), or None
+        when the pull cap, the budget or the prompts outside this batch are spent."""
+        while pulls[0] < self.config.rollout.max_prompts_per_batch and self.budget.remaining > 0:
+            if exclude >= set(self.tasks):
+                return None
+            task_id = next(self._refill_order)
+            if task_id not in exclude:
+                exclude.add(task_id)
+                pulls[0] += 1
+                return task_id
+        return None
 
     def _refill_stream(self):
         """Training task ids forever, reshuffled on every pass (this rank's own order)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -78,6 +79,13 @@ class RolloutBudget:
         self.total = total
         self.spent = 0
         self.env_steps = 0
+        self._lock = threading.Lock()  # the RL stage samples a batch's prompts in threads
+
+    def charge(self, attempts: int, env_steps: int) -> None:
+        """Count `attempts` generated trajectories and their environment steps (thread-safe)."""
+        with self._lock:
+            self.spent += attempts
+            self.env_steps += env_steps
 
     @property
     def remaining(self) -> int:

@@ -83,8 +83,7 @@ def _generate(source: RolloutSource, prompt_id: str, n: int, pool: list[Attempt]
     for a in new:
         a.prompt_id, a.index = prompt_id, len(pool)
         pool.append(a)
-        budget.env_steps += a.env_steps + a.prefix_steps
-    budget.spent += n
+    budget.charge(n, sum(a.env_steps + a.prefix_steps for a in new))
     return n
 
 

@@ -201,3 +201,34 @@ def test_lookahead_is_refused_in_the_rl_stage():
 
     with pytest.raises(ValidationError, match="lookahead cannot apply"):
         RLConfig(rollout=RolloutConfig(history=True, lookahead=4))
+
+
+def test_the_prompts_of_a_batch_share_each_batched_forward(rl_inputs, sandbox_service, tmp_path):
+    """Two prompts per generation batch: their waves run at once, so one batched forward serves rows of both
+    (more rows than one prompt's stride); one prompt after another never fills a batch beyond a stride."""
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from components.core.modeling import load_policy
+    from components.recipes import get_recipe
+    from components.rl.rollout import TRLRollout, verified_reward
+    from components.rl.sampling import RolloutConfig
+    from components.rl.stage import grpo_args
+
+    config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=6)),
+                     rollout=RolloutConfig(sampler="fixed", group_size=2, max_rollouts_per_prompt=2, stride=2,
+                                           batch_prompts=2, refill=False))
+    coin = next(t for t in TaskStore(rl_inputs / "tasks").read() if t.id == "coin")
+    tasks = {t.id: t for t in (coin, coin.model_copy(update={"id": "coin2", "prompt": "Flip another coin."}))}
+    model, tokenizer = load_policy(rl_inputs / "sft")
+    with config.sandbox.client() as client:
+        rollout = TRLRollout(tasks, get_recipe("swe"), client, config, tokenizer)
+        rows = rollout.dataset_rows()
+        trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[verified_reward],
+                              args=grpo_args(config, tmp_path), train_dataset=Dataset.from_list(rows),
+                              rollout_func=rollout)
+        trainer._generate_and_score_completions([dict(rows[0]), dict(rows[0]), dict(rows[1]), dict(rows[1])])
+        sizes = list(rollout._source.policy.batch_sizes)
+        rollout.close()
+    assert {r.prompt_id for r in rollout.records} == {"coin", "coin2"}
+    assert max(sizes) > config.rollout.stride, sizes
