@@ -45,6 +45,9 @@ class EvalConfig(BaseModel):
     endpoint: OpenAIPolicyConfig | None = Field(None, description="The endpoint when policy='openai'.")
     scripted_error_rate: float = Field(0.3, ge=0.0, le=1.0, description="Mistake rate of the scripted teacher.")
     temperature: float = Field(0.7, ge=0.0, description="Sampling temperature (k > 1 needs > 0 to differ).")
+    greedy: bool = Field(False, description="Also one greedy attempt (temperature 0) per task, reported beside the "
+                                            "sampled ones as greedy_* (what a deployment decoding greedily sees); "
+                                            "pass@1 and the gate stay on the k sampled attempts.")
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="Episode limits and sampling.")
     load: LoadOptions = Field(default_factory=LoadOptions,
                               description="Device, dtype and attention kernel of a local model (policy='local').")
@@ -87,6 +90,10 @@ class EvalResult(BaseModel):
     infra_errors: int
     infra_error_rate: float = Field(description="Share of attempts that ended in infra_error after retries.")
     infra_retries_used: int
+    greedy_resolved: int | None = Field(None, description="Tasks resolved by the greedy attempt (greedy=True).")
+    greedy_valid: int | None = Field(None, description="Greedy attempts with a verified outcome.")
+    greedy_resolved_rate_ci95: tuple[float, float] | None = Field(None, description="Clopper-Pearson interval of "
+                                                                  "the greedy resolved rate.")
     mean_hidden_pass_fraction: float = Field(float("nan"), description="Mean share of hidden FAIL_TO_PASS tests "
                                              "passing over valid attempts that have one (analysis only; NaN: none).")
     hidden_pass_fraction_n: int = Field(0, description="Attempts behind mean_hidden_pass_fraction.")
@@ -206,12 +213,38 @@ def print_summary(result: EvalResult, title: str = "evaluation") -> None:
         ("mean completion tokens", f"{result.mean_completion_tokens:.0f}"),
         ("infra errors (excluded)", f"{result.infra_errors} ({result.infra_error_rate:.1%})"),
     ]
+    if result.greedy_valid:
+        lo, hi = result.greedy_resolved_rate_ci95  # type: ignore[misc]
+        rows.append(("greedy resolved [95% CI]", f"{result.greedy_resolved} / {result.greedy_valid} "
+                                                 f"[{lo:.3f}, {hi:.3f}]"))
     if result.hidden_pass_fraction_n:
         rows.append(("hidden tests passing (mean share)",
                      f"{result.mean_hidden_pass_fraction:.3f} (n={result.hidden_pass_fraction_n})"))
     for name, value in rows:
         table.add_row(name, value)
     Console().print(table)
+
+
+GREEDY = -1  # the attempt number of the greedy attempt (EvalConfig.greedy): never one of the k sampled ones
+
+
+def _greedy_summary(rows: list[dict], greedy: list[Trajectory], metrics: dict[str, float]) -> dict[str, Any]:
+    """Each task's greedy result into its row (`greedy_resolved`: 1, 0 or NaN for an infra error), the greedy
+    counts into `metrics`, and the EvalResult fields."""
+    from components.core.intervals import clopper_pearson
+
+    by_task = {t.task_id: t for t in greedy}
+    for row in rows:
+        traj = by_task.get(row["task_id"])
+        row["greedy_resolved"] = (float("nan") if traj is None or traj.outcome is Outcome.infra_error
+                                  else float(traj.resolved))
+    valid = [t for t in greedy if t.outcome is not Outcome.infra_error]
+    resolved = sum(t.resolved for t in valid)
+    ci = clopper_pearson(resolved, len(valid)) if valid else (float("nan"), float("nan"))
+    metrics.update({"greedy_resolved": float(resolved), "greedy_valid": float(len(valid)),
+                    "greedy_resolved_rate": resolved / len(valid) if valid else float("nan"),
+                    "greedy_infra_errors": float(len(greedy) - len(valid))})
+    return {"greedy_resolved": resolved, "greedy_valid": len(valid), "greedy_resolved_rate_ci95": ci}
 
 
 def _attempt_seed(base: int, task_index: int, attempt: int) -> int:
@@ -249,8 +282,8 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
         if not hasattr(local, "policy"):
             with lock:
                 local.policy = shared or (spare.pop() if spare else make_policy(config, model_dir))
-        generation = config.harness.generation.model_copy(update={
-            "temperature": config.temperature, "seed": _attempt_seed(config.seed, index, a)})
+        generation = config.harness.generation.model_copy(update={  # attempt GREEDY: temperature 0
+            "temperature": 0.0 if a == GREEDY else config.temperature, "seed": _attempt_seed(config.seed, index, a)})
         harness = config.harness.model_copy(update={"generation": generation})
         for retry in range(config.infra_retries + 1):
             traj = run_episode(task, recipe, local.policy, client, harness)
@@ -264,21 +297,28 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
         return traj
 
     jobs = [(i, task, a) for i, task in enumerate(tasks) for a in range(config.k)]
+    if config.greedy:
+        jobs += [(i, task, GREEDY) for i, task in enumerate(tasks)]
     with stage_run("evaluate", config, tracking), config.sandbox.client() as client:
         log_dataset_input([{"task_id": t.id, "family": t.family, "difficulty": t.difficulty, "seed": t.seed}
                            for t in tasks], tasks_dir, name=f"{config.recipe}-{config.split}", context="evaluation")
         try:
             with concurrent.futures.ThreadPoolExecutor(max_workers=config.workers) as pool:
-                trajectories = list(tqdm(pool.map(attempt, jobs), total=len(jobs), desc="evaluate", leave=False))
+                everything = list(tqdm(pool.map(attempt, jobs), total=len(jobs), desc="evaluate", leave=False))
         finally:
             if shared is not None:
                 shared.close()
+        trajectories = [t for t in everything if t.attempt != GREEDY]
+        greedy = [t for t in everything if t.attempt == GREEDY]
         store = TrajectoryStore(out / "trajectories")
         store.append(trajectories)
+        if greedy:
+            TrajectoryStore(out / "trajectories_greedy").append(greedy)
         sampling = config.harness.generation.model_dump(include={"max_new_tokens", "top_p"})
         log_episode_traces(trajectories, config.traces, stage=(tracking.run_name if tracking else None) or "evaluate",
                            sampling={**sampling, "temperature": config.temperature})
         rows, metrics = summarize_attempts(tasks, trajectories, config.k)
+        greedy_fields = _greedy_summary(rows, greedy, metrics) if config.greedy else {}
         per_task = out / "per_task.parquet"
         pd.DataFrame(rows).to_parquet(per_task, index=False)
         metrics["infra_retries_used"] = float(retries_used)
@@ -296,6 +336,7 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
             mean_hidden_pass_fraction=metrics["hidden_pass_fraction_mean"],
             hidden_pass_fraction_n=int(metrics["hidden_pass_fraction_n"]),
             per_task_path=str(per_task), trajectories_dir=str(out / "trajectories"), metrics=metrics,
+            **greedy_fields,
         )
         for name in ("resolved_rate", "pass_at_1"):
             lo, hi = getattr(result, f"{name}_ci95")

@@ -171,6 +171,7 @@ class _SubmitEndpoint:
 
     def __init__(self):
         self.requests = 0
+        self.temperatures: list[float | None] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -178,8 +179,9 @@ class _SubmitEndpoint:
                 pass
 
             def do_POST(self):
-                self.rfile.read(int(self.headers["Content-Length"]))
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests += 1
+                outer.temperatures.append(request.get("temperature"))
                 content = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
                 body = json.dumps({"id": "x", "object": "chat.completion", "choices": [
                     {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
@@ -227,3 +229,24 @@ def test_config_errors_say_what_to_do(tmp_path):
         evaluate(EvalConfig(), tmp_path / "tasks", None, tmp_path / "out")
     with pytest.raises(ValueError, match="no 'train' tasks"):
         evaluate(EvalConfig(split="train"), tmp_path / "tasks", None, tmp_path / "out")
+
+
+def test_greedy_attempt_beside_the_sampled_ones(sandbox_service, tmp_path):
+    """`greedy=True`: one more attempt per task at temperature 0, reported as greedy_* and in its own store;
+    the k sampled attempts (at the configured temperature) alone make pass@1."""
+    TaskStore(tmp_path / "tasks").write([COIN_TASK, COIN_TASK.model_copy(update={"id": "coin2"})])
+    endpoint = _SubmitEndpoint()
+    try:
+        config = EvalConfig(policy="openai", k=3, temperature=0.9, greedy=True, sandbox=sandbox_service.connection(),
+                            harness=HarnessConfig(max_steps=1),
+                            endpoint=OpenAIPolicyConfig(base_url=endpoint.url, model="fake", api_key_env=None))
+        result = evaluate(config, tmp_path / "tasks", None, tmp_path / "eval")
+    finally:
+        endpoint.server.shutdown()
+    assert sorted(endpoint.temperatures) == [0.0, 0.0] + [0.9] * 6
+    assert result.attempts == 6 and result.greedy_valid == 2 and 0 <= result.greedy_resolved <= 2
+    per_task = pd.read_parquet(result.per_task_path)
+    assert per_task.greedy_resolved.sum() == result.greedy_resolved and (per_task.attempts == 3).all()
+    from components.core.store import TrajectoryStore
+
+    assert len(TrajectoryStore(tmp_path / "eval" / "trajectories_greedy").read()) == 2
