@@ -190,6 +190,19 @@ def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
         mlflow.log_metrics(clean, step=step)
 
 
+# A stage's headline curves come first on its MLflow run page. The page sorts charts into sections named by the
+# key's prefix up to "/" (sections in name order, unprefixed metrics last in "Model metrics") and, within a
+# section, by key: so the headline curves are `learning/<position>_<name>`, in the order their positions give.
+CURVES = "learning"
+
+
+def curve(position: int, name: str) -> str:
+    """The metric key of a stage's `position`-th headline curve (1-9), e.g. curve(1, "loss") = "learning/1_loss"."""
+    if not 1 <= position <= 9:
+        raise ValueError(f"headline curve positions are 1-9 (one digit sorts as a number), got {position}")
+    return f"{CURVES}/{position}_{name}"
+
+
 def log_figure(fig: Any, name: str) -> None:
     import mlflow
 

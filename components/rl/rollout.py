@@ -164,6 +164,25 @@ def _end_turn(ids: list[int], mask: list[int], tokenizer: Any, truncated: bool) 
     return ids, mask
 
 
+def step_curves(episodes: list[Trajectory], records: list[PromptRecord]) -> dict[str, float]:
+    """The rollout's headline curves of one optimizer step (components.core.tracking.curve):
+    1. resolved rate: the share of the step's verified on-policy episodes (no teacher prefix) that resolved their
+       task (0-1; every generated episode, not only the kept groups, which the sampler balances towards one half);
+    5. uniform-group share: of the prompts sampled this step (history skips excluded), the share whose verified
+       attempts all agreed (all resolved or all failed), i.e. that gave no gradient."""
+    from components.core.tracking import curve
+
+    verified = [t for t in episodes if t.outcome is not Outcome.infra_error and not t.metadata.get("prefix_len")]
+    sampled = [r for r in records if r.drop_reason != "skipped" and r.pool_positives + r.pool_negatives > 0]
+    uniform = [r for r in sampled if r.pool_positives == 0 or r.pool_negatives == 0]
+    out = {}
+    if verified:
+        out[curve(1, "resolved_rate")] = sum(t.resolved for t in verified) / len(verified)
+    if sampled:
+        out[curve(5, "uniform_group_share")] = len(uniform) / len(sampled)
+    return out
+
+
 def _key(prompt: list[dict]) -> str:
     return json.dumps([{"role": m["role"], "content": m["content"]} for m in prompt], sort_keys=True)
 
@@ -291,10 +310,12 @@ class TRLRollout:
                     out[k].append(v)
         self.records.extend(records)
         replaced = sum(1 for r in records if r.replaces and r.kept)
-        log_metrics({**{f"sampler.{k}": v for k, v in summarize(records).items()},
+        log_metrics({**step_curves(source.finished, records),
+                     **{f"sampler.{k}": v for k, v in summarize(records).items()},
                      "rollout.informative_groups_without_refill": float(sum(r.kept for r in records) - replaced),
                      "rollout.replacement_groups": float(replaced),
-                     **{f"rollout.{k}": v for k, v in hidden_pass_metrics(source.finished).items()}}, step=self.calls)
+                     **{f"rollout.{k}": v for k, v in hidden_pass_metrics(source.finished).items()}},
+                    step=self.calls + 1)  # the optimizer step this batch trains (TRL's curves use the same)
         left = self.config.traces.max_per_stage - self.traced
         if left > 0:
             sampling = self.config.harness.generation.model_dump(include={"max_new_tokens", "top_p"})

@@ -137,6 +137,31 @@ def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out
         torch.set_num_threads(previous_threads)
 
 
+# TRL's per-step logs that are headline curves of the run (components.core.tracking.curve), by position; the
+# rollout logs the other two (1 resolved rate, 5 uniform-group share: rollout.py). Every other TRL key is kept
+# under "trl/" (a section after the headline one). Rewards are the verifier's: +1 resolved, -1 unresolved, so
+# "reward" is 2 x (resolved share of the trained rows) - 1; KL (to the starting policy) exists when kl_coef > 0.
+TRL_CURVES = {"loss": 2, "entropy": 3, "kl": 4, "reward": 6}
+
+
+def trl_metrics_callback() -> Any:
+    """A TrainerCallback that logs each optimizer step's TRL metrics to MLflow as the step ends (step = the
+    optimizer step, 1-based, as the rollout's own curves)."""
+    from transformers import TrainerCallback
+
+    from components.core.tracking import curve
+
+    class TRLMetrics(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "loss" not in logs:  # the end-of-training summary carries train_loss, not loss
+                return
+            numeric = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
+            log_metrics({(curve(TRL_CURVES[k], k) if k in TRL_CURVES else f"trl/{k}"): v for k, v in numeric.items()},
+                        step=state.global_step)
+
+    return TRLMetrics()
+
+
 def _quiet_placeholder_warning() -> None:
     """TRL warns, with the whole row, whenever every reward function returned None for a row; here that is
     every dropped group's placeholder row by design (`rollout`), counted in `dropped_groups` instead."""
@@ -205,7 +230,7 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
             trainer = signal_only(GRPOTrainer)(
                 model=model, processing_class=tokenizer, reward_funcs=[verified_reward], args=args,
                 train_dataset=Dataset.from_list(rollout.dataset_rows()), rollout_func=rollout,
-                callbacks=[trainer_callback()])
+                callbacks=[trainer_callback(), trl_metrics_callback()])
             trainer.train()
         finally:
             rollout.close()
@@ -218,8 +243,6 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
             records_path.write_text("".join(r.model_dump_json() + "\n" for r in rollout.records))
         barrier()  # nobody returns (and reads the model) before it is written
         logged = [h for h in trainer.state.log_history if "loss" in h]
-        for i, h in enumerate(logged):
-            log_metrics({k: float(v) for k, v in h.items() if isinstance(v, (int, float))}, step=i)
         steps_done = len(trainer.trained_steps)
         steps_without_update = int(trainer.state.global_step) - steps_done
         totals = rollout.summary()

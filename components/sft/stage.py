@@ -25,7 +25,7 @@ from components.core.modeling import LoadOptions, ModelConfig, load_policy, num_
 from components.tiny_model import build_tiny_model, build_tokenizer
 from components.core.store import TrajectoryStore
 from components.core.tool_formats import ToolFormatSetting
-from components.core.tracking import TrackingConfig, log_dataset_input, log_json, log_metrics, stage_run
+from components.core.tracking import TrackingConfig, curve, log_dataset_input, log_json, log_metrics, stage_run
 from components.sft.data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
 
 
@@ -145,7 +145,10 @@ def _trainer_classes():
                 "tokens": float(self.m.tokens),
             }
             self.m.history.append(row)
-            log_metrics(row, step=state.global_step)
+            log_metrics({curve(1, "loss"): row["loss"], curve(2, "grad_norm"): row["grad_norm"],
+                         curve(3, "learning_rate"): row["learning_rate"],
+                         **{k: v for k, v in row.items() if k not in ("loss", "grad_norm", "learning_rate")}},
+                        step=state.global_step)
             if self.bar is not None:
                 self.bar.update(state.global_step - self.bar.n)
                 self.bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)

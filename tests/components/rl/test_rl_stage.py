@@ -98,8 +98,19 @@ def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_rewa
     assert {"bar_group_statistics.png", "rollout_records.json", "rl_result.json"} <= artifacts
     # Per-step metrics are curves over the optimizer steps (what the notebook overlays), not one value.
     client = mlflow.MlflowClient()
-    for name in ("loss", "sampler.informative_groups"):
-        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [0, 1, 2], name
+    for name in ("learning/2_loss", "sampler.informative_groups"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, name)) == [1, 2, 3], name
+    # The rollout's rates exist for the steps that had a verified episode (the broken task's steps had none).
+    verified_steps = {r.step + 1 for r in records if r.pool_positives + r.pool_negatives}
+    assert {m.step for m in client.get_metric_history(run.info.run_id, "learning/3_entropy")} <= {1, 2, 3}
+    for name in ("learning/1_resolved_rate", "learning/5_uniform_group_share"):
+        history = client.get_metric_history(run.info.run_id, name)
+        assert {m.step for m in history} == verified_steps and all(0 <= m.value <= 1 for m in history), name
+    # The headline curves are the run page's first charts: the first section by name, in position order.
+    sections = sorted(k for k in run.data.metrics if "/" in k)
+    assert sections[:5] == ["learning/1_resolved_rate", "learning/2_loss", "learning/3_entropy",
+                            "learning/5_uniform_group_share", "learning/6_reward"]
+    assert all(k.startswith(("learning/", "trl/")) for k in sections)
     # A sample of the rollout episodes as traces of this run, chosen by trajectory id across the rollout calls.
     traces = client.search_traces(experiment_ids=[run.info.experiment_id], run_id=run.info.run_id)
     sample = sampled(list(episodes.values()), config.traces)

@@ -169,10 +169,13 @@ def test_a_few_sft_steps_reduce_loss_and_change_every_parameter(store, tmp_path)
     mlflow.set_tracking_uri(tracking.tracking_uri)
     run = mlflow.search_runs(experiment_names=["sft-test"], output_format="list")[0]
     assert run.data.params["mode"] == "credited" and run.data.params["model.num_experts"] == "4"
-    history = mlflow.MlflowClient(tracking.tracking_uri).get_metric_history(run.info.run_id, "loss")
+    history = mlflow.MlflowClient(tracking.tracking_uri).get_metric_history(run.info.run_id, "learning/1_loss")
     assert len(history) == 12
-    for key in ("tokens_per_s", "masked_token_fraction", "learning_rate"):
+    for key in ("tokens_per_s", "masked_token_fraction", "learning/2_grad_norm", "learning/3_learning_rate"):
         assert key in run.data.metrics
+    # The loss curve is the first chart of the run page: the first section by name holds it first.
+    curves = sorted(k for k in run.data.metrics if "/" in k)
+    assert curves[0] == "learning/1_loss" and all(k.startswith("learning/") for k in curves)
     assert 0.0 < run.data.metrics["masked_token_fraction"] < 1.0
     # the exact training data is an MLflow dataset input: the trajectories the mode used, no others
     (inp,) = run.inputs.dataset_inputs

@@ -51,7 +51,7 @@ def _run(tmp: Path, name: str, nproc: int, config: dict, data: Path) -> tuple[li
     client = mlflow.MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("ddp").experiment_id])
     assert len(runs) == 1, f"{len(runs)} MLflow runs for one training"
-    history = sorted(client.get_metric_history(runs[0].info.run_id, "loss"), key=lambda m: m.step)
+    history = sorted(client.get_metric_history(runs[0].info.run_id, "learning/1_loss"), key=lambda m: m.step)
     assert runs[0].data.metrics["world_size"] == nproc
     return [m.value for m in history], out, proc.stderr
 
