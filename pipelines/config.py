@@ -370,9 +370,11 @@ _DEMO: dict[str, Any] = {
     # a prompt spends its N_max = 8 unless BAR balances early). Learning rate 5e-5: Adam's first steps move every
     # weight by about the learning rate whatever the size of a 2-episode gradient, and at 2e-4 RL lost 1-5 of
     # the SFT model's held-out tasks in each of three runs on TRL; at 5e-5 it lost none in the run measured.
+    # Refill on: at T=0.5 most prompts give one reward N_max times, so a dropped group is replaced by another
+    # prompt's kept group (up to max_prompts_per_batch pulls a step; the rollout budget bounds the episodes).
     "rl": {"steps": 5, "rollout_budget": 40, "learning_rate": 5e-5, "temperature": 0.5,
            "rollout": {"sampler": "bar", "group_size": 4, "max_rollouts_per_prompt": 8, "stride": 4,
-                       "batch_prompts": 1},
+                       "batch_prompts": 1, "refill": True},
            "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}}},
     # One model whose turns are batched over 4 concurrent episodes (batch_local); greedy rows never depend
     # on their batch-mates, so the result is the same as one episode at a time.
@@ -407,7 +409,8 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
 #   k = 4 attempts each at the RL temperature (pass@1 per task from 4 samples; intervals clustered by task).
 # - RL: >= 1,000 episodes over all 200 training prompts, 8 prompts per optimizer step, BAR groups of 8 from up
 #   to 16 in waves of 4 with early abandon (a prompt whose first waves all fail is dropped when the posterior
-#   says the rest would too) and history (a prompt never solved in its last visit is skipped, GRESO-style).
+#   says the rest would too) and history (a prompt never solved in its last visit is skipped, GRESO-style);
+#   refill replaces each group so dropped by a kept group of another prompt, so a step keeps its 8 groups.
 #   Temperature 0.7 (not 1.0: at 1.0 a small model garbles the exact edit lines; not greedy: groups must vary).
 #   60 steps is an upper bound: the episode budget ends the run (about 12-15 updates). Learning rate 5e-6 and
 #   the temperature are untuned first choices (no full run on this machine yet).
@@ -425,7 +428,7 @@ _SMOL: dict[str, Any] = {
             "warmup_steps": 20},
     "rl": {"steps": 60, "rollout_budget": 1200, "learning_rate": 5e-6, "temperature": 0.7, "max_len": 4096,
            "rollout": {"sampler": "bar", "group_size": 8, "max_rollouts_per_prompt": 16, "stride": 4,
-                       "batch_prompts": 8, "early_stop": True, "history": True},
+                       "batch_prompts": 8, "early_stop": True, "history": True, "refill": True},
            "harness": {"max_steps": 10, "generation": {"max_new_tokens": 256}}},
     "evaluate": {"k": 4, "temperature": 0.7, "workers": 4, "batch_local": True,
                  "harness": {"max_steps": 10, "generation": {"max_new_tokens": 256}}},

@@ -40,7 +40,7 @@ Where the sampler's options meet TRL, numbered (3 refused by `RLConfig`, still o
    in this batch, with that prompt's own ids and rewards (`rollout_func` returns each completion's
    `prompt_ids`), up to `max_prompts_per_batch` pulls per call; `replacement_groups` counts them and each
    step logs its informative groups with and without them. TRL still logs the dealt prompt's text beside a
-   replacement's completion. Off by default in this stage.
+   replacement's completion. Off by default in this stage; every preset turns it on (docs/concepts/stages.md).
 3. Lookahead ordering (`RolloutConfig.lookahead` > 1): TRL's sampler orders the prompts. History's
    skipping does apply: a skipped prompt spends no episode and goes to TRL as placeholders.
 """
