@@ -354,11 +354,11 @@ _DEMO: dict[str, Any] = {
                        "tokenizer": {"vocab_size": 2048, "corpus_tasks": 64}}},
     "distill": {"teacher": "scripted", "error_rate": 0.1, "attempts_per_task": 1, "max_parallel": 2,
                 "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
-    # k = 1 continuation per state has no spread to estimate the credit's SE from (the estimator then uses the
-    # worst case, which credits nothing at z = 2): the demo turns the noise bar off and keeps epsilon alone,
-    # knowing that on a flat value curve about a quarter of the steps pass it by chance.
-    "credit": {"estimator": "monte_carlo", "max_trajectories": 3, "segments": {"epsilon": 0.05, "z": 0.0},
-               "monte_carlo": {"k": 1, "stride": 3, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 2}},
+    # k = 3 continuations per key state with the noise bar on (z = 2): a step is credited when all three flip from
+    # failure to success (components/credit/monte_carlo.py, departure 2), which a flat value curve does for 1-2 % of
+    # its steps; k = 1 with the bar off (the earlier setting) credited 16-22 %. 3x the continuations of k = 1.
+    "credit": {"estimator": "monte_carlo", "max_trajectories": 3, "segments": {"epsilon": 0.05},
+               "monte_carlo": {"k": 3, "stride": 3, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 2}},
     "sft": {"mode": "credited", "steps": 200, "learning_rate": 3e-3, "batch_size": 8, "max_len": 1024,
             "warmup_steps": 6},
     # Rollouts at T=0.5: at T=1 the SFT policy garbles a token of its 50-token edit in every episode (0 of 40
@@ -390,6 +390,7 @@ _DEMO: dict[str, Any] = {
 _TINY: dict[str, Any] = deep_merge(_DEMO, {
     "provision": {"n_train": 4, "n_heldout": 3, "difficulty": [1]},
     "distill": {"harness": {"max_steps": 10}},
+    # k = 1: the continuations run (the wiring is exercised) but the noise bar credits no step at one pair.
     "credit": {"max_trajectories": 2, "monte_carlo": {"k": 1, "stride": 3, "max_steps": 6}},
     "sft": {"steps": 4, "batch_size": 2, "max_len": 1024, "warmup_steps": 0},  # at 512 the cut dropped 75% of the loss
     "rl": {"steps": 1, "rollout_budget": 4,
