@@ -354,11 +354,11 @@ _DEMO: dict[str, Any] = {
                        "tokenizer": {"vocab_size": 2048, "corpus_tasks": 64}}},
     "distill": {"teacher": "scripted", "error_rate": 0.1, "attempts_per_task": 1, "max_parallel": 2,
                 "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
-    # k = 1 continuation per state has no spread to estimate the credit's SE from (the estimator then uses the
-    # worst case, which credits nothing at z = 2): the demo turns the noise bar off and keeps epsilon alone,
-    # knowing that on a flat value curve about a quarter of the steps pass it by chance.
-    "credit": {"estimator": "monte_carlo", "max_trajectories": 3, "segments": {"epsilon": 0.05, "z": 0.0},
-               "monte_carlo": {"k": 1, "stride": 3, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 2}},
+    # k = 3 continuations per key state with the noise bar on (z = 2): a step is credited when all three flip from
+    # failure to success (components/credit/monte_carlo.py, departure 2), which a flat value curve does for 1-2 % of
+    # its steps; k = 1 with the bar off (the earlier setting) credited 16-22 %. 3x the continuations of k = 1.
+    "credit": {"estimator": "monte_carlo", "max_trajectories": 3, "segments": {"epsilon": 0.05},
+               "monte_carlo": {"k": 3, "stride": 3, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 2}},
     "sft": {"mode": "credited", "steps": 200, "learning_rate": 3e-3, "batch_size": 8, "max_len": 1024,
             "warmup_steps": 6},
     # Rollouts at T=0.5: at T=1 the SFT policy garbles a token of its 50-token edit in every episode (0 of 40
@@ -370,9 +370,11 @@ _DEMO: dict[str, Any] = {
     # a prompt spends its N_max = 8 unless BAR balances early). Learning rate 5e-5: Adam's first steps move every
     # weight by about the learning rate whatever the size of a 2-episode gradient, and at 2e-4 RL lost 1-5 of
     # the SFT model's held-out tasks in each of three runs on TRL; at 5e-5 it lost none in the run measured.
+    # Refill on: at T=0.5 most prompts give one reward N_max times, so a dropped group is replaced by another
+    # prompt's kept group (up to max_prompts_per_batch pulls a step; the rollout budget bounds the episodes).
     "rl": {"steps": 5, "rollout_budget": 40, "learning_rate": 5e-5, "temperature": 0.5,
            "rollout": {"sampler": "bar", "group_size": 4, "max_rollouts_per_prompt": 8, "stride": 4,
-                       "batch_prompts": 1},
+                       "batch_prompts": 1, "refill": True},
            "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}}},
     # One model whose turns are batched over 4 concurrent episodes (batch_local); greedy rows never depend
     # on their batch-mates, so the result is the same as one episode at a time.
@@ -388,6 +390,7 @@ _DEMO: dict[str, Any] = {
 _TINY: dict[str, Any] = deep_merge(_DEMO, {
     "provision": {"n_train": 4, "n_heldout": 3, "difficulty": [1]},
     "distill": {"harness": {"max_steps": 10}},
+    # k = 1: the continuations run (the wiring is exercised) but the noise bar credits no step at one pair.
     "credit": {"max_trajectories": 2, "monte_carlo": {"k": 1, "stride": 3, "max_steps": 6}},
     "sft": {"steps": 4, "batch_size": 2, "max_len": 1024, "warmup_steps": 0},  # at 512 the cut dropped 75% of the loss
     "rl": {"steps": 1, "rollout_budget": 4,
@@ -407,7 +410,8 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
 #   k = 4 attempts each at the RL temperature (pass@1 per task from 4 samples; intervals clustered by task).
 # - RL: >= 1,000 episodes over all 200 training prompts, 8 prompts per optimizer step, BAR groups of 8 from up
 #   to 16 in waves of 4 with early abandon (a prompt whose first waves all fail is dropped when the posterior
-#   says the rest would too) and history (a prompt never solved in its last visit is skipped, GRESO-style).
+#   says the rest would too) and history (a prompt never solved in its last visit is skipped, GRESO-style);
+#   refill replaces each group so dropped by a kept group of another prompt, so a step keeps its 8 groups.
 #   Temperature 0.7 (not 1.0: at 1.0 a small model garbles the exact edit lines; not greedy: groups must vary).
 #   60 steps is an upper bound: the episode budget ends the run (about 12-15 updates). Learning rate 5e-6 and
 #   the temperature are untuned first choices (no full run on this machine yet).
@@ -425,7 +429,7 @@ _SMOL: dict[str, Any] = {
             "warmup_steps": 20},
     "rl": {"steps": 60, "rollout_budget": 1200, "learning_rate": 5e-6, "temperature": 0.7, "max_len": 4096,
            "rollout": {"sampler": "bar", "group_size": 8, "max_rollouts_per_prompt": 16, "stride": 4,
-                       "batch_prompts": 8, "early_stop": True, "history": True},
+                       "batch_prompts": 8, "early_stop": True, "history": True, "refill": True},
            "harness": {"max_steps": 10, "generation": {"max_new_tokens": 256}}},
     "evaluate": {"k": 4, "temperature": 0.7, "workers": 4, "batch_local": True,
                  "harness": {"max_steps": 10, "generation": {"max_new_tokens": 256}}},

@@ -58,8 +58,9 @@ _ADAPTIVE = dict(sampler="fixed", stride=2, early_stop=True, advantage_baseline=
 ARMS = {  # the same N = 8 everywhere
     "fixed N=8": RolloutConfig(sampler="fixed", refill=False),
     "DAPO N=8": RolloutConfig(sampler="fixed", refill=True),
-    "BAR published s=16": RolloutConfig(sampler="bar", stride=16, advantage_baseline="group"),  # s = N_max
-    "BAR s=4": RolloutConfig(sampler="bar", stride=4, advantage_baseline="group"),
+    "BAR published s=16": RolloutConfig(sampler="bar", stride=16, group_choice="ranked",  # s = N_max
+                                        advantage_baseline="group"),
+    "BAR s=4": RolloutConfig(sampler="bar", stride=4, group_choice="ranked", advantage_baseline="group"),
     "early stop s=2": RolloutConfig(**_ADAPTIVE),
     "+ history": RolloutConfig(**_ADAPTIVE, history=True),
     "+ history + prefix fork": RolloutConfig(**_ADAPTIVE, history=True, prefix_fork=True),
@@ -69,13 +70,13 @@ HEADLINE = "+ history + prefix fork"
 # What a forked attempt's pass rate is taken to be (SyntheticSource.prefix_exponent): the assumed formula,
 # and forking adding nothing (f ** inf = 0: p_fork = p). Every population runs under both.
 FORK_ASSUMPTIONS = {"assumed p+(1-p)f^2": 2.0, "none (p_fork = p)": math.inf}
-# The real arms: each is a train_rl run (MLflow, group-statistics plot) and an evaluation. The RL stage trains
-# with TRL, which computes advantages over the group and deals exactly batch_prompts prompts per step, so
-# DAPO refill and the pool baseline have no real arm (components/rl/stage.py's docstring).
+# The real arms: each is a train_rl run (MLflow, group-statistics plot) and an evaluation, with the RL stage's
+# advantages (the pool rule) and group choice (drawn). TRL deals exactly batch_prompts prompts per step, so DAPO
+# refill has no real arm (the stage's refill replaces a dropped group instead: components/rl/stage.py's docstring).
 REAL_ARMS = {
     "fixed": dict(sampler="fixed"),
     "bar": dict(sampler="bar"),
-    "adaptive": dict(_ADAPTIVE, advantage_baseline="group", history=True, prefix_fork=True),
+    "adaptive": dict(_ADAPTIVE, history=True, prefix_fork=True),
 }
 
 
@@ -115,7 +116,7 @@ def run_arm(cfg: RolloutConfig, prompts: dict[str, SyntheticPrompt], trajectorie
         stream = history.prefer(iter(order)) if cfg.history else iter(order)
         step = 0
         while budget.remaining > 0:
-            batch = sample_batch(stream, source, cfg, budget, step=epoch * 10_000 + step, history=history)
+            batch = sample_batch(stream, source, cfg, budget, step=epoch * 10_000 + step, history=history, seed=seed)
             records += batch.records
             step += 1
             if batch.stop_reason == "prompts_exhausted":
@@ -264,7 +265,7 @@ def teacher_sampling(args, sandbox, work: Path, tracking: TrackingConfig | None)
                 source = EpisodeSource(tasks, recipe, teacher, client, rl_cfg)
                 budget, prompts, records = RolloutBudget(args.budget), prompt_stream(sorted(tasks), args.seed), []
                 while budget.remaining > 0:
-                    records += sample_batch(prompts, source, cfg, budget).records
+                    records += sample_batch(prompts, source, cfg, budget, seed=args.seed).records
                 s = summarize(records) | {"imbalance": balance(records)}
                 log_metrics(s)
                 if tracking is not None:

@@ -14,10 +14,16 @@ Departures from the published rule, and why:
    c_t = V(s_t) - V(s_{t-1}) is a mean of *paired* differences X_{t,j} - X_{t-1,j}. Noise the two
    states share (the teacher's own slips) cancels; with independent seeds it adds up, and at k=3 the
    credit was mostly noise (SE ~0.27 against epsilon = 0.05).
-2. Each credit carries its standard error sd(paired differences)/sqrt(n) (spread evenly over the
-   interpolated steps between two key states), so segment selection can ask for c_t >= z * SE(c_t).
-   With k = 1 there is no spread to estimate it from: the worst-case SE is used (a step is then never
-   credited at z = 2); a preset that wants epsilon alone says so with `segments.z = 0`.
+2. Each credit carries its standard error (spread evenly over the interpolated steps between two key
+   states), so segment selection can ask for c_t >= z * SE(c_t). The variance of the paired differences
+   pools the sample's with one pseudo-pair at 1/2, the variance of the difference of two independent fair
+   outcomes (the most a flat value curve gives): `paired_credit_stderr`. With the plain sample variance a
+   few continuations that happen to agree read as noise-free (three pairs +1, +1, 0 cleared z = 2 exactly),
+   and a flat value curve with independent draws had ~9 % of its steps credited at k = 3; pooled, a step
+   at k = 3 needs all three continuations to flip from failure to success, which a flat curve does for at
+   most (1/4)^3 of key intervals (1-2 % of steps). k = 2 stays at ~6 % either way (two +1 pairs clear the
+   bar). At k = 1 the pseudo-pair alone gives SE 0.71 per key interval, so nothing is credited at z = 2,
+   while `segments.z = 0` (epsilon alone) credits ~20 % of a flat curve's steps.
 """
 
 from __future__ import annotations
@@ -145,6 +151,11 @@ class MonteCarloEstimator:
         )
 
 
+# The variance of X_b - X_a for two independent outcomes in {0, 1}: p_a(1 - p_a) + p_b(1 - p_b) <= 1/2. A flat
+# value curve whose continuations are not coupled (an LLM teacher given two different states) reaches it.
+FLAT_PAIR_VARIANCE = 0.5
+
+
 def value_stderr(p: float, n: int) -> float:
     """SE of a value estimated from n continuations for the noise bar: the plus-two (Agresti-Coull) binomial
     SE, so that a state whose few continuations all agree (p = 0 or 1, always so at k = 1) is not taken as
@@ -159,20 +170,18 @@ def paired_credit_stderr(keys: list[int], outcomes: dict[int, list[float | None]
     """SE of c_1..c_T from paired continuation outcomes at consecutive key states.
 
     Between key states a < b the interpolated curve rises (V_b - V_a)/(b - a) per step, so each of those
-    steps gets SE(mean of paired differences)/(b - a). With one complete pair (k = 1) the spread cannot be
-    estimated, so the worst case stands in: a difference of two outcomes in {0, 1} has variance at most 1,
-    SE 1/(b - a). It never falls back to "no SE" (which would make the noise bar epsilon alone: on a flat
-    value curve k = 1 then credits about a quarter of all steps). No complete pair: None."""
+    steps gets SE(mean of paired differences)/(b - a). The differences' variance is the sample's pooled
+    with one pseudo-pair at `FLAT_PAIR_VARIANCE`: (sum of squared deviations + 1/2) / n over n complete
+    pairs (the sample's n - 1 degrees of freedom plus the pseudo-pair's one), so n agreeing pairs are not
+    taken as noise-free and one pair (k = 1) gets the pseudo-pair's variance alone. No complete pair: None."""
     out: list[float | None] = [None] * T
     for a, b in zip(keys, keys[1:]):
         diffs = [xb - xa for xa, xb in zip(outcomes[a], outcomes[b]) if xa is not None and xb is not None]
         se = None
-        if len(diffs) == 1:
-            se = 1.0 / (b - a)
-        elif len(diffs) >= 2:
-            mean = sum(diffs) / len(diffs)
-            var = sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1)
-            se = math.sqrt(var / len(diffs)) / (b - a)
+        if diffs:
+            n, mean = len(diffs), sum(diffs) / len(diffs)
+            variance = (sum((d - mean) ** 2 for d in diffs) + FLAT_PAIR_VARIANCE) / n
+            se = math.sqrt(variance / n) / (b - a)
         for t in range(a + 1, b + 1):
             out[t - 1] = se
     return out

@@ -21,7 +21,7 @@ class SegmentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     epsilon: float = Field(0.05, ge=0.0, description="Minimum per-step rise c_t to count as credited (published 0.05).")
     z: float = Field(2.0, ge=0.0, description="Noise bar: c_t must also reach z * SE(c_t) when the estimator gives an SE "
-                                              "(0 = off: epsilon alone; Monte Carlo with k = 1 gives the worst-case SE).")
+                                              "(0 = off: epsilon alone; Monte Carlo with k = 1 credits nothing at z = 2).")
     min_length: int = Field(1, ge=1, description="Drop rise segments shorter than this many assistant steps.")
     smoothing_window: int = Field(1, ge=1, description="Centred moving-average window over V (1 = none; odd).")
 

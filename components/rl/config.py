@@ -24,8 +24,9 @@ class RLConfig(BaseModel):
     recipe: Recipe = Field("swe", description="Task suite (get_recipe name).")
     recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
     rollout: RolloutConfig = Field(
-        default_factory=lambda: RolloutConfig(advantage_baseline="group", refill=False),
-        description="Sampler: bar|fixed, N, N_max, stride, [rho_min, rho_max], batch_prompts (groups per step).")
+        default_factory=lambda: RolloutConfig(refill=False),
+        description="Sampler: bar|fixed, N, N_max, stride, [rho_min, rho_max], batch_prompts (groups per step), "
+                    "group_choice, advantage_baseline; refill off unless set.")
     rollout_budget: int | None = Field(None, ge=1, description="Global cap on episodes over the whole run.")
     steps: int = Field(4, ge=1, description="Optimizer steps (GRPOConfig max_steps).")
     learning_rate: float = Field(2e-4, gt=0, description="AdamW learning rate.")
@@ -93,15 +94,32 @@ class RLConfig(BaseModel):
     @field_validator("rollout")
     @classmethod
     def _sampler_fits_trl(cls, rollout: RolloutConfig) -> RolloutConfig:
-        """The sampler options TRL cannot honour (rl/stage.py's docstring) are refused when asked for, and their
-        defaults become what TRL does, so the records say what happened."""
-        if "advantage_baseline" in rollout.model_fields_set and rollout.advantage_baseline == "pool":
-            raise ValueError("rollout.advantage_baseline='pool' cannot apply in the RL stage: TRL computes "
-                             "advantages over each group (scale_rewards in rl.trl_args); set it to 'group' or "
-                             "leave it out (the pool baseline stays in the sampler study, compare_rollout.py)")
+        """The sampler option TRL cannot honour (rl/stage.py's docstring) is refused; refill is off unless asked
+        for (a replacement group costs episodes beyond the dealt prompt's)."""
         if rollout.lookahead > 1:
             raise ValueError("rollout.lookahead cannot apply in the RL stage: TRL deals the prompts (its sampler "
                              "orders them), so ours cannot reorder them by their history; set lookahead to 1 "
                              "(history still skips prompts whose recent groups were all one reward)")
         refill = rollout.refill if "refill" in rollout.model_fields_set else False  # off unless asked for
-        return rollout.model_copy(update={"advantage_baseline": "group", "refill": refill})
+        return rollout.model_copy(update={"refill": refill})
+
+    @model_validator(mode="after")
+    def _advantages_reach_trl_unchanged(self) -> RLConfig:
+        """The reward weights are ours (rl/stage.py `grpo_args`: the verifier's reward, or the sampler's
+        advantages); with the pool rule TRL must apply the sampler's advantages as they are: any scaling of its
+        own would undo the pool's weights."""
+        if "reward_weights" in self.trl_args:
+            raise ValueError("rl.trl_args.reward_weights is set by the RL stage (the verifier's reward or the "
+                             "sampler's advantages, by rollout.advantage_baseline); remove it")
+        if self.rollout.advantage_baseline == "pool":
+            raw = self.trl_args.get("scale_rewards", "none")
+            scale = {True: "group", False: "none"}.get(raw, raw)  # GRPOConfig's bool spelling
+            if scale != "none" or self.trl_args.get("multi_objective_aggregation", "sum_then_normalize") != \
+                    "sum_then_normalize":
+                raise ValueError("rollout.advantage_baseline='pool' hands TRL the sampler's advantages (GRPO over the "
+                                 "prompt's whole pool, components/rl/sampling/sampler.py); a TRL scaling "
+                                 f"(scale_rewards={self.trl_args.get('scale_rewards')!r}, multi_objective_aggregation="
+                                 f"{self.trl_args.get('multi_objective_aggregation')!r}) would rescale them per "
+                                 "group or batch. Drop those rl.trl_args, or set rollout.advantage_baseline='group' "
+                                 "to let TRL compute group advantages from the verified reward")
+        return self

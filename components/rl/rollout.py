@@ -12,7 +12,10 @@ chosen from up to N_max attempts) and returns per completion:
 - `env_mask`: 1 on sampled assistant tokens, 0 on tool/environment tokens and chat markup (no loss);
 - `logprobs`: the rollout logprobs of sampled tokens (`Step.logprobs` when the harness recorded them,
   else one no-grad forward of the rollout weights at the sampling temperature); 0 on env tokens;
-- `verified_reward`: +1 / -1, read by `verified_reward` (the reward function).
+- `verified_reward`: +1 / -1, read by `verified_reward` (the reward function TRL's group advantages come
+  from under `rollout.advantage_baseline="group"`);
+- `advantage`: the sampler's advantage of the attempt, read by `sampler_advantage` (the one the update uses
+  under `"pool"`, the default: GRPO over the prompt's whole pool, sampling/sampler.py deviation 2).
 
 A group the sampler does not keep (an attempt without a verified outcome, zero variance, abandoned,
 budget spent), and a fixed-size group left with fewer than N verified attempts (its record is marked
@@ -195,6 +198,15 @@ def verified_reward(prompts: list, completions: list, verified_reward: list[floa
     return list(verified_reward)
 
 
+def sampler_advantage(prompts: list, completions: list, advantage: list[float | None],
+                      **_: Any) -> list[float | None]:
+    """The second reward function: the advantage the sampler gave each completion; None for placeholder rows.
+    Under `rollout.advantage_baseline="pool"` `stage.grpo_args` weights it 1 and `verified_reward` 0, with
+    `scale_rewards="none"`: the group's advantages sum to zero, so TRL's group centring hands them to the loss
+    unchanged. Under `"group"` it is weighted 0 (logged only) and TRL computes group advantages itself."""
+    return list(advantage)
+
+
 class TRLRollout:
     """`rollout_func` for `GRPOTrainer`: sampler-chosen groups of real sandbox episodes (module docstring)."""
 
@@ -266,7 +278,7 @@ class TRLRollout:
         was_training = model.training
         source = self._episode_source(model, trainer)
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
-                                                "verified_reward", "attempt_id")}
+                                                "verified_reward", "advantage", "attempt_id")}
         task_ids = []
         for start in range(0, len(prompts), n):
             chunk = prompts[start:start + n]
@@ -336,7 +348,7 @@ class TRLRollout:
             records.append(skipped.model_copy(update={"replaces": replaces}))
             return []
         result = sample_prompt(task_id, source, self.config.rollout, self.budget, step=self.calls,
-                               history=self.history)
+                               history=self.history, seed=self.config.seed)
         record = result.record.model_copy(update={"replaces": replaces})
         if record.kept and len(result.group) != n:
             # A fixed group that lost attempts to infra errors or wall-clock cuts is smaller than N; TRL takes
@@ -401,7 +413,7 @@ class TRLRollout:
         logprobs = self._logprobs(traj, ids, mask, model, prefix_len)
         return {"prompt_ids": ids[:start], "completion_ids": ids[start:], "env_mask": mask[start:],
                 "logprobs": logprobs[start:], "verified_reward": float(attempt.reward),
-                "attempt_id": attempt.attempt_id}
+                "advantage": float(attempt.advantage), "attempt_id": attempt.attempt_id}  # type: ignore[arg-type]
 
     def _logprobs(self, traj: Trajectory, ids: list[int], mask: list[int], model: Any,
                   prefix_len: int = 0) -> list[float]:
@@ -430,7 +442,7 @@ class TRLRollout:
         end = self.tokenizer.eos_token_id  # a finished, empty turn: TRL counts it as terminated, not truncated
         return {"prompt_ids": render_prompt(steps_to_messages(initial_steps(task, self.recipe)), self.tokenizer),
                 "completion_ids": [end], "env_mask": [0], "logprobs": [0.0], "verified_reward": None,
-                "attempt_id": ""}
+                "advantage": None, "attempt_id": ""}
 
     def gather(self) -> None:
         """Under several processes: every rank's records and dropped groups, in rank order, on every rank."""

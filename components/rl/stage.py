@@ -14,8 +14,9 @@ The algorithm's choices, in order:
 3. Each episode goes to TRL as prompt + completion ids with `env_mask` 1 on the tokens the policy sampled
    and 0 on tool output and chat markup (and on a forked attempt's teacher prefix), with its rollout
    logprobs.
-4. TRL owns the update: group advantages (r - mean) / std (`scale_rewards`), the loss variant
-   (`loss_type`), PPO clipping (`clip_eps`/`clip_eps_high` -> `epsilon`/`epsilon_high`), KL to the
+4. TRL owns the update: the advantages (the sampler's, GRPO over the prompt's whole pool, by default;
+   with `rollout.advantage_baseline="group"` TRL's own group (r - mean) / std, `scale_rewards`), the loss
+   variant (`loss_type`), PPO clipping (`clip_eps`/`clip_eps_high` -> `epsilon`/`epsilon_high`), KL to the
    starting policy (`kl_coef` -> `beta`), `epochs_per_batch` -> `num_iterations`, AdamW, gradient
    clipping and, through accelerate, distribution (`launch`). Any other GRPOConfig field goes through
    `trl_args`. The global rollout budget ends the run early.
@@ -25,16 +26,21 @@ The algorithm's choices, in order:
    moving any weight (no router loss, no AdamW momentum step); `steps_done` counts the steps it let train
    (at least one kept, mixed-reward group): the promotion gate reads it.
 
-Where the sampler's options meet TRL, numbered (1 and 3 refused by `RLConfig`, still open to the sampler study
-in `scripts/compare_rollout.py`; 2 applies in its own form):
-1. The pool baseline (`RolloutConfig.advantage_baseline="pool"`): TRL computes advantages over the group.
+Where the sampler's options meet TRL, numbered (3 refused by `RLConfig`, still open to the sampler study in
+`scripts/compare_rollout.py`; 1 and 2 apply in their own form):
+1. The pool rule (`RolloutConfig.advantage_baseline="pool"`, the default; sampling/sampler.py deviation 2):
+   TRL computes advantages over the N rows of a group, so the sampler's advantages travel as a second
+   reward function (`rollout.sampler_advantage`, weight 1; the verified reward weight 0, still logged as
+   `rewards/verified_reward/mean`) with `scale_rewards="none"`: with +/-1 rewards they sum to zero over the
+   group, so TRL's centring leaves them unchanged. TRL's `reward` metric is then their mean (0), not the
+   verified reward's. A TRL scaling in `trl_args` would undo the pool's weights and is refused.
 2. Refill is not DAPO's (more prompts per step): TRL deals exactly `batch_prompts` prompts per optimizer step.
    With `rollout.refill` (BAR's "groups that remain unsuitable can be filtered and replenished from other
    tasks") a dropped group is replaced inside the rollout by a kept group of another training prompt, not
    in this batch, with that prompt's own ids and rewards (`rollout_func` returns each completion's
    `prompt_ids`), up to `max_prompts_per_batch` pulls per call; `replacement_groups` counts them and each
    step logs its informative groups with and without them. TRL still logs the dealt prompt's text beside a
-   replacement's completion. Off by default in this stage.
+   replacement's completion. Off by default in this stage; every preset turns it on (docs/concepts/stages.md).
 3. Lookahead ordering (`RolloutConfig.lookahead` > 1): TRL's sampler orders the prompts. History's
    skipping does apply: a skipped prompt spends no episode and goes to TRL as placeholders.
 """
@@ -53,7 +59,7 @@ from components.core.schema import Outcome, Task
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
 from components.rl.config import RLConfig
-from components.rl.rollout import TRLRollout, verified_reward
+from components.rl.rollout import TRLRollout, sampler_advantage, verified_reward
 
 
 class RLResult(BaseModel):
@@ -90,12 +96,23 @@ def grpo_args(config: RLConfig, out: Path, **overrides: Any) -> Any:
         # CPU processes (tests, laptops) talk over gloo; GPUs over NCCL, which accelerate picks itself.
         ddp_backend="gloo" if world_size() > 1 and not _cuda() else None,
     )
+    # The weights of `reward_functions()`, in order: under the pool rule the sampler's advantages go to the loss
+    # as they are (they sum to zero per group, so TRL's centring is a no-op, and "none" skips its scaling); under
+    # the group rule TRL computes group advantages from the verified reward (scale_rewards as trl_args say).
+    pool = r.advantage_baseline == "pool"
+    args.update(reward_weights=[0.0, 1.0] if pool else [1.0, 0.0], **({"scale_rewards": "none"} if pool else {}))
     if use_vllm(config):
         args.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
                     vllm_max_model_length=config.max_len)
     args.update(config.trl_args)
     args.update(overrides)
     return GRPOConfig(**args)
+
+
+def reward_functions() -> list:
+    """TRL's reward functions, in the order of `grpo_args`' reward_weights: the verified reward (+1 / -1) and the
+    sampler's advantage."""
+    return [verified_reward, sampler_advantage]
 
 
 def use_vllm(config: RLConfig) -> bool:
@@ -140,8 +157,11 @@ def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out
 # TRL's per-step logs that are headline curves of the run (components.core.tracking.curve), by position; the
 # rollout logs the other two (1 resolved rate, 5 uniform-group share: rollout.py). Every other TRL key is kept
 # under "trl/" (a section after the headline one). Rewards are the verifier's: +1 resolved, -1 unresolved, so
-# "reward" is 2 x (resolved share of the trained rows) - 1; KL (to the starting policy) exists when kl_coef > 0.
-TRL_CURVES = {"loss": 2, "entropy": 3, "kl": 4, "reward": 6}
+# "reward" is TRL's mean of the verified reward function over the trained rows, 2 x (their resolved share) - 1
+# (TRL's own "reward" is the weighted sum of the reward functions, the sampler's advantage under the pool rule);
+# KL (to the starting policy) exists when kl_coef > 0.
+TRL_CURVES = {"loss": (2, "loss"), "entropy": (3, "entropy"), "kl": (4, "kl"),
+              "rewards/verified_reward/mean": (6, "reward")}
 
 
 def trl_metrics_callback() -> Any:
@@ -156,7 +176,7 @@ def trl_metrics_callback() -> Any:
             if not logs or "loss" not in logs:  # the end-of-training summary carries train_loss, not loss
                 return
             numeric = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
-            log_metrics({(curve(TRL_CURVES[k], k) if k in TRL_CURVES else f"trl/{k}"): v for k, v in numeric.items()},
+            log_metrics({(curve(*TRL_CURVES[k]) if k in TRL_CURVES else f"trl/{k}"): v for k, v in numeric.items()},
                         step=state.global_step)
 
     return TRLMetrics()
@@ -228,7 +248,7 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
         _quiet_placeholder_warning()
         try:
             trainer = signal_only(GRPOTrainer)(
-                model=model, processing_class=tokenizer, reward_funcs=[verified_reward], args=args,
+                model=model, processing_class=tokenizer, reward_funcs=reward_functions(), args=args,
                 train_dataset=Dataset.from_list(rollout.dataset_rows()), rollout_func=rollout,
                 callbacks=[trainer_callback(), trl_metrics_callback()])
             trainer.train()

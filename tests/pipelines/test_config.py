@@ -181,3 +181,28 @@ def test_a_presets_recipe_options_stay_with_its_recipe():
     assert resolve("tiny").provision.recipe_options["packages"] == ["mathkit", "listutil"]  # the preset untouched
     chosen = resolve("tiny", ["recipe=claw", 'provision.recipe_options={"harness": "shell"}'])
     assert chosen.provision.recipe_options == {"harness": "shell"}  # the user's own options are kept
+
+
+def test_the_docs_table_says_exactly_what_each_preset_samples():
+    """docs/concepts/stages.md lists every `rl.rollout` field in which some preset departs from the sampler's
+    default, plus the ones that decide a group, with each preset's value: a preset change that the table does
+    not follow fails here (the smol guide once described refill as used while every preset had it off)."""
+    import re
+    from pathlib import Path
+
+    from components.rl.sampling import RolloutConfig
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "stages.md").read_text()
+    table = page.split("<!-- rl-rollout-presets -->")[1].split("<!-- /rl-rollout-presets -->")[0]
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.strip().splitlines()]
+    header, rows = rows[0], rows[2:]
+    presets = header[1:]
+    assert sorted(presets) == sorted(PRESETS)
+    listed = {re.fullmatch(r"`(\w+)`", row[0]).group(1): dict(zip(presets, row[1:])) for row in rows}
+    default = RolloutConfig()
+    for name in presets:
+        rollout = PipelineConfig.preset_config(name).rl.rollout
+        for field, values in listed.items():
+            assert values[name] == json.dumps(getattr(rollout, field)).strip('"'), (name, field)
+        departed = {f for f in RolloutConfig.model_fields if getattr(rollout, f) != getattr(default, f)}
+        assert departed <= set(listed), f"{name}: rl.rollout {sorted(departed - set(listed))} not in the docs table"

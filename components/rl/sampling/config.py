@@ -25,9 +25,16 @@ class RolloutConfig(BaseModel):
     time_truncated_to_backfill: bool = Field(
         True, description="A wall-clock cut carries no reward in either sampler (backfill pile, no baseline); "
                           "False: it is an ordinary verified attempt, like a step/token cut (rules.carries_reward).")
+    group_choice: Literal["random", "ranked"] = Field(
+        "random", description="Which positives and negatives fill a BAR group once their counts are chosen: drawn "
+                              "uniformly at random within each side (seeded by run seed, step and prompt), or the "
+                              "top-ranked (published: completed > truncated, so a step-limit loop is never chosen "
+                              "while completed failures remain).")
     advantage_baseline: Literal["pool", "group"] = Field(
-        "pool", description="Mean/std for advantages over all verified attempts of the prompt (Reinforce-Ada) "
-                            "or over the chosen group only (published BAR/GRPO). Same for fixed groups.")
+        "pool", description="GRPO over all verified attempts of the prompt, each group member weighted by the "
+                            "inverse of its side's share in the group (an unbiased estimate of GRPO on the whole "
+                            "pool: `rules.pool_advantages`), or GRPO over the chosen group only (published BAR). "
+                            "Fixed groups: the pool is the group, the same either way.")
     # --- batches
     batch_prompts: int = Field(4, ge=1, description="Groups (prompts) per training batch.")
     max_prompts_per_batch: int = Field(32, ge=1, description="Cap on prompts pulled (skips included) per batch.")

@@ -123,6 +123,8 @@ class PromptRecord(BaseModel):
     pool_aborted: int = Field(description="Attempts without a verified reward.")
     pool_time_truncated: int = Field(0, description="Verified wall-clock cuts kept out of the rewards "
                                                     "(`RolloutConfig.time_truncated_to_backfill`).")
+    pool_truncated: int = Field(0, description="Attempts with a reward cut by the step or token limit (status "
+                                               "truncated): failures the policy looped into.")
     prior: tuple[float, float] | None = Field(None, description="Beta prior (alpha, beta) of the pass rate used.")
     waves: list[StrideRecord] = Field(default_factory=list)
     rule: Rule = Field(description="How the group was assembled (or why no attempt was made).")
@@ -130,6 +132,9 @@ class PromptRecord(BaseModel):
     group_attempt_ids: list[str | None] = Field(default_factory=list, description="Their attempt ids.")
     group_positives: int = 0
     group_size: int = 0
+    group_truncated: int = Field(0, description="Of the group, attempts cut by the step or token limit.")
+    group_advantages: list[float] = Field(default_factory=list, description="The kept group's advantages, in "
+                                                                            "group order (what the update uses).")
     group_reward_variance: float = Field(0.0, description="Population variance of the kept group's rewards.")
     kept: bool = Field(description="The group trains (it is informative: mixed verified rewards).")
     drop_reason: DropReason | None = None
@@ -164,6 +169,8 @@ def summarize(records: list[PromptRecord]) -> dict[str, float]:
     rules = Counter(r.rule for r in records)
     sampled = [r for r in records if r.generated]
     trained = sum(r.group_size for r in kept)
+    trained_cut = sum(r.group_truncated for r in kept)
+    pooled = sum(r.pool_positives + r.pool_negatives for r in kept)
     variance = sum(r.group_reward_variance for r in kept)
     out = {
         "prompts": float(len(records)),
@@ -182,6 +189,10 @@ def summarize(records: list[PromptRecord]) -> dict[str, float]:
         "unrewarded_time_truncated_attempts": float(sum(r.pool_time_truncated for r in records)),
         "mean_group_positive_fraction": (sum(r.group_positives / r.group_size for r in kept) / len(kept)
                                          if kept else 0.0),
+        # Step/token-cut attempts among those trained on, beside their share of the kept prompts' pools: a
+        # group choice that never picks them shows 0 here against a positive pool share.
+        "trained_truncated_fraction": trained_cut / trained if trained else 0.0,
+        "pool_truncated_fraction": (sum(r.pool_truncated for r in kept) / pooled) if pooled else 0.0,
     }
     out.update({f"dropped_{k}": float(v) for k, v in reasons.items()})
     out.update({f"rule_{k}": float(v) for k, v in rules.items()})

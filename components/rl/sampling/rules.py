@@ -4,6 +4,7 @@ advantages."""
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 
 from components.core.schema import EpisodeStatus, Outcome, Trajectory
@@ -31,6 +32,14 @@ def choose_positives(n_pos: int, n_neg: int, n: int, lo: int, hi: int, target: i
     """The n+ in [lo, hi] closest to target that n_pos positives and n_neg negatives can fill, or None."""
     feasible = [k for k in range(lo, hi + 1) if k <= n_pos and n - k <= n_neg]
     return min(feasible, key=lambda k: (abs(k - target), k)) if feasible else None
+
+
+def choose_members(side: list[Attempt], count: int, rng: random.Random | None) -> list[Attempt]:
+    """`count` attempts of one side of the pool (its positives, or its negatives): drawn uniformly at random
+    with `rng`, or, without one, the first `count` in rank order (published BAR: completed > truncated >
+    time_truncated > aborted, then generation order). Returned in generation order either way."""
+    chosen = side[:count] if rng is None else rng.sample(side, count)
+    return sorted(chosen, key=lambda a: a.index)
 
 
 def carries_reward(a: Attempt, time_truncated_to_backfill: bool) -> bool:
@@ -107,8 +116,8 @@ def reward_variance(rewards: Sequence[float]) -> float:
 
 def advantages(group: Sequence[float], baseline_from: Sequence[float], eps: float = 1e-6) -> list[float]:
     """(r - mean) / std for the group's rewards, with mean and (population) std taken over `baseline_from`:
-    the group itself (GRPO), or every verified attempt of the prompt (Reinforce-Ada's global baseline).
-    With `baseline_from == group` this is GRPO's rule (`group_advantages`), the one TRL applies in the RL stage."""
+    the group itself (GRPO's rule, `group_advantages`), or every verified attempt of the prompt (what
+    `pool_advantages` then weights by each side's share in the group)."""
     if any(r is None for r in list(group) + list(baseline_from)):
         raise ValueError("an attempt without a verified reward reached the advantage computation; "
                          "the sampler must keep infra failures out of groups and baselines")
@@ -117,6 +126,23 @@ def advantages(group: Sequence[float], baseline_from: Sequence[float], eps: floa
     mean = sum(baseline_from) / len(baseline_from)
     std = math.sqrt(reward_variance(baseline_from))
     return [0.0 if std < eps else (r - mean) / std for r in group]
+
+
+def pool_advantages(group: Sequence[Attempt], pool: Sequence[Attempt]) -> list[float]:
+    """GRPO's advantage over the whole verified pool, each group member weighted by the inverse of the share
+    of its side (positives, or the rest) that the group holds (Horvitz-Thompson): a member drawn as one of
+    6 of 14 negatives stands for 14/6 of them. With the members of each side drawn uniformly at random, the
+    expected weight of every pool attempt is exactly its pool advantage, so the group's gradient is an
+    unbiased estimate of GRPO on all of the pool; with +/-1 rewards the group's advantages sum to zero.
+    `pool` is every attempt of the prompt that carries a reward, `group` a subset of it."""
+    rewards = [a.reward for a in pool]
+    if any(r is None for r in rewards) or any(a.reward is None for a in group):
+        raise ValueError("an attempt without a verified reward reached the advantage computation; "
+                         "the sampler must keep infra failures out of groups and baselines")
+    base = advantages([a.reward for a in group], rewards)  # type: ignore[misc]
+    in_pool = {True: sum(r > 0 for r in rewards), False: sum(r <= 0 for r in rewards)}  # type: ignore[operator]
+    in_group = {True: sum(a.reward > 0 for a in group), False: sum(a.reward <= 0 for a in group)}  # type: ignore[operator]
+    return [adv * in_pool[a.reward > 0] / in_group[a.reward > 0] for a, adv in zip(group, base)]  # type: ignore[operator]
 
 
 def group_advantages(rewards: Sequence[float | None]) -> list[float]:

@@ -6,13 +6,13 @@ on synthetic reward sources with known pass rates; `components/rl/rollout.py` pl
 Groups (`sampler`):
 - "fixed": N attempts per prompt (DAPO dynamic sampling when `refill`: uniform groups are dropped and
   more prompts are pulled until `batch_prompts` groups are informative).
-- "bar", Balanced Adaptive Rollout as published (arXiv 2605.15040): `stride` attempts per wave up to
-  N_max; after each wave choose n+ positives closest to round(rho* N) within [ceil(rho_min N),
-  floor(rho_max N)] that the pool can fill (aborted / time-truncated attempts go to a backfill pile
-  and never carry a reward into the balanced choice; each pile ranked completed > truncated >
-  time_truncated > aborted, then generation order) and stop; when N_max is spent widen to [0, 1],
-  then take the N top-ranked attempts; finally drop groups with an aborted sample, zero std or no
-  positive.
+- "bar", Balanced Adaptive Rollout (arXiv 2605.15040): `stride` attempts per wave up to N_max; after
+  each wave choose n+ positives closest to round(rho* N) within [ceil(rho_min N), floor(rho_max N)]
+  that the pool can fill (aborted / time-truncated attempts go to a backfill pile and never carry a
+  reward into the balanced choice) and stop; when N_max is spent widen to [0, 1], then take the N
+  top-ranked attempts (completed > truncated > time_truncated > aborted, then generation order);
+  finally drop groups with an aborted sample, zero std or no positive. Which n+ positives and which
+  N - n+ negatives fill the group: deviation 1.
 
 Options (each decision lands in the prompt's `PromptRecord` / `StrideRecord`):
 1. `early_stop`: after every wave whose verified attempts all agree, the Beta posterior of the pass
@@ -31,14 +31,30 @@ Options (each decision lands in the prompt's `PromptRecord` / `StrideRecord`):
    prompt toward forked pass rate 1/2 (longer after all forked attempts fail, shorter after all pass).
 
 Deviations from the published rule (BAR), numbered:
-1. Advantages use a baseline from all of the prompt's verified attempts (`advantage_baseline="pool"`,
-   Reinforce-Ada's global baseline), not from the chosen group. BAR picks a deliberately balanced
-   subset, so a group-level mean is ~0 and std ~1 whatever the prompt's pass rate: a success on a
-   prompt solved 3 times in 16 got the same +1.29 as one solved 3 times in 8. With the pool baseline
-   it gets +2.08 (mean -0.625, std 0.78 over the 16); the group's advantages no longer sum to zero,
-   which is the point: the subset changes which samples train, not how good each is judged. For
-   fixed groups the pool is the group, so nothing changes. `"group"` restores the published rule.
-2. "Aborted" means no verified reward (`reward is None` or status `aborted`: sandbox crash, service
+1. The group's members are drawn uniformly at random within each side of the pool (positives, negatives;
+   `group_choice="random"`, seeded by the run's seed, the step and the prompt), not taken in rank order.
+   Ranked, a completed failure always beat a step-truncated one: from 2 successes, 7 completed and 7
+   step-truncated failures (N = 8 of 16) the group held 6 completed failures and never a truncated one,
+   so looping to the step limit was never penalised while completed failures remained. Drawn, every
+   failure is trained with the same probability (N - n+) / |negatives|, and the group's truncated share
+   is the pool's in expectation (`PromptRecord.group_truncated` / `pool_truncated`). The counts n+ and
+   N - n+ are still BAR's. `"ranked"` restores the published order.
+2. Advantages are GRPO's over the whole verified pool, each member weighted by the inverse of its side's
+   share in the group (`advantage_baseline="pool"`, `rules.pool_advantages`: a Horvitz-Thompson estimate),
+   not GRPO's over the chosen group. BAR's group is deliberately balanced, so a group-level mean is ~0 and
+   std ~1 whatever the prompt's pass rate: a success at 2 of 16 got +1.73 (+1.62 with TRL's sample std)
+   where GRPO on the 16 gives +2.65, i.e. a prompt's weight in the update was compressed toward that of
+   a prompt solved half the time. Weighted, the success gets +2.65 and each of the 6 failures drawn from 14
+   gets -0.38 * 14 / 6 = -0.88; over the draw every pool attempt's expected weight is exactly its GRPO
+   advantage on the pool, so the N-row group is an unbiased estimate of GRPO on all N_max-or-fewer
+   attempts BAR generated (BAR decides which samples train, not how good each is judged or how much its
+   prompt weighs). With +/-1 rewards the group's advantages sum to zero, so TRL's group centring leaves
+   them unchanged (components/rl/stage.py: `scale_rewards="none"`). Two limits: the estimate is unbiased
+   for members drawn at random (with `"ranked"` the weights only rescale a biased choice), and BAR's
+   stopping rule depends on the outcomes, so the pool's pass rate is not an unbiased estimate of the
+   prompt's. For fixed groups the pool is the group (weights 1): GRPO either way. `"group"` restores the
+   published rule.
+3. "Aborted" means no verified reward (`reward is None` or status `aborted`: sandbox crash, service
    timeout, a verification run's OOM, lost agent; a policy command's own OOM is its outcome, see
    components/core/harness.py); such an attempt never carries a reward, and the final filter drops any
    group holding one.
@@ -49,19 +65,21 @@ Deviations from the published rule (BAR), numbered:
    as an ordinary negative, so the two samplers disagreed). With the option off it is an ordinary
    verified attempt in both. The harness charges the wall-clock budget with policy time only, so
    sandbox latency can never cause the cut.
-3. A group smaller than N (only when the global budget runs out mid-prompt) is dropped.
-4. Fixed-size groups remove attempts without a verified reward (they never enter mean/std); such a group
+4. A group smaller than N (only when the global budget runs out mid-prompt) is dropped.
+5. Fixed-size groups remove attempts without a verified reward (they never enter mean/std); such a group
    may train with fewer than N here, but the RL stage on TRL (exactly N rows per prompt) drops it as
    `short` (components/rl/rollout.py).
-5. Options 1-3 are not part of BAR; with all three off and `advantage_baseline="group"` the sampler
-   is the published rule.
+6. Options 1-3 are not part of BAR; with all three off, `group_choice="ranked"` and
+   `advantage_baseline="group"` the sampler is the published rule.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from typing import Literal
 
+from components.core.schema import EpisodeStatus
 from components.rl.sampling.config import RolloutConfig
 from components.rl.sampling.history import PromptHistory
 from components.rl.sampling.records import (
@@ -69,8 +87,8 @@ from components.rl.sampling.records import (
     SampledBatch, StrideRecord, DropReason,
 )
 from components.rl.sampling.rules import (
-    advantages, carries_reward, choose_positives, drop_reason, p_all_same, positive_range, reward_variance, split_pool,
-    target_positives,
+    advantages, carries_reward, choose_members, choose_positives, drop_reason, p_all_same, pool_advantages,
+    positive_range, reward_variance, split_pool, target_positives,
 )
 
 
@@ -87,8 +105,10 @@ def _generate(source: RolloutSource, prompt_id: str, n: int, pool: list[Attempt]
     return n
 
 
-def _assemble(pool: list[Attempt], cfg: RolloutConfig, final: bool) -> tuple[list[Attempt] | None, Rule]:
-    """The group the pool allows now (BAR: balanced; at the end widened or top-ranked; fixed: verified)."""
+def _assemble(pool: list[Attempt], cfg: RolloutConfig, final: bool,
+              rng: random.Random | None) -> tuple[list[Attempt] | None, Rule]:
+    """The group the pool allows now (BAR: balanced; at the end widened or top-ranked; fixed: verified).
+    `rng` draws each side's members (`group_choice="random"`); None takes them in rank order."""
     n = cfg.group_size
     if cfg.sampler == "fixed":
         return ([a for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)], "fixed") if final \
@@ -97,18 +117,20 @@ def _assemble(pool: list[Attempt], cfg: RolloutConfig, final: bool) -> tuple[lis
     pos, neg, _ = split_pool(pool, cfg.time_truncated_to_backfill)
     k = choose_positives(len(pos), len(neg), n, *positive_range(n, cfg.rho_min, cfg.rho_max), target)
     if k is not None:
-        return pos[:k] + neg[: n - k], "balanced"
+        return choose_members(pos, k, rng) + choose_members(neg, n - k, rng), "balanced"
     if not final:
         return None, "none"
     k = choose_positives(len(pos), len(neg), n, 0, n, target)
     if k is not None:
-        return pos[:k] + neg[: n - k], "widened"
-    return sorted(pool, key=lambda a: a.rank)[:n], "top_ranked"
+        return choose_members(pos, k, rng) + choose_members(neg, n - k, rng), "widened"
+    return sorted(pool, key=lambda a: a.rank)[:n], "top_ranked"  # dropped by the final filter: no draw needed
 
 
 def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, budget: RolloutBudget,
-                  step: int = 0, history: PromptHistory | None = None) -> PromptResult:
-    """Sample one prompt under `cfg`; the result's group is empty unless it trains."""
+                  step: int = 0, history: PromptHistory | None = None, seed: int = 0) -> PromptResult:
+    """Sample one prompt under `cfg`; the result's group is empty unless it trains. `seed` (the run's), `step`
+    and the prompt seed the draw of the group's members (`group_choice="random"`)."""
+    rng = random.Random(f"group/{seed}/{step}/{prompt_id}") if cfg.group_choice == "random" else None
     cap = cfg.max_rollouts_per_prompt if cfg.sampler == "bar" else cfg.group_size
     stride = cfg.stride if cfg.waves_within_group else cfg.group_size
     stats = history.get(prompt_id) if history is not None else None
@@ -127,7 +149,7 @@ def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, bud
             break
         generated = _generate(source, prompt_id, want, pool, budget, fraction if forking else None)
         pos, neg, back = split_pool(pool, cfg.time_truncated_to_backfill)
-        group, rule = _assemble(pool, cfg, final=cfg.sampler == "fixed" and len(pool) >= cap)
+        group, rule = _assemble(pool, cfg, final=cfg.sampler == "fixed" and len(pool) >= cap, rng=rng)
         wave = StrideRecord(wave=len(waves), generated=generated, forked=forking, positives=len(pos),
                             negatives=len(neg), backfill=len(back), balanced=rule == "balanced")
         waves.append(wave)
@@ -148,7 +170,7 @@ def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, bud
             abandoned, wave.decision = True, "abandon"
             break
     if group is None and pool and not abandoned:
-        group, rule = _assemble(pool, cfg, final=True)
+        group, rule = _assemble(pool, cfg, final=True, rng=rng)
     reason: DropReason | None
     if abandoned:
         group, rule, reason = [], "abandoned", "abandoned"
@@ -157,9 +179,11 @@ def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, bud
         reason = (drop_reason(group, cfg.group_size if cfg.sampler == "bar" else None, cfg.time_truncated_to_backfill)
                   if group else "short")
     if reason is None:
-        verified_pool = [a.reward for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)]
-        base = verified_pool if cfg.advantage_baseline == "pool" else [a.reward for a in group]
-        for a, adv in zip(group, advantages([a.reward for a in group], base)):  # type: ignore[arg-type]
+        rewarded = [a for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)]
+        rewards = [a.reward for a in group]
+        values = pool_advantages(group, rewarded) if cfg.advantage_baseline == "pool" else \
+            advantages(rewards, rewards)  # type: ignore[arg-type]
+        for a, adv in zip(group, values):
             a.advantage = adv
     if history is not None and cfg.history and pool:
         history.update(prompt_id, pool)
@@ -174,16 +198,19 @@ def _record(step: int, prompt_id: str, cfg: RolloutConfig, pool: list[Attempt], 
     usable = [a for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)]
     aborted = sum(a.aborted for a in pool)
     kept = reason is None and bool(group)
+    cut = EpisodeStatus.truncated
     return PromptRecord(
         step=step, prompt_id=prompt_id, sampler=cfg.sampler, generated=len(pool),
         forked=sum(a.forked for a in pool), prefix_fraction=fraction,
         env_steps=sum(a.env_steps + a.prefix_steps for a in pool), prefix_steps=sum(a.prefix_steps for a in pool),
         pool_positives=sum(a.reward > 0 for a in usable), pool_negatives=sum(a.reward <= 0 for a in usable),
-        pool_aborted=aborted, pool_time_truncated=len(pool) - len(usable) - aborted, prior=prior, waves=waves,
+        pool_aborted=aborted, pool_time_truncated=len(pool) - len(usable) - aborted,
+        pool_truncated=sum(a.status is cut for a in usable), prior=prior, waves=waves,
         rule=rule, group_indices=[a.index for a in group], group_attempt_ids=[a.attempt_id for a in group],
         group_positives=sum(1 for a in group if carries_reward(a, cfg.time_truncated_to_backfill)
                             and a.reward > 0),  # type: ignore[operator]
-        group_size=len(group),
+        group_size=len(group), group_truncated=sum(a.status is cut and not a.aborted for a in group),
+        group_advantages=[a.advantage for a in group] if kept else [],  # type: ignore[misc]
         group_reward_variance=reward_variance([a.reward for a in group]) if kept else 0.0,  # type: ignore[misc]
         kept=kept, drop_reason=reason, budget_exhausted=exhausted,
     )
@@ -206,7 +233,7 @@ def _skipped(step: int, prompt_id: str, cfg: RolloutConfig, history: PromptHisto
 
 
 def sample_batch(prompts: Iterator[str], source: RolloutSource, cfg: RolloutConfig, budget: RolloutBudget,
-                 step: int = 0, history: PromptHistory | None = None) -> SampledBatch:
+                 step: int = 0, history: PromptHistory | None = None, seed: int = 0) -> SampledBatch:
     """Pull prompts until `batch_prompts` informative groups are kept (`refill`) or `batch_prompts`
     prompts were sampled, or a budget / cap / the stream stops it. `history` must outlive the batch
     (one per run) when `cfg.history` is on."""
@@ -232,7 +259,7 @@ def sample_batch(prompts: Iterator[str], source: RolloutSource, cfg: RolloutConf
         if skipped is not None:
             records.append(skipped)
             continue
-        result = sample_prompt(prompt_id, source, cfg, budget, step, history)
+        result = sample_prompt(prompt_id, source, cfg, budget, step, history, seed)
         records.append(result.record)
         sampled += 1
         if result.record.kept:

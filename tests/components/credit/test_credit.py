@@ -58,21 +58,25 @@ def test_a_rise_must_clear_its_own_noise_bar():
 
 
 def test_paired_credit_stderr_from_continuation_outcomes():
+    """SE(mean paired difference) / (b - a), the differences' variance pooled with one pseudo-pair at 1/2:
+    (sum of squared deviations + 1/2) / n."""
     from components.credit.monte_carlo import independent_credit_stderr, paired_credit_stderr
 
     # keys 0, 2, 3: the same seeds succeed at 0 and 2 (paired differences all zero), then the terminal 0.
     outcomes = {0: [1.0, 0.0, 1.0, 0.0], 2: [1.0, 0.0, 1.0, 0.0], 3: [0.0] * 4}
     se = paired_credit_stderr([0, 2, 3], outcomes, 3)
-    assert se[0] == se[1] == 0.0  # identical pairs: no noise at all
-    assert se[2] == pytest.approx((1 / 3) ** 0.5 / 2)  # sd of (-1, 0, -1, 0) / sqrt(4)
+    # Four agreeing pairs are not noise-free: the pseudo-pair's variance alone, (0 + 1/2) / 4.
+    assert se[0] == se[1] == pytest.approx((0.5 / 4 / 4) ** 0.5 / 2)
+    assert se[2] == pytest.approx(((1 + 0.5) / 4 / 4) ** 0.5)  # differences (-1, 0, -1, 0): squares sum to 1
     # Key states two steps apart: the interpolated curve rises (V_2 - V_0) / 2 per step, so each step's SE
-    # is the paired difference's SE halved. Differences (1, 0, 0, -1): sd sqrt(2/3), SE sqrt(2/3) / 2.
+    # is the paired difference's SE halved. Differences (1, 0, 0, -1): squares sum to 2.
     spread = paired_credit_stderr([0, 2], {0: [0.0, 0.0, 1.0, 1.0], 2: [1.0, 0.0, 1.0, 0.0]}, 2)
-    assert spread == [pytest.approx((2 / 3) ** 0.5 / 2 / 2)] * 2
-    # an infra failure (None) drops only its own pair; no complete pair: unknown; one pair: the worst case
+    assert spread == [pytest.approx(((2 + 0.5) / 4 / 4) ** 0.5 / 2)] * 2
+    # an infra failure (None) drops only its own pair; no complete pair: unknown; one pair: the pseudo-pair alone
     assert paired_credit_stderr([0, 1], {0: [1.0, None, 0.0], 1: [1.0, 1.0, 1.0]}, 1) == [pytest.approx(0.5)]
     assert paired_credit_stderr([0, 1], {0: [1.0, None], 1: [None, 1.0]}, 1) == [None]
-    assert paired_credit_stderr([0, 3], {0: [1.0, None], 1: [1.0, 1.0], 3: [0.0, 1.0]}, 3) == [pytest.approx(1 / 3)] * 3
+    assert paired_credit_stderr([0, 3], {0: [1.0, None], 1: [1.0, 1.0], 3: [0.0, 1.0]}, 3) == \
+        [pytest.approx(0.5 ** 0.5 / 3)] * 3
     indep = independent_credit_stderr([0, 2], [0.2, None, 0.2], 2)
     assert indep == [pytest.approx(0.08 ** 0.5 / 2)] * 2
 
@@ -247,7 +251,7 @@ def _known_solvability_trajectory(client, task, recipe):
     return run_episode(task, recipe, ActionScript(calls), client, HarnessConfig(snapshot_every_step=True, max_steps=6))
 
 
-@pytest.mark.parametrize("use_snapshots,k", [(True, 1), pytest.param(False, 2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("use_snapshots,k", [(True, 1), (True, 3), pytest.param(False, 2, marks=pytest.mark.slow)])
 def test_monte_carlo_recovers_known_values_and_credits_the_repair(sandbox_client, use_snapshots, k):
     from components.credit.stage import apply_estimate
     from components.credit.monte_carlo import MonteCarloConfig, MonteCarloEstimator
@@ -266,10 +270,10 @@ def test_monte_carlo_recovers_known_values_and_credits_the_repair(sandbox_client
     assert estimate.samples == [k, k, k, 0]  # the state after submit is terminal: no continuation
     assert estimate.stderr == [0.0] * 4
     assert estimator.continuations == 3 * k and estimator.infra_failures == 0
-    # k = 1 gives no spread to estimate the credit's SE from: the worst case stands in and nothing clears
-    # the noise bar; the error-free teacher is exact, so this test turns the bar off (as the demo does).
+    # k = 1 gives no spread to estimate the credit's SE from: the pseudo-pair's stands in and nothing clears
+    # the noise bar; the error-free teacher is exact, so this test turns the bar off for k = 1.
     if k == 1:
-        assert estimate.credit_stderr == [1.0] * 3
+        assert estimate.credit_stderr == [pytest.approx(0.5 ** 0.5)] * 3
         assert not any(s.credited for s in apply_estimate(traj, estimate, SegmentConfig()).steps)
     labelled = apply_estimate(traj, estimate, SegmentConfig(z=0.0) if k == 1 else SegmentConfig())
     assert [s.credited for s in labelled.steps if s.role == "assistant"] == [False, True, False]
@@ -277,8 +281,8 @@ def test_monte_carlo_recovers_known_values_and_credits_the_repair(sandbox_client
 
 def test_common_random_numbers_cancel_the_teachers_noise_between_equal_states(sandbox_client):
     """Two no-op steps leave the state as it was: with common random numbers every continuation j
-    replays the same teacher decisions from s_0, s_1 and s_2, so both credits are exactly 0 with SE 0,
-    although each value on its own is a noisy mean of a teacher that fails half the time."""
+    replays the same teacher decisions from s_0, s_1 and s_2, so both credits are exactly 0 (their SE only the
+    pseudo-pair's), although each value on its own is a noisy mean of a teacher that fails half the time."""
     from components.core.harness import HarnessConfig, run_episode
     from components.credit.stage import apply_estimate
     from components.credit.monte_carlo import MonteCarloConfig, MonteCarloEstimator
@@ -296,8 +300,8 @@ def test_common_random_numbers_cancel_the_teachers_noise_between_equal_states(sa
     v0, v1, v2, v3 = estimate.values
     assert 0.0 < v0 < 1.0, "the teacher must be noisy for this test to mean anything"
     assert v0 == v1 == v2 and v3 == 0.0
-    assert estimate.credit_stderr[:2] == [0.0, 0.0]
-    assert estimate.credit_stderr[2] > 0.0
+    assert estimate.credit_stderr[:2] == [pytest.approx((0.5 / 6 / 6) ** 0.5)] * 2  # six agreeing pairs
+    assert estimate.credit_stderr[2] > estimate.credit_stderr[0]
     labelled = apply_estimate(traj, estimate, SegmentConfig())
     assert not any(s.credited for s in labelled.steps if s.role == "assistant")
     assert labelled.metadata["credit"]["credit_stderr"] == estimate.credit_stderr
@@ -348,3 +352,68 @@ def test_one_continuation_per_state_does_not_fall_back_to_epsilon(common_random_
         by_epsilon += sum(select_segments(values, SegmentConfig(), None))  # no SE: epsilon alone
         steps += T
     assert credited / steps < 0.05 < 0.2 < by_epsilon / steps
+
+
+class _FlatTeacher:
+    """Continuations whose success probability is `p` from every state, drawn independently at each state (an
+    LLM teacher given two different prefixes; common random numbers cannot couple them): a flat value curve,
+    so every credited step is noise. Stands in for `MonteCarloEstimator._continue` (one continuation's verified
+    outcome); everything above it (key states, terminal values, interpolation, SE, segments) is the real code."""
+
+    def __init__(self, p: float, seed: int):
+        import random
+
+        self.p, self.rng = p, random.Random(seed)
+
+    def estimator(self, config):
+        import random
+
+        from components.credit.monte_carlo import MonteCarloEstimator
+
+        teacher = self
+
+        class Flat(MonteCarloEstimator):
+            def estimate(self, trajectory, task):
+                self.nonce = teacher.rng.random()  # per trajectory, drawn here: continuations run in threads
+                return super().estimate(trajectory, task)
+
+            def _continue(self, task, prefix, snapshot, seed):  # seed: continuation j's, the same at every state
+                draw = random.Random(f"{self.nonce}/{len(prefix)}/{seed}").random()
+                return Outcome.resolved if draw < teacher.p else Outcome.unresolved
+
+        return Flat(config, recipe=None, client=None, policy_factory=lambda seed: None)
+
+
+def _credited_share_on_a_flat_curve(credit, p: float, trajectories: int = 300, seed: int = 0) -> float:
+    """Credited share of the assistant steps of unresolved trajectories shaped like the demo's (3-12 assistant
+    steps, half submitted (terminal value 0), half cut by the step limit), under `credit` (a CreditConfig)."""
+    import random
+
+    from components.credit.stage import apply_estimate
+
+    rng, teacher = random.Random(seed), _FlatTeacher(p, seed)
+    estimator = teacher.estimator(credit.monte_carlo)
+    task = Task(id="task-1", recipe="swe", split="train", prompt="Fix add.")
+    credited = steps = 0
+    for _ in range(trajectories):
+        traj = _trajectory(rng.randint(3, 12))
+        traj.status = rng.choice([EpisodeStatus.completed, EpisodeStatus.truncated])
+        labelled = apply_estimate(traj, estimator.estimate(traj, task), credit.segments)
+        flags = [s.credited for s in labelled.steps if s.role == "assistant"]
+        credited, steps = credited + sum(flags), steps + len(flags)
+    return credited / steps
+
+
+@pytest.mark.parametrize("p", [0.5, 0.25])
+def test_a_flat_value_curve_credits_almost_nothing_at_the_demos_setting(p):
+    """The demo's credit setting (k, stride, epsilon, z as the preset has them) on a flat value curve: 1-2 % of
+    steps credited by chance at p = 1/2, the worst case (a step needs all k = 3 continuations to flip from
+    failure to success). The demo's earlier setting, k = 1 with the noise bar off, credits 16-22 %."""
+    from pipelines.config import PipelineConfig
+
+    demo = PipelineConfig.preset_config("demo").credit
+    assert demo.estimator == "monte_carlo"
+    assert _credited_share_on_a_flat_curve(demo, p) < 0.03
+    earlier = demo.model_copy(update={"monte_carlo": demo.monte_carlo.model_copy(update={"k": 1}),
+                                      "segments": demo.segments.model_copy(update={"z": 0.0})})
+    assert _credited_share_on_a_flat_curve(earlier, p) > 0.1

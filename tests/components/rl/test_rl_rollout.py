@@ -21,32 +21,39 @@ def _trainer(rl_inputs, config, client, tmp_path):
     from components.core.modeling import load_policy
     from components.core.store import TaskStore
     from components.recipes import get_recipe
-    from components.rl.stage import grpo_args
-    from components.rl.rollout import TRLRollout, verified_reward
+    from components.rl.stage import grpo_args, reward_functions
+    from components.rl.rollout import TRLRollout
 
     model, tokenizer = load_policy(rl_inputs / "sft")
     tasks = {t.id: t for t in TaskStore(rl_inputs / "tasks").read(split="train")}
     rollout = TRLRollout(tasks, get_recipe("swe"), client, config, tokenizer)
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[verified_reward],
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_functions(),
                           args=grpo_args(config, tmp_path), train_dataset=Dataset.from_list(rollout.dataset_rows()),
                           rollout_func=rollout)
     return trainer, rollout
 
 
-def test_tool_tokens_carry_no_loss_in_trls_objective(rl_inputs, sandbox_service, tmp_path):
-    """Perturbing the model's output (final hidden state, hence logits) wherever env_mask is 0 (tool observations, chat markup) leaves
-    TRL's loss and its gradient unchanged; perturbing one sampled token's logits changes the gradient."""
+def _coin_pair(rl_inputs, sandbox_service, tmp_path, max_steps: int):
+    """One group of N = 2 of the coin task through TRL's own `_generate_and_score_completions` (trainer, rollout,
+    TRL's batch). Up to 16 coin flips for one mixed pair (a group of one reward has odds 2^-15, not 2^-7), in
+    waves of 4, so the pool always holds more attempts than the group."""
     from components.rl.sampling import RolloutConfig
 
-    # Up to 16 coin flips for one mixed pair: a group of one reward (no advantage) has odds 2^-15, not 2^-7.
-    config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=10)),
-                     rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=16, stride=2, rho_min=0.5,
-                                           rho_max=0.5, batch_prompts=1))
+    config = _config(sandbox_service, harness=HarnessConfig(max_steps=max_steps, generation=GenerationConfig(
+        max_new_tokens=10)), rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=16, stride=4, rho_min=0.5,
+                                                   rho_max=0.5, batch_prompts=1))
     with config.sandbox.client() as client:
         trainer, rollout = _trainer(rl_inputs, config, client, tmp_path)
         coin = next(r for r in rollout.dataset_rows() if r["task_id"] == "coin")
         batch = trainer._generate_and_score_completions([dict(coin), dict(coin)])  # TRL writes into each row
         rollout.close()
+    return trainer, rollout, batch
+
+
+def test_tool_tokens_carry_no_loss_in_trls_objective(rl_inputs, sandbox_service, tmp_path):
+    """Perturbing the model's output (final hidden state, hence logits) wherever env_mask is 0 (tool observations, chat markup) leaves
+    TRL's loss and its gradient unchanged; perturbing one sampled token's logits changes the gradient."""
+    trainer, rollout, batch = _coin_pair(rl_inputs, sandbox_service, tmp_path, max_steps=2)
     assert rollout.records[0].kept and batch["advantages"].abs().sum() > 0
     keep = batch["completion_mask"] * batch["tool_mask"]
     assert (keep == 0).any() and (keep == 1).any()  # both tool/markup and sampled tokens in the completions
@@ -92,6 +99,24 @@ def test_tool_tokens_carry_no_loss_in_trls_objective(rl_inputs, sandbox_service,
     _, control = loss_and_grads(lambda first, length: [(b, first + j) for b, j in sampled])
     # The probe does reach the objective (its value is ratio 1 on-policy, so the gradient shows it).
     assert any(not torch.allclose(control[n], g, atol=1e-7, rtol=0) for n, g in base_grads.items())
+
+
+def test_trl_trains_on_the_samplers_pool_advantages_unchanged(rl_inputs, sandbox_service, tmp_path):
+    """Under the pool rule (the default) the advantages in TRL's batch are exactly the ones the sampler gave the
+    group (GRPO over the prompt's whole pool of >= 4, weighted: sampling/sampler.py deviation 2, at least +-1.73
+    for a mixed pool), not TRL's own (r - mean) [/ std] of the pair's verified rewards (+-1 or +-0.707)."""
+    import pytest
+
+    _, rollout, batch = _coin_pair(rl_inputs, sandbox_service, tmp_path, max_steps=1)
+    (record,) = rollout.records
+    assert record.kept and record.group_positives == 1
+    positives, negatives = record.pool_positives, record.pool_negatives
+    mean = (positives - negatives) / (positives + negatives)
+    std = (1 - mean ** 2) ** 0.5
+    expected = sorted([(1 - mean) / std * positives, (-1 - mean) / std * negatives])  # one member stands for its side
+    assert sorted(record.group_advantages) == pytest.approx(expected)
+    assert batch["advantages"].tolist() == pytest.approx(record.group_advantages, abs=1e-6)
+    assert record.generated >= 4 and min(abs(a) for a in batch["advantages"].tolist()) > 1.7
 
 
 class _FlakyClient:

@@ -87,11 +87,15 @@ def test_balanced_prompt_stops_after_the_first_stride():
 def test_skewed_prompt_keeps_sampling_until_the_group_can_be_balanced():
     # N=8, [0.375, 0.625] -> 3..5 positives, target 4. Two positives in the first 8, a third at 12.
     script = [P, N, N, N, N, N, P, N] + [N, N, N, P] + [P] * 4
-    res = sample_prompt("skew", ScriptedSource({"skew": script}), cfg(), RolloutBudget())
+    res = sample_prompt("skew", ScriptedSource({"skew": script}), cfg(group_choice="ranked"), RolloutBudget())
     assert res.record.generated == 12 and res.record.rule == "balanced"
     assert res.record.group_positives == 3 and len(res.group) == 8
-    # Positives first in generation order, then the earliest negatives.
+    # Published order: positives first in generation order, then the earliest negatives.
     assert res.record.group_indices == [0, 6, 11, 1, 2, 3, 4, 5]
+    # Drawn (the default): the same counts, all three positives, five of the nine negatives.
+    res = sample_prompt("skew", ScriptedSource({"skew": script}), cfg(), RolloutBudget(), seed=1)
+    assert res.record.group_indices[:3] == [0, 6, 11] and res.record.group_positives == 3
+    assert set(res.record.group_indices[3:]) < {1, 2, 3, 4, 5, 7, 8, 9, 10}
 
 
 def test_budget_exhaustion_widens_to_any_mix():
@@ -136,7 +140,7 @@ def test_too_few_verified_attempts_fall_back_to_top_ranked_and_drop_the_group():
 
 def test_ranking_prefers_completed_over_truncated_and_time_truncated_goes_to_backfill():
     script = ([(N, S.truncated)] * 4 + [(N, S.time_truncated)] * 4 + [P] * 4 + [N] * 4)
-    res = sample_prompt("r", ScriptedSource({"r": script}), cfg(stride=16), RolloutBudget())
+    res = sample_prompt("r", ScriptedSource({"r": script}), cfg(stride=16, group_choice="ranked"), RolloutBudget())
     r = res.record
     assert r.rule == "balanced" and r.group_positives == 4
     assert r.waves[0].backfill == 4  # the time-truncated ones
@@ -145,6 +149,40 @@ def test_ranking_prefers_completed_over_truncated_and_time_truncated_goes_to_bac
     res = sample_prompt("r", ScriptedSource({"r": [(N, S.time_truncated)] * 4 + [P] * 4}),
                             cfg(stride=8, time_truncated_to_backfill=False), RolloutBudget())
     assert res.record.rule == "balanced" and res.record.generated == 8
+
+
+# The pool of the review: 2 successes, 7 completed failures, 7 failures cut by the step limit (N = 8 of 16).
+FINDING_POOL = [P, N, (N, S.truncated), N, (N, S.truncated), N, (N, S.truncated), N,
+                (N, S.truncated), N, (N, S.truncated), P, (N, S.truncated), N, (N, S.truncated), N]
+
+
+def test_failures_are_drawn_without_regard_to_how_they_ended():
+    """Ranked (published BAR), completed > truncated put every step-limit loop last: the group took 6 completed
+    failures and never a truncated one, so looping to the step limit was never penalised. Drawn (the default,
+    seeded by run seed, step and prompt), each failure is trained with probability 6/14 and the group's truncated
+    share is the pool's (7/14) in expectation: 3 of the 6 negatives."""
+    draws = 3000
+    included: dict[int, int] = {}
+    truncated = 0
+    for step in range(draws):
+        res = sample_prompt("f", ScriptedSource({"f": FINDING_POOL}), cfg(), RolloutBudget(), step=step)
+        assert (res.record.generated, res.record.rule, res.record.group_positives) == (16, "widened", 2)
+        truncated += sum(a.status is S.truncated for a in res.group)
+        for i in res.record.group_indices:
+            included[i] = included.get(i, 0) + 1
+    # Hypergeometric(14, 7, 6): mean 3, sd 0.96 per draw, so 0.1 is ~6 standard errors of the mean of 3000.
+    assert truncated / draws == pytest.approx(3.0, abs=0.1)
+    failures = [i for i, x in enumerate(FINDING_POOL) if x != P]
+    assert all(included[i] == draws for i in (0, 11))  # both successes, always
+    assert all(included.get(i, 0) / draws == pytest.approx(6 / 14, abs=0.05) for i in failures)
+    again = sample_prompt("f", ScriptedSource({"f": FINDING_POOL}), cfg(), RolloutBudget(), step=7)
+    assert again.record.group_indices == sample_prompt("f", ScriptedSource({"f": FINDING_POOL}), cfg(),
+                                                       RolloutBudget(), step=7).record.group_indices  # seeded
+    ranked = sample_prompt("f", ScriptedSource({"f": FINDING_POOL}), cfg(group_choice="ranked"), RolloutBudget())
+    assert sum(a.status is S.truncated for a in ranked.group) == 0  # the published order: never one
+    assert (ranked.record.pool_truncated, ranked.record.group_truncated) == (7, 0)
+    assert summarize([ranked.record])["trained_truncated_fraction"] == 0.0
+    assert summarize([ranked.record])["pool_truncated_fraction"] == 7 / 16
 
 
 def test_batch_replenishes_from_more_prompts_until_full():

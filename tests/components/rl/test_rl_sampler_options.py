@@ -163,23 +163,50 @@ def test_dapo_refill_fills_the_batch_and_fixed_does_not():
     assert [r.prompt_id for r in fixed.records] == order[:4] and len(fixed.groups) == 2
 
 
-# --- advantages: a baseline from all of the prompt's attempts -----------------------------------
-def test_balanced_subset_gets_the_pool_baseline():
-    from tests.components.rl.test_rl_sampler import ScriptedSource
+# --- advantages: GRPO over the prompt's whole pool --------------------------------------------------
+def test_pool_advantages_are_grpo_on_the_whole_pool_in_expectation():
+    """The review's pool (2 successes, 14 failures of 16; N = 8): GRPO over the chosen group gives a success
+    +1.73 (+1.62 with TRL's sample std) whatever the pass rate; GRPO over the 16 gives +2.65. The pool rule
+    gives the success +2.65 in every draw, and over the draw each attempt's expected advantage (included or
+    not) is exactly its GRPO advantage over the 16: the group is an unbiased estimate of GRPO on the pool."""
+    from tests.components.rl.test_rl_sampler import FINDING_POOL, ScriptedSource
 
-    script = [P, N, N, N, N, N, N, N] + [N, N, P, N, N, P, N, N]  # 3 of 16 solved
-    res = sample_prompt("s", ScriptedSource({"s": script}), RolloutConfig(stride=16), RolloutBudget())
-    assert res.record.rule == "balanced" and res.record.group_positives == 3
-    mean, std = -10 / 16, math.sqrt(1 - (10 / 16) ** 2)
-    assert [a.advantage for a in res.group] == pytest.approx([(1 - mean) / std] * 3 + [(-1 - mean) / std] * 5)
-    assert res.group[0].advantage == pytest.approx(2.0817, abs=1e-4)
-    res = sample_prompt("s", ScriptedSource({"s": script}), RolloutConfig(stride=16, advantage_baseline="group"),
+    mean, std = -12 / 16, math.sqrt(1 - (12 / 16) ** 2)
+    grpo = {P: (1 - mean) / std, N: (-1 - mean) / std}
+    assert grpo[P] == pytest.approx(2.6458, abs=1e-4)
+    draws, weight = 3000, [0.0] * 16
+    for step in range(draws):
+        res = sample_prompt("s", ScriptedSource({"s": FINDING_POOL}), RolloutConfig(), RolloutBudget(), step=step)
+        advantages = [a.advantage for a in res.group]
+        assert [adv for a, adv in zip(res.group, advantages) if a.reward > 0] == pytest.approx([grpo[P]] * 2)
+        assert [adv for a, adv in zip(res.group, advantages) if a.reward < 0] == pytest.approx([grpo[N] * 14 / 6] * 6)
+        assert sum(advantages) == pytest.approx(0.0, abs=1e-9)  # TRL's group centring leaves them as they are
+        assert res.record.group_advantages == advantages
+        for a in res.group:
+            weight[a.index] += a.advantage / draws
+    for i, outcome in enumerate(FINDING_POOL):
+        assert weight[i] == pytest.approx(grpo[P] if outcome == P else grpo[N], abs=0.04), i
+    # The published rule: GRPO over the balanced group, compressed whatever the pool's pass rate.
+    res = sample_prompt("s", ScriptedSource({"s": FINDING_POOL}), RolloutConfig(advantage_baseline="group"),
                         RolloutBudget())
     assert [a.advantage for a in res.group] == pytest.approx(group_advantages([a.reward for a in res.group]))
+    assert max(a.advantage for a in res.group) == pytest.approx(1.5 / math.sqrt(0.75))
     # Fixed groups: the pool is the group, the rule is GRPO's either way.
     res = sample_prompt("h", SyntheticSource(prompts(h=0.5), seed=2), RolloutConfig(sampler="fixed"), RolloutBudget())
     assert res.record.kept
     assert [a.advantage for a in res.group] == pytest.approx(group_advantages([a.reward for a in res.group]))
+
+
+def test_positives_drawn_from_a_larger_side_stand_for_all_of_it():
+    """12 successes and 4 failures in one wave of 16: BAR trains 4 of the 12 successes (drawn) and all 4
+    failures; each drawn success stands for 3, so the success side weighs what GRPO over the 16 gives it."""
+    from tests.components.rl.test_rl_sampler import ScriptedSource
+
+    script = [P] * 12 + [N] * 4
+    res = sample_prompt("s", ScriptedSource({"s": script}), RolloutConfig(stride=16), RolloutBudget(), seed=3)
+    std = math.sqrt(1 - 0.5 ** 2)
+    assert sorted(a.advantage for a in res.group) == pytest.approx([(-1 - 0.5) / std] * 4 + [3 * (1 - 0.5) / std] * 4)
+    assert {a.index for a in res.group} >= {12, 13, 14, 15} and res.record.group_positives == 4
 
 
 # --- the synthetic source and the comparison ----------------------------------------------------

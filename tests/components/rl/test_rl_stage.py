@@ -142,17 +142,26 @@ def test_steps_with_only_dropped_groups_leave_every_weight_as_it_was(rl_inputs, 
 @pytest.mark.parametrize(("setting", "message"), [
     ({"engine": "builtin"}, "builtin RL engine .* was removed"),
     ({"engine": "trl"}, "rl.engine was removed"),
-    ({"rollout": {"advantage_baseline": "pool"}}, "advantage_baseline='pool' cannot apply"),
+    ({"trl_args": {"scale_rewards": "group"}}, "would rescale them"),
+    ({"trl_args": {"scale_rewards": True}}, "would rescale them"),
+    ({"trl_args": {"multi_objective_aggregation": "normalize_then_sum"}}, "would rescale them"),
+    ({"trl_args": {"reward_weights": [1.0, 1.0]}, "rollout": {"advantage_baseline": "group"}},
+     "reward_weights is set by the RL stage"),
+    ({"rollout": {"lookahead": 4, "history": True}}, "lookahead cannot apply"),
 ])
 def test_settings_trl_cannot_honour_are_refused(setting, message):
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match=message):
         RLConfig.model_validate(setting)
-    config = RLConfig.model_validate({"rollout": {"sampler": "fixed"}})  # left out: what TRL does
-    assert (config.rollout.advantage_baseline, config.rollout.refill) == ("group", False)
+    config = RLConfig.model_validate({"rollout": {"sampler": "fixed"}})  # left out: the pool rule, drawn, no refill
+    assert (config.rollout.advantage_baseline, config.rollout.group_choice, config.rollout.refill) == \
+        ("pool", "random", False)
     assert RLConfig.model_validate(config.model_dump()) == config  # a dumped config (pipelines) loads back
     assert RLConfig.model_validate({"rollout": {"refill": True}}).rollout.refill  # BAR's refill inside rollout_func
+    # TRL's own scaling stays open to the group rule, and "none" to the pool rule.
+    assert RLConfig(trl_args={"scale_rewards": "batch"}, rollout=RolloutConfig(advantage_baseline="group"))
+    assert RLConfig(trl_args={"scale_rewards": False})
 
 
 def test_grpo_args_map_our_fields_one_to_one(tmp_path):
@@ -165,3 +174,12 @@ def test_grpo_args_map_our_fields_one_to_one(tmp_path):
     assert (args.max_steps, args.learning_rate, args.num_iterations, args.epsilon_high, args.beta) == (5, 1e-4, 2, 0.3, 0.05)
     assert (args.num_generations, args.per_device_train_batch_size, args.gradient_accumulation_steps) == (4, 4, 3)
     assert args.temperature == 0.7 and args.loss_type == "dapo" and args.epsilon == 0.15  # trl_args override
+    # reward_functions() = [verified reward, sampler's advantage]: the pool rule trains on the second as it is,
+    # the group rule lets TRL compute group advantages from the first.
+    from components.rl.stage import reward_functions
+
+    assert [f.__name__ for f in reward_functions()] == ["verified_reward", "sampler_advantage"]
+    assert (args.reward_weights, args.scale_rewards) == ([0.0, 1.0], "none")
+    group = grpo_args(config.model_copy(update={"rollout": config.rollout.model_copy(
+        update={"advantage_baseline": "group"})}), tmp_path)
+    assert (group.reward_weights, group.scale_rewards) == ([1.0, 0.0], "group")
