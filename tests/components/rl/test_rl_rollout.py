@@ -236,9 +236,9 @@ def test_the_prompts_of_a_batch_share_each_batched_forward(rl_inputs, sandbox_se
 
     from components.core.modeling import load_policy
     from components.recipes import get_recipe
-    from components.rl.rollout import TRLRollout, verified_reward
+    from components.rl.rollout import TRLRollout
     from components.rl.sampling import RolloutConfig
-    from components.rl.stage import grpo_args
+    from components.rl.stage import grpo_args, reward_functions
 
     config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=6)),
                      rollout=RolloutConfig(sampler="fixed", group_size=2, max_rollouts_per_prompt=2, stride=2,
@@ -249,7 +249,7 @@ def test_the_prompts_of_a_batch_share_each_batched_forward(rl_inputs, sandbox_se
     with config.sandbox.client() as client:
         rollout = TRLRollout(tasks, get_recipe("swe"), client, config, tokenizer)
         rows = rollout.dataset_rows()
-        trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=[verified_reward],
+        trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_functions(),
                               args=grpo_args(config, tmp_path), train_dataset=Dataset.from_list(rows),
                               rollout_func=rollout)
         trainer._generate_and_score_completions([dict(rows[0]), dict(rows[0]), dict(rows[1]), dict(rows[1])])
