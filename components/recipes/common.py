@@ -1,4 +1,4 @@
-"""Small helpers the GUI and Claw recipes share: difficulty filtering and check-list verdicts."""
+"""Small helpers the recipes share: difficulty filtering, family splits and check-list verdicts."""
 
 from __future__ import annotations
 
@@ -17,6 +17,18 @@ def families_at(families: tuple[str, ...], difficulty: int | list[int] | None,
     kept = tuple(f for f in families if levels_by_family[f] in levels)
     if not kept:
         raise ValueError(f"no task family at difficulty {sorted(levels)}; levels are {levels_by_family}")
+    return kept
+
+
+def families_for_split(pool: tuple[str, ...], heldout_families: tuple[str, ...], split: str) -> tuple[str, ...]:
+    """The families `split` draws from: with `heldout_families`, held-out tasks come from them only and train and
+    validation tasks never do (validation tunes on the training families: tuning must not see the held-out ones);
+    without, every split draws from `pool`."""
+    if split == "heldout":
+        return tuple(heldout_families) or tuple(pool)
+    kept = tuple(f for f in pool if f not in heldout_families)
+    if not kept:
+        raise ValueError(f"every family is held out ({list(heldout_families)}): the {split} split would be empty")
     return kept
 
 
