@@ -264,7 +264,7 @@ def plot_resolved_rates(report: RunReport):
         ax.annotate(f"n={r.evaluated if r.evaluated is not None else '?'}", (bar.get_x() + bar.get_width() / 2, 1),
                     ha="center", va="bottom", fontsize=8, color="white" if bar.get_height() > 8 else "black")
     ax.set_ylabel("held-out resolved rate (%)")
-    ax.set_title("resolved rate, 95% interval (clustered by task), n attempts", fontsize=9)
+    ax.set_title("resolved rate, 95% interval (clustered by task and unit), n attempts", fontsize=9)
     ax.set_ylim(0, 100)
     fig.tight_layout()
     return fig
