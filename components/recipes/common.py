@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from components.core.recipe_base import VerifyResult
-from components.core.schema import TestReport
+from components.core.schema import Task, TestReport
 
 
 def families_at(families: tuple[str, ...], difficulty: int | list[int] | None,
@@ -30,6 +30,12 @@ def families_for_split(pool: tuple[str, ...], heldout_families: tuple[str, ...],
     if not kept:
         raise ValueError(f"every family is held out ({list(heldout_families)}): the {split} split would be empty")
     return kept
+
+
+def goal(task: Task) -> dict:
+    """A GUI or Claw task's unit: its goal and expected outcome. The site or world around it is random filler, so
+    two tasks with one goal and answer in different worlds are one task to a policy that memorised the answer."""
+    return {"prompt": task.prompt, "expected": task.verifier.expected}
 
 
 def checklist_result(checks: list[tuple[str, bool]]) -> VerifyResult:

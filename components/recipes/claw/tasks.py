@@ -11,7 +11,7 @@ Families:
 Each task carries its world (`metadata["world"]`, loaded into sqlite at setup), the expected end
 state (`verifier.expected`), and the reference plan (`metadata["plan"]`: the API calls that solve
 it, which the scripted teachers render for their harness). Splits are drawn as in GUI: own seed streams, and
-only tasks whose unit (the goal with its expected outcome, `goal`) lies in the split's share
+only tasks whose unit (the goal with its expected outcome, `common.goal`) lies in the split's share
 (`components.core.splits.draw`).
 """
 
@@ -145,15 +145,9 @@ def generate_tasks(split: Split, n: int, seed: int = 0, families: tuple[str, ...
             metadata={"world": world, "plan": [{"name": n_, "arguments": a} for n_, a in plan], "final_answer": final},
         )
 
-    return draw(candidate, split, n, content=content, unit=goal)
+    return draw(candidate, split, n, content=content, unit=common.goal)
 
 
 def content(task: Task) -> dict:
     """What the agent is given: the goal and the world."""
     return task_content(task, world=task.metadata["world"])
-
-
-def goal(task: Task) -> dict:
-    """A task's unit: its goal and the expected outcome. The world around it is random filler, so two tasks with
-    one goal and answer in different worlds are one task to a policy that memorised the answer."""
-    return {"prompt": task.prompt, "expected": task.verifier.expected}

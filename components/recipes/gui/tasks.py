@@ -8,10 +8,10 @@ Three families, one per site kind:
 
 Every task carries its site data (`metadata["site"]`, what the server renders) and the expected final
 state (`verifier.expected`, never shown to the agent). Each split draws from its own seed stream (train
-from 0, held-out from 1_000_000, validation from 2_000_000) and keeps only tasks whose content (goal and
-site) lies in its share (`components.core.splits.draw`): no seed of one split can produce another's task.
-A task's unit is its goal with the expected outcome (`goal`): no goal is asked, with the same answer, in two
-splits, whatever site surrounds it.
+from 0, held-out from 1_000_000, validation from 2_000_000) and keeps only tasks whose unit, the goal with
+its expected outcome (`common.goal`), lies in the split's share (`components.core.splits.draw`): no seed of
+one split can produce another's task, and no goal is asked with the same answer in two splits, whatever
+site surrounds it.
 """
 
 from __future__ import annotations
@@ -168,15 +168,9 @@ def generate_tasks(split: Split, n: int, seed: int = 0, families: tuple[str, ...
             metadata={"site": site, "start_url": START_URL},
         )
 
-    return draw(candidate, split, n, content=content, unit=goal)
+    return draw(candidate, split, n, content=content, unit=common.goal)
 
 
 def content(task: Task) -> dict:
     """What the agent is given: the goal and the site."""
     return task_content(task, site=task.metadata["site"])
-
-
-def goal(task: Task) -> dict:
-    """A task's unit: its goal and the expected outcome. The site around it is random filler, so two tasks with
-    one goal and answer in different sites are one task to a policy that memorised the answer."""
-    return {"prompt": task.prompt, "expected": task.verifier.expected}
