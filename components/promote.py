@@ -116,9 +116,9 @@ class PairedTest(BaseModel):
     units: int = Field(description="Independent units (repositories) among them: what the test counts.")
 
     def summary(self, config: PromotionConfig) -> str:
-        return (f"pass@1 {self.difference:+.3f} over {self.tasks} tasks ({self.units} units), exact paired "
-                f"p = {self.p_value:.4f} (alpha {self.alpha:.4g}, margin {config.margin}; {config.level:.0%} paired "
-                f"interval [{self.ci_low:+.3f}, {self.ci_high:+.3f}])")
+        return (f"pass@1 {self.difference:+.3f} over {self.than} on {self.tasks} tasks ({self.units} units), "
+                f"exact paired p = {self.p_value:.4f} (alpha {self.alpha:.4g}, margin {config.margin}; "
+                f"{config.level:.0%} paired interval [{self.ci_low:+.3f}, {self.ci_high:+.3f}])")
 
 
 def paired_test(better: Scorecard, than: Scorecard, config: PromotionConfig, alpha: float,

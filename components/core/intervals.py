@@ -42,14 +42,14 @@ EXACT_FLIPS_UP_TO = 16  # nonzero differences enumerated exactly (2^16 sign patt
 
 def clopper_pearson(successes: float, n: float, level: float = 0.95) -> tuple[float, float]:
     """Exact binomial interval; `successes` and `n` may be fractional (an effective sample)."""
-    from scipy.stats import beta
+    from scipy.special import betaincinv  # the Beta quantile, without scipy.stats' per-call overhead (~100x)
 
     if n <= 0:
         return (float("nan"), float("nan"))
     alpha = 1.0 - level
     x = min(max(successes, 0.0), n)
-    lo = 0.0 if x <= 0 else float(beta.ppf(alpha / 2, x, n - x + 1))
-    hi = 1.0 if x >= n else float(beta.ppf(1 - alpha / 2, x + 1, n - x))
+    lo = 0.0 if x <= 0 else float(betaincinv(x, n - x + 1, alpha / 2))
+    hi = 1.0 if x >= n else float(betaincinv(x + 1, n - x, 1 - alpha / 2))
     return lo, hi
 
 

@@ -66,12 +66,16 @@ def test_a_suite_too_small_for_the_asked_split_fails_loudly_instead_of_repeating
         generate_tasks("heldout", 20, 0, families=("off_by_one",), packages=("mathkit",))
 
 
-def test_the_heldout_set_prefers_new_repositories():
+def test_the_heldout_set_prefers_new_repositories_and_repeats_no_task_when_it_must_repeat_one():
     """Where a repository comes with several issue texts, the set takes a new repository while one is left: as
-    many independent units as the suite holds (smol's 100 held-out tasks came from 80 repositories)."""
+    many independent units as the suite holds (smol's 100 held-out tasks came from 80 repositories). Past the
+    suite's held-out repositories (37 at the demo's settings) repositories repeat, tasks never do."""
     config, recipe = _preset_recipe("smol")
     held = recipe.tasks("heldout", config.n_heldout, config.heldout_seed)
     assert len({t.unit for t in held}) == len({_repository(t) for t in held}) == config.n_heldout
+    config, recipe = _preset_recipe("demo")
+    more = recipe.tasks("heldout", 42, config.heldout_seed)
+    assert len({_content(t) for t in more}) == 42 and len({t.unit for t in more}) == 37
 
 
 @pytest.mark.parametrize("recipe_name", ["swe", "claw"])
