@@ -145,9 +145,13 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     sft, rl = trained_scorecards(sft_model, rl_model, sft_results, rl_results)
     stage, versus = select_candidate(sft, rl, config.promotion)
     candidate, model_dir = (rl, rl_model) if stage == "rl" and rl is not None else (sft, sft_model)
-    if not config.enabled:
-        result = GateResult(promoted=False, reason="register_model_name is None: promotion is off",
-                            candidate_mean=candidate.mean, candidate_stage=stage, rl_vs_sft=versus)
+    off = None if config.enabled else "register_model_name is None: promotion is off"
+    if config.evaluate.split != "heldout":  # a tuning run: its numbers were looked at to choose settings
+        off = (f"the evaluations ran on the {config.evaluate.split} split (tuning); only held-out results "
+               "promote a model")
+    if off:
+        result = GateResult(promoted=False, reason=off, candidate_mean=candidate.mean, candidate_stage=stage,
+                            rl_vs_sft=versus)
         (out / "comparison.json").write_text(result.model_dump_json(indent=2))
         return result
     if tracking is None or not tracking.enabled:

@@ -246,6 +246,9 @@ def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
     gate = parsed.get("promote")
     if gate:
         notes.append(report.promotion_note(gate))
+    if ctx.config.evaluate.split != "heldout":
+        notes.append(f"the policies were evaluated on the {ctx.config.evaluate.split} split (for tuning), not on "
+                     "the held-out one: the rows are not held-out results")
     per_task, units = per_task_pass_at_1(evals)
     run_report = report.build_report(evals, parsed.get("distill"), exec_latency=exec_latency,
                                      stage_seconds=stage_seconds, stages_skipped=stages_skipped, notes=notes,

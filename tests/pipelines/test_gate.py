@@ -158,3 +158,27 @@ def test_rl_ships_only_when_it_beat_the_sft_model_it_started_from(world):
     assert better.candidate_stage == "rl" and better.rl_vs_sft.passed and better.reference == "champion", better.reason
     assert better.metrics["rl_beat_sft"] == 1.0 and better.promoted and better.candidate_version == "2"
     assert client.get_run(current_champion(uri, config.promotion).run_id).data.tags["orchard.registered_from"] == "rl"
+
+
+def test_a_tuning_run_on_the_validation_split_never_promotes(tmp_path):
+    """Settings chosen by looking at validation results: those results cannot also promote the model."""
+    from components.evaluate import EvalConfig
+
+    def evaluation(name: str, solved: int) -> object:
+        path = tmp_path / name
+        path.mkdir()
+        pd.DataFrame({"task_id": [f"t{i}" for i in range(12)], "unit": [f"u{i}" for i in range(12)],
+                      "pass_at_1": [float(i < solved) for i in range(12)]}).to_parquet(path / "per_task.parquet")
+        (path / "eval_result.json").write_text(json.dumps({"valid_attempts": 12, "infra_error_rate": 0.0}))
+        return path
+
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "sft_result.json").write_text(json.dumps({"steps": 5}))
+    (tmp_path / "rl").mkdir()
+    config = GateConfig(promotion=PromotionConfig(schedule_gates=1), evaluate=EvalConfig(split="validation"))
+    result = run_gate(config, tmp_path, tmp_path / "base", sft, tmp_path / "rl", evaluation("sft-eval", 12),
+                      tmp_path / "none", tmp_path, tmp_path / "gate", tracking=None,
+                      base_results=evaluation("base-eval", 0))
+    assert not result.promoted and "only held-out results promote" in result.reason
+    assert result.candidate_stage == "sft"

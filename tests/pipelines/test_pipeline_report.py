@@ -118,3 +118,14 @@ def test_the_table_says_whether_rl_beat_sft_with_units_beside_n():
     assert clustered.units == 12 and plain.units == 16 and clustered.ci95 != plain.ci95
     untrained_rl = build_report(evals, None, per_task=per_task, gate={"candidate_stage": "sft", "rl_vs_sft": None})
     assert "no RL-vs-SFT test (RL made no optimizer update" in untrained_rl.rl_vs_sft
+
+
+def test_a_report_of_validation_evaluations_says_they_are_not_heldout_results():
+    from pipelines.steps import StepContext, finish_pipeline
+
+    config = PipelineConfig.preset_config("tiny", evaluate={"split": "validation"})
+    _, markdown = finish_pipeline(StepContext(config, None), {"evaluate-sft": {"resolved_rate": 0.5, "metrics": {}}})
+    assert "evaluated on the validation split (for tuning), not on the held-out one" in markdown
+    _, heldout = finish_pipeline(StepContext(PipelineConfig.preset_config("tiny"), None),
+                                 {"evaluate-sft": {"resolved_rate": 0.5, "metrics": {}}})
+    assert "validation" not in heldout
