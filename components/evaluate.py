@@ -1,7 +1,8 @@
 """Evaluation stage: a policy on held-out tasks, k attempts each, through the same harness and sandboxes.
 
 Reports the resolved rate and pass@1, each with a 95 % interval that covers at its level (attempts
-at one task are clustered: see `components.core.intervals`), unbiased pass@k, mean steps and
+at one task, and tasks of one unit, i.e. one repository, are clustered: see `components.core.intervals`),
+the number of tasks and of independent units beside it, unbiased pass@k, mean steps and
 tokens, and the infrastructure-error rate. Attempts that ended in `infra_error` (after
 `infra_retries` re-runs) are excluded from every denominator and reported on their own: a crashed
 sandbox says nothing about the policy. Per-task results go to a parquet artifact, the summary to a
@@ -26,6 +27,7 @@ from components.core.modeling import LoadOptions
 from components.core.passk import mean_pass_at_k, pass_at_k
 from components.core.policies import OpenAIPolicyConfig
 from components.core.schema import Outcome, Recipe, Split, Task, Trajectory, hidden_pass_metrics
+from components.core.splits import unit_of
 from components.core.store import TaskStore, TrajectoryStore
 from components.core.tracking import (TrackingConfig, log_artifact_path, log_dataset_input, log_figure, log_json,
                                       log_metrics, stage_run)
@@ -39,7 +41,8 @@ class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     recipe: Recipe = Field("swe", description="Task suite the tasks belong to (get_recipe name).")
     recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
-    split: Split = Field("heldout", description="Which tasks of the store are evaluated.")
+    split: Split = Field("heldout", description="Which tasks of the store are evaluated: heldout (the final "
+                                                "evaluation) or validation (to tune on, never on heldout).")
     k: int = Field(3, ge=1, description="Attempts per task (pass@k uses all valid ones).")
     policy: PolicyKind = Field("local", description="local model dir | OpenAI-compatible endpoint | scripted teacher.")
     endpoint: OpenAIPolicyConfig | None = Field(None, description="The endpoint when policy='openai'.")
@@ -74,12 +77,14 @@ class EvalResult(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # NaN: no valid attempt
     policy_id: str
     tasks: int
+    units: int = Field(description="Independent units among the tasks (distinct repositories, `Task.unit`): what "
+                                   "the intervals count as independent; below `tasks` where repositories repeat.")
     attempts: int
     valid_attempts: int = Field(description="Attempts with a verified outcome (the denominator).")
     resolved: int
     resolved_rate: float
-    resolved_rate_ci95: tuple[float, float] = Field(description="Clopper-Pearson at the effective number of attempts (attempts clustered by task; "
-                                                  "components.core.intervals).")
+    resolved_rate_ci95: tuple[float, float] = Field(description="Clopper-Pearson at the effective number of attempts "
+                                                    "(attempts clustered by unit; components.core.intervals).")
     pass_at_1: float
     pass_at_1_ci95: tuple[float, float] = Field(description="The same interval for the mean of per-task pass@1.")
     pass_at_k: float
@@ -132,7 +137,7 @@ def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int
         valid = [t for t in atts if t.outcome is not Outcome.infra_error]
         c = sum(t.resolved for t in valid)
         rows.append({
-            "task_id": task.id, "family": task.family, "difficulty": task.difficulty,
+            "task_id": task.id, "unit": unit_of(task), "family": task.family, "difficulty": task.difficulty,
             "attempts": len(atts), "valid_attempts": len(valid), "resolved": c,
             "infra_errors": len(atts) - len(valid),
             "pass_at_1": pass_at_k(len(valid), c, 1) if valid else float("nan"),
@@ -148,7 +153,8 @@ def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int
     pk, pk_tasks = mean_pass_at_k(counts, k)
     resolved = sum(t.resolved for t in valid)
     metrics = {
-        "tasks": float(len(tasks)), "attempts": float(len(trajectories)), "valid_attempts": float(len(valid)),
+        "tasks": float(len(tasks)), "units": float(len({unit_of(t) for t in tasks})),
+        "attempts": float(len(trajectories)), "valid_attempts": float(len(valid)),
         "resolved": float(resolved), "resolved_rate": resolved / len(valid) if valid else float("nan"),
         "pass_at_1": p1, f"pass_at_{k}": pk, "pass_at_k_tasks": float(pk_tasks),
         "mean_steps": sum(t.num_assistant_steps for t in valid) / len(valid) if valid else float("nan"),
@@ -161,23 +167,24 @@ def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int
 
 
 def plot_resolved_rates(rows: list[dict], title: str, seed: int = 0) -> Any:
-    """Resolved rate per task family and overall, each with its 95% interval (attempts clustered by task) and the n of
-    valid attempts it rests on (the figure logged with every evaluation)."""
+    """Resolved rate per task family and overall, each with its 95% interval (attempts clustered by task, tasks
+    by unit) and the n of valid attempts it rests on (the figure logged with every evaluation)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups: dict[str, list[tuple[int, int]]] = {}
-    for r in rows:
-        groups.setdefault(str(r["family"] or "-"), []).append((r["valid_attempts"], r["resolved"]))
+    groups: dict[str, list[tuple[int, int, str]]] = {}
+    for i, r in enumerate(rows):  # rows without a unit (or task id) are their own unit
+        groups.setdefault(str(r["family"] or "-"), []).append((r["valid_attempts"], r["resolved"],
+                                                               str(r.get("unit") or r.get("task_id") or i)))
     groups["all"] = [c for family in list(groups) for c in groups[family]]
     bars_data = []  # (name, rate %, below %, above %, n)
     for name, counts in groups.items():
-        n = sum(v for v, _ in counts)
+        n = sum(v for v, _, _ in counts)
         if n:
-            rate = sum(c for _, c in counts) / n
-            lo, hi = task_rate_ci(counts)
+            rate = sum(c for _, c, _ in counts) / n
+            lo, hi = task_rate_ci([(v, c) for v, c, _ in counts], units=[u for _, _, u in counts])
             bars_data.append((name, 100 * rate, 100 * max(0.0, rate - lo), 100 * max(0.0, hi - rate), n))
     names, rates, below, above, ns = zip(*bars_data) if bars_data else ((), (), (), (), ())
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(names) + 1.5), 3.2))
@@ -186,7 +193,7 @@ def plot_resolved_rates(rows: list[dict], title: str, seed: int = 0) -> Any:
         ax.annotate(f"n={n}", (bar.get_x() + bar.get_width() / 2, 1), ha="center", va="bottom", fontsize=8)
     ax.set_ylim(0, 100)
     ax.set_ylabel("resolved rate (%)")
-    ax.set_title(f"{title}: 95% interval (clustered by task), n valid attempts", fontsize=9)
+    ax.set_title(f"{title}: 95% interval (clustered by unit), n valid attempts", fontsize=9)
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     fig.tight_layout()
     return fig
@@ -201,7 +208,7 @@ def print_summary(result: EvalResult, title: str = "evaluation") -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     rows = [
-        ("tasks", str(result.tasks)),
+        ("tasks (independent units)", f"{result.tasks} ({result.units})"),
         ("valid / attempts", f"{result.valid_attempts} / {result.attempts}"),
         ("resolved rate [95% CI]", f"{result.resolved_rate:.3f} [{lo:.3f}, {hi:.3f}]"),
         ("pass@1 [95% CI]", f"{result.pass_at_1:.3f} [{result.pass_at_1_ci95[0]:.3f}, {result.pass_at_1_ci95[1]:.3f}]"),
@@ -323,12 +330,13 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
         pd.DataFrame(rows).to_parquet(per_task, index=False)
         metrics["infra_retries_used"] = float(retries_used)
         valid = int(metrics["valid_attempts"])
+        units = [r["unit"] for r in rows]
         result = EvalResult(
-            policy_id=policy_id, tasks=len(tasks), attempts=len(trajectories),
+            policy_id=policy_id, tasks=len(tasks), units=int(metrics["units"]), attempts=len(trajectories),
             valid_attempts=valid, resolved=int(metrics["resolved"]), resolved_rate=metrics["resolved_rate"],
-            resolved_rate_ci95=task_rate_ci([(r["valid_attempts"], r["resolved"]) for r in rows]),
+            resolved_rate_ci95=task_rate_ci([(r["valid_attempts"], r["resolved"]) for r in rows], units=units),
             pass_at_1=metrics["pass_at_1"],
-            pass_at_1_ci95=task_mean_ci([r["pass_at_1"] for r in rows], attempts_per_task=config.k),
+            pass_at_1_ci95=task_mean_ci([r["pass_at_1"] for r in rows], attempts_per_task=config.k, units=units),
             pass_at_k=metrics[f"pass_at_{config.k}"], k=config.k,
             pass_at_k_tasks=int(metrics["pass_at_k_tasks"]), mean_steps=metrics["mean_steps"],
             mean_completion_tokens=metrics["mean_completion_tokens"], infra_errors=int(metrics["infra_errors"]),

@@ -1,28 +1,42 @@
-"""Promotion gate: a retrained policy replaces the one in use only when it is measurably better.
+"""Promotion gate: a retrained policy replaces the one in use only when it is measurably better, and an RL
+model ships only when it beat the SFT model it started from.
 
 The champion is the registered version behind the MLflow alias `champion` of the policy's registered
-model. The gate evaluates the candidate and the model it must beat on the same held-out tasks with the
-same attempt seeds (`components.evaluate`) and decides:
+model. Every comparison below is paired: the two models were evaluated on the same held-out tasks with
+the same attempt seeds (`components.evaluate`), and the test is the exact one-sided sign-flip test of the
+per-task pass@1 differences minus `margin`, clustered by unit (`intervals.paired_sign_flip_p`; with one
+attempt and one task per unit the exact McNemar / sign test). A test "passes" when at least `min_tasks`
+tasks have a verified result for both, the mean gain exceeds `margin` (strictly: an equal model never
+passes, also at margin 0), and p <= its level. The rule (`gate_decision`), in two steps:
 
-1. The candidate must be fit to compare at all: trained (at least one optimizer update), at least one
-   verified attempt, and an infrastructure-error rate at most `max_infra_error_rate` (a flood of
-   sandbox failures says nothing about the policy). Otherwise: rejected, with that reason.
-2. The reference is the champion, or, when there is none yet, the model this run's training started
-   from (the `evaluate-untrained` row): a first candidate is promoted only if it beats its own start.
-   No reference evaluation: rejected (nothing was shown).
-3. Promoted only when all of: at least `min_tasks` tasks with a verified result for both; the mean
-   per-task pass@1 gain exceeds `margin` (strictly: an equal candidate never passes, also at margin 0);
-   and the exact one-sided paired sign-flip test (`intervals.paired_sign_flip_p`, of the per-task
-   differences minus `margin`; with one attempt per task the exact McNemar / sign test) rejects "no
-   better than the reference + margin" at `alpha`.
+1. **Which model is the candidate.** The RL model, if RL made optimizer updates and its evaluation passes
+   the test against the SFT model's evaluation (`evaluate-rl` vs `evaluate-sft`) at the per-gate level
+   `alpha / schedule_gates`; otherwise the SFT model. Making updates is not enough: RL that changed no
+   result, or scored below SFT (6/16 against 7/16), is not shipped as RL; its start is.
+2. **Whether it is promoted.** The candidate must be fit to compare (trained, a verified attempt, an
+   infrastructure-error rate at most `max_infra_error_rate`), and must pass the test against the champion,
+   or, with no champion yet, against the model training started from (`evaluate-untrained`: never against
+   the untrained model only, since an RL candidate has also beaten SFT in step 1). No reference
+   evaluation: rejected. The level is `alpha / schedule_gates`, halved when step 1 had two models to
+   choose from (RL trained): Bonferroni over the two models the gate could promote.
 
-False promotions. `alpha` is the rate per gate at which a candidate no better than its reference is
-promoted (the test is exact, so at most alpha; discrete data make it smaller, e.g. with one attempt per
-task and 16 tasks the sign test has attainable sizes 1/32, 1/16, ...). `tests/components/test_promote.py`
-measures it by simulating equal policies. Over G scheduled retrains against an unchanged champion the
-chance of at least one false promotion is at most 1 - (1 - alpha)^G (about 40 % for G = 10 at alpha
-0.05): lower `alpha`, or raise `margin`, for frequent schedules. The paired interval in the decision
-(`intervals.paired_difference_ci`) is for reading only.
+False promotions (promoting a model no better than its reference). Per gate at most
+`alpha / schedule_gates`, whatever step 1 chose: the promoted model passed a test at half that level, and
+only the SFT or the RL model can be promoted (union bound; the tests are exact, so each is at most its
+level). Over `schedule_gates` gates against an unchanged champion the chance of any false promotion is at
+most `alpha` (union bound again). Defaults: `alpha` 0.05 over `schedule_gates` 10, i.e. at most 0.005 per
+gate and 0.05 over ten scheduled retrains; the former rule (RL after one update, alpha 0.05 per gate)
+allowed up to 1 - 0.95^10 = 0.40 over ten. `scripts/sim_gate.py` simulates the whole two-step rule with
+equal policies (start = SFT = RL = champion, each evaluated independently): at the defaults, over 15,000
+gates, 0.0005 per gate and 0.005 over ten (the former rule: 0.020 and 0.18; the exact tests are
+conservative at small task counts); `tests/components/test_promote.py` checks both bounds at alpha 0.3.
+Why these defaults: a false promotion replaces the champion until a later gate beats it, while a missed
+one is retried at the next scheduled run with more data, so the schedule, not the single gate, is what the
+error budget covers; one-off comparisons may set `schedule_gates=1` (0.05 per gate). `margin` stays 0, so
+that any real gain can pass: at these levels the exact test already demands a large observed gain on few
+tasks (the demo's 16 at one attempt: e.g. 9 improved and none worse), and a margin would only cost power
+there; raise it on large evaluations to stop churn between near-equal models. The paired intervals in the
+decision (`intervals.paired_difference_ci`) are for reading only.
 
 Promotion registers the candidate as a new version (with its lineage: parent model, dataset shards,
 pipeline run, git commit, evaluation table) and moves the alias; the old version is kept, so rolling
@@ -35,30 +49,39 @@ from __future__ import annotations
 import json
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.intervals import paired_difference_ci, paired_sign_flip_p
+from components.core.intervals import common_tasks, count_units, paired_difference_ci, paired_sign_flip_p
 
 
 class PromotionConfig(BaseModel):
-    """How a candidate is compared with the champion."""
+    """How a candidate is chosen and compared with the champion (module docstring: the rule and its errors)."""
 
     model_config = ConfigDict(extra="forbid")
     model_name: str = Field("orchard-policy", description="Registered model the champion alias lives on.")
     alias: str = Field("champion", description="Registry alias of the model in use.")
     min_tasks: int = Field(10, ge=1, description="Fewest tasks with a verified result for both models that "
-                                                  "a decision may rest on; fewer: not promoted.")
-    margin: float = Field(0.0, ge=0.0, description="The mean pass@1 gain must exceed this (strictly) and the test "
-                                                   "runs against it: 0 = any real gain.")
-    alpha: float = Field(0.05, gt=0.0, lt=0.5, description="False-promotion rate per gate: the one-sided size of "
-                                                           "the exact paired test.")
-    level: float = Field(0.95, gt=0.5, lt=1.0, description="Level of the paired interval reported with the "
+                                                  "a comparison may rest on; fewer: the test does not pass.")
+    margin: float = Field(0.0, ge=0.0, description="The mean pass@1 gain must exceed this (strictly) and the tests "
+                                                   "run against it: 0 = any real gain.")
+    alpha: float = Field(0.05, gt=0.0, lt=0.5, description="Chance of at least one false promotion over "
+                                                           "`schedule_gates` gates; each gate spends "
+                                                           "alpha / schedule_gates.")
+    schedule_gates: int = Field(10, ge=1, description="Gates `alpha` is spread over (a retraining schedule's "
+                                                      "runs): per gate at most alpha / schedule_gates. 1: a "
+                                                      "one-off comparison at alpha.")
+    level: float = Field(0.95, gt=0.5, lt=1.0, description="Level of the paired intervals reported with the "
                                                            "decision (not used to decide).")
-    resamples: int = Field(4000, ge=100, description="Monte Carlo sign flips (x5) above 16 differing tasks.")
+    resamples: int = Field(4000, ge=100, description="Monte Carlo sign flips (x5) above 16 differing units.")
     seed: int = Field(0, description="Seed of the Monte Carlo sign flips.")
     max_infra_error_rate: float = Field(0.5, ge=0.0, le=1.0, description="Reject a candidate whose evaluation lost more attempts than this to infrastructure.")
+
+    @property
+    def gate_alpha(self) -> float:
+        """The false-promotion rate one gate may spend."""
+        return self.alpha / self.schedule_gates
 
 
 class Scorecard(BaseModel):
@@ -67,6 +90,8 @@ class Scorecard(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
     policy: str = Field(description="Model directory or registry URI that was evaluated.")
     per_task_pass_at_1: dict[str, float] = Field(description="task id -> pass@1 (NaN: no verified attempt).")
+    units: dict[str, str] = Field(default_factory=dict, description="task id -> its unit (repository); a task "
+                                                                    "missing here is its own unit.")
     valid_attempts: int
     infra_error_rate: float
     trained: bool = Field(True, description="At least one optimizer update went into this model.")
@@ -77,6 +102,41 @@ class Scorecard(BaseModel):
         return sum(values) / len(values) if values else float("nan")
 
 
+class PairedTest(BaseModel):
+    """One paired comparison the gate made (the same tasks and attempt seeds for both models)."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+    better: str = Field(description="The model tested for being better (e.g. rl).")
+    than: str = Field(description="The model it was compared with (e.g. sft).")
+    passed: bool = Field(description="At least min_tasks tasks, mean gain > margin and p <= alpha.")
+    difference: float = Field(description="Mean over tasks of pass@1(better) - pass@1(than).")
+    ci_low: float
+    ci_high: float
+    p_value: float = Field(description="Exact one-sided paired test of 'no better than `than` + margin'.")
+    alpha: float = Field(description="The level the test ran at.")
+    tasks: int = Field(description="Tasks both were evaluated on.")
+    units: int = Field(description="Independent units (repositories) among them: what the test counts.")
+
+    def summary(self, config: PromotionConfig) -> str:
+        return (f"pass@1 {self.difference:+.3f} over {self.than} on {self.tasks} tasks ({self.units} units), "
+                f"exact paired p = {self.p_value:.4f} (alpha {self.alpha:.4g}, margin {config.margin}; "
+                f"{config.level:.0%} paired interval [{self.ci_low:+.3f}, {self.ci_high:+.3f}])")
+
+
+def paired_test(better: Scorecard, than: Scorecard, config: PromotionConfig, alpha: float,
+                names: tuple[str, str]) -> PairedTest:
+    """`better` against `than` on the tasks both have, clustered by unit (module docstring)."""
+    units = {**than.units, **better.units}
+    p, diff, n = paired_sign_flip_p(better.per_task_pass_at_1, than.per_task_pass_at_1, config.margin,
+                                    resamples=5 * config.resamples, seed=config.seed, units=units)
+    _, lo, hi, _ = paired_difference_ci(better.per_task_pass_at_1, than.per_task_pass_at_1, config.level,
+                                        units=units)
+    passed = n >= config.min_tasks and diff > config.margin and p <= alpha
+    units_compared = count_units(common_tasks(better.per_task_pass_at_1, than.per_task_pass_at_1), units)
+    return PairedTest(better=names[0], than=names[1], passed=passed, difference=diff, ci_low=lo, ci_high=hi,
+                      p_value=p, alpha=alpha, tasks=n, units=units_compared)
+
+
 class PromotionDecision(BaseModel):
     """What the gate decided and why (logged to MLflow, printed by the pipeline)."""
 
@@ -84,22 +144,55 @@ class PromotionDecision(BaseModel):
     promoted: bool
     reason: str
     candidate_mean: float
+    candidate_stage: Literal["rl", "sft"] | None = Field(None, description="rl or sft: the model that was judged.")
+    rl_vs_sft: PairedTest | None = Field(None, description="Step 1: RL's evaluation against SFT's (None: RL made "
+                                                           "no optimizer update, so SFT was the only candidate).")
     champion_mean: float | None = Field(None, description="Mean pass@1 of the reference (champion, or the start).")
     difference: float | None = Field(None, description="Mean over tasks of candidate - champion pass@1.")
     ci_low: float | None = None
     ci_high: float | None = None
     p_value: float | None = Field(None, description="One-sided exact paired test of 'no better than the reference "
                                                     "+ margin'.")
+    alpha: float | None = Field(None, description="The level the candidate's test ran at (module docstring).")
     reference: str | None = Field(None, description="champion or start: what the candidate was compared with.")
     tasks: int = Field(0, description="Tasks both were evaluated on.")
+    units: int = Field(0, description="Independent units (repositories) among those tasks.")
     champion_version: str | None = None
     candidate_version: str | None = Field(None, description="Registered version (set when promoted).")
 
 
+def select_candidate(sft: Scorecard, rl: Scorecard | None, config: PromotionConfig) -> tuple[str, PairedTest | None]:
+    """Step 1: ("rl", test) when RL trained and beat SFT at the per-gate level, else ("sft", the test or None:
+    RL made no update, or one of the two evaluations has no verified attempt to compare)."""
+    if rl is None or not rl.trained or rl.valid_attempts == 0 or sft.valid_attempts == 0:
+        return "sft", None
+    versus = paired_test(rl, sft, config, config.gate_alpha, ("rl", "sft"))
+    ok = versus.passed and rl.infra_error_rate <= config.max_infra_error_rate
+    return ("rl" if ok else "sft"), versus
+
+
+def gate_decision(sft: Scorecard, rl: Scorecard | None, config: PromotionConfig, champion: Scorecard | None = None,
+                  champion_version: str | None = None, start: Scorecard | None = None) -> PromotionDecision:
+    """The whole rule (module docstring): step 1 picks the candidate, step 2 judges it. Pure: no registry."""
+    stage, versus = select_candidate(sft, rl, config)
+    contenders = 1 if versus is None else 2  # the models this gate could have promoted
+    decision = decide(rl if stage == "rl" else sft, champion, config, champion_version, start,  # type: ignore[arg-type]
+                      alpha=config.gate_alpha / contenders)
+    if versus is not None:
+        verdict = "beat" if stage == "rl" else "did not beat"
+        decision.reason = f"candidate {stage} (RL {verdict} SFT: {versus.summary(config)}); {decision.reason}"
+    elif rl is not None and rl.trained:
+        decision.reason = f"candidate sft (RL's or SFT's evaluation has no verified attempt); {decision.reason}"
+    return decision.model_copy(update={"candidate_stage": stage, "rl_vs_sft": versus})
+
+
 def decide(candidate: Scorecard, champion: Scorecard | None, config: PromotionConfig,
-           champion_version: str | None = None, start: Scorecard | None = None) -> PromotionDecision:
-    """The gate's rule (module docstring), on scorecards: `champion`, else `start` (the evaluation of the
-    model this run trained from) is the reference. Pure: no registry, no MLflow."""
+           champion_version: str | None = None, start: Scorecard | None = None,
+           alpha: float | None = None) -> PromotionDecision:
+    """Step 2 on scorecards: `champion`, else `start` (the evaluation of the model this run trained from) is
+    the reference; the test runs at `alpha` (None: the per-gate level, for a gate with one possible
+    candidate). Pure: no registry, no MLflow."""
+    alpha = config.gate_alpha if alpha is None else alpha
     base = {"candidate_mean": candidate.mean, "champion_version": champion_version}
     if not candidate.trained:
         return PromotionDecision(promoted=False, reason="candidate was not trained (no optimizer update)", **base)
@@ -114,20 +207,18 @@ def decide(candidate: Scorecard, champion: Scorecard | None, config: PromotionCo
     if reference is None:
         return PromotionDecision(promoted=False, **base, reason="no champion and no evaluation of the model "
                                  "training started from: nothing shows the candidate is better")
-    p, diff, n = paired_sign_flip_p(candidate.per_task_pass_at_1, reference.per_task_pass_at_1, config.margin,
-                                    resamples=5 * config.resamples, seed=config.seed)
-    _, lo, hi, _ = paired_difference_ci(candidate.per_task_pass_at_1, reference.per_task_pass_at_1, config.level)
-    stats = {**base, "champion_mean": reference.mean, "difference": diff, "ci_low": lo, "ci_high": hi, "tasks": n,
-             "p_value": p, "reference": "champion" if champion is not None else "start"}
-    said = (f"pass@1 {diff:+.3f} over {name} on {n} tasks, exact paired p = {p:.4f} (alpha {config.alpha}, "
-            f"margin {config.margin}; {config.level:.0%} paired interval [{lo:+.3f}, {hi:+.3f}])")
-    if n < config.min_tasks:
-        return PromotionDecision(promoted=False, reason=f"only {n} tasks (min_tasks {config.min_tasks}): {said}",
-                                 **stats)
-    if diff <= config.margin:
+    test = paired_test(candidate, reference, config, alpha, ("candidate", name))
+    stats = {**base, "champion_mean": reference.mean, "difference": test.difference, "ci_low": test.ci_low,
+             "ci_high": test.ci_high, "tasks": test.tasks, "units": test.units, "p_value": test.p_value,
+             "alpha": alpha, "reference": "champion" if champion is not None else "start"}
+    said = test.summary(config)
+    if test.tasks < config.min_tasks:
+        return PromotionDecision(promoted=False, reason=f"only {test.tasks} tasks (min_tasks {config.min_tasks}): "
+                                 f"{said}", **stats)
+    if test.difference <= config.margin:
         return PromotionDecision(promoted=False, reason=f"not better than {name} by more than the margin: {said}",
                                  **stats)
-    if p > config.alpha:
+    if not test.passed:
         return PromotionDecision(promoted=False, reason=f"gain over {name} not significant: {said}", **stats)
     return PromotionDecision(promoted=True, reason=f"better than {name}: {said}", **stats)
 
@@ -139,8 +230,9 @@ def scorecard_from_evaluation(eval_dir: str | Path, policy: str, trained: bool) 
     eval_dir = Path(eval_dir)
     result = json.loads((eval_dir / "eval_result.json").read_text())
     per_task = pd.read_parquet(eval_dir / "per_task.parquet")
+    units = dict(zip(per_task.task_id, per_task.unit)) if "unit" in per_task else {}
     return Scorecard(policy=policy, per_task_pass_at_1=dict(zip(per_task.task_id, per_task.pass_at_1.astype(float))),
-                     valid_attempts=result["valid_attempts"], infra_error_rate=result["infra_error_rate"],
+                     units=units, valid_attempts=result["valid_attempts"], infra_error_rate=result["infra_error_rate"],
                      trained=trained)
 
 

@@ -1,5 +1,13 @@
 """Stage 1, provision: generate the recipe's tasks into a TaskStore and check the sandbox service.
 
+Three splits: train (what training sees), validation (for tuning: learning rate, temperature, ...) and
+heldout (the final evaluation, never trained or tuned on). Generated splits share no unit and hold no task
+twice, for every seed (`components.core.splits`): the held-out and validation sets come from a fixed seed
+while the train seed varies, and no train seed can produce one of their tasks. Imported (SWE-bench) tasks
+are split in file order; a held-out or validation instance whose content repeats a training one, or an
+earlier one of its own split, is dropped and counted (`ProvisionResult.metrics`). Each split's number of
+independent units (distinct repositories) is reported beside its number of tasks.
+
 The service check is the pipeline's early warning: health, then one sandbox created, exec'd a few
 times and deleted, with the latencies reported. Optionally a sample of tasks is checked in
 sandboxes (SWE: the reference fix resolves it, the unfixed repository does not).
@@ -16,6 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_service.connection import SandboxConnection
+from components.core.schema import Task
+from components.core.splits import check_disjoint, digest, unit_of
 from components.core.store import TaskStore
 from components.core.tracking import TrackingConfig, log_metrics, stage_run
 from components.recipes import get_recipe
@@ -45,12 +55,21 @@ class ProvisionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     recipe: str = Field("swe", description="Recipe whose tasks are generated (swe, gui, claw).")
     n_train: int = Field(24, ge=0, description="Training tasks.")
-    n_heldout: int = Field(12, ge=0, description="Held-out tasks.")
-    seed: int = Field(0, description="Generation seed (tasks are a pure function of it).")
+    n_heldout: int = Field(12, ge=0, description="Held-out tasks (the final evaluation; never trained or tuned on).")
+    n_validation: int = Field(
+        12, ge=0, description="Validation tasks: tune on these (learning rate, temperature: `evaluate.split="
+                              "validation`), never on the held-out ones. Disjoint from both other splits.")
+    seed: int = Field(0, description="Generation seed of the training tasks (tasks are a pure function of it).")
     heldout_seed: int | None = Field(
-        0, description="Seed of the held-out tasks, fixed by default so that every seed of a study (and every "
-                       "run) is evaluated on the same held-out set (ProvisionResult.heldout_digest says so); "
-                       "None: follow `seed`.")
+        0, description="Seed of the held-out and validation tasks, fixed by default so that every seed of a study "
+                       "(and every run) is evaluated on the same sets (ProvisionResult.heldout_digest says so); "
+                       "None: follow `seed`. No train seed can produce one of their tasks either way.")
+    heldout_families: list[str] = Field(
+        default_factory=list,
+        description="Task families (SWE: bug families) only the held-out split draws from; train and validation "
+                    "never see them. Needed for any claim that a policy generalises to kinds of task it was not "
+                    "trained on; without, held-out tasks are new instances (new repositories) of the trained "
+                    "families.")
     difficulty: int | list[int] | None = Field(
         1, description="Difficulty level(s), cycled over tasks; None for recipes without levels."
     )
@@ -72,9 +91,12 @@ class ProvisionResult(BaseModel):
     tasks_dir: str = Field(description="The TaskStore directory written.")
     train_seed: int | None = Field(None, description="Seed of the training tasks (drawn from the data store).")
     counts: dict[str, int] = Field(description="Tasks per split.")
+    units: dict[str, int] = Field(default_factory=dict, description="Independent units (distinct repositories, "
+                                  "`Task.unit`) per split: what intervals count, beside `counts`.")
     families: dict[str, int] = Field(default_factory=dict, description="Tasks per family (all splits).")
     heldout_digest: str = Field("", description="sha256 of the held-out tasks (ids, prompts, environments, "
                                                 "verifiers): equal digests, equal held-out sets.")
+    validation_digest: str = Field("", description="The same for the validation tasks.")
     metrics: dict[str, float] = Field(default_factory=dict, description="Counts and sandbox latencies (seconds).")
 
 
@@ -111,26 +133,45 @@ def check_service(connection: SandboxConnection, probes: int = 5) -> dict[str, f
 
 def provision_environment(config: ProvisionConfig, out_tasks_dir: str | Path,
                           tracking: TrackingConfig | None = None) -> ProvisionResult:
-    options = dict(config.recipe_options)
-    if config.difficulty is not None:
-        options["difficulty"] = config.difficulty
-    recipe = get_recipe(config.recipe, **options)
+    recipe = get_recipe(config.recipe, **recipe_options(config))
     with stage_run("provision", config, tracking):
-        train, heldout = _tasks(config, recipe)
+        splits, dropped = split_tasks(config, recipe)
         train_seed = None
         if config.data_store:
-            train_seed, train = _claim_new_tasks(config, recipe, heldout, out_tasks_dir, tracking)
-        store = TaskStore(out_tasks_dir)
-        store.write(train + heldout)
-        metrics: dict[str, float] = {"n_train": len(train), "n_heldout": len(heldout)}
+            train_seed, splits["train"] = _claim_new_tasks(config, recipe, splits["heldout"], out_tasks_dir, tracking)
+        overlaps = {k: v for k, v in check_disjoint(splits, recipe.task_content).items() if v}
+        if overlaps:  # generated splits are disjoint by construction, imported ones after `_deduplicated`
+            raise ProvisionError(f"task splits share content or repeat a task ({overlaps}): a bug in the recipe's "
+                                 "generator or in the import's deduplication")
+        tasks = [t for split in splits.values() for t in split]
+        TaskStore(out_tasks_dir).write(tasks)
+        counts = {name: len(split) for name, split in splits.items()}
+        units = {name: len({unit_of(t) for t in split}) for name, split in splits.items()}
+        metrics: dict[str, float] = {**{f"n_{k}": float(v) for k, v in counts.items()},
+                                     **{f"units_{k}": float(v) for k, v in units.items()},
+                                     **{f"{k}_duplicates_dropped": float(v) for k, v in dropped.items()}}
         if config.check_sandbox:
             metrics.update(check_service(config.sandbox, config.latency_probes))
         if config.validate_tasks:
-            metrics.update(_validate(recipe, train[: config.validate_tasks], config.sandbox))
+            metrics.update(_validate(recipe, splits["train"][: config.validate_tasks], config.sandbox))
         log_metrics(metrics)
-    families = Counter(t.family or "none" for t in train + heldout)
-    return ProvisionResult(tasks_dir=str(out_tasks_dir), train_seed=train_seed, counts={"train": len(train), "heldout": len(heldout)},
-                           families=dict(families), metrics=metrics, heldout_digest=heldout_digest(heldout))
+    families = Counter(t.family or "none" for t in tasks)
+    return ProvisionResult(tasks_dir=str(out_tasks_dir), train_seed=train_seed, counts=counts, units=units,
+                           families=dict(families), metrics=metrics, heldout_digest=heldout_digest(splits["heldout"]),
+                           validation_digest=heldout_digest(splits["validation"]))
+
+
+def recipe_options(config: ProvisionConfig) -> dict[str, Any]:
+    """The recipe's constructor arguments: `recipe_options` with the difficulty and held-out families."""
+    options = dict(config.recipe_options)
+    if config.difficulty is not None:
+        options["difficulty"] = config.difficulty
+    if config.heldout_families:
+        if "heldout_families" in options:
+            raise ProvisionError("held-out families are set twice: keep provision.heldout_families and drop "
+                                 "provision.recipe_options.heldout_families")
+        options["heldout_families"] = list(config.heldout_families)
+    return options
 
 
 def heldout_digest(tasks: list) -> str:
@@ -142,21 +183,39 @@ def heldout_digest(tasks: list) -> str:
     return hashlib.sha256("\n".join(rows).encode()).hexdigest()[:16]
 
 
-def _tasks(config: ProvisionConfig, recipe) -> tuple[list, list]:
+def split_tasks(config: ProvisionConfig, recipe) -> tuple[dict[str, list[Task]], dict[str, int]]:
+    """The splits ({train, validation, heldout}) and, for imported tasks, the duplicates dropped per split."""
     if config.source.kind == "generator":
-        heldout_seed = config.seed if config.heldout_seed is None else config.heldout_seed
-        return recipe.tasks("train", config.n_train, config.seed), recipe.tasks("heldout", config.n_heldout, heldout_seed)
+        fixed = config.seed if config.heldout_seed is None else config.heldout_seed
+        return {"train": recipe.tasks("train", config.n_train, config.seed),
+                "validation": recipe.tasks("validation", config.n_validation, fixed),
+                "heldout": recipe.tasks("heldout", config.n_heldout, fixed)}, {}
     if recipe.name != "swe":
         raise ProvisionError(f"a SWE-bench task source needs recipe 'swe', not {recipe.name!r}")
+    if config.heldout_families:
+        raise ProvisionError("provision.heldout_families splits generated tasks; an imported file is split in order")
     from components.recipes.swe.swebench import SWEBenchImportError, import_swebench
 
     try:
         tasks = sorted(import_swebench(config.source.path, config.source.repos_dir), key=lambda t: t.id)  # type: ignore[arg-type]
     except SWEBenchImportError as err:
         raise ProvisionError(f"cannot import {config.source.path}: {err}") from err
+    # File order: train first, then held-out, then validation (so adding validation keeps the held-out set).
     train = [t.model_copy(update={"split": "train"}) for t in tasks[: config.n_train]]
-    heldout = [t.model_copy(update={"split": "heldout"}) for t in tasks[config.n_train: config.n_train + config.n_heldout]]
-    return train, heldout
+    seen = {digest(recipe.task_content(t)) for t in train}
+    splits, dropped, rest = {"train": train}, {}, tasks[config.n_train:]
+    for split, n in (("heldout", config.n_heldout), ("validation", config.n_validation)):
+        kept, count = [], 0
+        while rest and len(kept) < n:
+            task, rest = rest[0], rest[1:]
+            key = digest(recipe.task_content(task))
+            if key in seen:
+                count += 1
+                continue
+            seen.add(key)
+            kept.append(task.model_copy(update={"split": split}))
+        splits[split], dropped[split] = kept, count
+    return {name: splits[name] for name in ("train", "validation", "heldout")}, dropped
 
 
 def _claim_new_tasks(config: ProvisionConfig, recipe, heldout: list, out_tasks_dir: str | Path,

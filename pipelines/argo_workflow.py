@@ -36,7 +36,7 @@ from hera.workflows.models import ValueFrom, WorkflowTemplateRef
 from pipelines import pytorchjob, stages
 from pipelines.cluster import PIPELINE_POD_LABELS, ClusterConfig
 from pipelines.config import PipelineConfig
-from pipelines.parameters import pipeline_parameters, retrain_arguments
+from pipelines.parameters import argo_text, pipeline_parameters, retrain_arguments
 
 TEMPLATE_NAME = "orchard-training"
 CRON_NAME = "orchard-retrain"
@@ -203,7 +203,7 @@ def build_cron_workflow(schedule: str = "0 3 * * 0", cluster: ClusterConfig | No
         service_account_name=cluster.service_account,
         workflow_template_ref=WorkflowTemplateRef(name=TEMPLATE_NAME),
         # The retraining knobs are always stated on the schedule (defaults from the parameter list).
-        arguments=[Parameter(name=k, value=str(v))
+        arguments=[Parameter(name=k, value=argo_text(v))
                    for k, v in {**retrain_arguments(cluster=cluster), **(parameters or {})}.items()],
         labels=LABELS,
     )

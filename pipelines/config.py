@@ -342,12 +342,13 @@ def _read_file(path: Path) -> dict:
 # The demo (`make demo`): a schedule that learns in ~10 minutes on 2 CPU cores (docs/changelog.md, "What `make demo`
 # shows"). Difficulty 1 tasks of two bug families (six templates whose fix lines hold no task-specific
 # names) in repositories named one of two packages, so ~40 teacher trajectories give each template several
-# examples; held-out tasks are new instances (other function names, values and package choice). With all
+# examples; held-out tasks are new repositories that no train seed can produce (components/core/splits.py: the
+# suite holds 37 held-out repositories at these settings), and 16 validation tasks are there to tune on. With all
 # eight package names the tiny model does not learn in minutes to copy the name into its paths (the SFT
 # ablation's main failure); with two it must still read it. Teacher error rate 0.1: resolved trajectories
 # with few wrong edits. Evaluation is greedy (k=1) on 16 held-out tasks; RL runs BAR on the SFT model.
 _DEMO: dict[str, Any] = {
-    "provision": {"n_train": 40, "n_heldout": 16, "difficulty": 1,
+    "provision": {"n_train": 40, "n_heldout": 16, "n_validation": 16, "difficulty": 1,
                   "recipe_options": {"families": ["off_by_one", "wrong_operator"],
                                      "packages": ["mathkit", "listutil"]}},
     "model": {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_experts": 4,
@@ -388,7 +389,7 @@ _DEMO: dict[str, Any] = {
 }
 
 _TINY: dict[str, Any] = deep_merge(_DEMO, {
-    "provision": {"n_train": 4, "n_heldout": 3, "difficulty": [1]},
+    "provision": {"n_train": 4, "n_heldout": 3, "n_validation": 2, "difficulty": [1]},
     "distill": {"harness": {"max_steps": 10}},
     # k = 1: the continuations run (the wiring is exercised) but the noise bar credits no step at one pair.
     "credit": {"max_trajectories": 2, "monte_carlo": {"k": 1, "stride": 3, "max_steps": 6}},
@@ -406,8 +407,9 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
 # with power (issue 33). Untrained it answers in prose (0 tool calls): SFT teaches the protocol, RL must make it
 # fix more bugs. The two single-line bug families of the demo at difficulty 1: the SFT model resolves some and
 # fails others, which is what makes RL groups mixed. Not a CPU demo: hours on 2 cores (scripts/bench_smol_rl.py).
-# - Evaluation with power: 100 held-out tasks from one fixed seed (the same held-out digest for every run seed),
-#   k = 4 attempts each at the RL temperature (pass@1 per task from 4 samples; intervals clustered by task).
+# - Evaluation with power: 100 held-out tasks in 100 distinct repositories, none reachable from a train seed, from
+#   one fixed seed (the same held-out digest for every run seed; 50 validation tasks to tune on), k = 4 attempts
+#   each at the RL temperature (pass@1 per task from 4 samples; intervals clustered by task and repository).
 # - RL: >= 1,000 episodes over all 200 training prompts, 8 prompts per optimizer step, BAR groups of 8 from up
 #   to 16 in waves of 4 with early abandon (a prompt whose first waves all fail is dropped when the posterior
 #   says the rest would too) and history (a prompt never solved in its last visit is skipped, GRESO-style);
@@ -419,7 +421,7 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
 #   trains LoRA adapters instead (merged when saved).
 _SMOL: dict[str, Any] = {
     "model": {"path": "smollm2-135m-instruct"},
-    "provision": {"n_train": 200, "n_heldout": 100, "heldout_seed": 1_000_003, "difficulty": 1,
+    "provision": {"n_train": 200, "n_heldout": 100, "n_validation": 50, "heldout_seed": 1_000_003, "difficulty": 1,
                   "recipe_options": {"families": ["off_by_one", "wrong_operator"]}},
     "distill": {"teacher": "scripted", "error_rate": 0.1, "attempts_per_task": 1, "max_parallel": 4,
                 "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},

@@ -1,12 +1,14 @@
-"""The promotion gate stage: the run's final model replaces the champion only when it is better.
+"""The promotion gate stage: the run's model replaces the champion only when it is better, and an RL model
+only when it also beat the SFT model it started from.
 
-The candidate is the final trained model (RL if it made updates, else SFT: the report's rule,
-`pipelines.steps.model_trained`). Its evaluation is reused (`evaluate-rl` / `evaluate-sft`); the
-champion (registry alias `champion`) is downloaded and evaluated with the same EvalConfig on the same
-held-out tasks, so both get the same attempt seeds; with no champion yet, the candidate is compared with
-the evaluation of the model training started from (`evaluate-untrained`). `components.promote.decide` rules; a promoted
-candidate is logged, registered with its lineage and gets the alias; otherwise nothing is registered
-and the reason is the stage result, a tag on the pipeline run and a row of the report.
+The RL and SFT evaluations are reused (`evaluate-rl`, `evaluate-sft`: the same held-out tasks and attempt
+seeds); the RL model is the candidate only if it made optimizer updates and beat SFT on them, else the
+SFT model is (`components.promote.gate_decision`, step 1). The champion (registry alias `champion`) is
+downloaded and evaluated with the same EvalConfig on the same held-out tasks, so it gets the same attempt
+seeds; with no champion yet, the candidate is compared with the evaluation of the model training started
+from (`evaluate-untrained`). A promoted candidate is logged, registered with its lineage and gets the
+alias; otherwise nothing is registered and the reason is the stage result, a tag on the pipeline run and a
+row of the report.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sandbox_service.connection import SandboxConnection
 from components.core.modeling import InitPolicyConfig
 from components.evaluate import EvalConfig
-from components.promote import PromotionConfig, PromotionDecision, Scorecard
+from components.promote import PromotionConfig, PromotionDecision, Scorecard, scorecard_from_evaluation
 from pipelines.errors import StageFailed
 
 
@@ -69,7 +71,6 @@ def start_model(config: InitConfig, tracking, out: Path) -> str | None:
 class GateResult(PromotionDecision):
     """The decision plus where the candidate came from (the stage's result)."""
 
-    candidate_stage: str | None = Field(None, description="rl or sft: the model that was judged.")
     parent_model: str = Field("", description="What the candidate trained from (previous champion or base).")
     metrics: dict[str, float] = Field(default_factory=dict)
 
@@ -83,11 +84,14 @@ def _trained(model_dir: Path, name: str) -> int:
     return int(record.get("steps_done", record.get("steps")) or 0)
 
 
-def pick_candidate(sft_model: Path, rl_model: Path) -> tuple[str, Path, bool]:
-    """(stage, model dir, trained): the last model that made optimizer updates, else the SFT one, untrained."""
-    if _trained(rl_model, "rl") > 0:
-        return "rl", rl_model, True
-    return "sft", sft_model, _trained(sft_model, "sft") > 0
+def trained_scorecards(sft_model: Path, rl_model: Path, sft_results: Path,
+                       rl_results: Path) -> tuple[Scorecard, Scorecard | None]:
+    """The SFT and RL models' evaluations, each marked trained when its stage made optimizer updates; RL's is
+    None when RL made none (or was not evaluated): then the SFT model is the only candidate."""
+    sft = scorecard_from_evaluation(sft_results, policy="sft", trained=_trained(sft_model, "sft") > 0)
+    if _trained(rl_model, "rl") == 0 or not (Path(rl_results) / "eval_result.json").exists():
+        return sft, None
+    return sft, scorecard_from_evaluation(rl_results, policy="rl", trained=True)
 
 
 def comparison_table(candidate: Scorecard, champion: Scorecard | None):
@@ -134,15 +138,20 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     from components.core.data_store import read_training_list
     from components.core.tracking import log_dataset_input, log_figure, log_table, resume_run, stage_run
     from components.evaluate import evaluate
-    from components.promote import (current_champion, decide, download_champion, git_commit, log_policy_model,
-                                    model_card, promote, scorecard_from_evaluation)
+    from components.promote import (current_champion, download_champion, gate_decision, git_commit,
+                                    log_policy_model, model_card, promote, select_candidate)
 
     out.mkdir(parents=True, exist_ok=True)
-    stage, model_dir, trained = pick_candidate(sft_model, rl_model)
-    candidate = scorecard_from_evaluation(rl_results if stage == "rl" else sft_results, policy=stage, trained=trained)
-    if not config.enabled:
-        result = GateResult(promoted=False, reason="register_model_name is None: promotion is off",
-                            candidate_mean=candidate.mean, candidate_stage=stage)
+    sft, rl = trained_scorecards(sft_model, rl_model, sft_results, rl_results)
+    stage, versus = select_candidate(sft, rl, config.promotion)
+    candidate, model_dir = (rl, rl_model) if stage == "rl" and rl is not None else (sft, sft_model)
+    off = None if config.enabled else "register_model_name is None: promotion is off"
+    if config.evaluate.split != "heldout":  # a tuning run: its numbers were looked at to choose settings
+        off = (f"the evaluations ran on the {config.evaluate.split} split (tuning); only held-out results "
+               "promote a model")
+    if off:
+        result = GateResult(promoted=False, reason=off, candidate_mean=candidate.mean, candidate_stage=stage,
+                            rl_vs_sft=versus)
         (out / "comparison.json").write_text(result.model_dump_json(indent=2))
         return result
     if tracking is None or not tracking.enabled:
@@ -151,7 +160,7 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     uri, promo = tracking.tracking_uri, config.promotion
     champion_version = current_champion(uri, promo)
     champion = None
-    if champion_version is not None and trained:  # an untrained candidate is rejected without a comparison
+    if champion_version is not None and candidate.trained:  # an untrained candidate is rejected without a comparison
         champion_dir = download_champion(uri, champion_version, out / "champion_model")
         evaluation = config.evaluate.model_copy(update={"sandbox": config.sandbox})
         evaluate(evaluation, tasks, champion_dir, out / "champion_eval", tracking=None)
@@ -161,7 +170,7 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     start = None
     if champion is None and base_results is not None and (Path(base_results) / "eval_result.json").exists():
         start = scorecard_from_evaluation(base_results, policy="start", trained=False)
-    decision = decide(candidate, champion, promo, champion_version=version, start=start)
+    decision = gate_decision(sft, rl, promo, champion=champion, champion_version=version, start=start)
     origin = base_model / STARTED_FROM  # retrain.start_from=champion: trained from that version
     parent_model = json.loads(origin.read_text())["model"] if origin.exists() else "base (init-policy)"
     table = comparison_table(candidate, champion)
@@ -187,8 +196,10 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
                        "orchard.evaluation_table": f"runs:/{mlflow.active_run().info.run_id}/promotion/comparison.json"}
             decision.candidate_version = promote(uri, promo, model_uri, lineage,
                                                  description=model_card(decision, lineage))
-    result = GateResult(**decision.model_dump(), candidate_stage=stage, parent_model=parent_model,
-                        metrics={"promoted": float(decision.promoted), "candidate_mean": decision.candidate_mean})
+    metrics = {"promoted": float(decision.promoted), "candidate_mean": decision.candidate_mean}
+    if decision.rl_vs_sft is not None:
+        metrics |= {"rl_beat_sft": float(decision.rl_vs_sft.passed), "rl_vs_sft_p": decision.rl_vs_sft.p_value}
+    result = GateResult(**decision.model_dump(), parent_model=parent_model, metrics=metrics)
     if tracking.parent_run_id:
         with resume_run(tracking, tracking.parent_run_id):
             mlflow.set_tags({"orchard.promotion": "promoted" if result.promoted else "rejected",

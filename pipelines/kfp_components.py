@@ -10,7 +10,7 @@ parameter; it already contains kfp and this project, so nothing is pip-installed
 """
 
 import copy
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
@@ -26,7 +26,7 @@ def _component(func):
 
 @_component
 def start(preset: str, recipe: str, seed: int, overrides_json: str, experiment: str, sandbox_url: str,
-          mlflow_uri: str, start_from: str, promotion_margin: float, train_tasks: int, data_store: str,
+          mlflow_uri: str, start_from: str, promotion_margin: Optional[float], train_tasks: int, data_store: str,
           window_runs: int, kfp_run_id: str, run_label: str) -> NamedTuple("RunStart", [("config_json", str), ("parent_run_id", str)]):
     """Validate the run's PipelineConfig and open the MLflow parent run (left RUNNING)."""
     from collections import namedtuple

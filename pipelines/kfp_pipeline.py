@@ -145,8 +145,8 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
     # KFP reads the parameters from the signature: build it from the one parameter list.
     orchard_training.__signature__ = inspect.Signature(
         [inspect.Parameter(x.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=x.default,
-                           annotation=type(x.default)) for x in params])
-    orchard_training.__annotations__ = {x.name: type(x.default) for x in params}
+                           annotation=x.annotation) for x in params])
+    orchard_training.__annotations__ = {x.name: x.annotation for x in params}
     orchard_training.__doc__ = "Distill -> credit -> SFT -> adaptive RL -> evaluate, on one sandbox layer.\n\n" + \
         "\n".join(f"{x.name}: {x.description}" for x in params)
     return dsl.pipeline(name=PIPELINE_NAME,

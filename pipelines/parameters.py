@@ -9,25 +9,37 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from pipelines.cluster import ClusterConfig
 from pipelines.config import PipelineConfig, overrides_of
 
 
+def argo_text(value: Any) -> str:
+    """A parameter value as Argo gets it: JSON for dict/list, '' for None (an optional left unset), else str."""
+    if value is None:
+        return ""
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+
+
 @dataclass(frozen=True)
 class Param:
     name: str
-    default: Any  # str | int | dict | list; KFP keeps the type, Argo gets JSON for dict/list
+    default: Any  # str | int | float | dict | list | None; KFP keeps the type, Argo gets `argo_text`
     description: str
     start: bool = False  # an argument of the start step (turned into the PipelineConfig)
     # False: KFP only. Argo parses a volumeClaimTemplate's quantities when it reads the template, before any
     # parameter is substituted ("quantities must match the regular expression"): such values are compiled in.
     argo: bool = True
+    optional: type | None = None  # a typed optional (KFP: `Optional[optional]`, unset = None; Argo: '')
+
+    @property
+    def annotation(self) -> Any:
+        return Optional[self.optional] if self.optional is not None else type(self.default)
 
     @property
     def argo_value(self) -> str:
-        return json.dumps(self.default) if isinstance(self.default, (dict, list)) else str(self.default)
+        return argo_text(self.default)
 
 
 def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[Param]:
@@ -42,9 +54,9 @@ def pipeline_parameters(config: PipelineConfig, cluster: ClusterConfig) -> list[
         # Retraining (a schedule's knobs): what a run starts from and what it must beat
         Param("start_from", config.retrain.start_from, "Train from the 'base' model or the registry's 'champion'.",
               start=True),
-        Param("promotion_margin", -1.0,
-              "The mean pass@1 gain over the champion must exceed this, by an exact paired test (< 0: the "
-              "config's).", start=True),
+        Param("promotion_margin", None,
+              "The mean pass@1 gain over the champion must exceed this, by an exact paired test (unset: the "
+              "config's promote.margin).", start=True, optional=float),
         Param("train_tasks", 0, "Training tasks generated per run, i.e. the data store's growth per run "
               "(0: the preset's provision.n_train).", start=True),
         Param("data_store", config.retrain.data_store or "",

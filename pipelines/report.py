@@ -1,7 +1,9 @@
 """The results of a pipeline run: the table people read, the plots, and what goes to MLflow.
 
 Rows: the untrained, SFT and RL policies on the held-out tasks (plus the scripted teacher as a
-reference row when it was evaluated); around it, trajectory counts and sandbox exec latency.
+reference row when it was evaluated), each with its tasks and independent units (repositories); below,
+the paired differences clustered by unit, and whether RL beat SFT (the interval, and the promotion gate's
+exact test that decides whether the RL model ships); around it, trajectory counts and sandbox exec latency.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from components.core.tracking import (
 class EvalRow(BaseModel):
     model_config = ConfigDict(extra="forbid")
     policy: str = Field(description="untrained, sft, rl or teacher.")
+    tasks: int | None = Field(None, description="Held-out tasks evaluated (n).")
+    units: int | None = Field(None, description="Independent units among them (distinct repositories): what the "
+                                                "intervals count.")
     resolved_rate: float | None = Field(None, description="Resolved / evaluated attempts (infra errors excluded).")
     resolved_rate_ci95: tuple[float, float] | None = Field(
-        None, description="95% interval (attempts clustered by task), from the evaluation.")
+        None, description="95% interval (attempts clustered by task and unit), from the evaluation.")
     resolved: int | None = Field(None, description="Resolved attempts.")
     evaluated: int | None = Field(None, description="Attempts that count (not infra errors).")
     pass_at_k: float | None = Field(None, description="Unbiased pass@k over the attempts per task.")
@@ -41,10 +46,13 @@ class Comparison(BaseModel):
     ci95: tuple[float, float] = Field(description="Newcombe's paired interval over the same tasks "
                                                   "(components.core.intervals.paired_difference_ci).")
     tasks: int = Field(description="Tasks both were evaluated on (n).")
+    units: int | None = Field(None, description="Independent units (repositories) among them; the interval "
+                                                "clusters by unit.")
 
     def verdict(self) -> str:
         lo, hi = self.ci95
-        span = f"{100 * self.difference:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}], n={self.tasks} tasks"
+        units = f", {self.units} units" if self.units is not None else ""
+        span = f"{100 * self.difference:+.1f} points [{100 * lo:+.1f}, {100 * hi:+.1f}], n={self.tasks} tasks{units}"
         if lo > 0:
             return f"{self.better} beats {self.than} by {span}"
         if hi < 0:
@@ -56,22 +64,44 @@ class Comparison(BaseModel):
 COMPARED = (("sft", "untrained"), ("rl", "sft"), ("rl", "untrained"))
 
 
-def compare_arms(per_task: dict[str, dict[str, float]], seed: int = 0) -> list[Comparison]:
-    """Paired comparisons of the arms in `COMPARED` that were both evaluated (per-task pass@1 by task id)."""
-    from components.core.intervals import paired_difference_ci
+def compare_arms(per_task: dict[str, dict[str, float]], units: dict[str, str] | None = None) -> list[Comparison]:
+    """Paired comparisons of the arms in `COMPARED` that were both evaluated (per-task pass@1 by task id),
+    clustered by `units` (task id -> unit; None: each task its own)."""
+    from components.core.intervals import common_tasks, count_units, paired_difference_ci
 
     out = []
     for a, b in COMPARED:
         if a in per_task and b in per_task:
-            diff, lo, hi, n = paired_difference_ci(per_task[a], per_task[b])
-            out.append(Comparison(better=a, than=b, difference=diff, ci95=(lo, hi), tasks=n))
+            diff, lo, hi, n = paired_difference_ci(per_task[a], per_task[b], units=units)
+            out.append(Comparison(better=a, than=b, difference=diff, ci95=(lo, hi), tasks=n,
+                                  units=count_units(common_tasks(per_task[a], per_task[b]), units)))
     return out
+
+
+def rl_verdict(comparisons: list[Comparison], gate: dict | None) -> str | None:
+    """Whether RL beat SFT, in one line: the paired interval, and the promotion gate's exact test, which decides
+    whether the RL model or the SFT model it started from is the candidate. None when RL was not evaluated."""
+    paired = next((c for c in comparisons if (c.better, c.than) == ("rl", "sft")), None)
+    test = (gate or {}).get("rl_vs_sft")
+    if paired is None and not test:
+        return None
+    parts = [paired.verdict()] if paired is not None else []
+    if test:
+        said = "RL beat SFT" if test["passed"] else "RL did not beat SFT"
+        shipped = "the RL model is the candidate" if test["passed"] else "the SFT model is the candidate"
+        parts.append(f"promotion gate: {said} (exact paired p = {test['p_value']:.4f}, needs <= {test['alpha']:.4g} "
+                     f"and a gain; {test['units']} units): {shipped}")
+    elif gate is not None and gate.get("candidate_stage"):
+        parts.append("promotion gate: no RL-vs-SFT test (RL made no optimizer update, or an evaluation has no "
+                     "verified attempt): the SFT model is the candidate")
+    return "RL vs SFT (what RL added): " + "; ".join(parts)
 
 
 class RunReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rows: list[EvalRow] = Field(default_factory=list, description="One row per evaluated policy.")
     comparisons: list[Comparison] = Field(default_factory=list, description="Paired arm differences.")
+    rl_vs_sft: str | None = Field(None, description="Whether RL beat SFT: the paired interval and the gate's test.")
     trajectories: dict[str, float] = Field(default_factory=dict, description="Teacher trajectory counts by outcome.")
     exec_latency: dict[str, float] = Field(default_factory=dict, description="Sandbox exec latency (s): p50, p95, n.")
     stage_seconds: dict[str, float] = Field(default_factory=dict, description="Wall time per step.")
@@ -107,10 +137,17 @@ def _rate(r: EvalRow) -> str:
     return f"{100 * r.resolved_rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
+def _tasks(r: EvalRow) -> str:
+    """'16 (12)': tasks and, when the evaluation said, the independent units among them."""
+    return f"{_fmt(r.tasks)} ({_fmt(r.units)})" if r.units is not None else _fmt(r.tasks)
+
+
 def eval_row(policy: str, result: dict) -> EvalRow:
     return EvalRow(
         policy=policy,
         resolved_rate=_pick(result, "resolved_rate"),
+        tasks=_pick(result, "tasks"),
+        units=_pick(result, "units"),
         resolved_rate_ci95=_interval(result, "resolved_rate"),
         resolved=_pick(result, "resolved", "n_resolved"),
         evaluated=_pick(result, "valid_attempts", "evaluated"),
@@ -138,11 +175,14 @@ def trajectory_counts(distill_result: dict) -> dict[str, float]:
 
 def build_report(eval_results: dict[str, dict], distill_result: dict | None, *, exec_latency: dict | None = None,
                  stage_seconds: dict | None = None, stages_skipped: list[str] | None = None,
-                 notes: list[str] | None = None, per_task: dict[str, dict[str, float]] | None = None) -> RunReport:
-    """`per_task`: each arm's pass@1 by held-out task id (from its per_task.parquet) for the paired comparisons."""
+                 notes: list[str] | None = None, per_task: dict[str, dict[str, float]] | None = None,
+                 units: dict[str, str] | None = None, gate: dict | None = None) -> RunReport:
+    """`per_task`: each arm's pass@1 by held-out task id (from its per_task.parquet) for the paired comparisons,
+    clustered by `units` (task id -> unit); `gate`: the promote stage's result (whether RL beat SFT)."""
     order = ["teacher", "untrained", "sft", "rl"]
     rows = [eval_row(k, eval_results[k]) for k in sorted(eval_results, key=lambda k: (order.index(k) if k in order else 9, k))]
-    return RunReport(rows=rows, comparisons=compare_arms(per_task or {}),
+    comparisons = compare_arms(per_task or {}, units)
+    return RunReport(rows=rows, comparisons=comparisons, rl_vs_sft=rl_verdict(comparisons, gate),
                      trajectories=trajectory_counts(distill_result or {}),
                      exec_latency=exec_latency or {}, stage_seconds=stage_seconds or {},
                      stages_skipped=stages_skipped or [], notes=notes or [])
@@ -165,16 +205,18 @@ def _fmt(value: Any, pct: bool = False) -> str:
 
 
 def to_markdown(report: RunReport) -> str:
-    lines = ["| policy | resolved rate [95% CI] | resolved / evaluated | pass@k | infra errors | mean steps "
-             "| hidden tests passing |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| policy | tasks (units) | resolved rate [95% CI] | resolved / evaluated | pass@k | infra errors "
+             "| mean steps | hidden tests passing |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in report.rows:
         name = f"{r.policy} (reference)" if r.policy == "teacher" else r.policy
-        lines.append(f"| {name} | {_rate(r)} | {_fmt(r.resolved)} / {_fmt(r.evaluated)} | "
+        lines.append(f"| {name} | {_tasks(r)} | {_rate(r)} | {_fmt(r.resolved)} / {_fmt(r.evaluated)} | "
                      f"{_fmt(r.pass_at_k, True)} | {_fmt(r.infra_error_rate, True)} | {_fmt(r.mean_steps)} | "
                      f"{_fmt(r.hidden_pass_fraction, True)} |")
+    if report.rl_vs_sft:
+        lines += ["", f"**{report.rl_vs_sft}**"]
     if report.comparisons:
-        lines += ["", "Paired differences in held-out pass@1 (95% paired interval over tasks):"]
+        lines += ["", "Paired differences in held-out pass@1 (95% paired interval, clustered by unit):"]
         lines += [f"- {c.verdict()}" for c in report.comparisons]
     if report.trajectories:
         lines += ["", "Teacher trajectories: " + ", ".join(f"{k} {int(v)}" for k, v in report.trajectories.items())]
@@ -194,11 +236,11 @@ def to_rich(report: RunReport):
     from rich.table import Table
 
     table = Table(title="Held-out tasks: untrained vs SFT vs RL")
-    for col in ("policy", "resolved rate [95% CI]", "resolved / evaluated", "pass@k", "infra errors", "mean steps",
-                "hidden tests passing"):
+    for col in ("policy", "tasks (units)", "resolved rate [95% CI]", "resolved / evaluated", "pass@k", "infra errors",
+                "mean steps", "hidden tests passing"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in report.rows:
-        table.add_row(f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _rate(r),
+        table.add_row(f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _tasks(r), _rate(r),
                       f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}", _fmt(r.pass_at_k, True),
                       _fmt(r.infra_error_rate, True), _fmt(r.mean_steps), _fmt(r.hidden_pass_fraction, True))
     return table
@@ -222,7 +264,7 @@ def plot_resolved_rates(report: RunReport):
         ax.annotate(f"n={r.evaluated if r.evaluated is not None else '?'}", (bar.get_x() + bar.get_width() / 2, 1),
                     ha="center", va="bottom", fontsize=8, color="white" if bar.get_height() > 8 else "black")
     ax.set_ylabel("held-out resolved rate (%)")
-    ax.set_title("resolved rate, 95% interval (clustered by task), n attempts", fontsize=9)
+    ax.set_title("resolved rate, 95% interval (clustered by task and unit), n attempts", fontsize=9)
     ax.set_ylim(0, 100)
     fig.tight_layout()
     return fig
@@ -291,6 +333,9 @@ def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunRepor
                 mlflow.log_metric(f"heldout_resolved_rate_ci95_high.{r.policy}", r.resolved_rate_ci95[1])
             if r.evaluated is not None:
                 mlflow.log_metric(f"heldout_evaluated.{r.policy}", float(r.evaluated))
+            for name, value in (("tasks", r.tasks), ("units", r.units)):
+                if value is not None:
+                    mlflow.log_metric(f"heldout_{name}.{r.policy}", float(value))
             step = (training_steps or {}).get(r.policy)
             if step is not None and r.resolved_rate is not None:
                 mlflow.log_metric("heldout.resolved_rate", float(r.resolved_rate), step=step)

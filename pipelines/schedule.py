@@ -55,7 +55,8 @@ def recurring_run_arguments(spec: RecurringRunSpec, experiment_id: str) -> dict[
         "cron_expression": spec.kfp_cron,
         "max_concurrency": spec.max_concurrency,
         "no_catchup": spec.no_catchup,
-        "params": {**retrain_arguments(), **spec.params},
+        # an optional parameter left unset (None) is left out: the pipeline's own default is None
+        "params": {k: v for k, v in {**retrain_arguments(), **spec.params}.items() if v is not None},
         "pipeline_package_path": spec.package_path,
         "enabled": spec.enabled,
         "enable_caching": spec.enable_caching,

@@ -160,7 +160,7 @@ def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlf
     retrain: dict[str, Any] = {}
     if start_from:
         retrain["retrain.start_from"] = start_from
-    if promotion_margin not in (None, "") and float(promotion_margin) >= 0:
+    if promotion_margin not in (None, ""):  # unset: the config's promote.margin (a negative one is refused)
         retrain["promote.margin"] = float(promotion_margin)
     if train_tasks not in (None, "") and int(train_tasks) > 0:
         retrain["provision.n_train"] = int(train_tasks)
@@ -204,18 +204,21 @@ def parent_run_tags(config: PipelineConfig, **extra: str) -> dict[str, str]:
             "mlflow.note.content": note, **extra}
 
 
-def per_task_pass_at_1(evals: dict[str, dict]) -> dict[str, dict[str, float]]:
-    """Each arm's pass@1 by task id, read from its per_task.parquet (arms whose file is not readable here,
-    e.g. a cluster artifact the report step cannot see, are left out of the paired comparisons)."""
+def per_task_pass_at_1(evals: dict[str, dict]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Each arm's pass@1 by task id, and each task's unit (repository), read from the arms' per_task.parquet
+    (arms whose file is not readable here, e.g. a cluster artifact the report step cannot see, are left out
+    of the paired comparisons)."""
     import pandas as pd
 
-    out = {}
+    out, units = {}, {}
     for arm, result in evals.items():
         path = result.get("per_task_path")
         if path and Path(path).is_file():
-            frame = pd.read_parquet(path, columns=["task_id", "pass_at_1"])
+            frame = pd.read_parquet(path)
             out[arm] = dict(zip(frame["task_id"], frame["pass_at_1"].astype(float)))
-    return out
+            if "unit" in frame:
+                units.update(zip(frame["task_id"], frame["unit"]))
+    return out, units
 
 
 def training_steps(results: dict[str, dict | None]) -> dict[str, int]:
@@ -243,9 +246,13 @@ def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
     gate = parsed.get("promote")
     if gate:
         notes.append(report.promotion_note(gate))
+    if ctx.config.evaluate.split != "heldout":
+        notes.append(f"the policies were evaluated on the {ctx.config.evaluate.split} split (for tuning), not on "
+                     "the held-out one: the rows are not held-out results")
+    per_task, units = per_task_pass_at_1(evals)
     run_report = report.build_report(evals, parsed.get("distill"), exec_latency=exec_latency,
                                      stage_seconds=stage_seconds, stages_skipped=stages_skipped, notes=notes,
-                                     per_task=per_task_pass_at_1(evals))
+                                     per_task=per_task, units=units, gate=gate)
     markdown = report.to_markdown(run_report)
     if ctx.parent_run_id:
         report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown, stores=stores,

@@ -90,7 +90,16 @@ class RecipeBase(abc.ABC):
 
     @abc.abstractmethod
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
-        """Deterministic task generation from a seed."""
+        """Deterministic task generation from a seed, through `components.core.splits.draw`: the splits share
+        no unit and no split holds the same content twice, whatever the seeds."""
+
+    def task_content(self, task: Task) -> Any:
+        """What the agent is given (two tasks with equal content are the same task to a policy): the prompt and
+        the environment (for SWE the repository's files and the issue text). Recipes whose world lives
+        elsewhere (a GUI site, a Claw world in `metadata`) add it."""
+        from components.core.splits import task_content
+
+        return task_content(task)
 
     @abc.abstractmethod
     def tools(self) -> list[ToolSpec]:

@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field
 SCHEMA_VERSION = 3  # 2: Step.logprobs and Step.tokenizer_id (sampled tokens and whose vocabulary they are); 3: Trajectory.verification
 
 Recipe = Literal["swe", "gui", "claw"]
-Split = Literal["train", "heldout"]
+# train: what training sees; validation: for tuning (learning rate, temperature...), never trained on; heldout: the
+# final evaluation, never trained or tuned on. Which split may hold a task is decided by its unit (`core/splits.py`).
+Split = Literal["train", "validation", "heldout"]
 
 
 def utcnow() -> datetime:
@@ -74,6 +76,11 @@ class Task(_Record):
     family: str | None = Field(None, description="Task family (e.g. bug kind), used for held-out splits.")
     difficulty: int = 1
     seed: int | None = None
+    unit: str | None = Field(
+        None, description="The independent unit the task belongs to: tasks of one unit are not independent evidence "
+                          "(generated SWE: a digest of its repository's files; imported SWE-bench: the upstream "
+                          "repository; GUI/Claw: the task's own site/world). Intervals and paired tests cluster by it; "
+                          "None (tasks stored before units existed): the task is its own unit.")
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--token", help="bearer token clients must send (default: $ORCHARD_ENV_TOKEN, else generated and "
                    "printed once)")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--split", default="train", choices=["train", "heldout"])
+    p.add_argument("--split", default="train", choices=["train", "validation", "heldout"])
     p.add_argument("--num-tasks", type=int, default=64)
     p.add_argument("--task-seed", type=int, default=0)
     p.add_argument("--max-steps", type=int, default=16, help="tool calls per episode before it is verified")

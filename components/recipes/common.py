@@ -1,11 +1,11 @@
-"""Small helpers the GUI and Claw recipes share: difficulty filtering and check-list verdicts."""
+"""Small helpers the recipes share: difficulty filtering, family splits and check-list verdicts."""
 
 from __future__ import annotations
 
 import re
 
 from components.core.recipe_base import VerifyResult
-from components.core.schema import TestReport
+from components.core.schema import Task, TestReport
 
 
 def families_at(families: tuple[str, ...], difficulty: int | list[int] | None,
@@ -18,6 +18,24 @@ def families_at(families: tuple[str, ...], difficulty: int | list[int] | None,
     if not kept:
         raise ValueError(f"no task family at difficulty {sorted(levels)}; levels are {levels_by_family}")
     return kept
+
+
+def families_for_split(pool: tuple[str, ...], heldout_families: tuple[str, ...], split: str) -> tuple[str, ...]:
+    """The families `split` draws from: with `heldout_families`, held-out tasks come from them only and train and
+    validation tasks never do (validation tunes on the training families: tuning must not see the held-out ones);
+    without, every split draws from `pool`."""
+    if split == "heldout":
+        return tuple(heldout_families) or tuple(pool)
+    kept = tuple(f for f in pool if f not in heldout_families)
+    if not kept:
+        raise ValueError(f"every family is held out ({list(heldout_families)}): the {split} split would be empty")
+    return kept
+
+
+def goal(task: Task) -> dict:
+    """A GUI or Claw task's unit: its goal and expected outcome. The site or world around it is random filler, so
+    two tasks with one goal and answer in different worlds are one task to a policy that memorised the answer."""
+    return {"prompt": task.prompt, "expected": task.verifier.expected}
 
 
 def checklist_result(checks: list[tuple[str, bool]]) -> VerifyResult:

@@ -23,7 +23,7 @@ def test_provision_then_distill_then_resume(sandbox_service, tmp_path):
     conn = sandbox_service.connection()
     prov = provision_environment(ProvisionConfig(n_train=3, n_heldout=2, seed=4, sandbox=conn, latency_probes=3),
                                  tmp_path / "tasks")
-    assert prov.counts == {"train": 3, "heldout": 2} and len(TaskStore(tmp_path / "tasks").read()) == 5
+    assert prov.counts == {"train": 3, "validation": 12, "heldout": 2} and len(TaskStore(tmp_path / "tasks").read()) == 17
     assert 0 < prov.metrics["exec_latency_p50"] < 5 and prov.metrics["sandbox_create_seconds"] > 0
 
     config = DistillConfig(error_rate=0.5, max_parallel=3, sandbox=conn, progress=False, seed=1,

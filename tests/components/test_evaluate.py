@@ -250,3 +250,27 @@ def test_greedy_attempt_beside_the_sampled_ones(sandbox_service, tmp_path):
     from components.core.store import TrajectoryStore
 
     assert len(TrajectoryStore(tmp_path / "eval" / "trajectories_greedy").read()) == 2
+
+
+def test_units_are_reported_beside_tasks_and_the_validation_split_can_be_evaluated(sandbox_service, tmp_path):
+    """Provision writes a validation split (for tuning, never the held-out one) that evaluation runs on; a
+    repository with two issue texts is one unit: reported beside n and used by the interval."""
+    from components.provision import ProvisionConfig, provision_environment
+
+    provision_environment(ProvisionConfig(n_train=1, n_heldout=1, n_validation=2, check_sandbox=False),
+                          tmp_path / "tasks")
+    first, _ = sorted(TaskStore(tmp_path / "tasks").read(split="validation"), key=lambda t: t.id)
+    # the same repository with another issue text, whose verdict always fails: a unit half solved
+    again = first.model_copy(update={"id": first.id + "-again", "prompt": first.prompt + " Please.",
+                                     "verifier": VerifierSpec(kind="command", command="false")})
+    TaskStore(tmp_path / "tasks").write([again])
+    config = EvalConfig(policy="scripted", scripted_error_rate=0.0, k=1, split="validation",
+                        sandbox=sandbox_service.connection())
+    result = evaluate(config, tmp_path / "tasks", None, tmp_path / "eval")
+    assert (result.tasks, result.units, result.resolved) == (3, 2, 2)
+    per_task = pd.read_parquet(result.per_task_path).sort_values("task_id")
+    assert per_task.set_index("task_id").loc[again.id, "unit"] == first.unit
+    assert result.metrics["units"] == 2
+    counts = list(zip(per_task.valid_attempts, per_task.resolved))
+    assert result.resolved_rate_ci95 == task_rate_ci(counts, units=list(per_task.unit))
+    assert result.resolved_rate_ci95 != task_rate_ci(counts)  # clustered by the repository, not by task

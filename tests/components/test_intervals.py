@@ -81,3 +81,61 @@ def test_a_paired_difference_where_every_task_agrees_is_not_a_point():
     zeros = {f"t{i}": 0.0 for i in range(16)}  # a task bootstrap gave [0, 0] here
     diff, lo, hi, n = paired_difference_ci(zeros, dict(zeros))
     assert (diff, n) == (0.0, 16) and lo < -0.15 and hi > 0.15
+
+
+def _clustered_world(rng, units: int, per_unit: int, rate: float, spread: float):
+    """Task ids, their units, and a policy's per-task pass rates where every task of a unit shares the unit's
+    rate (the same repository with another issue text: solved or failed together)."""
+    a = rate * (1 / spread - 1)
+    names = [f"t{u}-{i}" for u in range(units) for i in range(per_unit)]
+    unit_of = {n: n.split("-")[0] for n in names}
+
+    def policy() -> np.ndarray:
+        return np.repeat(rng.beta(a, a * (1 - rate) / rate, size=units), per_unit)
+
+    return names, unit_of, policy
+
+
+def test_the_rate_interval_clusters_by_unit_where_tasks_share_a_repository():
+    """8 repositories x 4 tasks each: counted as 32 independent tasks the interval covers far below 95 %;
+    clustered by repository it covers at its level."""
+    rng = np.random.default_rng(5)
+    names, unit_of, policy = _clustered_world(rng, units=8, per_unit=4, rate=0.3, spread=0.6)
+    by_task = by_unit = 0
+    for _ in range(SIMULATIONS):
+        c = rng.binomial(1, policy())
+        counts = [(1, int(x)) for x in c]
+        lo, hi = task_rate_ci(counts, 0.95)
+        by_task += lo <= 0.3 <= hi
+        lo, hi = task_rate_ci(counts, 0.95, units=[unit_of[n] for n in names])
+        by_unit += lo <= 0.3 <= hi
+    floor = 0.95 - 3 * np.sqrt(0.95 * 0.05 / SIMULATIONS)
+    assert by_unit / SIMULATIONS >= floor, by_unit / SIMULATIONS
+    assert by_task / SIMULATIONS < floor, by_task / SIMULATIONS  # what counting tasks as independent claims
+    assert task_mean_ci([0.5] * 4, units=["u"] * 4) == task_rate_ci([(1, 0.5)] * 4, units=["u"] * 4)
+    with pytest.raises(ValueError, match="one unit per task"):
+        task_rate_ci([(1, 1)] * 3, units=["u"])
+
+
+def test_the_paired_test_flips_units_whole_and_keeps_its_size():
+    """Two equally good policies, each better on some repositories and worse on others (every task of a
+    repository the same way): flipping tasks one by one rejects 'no better' far more often than alpha;
+    flipping each repository's summed difference as one keeps the size at alpha."""
+    from components.core.intervals import count_units, paired_sign_flip_p
+
+    rng = np.random.default_rng(9)
+    names, unit_of, policy = _clustered_world(rng, units=10, per_unit=3, rate=0.4, spread=0.5)
+    runs, alpha = 600, 0.05
+    by_task = by_unit = 0
+    for _ in range(runs):
+        a = dict(zip(names, rng.binomial(4, policy()) / 4))
+        b = dict(zip(names, rng.binomial(4, policy()) / 4))
+        by_task += paired_sign_flip_p(a, b, resamples=1000, seed=1)[0] <= alpha
+        by_unit += paired_sign_flip_p(a, b, resamples=1000, seed=1, units=unit_of)[0] <= alpha
+    slack = 2 * np.sqrt(alpha * (1 - alpha) / runs)
+    assert by_unit / runs <= alpha + slack, by_unit / runs
+    assert by_task / runs > alpha + slack, by_task / runs
+    assert count_units(names, unit_of) == 10 and count_units(names, None) == 30
+    # one task per unit: the unit rule is the task rule
+    a, b = {"x": 1.0, "y": 1.0, "z": 0.0}, {"x": 0.0, "y": 0.0, "z": 0.0}
+    assert paired_sign_flip_p(a, b, units={"x": "1", "y": "2", "z": "3"}) == paired_sign_flip_p(a, b)

@@ -43,6 +43,8 @@ def test_kfp_yaml_loads_back_with_the_sdk_and_parses_as_pipeline_spec(compiled):
     assert loaded.name == "orchard-training"
     assert {"recipe", "preset", "overrides_json", "start_from", "promotion_margin", "train_tasks", "data_store", "window_runs", "image", "gpu_image", "sandbox_url", "mlflow_uri",
             "sandbox_token_secret", "gpu_node_selector", "volume_size"} <= set(loaded.component_spec.inputs)
+    margin = loaded.component_spec.inputs["promotion_margin"]  # a typed optional, not a -1.0 sentinel
+    assert (margin.type, margin.optional, margin.default) == ("Float", True, None)
     docs = _kfp_docs(compiled)
     assert len(docs) == 2, "kfp-kubernetes settings compile into a second YAML document"
     spec = json_format.ParseDict(docs[0], pipeline_spec_pb2.PipelineSpec())
@@ -156,7 +158,7 @@ def test_argo_dag_gpu_steps_and_cron(compiled, gpu_compiled):
     # the retraining knobs are the schedule's parameters, with defaults, and the template accepts them
     cron_args = {p["name"]: p["value"] for p in cron["spec"]["workflowSpec"]["arguments"]["parameters"]}
     # a schedule grows the persistent store (on its PVC) by default; a one-off run of the template does not
-    assert cron_args == {"start_from": "base", "promotion_margin": "-1.0", "train_tasks": "0",
+    assert cron_args == {"start_from": "base", "promotion_margin": "", "train_tasks": "0",
                          "data_store": "/orchard-store/data-store", "window_runs": "0"}
     assert args["data_store"] == ""
     template_args = {p["name"] for p in template["spec"]["arguments"]["parameters"]}
@@ -248,7 +250,7 @@ def test_recurring_run_arguments_match_the_kfp_client_signature():
     bound = inspect.signature(kfp.Client.create_recurring_run).bind(None, **kwargs)
     assert bound.arguments["cron_expression"] == "0 0 3 * * 0"  # KFP wants a seconds field
     assert bound.arguments["max_concurrency"] == 1
-    assert bound.arguments["params"] == {"preset": "demo", "start_from": "base", "promotion_margin": -1.0,
+    assert bound.arguments["params"] == {"preset": "demo", "start_from": "base",  # promotion_margin unset: left out
                                          "train_tasks": 0, "data_store": "/orchard-store/data-store", "window_runs": 0}
     retrain = RecurringRunSpec(package_path="x", params={"start_from": "champion", "promotion_margin": 0.05})
     assert recurring_run_arguments(retrain, "exp-1")["params"]["start_from"] == "champion"

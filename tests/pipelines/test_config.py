@@ -115,9 +115,13 @@ def test_retraining_parameters_reach_the_config(tmp_path):
     assert (config.retrain.data_store, config.retrain.window_runs) == (str(tmp_path / "store"), 3)
     assert config.provision.data_store == str(tmp_path / "store"), "provision draws its new tasks from the store"
     default, _ = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
-                                start_from="base", promotion_margin="-1.0", train_tasks="0", data_store="",
-                                window_runs="0")
+                                start_from="base", promotion_margin="", train_tasks="0", data_store="",
+                                window_runs="0")  # Argo's unset optional: ''
     assert (default.retrain.start_from, default.promote.margin, default.provision.n_train) == ("base", 0.0, 4)
+    # a margin is a margin: a negative one is refused, not read as "use the config's" (the former -1.0 sentinel)
+    with pytest.raises(ConfigError, match="promote.margin"):
+        start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
+                       promotion_margin=-1.0)
     assert (default.retrain.data_store, default.retrain.window_runs, default.provision.data_store) == (None, None, None)
 
 
@@ -138,7 +142,7 @@ def test_run_retrain_flag_starts_from_the_champion_unless_set_says_otherwise(tmp
 
 
 def test_the_smol_preset_has_an_evaluation_with_power_and_an_rl_budget_that_can_win():
-    from components.provision import _tasks, heldout_digest
+    from components.provision import heldout_digest, recipe_options, split_tasks
     from components.recipes import get_recipe
 
     digests = set()
@@ -149,28 +153,28 @@ def test_the_smol_preset_has_an_evaluation_with_power_and_an_rl_budget_that_can_
         assert config.evaluate.temperature == config.rl.temperature > 0  # k samples at the training temperature
         assert config.rl.rollout_budget >= 1000 and config.rl.rollout.batch_prompts >= 8
         assert config.rl.rollout.early_stop and config.rl.rollout.history  # never-solved prompts are abandoned
-        recipe = get_recipe("swe", difficulty=config.provision.difficulty, **config.provision.recipe_options)
-        train, heldout = _tasks(config.provision, recipe)
-        digests.add(heldout_digest(heldout))
-        assert not {t.id for t in train} & {t.id for t in heldout}
+        recipe = get_recipe("swe", **recipe_options(config.provision))
+        splits, _ = split_tasks(config.provision, recipe)
+        digests.add(heldout_digest(splits["heldout"]))
+        assert not {t.unit for t in splits["train"]} & {t.unit for t in splits["heldout"]}
+        assert len({t.unit for t in splits["heldout"]}) == config.provision.n_heldout  # independent repositories
     assert len(digests) == 1  # the same held-out set for every seed
 
 
 @pytest.mark.parametrize("preset", ["tiny", "demo"])
 def test_every_seed_of_a_preset_is_evaluated_on_the_same_heldout_set(preset):
     """Cross-seed rates compare the same tests (issue 34: the digests differed between seeds)."""
-    from components.provision import _tasks, heldout_digest
+    from components.provision import heldout_digest, recipe_options, split_tasks
     from components.recipes import get_recipe
 
     digests, trains = set(), set()
     for seed in (0, 1):
         config = PipelineConfig.preset_config(preset, seed=seed)
-        recipe = get_recipe(config.provision.recipe, difficulty=config.provision.difficulty,
-                            **config.provision.recipe_options)
-        train, heldout = _tasks(config.provision, recipe)
-        digests.add(heldout_digest(heldout))
-        trains.add(tuple(t.id for t in train))
-    assert len(digests) == 1 and len(trains) == 2  # training data follows the seed, the test set does not
+        recipe = get_recipe(config.provision.recipe, **recipe_options(config.provision))
+        splits, _ = split_tasks(config.provision, recipe)
+        digests.add((heldout_digest(splits["heldout"]), heldout_digest(splits["validation"])))
+        trains.add(tuple(t.id for t in splits["train"]))
+    assert len(digests) == 1 and len(trains) == 2  # training data follows the seed, the test sets do not
 
 
 def test_a_presets_recipe_options_stay_with_its_recipe():

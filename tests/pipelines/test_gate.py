@@ -42,30 +42,33 @@ def world(sandbox_service, tmp_path):
     (tmp_path / "credited").mkdir()
     pd.DataFrame({"x": [1]}).to_parquet(tmp_path / "credited" / "part-00000.parquet")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    # three tasks: all three improved is p = 1/8 by the exact sign test, so the test gate runs at alpha 0.2
-    config = GateConfig(promotion=PromotionConfig(model_name=NAME, min_tasks=3, alpha=0.2), evaluate=eval_config,
-                        sandbox=sandbox_service.connection())
+    # three tasks: all three improved is p = 1/8 by the exact sign test, so the test gate is a one-off gate at
+    # alpha 0.3 (0.15 for each of two candidates when RL made updates)
+    config = GateConfig(promotion=PromotionConfig(model_name=NAME, min_tasks=3, alpha=0.3, schedule_gates=1),
+                        evaluate=eval_config, sandbox=sandbox_service.connection())
     return tmp_path, uri, config
 
 
-def _candidate(root, name: str, steps: int):
-    """A model directory as the sft stage leaves it: the weights and the sft_result.json it writes."""
+def _candidate(root, name: str, steps: int, stage: str = "sft"):
+    """A model directory as the sft (rl) stage leaves it: the weights and the sft_result.json (rl_result.json)."""
     src = root / "model"
     dst = root / name
     dst.mkdir()
     for f in src.iterdir():
         (dst / f.name).write_bytes(f.read_bytes())
-    (dst / "sft_result.json").write_text(json.dumps({"steps": steps}))
+    (dst / f"{stage}_result.json").write_text(json.dumps({"steps": steps} if stage == "sft" else {"steps_done": steps}))
     return dst
 
 
-def _gate(root, uri, config, model, evaluation, n: int, start=None):
+def _gate(root, uri, config, model, evaluation, n: int, start=None, rl=None):
+    """One gate run; `rl`: (RL model dir, its evaluation) when RL made updates (else an RL dir without any)."""
     tracking = TrackingConfig(tracking_uri=uri, experiment="gate")
     parent = open_pipeline_run(tracking, f"pipeline-{n}")
     tracking = tracking.model_copy(update={"parent_run_id": parent, "run_name": "promote"})
-    empty_rl = root / f"rl-{n}"
-    empty_rl.mkdir()
-    result = run_gate(config, root / "tasks", root / "model", model, empty_rl, evaluation, root / "unused", root / "credited",
+    if rl is None:
+        rl = (root / f"rl-{n}", root / "unused")
+        rl[0].mkdir()
+    result = run_gate(config, root / "tasks", root / "model", model, rl[0], evaluation, rl[1], root / "credited",
                       root / f"gate-{n}", tracking, base_results=start)
     mlflow.end_run()
     return result, parent
@@ -136,3 +139,46 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     assert out["started_from"] == f"models:/{NAME}/2"
     assert json.loads((root / "start" / STARTED_FROM).read_text())["model"] == f"models:/{NAME}/2"
     assert (root / "start" / "config.json").exists()
+
+
+def test_rl_ships_only_when_it_beat_the_sft_model_it_started_from(world):
+    """RL that made updates but scored what SFT scored is not the candidate (SFT is, and is judged at half the
+    level: two models could have been promoted); RL that beat SFT on the same tasks is, and is registered as rl."""
+    root, uri, config = world
+    client = mlflow.MlflowClient(uri)
+    same, _ = _gate(root, uri, config, _candidate(root, "s1", 2), root / "eval-strong", 10, start=root / "eval-weak",
+                    rl=(_candidate(root, "r1", 3, "rl"), root / "eval-strong"))
+    assert same.candidate_stage == "sft" and same.rl_vs_sft.difference == 0.0 and not same.rl_vs_sft.passed
+    assert "RL did not beat SFT" in same.reason and same.alpha == pytest.approx(0.15)
+    assert same.promoted and client.get_run(current_champion(uri, config.promotion).run_id).data.tags[
+        "orchard.registered_from"] == "sft"
+    # the champion now resolves nothing better than the tiny model: RL that beat SFT beats it too
+    better, _ = _gate(root, uri, config, _candidate(root, "s2", 2), root / "eval-weak", 11,
+                      rl=(_candidate(root, "r2", 3, "rl"), root / "eval-strong"))
+    assert better.candidate_stage == "rl" and better.rl_vs_sft.passed and better.reference == "champion", better.reason
+    assert better.metrics["rl_beat_sft"] == 1.0 and better.promoted and better.candidate_version == "2"
+    assert client.get_run(current_champion(uri, config.promotion).run_id).data.tags["orchard.registered_from"] == "rl"
+
+
+def test_a_tuning_run_on_the_validation_split_never_promotes(tmp_path):
+    """Settings chosen by looking at validation results: those results cannot also promote the model."""
+    from components.evaluate import EvalConfig
+
+    def evaluation(name: str, solved: int) -> object:
+        path = tmp_path / name
+        path.mkdir()
+        pd.DataFrame({"task_id": [f"t{i}" for i in range(12)], "unit": [f"u{i}" for i in range(12)],
+                      "pass_at_1": [float(i < solved) for i in range(12)]}).to_parquet(path / "per_task.parquet")
+        (path / "eval_result.json").write_text(json.dumps({"valid_attempts": 12, "infra_error_rate": 0.0}))
+        return path
+
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "sft_result.json").write_text(json.dumps({"steps": 5}))
+    (tmp_path / "rl").mkdir()
+    config = GateConfig(promotion=PromotionConfig(schedule_gates=1), evaluate=EvalConfig(split="validation"))
+    result = run_gate(config, tmp_path, tmp_path / "base", sft, tmp_path / "rl", evaluation("sft-eval", 12),
+                      tmp_path / "none", tmp_path, tmp_path / "gate", tracking=None,
+                      base_results=evaluation("base-eval", 0))
+    assert not result.promoted and "only held-out results promote" in result.reason
+    assert result.candidate_stage == "sft"

@@ -25,8 +25,9 @@ def _check_run(result, config: PipelineConfig) -> None:
 
     layout = RunLayout(layout_root)
     tasks = TaskStore(layout.artifact("provision", "tasks")).read()
-    assert {t.split for t in tasks} == {"train", "heldout"}
+    assert {t.split for t in tasks} == {"train", "validation", "heldout"}
     assert sum(t.split == "train" for t in tasks) == config.provision.n_train
+    assert sum(t.split == "validation" for t in tasks) == config.provision.n_validation
     trajectories = TrajectoryStore(layout.artifact("distill", "trajectories")).read()
     assert len(trajectories) == config.provision.n_train * config.distill.attempts_per_task
     assert len(TrajectoryStore(layout.artifact("credit", "credited")).read()) == len(trajectories)
@@ -69,11 +70,15 @@ def _check_run(result, config: PipelineConfig) -> None:
     assert sorted((m.step, m.value) for m in curve) == sorted(
         [(0, rate["untrained"]), (sft_steps, rate["sft"]), (sft_steps + rl_steps, rate["rl"])])
     datasets = {d.dataset.name: d for d in parent.inputs.dataset_inputs}
-    assert set(datasets) == {"swe-train", "swe-heldout"}
+    assert set(datasets) == {"swe-train", "swe-validation", "swe-heldout"}
     assert {t.value for t in datasets["swe-heldout"].tags} == {"heldout"}
     assert parent.data.tags["orchard.stage"] == "pipeline"
     assert parent.data.params["provision.n_train"] == str(config.provision.n_train)
     assert 0.0 <= parent.data.metrics["heldout_resolved_rate.rl"] <= 1.0
+    # n and the independent units beside it (generated held-out tasks: one repository each)
+    assert parent.data.metrics["heldout_tasks.rl"] == parent.data.metrics["heldout_units.rl"] == config.provision.n_heldout
+    assert all(r.units == r.tasks == config.provision.n_heldout for r in result.report.rows)
+    assert "RL vs SFT (what RL added):" in result.markdown
     children = client.search_runs([parent.info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'")
     names = sorted(c.info.run_name for c in children)
@@ -152,6 +157,10 @@ def test_kfp_local_subprocess_runner(tmp_path, external_service, micro_config):
     assert sorted(c.info.run_name for c in children) == sorted(s.name for s in STAGES)
     assert "| untrained |" in out["markdown"] and "| rl |" in out["markdown"]
     assert 0.0 <= parent.data.metrics["heldout_resolved_rate.rl"] <= 1.0
+    # n and the independent units beside it (generated held-out tasks: one repository each)
+    assert parent.data.metrics["heldout_tasks.rl"] == parent.data.metrics["heldout_units.rl"] == config.provision.n_heldout
+    assert all(r.units == r.tasks == config.provision.n_heldout for r in result.report.rows)
+    assert "RL vs SFT (what RL added):" in result.markdown
 
 
 def _recipe_config(recipe: str, max_len: int, max_steps: int) -> PipelineConfig:

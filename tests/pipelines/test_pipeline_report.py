@@ -38,9 +38,9 @@ def test_report_rows_come_from_typed_eval_results():
     assert report.rows[1].mean_steps == 6.0  # found in metrics when not a typed field
     assert report.trajectories == {"resolved": 10, "unresolved": 4, "infra_error": 1, "total": 15}
     md = to_markdown(report)
-    assert "| teacher (reference) | 83.3% [50.0, 100.0] | 5 / 6 |" in md
-    assert "| rl | 50.0% | 3 / 6 | 50.0% | 0.0% | 4.00 | 62.5% |" in md
-    assert "| untrained | 0.0% | 0 / 6 | - | - | 6.00 | - |" in md  # no hidden-test fraction: none shown
+    assert "| teacher (reference) | - | 83.3% [50.0, 100.0] | 5 / 6 |" in md
+    assert "| rl | - | 50.0% | 3 / 6 | 50.0% | 0.0% | 4.00 | 62.5% |" in md
+    assert "| untrained | - | 0.0% | 0 / 6 | - | - | 6.00 | - |" in md  # no hidden-test fraction: none shown
     assert "Not run: sft (x)" in md
 
 
@@ -56,8 +56,8 @@ def test_resolved_rates_carry_their_interval_and_n_in_table_and_plot():
              "untrained": {"resolved": 0, "valid_attempts": 8, "resolved_rate": 0.0, "metrics": {}}}
     report = build_report(evals, None)
     md = to_markdown(report)
-    assert "| sft | 25.0% [0.0, 50.0] | 2 / 8 |" in md and "| rl | 50.0% [25.0, 75.0] | 4 / 8 |" in md
-    assert "| untrained | 0.0% | 0 / 8 |" in md  # no interval given: none invented
+    assert "| sft | - | 25.0% [0.0, 50.0] | 2 / 8 |" in md and "| rl | - | 50.0% [25.0, 75.0] | 4 / 8 |" in md
+    assert "| untrained | - | 0.0% | 0 / 8 |" in md  # no interval given: none invented
     fig = plot_resolved_rates(report)
     (ax,) = fig.axes
     (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
@@ -93,3 +93,39 @@ def test_report_states_paired_differences_with_intervals_and_n():
     md = to_markdown(report)
     assert "- sft beats untrained by +66.7 points [" in md and "n=12 tasks" in md
     assert "- rl vs sft: no difference detected, -8.3 points [" in md
+
+
+def test_the_table_says_whether_rl_beat_sft_with_units_beside_n():
+    """RL 6/16 against SFT 7/16 (the issue's case): the table's verdict row says RL did not beat SFT, with the
+    paired interval and the gate's exact test; tasks of one repository count once (16 tasks, 12 units)."""
+    tasks = [f"t{i:02d}" for i in range(16)]
+    units = {t: f"repo{min(i, 11)}" for i, t in enumerate(tasks)}  # the last five tasks share one repository
+    per_task = {"untrained": dict.fromkeys(tasks, 0.0), "sft": {t: float(i < 7) for i, t in enumerate(tasks)},
+                "rl": {t: float(i < 6) for i, t in enumerate(tasks)}}
+    evals = {arm: {"resolved_rate": sum(v.values()) / 16, "tasks": 16, "units": 12, "metrics": {}}
+             for arm, v in per_task.items()}
+    gate = {"candidate_stage": "sft", "rl_vs_sft": {"passed": False, "p_value": 1.0, "alpha": 0.005, "units": 12}}
+    report = build_report(evals, None, per_task=per_task, units=units, gate=gate)
+    md = to_markdown(report)
+    assert "| rl | 16 (12) | 37.5% |" in md
+    assert report.rl_vs_sft.startswith("RL vs SFT (what RL added): rl vs sft: no difference detected, -6.2 points [")
+    assert "n=16 tasks, 12 units" in report.rl_vs_sft and f"**{report.rl_vs_sft}**" in md
+    assert "promotion gate: RL did not beat SFT (exact paired p = 1.0000, needs <= 0.005" in report.rl_vs_sft
+    assert "the SFT model is the candidate" in report.rl_vs_sft
+    clustered = {(c.better, c.than): c for c in report.comparisons}[("sft", "untrained")]
+    plain = {(c.better, c.than): c for c in build_report(evals, None, per_task=per_task).comparisons}[
+        ("sft", "untrained")]
+    assert clustered.units == 12 and plain.units == 16 and clustered.ci95 != plain.ci95
+    untrained_rl = build_report(evals, None, per_task=per_task, gate={"candidate_stage": "sft", "rl_vs_sft": None})
+    assert "no RL-vs-SFT test (RL made no optimizer update" in untrained_rl.rl_vs_sft
+
+
+def test_a_report_of_validation_evaluations_says_they_are_not_heldout_results():
+    from pipelines.steps import StepContext, finish_pipeline
+
+    config = PipelineConfig.preset_config("tiny", evaluate={"split": "validation"})
+    _, markdown = finish_pipeline(StepContext(config, None), {"evaluate-sft": {"resolved_rate": 0.5, "metrics": {}}})
+    assert "evaluated on the validation split (for tuning), not on the held-out one" in markdown
+    _, heldout = finish_pipeline(StepContext(PipelineConfig.preset_config("tiny"), None),
+                                 {"evaluate-sft": {"resolved_rate": 0.5, "metrics": {}}})
+    assert "validation" not in heldout

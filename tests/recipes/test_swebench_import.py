@@ -92,15 +92,41 @@ def test_provision_reads_a_swebench_file_as_its_task_source(instance, tmp_path):
     source = TaskSource(kind="swebench", path=str(path), repos_dir=str(repos))
     result = provision_environment(ProvisionConfig(source=source, n_train=0, n_heldout=5, check_sandbox=False),
                                    tmp_path / "tasks")
-    assert result.counts == {"train": 0, "heldout": 1}
+    assert result.counts == {"train": 0, "validation": 0, "heldout": 1}
+    assert result.units == {"train": 0, "validation": 0, "heldout": 1}
     (task,) = TaskStore(tmp_path / "tasks").read(split="heldout")
-    assert task.id == "acme__calc-1" and task.reference_solution == inst["patch"]
+    assert task.id == "acme__calc-1" and task.reference_solution == inst["patch"] and task.unit == "acme/calc"
     train = provision_environment(ProvisionConfig(source=source, n_train=1, n_heldout=1, check_sandbox=False),
                                   tmp_path / "train-tasks")
-    assert train.counts == {"train": 1, "heldout": 0}
+    assert train.counts == {"train": 1, "validation": 0, "heldout": 0}
     with pytest.raises(ValueError, match="needs path"):
         TaskSource(kind="swebench")
+    with pytest.raises(ProvisionError, match="split in order"):
+        provision_environment(ProvisionConfig(source=source, heldout_families=["off_by_one"], check_sandbox=False),
+                              tmp_path / "t4")
     with pytest.raises(ProvisionError, match="cannot import"):
         provision_environment(ProvisionConfig(source=TaskSource(kind="swebench", path=str(path),
                                                                 repos_dir=str(tmp_path / "none")),
                                               check_sandbox=False), tmp_path / "t3")
+
+
+def test_an_imported_heldout_instance_that_repeats_a_training_one_is_dropped_and_repositories_are_the_units(
+        instance, tmp_path):
+    """The same repository, commit and issue text under another id is the same task: it may not be held out
+    when it was trained on, nor held out twice; instances of one repository count as one unit."""
+    from components.core.store import TaskStore
+    from components.provision import ProvisionConfig, TaskSource, provision_environment
+
+    path, repos, inst = instance
+    again = {**inst, "instance_id": "acme__calc-2"}  # sorts after -1: held out, but it is the training task
+    twice = {**inst, "instance_id": "acme__calc-3", "problem_statement": "add is wrong."}
+    also = {**twice, "instance_id": "acme__calc-4"}  # repeats -3 inside the held-out set
+    other = {**inst, "instance_id": "acme__calc-5", "problem_statement": "add(1, 1) returns 0."}
+    path.write_text("".join(json.dumps(i) + "\n" for i in (inst, again, twice, also, other)))
+    source = TaskSource(kind="swebench", path=str(path), repos_dir=str(repos))
+    result = provision_environment(ProvisionConfig(source=source, n_train=1, n_heldout=3, n_validation=0,
+                                                   check_sandbox=False), tmp_path / "tasks")
+    held = TaskStore(tmp_path / "tasks").read(split="heldout")
+    assert sorted(t.id for t in held) == ["acme__calc-3", "acme__calc-5"]
+    assert result.metrics["heldout_duplicates_dropped"] == 2
+    assert result.counts["heldout"] == 2 and result.units["heldout"] == 1  # one repository

@@ -26,7 +26,8 @@ from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, Verify
 from components.core.schema import Split, Task, ToolCall
 from components.core.step_blame import probe
 from components.recipes.claw.sandbox import claw as claw_api
-from components.recipes.claw.tasks import FAMILIES, families_at, generate_tasks
+from components.recipes.common import families_for_split
+from components.recipes.claw.tasks import FAMILIES, content, families_at, generate_tasks
 from components.core.schema import Verification
 from components.recipes.claw.verify import NAME as VERIFIER_NAME
 from components.recipes.claw.verify import VERSION as VERIFIER_VERSION
@@ -53,6 +54,9 @@ class ClawOptions(BaseModel):
     families: tuple[str, ...] = Field(FAMILIES, description="Task families to generate (cycled in order).")
     difficulty: int | list[int] | None = Field(
         None, description="Keep only families at these difficulty level(s) (see tasks.DIFFICULTY); None = all.")
+    heldout_families: tuple[str, ...] = Field(
+        (), description="Families only the held-out split draws from (train and validation never do): what a "
+                        "claim about generalising to unseen kinds of task needs.")
     command_timeout_seconds: float = Field(30.0, gt=0, description="Limit for one tool call's exec.")
 
 
@@ -90,7 +94,11 @@ class ClawRecipe(RecipeBase):
         return self.options.harness
 
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
-        return generate_tasks(split, n, seed, families_at(self.options.families, self.options.difficulty))
+        pool = families_at(self.options.families, self.options.difficulty)
+        return generate_tasks(split, n, seed, families_for_split(pool, self.options.heldout_families, split))
+
+    def task_content(self, task: Task) -> dict:
+        return content(task)
 
     def tools(self) -> list[ToolSpec]:
         return [BASH, ANSWER] if self.harness == "shell" else [*api_tools(), ANSWER]

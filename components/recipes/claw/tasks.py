@@ -10,7 +10,9 @@ Families:
 
 Each task carries its world (`metadata["world"]`, loaded into sqlite at setup), the expected end
 state (`verifier.expected`), and the reference plan (`metadata["plan"]`: the API calls that solve
-it, which the scripted teachers render for their harness). Splits are seed-disjoint, as in GUI.
+it, which the scripted teachers render for their harness). Splits are drawn as in GUI: own seed streams, and
+only tasks whose unit (the goal with its expected outcome, `common.goal`) lies in the split's share
+(`components.core.splits.draw`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import random
 
 from components.recipes import common
 from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
+from components.core.splits import draw, task_content
 from components.recipes.claw.world import add_mail, build_world, finalize, random_date, random_time
 
 FAMILIES = ("schedule_from_thread", "email_contact", "note_from_file", "calendar_answer")
-_SPLIT_BASE = {"train": 0, "heldout": 1_000_000}
+_SPLIT_BASE = {"train": 0, "heldout": 1_000_000, "validation": 2_000_000}
 REPORTS = ["q3-budget", "travel-expenses", "hardware-order", "team-offsite", "cloud-costs"]
 
 
@@ -124,20 +127,27 @@ def generate_tasks(split: Split, n: int, seed: int = 0, families: tuple[str, ...
     unknown = set(families) - set(_BUILDERS)
     if unknown:
         raise ValueError(f"unknown Claw task families {sorted(unknown)}; choose from {list(FAMILIES)}")
-    tasks = []
-    for i in range(n):
+
+    def candidate(i: int, attempt: int) -> Task:
         family = families[i % len(families)]
         task_seed = _SPLIT_BASE[split] + seed * 10_000 + i
-        rng = random.Random(f"claw:{family}:{task_seed}")
+        tag = f"{task_seed}:{attempt}" if attempt else str(task_seed)
+        rng = random.Random(f"claw:{family}:{tag}")
         world = build_world(rng)
         prompt, expected, plan = _BUILDERS[family](rng, world)
         final = expected["answer"] if expected["kind"] == "answer" else _FINAL[family]
-        tasks.append(Task(
-            id=f"claw-{split}-{family}-{task_seed}", recipe="claw", split=split, family=family, seed=task_seed,
-            prompt=prompt,
+        return Task(
+            id=f"claw-{split}-{family}-{tag.replace(':', '-')}", recipe="claw", split=split, family=family,
+            seed=task_seed, prompt=prompt,
             environment=EnvironmentSpec(workdir="/workspace", network="none", memory_mb=512, cpu=1.0),
             verifier=VerifierSpec(kind="python", expected=expected, timeout_seconds=30.0),
             difficulty=DIFFICULTY[family],
             metadata={"world": world, "plan": [{"name": n_, "arguments": a} for n_, a in plan], "final_answer": final},
-        ))
-    return tasks
+        )
+
+    return draw(candidate, split, n, content=content, unit=common.goal)
+
+
+def content(task: Task) -> dict:
+    """What the agent is given: the goal and the world."""
+    return task_content(task, world=task.metadata["world"])

@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
 from components.core.schema import Split, Task, ToolCall
-from components.recipes.gui.tasks import FAMILIES, SITE_PORT, families_at, generate_tasks
+from components.recipes.common import families_for_split
+from components.recipes.gui.tasks import FAMILIES, SITE_PORT, content, families_at, generate_tasks
 from components.core.schema import Verification
 from components.recipes.gui.verify import NAME as VERIFIER_NAME
 from components.recipes.gui.verify import VERSION as VERIFIER_VERSION
@@ -41,6 +42,9 @@ class GUIOptions(BaseModel):
     families: tuple[str, ...] = Field(FAMILIES, description="Task families to generate (cycled in order).")
     difficulty: int | list[int] | None = Field(
         None, description="Keep only families at these difficulty level(s) (see tasks.DIFFICULTY); None = all.")
+    heldout_families: tuple[str, ...] = Field(
+        (), description="Families only the held-out split draws from (train and validation never do): what a "
+                        "claim about generalising to unseen kinds of task needs.")
     attach_screenshots: bool = Field(False, description="Attach a PNG to every action's result (vision policies).")
     step_timeout_seconds: float = Field(60.0, gt=0, description="Limit for one browser action.")
     startup_timeout_seconds: float = Field(90.0, gt=0, description="Limit for site + Chromium start-up.")
@@ -87,7 +91,11 @@ class GUIRecipe(RecipeBase):
 
     # -- tasks and tools -------------------------------------------------------------------------
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
-        return generate_tasks(split, n, seed, families_at(self.options.families, self.options.difficulty))
+        pool = families_at(self.options.families, self.options.difficulty)
+        return generate_tasks(split, n, seed, families_for_split(pool, self.options.heldout_families, split))
+
+    def task_content(self, task: Task) -> dict:
+        return content(task)
 
     def tools(self) -> list[ToolSpec]:
         return list(TOOLS)

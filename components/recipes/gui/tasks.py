@@ -7,8 +7,11 @@ Three families, one per site kind:
 - `info_lookup`: find a fact on an information site by browsing and `answer` it.
 
 Every task carries its site data (`metadata["site"]`, what the server renders) and the expected final
-state (`verifier.expected`, never shown to the agent). Splits are seed-disjoint: train tasks use
-seeds from 0, held-out tasks from 1_000_000, so no held-out site or goal appears in training.
+state (`verifier.expected`, never shown to the agent). Each split draws from its own seed stream (train
+from 0, held-out from 1_000_000, validation from 2_000_000) and keeps only tasks whose unit, the goal with
+its expected outcome (`common.goal`), lies in the split's share (`components.core.splits.draw`): no seed of
+one split can produce another's task, and no goal is asked with the same answer in two splits, whatever
+site surrounds it.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import random
 
 from components.recipes import common
 from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
+from components.core.splits import draw, task_content
 
 FAMILIES = ("shop_checkout", "form_register", "info_lookup")
 SITE_PORT = 8080
 START_URL = f"http://127.0.0.1:{SITE_PORT}/"
-_SPLIT_BASE = {"train": 0, "heldout": 1_000_000}
+_SPLIT_BASE = {"train": 0, "heldout": 1_000_000, "validation": 2_000_000}
 
 COLORS = ["red", "blue", "green", "black", "white", "yellow"]
 KINDS = ["mug", "notebook", "lamp", "backpack", "bottle", "scarf", "candle", "umbrella"]
@@ -149,17 +153,24 @@ def generate_tasks(split: Split, n: int, seed: int = 0, families: tuple[str, ...
     unknown = set(families) - set(_BUILDERS)
     if unknown:
         raise ValueError(f"unknown GUI task families {sorted(unknown)}; choose from {list(FAMILIES)}")
-    tasks = []
-    for i in range(n):
+
+    def candidate(i: int, attempt: int) -> Task:
         family = families[i % len(families)]
         task_seed = _SPLIT_BASE[split] + seed * 10_000 + i
-        site, prompt, expected = _BUILDERS[family](random.Random(f"gui:{family}:{task_seed}"))
-        tasks.append(Task(
-            id=f"gui-{split}-{family}-{task_seed}", recipe="gui", split=split, family=family, seed=task_seed,
-            prompt=f"{prompt}\nThe browser is open at {START_URL}",
+        tag = f"{task_seed}:{attempt}" if attempt else str(task_seed)
+        site, prompt, expected = _BUILDERS[family](random.Random(f"gui:{family}:{tag}"))
+        return Task(
+            id=f"gui-{split}-{family}-{tag.replace(':', '-')}", recipe="gui", split=split, family=family,
+            seed=task_seed, prompt=f"{prompt}\nThe browser is open at {START_URL}",
             environment=EnvironmentSpec(workdir="/workspace", network="loopback", memory_mb=2048, cpu=1.0),
             verifier=VerifierSpec(kind="python", expected=expected, timeout_seconds=30.0),
             difficulty=DIFFICULTY[family],
             metadata={"site": site, "start_url": START_URL},
-        ))
-    return tasks
+        )
+
+    return draw(candidate, split, n, content=content, unit=common.goal)
+
+
+def content(task: Task) -> dict:
+    """What the agent is given: the goal and the site."""
+    return task_content(task, site=task.metadata["site"])

@@ -1,7 +1,12 @@
 """Generate SWE tasks: small Python repositories with planted bugs (one, or two), an issue and hidden tests.
 
-Deterministic from (split, seed, index). Splits are disjoint by seed stream ("train" and "heldout"
-draw from different streams) and optionally by family (`heldout_families` appear only in heldout).
+Deterministic from (split, seed, index). Each split draws candidates from its own seed stream and keeps
+those whose repository lies in the split's share of the repository space, and whose content (files and
+issue text) it does not hold yet (`components.core.splits.draw`): no seed of one split can produce a task,
+or a repository, of another, and no split holds a task twice. A task's unit (`Task.unit`) is its
+repository: tasks that differ only in their issue text (another example call) share it. Optionally the
+splits are disjoint by family too (`heldout_families` appear only in heldout): what a claim about
+generalising to unseen kinds of bug needs.
 
 Difficulty levels:
   1. one tiny module with one function; the issue names the file, the function, a failing call and
@@ -20,6 +25,8 @@ from string import Template
 from typing import Any
 
 from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
+from components.core.splits import draw, task_content
+from components.recipes.common import families_for_split
 from components.recipes.swe.templates import BY_FAMILY, FAMILIES, TEMPLATES, BugTemplate
 
 PACKAGES = ("mathkit", "listutil", "textops", "numtools", "datakit", "minilib", "calcpack", "seqtools")
@@ -115,14 +122,15 @@ def _pick_instance(rng: random.Random, template: BugTemplate, taken: set[str]) -
 
 
 def make_task(split: Split, seed: int, index: int, *, difficulty: int, families: tuple[str, ...],
-              bugs: int = 1, packages: tuple[str, ...] = PACKAGES) -> Task:
-    """The `index`-th task of a split's seed stream (pure function of its arguments).
+              bugs: int = 1, packages: tuple[str, ...] = PACKAGES, attempt: int = 0) -> Task:
+    """The `index`-th candidate of a split's seed stream (pure function of its arguments); `attempt` > 0: the
+    index's further candidates, drawn when an earlier one belongs to another split or repeats a task.
 
     `bugs=2` plants a second bug of another template in another function (in another module at
     difficulty 3: a multi-file fix). Each bug has its own hidden tests, so fixing one of them passes
     part of the hidden tests: an unresolved attempt can still hold real progress."""
-    task_seed = _stable_seed("swe", split, seed, index, difficulty) if bugs == 1 else \
-        _stable_seed("swe", split, seed, index, difficulty, bugs)
+    stream = (split, seed, index, difficulty) + ((bugs,) if bugs != 1 else ()) + ((attempt,) if attempt else ())
+    task_seed = _stable_seed("swe", *stream)
     rng = random.Random(task_seed)
     family = families[rng.randrange(len(families))]
     template = rng.choice(BY_FAMILY[family])
@@ -206,8 +214,7 @@ def make_task(split: Split, seed: int, index: int, *, difficulty: int, families:
 
     hidden_ids = [f"{HIDDEN_TEST_PATH}::test_issue_{i}" for i in range(1, len(hidden_asserts) + 1)]
     visible_ids = [f"{visible_path}::test_basic_{i}" for i in range(1, len(vis_asserts) + 1)]
-    digest = hashlib.sha256(f"{split}:{seed}:{index}:{difficulty}".encode() if bugs == 1 else
-                            f"{split}:{seed}:{index}:{difficulty}:{bugs}".encode()).hexdigest()[:10]
+    digest = hashlib.sha256(":".join(map(str, stream)).encode()).hexdigest()[:10]
     first = fixes[0]
     example = target.sub(template.example)
     return Task(
@@ -264,17 +271,13 @@ def generate_tasks(split: Split, n: int, seed: int = 0, *, difficulty: int | lis
     tasks per template, which is what lets a tiny model trained for minutes learn the fixes.
     `packages`: the package names repositories are drawn from (empty: all of `PACKAGES`); the policy
     copies the name from the issue into its paths, which a tiny model learns slowly from few names.
-    `bugs`: planted bugs per task (1 or 2), or a list cycled over like `difficulty`."""
+    `bugs`: planted bugs per task (1 or 2), or a list cycled over like `difficulty`. Validation tasks come from
+    the training families (tuning must not look at the held-out families either)."""
     unknown = (set(heldout_families) | set(families)) - set(FAMILIES)
     if unknown:
         raise ValueError(f"unknown bug families {sorted(unknown)}; choose from {FAMILIES}")
     pool = tuple(f for f in FAMILIES if f in families) if families else FAMILIES
-    if split == "train":
-        families = tuple(f for f in pool if f not in heldout_families)
-    else:
-        families = tuple(heldout_families) or pool
-    if not families:
-        raise ValueError("every family is held out: the train split would be empty")
+    families = families_for_split(pool, tuple(heldout_families), split)
     levels = [difficulty] if isinstance(difficulty, int) else list(difficulty)
     if any(level not in (1, 2, 3) for level in levels):
         raise ValueError(f"difficulty levels are 1, 2 or 3, got {levels}")
@@ -283,5 +286,14 @@ def generate_tasks(split: Split, n: int, seed: int = 0, *, difficulty: int | lis
         raise ValueError(f"bugs per task are 1 or 2, got {counts}")
     if not all(isinstance(p, str) and p.isidentifier() for p in packages):
         raise ValueError(f"package names must be Python identifiers, got {list(packages)}")
-    return [make_task(split, seed, i, difficulty=levels[i % len(levels)], families=families,
-                      bugs=counts[i % len(counts)], packages=tuple(packages) or PACKAGES) for i in range(n)]
+
+    def candidate(i: int, attempt: int) -> Task:
+        return make_task(split, seed, i, difficulty=levels[i % len(levels)], families=families,
+                         bugs=counts[i % len(counts)], packages=tuple(packages) or PACKAGES, attempt=attempt)
+
+    return draw(candidate, split, n, content=task_content, unit=repository)
+
+
+def repository(task: Task) -> dict[str, str]:
+    """A generated task's unit: its repository (the files the agent starts from)."""
+    return task.environment.files

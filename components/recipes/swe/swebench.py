@@ -83,6 +83,7 @@ def instance_to_task(instance: dict[str, Any], repos_dir: str | Path, *, split: 
         reference_solution=instance["patch"],
         family=f"swebench:{instance['repo']}",
         difficulty=3,
+        unit=instance["repo"],  # instances of one repository are not independent evidence
         metadata={"source": "swebench", "instance_id": instance_id, "repo": instance["repo"],
                   "version": instance.get("version")},
     )
