@@ -46,36 +46,11 @@ def per_task(run_dir: Path, arm: str) -> dict[str, float]:
 
 
 def rl_minus_sft(runs: dict[int, tuple[dict[str, float], dict[str, float]]], level: float = 0.95) -> dict:
-    """The estimate, its combined standard error and interval (module docstring) from {seed: (sft, rl)}."""
-    from scipy.stats import t as student_t
+    """RL - SFT over tasks and seeds (`intervals.paired_difference_over_seeds`), keyed as this script prints it."""
+    from components.core.intervals import paired_difference_over_seeds
 
-    from components.core.intervals import paired_sign_flip_p
-
-    def verified(scores: dict[str, float]) -> set[str]:
-        return {t for t, v in scores.items() if not math.isnan(v)}
-
-    tasks = sorted(set.intersection(*[verified(sft) & verified(rl) for sft, rl in runs.values()]))
-    if not tasks:
-        raise ValueError("no held-out task has a verified result in both arms of every seed")
-    d = {s: [rl[t] - sft[t] for t in tasks] for s, (sft, rl) in runs.items()}
-    by_task = [statistics.fmean(d[s][i] for s in d) for i in range(len(tasks))]
-    by_seed = [statistics.fmean(v) for v in d.values()]
-    mean = statistics.fmean(by_task)
-    se_task = statistics.stdev(by_task) / math.sqrt(len(tasks)) if len(tasks) > 1 else float("nan")
-    se_seed = statistics.stdev(by_seed) / math.sqrt(len(by_seed)) if len(by_seed) > 1 else 0.0
-    se = math.sqrt(se_task**2 + se_seed**2)
-    parts = [(se_task, len(tasks) - 1), (se_seed, len(by_seed) - 1)]
-    denominator = sum(v**4 / n for v, n in parts if n >= 1 and v > 0)  # Welch-Satterthwaite
-    df = se**4 / denominator if denominator > 0 else len(tasks) - 1
-    # No task differs between the arms (se 0): a t-interval would be the point [d, d]; say "no interval".
-    half = student_t.ppf(0.5 + level / 2, df) * se if df >= 1 and se > 0 else float("nan")
-    sft_mean = {t: statistics.fmean(runs[s][0][t] for s in runs) for t in tasks}
-    rl_mean = {t: statistics.fmean(runs[s][1][t] for s in runs) for t in tasks}
-    p, _, _ = paired_sign_flip_p(rl_mean, sft_mean)
-    return {"difference": mean, "ci_low": mean - half, "ci_high": mean + half, "level": level, "se": se,
-            "se_tasks": se_task, "se_seeds": se_seed, "df": df, "tasks": len(tasks), "seeds": len(by_seed),
-            "seed_differences": dict(zip(d, by_seed)), "sign_flip_p": p,
-            "sft_pass_at_1": statistics.fmean(sft_mean.values()), "rl_pass_at_1": statistics.fmean(rl_mean.values())}
+    s = paired_difference_over_seeds(runs, level)
+    return {**s, "se_tasks": s["se_units"], "sft_pass_at_1": s["a_pass_at_1"], "rl_pass_at_1": s["b_pass_at_1"]}
 
 
 def main(argv: list[str] | None = None) -> int:

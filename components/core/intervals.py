@@ -171,3 +171,47 @@ def paired_difference_ci(a: Mapping[str, float], b: Mapping[str, float], level: 
     low = (p1 - p2) - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     high = (p1 - p2) + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
     return p1 - p2, max(-1.0, low), min(1.0, high), len(common)
+
+
+def paired_difference_over_seeds(runs: Mapping[int, tuple[Mapping[str, float], Mapping[str, float]]],
+                                 level: float = 0.95, units: Mapping[str, str] | None = None) -> dict:
+    """B - A over tasks and training seeds, from {seed: (a, b)} per-task scores (pass@1), with an interval that
+    covers both sources of noise: which tasks were held out, and how training went (the seed).
+
+    d_{i,s} = b_i - a_i on the tasks every seed verified in both arms; the estimate is their mean. Its standard
+    error combines the SE of the per-unit means of d (tasks averaged within a unit when `units` maps task -> unit,
+    so repeated repositories are not counted as independent; over seeds first) and the SE of the seed means of d;
+    their sum of squares counts the task-by-seed interaction twice, so the interval is conservative. 95 %
+    Student-t with Welch-Satterthwaite degrees of freedom (units - 1 with one seed, whose interval then covers
+    task sampling only). Also the exact one-sided sign-flip p-value (`paired_sign_flip_p`, by unit) that B is no
+    better than A, on the seed-averaged scores."""
+    import statistics
+
+    from scipy.stats import t as student_t
+
+    tasks = sorted(set.intersection(*[set(common_tasks(a, b)) for a, b in runs.values()]))
+    if not tasks:
+        raise ValueError("no task has a verified result in both arms of every seed")
+    d = {s: {t: b[t] - a[t] for t in tasks} for s, (a, b) in runs.items()}
+    by_task = {t: statistics.fmean(d[s][t] for s in d) for t in tasks}
+    groups: dict[str, list[float]] = {}
+    for t, v in by_task.items():
+        groups.setdefault((units or {}).get(t, t), []).append(v)
+    by_unit = [statistics.fmean(v) for v in groups.values()]
+    by_seed = [statistics.fmean(v.values()) for v in d.values()]
+    mean = statistics.fmean(by_task.values())
+    se_unit = statistics.stdev(by_unit) / math.sqrt(len(by_unit)) if len(by_unit) > 1 else float("nan")
+    se_seed = statistics.stdev(by_seed) / math.sqrt(len(by_seed)) if len(by_seed) > 1 else 0.0
+    se = math.sqrt(se_unit**2 + se_seed**2)
+    parts = [(se_unit, len(by_unit) - 1), (se_seed, len(by_seed) - 1)]
+    denominator = sum(v**4 / n for v, n in parts if n >= 1 and v > 0)  # Welch-Satterthwaite
+    df = se**4 / denominator if denominator > 0 else len(by_unit) - 1
+    # No task differs between the arms (se 0): a t-interval would be the point [d, d]; say "no interval".
+    half = float(student_t.ppf(0.5 + level / 2, df)) * se if df >= 1 and se > 0 else float("nan")
+    a_mean = {t: statistics.fmean(runs[s][0][t] for s in runs) for t in tasks}
+    b_mean = {t: statistics.fmean(runs[s][1][t] for s in runs) for t in tasks}
+    p, _, _ = paired_sign_flip_p(b_mean, a_mean, units=units)
+    return {"difference": mean, "ci_low": mean - half, "ci_high": mean + half, "level": level, "se": se,
+            "se_units": se_unit, "se_seeds": se_seed, "df": df, "tasks": len(tasks), "units": len(by_unit),
+            "seeds": len(by_seed), "seed_differences": dict(zip(d, by_seed)), "sign_flip_p": p,
+            "a_pass_at_1": statistics.fmean(a_mean.values()), "b_pass_at_1": statistics.fmean(b_mean.values())}

@@ -275,7 +275,9 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
             stop_reason="budget" if rollout.budget.remaining <= 0 else "steps", records_path=str(records_path),
             metrics={**totals, "steps_done": float(steps_done), "steps_without_update": float(steps_without_update),
                      "train_seconds": time.perf_counter() - t0,
-                     "final_loss": logged[-1]["loss"] if logged else float("nan")},
+                     "final_loss": logged[-1]["loss"] if logged else float("nan"),
+                     # tokens through the model in training (TRL's count: prompts and completions of every row)
+                     "num_tokens": float(logged[-1].get("num_tokens", float("nan"))) if logged else 0.0},
         )
         log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
         if main:

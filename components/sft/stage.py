@@ -90,6 +90,7 @@ class SFTResult(BaseModel):
     train_seconds: float
     num_parameters: int
     data: DataStats
+    losses: list[float] = Field(default_factory=list, description="The loss at every optimizer step (its curve).")
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
@@ -259,12 +260,12 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
             model_dir=str(out), mode=config.mode, steps=config.steps,
             first_loss=history[0]["loss"], final_loss=history[-1]["loss"],
             tokens_per_second=tokens / seconds, train_seconds=seconds,
-            num_parameters=num_parameters(model), data=stats,
+            num_parameters=num_parameters(model), data=stats, losses=[h["loss"] for h in history],
         )
         result.metrics = {
             "first_loss": result.first_loss, "final_loss": result.final_loss,
             "tokens_per_second": result.tokens_per_second, "train_seconds": seconds,
-            "samples": float(len(samples)), "loss_token_fraction": stats.loss_token_fraction,
+            "samples": float(len(samples)), "loss_token_fraction": stats.loss_token_fraction, "tokens": float(tokens),
         }
         if main:  # one result, one set of logs: the other ranks only trained (and helped save)
             log_metrics({f"final.{k}": v for k, v in result.metrics.items()})

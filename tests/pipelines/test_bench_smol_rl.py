@@ -35,8 +35,10 @@ def test_tasks_without_a_verified_result_in_every_arm_are_left_out():
     runs = _runs(0.1, seeds=2, tasks=10)
     runs[1][1]["t3"] = math.nan
     assert rl_minus_sft(runs)["tasks"] == 9
-    with pytest.raises(ValueError, match="no held-out task"):
+    with pytest.raises(ValueError, match="share none"):
         rl_minus_sft({0: ({"a": math.nan}, {"a": 1.0})})
+    with pytest.raises(ValueError, match="every seed"):
+        rl_minus_sft({0: ({"a": 0.0}, {"a": 1.0}), 1: ({"b": 0.0}, {"b": 1.0})})
 
 
 def test_arms_that_never_differ_get_no_interval_not_a_point():
