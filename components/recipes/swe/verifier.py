@@ -19,13 +19,12 @@ The rule (verifier `swe-clean-room`, version `VERSION`):
    the outcome is the JUnit XML report written there, never the run's stdout.
 4. Resolved means every FAIL_TO_PASS and PASS_TO_PASS test passed (with neither listed: at least one
    test ran and none failed; a task `command` decides by its exit code).
-5. Outcomes the agent's change can cause (tests failing, a hang until the timeout, a crash, no report,
-   a workspace that cannot be archived while its sandbox is up) are unresolved. A run that leaves no
-   verdict (no report or answer, an infrastructure error of the run) is blamed by a control run
-   (`components/core/blame.py`): the same run with the same limits in a fresh clean room of the
-   pristine state, plus a health probe; it is an infrastructure error only when the control fails
-   the same way or the probe fails. Failures of the service or of building the clean room are
-   infrastructure errors.
+5. Outcomes the agent's change can cause (tests failing, a hang until the timeout, a crash) are
+   unresolved. A verification that gives no verdict (no report or answer, the agent's workspace that
+   cannot be archived or applied, an infrastructure error of a run, a clean room that cannot be built)
+   returns `infra_error` unattributed: whose failure it is, the one rule decides
+   (`components/core/step_blame.py`, through `RecipeBase.verify`), never a probe of a sandbox the
+   agent's code has run in.
 
 Known limit (imported tasks only): the code under test runs inside the pytest process (as in SWE-bench
 harnesses); `Canary` makes tampering evident, and docs/concepts/rewards.md says what remains possible.
@@ -45,17 +44,17 @@ from typing import Callable
 
 import httpx
 
-from components.core.blame import Failure, blame
 from components.core.recipe_base import VerifyResult
 from components.core.schema import Task, TestReport, Verification
 from components.recipes.swe import calls
 from components.recipes.swe.change import RepoChange, Tree, extract_change, read_tree
 from sandbox_service.client import Sandbox
 from sandbox_service.errors import SandboxServiceError
-from sandbox_service.models import ExecOutcome, SandboxState
+from sandbox_service.models import ExecOutcome
 
 NAME = "swe-clean-room"
-VERSION = "3"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout; 2: pytest for every task
+VERSION = "4"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout; 2: pytest for every task;
+# 3: no-verdict runs blamed by a control run of the same tests and a probe of the clean room
 PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -180,39 +179,24 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
     pristine = read_tree(room.download_dir(workdir))
     try:
         final = read_tree(agent.download_dir(workdir))
-    except Exception as err:  # noqa: BLE001 - whose fault depends on whether the sandbox itself is still up
-        info = agent.refresh()
-        if info.state is not SandboxState.ready:  # the service lost it (its own record says why)
-            raise _Infra(f"the agent's sandbox is {info.state.value} ({info.infra_error}: {info.error})") from err
-        return VerifyResult(resolved=False, reason=f"the agent's repository could not be read: {err}"[:500])
+    except Exception as err:  # noqa: BLE001 - no verdict: the one rule decides whose (the agent's sandbox lost?)
+        raise _Infra(f"the agent's repository could not be archived: {type(err).__name__}: {err}"[:1000]) from err
     change = extract_change(pristine, final)
     lap("diff")
     record.ignored, record.applied = change.ignored, sorted({*change.write, *change.delete})
-    _apply(room, workdir, change)
+    try:
+        _apply(room, workdir, change)
+    except (SandboxServiceError, httpx.HTTPError) as err:  # no verdict: the one rule decides whose
+        raise _Infra(f"the agent's change could not be applied in the clean room: {type(err).__name__}: "
+                     f"{err}"[:1000]) from err
     bad_patch = _place_tests(room, task, workdir) if spec.kind != "calls" else None
     lap("apply")
     if bad_patch:
         return VerifyResult(resolved=False, reason=bad_patch)
     run = _run_hidden_tests(room, task)
     lap("run")
-    if run.failure is not None:
-        # Blame by control run (components/core/blame.py): the same run with the same limits on a fresh
-        # clean room of the pristine state, plus the clean room's own health.
-        def control() -> Failure | None:
-            try:
-                pristine_room = open_clean_room(stack)
-            except Exception as err:  # no control run, no decision against the policy
-                raise _Infra(f"the control run's clean room could not be built: {type(err).__name__}: {err}"[:1000]) \
-                    from err
-            if spec.kind != "calls":
-                _place_tests(pristine_room, task, workdir)
-            return _run_hidden_tests(pristine_room, task).failure
-
-        infra = blame(run.failure, control, probe=lambda: _health(agent, room))
-        lap("control")
-        if infra:
-            raise _Infra(f"running hidden tests: {infra}")
-        return VerifyResult(resolved=False, report=run.report, reason=f"hidden tests gave no verdict: {run.failure}")
+    if run.failure is not None:  # no verdict: the one rule decides whose (never a probe of this room)
+        raise _Infra(f"running hidden tests gave no verdict: {run.failure}")
     if run.tampered:
         return VerifyResult(resolved=False, report=run.report, reason=run.tampered)
     if run.timed_out:
@@ -243,7 +227,7 @@ class _Run:
 
     report: TestReport
     statuses: dict[str, str] = field(default_factory=dict)
-    failure: Failure | None = None
+    failure: str | None = None  # why the run gave no verdict
     timed_out: bool = False
     exit_code: int | None = None
     exit_ok: bool | None = None
@@ -262,18 +246,6 @@ def _write_in_room(room: Sandbox, path: str, content: str, what: str) -> None:
     wrote = _checked(room.exec(["bash", "-c", 'cat > "$0"', path], stdin=content, timeout=30), what)
     if wrote.exit_code != 0:
         raise _Infra(f"could not write {what} in the clean room: {wrote.stderr[-300:]}")
-
-
-def _health(agent: Sandbox, room: Sandbox) -> str | None:
-    """The independent probe: both sandboxes ready and the clean room's interpreter starting."""
-    for sb, name in ((agent, "the agent's sandbox"), (room, "the clean room")):
-        info = sb.refresh()
-        if info.state is not SandboxState.ready:
-            return f"{name} is {info.state.value} ({info.infra_error}: {info.error})"
-    res = room.exec(["python", "-I", "-c", "pass"], cwd="/", timeout=60)
-    if res.is_infra_error or res.exit_code != 0:
-        return f"python does not start in the clean room: {res.infra_error or res.exit_code}: {res.message}"
-    return None
 
 
 def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
@@ -313,7 +285,7 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     none_passed = {"hidden_total": len(spec.fail_to_pass), "hidden_passed": 0} if spec.fail_to_pass else {}
     bare = TestReport(output=tail, duration_seconds=duration, **none_passed)
     if result.is_infra_error:
-        return _Run(bare, failure=Failure(str(result.infra_error.value), result.message or ""))
+        return _Run(bare, failure=f"{result.infra_error.value}: {result.message or ''}")
     if result.outcome is ExecOutcome.command_timeout:
         return _Run(bare, timed_out=True)
     if spec.command is not None and not wanted:
@@ -322,15 +294,15 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     if spec.kind == "calls":
         statuses = calls.judge(merged, result.stdout)
         if result.exit_code != 0 or all(v == "ERROR" for v in statuses.values()):
-            return _Run(bare, failure=Failure("no_answer", f"the call worker exited {result.exit_code}"))
+            return _Run(bare, failure=f"no answer: the call worker exited {result.exit_code}")
         values = list(statuses.values())
         report = TestReport(passed=values.count("PASSED"), failed=values.count("FAILED"),
                             errors=values.count("ERROR"), output=tail, duration_seconds=duration)
         return _Run(report, statuses=statuses, exit_code=result.exit_code)
     try:
         by_key, report = parse_junit(_read_report(room, f"{vdir}/report.xml"))
-    except Exception as err:  # noqa: BLE001 - no readable report: blamed by a control run
-        return _Run(bare, failure=Failure("no_report", f"pytest exited {result.exit_code}: {type(err).__name__}"),
+    except Exception as err:  # noqa: BLE001 - no readable report: no verdict
+        return _Run(bare, failure=f"no report: pytest exited {result.exit_code}: {type(err).__name__}",
                     exit_code=result.exit_code)
     report.output, report.duration_seconds = tail, duration
     if canary is not None:
