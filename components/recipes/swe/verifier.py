@@ -16,7 +16,8 @@ The rule (verifier `swe-clean-room`, version `VERSION`):
    pytest runs as `python -I` (no workspace path before the standard library, no PYTHON* variables,
    no user site), with plugin autoloading off, no cache, `--rootdir` the repository and `-c` a
    configuration file the verifier writes into a fresh `mktemp -d` directory outside the repository;
-   the outcome is the JUnit XML report written there, never the run's stdout.
+   the outcome is the JUnit XML report written there, never the run's stdout, and it stands only when
+   the canaries planted in the hidden test modules (`canaries.py`) came out as they must.
 4. Resolved means every FAIL_TO_PASS and PASS_TO_PASS test passed (with neither listed: at least one
    test ran and none failed; a task `command` decides by its exit code).
 5. Outcomes the agent's change can cause (tests failing, a hang until the timeout, a crash) are
@@ -27,12 +28,13 @@ The rule (verifier `swe-clean-room`, version `VERSION`):
    agent's code has run in.
 
 Known limit (imported tasks only): the code under test runs inside the pytest process (as in SWE-bench
-harnesses); `Canary` makes tampering evident, and docs/concepts/rewards.md says what remains possible.
+harnesses); canaries (`canaries.py`) make generic forgeries evident, and docs/concepts/rewards.md says
+what remains possible.
 """
 
 from __future__ import annotations
 
-import secrets
+import random
 import shlex
 import tempfile
 import time
@@ -46,7 +48,7 @@ import httpx
 
 from components.core.recipe_base import VerifyResult
 from components.core.schema import Task, TestReport, Verification
-from components.recipes.swe import calls
+from components.recipes.swe import calls, canaries
 from components.recipes.swe.change import RepoChange, Tree, extract_change, read_tree
 from sandbox_service.client import Sandbox
 from sandbox_service.errors import SandboxServiceError
@@ -54,7 +56,7 @@ from sandbox_service.models import ExecOutcome
 
 NAME = "swe-clean-room"
 VERSION = "4"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout; 2: pytest for every task;
-# 3: no-verdict runs blamed by a control run of the same tests and a probe of the clean room
+# 3: imported tasks' canaries in a module of their own, no-verdict runs blamed by a control run of the same tests
 PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -110,8 +112,7 @@ def _apply(room: Sandbox, workdir: str, change: RepoChange) -> None:
 def _place_tests(room: Sandbox, task: Task, workdir: str) -> str | None:
     """Place the hidden tests over whatever is at their paths; a reason when the test patch does not apply."""
     spec = task.verifier
-    targets = {(rel if rel.startswith("/") else f"{workdir.rstrip('/')}/{rel}"): content
-               for rel, content in spec.hidden_files.items()}
+    targets = {_in_workdir(workdir, rel): content for rel, content in spec.hidden_files.items()}
     if targets:
         script = "; ".join(f"rm -rf -- {shlex.quote(t)}; mkdir -p -- {shlex.quote(t.rsplit('/', 1)[0])}"
                            for t in targets)
@@ -253,7 +254,7 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     spec, workdir = task.verifier, task.environment.workdir
     vdir = _report_dir(room)
     wanted = list(dict.fromkeys(spec.fail_to_pass + spec.pass_to_pass))
-    canary: Canary | None = None
+    planted: canaries.Canaries | None = None
     if spec.kind == "calls":
         try:
             checks = {path: calls.parse_checks(source) for path, source in _test_sources(task).items()}
@@ -269,11 +270,12 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
         # `pythonpath` puts the repository root on sys.path (python -I leaves out the working directory).
         _write_in_room(room, f"{vdir}/pytest.ini", f"[pytest]\npythonpath = {workdir}\njunit_family = xunit2\n",
                        "the verifier's pytest.ini")
-        canary = None if spec.command else Canary.new()
-        if canary is not None:
-            _write_in_room(room, f"{workdir}/{canary.path}", canary.source(), "the canary tests")
+        if not spec.command:  # canaries drawn now, after the agent's code is frozen, planted in the hidden modules
+            planted = canaries.plant(_hidden_sources(room, task), wanted, random.SystemRandom())
+            for path, source in planted.sources.items():
+                _write_in_room(room, _in_workdir(workdir, path), source, "the hidden tests with canaries")
         command = (["bash", "-c", spec.command] if spec.command
-                   else _pytest_command(vdir, workdir, [*_test_files(wanted), canary.path]))
+                   else _pytest_command(vdir, workdir, _test_files(wanted)))
         stdin = None
     start = time.monotonic()
     result = room.exec(command, cwd=workdir, env=PYTEST_ENV, timeout=spec.timeout_seconds, stdin=stdin,
@@ -304,48 +306,37 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     except Exception as err:  # noqa: BLE001 - no readable report: no verdict
         return _Run(bare, failure=f"no report: pytest exited {result.exit_code}: {type(err).__name__}",
                     exit_code=result.exit_code)
-    report.output, report.duration_seconds = tail, duration
-    if canary is not None:
-        tampered = canary.tampering(by_key, result.exit_code)
+    if planted is not None:
+        tampered = planted.tampering(by_key, result.exit_code)
         if tampered:
             return _Run(bare, tampered=tampered, exit_code=result.exit_code)
-        report.passed, report.failed = report.passed - 1, report.failed - 1  # the canaries' own results
-    statuses = {node: by_key.get(junit_key(node), "missing") for node in wanted}
+        kept = [s for key, s in by_key.items() if not planted.owns(key)]  # the canaries' own results left out
+        report = TestReport(passed=kept.count("PASSED"), failed=kept.count("FAILED"), errors=kept.count("ERROR"))
+    report.output, report.duration_seconds = tail, duration
+    key = planted.key if planted is not None else (lambda k: k)  # a listed test the canaries renamed
+    statuses = {node: by_key.get(key(junit_key(node)), "missing") for node in wanted}
     return _Run(report, statuses=statuses, exit_code=result.exit_code)
 
 
-@dataclass(frozen=True)
-class Canary:
-    """Must-pass and must-fail tests whose names are drawn after the agent's code is frozen, run in the same
-    pytest process as the hidden tests (imported tasks). A run whose report does not show exactly the
-    must-pass one passed, the must-fail one failed and pytest's exit status 1 (tests failed) was
-    tampered with from inside the process: unresolved, the policy's failure."""
+def _in_workdir(workdir: str, path: str) -> str:
+    return path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"
 
-    token: str
-    expect: int
 
-    @classmethod
-    def new(cls) -> Canary:
-        return cls(secrets.token_hex(6), secrets.randbelow(1 << 30))
-
-    @property
-    def path(self) -> str:
-        return f"test_{self.token}.py"
-
-    def source(self) -> str:
-        return (f"def test_p{self.token}():\n    assert {self.expect} + 1 == {self.expect + 1}\n\n\n"
-                f"def test_f{self.token}():\n    assert {self.expect} + 1 == {self.expect + 2}\n")
-
-    def tampering(self, by_key: dict[tuple[str, str], str], exit_code: int | None) -> str | None:
-        """Why the run's report cannot stand (None when the canaries and exit status are as they must be)."""
-        module = f"test_{self.token}"
-        seen = (by_key.get((module, f"test_p{self.token}")), by_key.get((module, f"test_f{self.token}")))
-        if seen == (None, None) and exit_code in (2, 3, 4):  # collection, internal or usage errors: no tests ran
-            return f"pytest stopped before running the tests (exit {exit_code})"
-        if seen != ("PASSED", "FAILED") or exit_code != 1:
-            return (f"the run was tampered with: canaries {seen[0] or 'missing'}/{seen[1] or 'missing'} "
-                    f"(must be PASSED/FAILED), pytest exit {exit_code} (must be 1)")
-        return None
+def _hidden_sources(room: Sandbox, task: Task) -> dict[str, str]:
+    """Source of every test file the task's test ids name, as placed in the clean room (the task's hidden
+    files, its test patch applied, or the pristine files: the agent's edits of test files are never applied)."""
+    spec, workdir = task.verifier, task.environment.workdir
+    sources = {}
+    for path in _test_files(spec.fail_to_pass + spec.pass_to_pass):
+        source = spec.hidden_files.get(path) if not spec.expected.get("test_patch") else None
+        if source is None:
+            res = _checked(room.exec(["cat", "--", _in_workdir(workdir, path)], timeout=60, max_output_bytes=20_000_000),
+                           "reading the hidden tests")
+            if res.exit_code != 0:
+                continue  # no such file: pytest reports the test missing, which fails it
+            source = res.stdout
+        sources[path] = source
+    return sources
 
 
 def _test_sources(task: Task) -> dict[str, str]:
