@@ -79,6 +79,7 @@ def test_claw_arguments_that_break_a_tool_are_the_policys_error(sandbox_client, 
     traj = run_episode(task, recipe, Script([ToolCall(name=name, arguments=arguments), answer("done")]),
                        sandbox_client, HarnessConfig(max_steps=4))
     assert_policy_error(traj)
+    assert "at most" in traj.steps[3].content  # refused by the tool's bounds, before sqlite sees it
 
 
 def test_a_claw_argument_longer_than_one_argv_string_reaches_the_tool(sandbox_client, claw_tools):
@@ -118,14 +119,16 @@ def shell():
 
 
 # -- SWE ---------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("path", ["a" * 300 + "/x.py", "b" * 300, "c/" * 2100 + "x.py", "nul\x00.py"],
-                         ids=["long-directory", "long-name", "path-over-PATH_MAX", "nul"])
+@pytest.mark.parametrize("path", ["a" * 300 + "/x.py", "b" * 300, "c/" * 2100 + "x.py", "\u00e9/" * 1500 + "x.py",
+                                  "nul\x00.py"],
+                         ids=["long-directory", "long-name", "path-over-PATH_MAX", "bytes-over-PATH_MAX", "nul"])
 def test_a_swe_path_the_filesystem_refuses_is_the_policys_error(sandbox_client, task, path):
     write = ToolCall(name="write_file", arguments={"path": path, "content": "x = 1\n"})
     traj = run_episode(task, SWERecipe(), Script([write, honest_fix(task), ToolCall(name="submit")]),
                        sandbox_client, HarnessConfig(max_steps=5))
     assert traj.outcome is Outcome.resolved and traj.reward == 1.0, (traj.outcome, traj.outcome_reason)
     assert traj.steps[3].policy_error and traj.steps[3].content.startswith("Error"), traj.steps[3]
+    assert any(word in traj.steps[3].content for word in ("bytes long", "NUL", "at most"))  # the tool's own checks
 
 
 def test_a_pid_hog_in_the_policys_sandbox_does_not_make_its_failed_verification_infrastructure(sandbox_client, task):
@@ -187,4 +190,17 @@ def test_gui_text_too_long_for_one_argv_is_the_policys_error(sandbox_client):
     traj = run_episode(task, recipe, Script(calls), sandbox_client, HarnessConfig(max_steps=5))
     assert traj.outcome is Outcome.resolved and traj.reward == 1.0, (traj.outcome, traj.outcome_reason)
     assert traj.steps[3].policy_error and traj.steps[3].content.startswith("Error"), traj.steps[3]
+    assert "at most 10000 characters" in traj.steps[3].content  # the tool spec's bound, before anything runs
     assert "URL:" in traj.steps[5].content  # the browser still answers
+
+
+def test_gui_text_over_one_argv_string_reaches_the_browser_on_stdin(sandbox_client):
+    """Within the bound, text of multi-byte characters can still be over 128 KiB as one argv string; the
+    request goes to the controller on stdin, so the controller answers (here: no such element)."""
+    recipe = get_recipe("gui", families=("info_lookup",))
+    task = recipe.tasks("heldout", 1)[0]
+    calls = [ToolCall(name="type", arguments={"element_id": 99_999, "text": "\U0001F600" * 10_000}),
+             answer(str(task.verifier.expected["answer"]))]
+    traj = run_episode(task, recipe, Script(calls), sandbox_client, HarnessConfig(max_steps=4))
+    assert traj.outcome is Outcome.resolved, (traj.outcome, traj.outcome_reason)
+    assert "no element [99999]" in traj.steps[3].content, traj.steps[3].content[:300]
