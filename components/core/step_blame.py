@@ -36,8 +36,7 @@ import httpx
 from components.core.schema import Task, ToolCall
 from components.core.step_results import ToolResult, VerifyResult
 from sandbox_service.client import Sandbox, SandboxClient
-from sandbox_service.errors import (FileNotFoundInSandboxError, InvalidRequestError, SandboxNotFoundError,
-                                    SandboxServiceError, ValidationFailedError)
+from sandbox_service.errors import InvalidRequestError, SandboxNotFoundError, SandboxServiceError, ValidationFailedError
 from sandbox_service.models import SandboxCreate, SandboxState
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,9 @@ def blame(failure: Failure, *, lost: Callable[[], str | None], fresh: Callable[[
 
 
 # -- the kinds of what a step returned or raised -------------------------------------------------------------
-_ARGUMENT_ERRORS = (InvalidRequestError, ValidationFailedError, FileNotFoundInSandboxError)
+# A missing file is not here: a tool that reads a path the policy named catches it itself, and one that
+# lets it escape read a path of its own (the rule decides).
+_ARGUMENT_ERRORS = (InvalidRequestError, ValidationFailedError)
 
 
 def failure_of_tool(outcome: ToolResult | BaseException) -> Failure | None:
@@ -137,14 +138,14 @@ def failure_of_verification(outcome: VerifyResult | BaseException) -> Failure | 
 
 # -- (a) the service's record ------------------------------------------------------------------------------
 def sandbox_lost(sandbox: Sandbox) -> str | None:
-    """What the service's own record says is lost about `sandbox` (None: it is ready). Nothing runs in it."""
+    """What the service's own record says is lost about `sandbox` (None: it is there). Nothing runs in it."""
     try:
         info = sandbox.refresh()
     except SandboxNotFoundError as err:
         return f"the service no longer knows sandbox {sandbox.id}: {err}"[:300]
     except (SandboxServiceError, httpx.HTTPError) as err:
         return f"the service did not answer about sandbox {sandbox.id}: {type(err).__name__}: {err}"[:300]
-    if info.state is not SandboxState.ready:
+    if info.state in (SandboxState.failed, SandboxState.deleted):
         return f"sandbox {sandbox.id} is {info.state.value} ({info.infra_error}: {info.error})"[:300]
     return None
 

@@ -150,3 +150,28 @@ def test_a_fresh_sandbox_that_cannot_start_leaves_the_failure_to_the_infrastruct
     traj = run_episode(TASK, NoSecondSandbox(), _poison_then(view), sandbox_client, HarnessConfig())
     assert traj.outcome is Outcome.infra_error
     assert "could not set up a fresh sandbox" in traj.outcome_reason and "image pull failed" in traj.outcome_reason
+
+
+class ResumesOnlyCleanStates(Counting):
+    """A recipe whose processes cannot restart on a state the policy poisoned: forking that state fails."""
+
+    def resume(self, sandbox, task):
+        if sandbox.exec(["test", "-e", POISON], timeout=10).exit_code == 0:
+            raise RuntimeError("the site cannot start on this state")
+        return super().resume(sandbox, task)
+
+
+def test_a_fork_that_fails_on_the_saved_state_replays_the_prefix_instead(sandbox_client):
+    """A continuation forked from a state a policy made (prefix forks of the RL samplers, MC credit) used to
+    end as the infrastructure's when the fork failed; the fresh sandbox comes up, so the state is the cause:
+    the task is set up and the prefix replayed instead, and the continuation is judged on its own moves."""
+    from components.recipes.swe.teacher import ScriptedTeacher
+
+    recipe = ResumesOnlyCleanStates()
+    first = run_episode(TASK, recipe, _poison_then(), sandbox_client, HarnessConfig(snapshot_every_step=True))
+    prefix = first.steps[:4]  # system, user, the poisoning command and its observation
+    assert prefix[-1].sandbox_state_id, prefix[-1]
+    cont = run_episode(TASK, recipe, ScriptedTeacher(0.0, seed=1), sandbox_client, HarnessConfig(),
+                       prefix_steps=prefix, from_snapshot=prefix[-1].sandbox_state_id)
+    assert cont.outcome is Outcome.resolved and cont.status is EpisodeStatus.completed, cont.outcome_reason
+    assert [(s.role, s.content) for s in cont.steps[:4]] == [(s.role, s.content) for s in prefix]
