@@ -5,6 +5,10 @@ also split into the verifier's phases (SWE's clean room: fork, diff, apply, run)
 
     .venv/bin/python scripts/bench_recipes.py                      # gui, claw-tools, claw-shell, swe
     .venv/bin/python scripts/bench_recipes.py --recipes claw-tools claw-shell --episodes 8
+    .venv/bin/python scripts/bench_recipes.py --recipes swe swe-pytest --episodes 8
+
+`swe-pytest` verifies the same generated tasks as imported (SWE-bench) tasks are: pytest in the clean
+room with the canaries planted among the hidden tests (`swe/canaries.py`), instead of the call worker.
 
 Prints a table of medians (and p90 for steps) and writes the raw figures as JSON (`--out`).
 """
@@ -26,6 +30,7 @@ from tqdm import tqdm  # noqa: E402
 from components.core.policy_base import ChatMessage, GenerationConfig  # noqa: E402
 from components.core.protocol import parse_tool_call  # noqa: E402
 from components.recipes import get_recipe  # noqa: E402
+from components.recipes.swe import SWERecipe  # noqa: E402
 from sandbox_service.embedded import EmbeddedService  # noqa: E402
 
 
@@ -40,11 +45,19 @@ def make(variant: str):
 
         harness = variant.split("-", 1)[1]
         return get_recipe("claw", harness=harness), ScriptedTeacher(harness=harness, error_rate=0.0)
-    if variant == "swe":
+    if variant in ("swe", "swe-pytest"):
         from components.recipes.swe.teacher import ScriptedTeacher
 
-        return get_recipe("swe"), ScriptedTeacher(error_rate=0.0)
-    raise SystemExit(f"unknown variant {variant!r}; choose gui, claw-tools, claw-shell, swe")
+        return (get_recipe("swe") if variant == "swe" else _VerifiedAsImported()), ScriptedTeacher(error_rate=0.0)
+    raise SystemExit(f"unknown variant {variant!r}; choose gui, claw-tools, claw-shell, swe, swe-pytest")
+
+
+class _VerifiedAsImported(SWERecipe):
+    """Generated SWE tasks with verifier kind `pytest`: the imported (SWE-bench) tasks' verification path."""
+
+    def tasks(self, split, n, seed=0):
+        return [t.model_copy(update={"verifier": t.verifier.model_copy(update={"kind": "pytest"})})
+                for t in super().tasks(split, n, seed)]
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -17,12 +17,12 @@ recreated with the same memory). Verification runs go through `Sandbox.verifying
 execs (`ExecRequest.verification`); tools only ever get the unmarked handle, so a policy cannot mark
 its own commands, and its OOM is never an infrastructure error.
 
-What the agent left in its sandbox can never make a tool call or the verification an infrastructure
-error: a step that failed on the agent's state is the infrastructure's only when the same step fails the
-same way on a fresh sandbox set up from the task's pristine state, or a health probe of the sandbox
-fails (one rule, `components/core/blame.py`, applied to every tool call and verification here by
-`step_blame.py`; otherwise a tool's failure is a policy error the model sees and a verification's is
-unresolved with the reason); the verdict's record (verifier, version, ignored parts of the
+No byte a policy chooses can make a failed step an infrastructure error: a tool call, the verification,
+a snapshot of the state it left or a fork of such a state is the infrastructure's only when the service's
+own record shows the sandbox lost or a health check the harness chooses fails in a fresh sandbox of the
+same spec; a failure its arguments caused is the policy's at once (one rule, `step_blame.py`; otherwise
+a tool's failure is an error the model sees, a verification's is unresolved with the reason, a
+snapshot's is a note on the step). The verdict's record (verifier, version, ignored parts of the
 change) is kept on the trajectory, and `recipe.release` frees what setup kept (a pristine snapshot).
 
 Limits: `max_steps` and `max_total_tokens` count what the policy wrote; `max_wall_seconds` counts policy
@@ -41,18 +41,18 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.blame import Failure, blame
 from components.core.interrupts import raise_if_stopping
 from components.core.policy_base import EpisodeAwarePolicy, GenerationConfig, Policy, ToolAwarePolicy
 from components.core.protocol import ToolCallParseError, tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult, VerifyResult
 from components.core.rendering import steps_as_messages
-from components.core.step_blame import ControlUnavailable, PristineControl, failure_of_tool, failure_of_verification, probe
+from components.core.step_blame import (Failure, FailureKind, FreshSandbox, InfrastructureFailure, blame, sandbox_lost,
+                                        tool_result)
 from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, Verification, utcnow
 from components.core.tool_formats import NATIVE_FORMATS, ToolFormat, ToolFormatSetting, parse_call
 from sandbox_service.client import Sandbox, SandboxClient
@@ -68,8 +68,8 @@ class HarnessConfig(BaseModel):
         16384, ge=16, description="Most tokens in the conversation (last prompt + completion); beyond: truncated."
     )
     tool_call_timeout_seconds: float = Field(
-        180.0, gt=0, description="Watchdog on one tool call; a call that hangs this long is blamed by a control run "
-                                 "(the policy's error unless the same call hangs on the pristine state)."
+        180.0, gt=0, description="Watchdog on one tool call; a call that hangs this long is the policy's error "
+                                 "unless the harness's health check fails in a fresh sandbox (step_blame.py)."
     )
     max_wall_seconds: float = Field(900.0, gt=0, description="Policy-time budget per episode (generation + the "
                                     "commands' own run time; never sandbox latency); beyond: time_truncated.")
@@ -149,9 +149,9 @@ class _Episode:
     """State of one running episode (kept off module globals so episodes run in parallel threads)."""
 
     def __init__(self, task: Task, recipe: RecipeBase, policy: Policy, config: HarnessConfig,
-                 control: PristineControl):
+                 fresh: FreshSandbox):
         self.task, self.recipe, self.policy, self.config = task, recipe, policy, config
-        self.control = control  # the same step on a fresh pristine sandbox, for blame
+        self.fresh = fresh  # the harness's health checks in a fresh sandbox of the task, for blame
         self.tool_format = policy_tool_format(policy, config)
         self.specs = {t.name: t for t in recipe.tools()}
         self.tools = [t.openai() for t in self.specs.values()]
@@ -174,17 +174,30 @@ class _Episode:
         self.steps.append(step)
         return step
 
-    def snapshot_into(self, step: Step) -> None:
-        if self.config.snapshot_every_step and self.sandbox is not None:
-            try:
-                step.sandbox_state_id = self.sandbox.snapshot().id
-            except (SandboxServiceError, httpx.HTTPError) as err:
+    def snapshot_into(self, step: Step, *, policy_state: bool = True) -> None:
+        """Save the sandbox's state as `step.sandbox_state_id`. A snapshot of the state the policy left that
+        fails is the policy's (a note on the step, no state id) unless the one rule blames the infrastructure;
+        before the policy acted (`policy_state=False`) any failure is the infrastructure's."""
+        if not self.config.snapshot_every_step or self.sandbox is None:
+            return
+        try:
+            step.sandbox_state_id = self.sandbox.snapshot().id
+            return
+        except (SandboxServiceError, httpx.HTTPError) as err:
+            if not policy_state:
                 raise _Abort(f"snapshot failed: {_describe(err)}") from err
+            failure = Failure(FailureKind.snapshot_failed, _describe(err))
+        sandbox = self.sandbox
+        infra = blame(failure, lost=lambda: sandbox_lost(sandbox), fresh=self.fresh.snapshot)
+        if infra:
+            raise _Abort(f"snapshot failed: {infra}")
+        note = f"the sandbox state after this step could not be saved: {failure.detail}"[:500]
+        step.content = f"{step.content}\n[{note}]"
+        step.policy_error = f"{step.policy_error}; {note}" if step.policy_error else note
 
     def run_tool(self, step: Step) -> ToolResult:
-        """Execute an assistant step's call under the watchdog. A call that ends in an infrastructure
-        outcome is blamed by the one rule (`step_blame.py`): the infrastructure's raises `_Abort`, the
-        policy's is an error the model sees."""
+        """Execute an assistant step's call under the watchdog. A call that fails is blamed by the one rule
+        (`step_blame.py`): the infrastructure's raises `_Abort`, the policy's is an error the model sees."""
         assert self.sandbox is not None and step.tool_call is not None
         call = step.tool_call
         spec = self.specs.get(call.name)
@@ -205,25 +218,10 @@ class _Episode:
                 log.warning("tool %s raised %s", call.name, _describe(err))
             outcome = err
         self.last_contact = time.monotonic()
-        failure = failure_of_tool(outcome)
-        if failure is None:
-            assert isinstance(outcome, ToolResult)
-            return outcome
-        infra = self.blame(failure, lambda: self.control.tool(call, self.config.tool_call_timeout_seconds))
-        if infra:
-            raise _Abort(f"infrastructure error in tool {call.name}: {infra}")
-        shown = outcome.output if isinstance(outcome, ToolResult) and outcome.output else str(failure)
-        return ToolResult(output=f"Error: the tool failed on the state your actions left: {shown[-1000:]}",
-                          policy_error=f"tool {call.name}: {failure.kind} (not on the pristine state)")
-
-    def blame(self, failure: Failure, control: Callable[[], Failure | None]) -> str | None:
-        """The infrastructure's reason for a failed step, or None when the policy caused it (`blame.py`)."""
-        assert self.sandbox is not None
-        sandbox = self.sandbox
         try:
-            return blame(failure, control, probe=lambda: probe(sandbox))
-        except ControlUnavailable as err:
-            return f"{failure}; no control run: {err}"
+            return tool_result(outcome, call, self.sandbox, self.fresh, self.config.tool_call_timeout_seconds)
+        except InfrastructureFailure as err:
+            raise _Abort(str(err)) from err
 
     def observe(self, step: Step, result: ToolResult, started: float) -> Step:
         assert step.tool_call is not None
@@ -261,26 +259,17 @@ class _Episode:
                 self.observe(step, result, time.monotonic())
 
     def verify(self) -> VerifyResult:
-        """The recipe's verdict. A verification that gives none is blamed by the one rule: the
-        infrastructure's raises `_Abort`; the policy's is unresolved with the reason."""
+        """The recipe's verdict (`RecipeBase.verify` attributes a verification that gives none by the one
+        rule): an infrastructure failure raises `_Abort`."""
         assert self.sandbox is not None
         try:
             # The only place execs are marked as verification runs (their OOM is the infrastructure's).
-            outcome: VerifyResult | BaseException = self.recipe.verify(self.sandbox.verifying(), self.task,
-                                                                       self.final_answer)
-        except Exception as err:  # sandbox service, transport, or the verifier's own code
-            outcome = err
-        failure = failure_of_verification(outcome)
-        if failure is None:
-            assert isinstance(outcome, VerifyResult)
-            return outcome
-        infra = self.blame(failure, lambda: self.control.verification(self.final_answer))
-        if infra:
-            raise _Abort(f"verification failed: {infra}")
-        kept = outcome if isinstance(outcome, VerifyResult) else VerifyResult(resolved=False)
-        return kept.model_copy(update={"resolved": False, "infra_error": None,
-                                       "reason": f"verification failed on the state the policy left, not on the "
-                                                 f"pristine state: {failure}"})
+            verdict = self.recipe.verify(self.sandbox.verifying(), self.task, self.final_answer)
+        except Exception as err:  # `verify` attributes the verifier's failures; this is the harness's own
+            raise _Abort(f"verification failed: {_describe(err)}") from err
+        if verdict.infra_error:
+            raise _Abort(verdict.infra_error)
+        return verdict
 
     def loop(self) -> EpisodeStatus:
         cfg = self.config
@@ -333,37 +322,60 @@ class _Episode:
         return EpisodeStatus.completed
 
 
+def _fork(ep: _Episode, client: SandboxClient, spec: Any, snapshot: str) -> bool:
+    """Start `ep.sandbox` from `snapshot` (a state a policy made) and restart the recipe's processes in it.
+    True when it did; False when that failed on the saved state (the one rule: a fresh sandbox of the task
+    comes up), and the episode starts from the task's setup instead, replaying the prefix. An
+    infrastructure failure raises `_Abort`."""
+    sandbox = None
+    try:
+        sandbox = client.create(spec.model_copy(update={"from_snapshot": snapshot}),
+                                wait_timeout=ep.config.sandbox_wait_seconds)
+        ep.recipe.resume(sandbox, ep.task)  # the snapshot's files, none of its processes: the recipe restarts those
+        ep.sandbox = sandbox
+        return True
+    except Exception as err:  # noqa: BLE001 - whose failure: the one rule decides
+        failure = Failure(FailureKind.fork_failed, _describe(err))
+        if sandbox is not None:
+            try:
+                sandbox.delete()
+            except Exception as gone:  # noqa: BLE001 - the reaper collects it
+                log.warning("could not delete sandbox %s: %s", sandbox.id, gone)
+    infra = blame(failure, lost=lambda: None, fresh=ep.fresh.setup)  # no sandbox of the episode yet
+    if infra:
+        raise _Abort(f"sandbox setup failed: {infra}")
+    log.warning("forking %s failed on the saved state (%s); starting from the task's setup", snapshot, failure)
+    return False
+
+
 def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxClient, config: HarnessConfig,
                 *, prefix_steps: list[Step] | None = None, from_snapshot: str | None = None) -> Trajectory:
     """Run one episode and verify it. With `from_snapshot` the sandbox forks that state (no setup,
-    no replay); with only `prefix_steps` the prefix's tool calls are re-executed after setup."""
+    no replay; a fork that fails on the saved state falls back to setup and replay); with only
+    `prefix_steps` the prefix's tool calls are re-executed after setup."""
     raise_if_stopping()  # a stopping run starts no more episodes (queued ones in a thread pool end here)
     spec = recipe.sandbox_spec(task)
-    ep = _Episode(task, recipe, policy, config,
-                  PristineControl(client, spec, recipe, task, config.sandbox_wait_seconds))
+    ep = _Episode(task, recipe, policy, config, FreshSandbox(client, spec, recipe, task, config.sandbox_wait_seconds))
     if isinstance(policy, EpisodeAwarePolicy):
         policy.reset(task)
     status, outcome, reason = EpisodeStatus.aborted, Outcome.infra_error, None
     report: TestReport | None = None
     verification: Verification | None = None
     try:
-        if from_snapshot:
-            spec = spec.model_copy(update={"from_snapshot": from_snapshot})
-        try:
-            ep.sandbox = client.create(spec, wait_timeout=config.sandbox_wait_seconds)
-            if from_snapshot:  # the snapshot's files, none of its processes: the recipe restarts those
-                recipe.resume(ep.sandbox, task)
-            else:
+        forked = bool(from_snapshot) and _fork(ep, client, spec, from_snapshot)
+        if not forked:
+            try:
+                ep.sandbox = client.create(spec, wait_timeout=config.sandbox_wait_seconds)
                 recipe.setup(ep.sandbox, task)
-        except Exception as err:
-            raise _Abort(f"sandbox setup failed: {_describe(err)}") from err
+            except Exception as err:
+                raise _Abort(f"sandbox setup failed: {_describe(err)}") from err
         ep.last_contact = time.monotonic()
         if prefix_steps:
-            ep.replay(prefix_steps, rerun=from_snapshot is None)
+            ep.replay(prefix_steps, rerun=not forked)
             ep.policy_seconds = 0.0  # replaying a (teacher's) prefix is not this policy's time
         else:
             ep.steps = initial_steps(task, recipe, ep.tool_format)
-            ep.snapshot_into(ep.steps[-1])
+            ep.snapshot_into(ep.steps[-1], policy_state=False)
         status = ep.loop() if not ep.submitted else EpisodeStatus.completed
         verdict = ep.verify()
         report, verification = verdict.report, verdict.verification

@@ -9,7 +9,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.schema import Split, Task, TestReport, ToolCall, Verification
+from components.core import step_blame
+from components.core.schema import Split, Task, ToolCall
+from components.core.step_results import ToolResult, VerifyResult
 from sandbox_service.client import Sandbox
 from sandbox_service.models import SandboxCreate
 
@@ -28,7 +30,8 @@ class ToolSpec(BaseModel):
     def argument_error(self, arguments: Any) -> str | None:
         """Why `arguments` do not fit this tool's JSON schema (None when they do). The subset our tools
         use: object/string/integer/number/boolean/array types, `properties`, `required`, `items`,
-        `enum`; integers must fit in 64 bits. Iterative and bounded, so no argument can crash the check."""
+        `enum`, and the bounds `maxLength` (characters), `maxItems`, `minimum`, `maximum`; integers must
+        fit in 64 bits. Iterative and bounded, so no argument can crash the check."""
         return schema_error(self.parameters, arguments, self.name)
 
 
@@ -55,6 +58,9 @@ def schema_error(schema: dict[str, Any], value: Any, where: str = "arguments", m
                 return f"{path} must be a 64-bit integer"
         if "enum" in sch and val not in sch["enum"]:
             return f"{path} must be one of {sch['enum']}"
+        bound = _bound_error(sch, val, path)
+        if bound:
+            return bound
         if isinstance(val, dict):
             missing = [k for k in sch.get("required", []) if k not in val]
             if missing:
@@ -66,23 +72,16 @@ def schema_error(schema: dict[str, Any], value: Any, where: str = "arguments", m
     return None
 
 
-class ToolResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    output: str = Field(description="Observation text returned to the policy.")
-    policy_error: str | None = Field(None, description="Bad arguments or a failed action: the policy's fault.")
-    infra_error: str | None = Field(None, description="The environment failed: never the policy's fault.")
-    submitted: bool = Field(False, description="The episode ends (submit / answer).")
-    final_answer: str | None = None
-    image_png: bytes | None = Field(None, description="Screenshot for vision policies (GUI).")
-
-
-class VerifyResult(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    resolved: bool
-    report: TestReport = Field(default_factory=TestReport)
-    infra_error: str | None = Field(None, description="Verification itself failed (not the policy's fault).")
-    reason: str | None = None
-    verification: Verification | None = Field(None, description="Verifier version and what it ignored (audit).")
+def _bound_error(sch: dict[str, Any], val: Any, path: str) -> str | None:
+    """The `maxLength` / `maxItems` / `minimum` / `maximum` bound `val` breaks, if any."""
+    if type(val) is str and len(val) > sch.get("maxLength", len(val)):
+        return f"{path} must be at most {sch['maxLength']} characters (got {len(val)})"
+    if type(val) is list and len(val) > sch.get("maxItems", len(val)):
+        return f"{path} must have at most {sch['maxItems']} items (got {len(val)})"
+    if type(val) in (int, float):
+        if val < sch.get("minimum", val) or val > sch.get("maximum", val):
+            return f"{path} must be between {sch.get('minimum', '-inf')} and {sch.get('maximum', 'inf')} (got {val})"
+    return None
 
 
 class RecipeBase(abc.ABC):
@@ -123,8 +122,22 @@ class RecipeBase(abc.ABC):
         """Run one tool call in the sandbox."""
 
     @abc.abstractmethod
+    def judge(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
+        """The recipe's own verdict on the final state (hidden tests / site state / assistant state). When it
+        cannot give one it returns `infra_error` (or raises): whose failure that is, `verify` decides."""
+
     def verify(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
-        """Check the final state (hidden tests / site state / assistant state)."""
+        """The verdict every caller uses (the harness, served environments, task checks, benchmarks): `judge`,
+        with a failure to give a verdict attributed by the one rule (`core/step_blame.py`), so the same state
+        gets the same verdict wherever it is verified. `infra_error` only when the infrastructure failed."""
+        return step_blame.verdict(self, sandbox, task, final_answer)
+
+    def health_calls(self, task: Task) -> list[ToolCall]:
+        """Tool calls with arguments the harness chose (never a policy's) that must work in a fresh sandbox of
+        the task just set up: the health check that decides whether a failed tool call is the
+        infrastructure's (`core/step_blame.py`). Default: none (creating, setting up and running a command in
+        the fresh sandbox is the check)."""
+        return []
 
     def system_prompt(self, task: Task) -> str:
         return "You are an agent acting in a sandbox through tools."

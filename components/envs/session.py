@@ -6,10 +6,11 @@ step limit is reached; the recipe's own verifier (`RecipeBase.verify`, its publi
 reward. The OpenEnv server (`openenv_env.py`) and the TRL environment class (`trl_env.py`) are thin
 wrappers around this, so the three agree on rewards and failures.
 
-Failure attribution is the harness's (components/core/harness.py): bad arguments or an unknown tool are
-the policy's error (an observation; the episode goes on); the sandbox service, a recipe crash or the
-verifier's own environment failing is infrastructure: the episode ends with `outcome="infra_error"`,
-`reward=None` and the reason, never with a reward of 0.
+Failure attribution is the harness's one rule (components/core/step_blame.py), applied here to every
+tool call and (through `RecipeBase.verify`) to the verification: bad arguments, an unknown tool, or a
+tool that fails on what the policy asked or left are the policy's error (an observation; the episode
+goes on); only a sandbox the service reports lost or a health check that fails in a fresh sandbox is
+infrastructure: the episode ends with `outcome="infra_error"`, `reward=None` and the reason.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sandbox_service.connection import SandboxConnection
 from components.core.protocol import tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult
 from components.core.schema import Split, Task, ToolCall
+from components.core.step_blame import FreshSandbox, InfrastructureFailure, tool_result
 from components.recipes import get_recipe
 from sandbox_service.client import Sandbox, SandboxClient
 from sandbox_service.errors import SandboxServiceError
@@ -252,16 +254,23 @@ class RecipeSession:
 
     def _execute(self, call: ToolCall) -> ToolResult:
         assert self.sandbox is not None and self.task is not None
+        spec = next((t for t in self.recipe.tools() if t.name == call.name), None)
+        wrong = spec.argument_error(call.arguments) if spec is not None else None
+        if wrong:  # checked against the tool's own schema and bounds before anything runs, as the harness does
+            return ToolResult(output=f"Error: {wrong}", policy_error=wrong)
+        outcome: ToolResult | BaseException
         try:
-            result = self.recipe.execute_tool(self.sandbox, self.task, call)
-        except (SandboxServiceError, httpx.HTTPError) as err:
-            raise _Infra(f"sandbox failed in tool {call.name}: {_describe(err)}") from err
-        except Exception as err:  # a recipe bug is data about the environment, not the policy's failure
-            log.exception("tool %s raised", call.name)
-            raise _Infra(f"tool {call.name} raised {_describe(err)}") from err
-        if result.infra_error:
-            raise _Infra(f"infrastructure error in tool {call.name}: {result.infra_error}")
-        return result
+            outcome = self.recipe.execute_tool(self.sandbox, self.task, call)
+        except Exception as err:  # noqa: BLE001 - the service, the transport or the recipe's code: the rule decides
+            if not isinstance(err, (SandboxServiceError, httpx.HTTPError)):
+                log.warning("tool %s raised %s", call.name, _describe(err))
+            outcome = err
+        fresh = FreshSandbox(self.client, self.recipe.sandbox_spec(self.task), self.recipe, self.task,
+                             self.config.sandbox_wait_seconds)
+        try:
+            return tool_result(outcome, call, self.sandbox, fresh)
+        except InfrastructureFailure as err:
+            raise _Infra(str(err)) from err
 
     def verify(self) -> StepOutcome:
         """End the episode now and verify the state as it stands (a trainer's own step budget ran out)."""
@@ -273,13 +282,11 @@ class RecipeSession:
 
     def _verify(self, output: str, policy_error: str | None, png: str | None) -> StepOutcome:
         assert self.sandbox is not None and self.task is not None
-        try:
-            # a verification run: its OOM is the infrastructure's, never the policy's (see core/harness.py)
-            verdict = self.recipe.verify(self.sandbox.verifying(), self.task, self.final_answer)
-        except (SandboxServiceError, httpx.HTTPError) as err:
-            return self._end_infra(f"verification failed: {_describe(err)}")
+        # a verification run: its OOM is the infrastructure's, never the policy's (see core/harness.py);
+        # `verify` attributes a verification that gives no verdict by the one rule (core/step_blame.py)
+        verdict = self.recipe.verify(self.sandbox.verifying(), self.task, self.final_answer)
         if verdict.infra_error:
-            return self._end_infra(f"verification failed: {verdict.infra_error}")
+            return self._end_infra(verdict.infra_error)
         self.last = StepOutcome(output=output, done=True, reward=1.0 if verdict.resolved else 0.0,
                                 outcome="resolved" if verdict.resolved else "unresolved",
                                 policy_error=policy_error, reason=None if verdict.resolved else verdict.reason,

@@ -24,6 +24,8 @@ from sandbox_service.agent import beneath
 
 # Directory levels archived at most (one fd per level is held while walking).
 MAX_ARCHIVE_DEPTH = 512
+# What a path itself can make mkdir fail with: the caller's request refused, never the agent's fault.
+_PATH_ERRNOS = {errno.ENAMETOOLONG, errno.EINVAL, errno.EACCES, errno.EPERM, errno.EMLINK, errno.EROFS}
 
 
 class FileOpError(Exception):
@@ -106,6 +108,10 @@ class Confinement:
                               f"{self.root!r} (through a symlink or magic link): refused") from exc
         except (NotADirectoryError, FileExistsError) as exc:
             raise FileOpError("invalid_request", f"cannot create {path!r}: a file is in the way") from exc
+        except OSError as exc:
+            if exc.errno not in _PATH_ERRNOS:
+                raise
+            raise FileOpError("invalid_request", f"cannot create {path!r}: {exc.strerror}") from exc
         finally:
             os.close(root)
 

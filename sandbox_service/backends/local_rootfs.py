@@ -153,11 +153,15 @@ class SnapshotStore:
             raise InvalidRequestError(f"snapshot {snapshot_id!r} already exists")
         tmp = dest.with_name(dest.name + ".tmp")
         remove_tree(tmp)
-        (tmp / "upper").mkdir(parents=True)
-        copy_tree(upper, tmp / "upper")
-        size = tree_size(tmp / "upper")
-        (tmp / "meta.json").write_text(json.dumps({**meta, "size_bytes": size}))
-        tmp.rename(dest)
+        try:
+            (tmp / "upper").mkdir(parents=True)
+            copy_tree(upper, tmp / "upper")
+            size = tree_size(tmp / "upper")
+            (tmp / "meta.json").write_text(json.dumps({**meta, "size_bytes": size}))
+            tmp.rename(dest)
+        except BaseException:  # a copy that failed part-way (a tree cp cannot copy, a full disk) leaves nothing
+            remove_or_quarantine(tmp, self.root.parent / "quarantine")
+            raise
         return size
 
     def meta(self, snapshot_id: str) -> dict:

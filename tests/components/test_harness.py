@@ -143,10 +143,10 @@ class FlakyEnvironment(SWERecipe):
             time.sleep(3)
         return super().execute_tool(sandbox, task, call)
 
-    def verify(self, sandbox, task, final_answer):
+    def judge(self, sandbox, task, final_answer):
         if self.failure == "verifier":
             return VerifyResult(resolved=False, infra_error="pytest is not installed in the sandbox's python")
-        return super().verify(sandbox, task, final_answer)
+        return super().judge(sandbox, task, final_answer)
 
 
 class TightMemory(SWERecipe):
@@ -160,12 +160,12 @@ class TightMemory(SWERecipe):
         spec = super().sandbox_spec(task)
         return spec.model_copy(update={"resources": spec.resources.model_copy(update={"memory_mb": 128})})
 
-    def verify(self, sandbox, task, final_answer):
+    def judge(self, sandbox, task, final_answer):
         if self.verifier_hog:
             res = sandbox.exec(["python3", "-c", f"x = b'a' * {HOG_BYTES}"], timeout=60)
             if res.is_infra_error:
                 return VerifyResult(resolved=False, infra_error=f"{res.infra_error}: {res.message}")
-        return super().verify(sandbox, task, final_answer)
+        return super().judge(sandbox, task, final_answer)
 
 
 HOG_BYTES = 512 << 20

@@ -13,7 +13,6 @@ from components.core.protocol import format_tool_call
 from components.core.schema import Outcome, ToolCall
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.generator import HIDDEN_TEST_PATH, generate_tasks
-from sandbox_service.models import SandboxCreate
 
 PASS_ALL_HOOK = """import pytest
 
@@ -181,12 +180,16 @@ def test_only_the_clean_room_or_the_service_failing_is_an_infrastructure_error(s
     def broken_room(stack):
         raise RuntimeError("backend down")
 
-    with sandbox_client.create() as agent:
-        verdict = verify_in_clean_room(agent, task, broken_room)
+    class NoCleanRoom(SWERecipe):  # every clean room fails, the fresh sandbox's too: the infrastructure's
+        def judge(self, sandbox, task, final_answer):
+            return verify_in_clean_room(sandbox, task, broken_room)
+
+    with sandbox_client.create(SWERecipe().sandbox_spec(task)) as agent:
+        verdict = NoCleanRoom().verify(agent, task, None)
         assert verdict.infra_error and "could not build the clean room" in verdict.infra_error
-    room = SandboxCreate(workdir=task.environment.workdir)
-    gone = verify_in_clean_room(agent, task, lambda stack: stack.enter_context(sandbox_client.create(room)))
-    assert gone.infra_error and "the agent's sandbox is" in gone.infra_error  # deleted above: not the policy's
+        assert "health check failed in a fresh sandbox" in verdict.infra_error
+    gone = SWERecipe().verify(agent, task, None)  # deleted above: the service's own record says so
+    assert gone.infra_error and "the service reports the sandbox lost" in gone.infra_error, gone.infra_error
 
 
 @pytest.mark.parametrize("damage", ["rm -rf .git", "echo garbage > .git/HEAD", "rm -rf /workspace/repo"])

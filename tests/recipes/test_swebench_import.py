@@ -130,3 +130,24 @@ def test_an_imported_heldout_instance_that_repeats_a_training_one_is_dropped_and
     assert sorted(t.id for t in held) == ["acme__calc-3", "acme__calc-5"]
     assert result.metrics["heldout_duplicates_dropped"] == 2
     assert result.counts["heldout"] == 2 and result.units["heldout"] == 1  # one repository
+
+
+@pytest.mark.parametrize("payload", [
+    "class _Any:\n    def __eq__(self, other):\n        return True\n\n\ndef add(a, b):\n    return _Any()\n",
+    "import linecache, sys\n\n\ndef add(a, b):\n    f = sys._getframe(1)\n"
+    "    return eval(linecache.getline(f.f_code.co_filename, f.f_lineno).split('==', 1)[1], f.f_globals)\n",
+], ids=["eq-always-true", "expected-from-the-asserting-line"])
+def test_generic_forgeries_of_an_imported_instance_are_evident(instance, sandbox_client, payload):
+    """The hidden test arrives as the instance's test patch: the canaries' twins are made from the test file
+    as the clean room holds it once the patch is applied, and a forged pass of `add` passes its twin too."""
+    path, repos, _ = instance
+    (task,) = import_swebench(path, repos)
+    recipe = SWERecipe()
+    with sandbox_client.create(recipe.sandbox_spec(task)) as sandbox:
+        recipe.setup(sandbox, task)
+        try:
+            sandbox.write_file(f"{task.environment.workdir}/calc.py", payload + BUGGY.split("\n\n\n", 1)[1])
+            verdict = recipe.verify(sandbox.verifying(), task, None)
+        finally:
+            recipe.release(sandbox)
+    assert not verdict.resolved and verdict.infra_error is None and "tampered" in verdict.reason, verdict

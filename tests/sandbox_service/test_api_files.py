@@ -7,7 +7,7 @@ import tarfile
 
 import pytest
 
-from sandbox_service.errors import FileNotFoundInSandboxError, PathOutsideSandboxError
+from sandbox_service.errors import FileNotFoundInSandboxError, InvalidRequestError, PathOutsideSandboxError
 
 
 def test_bytes_round_trip_with_mode(module_sandbox):
@@ -33,6 +33,19 @@ def test_traversal_is_refused_with_400(module_sandbox, path):
         with pytest.raises(PathOutsideSandboxError) as info:
             call()
         assert info.value.status_code == 400
+
+
+@pytest.mark.parametrize("path", ["a" * 300 + "/x.py", "d/" + "b" * 300, "c/" * 2100 + "x.py"],
+                         ids=["long-directory", "long-name", "over-PATH_MAX"])
+def test_a_path_the_filesystem_cannot_name_is_the_callers_400(module_sandbox, path):
+    """A 300-character directory name made the agent's mkdir raise ENAMETOOLONG as an `internal_error` (500),
+    which a harness could only read as the infrastructure's: it is the request's own fault."""
+    try:
+        module_sandbox.write_file(path, b"x")
+    except InvalidRequestError as err:
+        assert err.status_code == 400, err
+    else:  # the agent walks fd by fd, so a deep path of short names may be written: then it must read back
+        assert module_sandbox.read_file(path) == b"x"
 
 
 def test_symlink_escape_is_refused(module_sandbox):

@@ -2,7 +2,7 @@
 database inside the sandbox, reached through one of two harnesses over the same environment:
 
 - `harness="tools"`: one function tool per API (`mail_search`, `calendar_create`, ...), as an
-  OpenAI-style tool list; each call is one exec of `claw.py call NAME ARGS`.
+  OpenAI-style tool list; each call is one exec of `claw.py call NAME` with the arguments on stdin.
 - `harness="shell"`: a single `bash` tool and the `./claw` CLI documented in the system prompt.
 
 Setup, tasks and verifiers are identical in both, so a difference in results is the harness's.
@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 from importlib import resources
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.blame import Failure, blame
 from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
 from components.core.schema import Split, Task, ToolCall
-from components.core.step_blame import probe
 from components.recipes.claw.sandbox import claw as claw_api
 from components.recipes.common import families_for_split
 from components.recipes.claw.tasks import FAMILIES, content, families_at, generate_tasks
@@ -33,7 +29,7 @@ from components.recipes.claw.verify import NAME as VERIFIER_NAME
 from components.recipes.claw.verify import VERSION as VERIFIER_VERSION
 from components.recipes.claw.verify import ReplayError, replay_journal, state_divergence, verify_db
 from sandbox_service.client import Sandbox
-from sandbox_service.errors import FileNotFoundInSandboxError, InvalidRequestError
+from sandbox_service.errors import FileNotFoundInSandboxError, InvalidRequestError, ValidationFailedError
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 
 CLAW_DIR = "/workspace/.claw"
@@ -60,21 +56,31 @@ class ClawOptions(BaseModel):
     command_timeout_seconds: float = Field(30.0, gt=0, description="Limit for one tool call's exec.")
 
 
-_JSON_TYPES = {"str": {"type": "string"}, "int": {"type": "integer"},
-               "list": {"type": "array", "items": {"type": "string"}}}
 ANSWER = ToolSpec(name="answer", description="Finish: report what you did; if the task asks a question, the text "
                   "is only the answer (one value), not a list of candidates.",
-                  parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]})
+                  parameters={"type": "object", "properties": {"text": {"type": "string", "maxLength": 10_000}},
+                              "required": ["text"]})
 BASH = ToolSpec(name="bash", description="Run a shell command in /workspace (the ./claw CLI is there).",
-                parameters={"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]})
+                parameters={"type": "object", "properties": {"command": {"type": "string", "maxLength": 100_000}},
+                            "required": ["command"]})
+
+
+def _schema(p: claw_api.Param) -> dict[str, Any]:
+    """A parameter's JSON schema, with the bounds claw.py itself checks (one definition: its `Param`)."""
+    if p.kind == "list":
+        return {"type": "array", "items": {"type": "string", "maxLength": p.max_len}, "maxItems": claw_api.MAX_ITEMS,
+                "description": p.help}
+    if p.kind == "int":
+        low, high = claw_api.INT_RANGE
+        return {"type": "integer", "minimum": low, "maximum": high, "description": p.help}
+    return {"type": "string", "maxLength": p.max_len, "description": p.help}
 
 
 def api_tools() -> list[ToolSpec]:
     out = []
     for name, (_, doc, params) in claw_api.API.items():
         out.append(ToolSpec(name=name, description=doc, parameters={
-            "type": "object",
-            "properties": {p.name: {**_JSON_TYPES[p.kind], "description": p.help} for p in params},
+            "type": "object", "properties": {p.name: _schema(p) for p in params},
             "required": [p.name for p in params if p.required]}))
     return out
 
@@ -131,10 +137,22 @@ class ClawRecipe(RecipeBase):
             raise RuntimeError(f"Claw world did not load (exit {res.exit_code}): {res.stdout[-500:]} {res.stderr[-500:]}")
 
     # -- tools -----------------------------------------------------------------------------------
+    def health_calls(self, task: Task) -> list[ToolCall]:
+        if self.harness == "shell":
+            return [ToolCall(name="bash", arguments={"command": "./claw mail search --limit 1"})]
+        return [ToolCall(name="mail_search", arguments={"limit": 1}),
+                ToolCall(name="notes_create", arguments={"title": "health check", "body": "ok"})]
+
     def execute_tool(self, sandbox: Sandbox, task: Task, call: ToolCall) -> ToolResult:
         args = call.arguments or {}
         if call.name == "answer":
             return ToolResult(output="Answer recorded.", submitted=True, final_answer=str(args.get("text", "")))
+        try:
+            return self._execute(sandbox, call, args)
+        except (InvalidRequestError, ValidationFailedError) as err:  # the service refused the request (a NUL byte...)
+            return ToolResult(output=f"Error: {err.message}", policy_error=err.message[:300])
+
+    def _execute(self, sandbox: Sandbox, call: ToolCall, args: dict[str, Any]) -> ToolResult:
         timeout = self.options.command_timeout_seconds
         if self.harness == "shell":
             if call.name != "bash" or not isinstance(args.get("command"), str):
@@ -150,25 +168,22 @@ class ClawRecipe(RecipeBase):
         if call.name not in claw_api.API:
             return ToolResult(output=f"Error: unknown tool {call.name!r}; use one of {sorted(claw_api.API)} or answer.",
                               policy_error=f"unknown tool {call.name!r}")
-        res = sandbox.exec(["python", "-S", CLAW_PY, "call", call.name, json.dumps(args)], timeout=timeout)
+        # The arguments go on stdin: one argv string is limited to 128 KiB, a JSON body is not.
+        res = sandbox.exec(["python", "-S", CLAW_PY, "call", call.name], stdin=json.dumps(args), timeout=timeout)
         if res.is_infra_error:
             return ToolResult(output=f"Error: the sandbox failed: {res.message}", infra_error=str(res.infra_error))
         if res.exit_code == 2:
             return ToolResult(output=_clip(res.stdout), policy_error=res.stdout.strip()[:300])
         if res.reason == "oom":  # the policy's arguments ran the sandbox out of memory: its outcome
             return ToolResult(output="Error: the tool ran out of memory", policy_error="tool call ran out of memory")
-        if res.exit_code != 0:  # whose failure: the same call on the pristine world decides (core/blame.py)
-            failure = Failure(f"exit {res.exit_code}", res.stderr[-300:])
-            infra = blame(failure, lambda: _pristine_call(task, call.name, args, timeout),
-                          probe=lambda: probe(sandbox))
-            if infra:
-                return ToolResult(output=f"Error: tool crashed: {res.stderr[-500:]}", infra_error=f"claw.py {infra}")
-            return ToolResult(output=f"Error: the tool failed on the state your actions left: {res.stderr[-500:]}",
-                              policy_error=f"claw.py {failure.kind} (not on the pristine state)")
+        if res.exit_code != 0:  # claw.py failed (3: the database refused; else it crashed): the one rule decides
+            why = res.stdout.strip() if res.exit_code == 3 else res.stderr or res.message or ""
+            return ToolResult(output=f"Error: the tool failed: {why[-500:]}",
+                              infra_error=f"claw.py {call.name} exited {res.exit_code}: {why[-300:]}")
         return ToolResult(output=_clip(res.stdout))
 
     # -- verification ----------------------------------------------------------------------------
-    def verify(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
+    def judge(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
         """The world rebuilt from the tools' journal, never the sandbox's state.db (see verify.py)."""
         record = Verification(verifier=VERIFIER_NAME, version=VERIFIER_VERSION)
         journal = _read_or_none(sandbox, JOURNAL_PATH)
@@ -193,43 +208,10 @@ def _replay_and_judge(task: Task, journal: bytes, agent_db: str | None, final_an
                       record: Verification, tmp: str) -> VerifyResult:
     try:
         replayed = replay_journal(task.metadata["world"], journal, tmp, agent_db)
-    except ReplayError as err:  # whose failure: replaying no journal on the same world decides
-        def control() -> Failure | None:
-            with tempfile.TemporaryDirectory() as ctl:
-                try:
-                    replay_journal(task.metadata["world"], b"", ctl)
-                except ReplayError as again:
-                    return again.failure
-            return None
-
-        infra = blame(err.failure, control)
-        if infra:
-            return VerifyResult(resolved=False, infra_error=f"rebuilding the Claw state failed: {infra}")
-        return VerifyResult(resolved=False, reason=f"the tools' journal cannot be replayed: {err.failure}")
-    except OSError as err:  # the host's own temporary files: nothing the policy wrote
+    except (ReplayError, OSError) as err:  # no verdict: whose failure, the one rule decides (RecipeBase.verify)
         return VerifyResult(resolved=False, infra_error=f"rebuilding the Claw state failed: {err}")
     record.ignored = replayed.rejected + state_divergence(replayed, agent_db is not None)
     return verify_db(replayed.db, task.verifier.expected, final_answer)
-
-
-def _pristine_call(task: Task, name: str, args: dict, timeout: float) -> Failure | None:
-    """The control run of a tool call: the same call, same time limit, on the task's pristine world (host)."""
-    claw_py = str(resources.files("components.recipes.claw.sandbox").joinpath("claw.py"))
-    with tempfile.TemporaryDirectory() as tmp:
-        seed = os.path.join(tmp, "seed.json")
-        with open(seed, "w") as f:
-            json.dump(task.metadata["world"], f)
-        env = {"CLAW_DB": os.path.join(tmp, "state.db"), "CLAW_JOURNAL": os.path.join(tmp, "journal.jsonl"),
-               "PATH": os.environ.get("PATH", "")}
-        try:
-            for argv in (["init", seed], ["call", name, json.dumps(args)]):
-                res = subprocess.run([sys.executable, "-I", "-S", claw_py, *argv], capture_output=True, text=True,
-                                     env=env, timeout=timeout, check=False)
-                if res.returncode not in (0, 2):
-                    return Failure(f"exit {res.returncode}", res.stderr[-300:])
-        except subprocess.TimeoutExpired:
-            return Failure("timeout")
-    return None
 
 
 def _read_or_none(sandbox: Sandbox, path: str) -> bytes | None:

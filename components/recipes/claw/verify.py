@@ -8,9 +8,9 @@ its argument checks. Writing `state.db` directly (the shell harness can), deleti
 or editing the sandbox's `claw.py` changes nothing judged; such divergences are recorded as ignored.
 A missing journal means no change was made; journal lines that are not a valid state-changing call
 are rejected (recorded as ignored), whatever they hold (deep nesting, wrong types, huge lines). A
-journal over `MAX_JOURNAL_BYTES`, or one whose replay fails or runs past `REPLAY_TIMEOUT_SECONDS`
-while replaying no journal on the same world succeeds, is the policy's failure (unresolved); only a
-replay that fails the same way without a journal is an infrastructure error (`core/blame.py`).
+journal over `MAX_JOURNAL_BYTES` is the policy's failure (unresolved); a replay that fails or runs past
+`REPLAY_TIMEOUT_SECONDS` gives no verdict, and the one rule (`core/step_blame.py`) makes it the
+infrastructure's only when the pristine world's own verification fails in a fresh sandbox too.
 
 On the rebuilt state, only rows with origin 'user' (what the agent created) count as the agent's
 changes, so a task fails both when the right change is missing and when a wrong one was made
@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from components.core.blame import Failure
 from components.core.schema import IgnoredPart
 
 from components.core.recipe_base import VerifyResult
@@ -49,12 +48,7 @@ _COLUMNS = {"contacts": "email, name, phone, company", "events": "title, start, 
 
 
 class ReplayError(RuntimeError):
-    """The rebuild of the state failed (`failure` says how); whose failure is decided by a control
-    replay of no journal (`components/core/blame.py`)."""
-
-    def __init__(self, failure: Failure):
-        super().__init__(str(failure))
-        self.failure = failure
+    """The rebuild of the state failed (no verdict: whose failure, the one rule decides)."""
 
 
 REPLAY_TIMEOUT_SECONDS = 60.0  # one replay of a journal; beyond it the replay is a failure
@@ -124,8 +118,8 @@ def replay_journal(world: dict, journal: bytes, directory: str | Path, agent_db:
         replayed = json.loads(lines[0])
     except (IndexError, ValueError):
         if code is None:
-            raise ReplayError(Failure("timeout", f"claw.py replay ran past {REPLAY_TIMEOUT_SECONDS:g}s")) from None
-        raise ReplayError(Failure(f"exit {code}", out.decode("utf-8", "replace")[-300:])) from None
+            raise ReplayError(f"claw.py replay ran past {REPLAY_TIMEOUT_SECONDS:g}s") from None
+        raise ReplayError(f"claw.py replay exited {code}: {out.decode('utf-8', 'replace')[-300:]}") from None
     result = Replayed(str(db), [IgnoredPart(path=f"journal.jsonl:{r['line']}", reason=f"rejected: {r['error']}")
                                 for r in replayed["rejected"]])
     if agent_db is not None:

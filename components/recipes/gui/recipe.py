@@ -3,8 +3,11 @@ sandbox, on the same sandbox service, harness and stages as SWE.
 
 Setup places the site server and the browser controller into `/workspace`, starts both as
 background jobs (network: loopback only) and waits until the controller answers. Each tool call is
-then one short exec of `ctl.py` (see `sandbox/browser_controller.py`), and the verifier reads the
-site's `state.json` back through the file API after the episode.
+then one short exec of `ctl.py` with the request on stdin (see `sandbox/browser_controller.py`), and the
+verifier reads the site's `state.json` back through the file API after the episode. Arguments are
+bounded by the tool specs (checked by the harness before a call runs); the controller refuses any other
+malformed request as the policy's error, and a failure the recipe cannot attribute (no answer, a
+controller error) goes to the one rule (`core/step_blame.py`).
 """
 
 from __future__ import annotations
@@ -51,6 +54,11 @@ class GUIOptions(BaseModel):
     memory_mb: int = Field(2048, ge=512, description="Sandbox memory (Chromium needs ~500 MiB).")
 
 
+MAX_TYPED = 10_000  # characters one `type` (or `answer`) may carry: far more than any form field of a task
+MAX_URL = 2_000  # characters of a URL
+_ELEMENT = {"type": "integer", "minimum": 0, "maximum": 100_000}  # the controller's own range for integers
+
+
 def _file(name: str) -> str:
     return resources.files("components.recipes.gui.sandbox").joinpath(name).read_text()
 
@@ -59,24 +67,26 @@ TOOLS = [
     ToolSpec(name="read_page", description="Show the current page as text; interactive elements appear as "
              "[id] role \"label\".", parameters={"type": "object", "properties": {}}),
     ToolSpec(name="click", description="Click the element with this id (links, buttons, checkboxes).",
-             parameters={"type": "object", "properties": {"element_id": {"type": "integer"}},
-                         "required": ["element_id"]}),
+             parameters={"type": "object", "properties": {"element_id": _ELEMENT}, "required": ["element_id"]}),
     ToolSpec(name="type", description="Type text into a textbox, or choose an option of a select by its label.",
              parameters={"type": "object", "properties": {
-                 "element_id": {"type": "integer"}, "text": {"type": "string"},
+                 "element_id": _ELEMENT, "text": {"type": "string", "maxLength": MAX_TYPED},
                  "submit": {"type": "boolean", "description": "press Enter afterwards"}},
                  "required": ["element_id", "text"]}),
     ToolSpec(name="scroll", description="Scroll the page.",
              parameters={"type": "object", "properties": {
-                 "direction": {"type": "string", "enum": ["up", "down"]}, "amount": {"type": "integer"}},
+                 "direction": {"type": "string", "enum": ["up", "down"]},
+                 "amount": {"type": "integer", "minimum": -100_000, "maximum": 100_000}},
                  "required": ["direction"]}),
     ToolSpec(name="navigate", description="Open a URL of the task's local site (absolute or relative).",
-             parameters={"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}),
+             parameters={"type": "object", "properties": {"url": {"type": "string", "maxLength": MAX_URL}},
+                         "required": ["url"]}),
     ToolSpec(name="screenshot", description="Take a PNG screenshot of the viewport (for vision models).",
              parameters={"type": "object", "properties": {}}),
     ToolSpec(name="answer", description="Finish the task. If the task asks a question, the text is only the answer "
              "(one value, e.g. 'Blue Lamp' or '1204'), not a list of candidates.",
-             parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
+             parameters={"type": "object", "properties": {"text": {"type": "string", "maxLength": MAX_TYPED}},
+                         "required": ["text"]}),
 ]
 _TOOL_NAMES = {t.name for t in TOOLS}
 
@@ -158,7 +168,7 @@ class GUIRecipe(RecipeBase):
     def _browser(self, sandbox: Sandbox, request: dict) -> tuple[dict | None, str | None]:
         """(answer, infra_error): the controller's JSON answer, or why the environment failed."""
         timeout = self.options.step_timeout_seconds
-        res = sandbox.exec(["python", "-S", CTL, SOCKET, json.dumps(request)], timeout=timeout)
+        res = sandbox.exec(["python", "-S", CTL, SOCKET], stdin=json.dumps(request), timeout=timeout)
         if res.is_infra_error:
             return None, f"sandbox exec failed: {res.infra_error} {res.message or ''}".strip()
         if res.exit_code != 0:
@@ -174,6 +184,9 @@ class GUIRecipe(RecipeBase):
         if infra or not answer.get("ok"):
             return None, infra or answer.get("error")
         return sandbox.read_file(path), None
+
+    def health_calls(self, task: Task) -> list[ToolCall]:
+        return [ToolCall(name="read_page", arguments={})]
 
     def execute_tool(self, sandbox: Sandbox, task: Task, call: ToolCall) -> ToolResult:
         args = call.arguments or {}
@@ -209,10 +222,10 @@ class GUIRecipe(RecipeBase):
             self.screenshot_store.put(call.id, png)
 
     # -- verification ----------------------------------------------------------------------------
-    def verify(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
+    def judge(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
         try:
             state = json.loads(sandbox.read_file(STATE))
-        except Exception as err:  # noqa: BLE001 - nothing the policy can do reaches the file (see verify.py)
+        except Exception as err:  # noqa: BLE001 - no verdict: whose failure, the one rule decides (see verify.py)
             return VerifyResult(resolved=False, infra_error=f"could not read site state {STATE}: {err}",
                                 verification=Verification(verifier=VERIFIER_NAME, version=VERIFIER_VERSION))
         verdict = verify_state(state, final_answer, task.verifier.expected)

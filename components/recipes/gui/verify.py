@@ -6,8 +6,9 @@ The rule (verifier `gui-site-state`, version `VERSION`):
 - Site tasks are judged on the server's state only, which only the site's own POST handlers change:
   the site serves no JavaScript, the policy has no shell, `navigate` opens only http(s) pages of
   127.0.0.1/localhost, and the state file lives outside what any page or form can address.
-- A missing or unreadable state file after the episode cannot be caused by the policy (nothing it
-  can do reaches the file), so it stays an infrastructure error.
+- A missing or unreadable state file after the episode gives no verdict; it is the infrastructure's
+  only when the one rule says so (`core/step_blame.py`: the service reports the sandbox lost, or the
+  pristine site's own state cannot be read in a fresh sandbox either), never on the recipe's say-so.
 - Every field is checked exactly (after normalising case, punctuation and spacing): the order's items,
   shipping, name and address; the form's name, email, ticket and workshops. Free-text comments must
   carry the requested text and none of the other requests a task can ask for, so comments that hold

@@ -138,7 +138,12 @@ class SWERecipe(RecipeBase):
     def execute_tool(self, sandbox: Sandbox, task: Task, call: ToolCall) -> ToolResult:
         return self._tools(task).execute(sandbox, call)
 
-    def verify(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
+    def health_calls(self, task: Task) -> list[ToolCall]:
+        return [ToolCall(name="bash", arguments={"command": "git status --short"}),
+                ToolCall(name="write_file", arguments={"path": ".orchard-health", "content": "ok\n"}),
+                ToolCall(name="read_file", arguments={"path": ".orchard-health"})]
+
+    def judge(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
         """Hidden tests in a clean room (see verifier.py); `final_answer` (the submit diff) is not trusted."""
         with self._lock:
             snapshot = self._pristine.get(sandbox.id)

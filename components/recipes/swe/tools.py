@@ -1,8 +1,10 @@
 """The SWE tools (bash, read_file, write_file, str_replace, submit) on a sandbox.
 
-Boundary rule: a bad argument, a missing file, a failing or timed-out command is the policy's
-error (an observation it can react to); a sandbox that cannot run the tool is an infrastructure
-error (`ToolResult.infra_error`, or a `SandboxServiceError` that the harness attributes).
+Boundary rule: a bad argument (over its schema's bounds, a path the filesystem cannot name: a NUL byte,
+a name over 255 bytes, a path over PATH_MAX), a missing file, a request the service refuses, a failing
+or timed-out command is the policy's error (an observation it can react to). What the tool cannot
+attribute (`ToolResult.infra_error`, or any other `SandboxServiceError`) goes to the one rule
+(`core/step_blame.py`), which gives it to the infrastructure only on evidence no argument can produce.
 """
 
 from __future__ import annotations
@@ -13,21 +15,26 @@ from typing import Any
 from components.core.recipe_base import ToolResult, ToolSpec
 from components.core.schema import ToolCall
 from sandbox_service.client import Sandbox
-from sandbox_service.errors import FileNotFoundInSandboxError, InvalidRequestError
+from sandbox_service.errors import FileNotFoundInSandboxError, InvalidRequestError, ValidationFailedError
 from sandbox_service.models import ExecOutcome
+
+MAX_PATH_BYTES = 4095  # PATH_MAX less its NUL: a longer path cannot be named in one system call
+MAX_NAME_BYTES = 255  # NAME_MAX: one component of a path
+MAX_TEXT = 1_000_000  # characters of a file's content or a command
+_PATH = {"type": "string", "maxLength": MAX_PATH_BYTES}
+_TEXT = {"type": "string", "maxLength": MAX_TEXT}
 
 TOOL_SPECS = [
     ToolSpec(name="bash", description="Run a shell command in the repository.",
-             parameters={"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}),
+             parameters={"type": "object", "properties": {"command": _TEXT}, "required": ["command"]}),
     ToolSpec(name="read_file", description="Show a file.",
-             parameters={"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+             parameters={"type": "object", "properties": {"path": _PATH}, "required": ["path"]}),
     ToolSpec(name="write_file", description="Replace a file's whole content.",
-             parameters={"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}},
+             parameters={"type": "object", "properties": {"path": _PATH, "content": _TEXT},
                          "required": ["path", "content"]}),
     ToolSpec(name="str_replace", description="Replace the one occurrence of old_str in a file by new_str.",
              parameters={"type": "object",
-                         "properties": {"path": {"type": "string"}, "old_str": {"type": "string"},
-                                        "new_str": {"type": "string"}},
+                         "properties": {"path": _PATH, "old_str": _TEXT, "new_str": _TEXT},
                          "required": ["path", "old_str", "new_str"]}),
     ToolSpec(name="submit", description="Finish: your changes to the repository are the answer.",
              parameters={"type": "object", "properties": {}}),
@@ -68,8 +75,19 @@ class SWETools:
         self.timeout_seconds = timeout_seconds
         self.max_output_chars = max_output_chars
 
-    def _path(self, path: str) -> str:
-        return posixpath.normpath(posixpath.join(self.workdir, path))
+    def _path(self, args: dict[str, Any]) -> str:
+        """The `path` argument, absolute, once the filesystem can name it (else the policy's error)."""
+        path = _str_arg(args, "path")
+        full = posixpath.normpath(posixpath.join(self.workdir, path))
+        if "\0" in full:
+            raise _ArgError("path must not contain a NUL byte")
+        encoded = full.encode("utf-8", "surrogateescape")
+        if len(encoded) > MAX_PATH_BYTES:
+            raise _ArgError(f"path is {len(encoded)} bytes long; at most {MAX_PATH_BYTES}")
+        longest = max(encoded.split(b"/"), key=len)
+        if len(longest) > MAX_NAME_BYTES:
+            raise _ArgError(f"a path component is {len(longest)} bytes long; at most {MAX_NAME_BYTES}")
+        return full
 
     def execute(self, sandbox: Sandbox, call: ToolCall) -> ToolResult:
         handler = getattr(self, f"_tool_{call.name}", None)
@@ -82,7 +100,7 @@ class SWETools:
             return _policy_error(str(err))
         except FileNotFoundInSandboxError:
             return _policy_error(f"no such file: {call.arguments.get('path')}")
-        except InvalidRequestError as err:  # path outside the sandbox, a directory, ...
+        except (InvalidRequestError, ValidationFailedError) as err:  # outside the sandbox, a directory, a NUL, ...
             return _policy_error(err.message)
 
     def _tool_bash(self, sandbox: Sandbox, args: dict[str, Any]) -> ToolResult:
@@ -104,12 +122,11 @@ class SWETools:
         return ToolResult(output=f"{text}\n{tail}" if text else tail)
 
     def _tool_read_file(self, sandbox: Sandbox, args: dict[str, Any]) -> ToolResult:
-        text = sandbox.read_text(self._path(_str_arg(args, "path")))
+        text = sandbox.read_text(self._path(args))
         return ToolResult(output=clip(text, self.max_output_chars))
 
     def _tool_write_file(self, sandbox: Sandbox, args: dict[str, Any]) -> ToolResult:
-        path, content = _str_arg(args, "path"), _str_arg(args, "content")
-        full = self._path(path)
+        path, content, full = _str_arg(args, "path"), _str_arg(args, "content"), self._path(args)
         parent = posixpath.dirname(full)
         made = sandbox.exec(["mkdir", "-p", parent], timeout=self.timeout_seconds)
         if made.outcome is ExecOutcome.infrastructure_error:
@@ -121,7 +138,7 @@ class SWETools:
         path, old, new = _str_arg(args, "path"), _str_arg(args, "old_str"), _str_arg(args, "new_str")
         if not old:
             raise _ArgError("old_str must not be empty")
-        full = self._path(path)
+        full = self._path(args)
         text = sandbox.read_text(full)
         count = text.count(old)
         if count == 0:

@@ -16,24 +16,25 @@ The rule (verifier `swe-clean-room`, version `VERSION`):
    pytest runs as `python -I` (no workspace path before the standard library, no PYTHON* variables,
    no user site), with plugin autoloading off, no cache, `--rootdir` the repository and `-c` a
    configuration file the verifier writes into a fresh `mktemp -d` directory outside the repository;
-   the outcome is the JUnit XML report written there, never the run's stdout.
+   the outcome is the JUnit XML report written there, never the run's stdout, and it stands only when
+   the canaries planted in the hidden test modules (`canaries.py`) came out as they must.
 4. Resolved means every FAIL_TO_PASS and PASS_TO_PASS test passed (with neither listed: at least one
    test ran and none failed; a task `command` decides by its exit code).
-5. Outcomes the agent's change can cause (tests failing, a hang until the timeout, a crash, no report,
-   a workspace that cannot be archived while its sandbox is up) are unresolved. A run that leaves no
-   verdict (no report or answer, an infrastructure error of the run) is blamed by a control run
-   (`components/core/blame.py`): the same run with the same limits in a fresh clean room of the
-   pristine state, plus a health probe; it is an infrastructure error only when the control fails
-   the same way or the probe fails. Failures of the service or of building the clean room are
-   infrastructure errors.
+5. Outcomes the agent's change can cause (tests failing, a hang until the timeout, a crash) are
+   unresolved. A verification that gives no verdict (no report or answer, the agent's workspace that
+   cannot be archived or applied, an infrastructure error of a run, a clean room that cannot be built)
+   returns `infra_error` unattributed: whose failure it is, the one rule decides
+   (`components/core/step_blame.py`, through `RecipeBase.verify`), never a probe of a sandbox the
+   agent's code has run in.
 
 Known limit (imported tasks only): the code under test runs inside the pytest process (as in SWE-bench
-harnesses); `Canary` makes tampering evident, and docs/concepts/rewards.md says what remains possible.
+harnesses); canaries (`canaries.py`) make generic forgeries evident, and docs/concepts/rewards.md says
+what remains possible.
 """
 
 from __future__ import annotations
 
-import secrets
+import random
 import shlex
 import tempfile
 import time
@@ -45,17 +46,17 @@ from typing import Callable
 
 import httpx
 
-from components.core.blame import Failure, blame
 from components.core.recipe_base import VerifyResult
 from components.core.schema import Task, TestReport, Verification
-from components.recipes.swe import calls
+from components.recipes.swe import calls, canaries
 from components.recipes.swe.change import RepoChange, Tree, extract_change, read_tree
 from sandbox_service.client import Sandbox
 from sandbox_service.errors import SandboxServiceError
-from sandbox_service.models import ExecOutcome, SandboxState
+from sandbox_service.models import ExecOutcome
 
 NAME = "swe-clean-room"
-VERSION = "3"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout; 2: pytest for every task
+VERSION = "4"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout; 2: pytest for every task;
+# 3: imported tasks' canaries in a module of their own, no-verdict runs blamed by a control run of the same tests
 PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -111,8 +112,7 @@ def _apply(room: Sandbox, workdir: str, change: RepoChange) -> None:
 def _place_tests(room: Sandbox, task: Task, workdir: str) -> str | None:
     """Place the hidden tests over whatever is at their paths; a reason when the test patch does not apply."""
     spec = task.verifier
-    targets = {(rel if rel.startswith("/") else f"{workdir.rstrip('/')}/{rel}"): content
-               for rel, content in spec.hidden_files.items()}
+    targets = {_in_workdir(workdir, rel): content for rel, content in spec.hidden_files.items()}
     if targets:
         script = "; ".join(f"rm -rf -- {shlex.quote(t)}; mkdir -p -- {shlex.quote(t.rsplit('/', 1)[0])}"
                            for t in targets)
@@ -180,39 +180,24 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
     pristine = read_tree(room.download_dir(workdir))
     try:
         final = read_tree(agent.download_dir(workdir))
-    except Exception as err:  # noqa: BLE001 - whose fault depends on whether the sandbox itself is still up
-        info = agent.refresh()
-        if info.state is not SandboxState.ready:  # the service lost it (its own record says why)
-            raise _Infra(f"the agent's sandbox is {info.state.value} ({info.infra_error}: {info.error})") from err
-        return VerifyResult(resolved=False, reason=f"the agent's repository could not be read: {err}"[:500])
+    except Exception as err:  # noqa: BLE001 - no verdict: the one rule decides whose (the agent's sandbox lost?)
+        raise _Infra(f"the agent's repository could not be archived: {type(err).__name__}: {err}"[:1000]) from err
     change = extract_change(pristine, final)
     lap("diff")
     record.ignored, record.applied = change.ignored, sorted({*change.write, *change.delete})
-    _apply(room, workdir, change)
+    try:
+        _apply(room, workdir, change)
+    except (SandboxServiceError, httpx.HTTPError) as err:  # no verdict: the one rule decides whose
+        raise _Infra(f"the agent's change could not be applied in the clean room: {type(err).__name__}: "
+                     f"{err}"[:1000]) from err
     bad_patch = _place_tests(room, task, workdir) if spec.kind != "calls" else None
     lap("apply")
     if bad_patch:
         return VerifyResult(resolved=False, reason=bad_patch)
     run = _run_hidden_tests(room, task)
     lap("run")
-    if run.failure is not None:
-        # Blame by control run (components/core/blame.py): the same run with the same limits on a fresh
-        # clean room of the pristine state, plus the clean room's own health.
-        def control() -> Failure | None:
-            try:
-                pristine_room = open_clean_room(stack)
-            except Exception as err:  # no control run, no decision against the policy
-                raise _Infra(f"the control run's clean room could not be built: {type(err).__name__}: {err}"[:1000]) \
-                    from err
-            if spec.kind != "calls":
-                _place_tests(pristine_room, task, workdir)
-            return _run_hidden_tests(pristine_room, task).failure
-
-        infra = blame(run.failure, control, probe=lambda: _health(agent, room))
-        lap("control")
-        if infra:
-            raise _Infra(f"running hidden tests: {infra}")
-        return VerifyResult(resolved=False, report=run.report, reason=f"hidden tests gave no verdict: {run.failure}")
+    if run.failure is not None:  # no verdict: the one rule decides whose (never a probe of this room)
+        raise _Infra(f"running hidden tests gave no verdict: {run.failure}")
     if run.tampered:
         return VerifyResult(resolved=False, report=run.report, reason=run.tampered)
     if run.timed_out:
@@ -243,7 +228,7 @@ class _Run:
 
     report: TestReport
     statuses: dict[str, str] = field(default_factory=dict)
-    failure: Failure | None = None
+    failure: str | None = None  # why the run gave no verdict
     timed_out: bool = False
     exit_code: int | None = None
     exit_ok: bool | None = None
@@ -264,24 +249,12 @@ def _write_in_room(room: Sandbox, path: str, content: str, what: str) -> None:
         raise _Infra(f"could not write {what} in the clean room: {wrote.stderr[-300:]}")
 
 
-def _health(agent: Sandbox, room: Sandbox) -> str | None:
-    """The independent probe: both sandboxes ready and the clean room's interpreter starting."""
-    for sb, name in ((agent, "the agent's sandbox"), (room, "the clean room")):
-        info = sb.refresh()
-        if info.state is not SandboxState.ready:
-            return f"{name} is {info.state.value} ({info.infra_error}: {info.error})"
-    res = room.exec(["python", "-I", "-c", "pass"], cwd="/", timeout=60)
-    if res.is_infra_error or res.exit_code != 0:
-        return f"python does not start in the clean room: {res.infra_error or res.exit_code}: {res.message}"
-    return None
-
-
 def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     """Run the task's hidden tests in `room` (its change already applied) and collect per-test statuses."""
     spec, workdir = task.verifier, task.environment.workdir
     vdir = _report_dir(room)
     wanted = list(dict.fromkeys(spec.fail_to_pass + spec.pass_to_pass))
-    canary: Canary | None = None
+    planted: canaries.Canaries | None = None
     if spec.kind == "calls":
         try:
             checks = {path: calls.parse_checks(source) for path, source in _test_sources(task).items()}
@@ -297,11 +270,12 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
         # `pythonpath` puts the repository root on sys.path (python -I leaves out the working directory).
         _write_in_room(room, f"{vdir}/pytest.ini", f"[pytest]\npythonpath = {workdir}\njunit_family = xunit2\n",
                        "the verifier's pytest.ini")
-        canary = None if spec.command else Canary.new()
-        if canary is not None:
-            _write_in_room(room, f"{workdir}/{canary.path}", canary.source(), "the canary tests")
+        if not spec.command:  # canaries drawn now, after the agent's code is frozen, planted in the hidden modules
+            planted = canaries.plant(_hidden_sources(room, task), wanted, random.SystemRandom())
+            for path, source in planted.sources.items():
+                _write_in_room(room, _in_workdir(workdir, path), source, "the hidden tests with canaries")
         command = (["bash", "-c", spec.command] if spec.command
-                   else _pytest_command(vdir, workdir, [*_test_files(wanted), canary.path]))
+                   else _pytest_command(vdir, workdir, _test_files(wanted)))
         stdin = None
     start = time.monotonic()
     result = room.exec(command, cwd=workdir, env=PYTEST_ENV, timeout=spec.timeout_seconds, stdin=stdin,
@@ -313,7 +287,7 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     none_passed = {"hidden_total": len(spec.fail_to_pass), "hidden_passed": 0} if spec.fail_to_pass else {}
     bare = TestReport(output=tail, duration_seconds=duration, **none_passed)
     if result.is_infra_error:
-        return _Run(bare, failure=Failure(str(result.infra_error.value), result.message or ""))
+        return _Run(bare, failure=f"{result.infra_error.value}: {result.message or ''}")
     if result.outcome is ExecOutcome.command_timeout:
         return _Run(bare, timed_out=True)
     if spec.command is not None and not wanted:
@@ -322,58 +296,47 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     if spec.kind == "calls":
         statuses = calls.judge(merged, result.stdout)
         if result.exit_code != 0 or all(v == "ERROR" for v in statuses.values()):
-            return _Run(bare, failure=Failure("no_answer", f"the call worker exited {result.exit_code}"))
+            return _Run(bare, failure=f"no answer: the call worker exited {result.exit_code}")
         values = list(statuses.values())
         report = TestReport(passed=values.count("PASSED"), failed=values.count("FAILED"),
                             errors=values.count("ERROR"), output=tail, duration_seconds=duration)
         return _Run(report, statuses=statuses, exit_code=result.exit_code)
     try:
         by_key, report = parse_junit(_read_report(room, f"{vdir}/report.xml"))
-    except Exception as err:  # noqa: BLE001 - no readable report: blamed by a control run
-        return _Run(bare, failure=Failure("no_report", f"pytest exited {result.exit_code}: {type(err).__name__}"),
+    except Exception as err:  # noqa: BLE001 - no readable report: no verdict
+        return _Run(bare, failure=f"no report: pytest exited {result.exit_code}: {type(err).__name__}",
                     exit_code=result.exit_code)
-    report.output, report.duration_seconds = tail, duration
-    if canary is not None:
-        tampered = canary.tampering(by_key, result.exit_code)
+    if planted is not None:
+        tampered = planted.tampering(by_key, result.exit_code)
         if tampered:
             return _Run(bare, tampered=tampered, exit_code=result.exit_code)
-        report.passed, report.failed = report.passed - 1, report.failed - 1  # the canaries' own results
-    statuses = {node: by_key.get(junit_key(node), "missing") for node in wanted}
+        kept = [s for key, s in by_key.items() if not planted.owns(key)]  # the canaries' own results left out
+        report = TestReport(passed=kept.count("PASSED"), failed=kept.count("FAILED"), errors=kept.count("ERROR"))
+    report.output, report.duration_seconds = tail, duration
+    key = planted.key if planted is not None else (lambda k: k)  # a listed test the canaries renamed
+    statuses = {node: by_key.get(key(junit_key(node)), "missing") for node in wanted}
     return _Run(report, statuses=statuses, exit_code=result.exit_code)
 
 
-@dataclass(frozen=True)
-class Canary:
-    """Must-pass and must-fail tests whose names are drawn after the agent's code is frozen, run in the same
-    pytest process as the hidden tests (imported tasks). A run whose report does not show exactly the
-    must-pass one passed, the must-fail one failed and pytest's exit status 1 (tests failed) was
-    tampered with from inside the process: unresolved, the policy's failure."""
+def _in_workdir(workdir: str, path: str) -> str:
+    return path if path.startswith("/") else f"{workdir.rstrip('/')}/{path}"
 
-    token: str
-    expect: int
 
-    @classmethod
-    def new(cls) -> Canary:
-        return cls(secrets.token_hex(6), secrets.randbelow(1 << 30))
-
-    @property
-    def path(self) -> str:
-        return f"test_{self.token}.py"
-
-    def source(self) -> str:
-        return (f"def test_p{self.token}():\n    assert {self.expect} + 1 == {self.expect + 1}\n\n\n"
-                f"def test_f{self.token}():\n    assert {self.expect} + 1 == {self.expect + 2}\n")
-
-    def tampering(self, by_key: dict[tuple[str, str], str], exit_code: int | None) -> str | None:
-        """Why the run's report cannot stand (None when the canaries and exit status are as they must be)."""
-        module = f"test_{self.token}"
-        seen = (by_key.get((module, f"test_p{self.token}")), by_key.get((module, f"test_f{self.token}")))
-        if seen == (None, None) and exit_code in (2, 3, 4):  # collection, internal or usage errors: no tests ran
-            return f"pytest stopped before running the tests (exit {exit_code})"
-        if seen != ("PASSED", "FAILED") or exit_code != 1:
-            return (f"the run was tampered with: canaries {seen[0] or 'missing'}/{seen[1] or 'missing'} "
-                    f"(must be PASSED/FAILED), pytest exit {exit_code} (must be 1)")
-        return None
+def _hidden_sources(room: Sandbox, task: Task) -> dict[str, str]:
+    """Source of every test file the task's test ids name, as placed in the clean room (the task's hidden
+    files, its test patch applied, or the pristine files: the agent's edits of test files are never applied)."""
+    spec, workdir = task.verifier, task.environment.workdir
+    sources = {}
+    for path in _test_files(spec.fail_to_pass + spec.pass_to_pass):
+        source = spec.hidden_files.get(path) if not spec.expected.get("test_patch") else None
+        if source is None:
+            res = _checked(room.exec(["cat", "--", _in_workdir(workdir, path)], timeout=60, max_output_bytes=20_000_000),
+                           "reading the hidden tests")
+            if res.exit_code != 0:
+                continue  # no such file: pytest reports the test missing, which fails it
+            source = res.stdout
+        sources[path] = source
+    return sources
 
 
 def _test_sources(task: Task) -> dict[str, str]:

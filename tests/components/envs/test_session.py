@@ -48,13 +48,41 @@ def test_reset_with_an_out_of_range_task_index_is_the_callers_error(sandbox_serv
 
 
 def test_a_bash_command_too_long_to_run_is_the_policys_error_with_the_reason(sandbox_service, sandbox_client):
-    """A 2 MB bash command answered only `[exit code None]`."""
+    """A 2 MB bash command answered only `[exit code None]`. Over the tool's schema bound it is refused before
+    it runs; under it but over one argv string (128 KiB) the shell cannot start, and says why."""
     session = _session(sandbox_service, sandbox_client, None)
     try:
         assert session.reset(task_index=0).outcome == "running"
-        out = session.step("bash", {"command": "echo " + "x" * 2_000_000})
+        out = session.step("bash", {"command": "echo " + "x" * 200_000})
         assert out.outcome == "running" and not out.done, out
         assert "Argument list too long" in out.output and "131072 bytes" in out.output
         assert "[exit code 126]" in out.output
+        out = session.step("bash", {"command": "echo " + "x" * 2_000_000})
+        assert out.outcome == "running" and out.policy_error and "at most 1000000 characters" in out.output, out
+    finally:
+        session.close()
+
+
+def test_a_served_episode_blames_a_failed_tool_by_the_harness_rule(sandbox_service, sandbox_client):
+    """The served environment (OpenEnv, TRL) ended an episode as an infrastructure error for any tool
+    failure: a path the filesystem refuses (a 300-character directory name) or a recipe's tool raising
+    was a dodge there. It now goes through the harness's one rule: the policy's error, the episode goes on."""
+    session = _session(sandbox_service, sandbox_client, None)
+    tools = session.recipe.execute_tool
+
+    def raises(sandbox, task, call):  # on this argument only: the harness's health calls work
+        if call.arguments.get("path") == "README.md":
+            raise OSError(7, "Argument list too long")
+        return tools(sandbox, task, call)
+
+    try:
+        assert session.reset(task_index=0).outcome == "running"
+        out = session.step("write_file", {"path": "a" * 300 + "/x.py", "content": "x = 1\n"})
+        assert out.outcome == "running" and out.policy_error and out.output.startswith("Error"), out
+        session.recipe.execute_tool = raises  # this session's recipe only
+        out = session.step("read_file", {"path": "README.md"})
+        assert out.outcome == "running" and out.policy_error and "Argument list too long" in out.output, out
+        del session.recipe.execute_tool
+        assert session.step("submit", {}).outcome == "unresolved"
     finally:
         session.close()

@@ -1,7 +1,8 @@
 """The assistant's tools inside the sandbox: mail, calendar, contacts, notes and files on one sqlite
 database (stdlib only). Both harness variants reach the same functions:
 
-    python claw.py call mail_search '{"sender": "bob"}'      # function-call harness: one tool per API
+    python claw.py call mail_search < args.json              # function-call harness: one tool per API
+                                                             # (arguments on stdin; or as one more argv)
     ./claw mail search --sender bob                          # shell harness: a CLI, documented in the prompt
     python claw.py init seed.json                            # setup: build the database from a world
     python claw.py replay seed.json journal.jsonl            # the verifier, on the host: world + journal
@@ -11,8 +12,11 @@ successful call of a MUTATING function). The verifier rebuilds the state from th
 journal with its own copy of this file, so writing `state.db` by other means changes no verdict.
 
 Every command prints one JSON document. Errors print {"error": ...} and exit 2 (a usage mistake, the
-policy's fault). Rows written by `init` have origin 'seed'; everything the agent creates has origin
-'user', which is how verifiers tell the agent's changes from the world it was given.
+policy's fault: arguments of the wrong type or over their bounds, which are set well inside sqlite's own
+limits on expression depth and LIKE patterns) or 3 (the database or the filesystem refused what was
+asked: the tool failed, whose failure is for the harness's rule to decide). Rows written by `init` have
+origin 'seed'; everything the agent creates has origin 'user', which is how verifiers tell the agent's
+changes from the world it was given.
 """
 
 from __future__ import annotations
@@ -43,13 +47,22 @@ class UsageError(ValueError):
     """A bad argument: reported to the policy as {"error": ...}."""
 
 
+MAX_TEXT = 100_000  # characters of a text argument (a body, a subject)
+MAX_PATTERN = 1_000  # characters of a search or filter argument (sqlite refuses LIKE patterns over 50,000 bytes)
+MAX_WORDS = 32  # words of mail_search's query (each adds two LIKE terms; sqlite's expression depth is 1,000)
+MAX_ITEMS = 100  # entries of one list argument
+INT_RANGE = (-(1 << 63), (1 << 63) - 1)  # what sqlite stores
+
+
 class Param:
-    """One argument of an API function (a plain class: dataclasses/argparse cost start-up time per call)."""
+    """One argument of an API function (a plain class: dataclasses/argparse cost start-up time per call).
+    `max_len`: most characters of a str (or of each list entry); the tool specs carry it as `maxLength`."""
 
-    __slots__ = ("name", "kind", "help", "required")
+    __slots__ = ("name", "kind", "help", "required", "max_len")
 
-    def __init__(self, name: str, kind: str, help: str, required: bool = False):
+    def __init__(self, name: str, kind: str, help: str, required: bool = False, max_len: int = MAX_TEXT):
         self.name, self.kind, self.help, self.required = name, kind, help, required  # kind: str | int | list
+        self.max_len = max_len
 
 
 def connect() -> sqlite3.Connection:
@@ -79,6 +92,8 @@ def _mail_row(r: sqlite3.Row, full: bool) -> dict:
 
 # -- the API -----------------------------------------------------------------------------------------
 def mail_search(sender: str | None = None, query: str | None = None, limit: int = 10) -> list[dict]:
+    if len((query or "").split()) > MAX_WORDS:
+        raise UsageError(f"mail_search: 'query' takes at most {MAX_WORDS} words")
     sql, args = "SELECT * FROM mail WHERE 1=1", []
     if sender:
         sql += " AND lower(sender) LIKE ?"
@@ -180,8 +195,8 @@ def files_read(path: str) -> dict:
 
 API: dict[str, tuple[object, str, list[Param]]] = {
     "mail_search": (mail_search, "Search mail, newest first.", [
-        Param("sender", "str", "part of the sender's name or address"),
-        Param("query", "str", "words that must appear in subject or body"),
+        Param("sender", "str", "part of the sender's name or address", max_len=MAX_PATTERN),
+        Param("query", "str", f"words that must appear in subject or body (at most {MAX_WORDS})", max_len=MAX_PATTERN),
         Param("limit", "int", "maximum results (default 10)")]),
     "mail_read": (mail_read, "Read one message (sender, to, cc, body).", [
         Param("id", "int", "message id from mail_search", True)]),
@@ -189,24 +204,19 @@ API: dict[str, tuple[object, str, list[Param]]] = {
         Param("to", "list", "recipient addresses", True), Param("subject", "str", "subject line", True),
         Param("body", "str", "message text", True), Param("cc", "list", "cc addresses")]),
     "calendar_list": (calendar_list, "List calendar events, optionally on one date.", [
-        Param("date", "str", "YYYY-MM-DD")]),
+        Param("date", "str", "YYYY-MM-DD", max_len=MAX_PATTERN)]),
     "calendar_create": (calendar_create, "Create a calendar event.", [
         Param("title", "str", "event title", True), Param("start", "str", "YYYY-MM-DD HH:MM", True),
         Param("duration_min", "int", "length in minutes (default 60)"),
         Param("attendees", "list", "attendee email addresses"), Param("location", "str", "where")]),
     "contacts_search": (contacts_search, "Find contacts by name, email or company.", [
-        Param("query", "str", "text to match", True)]),
-    "notes_search": (notes_search, "Search notes.", [Param("query", "str", "text to match")]),
+        Param("query", "str", "text to match", True, max_len=MAX_PATTERN)]),
+    "notes_search": (notes_search, "Search notes.", [Param("query", "str", "text to match", max_len=MAX_PATTERN)]),
     "notes_create": (notes_create, "Create a note.", [
         Param("title", "str", "note title", True), Param("body", "str", "note text", True)]),
-    "files_list": (files_list, "List files.", [Param("prefix", "str", "path prefix, e.g. reports/")]),
-    "files_read": (files_read, "Read a file.", [Param("path", "str", "path from files_list", True)]),
+    "files_list": (files_list, "List files.", [Param("prefix", "str", "path prefix, e.g. reports/", max_len=MAX_PATTERN)]),
+    "files_read": (files_read, "Read a file.", [Param("path", "str", "path from files_list", True, max_len=MAX_PATTERN)]),
 }
-
-
-MAX_TEXT = 100_000  # characters of one string argument
-MAX_ITEMS = 100  # entries of one list argument
-INT_RANGE = (-(1 << 63), (1 << 63) - 1)  # what sqlite stores
 
 
 def _check(tool: str, p: Param, value: object) -> None:
@@ -219,11 +229,19 @@ def _check(tool: str, p: Param, value: object) -> None:
             raise UsageError(f"{where} must be an integer (got {type(value).__name__})")
         return
     if p.kind == "list" and type(value) is list:
-        if len(value) > MAX_ITEMS or any(type(v) is not str or len(v) > MAX_TEXT for v in value):
-            raise UsageError(f"{where} must be a list of at most {MAX_ITEMS} strings")
-        return
-    if type(value) is not str or len(value) > MAX_TEXT:
-        raise UsageError(f"{where} must be a string of at most {MAX_TEXT} characters (got {type(value).__name__})")
+        if len(value) > MAX_ITEMS or any(type(v) is not str or len(v) > p.max_len for v in value):
+            raise UsageError(f"{where} must be a list of at most {MAX_ITEMS} strings of at most {p.max_len} characters")
+        texts = value
+    elif type(value) is not str or len(value) > p.max_len:
+        raise UsageError(f"{where} must be a string of at most {p.max_len} characters (got {type(value).__name__}"
+                         f"{f' of {len(value)}' if type(value) is str else ''})")
+    else:
+        texts = [value]
+    for text in texts:  # a lone surrogate (JSON can carry one) cannot be stored or printed as UTF-8
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"{where} is not valid Unicode (a lone surrogate)") from None
 
 
 def validate(name: object, arguments: object) -> None:
@@ -246,6 +264,10 @@ def validate(name: object, arguments: object) -> None:
             _check(name, p, arguments[p.name])
 
 
+class ToolFailed(Exception):
+    """The database or the filesystem refused what a valid call asked (printed as {"error": ...}, exit 3)."""
+
+
 def call(name: str, arguments: dict, journal: bool = True) -> object:
     validate(name, arguments)
     fn = API[name][0]
@@ -255,6 +277,8 @@ def call(name: str, arguments: dict, journal: bool = True) -> object:
         if isinstance(err, UsageError):
             raise
         raise UsageError(f"bad arguments for {name}: {err}") from None
+    except (sqlite3.Error, OSError) as err:
+        raise ToolFailed(f"{name} failed: {type(err).__name__}: {err}"[:500]) from None
     if name in MUTATING and journal:
         with open(JOURNAL, "a") as f:
             f.write(json.dumps({"name": name, "arguments": arguments}) + "\n")
@@ -325,8 +349,8 @@ def main(argv: list[str]) -> int:
             out = init(argv[1])
         elif argv[:1] == ["replay"]:
             out = replay(argv[1], argv[2])
-        elif argv[:1] == ["call"]:
-            out = call(argv[1], json.loads(argv[2]) if len(argv) > 2 else {})
+        elif argv[:1] == ["call"]:  # the arguments as one more argv string, or on stdin (never bound by argv's limits)
+            out = call(argv[1], json.loads(argv[2] if len(argv) > 2 else (sys.stdin.read() or "{}")))
         else:
             import argparse  # only the shell harness pays for it
 
@@ -351,6 +375,9 @@ def main(argv: list[str]) -> int:
     except (json.JSONDecodeError, RecursionError) as err:
         print(json.dumps({"error": f"arguments must be a JSON object: {type(err).__name__}"}))
         return 2
+    except ToolFailed as err:
+        print(json.dumps({"error": str(err)}))
+        return 3
     print(json.dumps(out, ensure_ascii=False))
     return 0
 

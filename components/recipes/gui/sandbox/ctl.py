@@ -1,7 +1,8 @@
 """One browser action per process: send a JSON request to the controller's socket, print the answer.
 
-Runs as `python -S ctl.py SOCKET '{"action": "click", "element_id": 3}'` (stdlib only, so `-S` keeps
-interpreter start-up short). `--wait SECONDS` retries the connection while the controller starts.
+Runs as `python -S ctl.py SOCKET < request.json` (stdlib only, so `-S` keeps interpreter start-up short);
+the request comes on stdin, so no text the policy types meets argv's 128 KiB limit (a request given as one
+more argument is still read). `--wait SECONDS` retries the connection while the controller starts.
 Exit code 0 = the controller answered (the answer itself says ok or not); 3 = no controller.
 """
 
@@ -16,7 +17,8 @@ def main() -> int:
     wait = 0.0
     if args and args[0] == "--wait":
         wait, args = float(args[1]), args[2:]
-    path, request = args[0], args[1]
+    path = args[0]
+    request = args[1] if len(args) > 1 else sys.stdin.read()
     deadline = time.monotonic() + wait
     while True:
         try:
