@@ -30,6 +30,11 @@ class EvalRow(BaseModel):
     resolved: int | None = Field(None, description="Resolved attempts.")
     evaluated: int | None = Field(None, description="Attempts that count (not infra errors).")
     pass_at_k: float | None = Field(None, description="Unbiased pass@k over the attempts per task.")
+    k: int | None = Field(None, description="Sampled attempts per task (at the evaluation's temperature).")
+    greedy_resolved: int | None = Field(None, description="Tasks the greedy attempt resolved (evaluate.greedy).")
+    greedy_evaluated: int | None = Field(None, description="Greedy attempts that count (not infra errors).")
+    updates: int | None = Field(None, description="Optimizer updates that trained this policy (RL: only steps whose "
+                                                  "batch held a kept group; a step of dropped groups moves nothing).")
     infra_error_rate: float | None = Field(None, description="Attempts lost to infrastructure (reported apart).")
     mean_steps: float | None = Field(None, description="Mean tool-loop steps per attempt.")
     hidden_pass_fraction: float | None = Field(None, description="Mean share of hidden tests passing (analysis "
@@ -137,6 +142,11 @@ def _rate(r: EvalRow) -> str:
     return f"{100 * r.resolved_rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
+def _greedy(r: EvalRow) -> str:
+    """'7 / 16': tasks the greedy attempt resolved, of those verified; '-' when there was no greedy attempt."""
+    return "-" if r.greedy_evaluated is None else f"{r.greedy_resolved} / {r.greedy_evaluated}"
+
+
 def _tasks(r: EvalRow) -> str:
     """'16 (12)': tasks and, when the evaluation said, the independent units among them."""
     return f"{_fmt(r.tasks)} ({_fmt(r.units)})" if r.units is not None else _fmt(r.tasks)
@@ -152,6 +162,9 @@ def eval_row(policy: str, result: dict) -> EvalRow:
         resolved=_pick(result, "resolved", "n_resolved"),
         evaluated=_pick(result, "valid_attempts", "evaluated"),
         pass_at_k=_pick(result, "pass_at_k", "pass@k"),
+        k=_pick(result, "k"),
+        greedy_resolved=_pick(result, "greedy_resolved"),
+        greedy_evaluated=_pick(result, "greedy_valid"),
         infra_error_rate=_pick(result, "infra_error_rate"),
         mean_steps=_pick(result, "mean_steps"),
         hidden_pass_fraction=_finite(_pick(result, "mean_hidden_pass_fraction", "hidden_pass_fraction_mean")),
@@ -176,11 +189,14 @@ def trajectory_counts(distill_result: dict) -> dict[str, float]:
 def build_report(eval_results: dict[str, dict], distill_result: dict | None, *, exec_latency: dict | None = None,
                  stage_seconds: dict | None = None, stages_skipped: list[str] | None = None,
                  notes: list[str] | None = None, per_task: dict[str, dict[str, float]] | None = None,
-                 units: dict[str, str] | None = None, gate: dict | None = None) -> RunReport:
+                 units: dict[str, str] | None = None, gate: dict | None = None,
+                 updates: dict[str, int] | None = None) -> RunReport:
     """`per_task`: each arm's pass@1 by held-out task id (from its per_task.parquet) for the paired comparisons,
-    clustered by `units` (task id -> unit); `gate`: the promote stage's result (whether RL beat SFT)."""
+    clustered by `units` (task id -> unit); `gate`: the promote stage's result (whether RL beat SFT);
+    `updates`: each trained arm's own optimizer updates (untrained 0)."""
     order = ["teacher", "untrained", "sft", "rl"]
-    rows = [eval_row(k, eval_results[k]) for k in sorted(eval_results, key=lambda k: (order.index(k) if k in order else 9, k))]
+    rows = [eval_row(k, eval_results[k]).model_copy(update={"updates": (updates or {}).get(k)})
+            for k in sorted(eval_results, key=lambda k: (order.index(k) if k in order else 9, k))]
     comparisons = compare_arms(per_task or {}, units)
     return RunReport(rows=rows, comparisons=comparisons, rl_vs_sft=rl_verdict(comparisons, gate),
                      trajectories=trajectory_counts(distill_result or {}),
@@ -205,14 +221,9 @@ def _fmt(value: Any, pct: bool = False) -> str:
 
 
 def to_markdown(report: RunReport) -> str:
-    lines = ["| policy | tasks (units) | resolved rate [95% CI] | resolved / evaluated | pass@k | infra errors "
-             "| mean steps | hidden tests passing |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in report.rows:
-        name = f"{r.policy} (reference)" if r.policy == "teacher" else r.policy
-        lines.append(f"| {name} | {_tasks(r)} | {_rate(r)} | {_fmt(r.resolved)} / {_fmt(r.evaluated)} | "
-                     f"{_fmt(r.pass_at_k, True)} | {_fmt(r.infra_error_rate, True)} | {_fmt(r.mean_steps)} | "
-                     f"{_fmt(r.hidden_pass_fraction, True)} |")
+        lines.append("| " + " | ".join(_cells(r)) + " |")
     if report.rl_vs_sft:
         lines += ["", f"**{report.rl_vs_sft}**"]
     if report.comparisons:
@@ -236,14 +247,24 @@ def to_rich(report: RunReport):
     from rich.table import Table
 
     table = Table(title="Held-out tasks: untrained vs SFT vs RL")
-    for col in ("policy", "tasks (units)", "resolved rate [95% CI]", "resolved / evaluated", "pass@k", "infra errors",
-                "mean steps", "hidden tests passing"):
+    for col in COLUMNS:
         table.add_column(col, justify="left" if col == "policy" else "right")
     for r in report.rows:
-        table.add_row(f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _tasks(r), _rate(r),
-                      f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}", _fmt(r.pass_at_k, True),
-                      _fmt(r.infra_error_rate, True), _fmt(r.mean_steps), _fmt(r.hidden_pass_fraction, True))
+        table.add_row(*_cells(r))
     return table
+
+
+# The results table's columns (markdown and console alike). The rate is over the sampled attempts (k per task at
+# the evaluation's temperature: pass@1); "greedy" is the one greedy attempt per task beside them.
+COLUMNS = ("policy", "tasks (units)", "resolved rate [95% CI]", "resolved / evaluated", "pass@k", "greedy",
+           "updates", "infra errors", "mean steps", "hidden tests passing")
+
+
+def _cells(r: EvalRow) -> tuple[str, ...]:
+    pass_at_k = _fmt(r.pass_at_k, True) if r.k is None else f"{_fmt(r.pass_at_k, True)} (k={r.k})"
+    return (f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _tasks(r), _rate(r),
+            f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}", pass_at_k, _greedy(r), _fmt(r.updates),
+            _fmt(r.infra_error_rate, True), _fmt(r.mean_steps), _fmt(r.hidden_pass_fraction, True))
 
 
 def plot_resolved_rates(report: RunReport):

@@ -221,6 +221,29 @@ def per_task_pass_at_1(evals: dict[str, dict]) -> tuple[dict[str, dict[str, floa
     return out, units
 
 
+def rl_movement(rl: dict | None, evals: dict[str, dict]) -> str | None:
+    """How far RL moved the policy from the SFT model, in one line: the weights' relative change, and on how many
+    held-out tasks the two models' greedy episodes differ (their assistant turns as sampled). None without RL."""
+    from components.core.store import TrajectoryStore
+
+    if not rl:
+        return None
+    parts = []
+    if rl.get("weight_change") is not None:
+        parts.append(f"weights {100 * rl['weight_change']:.2f} % from SFT's (relative L2)")
+    greedy = {}
+    for arm in ("sft", "rl"):
+        store = Path((evals.get(arm) or {}).get("trajectories_dir") or "").with_name("trajectories_greedy")
+        if store.is_dir():
+            greedy[arm] = {t.task_id: [s.content for s in t.steps if s.role == "assistant"]
+                           for t in TrajectoryStore(store).read()}
+    if len(greedy) == 2:
+        shared = greedy["sft"].keys() & greedy["rl"].keys()
+        differ = sum(greedy["sft"][t] != greedy["rl"][t] for t in shared)
+        parts.append(f"greedy episodes differ on {differ} of {len(shared)} held-out tasks")
+    return "RL moved the policy: " + "; ".join(parts) if parts else None
+
+
 def training_steps(results: dict[str, dict | None]) -> dict[str, int]:
     """Optimizer updates behind each trained arm: untrained 0, sft its steps, rl the SFT steps plus its own."""
     sft = int((results.get("sft") or {}).get("steps") or 0)
@@ -249,10 +272,16 @@ def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
     if ctx.config.evaluate.split != "heldout":
         notes.append(f"the policies were evaluated on the {ctx.config.evaluate.split} split (for tuning), not on "
                      "the held-out one: the rows are not held-out results")
+    moved = rl_movement(parsed.get("rl"), evals)
+    if moved:
+        notes.append(moved)
     per_task, units = per_task_pass_at_1(evals)
+    own = {"untrained": 0, "sft": int((parsed.get("sft") or {}).get("steps") or 0),
+           "rl": int((parsed.get("rl") or {}).get("steps_done") or 0)}
     run_report = report.build_report(evals, parsed.get("distill"), exec_latency=exec_latency,
                                      stage_seconds=stage_seconds, stages_skipped=stages_skipped, notes=notes,
-                                     per_task=per_task, units=units, gate=gate)
+                                     per_task=per_task, units=units, gate=gate,
+                                     updates={arm: n for arm, n in own.items() if arm in evals})
     markdown = report.to_markdown(run_report)
     if ctx.parent_run_id:
         report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown, stores=stores,

@@ -76,6 +76,9 @@ class RLResult(BaseModel):
     infra_errors: int = Field(description="Episodes without a verified outcome (never rewarded).")
     stop_reason: Literal["steps", "budget"] = Field(description="Why the run ended.")
     records_path: str = Field(description="JSONL of PromptRecord: every sampler choice.")
+    weight_change: float | None = Field(None, description="How far RL moved the weights: ||theta_rl - theta_start|| / "
+                                                          "||theta_start|| over every parameter (None: the start's "
+                                                          "weights were not readable as safetensors).")
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
@@ -182,6 +185,27 @@ def trl_metrics_callback() -> Any:
     return TRLMetrics()
 
 
+def weight_change(model: Any, start_dir: str | Path) -> float | None:
+    """||theta - theta_start|| / ||theta_start|| over the parameters `model` shares with the checkpoint in
+    `start_dir` (read tensor by tensor from its safetensors: no second model in memory); None without one."""
+    import torch
+    from safetensors import safe_open
+
+    files = sorted(Path(start_dir).glob("*.safetensors"))
+    if not files:
+        return None
+    current = {k: v.detach() for k, v in model.state_dict().items()}
+    diff = base = 0.0
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                if key in current:
+                    start = f.get_tensor(key).to(current[key].device, torch.float32)
+                    diff += float((current[key].float() - start).pow(2).sum())
+                    base += float(start.pow(2).sum())
+    return (diff ** 0.5) / (base ** 0.5) if base > 0 else None
+
+
 def _quiet_placeholder_warning() -> None:
     """TRL warns, with the whole row, whenever every reward function returned None for a row; here that is
     every dropped group's placeholder row by design (`rollout`), counted in `dropped_groups` instead."""
@@ -273,12 +297,15 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
             informative_groups_per_trajectory=totals["informative_groups_per_trajectory"],
             infra_errors=int(totals["aborted_attempts"]),
             stop_reason="budget" if rollout.budget.remaining <= 0 else "steps", records_path=str(records_path),
+            weight_change=weight_change(trainer.accelerator.unwrap_model(trainer.model), model_dir),
             metrics={**totals, "steps_done": float(steps_done), "steps_without_update": float(steps_without_update),
                      "train_seconds": time.perf_counter() - t0,
                      "final_loss": logged[-1]["loss"] if logged else float("nan"),
                      # tokens through the model in training (TRL's count: prompts and completions of every row)
                      "num_tokens": float(logged[-1].get("num_tokens", float("nan"))) if logged else 0.0},
         )
+        if result.weight_change is not None:
+            result.metrics["weight_change"] = result.weight_change
         log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
         if main:
             (out / "rl_result.json").write_text(result.model_dump_json(indent=2))  # the gate reads steps_done

@@ -27,20 +27,23 @@ def test_histogram_summary_matches_the_observations():
 def test_report_rows_come_from_typed_eval_results():
     evals = {
         "rl": {"resolved": 3, "valid_attempts": 6, "resolved_rate": 0.5, "pass_at_k": 0.5, "infra_error_rate": 0.0,
-               "mean_steps": 4.0, "mean_hidden_pass_fraction": 0.625, "metrics": {}},
+               "mean_steps": 4.0, "mean_hidden_pass_fraction": 0.625, "k": 2, "greedy_resolved": 2, "greedy_valid": 3,
+               "metrics": {}},
         "untrained": {"resolved": 0, "valid_attempts": 6, "resolved_rate": 0.0, "metrics": {"mean_steps": 6.0}},
         "teacher": {"resolved": 5, "valid_attempts": 6, "resolved_rate": 5 / 6, "resolved_rate_ci95": [0.5, 1.0],
                     "metrics": {}},
     }
     report = build_report(evals, {"resolved": 10, "unresolved": 4, "infra_error": 1, "metrics": {}},
-                          exec_latency={"n": 12, "p50": 0.02}, stages_skipped=["sft (x)"])
+                          exec_latency={"n": 12, "p50": 0.02}, stages_skipped=["sft (x)"],
+                          updates={"untrained": 0, "rl": 20})
     assert [r.policy for r in report.rows] == ["teacher", "untrained", "rl"]
     assert report.rows[1].mean_steps == 6.0  # found in metrics when not a typed field
     assert report.trajectories == {"resolved": 10, "unresolved": 4, "infra_error": 1, "total": 15}
     md = to_markdown(report)
     assert "| teacher (reference) | - | 83.3% [50.0, 100.0] | 5 / 6 |" in md
-    assert "| rl | - | 50.0% | 3 / 6 | 50.0% | 0.0% | 4.00 | 62.5% |" in md
-    assert "| untrained | - | 0.0% | 0 / 6 | - | - | 6.00 | - |" in md  # no hidden-test fraction: none shown
+    # the sampled attempts' rate and pass@k beside the greedy attempt, and the updates that trained each policy
+    assert "| rl | - | 50.0% | 3 / 6 | 50.0% (k=2) | 2 / 3 | 20 | 0.0% | 4.00 | 62.5% |" in md
+    assert "| untrained | - | 0.0% | 0 / 6 | - | - | 0 | - | 6.00 | - |" in md  # no hidden-test fraction: none shown
     assert "Not run: sft (x)" in md
 
 
@@ -129,3 +132,23 @@ def test_a_report_of_validation_evaluations_says_they_are_not_heldout_results():
     _, heldout = finish_pipeline(StepContext(PipelineConfig.preset_config("tiny"), None),
                                  {"evaluate-sft": {"resolved_rate": 0.5, "metrics": {}}})
     assert "validation" not in heldout
+
+
+def test_the_report_says_how_far_rl_moved_the_policy(tmp_path):
+    """The weights' relative change (the RL result) and the held-out tasks whose greedy episodes differ between
+    the SFT and RL models (their greedy trajectory stores): an RL stage that changed nothing says so."""
+    from components.core.schema import Outcome, Step, Trajectory
+    from components.core.store import TrajectoryStore
+    from pipelines.steps import rl_movement
+
+    def greedy(arm: str, texts: dict[str, str]) -> dict:
+        TrajectoryStore(tmp_path / arm / "trajectories_greedy").append([
+            Trajectory(task_id=t, recipe="swe", policy_id=arm, outcome=Outcome.resolved, attempt=-1,
+                       steps=[Step(index=0, role="assistant", content=text)]) for t, text in texts.items()])
+        return {"trajectories_dir": str(tmp_path / arm / "trajectories")}
+
+    evals = {"sft": greedy("sft", {"a": "x", "b": "y", "c": "z"}), "rl": greedy("rl", {"a": "x", "b": "Y", "c": "z"})}
+    note = rl_movement({"weight_change": 0.0123}, evals)
+    assert note == "RL moved the policy: weights 1.23 % from SFT's (relative L2); greedy episodes differ on 1 of 3 " \
+                   "held-out tasks"
+    assert rl_movement(None, evals) is None

@@ -86,6 +86,7 @@ def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_rewa
     after = model.state_dict()
     unchanged = [n for n, _ in model.named_parameters() if torch.equal(before[n], after[n])]
     assert not unchanged, f"{len(unchanged)} parameters did not change: {unchanged[:5]}"
+    assert result.weight_change and result.weight_change > 0  # the result says how far the weights moved
     assert json.loads((tmp_path / "rl" / "config.json").read_text())["model_type"] == "qwen3_moe"
 
     import mlflow
