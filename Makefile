@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo docs bench compile images clean smol-model bench-smol cluster-up cluster-down cluster-clean test-cluster
+.PHONY: install test test-all demo docs bench bench-learning compile images clean smol-model bench-smol cluster-up cluster-down cluster-clean test-cluster
 
 $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
 	./scripts/install-system-deps.sh
@@ -41,6 +41,11 @@ smol-model: $(STAMP)
 # RL vs SFT on the smol preset over seeds, with a 95 % interval (hours on 2 cores; see the script).
 bench-smol: smol-model
 	$(PY) scripts/bench_smol_rl.py
+
+# Does RL beat SFT? RL vs SFT and vs SFT continued for the same compute, tiny model, paired 95 % intervals
+# (~2 h on an idle 2-core machine: run it with nothing beside it; scripts/bench_learning.py says what it does).
+bench-learning: $(STAMP)
+	$(PY) scripts/bench_learning.py
 
 # Every image the manifests and pipelines use (pipelines/cluster.py IMAGE_NAMES), as <registry>/<name>:<tag>,
 # the names `make compile` writes with the same REGISTRY/TAG. Builder: docker or podman whose engine
