@@ -164,6 +164,8 @@ class LocalBackend(SandboxBackend):
             self._zygote = Zygote(self.python, self._launch_code, self.state_dir / "zygote.sock",
                                   self.state_dir / "zygote.log", self._launch_env)
         self.net_indexes = MachineSlots(config.net_index_dir, 65000, "allowlist network slots")
+        if self.isolated and self._gvisor is None:
+            local_network.remove_stale_filters(self.net_indexes)
         self.uid_slots = None
         if self.isolated and config.userns and self._gvisor is None:
             self.uid_slots = MachineSlots(config.userns_slot_dir, config.userns_pool_size, "sandbox id ranges")
@@ -494,7 +496,7 @@ class LocalBackend(SandboxBackend):
         if self.isolated:
             self._umount_disk(d)
             if rec is not None and rec.net_index is not None:
-                local_network.delete_veth(local_network.veth_name(rec.net_index))
+                local_network.remove_link(rec.net_index)
                 self.net_indexes.release(rec.net_index, str(d.root))
             self._cgroups(sandbox_id).remove()
         if rec is not None and rec.uid_slot is not None and self.uid_slots is not None:

@@ -3,36 +3,50 @@
 - none: a fresh network namespace with no interface up, not even lo.
 - loopback: lo up; nothing leaves the namespace.
 - allowlist: lo up plus a veth pair (host side `orc<index>h`, sandbox side `eth0` with a /32 address
-  from `subnet`) and, inside the sandbox, one on-link route per allowed CIDR (host names are
-  resolved to /32s when the policy is applied) and *no default route*: a packet to anything else
-  fails with "Network is unreachable". Commands cannot add routes (CAP_NET_ADMIN is dropped from
-  their bounding set, see agent/boot.py). The host side has no address of its own, so host services
-  are reachable only through addresses that are allowed.
+  from `subnet`). What the sandbox reaches is decided on the host, outside the sandbox: an nftables
+  filter on the host end of the link (local_egress.py) drops every packet whose destination the
+  allowlist does not name, whatever socket options the sandbox's code uses (SO_BINDTODEVICE,
+  IP_UNICAST_IF, IP_PKTINFO need no route), every packet to the host's own addresses, broadcast or
+  multicast unless named one by one (/32 or a host name), and every IPv6 packet.
+  Host names are resolved to /32s when the policy is applied. Inside the sandbox, one on-link route per
+  allowed CIDR and no default route, so an ordinary connect elsewhere fails at once with "Network is
+  unreachable" instead of timing out; the routes are a convenience, not the boundary (commands cannot
+  change them anyway: CAP_NET_ADMIN is dropped, see agent/boot.py). The host side has no address of its own.
 - No IPv6 path: both ends of the veth have IPv6 disabled before they come up (no link-local fe80::
-  addresses, so the host's veth is not reachable over IPv6 whatever the allowlist; allowlists are
-  IPv4 only). The sandbox keeps ::1 on its own lo. Commands cannot re-enable it (/proc/sys is read-only
+  addresses; allowlists are IPv4 only), and the host's filter drops IPv6 from the link whatever the
+  sysctls say. The sandbox keeps ::1 on its own lo. Commands cannot re-enable it (/proc/sys is read-only
   for them).
 
-This machine has neither iptables nor nft, nor tc actions, so enforcement is routing in the sandbox's
-namespace, not a host firewall. Reaching addresses off this host additionally needs IP forwarding
-and NAT on the host, which we do not configure: allowlists work for addresses on this host and on
-networks that route the sandbox subnet back.
+Reaching addresses off this host additionally needs IP forwarding on the host and a network that
+routes the sandbox subnet back (we configure no NAT, and sandbox traffic is untracked, see local_egress.py).
+
+Per-create cost (allowlist): three processes (the link made from inside the namespace, the host end
+brought up, the sandbox end addressed and routed) and one nftables transaction in this process.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import socket
 import subprocess
 from pathlib import Path
 
+from sandbox_service.backends import local_egress
+from sandbox_service.backends.local_slots import MachineSlots
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError
 from sandbox_service.models import NetworkPolicy
 
 
 def veth_name(index: int) -> str:
     return f"orc{index:x}h"  # <= 15 chars for any index below 16**11
+
+
+def veth_index(name: str) -> int | None:
+    """The slot index of a sandbox link's host end (None for another name)."""
+    match = re.fullmatch(r"orc([0-9a-f]+)h", name)
+    return int(match.group(1), 16) if match else None
 
 
 def sandbox_address(subnet: str, index: int) -> str:
@@ -86,6 +100,26 @@ def delete_veth(name: str) -> None:
         _run(["ip", "link", "del", name], check=False)
 
 
+def remove_stale_filters(slots: MachineSlots) -> list[str]:
+    """At start-up: the egress filters of links whose slot is free (left by a service that died before it
+    removed them). Under the slots' lock, so no slot is taken meanwhile; returns the links cleaned."""
+    removed = []
+    with slots.locked():
+        held = slots.held()
+        for link in local_egress.filtered_links():
+            if veth_index(link) not in held:
+                local_egress.remove(link)
+                removed.append(link)
+    return removed
+
+
+def remove_link(index: int) -> None:
+    """The sandbox's link and then its egress filter (the link goes first: no instant of a link unfiltered)."""
+    name = veth_name(index)
+    delete_veth(name)
+    local_egress.remove(name)
+
+
 _NO_IPV6 = ("for f in /proc/sys/net/ipv6/conf/default/disable_ipv6 /proc/sys/net/ipv6/conf/{dev}/disable_ipv6; "
             "do if [ -e $f ]; then echo 1 > $f || exit 1; fi; done")
 # Inside the namespace, in one process: IPv6 off on the peer (it already is, by the namespace's default
@@ -113,12 +147,13 @@ def apply(pid: int, index: int, subnet: str, policy: NetworkPolicy) -> list[str]
     """Make the namespace of `pid` match `policy`; returns the CIDRs now allowed."""
     host_if = veth_name(index)
     if policy.mode != "allowlist":
-        delete_veth(host_if)
+        remove_link(index)
         _in_netns(pid, f"link set lo {'up' if policy.mode == 'loopback' else 'down'}\n")
         return []
     cidrs = resolve_allowlist(policy)
     sip = sandbox_address(subnet, index)
     peer = f"orc{index:x}s"
+    local_egress.allow(host_if, cidrs)  # before the link exists, or before its routes change
     new_link = not link_exists(host_if)
     lines = []
     if new_link:

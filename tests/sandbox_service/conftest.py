@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+import subprocess
 import time
 import uuid
 
@@ -42,3 +44,21 @@ def _wait_for_port(sandbox, port: int, timeout: float = 20.0) -> None:
     while sandbox.exec(probe, cwd="/").exit_code:
         assert time.monotonic() < deadline, f"the in-sandbox server on port {port} did not start"
         time.sleep(0.1)
+
+
+@pytest.fixture
+def host_addresses():
+    """Two addresses on this host (a veth pair that stays in the host namespace): (allowed, denied)."""
+    tag = secrets.token_hex(2)
+    a, b = f"orct{tag}a", f"orct{tag}b"
+    octet = secrets.randbelow(200) + 20
+    allowed, denied = f"10.254.{octet}.1", f"10.254.{octet}.2"
+    subprocess.run(["ip", "link", "add", a, "type", "veth", "peer", "name", b], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", f"{allowed}/32", "dev", a], check=True)
+        subprocess.run(["ip", "addr", "add", f"{denied}/32", "dev", b], check=True)
+        subprocess.run(["ip", "link", "set", a, "up"], check=True)
+        subprocess.run(["ip", "link", "set", b, "up"], check=True)
+        yield allowed, denied
+    finally:
+        subprocess.run(["ip", "link", "del", a], check=False)

@@ -1,0 +1,173 @@
+"""The allowlist is enforced outside the sandbox, whatever socket options its code uses.
+
+The allowlist used to be only routes inside the sandbox's namespace. A socket bound to the sandbox's
+interface (SO_BINDTODEVICE, unprivileged since Linux 5.7), given an output interface (IP_UNICAST_IF), or a
+UDP datagram naming the interface in its IP_PKTINFO needs no route: the kernel sends it on-link, the host end
+of the veth answers ARP for every address the host holds, and every service the host runs on 0.0.0.0
+answered. Each test here is that attack from a real sandbox of the real service, against listeners on all
+of the host's addresses."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import threading
+
+import pytest
+
+from sandbox_service.models import NetworkPolicy, SandboxCreate
+
+pytestmark = pytest.mark.root
+
+# Runs in the sandbox: every way of reaching `target` that needs no route, plus a plain connect. Prints one
+# JSON object {target: {method: "ANSWER <reply>" | "NONE <why>"}}.
+PROBE = r"""
+import json, socket, struct, sys, threading
+IP_UNICAST_IF, IP_PKTINFO = 50, 8
+tcp_port, udp_port = int(sys.argv[1]), int(sys.argv[2])
+targets = sys.argv[3:]
+index = socket.if_nametoindex("eth0")
+
+def tcp(target, how):
+    s = socket.socket()
+    s.settimeout(1.5)
+    try:
+        if how == "bind":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"eth0")
+        elif how == "unicast_if":
+            s.setsockopt(socket.IPPROTO_IP, IP_UNICAST_IF, struct.pack("!I", index))  # IPv4: network order
+        s.connect((target, tcp_port))
+        return "ANSWER " + s.recv(100).decode()
+    except OSError as exc:
+        return f"NONE {exc}"
+    finally:
+        s.close()
+
+def udp(target, how):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(1.5)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+    try:
+        if how == "bind":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"eth0")
+        elif how == "unicast_if":
+            s.setsockopt(socket.IPPROTO_IP, IP_UNICAST_IF, struct.pack("!I", index))
+        if how == "pktinfo":  # the output interface in each datagram's IP_PKTINFO: no socket option to refuse
+            info = struct.pack("@i4s4s", index, bytes(4), bytes(4))
+            s.sendmsg([b"ping"], [(socket.IPPROTO_IP, IP_PKTINFO, info)], 0, (target, udp_port))
+        else:
+            s.sendto(b"ping", (target, udp_port))
+        return "ANSWER " + s.recvfrom(100)[0].decode()
+    except OSError as exc:
+        return f"NONE {exc}"
+    finally:
+        s.close()
+
+methods = {"tcp": lambda t: tcp(t, "plain"), "tcp SO_BINDTODEVICE": lambda t: tcp(t, "bind"),
+           "tcp IP_UNICAST_IF": lambda t: tcp(t, "unicast_if"), "udp SO_BINDTODEVICE": lambda t: udp(t, "bind"),
+           "udp IP_UNICAST_IF": lambda t: udp(t, "unicast_if"), "udp IP_PKTINFO": lambda t: udp(t, "pktinfo")}
+out = {t: {} for t in targets}
+
+def run(target, name):
+    try:
+        out[target][name] = methods[name](target)
+    except Exception as exc:  # a probe that breaks must show, not vanish
+        out[target][name] = f"BROKEN {exc!r}"
+
+threads = [threading.Thread(target=run, args=(t, m)) for t in targets for m in methods]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+print(json.dumps(out))
+"""
+
+
+class HostServices:
+    """A TCP and a UDP listener on 0.0.0.0 of the host's namespace: every address the host holds."""
+
+    def __init__(self):
+        self.tcp = socket.create_server(("0.0.0.0", 0), reuse_port=False)
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("0.0.0.0", 0))
+        self.ports = self.tcp.getsockname()[1], self.udp.getsockname()[1]
+        threading.Thread(target=self._tcp, daemon=True).start()
+        threading.Thread(target=self._udp, daemon=True).start()
+
+    def _tcp(self):
+        while True:
+            try:
+                conn, _ = self.tcp.accept()
+            except OSError:
+                return
+            conn.sendall(b"HOST-ONLY SERVICE hello")
+            conn.close()
+
+    def _udp(self):
+        while True:
+            try:
+                _, peer = self.udp.recvfrom(100)
+                self.udp.sendto(b"HOST-ONLY UDP hello", peer)
+            except OSError:
+                return
+
+    def close(self):
+        self.tcp.close()
+        self.udp.close()
+
+
+@pytest.fixture
+def host_services():
+    services = HostServices()
+    yield services
+    services.close()
+
+
+def host_ipv4_addresses() -> list[str]:
+    out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    return sorted({line.split()[3].split("/")[0] for line in out.splitlines()})
+
+
+def probe(sb, services: HostServices, targets: list[str]) -> dict[str, dict[str, str]]:
+    sb.write_file("/workspace/probe.py", PROBE)
+    result = sb.exec(["python3", "/workspace/probe.py", *map(str, services.ports), *targets], timeout=60)
+    assert result.exit_code == 0, result
+    return json.loads(result.stdout)
+
+
+METHODS = ("tcp", "tcp SO_BINDTODEVICE", "tcp IP_UNICAST_IF", "udp SO_BINDTODEVICE", "udp IP_UNICAST_IF",
+           "udp IP_PKTINFO")
+
+
+def answered(results: dict[str, dict[str, str]]) -> dict[str, list[str]]:
+    assert all(sorted(methods) == sorted(METHODS) and not any(r.startswith("BROKEN") for r in methods.values())
+               for methods in results.values()), results
+    return {target: [m for m, r in methods.items() if r.startswith("ANSWER")] for target, methods in results.items()}
+
+
+def test_socket_options_reach_no_host_address_beyond_the_allowlist(sandbox_client, labels, host_addresses,
+                                                                  host_services):
+    """With one /32 allowed, every other address of the host's namespace (and its broadcast) stays out of
+    reach through SO_BINDTODEVICE, IP_UNICAST_IF and IP_PKTINFO; the allowed one answers every way."""
+    allowed, denied = host_addresses
+    others = [a for a in host_ipv4_addresses() if a != allowed]
+    assert denied in others
+    policy = NetworkPolicy(mode="allowlist", allow_cidrs=[f"{allowed}/32"])
+    with sandbox_client.create(SandboxCreate(labels=labels, network=policy)) as sb:
+        reached = answered(probe(sb, host_services, [allowed, *others, "255.255.255.255"]))
+    assert len(reached.pop(allowed)) == len(METHODS), f"the allowed address must answer every way: {reached}"
+    assert not any(reached.values()), f"reached beyond the allowlist: {reached}"
+
+
+def test_a_wide_cidr_does_not_open_the_hosts_own_addresses(sandbox_client, labels, host_addresses, host_services):
+    """The host's own addresses are reachable only when named one by one: a CIDR that merely contains them
+    (here two of the host's addresses and its main interface's) opens none of them, whatever the socket."""
+    allowed, denied = host_addresses
+    wide = NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/8", "192.0.0.0/3"])
+    with sandbox_client.create(SandboxCreate(labels=labels, network=wide)) as sb:
+        reached = answered(probe(sb, host_services, host_ipv4_addresses()))
+        assert not any(reached.values()), f"a wide CIDR opened the host's own addresses: {reached}"
+        sb.set_network_policy(NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/8", f"{allowed}/32"]))
+        reached = answered(probe(sb, host_services, [allowed, denied]))  # named, it opens (a live change)
+        assert len(reached[allowed]) == len(METHODS) and reached[denied] == [], reached
