@@ -33,7 +33,7 @@ import socket
 import subprocess
 from pathlib import Path
 
-from sandbox_service.backends import local_egress
+from sandbox_service.backends import local_egress, nftables
 from sandbox_service.backends.local_slots import MachineSlots
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError
 from sandbox_service.models import NetworkPolicy
@@ -101,8 +101,12 @@ def delete_veth(name: str) -> None:
 
 
 def remove_stale_filters(slots: MachineSlots) -> list[str]:
-    """At start-up: the egress filters of links whose slot is free (left by a service that died before it
-    removed them). Under the slots' lock, so no slot is taken meanwhile; returns the links cleaned."""
+    """At start-up: the egress table's hook chains put as this version makes them, and the filters of links
+    whose slot is free (left by a service that died before it removed them) removed, under the slots'
+    lock so that no slot is taken meanwhile; returns the links cleaned."""
+    if not nftables.available():
+        return []  # no filter can exist; an allowlist create says what to install
+    local_egress.ensure()  # the hook chains as this version makes them
     removed = []
     with slots.locked():
         held = slots.held()

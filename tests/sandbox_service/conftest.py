@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import secrets
+import socket
 import subprocess
+import threading
 import time
 import uuid
 
@@ -62,3 +64,43 @@ def host_addresses():
         yield allowed, denied
     finally:
         subprocess.run(["ip", "link", "del", a], check=False)
+
+
+class HostServices:
+    """A TCP and a UDP listener on 0.0.0.0 of the host's namespace: every address the host holds."""
+
+    def __init__(self):
+        self.tcp = socket.create_server(("0.0.0.0", 0), reuse_port=False)
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("0.0.0.0", 0))
+        self.ports = self.tcp.getsockname()[1], self.udp.getsockname()[1]
+        threading.Thread(target=self._tcp, daemon=True).start()
+        threading.Thread(target=self._udp, daemon=True).start()
+
+    def _tcp(self):
+        while True:
+            try:
+                conn, _ = self.tcp.accept()
+            except OSError:
+                return
+            conn.sendall(b"HOST-ONLY SERVICE hello")
+            conn.close()
+
+    def _udp(self):
+        while True:
+            try:
+                _, peer = self.udp.recvfrom(100)
+                self.udp.sendto(b"HOST-ONLY UDP hello", peer)
+            except OSError:
+                return
+
+    def close(self):
+        self.tcp.close()
+        self.udp.close()
+
+
+@pytest.fixture
+def host_services():
+    services = HostServices()
+    yield services
+    services.close()

@@ -10,9 +10,7 @@ of the host's addresses."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
-import threading
 
 import pytest
 
@@ -84,52 +82,12 @@ print(json.dumps(out))
 """
 
 
-class HostServices:
-    """A TCP and a UDP listener on 0.0.0.0 of the host's namespace: every address the host holds."""
-
-    def __init__(self):
-        self.tcp = socket.create_server(("0.0.0.0", 0), reuse_port=False)
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind(("0.0.0.0", 0))
-        self.ports = self.tcp.getsockname()[1], self.udp.getsockname()[1]
-        threading.Thread(target=self._tcp, daemon=True).start()
-        threading.Thread(target=self._udp, daemon=True).start()
-
-    def _tcp(self):
-        while True:
-            try:
-                conn, _ = self.tcp.accept()
-            except OSError:
-                return
-            conn.sendall(b"HOST-ONLY SERVICE hello")
-            conn.close()
-
-    def _udp(self):
-        while True:
-            try:
-                _, peer = self.udp.recvfrom(100)
-                self.udp.sendto(b"HOST-ONLY UDP hello", peer)
-            except OSError:
-                return
-
-    def close(self):
-        self.tcp.close()
-        self.udp.close()
-
-
-@pytest.fixture
-def host_services():
-    services = HostServices()
-    yield services
-    services.close()
-
-
 def host_ipv4_addresses() -> list[str]:
     out = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
     return sorted({line.split()[3].split("/")[0] for line in out.splitlines()})
 
 
-def probe(sb, services: HostServices, targets: list[str]) -> dict[str, dict[str, str]]:
+def probe(sb, services, targets: list[str]) -> dict[str, dict[str, str]]:
     sb.write_file("/workspace/probe.py", PROBE)
     result = sb.exec(["python3", "/workspace/probe.py", *map(str, services.ports), *targets], timeout=60)
     assert result.exit_code == 0, result
