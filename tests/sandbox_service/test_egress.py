@@ -129,3 +129,21 @@ def test_a_wide_cidr_does_not_open_the_hosts_own_addresses(sandbox_client, label
         sb.set_network_policy(NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/8", f"{allowed}/32"]))
         reached = answered(probe(sb, host_services, [allowed, denied]))  # named, it opens (a live change)
         assert len(reached[allowed]) == len(METHODS) and reached[denied] == [], reached
+
+
+def test_a_filter_left_without_its_slot_is_a_leak_and_goes_at_the_next_start(tmp_path):
+    """A service that died between removing a sandbox's link and its filter left the filter behind: the leak
+    check reports it, and the next start of any local backend removes it (its slot is free)."""
+    from sandbox_service.backends import local_egress
+    from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
+    from sandbox_service.leaks import leaked_network
+
+    stale = "orcfffe0h"  # slot 0xfffe0, beyond any slot a backend hands out
+    local_egress.allow(stale, ["10.254.253.1/32"])
+    try:
+        assert f"egress filter {stale}" in leaked_network(tmp_path)
+        LocalBackend(LocalBackendConfig(state_dir=tmp_path / "state")).close()
+        assert stale not in local_egress.filtered_links()
+        assert leaked_network(tmp_path) == []
+    finally:
+        local_egress.remove(stale)
