@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # System packages the sandboxes use: Chromium for the GUI recipe, patch/git for SWE tasks,
 # libseccomp2 for the local backend's seccomp filter, nftables (libnftables) for its allowlist egress
-# filter, runsc for its gVisor runtime, mmdebstrap for scripts/build-debian-root.sh and the offline image base, and buildah for `make images` where neither a
-# docker engine nor podman answers. Installed only when missing, so a second run costs nothing.
+# filter, runsc for its gVisor runtime, mmdebstrap for scripts/build-debian-root.sh and the offline image
+# base, and buildah for `make images` where neither a docker engine nor podman answers. Installed only
+# when missing, so a second run costs nothing.
 set -euo pipefail
 declare -A need=([chromium]=chromium [patch]=patch [git]=git [runsc]=runsc [mmdebstrap]=mmdebstrap [nft]=nftables)
 missing=()

@@ -40,8 +40,8 @@ PTY_MAX_LIMIT = 1 << 20  # NR_UNIX98_PTY_MAX
 
 def wanted(pool_size: int, pty_max: int, pty_reserve: int) -> dict[str, int]:
     """The least value each ceiling must have for `pool_size` sandboxes holding `pty_max` ptys each."""
-    return {"kernel/pty/max": min(PTY_MAX_LIMIT, pty_reserve + pool_size * pty_max), "kernel/pid_max": PID_MAX_LIMIT, "kernel/threads-max": PID_MAX_LIMIT,
-            "fs/file-max": FILE_MAX_LIMIT}
+    return {"kernel/pty/max": min(PTY_MAX_LIMIT, pty_reserve + pool_size * pty_max), "kernel/pid_max": PID_MAX_LIMIT,
+            "kernel/threads-max": PID_MAX_LIMIT, "fs/file-max": FILE_MAX_LIMIT}
 
 
 def _read(name: str) -> int:
