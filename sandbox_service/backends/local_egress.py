@@ -129,3 +129,22 @@ def filtered_links() -> list[str]:
     name = TABLE.split()[1]
     return sorted(c["chain"]["name"] for c in items
                   if "chain" in c and c["chain"]["table"] == name and c["chain"]["name"] not in _HOOK_CHAINS)
+
+
+# In the sandbox's own namespace: no multicast or broadcast leaves eth0. Such a destination is sent to
+# without a route lookup through the gateway, and each group would take an entry of the machine's IPv4
+# neighbour table; dropped here, before the neighbour is looked up. The sandbox cannot change it (its
+# namespace belongs to the host's user namespace, where it holds no CAP_NET_ADMIN).
+_SOURCE = """add table ip orchard_source
+add chain ip orchard_source output { type filter hook output priority 0; policy accept; }
+flush chain ip orchard_source output
+add rule ip orchard_source output oifname "eth0" ip daddr { 224.0.0.0/4, 255.255.255.255 } drop
+"""
+
+
+def confine_source(pid: int) -> None:
+    """Install the sandbox-side table in the network namespace of `pid` (idempotent)."""
+    try:
+        nftables.run_in_netns(pid, _SOURCE)
+    except nftables.NftablesError as exc:
+        raise BackendUnavailableError(f"sandbox egress filter in the namespace of {pid}: {exc}") from exc

@@ -3,15 +3,17 @@
 - none: a fresh network namespace with no interface up, not even lo.
 - loopback: lo up; nothing leaves the namespace.
 - allowlist: lo up plus a veth pair (host side `orc<index>h`, sandbox side `eth0` with a /32 address
-  from `subnet`). What the sandbox reaches is decided on the host, outside the sandbox: an nftables
+  from `subnet`), every route through the host end (GATEWAY below). What the sandbox reaches is decided on the host, outside the sandbox: an nftables
   filter on the host end of the link (local_egress.py) drops every packet whose destination the
   allowlist does not name, whatever socket options the sandbox's code uses (SO_BINDTODEVICE,
   IP_UNICAST_IF, IP_PKTINFO need no route), every packet to the host's own addresses, broadcast or
   multicast unless named one by one (/32 or a host name), and every IPv6 packet.
-  Host names are resolved to /32s when the policy is applied. Inside the sandbox, one on-link route per
-  allowed CIDR and no default route, so an ordinary connect elsewhere fails at once with "Network is
-  unreachable" instead of timing out; the routes are a convenience, not the boundary (commands cannot
-  change them anyway: CAP_NET_ADMIN is dropped, see agent/boot.py). The host side has no address of its own.
+  Host names are resolved to /32s when the policy is applied. Inside the sandbox, one route per allowed
+  CIDR and no default route (but for sockets bound to eth0), so an ordinary connect elsewhere fails at
+  once with "Network is unreachable" instead of timing out; the routes are a convenience, not the
+  boundary (commands cannot change them anyway: CAP_NET_ADMIN is dropped, see agent/boot.py). The host
+  side has no address of its own. A filter in the sandbox's namespace drops multicast and broadcast on
+  eth0 (each group would take an entry of the machine's neighbour table; local_egress.confine_source).
 - No IPv6 path: both ends of the veth have IPv6 disabled before they come up (no link-local fe80::
   addresses; allowlists are IPv4 only), and the host's filter drops IPv6 from the link whatever the
   sysctls say. The sandbox keeps ::1 on its own lo. Commands cannot re-enable it (/proc/sys is read-only
@@ -21,7 +23,8 @@ Reaching addresses off this host additionally needs IP forwarding on the host an
 routes the sandbox subnet back (we configure no NAT, and sandbox traffic is untracked, see local_egress.py).
 
 Per-create cost (allowlist): three processes (the link made from inside the namespace, the host end
-brought up, the sandbox end addressed and routed) and one nftables transaction in this process.
+brought up, the sandbox end addressed and routed) and two nftables transactions in this process (the
+host's filter, and the sandbox namespace's from a thread that enters it).
 """
 
 from __future__ import annotations
@@ -41,6 +44,21 @@ from sandbox_service.models import NetworkPolicy
 
 def veth_name(index: int) -> str:
     return f"orc{index:x}h"  # <= 15 chars for any index below 16**11
+
+
+# Every packet of the sandbox leaves through one next hop, the host end of its link, reached through a
+# permanent neighbour entry: the sandbox's namespace holds that one entry, whatever it sends to. The IPv4
+# neighbour table is one for the machine (gc_thresh3 counts every namespace's entries), and a destination
+# routed on-link took an entry each. Sockets bound to eth0 (SO_BINDTODEVICE, IP_UNICAST_IF, IP_PKTINFO)
+# look up BOUND_TABLE, whose default route goes there too: without a route the kernel takes an unrouted
+# destination for on-link. Ordinary sockets see only the allowed routes, so elsewhere fails at once.
+GATEWAY = "169.254.0.1"
+BOUND_TABLE = 100
+
+
+def host_mac(index: int) -> str:
+    """The host end's MAC (locally administered, one per slot), the sandbox's permanent neighbour."""
+    return "02:6f:72:" + ":".join(f"{(index >> shift) & 0xFF:02x}" for shift in (16, 8, 0))
 
 
 def veth_index(name: str) -> int | None:
@@ -164,12 +182,16 @@ def apply(pid: int, index: int, subnet: str, policy: NetworkPolicy) -> list[str]
         # Two processes in the namespace and one on the host (was eight). The pair is made from inside the
         # namespace, after its IPv6 default is off, so the sandbox's end never gets a link-local address;
         # the host's end is born in the service's namespace and has IPv6 off before it comes up.
+        local_egress.confine_source(pid)  # in the sandbox's namespace, before its end exists
         _run(["nsenter", "-t", str(pid), "-n", "sh", "-c", _NO_IPV6.format(dev="default") + " && exec ip link add "
-              f"{peer} type veth peer name {host_if} netns {os.getpid()}"])
+              f"{peer} type veth peer name {host_if} address {host_mac(index)} netns {os.getpid()}"])
         disable_ipv6_host(host_if)
         _run(["ip", "-batch", "-"], stdin=f"link set {host_if} up\nroute replace {sip}/32 dev {host_if}\n")
-        lines = ["link set lo up", f"link set {peer} name eth0", f"addr add {sip}/32 dev eth0", "link set eth0 up"]
-    lines += ["route flush dev eth0"] + [f"route add {c} dev eth0" for c in cidrs]
+        lines = ["link set lo up", f"link set {peer} name eth0", f"addr add {sip}/32 dev eth0", "link set eth0 up",
+                 f"neigh replace {GATEWAY} lladdr {host_mac(index)} dev eth0 nud permanent",
+                 f"rule add oif eth0 lookup {BOUND_TABLE} pref {BOUND_TABLE}",
+                 f"route replace default via {GATEWAY} dev eth0 onlink table {BOUND_TABLE}"]
+    lines += ["route flush dev eth0"] + [f"route add {c} via {GATEWAY} dev eth0 onlink" for c in cidrs]
     batch = "\n".join(lines) + "\n"
     if new_link:
         _run(["nsenter", "-t", str(pid), "-n", "sh", "-c", _NO_IPV6_THEN_BATCH.format(dev=peer)], stdin=batch)

@@ -51,12 +51,17 @@ def udp(target, how):
             s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"eth0")
         elif how == "unicast_if":
             s.setsockopt(socket.IPPROTO_IP, IP_UNICAST_IF, struct.pack("!I", index))
-        if how == "pktinfo":  # the output interface in each datagram's IP_PKTINFO: no socket option to refuse
-            info = struct.pack("@i4s4s", index, bytes(4), bytes(4))
-            s.sendmsg([b"ping"], [(socket.IPPROTO_IP, IP_PKTINFO, info)], 0, (target, udp_port))
-        else:
-            s.sendto(b"ping", (target, udp_port))
-        return "ANSWER " + s.recvfrom(100)[0].decode()
+        for _ in range(3):  # a datagram or its answer may be lost on a busy machine: ask again
+            if how == "pktinfo":  # the output interface in each datagram's IP_PKTINFO: no socket option to refuse
+                info = struct.pack("@i4s4s", index, bytes(4), bytes(4))
+                s.sendmsg([b"ping"], [(socket.IPPROTO_IP, IP_PKTINFO, info)], 0, (target, udp_port))
+            else:
+                s.sendto(b"ping", (target, udp_port))
+            try:
+                return "ANSWER " + s.recvfrom(100)[0].decode()
+            except socket.timeout:
+                continue
+        return "NONE timed out"
     except OSError as exc:
         return f"NONE {exc}"
     finally:

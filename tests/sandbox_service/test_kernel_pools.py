@@ -341,3 +341,28 @@ def test_a_sandbox_holding_more_files_than_the_default_ceiling_leaves_the_others
         assert used.stdout == "OK\n", used
         assert "pty-42" in pty, pty
         assert held == [str(target), "full"], held  # more files than the old ceiling, and no ENFILE
+
+
+def neighbour_entries() -> int:
+    """The machine's count of IPv4 neighbour entries: one table for every namespace, capped at gc_thresh3."""
+    with open("/proc/net/stat/arp_cache") as f:
+        return int(f.read().split("\n")[1].split()[0], 16)
+
+
+def test_sending_anywhere_takes_no_entry_of_the_machines_neighbour_table(sandbox_client, labels):
+    """The IPv4 neighbour table is one for the machine (net.ipv4.neigh.default.gc_thresh3, 1024 by default,
+    every namespace's entries counted together). A socket bound to the sandbox's interface sent to any
+    address as if on-link, and so did one to a multicast group: each destination took an entry, and a
+    sandbox sending to a few hundred new ones a second kept the table full, so the host resolved no new
+    neighbour (its gateway among them)."""
+    policy = NetworkPolicy(mode="allowlist", allow_cidrs=["10.254.253.1/32"])
+    with sandbox_client.create(SandboxCreate(labels=labels, network=policy)) as sb:
+        before = neighbour_entries()
+        sent = sb.exec(["python3", "-c", "import socket\nn = 0\nfor group in ('10.77.%d.%d', '239.77.%d.%d'):\n"
+                        " s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                        " s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'eth0')\n"
+                        " for i in range(300):\n  try:\n   s.sendto(b'x', (group % (i // 250, i % 250 + 1), 9)); n += 1\n"
+                        "  except OSError:\n   pass\nprint(n)"])
+        grown = neighbour_entries() - before
+    assert sent.exit_code == 0, sent
+    assert grown < 30, f"{sent.stdout.strip()} sends took {grown} entries of the machine's neighbour table"
