@@ -574,12 +574,15 @@ class LocalBackend(SandboxBackend):
         return sorted(found - known)
 
     def close(self) -> None:
-        """Stop the agent zygote and remove the (empty) cgroup parent directories; sandboxes themselves are
-        stopped by the service and leftovers of a crash are found by list_orphans()."""
+        """Stop the agent zygote and remove the (empty) cgroup parent directories and, when no allowlist
+        sandbox is left on the machine, the egress table; sandboxes themselves are stopped by the service
+        and leftovers of a crash are found by list_orphans()."""
         if self._zygote is not None:
             self._zygote.close()
         if not self.isolated:
             return
+        if self._gvisor is None:
+            local_network.release_table(self.net_indexes)
         for controller_dir in {d.parent for d in self._cgroups("_").dirs.values()}:
             try:
                 controller_dir.rmdir()

@@ -23,8 +23,8 @@ in one transaction when its policy changes (never an instant without a filter), 
 link is gone. `notrack` keeps sandbox traffic out of the host's connection table (nf_conntrack_max is
 one pool for the host): the local backend does not NAT sandbox traffic, so nothing needs its state. The
 table is ours alone (kubelet's and kube-proxy's rules live in tables of their own; a drop here is final
-whatever they accept). It is machine-wide, like the link names (`net_index_dir`); its hook chains carry
-no per-sandbox state and stay when the last sandbox goes.
+whatever they accept). It is machine-wide, like the link names (`net_index_dir`): made by the first
+allowlist create, and removed when a service stops while no allowlist slot of the machine is held.
 """
 
 from __future__ import annotations
@@ -110,6 +110,11 @@ def remove(link: str) -> None:
         if not table_exists():
             return  # no table: nothing of the link can be left
         raise BackendUnavailableError(f"could not remove the egress filter of {link}: {exc}") from exc
+
+
+def drop_table() -> None:
+    """Remove the whole table (idempotent). Only when no sandbox link can exist: see local_network.release_table."""
+    nftables.run(f"add table {TABLE}\ndelete table {TABLE}\n")
 
 
 def table_exists() -> bool:

@@ -3,17 +3,17 @@
 - none: a fresh network namespace with no interface up, not even lo.
 - loopback: lo up; nothing leaves the namespace.
 - allowlist: lo up plus a veth pair (host side `orc<index>h`, sandbox side `eth0` with a /32 address
-  from `subnet`), every route through the host end (GATEWAY below). What the sandbox reaches is decided on the host, outside the sandbox: an nftables
-  filter on the host end of the link (local_egress.py) drops every packet whose destination the
-  allowlist does not name, whatever socket options the sandbox's code uses (SO_BINDTODEVICE,
-  IP_UNICAST_IF, IP_PKTINFO need no route), every packet to the host's own addresses, broadcast or
-  multicast unless named one by one (/32 or a host name), and every IPv6 packet.
-  Host names are resolved to /32s when the policy is applied. Inside the sandbox, one route per allowed
-  CIDR and no default route (but for sockets bound to eth0), so an ordinary connect elsewhere fails at
-  once with "Network is unreachable" instead of timing out; the routes are a convenience, not the
-  boundary (commands cannot change them anyway: CAP_NET_ADMIN is dropped, see agent/boot.py). The host
-  side has no address of its own. A filter in the sandbox's namespace drops multicast and broadcast on
-  eth0 (each group would take an entry of the machine's neighbour table; local_egress.confine_source).
+  from `subnet`), every route through the host end (GATEWAY below). What the sandbox reaches is decided
+  on the host, outside the sandbox: an nftables filter on the host end of the link (local_egress.py)
+  drops every packet whose destination the allowlist does not name, whatever socket options the
+  sandbox's code uses (SO_BINDTODEVICE, IP_UNICAST_IF, IP_PKTINFO need no route), every packet to the
+  host's own addresses, broadcast or multicast unless named one by one (/32 or a host name), and every
+  IPv6 packet. Host names are resolved to /32s when the policy is applied. Inside the sandbox, one route
+  per allowed CIDR and no default route (but for sockets bound to eth0), so an ordinary connect elsewhere
+  fails at once with "Network is unreachable" instead of timing out; the routes are a convenience, not
+  the boundary (commands cannot change them anyway: CAP_NET_ADMIN is dropped, see agent/boot.py). The
+  host side has no address of its own. A filter in the sandbox's namespace drops multicast and broadcast
+  on eth0 (each group would take an entry of the machine's neighbour table; local_egress.confine_source).
 - No IPv6 path: both ends of the veth have IPv6 disabled before they come up (no link-local fe80::
   addresses; allowlists are IPv4 only), and the host's filter drops IPv6 from the link whatever the
   sysctls say. The sandbox keeps ::1 on its own lo. Commands cannot re-enable it (/proc/sys is read-only
@@ -119,11 +119,11 @@ def delete_veth(name: str) -> None:
 
 
 def remove_stale_filters(slots: MachineSlots) -> list[str]:
-    """At start-up: the egress table's hook chains put as this version makes them, and the filters of links
-    whose slot is free (left by a service that died before it removed them) removed, under the slots'
-    lock so that no slot is taken meanwhile; returns the links cleaned."""
-    if not nftables.available():
-        return []  # no filter can exist; an allowlist create says what to install
+    """At start-up, where the egress table exists: its hook chains put as this version makes them, and the
+    filters of links whose slot is free (left by a service that died before it removed them) removed, under
+    the slots' lock so that no slot is taken meanwhile; returns the links cleaned."""
+    if not nftables.available() or not local_egress.table_exists():
+        return []  # no filter exists (the first allowlist create makes the table, or says what to install)
     local_egress.ensure()  # the hook chains as this version makes them
     removed = []
     with slots.locked():
@@ -133,6 +133,19 @@ def remove_stale_filters(slots: MachineSlots) -> list[str]:
                 local_egress.remove(link)
                 removed.append(link)
     return removed
+
+
+def release_table(slots: MachineSlots) -> bool:
+    """When a service stops: the egress table goes if no allowlist slot of the machine is held (under the
+    slots' lock: every link's filter is made after its slot is taken, so none is made meanwhile, and the
+    next create makes the table again). Returns whether it went."""
+    if not nftables.available():
+        return False
+    with slots.locked():
+        if slots.held():
+            return False
+        local_egress.drop_table()
+    return True
 
 
 def remove_link(index: int) -> None:

@@ -152,3 +152,33 @@ def test_a_filter_left_without_its_slot_is_a_leak_and_goes_at_the_next_start(tmp
         assert leaked_network(tmp_path) == []
     finally:
         local_egress.remove(stale)
+
+
+def test_the_egress_table_goes_when_a_service_stops_with_no_allowlist_sandbox_left(tmp_path):
+    """The table is the machine's, made by the first allowlist create: a backend that stops while an
+    allowlist sandbox still holds a slot keeps it; once none does, stopping removes it."""
+    import asyncio
+    import secrets as _secrets
+
+    from sandbox_service.agent_client import AgentClient
+    from sandbox_service.backends import local_egress, local_network
+    from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
+
+    backend = LocalBackend(LocalBackendConfig(state_dir=tmp_path / "state"))
+    spec = SandboxCreate(network=NetworkPolicy(mode="allowlist", allow_cidrs=["10.254.253.1/32"]))
+    endpoint = backend.start("t-table", spec, spec.resources, _secrets.token_hex(8))
+    asyncio.run(AgentClient(endpoint).close())
+    link = local_network.veth_name(backend.record("t-table").net_index)
+    try:
+        assert link in local_egress.filtered_links()
+        assert local_network.release_table(backend.net_indexes) is False  # this sandbox holds a slot
+        assert local_egress.table_exists()
+    finally:
+        backend.stop("t-table")
+    with backend.net_indexes.locked():
+        others = backend.net_indexes.held()
+    backend.close()
+    if others:
+        pytest.skip(f"allowlist sandboxes of another service hold slots {sorted(others)} on this machine")
+    assert not local_egress.table_exists()
+    assert "orchard_egress" not in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
