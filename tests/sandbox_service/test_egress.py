@@ -182,3 +182,46 @@ def test_the_egress_table_goes_when_a_service_stops_with_no_allowlist_sandbox_le
         pytest.skip(f"allowlist sandboxes of another service hold slots {sorted(others)} on this machine")
     assert not local_egress.table_exists()
     assert "orchard_egress" not in subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+
+
+def test_the_host_filter_drops_ipv6_from_a_sandbox_link_whatever_its_sysctls(tmp_path):
+    """A sandbox's link has IPv6 off at both ends; the host's filter drops IPv6 from it anyway (were a
+    sysctl ever left on): a link named like a sandbox's, IPv6 on at both ends, reaches a host listener
+    over link-local IPv6 until the link's filter is installed, and not after."""
+    import secrets as _secrets
+    import socket
+
+    from sandbox_service.backends import local_egress, local_network
+    from sandbox_service.backends.local_config import LocalBackendConfig
+    from sandbox_service.backends.local_slots import MachineSlots
+
+    link, netns = "orcfffe1h", f"orct6{_secrets.token_hex(2)}"  # slot 0xfffe1: beyond any a backend hands out
+    sh = lambda *cmd: subprocess.run(cmd, check=True, capture_output=True, text=True).stdout  # noqa: E731
+    listener = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    listener.bind(("::", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    sh("ip", "netns", "add", netns)
+    try:
+        sh("ip", "link", "add", link, "type", "veth", "peer", "name", "e0", "netns", netns)
+        sh("sysctl", "-qw", f"net.ipv6.conf.{link}.accept_dad=0")
+        sh("ip", "netns", "exec", netns, "sysctl", "-qw", "net.ipv6.conf.e0.accept_dad=0")
+        sh("ip", "link", "set", link, "up")
+        sh("ip", "-n", netns, "link", "set", "e0", "up")
+        host_ll = next(line.split()[3].split("/")[0] for line in sh("ip", "-6", "-o", "addr", "show", "dev", link)
+                       .splitlines() if "fe80" in line)
+        probe = ("import socket, sys\ntry:\n socket.create_connection((sys.argv[1] + '%e0', int(sys.argv[2])), 2)"
+                 "\n print('CONNECTED')\nexcept OSError as e:\n print('NONE', e)")
+
+        def connect() -> str:
+            return sh("ip", "netns", "exec", netns, "python3", "-c", probe, host_ll, str(port)).strip()
+
+        assert connect() == "CONNECTED"  # the path exists: what follows is the filter's doing
+        local_egress.allow(link, ["10.254.253.1/32"])
+        assert connect().startswith("NONE"), "IPv6 from a sandbox link passed the host's filter"
+    finally:
+        local_egress.remove(link)
+        local_network.release_table(MachineSlots(LocalBackendConfig().net_index_dir, 65000, "allowlist slots"))
+        subprocess.run(["ip", "netns", "del", netns], check=False)
+        subprocess.run(["ip", "link", "del", link], check=False, capture_output=True)
+        listener.close()
