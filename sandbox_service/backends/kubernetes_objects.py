@@ -37,6 +37,7 @@ from sandbox_service.backends.kubernetes_config import (
     WORKDIR_ANNOTATION,
     KubernetesBackendConfig,
 )
+from sandbox_service.backends.allowlist import METADATA_CIDRS, checked_cidrs
 from sandbox_service.errors import InvalidRequestError
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 
@@ -276,21 +277,6 @@ def _default_resolver(host: str) -> list[str]:
     return sorted({info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
 
 
-def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
-    """The allowlist's CIDRs, normalised; a malformed one or the cloud metadata endpoint is refused."""
-    cidrs: list[str] = []
-    for cidr in allow_cidrs:
-        try:
-            network = ipaddress.ip_network(cidr, strict=False)
-        except ValueError as err:
-            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is not a CIDR ({err}); use e.g. 10.0.0.0/8.")
-        if any(network.version == m.version and network.subnet_of(m) for m in map(ipaddress.ip_network, METADATA_CIDRS)):
-            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is a cloud metadata endpoint, which "
-                                      "sandboxes never reach (it hands out the node's credentials).")
-        cidrs.append(str(network))
-    return cidrs
-
-
 def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolver) -> list[str]:
     """The CIDRs an allowlist policy opens. Host names are resolved now, at apply time: a NetworkPolicy
     holds addresses only, so a host whose addresses later change needs the policy applied again
@@ -313,16 +299,6 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
     return sorted(set(cidrs))
 
 
-# Cloud metadata and node credential endpoints, never reachable from a sandbox (they hand out the node's or the
-# workload's cloud credentials): the one list every policy builder (NetworkPolicy excepts, Cilium, Antrea, Calico)
-# and the allowlist check use.
-METADATA_CIDRS = (
-    "169.254.169.254/32",  # the instance metadata service (AWS, GCP, Azure, OpenStack, ...)
-    "169.254.169.252/32",  # GKE Workload Identity metadata server (GKE Dataplane V2)
-    "169.254.170.23/32",   # EKS Pod Identity agent
-    "fd00:ec2::254/128",   # AWS instance metadata, IPv6
-    "fd00:ec2::23/128",    # EKS Pod Identity agent, IPv6
-)
 
 
 def _inside(cidr: str, others: Sequence[str]) -> list[str]:

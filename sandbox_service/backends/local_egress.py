@@ -15,6 +15,7 @@ say, before routing, conntrack or any other rule of the host (priority raw of th
         notrack                                 its packets never take a slot of the host's conntrack table
         ip daddr { <named /32s> } accept        single addresses the allowlist names, the host's included
         fib daddr type != unicast drop          the host's own addresses, broadcast, multicast: only if named
+        ip daddr { <sandbox subnet>, <cloud metadata> } drop   other sandboxes only if named; metadata never
         ip daddr { <wider CIDRs> } accept
         drop                                    everything else, and every IPv6 packet
 
@@ -32,6 +33,7 @@ from __future__ import annotations
 import ipaddress
 
 from sandbox_service.backends import nftables
+from sandbox_service.backends.allowlist import METADATA_CIDRS
 from sandbox_service.errors import BackendUnavailableError
 
 TABLE = "inet orchard_egress"
@@ -64,28 +66,31 @@ def ensure() -> None:
                                       "(scripts/install-system-deps.sh)") from exc
 
 
-def rules(link: str, cidrs: list[str]) -> str:
-    """The batch that makes `link`'s chain say `cidrs` (IPv4 CIDRs), and hooks it in."""
+def rules(link: str, cidrs: list[str], sandbox_subnet: str) -> str:
+    """The batch that makes `link`'s chain say `cidrs` (IPv4 CIDRs), and hooks it in. `sandbox_subnet`:
+    the other sandboxes' addresses, which, like the host's own, open only when named one by one."""
     _check_link(link)
     nets = [ipaddress.IPv4Network(c) for c in cidrs]
     named = sorted({str(n.network_address) for n in nets if n.prefixlen == 32})
     wide = [str(n) for n in ipaddress.collapse_addresses(n for n in nets if n.prefixlen < 32)]
+    never = [sandbox_subnet, *(c for c in METADATA_CIDRS if ipaddress.ip_network(c).version == 4)]
     chain = f"{TABLE} {link}"
     lines = [f"add chain {chain}", f"flush chain {chain}", f"add rule {chain} notrack"]
     if named:
         lines.append(f"add rule {chain} ip daddr {{ {', '.join(named)} }} accept")
     if wide:
         lines += [f"add rule {chain} fib daddr type != unicast drop",
+                  f"add rule {chain} ip daddr {{ {', '.join(never)} }} drop",
                   f"add rule {chain} ip daddr {{ {', '.join(wide)} }} accept"]
     lines += [f"add rule {chain} drop",
               f'add element {TABLE} egress {{ "{link}" : jump {link} }}', f'add element {TABLE} links {{ "{link}" }}']
     return "\n".join(lines) + "\n"
 
 
-def allow(link: str, cidrs: list[str]) -> None:
+def allow(link: str, cidrs: list[str], sandbox_subnet: str) -> None:
     """Let packets arriving from `link` reach `cidrs` only; replaces what the link allowed before, in one
     transaction. Call before the link exists."""
-    batch = rules(link, cidrs)
+    batch = rules(link, cidrs, sandbox_subnet)
     try:
         nftables.run(batch)
     except nftables.NftablesError:

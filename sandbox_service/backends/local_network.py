@@ -37,6 +37,7 @@ import subprocess
 from pathlib import Path
 
 from sandbox_service.backends import local_egress, nftables
+from sandbox_service.backends.allowlist import checked_cidrs
 from sandbox_service.backends.local_slots import MachineSlots
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError
 from sandbox_service.models import NetworkPolicy
@@ -75,15 +76,10 @@ def sandbox_address(subnet: str, index: int) -> str:
 
 
 def resolve_allowlist(policy: NetworkPolicy) -> list[str]:
-    cidrs: list[str] = []
-    for cidr in policy.allow_cidrs:
-        try:
-            net = ipaddress.ip_network(cidr, strict=False)
-        except ValueError as exc:
-            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is not a CIDR: {exc}") from exc
-        if net.version != 4:
+    cidrs = checked_cidrs(policy.allow_cidrs)  # a cloud metadata endpoint is refused, as on every backend
+    for cidr in cidrs:
+        if ipaddress.ip_network(cidr).version != 4:
             raise InvalidRequestError(f"allow_cidrs entry {cidr!r}: only IPv4 allowlists are supported")
-        cidrs.append(str(net))
     for host in policy.allow_hosts:
         try:
             infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
@@ -188,7 +184,7 @@ def apply(pid: int, index: int, subnet: str, policy: NetworkPolicy) -> list[str]
     cidrs = resolve_allowlist(policy)
     sip = sandbox_address(subnet, index)
     peer = f"orc{index:x}s"
-    local_egress.allow(host_if, cidrs)  # before the link exists, or before its routes change
+    local_egress.allow(host_if, cidrs, subnet)  # before the link exists, or before its routes change
     new_link = not link_exists(host_if)
     lines = []
     if new_link:

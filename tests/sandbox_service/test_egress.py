@@ -136,15 +136,52 @@ def test_a_wide_cidr_does_not_open_the_hosts_own_addresses(sandbox_client, label
         assert len(reached[allowed]) == len(METHODS) and reached[denied] == [], reached
 
 
+def _host_link(sb) -> str:
+    """The host end of the sandbox's link."""
+    import socket
+
+    return socket.if_indextoname(int(sb.exec("cat /sys/class/net/eth0/iflink").stdout))
+
+
+def test_a_wide_cidr_opens_neither_other_sandboxes_nor_the_metadata_endpoint(sandbox_client, labels):
+    """With every packet sent to the host end, a wide CIDR would reach another sandbox wherever the host
+    forwards (kubelet turns forwarding on), and the cloud metadata endpoint off the host: both are dropped
+    by the sandbox's filter. Counted by a chain that runs right after it (this host does not forward)."""
+    wide = NetworkPolicy(mode="allowlist", allow_cidrs=["0.0.0.0/0"])
+    with sandbox_client.create(SandboxCreate(labels=labels, network=wide)) as sb, \
+            sandbox_client.create(SandboxCreate(labels=labels, network=wide)) as neighbour:
+        neighbour_ip = neighbour.exec("ip -o -4 addr show dev eth0").stdout.split()[3].split("/")[0]
+        targets = {"neighbour": neighbour_ip, "metadata": "169.254.169.254", "control": "192.0.2.99"}
+        counter = "inet orchard_test_egress_count"
+        rules = "".join(f'  iifname "{_host_link(sb)}" ip daddr {ip} counter comment "{name}"\n'
+                        for name, ip in targets.items())
+        subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
+            f"table {counter} {{\n chain c {{ type filter hook prerouting priority -250; policy accept;\n"
+            f"{rules} }}\n}}\n"))
+        try:
+            sent = sb.exec(["python3", "-c", "import socket, sys\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                            "\nfor ip in sys.argv[1:]:\n for _ in range(3):\n  s.sendto(b'x', (ip, 9))",
+                            *targets.values()])
+            assert sent.exit_code == 0, sent
+            listed = json.loads(subprocess.run(["nft", "-j", "list", "table", *counter.split()], check=True,
+                                               capture_output=True, text=True).stdout)["nftables"]
+        finally:
+            subprocess.run(["nft", "delete", "table", *counter.split()], check=False)
+    passed = {r["rule"]["comment"]: next(e["counter"]["packets"] for e in r["rule"]["expr"] if "counter" in e)
+              for r in (item for item in listed if "rule" in item)}
+    assert passed == {"neighbour": 0, "metadata": 0, "control": 3}, passed
+
+
 def test_a_filter_left_without_its_slot_is_a_leak_and_goes_at_the_next_start(tmp_path):
     """A service that died between removing a sandbox's link and its filter left the filter behind: the leak
     check reports it, and the next start of any local backend removes it (its slot is free)."""
     from sandbox_service.backends import local_egress
-    from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
+    from sandbox_service.backends.local import LocalBackend
+    from sandbox_service.backends.local_config import LocalBackendConfig
     from sandbox_service.leaks import leaked_network
 
     stale = "orcfffe0h"  # slot 0xfffe0, beyond any slot a backend hands out
-    local_egress.allow(stale, ["10.254.253.1/32"])
+    local_egress.allow(stale, ["10.254.253.1/32"], LocalBackendConfig().allowlist_subnet)
     try:
         assert f"egress filter {stale}" in leaked_network(tmp_path)
         LocalBackend(LocalBackendConfig(state_dir=tmp_path / "state")).close()
@@ -217,7 +254,7 @@ def test_the_host_filter_drops_ipv6_from_a_sandbox_link_whatever_its_sysctls(tmp
             return sh("ip", "netns", "exec", netns, "python3", "-c", probe, host_ll, str(port)).strip()
 
         assert connect() == "CONNECTED"  # the path exists: what follows is the filter's doing
-        local_egress.allow(link, ["10.254.253.1/32"])
+        local_egress.allow(link, ["10.254.253.1/32"], LocalBackendConfig().allowlist_subnet)
         assert connect().startswith("NONE"), "IPv6 from a sandbox link passed the host's filter"
     finally:
         local_egress.remove(link)
@@ -225,3 +262,15 @@ def test_the_host_filter_drops_ipv6_from_a_sandbox_link_whatever_its_sysctls(tmp
         subprocess.run(["ip", "netns", "del", netns], check=False)
         subprocess.run(["ip", "link", "del", link], check=False, capture_output=True)
         listener.close()
+
+
+@pytest.mark.parametrize("cidr, refusal", [("169.254.169.254/32", "metadata"), ("10.0.0.0/33", "not a CIDR"),
+                                           ("2001:db8::/32", "only IPv4")])
+def test_the_local_allowlist_refuses_the_metadata_endpoint_and_what_it_cannot_enforce(cidr, refusal):
+    """The same check as on Kubernetes (backends/allowlist.py): the cloud metadata endpoint is never a CIDR of
+    its own; the local backend also refuses IPv6, which its links do not carry."""
+    from sandbox_service.backends.local_network import resolve_allowlist
+    from sandbox_service.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError, match=refusal):
+        resolve_allowlist(NetworkPolicy(mode="allowlist", allow_cidrs=[cidr]))
