@@ -17,6 +17,10 @@ METADATA_CIDRS = (
     "fd00:ec2::23/128",    # EKS Pod Identity agent, IPv6
 )
 
+# (version, first, last) of each, computed once: an allowlist may hold a hundred CIDRs.
+_METADATA = tuple((n.version, int(n.network_address), int(n.broadcast_address))
+                  for n in map(ipaddress.ip_network, METADATA_CIDRS))
+
 
 def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
     """The allowlist's CIDRs, normalised; a malformed one or the cloud metadata endpoint is refused."""
@@ -26,7 +30,8 @@ def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
             network = ipaddress.ip_network(cidr, strict=False)
         except ValueError as err:
             raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is not a CIDR ({err}); use e.g. 10.0.0.0/8.")
-        if any(network.version == m.version and network.subnet_of(m) for m in map(ipaddress.ip_network, METADATA_CIDRS)):
+        first, last = int(network.network_address), int(network.broadcast_address)
+        if any(network.version == version and low <= first and last <= high for version, low, high in _METADATA):
             raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is a cloud metadata endpoint, which "
                                       "sandboxes never reach (it hands out the node's credentials).")
         cidrs.append(str(network))
