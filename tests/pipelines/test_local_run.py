@@ -186,7 +186,7 @@ def test_the_local_pipeline_runs_on_a_user_checkpoint_through_model_path(tmp_pat
     from components.core.rendering import chat_format, render_trajectory
     from components.core.schema import Outcome, TokenRole
     from components.core.store import TrajectoryStore
-    from tests.components.hf_checkpoints import save_checkpoint
+    from components.checkpoints import save_checkpoint
 
     user = save_checkpoint(tmp_path / "user-model", "chatml")
     config = micro_config.updated(sandbox_url=external_service.url, model={"path": str(user), "device": "cpu"})
