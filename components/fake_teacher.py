@@ -129,7 +129,11 @@ def serve(tasks_path: str | Path, host: str = "127.0.0.1", port: int = 8011, mod
     import signal
 
     teacher = FakeTeacher(tasks_path, model)
-    server = make_server(teacher, host, port)  # bound and listening from here: connections queue until served
+    try:
+        server = make_server(teacher, host, port)  # bound and listening from here: connections queue until served
+    except OSError as err:
+        raise OSError(f"cannot listen on {host}:{port} ({err.strerror}): another fake teacher still running? Stop it, "
+                      "or pass --port N and use that port in the config's base_url") from None
     if detach:
         pid = os.fork()
         if pid:
