@@ -152,7 +152,7 @@ def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console:
         finally:
             for service in services:
                 service.stop()
-    console.print(to_rich(run_report))
+    console.print(to_rich(run_report, width=console.width))
     console.print(markdown.split("\n\n", 1)[1] if "\n\n" in markdown else "")
     return LocalRunResult(run_dir=str(layout.root), tracking_uri=config.tracking_uri, parent_run_id=parent,
                           stages_ran=ran, stage_seconds=seconds, wall_seconds=time.perf_counter() - t_start,

@@ -105,3 +105,23 @@ def test_piped_output_keeps_tables_at_full_width():
     console.print(to_rich(report))
     rows = [line for line in buffer.getvalue().splitlines() if "31.2% [10.5, 59.6]" in line]
     assert len(rows) == 4  # one line per policy: no cell wrapped onto a second line
+    assert "hidden" in buffer.getvalue()  # every column at full width
+
+
+def test_a_narrow_terminal_drops_columns_never_wraps_a_cell():
+    from rich.console import Console
+
+    from pipelines.report import RICH_COLUMNS, RunReport, EvalRow, to_rich
+
+    report = RunReport(rows=[EvalRow(policy="teacher", resolved_rate=0.3125, resolved_rate_ci95=(0.105, 0.596),
+                                     resolved=5, evaluated=16, pass_at_k=0.3125, infra_error_rate=0.0, mean_steps=6.0,
+                                     hidden_pass_fraction=0.406)])
+    for width, kept in ((80, 6), (60, 4)):
+        buffer = io.StringIO()
+        Console(file=buffer, width=width).print(to_rich(report, width=width))
+        lines = buffer.getvalue().splitlines()
+        assert max(len(line) for line in lines) <= width
+        (row,) = [line for line in lines if "teacher" in line]
+        assert "31.2% [10.5, 59.6]" in row and "5 / 16" in row  # whole cells, on the policy's line
+        header = next(line for line in lines if "policy" in line)
+        assert [c in header for c in RICH_COLUMNS] == [True] * kept + [False] * (len(RICH_COLUMNS) - kept), header
