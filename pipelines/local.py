@@ -175,6 +175,7 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
 
     from pipelines.kfp_pipeline import build_pipeline
 
+    preflight(config)  # the files too: the components run here, on this machine's paths
     layout = RunLayout.new(runs_dir)
     layout.root.mkdir(parents=True, exist_ok=False)
     config = config.updated(tracking_uri=tracking_uri_for(config, layout.root))

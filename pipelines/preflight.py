@@ -12,8 +12,9 @@ the checks that need more than the config:
   tasks file (`provision.source`: every row parses and imports, its checkout and commit exist; an error names
   `file:line`) and every OpenAI-compatible endpoint (`GET <base_url>/models` lists the model if it lists
   anything, then a real chat completion of one token answers with a chat completion: an HTML page or a
-  proxy's 200 fails). The local runner calls it before it starts anything, the cluster's start step before
-  it opens the MLflow parent run, `orchard check` on its own.
+  proxy's 200 fails). The local runners call it before they start anything, `orchard check` on its own, and
+  the cluster's start step before it opens the MLflow parent run (the network checks only: its pod does not
+  mount the paths the stage pods read).
 - `check_model`, right after init-policy (it needs the model's tokenizer, which the tiny model trains there),
   seconds into the run and before any episode: the template renders a two-turn tool conversation
   append-only (`check_template`), and the length limits leave room for the first prompt (system prompt, tools,
@@ -220,17 +221,19 @@ def check_tasks(config: PipelineConfig) -> None:
         raise PreflightError(f"provision.source: {err}") from None
 
 
-def checks(config: PipelineConfig) -> list[tuple[str, Callable[[], None]]]:
-    """(what, check) for every external thing the config names (see the module docstring)."""
+def checks(config: PipelineConfig, files: bool = True) -> list[tuple[str, Callable[[], None]]]:
+    """(what, check) for every external thing the config names (see the module docstring). `files=False` leaves
+    out the paths (checkpoints, tasks file, tokenizers): a cluster's start step does not mount what its stage
+    pods will read, and only the network is the same for both."""
     out: list[tuple[str, Callable[[], None]]] = []
     if config.tracking_uri:
         out.append(("tracking_uri", lambda: check_tracking(config.tracking_uri or "", config.experiment)))
     if config.sandbox_url:
         out.append(("sandbox_url", lambda: check_sandbox(config.sandbox_url or "")))
-    if config.model.path:  # also with start_from=champion: the first run has no champion yet
+    if config.model.path and files:  # also with start_from=champion: the first run has no champion yet
         out.append(("model.path", lambda: check_checkpoint("model.path", config.model.path or "",
                                                            config.model.allow_download)))
-    if config.provision.source.kind == "swebench":
+    if config.provision.source.kind == "swebench" and files:
         out.append(("provision.source", lambda: check_tasks(config)))
     same: dict[tuple[str, str, str | None], list[Endpoint]] = {}  # one endpoint in several roles is asked once
     for endpoint in endpoints(config):
@@ -238,7 +241,7 @@ def checks(config: PipelineConfig) -> list[tuple[str, Callable[[], None]]]:
     for group in same.values():
         out.append((", ".join(e.where for e in group), lambda g=group: _check_group(g)))
     for endpoint in endpoints(config):
-        if endpoint.tokenizer_path:
+        if endpoint.tokenizer_path and files:
             where = f"{endpoint.where}.tokenizer_path"
             out.append((where, lambda w=where, p=endpoint.tokenizer_path: check_tokenizer(w, p)))
     return out
@@ -255,10 +258,10 @@ def _check_group(group: list[Endpoint]) -> None:
         raise PreflightError(f"{err} (the same endpoint as {others})") from None
 
 
-def preflight(config: PipelineConfig) -> None:
+def preflight(config: PipelineConfig, files: bool = True) -> None:
     """Every check of `checks` at once, within PREFLIGHT_SECONDS; raises one PreflightError whose line names
     every setting that cannot work and what to do about each."""
-    todo = checks(config)
+    todo = checks(config, files)
     if not todo:
         return
     with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="preflight") as pool:

@@ -160,3 +160,13 @@ def test_orchard_check_runs_the_checks_alone(tmp_path, capsys, tasks):
     assert main(["check", "--preset", "tiny", *_source(EXAMPLE / "tasks.jsonl", repos)]) == 1  # port 9: refused
     err = capsys.readouterr().err
     assert "provision.source" not in err and "distill.openai: http://127.0.0.1:9/v1 does not answer" in err
+
+
+def test_the_cluster_start_step_checks_the_network_not_the_stage_pods_paths():
+    from pipelines.config import resolve
+    from pipelines.preflight import PreflightError, preflight
+
+    config = resolve("tiny", ["model.path=/models/on-the-stage-pods-volume"])
+    preflight(config, files=False)  # the start pod does not mount /models: not its to judge
+    with pytest.raises(PreflightError, match="model.path: /models/on-the-stage-pods-volume is not a model directory"):
+        preflight(config)
