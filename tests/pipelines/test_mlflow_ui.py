@@ -83,8 +83,8 @@ def test_the_pages_a_researcher_uses_show_what_the_run_logged(tmp_path, external
             # the traces: one row per traced episode with its tags; one opens turn by turn
             show(f"/experiments/{experiment}/traces", traces[0].info.tags["orchard.task"])
             assert "orchard.outcome: " in page.content()  # the tags column (its cells ellipsize)
-            teacher = next(t for t in traces if t.info.tags["orchard.stage"] == "evaluate-teacher"
-                           and t.info.tags["orchard.outcome"] == "resolved")
+            # the scripted teacher's episode: it always edits, so its verification holds a diff
+            teacher = next(t for t in traces if t.info.tags["orchard.stage"] == "evaluate-teacher")
             show(f"/experiments/{experiment}/traces/{teacher.info.trace_id}", "episode", "turn 1", "verification")
             assert "turn 2" in page.inner_text("body") and "turn 0" not in page.inner_text("body")
             page.get_by_text("verification", exact=True).first.click()
