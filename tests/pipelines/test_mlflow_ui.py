@@ -41,7 +41,9 @@ def test_the_pages_a_researcher_uses_show_what_the_run_logged(tmp_path, external
     from components.core.tracking import TrackingConfig, ui_link
     from pipelines.local import run_local
 
-    config = micro_config.updated(sandbox_url=external_service.url, traces={"sample_rate": 1.0})
+    # the teacher gets its full turn budget: its episode then ends with an edit, a diff to look at
+    config = micro_config.updated(sandbox_url=external_service.url, traces={"sample_rate": 1.0},
+                                  evaluate_teacher={"harness": {"max_steps": 12}})
     result = run_local(config, tmp_path / "runs")
     uri, parent = result.tracking_uri, result.parent_run_id
     version = _register_sft_model(uri, Path(result.run_dir), parent)
