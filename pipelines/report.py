@@ -190,18 +190,41 @@ def to_markdown(report: RunReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_rich(report: RunReport):
+# The results table's columns, most important first: a narrow terminal loses the last ones, never a wrapped cell.
+# Short headers: report.md spells them out (resolved / evaluated, mean steps, hidden tests passing).
+RICH_COLUMNS = ("policy", "resolved [95% CI]", "resolved", "infra", "steps", "pass@k", "hidden")
+
+
+def to_rich(report: RunReport, width: int | None = None):
+    """The results table for a console `width` columns wide (None: all columns): cells never wrap; when the
+    table would not fit, the least important columns are left out (the report.md table keeps them all)."""
+    from rich import box
+    from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
-    table = Table(title="Held-out tasks: untrained vs SFT vs RL")
-    for col in ("policy", "resolved rate [95% CI]", "resolved / evaluated", "pass@k", "infra errors", "mean steps",
-                "hidden tests passing"):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for r in report.rows:
-        table.add_row(f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _rate(r),
-                      f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}", _fmt(r.pass_at_k, True),
-                      _fmt(r.infra_error_rate, True), _fmt(r.mean_steps), _fmt(r.hidden_pass_fraction, True))
-    return table
+    def cells(r: EvalRow) -> list[str]:
+        return [f"{r.policy} (ref.)" if r.policy == "teacher" else r.policy, _rate(r),
+                f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}", _fmt(r.infra_error_rate, True), _fmt(r.mean_steps),
+                _fmt(r.pass_at_k, True), _fmt(r.hidden_pass_fraction, True)]
+
+    def build(columns: int) -> Table:
+        said = {"resolved": "resolved / evaluated attempts", "infra": "attempts lost to infrastructure",
+                "steps": "mean tool steps", "hidden": "hidden tests passing"}
+        caption = "; ".join(f"{c}: {said[c]}" for c in RICH_COLUMNS[:columns] if c in said)
+        table = Table(title="Held-out tasks: untrained vs SFT vs RL", box=box.SIMPLE_HEAD, caption=caption)
+        for name in RICH_COLUMNS[:columns]:
+            table.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
+        for r in report.rows:
+            table.add_row(*cells(r)[:columns])
+        return table
+
+    columns = len(RICH_COLUMNS)
+    if width is not None:
+        measure = Console(width=10_000)
+        while columns > 2 and Measurement.get(measure, measure.options, build(columns)).maximum > width:
+            columns -= 1
+    return build(columns)
 
 
 def plot_resolved_rates(report: RunReport):

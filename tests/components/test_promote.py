@@ -119,9 +119,14 @@ def test_the_alias_moves_only_on_promotion_and_old_versions_stay(tmp_path):
     champion = current_champion(uri, config)
     assert str(champion.version) == v1 and champion.tags["orchard.git_commit"] == "abc"
     assert champion.description == "first"
-    v2 = promote(uri, config, logged(), {"orchard.parent_model": f"gate-test/{v1}"}, "second")
-    assert str(current_champion(uri, config).version) == v2 != v1
     client = mlflow.MlflowClient(uri)
+    parent = client.create_run(mlflow.get_experiment_by_name("gate-test").experiment_id).info.run_id
+    v2 = promote(uri, config, logged(), {"orchard.parent_model": f"gate-test/{v1}", "orchard.pipeline_run_id": parent},
+                 "second")
+    assert str(current_champion(uri, config).version) == v2 != v1
+    # the version belongs to the pipeline's parent run: that run's page lists it under "Registered models"
+    (mine,) = client.search_model_versions(f"run_id = '{parent}'")
+    assert str(mine.version) == v2 and mine.source.startswith("models:/")
     assert {str(v.version) for v in client.search_model_versions("name='gate-test'")} == {v1, v2}  # v1 kept
     registered = client.get_registered_model("gate-test")
     assert "promotion gate" in registered.description and registered.tags["orchard.kind"] == "agent-policy"
