@@ -146,7 +146,7 @@ def distill(config: DistillConfig, tasks_dir: str | Path, out_dir: str | Path,
     start = time.monotonic()
     teachers = _Teachers(config)
     with stage_run("distill", config, tracking), config.sandbox.client() as client:
-        bar = tqdm(total=len(jobs), desc="distill", disable=not config.progress)
+        bar = tqdm(total=len(jobs), desc="distill", disable=(not config.progress) or None)  # None: off when piped
         try:
             with concurrent.futures.ThreadPoolExecutor(max_workers=config.max_parallel) as pool:
                 futures = [pool.submit(_episode, t, a, recipe, teachers, client, config) for t, a in jobs]

@@ -359,5 +359,8 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
             fig = plot_resolved_rates(rows, policy_id, seed=config.seed)
             log_figure(fig, "resolved_rate.png")
             plt.close(fig)
-    print_summary(result)
+    from components.core.console import stage_tables
+
+    if stage_tables():  # under a quiet pipeline run the runner prints the result in its stage line
+        print_summary(result)
     return result

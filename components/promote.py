@@ -336,7 +336,17 @@ def promote(tracking_uri: str, config: PromotionConfig, model_uri: str, lineage:
 
     client = mlflow.MlflowClient(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
-    version = mlflow.register_model(model_uri, config.model_name, tags=lineage)
+    # The version's run is the pipeline's parent run (the page a researcher opens: its "Registered models"
+    # lists it); `register_model` would leave it empty for a `models:/<id>` URI. The logged model keeps the
+    # gate's run as its source.
+    try:
+        client.create_registered_model(config.model_name)
+    except mlflow.exceptions.MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    model_id = model_uri.split("/")[1] if model_uri.startswith("models:/m-") else None
+    version = client.create_model_version(config.model_name, model_uri, run_id=lineage.get("orchard.pipeline_run_id")
+                                          or None, tags=lineage, model_id=model_id)
     client.update_model_version(config.model_name, version.version, description=description)
     # The registered model itself says what it is (the registry UI lists models before versions); only
     # the gate registers, and only trained candidates, so the model exists only once one was trained.

@@ -1,18 +1,26 @@
 """`orchard`: compile the pipelines, run them locally, show the config, schedule them.
 
+    orchard run [--preset quick] [--config F] [--set sft.steps=400] [--kfp-local] [--retrain] [--verbose]
+                                                                  the whole DAG here (plain `orchard run`: quick)
+    orchard demo                                                  = orchard run --preset demo (`make demo`)
+    orchard check [--preset P] [--config F] [--set ...]           the run's checks only (endpoints, store, files)
+    orchard ui [--runs-dir runs] [--port 5000] [--run ID]         the MLflow UI on the runs' store, on its runs table
+    orchard config show [--preset P] [--set ...]                  the resolved PipelineConfig
     orchard compile --out build/pipelines [--image-registry R | --overlay manifests/overlays/prod] [--set ...]
                                                                   KFP YAML + Argo WorkflowTemplate/CronWorkflow
-    orchard run [--preset tiny] [--config F] [--set sft.steps=400] [--kfp-local] [--retrain]   the whole DAG here
-    orchard demo                                                  = orchard run --preset demo (`make demo`)
-    orchard config show [--preset P] [--set ...]                  the resolved PipelineConfig
+    orchard make-checkpoint --out DIR [--family chatml]           a small local checkpoint (Qwen vocabulary, tools)
+    orchard fake-teacher --tasks F [--port 8011]                  an OpenAI-compatible teacher for a tasks file
     orchard export tokens --trajectories DIR --model M --out F    the token-level dataset (also: export openai)
     orchard schedule --host URL --cron "0 3 * * 0" --package build/pipelines/orchard-training.kfp.yaml
                      [--namespace kubeflow] [--service-account orchard-pipeline]
 
 A bad preset, --set, recipe or config file is reported as one line (exit 2), not a traceback; so is a
 KFP API that `orchard schedule` cannot reach (exit 1); any other error too (exit 1), with its traceback only
-under --debug. Ctrl-C or SIGTERM stops `orchard run` cleanly (exit 130
-or 143; the current stage ends, its sandboxes are deleted, MLflow marks the runs KILLED); twice exits at once.
+under --debug. Before the first stage, `orchard run` checks everything external its config names (MLflow
+tracking URI, sandbox service, checkpoints, tasks file, endpoints: `pipelines/preflight.py`) in seconds, and
+prints an estimate of the whole run (`pipelines/estimate.py`). Ctrl-C or SIGTERM stops `orchard run` cleanly
+(exit 130 or 143; the current stage ends, its sandboxes are deleted, MLflow marks the runs KILLED); twice
+exits at once. The console is quiet (one line per stage); `--verbose` shows every library warning and log.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ import argparse
 import sys
 from pathlib import Path
 
+# What plain `orchard run` and `orchard config show` run: the quick preset, minutes on a laptop, showing learning.
+DEFAULT_PRESET = "quick"
 KFP_FILE = "orchard-training.kfp.yaml"
 ARGO_TEMPLATE_FILE = "orchard-training.workflowtemplate.yaml"
 ARGO_CRON_FILE = "orchard-retrain.cronworkflow.yaml"
@@ -70,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     from pipelines.local import run_local
 
-    result = run_local(config, args.runs_dir)
+    result = run_local(config, args.runs_dir, quiet=not args.verbose)
     from pipelines.layout import RunLayout
     from pipelines.report import promotion_note
 
@@ -82,21 +92,32 @@ def _run(args: argparse.Namespace) -> int:
     gate = layout.read_result("promote")
     if gate:
         print(f"\npromotion gate: {promotion_note(gate)}")
-    import mlflow
-
-    from components.core.tracking import TrackingConfig, ui_link
-
-    tracking = TrackingConfig(tracking_uri=result.tracking_uri, experiment=config.experiment)
-    experiment = mlflow.MlflowClient(result.tracking_uri).get_run(result.parent_run_id).info.experiment_id
     print(f"\nrun dir: {result.run_dir}\nMLflow: {result.tracking_uri} (parent run {result.parent_run_id})\n"
-          f"open it: {ui_link(tracking, experiment, result.parent_run_id)}\n"
+          f"open it: {_open_it(result.tracking_uri, config.experiment, result.parent_run_id, args.runs_dir)}\n"
           f"stages run: {', '.join(result.stages_ran) or 'none'}\nwall time: {result.wall_seconds:.1f} s")
     return 0
 
 
+def _open_it(uri: str, experiment: str, run_id: str, runs_dir: str) -> str:
+    """How to see a finished run: its page on a tracking server, or the `orchard ui` command for a local store."""
+    if uri.startswith(("http://", "https://")):
+        import mlflow
+
+        from components.core.tracking import TrackingConfig, ui_link
+
+        experiment_id = mlflow.MlflowClient(uri).get_run(run_id).info.experiment_id
+        return ui_link(TrackingConfig(tracking_uri=uri, experiment=experiment), experiment_id, run_id)
+    default = f"{Path(runs_dir).resolve() / 'mlflow.db'}" == uri.removeprefix("sqlite:///")
+    where = f"--runs-dir {runs_dir}" if default else f"--tracking-uri {uri}"
+    return (f"orchard ui {where} --run {run_id} (the MLflow UI on port 5000, or the next free one, "
+            "opened on this run's runs table)")
+
+
 def _config_args(p: argparse.ArgumentParser, preset: bool = True) -> None:
     if preset:
-        p.add_argument("--preset", default="demo", help="demo, tiny or smol (SmolLM2-135M-Instruct; make smol-model)")
+        p.add_argument("--preset", default=DEFAULT_PRESET,
+                       help="quick (the default: learning in minutes), demo (make demo), tiny (a smoke test: seconds, "
+                            "shows no learning) or smol (SmolLM2-135M-Instruct; make smol-model; hours)")
     p.add_argument("--config", default=None, help="YAML/JSON file of PipelineConfig settings (nested or dotted keys)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="a PipelineConfig setting in the stage configs' own names, e.g. sft.steps=400 (repeatable)")
@@ -138,6 +159,37 @@ def main(argv: list[str] | None = None) -> int:
                                 "champion), add new tasks to and train on the data store <runs-dir>/data-store "
                                 "(retrain.data_store); the promotion gate decides whether the model replaces it")
         p.add_argument("--runs-dir", default="runs", help="where run directories and mlflow.db go")
+        p.add_argument("--verbose", action="store_true",
+                       help="every library warning, log and progress bar (default: one line per stage)")
+
+    p = sub.add_parser("check", parents=[common], help="check what the run's config names (seconds), run nothing")
+    _config_args(p)
+
+    p = sub.add_parser("ui", parents=[common], help="the MLflow UI on the runs' store, opened on the runs table")
+    p.add_argument("--runs-dir", default="runs", help="the runs directory whose mlflow.db is served")
+    p.add_argument("--tracking-uri", default=None, help="serve this store instead (sqlite:///...)")
+    p.add_argument("--port", type=int, default=None,
+                   help="port of the UI (default: 5000, or the next free one; 0: any free port)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to serve on")
+    p.add_argument("--run", default=None, help="open this run's experiment (default: the latest pipeline run's)")
+    p.add_argument("--no-browser", action="store_true", help="print the link only")
+
+    p = sub.add_parser("make-checkpoint", parents=[common],
+                       help="a small local checkpoint shaped like a user's (Qwen's vocabulary, a tool chat template)")
+    p.add_argument("--out", required=True, help="directory to write (save_pretrained layout)")
+    p.add_argument("--family", default="chatml", choices=["chatml", "llama3", "qwen3"],
+                   help="the chat template and special tokens")
+    p.add_argument("--hidden-size", type=int, default=32, help="model width (random init)")
+    p.add_argument("--layers", type=int, default=1, help="transformer blocks")
+
+    p = sub.add_parser("fake-teacher", parents=[common],
+                       help="an OpenAI-compatible teacher that solves a SWE-bench-format tasks file with its patches")
+    p.add_argument("--tasks", required=True, help="the tasks file (JSONL/JSON/parquet, SWE-bench fields)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8011)
+    p.add_argument("--model", default="fake-teacher", help="the model name it serves")
+    p.add_argument("--detach", action="store_true", help="return once it listens; it serves in the background")
+    p.add_argument("--pid-file", default=None, help="with --detach: write the server's pid here")
 
     p = sub.add_parser("config", parents=[common], help="show the resolved PipelineConfig")
     p.add_argument("action", choices=["show"])
@@ -156,6 +208,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="ServiceAccount of the runs' pods (default: ClusterConfig.service_account, orchard-pipeline)")
 
     args = parser.parse_args(argv)
+    if args.command in ("run", "demo") and not args.verbose:
+        from components.core.console import no_bars_when_piped
+
+        no_bars_when_piped()  # before anything imports tqdm
     from components.core.interrupts import RunInterrupted, exit_at_once_on_signals
     from pipelines.config import ConfigError
 
@@ -216,6 +272,35 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "config":
         print(_config(args).model_dump_json(indent=2))
         return 0
+    if args.command == "check":
+        from pipelines.preflight import checks, preflight
+
+        config = _config(args)
+        preflight(config)
+        names = [name for name, _ in checks(config)]
+        print(f"ok: {', '.join(names)}" if names else "ok: nothing external to check (the run starts its own "
+              "sandbox service and logs to sqlite under --runs-dir)")
+        return 0
+    if args.command == "ui":
+        from pipelines.ui import UIError, serve
+
+        try:
+            return serve(args.runs_dir, args.tracking_uri, args.host, args.port, args.run, not args.no_browser)
+        except UIError as err:
+            raise ConfigError(str(err)) from None
+    if args.command == "make-checkpoint":
+        from huggingface_hub.utils import disable_progress_bars
+
+        from components.checkpoints import save_checkpoint
+
+        disable_progress_bars()  # transformers' "Writing model shards" bar: one file, nothing to follow
+        out = save_checkpoint(Path(args.out), args.family, hidden_size=args.hidden_size, layers=args.layers)
+        print(f"checkpoint: {out} ({args.family} template, random init): --set model.path={out}")
+        return 0
+    if args.command == "fake-teacher":
+        from components.fake_teacher import serve as serve_teacher
+
+        return serve_teacher(args.tasks, args.host, args.port, args.model, args.detach, args.pid_file)
     if args.command == "schedule":
         from pipelines.cluster import ClusterConfig
         from pipelines.schedule import KfpUnreachable, RecurringRunSpec, create_recurring_run

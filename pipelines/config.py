@@ -14,7 +14,8 @@ a field of that name, and may not be set per stage:
   sandbox_url         -> each stage's `sandbox.url` (the token never enters the config: it comes from
                          the environment, i.e. a Secret on the cluster, when the stage runs)
 
-Presets ("demo": the `make demo` run, < 15 min on 2 CPU cores; "tiny": tests, ~1-2 min; "smol": SmolLM2-135M-
+Presets ("quick": plain `orchard run`, a few minutes, shows learning; "demo": the `make demo` run, < 15 min on 2
+CPU cores; "tiny": a smoke test of the wiring for tests, under a minute, shows no learning; "smol": SmolLM2-135M-
 Instruct with a powered evaluation, hours) are nested overrides on top of the stage configs' own defaults.
 """
 
@@ -402,6 +403,21 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
     "resources": {"stage_cpu": "250m", "stage_memory": "1Gi", "train_cpu": "500m", "train_memory": "2Gi"},
 })
 
+# The quick preset (plain `orchard run`): the first run of someone new, minutes on a laptop, that shows learning and
+# the promotion gate's decision. The demo's tasks, tiny model, teacher, SFT and evaluation, the training known to
+# learn (docs/results.md: SFT 5 and 6 of 16 held-out tasks from 0 untrained, the gate promotes at p = 0.031; with
+# 24 training tasks and 150 steps SFT resolved 2 of 12 in a trial, too few for the gate), and a short RL run
+# (2 steps, 16 episodes) so that every stage runs and is seen: the demo's RL is sized to do real work in its
+# 10 minutes, this one only shows the stage (its two updates may cost the SFT model a task, and the gate judges
+# the last trained model: docs/getting-started.md shows such a run). Estimate (pipelines/estimate.py): about 4.5 minutes on the idle
+# 2-core development machine.
+_QUICK: dict[str, Any] = deep_merge(_DEMO, {
+    "rl": {"steps": 2, "rollout_budget": 16, "learning_rate": 5e-5, "temperature": 0.5,
+           "rollout": {"sampler": "bar", "group_size": 4, "max_rollouts_per_prompt": 8, "stride": 4,
+                       "batch_prompts": 1},
+           "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}}},
+})
+
 # The smol preset: a real pretrained chat model (SmolLM2-135M-Instruct, converted from its PyPI wheel on first
 # use: components/core/named_models.py) through every stage, sized so that RL can show a difference from SFT
 # with power (issue 33). Untrained it answers in prose (0 tool calls): SFT teaches the protocol, RL must make it
@@ -439,4 +455,4 @@ _SMOL: dict[str, Any] = {
                          "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
 }
 
-PRESETS: dict[str, dict[str, Any]] = {"demo": _DEMO, "tiny": _TINY, "smol": _SMOL}
+PRESETS: dict[str, dict[str, Any]] = {"quick": _QUICK, "demo": _DEMO, "tiny": _TINY, "smol": _SMOL}

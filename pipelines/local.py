@@ -63,17 +63,28 @@ def external_connection(url: str) -> SandboxConnection:
     return connection
 
 
-def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console: Any = None) -> LocalRunResult:
-    """Run the pipeline in this process; returns what it produced."""
-    from rich.console import Console
+def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console: Any = None,
+              quiet: bool = False) -> LocalRunResult:
+    """Run the pipeline in this process; returns what it produced. `quiet`: the quiet console of
+    `components.core.console` (the CLI's default; `--verbose` turns it off)."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from pipelines import estimate
     from pipelines.report import to_rich
+    from pipelines.run_console import make_console, stage_note, time_left_column
     from pipelines.service_metrics import exec_latency
 
-    console = console or Console()
+    console = console or make_console()
     t_start = time.perf_counter()
-    preflight(config)  # an endpoint that cannot work fails the run now, not stages later
+    preflight(config)  # everything external the config names: a run that cannot work fails now, in seconds
+    names = [stage.name for stage in stages.STAGES]
+    planned = estimate.estimate(config, names, Path(runs_dir))
+    console.print(estimate.summary(planned, config))
+    schedule = estimate.Schedule(planned)
+    if quiet:
+        from components.core.console import quiet as quiet_console
+
+        quiet_console()
     services: list[Any] = []  # the embedded service, for a second Ctrl-C (stop_on_signals)
     with stop_on_signals(on_force_exit=lambda: [s.request_stop() for s in services]):
         if config.sandbox_url:
@@ -99,26 +110,35 @@ def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console:
             ran: list[str] = []
             seconds: dict[str, float] = {}
             current: str | None = None  # the stage running now (named on the parent run if it fails)
+            clock: dict[str, Any] = {}  # the stage running now and when it started, for the time-left column
             try:
                 with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                               TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                              console=console) as progress:
+                              time_left_column(schedule, clock), console=console) as progress:
                     bar = progress.add_task("pipeline", total=len(stages.STAGES) + 1)
                     for stage in stages.STAGES:
                         progress.update(bar, description=f"[cyan]{stage.name}")
                         t0, c0 = time.perf_counter(), time.process_time()
+                        clock.update(stage=stage.name, started=time.monotonic())
                         current = stage.name  # a stop request now stops the run before this stage
                         raise_if_stopping()
-                        run_in_layout(stage.name, layout, ctx)
+                        record = run_in_layout(stage.name, layout, ctx)
                         current = None
                         seconds[stage.name] = time.perf_counter() - t0
                         ran.append(stage.name)
+                        schedule.finish(stage.name, seconds[stage.name])
+                        estimate.record(Path(runs_dir), config, stage.name, seconds[stage.name])
+                        left = schedule.left()
+                        note = stage_note(stage.name, record)
                         # CPU time of this process (all its threads; not the sandbox service's): on a shared
                         # machine it says what the stage costs where wall time only says how busy the machine was.
-                        progress.console.print(f"  [green]done[/] {stage.name} in {seconds[stage.name]:.1f} s "
-                                               f"(CPU {time.process_time() - c0:.1f} s)")
+                        progress.console.print(
+                            f"  [green]done[/] {stage.name} in {seconds[stage.name]:.1f} s (CPU "
+                            f"{time.process_time() - c0:.1f} s){': ' + note if note else ''}"
+                            + (f"; ~{estimate.duration(left)} left" if left else ""))
                         progress.advance(bar)
                     progress.update(bar, description=f"[cyan]{stages.REPORT}")
+                    clock.update(stage=stages.REPORT, started=time.monotonic())
                     current = stages.REPORT
                     run_report, markdown = report_in_layout(
                         layout, ctx, exec_latency=exec_latency(connection.url, connection.token),
@@ -132,7 +152,7 @@ def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console:
         finally:
             for service in services:
                 service.stop()
-    console.print(to_rich(run_report))
+    console.print(to_rich(run_report, width=console.width))
     console.print(markdown.split("\n\n", 1)[1] if "\n\n" in markdown else "")
     return LocalRunResult(run_dir=str(layout.root), tracking_uri=config.tracking_uri, parent_run_id=parent,
                           stages_ran=ran, stage_seconds=seconds, wall_seconds=time.perf_counter() - t_start,
@@ -155,6 +175,7 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
 
     from pipelines.kfp_pipeline import build_pipeline
 
+    preflight(config)  # the files too: the components run here, on this machine's paths
     layout = RunLayout.new(runs_dir)
     layout.root.mkdir(parents=True, exist_ok=False)
     config = config.updated(tracking_uri=tracking_uri_for(config, layout.root))

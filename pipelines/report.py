@@ -243,15 +243,45 @@ def to_markdown(report: RunReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_rich(report: RunReport):
+# The console table's columns, most important first: a narrow terminal loses the last ones, never a wrapped cell.
+# Short headers for `COLUMNS` (report.md spells them out).
+RICH_COLUMNS = ("policy", "resolved [95% CI]", "greedy", "updates", "resolved", "pass@k", "infra", "steps", "tasks",
+                "hidden")
+RICH_NAMES = {"resolved [95% CI]": "resolved rate [95% CI]", "resolved": "resolved / evaluated",
+              "infra": "infra errors", "steps": "mean steps", "tasks": "tasks (units)", "hidden": "hidden tests passing"}
+
+
+def to_rich(report: RunReport, width: int | None = None):
+    """The results table for a console `width` columns wide (None: all columns): cells never wrap; when the
+    table would not fit, the least important columns are left out (the report.md table keeps them all)."""
+    from rich import box
+    from rich.console import Console
+    from rich.measure import Measurement
     from rich.table import Table
 
-    table = Table(title="Held-out tasks: untrained vs SFT vs RL")
-    for col in COLUMNS:
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for r in report.rows:
-        table.add_row(*_cells(r))
-    return table
+    def cells(r: EvalRow) -> list[str]:
+        full = dict(zip(COLUMNS, _cells(r)))
+        full["policy"] = f"{r.policy} (ref.)" if r.policy == "teacher" else r.policy
+        return [full[RICH_NAMES.get(c, c)] for c in RICH_COLUMNS]
+
+    def build(columns: int) -> Table:
+        said = {"resolved": "resolved / evaluated attempts", "infra": "attempts lost to infrastructure",
+                "steps": "mean tool steps", "hidden": "hidden tests passing", "greedy": "tasks the greedy attempt "
+                "resolved", "updates": "optimizer updates that trained the policy", "tasks": "tasks (repositories)"}
+        caption = "; ".join(f"{c}: {said[c]}" for c in RICH_COLUMNS[:columns] if c in said)
+        table = Table(title="Held-out tasks: untrained vs SFT vs RL", box=box.SIMPLE_HEAD, caption=caption)
+        for name in RICH_COLUMNS[:columns]:
+            table.add_column(name, justify="left" if name == "policy" else "right", no_wrap=True)
+        for r in report.rows:
+            table.add_row(*cells(r)[:columns])
+        return table
+
+    columns = len(RICH_COLUMNS)
+    if width is not None:
+        measure = Console(width=10_000)
+        while columns > 2 and Measurement.get(measure, measure.options, build(columns)).maximum > width:
+            columns -= 1
+    return build(columns)
 
 
 # The results table's columns (markdown and console alike). The rate is over the sampled attempts (k per task at

@@ -171,7 +171,9 @@ def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlf
     config = resolve(preset, overrides={  # overrides_json (the whole config, from kfp.local) has the last word
         **retrain, **json.loads(overrides_json or "{}"), "recipe": recipe, "seed": seed,
         "sandbox_url": sandbox_url or None, "tracking_uri": mlflow_uri or None, "experiment": experiment})
-    preflight(config)  # before the parent run: a config that cannot work leaves nothing RUNNING
+    # before the parent run: a config that cannot work leaves nothing RUNNING (the network only: this step's pod
+    # does not mount the checkpoints and task files the stage pods read; local runs check those first)
+    preflight(config, files=False)
     ctx = StepContext(config, None)
     run_id = open_pipeline_run(ctx.tracking_config, run_name or f"pipeline-{config.recipe}", config,
                                tags=parent_run_tags(config, **(tags or {})))

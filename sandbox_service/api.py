@@ -256,7 +256,7 @@ def create_app(config: ServiceConfig | None = None, backend: SandboxBackend | No
     manager = SandboxManager(config, backend, metrics, agent_factory)
     ops = SandboxOperations(config, manager, metrics)
     jobs = JobManager(config, ops, metrics)
-    ports = PortRegistry(manager, config.public_url, config.max_port_body_bytes)
+    ports = PortRegistry(manager, auth, config.public_url, config.max_port_body_bytes)
     manager.on_delete += [jobs.fail_for_sandbox, ports.revoke_all]
 
     @contextlib.asynccontextmanager

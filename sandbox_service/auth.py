@@ -29,6 +29,10 @@ class TokenAuth:
     def check(self, presented: str | None) -> bool:
         return presented is not None and hmac.compare_digest(presented.encode(), self._token)
 
+    def carried_by(self, text: str) -> bool:
+        """Whether the token occurs anywhere in `text` (a header value, a decoded URL): never relayed."""
+        return self._token.decode() in text
+
     def require(self, conn: HTTPConnection) -> None:
         """Raise 401 unless the request (or WebSocket handshake) carries the token."""
         header = conn.headers.get("authorization")

@@ -1,15 +1,18 @@
-"""Find what a stopped service left behind under its state directory: processes, mounts, cgroups.
+"""Find what a stopped service left behind under its state directory: processes, mounts, cgroups, network.
 
 Used by `EmbeddedService` on exit, by the test suite's final check and by the stress benchmark. A
 process counts as leaked when its command line, environment, working directory or root names the state
 directory (every sandbox process does: its root, agent socket and scratch space live there; the agent
 and its zygote carry it in their environment only, so that no host path is on their command line); a mount
-when its mount point does; a cgroup when it is named after one of the service's sandbox ids.
+when its mount point does; a cgroup when it is named after one of the service's sandbox ids; a machine-wide
+slot (network or uid range) when its owner is a sandbox dir under the state directory, and a sandbox link or
+egress filter when its slot is such a one or free (nothing but a leak holds a filter without its slot).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -74,12 +77,40 @@ def leaked_cgroups(sandbox_ids: set[str]) -> list[str]:
     return found
 
 
+def leaked_network(state_dir: Path) -> list[str]:
+    """Slots, links and egress filters of the local backend (default slot directories) left by this state dir."""
+    from sandbox_service.backends import local_egress
+    from sandbox_service.backends.local_config import LocalBackendConfig
+    from sandbox_service.backends.local_network import veth_index
+
+    root = str(Path(state_dir).resolve())
+    defaults = LocalBackendConfig()
+    found, ours = [], set()
+    for kind, directory in (("allowlist network slot", defaults.net_index_dir),
+                            ("sandbox id range slot", defaults.userns_slot_dir)):
+        for slot in (Path(directory).iterdir() if Path(directory).is_dir() else ()):
+            try:
+                owner = slot.read_text()
+            except OSError:
+                continue
+            if _under(owner, root):
+                found.append(f"{kind} {slot.name} ({owner})")
+                if kind.startswith("allowlist"):
+                    ours.add(int(slot.name))
+    free = lambda index: not (Path(defaults.net_index_dir) / str(index)).exists()  # noqa: E731
+    found += [f"veth {name}" for _, name in socket.if_nameindex() if veth_index(name) in ours]
+    found += [f"egress filter {link}" for link in local_egress.filtered_links()
+              if veth_index(link) in ours or free(veth_index(link))]
+    return found
+
+
 def find_leaks(state_dir: Path, sandbox_ids: set[str] | None = None, *, grace_seconds: float = 5.0) -> list[str]:
     """What is left now; waits up to `grace_seconds` for processes that are being killed to finish dying
     (a SIGKILLed sandbox can take a moment to exit once its cgroup was told to)."""
     deadline = time.monotonic() + grace_seconds
     while True:
-        found = leaked_processes(state_dir) + leaked_mounts(state_dir) + leaked_cgroups(sandbox_ids or set())
+        found = (leaked_processes(state_dir) + leaked_mounts(state_dir) + leaked_cgroups(sandbox_ids or set())
+                 + leaked_network(state_dir))
         if not found or time.monotonic() >= deadline:
             return found
         time.sleep(0.1)

@@ -13,28 +13,44 @@ the API's origin. So every relayed response is confined to an opaque origin and 
 reach the API's: `Content-Security-Policy: sandbox allow-scripts allow-forms allow-popups` (scripts run,
 but never as the API's origin: no cookies, storage or credentialed same-origin requests), no
 `Set-Cookie`, no `Access-Control-*` (no `Access-Control-Allow-Origin: *` for the API's origin), no
-`Referrer-Policy` leaking the token, `X-Content-Type-Options: nosniff`. Requests to the sandbox carry no
-`Cookie` and no `Authorization`.
+`Referrer-Policy` leaking the token, `X-Content-Type-Options: nosniff`.
+
+Requests to the sandbox carry only the headers on an allowlist (`RELAYED_REQUEST_HEADERS`: content
+negotiation, caching, ranges, the body's type, the user agent, fetch metadata), so no credential a client
+sends to our servers reaches sandbox code: not `Authorization` (the native API's bearer token, and the
+OpenEnv server's), not `X-API-Key` (which `/published` accepts as the service's token, and which the
+published SDK sends on every request of its session), not cookies, not `Proxy-Authorization`, nor any
+header an SDK may add tomorrow. A header whose value holds the service's token is dropped even when its
+name is allowed, and a request whose path or query holds it is refused (400).
 """
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from urllib.parse import unquote_plus
 
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_service.agent_client_base import AgentUnreachableError
-from sandbox_service.errors import ConflictError, NotFoundError, RequestTooLargeError, ServiceUnavailableError
+from sandbox_service.auth import TokenAuth
+from sandbox_service.errors import (ConflictError, InvalidRequestError, NotFoundError, RequestTooLargeError,
+                                    ServiceUnavailableError)
 from sandbox_service.models import PortExposure
 from sandbox_service.service import SandboxManager
 
+# The request headers relayed to the sandbox; every other one stays with the service (see the module doc).
+RELAYED_REQUEST_HEADERS = frozenset({
+    "accept", "accept-charset", "accept-encoding", "accept-language", "cache-control", "pragma",
+    "content-type", "content-encoding", "content-language", "content-disposition",
+    "if-match", "if-none-match", "if-modified-since", "if-unmodified-since", "if-range", "range",
+    "origin", "user-agent", "x-requested-with", "dnt", "upgrade-insecure-requests",
+    "sec-fetch-dest", "sec-fetch-mode", "sec-fetch-site", "sec-fetch-user",
+})
 # Hop-by-hop headers (RFC 9110 7.6.1) and ones the relay recomputes.
 _DROP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
          "transfer-encoding", "upgrade", "host", "content-length", "authorization"}
-# Never sent to the sandbox: the caller's credentials for the service's origin.
-_DROP_REQUEST = _DROP | {"cookie"}
 # Never relayed from the sandbox: what would act on (or open up) the service's origin.
 _DROP_RESPONSE = _DROP | {"set-cookie", "set-cookie2", "content-security-policy", "referrer-policy",
                           "x-content-type-options", "strict-transport-security", "clear-site-data",
@@ -45,6 +61,11 @@ CONFINEMENT_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cross-Origin-Resource-Policy": "same-origin",
 }
+
+
+def relayed_request_headers(headers: dict[str, str], auth: TokenAuth) -> dict[str, str]:
+    """The caller's headers that reach the sandbox: allowlisted names whose value holds no service token."""
+    return {k: v for k, v in headers.items() if k.lower() in RELAYED_REQUEST_HEADERS and not auth.carried_by(v)}
 
 
 def confine_response_headers(headers: dict[str, str]) -> dict[str, str]:
@@ -68,8 +89,10 @@ class _Exposure:
 
 
 class PortRegistry:
-    def __init__(self, manager: SandboxManager, public_url: str | None, max_body_bytes: int = 32 << 20):
+    def __init__(self, manager: SandboxManager, auth: TokenAuth, public_url: str | None,
+                 max_body_bytes: int = 32 << 20):
         self.manager = manager
+        self.auth = auth
         self.public_url = public_url
         self.max_body_bytes = max_body_bytes
         self._by_token: dict[str, _Exposure] = {}
@@ -132,7 +155,10 @@ def proxy_router(registry: PortRegistry) -> APIRouter:
         exp = registry.lookup(token)
         rec = registry.manager.ready(exp.sandbox_id)
         target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
+        if registry.auth.carried_by(unquote_plus(target)):
+            raise InvalidRequestError("the port URL's path or query holds the service's API token, which is never "
+                                      "relayed to sandbox code; take it out of the URL")
+        headers = relayed_request_headers(dict(request.headers.items()), registry.auth)
         body = await _capped_body(request, registry.max_body_bytes)
         try:
             status, resp_headers, body = await rec.agent.http_request(exp.port, request.method, target, headers,

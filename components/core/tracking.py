@@ -71,16 +71,18 @@ def ui_command(tracking: TrackingConfig) -> str:
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 
 
-def ui_link(tracking: TrackingConfig, experiment_id: str, run_id: str | None = None) -> str:
+def ui_link(tracking: TrackingConfig, experiment_id: str, run_id: str | None = None, port: int = 5000) -> str:
     """Where a run (or the experiment's runs) opens in the MLflow UI, on its model-training pages.
 
     MLflow 3.17's UI decides GenAI vs model training by a UI-wide switch (the `workflowType` URL parameter,
     else the browser's last choice, GenAI by default) and ignores the experiment's kind tag while the switch
-    is on: the link carries `workflowType=machine_learning` so the runs table, not the GenAI overview, opens."""
+    is on: the link carries `workflowType=machine_learning` so the runs table, not the GenAI overview, opens.
+    A local store's link is the command that serves it and the page on `port` (`orchard ui` picks a free one
+    and prints this link with it)."""
     path = f"#/experiments/{experiment_id}/runs" + (f"/{run_id}" if run_id else "") + "?workflowType=machine_learning"
     if tracking.tracking_uri.startswith(("http://", "https://")):
         return f"{tracking.tracking_uri.rstrip('/')}/{path}"
-    return f"{ui_command(tracking)}, then http://127.0.0.1:5000/{path}"
+    return f"{ui_command(tracking)} --port {port}, then http://127.0.0.1:{port}/{path}"
 
 
 def ensure_experiment(tracking: TrackingConfig) -> str:
@@ -233,7 +235,7 @@ def log_dataset_input(rows: list[dict[str, Any]], source: str | Path, name: str,
 
     from mlflow.exceptions import MlflowException
 
-    dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=str(source), name=name)
+    dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=_local_source(source), name=name)
     try:
         mlflow.log_input(dataset, context=context)
     except MlflowException as err:
@@ -243,6 +245,16 @@ def log_dataset_input(rows: list[dict[str, Any]], source: str | Path, name: str,
         if "UNIQUE constraint" not in str(err) and "Duplicate entry" not in str(err):
             raise
         mlflow.log_input(dataset, context=context)
+
+
+def _local_source(path: str | Path) -> Any:
+    """`path` as MLflow's local-file dataset source. MLflow registers that source class twice (for the "" and the
+    "file" schemes), so a bare string matches both and every call warns; resolving against the first one alone
+    gives the same source without the warning."""
+    from mlflow.data.dataset_source_registry import get_registered_sources, resolve_dataset_source
+
+    local = [s for s in get_registered_sources() if s._get_source_type() == "local"][:1]
+    return resolve_dataset_source(str(path), candidate_sources=local) if local else str(path)
 
 
 def log_json(obj: Any, name: str) -> None:

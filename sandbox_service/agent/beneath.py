@@ -127,6 +127,22 @@ def open_beneath(dirfd: int, rel: str, flags: int, mode: int = 0o644, *, follow_
     return _walk(dirfd, parts, flags, mode)
 
 
+PROC_SUPER_MAGIC = 0x9FA0
+
+
+class _Statfs(ctypes.Structure):  # struct statfs: f_type first; the rest only sized generously
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 248)]
+
+
+def on_procfs(fd: int) -> bool:
+    """Whether `fd` is a file or directory of a proc filesystem (the kernel's view of processes)."""
+    buf = _Statfs()
+    if _libc.fstatfs(fd, ctypes.byref(buf)) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return buf.f_type == PROC_SUPER_MAGIC
+
+
 def open_root(path: str) -> int:
     """An O_PATH fd for the confinement root itself, refusing a root that was replaced by a symlink."""
     if has_openat2():

@@ -6,8 +6,8 @@ Given a JSON boot config written by the local backend, before serving it:
 2. mounts the root: overlay (lower = image dir or the allowlist skeleton of local_root.py, upper/work
    per sandbox on its size-limited disk tmpfs), the allowlisted host paths read-only over it, a fresh
    /proc (with kernel knobs read-only and kcore/keys/timers masked), a minimal /dev (null, zero,
-   full, random, urandom, tty, a private devpts), read-only sysfs, /tmp, /run and /dev/shm from the
-   sandbox's disk tmpfs (one memory pool, see _mount_scratch),
+   full, random, urandom, tty, a private devpts of at most `pty_max` ptys), read-only sysfs, /tmp,
+   /run and /dev/shm from the sandbox's disk tmpfs (one memory pool, see _mount_scratch),
    empty read-only tmpfs over host secrets and the service's state dir (should an allowlist reach
    them), the agent copy and its interpreter's stdlib read-only under /.orchard (a read-only tmpfs);
 3. pivot_roots into it and detaches the host root, confines imports to /.orchard (confine_imports: the
@@ -151,7 +151,7 @@ def build_root(config: dict) -> None:
         p = os.path.join(proc, name)
         if os.path.exists(p):
             mount("/dev/null", p, None, MS_BIND)
-    _build_dev(os.path.join(merged, "dev"))
+    _build_dev(os.path.join(merged, "dev"), config.get("pty_max"))
     sys_dir = os.path.join(merged, "sys")
     os.makedirs(sys_dir, exist_ok=True)
     mount("sysfs", sys_dir, "sysfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -305,7 +305,10 @@ def _mount_scratch(merged: str, config: dict) -> None:
         mount(None, target, None, MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV)
 
 
-def _build_dev(dev: str) -> None:
+def _build_dev(dev: str, pty_max: int | None = None) -> None:
+    """`pty_max`: this devpts instance's cap. Every instance but the host's takes its ptys from one
+    machine-wide pool (kernel.pty.max minus kernel.pty.reserve): without a cap, one sandbox holding
+    /dev/ptmx open drained it, and every other sandbox's openpty (and the service's PTY route) failed."""
     os.makedirs(dev, exist_ok=True)
     mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
     for name in DEV_NODES:
@@ -314,7 +317,8 @@ def _build_dev(dev: str) -> None:
         mount(f"/dev/{name}", target, None, MS_BIND)
     pts = os.path.join(dev, "pts")
     os.mkdir(pts)
-    mount("devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
+    limit = f",max={pty_max}" if pty_max else ""
+    mount("devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, f"newinstance,ptmxmode=0666,mode=0620{limit}")
     os.symlink("pts/ptmx", os.path.join(dev, "ptmx"))
     os.mkdir(os.path.join(dev, "shm"))  # filled by _mount_scratch
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),

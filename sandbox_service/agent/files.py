@@ -9,6 +9,11 @@ symlink as the final component; missing parents are made with mkdirat in verifie
 checked member by member (tarfile's `data` filter: no absolute names, no `..`, no links out, no device
 files) *before* anything is extracted, then extracted fd by fd, and archived fd by fd (no recursion).
 
+Nothing on a proc filesystem is served, whatever path leads there (/proc/1, /proc/self, /dev/fd, an agent
+thread's /proc/<tid>): the agent (PID 1) may read its own /proc entries, which no command can (it is
+non-dumpable), and they show its fds, memory layout and settings; a command reads /proc as the kernel
+lets it.
+
 Errors are raised as `FileOpError(code, message)` with codes the client maps to
 `sandbox_service.errors` types. Stdlib only: this module is copied into every sandbox.
 """
@@ -81,7 +86,7 @@ class Confinement:
         """Open `rel` beneath the workspace; escapes raise path_outside_sandbox, absence file_not_found."""
         root = self.root_fd()
         try:
-            return beneath.open_beneath(root, rel, flags, mode, follow_last=follow_last)
+            return _not_on_procfs(beneath.open_beneath(root, rel, flags, mode, follow_last=follow_last), path)
         except beneath.EscapeError as exc:
             raise FileOpError("path_outside_sandbox", f"path {path!r} leads out of the workspace "
                               f"{self.root!r} (through a symlink or magic link): refused") from exc
@@ -102,7 +107,7 @@ class Confinement:
         """mkdir -p beneath the workspace; an O_PATH fd of the directory."""
         root = self.root_fd()
         try:
-            return beneath.make_dirs(root, rel)
+            return _not_on_procfs(beneath.make_dirs(root, rel), path)
         except beneath.EscapeError as exc:
             raise FileOpError("path_outside_sandbox", f"path {path!r} leads out of the workspace "
                               f"{self.root!r} (through a symlink or magic link): refused") from exc
@@ -114,6 +119,20 @@ class Confinement:
             raise FileOpError("invalid_request", f"cannot create {path!r}: {exc.strerror}") from exc
         finally:
             os.close(root)
+
+
+def _not_on_procfs(fd: int, path: str) -> int:
+    """`fd`, unless it is on a proc filesystem (closed then, and refused: see the module doc)."""
+    try:
+        refused = beneath.on_procfs(fd)
+    except OSError:
+        refused = True
+    if refused:
+        os.close(fd)
+        raise FileOpError("path_outside_sandbox", f"{path!r} is on /proc, the kernel's view of processes (the "
+                          "agent's own among them), not a file of the sandbox: file routes do not serve it; read "
+                          "it with a command")
+    return fd
 
 
 def _not_found(path: str, exc: OSError) -> FileOpError:

@@ -9,7 +9,11 @@ process reach kernel surface a sandbox has no use for, or undo its isolation, fa
   unshare/clone with any CLONE_NEW* flag (new user namespaces would hand back capabilities);
   clone3 answers ENOSYS (its flags sit in memory a filter cannot read), so libc falls back to
   clone, whose flags it can, exactly as Docker does;
-- open_by_handle_at (the "shocker" escape), lookup_dcookie, uselib, nfsservctl, vm86 and friends.
+- open_by_handle_at (the "shocker" escape), lookup_dcookie, uselib, nfsservctl, vm86 and friends;
+- fanotify_init (its groups and marks are counted per user and it watches whole filesystems);
+- io_setup answers ENOSYS, as on a kernel built without AIO: its contexts come out of one machine-wide
+  pool (fs.aio-max-nr) that one sandbox could fill for every other and for the host. Docker allows it;
+  we depart from Docker here. libaio users fall back to threads on ENOSYS (glibc's POSIX AIO never uses it).
 Everything else is allowed (ptrace of one's own children stays, for gdb/strace, as in Docker);
 syscalls of other ABIs (i386, x32) kill the process (libseccomp's default for foreign architectures).
 
@@ -45,7 +49,7 @@ BLOCKED = (
     "vm86", "vm86old", "_sysctl", "ustat", "fanotify_init",
 )
 NAMESPACE_CALLS = ("unshare", "clone")  # refused when any CLONE_NEW* flag is set in argument 0
-ENOSYS_CALLS = ("clone3",)
+ENOSYS_CALLS = ("clone3", "io_setup")
 
 
 class SeccompError(Exception):

@@ -19,7 +19,8 @@ from kubernetes import client as k8s
 
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
 from sandbox_service.backends.kubernetes_fqdn import checked_hosts, custom_object, sandbox_labels
-from sandbox_service.backends.kubernetes_objects import METADATA_CIDRS, checked_cidrs, metadata_excepts
+from sandbox_service.backends.kubernetes_objects import (METADATA_CIDRS, checked_cidrs, opened_cidrs,
+                                                         reserved_excepts)
 from sandbox_service.models import NetworkPolicy, SandboxCreate
 
 GROUP, VERSION, PLURAL, KIND = "cilium.io", "v2", "ciliumnetworkpolicies", "CiliumNetworkPolicy"
@@ -32,15 +33,15 @@ def fqdn_selectors(hosts: list[str]) -> list[dict[str, str]]:
 
 def build_cilium_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
                         policy: NetworkPolicy, owner: k8s.V1OwnerReference | None = None) -> dict[str, Any]:
-    """The egress an allowlist opens, as a CiliumNetworkPolicy body: CIDRs (metadata endpoint excepted),
+    """The egress an allowlist opens, as a CiliumNetworkPolicy body: CIDRs (metadata endpoint, nodes excepted),
     host names as `toFQDNs`, DNS to the cluster DNS through Cilium's DNS proxy, and the metadata endpoint
     denied outright (`egressDeny`, Cilium >= 1.9)."""
-    cidrs = checked_cidrs(policy.allow_cidrs)
+    cidrs = opened_cidrs(checked_cidrs(policy.allow_cidrs), config.node_cidrs)
     fqdns = fqdn_selectors(policy.allow_hosts)
     egress: list[dict[str, Any]] = []
     if cidrs:
-        egress.append({"toCIDRSet": [{"cidr": c, **({"except": ex} if (ex := metadata_excepts(c)) else {})}
-                                     for c in sorted(set(cidrs))]})
+        egress.append({"toCIDRSet": [{"cidr": c, **({"except": ex} if (ex := reserved_excepts(c, config.node_cidrs))
+                                                     else {})} for c in sorted(set(cidrs))]})
     if fqdns:
         egress.append({"toFQDNs": fqdns})
         # Without a DNS rule the proxy never sees the lookups and `toFQDNs` matches nothing. `*` lets the

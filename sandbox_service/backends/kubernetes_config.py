@@ -6,10 +6,11 @@ client (the backend imports it lazily, only when `backend="kubernetes"`).
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandbox_service.models import Resources
@@ -143,6 +144,11 @@ class KubernetesBackendConfig(BaseSettings):
     dns_cidrs: list[str] = Field(
         default_factory=lambda: ["169.254.20.10/32"],
         description="DNS addresses no pod selector matches: NodeLocal DNSCache's link-local address by default.")
+    node_cidrs: list[str] = Field(
+        default_factory=list, description="The nodes' own addresses (CIDRs, IPv4 or IPv6): an allowlist reaches "
+        "them only by naming single addresses (a /32 or /128, or a host name), never through a wider CIDR that "
+        "contains them (excepted from it), as the local backend never opens the host's own addresses to one. "
+        "Empty: the CNI's own rule for pod-to-node traffic applies.")
 
     # -- timing ------------------------------------------------------------------------------------------
     start_timeout_seconds: float = Field(300.0, gt=0, description="Give up on a pod that has no IP after this.")
@@ -198,6 +204,14 @@ class KubernetesBackendConfig(BaseSettings):
     snapshot_dir: Path = Field(
         Path("/var/lib/orchard/snapshots"),
         description="Service-side directory of snapshot archives (a PVC in production).")
+
+    @field_validator("node_cidrs")
+    @classmethod
+    def _node_cidrs(cls, cidrs: list[str]) -> list[str]:
+        try:
+            return [str(ipaddress.ip_network(c, strict=False)) for c in cidrs]
+        except ValueError as err:
+            raise ValueError(f"node_cidrs: {err} (give CIDRs such as 10.0.0.0/24)") from None
 
     @model_validator(mode="after")
     def _bounded_pools(self) -> "KubernetesBackendConfig":

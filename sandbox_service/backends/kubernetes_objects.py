@@ -21,7 +21,7 @@ import math
 import re
 import secrets as _secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from kubernetes import client as k8s
 
@@ -37,6 +37,7 @@ from sandbox_service.backends.kubernetes_config import (
     WORKDIR_ANNOTATION,
     KubernetesBackendConfig,
 )
+from sandbox_service.backends.allowlist import METADATA_CIDRS, checked_cidrs
 from sandbox_service.errors import InvalidRequestError
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 
@@ -276,21 +277,6 @@ def _default_resolver(host: str) -> list[str]:
     return sorted({info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
 
 
-def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
-    """The allowlist's CIDRs, normalised; a malformed one or the cloud metadata endpoint is refused."""
-    cidrs: list[str] = []
-    for cidr in allow_cidrs:
-        try:
-            network = ipaddress.ip_network(cidr, strict=False)
-        except ValueError as err:
-            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is not a CIDR ({err}); use e.g. 10.0.0.0/8.")
-        if any(network.version == m.version and network.subnet_of(m) for m in map(ipaddress.ip_network, METADATA_CIDRS)):
-            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is a cloud metadata endpoint, which "
-                                      "sandboxes never reach (it hands out the node's credentials).")
-        cidrs.append(str(network))
-    return cidrs
-
-
 def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolver) -> list[str]:
     """The CIDRs an allowlist policy opens. Host names are resolved now, at apply time: a NetworkPolicy
     holds addresses only, so a host whose addresses later change needs the policy applied again
@@ -313,28 +299,43 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
     return sorted(set(cidrs))
 
 
-# Cloud metadata and node credential endpoints, never reachable from a sandbox (they hand out the node's or the
-# workload's cloud credentials): the one list every policy builder (NetworkPolicy excepts, Cilium, Antrea, Calico)
-# and the allowlist check use.
-METADATA_CIDRS = (
-    "169.254.169.254/32",  # the instance metadata service (AWS, GCP, Azure, OpenStack, ...)
-    "169.254.169.252/32",  # GKE Workload Identity metadata server (GKE Dataplane V2)
-    "169.254.170.23/32",   # EKS Pod Identity agent
-    "fd00:ec2::254/128",   # AWS instance metadata, IPv6
-    "fd00:ec2::23/128",    # EKS Pod Identity agent, IPv6
-)
 
 
-def metadata_excepts(cidr: str) -> list[str]:
-    """The cloud metadata endpoints inside an allowed CIDR (0.0.0.0/0 holds one): to be excepted from it."""
+def _inside(cidr: str, others: Sequence[str]) -> list[str]:
+    """The CIDRs of `others` strictly inside `cidr` (same family)."""
     network = ipaddress.ip_network(cidr)
-    return [m for m in METADATA_CIDRS if (meta := ipaddress.ip_network(m)).version == network.version
-            and meta != network and meta.subnet_of(network)]
+    return [o for o in others if (net := ipaddress.ip_network(o)).version == network.version
+            and net != network and net.subnet_of(network)]
 
 
-def _ip_block_peer(cidr: str) -> k8s.V1NetworkPolicyPeer:
-    """An allowed CIDR that never opens the cloud metadata endpoint (node credentials), even 0.0.0.0/0."""
-    return k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=cidr, _except=metadata_excepts(cidr) or None))
+def _inside_any(cidr: str, others: Sequence[str]) -> bool:
+    """Whether `cidr` lies inside one of `others` (same family)."""
+    network = ipaddress.ip_network(cidr)
+    return any(network.version == (o := ipaddress.ip_network(c)).version and network.subnet_of(o) for c in others)
+
+
+def reserved_excepts(cidr: str, node_cidrs: Sequence[str] = ()) -> list[str]:
+    """What an allowed CIDR never opens, to be excepted from it: the cloud metadata endpoints inside it
+    (0.0.0.0/0 holds one), and the nodes' own addresses (`KubernetesBackendConfig.node_cidrs`) inside it,
+    reachable only when named one by one."""
+    return _inside(cidr, METADATA_CIDRS) + _inside(cidr, node_cidrs)
+
+
+def opened_cidrs(cidrs: Sequence[str], node_cidrs: Sequence[str] = ()) -> list[str]:
+    """The allowed CIDRs that open anything: not one wider than an address that lies among the nodes' own."""
+    return [c for c in cidrs if ipaddress.ip_network(c).num_addresses == 1 or not _inside_any(c, node_cidrs)]
+
+
+def named_node_addresses(cidrs: Sequence[str], node_cidrs: Sequence[str]) -> list[str]:
+    """The single addresses an allowlist names among the nodes' own (for CNIs whose rules go in order)."""
+    return [c for c in cidrs if ipaddress.ip_network(c).num_addresses == 1 and _inside_any(c, node_cidrs)]
+
+
+def _ip_block_peer(cidr: str, node_cidrs: Sequence[str]) -> k8s.V1NetworkPolicyPeer:
+    """An allowed CIDR that never opens the cloud metadata endpoint (node credentials), even 0.0.0.0/0, nor
+    the nodes' own addresses unless it names one of them."""
+    excepts = reserved_excepts(cidr, node_cidrs)
+    return k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=cidr, _except=excepts or None))
 
 
 def shared_policy_name(config: KubernetesBackendConfig) -> str:
@@ -372,8 +373,8 @@ def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config
     DNS for host names: the cluster DNS pods, and `dns_cidrs` (NodeLocal DNSCache answers on a
     link-local address from a host-network pod, which no pod selector matches)."""
     egress: list[k8s.V1NetworkPolicyEgressRule] = []
-    if cidrs:
-        egress.append(k8s.V1NetworkPolicyEgressRule(to=[_ip_block_peer(c) for c in cidrs]))
+    if opened := opened_cidrs(cidrs, config.node_cidrs):
+        egress.append(k8s.V1NetworkPolicyEgressRule(to=[_ip_block_peer(c, config.node_cidrs) for c in opened]))
     if policy.mode == "allowlist" and policy.allow_hosts and config.allow_dns_for_hosts:
         egress.append(k8s.V1NetworkPolicyEgressRule(
             to=[k8s.V1NetworkPolicyPeer(

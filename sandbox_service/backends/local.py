@@ -20,13 +20,18 @@ What the isolation covers (runtime "namespaces", the default; runtime "gvisor" i
   disk is ENOSPC inside. Fresh /proc (kernel knobs read-only, kcore/keys masked), minimal /dev,
   read-only /sys, private tmpfs /tmp and /run.
 - Seccomp (agent/seccomp.py, libseccomp): keyrings, bpf, perf_event_open, io_uring, userfaultfd,
-  module/kexec loading, the mount family, setns and unshare/clone of new namespaces fail with EPERM,
-  modelled on Docker's default profile; it covers the agent after its boot and every command.
-- Resources: cgroup memory (+memsw), cpu quota and pids limits (`local_cgroups.py`). The agent runs
+  fanotify, module/kexec loading, the mount family, setns and unshare/clone of new namespaces fail with
+  EPERM, io_setup with ENOSYS (AIO contexts are one machine-wide pool), modelled on Docker's default
+  profile; it covers the agent after its boot and every command.
+- Resources: cgroup memory (+memsw, and on cgroup v1 a TCP buffer limit: socket buffers are otherwise
+  charged to no cgroup and come out of the machine's net.ipv4.tcp_mem), cpu quota and pids limits
+  (`local_cgroups.py`); at most `pty_max` ptys (its devpts `max=`). Machine-wide kernel pools one sandbox
+  could drain are listed in docs/concepts/threat-model.md; the ceilings of those that need it are raised
+  at start (`local_ceilings.py`). The agent runs
   at oom_score_adj -1000, so a workload OOM kills the workload, is counted in memory.oom_control and
   is reported as OOM_KILLED (exec result and `status()`); a fork bomb hits pids.max, not the agent.
-- Network: none (no interface up, not even lo) by default, loopback, or a routed allowlist
-  (`local_network.py`), changeable live.
+- Network: none (no interface up, not even lo) by default, loopback, or an allowlist enforced on the
+  host end of the sandbox's link by nftables (`local_network.py`, `local_egress.py`), changeable live.
 - Privilege: commands and the agent (after its boot) hold only the bounding set, without CAP_SYS_ADMIN,
   NET_ADMIN, SYS_PTRACE, SYS_MODULE, MKNOD, DAC_READ_SEARCH and other dangerous capabilities, and those
   only inside the user namespace; the agent is non-dumpable (commands cannot reach its fds).
@@ -45,10 +50,10 @@ What it does not cover
   to its own uid, so none can be written from another sandbox.
 - An image whose filesystem cannot be idmapped (or with files owned by ids outside 0..65535 on disk) is
   seen as owned by nobody: readable, not writable by the sandbox's root except /workspace, /root, /tmp.
-- Allowlist mode cannot reach the internet without host IP forwarding + NAT (neither iptables nor nft
-  exists here); it reaches addresses on this host and networks routing the sandbox subnet back.
-  Enforcement is routing inside the sandbox's namespace (commands cannot change routes), not a host
-  firewall. veth names/addresses are allocated machine-wide (`net_index_dir`).
+- Allowlist mode cannot reach the internet without host IP forwarding and a network that routes the
+  sandbox subnet back (no NAT is configured, and sandbox traffic is untracked); it reaches addresses on
+  this host (each named one by one) and such networks. veth names/addresses and the egress table are
+  machine-wide (`net_index_dir`, nftables table `inet orchard_egress`).
 - The agent cannot lower its own oom_score_adj where the service lacks CAP_SYS_RESOURCE (this VM);
   it then raises every command's score to +1000 instead, which has the same effect in practice.
 - cgroup v2 is implemented but only v1 is exercised on this machine; per-exec tracking on v2 moves a
@@ -100,7 +105,7 @@ import time
 from pathlib import Path
 
 from sandbox_service.agent import boot
-from sandbox_service.backends import local_gvisor, local_network
+from sandbox_service.backends import local_ceilings, local_gvisor, local_network
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
 from sandbox_service.backends.fstree import remove_tree, shift_owners
 from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_version
@@ -132,6 +137,8 @@ class LocalBackend(SandboxBackend):
         if self.isolated:
             check_isolation()
             self._cg_version = detect_version()
+            if config.raise_kernel_ceilings:
+                local_ceilings.raise_ceilings(config.userns_pool_size, config.pty_max)
         self.state_dir = Path(config.state_dir).resolve()
         self.cgroup_parent = config.cgroup_parent or (
             "orchard-" + hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:10])
@@ -164,6 +171,8 @@ class LocalBackend(SandboxBackend):
             self._zygote = Zygote(self.python, self._launch_code, self.state_dir / "zygote.sock",
                                   self.state_dir / "zygote.log", self._launch_env)
         self.net_indexes = MachineSlots(config.net_index_dir, 65000, "allowlist network slots")
+        if self.isolated and self._gvisor is None:
+            local_network.remove_stale_filters(self.net_indexes)
         self.uid_slots = None
         if self.isolated and config.userns and self._gvisor is None:
             self.uid_slots = MachineSlots(config.userns_slot_dir, config.userns_pool_size, "sandbox id ranges")
@@ -339,6 +348,7 @@ class LocalBackend(SandboxBackend):
                 "cgroup_procs": cg.procs_files(),
                 "pids_cgroup": str(cg.work_pids_dir), "oom_counter": str(cg.oom_counter),
                 "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
+                "pty_max": self.config.pty_max,
                 "scratch": str(d.scratch),
                 "workspace": "/workspace", "workdir": rec.workdir, "env": base_env,
             }
@@ -494,7 +504,7 @@ class LocalBackend(SandboxBackend):
         if self.isolated:
             self._umount_disk(d)
             if rec is not None and rec.net_index is not None:
-                local_network.delete_veth(local_network.veth_name(rec.net_index))
+                local_network.remove_link(rec.net_index)
                 self.net_indexes.release(rec.net_index, str(d.root))
             self._cgroups(sandbox_id).remove()
         if rec is not None and rec.uid_slot is not None and self.uid_slots is not None:
@@ -564,12 +574,15 @@ class LocalBackend(SandboxBackend):
         return sorted(found - known)
 
     def close(self) -> None:
-        """Stop the agent zygote and remove the (empty) cgroup parent directories; sandboxes themselves are
-        stopped by the service and leftovers of a crash are found by list_orphans()."""
+        """Stop the agent zygote and remove the (empty) cgroup parent directories and, when no allowlist
+        sandbox is left on the machine, the egress table; sandboxes themselves are stopped by the service
+        and leftovers of a crash are found by list_orphans()."""
         if self._zygote is not None:
             self._zygote.close()
         if not self.isolated:
             return
+        if self._gvisor is None:
+            local_network.release_table(self.net_indexes)
         for controller_dir in {d.parent for d in self._cgroups("_").dirs.values()}:
             try:
                 controller_dir.rmdir()

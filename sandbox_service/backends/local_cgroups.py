@@ -90,6 +90,11 @@ class SandboxCgroups:
             _write(m / "memory.limit_in_bytes", str(mem))
             if (m / "memory.memsw.limit_in_bytes").exists():
                 _write(m / "memory.memsw.limit_in_bytes", str(mem))  # no swapping past the limit either
+            if (m / "memory.kmem.tcp.limit_in_bytes").exists():
+                # v1 charges socket buffers to a cgroup only once it has a TCP limit: without one, a 128 MiB
+                # sandbox queued 1 GiB on its own loopback, all of it from the machine-wide net.ipv4.tcp_mem
+                # that every TCP socket of the host (the service's too) draws from. v2 always charges them.
+                _write(m / "memory.kmem.tcp.limit_in_bytes", str(mem))
             _write(self.dirs["cpu"] / "cpu.cfs_period_us", str(CFS_PERIOD_US))
             _write(self.dirs["cpu"] / "cpu.cfs_quota_us", str(int(res.cpu * CFS_PERIOD_US)))
             _write(self.dirs["pids"] / "pids.max", str(res.pids + AGENT_PIDS_RESERVE))

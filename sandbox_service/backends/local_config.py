@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from sandbox_service.backends.local_ceilings import PTY_MAX_LIMIT
 from sandbox_service.backends.local_cgroups import detect_version
 from sandbox_service.errors import IsolationUnavailableError
 
@@ -80,6 +81,14 @@ class LocalBackendConfig(BaseModel):
         "<state_dir>/images; env ORCHARD_IMAGE_DIR.")
     fast_start: bool = Field(True, description="Fork sandboxes from a pre-imported agent (zygote) instead of "
                              "starting an interpreter per sandbox (saves ~30-100 ms each).")
+    pty_max: int = Field(
+        64, ge=1, le=4096, description="Ptys a sandbox may hold at once (its devpts `max=`): every sandbox takes "
+        "them from one machine-wide pool, which the backend sizes to userns_pool_size * pty_max "
+        "(local_ceilings.py).")
+    raise_kernel_ceilings: bool = Field(
+        True, description="At start, raise the machine-wide kernel ceilings one sandbox could otherwise reach "
+        "(kernel.pty.max, kernel.pid_max, kernel.threads-max, fs.file-max; never lowered) so each sandbox's own "
+        "cap binds first: see local_ceilings.py and docs/concepts/threat-model.md.")
     net_index_dir: Path = Field(Path("/run/orchard/net-slots"),
                                 description="Machine-wide allocation of veth names/addresses (one file per slot).")
 
@@ -87,6 +96,9 @@ class LocalBackendConfig(BaseModel):
     def _pool_fits(self) -> "LocalBackendConfig":
         if self.userns_base + self.userns_pool_size * self.userns_size > 2**32 - 1:
             raise ValueError(f"userns_base + userns_pool_size * userns_size exceeds the uid space (2**32 - 1)")
+        if self.userns_pool_size * self.pty_max > PTY_MAX_LIMIT // 2:
+            raise ValueError(f"userns_pool_size * pty_max ({self.userns_pool_size * self.pty_max}) is over the ptys "
+                             f"the kernel can share out ({PTY_MAX_LIMIT} in all, part of it the host's); lower one")
         return self
 
     @classmethod

@@ -2,11 +2,16 @@
 
 One O_EXCL file per slot in a directory under /run, holding its owner (the sandbox's dir), so services
 with different state dirs, or a restarted one, never hand out the same slot; the lowest free one is taken.
+Taking a slot holds an flock on the directory, so a clean-up that removes what free slots left behind
+(`locked`, `held`) never races a slot being taken.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from sandbox_service.errors import BackendUnavailableError
@@ -18,7 +23,31 @@ class MachineSlots:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.limit, self.what = limit, what
 
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """No slot is taken (by any service on this machine) while this is held."""
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def held(self) -> set[int]:
+        """The slots taken now (call under `locked` for an answer that stays true)."""
+        return {int(name) for name in os.listdir(self.dir) if name.isdigit()}
+
+    def owner(self, index: int) -> str | None:
+        try:
+            return (self.dir / str(index)).read_text()
+        except OSError:
+            return None
+
     def acquire(self, owner: str) -> int:
+        with self.locked():
+            return self._acquire(owner)
+
+    def _acquire(self, owner: str) -> int:
         for index in range(self.limit):
             try:
                 fd = os.open(self.dir / str(index), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)

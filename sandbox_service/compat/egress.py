@@ -5,11 +5,11 @@ The published system gives such sandboxes the whole network. Ours, when the oper
 else: the private, loopback, link-local (the cloud metadata endpoints: node credentials), shared (CGNAT) and
 reserved ranges below stay unreachable, so a sandbox still cannot reach the cluster, the node or its
 neighbours. It is expressed as an ordinary allowlist policy, so each backend enforces it the way it
-enforces any allowlist (local: routes in the sandbox's namespace; Kubernetes: a NetworkPolicy, which
-also excepts the metadata endpoints). IPv6 stays off, as for every allowlist.
+enforces any allowlist (local: an nftables filter on the host end of the sandbox's link, which also keeps
+the host's own addresses closed, public ones included; Kubernetes: a NetworkPolicy, which also excepts the
+metadata endpoints and `node_cidrs`). IPv6 stays off, as for every allowlist.
 
-What it does not cover: a host service bound to a public address of the service's own machine is public,
-hence reachable; the local backend does not NAT, so off-host addresses need a host that routes the
+What it does not cover: the local backend does not NAT, so off-host addresses need a host that routes the
 allowlist subnet (see backends/local_network.py).
 """
 

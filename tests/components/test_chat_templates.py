@@ -15,7 +15,7 @@ from components.core.rendering import (
 )
 from components.core.schema import Outcome, Step, TokenRole, ToolCall, Trajectory
 from components.core.tool_formats import format_call, parse_call
-from tests.components.hf_checkpoints import qwen_vocab_tokenizer, save_checkpoint
+from components.checkpoints import qwen_vocab_tokenizer, save_checkpoint
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}},

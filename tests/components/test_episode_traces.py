@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlflow
 import pytest
 
-from components.core.episode_traces import TraceConfig, sampled
+from components.core.episode_traces import TraceConfig, as_code, sampled
 from components.core.harness import HarnessConfig
 from components.core.policy_base import GenerationConfig
 from components.core.schema import Outcome, Trajectory
@@ -57,9 +57,21 @@ def test_every_sampled_episode_reads_back_turn_by_turn(sandbox_service, tasks, t
         assert turns[0].attributes["sampling.temperature"] == config.temperature
         calls = [s.tool_call for s in assistant if s.tool_call is not None]
         assert [(t.name, t.inputs["arguments"]) for t in tools] == [(c.name, c.arguments) for c in calls]
-        assert [t.outputs["output"] for t in tools] == [s.content for s in episode.steps if s.role == "tool" and s.tool_name]
+        assert [t.outputs["output"] for t in tools] == [as_code(s.content) for s in episode.steps
+                                                        if s.role == "tool" and s.tool_name]
+        assert [t.name for t in turns] == [f"turn {n}" for n in range(1, len(assistant) + 1)]  # 1, 2, 3: not step ids
         (verification,) = [s for s in trace.data.spans if s.name == "verification"]
         assert verification.outputs["outcome"] == episode.outcome.value
+        # the reward, numeric, at the episode's top level: the root's outputs, a tag, the traces table's column
+        assert root.outputs["reward"] == verification.outputs["reward"] == episode.reward == float(episode.resolved)
+        assert trace.info.tags["orchard.reward"] == f"{episode.reward:g}"
+        (reward,) = [a for a in client.get_trace(trace.info.trace_id).info.assessments if a.name == "reward"]
+        assert reward.value == episode.reward and reward.source.source_type == "CODE"
+        # the diff keeps its + and - lines as a fenced diff block (Markdown would make bullets of them)
+        if episode.final_answer:
+            fenced = verification.inputs["final_answer"]
+            assert fenced.startswith("```diff\n") and fenced.endswith("\n```")
+            assert fenced[len("```diff\n"):-len("\n```")] == episode.final_answer.rstrip()
         assert verification.outputs["test_report"] == episode.test_report.model_dump(mode="json")
         assert all(root.start_time_ns <= s.start_time_ns <= s.end_time_ns <= root.end_time_ns
                    for s in trace.data.spans)
@@ -100,3 +112,11 @@ def test_the_off_switch_and_the_sample_rate_bound_the_volume(sandbox_service, ta
     assert 150 < len(half) < 250 and sampled(many, TraceConfig(sample_rate=0.5, max_per_stage=1000)) == half
     assert len(sampled(many, TraceConfig(sample_rate=1.0, max_per_stage=7))) == 7
     assert sampled(many, TraceConfig(sample_rate=0.0)) == []
+
+
+def test_multi_line_values_are_fenced_so_the_ui_keeps_every_character():
+    diff = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-    return a - b\n+    return a + b\n"
+    assert as_code(diff) == "```diff\n" + diff.rstrip() + "\n```"
+    assert as_code("3 passed\n1 failed") == "```text\n3 passed\n1 failed\n```"
+    assert as_code("one line") == "one line" and as_code(None) is None and as_code("") == ""
+    assert as_code("a\n```\nb") == "~~~~text\na\n```\nb\n~~~~"  # a fence inside is kept: another fence

@@ -174,3 +174,41 @@ def test_the_whole_two_step_rule_keeps_its_stated_false_promotion_rates_per_gate
     assert rates["rl_labelled"] <= per_gate + 2 * np.sqrt(per_gate / n), rates  # RL = SFT is rarely labelled RL
     # the former rule, on the same draws, spent several times more: what the schedule's budget prevents
     assert rates["former_per_schedule"] > 2 * rates["per_schedule"], rates
+
+
+def test_the_alias_moves_only_on_promotion_and_old_versions_stay(tmp_path):
+    import mlflow
+
+    from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+    from components.tiny_model import build_policy
+
+    uri = f"sqlite:///{tmp_path}/registry.db"
+    config = PromotionConfig(model_name="gate-test")
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("gate-test")  # not whatever experiment an earlier test left active
+    model, tokenizer = build_policy(ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[])))
+    save_policy(model, tokenizer, tmp_path / "m")
+
+    def logged() -> str:
+        with mlflow.start_run():
+            return log_policy_model(tmp_path / "m")
+
+    assert current_champion(uri, config) is None
+    v1 = promote(uri, config, logged(), {"orchard.parent_model": "base", "orchard.git_commit": "abc"}, "first")
+    champion = current_champion(uri, config)
+    assert str(champion.version) == v1 and champion.tags["orchard.git_commit"] == "abc"
+    assert champion.description == "first"
+    client = mlflow.MlflowClient(uri)
+    parent = client.create_run(mlflow.get_experiment_by_name("gate-test").experiment_id).info.run_id
+    v2 = promote(uri, config, logged(), {"orchard.parent_model": f"gate-test/{v1}", "orchard.pipeline_run_id": parent},
+                 "second")
+    assert str(current_champion(uri, config).version) == v2 != v1
+    # the version belongs to the pipeline's parent run: that run's page lists it under "Registered models"
+    (mine,) = client.search_model_versions(f"run_id = '{parent}'")
+    assert str(mine.version) == v2 and mine.source.startswith("models:/")
+    assert {str(v.version) for v in client.search_model_versions("name='gate-test'")} == {v1, v2}  # v1 kept
+    registered = client.get_registered_model("gate-test")
+    assert "promotion gate" in registered.description and registered.tags["orchard.kind"] == "agent-policy"
+    assert registered.tags["orchard.latest_version"] == v2
+    local = download_champion(uri, current_champion(uri, config), tmp_path / "download")
+    assert (local / "config.json").exists() and (local / "tokenizer_config.json").exists()

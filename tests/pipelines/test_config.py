@@ -83,7 +83,7 @@ def test_a_checkpoint_and_its_load_options_are_run_wide_settings(tmp_path):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--preset", "huge"], "unknown preset 'huge'; choose one of demo, smol, tiny"),
+    (["--preset", "huge"], "unknown preset 'huge'; choose one of demo, quick, smol, tiny"),
     (["--set", "sft.stepz=4"], "sft.stepz: Extra inputs are not permitted"),
     (["--set", "sft.steps=-1"], "sft.steps: Input should be greater than or equal to 1"),
     (["--set", "recipe=chess"], "recipe: Input should be 'swe', 'gui' or 'claw'"),

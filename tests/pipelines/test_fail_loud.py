@@ -7,7 +7,8 @@ import socket
 import mlflow
 import pytest
 
-from pipelines.local import SandboxUnreachable, run_local
+from pipelines.local import SandboxUnreachable, external_connection, run_local
+from pipelines.preflight import PreflightError
 from pipelines.stages import StageFailed
 
 pytestmark = pytest.mark.timeout(600)
@@ -32,9 +33,12 @@ def _parent_status(tmp_path) -> str:
 
 def test_an_unreachable_sandbox_url_stops_the_run_instead_of_starting_another_service(tmp_path, micro_config):
     url = f"http://127.0.0.1:{_closed_port()}"
-    with pytest.raises(SandboxUnreachable, match=f"sandbox_url {url} does not answer"):
-        run_local(micro_config.updated(sandbox_url=url), tmp_path / "runs")
+    with pytest.raises(PreflightError, match=f"sandbox_url: {url} does not answer .*; start the sandbox service "
+                                             "there, or leave sandbox_url unset to run one locally"):
+        run_local(micro_config.updated(sandbox_url=url), tmp_path / "runs")  # the run's preflight
     assert not (tmp_path / "runs").exists(), "nothing ran"
+    with pytest.raises(SandboxUnreachable, match=f"sandbox_url {url} does not answer"):
+        external_connection(url)  # and the runner's own check, right before it uses the service
 
 
 def test_a_stage_whose_every_episode_is_an_infra_error_fails_with_the_reason(tmp_path, sandbox_service, micro_config,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import mlflow
 import pytest
@@ -114,9 +115,23 @@ def _check_run(result, config: PipelineConfig) -> None:
 @pytest.mark.timeout(900)
 def test_local_pipeline_micro(tmp_path, external_service, micro_config):
     """Against the session's service through `sandbox_url` (no service of its own is started)."""
+    import io
+
+    from pipelines.run_console import make_console
+
     config = micro_config.updated(sandbox_url=external_service.url)
-    result = run_local(config, tmp_path / "runs")
+    printed = io.StringIO()
+    result = run_local(config, tmp_path / "runs", console=make_console(file=printed))
     _check_run(result, config)
+    # the console: the estimate before the first stage, then one line per stage with what it did and the time left
+    lines = printed.getvalue().splitlines()
+    assert lines[0].startswith("estimate: ~") and "costs measured on an idle 2-core machine" in lines[0], lines[0]
+    done = [line for line in lines if line.startswith("  done ")]
+    assert [line.split()[1] for line in done] == [s.name for s in STAGES]
+    assert all(" left" in line for line in done[:-1]), done  # the last stage leaves only the report
+    assert re.search(r"resolved [01]/1 ", next(line for line in done if "evaluate-teacher" in line))
+    assert "2 steps, loss " in next(line for line in done if line.split()[1] == "sft")
+    assert json.loads((tmp_path / "runs" / "estimates.json").read_text())["sft|tiny"]["runs"] == 1  # learned
     rl = json.loads(RunLayout(result.run_dir).result_path("rl").read_text())
     assert rl["steps_done"] == 0
     assert "rl made 0 optimizer updates: its model is untrained and is not registered" in result.markdown
@@ -195,7 +210,7 @@ def test_the_local_pipeline_runs_on_a_user_checkpoint_through_model_path(tmp_pat
     from components.core.rendering import chat_format, render_trajectory
     from components.core.schema import Outcome, TokenRole
     from components.core.store import TrajectoryStore
-    from tests.components.hf_checkpoints import save_checkpoint
+    from components.checkpoints import save_checkpoint
 
     user = save_checkpoint(tmp_path / "user-model", "chatml")
     config = micro_config.updated(sandbox_url=external_service.url, model={"path": str(user), "device": "cpu"})

@@ -21,9 +21,44 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
+def _serve(handler: type) -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+class _Answers(BaseHTTPRequestHandler):
+    """Answers every GET and POST with `status`, `content_type` and `body` (set per test by subclassing)."""
+
+    status, content_type, body = 200, "application/json", b"{}"
+    routes: dict[str, tuple[int, str, bytes]] = {}
+
+    def _answer(self):
+        if self.command == "POST":
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        status, kind, body = self.routes.get(self.path.split("?")[0], (self.status, self.content_type, self.body))
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _answer  # noqa: N815 - http.server's names
+
+    def log_message(self, *args):
+        pass
+
+
+CHAT = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": "OK"},
+                                "finish_reason": "length"}]}).encode()
+MODELS = json.dumps({"object": "list", "data": [{"id": "served-model", "object": "model"}]}).encode()
+HTML = b"<!doctype html><html><body>Welcome to nginx!</body></html>"
+
+
 @pytest.fixture
 def endpoint():
-    """A real OpenAI-shaped HTTP server on loopback serving `served-model`; it wants the key `sesame`."""
+    """A real OpenAI-shaped HTTP server on loopback serving `served-model`; it wants the key `sesame`; a chat
+    completion asks for the model it serves."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
@@ -31,19 +66,24 @@ def endpoint():
                 self.send_response(401)
                 self.end_headers()
                 return
-            body = json.dumps({"object": "list", "data": [{"id": "served-model", "object": "model"}]}).encode()
             self.send_response(200 if self.path == "/v1/models" else 404)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(MODELS)
+
+        def do_POST(self):  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            ok = self.path == "/v1/chat/completions" and body["model"] == "served-model" and body["max_tokens"] == 1
+            self.send_response(200 if ok else 400)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(CHAT if ok else b'{"error": "bad request"}')
 
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server, url = _serve(Handler)
+    yield f"{url}/v1"
     server.shutdown()
     server.server_close()
 
@@ -160,12 +200,7 @@ def test_qwen3_trains_and_a_template_that_rewrites_other_turns_is_refused_in_one
     """Qwen3's template gives the newest assistant turn an empty <think> block and drops it once another
     turn follows: the history view trains it (issue 34). A template that rewrites a tool turn once another
     follows cannot be trained at all, and init-policy says so in one line, seconds into the run."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "components"))
-    from hf_checkpoints import qwen_vocab_tokenizer
-
+    from components.checkpoints import qwen_vocab_tokenizer
     from components.core.chat_templates import CHATML_TOOLS
     from components.core.store import TaskStore
     from components.recipes import get_recipe
@@ -189,3 +224,66 @@ def test_qwen3_trains_and_a_template_that_rewrites_other_turns_is_refused_in_one
     message = str(err.value)
     assert "\n" not in message and message.startswith(f"the chat template of {tmp_path / 'rewrites-tools'} cannot "
                                                       "train on text-only teacher turns: it rewrites earlier turns")
+
+def _openai(base_url: str, model: str = "served-model") -> list[str]:
+    return _teacher(base_url, model)
+
+
+@pytest.mark.parametrize("routes, expected", [
+    # a web server (or a proxy's page) where the API should be: /models answers 200 with HTML
+    ({"/v1/models": (200, "text/html", HTML)},
+     r"/v1/models answered 200 with text/html, not an OpenAI models list \('<!doctype html>.*'\): fix "
+     r"evaluate_teacher.endpoint.base_url \(the API root, e.g. http://host:8000/v1\)"),
+    # no models list (allowed), but the chat completion is a page too
+    ({"/v1/models": (404, "text/html", b"not here"), "/v1/chat/completions": (200, "text/html", HTML)},
+     r"/v1/chat/completions answered 200 with text/html, not a chat completion"),
+    # JSON, but not a completion (a gateway's own status document)
+    ({"/v1/models": (200, "application/json", MODELS), "/v1/chat/completions": (200, "application/json", b'{"ok": 1}')},
+     r"/v1/chat/completions answered 200 with application/json, not a chat completion"),
+    # the model is listed but the completion is refused
+    ({"/v1/models": (200, "application/json", MODELS),
+      "/v1/chat/completions": (400, "application/json", b'{"error": "max_tokens too small"}')},
+     r"/v1/chat/completions answered 400 to a one-token chat \('\{\"error\": \"max_tokens too small\"\}'\); fix "
+     r"evaluate_teacher.endpoint.model or evaluate_teacher.endpoint.base_url"),
+])
+def test_an_endpoint_must_complete_a_chat_of_one_token(routes, expected):
+    handler = type("Routes", (_Answers,), {"routes": routes, "status": 404})
+    server, url = _serve(handler)
+    try:
+        t0 = time.perf_counter()
+        with pytest.raises(PreflightError, match=expected) as err:
+            preflight(resolve("tiny", _openai(f"{url}/v1")))
+        assert "\n" not in str(err.value) and time.perf_counter() - t0 < 10
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_one_endpoint_in_three_roles_is_asked_once_and_named_with_all_three():
+    seen = []
+
+    class Counting(_Answers):
+        routes = {"/v1/models": (200, "application/json", MODELS), "/v1/chat/completions": (200, "application/json", CHAT)}
+
+        def _answer(self):
+            seen.append(self.path)
+            super()._answer()
+
+        do_GET = do_POST = _answer  # noqa: N815
+
+    server, url = _serve(Counting)
+    endpoint = json.dumps({"base_url": f"{url}/v1", "model": "served-model", "api_key_env": None})
+    roles = ["distill.teacher=openai", f"distill.openai={endpoint}", "evaluate_teacher.policy=openai",
+             f"evaluate_teacher.endpoint={endpoint}", 'credit.monte_carlo.teacher={"kind": "openai", "endpoint": '
+             + endpoint + "}"]
+    try:
+        preflight(resolve("tiny", roles))
+        assert seen == ["/v1/models", "/v1/chat/completions"]
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.raises(PreflightError) as err:  # the same endpoint, now down: one clause naming every role
+        preflight(resolve("tiny", roles))
+    message = str(err.value)
+    assert message.count("does not answer") == 1 and message.startswith("distill.openai: ")
+    assert message.endswith("(the same endpoint as evaluate_teacher.endpoint, credit.monte_carlo.teacher.endpoint)")

@@ -62,12 +62,25 @@ def test_import_from_jsonl_and_parquet(instance, tmp_path):
 
 def test_import_errors_say_what_is_missing(instance, tmp_path):
     path, _, inst = instance
-    with pytest.raises(SWEBenchImportError, match="no git checkout of acme/calc"):
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(SWEBenchImportError, match=f"{path}:1: acme__calc-1: no git checkout of acme/calc"):
         import_swebench(path, tmp_path / "elsewhere")
+    with pytest.raises(SWEBenchImportError, match="repos_dir .*nowhere is not a directory"):
+        import_swebench(path, tmp_path / "nowhere")
     bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({k: v for k, v in inst.items() if k != "test_patch"}) + "\n")
-    with pytest.raises(SWEBenchImportError, match="missing fields \\['test_patch'\\]"):
+    bad.write_text("\n" + json.dumps({k: v for k, v in inst.items() if k != "test_patch"}) + "\n")
+    with pytest.raises(SWEBenchImportError, match=f"{bad}:2: acme__calc-1: missing fields \\['test_patch'\\]"):
         import_swebench(bad, tmp_path / "repos")
+    bad.write_text(json.dumps(inst)[:120] + "\n")
+    with pytest.raises(SWEBenchImportError, match=f"{bad}:1: not valid JSON \\(Unterminated string starting at column"):
+        import_swebench(bad, tmp_path / "repos")
+    bad.write_text(json.dumps({**inst, "base_commit": "f" * 40}) + "\n")
+    with pytest.raises(SWEBenchImportError, match=f"{bad}:1: base_commit f{{40}} is not a commit of"):
+        import_swebench(bad, tmp_path / "repos")
+    listed = tmp_path / "bad.json"
+    listed.write_text(json.dumps([inst, ["not", "an", "object"]]))
+    with pytest.raises(SWEBenchImportError, match=r"bad.json\[1\]: an instance must be a JSON object, got list"):
+        import_swebench(listed, tmp_path / "repos")
 
 
 def test_imported_instance_verifies_in_sandboxes(instance, sandbox_client):

@@ -16,7 +16,7 @@ from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.config import ServiceConfig
 from sandbox_service.embedded import EmbeddedService
 from sandbox_service.errors import SandboxNotReadyError, UnauthorizedError
-from sandbox_service.models import ExecOutcome, InfraErrorKind, SandboxCreate, SandboxState
+from sandbox_service.models import ExecOutcome, InfraErrorKind, NetworkPolicy, SandboxCreate, SandboxState
 
 
 def _sandbox_dir(service: EmbeddedService, sandbox_id: str):
@@ -91,7 +91,7 @@ def test_orphans_of_a_crashed_service_are_removed_at_the_next_start(tmp_path):
     crashed = EmbeddedService(ServiceConfig(token="unused", state_dir=state_dir), check_leaks=False)
     crashed.start()
     with crashed.client() as client:
-        sb = client.create()
+        sb = client.create(SandboxCreate(network=NetworkPolicy(mode="allowlist", allow_cidrs=["10.254.253.1/32"])))
     assert (state_dir / "local" / "s" / sb.id).exists()
     crashed._collect_ids()
     os.killpg(crashed._proc.pid, signal.SIGKILL)  # no graceful shutdown: the sandbox stays behind
@@ -99,6 +99,8 @@ def test_orphans_of_a_crashed_service_are_removed_at_the_next_start(tmp_path):
     left = crashed.find_leaks()  # the leak check sees what was left
     assert any(item.startswith("process") for item in left), left
     assert any(item.startswith("cgroup") and sb.id in item for item in left), left
+    for kind in ("veth", "egress filter", "allowlist network slot", "sandbox id range slot"):
+        assert any(item.startswith(kind) for item in left), (kind, left)
     with EmbeddedService(ServiceConfig(token="unused", state_dir=state_dir)):
         deadline = time.monotonic() + 20  # reaped in the background, after the service listens
         while (state_dir / "local" / "s" / sb.id).exists():

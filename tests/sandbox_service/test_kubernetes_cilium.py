@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 from kubernetes import client as k8s
-from test_kubernetes_contract import SPEC, fake, make_backend, sandbox_objects  # noqa: F401 - fixtures
+from test_kubernetes_contract import (NODE_CIDRS, NODES_IN_ALLOWLIST, SPEC, fake, make_backend,  # noqa: F401
+                                      sandbox_objects)
 
 from sandbox_service.backends.kubernetes_config import SANDBOX_ID_LABEL
 from sandbox_service.backends.kubernetes_fake import running_after
@@ -144,3 +145,13 @@ def test_an_adopted_allowlist_sandbox_deletes_its_cilium_policy_by_name(fake, tm
     assert adopted.sandbox_id == "sb-adopt" and len(cilium_policies(fake, "sb-adopt")) == 1
     restarted.stop("sb-adopt")
     assert cilium_policies(fake, "sb-adopt") == [] and sandbox_objects(fake) == {}
+
+
+def test_the_nodes_own_addresses_open_only_when_named_one_by_one(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    backend = cilium_backend(fake, tmp_path, node_cidrs=NODE_CIDRS)
+    backend.start("sb-nodes", SPEC.model_copy(update={"network": NODES_IN_ALLOWLIST}), Resources(), "s")
+    (policy,) = cilium_policies(fake, "sb-nodes")
+    assert policy["spec"]["egress"] == [{"toCIDRSet": [
+        {"cidr": "10.0.0.0/8", "except": ["10.30.0.0/24"]}, {"cidr": "10.30.0.7/32"},
+        {"cidr": "::/0", "except": ["fd00:ec2::254/128", "fd00:ec2::23/128", "fd00:30::/64"]}]}]

@@ -358,6 +358,25 @@ def test_apply_network_policy_replaces_with_a_conflict_retry(fake, tmp_path):
         backend.apply_network_policy("sb-net", NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/33"]))
 
 
+# The nodes' own addresses (node_cidrs) and an allowlist that holds them: through a wider CIDR (10.0.0.0/8,
+# ::/0) they stay closed, named one by one (10.30.0.7/32) they open, and a CIDR made only of them
+# (10.30.0.128/25) opens nothing (the local backend's rule for the host's own addresses).
+NODE_CIDRS = ["10.30.0.0/24", "fd00:30::/64"]
+NODES_IN_ALLOWLIST = NetworkPolicy(mode="allowlist",
+                                   allow_cidrs=["10.0.0.0/8", "10.30.0.7/32", "10.30.0.128/25", "::/0"])
+
+
+def test_the_nodes_own_addresses_open_only_when_named_one_by_one(fake, tmp_path):
+    fake.kubelet = running_after(0)
+    backend = make_backend(fake, tmp_path, node_cidrs=NODE_CIDRS)
+    backend.start("sb-nodes", SPEC.model_copy(update={"network": NODES_IN_ALLOWLIST}), Resources(), "s")
+    (policy,) = [p for p in fake.of_kind("networkpolicies") if "ownerReferences" in p["metadata"]]
+    assert policy["spec"]["egress"][0]["to"] == [
+        {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.30.0.0/24"]}},
+        {"ipBlock": {"cidr": "10.30.0.7/32"}},
+        {"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128", "fd00:ec2::23/128", "fd00:30::/64"]}}]
+
+
 # -- RBAC: the Role grants exactly what the backend uses ---------------------------------------------------
 class AnsweringAgent:
     """An agent that answers a warm pool's ping and re-key (the real one runs in the tests below)."""

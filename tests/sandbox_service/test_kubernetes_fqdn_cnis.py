@@ -14,7 +14,8 @@ from typing import get_args
 
 import pytest
 from kubernetes import client as k8s
-from test_kubernetes_contract import SPEC, fake, make_backend, sandbox_objects  # noqa: F401 - fixtures
+from test_kubernetes_contract import (NODE_CIDRS, NODES_IN_ALLOWLIST, SPEC, fake, make_backend,  # noqa: F401
+                                      sandbox_objects)
 
 from sandbox_service.backends.kubernetes_config import SANDBOX_ID_LABEL, KubernetesBackendConfig
 from sandbox_service.backends.kubernetes_fake import running_after
@@ -252,3 +253,22 @@ def test_every_host_policy_value_but_resolve_has_one_fqdn_policy_the_fake_serves
     assert len({t.kind for t in FQDN_POLICY_TYPES.values()}) == len(FQDN_POLICY_TYPES)
     served = {(api_version, key.split(".")[0]) for key, (_, api_version) in CUSTOM_RESOURCES.items()}
     assert {(f"{t.group}/{t.version}", t.plural) for t in FQDN_POLICY_TYPES.values()} == served
+
+
+def test_the_nodes_own_addresses_open_only_when_named_one_by_one(fake, tmp_path):
+    """Rules in order: the named node address is allowed before the nodes are dropped, and wider CIDRs come after."""
+    for host_policy in ("antrea-fqdn", "calico-dns"):
+        fake.kubelet = running_after(0)
+        backend = fqdn_backend(fake, tmp_path, host_policy, node_cidrs=NODE_CIDRS)
+        sandbox_id = f"sb-{host_policy[:6]}"
+        backend.start(sandbox_id, SPEC.model_copy(update={"network": NODES_IN_ALLOWLIST}), Resources(), "s")
+        (policy,) = policies(fake, host_policy, sandbox_id)
+        egress = policy["spec"]["egress"]
+        if host_policy == "antrea-fqdn":
+            rules = [(r["name"], [peer["ipBlock"]["cidr"] for peer in r.get("to", [])]) for r in egress]
+            assert rules[1:] == [("allow-named-nodes", ["10.30.0.7/32"]), ("drop-nodes", NODE_CIDRS),
+                                 ("allow-cidrs", ["10.0.0.0/8", "10.30.0.7/32", "::/0"]), ("drop-rest", [])]
+        else:
+            rules = [(r["action"], r.get("destination", {}).get("nets")) for r in egress]
+            assert rules[2:] == [("Allow", ["10.30.0.7/32"]), ("Deny", ["10.30.0.0/24"]), ("Deny", ["fd00:30::/64"]),
+                                 ("Allow", ["10.0.0.0/8", "10.30.0.7/32"]), ("Allow", ["::/0"]), ("Deny", None)]

@@ -198,24 +198,6 @@ def test_no_network_by_default_and_loopback_mode(backend):
         srv.close()
 
 
-@pytest.fixture
-def host_addresses():
-    """Two addresses on this host (a veth pair that stays in the host namespace)."""
-    tag = secrets.token_hex(2)
-    a, b = f"orct{tag}a", f"orct{tag}b"
-    octet = secrets.randbelow(200) + 20
-    allowed, denied = f"10.254.{octet}.1", f"10.254.{octet}.2"
-    subprocess.run(["ip", "link", "add", a, "type", "veth", "peer", "name", b], check=True)
-    try:
-        subprocess.run(["ip", "addr", "add", f"{allowed}/32", "dev", a], check=True)
-        subprocess.run(["ip", "addr", "add", f"{denied}/32", "dev", b], check=True)
-        subprocess.run(["ip", "link", "set", a, "up"], check=True)
-        subprocess.run(["ip", "link", "set", b, "up"], check=True)
-        yield allowed, denied
-    finally:
-        subprocess.run(["ip", "link", "del", a], check=False)
-
-
 def test_allowlist_reaches_only_listed_addresses_and_changes_live(backend, host_addresses):
     allowed, denied = host_addresses
     srv, port = _host_server("0.0.0.0")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -16,7 +17,7 @@ class H(http.server.BaseHTTPRequestHandler):
     def _reply(self):
         n = int(self.headers.get("content-length") or 0)
         body = json.dumps({"method": self.command, "path": self.path,
-                           "body": self.rfile.read(n).decode(), "x": self.headers.get("x-test")}).encode()
+                           "body": self.rfile.read(n).decode(), "x": self.headers.get("accept-language")}).encode()
         self.send_response(201 if self.command == "POST" else 200)
         self.send_header("content-type", "application/json")
         self.send_header("x-from-sandbox", "yes")
@@ -44,7 +45,7 @@ def test_expose_relay_and_revoke(sandbox, wait_for_port):
     exposure = sandbox.expose_port(8123)
     assert exposure.port == 8123 and exposure.token in exposure.url
     # The URL alone is the credential: no bearer header here.
-    got = httpx.get(exposure.url + "some/page?q=1", headers={"x-test": "hdr"}, timeout=10)
+    got = httpx.get(exposure.url + "some/page?q=1", headers={"accept-language": "hdr"}, timeout=10)
     assert got.status_code == 200 and got.headers["x-from-sandbox"] == "yes"
     assert got.json() == {"method": "GET", "path": "/some/page?q=1", "body": "", "x": "hdr"}
     posted = httpx.post(exposure.url + "api", content=b"payload", timeout=10)
@@ -98,3 +99,48 @@ def test_relayed_bodies_are_capped_502_for_a_response_413_for_a_request(sandbox_
     assert big.status_code == 502 and "max_port_body_bytes" in big.text, big.text[:200]
     too_much = httpx.post(url + "x", content=b"y" * (cap + 1), timeout=120)
     assert too_much.status_code == 413 and too_much.json()["code"] == "request_too_large", too_much.text[:200]
+
+
+_HEADERS_ECHO = """
+import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"path": self.path, "headers": dict(self.headers.items())}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", 8127), H).serve_forever()
+"""
+
+
+def test_the_relay_forwards_no_credential_any_of_our_servers_accepts(sandbox_service, sandbox, wait_for_port):
+    """The relay dropped Authorization, Cookie and Proxy-Authorization but forwarded every other header:
+    `X-API-Key`, which `/published` accepts as the service's token and the published SDK sends on every
+    request of its session, reached the sandbox's server. Now only an allowlist of headers is relayed, and
+    never one that carries the service's token."""
+    sandbox.write_file("/workspace/echo.py", _HEADERS_ECHO)
+    sandbox.exec_async(["python3", "/workspace/echo.py"], timeout=300)
+    wait_for_port(sandbox, 8127)
+    url = sandbox.expose_port(8127).url
+    token = sandbox_service.token
+    credentials = {
+        "X-API-Key": token,  # /published's key
+        "Authorization": f"Bearer {token}",  # the native API's, and the OpenEnv server's (its own token)
+        "Cookie": f"session={token}",
+        "Proxy-Authorization": f"Basic {token}",
+        "X-Orchard-Token": token,  # any other name: not on the allowlist
+        "Accept-Language": f"en;q=0.9, {token}",  # an allowlisted name carrying the token
+        "Sec-WebSocket-Protocol": token,  # the published PTY's way of sending the key
+    }
+    got = httpx.get(url + "page", headers={**credentials, "User-Agent": "relay-test", "Accept": "text/html"},
+                    timeout=10)
+    assert got.status_code == 200, got.text
+    seen = {k.lower(): v for k, v in got.json()["headers"].items()}
+    assert token not in json.dumps(seen), f"the service's token reached the sandbox: {seen}"
+    assert not set(seen) & {k.lower() for k in credentials}, seen
+    assert seen.get("user-agent") == "relay-test" and seen.get("accept") == "text/html", seen  # apps still work
+    in_query = httpx.get(url + f"page?next=1&token={token}", timeout=10)
+    assert in_query.status_code == 400 and token not in in_query.text, in_query.text  # never relayed

@@ -159,6 +159,26 @@ def test_files_reach_any_path_in_the_sandbox_root_and_nothing_beyond(api, sbx):
     # (The native API keeps its own rule, the workspace only: tests/sandbox_service/test_api_files.py.)
 
 
+def test_file_routes_show_nothing_of_the_agents_own_process(api, sbx):
+    """With scope root the agent (PID 1) listed its own /proc/1/fd and /proc/1/map_files (its memory layout)
+    and read its /proc/1/maps: a command cannot (PID 1 is non-dumpable), but the file routes ran as the agent.
+    Nothing on /proc is served by file routes now, whichever path leads there."""
+    threads = api.post(f"/sandboxes/{sbx}/exec", json={"command": "ls /proc/1/task", "wait": True}).json()
+    tid = max(threads["stdout"].split(), key=int)  # an agent thread: /proc/<tid> is the agent's too
+    for path in ("/proc/1/fd", "/proc/1/map_files", "/proc/self/fd", "/proc/1/task/1/fd", f"/proc/{tid}/fd",
+                 "/proc/thread-self/fd", "/dev/fd", "/proc/1", "/proc"):
+        listed = api.get(f"/sandboxes/{sbx}/files/list", params={"path": path})
+        assert listed.status_code == 400, (path, listed.text[:300])
+    for path in ("/proc/1/maps", "/proc/self/maps", "/proc/1/environ", "/proc/1/status", f"/proc/{tid}/maps"):
+        read = api.get(f"/sandboxes/{sbx}/files", params={"path": path})
+        assert read.status_code == 400, (path, read.text[:300])
+    for path in ("/proc/1/oom_score_adj", "/proc/1/comm"):
+        written = api.post(f"/sandboxes/{sbx}/files", json={"path": path, "content": "MTAwMA=="})
+        assert written.status_code == 400, (path, written.text[:300])
+    seen = api.post(f"/sandboxes/{sbx}/exec", json={"command": "cat /proc/self/status | head -1", "wait": True})
+    assert seen.json()["stdout"].startswith("Name:")  # commands still read /proc as the kernel lets them
+
+
 def test_apply_patch(api, sbx):
     api.post(f"/sandboxes/{sbx}/files", json={"path": "file.txt", "content": base64.b64encode(b"line1\n").decode()})
     patch = "--- a/file.txt\n+++ b/file.txt\n@@ -1 +1,2 @@\n line1\n+line2\n"

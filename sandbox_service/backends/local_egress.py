@@ -1,0 +1,160 @@
+"""The allowlist's enforcement outside the sandbox: an nftables filter on the host end of each sandbox's link.
+
+Routes inside the sandbox's namespace are not a boundary: a socket bound to the interface
+(SO_BINDTODEVICE, unprivileged since Linux 5.7), given an output interface (IP_UNICAST_IF) or naming it in
+a datagram's IP_PKTINFO needs no route, and the host end of the veth answers ARP for every address of the
+host. So every packet a sandbox sends is decided in the service's namespace, where the sandbox has no
+say, before routing, conntrack or any other rule of the host (priority raw of the prerouting hook):
+
+    table inet orchard_egress
+      map egress  { ifname : verdict }        "orc5h" : jump orc5h, one entry per sandbox link
+      set links   { ifname }                  the same links, for the output hook
+      chain prerouting (hook, priority raw)   iifname vmap @egress
+      chain output     (hook, priority raw)   oifname @links notrack
+      chain orc5h                             one per sandbox, named after its link's host end:
+        notrack                                 its packets never take a slot of the host's conntrack table
+        ip daddr { <named /32s> } accept        single addresses the allowlist names, the host's included
+        fib daddr type != unicast drop          the host's own addresses, broadcast, multicast: only if named
+        ip daddr { <sandbox subnet>, <cloud metadata> } drop   other sandboxes only if named; metadata never
+        ip daddr { <wider CIDRs> } accept
+        drop                                    everything else, and every IPv6 packet
+
+A sandbox's chain, map entry and set entry are added in one transaction before its link exists, replaced
+in one transaction when its policy changes (never an instant without a filter), and removed after its
+link is gone. `notrack` keeps sandbox traffic out of the host's connection table (nf_conntrack_max is
+one pool for the host): the local backend does not NAT sandbox traffic, so nothing needs its state. The
+table is ours alone (kubelet's and kube-proxy's rules live in tables of their own; a drop here is final
+whatever they accept). It is machine-wide, like the link names (`net_index_dir`): made by the first
+allowlist create, and removed when a service stops while no allowlist slot of the machine is held.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from sandbox_service.backends import nftables
+from sandbox_service.backends.allowlist import METADATA_CIDRS
+from sandbox_service.errors import BackendUnavailableError
+
+TABLE = "inet orchard_egress"
+_HOOK_CHAINS = ("prerouting", "output")
+
+_BASE = f"""add table {TABLE}
+add map {TABLE} egress {{ type ifname : verdict; }}
+add set {TABLE} links {{ type ifname; }}
+add chain {TABLE} prerouting {{ type filter hook prerouting priority raw; policy accept; }}
+flush chain {TABLE} prerouting
+add rule {TABLE} prerouting iifname vmap @egress
+add chain {TABLE} output {{ type filter hook output priority raw; policy accept; }}
+flush chain {TABLE} output
+add rule {TABLE} output oifname @links notrack
+"""
+
+
+def _check_link(link: str) -> None:
+    if not link.isalnum() or link in _HOOK_CHAINS:  # it names a chain, and goes into the batch's text
+        raise ValueError(f"{link!r} is not a sandbox link name")
+
+
+def ensure() -> None:
+    """Create the table and its hook chains, or put them back as they must be (idempotent, one transaction)."""
+    try:
+        nftables.run(_BASE)
+    except nftables.NftablesError as exc:
+        raise BackendUnavailableError(f"cannot install the sandbox egress filter (nftables table {TABLE}): {exc}. "
+                                      "Allowlist sandboxes need nf_tables in the kernel and Debian's `nftables` "
+                                      "(scripts/install-system-deps.sh)") from exc
+
+
+def rules(link: str, cidrs: list[str], sandbox_subnet: str) -> str:
+    """The batch that makes `link`'s chain say `cidrs` (IPv4 CIDRs), and hooks it in. `sandbox_subnet`:
+    the other sandboxes' addresses, which, like the host's own, open only when named one by one."""
+    _check_link(link)
+    nets = [ipaddress.IPv4Network(c) for c in cidrs]
+    named = sorted({str(n.network_address) for n in nets if n.prefixlen == 32})
+    wide = [str(n) for n in ipaddress.collapse_addresses(n for n in nets if n.prefixlen < 32)]
+    never = [sandbox_subnet, *(c for c in METADATA_CIDRS if ipaddress.ip_network(c).version == 4)]
+    chain = f"{TABLE} {link}"
+    lines = [f"add chain {chain}", f"flush chain {chain}", f"add rule {chain} notrack"]
+    if named:
+        lines.append(f"add rule {chain} ip daddr {{ {', '.join(named)} }} accept")
+    if wide:
+        lines += [f"add rule {chain} fib daddr type != unicast drop",
+                  f"add rule {chain} ip daddr {{ {', '.join(never)} }} drop",
+                  f"add rule {chain} ip daddr {{ {', '.join(wide)} }} accept"]
+    lines += [f"add rule {chain} drop",
+              f'add element {TABLE} egress {{ "{link}" : jump {link} }}', f'add element {TABLE} links {{ "{link}" }}']
+    return "\n".join(lines) + "\n"
+
+
+def allow(link: str, cidrs: list[str], sandbox_subnet: str) -> None:
+    """Let packets arriving from `link` reach `cidrs` only; replaces what the link allowed before, in one
+    transaction. Call before the link exists."""
+    batch = rules(link, cidrs, sandbox_subnet)
+    try:
+        nftables.run(batch)
+    except nftables.NftablesError:
+        ensure()  # the table went (`nft flush ruleset`?): put it back, then try once more
+        try:
+            nftables.run(batch)
+        except nftables.NftablesError as exc:
+            raise BackendUnavailableError(f"sandbox egress filter for {link}: {exc}") from exc
+
+
+def remove(link: str) -> None:
+    """Remove `link`'s chain and entries (idempotent: whatever part exists goes, in one transaction)."""
+    _check_link(link)
+    chain = f"{TABLE} {link}"
+    # `add` first makes each `delete` find its object: nft 1.0.6 has no delete-if-exists (`destroy`).
+    batch = (f'add chain {chain}\nadd element {TABLE} egress {{ "{link}" : jump {link} }}\n'
+             f'add element {TABLE} links {{ "{link}" }}\ndelete element {TABLE} egress {{ "{link}" }}\n'
+             f'delete element {TABLE} links {{ "{link}" }}\nflush chain {chain}\ndelete chain {chain}\n')
+    try:
+        nftables.run(batch)
+    except nftables.NftablesError as exc:
+        if not table_exists():
+            return  # no table: nothing of the link can be left
+        raise BackendUnavailableError(f"could not remove the egress filter of {link}: {exc}") from exc
+
+
+def drop_table() -> None:
+    """Remove the whole table (idempotent). Only when no sandbox link can exist: see local_network.release_table."""
+    nftables.run(f"add table {TABLE}\ndelete table {TABLE}\n")
+
+
+def table_exists() -> bool:
+    try:
+        nftables.query(f"list table {TABLE}")
+    except nftables.NftablesError:
+        return False
+    return True
+
+
+def filtered_links() -> list[str]:
+    """The links that have a chain in the table now (none without the table or the library)."""
+    try:
+        items = nftables.query(f"list chains {TABLE.split()[0]}")
+    except nftables.NftablesError:
+        return []
+    name = TABLE.split()[1]
+    return sorted(c["chain"]["name"] for c in items
+                  if "chain" in c and c["chain"]["table"] == name and c["chain"]["name"] not in _HOOK_CHAINS)
+
+
+# In the sandbox's own namespace: no multicast or broadcast leaves eth0. Such a destination is sent to
+# without a route lookup through the gateway, and each group would take an entry of the machine's IPv4
+# neighbour table; dropped here, before the neighbour is looked up. The sandbox cannot change it (its
+# namespace belongs to the host's user namespace, where it holds no CAP_NET_ADMIN).
+_SOURCE = """add table ip orchard_source
+add chain ip orchard_source output { type filter hook output priority 0; policy accept; }
+flush chain ip orchard_source output
+add rule ip orchard_source output oifname "eth0" ip daddr { 224.0.0.0/4, 255.255.255.255 } drop
+"""
+
+
+def confine_source(pid: int) -> None:
+    """Install the sandbox-side table in the network namespace of `pid` (idempotent)."""
+    try:
+        nftables.run_in_netns(pid, _SOURCE)
+    except nftables.NftablesError as exc:
+        raise BackendUnavailableError(f"sandbox egress filter in the namespace of {pid}: {exc}") from exc
