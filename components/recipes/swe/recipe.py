@@ -12,9 +12,13 @@ from pathlib import Path
 
 from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
 from components.core.schema import Split, Task, ToolCall
+from components.recipes.swe import calls
+from components.recipes.swe.change import RepoChange, read_tree
 from components.recipes.swe.generator import generate_tasks
+from components.recipes.swe.setups import SetupArchives, TaskSetup, setup_key
 from components.recipes.swe.tools import TOOL_SPECS, SWETools, git_init_script
-from components.recipes.swe.verifier import verify_in_clean_room
+from components.recipes.swe.verifier import PYTEST_ENV, verify_in_clean_room
+from components.recipes.swe.warm_rooms import WarmRooms, WarmRun
 from sandbox_service.client import Sandbox
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 
@@ -35,7 +39,8 @@ class SWERecipe(RecipeBase):
 
     def __init__(self, difficulty: int | list[int] = 1, heldout_families: tuple[str, ...] | list[str] = (),
                  tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000, bugs: int | list[int] = 1,
-                 families: tuple[str, ...] | list[str] = (), packages: tuple[str, ...] | list[str] = ()):
+                 families: tuple[str, ...] | list[str] = (), packages: tuple[str, ...] | list[str] = (),
+                 warm_rooms: int = 4):
         self.difficulty = difficulty
         self.families = tuple(families)  # bug families tasks are drawn from (empty: all)
         self.packages = tuple(packages)  # package names repositories are drawn from (empty: all)
@@ -43,9 +48,13 @@ class SWERecipe(RecipeBase):
         self.heldout_families = tuple(heldout_families)
         self.tool_timeout_seconds = tool_timeout_seconds
         self.max_output_chars = max_output_chars
-        # sandbox id -> snapshot of its pristine state (taken at setup, before the agent's first step)
+        # sandbox id -> snapshot of its pristine state (taken at setup, before the agent's first step), for
+        # tasks whose set-up is not kept (setups.py); the others are verified from the kept set-up
         self._pristine: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._setups = SetupArchives()
+        # Warm rooms per sandbox spec for generated tasks' verifications (warm_rooms.py); 0: a clean room each
+        self._warm = WarmRooms(max_rooms=warm_rooms) if warm_rooms > 0 else None
 
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
         return generate_tasks(split, n, seed, difficulty=self.difficulty, heldout_families=self.heldout_families,
@@ -88,11 +97,24 @@ class SWERecipe(RecipeBase):
                              workdir=env.workdir)
 
     def setup(self, sandbox: Sandbox, task: Task) -> None:
-        """Place the repository, then snapshot it: the pristine state verification forks (`release` drops it)."""
-        self._setup_files(sandbox, task)
-        snapshot = sandbox.snapshot()
-        with self._lock:
-            self._pristine[sandbox.id] = snapshot.id
+        """Place the repository. A task whose set-up is kept (setups.py) gets the kept workdir in one file
+        operation (the first of its episodes sets it up and keeps it); any other is set up here and
+        snapshotted: the pristine state verification forks (`release` drops it)."""
+        key = setup_key(task)
+        if key is None:
+            self._setup_files(sandbox, task)
+            snapshot = sandbox.snapshot()
+            with self._lock:
+                self._pristine[sandbox.id] = snapshot.id
+            return
+        with self._setups.lock(key):
+            kept = self._setups.get(key)
+            if kept is None:
+                self._setup_files(sandbox, task)
+                archive = sandbox.download_dir(task.environment.workdir)
+                self._setups.put(key, TaskSetup(archive, read_tree(archive)))
+                return
+        sandbox.upload_archive(kept.archive, task.environment.workdir)
 
     def _setup_files(self, sandbox: Sandbox, task: Task) -> None:
         env = task.environment
@@ -144,20 +166,40 @@ class SWERecipe(RecipeBase):
                 ToolCall(name="read_file", arguments={"path": ".orchard-health"})]
 
     def judge(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
-        """Hidden tests in a clean room (see verifier.py); `final_answer` (the submit diff) is not trusted."""
+        """Hidden tests in a clean room or a warm room (see verifier.py); `final_answer` (the submit diff) is
+        not trusted."""
         with self._lock:
             snapshot = self._pristine.get(sandbox.id)
+        key = setup_key(task)
+        kept = self._setups.get(key) if key is not None and snapshot is None else None
+        spec = self.sandbox_spec(task)
 
         def clean_room(stack: ExitStack) -> Sandbox:
-            spec = self.sandbox_spec(task)
-            spec = spec.model_copy(update={"labels": {**spec.labels, "orchard.role": "verifier"},
-                                           "from_snapshot": snapshot})
-            room = stack.enter_context(sandbox.client.create(spec))
-            if snapshot is None:  # forked or replayed episode: no pristine snapshot here, build the state
+            room_spec = spec.model_copy(update={"labels": {**spec.labels, "orchard.role": "verifier"},
+                                                "from_snapshot": snapshot})
+            room = stack.enter_context(sandbox.client.create(room_spec))
+            if snapshot is None and kept is not None:  # the kept set-up: one file operation
+                room.upload_archive(kept.archive, task.environment.workdir)
+            elif snapshot is None:  # forked or replayed episode, or the kept set-up dropped: build the state
                 self._setup_files(room, task)
             return room
 
-        return verify_in_clean_room(sandbox, task, clean_room)
+        warm = None
+        if self._warm is not None and kept is not None and not kept.tree.other:
+            def warm(change: RepoChange, stdin: str) -> WarmRun | None:
+                return self._warm.run(sandbox.client, spec, calls.WORKER, workdir=task.environment.workdir,
+                                      pristine_id=key, pristine=kept.tree.files, write=change.write,
+                                      delete=change.delete, stdin=stdin, timeout=task.verifier.timeout_seconds,
+                                      env=PYTEST_ENV)
+
+        return verify_in_clean_room(sandbox, task, clean_room, pristine=kept.tree if kept is not None else None,
+                                    warm=warm)
+
+    def close(self) -> None:
+        """Delete the warm rooms (sandboxes kept across verifications); the recipe still works afterwards,
+        verifying in clean rooms. Rooms nobody closes are reaped by the service once idle."""
+        if self._warm is not None:
+            self._warm.close()
 
     def release(self, sandbox: Sandbox) -> None:
         with self._lock:

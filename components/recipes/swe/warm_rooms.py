@@ -1,0 +1,215 @@
+"""Warm rooms: verification sandboxes kept across the verifications of generated SWE tasks (verifier kind
+`calls`), each with a warm worker (`warm_worker.py`) that forks a child per verification.
+
+Why: a clean room per verification pays a sandbox start, a copy of the pristine state, a Python start-up
+and a delete (most of a verification's CPU); a warm room pays them once, and a verification then costs one
+file write, one `cat` and a fork of a warm interpreter. What each verification still gets, and what the
+worker removes after it (every process, file and IPC object of the verification's own uid), is in
+`warm_worker.py`; the verdict is judged on the host from the call worker's answer exactly as for a clean room.
+
+A warm room is never the only way to a verdict: when it cannot answer (it cannot be started, a request
+fails in any way, the worker retires it before answering), `run` returns None and the caller verifies in
+a clean room, so nothing a verification does to a warm room is anyone's failure. Rooms are kept per sandbox
+spec (the task's labels aside) and per service, at most `max_rooms` each, one verification at a time each;
+a room is deleted when its worker retires it, when a request to it fails, when it is older than
+`max_age_seconds` or idle longer than `idle_seconds` (both checked when rooms are taken), and by `close()`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox_service.client import Sandbox, SandboxClient
+from sandbox_service.models import SandboxCreate
+
+log = logging.getLogger(__name__)
+
+ROLE = "verifier-warm"
+CONTROL_DIR = "/workspace/.orchard-warm"  # root's, 0700: the request file and the answer FIFO
+WORKER_SOURCE = (Path(__file__).with_name("warm_worker.py")).read_text()
+UIDS = (20000, 59999)  # the verifications' uids, inside every sandbox's 65,536 ids
+MAX_ANSWER_BYTES = 64_000_000
+
+
+@dataclass
+class WarmRun:
+    """What the call worker did in a warm room: as an exec's result would say it."""
+
+    exit_code: int
+    timed_out: bool
+    stdout: str
+    stderr: str
+    seconds: float
+
+
+@dataclass(eq=False)
+class _Room:
+    sandbox: Sandbox
+    born: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    pristine_ids: set[str] = field(default_factory=set)
+    served: int = 0
+
+
+class WarmRooms:
+    """Warm rooms of one harness process (thread-safe); see the module docstring."""
+
+    def __init__(self, max_rooms: int = 4, idle_seconds: float = 120.0, max_age_seconds: float = 1800.0):
+        self.max_rooms, self.idle_seconds, self.max_age_seconds = max_rooms, idle_seconds, max_age_seconds
+        self._cond = threading.Condition()
+        self._idle: dict[str, list[_Room]] = {}
+        self._count: dict[str, int] = {}
+        self._closed = False
+
+    # -- the one entry point -------------------------------------------------------------------------------
+    def run(self, client: SandboxClient, spec: SandboxCreate, worker: str, *, workdir: str, pristine_id: str,
+            pristine: dict[str, bytes], write: dict[str, bytes], delete: list[str], stdin: str, timeout: float,
+            env: dict[str, str]) -> WarmRun | None:
+        """Run the call worker `worker` on `stdin` in a warm room, in `workdir` made from `pristine` (by
+        `pristine_id`) with `write` and `delete` applied; None when no warm room gave an answer."""
+        key = self._key(client, spec)
+        room = self._take(client, spec, key, worker)
+        if room is None:
+            return None
+        keep = False
+        try:
+            run, keep = self._ask(room, {
+                "nonce": secrets.token_hex(8), "workdir": workdir, "pristine_id": pristine_id,
+                "write": _b64(write), "delete": list(delete), "stdin": stdin, "timeout": timeout, "env": env,
+            }, pristine)
+            return run
+        except Exception as err:  # noqa: BLE001 - any failure: this room is done, the caller uses a clean room
+            log.warning("warm room %s failed (%s: %s); verifying in a clean room", room.sandbox.id,
+                        type(err).__name__, err)
+            return None
+        finally:
+            self._give_back(key, room, keep)
+
+    def close(self) -> None:
+        """Delete every idle room now (rooms in use are deleted when their verification ends)."""
+        with self._cond:
+            self._closed = True
+            rooms = [r for rs in self._idle.values() for r in rs]
+            self._idle.clear()
+            self._cond.notify_all()
+        for room in rooms:
+            _delete(room)
+
+    # -- rooms -------------------------------------------------------------------------------------------
+    @staticmethod
+    def _key(client: SandboxClient, spec: SandboxCreate) -> str:
+        shape = spec.model_dump(mode="json", exclude={"labels", "from_snapshot", "request_id"})
+        return json.dumps([str(client.base_url), shape], sort_keys=True)
+
+    def _take(self, client: SandboxClient, spec: SandboxCreate, key: str, worker: str) -> _Room | None:
+        stale: list[_Room] = []
+        try:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        return None
+                    now = time.monotonic()
+                    rooms = self._idle.get(key, [])
+                    while rooms:
+                        room = rooms.pop()
+                        if now - room.last_used > self.idle_seconds or now - room.born > self.max_age_seconds:
+                            stale.append(room)
+                            self._count[key] -= 1
+                            continue
+                        return room
+                    if self._count.get(key, 0) < self.max_rooms:
+                        self._count[key] = self._count.get(key, 0) + 1
+                        break
+                    self._cond.wait()
+        finally:
+            for room in stale:
+                _delete(room)
+        room = self._open(client, spec, worker)
+        if room is None:
+            with self._cond:
+                self._count[key] -= 1
+                self._cond.notify()
+        return room
+
+    def _give_back(self, key: str, room: _Room, keep: bool) -> None:
+        room.last_used = time.monotonic()
+        with self._cond:
+            if keep and not self._closed:
+                self._idle.setdefault(key, []).append(room)
+            else:
+                self._count[key] -= 1
+            self._cond.notify()
+        if not keep or self._closed:
+            _delete(room)
+
+    @staticmethod
+    def _open(client: SandboxClient, spec: SandboxCreate, worker: str) -> _Room | None:
+        """A new room: a sandbox of `spec` (no task state in it), the control directory, the warm worker."""
+        spec = spec.model_copy(update={"labels": {"orchard.role": ROLE}, "from_snapshot": None, "request_id": None})
+        sandbox = None
+        try:
+            sandbox = client.create(spec)
+            made = sandbox.exec(["sh", "-c", 'umask 077 && mkdir -p -- "$0" && mkfifo -- "$0/answer"', CONTROL_DIR],
+                                cwd="/", timeout=30)
+            if not made.ok:
+                raise RuntimeError(f"control directory: exit {made.exit_code}: {made.stderr[-300:]}")
+            config = {"dir": CONTROL_DIR, "worker": worker, "uid_first": UIDS[0], "uid_last": UIDS[1]}
+            sandbox.exec_async(["python", "-I", "-c", WORKER_SOURCE], stdin=json.dumps(config), cwd="/", timeout=86400,
+                               env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+            return _Room(sandbox)
+        except Exception as err:  # noqa: BLE001 - no warm room: the caller uses a clean room
+            log.warning("could not start a warm room (%s: %s); verifying in a clean room", type(err).__name__, err)
+            if sandbox is not None:
+                _delete(_Room(sandbox))
+            return None
+
+    @staticmethod
+    def _ask(room: _Room, request: dict, pristine: dict[str, bytes]) -> tuple[WarmRun | None, bool]:
+        """Send `request` (the pristine files too when the worker lacks them); (the run or None, keep the room)."""
+        if request["pristine_id"] not in room.pristine_ids:
+            request["pristine"] = _b64(pristine)
+        for _ in range(2):
+            room.sandbox.write_file(f"{CONTROL_DIR}/request.json", json.dumps(request))
+            relay = room.sandbox.exec(["cat", "--", f"{CONTROL_DIR}/answer"], cwd="/", timeout=float(request["timeout"]) + 60,
+                                      max_output_bytes=MAX_ANSWER_BYTES)
+            if not relay.ok:
+                raise RuntimeError(f"no answer ({relay.outcome.value}, exit {relay.exit_code}): "
+                                   f"{(relay.stderr or relay.message or '')[-300:]}")
+            answer = json.loads(relay.stdout)
+            if answer.get("nonce") != request["nonce"]:
+                raise RuntimeError("the answer is not this request's")
+            if answer.get("need_pristine") and "pristine" not in request:
+                request["pristine"] = _b64(pristine)
+                continue
+            break
+        else:
+            raise RuntimeError("the worker kept asking for the pristine files")
+        room.pristine_ids.add(request["pristine_id"])
+        room.served += 1
+        keep = not answer.get("retire")
+        if not keep:
+            log.info("warm room %s retired after %d verifications: %s", room.sandbox.id, room.served,
+                     answer.get("why"))
+        if "exit_code" not in answer:
+            return None, False
+        return WarmRun(exit_code=int(answer["exit_code"]), timed_out=bool(answer["timed_out"]),
+                       stdout=str(answer["stdout"]), stderr=str(answer["stderr"]),
+                       seconds=float(answer["seconds"])), keep
+
+
+def _b64(files: dict[str, bytes]) -> dict[str, str]:
+    return {path: base64.b64encode(data).decode() for path, data in files.items()}
+
+
+def _delete(room: _Room) -> None:
+    try:
+        room.sandbox.delete()
+    except Exception as err:  # noqa: BLE001 - the service's reaper collects it
+        log.warning("could not delete warm room %s: %s", room.sandbox.id, err)
