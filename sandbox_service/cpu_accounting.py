@@ -21,8 +21,10 @@ Sources, each as exact as the kernel keeps it:
   sample, its exit, lands in `sandbox_other`);
 - `sandboxes` = the tree less the service, its helpers and the zygote (agents, commands and the kernel
   work charged to them: namespaces, mounts, cgroup moves);
-- the calling process (`client`, rusage) and the machine (`/proc/stat`, every CPU's busy time: other
-  sessions included, so only meaningful on an idle machine).
+- kernel threads (`kernel`: every child of kthreadd, e.g. the workqueues that tear down network
+  namespaces and free mounts after a sandbox is gone): the whole machine's, so only meaningful on an idle one;
+- the calling process (`client`, rusage, less the meter's own sampling) and the machine (`/proc/stat`, every
+  CPU's busy time: other sessions included, so only meaningful on an idle machine).
 
 /proc/<pid>/stat counts in clock ticks (10 ms): sum deltas over many episodes before reading a split.
 Root is needed to make the cgroup (without it, `tree` and `sandboxes` are left None).
@@ -52,10 +54,8 @@ class CpuSample:
     commands: float = 0.0  # what the agents ran and reaped, as last seen alive
     sandboxes: float | None = None  # the tree less service, helpers and zygote (agents, commands, their exit)
     tree: float | None = None  # the service's whole process tree (cgroup)
+    kernel: float = 0.0  # kernel threads, machine-wide (namespace teardown and other deferred work)
     machine: float = 0.0  # every CPU's busy time (other sessions too)
-
-    COLUMNS = ("client", "service", "service_children", "zygote", "sandboxes", "agents", "commands", "tree",
-               "machine")
 
     def __sub__(self, other: "CpuSample") -> "CpuSample":
         def minus(a, b):
@@ -114,6 +114,16 @@ def client_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def kernel_thread_seconds() -> float:
+    """CPU-seconds of every kernel thread (kthreadd's children) since each started."""
+    total = 0.0
+    for pid in _children(2):
+        got = _stat(pid)
+        if got is not None:
+            total += got[0]
+    return total
+
+
 class TreeCpu:
     """CPU of the process tree under `service_pid` (see the module docstring). Move the service in right
     after it starts (before its first sandbox); `close()` removes the accounting group once it is empty."""
@@ -124,6 +134,7 @@ class TreeCpu:
         if self.group is not None:
             (self.group / "cgroup.procs").write_text(str(service_pid))
         self._last: dict[int, tuple[float, float]] = {}  # agent pid -> (own, reaped) when last seen
+        self._overhead = 0.0  # this process's CPU spent sampling (left out of `client`)
 
     @staticmethod
     def _make_group(name: str) -> Path | None:
@@ -160,8 +171,9 @@ class TreeCpu:
         return None
 
     def sample(self) -> CpuSample:
+        started = time.thread_time()
         tree = self._tree_seconds()
-        s = CpuSample(client=client_seconds(), machine=machine_busy_seconds(), tree=tree)
+        s = CpuSample(machine=machine_busy_seconds(), tree=tree, kernel=kernel_thread_seconds())
         own = _stat(self.service_pid)
         if own is not None:
             s.service, s.service_children = own
@@ -181,6 +193,8 @@ class TreeCpu:
         s.commands = sum(c for _, c in self._last.values())
         if tree is not None:
             s.sandboxes = tree - s.service - s.service_children - s.zygote
+        self._overhead += time.thread_time() - started
+        s.client = client_seconds() - self._overhead
         return s
 
     def close(self, timeout: float = 10.0) -> None:

@@ -1,6 +1,7 @@
 """Where one SWE episode's sandbox CPU goes, phase by phase and process by process.
 
     PYTHONPATH=$PWD python scripts/profile_episode.py --episodes 32            # generated tasks (call worker)
+    PYTHONPATH=$PWD python scripts/profile_episode.py --episodes 32 --group 8     # 4 tasks, 8 episodes each
     PYTHONPATH=$PWD python scripts/profile_episode.py --episodes 32 --verifier pytest --steps reference
 
 Runs SWE episodes one after another against a fresh embedded service (root: real sandboxes) and, at every
@@ -12,7 +13,8 @@ the service's whole tree, in nanoseconds). Phases: create (until ready), set-up 
 `none`: no tool runs, as an episode whose every turn fails to parse), each phase of the clean-room
 verification as the verifier names them (`verification.seconds`: fork, diff, apply, run, then the room's
 deletion and the verdict's bookkeeping as `close`), and release + delete. The first `--warmup` episodes
-(zygote start, first imports) are left out.
+(zygote start, first imports) are left out. `--group N` runs N episodes of each task one after another, as a
+GRPO group's are (what a recipe keeps per task is then reused); the default, 1, draws a new task each time.
 
 Prints a table of milliseconds of CPU per episode (means over the episodes) and writes the raw figures as JSON.
 CPU-seconds, unlike wall time, hardly depend on the machine's load, but `machine` (every CPU's busy time)
@@ -41,7 +43,7 @@ from sandbox_service.embedded import EmbeddedService  # noqa: E402
 
 COLUMNS = (("client", "harness"), ("service", "service"), ("service_children", "helpers"), ("zygote", "zygote"),
            ("sandboxes", "sandboxes"), ("agents", "(agents)"), ("commands", "(commands)"), ("ours", "total"),
-           ("machine", "machine"))
+           ("kernel", "kthreads"), ("machine", "machine"))
 
 
 class PhaseMeter:
@@ -82,7 +84,7 @@ def _episode(client, recipe: SWERecipe, task, phases: PhaseMeter, steps: str) ->
     sandbox.snapshot = snapshot
     try:
         recipe.setup(sandbox, task)
-        phases.mark("(set-up after snapshot)")
+        phases.mark("set-up")  # all of it when the recipe takes no snapshot
         answer = None
         if steps == "reference":
             for call in recipe.reference_calls(task):
@@ -109,9 +111,10 @@ def _git(*args: str) -> str:
         return "?"
 
 
-def run(episodes: int, warmup: int, verifier_kind: str, steps: str) -> dict:
+def run(episodes: int, warmup: int, verifier_kind: str, steps: str, group: int = 1) -> dict:
     recipe = SWERecipe() if verifier_kind == "calls" else _VerifiedAsImported()
-    tasks = recipe.tasks("train", episodes + warmup, seed=0)
+    drawn = recipe.tasks("train", -(-(episodes + warmup) // group), seed=0)
+    tasks = [t for t in drawn for _ in range(group)][:episodes + warmup]  # a group's episodes one after another
     service = EmbeddedService()
     service.start()
     meter = TreeCpu(service.pid)
@@ -145,14 +148,14 @@ def run(episodes: int, warmup: int, verifier_kind: str, steps: str) -> dict:
         return None if value is None else value * 1e3 / episodes
 
     per_episode = {phase: {name: per(s, name) for name, _ in COLUMNS} for phase, s in phases.spent.items()}
-    return {"episodes": episodes, "resolved": resolved, "verifier": verifier_kind, "steps": steps,
+    return {"episodes": episodes, "resolved": resolved, "verifier": verifier_kind, "steps": steps, "group": group,
             "wall_seconds": wall, "ms_per_episode": per_episode, "commit": _git("rev-parse", "--short", "HEAD"),
             "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "load_average": {"start": load0, "end": os.getloadavg()}, "cpus": len(os.sched_getaffinity(0))}
 
 
-ORDER = ("create", "set-up", "snapshot", "(set-up after snapshot)", "tools", "verify.fork", "verify.diff",
+ORDER = ("create", "set-up", "snapshot", "tools", "verify.fork", "verify.diff",
          "verify.apply", "verify.run", "verify.close", "release + delete", "(between episodes)")
 
 
@@ -174,7 +177,7 @@ def table(result: dict) -> str:
     out.append(f"{'episode (sum)':<26}" + "".join(f"{total[c]:>11.1f}" for c, _ in COLUMNS))
     load = result["load_average"]
     out.append(f"({result['episodes']} episodes, {result['resolved']} resolved, verifier {result['verifier']}, "
-               f"steps {result['steps']}; commit {result['commit']}{' + changes' if result['dirty'] else ''}, "
+               f"steps {result['steps']}, {result.get('group', 1)} per task; commit {result['commit']}{' + changes' if result['dirty'] else ''}, "
                f"{result['date']}, {result['cpus']} CPUs, load {load['start'][0]:.1f} -> {load['end'][0]:.1f}, "
                f"wall {result['wall_seconds']:.1f} s; total = harness + the service's whole tree; "
                "machine = every CPU, neighbours included)")
@@ -189,9 +192,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="calls: generated tasks' call worker; pytest: the imported tasks' path (canaries)")
     parser.add_argument("--steps", choices=("none", "reference"), default="none",
                         help="none: no tool runs; reference: the scripted teacher's clean path (resolves)")
+    parser.add_argument("--group", type=int, default=1,
+                        help="episodes per task, one after another (a GRPO group run one at a time)")
     parser.add_argument("--out", default="build/profile_episode.json")
     args = parser.parse_args(argv)
-    result = run(args.episodes, args.warmup, args.verifier, args.steps)
+    result = run(args.episodes, args.warmup, args.verifier, args.steps, args.group)
     print(table(result))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from components.recipes.swe.setups import SetupArchives, TaskSetup, setup_key
 from components.recipes.swe.tools import TOOL_SPECS, SWETools, git_init_script
 from components.recipes.swe.verifier import PYTEST_ENV, verify_in_clean_room
 from components.recipes.swe.warm_rooms import WarmRooms, WarmRun
+from components.recipes.swe.warm_rooms import shared as warm_rooms_pool
 from sandbox_service.client import Sandbox
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 
@@ -40,7 +41,7 @@ class SWERecipe(RecipeBase):
     def __init__(self, difficulty: int | list[int] = 1, heldout_families: tuple[str, ...] | list[str] = (),
                  tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000, bugs: int | list[int] = 1,
                  families: tuple[str, ...] | list[str] = (), packages: tuple[str, ...] | list[str] = (),
-                 warm_rooms: int = 4):
+                 warm_rooms: bool | WarmRooms = True):
         self.difficulty = difficulty
         self.families = tuple(families)  # bug families tasks are drawn from (empty: all)
         self.packages = tuple(packages)  # package names repositories are drawn from (empty: all)
@@ -53,8 +54,9 @@ class SWERecipe(RecipeBase):
         self._pristine: dict[str, str] = {}
         self._lock = threading.Lock()
         self._setups = SetupArchives()
-        # Warm rooms per sandbox spec for generated tasks' verifications (warm_rooms.py); 0: a clean room each
-        self._warm = WarmRooms(max_rooms=warm_rooms) if warm_rooms > 0 else None
+        # Generated tasks are verified in warm rooms (warm_rooms.py; True: the process's pool); False: a clean
+        # room per verification
+        self._warm = warm_rooms if isinstance(warm_rooms, WarmRooms) else warm_rooms_pool() if warm_rooms else None
 
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
         return generate_tasks(split, n, seed, difficulty=self.difficulty, heldout_families=self.heldout_families,
@@ -187,19 +189,14 @@ class SWERecipe(RecipeBase):
         warm = None
         if self._warm is not None and kept is not None and not kept.tree.other:
             def warm(change: RepoChange, stdin: str) -> WarmRun | None:
+                pristine = {p: d for p, d in kept.tree.files.items() if p.split("/", 1)[0] != ".git"}
                 return self._warm.run(sandbox.client, spec, calls.WORKER, workdir=task.environment.workdir,
-                                      pristine_id=key, pristine=kept.tree.files, write=change.write,
+                                      pristine_id=key, pristine=pristine, write=change.write,
                                       delete=change.delete, stdin=stdin, timeout=task.verifier.timeout_seconds,
                                       env=PYTEST_ENV)
 
         return verify_in_clean_room(sandbox, task, clean_room, pristine=kept.tree if kept is not None else None,
                                     warm=warm)
-
-    def close(self) -> None:
-        """Delete the warm rooms (sandboxes kept across verifications); the recipe still works afterwards,
-        verifying in clean rooms. Rooms nobody closes are reaped by the service once idle."""
-        if self._warm is not None:
-            self._warm.close()
 
     def release(self, sandbox: Sandbox) -> None:
         with self._lock:

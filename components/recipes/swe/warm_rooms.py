@@ -10,9 +10,12 @@ worker removes after it (every process, file and IPC object of the verification'
 A warm room is never the only way to a verdict: when it cannot answer (it cannot be started, a request
 fails in any way, the worker retires it before answering), `run` returns None and the caller verifies in
 a clean room, so nothing a verification does to a warm room is anyone's failure. Rooms are kept per sandbox
-spec (the task's labels aside) and per service, at most `max_rooms` each, one verification at a time each;
-a room is deleted when its worker retires it, when a request to it fails, when it is older than
-`max_age_seconds` or idle longer than `idle_seconds` (both checked when rooms are taken), and by `close()`.
+spec (the task's labels aside) and per service, at most `max_rooms` each, one verification at a time each,
+in one pool per process (`shared()`: recipes come and go, rooms outlive them); each use talks to the room
+through the caller's client. A room is deleted when its worker retires it, when a request to it fails,
+when it is older than `max_age_seconds` or idle longer than `idle_seconds` (both checked when rooms of its
+spec are taken), by `close()`, and by the service once no call reaches it for `idle_seconds` + 60 s (its
+heartbeat limit), so rooms nobody uses any more are gone within minutes.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox_service.client import Sandbox, SandboxClient
-from sandbox_service.models import SandboxCreate
+from sandbox_service.models import SandboxCreate, SandboxInfo
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +54,8 @@ class WarmRun:
 
 @dataclass(eq=False)
 class _Room:
-    sandbox: Sandbox
+    info: SandboxInfo
+    key: str
     born: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     pristine_ids: set[str] = field(default_factory=set)
@@ -66,7 +70,6 @@ class WarmRooms:
         self._cond = threading.Condition()
         self._idle: dict[str, list[_Room]] = {}
         self._count: dict[str, int] = {}
-        self._closed = False
 
     # -- the one entry point -------------------------------------------------------------------------------
     def run(self, client: SandboxClient, spec: SandboxCreate, worker: str, *, workdir: str, pristine_id: str,
@@ -79,28 +82,37 @@ class WarmRooms:
         if room is None:
             return None
         keep = False
+        sandbox = Sandbox(client, room.info)
         try:
-            run, keep = self._ask(room, {
+            run, keep = self._ask(sandbox, room, {
                 "nonce": secrets.token_hex(8), "workdir": workdir, "pristine_id": pristine_id,
                 "write": _b64(write), "delete": list(delete), "stdin": stdin, "timeout": timeout, "env": env,
             }, pristine)
             return run
         except Exception as err:  # noqa: BLE001 - any failure: this room is done, the caller uses a clean room
-            log.warning("warm room %s failed (%s: %s); verifying in a clean room", room.sandbox.id,
+            log.warning("warm room %s failed (%s: %s); verifying in a clean room", room.info.id,
                         type(err).__name__, err)
             return None
         finally:
-            self._give_back(key, room, keep)
+            self._give_back(client, key, room, keep)
 
-    def close(self) -> None:
-        """Delete every idle room now (rooms in use are deleted when their verification ends)."""
+    def close(self, client: SandboxClient) -> None:
+        """Delete the idle rooms of `client`'s service now (rooms in use are kept)."""
+        prefix = json.dumps([str(client.base_url)])[:-1]
         with self._cond:
-            self._closed = True
-            rooms = [r for rs in self._idle.values() for r in rs]
-            self._idle.clear()
+            rooms = [r for key in list(self._idle) if key.startswith(prefix) for r in self._idle.pop(key)]
+            for key in self._count:
+                if key.startswith(prefix):
+                    self._count[key] -= sum(1 for r in rooms if r.key == key)
             self._cond.notify_all()
         for room in rooms:
-            _delete(room)
+            _delete(client, room)
+
+    def rooms(self, client: SandboxClient) -> list[str]:
+        """Ids of the idle rooms of `client`'s service (for tests and status pages)."""
+        prefix = json.dumps([str(client.base_url)])[:-1]
+        with self._cond:
+            return [r.info.id for key, rs in self._idle.items() if key.startswith(prefix) for r in rs]
 
     # -- rooms -------------------------------------------------------------------------------------------
     @staticmethod
@@ -113,8 +125,6 @@ class WarmRooms:
         try:
             with self._cond:
                 while True:
-                    if self._closed:
-                        return None
                     now = time.monotonic()
                     rooms = self._idle.get(key, [])
                     while rooms:
@@ -130,29 +140,30 @@ class WarmRooms:
                     self._cond.wait()
         finally:
             for room in stale:
-                _delete(room)
-        room = self._open(client, spec, worker)
+                _delete(client, room)
+        room = self._open(client, spec, worker, key, self.idle_seconds)
         if room is None:
             with self._cond:
                 self._count[key] -= 1
                 self._cond.notify()
         return room
 
-    def _give_back(self, key: str, room: _Room, keep: bool) -> None:
+    def _give_back(self, client: SandboxClient, key: str, room: _Room, keep: bool) -> None:
         room.last_used = time.monotonic()
         with self._cond:
-            if keep and not self._closed:
+            if keep:
                 self._idle.setdefault(key, []).append(room)
             else:
                 self._count[key] -= 1
             self._cond.notify()
-        if not keep or self._closed:
-            _delete(room)
+        if not keep:
+            _delete(client, room)
 
     @staticmethod
-    def _open(client: SandboxClient, spec: SandboxCreate, worker: str) -> _Room | None:
+    def _open(client: SandboxClient, spec: SandboxCreate, worker: str, key: str, idle_seconds: float) -> _Room | None:
         """A new room: a sandbox of `spec` (no task state in it), the control directory, the warm worker."""
-        spec = spec.model_copy(update={"labels": {"orchard.role": ROLE}, "from_snapshot": None, "request_id": None})
+        spec = spec.model_copy(update={"labels": {"orchard.role": ROLE}, "from_snapshot": None, "request_id": None,
+                                       "heartbeat_ttl_seconds": idle_seconds + 60})
         sandbox = None
         try:
             sandbox = client.create(spec)
@@ -163,21 +174,21 @@ class WarmRooms:
             config = {"dir": CONTROL_DIR, "worker": worker, "uid_first": UIDS[0], "uid_last": UIDS[1]}
             sandbox.exec_async(["python", "-I", "-c", WORKER_SOURCE], stdin=json.dumps(config), cwd="/", timeout=86400,
                                env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"})
-            return _Room(sandbox)
+            return _Room(sandbox.info, key)
         except Exception as err:  # noqa: BLE001 - no warm room: the caller uses a clean room
             log.warning("could not start a warm room (%s: %s); verifying in a clean room", type(err).__name__, err)
             if sandbox is not None:
-                _delete(_Room(sandbox))
+                _delete(client, _Room(sandbox.info, key))
             return None
 
     @staticmethod
-    def _ask(room: _Room, request: dict, pristine: dict[str, bytes]) -> tuple[WarmRun | None, bool]:
+    def _ask(sandbox: Sandbox, room: _Room, request: dict, pristine: dict[str, bytes]) -> tuple[WarmRun | None, bool]:
         """Send `request` (the pristine files too when the worker lacks them); (the run or None, keep the room)."""
         if request["pristine_id"] not in room.pristine_ids:
             request["pristine"] = _b64(pristine)
         for _ in range(2):
-            room.sandbox.write_file(f"{CONTROL_DIR}/request.json", json.dumps(request))
-            relay = room.sandbox.exec(["cat", "--", f"{CONTROL_DIR}/answer"], cwd="/", timeout=float(request["timeout"]) + 60,
+            sandbox.write_file(f"{CONTROL_DIR}/request.json", json.dumps(request))
+            relay = sandbox.exec(["cat", "--", f"{CONTROL_DIR}/answer"], cwd="/", timeout=float(request["timeout"]) + 60,
                                       max_output_bytes=MAX_ANSWER_BYTES)
             if not relay.ok:
                 raise RuntimeError(f"no answer ({relay.outcome.value}, exit {relay.exit_code}): "
@@ -195,7 +206,7 @@ class WarmRooms:
         room.served += 1
         keep = not answer.get("retire")
         if not keep:
-            log.info("warm room %s retired after %d verifications: %s", room.sandbox.id, room.served,
+            log.info("warm room %s retired after %d verifications: %s", room.info.id, room.served,
                      answer.get("why"))
         if "exit_code" not in answer:
             return None, False
@@ -208,8 +219,16 @@ def _b64(files: dict[str, bytes]) -> dict[str, str]:
     return {path: base64.b64encode(data).decode() for path, data in files.items()}
 
 
-def _delete(room: _Room) -> None:
+def _delete(client: SandboxClient, room: _Room) -> None:
     try:
-        room.sandbox.delete()
+        Sandbox(client, room.info).delete()
     except Exception as err:  # noqa: BLE001 - the service's reaper collects it
-        log.warning("could not delete warm room %s: %s", room.sandbox.id, err)
+        log.warning("could not delete warm room %s: %s", room.info.id, err)
+
+
+_SHARED = WarmRooms()
+
+
+def shared() -> WarmRooms:
+    """The process's pool of warm rooms (every SWE recipe of the process uses it)."""
+    return _SHARED
