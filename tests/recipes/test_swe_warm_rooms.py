@@ -153,3 +153,23 @@ def test_the_kept_set_up_is_the_set_up(sandbox_client, tasks):
             recipe.release(sandbox)
     assert trees[0] == trees[1] and trees[0].files
     assert len(recipe._setups) == 1
+
+
+def test_kept_set_ups_are_bounded_by_bytes_least_recently_used_first():
+    from components.recipes.swe.change import Tree
+    from components.recipes.swe.setups import SetupArchives, TaskSetup, setup_key
+
+    def setup(n: int) -> TaskSetup:
+        return TaskSetup(b"a" * n, Tree(files={"f.py": b"b" * n}))
+
+    kept = SetupArchives(max_bytes=100)
+    assert kept.put("a", setup(20)) and kept.put("b", setup(20))  # 40 bytes each
+    assert kept.get("a") is not None  # a is now the most recently used
+    assert kept.put("c", setup(20))  # 120 > 100: b goes
+    assert kept.get("b") is None and kept.get("a") is not None and kept.get("c") is not None
+    assert not kept.put("huge", setup(60)) and kept.get("huge") is None and len(kept) == 2
+    task = generate_tasks("train", 1, 0)[0]
+    assert setup_key(task) == setup_key(task.model_copy(update={"id": "other"}))  # by environment, not id
+    for update in ({"setup_commands": ["pip install x"]}, {"workdir": "/srv/repo"},
+                   {"repo_path": "/src", "base_commit": None}):
+        assert setup_key(task.model_copy(update={"environment": task.environment.model_copy(update=update)})) is None

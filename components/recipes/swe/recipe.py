@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import subprocess
 import tarfile
 import tempfile
@@ -22,6 +23,8 @@ from components.recipes.swe.warm_rooms import WarmRooms, WarmRun
 from components.recipes.swe.warm_rooms import shared as warm_rooms_pool
 from sandbox_service.client import Sandbox
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
+
+log = logging.getLogger(__name__)
 
 SANDBOX_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",  # no __pycache__ in the diff
@@ -103,20 +106,35 @@ class SWERecipe(RecipeBase):
         operation (the first of its episodes sets it up and keeps it); any other is set up here and
         snapshotted: the pristine state verification forks (`release` drops it)."""
         key = setup_key(task)
-        if key is None:
-            self._setup_files(sandbox, task)
-            snapshot = sandbox.snapshot()
-            with self._lock:
-                self._pristine[sandbox.id] = snapshot.id
+        if key is not None:
+            with self._setups.lock(key):
+                kept = self._setups.get(key)
+                if kept is None:
+                    self._setup_files(sandbox, task)
+                    if self._keep_setup(sandbox, task, key):
+                        return
+                    self._snapshot_pristine(sandbox)
+                    return
+            sandbox.upload_archive(kept.archive, task.environment.workdir)
             return
-        with self._setups.lock(key):
-            kept = self._setups.get(key)
-            if kept is None:
-                self._setup_files(sandbox, task)
-                archive = sandbox.download_dir(task.environment.workdir)
-                self._setups.put(key, TaskSetup(archive, read_tree(archive)))
-                return
-        sandbox.upload_archive(kept.archive, task.environment.workdir)
+        self._setup_files(sandbox, task)
+        self._snapshot_pristine(sandbox)
+
+    def _keep_setup(self, sandbox: Sandbox, task: Task, key: str) -> bool:
+        """Keep the workdir just set up (nothing of the policy has run); False when it cannot be kept (too
+        large to download or to keep), and the task is then verified from a snapshot as any other."""
+        try:
+            archive = sandbox.download_dir(task.environment.workdir)
+            setup = TaskSetup(archive, read_tree(archive))
+        except Exception as err:  # noqa: BLE001 - keeping is an optimisation: set-up itself has succeeded
+            log.info("set-up of %s not kept (%s: %s)", task.id, type(err).__name__, err)
+            return False
+        return self._setups.put(key, setup)
+
+    def _snapshot_pristine(self, sandbox: Sandbox) -> None:
+        snapshot = sandbox.snapshot()
+        with self._lock:
+            self._pristine[sandbox.id] = snapshot.id
 
     def _setup_files(self, sandbox: Sandbox, task: Task) -> None:
         env = task.environment

@@ -71,9 +71,10 @@ class SetupArchives:
                 self._kept.move_to_end(key)
             return found
 
-    def put(self, key: str, setup: TaskSetup) -> None:
+    def put(self, key: str, setup: TaskSetup) -> bool:
+        """Keep `setup` (False when it alone is over `max_bytes`: not kept)."""
         if setup.size > self.max_bytes:
-            return
+            return False
         with self._lock:
             old = self._kept.pop(key, None)
             self._bytes -= old.size if old is not None else 0
@@ -82,6 +83,7 @@ class SetupArchives:
             while self._bytes > self.max_bytes:
                 _, dropped = self._kept.popitem(last=False)
                 self._bytes -= dropped.size
+        return True
 
     def lock(self, key: str) -> threading.Lock:
         with self._lock:

@@ -4,15 +4,21 @@ The rule (verifier `swe-clean-room`, version `VERSION`):
 
 1. The agent's change is taken on the host by comparing its final repository with the pristine one
    (`change.py`, which also lists what is ignored: tests, runner configuration, start-up hooks,
-   shadowing modules, binaries, caches, symlinks). Nothing the agent's sandbox computes is trusted.
-2. A fresh sandbox is forked from the task's pristine snapshot (or set up anew when there is none):
+   shadowing modules, binaries, caches, symlinks). Nothing the agent's sandbox computes is trusted. The
+   pristine tree is the one kept from the task's set-up (`setups.py`: read before the policy's first
+   step) or, when none is kept, read from the clean room.
+2. A fresh sandbox is forked from the task's pristine snapshot, or given the kept set-up, or set up anew:
    none of the agent's processes exist there. Only the applied part of the change is written into it,
    then whatever sits at a hidden test path is removed and the hidden tests (or the task's test patch)
-   are placed.
+   are placed. Generated tasks whose set-up is kept run in a **warm room** instead when one answers
+   (`warm_rooms.py`, `warm_worker.py`): a sandbox kept across verifications, none of whose earlier
+   verifications left anything (each runs as a uid of its own in a tree made afresh, and every process,
+   file and IPC object of that uid is removed after it, or the room is retired); otherwise a clean room.
 3. Generated tasks (kind `calls`, `calls.py`): the hidden tests' calls of the package's functions run
-   in a worker process in the clean room that returns typed plain data; the assertions are judged in
-   the host process, which never imports the agent's code. A value that is not plain data, an
-   exception, a missing answer or a worker that dies fails the test. Imported tasks (kind `pytest`):
+   in a worker process in the clean room (`python -I -c`, the request on stdin) or, in a warm room, in a
+   fork of the warm worker, that returns typed plain data; the assertions are judged in the host
+   process, which never imports the agent's code. A value that is not plain data, an exception, a
+   missing answer or a worker that dies fails the test. Imported tasks (kind `pytest`):
    pytest runs as `python -I` (no workspace path before the standard library, no PYTHON* variables,
    no user site), with plugin autoloading off, no cache, `--rootdir` the repository and `-c` a
    configuration file the verifier writes into a fresh `mktemp -d` directory outside the repository;
@@ -56,8 +62,9 @@ from sandbox_service.errors import SandboxServiceError
 from sandbox_service.models import ExecOutcome
 
 NAME = "swe-clean-room"
-VERSION = "4"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout; 2: pytest for every task;
-# 3: imported tasks' canaries in a module of their own, no-verdict runs blamed by a control run of the same tests
+VERSION = "5"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout; 2: pytest for every task;
+# 3: imported tasks' canaries in a module of their own, no-verdict runs blamed by a control run of the same tests;
+# 4: canaries inside the hidden modules, the one blame rule; 5: generated tasks' call worker in warm rooms
 PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import base64
 import builtins
 import ctypes
+import gc
 import io
 import json
 import os
@@ -263,7 +264,7 @@ def open_import_paths() -> None:
 class Worker:
     def __init__(self, config: dict):
         self.dir = config["dir"]
-        self.worker_source = config["worker"]
+        self.worker_code = compile(config["worker"], "<string>", "exec")  # once, not per verification
         self.uids = range(config["uid_first"], config["uid_last"] + 1)
         self.next_uid = 0
         self.max_answer = config.get("max_answer_bytes", 20_000_000)
@@ -417,7 +418,7 @@ class Worker:
             main = types.ModuleType("__main__")
             main.__builtins__ = builtins
             sys.modules["__main__"] = main
-            exec(compile(self.worker_source, "<string>", "exec"), main.__dict__)
+            exec(self.worker_code, main.__dict__)
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -439,6 +440,7 @@ def main() -> int:
     os.umask(0o022)
     config = json.loads(sys.stdin.read())
     worker = Worker(config)
+    gc.freeze()  # what is loaded now stays out of collections: a fork's pages stay shared
     answer_path = os.path.join(worker.dir, "answer")
     request_path = os.path.join(worker.dir, "request.json")
     while True:
