@@ -156,7 +156,7 @@ def run(episodes: int, warmup: int, verifier_kind: str, steps: str, group: int =
 
 
 ORDER = ("create", "set-up", "snapshot", "tools", "verify.fork", "verify.diff",
-         "verify.apply", "verify.run", "verify.close", "release + delete", "(between episodes)")
+         "verify.apply", "verify.run", "verify.warm", "verify.close", "release + delete", "(between episodes)")
 
 
 def table(result: dict) -> str:
