@@ -77,6 +77,8 @@ class WarmRooms:
             env: dict[str, str]) -> WarmRun | None:
         """Run the call worker `worker` on `stdin` in a warm room, in `workdir` made from `pristine` (by
         `pristine_id`) with `write` and `delete` applied; None when no warm room gave an answer."""
+        if not workdir.startswith("/workspace/") or (CONTROL_DIR + "/").startswith(workdir.rstrip("/") + "/"):
+            return None  # the tree is made and removed whole: never /workspace or the control directory
         key = self._key(client, spec)
         room = self._take(client, spec, key, worker)
         if room is None:

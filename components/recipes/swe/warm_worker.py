@@ -290,7 +290,9 @@ class Worker:
             raise Retire("every uid of the range has been used")
         uid = self.uids[self.next_uid]
         self.next_uid += 1
-        workdir = req["workdir"]
+        workdir = os.path.normpath(req["workdir"])
+        if not workdir.startswith("/workspace/") or (self.dir + "/").startswith(workdir + "/"):
+            raise ValueError(f"workdir {workdir!r} is not a directory of its own under /workspace")
         build_tree(workdir, files, uid)
         try:
             answer = self.run(uid, workdir, req)
