@@ -336,9 +336,15 @@ class SandboxClient(_ClientOps):
                  transport: httpx.BaseTransport | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
+        self._token, self._timeout, self._transport = token, timeout, transport
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
                                   verify=_tls_context())
         self._lane = KeepAliveLane.for_client(self.base_url, headers, transport)
+
+    def clone(self) -> "SandboxClient":
+        """A client of its own to the same service with the same credentials: for what outlives the caller's
+        client (closing either leaves the other open)."""
+        return SandboxClient(self.base_url, self._token, timeout=self._timeout, transport=self._transport)
 
     # -- plumbing -------------------------------------------------------------------------------
     def request(self, method: str, path: str | httpx.URL, *, timeout: float | None = None, retry: bool = True,

@@ -4,6 +4,8 @@ the task set-up kept per environment (`swe/setups.py`) is the set-up."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from components.core.harness import HarnessConfig, run_episode
@@ -106,7 +108,7 @@ def test_warm_and_clean_rooms_give_the_same_verdicts(sandbox_client, tasks, vari
 
 def test_a_verification_cannot_poison_the_next_one(sandbox_client, tasks):
     task = tasks[0]
-    rooms = WarmRooms(max_rooms=1)
+    rooms = WarmRooms(max_rooms=1, idle_seconds=600)
     recipe = SWERecipe(warm_rooms=rooms)
     try:
         poisoned = play(sandbox_client, recipe, task, [append_to_package(task, POISON)])
@@ -117,12 +119,12 @@ def test_a_verification_cannot_poison_the_next_one(sandbox_client, tasks):
         assert "warm" in after.verification.seconds
         assert after.outcome is Outcome.resolved, after.outcome_reason
     finally:
-        rooms.close(sandbox_client)
+        rooms.close()
 
 
 def test_a_room_that_cannot_be_put_back_retires_and_the_verdict_stands(sandbox_client, tasks):
     task = tasks[1]
-    rooms = WarmRooms(max_rooms=1)
+    rooms = WarmRooms(max_rooms=1, idle_seconds=600)
     recipe = SWERecipe(warm_rooms=rooms)
     try:
         first = play(sandbox_client, recipe, task, [honest_fix(task)])
@@ -137,7 +139,19 @@ def test_a_room_that_cannot_be_put_back_retires_and_the_verdict_stands(sandbox_c
         assert unfixed.outcome is Outcome.unresolved and "warm" in unfixed.verification.seconds
         assert rooms.rooms(sandbox_client) not in ([], [room])  # a new room
     finally:
-        rooms.close(sandbox_client)
+        rooms.close()
+
+
+def test_idle_rooms_are_deleted(sandbox_client, tasks):
+    rooms = WarmRooms(idle_seconds=0.5)
+    verdict = play(sandbox_client, SWERecipe(warm_rooms=rooms), tasks[0], [honest_fix(tasks[0])])
+    assert verdict.outcome is Outcome.resolved and "warm" in verdict.verification.seconds
+    (room,) = rooms.rooms(sandbox_client)
+    deadline = time.monotonic() + 10
+    while rooms.rooms(sandbox_client) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rooms.rooms(sandbox_client) == []
+    assert sandbox_client.get(room).state.value == "deleted"
 
 
 def test_the_kept_set_up_is_the_set_up(sandbox_client, tasks):

@@ -11,15 +11,17 @@ A warm room is never the only way to a verdict: when it cannot answer (it cannot
 fails in any way, the worker retires it before answering), `run` returns None and the caller verifies in
 a clean room, so nothing a verification does to a warm room is anyone's failure. Rooms are kept per sandbox
 spec (the task's labels aside) and per service, at most `max_rooms` each, one verification at a time each,
-in one pool per process (`shared()`: recipes come and go, rooms outlive them); each use talks to the room
-through the caller's client. A room is deleted when its worker retires it, when a request to it fails,
-when it is older than `max_age_seconds` or idle longer than `idle_seconds` (both checked when rooms of its
-spec are taken), by `close()`, and by the service once no call reaches it for `idle_seconds` + 60 s (its
-heartbeat limit), so rooms nobody uses any more are gone within minutes.
+in one pool per process (`shared()`: recipes come and go, rooms outlive them), which talks to each service
+through a client of its own (a clone of the first caller's). Rooms live while verifications keep coming: one
+is deleted when its worker retires it, when a request to it fails, when it is older than `max_age_seconds`,
+when it has been idle `idle_seconds` (a daemon thread looks every second), when the process exits, by
+`close()`, and by the service once no call reaches it for `idle_seconds` + 20 s (its heartbeat limit: a
+process killed outright leaves nothing for long).
 """
 
 from __future__ import annotations
 
+import atexit
 import base64
 import json
 import logging
@@ -28,8 +30,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from sandbox_service.client import Sandbox, SandboxClient
+from sandbox_service.errors import ServiceUnavailableError
 from sandbox_service.models import SandboxCreate, SandboxInfo
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,7 @@ class WarmRun:
 class _Room:
     info: SandboxInfo
     key: str
+    url: str
     born: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     pristine_ids: set[str] = field(default_factory=set)
@@ -65,11 +70,14 @@ class _Room:
 class WarmRooms:
     """Warm rooms of one harness process (thread-safe); see the module docstring."""
 
-    def __init__(self, max_rooms: int = 4, idle_seconds: float = 120.0, max_age_seconds: float = 1800.0):
+    def __init__(self, max_rooms: int = 4, idle_seconds: float = 10.0, max_age_seconds: float = 1800.0):
         self.max_rooms, self.idle_seconds, self.max_age_seconds = max_rooms, idle_seconds, max_age_seconds
         self._cond = threading.Condition()
         self._idle: dict[str, list[_Room]] = {}
         self._count: dict[str, int] = {}
+        self._clients: dict[str, SandboxClient] = {}  # service URL -> the pool's own client
+        self._busy: set[_Room] = set()
+        self._reaper: threading.Thread | None = None
 
     # -- the one entry point -------------------------------------------------------------------------------
     def run(self, client: SandboxClient, spec: SandboxCreate, worker: str, *, workdir: str, pristine_id: str,
@@ -79,6 +87,7 @@ class WarmRooms:
         `pristine_id`) with `write` and `delete` applied; None when no warm room gave an answer."""
         if not workdir.startswith("/workspace/") or (CONTROL_DIR + "/").startswith(workdir.rstrip("/") + "/"):
             return None  # the tree is made and removed whole: never /workspace or the control directory
+        client = self._client(client)
         key = self._key(client, spec)
         room = self._take(client, spec, key, worker)
         if room is None:
@@ -98,23 +107,58 @@ class WarmRooms:
         finally:
             self._give_back(client, key, room, keep)
 
-    def close(self, client: SandboxClient) -> None:
-        """Delete the idle rooms of `client`'s service now (rooms in use are kept)."""
-        prefix = json.dumps([str(client.base_url)])[:-1]
+    def close(self) -> None:
+        """Delete every idle room now (a room in use is kept for its verification)."""
+        self._drop(lambda room, now: True)
+
+    def close_at_exit(self) -> None:
+        """Delete every room, in use or not: the process is ending (registered with atexit for `shared()`)."""
+        self._drop(lambda room, now: True)
         with self._cond:
-            rooms = [r for key in list(self._idle) if key.startswith(prefix) for r in self._idle.pop(key)]
-            for key in self._count:
-                if key.startswith(prefix):
-                    self._count[key] -= sum(1 for r in rooms if r.key == key)
-            self._cond.notify_all()
-        for room in rooms:
-            _delete(client, room)
+            busy, self._busy = list(self._busy), set()
+        for room in busy:
+            _delete(self._clients[room.url], room)
 
     def rooms(self, client: SandboxClient) -> list[str]:
         """Ids of the idle rooms of `client`'s service (for tests and status pages)."""
         prefix = json.dumps([str(client.base_url)])[:-1]
         with self._cond:
             return [r.info.id for key, rs in self._idle.items() if key.startswith(prefix) for r in rs]
+
+    def _drop(self, doomed: Callable[[_Room, float], bool]) -> int:
+        """Delete the idle rooms `doomed(room, now)` picks; how many rooms are left (idle or in use)."""
+        with self._cond:
+            now, gone = time.monotonic(), []
+            for key, rooms in self._idle.items():
+                gone += [r for r in rooms if doomed(r, now)]
+                self._idle[key] = [r for r in rooms if r not in gone]
+            for room in gone:
+                self._count[room.key] -= 1
+            left = sum(self._count.values())
+            self._cond.notify_all()
+        for room in gone:
+            _delete(self._clients[room.url], room)
+        return left
+
+    def _reap_idle(self) -> None:
+        """Delete rooms idle for `idle_seconds`, once a second, until none is left."""
+        while True:
+            time.sleep(1.0)
+            left = self._drop(lambda room, now: now - room.last_used > self.idle_seconds)
+            with self._cond:
+                if not left and not sum(self._count.values()):
+                    self._reaper = None
+                    return
+
+    def _client(self, caller: SandboxClient) -> SandboxClient:
+        with self._cond:
+            own = self._clients.get(caller.base_url)
+            if own is None:
+                own = self._clients[caller.base_url] = caller.clone()
+            if self._reaper is None:
+                self._reaper = threading.Thread(target=self._reap_idle, name="warm-rooms-reaper", daemon=True)
+                self._reaper.start()
+            return own
 
     # -- rooms -------------------------------------------------------------------------------------------
     @staticmethod
@@ -135,6 +179,7 @@ class WarmRooms:
                             stale.append(room)
                             self._count[key] -= 1
                             continue
+                        self._busy.add(room)
                         return room
                     if self._count.get(key, 0) < self.max_rooms:
                         self._count[key] = self._count.get(key, 0) + 1
@@ -144,15 +189,18 @@ class WarmRooms:
             for room in stale:
                 _delete(client, room)
         room = self._open(client, spec, worker, key, self.idle_seconds)
-        if room is None:
-            with self._cond:
+        with self._cond:
+            if room is None:
                 self._count[key] -= 1
                 self._cond.notify()
+            else:
+                self._busy.add(room)
         return room
 
     def _give_back(self, client: SandboxClient, key: str, room: _Room, keep: bool) -> None:
         room.last_used = time.monotonic()
         with self._cond:
+            self._busy.discard(room)
             if keep:
                 self._idle.setdefault(key, []).append(room)
             else:
@@ -165,7 +213,7 @@ class WarmRooms:
     def _open(client: SandboxClient, spec: SandboxCreate, worker: str, key: str, idle_seconds: float) -> _Room | None:
         """A new room: a sandbox of `spec` (no task state in it), the control directory, the warm worker."""
         spec = spec.model_copy(update={"labels": {"orchard.role": ROLE}, "from_snapshot": None, "request_id": None,
-                                       "heartbeat_ttl_seconds": idle_seconds + 60})
+                                       "heartbeat_ttl_seconds": idle_seconds + 20})
         sandbox = None
         try:
             sandbox = client.create(spec)
@@ -176,11 +224,11 @@ class WarmRooms:
             config = {"dir": CONTROL_DIR, "worker": worker, "uid_first": UIDS[0], "uid_last": UIDS[1]}
             sandbox.exec_async(["python", "-I", "-c", WORKER_SOURCE], stdin=json.dumps(config), cwd="/", timeout=86400,
                                env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"})
-            return _Room(sandbox.info, key)
+            return _Room(sandbox.info, key, client.base_url)
         except Exception as err:  # noqa: BLE001 - no warm room: the caller uses a clean room
             log.warning("could not start a warm room (%s: %s); verifying in a clean room", type(err).__name__, err)
             if sandbox is not None:
-                _delete(client, _Room(sandbox.info, key))
+                _delete(client, _Room(sandbox.info, key, client.base_url))
             return None
 
     @staticmethod
@@ -224,11 +272,14 @@ def _b64(files: dict[str, bytes]) -> dict[str, str]:
 def _delete(client: SandboxClient, room: _Room) -> None:
     try:
         Sandbox(client, room.info).delete()
+    except ServiceUnavailableError as err:  # a stopped service deleted it; a live one reaps it when idle
+        log.info("could not delete warm room %s: %s", room.info.id, err)
     except Exception as err:  # noqa: BLE001 - the service's reaper collects it
         log.warning("could not delete warm room %s: %s", room.info.id, err)
 
 
 _SHARED = WarmRooms()
+atexit.register(_SHARED.close_at_exit)  # a stage ending (a signal included) leaves no room behind
 
 
 def shared() -> WarmRooms:
