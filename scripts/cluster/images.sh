@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Images of the test cluster. `images.sh build`: the add-ons' images (pause, CoreDNS, local-path
-# provisioner, Argo's controller and executor, a busybox tools image) from the binaries built here,
-# with buildah from scratch, as OCI archives in $CACHE/images/addons. `images.sh import`: those and the
-# project's own archives ($CACHE/images/<name>.oci.tar from `make images OFFLINE=1
+# provisioner, Argo's controller and executor, the training operator, a busybox tools image) from the
+# binaries built here, with buildah from scratch, as OCI archives in $CACHE/images/addons.
+# `images.sh import`: those and the project's own archives ($CACHE/images/<name>.oci.tar from `make images OFFLINE=1
 # OCI_ARCHIVE_DIR=$CACHE/images`) into the cluster's containerd, each only when it changed.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
@@ -52,6 +52,7 @@ build() {
   # container copies argoexec itself into each workflow pod (the emissary executor).
   ADDON_USER=8737 addon workflow-controller "$ARGO_VERSION" '["/bin/workflow-controller"]' "$BIN/workflow-controller"
   ADDON_USER=8737 addon argoexec "$ARGO_VERSION" '["/bin/argoexec"]' "$BIN/argoexec"
+  addon training-operator "$TRAINING_OPERATOR_VERSION" '["/bin/training-operator"]' "$BIN/training-operator"
 }
 
 # import_archive ARCHIVE REF: import (unpacked for the CRI's snapshotter) and name it as the kubelet
