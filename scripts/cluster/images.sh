@@ -9,15 +9,21 @@ source "$(dirname "$0")/env.sh"
 ADDONS="$CACHE/images/addons"
 STORE=(--root "$CACHE/buildah/storage" --runroot "$RUN/buildah" --storage-driver vfs)
 
-# addon NAME TAG ENTRYPOINT FILE...: an image of static programs in /bin (a directory: its contents), run
-# as root unless ADDON_USER names another uid (Argo's manifests ask for a non-root image user).
+# addon NAME TAG ENTRYPOINT FILE...: an image of static programs in /bin (a directory: its contents) and a
+# world-writable /tmp (as distroless images have: Argo's executor writes a resource template's manifest
+# to /tmp/manifest.yaml in its init container, which mounts nothing there), run as root unless ADDON_USER
+# names another uid (Argo's manifests ask for a non-root image user). Rebuilt when a file or this
+# script is newer than its archive.
 addon() {
   local name="$1" tag="$2" entry="$3" user="${ADDON_USER:-0}"; shift 3
   local out="$ADDONS/$name-$tag.oci.tar" ref="$IMAGE_PREFIX/$name:$tag" newest f
-  newest=$(stat -L -c %Y "$@" | sort -n | tail -1)
+  newest=$(stat -L -c %Y "$@" "${BASH_SOURCE[0]}" | sort -n | tail -1)
   [ -s "$out" ] && [ "$(stat -c %Y "$out")" -ge "$newest" ] && return
   say "image $ref"
+  local root="$CACHE/addon-root"
+  mkdir -p "$root/tmp" && chmod 1777 "$root/tmp"
   local c; c=$(buildah "${STORE[@]}" from --quiet scratch)
+  buildah "${STORE[@]}" copy --quiet "$c" "$root" / >/dev/null
   for f in "$@"; do
     if [ -d "$f" ]; then buildah "${STORE[@]}" copy --quiet "$c" "$f" /bin >/dev/null
     else buildah "${STORE[@]}" copy --quiet "$c" "$(readlink -f "$f")" "/bin/$(basename "$f")" >/dev/null; fi
