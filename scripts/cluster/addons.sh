@@ -20,6 +20,7 @@ render "$CLUSTER_DIR/addons/argo-kustomization.yaml" "$(realpath --relative-to "
 cp "$CLUSTER_DIR/addons/argo-namespace.yaml" "$out/argo/namespace.yaml"
 render "$CLUSTER_DIR/addons/training-operator-kustomization.yaml" "$(realpath --relative-to "$out/training-operator" \
   "$modcache/github.com/kubeflow/training-operator@$TRAINING_OPERATOR_VERSION")" > "$out/training-operator/kustomization.yaml"
+cp "$CLUSTER_DIR/addons/training-operator-init-container.yaml" "$out/training-operator/initContainer.yaml"
 kc apply -f "$out/coredns.yaml" >/dev/null
 kc kustomize --load-restrictor LoadRestrictionsNone "$out/local-path" | kc apply -f - >/dev/null
 kc kustomize --load-restrictor LoadRestrictionsNone "$out/argo" | kc apply --server-side -f - >/dev/null
