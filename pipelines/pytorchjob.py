@@ -15,7 +15,8 @@ Worker) fails the job with the operator's reason ("PyTorchJob <name> is failed b
 replica(s) failed.") and the pipeline's retry policy (the stage row's `retries`) decides whether a new
 job runs. No `backoffLimit`: with one set, the operator (v1.8) fails the job on its backoff path without
 counting the failed pod in `replicaStatuses`, which is all an Argo resource condition can read (found on
-the test cluster: a killed Worker left the Argo step waiting). The schema below is written from the
+the test cluster: with `backoffLimit: 0` a Worker that had exited 1 stayed `active` there, and a Master
+still running left the step waiting, failure condition or not). The schema below is written from the
 Training Operator's published kubeflow.org/v1 PyTorchJob CRD (v1.7+: top level, runPolicy, replica
 specs); pod templates are checked as real PodSpecs with kubernetes-validate.
 """
