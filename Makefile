@@ -61,8 +61,13 @@ TAG ?= 0.1.0
 images:
 	INJECTOR_PLATFORMS="$(INJECTOR_PLATFORMS)" REGISTRY="$(REGISTRY)" TAG="$(TAG)" ./scripts/build-images.sh
 
+# The pipelines for a preset (PRESET=tiny|demo|smol; its settings become the compiled defaults) and any
+# further settings (SET='sft.launch.workers=1 rl.steps=3': each one an `orchard compile --set`).
+PRESET ?= demo
+SET ?=
 compile: $(STAMP)
-	$(PY) -m pipelines.cli compile --out build/pipelines --image-registry $(REGISTRY) --image-tag $(TAG)
+	$(PY) -m pipelines.cli compile --out build/pipelines --preset $(PRESET) $(foreach s,$(SET),--set $(s)) \
+	  --image-registry $(REGISTRY) --image-tag $(TAG)
 
 # A single-node Kubernetes on this machine (no Docker): scripts/cluster/up.sh says what runs where.
 # Binaries build once from the Go module proxy into /var/cache/orchard-cluster (cluster-clean removes it).

@@ -44,7 +44,10 @@ DATA = "/data"
 RUN_DIR = DATA + "/{{workflow.name}}"
 STEP_INPUTS = ["config_json", "parent_run_id"]
 LABELS = {"app.kubernetes.io/part-of": "orchard"}
+# On a stage's PyTorchJob and its pods: which workflow started it (Argo labels its own pods the same way).
+WORKFLOW_LABEL = "workflows.argoproj.io/workflow"
 DATA_STORE_VOLUME = "data-store"
+JOB_DEADLINE_GRACE_SECONDS = 120
 
 
 def _wf(name: str) -> str:
@@ -57,7 +60,9 @@ def _snake(fields: dict) -> dict:
 
 
 def _requests(cpu: str, memory: str, gpu: bool = False) -> Resources:
-    return Resources(cpu_request=cpu, memory_request=memory, gpus=1 if gpu else None)
+    """A pod's requests; its memory request is its limit too, as in a stage's PyTorchJob pods (a stage past it
+    is OOM-killed in its own pod, not the node's other pods)."""
+    return Resources(cpu_request=cpu, memory_request=memory, memory_limit=memory, gpus=1 if gpu else None)
 
 
 def _secrets(cluster: ClusterConfig) -> list:
@@ -73,6 +78,7 @@ def _job_template(stage: stages.Stage, launch, cluster: ClusterConfig, inputs: l
                   requests: tuple[str, str]) -> Resource:
     """The stage as a PyTorchJob over the workflow's volume (claim `<workflow>-run-data`, as Argo names it)."""
     placeholders = (_wf("gpu_node_selector"), _wf("gpu_tolerations"))  # JSON parameters: unquoted in the YAML
+    deadline = stage.timeout_seconds or cluster.stage_timeout_seconds
     manifest = pytorchjob.pytorchjob_manifest(
         stage, launch, gpu=gpu, requests=requests, security_context=cluster.pod_security_context(),
         generate_name=f"orchard-{stage.name}-", image=_wf("gpu_image" if gpu else "image"),
@@ -80,13 +86,16 @@ def _job_template(stage: stages.Stage, launch, cluster: ClusterConfig, inputs: l
         claim_name="{{workflow.name}}-run-data", mount_path=DATA,
         secret_env=pytorchjob.secret_env(_wf("sandbox_token_secret"), cluster.sandbox_token_key,
                                          _wf("endpoint_secret"), cluster.endpoint_key),
-        node_selector=placeholders[0], tolerations=placeholders[1],
-        deadline_seconds=stage.timeout_seconds or cluster.stage_timeout_seconds)
+        node_selector=placeholders[0], tolerations=placeholders[1], deadline_seconds=deadline,
+        labels={WORKFLOW_LABEL: "{{workflow.name}}"})
     return Resource(
         name=stage.name, action="create", set_owner_reference=True,  # deleted with the workflow
         manifest=pytorchjob.to_yaml(manifest, unquoted=placeholders),
         success_condition=pytorchjob.SUCCESS_CONDITION, failure_condition=pytorchjob.FAILURE_CONDITION,
-        inputs=inputs, retry_strategy=RetryStrategy(limit=stage.retries) if stage.retries else None)
+        inputs=inputs, retry_strategy=RetryStrategy(limit=stage.retries) if stage.retries else None,
+        # A job past its own deadline is failed by the operator with no pod counted as failed, which the
+        # conditions above cannot see: the step's deadline, a little later, ends the wait.
+        active_deadline_seconds=deadline + JOB_DEADLINE_GRACE_SECONDS)
 
 
 def build_workflow_template(cluster: ClusterConfig | None = None, defaults: PipelineConfig | None = None,

@@ -91,12 +91,12 @@ class PodResources(BaseModel):
                           "image and go to the GPU nodes (ClusterConfig.gpu_node_selector/tolerations). False: "
                           "they run on CPU on any node (the demo and tiny presets).")
     stage_cpu: str = Field("2", pattern=_CPU, description="CPU request of each CPU stage (provision, distill, ...).")
-    stage_memory: str = Field("8Gi", pattern=_MEMORY, description="Memory request of each CPU stage.")
+    stage_memory: str = Field("8Gi", pattern=_MEMORY, description="Memory request and limit of each CPU stage.")
     train_cpu: str = Field("4", pattern=_CPU, description="CPU request of sft and rl (per PyTorchJob replica).")
-    train_memory: str = Field("16Gi", pattern=_MEMORY, description="Memory request of sft and rl (a PyTorchJob's limit too).")
+    train_memory: str = Field("16Gi", pattern=_MEMORY, description="Memory request and limit of sft and rl (per PyTorchJob replica).")
     step_cpu: str = Field("250m", pattern=_CPU,
                           description="CPU request of the light steps: start, report, close-run, job launchers.")
-    step_memory: str = Field("1Gi", pattern=_MEMORY, description="Memory request of the light steps.")
+    step_memory: str = Field("1Gi", pattern=_MEMORY, description="Memory request and limit of the light steps.")
 
 
 class PipelineConfig(BaseModel):

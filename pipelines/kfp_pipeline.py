@@ -9,7 +9,7 @@ for one GPU with the GPU nodeSelector and tolerations; a row whose config asks f
 PyTorchJob (`pipelines/launcher.py`) over a run directory on the PVC; the resumable rows write their stores on a
 PVC that the `run-store` step creates (`pipelines/run_store.py`: size a parameter, storage class and access mode
 from the ClusterConfig, no class meaning the cluster's default) and DeletePVC removes; the light steps (start,
-report, close-run, launchers) and the stages request `PipelineConfig.resources`; the rows with `store_volume` (provision, accumulate) mount the
+report, close-run, launchers) and the stages request `PipelineConfig.resources` (memory: request and limit); the rows with `store_volume` (provision, accumulate) mount the
 persistent data store's PVC (parameter `data_store_claim`, at `ClusterConfig.data_store_mount`), which
 the manifests create and every run shares; the sandbox token and the endpoint key come from Secrets as
 environment variables, never as parameters. The ServiceAccount is a property of a KFP *run*, not of
@@ -33,8 +33,9 @@ PIPELINE_NAME = "orchard-training"
 
 def _step(task: dsl.PipelineTask, p: dict, config: PipelineConfig) -> dsl.PipelineTask:
     """A light step (start, report, close-run, a job launcher): the CPU image and the small requests."""
+    memory = config.resources.step_memory
     return (_labelled(task).set_container_image(p["image"]).set_cpu_request(config.resources.step_cpu)
-            .set_memory_request(config.resources.step_memory))
+            .set_memory_request(memory).set_memory_limit(memory))
 
 
 def _labelled(task: dsl.PipelineTask) -> dsl.PipelineTask:
@@ -53,7 +54,7 @@ def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: Cluste
     else:
         cpu, memory = stage.requests(config)
         _labelled(task).set_container_image(p["gpu_image"] if gpu else p["image"])
-        task.set_cpu_request(cpu).set_memory_request(memory)
+        task.set_cpu_request(cpu).set_memory_request(memory).set_memory_limit(memory)  # the limit: as in Argo
     kubernetes.use_secret_as_env(task, secret_name=p["sandbox_token_secret"],
                                  secret_key_to_env={cluster.sandbox_token_key: "ORCHARD_SANDBOX_TOKEN"})
     kubernetes.use_secret_as_env(task, secret_name=p["endpoint_secret"],
@@ -159,4 +160,45 @@ def compile_pipeline(out_path: str | Path, cluster: ClusterConfig | None = None,
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(build_pipeline(cluster, defaults), package_path=str(out))
+    type_integer_defaults(out)
     return out
+
+
+def type_integer_defaults(path: Path) -> None:
+    """Integer parameters' defaults as integers in a compiled KFP file (`seed: 0`, not `0.0`).
+
+    KFP keeps every default as a protobuf Value, whose only number is a double, so its YAML (and the header
+    comments written from it) shows `[Default: 0.0]` for an `int` parameter. The file is rewritten the way the
+    compiler writes it (the comments, then `yaml.dump_all(..., sort_keys=True)`, multi-line strings as `|`
+    blocks), whatever else is imported; KFP reads an integral number back into the same Value."""
+    import re
+
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    def block(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", text, style="|" if "\n" in text else None)
+
+    Dumper.add_representer(str, block)
+
+    lines = path.read_text().splitlines(keepends=True)
+    split = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    header = [re.sub(r"^(#\s+\w+: int \[Default: -?\d+)\.0\]$", r"\1]", line.rstrip("\n")) + "\n"
+              for line in lines[:split]]
+    docs = list(yaml.safe_load_all("".join(lines[split:])))
+
+    def walk(node):
+        if isinstance(node, dict):
+            value = node.get("defaultValue")
+            if node.get("parameterType") == "NUMBER_INTEGER" and isinstance(value, float) and value.is_integer():
+                node["defaultValue"] = int(value)
+            for child in node.values():
+                walk(child)
+        elif isinstance(node, list):
+            for child in node:
+                walk(child)
+
+    walk(docs)
+    path.write_text("".join(header) + yaml.dump_all(docs, Dumper=Dumper, sort_keys=True))

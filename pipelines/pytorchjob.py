@@ -10,11 +10,15 @@ over a run directory (`pipelines/layout.py`) on a volume every node mounts; the 
 PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT, which torchrun reads, so the command
 names no addresses. Rank 0 writes the stage's outputs and result there (`run_in_layout`).
 
-Failure is the pipeline's business: `restartPolicy: Never` and `backoffLimit: 0`, so the first failed
-pod fails the job with the operator's reason and the pipeline's retry policy (the stage row's
-`retries`) decides whether a new job runs. The schema below is written from the Training Operator's
-published kubeflow.org/v1 PyTorchJob CRD (v1.7+: top level, runPolicy, replica specs); pod templates
-are checked as real PodSpecs with kubernetes-validate.
+Failure is the pipeline's business: `restartPolicy: Never`, so the first failed pod (a Master or a
+Worker) fails the job with the operator's reason ("PyTorchJob <name> is failed because 1 Worker
+replica(s) failed.") and the pipeline's retry policy (the stage row's `retries`) decides whether a new
+job runs. No `backoffLimit`: with one set, the operator (v1.8) fails the job on its backoff path without
+counting the failed pod in `replicaStatuses`, which is all an Argo resource condition can read (found on
+the test cluster: with `backoffLimit: 0` a Worker that had exited 1 stayed `active` there, and a Master
+still running left the step waiting, failure condition or not). The schema below is written from the
+Training Operator's published kubeflow.org/v1 PyTorchJob CRD (v1.7+: top level, runPolicy, replica
+specs); pod templates are checked as real PodSpecs with kubernetes-validate.
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ API_VERSION, KIND = "kubeflow.org/v1", "PyTorchJob"
 CONTAINER = "pytorch"  # the operator finds the training container by this name
 LABELS = {"app.kubernetes.io/part-of": "orchard", "app.kubernetes.io/component": "training", **PIPELINE_POD_LABELS}
 # Argo resource conditions (label-selector syntax over the object's JSON, so conditions[] cannot be
-# queried): the job succeeded when its Master did, failed as soon as any Master pod failed.
+# queried): the job succeeded when its Master did, failed as soon as any pod failed (Argo fails the step
+# when any one failure requirement holds; a success needs all of its requirements).
 SUCCESS_CONDITION = "status.replicaStatuses.Master.succeeded > 0"
-FAILURE_CONDITION = "status.replicaStatuses.Master.failed > 0"
+FAILURE_CONDITION = "status.replicaStatuses.Master.failed > 0,status.replicaStatuses.Worker.failed > 0"
 
 
 def job_command(stage: str, launch: LaunchConfig, run_dir: str, parent_run_id: str) -> list[str]:
@@ -47,12 +52,13 @@ def pytorchjob_manifest(stage: Any, launch: LaunchConfig, *, gpu: bool, requests
                         command: list[str], claim_name: str, mount_path: str, secret_env: list[dict],
                         node_selector: Any, tolerations: Any, security_context: dict | None = None,
                         name: str | None = None, generate_name: str | None = None,
-                        deadline_seconds: int | None = None) -> dict:
+                        deadline_seconds: int | None = None, labels: dict[str, str] | None = None) -> dict:
     """The PyTorchJob running one stage row (`pipelines.stages.Stage`) as `launch` says.
 
     `gpu`, `requests`: `stage.wants_gpu(config)`, `stage.requests(config)` of the run's PipelineConfig.
     `security_context`: the pods' (ClusterConfig.pod_security_context: fsGroup for the run volume).
-    `node_selector`/`tolerations`: objects, or placeholder strings (Argo) that `to_yaml` leaves unquoted."""
+    `node_selector`/`tolerations`: objects, or placeholder strings (Argo) that `to_yaml` leaves unquoted.
+    `labels`: more labels on the job and its pods (Argo: the workflow's name, to find a run's jobs)."""
     if (name is None) == (generate_name is None):
         raise ValueError("give the job a name or a generate_name (one of them)")
     cpu, memory = requests
@@ -63,7 +69,7 @@ def pytorchjob_manifest(stage: Any, launch: LaunchConfig, *, gpu: bool, requests
     if gpu:  # one GPU per process
         resources["limits"]["nvidia.com/gpu"] = launch.nproc_per_node
         pod |= {"nodeSelector": node_selector, "tolerations": tolerations}
-    labels = {**LABELS, "orchard.dev/stage": stage.name}
+    labels = {**LABELS, "orchard.dev/stage": stage.name, **(labels or {})}
     pod |= {
         "containers": [{
             "name": CONTAINER, "image": image, "command": command, "env": secret_env, "resources": resources,
@@ -78,7 +84,7 @@ def pytorchjob_manifest(stage: Any, launch: LaunchConfig, *, gpu: bool, requests
         return {"replicas": n, "restartPolicy": "Never",
                 "template": {"metadata": {"labels": dict(labels)}, "spec": copy.deepcopy(pod)}}
 
-    run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "backoffLimit": 0, "ttlSecondsAfterFinished": 86400}
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "ttlSecondsAfterFinished": 86400}
     if deadline_seconds:
         run_policy["activeDeadlineSeconds"] = deadline_seconds
     specs = {"Master": replica(1)}

@@ -80,7 +80,7 @@ def _raise_for_error(response: httpx.Response) -> None:
 
 def _tar_directory(local_dir: str | Path) -> bytes:
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:  # loopback or LAN: speed over size
         tar.add(str(local_dir), arcname=".")
     return buf.getvalue()
 
@@ -237,8 +237,11 @@ class _SandboxOps:
 
     def upload_dir(self, local_dir: str | Path, path: str) -> Generator[_Call, httpx.Response, None]:
         """Upload a local directory (as a tar) so that its contents land under `path`."""
-        yield _call("PUT", self._path("/files/archive"), params={"path": path}, content=_tar_directory(local_dir),
-                    timeout=120.0)
+        yield from _SandboxOps.upload_archive(self, _tar_directory(local_dir), path)
+
+    def upload_archive(self, archive: bytes, path: str) -> Generator[_Call, httpx.Response, None]:
+        """Extract a (gzipped) tar, e.g. one `download_dir` returned, so that its contents land under `path`."""
+        yield _call("PUT", self._path("/files/archive"), params={"path": path}, content=archive, timeout=120.0)
 
     def download_dir(self, path: str) -> Generator[_Call, httpx.Response, bytes]:
         """A gzipped tar of `path` inside the sandbox."""
@@ -333,9 +336,15 @@ class SandboxClient(_ClientOps):
                  transport: httpx.BaseTransport | None = None):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
+        self._token, self._timeout, self._transport = token, timeout, transport
         self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
                                   verify=_tls_context())
         self._lane = KeepAliveLane.for_client(self.base_url, headers, transport)
+
+    def clone(self) -> "SandboxClient":
+        """A client of its own to the same service with the same credentials: for what outlives the caller's
+        client (closing either leaves the other open)."""
+        return SandboxClient(self.base_url, self._token, timeout=self._timeout, transport=self._transport)
 
     # -- plumbing -------------------------------------------------------------------------------
     def request(self, method: str, path: str | httpx.URL, *, timeout: float | None = None, retry: bool = True,

@@ -156,6 +156,11 @@ class EmbeddedService:
             return "(no log)"
 
     # -- access ---------------------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """The service process's pid while it runs (for CPU accounting, `cpu_accounting.TreeCpu`)."""
+        return self._proc.pid if self._proc is not None else None
+
     def client(self, timeout: float = 60.0):
         from sandbox_service.client import SandboxClient
 

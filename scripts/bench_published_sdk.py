@@ -7,7 +7,10 @@ For each N it starts an embedded service (root) with `published_unrestricted_egr
 creates with `block_network=false`), runs `tests/integration/bench_concurrent.py --num N` from their
 checkout exactly as shipped (`--pty`: also `bench_concurrent_pty.py`), and prints the wall time, create and
 command means, commands per second and the success rate next to what the published system reports for
-1,000 sandboxes on 8 x 32 vCPU.
+1,000 sandboxes on 8 x 32 vCPU, and the CPU per sandbox of each part (`sandbox_service/cpu_accounting.py`):
+their client, our service's own threads, the helpers it ran (`ip`, `nsenter`), the agent zygote, and the
+sandboxes (agents, their four commands, namespaces), so "ours" (service + helpers + zygote) reads apart
+from the work their commands ask for.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -44,12 +48,18 @@ def _run(sdk: Path, script: str, url: str, token: str, num: int, extra: list[str
                           cwd=sdk, env=env, capture_output=True, text=True)
 
 
+def _children_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _fmt(value: float | None, unit: str = "s") -> str:
     return "-" if value is None else f"{value:.2f} {unit}".strip()
 
 
 def main(argv: list[str] | None = None) -> int:
     from sandbox_service.config import ServiceConfig
+    from sandbox_service.cpu_accounting import TreeCpu
     from sandbox_service.embedded import EmbeddedService
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -64,26 +74,41 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     rows, failed = [], False
     for num in args.num:
-        with EmbeddedService(ServiceConfig(token="unused", published_unrestricted_egress=True)) as service, \
-                tempfile.TemporaryDirectory() as tmp:
-            timing_file = Path(tmp) / "timing.json"
-            started = time.monotonic()
-            run = _run(args.sdk, "bench_concurrent.py", service.url + "/published", service.token, num,
-                       ["--save-timing", str(timing_file)])
-            if run.returncode != 0 or not timing_file.exists():
-                print(f"N={num}: bench_concurrent.py exited {run.returncode}:\n"
-                      f"{run.stdout[-2000:]}{run.stderr[-2000:]}")
-                failed = True
-                continue
-            rows.append({"num": num, **_summary(json.loads(timing_file.read_text())),
-                         "wall_s": time.monotonic() - started})
-            if args.pty:
-                pty = _run(args.sdk, "bench_concurrent_pty.py", service.url + "/published", service.token, num, [])
-                counts = [tuple(map(int, m)) for m in re.findall(r"Success: (\d+)\s+Failed: (\d+)", pty.stdout)]
-                ok, bad = sum(c[0] for c in counts), sum(c[1] for c in counts)
-                total = re.search(r"Total test time: ([\d.]+)s", pty.stdout)
-                print(f"N={num} PTY: exit {pty.returncode}, {total.group(1) if total else '?'} s, "
-                      f"{ok}/{ok + bad} operations succeeded")
+        service = EmbeddedService(ServiceConfig(token="unused", published_unrestricted_egress=True))
+        service.start()
+        meter = TreeCpu(service.pid)  # before their first create: the service's whole tree is counted
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                timing_file = Path(tmp) / "timing.json"
+                started, cpu0, client0 = time.monotonic(), meter.sample(), _children_seconds()
+                run = _run(args.sdk, "bench_concurrent.py", service.url + "/published", service.token, num,
+                           ["--save-timing", str(timing_file)])
+                spent, client = meter.sample() - cpu0, _children_seconds() - client0
+                if run.returncode != 0 or not timing_file.exists():
+                    print(f"N={num}: bench_concurrent.py exited {run.returncode}:\n"
+                          f"{run.stdout[-2000:]}{run.stderr[-2000:]}")
+                    failed = True
+                    continue
+                per = 1e3 / num
+                rows.append({"num": num, **_summary(json.loads(timing_file.read_text())),
+                             "wall_s": time.monotonic() - started,
+                             "cpu_ms_per_sandbox": {
+                                 "their_client": client * per, "service": spent.service * per,
+                                 "helpers": spent.service_children * per, "zygote": spent.zygote * per,
+                                 "sandboxes": spent.sandboxes * per if spent.sandboxes is not None else None,
+                                 "ours": (spent.service + spent.service_children + spent.zygote) * per,
+                                 "machine": spent.machine * per}})
+                if args.pty:
+                    pty = _run(args.sdk, "bench_concurrent_pty.py", service.url + "/published", service.token, num,
+                               [])
+                    counts = [tuple(map(int, m)) for m in re.findall(r"Success: (\d+)\s+Failed: (\d+)", pty.stdout)]
+                    ok, bad = sum(c[0] for c in counts), sum(c[1] for c in counts)
+                    total = re.search(r"Total test time: ([\d.]+)s", pty.stdout)
+                    print(f"N={num} PTY: exit {pty.returncode}, {total.group(1) if total else '?'} s, "
+                          f"{ok}/{ok + bad} operations succeeded")
+        finally:
+            service.stop()
+            meter.close()
     print(f"\n{'':>22}{'N':>6}{'total':>10}{'create mean':>13}{'command mean':>14}{'commands/s':>12}{'success':>9}")
     for row in rows:
         print(f"{'ours (this machine)':>22}{row['num']:>6}{_fmt(row['total_s']):>10}{_fmt(row['create_mean_s']):>13}"
@@ -91,7 +116,15 @@ def main(argv: list[str] | None = None) -> int:
     p = PUBLISHED
     print(f"{'published (8x32 vCPU)':>22}{p['num']:>6}{_fmt(p['total_s']):>10}{_fmt(p['create_mean_s']):>13}"
           f"{_fmt(p['command_mean_s']):>14}{_fmt(p['commands_per_s'], ''):>12}{'':>9}")
-    print(f"(this machine: {os.cpu_count()} CPUs)")
+    print(f"\nCPU per sandbox (ms): {'their client':>13}{'service':>9}{'helpers':>9}{'zygote':>8}{'ours':>7}"
+          f"{'sandboxes':>11}{'machine':>9}")
+    for row in rows:
+        c = row["cpu_ms_per_sandbox"]
+        print(f"{'N=' + str(row['num']):>20} {c['their_client']:>13.1f}{c['service']:>9.1f}{c['helpers']:>9.1f}"
+              f"{c['zygote']:>8.1f}{c['ours']:>7.1f}{_fmt(c['sandboxes'], ''):>11}{c['machine']:>9.1f}")
+    print(f"(this machine: {os.cpu_count()} CPUs, load {' '.join(f'{x:.1f}' for x in os.getloadavg())}; ours = service "
+          "+ helpers + zygote; sandboxes = agents, their commands and namespaces; machine = every CPU, neighbours "
+          "included)")
     return 1 if failed else 0
 
 

@@ -146,16 +146,22 @@ local_base() {
 # Every wheel the images install, for python 3.11 on linux x86_64 like the base images; pip skips the
 # ones already there, so the wheelhouse doubles as the cache of repeated builds.
 fill_wheelhouse() {
-  local py=${PYTHON:-.venv/bin/python} uv extras
+  local py=${PYTHON:-.venv/bin/python} uv extras data
   [ -x "$py" ] || py=python3
   uv=$(sed -n 's/^ARG UV_VERSION=//p' docker/agent-injector/Dockerfile)
   extras=$(sed -n 's/^ARG STAGE_EXTRAS=//p' docker/stage-runtime/Dockerfile)
+  # The extras the stage image installs without dependencies (data wheels): downloaded the same way.
+  data=$(python3 -m pipelines.image_extras "$(sed -n 's/^ARG STAGE_DATA_EXTRAS=//p' docker/stage-runtime/Dockerfile)") \
+    || die "reading the stage image's data extras from pyproject.toml failed" 1
   echo "build-images: filling docker/wheelhouse from constraints.txt ($py -m pip download)" >&2
   # The host's pip config may list index paths this machine lacks; its warnings about them are noise.
   "$py" -m pip download -q -d docker/wheelhouse -c <(grep -v '^torch==' constraints.txt) \
     "$(grep '^torch==' constraints.txt)" ".[$extras]" pip setuptools wheel "uv==$uv" \
     -r docker/sandbox-service/requirements.txt -r docker/mlflow/requirements.txt \
     2> >(grep -v 'is ignored: it is neither' >&2) || die "pip download into docker/wheelhouse failed" 1
+  # shellcheck disable=SC2086  # requirement strings without spaces
+  [ -z "$data" ] || "$py" -m pip download -q --no-deps -d docker/wheelhouse $data \
+    2> >(grep -v 'is ignored: it is neither' >&2) || die "pip download --no-deps $data into docker/wheelhouse failed" 1
 }
 
 build_one() {

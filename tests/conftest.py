@@ -7,7 +7,9 @@ the whole run, started on first use. Use it as
         with sandbox_service.client() as client, client.create() as sandbox: ...
 
 or pass `sandbox_service.connection()` to a stage config. After the suite, a final check fails the run
-if any sandbox process, mount or cgroup of a service started by the tests is still there.
+if any sandbox process, mount or cgroup of a service started by the tests is still there. After each test,
+the process's warm rooms (SWE verification sandboxes kept while verifications keep coming) are deleted, so
+a test that counts a service's sandboxes sees only its own.
 """
 
 from __future__ import annotations
@@ -30,6 +32,14 @@ def sandbox_client(sandbox_service):
     """A `SandboxClient` on the session service."""
     with sandbox_service.client() as client:
         yield client
+
+
+@pytest.fixture(autouse=True)
+def _no_warm_room_across_tests():
+    yield
+    from components.recipes.swe.warm_rooms import shared
+
+    shared().close()
 
 
 @pytest.fixture(scope="session", autouse=True)

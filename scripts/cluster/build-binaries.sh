@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# Usage: build-binaries.sh [kubernetes|etcd|coredns|local-path-provisioner|kube-router|argo ...]
+# Usage: build-binaries.sh [kubernetes|etcd|coredns|local-path-provisioner|kube-router|argo|training-operator ...]
 # Build every Go program (or the named groups) of the single-node test cluster from the Go module proxy, once, into a cache
 # keyed by versions.env. Prints the cache's bin/ directory on its last line. No Docker, no downloads of
 # prebuilt binaries: containerd, runc and the CNI plugins come from Debian (install-cluster-deps.sh).
 #   ORCHARD_CLUSTER_CACHE  cache root (default /var/cache/orchard-cluster)
 set -euo pipefail
-here="$(cd "$(dirname "$0")" && pwd)"
-# shellcheck source=versions.env
-source "$here/versions.env"
-cache_root="${ORCHARD_CLUSTER_CACHE:-/var/cache/orchard-cluster}"
-bin="$cache_root/bin"
+# shellcheck source=env.sh
+source "$(dirname "$0")/env.sh"
+cache_root="$CACHE"
+bin="$BIN"
 mkdir -p "$bin" "$cache_root/src"
-export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+export CGO_ENABLED=0
 ldflags_base="-s -w"
 
 stamp() { echo "[build $(date +%T)] $*" >&2; }
@@ -128,4 +127,8 @@ argo_linux_source() {
 want_group argo && build_main argoexec github.com/argoproj/argo-workflows/v3/cmd/argoexec \
   github.com/argoproj/argo-workflows/v3 "$ARGO_VERSION" "$argo_replace" \
   "github.com/argoproj/argo-workflows/v3=$(argo_linux_source)"
+# The Kubeflow Training Operator (PyTorchJob): its module has no replace directives, so it builds as
+# `go install .../cmd/training-operator.v1@version` would, through a requiring module like the rest.
+want_group training-operator && build_main training-operator github.com/kubeflow/training-operator/cmd/training-operator.v1 \
+  github.com/kubeflow/training-operator "$TRAINING_OPERATOR_VERSION"
 echo "$bin"

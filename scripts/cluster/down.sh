@@ -70,12 +70,18 @@ ip netns del "$NETNS" 2>/dev/null
 # cluster-up made it, else only what the cluster put there.
 find /var/log/containers -maxdepth 1 -lname "$STATE/*" -delete 2>/dev/null
 find /var/lib/cni/results -maxdepth 1 \( -name 'orchard-*' -o -name 'cni-loopback-*' \) -delete 2>/dev/null
-for d in /var/log/containers /run/containerd/s /run/containerd /var/lib/kubelet /var/lib/cni /run/netns; do
+for d in /var/log/containers /run/containerd/s /run/containerd /var/lib/kubelet /var/lib/cni; do
   grep -q "^$d: " "$CACHE/host-before" 2>/dev/null && continue
   [ -e "$d" ] || continue
   mountpoint -q "$d" && umount -l "$d"
   rm -rf "$d"
 done
+# /run/netns is anyone's `ip netns add` (which makes it again when needed): it goes only when empty, so
+# another user's namespaces are never touched.
+if [ -d /run/netns ] && [ -z "$(ls -A /run/netns)" ]; then
+  mountpoint -q /run/netns && umount /run/netns
+  rmdir /run/netns 2>/dev/null
+fi
 rm -rf "$STATE" "$RUN"
 
 if [ -f "$CACHE/host-before" ]; then

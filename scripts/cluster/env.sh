@@ -29,6 +29,10 @@ CONTAINERD_SOCK="$RUN/containerd.sock"
 KUBECONFIG_ADMIN="$STATE/admin.kubeconfig"
 IMAGE_PREFIX=orchard-cluster   # images of the cluster's own add-ons: orchard-cluster/<name>:<version>
 export PATH="$BIN:$PATH"
+# Go's module and build caches of the cluster's programs live in the cache too: a cold build is one that
+# starts from nothing (`make cluster-clean` drops them with the rest), and the host's own Go caches are
+# left alone. -modcacherw: the module cache is removable with a plain rm.
+export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOFLAGS="-buildvcs=false -modcacherw"
 
 in_netns() { nsenter --net="$NETNS_PATH" -- "$@"; }
 kc() { kubectl --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }

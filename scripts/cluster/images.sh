@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
 # Images of the test cluster. `images.sh build`: the add-ons' images (pause, CoreDNS, local-path
-# provisioner, Argo's controller and executor, a busybox tools image) from the binaries built here,
-# with buildah from scratch, as OCI archives in $CACHE/images/addons. `images.sh import`: those and the
-# project's own archives ($CACHE/images/<name>.oci.tar from `make images OFFLINE=1
+# provisioner, Argo's controller and executor, the training operator, a busybox tools image) from the
+# binaries built here, with buildah from scratch, as OCI archives in $CACHE/images/addons.
+# `images.sh import`: those and the project's own archives ($CACHE/images/<name>.oci.tar from `make images OFFLINE=1
 # OCI_ARCHIVE_DIR=$CACHE/images`) into the cluster's containerd, each only when it changed.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 ADDONS="$CACHE/images/addons"
 STORE=(--root "$CACHE/buildah/storage" --runroot "$RUN/buildah" --storage-driver vfs)
 
-# addon NAME TAG ENTRYPOINT FILE...: an image of static programs in /bin (a directory: its contents), run
-# as root unless ADDON_USER names another uid (Argo's manifests ask for a non-root image user).
+# addon NAME TAG ENTRYPOINT FILE...: an image of static programs in /bin (a directory: its contents) and a
+# world-writable /tmp (as distroless images have: Argo's executor writes a resource template's manifest
+# to /tmp/manifest.yaml in its init container, which mounts nothing there), run as root unless ADDON_USER
+# names another uid (Argo's manifests ask for a non-root image user). Rebuilt when a file or this
+# script is newer than its archive.
 addon() {
   local name="$1" tag="$2" entry="$3" user="${ADDON_USER:-0}"; shift 3
   local out="$ADDONS/$name-$tag.oci.tar" ref="$IMAGE_PREFIX/$name:$tag" newest f
-  newest=$(stat -L -c %Y "$@" | sort -n | tail -1)
+  newest=$(stat -L -c %Y "$@" "${BASH_SOURCE[0]}" | sort -n | tail -1)
   [ -s "$out" ] && [ "$(stat -c %Y "$out")" -ge "$newest" ] && return
   say "image $ref"
+  local root="$CACHE/addon-root"
+  mkdir -p "$root/tmp" && chmod 1777 "$root/tmp"
   local c; c=$(buildah "${STORE[@]}" from --quiet scratch)
+  buildah "${STORE[@]}" copy --quiet "$c" "$root" / >/dev/null
   for f in "$@"; do
     if [ -d "$f" ]; then buildah "${STORE[@]}" copy --quiet "$c" "$f" /bin >/dev/null
     else buildah "${STORE[@]}" copy --quiet "$c" "$(readlink -f "$f")" "/bin/$(basename "$f")" >/dev/null; fi
@@ -52,6 +58,7 @@ build() {
   # container copies argoexec itself into each workflow pod (the emissary executor).
   ADDON_USER=8737 addon workflow-controller "$ARGO_VERSION" '["/bin/workflow-controller"]' "$BIN/workflow-controller"
   ADDON_USER=8737 addon argoexec "$ARGO_VERSION" '["/bin/argoexec"]' "$BIN/argoexec"
+  addon training-operator "$TRAINING_OPERATOR_VERSION" '["/bin/training-operator"]' "$BIN/training-operator"
 }
 
 # import_archive ARCHIVE REF: import (unpacked for the CRI's snapshotter) and name it as the kubelet

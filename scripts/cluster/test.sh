@@ -21,7 +21,12 @@ report() { printf '\n== test-cluster phases\n'; printf '%s\n' "${timings[@]}"; }
 trap report EXIT
 
 if [ ! -e "$NETNS_PATH" ]; then
-  # The images first: cluster-up imports whatever archives exist.
+  # A new machine has neither the cache directory nor the image builder: both before the first build.
+  mkdir -p "$CACHE"
+  scripts/cluster/install-deps.sh
+  # The images first: cluster-up imports whatever archives exist. Their local Debian base is cached with
+  # the cluster's (cluster-clean drops it too).
+  export ORCHARD_IMAGE_CACHE="${ORCHARD_IMAGE_CACHE:-$CACHE/image-base}"
   timed images-build bash -c "make images OFFLINE=1 OCI_ARCHIVE_DIR='$CACHE/images' >'$CACHE/images-build.log' 2>&1 \
     || { tail -30 '$CACHE/images-build.log'; exit 1; }"
   # The archives are what the node imports: buildah's vfs copies of the same images (GBs each; a node

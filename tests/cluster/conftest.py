@@ -20,7 +20,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 KUBECONFIG = os.environ.get("KUBECONFIG", "/var/lib/orchard-cluster/admin.kubeconfig")
-NAMESPACES = ("orchard", "orchard-sandboxes", "argo", "kube-system", "local-path-storage")
+NAMESPACES = ("orchard", "orchard-sandboxes", "argo", "kubeflow", "kube-system", "local-path-storage")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -130,3 +130,80 @@ def _phase_time(request):
     start = time.monotonic()
     yield
     print(f"\n[phase] {request.module.__name__.rsplit('.', 1)[-1]}: {time.monotonic() - start:.1f} s")
+
+
+# --- Workflows and their MLflow runs (the pipeline phases) ----------------------------------------
+def submit(spec: dict, name_prefix: str) -> str:
+    workflow = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
+                "metadata": {"generateName": name_prefix, "namespace": "orchard"}, "spec": spec}
+    out = kubectl("create", "-f", "-", "-o", "name", input=json.dumps(workflow))
+    return out.strip().split("/", 1)[1]
+
+
+def workflow_finished(name: str) -> dict | None:
+    wf = kubectl_json("-n", "orchard", "get", "workflow", name)
+    return wf if wf.get("status", {}).get("phase") in ("Succeeded", "Failed", "Error") else None
+
+
+def node_seconds(node: dict) -> float:
+    from datetime import datetime
+
+    start, end = (datetime.fromisoformat(node[k].replace("Z", "+00:00")) for k in ("startedAt", "finishedAt"))
+    return (end - start).total_seconds()
+
+
+def check_succeeded(wf: dict, started: float) -> dict:
+    """Print the workflow's steps with their times ([figure]) and fail with every failed step's message
+    unless it succeeded."""
+    nodes = wf["status"].get("nodes", {}).values()
+    steps = sorted((n["startedAt"], n["displayName"], n["phase"], node_seconds(n) if n.get("finishedAt") else -1)
+                   for n in nodes if n.get("type") == "Pod")
+    print(f"\n[figure] workflow {wf['metadata']['name']}: {wf['status']['phase']} in {time.monotonic() - started:.0f} s; "
+          + ", ".join(f"{s[1]} {s[2]} {s[3]:.0f} s" for s in steps))
+    failed = [n for n in nodes if n.get("phase") in ("Failed", "Error")]
+    assert wf["status"]["phase"] == "Succeeded", (wf["status"].get("message"), [
+        (n["displayName"], n.get("message")) for n in failed])
+    return wf
+
+
+def wait_workflow(name: str, timeout: float) -> dict:
+    start = time.monotonic()
+    wf = wait_until(f"workflow {name} finished", lambda: workflow_finished(name), timeout=timeout, interval=5)
+    return check_succeeded(wf, start)
+
+
+def parameters(**values) -> dict:
+    return {"parameters": [{"name": k, "value": str(v)} for k, v in values.items()]}
+
+
+def mlflow_client():
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=service_url("orchard", "orchard-mlflow"))
+
+
+def parent_run_id(workflow: dict) -> str | None:
+    """The MLflow parent run the workflow's start step opened (a global output), None before it ran."""
+    status = workflow.get("status", {})
+    for outputs in (status.get("outputs") or {}, *(n.get("outputs") or {} for n in status.get("nodes", {}).values())):
+        for p in outputs.get("parameters", []):
+            if p["name"] == "parent_run_id" and p.get("value"):
+                return p["value"]
+    return None
+
+
+def parent_run(client, workflow: dict, experiment: str):
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment}"
+    runs = [r for r in client.search_runs([found.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
+    parent_id = parent_run_id(workflow)
+    assert any(r.info.run_id == parent_id for r in runs), "the workflow's parent run is not in MLflow"
+    return client.get_run(parent_id)
+
+
+def child_runs(client, parent) -> list:
+    return client.search_runs([parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
+
+
+def stage_of(run) -> str:
+    return run.data.tags.get("orchard.stage") or run.info.run_name

@@ -9,14 +9,14 @@ ServiceAccount, stages reach the sandbox service and MLflow by their Service nam
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from pipelines.cli import compile_all
-from tests.cluster.conftest import kubectl, kubectl_json, service_url, wait_until
+from tests.cluster.conftest import (child_runs, kubectl, mlflow_client, parameters, parent_run, stage_of, submit,
+                                   wait_workflow)
 
 pytestmark = pytest.mark.cluster
 STORE = "/orchard-store/data-store"
@@ -28,35 +28,6 @@ def compiled(tmp_path_factory):
     return compile_all(tmp_path_factory.mktemp("pipelines"), preset="tiny")
 
 
-def submit(spec: dict, name_prefix: str) -> str:
-    workflow = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
-                "metadata": {"generateName": name_prefix, "namespace": "orchard"}, "spec": spec}
-    out = kubectl("create", "-f", "-", "-o", "name", input=json.dumps(workflow))
-    return out.strip().split("/", 1)[1]
-
-
-def wait_workflow(name: str, timeout: float) -> dict:
-    start = time.monotonic()
-
-    def finished():
-        wf = kubectl_json("-n", "orchard", "get", "workflow", name)
-        return wf if wf.get("status", {}).get("phase") in ("Succeeded", "Failed", "Error") else None
-
-    wf = wait_until(f"workflow {name} finished", finished, timeout=timeout, interval=5)
-    nodes = wf["status"].get("nodes", {}).values()
-    steps = sorted((n["startedAt"], n["displayName"], n["phase"]) for n in nodes if n.get("type") == "Pod")
-    print(f"\n[figure] workflow {name}: {wf['status']['phase']} in {time.monotonic() - start:.0f} s; "
-          + ", ".join(f"{s[1]} {s[2]}" for s in steps))
-    failed = [n for n in nodes if n.get("phase") in ("Failed", "Error")]
-    assert wf["status"]["phase"] == "Succeeded", (wf["status"].get("message"), [
-        (n["displayName"], n.get("message")) for n in failed])
-    return wf
-
-
-def parameters(**values) -> dict:
-    return {"parameters": [{"name": k, "value": str(v)} for k, v in values.items()]}
-
-
 @pytest.fixture(scope="module")
 def first_run(compiled):
     kubectl("-n", "orchard", "apply", "--server-side", "--force-conflicts", "-f", str(compiled["argo_template"]))
@@ -66,32 +37,12 @@ def first_run(compiled):
     return wait_workflow(name, timeout=3600)
 
 
-def mlflow_client():
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(tracking_uri=service_url("orchard", "orchard-mlflow"))
-
-
-def parent_run(client, workflow: dict):
-    experiment = client.get_experiment_by_name(EXPERIMENT)
-    assert experiment is not None, f"no MLflow experiment {EXPERIMENT}"
-    runs = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags]
-    wf_params = {p["name"]: p.get("value") for p in workflow["status"].get("outputs", {}).get("parameters", [])}
-    parent_id = wf_params.get("parent_run_id")
-    if parent_id is None:  # global outputs live on the workflow's status
-        parent_id = next(p.get("value") for n in workflow["status"]["nodes"].values()
-                         for p in n.get("outputs", {}).get("parameters", []) if p["name"] == "parent_run_id")
-    assert any(r.info.run_id == parent_id for r in runs), "the workflow's parent run is not in MLflow"
-    return client.get_run(parent_id)
-
-
 def test_the_pipeline_runs_on_the_cluster_and_mlflow_holds_the_run(first_run, tmp_path):
     client = mlflow_client()
-    parent = parent_run(client, first_run)
+    parent = parent_run(client, first_run, EXPERIMENT)
     assert parent.info.status == "FINISHED", parent.info
-    children = client.search_runs([parent.info.experiment_id],
-                                  f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
-    stages = {c.data.tags.get("orchard.stage") or c.info.run_name for c in children}
+    children = child_runs(client, parent)
+    stages = {stage_of(c) for c in children}
     pods = {n["templateName"] for n in first_run["status"]["nodes"].values() if n.get("type") == "Pod"}
     print(f"\n[check] parent run {parent.info.run_id}: {len(children)} child runs: {sorted(stages)}")
     assert len(children) >= 6, stages
@@ -103,7 +54,7 @@ def test_the_pipeline_runs_on_the_cluster_and_mlflow_holds_the_run(first_run, tm
     versions = client.search_model_versions("name = 'orchard-policy'")
     assert len(versions) == (decision == "promoted"), (decision, [v.version for v in versions])
     # The decision travelled through MLflow's artifact store (the gate pod uploads, we download).
-    promote = next(c for c in children if (c.data.tags.get("orchard.stage") or c.info.run_name) == "promote")
+    promote = next(c for c in children if stage_of(c) == "promote")
     logged = client.download_artifacts(promote.info.run_id, "promotion/decision.json", dst_path=str(tmp_path))
     assert json.loads(Path(logged).read_text())["promoted"] == (decision == "promoted")
 
@@ -119,6 +70,6 @@ def test_a_run_from_the_cron_workflow_trains_on_the_store_the_first_run_grew(com
     spec["arguments"] = parameters(**args)
     second = wait_workflow(submit(spec, "orchard-retrain-"), timeout=3600)
     client = mlflow_client()
-    first_shards = set(parent_run(client, first_run).data.tags["orchard.trained_shards"].split(","))
-    second_shards = set(parent_run(client, second).data.tags["orchard.trained_shards"].split(","))
+    first_shards = set(parent_run(client, first_run, EXPERIMENT).data.tags["orchard.trained_shards"].split(","))
+    second_shards = set(parent_run(client, second, EXPERIMENT).data.tags["orchard.trained_shards"].split(","))
     assert first_shards and first_shards < second_shards, (first_shards, second_shards)

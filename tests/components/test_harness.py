@@ -85,6 +85,15 @@ def test_step_limit_truncates_and_is_still_verified(sandbox_client):
     assert big.status is EpisodeStatus.truncated and big.num_assistant_steps == 1
 
 
+def test_an_episode_records_the_rank_of_the_process_that_ran_it(sandbox_client, monkeypatch):
+    """Under a distributed launch (a PyTorchJob's ranks each roll out) every episode says which rank ran it."""
+    ls = format_tool_call(ToolCall(name="bash", arguments={"command": "ls"}))
+    assert run_episode(TASK, RECIPE, Scripted([ls]), sandbox_client, HarnessConfig(max_steps=1)).metadata["rank"] == 0
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert run_episode(TASK, RECIPE, Scripted([ls]), sandbox_client, HarnessConfig(max_steps=1)).metadata["rank"] == 1
+
+
 def test_wall_clock_limit_is_time_truncated(sandbox_client):
     ls = format_tool_call(ToolCall(name="bash", arguments={"command": "ls"}))
     traj = run_episode(TASK, RECIPE, Scripted([ls], delay=0.4), sandbox_client, HarnessConfig(max_wall_seconds=1.5))

@@ -197,6 +197,34 @@ def test_the_data_store_claim_is_mounted_by_exactly_the_store_stages(compiled):
     assert cluster.data_store_path.startswith(cluster.data_store_mount + "/")  # the schedules' default store
 
 
+def test_every_compiled_pod_has_a_memory_limit_equal_to_its_request(compiled):
+    """A pod without a memory limit may take the node's memory from every other pod: each step and stage pod
+    (KFP executors, Argo containers) is limited to what it requests, as a stage's PyTorchJob pods are."""
+    executors = _kfp_docs(compiled)[0]["deploymentSpec"]["executors"]
+    for name, executor in executors.items():
+        if executor["container"]["image"].startswith("argostub/"):  # kfp-kubernetes' DeletePVC: the driver's, no pod
+            continue
+        resources = executor["container"].get("resources", {})
+        assert resources.get("resourceMemoryLimit") == resources.get("resourceMemoryRequest") is not None, (name, resources)
+    templates = yaml.safe_load(compiled["argo_template"].read_text())["spec"]["templates"]
+    for t in templates:
+        if "container" in t:
+            resources = t["container"].get("resources", {})
+            assert resources["limits"]["memory"] == resources["requests"]["memory"], (t["name"], resources)
+
+
+def test_kfp_integer_parameters_default_to_integers(compiled):
+    """KFP keeps defaults as protobuf doubles (`seed: 0.0`); the compiled file shows an int parameter's as an int,
+    in the spec and in the header's `# Inputs:` comments."""
+    text = compiled["kfp"].read_text()
+    inputs = _kfp_docs(compiled)[0]["root"]["inputDefinitions"]["parameters"]
+    ints = {name: p["defaultValue"] for name, p in inputs.items() if p["parameterType"] == "NUMBER_INTEGER"}
+    assert {"seed", "train_tasks", "window_runs"} <= set(ints)
+    assert all(type(v) is int for v in ints.values()), ints
+    assert "#    seed: int [Default: 0]\n" in text and "int [Default: 0.0]" not in text
+    assert "#    promotion_margin: float [Default: -1.0]\n" in text, "float defaults stay floats"
+
+
 @pytest.mark.parametrize("kind,filename", [("kfp", KFP_FILE), ("argo_template", ARGO_TEMPLATE_FILE),
                                            ("argo_cron", ARGO_CRON_FILE)])
 def test_golden_files(compiled, kind, filename):

@@ -138,10 +138,17 @@ def test_argo_runs_a_multi_process_stage_as_a_pytorchjob_resource(argo):
         resource = template["resource"]
         assert resource["action"] == "create" and resource["setOwnerReference"] is True
         assert resource["successCondition"] == "status.replicaStatuses.Master.succeeded > 0"
-        assert resource["failureCondition"] == "status.replicaStatuses.Master.failed > 0"
+        # any failed pod fails the step (Argo ORs failure requirements), a Worker's too
+        assert resource["failureCondition"] == ("status.replicaStatuses.Master.failed > 0,"
+                                                "status.replicaStatuses.Worker.failed > 0")
         job = yaml.safe_load(_render(resource["manifest"], values))
         validate_pytorchjob(job)
         assert job["spec"]["nprocPerNode"] == str(nproc)
+        # no backoffLimit: the operator then counts the failed pod in replicaStatuses, which the condition reads
+        assert "backoffLimit" not in job["spec"]["runPolicy"]
+        # the step outlives the job's own deadline (a job failed by its deadline counts no failed pod)
+        assert template["activeDeadlineSeconds"] > job["spec"]["runPolicy"]["activeDeadlineSeconds"]
+        assert job["metadata"]["labels"]["workflows.argoproj.io/workflow"] == "orchard-training-x7k2p"
         replicas = job["spec"]["pytorchReplicaSpecs"]
         assert replicas.get("Worker", {}).get("replicas", 0) == workers
         for replica in replicas.values():

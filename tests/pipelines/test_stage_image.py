@@ -1,7 +1,9 @@
-"""The stage image (docker/stage-runtime) installs every distribution the stages import.
+"""The stage image (docker/stage-runtime) installs every distribution the stages import, and every preset's
+runtime needs besides imports.
 
 Found on the test cluster: the image installed the project without its extras, and the rl stage died
-with "No module named 'trl'" after every stage before it had run.
+with "No module named 'trl'" after every stage before it had run; later, the smol preset's init-policy could
+not convert its named model: the image lacked the wheel holding the model's file.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import sys
 from importlib.metadata import PackageNotFoundError, packages_distributions, requires
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from pipelines.config import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
 STAGE_CODE = ("components", "pipelines")
@@ -62,11 +67,49 @@ def third_party_imports(root: Path) -> dict[str, str]:
     return found
 
 
-def test_the_stage_image_installs_every_distribution_the_stages_import():
+def image_install_set() -> set[str]:
+    """Every distribution the stage image installs: the project with STAGE_EXTRAS and their dependencies, plus
+    the requirements of STAGE_DATA_EXTRAS (installed without dependencies), as canonical names."""
+    from pipelines.image_extras import extra_requirements
+
     dockerfile = (REPO / "docker" / "stage-runtime" / "Dockerfile").read_text()
     extras = set(re.search(r"^ARG STAGE_EXTRAS=(\S+)$", dockerfile, re.M).group(1).split(","))
     assert '".[${STAGE_EXTRAS}]"' in dockerfile, "the image must install the project with STAGE_EXTRAS"
-    installed = installed_closure("orchard", extras)
+    data = re.search(r"^ARG STAGE_DATA_EXTRAS=(\S*)$", dockerfile, re.M)
+    assert data and "python -m pipelines.image_extras \"${STAGE_DATA_EXTRAS}\"" in dockerfile, (
+        "the image must install STAGE_DATA_EXTRAS' requirements (pip install --no-deps)")
+    data_reqs = extra_requirements([e for e in data.group(1).split(",") if e], REPO / "pyproject.toml")
+    return installed_closure("orchard", extras) | {canonicalize_name(Requirement(r).name) for r in data_reqs}
+
+
+def _strings(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _strings(v)
+    elif isinstance(value, str):
+        yield value
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_the_stage_image_installs_each_presets_runtime_needs(preset):
+    """Every named model a preset's config names anywhere (the smol preset's `model.path`) comes with what it
+    needs at run time: the wheel holding its file and what reads it."""
+    from components.core.named_models import RUNTIME_DISTRIBUTIONS, is_named
+    from pipelines.config import resolve
+
+    named = {v for v in _strings(resolve(preset).model_dump(mode="json")) if is_named(v)}
+    if preset == "smol":
+        assert named == {"smollm2-135m-instruct"}, named  # the check below is not vacuous
+    needs = {canonicalize_name(d) for name in named for d in RUNTIME_DISTRIBUTIONS[name]}
+    missing = needs - image_install_set()
+    assert not missing, f"preset {preset} needs {sorted(missing)} at run time; the stage image does not install them"
+
+
+def test_the_stage_image_installs_every_distribution_the_stages_import():
+    installed = image_install_set()
     providers = packages_distributions()
     missing = {module: where for module, where in third_party_imports(REPO).items()
                if module not in OPTIONAL and not {canonicalize_name(d) for d in providers.get(module, [module])} & installed}

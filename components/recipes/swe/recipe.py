@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import subprocess
 import tarfile
 import tempfile
@@ -12,11 +13,18 @@ from pathlib import Path
 
 from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
 from components.core.schema import Split, Task, ToolCall
+from components.recipes.swe import calls
+from components.recipes.swe.change import RepoChange, read_tree
 from components.recipes.swe.generator import generate_tasks
+from components.recipes.swe.setups import SetupArchives, TaskSetup, setup_key
 from components.recipes.swe.tools import TOOL_SPECS, SWETools, git_init_script
-from components.recipes.swe.verifier import verify_in_clean_room
+from components.recipes.swe.verifier import PYTEST_ENV, verify_in_clean_room
+from components.recipes.swe.warm_rooms import WarmRooms, WarmRun
+from components.recipes.swe.warm_rooms import shared as warm_rooms_pool
 from sandbox_service.client import Sandbox
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
+
+log = logging.getLogger(__name__)
 
 SANDBOX_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",  # no __pycache__ in the diff
@@ -35,7 +43,8 @@ class SWERecipe(RecipeBase):
 
     def __init__(self, difficulty: int | list[int] = 1, heldout_families: tuple[str, ...] | list[str] = (),
                  tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000, bugs: int | list[int] = 1,
-                 families: tuple[str, ...] | list[str] = (), packages: tuple[str, ...] | list[str] = ()):
+                 families: tuple[str, ...] | list[str] = (), packages: tuple[str, ...] | list[str] = (),
+                 warm_rooms: bool | WarmRooms = True):
         self.difficulty = difficulty
         self.families = tuple(families)  # bug families tasks are drawn from (empty: all)
         self.packages = tuple(packages)  # package names repositories are drawn from (empty: all)
@@ -43,9 +52,14 @@ class SWERecipe(RecipeBase):
         self.heldout_families = tuple(heldout_families)
         self.tool_timeout_seconds = tool_timeout_seconds
         self.max_output_chars = max_output_chars
-        # sandbox id -> snapshot of its pristine state (taken at setup, before the agent's first step)
+        # sandbox id -> snapshot of its pristine state (taken at setup, before the agent's first step), for
+        # tasks whose set-up is not kept (setups.py); the others are verified from the kept set-up
         self._pristine: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._setups = SetupArchives()
+        # Generated tasks are verified in warm rooms (warm_rooms.py; True: the process's pool); False: a clean
+        # room per verification
+        self._warm = warm_rooms if isinstance(warm_rooms, WarmRooms) else warm_rooms_pool() if warm_rooms else None
 
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
         return generate_tasks(split, n, seed, difficulty=self.difficulty, heldout_families=self.heldout_families,
@@ -88,8 +102,36 @@ class SWERecipe(RecipeBase):
                              workdir=env.workdir)
 
     def setup(self, sandbox: Sandbox, task: Task) -> None:
-        """Place the repository, then snapshot it: the pristine state verification forks (`release` drops it)."""
+        """Place the repository. A task whose set-up is kept (setups.py) gets the kept workdir in one file
+        operation (the first of its episodes sets it up and keeps it); any other is set up here and
+        snapshotted: the pristine state verification forks (`release` drops it)."""
+        key = setup_key(task)
+        if key is not None:
+            with self._setups.lock(key):
+                kept = self._setups.get(key)
+                if kept is None:
+                    self._setup_files(sandbox, task)
+                    if self._keep_setup(sandbox, task, key):
+                        return
+                    self._snapshot_pristine(sandbox)
+                    return
+            sandbox.upload_archive(kept.archive, task.environment.workdir)
+            return
         self._setup_files(sandbox, task)
+        self._snapshot_pristine(sandbox)
+
+    def _keep_setup(self, sandbox: Sandbox, task: Task, key: str) -> bool:
+        """Keep the workdir just set up (nothing of the policy has run); False when it cannot be kept (too
+        large to download or to keep), and the task is then verified from a snapshot as any other."""
+        try:
+            archive = sandbox.download_dir(task.environment.workdir)
+            setup = TaskSetup(archive, read_tree(archive))
+        except Exception as err:  # noqa: BLE001 - keeping is an optimisation: set-up itself has succeeded
+            log.info("set-up of %s not kept (%s: %s)", task.id, type(err).__name__, err)
+            return False
+        return self._setups.put(key, setup)
+
+    def _snapshot_pristine(self, sandbox: Sandbox) -> None:
         snapshot = sandbox.snapshot()
         with self._lock:
             self._pristine[sandbox.id] = snapshot.id
@@ -144,20 +186,35 @@ class SWERecipe(RecipeBase):
                 ToolCall(name="read_file", arguments={"path": ".orchard-health"})]
 
     def judge(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
-        """Hidden tests in a clean room (see verifier.py); `final_answer` (the submit diff) is not trusted."""
+        """Hidden tests in a clean room or a warm room (see verifier.py); `final_answer` (the submit diff) is
+        not trusted."""
         with self._lock:
             snapshot = self._pristine.get(sandbox.id)
+        key = setup_key(task)
+        kept = self._setups.get(key) if key is not None and snapshot is None else None
+        spec = self.sandbox_spec(task)
 
         def clean_room(stack: ExitStack) -> Sandbox:
-            spec = self.sandbox_spec(task)
-            spec = spec.model_copy(update={"labels": {**spec.labels, "orchard.role": "verifier"},
-                                           "from_snapshot": snapshot})
-            room = stack.enter_context(sandbox.client.create(spec))
-            if snapshot is None:  # forked or replayed episode: no pristine snapshot here, build the state
+            room_spec = spec.model_copy(update={"labels": {**spec.labels, "orchard.role": "verifier"},
+                                                "from_snapshot": snapshot})
+            room = stack.enter_context(sandbox.client.create(room_spec))
+            if snapshot is None and kept is not None:  # the kept set-up: one file operation
+                room.upload_archive(kept.archive, task.environment.workdir)
+            elif snapshot is None:  # forked or replayed episode, or the kept set-up dropped: build the state
                 self._setup_files(room, task)
             return room
 
-        return verify_in_clean_room(sandbox, task, clean_room)
+        warm = None
+        if self._warm is not None and kept is not None and not kept.tree.other:
+            def warm(change: RepoChange, stdin: str) -> WarmRun | None:
+                pristine = {p: d for p, d in kept.tree.files.items() if p.split("/", 1)[0] != ".git"}
+                return self._warm.run(sandbox.client, spec, calls.WORKER, workdir=task.environment.workdir,
+                                      pristine_id=key, pristine=pristine, write=change.write,
+                                      delete=change.delete, stdin=stdin, timeout=task.verifier.timeout_seconds,
+                                      env=PYTEST_ENV)
+
+        return verify_in_clean_room(sandbox, task, clean_room, pristine=kept.tree if kept is not None else None,
+                                    warm=warm)
 
     def release(self, sandbox: Sandbox) -> None:
         with self._lock:

@@ -4,15 +4,21 @@ The rule (verifier `swe-clean-room`, version `VERSION`):
 
 1. The agent's change is taken on the host by comparing its final repository with the pristine one
    (`change.py`, which also lists what is ignored: tests, runner configuration, start-up hooks,
-   shadowing modules, binaries, caches, symlinks). Nothing the agent's sandbox computes is trusted.
-2. A fresh sandbox is forked from the task's pristine snapshot (or set up anew when there is none):
+   shadowing modules, binaries, caches, symlinks). Nothing the agent's sandbox computes is trusted. The
+   pristine tree is the one kept from the task's set-up (`setups.py`: read before the policy's first
+   step) or, when none is kept, read from the clean room.
+2. A fresh sandbox is forked from the task's pristine snapshot, or given the kept set-up, or set up anew:
    none of the agent's processes exist there. Only the applied part of the change is written into it,
    then whatever sits at a hidden test path is removed and the hidden tests (or the task's test patch)
-   are placed.
+   are placed. Generated tasks whose set-up is kept run in a **warm room** instead when one answers
+   (`warm_rooms.py`, `warm_worker.py`): a sandbox kept across verifications, none of whose earlier
+   verifications left anything (each runs as a uid of its own in a tree made afresh, and every process,
+   file and IPC object of that uid is removed after it, or the room is retired); otherwise a clean room.
 3. Generated tasks (kind `calls`, `calls.py`): the hidden tests' calls of the package's functions run
-   in a worker process in the clean room that returns typed plain data; the assertions are judged in
-   the host process, which never imports the agent's code. A value that is not plain data, an
-   exception, a missing answer or a worker that dies fails the test. Imported tasks (kind `pytest`):
+   in a worker process in the clean room (`python -I -c`, the request on stdin) or, in a warm room, in a
+   fork of the warm worker, that returns typed plain data; the assertions are judged in the host
+   process, which never imports the agent's code. A value that is not plain data, an exception, a
+   missing answer or a worker that dies fails the test. Imported tasks (kind `pytest`):
    pytest runs as `python -I` (no workspace path before the standard library, no PYTHON* variables,
    no user site), with plugin autoloading off, no cache, `--rootdir` the repository and `-c` a
    configuration file the verifier writes into a fresh `mktemp -d` directory outside the repository;
@@ -50,13 +56,15 @@ from components.core.recipe_base import VerifyResult
 from components.core.schema import Task, TestReport, Verification
 from components.recipes.swe import calls, canaries
 from components.recipes.swe.change import RepoChange, Tree, extract_change, read_tree
+from components.recipes.swe.warm_rooms import WarmRun
 from sandbox_service.client import Sandbox
 from sandbox_service.errors import SandboxServiceError
 from sandbox_service.models import ExecOutcome
 
 NAME = "swe-clean-room"
-VERSION = "4"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout; 2: pytest for every task;
-# 3: imported tasks' canaries in a module of their own, no-verdict runs blamed by a control run of the same tests
+VERSION = "5"  # 1: hidden tests run in the agent's sandbox, outcome parsed from stdout; 2: pytest for every task;
+# 3: imported tasks' canaries in a module of their own, no-verdict runs blamed by a control run of the same tests;
+# 4: canaries inside the hidden modules, the one blame rule; 5: generated tasks' call worker in warm rooms
 PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
@@ -140,13 +148,21 @@ def _read_report(room: Sandbox, path: str) -> bytes:
     return res.stdout.encode()
 
 
-def verify_in_clean_room(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], Sandbox]) -> VerifyResult:
+WarmWorker = Callable[[RepoChange, str], "WarmRun | None"]  # (the change, the call worker's stdin) -> its run
+
+
+def verify_in_clean_room(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], Sandbox], *,
+                         pristine: Tree | None = None, warm: WarmWorker | None = None) -> VerifyResult:
     """Verify the agent's repository (in `agent`) in a clean room `open_clean_room` builds (and registers
-    for deletion on the stack) from the task's pristine state."""
+    for deletion on the stack) from the task's pristine state.
+
+    `pristine`: the task's pristine tree when the caller has it (read at set-up, before the policy's first
+    step); otherwise it is read from the clean room. `warm`: runs the call worker of a generated task in a
+    warm room (`warm_rooms.py`) instead, None when it cannot (then a clean room does)."""
     record = Verification(verifier=NAME, version=VERSION)
     try:
         with ExitStack() as stack:
-            verdict = _verify(agent, task, open_clean_room, stack, record)
+            verdict = _verify(agent, task, _Room(open_clean_room, stack), record, pristine, warm)
     except _Infra as err:
         return VerifyResult(resolved=False, infra_error=str(err), verification=record)
     except (SandboxServiceError, httpx.HTTPError) as err:
@@ -154,6 +170,21 @@ def verify_in_clean_room(agent: Sandbox, task: Task, open_clean_room: Callable[[
                             verification=record)
     verdict.verification = record
     return verdict
+
+
+class _Room:
+    """The clean room, built on first use."""
+
+    def __init__(self, build: Callable[[ExitStack], Sandbox], stack: ExitStack):
+        self.build, self.stack, self.sandbox = build, stack, None
+
+    def __call__(self) -> Sandbox:
+        if self.sandbox is None:
+            try:
+                self.sandbox = self.build(self.stack)
+            except Exception as err:  # the pristine state alone failed to come up: nothing the agent did
+                raise _Infra(f"could not build the clean room: {type(err).__name__}: {err}"[:1000]) from err
+        return self.sandbox
 
 
 class _Laps:
@@ -168,16 +199,13 @@ class _Laps:
         self.last = now
 
 
-def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], Sandbox], stack: ExitStack,
-            record: Verification) -> VerifyResult:
+def _verify(agent: Sandbox, task: Task, room: _Room, record: Verification, pristine: Tree | None,
+            warm: WarmWorker | None) -> VerifyResult:
     spec, workdir = task.verifier, task.environment.workdir
     lap = _Laps(record)
-    try:
-        room = open_clean_room(stack)
-    except Exception as err:  # the pristine state alone failed to come up: nothing the agent did
-        raise _Infra(f"could not build the clean room: {type(err).__name__}: {err}"[:1000]) from err
-    lap("fork")
-    pristine = read_tree(room.download_dir(workdir))
+    if pristine is None:
+        pristine = read_tree(room().download_dir(workdir))
+        lap("fork")
     try:
         final = read_tree(agent.download_dir(workdir))
     except Exception as err:  # noqa: BLE001 - no verdict: the one rule decides whose (the agent's sandbox lost?)
@@ -185,17 +213,24 @@ def _verify(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], S
     change = extract_change(pristine, final)
     lap("diff")
     record.ignored, record.applied = change.ignored, sorted({*change.write, *change.delete})
-    try:
-        _apply(room, workdir, change)
-    except (SandboxServiceError, httpx.HTTPError) as err:  # no verdict: the one rule decides whose
-        raise _Infra(f"the agent's change could not be applied in the clean room: {type(err).__name__}: "
-                     f"{err}"[:1000]) from err
-    bad_patch = _place_tests(room, task, workdir) if spec.kind != "calls" else None
-    lap("apply")
-    if bad_patch:
-        return VerifyResult(resolved=False, reason=bad_patch)
-    run = _run_hidden_tests(room, task)
-    lap("run")
+    run = _run_warm(task, change, warm) if warm is not None and spec.kind == "calls" else None
+    if run is not None:
+        lap("warm")
+    else:
+        if room.sandbox is None:
+            room()
+            lap("fork")
+        try:
+            _apply(room(), workdir, change)
+        except (SandboxServiceError, httpx.HTTPError) as err:  # no verdict: the one rule decides whose
+            raise _Infra(f"the agent's change could not be applied in the clean room: {type(err).__name__}: "
+                         f"{err}"[:1000]) from err
+        bad_patch = _place_tests(room(), task, workdir) if spec.kind != "calls" else None
+        lap("apply")
+        if bad_patch:
+            return VerifyResult(resolved=False, reason=bad_patch)
+        run = _run_hidden_tests(room(), task)
+        lap("run")
     if run.failure is not None:  # no verdict: the one rule decides whose (never a probe of this room)
         raise _Infra(f"running hidden tests gave no verdict: {run.failure}")
     if run.tampered:
@@ -249,24 +284,59 @@ def _write_in_room(room: Sandbox, path: str, content: str, what: str) -> None:
         raise _Infra(f"could not write {what} in the clean room: {wrote.stderr[-300:]}")
 
 
+def _merged_checks(task: Task) -> calls.Checks:
+    try:
+        checks = {path: calls.parse_checks(source) for path, source in _test_sources(task).items()}
+    except (ValueError, SyntaxError) as err:  # the task's own tests, never the agent's
+        raise _Infra(f"the task's hidden tests cannot be judged outside pytest: {err}") from err
+    return calls.Checks([i for c in checks.values() for i in c.imports],
+                        [calls.Check(f"{path}::{t.name}", t.calls, t.assertions)
+                         for path, c in checks.items() for t in c.tests])
+
+
+def _bare_report(task: Task, tail: str, duration: float) -> TestReport:
+    # No test seen to pass (timed out, no report) is 0 of the hidden tests: every verified trajectory of a
+    # pytest task gets its fraction, so partial-progress means never silently skip the hard failures.
+    spec = task.verifier
+    none_passed = {"hidden_total": len(spec.fail_to_pass), "hidden_passed": 0} if spec.fail_to_pass else {}
+    return TestReport(output=tail, duration_seconds=duration, **none_passed)
+
+
+def _judged_calls(task: Task, merged: calls.Checks, exit_code: int | None, stdout: str, stderr: str,
+                  duration: float) -> _Run:
+    """The verdict's statuses from the call worker's answer (a clean room's exec or a warm room's run)."""
+    tail = stderr[-4000:]
+    statuses = calls.judge(merged, stdout)
+    if exit_code != 0 or all(v == "ERROR" for v in statuses.values()):
+        return _Run(_bare_report(task, tail, duration), failure=f"no answer: the call worker exited {exit_code}")
+    values = list(statuses.values())
+    report = TestReport(passed=values.count("PASSED"), failed=values.count("FAILED"),
+                        errors=values.count("ERROR"), output=tail, duration_seconds=duration)
+    return _Run(report, statuses=statuses, exit_code=exit_code)
+
+
+def _run_warm(task: Task, change: RepoChange, warm: WarmWorker) -> _Run | None:
+    """The call worker in a warm room; None when no warm room answered (a clean room runs it instead)."""
+    merged = _merged_checks(task)
+    got = warm(change, calls.worker_request(merged, task.environment.workdir))
+    if got is None:
+        return None
+    if got.timed_out:
+        return _Run(_bare_report(task, got.stderr[-4000:], got.seconds), timed_out=True)
+    return _judged_calls(task, merged, got.exit_code, got.stdout, got.stderr, got.seconds)
+
+
 def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     """Run the task's hidden tests in `room` (its change already applied) and collect per-test statuses."""
     spec, workdir = task.verifier, task.environment.workdir
-    vdir = _report_dir(room)
     wanted = list(dict.fromkeys(spec.fail_to_pass + spec.pass_to_pass))
     planted: canaries.Canaries | None = None
-    if spec.kind == "calls":
-        try:
-            checks = {path: calls.parse_checks(source) for path, source in _test_sources(task).items()}
-        except (ValueError, SyntaxError) as err:  # the task's own tests, never the agent's
-            raise _Infra(f"the task's hidden tests cannot be judged outside pytest: {err}") from err
-        merged = calls.Checks([i for c in checks.values() for i in c.imports],
-                              [calls.Check(f"{path}::{t.name}", t.calls, t.assertions)
-                               for path, c in checks.items() for t in c.tests])
-        _write_in_room(room, f"{vdir}/worker.py", calls.WORKER, "the call worker")
-        command = ["python", "-I", f"{vdir}/worker.py"]
+    if spec.kind == "calls":  # one process: the worker's source as its argument, the request on stdin
+        merged = _merged_checks(task)
+        command = ["python", "-I", "-c", calls.WORKER]
         stdin = calls.worker_request(merged, workdir)
     else:
+        vdir = _report_dir(room)
         # `pythonpath` puts the repository root on sys.path (python -I leaves out the working directory).
         _write_in_room(room, f"{vdir}/pytest.ini", f"[pytest]\npythonpath = {workdir}\njunit_family = xunit2\n",
                        "the verifier's pytest.ini")
@@ -282,10 +352,7 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
                        max_output_bytes=20_000_000 if spec.kind == "calls" else 200_000)
     duration = time.monotonic() - start
     tail = (result.stderr if spec.kind == "calls" else result.stdout + result.stderr)[-4000:]
-    # No test seen to pass (timed out, no report) is 0 of the hidden tests: every verified trajectory of a
-    # pytest task gets its fraction, so partial-progress means never silently skip the hard failures.
-    none_passed = {"hidden_total": len(spec.fail_to_pass), "hidden_passed": 0} if spec.fail_to_pass else {}
-    bare = TestReport(output=tail, duration_seconds=duration, **none_passed)
+    bare = _bare_report(task, tail, duration)
     if result.is_infra_error:
         return _Run(bare, failure=f"{result.infra_error.value}: {result.message or ''}")
     if result.outcome is ExecOutcome.command_timeout:
@@ -294,13 +361,7 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
         return _Run(TestReport(output=tail, duration_seconds=duration), exit_code=result.exit_code,
                     exit_ok=result.exit_code == 0)
     if spec.kind == "calls":
-        statuses = calls.judge(merged, result.stdout)
-        if result.exit_code != 0 or all(v == "ERROR" for v in statuses.values()):
-            return _Run(bare, failure=f"no answer: the call worker exited {result.exit_code}")
-        values = list(statuses.values())
-        report = TestReport(passed=values.count("PASSED"), failed=values.count("FAILED"),
-                            errors=values.count("ERROR"), output=tail, duration_seconds=duration)
-        return _Run(report, statuses=statuses, exit_code=result.exit_code)
+        return _judged_calls(task, merged, result.exit_code, result.stdout, result.stderr, duration)
     try:
         by_key, report = parse_junit(_read_report(room, f"{vdir}/report.xml"))
     except Exception as err:  # noqa: BLE001 - no readable report: no verdict
