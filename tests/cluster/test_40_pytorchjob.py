@@ -29,10 +29,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.core.tracking import curve
 from pipelines.argo_workflow import WORKFLOW_LABEL
 from pipelines.cli import compile_all
 from tests.cluster.conftest import (check_succeeded, child_runs, kubectl, kubectl_json, mlflow_client, node_seconds,
                                    parent_run, parent_run_id, stage_of, submit, workflow_finished)
+
+SFT_LOSS = curve(1, "loss")  # the SFT run's loss curve (the first chart of its run page)
 
 pytestmark = pytest.mark.cluster
 EXPERIMENT = "orchard-cluster-pytorchjob"
@@ -76,7 +79,7 @@ def sft_steps_logged(client, workflow: dict) -> int:
         return 0
     runs = client.search_runs([client.get_run(parent).info.experiment_id],
                               f"tags.`mlflow.parentRunId` = '{parent}' and attributes.status = 'RUNNING'")
-    return max((len(client.get_metric_history(r.info.run_id, "loss")) for r in runs if stage_of(r) == "sft"),
+    return max((len(client.get_metric_history(r.info.run_id, SFT_LOSS)) for r in runs if stage_of(r) == "sft"),
                default=0)
 
 
@@ -189,7 +192,7 @@ def test_sft_across_two_pods_trains_like_one_process_and_rank_0_alone_logs(run, 
     # one run per attempt (the killed one did not finish), and rank 1 opened none
     assert len(finished) == 1 and len(sft_runs) == 2, [(r.info.run_id, r.info.status) for r in sft_runs]
     assert finished[0].data.metrics["world_size"] == 2
-    cluster_loss = [m.value for m in sorted(client.get_metric_history(finished[0].info.run_id, "loss"),
+    cluster_loss = [m.value for m in sorted(client.get_metric_history(finished[0].info.run_id, SFT_LOSS),
                                             key=lambda m: m.step)]
     assert len(cluster_loss) == SFT_STEPS, f"{len(cluster_loss)} loss points for {SFT_STEPS} steps: one rank logs"
 
@@ -206,7 +209,7 @@ def test_sft_across_two_pods_trains_like_one_process_and_rank_0_alone_logs(run, 
                        tracking=TrackingConfig(tracking_uri=uri, experiment="one-process"))
     local = MlflowClient(uri)
     (ref,) = local.search_runs([local.get_experiment_by_name("one-process").experiment_id])
-    one_loss = [m.value for m in sorted(local.get_metric_history(ref.info.run_id, "loss"), key=lambda m: m.step)]
+    one_loss = [m.value for m in sorted(local.get_metric_history(ref.info.run_id, SFT_LOSS), key=lambda m: m.step)]
     assert cluster_loss[0] == pytest.approx(one_loss[0], rel=FIRST_LOSS_REL)
     assert cluster_loss == pytest.approx(one_loss, rel=LOSS_REL)
     assert cluster_loss[-1] < cluster_loss[0]
