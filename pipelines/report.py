@@ -245,7 +245,7 @@ def to_markdown(report: RunReport) -> str:
 
 # The console table's columns, most important first: a narrow terminal loses the last ones, never a wrapped cell.
 # Short headers for `COLUMNS` (report.md spells them out).
-RICH_COLUMNS = ("policy", "resolved [95% CI]", "greedy", "updates", "resolved", "pass@k", "infra", "steps", "tasks",
+RICH_COLUMNS = ("policy", "resolved [95% CI]", "resolved", "greedy", "updates", "pass@k", "infra", "steps", "tasks",
                 "hidden")
 RICH_NAMES = {"resolved [95% CI]": "resolved rate [95% CI]", "resolved": "resolved / evaluated",
               "infra": "infra errors", "steps": "mean steps", "tasks": "tasks (units)", "hidden": "hidden tests passing"}

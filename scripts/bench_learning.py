@@ -8,7 +8,10 @@ Per seed, in one process with one sandbox service (every stage is the pipeline's
 1. Tasks: generated SWE tasks at difficulty 1, two bug families, all eight package names (the held-out set
    needs >= 150 distinct repositories); train / validation / held-out disjoint by repository
    (components/core/splits.py); the held-out set is the same for every seed (its digest is checked).
-2. Teacher data: the scripted teacher (error rate 0.1), one attempt per training task.
+2. Teacher data: the scripted teacher, one attempt per training task, at error rate `--teacher-error-rate` (0.3:
+   per decision it may open the wrong file first, make a wrong edit and repair it, or give up; SFT on its
+   resolved trajectories imitates the recoverable mistakes too, which is what RL, rewarded for the outcome, can
+   unlearn and more imitation cannot).
 3. SFT from scratch, run to convergence: `--sft-steps` steps, and the run says whether the loss had stopped
    falling (the mean of its last tenth within 10 % of the tenth before).
 4. The training temperature is chosen on the VALIDATION split, never the held-out one: among `--temperatures`,
@@ -59,7 +62,7 @@ def settings(args: argparse.Namespace, seed: int) -> list[str]:
         f"provision.n_heldout={8 if pilot else args.heldout_tasks}",
         'provision.recipe_options={"families": ["off_by_one", "wrong_operator"]}',
         "provision.check_sandbox=false",
-        "distill.max_parallel=4",
+        "distill.max_parallel=4", f"distill.error_rate={args.teacher_error_rate}",
         f"sft.mode=resolved_only", f"sft.steps={6 if pilot else args.sft_steps}", "sft.warmup_steps=20",
         # RL: BAR groups of 8 from up to 16 in waves of 8, 8 prompts per update
         f"rl.steps={2 if pilot else args.rl_steps}", f"rl.learning_rate={args.rl_lr}", f"rl.kl_coef={args.kl_coef}",
@@ -189,6 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heldout-tasks", type=int, default=160)
     p.add_argument("--sft-steps", type=int, default=800)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0, 1.3])
+    p.add_argument("--teacher-error-rate", type=float, default=0.3,
+                   help="the scripted teacher's mistake rate per decision (its resolved trajectories keep the mistakes "
+                        "it recovered from: imitation learns them, RL can unlearn them)")
     p.add_argument("--rl-steps", type=int, default=40)
     p.add_argument("--rl-lr", type=float, default=1e-4)
     p.add_argument("--kl-coef", type=float, default=0.01)

@@ -100,7 +100,10 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     assert [c.name for c in signature.inputs.inputs] == ["prompt"]
     assert [(p.name, p.default) for p in signature.params.params] == [("max_new_tokens", 64)]
     assert client.get_run(parent).data.tags["orchard.promotion"] == "promoted"
-    gate_run = client.get_run(v1.run_id)
+    # the version is listed under the pipeline's parent run; its model (and the data it trained on) under promote
+    assert v1.run_id == parent
+    gate_run = client.get_run(mlflow.models.get_model_info(v1.source).run_id)
+    assert gate_run.info.run_name == "promote"
     assert any(i.dataset.name == "training-shards" for i in gate_run.inputs.dataset_inputs)
 
     untrained, parent = _gate(root, uri, config, _candidate(root, "c2", 0), root / "eval-strong", 2,
@@ -121,7 +124,7 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     v2 = current_champion(uri, config.promotion)
     assert str(v2.version) == "2" and v2.tags["orchard.parent_model"] == "base (init-policy)"
     assert {str(v.version) for v in client.search_model_versions(f"name='{NAME}'")} == {"1", "2"}
-    artifacts = {a.path for a in client.list_artifacts(v2.run_id, "promotion")}
+    artifacts = {a.path for a in client.list_artifacts(mlflow.models.get_model_info(v2.source).run_id, "promotion")}
     assert {"promotion/comparison.png", "promotion/comparison.json", "promotion/decision.json"} <= artifacts
     assert client.get_run(parent).data.tags["orchard.registered_model"] == f"{NAME}/2"
     # the parent's description links the version (the UI's model-version page)
