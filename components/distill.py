@@ -23,6 +23,7 @@ from sandbox_service.connection import SandboxConnection
 from components.core.harness import HarnessConfig, run_episode
 from components.core.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
 from components.core.policy_base import Policy
+from components.recipes import RecipeName
 from components.core.teacher import TeacherConfig
 from components.core.schema import Outcome, Task, Trajectory, hidden_pass_metrics
 from components.core.store import TaskStore, TrajectoryStore
@@ -33,7 +34,7 @@ from components.teachers import teacher_factory
 
 class DistillConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    recipe: str = Field("swe", description="Recipe of the tasks.")
+    recipe: RecipeName = Field("swe", description="Recipe of the tasks (a registered recipe).")
     recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
     teacher: Literal["scripted", "openai"] = Field("scripted", description="Scripted expert or an endpoint.")
     openai: OpenAIPolicyConfig | None = Field(None, description="Endpoint settings (teacher='openai').")

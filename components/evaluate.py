@@ -26,9 +26,10 @@ from components.core.intervals import task_mean_ci, task_rate_ci
 from components.core.modeling import LoadOptions
 from components.core.passk import mean_pass_at_k, pass_at_k
 from components.core.policies import OpenAIPolicyConfig
-from components.core.schema import Outcome, Recipe, Split, Task, Trajectory, hidden_pass_metrics
+from components.core.schema import Outcome, Split, Task, Trajectory, hidden_pass_metrics
 from components.core.splits import unit_of
 from components.core.store import TaskStore, TrajectoryStore
+from components.recipes import RecipeName
 from components.core.tracking import (TrackingConfig, log_artifact_path, log_dataset_input, log_figure, log_json,
                                       log_metrics, stage_run)
 
@@ -39,7 +40,7 @@ class EvalConfig(BaseModel):
     """Everything that decides an evaluation run."""
 
     model_config = ConfigDict(extra="forbid")
-    recipe: Recipe = Field("swe", description="Task suite the tasks belong to (get_recipe name).")
+    recipe: RecipeName = Field("swe", description="Task suite the tasks belong to (a registered recipe).")
     recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
     split: Split = Field("heldout", description="Which tasks of the store are evaluated: heldout (the final "
                                                 "evaluation) or validation (to tune on, never on heldout).")

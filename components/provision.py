@@ -24,11 +24,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_service.connection import SandboxConnection
+from components.core.recipe_base import TaskImportError
 from components.core.schema import Task
 from components.core.splits import check_disjoint, digest, unit_of
 from components.core.store import TaskStore
 from components.core.tracking import TrackingConfig, log_metrics, stage_run
-from components.recipes import get_recipe
+from components.recipes import RecipeName, check_task, get_recipe
 
 
 class ProvisionError(RuntimeError):
@@ -53,7 +54,8 @@ class TaskSource(BaseModel):
 
 class ProvisionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    recipe: str = Field("swe", description="Recipe whose tasks are generated (swe, gui, claw).")
+    recipe: RecipeName = Field("swe", description="Recipe whose tasks are generated (a registered recipe: swe, gui, "
+                                                  "claw or one from another package).")
     n_train: int = Field(24, ge=0, description="Training tasks.")
     n_heldout: int = Field(12, ge=0, description="Held-out tasks (the final evaluation; never trained or tuned on).")
     n_validation: int = Field(
@@ -80,7 +82,8 @@ class ProvisionConfig(BaseModel):
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service.")
     check_sandbox: bool = Field(True, description="Check the service (health, create/exec/delete, latency).")
     latency_probes: int = Field(5, ge=1, description="Execs timed in the probe sandbox.")
-    validate_tasks: int = Field(0, ge=0, description="Train tasks checked in sandboxes (SWE only; 0 = none).")
+    validate_tasks: int = Field(0, ge=0, description="Train tasks given the recipe's gold check in sandboxes "
+                                                    "(reference solution resolves, unchanged task fails; 0 = none).")
     data_store: str | None = Field(
         None, description="Retraining data store (copied from retrain.data_store): the training tasks come from "
                           "a seed no earlier run of the store used, recorded there under the pipeline run id.")
@@ -190,15 +193,12 @@ def split_tasks(config: ProvisionConfig, recipe) -> tuple[dict[str, list[Task]],
         return {"train": recipe.tasks("train", config.n_train, config.seed),
                 "validation": recipe.tasks("validation", config.n_validation, fixed),
                 "heldout": recipe.tasks("heldout", config.n_heldout, fixed)}, {}
-    if recipe.name != "swe":
-        raise ProvisionError(f"a SWE-bench task source needs recipe 'swe', not {recipe.name!r}")
     if config.heldout_families:
         raise ProvisionError("provision.heldout_families splits generated tasks; an imported file is split in order")
-    from components.recipes.swe.swebench import SWEBenchImportError, import_swebench
-
     try:
-        tasks = sorted(import_swebench(config.source.path, config.source.repos_dir), key=lambda t: t.id)  # type: ignore[arg-type]
-    except SWEBenchImportError as err:
+        tasks = sorted(recipe.import_tasks(config.source.kind, config.source.path, config.source.repos_dir),  # type: ignore[arg-type]
+                       key=lambda t: t.id)
+    except TaskImportError as err:
         raise ProvisionError(f"cannot import {config.source.path}: {err}") from err
     # File order: train first, then held-out, then validation (so adding validation keeps the held-out set).
     train = [t.model_copy(update={"split": "train"}) for t in tasks[: config.n_train]]
@@ -237,12 +237,10 @@ def _claim_new_tasks(config: ProvisionConfig, recipe, heldout: list, out_tasks_d
 
 
 def _validate(recipe, tasks, connection: SandboxConnection) -> dict[str, float]:
-    if recipe.name != "swe":
-        raise ProvisionError(f"validate_tasks is implemented for the swe recipe only, not {recipe.name!r}")
-    from components.recipes.swe.checks import check_task
-
+    """Each task's gold check (`components.recipes.check_task`): its reference solution resolves it, the unchanged task
+    does not."""
     with connection.client() as client:
-        checks = [check_task(recipe, task, client) for task in tasks]
+        checks = [check_task(recipe, client, task) for task in tasks]
     bad = [c for c in checks if not c.ok]
     if bad:
         raise ProvisionError(f"{len(bad)} of {len(checks)} tasks failed their check: {bad[:3]}")

@@ -50,8 +50,10 @@ def train(recipe: str, steps: int, service, out_dir: str, model_dir: str | None 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from components.recipes import recipe_names
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", default="swe", choices=["swe", "claw", "gui"])
+    parser.add_argument("--recipe", default="swe", choices=recipe_names())
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--model", default=None, help="a from_pretrained directory (default: the tiny policy)")
     parser.add_argument("--external", action="store_true", help="use ORCHARD_SANDBOX_URL/TOKEN, not an embedded one")

@@ -84,8 +84,52 @@ def _bound_error(sch: dict[str, Any], val: Any, path: str) -> str | None:
     return None
 
 
+class TaskCheck(BaseModel):
+    """A task's gold check in real sandboxes: its reference solution resolves it and the unchanged task does not
+    (a task that fails either teaches nothing, or rewards doing nothing)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task_id: str
+    reference_resolves: bool = Field(description="The verifier passes once the reference solution is applied.")
+    unfixed_fails: bool = Field(description="The verifier fails on the task as given.")
+    reason: str | None = Field(None, description="Why a check failed.")
+
+    @property
+    def ok(self) -> bool:
+        return self.reference_resolves and self.unfixed_fails
+
+
+class TaskImportError(ValueError):
+    """A task file a recipe cannot import (a missing field, an absent checkout, a format it does not read)."""
+
+
 class RecipeBase(abc.ABC):
+    """A task suite. A subclass is registered by name in `components/recipes` (built in, or through the
+    `orchard.recipes` entry-point group from another package: docs/guides/add-a-recipe.md). Its constructor takes
+    the recipe's options as keywords (`provision.recipe_options`, plus `difficulty` and `heldout_families`)."""
+
     name: str
+
+    @classmethod
+    def scripted_teacher(cls, error_rate: float = 0.0, seed: int = 0) -> Any:
+        """The recipe's scripted expert (a `Policy` that solves its tasks, making a recoverable mistake per
+        decision with probability `error_rate`): the demo's teacher, the reference row and the default gold
+        check. A recipe without one can still distill from an endpoint teacher (`distill.teacher=openai`)."""
+        raise NotImplementedError(f"recipe {cls.name!r} has no scripted teacher: use an endpoint teacher "
+                                  "(distill.teacher=openai, evaluate_teacher.policy=openai)")
+
+    def import_tasks(self, kind: str, path: str, repos_dir: str | None = None) -> list[Task]:
+        """Tasks from a file of format `kind` (`provision.source`), all in split "heldout" until provision
+        splits them. Raises TaskImportError naming what is wrong (default: the recipe imports no files)."""
+        raise TaskImportError(f"recipe {self.name!r} imports no task files (source.kind={kind!r}); generate its "
+                              "tasks instead (provision.source.kind=generator)")
+
+    def check_task(self, client: Any, task: Task) -> TaskCheck | None:
+        """The recipe's own gold check, when it has one cheaper than an episode (SWE: apply the task's patch, verify;
+        verify the repository as given): its reference solution resolves the task, the unchanged task does not.
+        None (the default): the generic check, with the scripted teacher at error rate 0 as the reference
+        (`components.recipes.check_task`, which callers use)."""
+        return None
 
     @abc.abstractmethod
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:

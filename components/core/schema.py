@@ -15,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 SCHEMA_VERSION = 3  # 2: Step.logprobs and Step.tokenizer_id (sampled tokens and whose vocabulary they are); 3: Trajectory.verification
 
-Recipe = Literal["swe", "gui", "claw"]
+# A recipe's registered name (components/recipes: built in, or from another package). Records keep it as a plain
+# string so a trajectory of a recipe that is not installed here still loads; configs check it (`RecipeName`).
+RecipeId = str
 # train: what training sees; validation: for tuning (learning rate, temperature...), never trained on; heldout: the
 # final evaluation, never trained or tuned on. Which split may hold a task is decided by its unit (`core/splits.py`).
 Split = Literal["train", "validation", "heldout"]
@@ -67,7 +69,7 @@ class VerifierSpec(_Record):
 
 class Task(_Record):
     id: str
-    recipe: Recipe
+    recipe: RecipeId
     split: Split
     prompt: str = Field(description="What the agent is asked to do (the issue text for SWE).")
     environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
@@ -169,7 +171,7 @@ class Trajectory(_Record):
     id: str = Field(default_factory=lambda: new_id("traj"))
     schema_version: int = SCHEMA_VERSION
     task_id: str
-    recipe: Recipe
+    recipe: RecipeId
     split: Split = "train"
     policy_id: str
     steps: list[Step] = Field(default_factory=list)

@@ -26,13 +26,14 @@ from components.credit.base import CreditEstimationError, ValueEstimate, ValueEs
 from components.credit.judge import JudgeConfig, LLMJudgeEstimator
 from components.credit.monte_carlo import MonteCarloConfig, MonteCarloEstimator
 from components.credit.segments import SegmentConfig, credits, segments, select_segments
+from components.recipes import RecipeName
 
 
 class CreditConfig(BaseModel):
     """The credit stage: which estimator, how it runs, how segments are chosen."""
 
     model_config = ConfigDict(extra="forbid")
-    recipe: str = Field("swe", description="Recipe of the tasks (Monte-Carlo continuations run in it).")
+    recipe: RecipeName = Field("swe", description="Recipe of the tasks (Monte-Carlo continuations run in it).")
     recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service (Monte-Carlo).")
     estimator: Literal["monte_carlo", "judge"] = Field("monte_carlo", description="Value estimator.")

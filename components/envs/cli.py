@@ -19,6 +19,7 @@ import sys
 
 from sandbox_service.connection import SandboxConnection
 from components.envs.session import EnvConfig
+from components.recipes import recipe_names
 
 
 def _config(args: argparse.Namespace, service: SandboxConnection) -> EnvConfig:
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="serve a recipe as an OpenEnv environment (HTTP + WebSocket)")
-    p.add_argument("--recipe", required=True, choices=["swe", "gui", "claw"])
+    p.add_argument("--recipe", required=True, choices=recipe_names())
     p.add_argument("--host", default="127.0.0.1", help="listen address (loopback by default)")
     p.add_argument("--token", help="bearer token clients must send (default: $ORCHARD_ENV_TOKEN, else generated and "
                    "printed once)")

@@ -29,7 +29,7 @@ from components.core.protocol import tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult
 from components.core.schema import Split, Task, ToolCall
 from components.core.step_blame import FreshSandbox, InfrastructureFailure, tool_result
-from components.recipes import get_recipe
+from components.recipes import RecipeName, get_recipe
 from sandbox_service.client import Sandbox, SandboxClient
 from sandbox_service.errors import SandboxServiceError
 
@@ -42,7 +42,7 @@ class EnvConfig(BaseModel):
     """What a served environment offers: one recipe's task suite on one sandbox service."""
 
     model_config = ConfigDict(extra="forbid")
-    recipe: Literal["swe", "gui", "claw"] = Field(description="Which recipe's tasks, tools and verifier.")
+    recipe: RecipeName = Field(description="Which recipe's tasks, tools and verifier (a registered recipe).")
     recipe_options: dict[str, Any] = Field(default_factory=dict,
                                            description="Keyword arguments of the recipe (e.g. difficulty).")
     split: Split = Field("train", description="Task split episodes are drawn from.")

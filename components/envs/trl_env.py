@@ -1,4 +1,5 @@
-"""TRL `environment_factory` classes for our recipes: `SWEEnvironment`, `GUIEnvironment`, `ClawEnvironment`.
+"""TRL `environment_factory` classes for every registered recipe: `environment_class(name)`, `ENVIRONMENTS[name]`;
+the built-ins also as `SWEEnvironment`, `GUIEnvironment`, `ClawEnvironment`.
 
 TRL's GRPOTrainer (trl 1.16, experimental `environment_factory`) makes one instance per rollout and exposes
 every public method as a tool, `reset(**row)` starts an episode (its string is appended to the prompt) and
@@ -17,13 +18,15 @@ tool calls with a response template it only knows for public model families.
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
 from components.core.modeling import CHAT_TEMPLATE
 from components.core.recipe_base import ToolSpec
 from components.envs.session import EnvConfig, SharedEnv
-from components.recipes import get_recipe
+from components.recipes import get_recipe, recipe_names
 
 _JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool,
                                "array": list[str], "object": dict}
@@ -127,7 +130,12 @@ class RecipeToolEnv:
         return out.output
 
 
-def _recipe_class(class_name: str, recipe_name: str) -> type[RecipeToolEnv]:
+@functools.cache
+def environment_class(recipe_name: str) -> type[RecipeToolEnv]:
+    """The TRL environment class of a registered recipe (built on first use; `SWEEnvironment` is
+    `environment_class("swe")`)."""
+    class_name = _CLASS_NAMES.get(recipe_name, "".join(p.title() for p in recipe_name.replace("-", "_").split("_"))
+                                  + "Environment")
     tools = {spec.name: _tool_method(spec) for spec in get_recipe(recipe_name).tools()}
     clash = set(tools) & {"reset", "get_reward", "factory"}
     if clash:
@@ -136,7 +144,30 @@ def _recipe_class(class_name: str, recipe_name: str) -> type[RecipeToolEnv]:
                                                "__doc__": f"TRL environment of the {recipe_name} recipe.", **tools})
 
 
-SWEEnvironment = _recipe_class("SWEEnvironment", "swe")
-GUIEnvironment = _recipe_class("GUIEnvironment", "gui")
-ClawEnvironment = _recipe_class("ClawEnvironment", "claw")
-ENVIRONMENTS = {"swe": SWEEnvironment, "gui": GUIEnvironment, "claw": ClawEnvironment}
+_CLASS_NAMES = {"swe": "SWEEnvironment", "gui": "GUIEnvironment", "claw": "ClawEnvironment"}
+
+
+class _Environments(Mapping[str, type[RecipeToolEnv]]):
+    """Every registered recipe's environment class by recipe name, built when first asked for."""
+
+    def __getitem__(self, name: str) -> type[RecipeToolEnv]:
+        if name not in recipe_names():
+            raise KeyError(name)
+        return environment_class(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(recipe_names())
+
+    def __len__(self) -> int:
+        return len(recipe_names())
+
+
+ENVIRONMENTS: Mapping[str, type[RecipeToolEnv]] = _Environments()
+
+
+def __getattr__(name: str) -> Any:
+    """`SWEEnvironment`, `GUIEnvironment`, `ClawEnvironment`: the built-in recipes' classes, by their names."""
+    for recipe_name, class_name in _CLASS_NAMES.items():
+        if name == class_name:
+            return environment_class(recipe_name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -11,7 +11,7 @@ from components.core.distributed import LaunchConfig
 from components.core.episode_traces import TraceConfig
 from components.core.harness import HarnessConfig
 from components.core.modeling import LoadOptions
-from components.core.schema import Recipe
+from components.recipes import RecipeName
 from components.rl.sampling import RolloutConfig
 
 
@@ -21,7 +21,7 @@ class RLConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     trl_args: dict[str, Any] = Field(default_factory=dict, description="Extra GRPOConfig fields (loss_type, "
                                      "scale_rewards, ...); they override the ones derived here.")
-    recipe: Recipe = Field("swe", description="Task suite (get_recipe name).")
+    recipe: RecipeName = Field("swe", description="Task suite (a registered recipe).")
     recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
     rollout: RolloutConfig = Field(
         default_factory=lambda: RolloutConfig(refill=False),

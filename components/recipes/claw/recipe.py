@@ -92,6 +92,12 @@ def _clip(text: str) -> str:
 class ClawRecipe(RecipeBase):
     name = "claw"
 
+    @classmethod
+    def scripted_teacher(cls, error_rate: float = 0.0, seed: int = 0):
+        from components.recipes.claw.teacher import ScriptedTeacher
+
+        return ScriptedTeacher(error_rate=error_rate, seed=seed)
+
     def __init__(self, **options: Any):
         self.options = ClawOptions(**options)
 

@@ -94,6 +94,12 @@ _TOOL_NAMES = {t.name for t in TOOLS}
 class GUIRecipe(RecipeBase):
     name = "gui"
 
+    @classmethod
+    def scripted_teacher(cls, error_rate: float = 0.0, seed: int = 0):
+        from components.recipes.gui.teacher import ScriptedTeacher
+
+        return ScriptedTeacher(error_rate=error_rate, seed=seed)
+
     def __init__(self, screenshot_store: ScreenshotStore | None = None, **options: Any):
         """`screenshot_store` receives every PNG by tool-call id for `VisionOpenAIPolicy` (see vision.py)."""
         self.options = GUIOptions(**options)

@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from components.core.recipe_base import RecipeBase, VerifyResult
+from components.core.recipe_base import RecipeBase, TaskCheck, VerifyResult
 from components.core.schema import Task
 from sandbox_service.client import SandboxClient
-
-
-class TaskCheck(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    task_id: str
-    reference_resolves: bool = Field(description="Hidden tests pass with the reference patch applied.")
-    unfixed_fails: bool = Field(description="Hidden tests fail on the repository as given.")
-    reason: str | None = Field(None, description="Why a check failed.")
-
-    @property
-    def ok(self) -> bool:
-        return self.reference_resolves and self.unfixed_fails
 
 
 def verify_with_patch(recipe: RecipeBase, task: Task, client: SandboxClient, patch: str | None) -> VerifyResult:

@@ -41,6 +41,34 @@ class SetupError(RuntimeError):
 class SWERecipe(RecipeBase):
     name = "swe"
 
+    @classmethod
+    def scripted_teacher(cls, error_rate: float = 0.0, seed: int = 0):
+        from components.recipes.swe.teacher import ScriptedTeacher
+
+        return ScriptedTeacher(error_rate=error_rate, seed=seed)
+
+    def import_tasks(self, kind: str, path: str, repos_dir: str | None = None) -> list[Task]:
+        """SWE-bench-format instances (`kind` "swebench": JSONL, JSON or parquet) with their repositories'
+        checkouts under `repos_dir` (components/recipes/swe/swebench.py)."""
+        from components.core.recipe_base import TaskImportError
+        from components.recipes.swe.swebench import SWEBenchImportError, import_swebench
+
+        if kind != "swebench":
+            raise TaskImportError(f"the swe recipe imports SWE-bench files (source.kind=swebench), not {kind!r}")
+        if not repos_dir:
+            raise TaskImportError("a SWE-bench file needs repos_dir (where its repositories are checked out)")
+        try:
+            return import_swebench(path, repos_dir)
+        except SWEBenchImportError as err:
+            raise TaskImportError(str(err)) from err
+
+    def check_task(self, client, task: Task):
+        """The task's reference patch resolves it and the repository as given does not (components/recipes/swe/
+        checks.py): two verifications, no episode."""
+        from components.recipes.swe.checks import check_task
+
+        return check_task(self, task, client)
+
     def __init__(self, difficulty: int | list[int] = 1, heldout_families: tuple[str, ...] | list[str] = (),
                  tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000, bugs: int | list[int] = 1,
                  families: tuple[str, ...] | list[str] = (), packages: tuple[str, ...] | list[str] = (),
