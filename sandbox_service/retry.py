@@ -2,7 +2,9 @@
 the OpenAI-compatible policy and judge clients (`components.core.policies`).
 
 Exponential backoff with jitter (0.5-1.5x, so clients retrying together do not stampede), capped;
-a server's Retry-After (seconds) is honoured, never undercut, and capped at the same limit.
+a server's Retry-After (seconds) is honoured and never undercut up to the same cap; a longer one is waited out
+only to the cap (an hour's Retry-After from a misconfigured proxy would otherwise stall a run for an hour), and
+the retry count bounds how often that happens.
 Hand-written rather than tenacity/backoff: it is a pure function of (attempt, Retry-After) that the
 sync and async loops both call, and those libraries would wrap the loops instead.
 """
@@ -32,5 +34,5 @@ class Backoff:
         """How long to wait before retry number `attempt + 1` (attempt counts from 0)."""
         asked = parse_retry_after(retry_after)
         if asked is not None:
-            return min(asked * (1.0 + 0.5 * random.random()), max(self.cap, asked))
+            return min(asked * (1.0 + 0.5 * random.random()), self.cap)
         return min(self.first * 2**attempt, self.cap) * (0.5 + random.random())

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 
 import httpx
@@ -19,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.credit.base import CreditEstimationError, ValueEstimate
 from components.core.schema import Task, Trajectory
+from sandbox_service.retry import Backoff
+
+_BACKOFF = Backoff(first=0.25, cap=8.0)
 
 _SYSTEM = (
     "You review an agent's attempt at a software task after the fact. You see every step and the final "
@@ -127,20 +129,21 @@ class LLMJudgeEstimator:
                 "max_tokens": self.config.max_tokens}
         if self.config.json_mode:
             body["response_format"] = {"type": "json_object"}
-        last = ""
+        last, retry_after = "", None
         for attempt in range(self.config.http_retries + 1):
             try:
                 resp = self._http.post("/chat/completions", json=body)
                 if resp.status_code == 429 or resp.status_code >= 500:
                     last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+                    retry_after = resp.headers.get("Retry-After")
                 else:
                     resp.raise_for_status()
                     return resp.json()["choices"][0]["message"]["content"] or ""
             except httpx.TransportError as err:
-                last = f"{type(err).__name__}: {err}"
+                last, retry_after = f"{type(err).__name__}: {err}", None
             except (httpx.HTTPStatusError, KeyError, IndexError, ValueError) as err:
                 raise CreditEstimationError(f"judge endpoint {self.config.base_url} answered badly: {err}") from err
-            time.sleep(min(8.0, 0.25 * 2**attempt) * (0.5 + random.random()))
+            time.sleep(_BACKOFF.delay(attempt, retry_after))  # the project's one retry schedule
         raise CreditEstimationError(f"judge endpoint {self.config.base_url} unavailable after retries: {last}")
 
     def estimate(self, trajectory: Trajectory, task: Task) -> ValueEstimate:

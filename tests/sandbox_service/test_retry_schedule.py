@@ -18,7 +18,8 @@ def test_backoff_grows_is_capped_and_jittered():
 def test_retry_after_is_honoured_never_undercut_and_capped():
     b = Backoff(first=0.1, cap=1.0)
     assert all(0.5 <= b.delay(0, "0.5") <= 0.75 for _ in range(100))
-    assert b.delay(0, "30") == 30.0  # the server asked for longer than our cap: wait what it asked
+    assert b.delay(0, "30") == 1.0  # the server asked for longer than our cap: wait the cap, not 30 s
+    assert Backoff(0.5, 20).delay(0, "3600") == 20.0  # not an hour
     assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") is None  # an HTTP date falls back to backoff
     assert 0.05 <= b.delay(0, "Wed, 21 Oct 2015 07:28:00 GMT") <= 0.15
 
