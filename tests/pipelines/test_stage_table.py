@@ -94,3 +94,15 @@ def test_a_table_with_a_dangling_input_is_refused(monkeypatch):
     monkeypatch.setattr(stages, "STAGES", [*stages.STAGES, bad])
     with pytest.raises(ValueError, match="nowhere.tasks"):
         stages._check_table()
+
+
+def test_the_docs_stage_table_lists_every_stage_and_no_other():
+    """docs/concepts/stages.md's first table names each stage of `STAGES` once (a row may name several, comma
+    separated): a stage added to the table and not to the docs, or a renamed one, fails here."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "stages.md").read_text()
+    table = page.split("\n\n")[1]
+    rows = [line.split("|")[1] for line in table.splitlines()[2:]]
+    named = [name.strip() for row in rows for name in row.split(",")]
+    assert sorted(named) == sorted(s.name for s in stages.STAGES)
