@@ -60,6 +60,11 @@ def _credit_units(config: PipelineConfig) -> float:
     return _unresolved(config) * states * mc.k / mc.parallel
 
 
+def _eval_episodes(config: PipelineConfig) -> int:
+    """Episodes of one policy's evaluation: k attempts per held-out task, plus the greedy one when asked for."""
+    return config.provision.n_heldout * (config.evaluate.k + int(config.evaluate.greedy))
+
+
 # stage -> (unit, units of this config). Model-driven episodes count generated tokens (their length bound), scripted
 # ones count episodes per worker; SFT counts the tokens of its batches (at most max_len each).
 UNITS: dict[str, tuple[str, Callable[[PipelineConfig], float]]] = {
@@ -73,12 +78,9 @@ UNITS: dict[str, tuple[str, Callable[[PipelineConfig], float]]] = {
     "accumulate": ("run", lambda c: 1.0),
     "sft": ("k tokens", lambda c: c.sft.steps * c.sft.batch_size * c.sft.grad_accum * c.sft.max_len / 1000),
     "rl": ("k generated tokens", lambda c: _episodes_tokens(c.rl.rollout_budget, c.rl.harness)),
-    "evaluate-untrained": ("k generated tokens",
-                           lambda c: _episodes_tokens(c.provision.n_heldout * c.evaluate.k, c.evaluate.harness)),
-    "evaluate-sft": ("k generated tokens",
-                     lambda c: _episodes_tokens(c.provision.n_heldout * c.evaluate.k, c.evaluate.harness)),
-    "evaluate-rl": ("k generated tokens",
-                    lambda c: _episodes_tokens(c.provision.n_heldout * c.evaluate.k, c.evaluate.harness)),
+    "evaluate-untrained": ("k generated tokens", lambda c: _episodes_tokens(_eval_episodes(c), c.evaluate.harness)),
+    "evaluate-sft": ("k generated tokens", lambda c: _episodes_tokens(_eval_episodes(c), c.evaluate.harness)),
+    "evaluate-rl": ("k generated tokens", lambda c: _episodes_tokens(_eval_episodes(c), c.evaluate.harness)),
     "promote": ("run", lambda c: 1.0),
 }
 # Stages whose cost depends on the trained model (the rest run the scripted teacher, the service or MLflow).

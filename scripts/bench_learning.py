@@ -60,7 +60,8 @@ def settings(args: argparse.Namespace, seed: int) -> list[str]:
         f"provision.n_train={12 if pilot else args.train_tasks}",
         f"provision.n_validation={8 if pilot else args.validation_tasks}",
         f"provision.n_heldout={8 if pilot else args.heldout_tasks}",
-        'provision.recipe_options={"families": ["off_by_one", "wrong_operator"]}',
+        # (packages [] = all eight: the demo preset's two would hold only ~45 distinct held-out repositories)
+        'provision.recipe_options={"families": ["off_by_one", "wrong_operator"], "packages": []}',
         "provision.check_sandbox=false",
         "distill.max_parallel=4", f"distill.error_rate={args.teacher_error_rate}",
         f"sft.mode=resolved_only", f"sft.steps={6 if pilot else args.sft_steps}", "sft.warmup_steps=20",

@@ -55,7 +55,7 @@ def test_round_trips_through_json_and_the_cli(preset, capsys, tmp_path):
 
 def test_presets_override_nested_fields_and_keep_the_rest():
     tiny, demo = PipelineConfig.preset_config("tiny"), PipelineConfig.preset_config("demo")
-    assert tiny.rl.rollout.group_size == 2 and demo.rl.rollout.group_size == 4
+    assert tiny.rl.rollout.max_rollouts_per_prompt == 2 and demo.rl.rollout.max_rollouts_per_prompt == 4
     assert tiny.rl.rollout.rho_min == demo.rl.rollout.rho_min == RLConfig().rollout.rho_min  # untouched default
     assert tiny.sft.steps == 4 and resolve("tiny", ["sft.steps=400"]).sft.steps == 400
     assert resolve("tiny", ["sft.steps=400"]).sft.batch_size == tiny.sft.batch_size
@@ -86,7 +86,7 @@ def test_a_checkpoint_and_its_load_options_are_run_wide_settings(tmp_path):
     (["--preset", "huge"], "unknown preset 'huge'; choose one of demo, quick, smol, tiny"),
     (["--set", "sft.stepz=4"], "sft.stepz: Extra inputs are not permitted"),
     (["--set", "sft.steps=-1"], "sft.steps: Input should be greater than or equal to 1"),
-    (["--set", "recipe=chess"], "recipe: Input should be 'swe', 'gui' or 'claw'"),
+    (["--set", "recipe=chess"], "recipe: unknown recipe 'chess'; registered: claw, gui, swe"),
     (["--set", "sft.steps"], "--set expects KEY=VALUE"),
     (["--set", "distill.recipe=gui"], "recipe is one value for the whole run"),
     (["--config", "/nonexistent/run.yaml"], "config file /nonexistent/run.yaml does not exist"),
