@@ -419,7 +419,7 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
 # 24 training tasks and 150 steps SFT resolved 2 of 12 in a trial, too few for the gate), and a short RL run
 # (2 steps, 16 episodes) so that every stage runs and is seen: the demo's RL is sized to do real work in its
 # 10 minutes, this one only shows the stage (its two updates may cost the SFT model a task, and the gate judges
-# the last trained model: docs/getting-started.md shows such a run). Estimate (pipelines/estimate.py): about 4.5 minutes on the idle
+# the last trained model: docs/getting-started.md shows such a run). Estimate (pipelines/estimate.py): about 2.5 minutes on the idle
 # 2-core development machine.
 _QUICK: dict[str, Any] = deep_merge(_DEMO, {
     "rl": {"steps": 2, "rollout_budget": 16, "learning_rate": 5e-5, "kl_coef": 0.0, "temperature": 0.5,

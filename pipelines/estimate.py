@@ -6,8 +6,8 @@ optimizer steps times tokens, ...: `UNITS`) and the costs from one of two places
   directory (`estimates.json`, keyed by stage and model; the mean of the last runs, newest weighted half), so
   the second run of a preset is estimated from the first on the same machine and load;
 - else built in (`BUILT_IN`): the tiny model's stages measured on the 2-core development machine, idle
-  (`make demo` at commit c8b983b, 2026-12-04, load 0.0-1.95: the stage wall times in docs/results.md, divided by
-  the demo's units). A model without a built-in or learned cost (a checkpoint of yours, the smol preset on its
+  (`make demo` at commits c8b983b and 7734e99: the stage wall times in docs/results.md, divided by the demo's
+  units). A model without a built-in or learned cost (a checkpoint of yours, the smol preset on its
   first run here) has no estimate for its model stages until one run has measured them.
 
 Built-in costs are for an idle machine: with the machine loaded (another job, a test suite) the estimate also
@@ -87,9 +87,12 @@ UNITS: dict[str, tuple[str, Callable[[PipelineConfig], float]]] = {
 MODEL_STAGES = ("init-policy", "sft", "rl", "evaluate-untrained", "evaluate-sft", "evaluate-rl", "promote")
 
 # The tiny model on the idle 2-core development machine (module docstring): `make demo`'s stage wall times over
-# its units (sft 97.6 s / 1,638 k tokens; rl 57.5 s / 41 k; evaluations 37.8 / 20.6 / 23.3 s over 16.4 k: an
-# untrained model writes every turn to its limit, a trained one stops; distill 22.3 s / 20 episodes per worker;
-# teacher evaluation 11.1 s / 8; init-policy 9.6 s; the rest under 4 s).
+# its units. The model stages from the demo at commit 7734e99 (2026-12-05, load 1.2 at its start: sft 53.4 s /
+# 1,638 k tokens; rl 300.0 s / 819 k, 20 batched steps of 8-10 prompts; evaluations 46.8 / 31.4 / 31.9 s over
+# 81.9 k, k = 4 + greedy with 8 episodes batched: an untrained model writes every turn to its limit, a trained one
+# stops), the teacher's from c8b983b (distill 22.3 s / 20 episodes per worker; teacher evaluation 11.1 s / 8;
+# init-policy 9.6 s; the rest under 4 s). Costs per unit are lower when more episodes share a batch: the quick
+# preset's k = 1 evaluation and one-prompt RL steps batch less, so its estimate is on the short side.
 TINY, SCRIPTED, ANY = "tiny", "scripted", "any"
 BUILT_IN: dict[tuple[str, str], Cost] = {
     ("provision", ANY): Cost(1.0, 0.0),
@@ -98,11 +101,11 @@ BUILT_IN: dict[tuple[str, str], Cost] = {
     ("distill", SCRIPTED): Cost(0.5, 1.1),
     ("credit", SCRIPTED): Cost(0.5, 0.5),
     ("accumulate", ANY): Cost(0.5, 0.0),
-    ("sft", TINY): Cost(1.0, 0.059),
-    ("rl", TINY): Cost(1.5, 1.4),
-    ("evaluate-untrained", TINY): Cost(1.0, 2.25),
-    ("evaluate-sft", TINY): Cost(1.0, 1.2),
-    ("evaluate-rl", TINY): Cost(1.0, 1.35),
+    ("sft", TINY): Cost(1.0, 0.032),
+    ("rl", TINY): Cost(1.5, 0.365),
+    ("evaluate-untrained", TINY): Cost(1.0, 0.56),
+    ("evaluate-sft", TINY): Cost(1.0, 0.37),
+    ("evaluate-rl", TINY): Cost(1.0, 0.38),
     ("promote", TINY): Cost(2.0, 0.0),
 }
 # Outside the stages: the embedded sandbox service, the MLflow parent run, the report.
