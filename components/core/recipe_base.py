@@ -98,6 +98,20 @@ class TaskCheck(BaseModel):
     def ok(self) -> bool:
         return self.reference_resolves and self.unfixed_fails
 
+    @classmethod
+    def of(cls, task: Task, reference: VerifyResult, unchanged: VerifyResult, *, unchanged_note: str) -> TaskCheck:
+        """The check from the reference solution's verdict and the unchanged task's; a verdict that could not be
+        given is the infrastructure's (RuntimeError), never a failed check. `unchanged_note` says what passing
+        unchanged means for the recipe."""
+        for verdict in (reference, unchanged):
+            if verdict.infra_error:
+                raise RuntimeError(f"{task.id}: verification could not run: {verdict.infra_error}")
+        reason = None if reference.resolved else f"reference: {reference.reason}"
+        if unchanged.resolved:
+            reason = unchanged_note
+        return cls(task_id=task.id, reference_resolves=reference.resolved, unfixed_fails=not unchanged.resolved,
+                   reason=reason)
+
 
 class TaskImportError(ValueError):
     """A task file a recipe cannot import (a missing field, an absent checkout, a format it does not read)."""

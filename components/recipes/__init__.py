@@ -16,7 +16,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from components.core.recipe_base import RecipeBase, TaskCheck
+from components.core.recipe_base import RecipeBase, TaskCheck, VerifyResult
 from components.core.schema import Outcome, Task
 
 ENTRY_POINT_GROUP = "orchard.recipes"
@@ -102,23 +102,14 @@ def check_task(recipe: RecipeBase, client, task: Task) -> TaskCheck:
         return own
     from components.core.harness import HarnessConfig, run_episode
 
+    from components.recipes.common import verify_fresh
+
     solved = run_episode(task, recipe, type(recipe).scripted_teacher(error_rate=0.0, seed=0), client,
                          HarnessConfig(max_steps=40))
-    if solved.outcome is Outcome.infra_error:
-        raise RuntimeError(f"{task.id}: the reference episode could not run: {solved.outcome_reason}")
-    with client.create(recipe.sandbox_spec(task)) as sandbox:
-        try:
-            recipe.setup(sandbox, task)
-            unchanged = recipe.verify(sandbox.verifying(), task, None)
-        finally:
-            recipe.release(sandbox)
-    if unchanged.infra_error:
-        raise RuntimeError(f"{task.id}: verification could not run: {unchanged.infra_error}")
-    reason = None if solved.resolved else f"reference: {solved.outcome_reason}"
-    if unchanged.resolved:
-        reason = "the unchanged task already passes its verifier"
-    return TaskCheck(task_id=task.id, reference_resolves=solved.resolved, unfixed_fails=not unchanged.resolved,
-                     reason=reason)
+    reference = VerifyResult(resolved=solved.resolved, reason=solved.outcome_reason,
+                             infra_error=solved.outcome_reason if solved.outcome is Outcome.infra_error else None)
+    return TaskCheck.of(task, reference, verify_fresh(recipe, task, client),
+                        unchanged_note="the unchanged task already passes its verifier")
 
 
 def _known(name: str) -> str:

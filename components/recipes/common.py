@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 
-from components.core.recipe_base import VerifyResult
+from components.core.recipe_base import RecipeBase, VerifyResult
 from components.core.schema import Task, TestReport
+from sandbox_service.client import SandboxClient
 
 
 def families_at(families: tuple[str, ...], difficulty: int | list[int] | None,
@@ -86,3 +87,18 @@ def one_answer(final_answer: str | None, expected: str) -> tuple[bool, str]:
 def _few(found: set[str]) -> str:
     shown = sorted(found)[:5]
     return f"{shown}" + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+
+
+def verify_fresh(recipe: RecipeBase, task: Task, client: SandboxClient, patch: str | None = None) -> VerifyResult:
+    """Set the task up in a fresh sandbox, apply `patch` (a unified diff, if any) and run the recipe's verifier:
+    the gold checks' two verdicts (`TaskCheck.of`)."""
+    with client.create(recipe.sandbox_spec(task)) as sandbox:
+        try:
+            recipe.setup(sandbox, task)
+            if patch:
+                applied = sandbox.apply_patch(patch, cwd=task.environment.workdir)
+                if not applied.applied:
+                    return VerifyResult(resolved=False, reason=f"reference patch does not apply: {applied.stderr[-300:]}")
+            return recipe.verify(sandbox.verifying(), task, patch)
+        finally:
+            recipe.release(sandbox)

@@ -108,3 +108,25 @@ def test_every_registered_recipe_keeps_the_contract(name, plugin_installed, sand
         episode = run_episode(task, recipe, recipes.get_scripted_teacher(name, error_rate=0.0, seed=0), client,
                               HarnessConfig(max_steps=40))
     assert episode.resolved, episode.outcome_reason
+
+
+def test_the_gold_check_fails_a_task_that_passes_unchanged_or_that_its_reference_cannot_solve(plugin_installed,
+                                                                                             sandbox_service):
+    from components.core.recipe_base import VerifyResult
+
+    greeter = recipes.recipe_class("greeter")
+
+    class PassesAnything(greeter):
+        def judge(self, sandbox, task, final_answer):
+            return VerifyResult(resolved=True)
+
+    class PassesNothing(greeter):
+        def judge(self, sandbox, task, final_answer):
+            return VerifyResult(resolved=False, reason="never")
+
+    task = greeter().tasks("train", 1)[0]
+    with sandbox_service.client() as client:
+        lax = recipes.check_task(PassesAnything(), client, task)
+        strict = recipes.check_task(PassesNothing(), client, task)
+    assert (lax.ok, lax.unfixed_fails, lax.reason) == (False, False, "the unchanged task already passes its verifier")
+    assert (strict.ok, strict.reference_resolves) == (False, False) and strict.reason.startswith("reference:")
