@@ -85,6 +85,9 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
     params.append(Param("run_label", "", "A label for finding this run's MLflow parent run (tests)."))
     names = [x.name for x in params]
 
+    table = list(stages.STAGES)
+    components, launchers, report = c.stage_components(table), c.launcher_components(table), c.report_component(table)
+
     def dag(p: dict, config, run_id) -> None:
         store = None
         if for_cluster:  # resumable stores live on a PVC, so a retried pod resumes from its shards
@@ -92,16 +95,14 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
                                       access_mode=cluster.access_mode, storage_class=cluster.storage_class or ""),
                           p, config_defaults).set_caching_options(False)
         tasks: dict[str, dsl.PipelineTask] = {}
-        for stage in stages.STAGES:
+        for stage in table:
             args = {arg: tasks[ref.split(".")[0]].outputs[ref.split(".")[1]] for arg, ref in stage.inputs.items()}
-            if stage.name.startswith("evaluate-") and stage.name != "evaluate-teacher":
-                args["stage"] = stage.name
             launch = stage.launch(config_defaults)
             if launch is not None:  # more than one process: a launcher step runs the stage as a PyTorchJob
                 if store is None:
                     raise ValueError(f"stage {stage.name} asks for {launch.processes} processes ({stage.config}.launch), "
                                      "a PyTorchJob, which needs a cluster; kfp.local runs one process per stage")
-                task = c.JOB_BY_STAGE[stage.name](
+                task = launchers[stage.name](
                     config_json=config, parent_run_id=run_id, **args, run_store=store.output,
                     job_image=p["gpu_image"] if stage.wants_gpu(config_defaults) else p["image"], nproc_per_node=launch.nproc_per_node,
                     workers=launch.workers, timeout_seconds=stage.timeout_seconds or cluster.stage_timeout_seconds,
@@ -112,7 +113,7 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
                 tasks[stage.name] = _place(task, stage, p, cluster, config_defaults, job=True)
                 kubernetes.mount_pvc(task, pvc_name=store.output, mount_path=STORE_MOUNT)
                 continue
-            task = c.BY_STAGE[stage.name](config_json=config, parent_run_id=run_id, **args)
+            task = components[stage.name](config_json=config, parent_run_id=run_id, **args)
             tasks[stage.name] = _place(task, stage, p, cluster, config_defaults)
             if store is not None and stage.resumable:
                 kubernetes.mount_pvc(task, pvc_name=store.output, mount_path=STORE_MOUNT)
@@ -121,9 +122,9 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
                 kubernetes.mount_pvc(task, pvc_name=p["data_store_claim"], mount_path=cluster.data_store_mount)
         if store is not None:
             kubernetes.DeletePVC(pvc_name=store.output).after(
-                *[tasks[s.name] for s in stages.STAGES if s.resumable or s.launch(config_defaults)])
-        results = {s.name.replace("-", "_"): tasks[s.name].outputs["Output"] for s in stages.STAGES}
-        _step(c.report(config_json=config, parent_run_id=run_id, **results), p, config_defaults)
+                *[tasks[s.name] for s in table if s.resumable or s.launch(config_defaults)])
+        results = {c.function_name(s.name): tasks[s.name].outputs["Output"] for s in table}
+        _step(report(config_json=config, parent_run_id=run_id, **results), p, config_defaults)
 
     def orchard_training(*values):
         p = dict(zip(names, values))

@@ -178,7 +178,7 @@ def kfp_job_step(name: str, *, config_json: str, parent_run_id: str, metrics: An
                  nproc_per_node: int, workers: int, timeout_seconds: int, sandbox_token_secret: str,
                  endpoint_secret: str, secret_keys: dict, gpu_node_selector: dict, gpu_tolerations: list,
                  pod_security_context: dict | None = None, **artifacts: Any) -> str:
-    """The body of every launcher component (`kfp_components.sft_job`, `rl_job`): their parameters as KFP
+    """The body of every launcher component (`kfp_components.launcher_components`): their parameters as KFP
     passes them, i.e. the stage's own input and output artifacts (by the row's names) plus the job's
     launch and placement, assembled into a `kfp_job_entry` call."""
     stage = stages.BY_NAME[name]

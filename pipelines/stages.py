@@ -11,8 +11,11 @@ A row is one stage: its name (the task name in all three runners), the function 
 PipelineConfig section that is its config, the artifacts it reads (`"stage.output"`) and writes,
 where it runs (GPU or not; `distributed`: a PyTorchJob when its config's `launch` asks for more than one
 process), retries and timeout. Dependencies are the inputs' producers.
-Adding a stage = one function here + one row (+ one KFP component signature in kfp_pipeline.py,
-where KFP needs annotations; a test keeps the signatures equal to the rows).
+Adding a stage = its work in components/ (a module the import contract's `exhaustive` layers make you
+place) + here one adapter function (one call into components/, its docstring the stage's summary) and one
+row. The KFP components (`pipelines/kfp_components.py` writes each from its row), the Argo steps, the report
+step and the generated docs' stage table all derive from the row; `tests/pipelines/test_new_stage.py` adds a
+toy row and nothing else: both cluster pipelines compile it, the local runner runs it.
 
 Around every stage, `pipelines.steps.run_stage` does the rest once: the stage's config with the
 run's sandbox connection, its MLflow child run, the result file, and the fail-loud checks.
@@ -26,7 +29,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import BaseModel
 
-from pipelines.errors import StageFailed
+from components.core.errors import StageFailed
 
 ArtifactKind = Literal["dataset", "model"]
 
@@ -84,44 +87,37 @@ class Stage:
         return (r.train_cpu, r.train_memory) if self.gpu else (r.stage_cpu, r.stage_memory)
 
 
-# --- The stage functions -----------------------------------------------------------------------
+# --- The stage functions: each one call into components/ (the rule: a stage's work lives there) ---------
 def provision(call: StageCall):
+    """Generate (or import) the task suite: train, validation and held-out splits."""
     from components.provision import provision_environment
 
     return provision_environment(call.config, call.outputs["tasks"], tracking=call.tracking)
 
 
 def init_policy(call: StageCall):
-    from components import tiny_model
-    from components.core import modeling
-    from components.core.tracking import log_metrics, stage_run
-    from pipelines.gate import start_model
+    """Build the untrained policy (the common start of SFT and the 'untrained' eval arm)."""
+    from components.init_policy import init_policy as run
 
-    with stage_run("init-policy", call.config, call.tracking):
-        # retrain.start_from=champion: the registry's champion is the model training starts from
-        started_from = start_model(call.config, call.tracking, call.outputs["model"])
-        if started_from is None:  # the configured checkpoint (model.path) or the tiny model
-            tiny_model.init_policy(call.config.model, call.config.model.tiny, call.outputs["model"])
-        params = float(modeling.checkpoint_parameters(call.outputs["model"]))
-        log_metrics({"num_parameters": params})
-    return {"model_dir": str(call.outputs["model"]), "started_from": started_from or "base",
-            "metrics": {"num_parameters": params}}
+    return run(call.config, call.outputs["model"], call.tracking)
 
 
 def _init_config(config: Any) -> BaseModel:
-    from pipelines.gate import InitConfig
+    from components.init_policy import InitConfig
 
     return InitConfig(model=config.model, start_from=config.retrain.start_from, promotion=config.promote,
                       enabled=config.register_model_name is not None)
 
 
 def distill(call: StageCall):
+    """Run the teacher over the training tasks in sandboxes; verified trajectories to the store."""
     from components.distill import distill as run
 
     return run(call.config, call.inputs["tasks"], call.outputs["trajectories"], tracking=call.tracking)
 
 
 def credit(call: StageCall):
+    """Label per-step credit on the teacher trajectories (Monte-Carlo by default)."""
     from components.credit.stage import label_credit
 
     return label_credit(call.config, call.inputs["trajectories"], call.inputs["tasks"], call.outputs["credited"],
@@ -129,6 +125,7 @@ def credit(call: StageCall):
 
 
 def accumulate(call: StageCall):
+    """Add the run's credited trajectories to the data store; the training set is the store's shards."""
     from components.accumulate import accumulate as run
 
     return run(call.config, call.inputs["tasks"], call.inputs["credited"], call.outputs["training"],
@@ -136,6 +133,7 @@ def accumulate(call: StageCall):
 
 
 def sft(call: StageCall):
+    """Supervised fine-tuning on credited segments, from the untrained policy."""
     from components.sft.stage import train_sft
 
     return train_sft(call.config, call.inputs["credited"], call.outputs["model"],
@@ -143,6 +141,7 @@ def sft(call: StageCall):
 
 
 def rl(call: StageCall):
+    """Adaptive RL (Balanced Adaptive Rollout) from the SFT checkpoint."""
     from components.rl.stage import train_rl
 
     return train_rl(call.config, call.inputs["tasks"], call.inputs["sft_model"], call.outputs["model"],
@@ -150,6 +149,7 @@ def rl(call: StageCall):
 
 
 def evaluate(call: StageCall):
+    """Evaluate a policy (a trained or untrained model, or the reference teacher) on the held-out tasks."""
     from components.evaluate import evaluate as run
 
     check_endpoint(call.config)
@@ -158,17 +158,21 @@ def evaluate(call: StageCall):
 
 
 def promote(call: StageCall):
-    from pipelines.gate import run_gate
+    """The promotion gate: the final trained model vs the registry's champion; registers it only if promoted."""
+    from components.promote.stage import run_gate
 
     i = call.inputs
-    return run_gate(call.config, i["tasks"], i["base_model"], i["sft_model"], i["rl_model"], i["sft_results"], i["rl_results"],
-                    i["credited"], call.outputs["results"], call.tracking, base_results=i["base_results"])
+    return run_gate(call.config, i["tasks"], i["base_model"], i["sft_model"], i["rl_model"], i["sft_results"],
+                    i["rl_results"], i["credited"], call.outputs["results"], call.tracking,
+                    base_results=i["base_results"])
 
 
 def _gate_config(config: Any) -> BaseModel:
-    from pipelines.gate import gate_config
+    """The gate's config from the run's: its `promote` section and the candidates' EvalConfig."""
+    from components.promote.stage import GateConfig
 
-    return gate_config(config)
+    return GateConfig(promotion=config.promote, evaluate=config.evaluate,
+                      enabled=config.register_model_name is not None)
 
 
 def check_endpoint(config: Any) -> None:

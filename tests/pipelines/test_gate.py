@@ -21,7 +21,7 @@ from components.core.tracking import TrackingConfig, open_pipeline_run
 from components.evaluate import EvalConfig, evaluate
 from components.promote import PromotionConfig, current_champion
 from components.provision import ProvisionConfig, provision_environment
-from pipelines.gate import GateConfig, run_gate
+from components.promote.stage import GateConfig, run_gate
 
 NAME = "gate-stage-test"
 
@@ -133,7 +133,7 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
 
     # retrain.start_from=champion: init-policy starts from the champion's weights, and says so
     from pipelines import stages
-    from pipelines.gate import STARTED_FROM, InitConfig
+    from components.init_policy import STARTED_FROM, InitConfig
 
     init = InitConfig(model=InitPolicyConfig(tiny=ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[]))), start_from="champion",
                       promotion=config.promotion)

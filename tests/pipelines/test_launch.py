@@ -303,7 +303,7 @@ def test_kfp_launcher_refuses_a_config_other_than_the_compiled_one(tmp_path):
 def test_a_launcher_component_hands_its_parameters_to_the_entry(name, monkeypatch):
     """The component body (what KFP runs) splits its parameters into the row's artifacts, the launch and the placement."""
     from pipelines import launcher
-    from pipelines.kfp_components import JOB_BY_STAGE
+    from pipelines.kfp_components import launcher_components
     from pipelines.cluster import STORE_MOUNT
 
     calls: list = []
@@ -311,7 +311,7 @@ def test_a_launcher_component_hands_its_parameters_to_the_entry(name, monkeypatc
     stage = stages.BY_NAME[name]
     artifacts = {arg: _Artifact(path=f"/in/{arg}") for arg in stage.inputs} | {"model": _Artifact(path="/out/model")}
     metrics = _Metrics()
-    assert JOB_BY_STAGE[name].python_func(
+    assert launcher_components()[name].python_func(
         config_json="{}", parent_run_id="run1", metrics=metrics, run_store="pvc-1", job_image="img:1",
         nproc_per_node=2, workers=1, timeout_seconds=60, sandbox_token_secret="tok", endpoint_secret="ep",
         secret_keys={"sandbox_token_key": "token", "endpoint_key": "api-key"}, gpu_node_selector={"gpu": "y"},

@@ -55,9 +55,11 @@ def test_the_three_runners_have_the_same_tasks_and_dependencies(kfp_spec):
 def test_kfp_component_signatures_are_the_rows(kfp_spec):
     from kfp.dsl import Input, Output
 
-    jobs = [(stages.BY_NAME[n], c) for n, c in kfp_components.JOB_BY_STAGE.items()]  # PyTorchJob launchers
+    jobs = [(stages.BY_NAME[n], c) for n, c in kfp_components.launcher_components().items()]  # PyTorchJob launchers
     assert {s.name for s, _ in jobs} == {s.name for s in stages.STAGES if s.distributed}
-    for stage, component in [(s, kfp_components.BY_STAGE[s.name]) for s in stages.STAGES] + jobs:
+    components = kfp_components.stage_components()
+    assert list(components) == [s.name for s in stages.STAGES]
+    for stage, component in [(s, components[s.name]) for s in stages.STAGES] + jobs:
         func = component.python_func
         params = inspect.signature(func).parameters
         ins = {n for n, p in params.items() if getattr(p.annotation, "__origin__", None) is not None
@@ -68,7 +70,7 @@ def test_kfp_component_signatures_are_the_rows(kfp_spec):
         kinds = {n: "model" if "Model" in repr(params[n].annotation) else "dataset" for n in outs}
         assert kinds == stage.outputs
     assert Input and Output
-    report = inspect.signature(kfp_components.report.python_func).parameters
+    report = inspect.signature(kfp_components.report_component().python_func).parameters
     assert {s.name.replace("-", "_") for s in stages.STAGES} <= set(report), "the report reads every stage's result"
 
 
@@ -102,7 +104,7 @@ def test_the_docs_stage_table_lists_every_stage_and_no_other():
     from pathlib import Path
 
     page = (Path(__file__).resolve().parents[2] / "docs" / "concepts" / "stages.md").read_text()
-    table = page.split("\n\n")[1]
+    table = next(block for block in page.split("\n\n") if block.startswith("| stage |"))
     rows = [line.split("|")[1] for line in table.splitlines()[2:]]
     named = [name.strip() for row in rows for name in row.split(",")]
     assert sorted(named) == sorted(s.name for s in stages.STAGES)

@@ -19,53 +19,20 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_service.connection import SandboxConnection
-from components.core.modeling import InitPolicyConfig
 from components.evaluate import EvalConfig
-from components.promote import PromotionConfig, PromotionDecision, Scorecard, scorecard_from_evaluation
-from pipelines.errors import StageFailed
+from components.promote.decision import PromotionConfig, PromotionDecision, Scorecard, scorecard_from_evaluation
+from components.core.errors import StageFailed
+from components.init_policy import STARTED_FROM
 
 
 class GateConfig(BaseModel):
-    """What the gate stage needs from the run's config (built by `PipelineConfig.gate_config`)."""
+    """What the gate stage needs from the run's config (built from the run's config by `gate_config`)."""
 
     model_config = ConfigDict(extra="forbid")
     promotion: PromotionConfig
     evaluate: EvalConfig = Field(description="The candidate's evaluation settings, reused for the champion.")
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection)
     enabled: bool = Field(True, description="False when register_model_name is None: nothing is registered.")
-
-
-class InitConfig(BaseModel):
-    """The init-policy stage's config: the base model, or the champion to start from."""
-
-    model_config = ConfigDict(extra="forbid")
-    model: InitPolicyConfig
-    start_from: str = Field("base", description="base | champion (retrain.start_from).")
-    promotion: PromotionConfig
-    enabled: bool = True
-
-
-STARTED_FROM = "started_from.json"  # written next to a model that is a downloaded champion
-
-
-def start_model(config: InitConfig, tracking, out: Path) -> str | None:
-    """With start_from=champion and a champion in the registry: its weights into `out`; its URI, else None."""
-    import shutil
-
-    from components.promote import current_champion, download_champion
-
-    if config.start_from != "champion" or not config.enabled:
-        return None
-    if tracking is None or not tracking.enabled:
-        raise RuntimeError("retrain.start_from=champion needs MLflow (the registry holds the champion)")
-    version = current_champion(tracking.tracking_uri, config.promotion)
-    if version is None:
-        return None  # the first retraining run: nothing to start from but the base model
-    src = download_champion(tracking.tracking_uri, version, out.parent / f"{out.name}-download")
-    shutil.copytree(src, out, dirs_exist_ok=True)
-    uri = f"models:/{config.promotion.model_name}/{version.version}"
-    (out / STARTED_FROM).write_text(json.dumps({"model": uri}))
-    return uri
 
 
 class GateResult(PromotionDecision):
@@ -138,7 +105,7 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     from components.core.data_store import read_training_list
     from components.core.tracking import log_dataset_input, log_figure, log_table, resume_run, stage_run
     from components.evaluate import evaluate
-    from components.promote import (current_champion, download_champion, gate_decision, git_commit,
+    from components.promote.decision import (current_champion, download_champion, gate_decision, git_commit,
                                     log_policy_model, model_card, promote, select_candidate)
 
     out.mkdir(parents=True, exist_ok=True)
@@ -190,7 +157,7 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
             model_uri = log_policy_model(model_dir)
             mlflow.set_tag("orchard.registered_from", stage)
             lineage = {"orchard.parent_model": parent_model, "orchard.pipeline_run_id": tracking.parent_run_id or "",
-                       "orchard.git_commit": git_commit(Path(__file__).resolve().parents[1]),
+                       "orchard.git_commit": git_commit(Path(__file__).resolve().parents[2]),
                        "orchard.trained_shards": ",".join(shards)[:4000], "orchard.candidate_stage": stage,
                        "orchard.data_store": str((training or {}).get("store") or ""),
                        "orchard.evaluation_table": f"runs:/{mlflow.active_run().info.run_id}/promotion/comparison.json"}
@@ -214,8 +181,3 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     (out / "comparison.json").write_text(result.model_dump_json(indent=2))
     return result
 
-
-def gate_config(config) -> GateConfig:
-    """The gate's config from the run's PipelineConfig: its `promote` section, the candidates' EvalConfig."""
-    return GateConfig(promotion=config.promote, evaluate=config.evaluate,
-                      enabled=config.register_model_name is not None)

@@ -281,7 +281,7 @@ def log_policy_model(model_dir: str | Path) -> str:
         raise RuntimeError("log_policy_model needs an active MLflow run")
     if not (Path(model_dir) / "config.json").exists():
         raise FileNotFoundError(f"{model_dir} is not a save_pretrained directory (no config.json)")
-    info = mlflow.pyfunc.log_model(name="policy", python_model=str(Path(__file__).with_name("policy_pyfunc.py")),
+    info = mlflow.pyfunc.log_model(name="policy", python_model=str(Path(__file__).parents[1] / "policy_pyfunc.py"),
                                    artifacts={"model_dir": str(model_dir)}, pip_requirements=["torch", "transformers"],
                                    signature=policy_signature())
     return info.model_uri
