@@ -4,7 +4,10 @@ Every call has an explicit timeout; errors come back as the server's typed excep
 (`sandbox_service.errors`). `Sandbox`/`AsyncSandbox` handles are context managers that delete the
 sandbox on exit, so a crashed caller does not leak one (the heartbeat reaper is the second line).
 Each sandbox operation is written once (`_SandboxOps`, a generator of HTTP calls); `Sandbox` sends
-them with the blocking client and `AsyncSandbox` awaits them, so the two faces cannot drift.
+them with the blocking client and `AsyncSandbox` awaits them, so the two faces cannot drift. Each face
+names its operations in its class body (`exec = _sync(_SandboxOps.exec)`), so a type checker sees
+`Sandbox.exec(...) -> ExecResult` and `AsyncSandbox.exec(...) -> Awaitable[ExecResult]` with the
+operation's own parameters; a face missing an operation fails at import.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import tarfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Generator, NamedTuple
+from typing import Any, Callable, Concatenate, Coroutine, Generator, Generic, NamedTuple, ParamSpec, TypeVar
 
 import httpx
 
@@ -100,7 +103,12 @@ def _call(method: str, url: str | httpx.URL, **kwargs: Any) -> _Call:
     return _Call(method, url, kwargs)
 
 
-def _face(run: Callable[..., Any], op: Callable[..., Any]) -> Callable[..., Any]:
+P = ParamSpec("P")
+R = TypeVar("R")
+H = TypeVar("H", bound="_SandboxBase")  # the handle a client's operations return: Sandbox or AsyncSandbox
+
+
+def _face(run: Callable[..., Any], op: Callable[..., Any]) -> Any:
     """`run` presented as `op` (name, doc, signature), returning what the generator returns."""
     functools.update_wrapper(run, op)
     ret = str(op.__annotations__.get("return", "Any")).rsplit(",", 1)[-1].rstrip("]").strip()
@@ -109,10 +117,10 @@ def _face(run: Callable[..., Any], op: Callable[..., Any]) -> Callable[..., Any]
     return run
 
 
-def _sync(op: Callable[..., Generator[_Call, httpx.Response, Any]]) -> Callable[..., Any]:
+def _sync(op: Callable[Concatenate[Any, P], Generator[_Call, httpx.Response, R]]) -> Callable[Concatenate[Any, P], R]:
     """The blocking face of an operation: sends each request with `SandboxClient.request`."""
 
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def run(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
         gen = op(self, *args, **kwargs)
         try:
             call = next(gen)
@@ -124,15 +132,16 @@ def _sync(op: Callable[..., Generator[_Call, httpx.Response, Any]]) -> Callable[
                 else:
                     call = gen.send(response)
         except StopIteration as stop:
-            return stop.value
+            return stop.value  # type: ignore[no-any-return]
 
     return _face(run, op)
 
 
-def _async(op: Callable[..., Generator[_Call, httpx.Response, Any]]) -> Callable[..., Any]:
+def _async(op: Callable[Concatenate[Any, P], Generator[_Call, httpx.Response, R]]
+           ) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
     """The awaitable face of the same operation: sends each request with `AsyncSandboxClient.request`."""
 
-    async def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+    async def run(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
         gen = op(self, *args, **kwargs)
         try:
             call = next(gen)
@@ -145,17 +154,13 @@ def _async(op: Callable[..., Generator[_Call, httpx.Response, Any]]) -> Callable
                 else:
                     call = gen.send(response)
         except StopIteration as stop:
-            return stop.value
+            return stop.value  # type: ignore[no-any-return]
 
     return _face(run, op)
 
 
-class _SandboxOps:
-    """Every operation on one sandbox, written once as a generator of HTTP calls (no I/O here).
-
-    `Sandbox` and `AsyncSandbox` are this class with each operation wrapped by `_sync` / `_async`,
-    so the two faces have the same methods and can never drift (`_FACES` lists them).
-    """
+class _SandboxBase:
+    """What both sandbox faces share besides the operations: the handle's state and plain helpers."""
 
     def __init__(self, client: Any, info: SandboxInfo):
         self.client = client
@@ -185,24 +190,33 @@ class _SandboxOps:
         self.info = SandboxInfo.model_validate(response.json())
         return self.info
 
-    def refresh(self) -> Generator[_Call, httpx.Response, SandboxInfo]:
+
+
+class _SandboxOps(_SandboxBase):
+    """Every operation on one sandbox, written once as a generator of HTTP calls (no I/O here).
+
+    `Sandbox` and `AsyncSandbox` wrap each with `_sync` / `_async` (`_FACES` lists them; both faces must
+    name every one). At run time `self` is the face's handle, never an instance of this class.
+    """
+
+    def refresh(self: _SandboxBase) -> Generator[_Call, httpx.Response, SandboxInfo]:
         return self._set_info((yield _call("GET", self._path())))
 
-    def wait_ready(self, timeout: float = 120.0) -> Generator[_Call, httpx.Response, SandboxInfo]:
+    def wait_ready(self: _SandboxBase, timeout: float = 120.0) -> Generator[_Call, httpx.Response, SandboxInfo]:
         """Until ready; raises the failure as `BackendUnavailableError` / `WaitTimeoutError`."""
         self._set_info((yield _call("GET", self._path("/wait"), params={"timeout": timeout}, timeout=timeout + 10.0)))
         if self.info.state is not SandboxState.ready:
             raise BackendUnavailableError(f"sandbox {self.id} is {self.info.state.value}: {self.info.error}")
         return self.info
 
-    def delete(self) -> Generator[_Call, httpx.Response, None]:
+    def delete(self: _SandboxBase) -> Generator[_Call, httpx.Response, None]:
         try:
             yield _call("DELETE", self._path())
         except SandboxServiceError as err:
             if err.status_code != 404:  # already gone is what we wanted
                 raise
 
-    def exec(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
+    def exec(self: _SandboxBase, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
              timeout: float = 60.0, stdin: str | None = None,
              max_output_bytes: int | None = None) -> Generator[_Call, httpx.Response, ExecResult]:
         req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
@@ -214,74 +228,145 @@ class _SandboxOps:
                                headers=_JSON_HEADERS, timeout=timeout + 30.0, lane=True)
         return ExecResult.model_validate_json(response.content)
 
-    def exec_async(self, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
+    def exec_async(self: _SandboxBase, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout: float = 60.0, stdin: str | None = None) -> Generator[_Call, httpx.Response, Job]:
         """Start a command as a job (poll with the client's `wait_job`)."""
         req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin, wait=False,
                           verification=self.verification)
         return Job.model_validate((yield _call("POST", self._path("/exec"), json=req.model_dump(mode="json"))).json())
 
-    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> Generator[_Call, httpx.Response, None]:
+    def write_file(self: _SandboxBase, path: str, data: bytes | str, *, mode: int | None = None) -> Generator[_Call, httpx.Response, None]:
         params: dict[str, Any] = {"path": path, **({"mode": oct(mode)} if mode is not None else {})}
         yield _call("PUT", self._path("/files"), params=params, content=data.encode() if isinstance(data, str) else data)
 
-    def read_file(self, path: str) -> Generator[_Call, httpx.Response, bytes]:
+    def read_file(self: _SandboxBase, path: str) -> Generator[_Call, httpx.Response, bytes]:
         return (yield _call("GET", self._path("/files"), params={"path": path})).content
 
-    def read_text(self, path: str) -> Generator[_Call, httpx.Response, str]:
+    def read_text(self: _SandboxBase, path: str) -> Generator[_Call, httpx.Response, str]:
         return (yield from _SandboxOps.read_file(self, path)).decode("utf-8", errors="replace")
 
-    def list_files(self, path: str = ".") -> Generator[_Call, httpx.Response, list[FileEntry]]:
+    def list_files(self: _SandboxBase, path: str = ".") -> Generator[_Call, httpx.Response, list[FileEntry]]:
         response = yield _call("GET", self._path("/files/list"), params={"path": path})
         return [FileEntry.model_validate(x) for x in response.json()]
 
-    def upload_dir(self, local_dir: str | Path, path: str) -> Generator[_Call, httpx.Response, None]:
+    def upload_dir(self: _SandboxBase, local_dir: str | Path, path: str) -> Generator[_Call, httpx.Response, None]:
         """Upload a local directory (as a tar) so that its contents land under `path`."""
         yield from _SandboxOps.upload_archive(self, _tar_directory(local_dir), path)
 
-    def upload_archive(self, archive: bytes, path: str) -> Generator[_Call, httpx.Response, None]:
+    def upload_archive(self: _SandboxBase, archive: bytes, path: str) -> Generator[_Call, httpx.Response, None]:
         """Extract a (gzipped) tar, e.g. one `download_dir` returned, so that its contents land under `path`."""
         yield _call("PUT", self._path("/files/archive"), params={"path": path}, content=archive, timeout=120.0)
 
-    def download_dir(self, path: str) -> Generator[_Call, httpx.Response, bytes]:
+    def download_dir(self: _SandboxBase, path: str) -> Generator[_Call, httpx.Response, bytes]:
         """A gzipped tar of `path` inside the sandbox."""
         return (yield _call("GET", self._path("/files/archive"), params={"path": path}, timeout=120.0)).content
 
-    def apply_patch(self, patch: str, *, cwd: str | None = None,
+    def apply_patch(self: _SandboxBase, patch: str, *, cwd: str | None = None,
                     strip: int = 1) -> Generator[_Call, httpx.Response, PatchResult]:
         req = PatchRequest(patch=patch, cwd=cwd, strip=strip)
         response = yield _call("POST", self._path("/apply_patch"), json=req.model_dump(mode="json"))
         return PatchResult.model_validate(response.json())
 
-    def set_network_policy(self, policy: NetworkPolicy) -> Generator[_Call, httpx.Response, SandboxInfo]:
+    def set_network_policy(self: _SandboxBase, policy: NetworkPolicy) -> Generator[_Call, httpx.Response, SandboxInfo]:
         return self._set_info((yield _call("PUT", self._path("/network-policy"), json=policy.model_dump(mode="json"))))
 
-    def heartbeat(self) -> Generator[_Call, httpx.Response, None]:
+    def heartbeat(self: _SandboxBase) -> Generator[_Call, httpx.Response, None]:
         yield _call("POST", self._path("/heartbeat"))
 
-    def snapshot(self) -> Generator[_Call, httpx.Response, SnapshotInfo]:
+    def snapshot(self: _SandboxBase) -> Generator[_Call, httpx.Response, SnapshotInfo]:
         return SnapshotInfo.model_validate((yield _call("POST", self._path("/snapshots"), timeout=120.0)).json())
 
-    def restore(self, snapshot_id: str) -> Generator[_Call, httpx.Response, SandboxInfo]:
+    def restore(self: _SandboxBase, snapshot_id: str) -> Generator[_Call, httpx.Response, SandboxInfo]:
         """Reset this sandbox's filesystem to a snapshot (of this or another sandbox)."""
         return self._set_info((yield _call("POST", self._path("/restore"), json={"snapshot_id": snapshot_id},
                                            timeout=120.0)))
 
-    def expose_port(self, port: int) -> Generator[_Call, httpx.Response, PortExposure]:
+    def expose_port(self: _SandboxBase, port: int) -> Generator[_Call, httpx.Response, PortExposure]:
         return PortExposure.model_validate((yield _call("POST", self._path("/ports"), json={"port": port})).json())
 
-    def unexpose_port(self, port: int) -> Generator[_Call, httpx.Response, None]:
+    def unexpose_port(self: _SandboxBase, port: int) -> Generator[_Call, httpx.Response, None]:
         yield _call("DELETE", self._path(f"/ports/{port}"))
 
 
-class _ClientOps:
-    """Every service-level operation, written once like `_SandboxOps`; the clients wrap them."""
+# The operations (generators of HTTP calls) get a sync and an async face; plain methods (`verifying`) stay.
+_FACES = [name for name, value in vars(_SandboxOps).items()
+          if not name.startswith("_") and inspect.isgeneratorfunction(value)]
 
-    _handle: type  # Sandbox or AsyncSandbox
 
+class Sandbox(_SandboxBase):
+    """A handle on one sandbox. Use as a context manager to delete it on exit."""
+
+    client: SandboxClient
+
+    refresh = _sync(_SandboxOps.refresh)
+    wait_ready = _sync(_SandboxOps.wait_ready)
+    delete = _sync(_SandboxOps.delete)
+    exec = _sync(_SandboxOps.exec)
+    exec_async = _sync(_SandboxOps.exec_async)
+    write_file = _sync(_SandboxOps.write_file)
+    read_file = _sync(_SandboxOps.read_file)
+    read_text = _sync(_SandboxOps.read_text)
+    list_files = _sync(_SandboxOps.list_files)
+    upload_dir = _sync(_SandboxOps.upload_dir)
+    upload_archive = _sync(_SandboxOps.upload_archive)
+    download_dir = _sync(_SandboxOps.download_dir)
+    apply_patch = _sync(_SandboxOps.apply_patch)
+    set_network_policy = _sync(_SandboxOps.set_network_policy)
+    heartbeat = _sync(_SandboxOps.heartbeat)
+    snapshot = _sync(_SandboxOps.snapshot)
+    restore = _sync(_SandboxOps.restore)
+    expose_port = _sync(_SandboxOps.expose_port)
+    unexpose_port = _sync(_SandboxOps.unexpose_port)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.delete()
+
+
+class AsyncSandbox(_SandboxBase):
+    """Async handle on one sandbox (`async with` deletes it on exit): the same operations, awaitable."""
+
+    client: AsyncSandboxClient
+
+    refresh = _async(_SandboxOps.refresh)
+    wait_ready = _async(_SandboxOps.wait_ready)
+    delete = _async(_SandboxOps.delete)
+    exec = _async(_SandboxOps.exec)
+    exec_async = _async(_SandboxOps.exec_async)
+    write_file = _async(_SandboxOps.write_file)
+    read_file = _async(_SandboxOps.read_file)
+    read_text = _async(_SandboxOps.read_text)
+    list_files = _async(_SandboxOps.list_files)
+    upload_dir = _async(_SandboxOps.upload_dir)
+    upload_archive = _async(_SandboxOps.upload_archive)
+    download_dir = _async(_SandboxOps.download_dir)
+    apply_patch = _async(_SandboxOps.apply_patch)
+    set_network_policy = _async(_SandboxOps.set_network_policy)
+    heartbeat = _async(_SandboxOps.heartbeat)
+    snapshot = _async(_SandboxOps.snapshot)
+    restore = _async(_SandboxOps.restore)
+    expose_port = _async(_SandboxOps.expose_port)
+    unexpose_port = _async(_SandboxOps.unexpose_port)
+
+    async def __aenter__(self) -> AsyncSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.delete()
+
+
+class _ClientBase:
     @property
     def client(self) -> Any:  # the faces send through `self.client.request`
         return self
+
+
+class _ClientOps(_ClientBase, Generic[H]):
+    """Every service-level operation, written once like `_SandboxOps`; the clients wrap them."""
+
+    _handle: type[H]  # Sandbox or AsyncSandbox
 
     def healthz(self) -> Generator[_Call, httpx.Response, dict]:
         return (yield _call("GET", "/healthz")).json()
@@ -290,7 +375,7 @@ class _ClientOps:
         return (yield _call("GET", "/metrics")).text
 
     def create(self, spec: SandboxCreate | None = None, *, wait: bool = True,
-               wait_timeout: float = 120.0) -> Generator[_Call, httpx.Response, Any]:
+               wait_timeout: float = 120.0) -> Generator[_Call, httpx.Response, H]:
         """A new sandbox handle (`Sandbox` or `AsyncSandbox`), ready unless `wait=False`."""
         spec = spec or SandboxCreate()
         if spec.request_id is None:  # idempotent retries of the POST itself
@@ -308,7 +393,7 @@ class _ClientOps:
     def get(self, sandbox_id: str) -> Generator[_Call, httpx.Response, SandboxInfo]:
         return SandboxInfo.model_validate((yield _call("GET", f"/v1/sandboxes/{sandbox_id}")).json())
 
-    def attach(self, sandbox_id: str) -> Generator[_Call, httpx.Response, Any]:
+    def attach(self, sandbox_id: str) -> Generator[_Call, httpx.Response, H]:
         """A handle on an existing sandbox."""
         return self._handle(self, (yield from _ClientOps.get(self, sandbox_id)))
 
@@ -326,10 +411,10 @@ class _ClientOps:
 
 
 _CLIENT_FACES = [name for name, value in vars(_ClientOps).items()
-                 if not name.startswith("_") and callable(value) and name != "client"]
+                 if not name.startswith("_") and inspect.isgeneratorfunction(value)]
 
 
-class SandboxClient(_ClientOps):
+class SandboxClient(_ClientBase):
     """Synchronous client. `SandboxClient(url, token).create(SandboxCreate(...))` returns a `Sandbox`."""
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
@@ -352,12 +437,13 @@ class SandboxClient(_ClientOps):
         """One HTTP call; 503s and connection errors are retried with backoff when `retry`. `lane`: a POST of
         `content` to an absolute URL that may go on the keep-alive lane instead of httpx (the exec hot path)."""
         attempts = _RETRY_ATTEMPTS if retry else 1
-        on_lane = lane and self._lane is not None
+        on_lane = self._lane if lane else None
         for attempt in range(attempts):
             try:
-                if on_lane:
-                    response = self._lane.post(path, kwargs["content"], kwargs.get("headers") or {},
-                                               timeout or self._http.timeout.read)
+                if on_lane is not None:
+                    url = path if isinstance(path, httpx.URL) else httpx.URL(path)  # the lane takes absolute URLs
+                    response = on_lane.post(url, kwargs["content"], kwargs.get("headers") or {},
+                                            timeout or self._http.timeout.read or DEFAULT_TIMEOUT)
                 else:
                     response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
                 _raise_for_error(response)
@@ -383,8 +469,19 @@ class SandboxClient(_ClientOps):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # the service-level operations, last: `list` would shadow the builtin in the annotations above
+    _handle = Sandbox
+    healthz = _sync(_ClientOps[Sandbox].healthz)
+    metrics = _sync(_ClientOps[Sandbox].metrics)
+    create = _sync(_ClientOps[Sandbox].create)
+    get = _sync(_ClientOps[Sandbox].get)
+    attach = _sync(_ClientOps[Sandbox].attach)
+    list = _sync(_ClientOps[Sandbox].list)
+    get_job = _sync(_ClientOps[Sandbox].get_job)
+    wait_job = _sync(_ClientOps[Sandbox].wait_job)
 
-class AsyncSandboxClient(_ClientOps):
+
+class AsyncSandboxClient(_ClientBase):
     """Asynchronous face of `SandboxClient` (the same operations, awaitable)."""
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
@@ -422,40 +519,28 @@ class AsyncSandboxClient(_ClientOps):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-
-# The operations (generators of HTTP calls) get a sync and an async face; plain methods (`verifying`) stay.
-_FACES = [name for name, value in vars(_SandboxOps).items()
-          if not name.startswith("_") and inspect.isgeneratorfunction(value)]
-
-
-class Sandbox(_SandboxOps):
-    """A handle on one sandbox. Use as a context manager to delete it on exit."""
-
-    client: SandboxClient
-
-    def __enter__(self) -> Sandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.delete()
+    # the service-level operations, last: `list` would shadow the builtin in the annotations above
+    _handle = AsyncSandbox
+    healthz = _async(_ClientOps[AsyncSandbox].healthz)
+    metrics = _async(_ClientOps[AsyncSandbox].metrics)
+    create = _async(_ClientOps[AsyncSandbox].create)
+    get = _async(_ClientOps[AsyncSandbox].get)
+    attach = _async(_ClientOps[AsyncSandbox].attach)
+    list = _async(_ClientOps[AsyncSandbox].list)
+    get_job = _async(_ClientOps[AsyncSandbox].get_job)
+    wait_job = _async(_ClientOps[AsyncSandbox].wait_job)
 
 
-class AsyncSandbox(_SandboxOps):
-    """Async handle on one sandbox (`async with` deletes it on exit): the same operations, awaitable."""
+def _check_faces() -> None:
+    """Both faces of each operation set exist: an operation added to `_SandboxOps`/`_ClientOps` and not named in a
+    face's class body fails here, at import."""
+    for ops, names, faces in ((_SandboxOps, _FACES, (Sandbox, AsyncSandbox)),
+                              (_ClientOps, _CLIENT_FACES, (SandboxClient, AsyncSandboxClient))):
+        for face in faces:
+            missing = [n for n in names if getattr(face, n, None) is None or getattr(face, n).__wrapped__ is not
+                       vars(ops)[n]]
+            if missing:
+                raise TypeError(f"{face.__name__} lacks the face of {missing} ({ops.__name__}): name them in its body")
 
-    client: AsyncSandboxClient
 
-    async def __aenter__(self) -> AsyncSandbox:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.delete()
-
-
-for _name in _FACES:
-    setattr(Sandbox, _name, _sync(getattr(_SandboxOps, _name)))
-    setattr(AsyncSandbox, _name, _async(getattr(_SandboxOps, _name)))
-for _name in _CLIENT_FACES:
-    setattr(SandboxClient, _name, _sync(getattr(_ClientOps, _name)))
-    setattr(AsyncSandboxClient, _name, _async(getattr(_ClientOps, _name)))
-SandboxClient._handle, AsyncSandboxClient._handle = Sandbox, AsyncSandbox
+_check_faces()
