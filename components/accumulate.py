@@ -29,14 +29,20 @@ class RetrainConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     start_from: Literal["base", "champion"] = Field(
-        "base", description="init-policy: a fresh base model, or the registry's champion (base when there is none).")
+        "base", description="init-policy: a fresh base model, or the registry's champion (base when there is none)."
+    )
     data_store: str | None = Field(
-        None, description="Persistent data store (a path on a volume every run sees; components/core/data_store.py): "
-                          "each run adds provision.n_train new tasks and their credited teacher trajectories as "
-                          "shards, and SFT trains on the store's shards. None: each run trains on its own data.")
+        None,
+        description="Persistent data store (a path on a volume every run sees; components/core/data_store.py): "
+        "each run adds provision.n_train new tasks and their credited teacher trajectories as "
+        "shards, and SFT trains on the store's shards. None: each run trains on its own data.",
+    )
     window_runs: int | None = Field(
-        None, ge=1, description="With a data store: SFT trains on the shards of the last N runs that added data "
-                                "(this one included); None: on everything accumulated.")
+        None,
+        ge=1,
+        description="With a data store: SFT trains on the shards of the last N runs that added data "
+        "(this one included); None: on everything accumulated.",
+    )
 
 
 class AccumulateResult(BaseModel):
@@ -49,8 +55,13 @@ class AccumulateResult(BaseModel):
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
-def accumulate(config: RetrainConfig, tasks_dir: str | Path, credited_dir: str | Path, out_dir: str | Path,
-               tracking: TrackingConfig | None = None) -> AccumulateResult:
+def accumulate(
+    config: RetrainConfig,
+    tasks_dir: str | Path,
+    credited_dir: str | Path,
+    out_dir: str | Path,
+    tracking: TrackingConfig | None = None,
+) -> AccumulateResult:
     out = Path(out_dir)
     with stage_run("accumulate", config, tracking):
         if config.data_store is None:
@@ -59,18 +70,29 @@ def accumulate(config: RetrainConfig, tasks_dir: str | Path, credited_dir: str |
         else:
             result = _add_to_store(config, Path(tasks_dir), Path(credited_dir), out)
         rows = sum(pq.ParquetFile(p).metadata.num_rows for p in TrajectoryStore(out).shards())
-        result.metrics = {"training_shards": float(len(result.trained_on)), "training_trajectories": float(rows),
-                          "added_shards": float(len(result.added_shards))}
+        result.metrics = {
+            "training_shards": float(len(result.trained_on)),
+            "training_trajectories": float(rows),
+            "added_shards": float(len(result.added_shards)),
+        }
         log_metrics(result.metrics)
         log_json(result.model_dump(mode="json"), "training_set.json")
-        log_dataset_input([{"shard": s} for s in result.trained_on], config.data_store or credited_dir,
-                          name="training-shards", context="training")
+        log_dataset_input(
+            [{"shard": s} for s in result.trained_on],
+            config.data_store or credited_dir,
+            name="training-shards",
+            context="training",
+        )
     if tracking is not None and tracking.enabled and tracking.parent_run_id:
         import mlflow
 
         with resume_run(tracking, tracking.parent_run_id):  # the pipeline run's lineage, promoted or not
-            mlflow.set_tags({"orchard.trained_shards": ",".join(result.trained_on)[:5000],
-                             "orchard.data_store": config.data_store or ""})
+            mlflow.set_tags(
+                {
+                    "orchard.trained_shards": ",".join(result.trained_on)[:5000],
+                    "orchard.data_store": config.data_store or "",
+                }
+            )
     return result
 
 
@@ -84,11 +106,23 @@ def _own_shards(credited: Path, out: Path) -> list[str]:
 def _add_to_store(config: RetrainConfig, tasks_dir: Path, credited: Path, out: Path) -> AccumulateResult:
     claim = read_claim(tasks_dir)
     if claim is None or claim["store"] != config.data_store:
-        raise StoreError(f"the run's tasks ({tasks_dir}) were not claimed from data store {config.data_store}: "
-                         "provision and accumulate must run with the same retrain.data_store")
+        raise StoreError(
+            f"the run's tasks ({tasks_dir}) were not claimed from data store {config.data_store}: "
+            "provision and accumulate must run with the same retrain.data_store"
+        )
     store = DataStore(config.data_store)
-    entry = store.add(claim["run_id"], claim["recipe"], TaskStore(tasks_dir).read(split="train"),
-                      TrajectoryStore(credited).read(), window_runs=config.window_runs)
+    entry = store.add(
+        claim["run_id"],
+        claim["recipe"],
+        TaskStore(tasks_dir).read(split="train"),
+        TrajectoryStore(credited).read(),
+        window_runs=config.window_runs,
+    )
     store.materialize(entry.trained_on, out, run_id=entry.run_id)
-    return AccumulateResult(training_dir=str(out), data_store=config.data_store, run_id=entry.run_id,
-                            added_shards=entry.task_shards + entry.trajectory_shards, trained_on=entry.trained_on)
+    return AccumulateResult(
+        training_dir=str(out),
+        data_store=config.data_store,
+        run_id=entry.run_id,
+        added_shards=entry.task_shards + entry.trajectory_shards,
+        trained_on=entry.trained_on,
+    )

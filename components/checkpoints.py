@@ -33,21 +33,21 @@ assert CHATML_DROP_THINK != CHATML_TOOLS
 QWEN3 = (
     "{%- if tools %}\n    {{- '<|im_start|>system\\n' }}\n    {%- if messages[0].role == 'system' %}\n"
     "        {{- messages[0].content + '\\n\\n' }}\n    {%- endif %}\n"
-    "    {{- \"# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are "
-    "provided with function signatures within <tools></tools> XML tags:\\n<tools>\" }}\n"
-    "    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n"
-    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": <function-name>, \\\"arguments\\\": "
+    '    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are '
+    'provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}\n'
+    '    {%- for tool in tools %}\n        {{- "\\n" }}\n        {{- tool | tojson }}\n    {%- endfor %}\n'
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments '
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": '
     "<args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0].role == 'system' %}\n"
     "        {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n"
     "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}\n"
     "{%- for message in messages[::-1] %}\n    {%- set index = (messages|length - 1) - loop.index0 %}\n"
-    "    {%- if ns.multi_step_tool and message.role == \"user\" and message.content is string and "
+    '    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and '
     "not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}\n"
     "        {%- set ns.multi_step_tool = false %}\n        {%- set ns.last_query_index = index %}\n"
     "    {%- endif %}\n{%- endfor %}\n{%- for message in messages %}\n    {%- if message.content is string %}\n"
     "        {%- set content = message.content %}\n    {%- else %}\n        {%- set content = '' %}\n    {%- endif %}\n"
-    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) %}\n"
+    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}\n'
     "        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}\n"
     "    {%- elif message.role == \"assistant\" %}\n        {%- set reasoning_content = '' %}\n"
     "        {%- if message.reasoning_content is string %}\n"
@@ -65,16 +65,16 @@ QWEN3 = (
     "                {%- if (loop.first and content) or (not loop.first) %}\n                    {{- '\\n' }}\n"
     "                {%- endif %}\n                {%- if tool_call.function %}\n"
     "                    {%- set tool_call = tool_call.function %}\n                {%- endif %}\n"
-    "                {{- '<tool_call>\\n{\"name\": \"' }}\n                {{- tool_call.name }}\n"
-    "                {{- '\", \"arguments\": ' }}\n                {%- if tool_call.arguments is string %}\n"
+    '                {{- \'<tool_call>\\n{"name": "\' }}\n                {{- tool_call.name }}\n'
+    '                {{- \'", "arguments": \' }}\n                {%- if tool_call.arguments is string %}\n'
     "                    {{- tool_call.arguments }}\n                {%- else %}\n"
     "                    {{- tool_call.arguments | tojson }}\n                {%- endif %}\n"
     "                {{- '}\\n</tool_call>' }}\n            {%- endfor %}\n        {%- endif %}\n"
     "        {{- '<|im_end|>\\n' }}\n    {%- elif message.role == \"tool\" %}\n"
-    "        {%- if loop.first or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    '        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}\n'
     "            {{- '<|im_start|>user' }}\n        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n"
     "        {{- content }}\n        {{- '\\n</tool_response>' }}\n"
-    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
     "            {{- '<|im_end|>\\n' }}\n        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n"
     "{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n"
     "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
@@ -99,8 +99,18 @@ def qwen_vocab_tokenizer(family: Family = "chatml"):
 
     raw = Tokenizer.from_str(_qwen_bpe_json())
     if family == "llama3":
-        specials, eos, template = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                                   "<|python_tag|>", "<|finetune_right_pad_id|>"], "<|eot_id|>", LLAMA3_TOOLS
+        specials, eos, template = (
+            [
+                "<|begin_of_text|>",
+                "<|start_header_id|>",
+                "<|end_header_id|>",
+                "<|eot_id|>",
+                "<|python_tag|>",
+                "<|finetune_right_pad_id|>",
+            ],
+            "<|eot_id|>",
+            LLAMA3_TOOLS,
+        )
         pad, extra = "<|finetune_right_pad_id|>", {"bos_token": "<|begin_of_text|>"}
         plain: list[str] = []
     else:
@@ -111,9 +121,14 @@ def qwen_vocab_tokenizer(family: Family = "chatml"):
         plain = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
     raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     raw.add_tokens([AddedToken(t, special=False, normalized=False) for t in plain])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token=eos, pad_token=pad,
-                                        additional_special_tokens=[t for t in specials if t not in (eos, pad)],
-                                        clean_up_tokenization_spaces=False, **extra)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token=eos,
+        pad_token=pad,
+        additional_special_tokens=[t for t in specials if t not in (eos, pad)],
+        clean_up_tokenization_spaces=False,
+        **extra,
+    )
     tokenizer.chat_template = template
     return tokenizer
 
@@ -125,11 +140,20 @@ def tiny_qwen3(tokenizer, seed: int = 0, hidden_size: int = 32, num_hidden_layer
 
     torch.manual_seed(seed)
     heads = max(2, hidden_size // head_dim)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                         num_hidden_layers=num_hidden_layers, num_attention_heads=heads,
-                         num_key_value_heads=max(1, heads // 2), head_dim=head_dim, max_position_embeddings=4096,
-                         tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 2),
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     model = Qwen3ForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -55,8 +55,10 @@ class DistillConfig(BaseModel):
     def _endpoint_teacher_has_settings(self) -> DistillConfig:
         # With the config, not at the stage: a pipeline would otherwise find out after its first stages.
         if self.teacher == "openai" and self.openai is None:
-            raise ValueError("teacher='openai' needs its endpoint settings: set distill.openai={\"base_url\": "
-                             "\"http://host:8000/v1\", \"model\": \"...\"} (api_key_env names the key's variable)")
+            raise ValueError(
+                "teacher='openai' needs its endpoint settings: set distill.openai={\"base_url\": "
+                '"http://host:8000/v1", "model": "..."} (api_key_env names the key\'s variable)'
+            )
         return self
 
 
@@ -128,8 +130,9 @@ def _figure(counts: Counter, steps: list[int]):
     return fig
 
 
-def distill(config: DistillConfig, tasks_dir: str | Path, out_dir: str | Path,
-            tracking: TrackingConfig | None = None) -> DistillResult:
+def distill(
+    config: DistillConfig, tasks_dir: str | Path, out_dir: str | Path, tracking: TrackingConfig | None = None
+) -> DistillResult:
     recipe = get_recipe(config.recipe, **config.recipe_options)
     tasks = TaskStore(tasks_dir).read(split=config.split)
     if config.max_tasks is not None:
@@ -163,8 +166,9 @@ def distill(config: DistillConfig, tasks_dir: str | Path, out_dir: str | Path,
                         store.append(buffer)
                         buffer = []
                     bar.update(1)
-                    bar.set_postfix(resolved=counts["resolved"], unresolved=counts["unresolved"],
-                                    infra=counts["infra_error"])
+                    bar.set_postfix(
+                        resolved=counts["resolved"], unresolved=counts["unresolved"], infra=counts["infra_error"]
+                    )
         finally:
             store.append(buffer)  # whatever finished is kept, even if the stage is interrupted
             bar.close()
@@ -173,12 +177,16 @@ def distill(config: DistillConfig, tasks_dir: str | Path, out_dir: str | Path,
         n = sum(counts.values())
         valid = counts["resolved"] + counts["unresolved"]
         metrics = {
-            "n_trajectories": n, "resolved": counts["resolved"], "unresolved": counts["unresolved"],
-            "infra_error": counts["infra_error"], "skipped": skipped,
+            "n_trajectories": n,
+            "resolved": counts["resolved"],
+            "unresolved": counts["unresolved"],
+            "infra_error": counts["infra_error"],
+            "skipped": skipped,
             "resolve_rate": counts["resolved"] / valid if valid else 0.0,
             "infra_error_rate": counts["infra_error"] / n if n else 0.0,
             "throughput_per_min": n / (wall / 60) if wall > 0 and n else 0.0,
-            "mean_steps": sum(steps) / len(steps) if steps else 0.0, "wall_seconds": wall,
+            "mean_steps": sum(steps) / len(steps) if steps else 0.0,
+            "wall_seconds": wall,
             **hidden_pass_metrics(finished),
         }
         log_metrics(metrics)
@@ -187,7 +195,11 @@ def distill(config: DistillConfig, tasks_dir: str | Path, out_dir: str | Path,
             fig = _figure(counts, steps)
             log_figure(fig, "distill_outcomes.png")
             fig.clf()
-    return DistillResult(trajectories_dir=str(out_dir), counts={k: counts.get(k, 0) for k in
-                                                                 ("resolved", "unresolved", "infra_error")},
-                         skipped=skipped, throughput_per_min=metrics["throughput_per_min"],
-                         failure_reasons=dict(reasons), metrics=metrics)
+    return DistillResult(
+        trajectories_dir=str(out_dir),
+        counts={k: counts.get(k, 0) for k in ("resolved", "unresolved", "infra_error")},
+        skipped=skipped,
+        throughput_per_min=metrics["throughput_per_min"],
+        failure_reasons=dict(reasons),
+        metrics=metrics,
+    )

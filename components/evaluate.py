@@ -30,8 +30,15 @@ from components.core.schema import Outcome, Split, Task, Trajectory, hidden_pass
 from components.core.splits import unit_of
 from components.core.store import TaskStore, TrajectoryStore
 from components.recipes import RecipeName
-from components.core.tracking import (TrackingConfig, log_artifact_path, log_dataset_input, log_figure, log_json,
-                                      log_metrics, stage_run)
+from components.core.tracking import (
+    TrackingConfig,
+    log_artifact_path,
+    log_dataset_input,
+    log_figure,
+    log_json,
+    log_metrics,
+    stage_run,
+)
 
 PolicyKind = Literal["local", "openai", "scripted"]
 
@@ -42,30 +49,45 @@ class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     recipe: RecipeName = Field("swe", description="Task suite the tasks belong to (a registered recipe).")
     recipe_options: dict = Field(default_factory=dict, description="Extra recipe constructor arguments.")
-    split: Split = Field("heldout", description="Which tasks of the store are evaluated: heldout (the final "
-                                                "evaluation) or validation (to tune on, never on heldout).")
+    split: Split = Field(
+        "heldout",
+        description="Which tasks of the store are evaluated: heldout (the final "
+        "evaluation) or validation (to tune on, never on heldout).",
+    )
     k: int = Field(3, ge=1, description="Attempts per task (pass@k uses all valid ones).")
     policy: PolicyKind = Field("local", description="local model dir | OpenAI-compatible endpoint | scripted teacher.")
     endpoint: OpenAIPolicyConfig | None = Field(None, description="The endpoint when policy='openai'.")
     scripted_error_rate: float = Field(0.3, ge=0.0, le=1.0, description="Mistake rate of the scripted teacher.")
     temperature: float = Field(0.7, ge=0.0, description="Sampling temperature (k > 1 needs > 0 to differ).")
-    greedy: bool = Field(False, description="Also one greedy attempt (temperature 0) per task, reported beside the "
-                                            "sampled ones as greedy_* (what a deployment decoding greedily sees); "
-                                            "pass@1 and the gate stay on the k sampled attempts.")
+    greedy: bool = Field(
+        False,
+        description="Also one greedy attempt (temperature 0) per task, reported beside the "
+        "sampled ones as greedy_* (what a deployment decoding greedily sees); "
+        "pass@1 and the gate stay on the k sampled attempts.",
+    )
     harness: HarnessConfig = Field(default_factory=HarnessConfig, description="Episode limits and sampling.")
-    load: LoadOptions = Field(default_factory=LoadOptions,
-                              description="Device, dtype and attention kernel of a local model (policy='local').")
+    load: LoadOptions = Field(
+        default_factory=LoadOptions, description="Device, dtype and attention kernel of a local model (policy='local')."
+    )
     sandbox: SandboxConnection = Field(default_factory=SandboxConnection, description="Sandbox service to use.")
     max_tasks: int | None = Field(None, ge=1, description="Evaluate only the first N tasks (by id).")
     infra_retries: int = Field(1, ge=0, description="Re-runs of an attempt that ended in infra_error.")
-    workers: int = Field(1, ge=1, description="Episodes in parallel (one policy instance per worker, or one "
-                                              "batched local model: batch_local).")
-    batch_local: bool = Field(True, description="policy='local', workers > 1: the workers share one model whose "
-                                                "turns are batched (BatchingPolicy); a sampled attempt then depends "
-                                                "on its batch-mates, greedy ones do not. False: a model per worker.")
+    workers: int = Field(
+        1,
+        ge=1,
+        description="Episodes in parallel (one policy instance per worker, or one batched local model: batch_local).",
+    )
+    batch_local: bool = Field(
+        True,
+        description="policy='local', workers > 1: the workers share one model whose "
+        "turns are batched (BatchingPolicy); a sampled attempt then depends "
+        "on its batch-mates, greedy ones do not. False: a model per worker.",
+    )
     seed: int = Field(0, description="Base seed of per-attempt sampling seeds.")
-    traces: TraceConfig = Field(default_factory=TraceConfig,
-                                description="Which episodes become MLflow traces (components/core/episode_traces.py).")
+    traces: TraceConfig = Field(
+        default_factory=TraceConfig,
+        description="Which episodes become MLflow traces (components/core/episode_traces.py).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:
@@ -78,14 +100,18 @@ class EvalResult(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # NaN: no valid attempt
     policy_id: str
     tasks: int
-    units: int = Field(description="Independent units among the tasks (distinct repositories, `Task.unit`): what "
-                                   "the intervals count as independent; below `tasks` where repositories repeat.")
+    units: int = Field(
+        description="Independent units among the tasks (distinct repositories, `Task.unit`): what "
+        "the intervals count as independent; below `tasks` where repositories repeat."
+    )
     attempts: int
     valid_attempts: int = Field(description="Attempts with a verified outcome (the denominator).")
     resolved: int
     resolved_rate: float
-    resolved_rate_ci95: tuple[float, float] = Field(description="Clopper-Pearson at the effective number of attempts "
-                                                    "(attempts clustered by unit; components.core.intervals).")
+    resolved_rate_ci95: tuple[float, float] = Field(
+        description="Clopper-Pearson at the effective number of attempts "
+        "(attempts clustered by unit; components.core.intervals)."
+    )
     pass_at_1: float
     pass_at_1_ci95: tuple[float, float] = Field(description="The same interval for the mean of per-task pass@1.")
     pass_at_k: float
@@ -98,10 +124,14 @@ class EvalResult(BaseModel):
     infra_retries_used: int
     greedy_resolved: int | None = Field(None, description="Tasks resolved by the greedy attempt (greedy=True).")
     greedy_valid: int | None = Field(None, description="Greedy attempts with a verified outcome.")
-    greedy_resolved_rate_ci95: tuple[float, float] | None = Field(None, description="Clopper-Pearson interval of "
-                                                                  "the greedy resolved rate.")
-    mean_hidden_pass_fraction: float = Field(float("nan"), description="Mean share of hidden FAIL_TO_PASS tests "
-                                             "passing over valid attempts that have one (analysis only; NaN: none).")
+    greedy_resolved_rate_ci95: tuple[float, float] | None = Field(
+        None, description="Clopper-Pearson interval of the greedy resolved rate."
+    )
+    mean_hidden_pass_fraction: float = Field(
+        float("nan"),
+        description="Mean share of hidden FAIL_TO_PASS tests "
+        "passing over valid attempts that have one (analysis only; NaN: none).",
+    )
     hidden_pass_fraction_n: int = Field(0, description="Attempts behind mean_hidden_pass_fraction.")
     per_task_path: str
     trajectories_dir: str
@@ -112,8 +142,10 @@ def make_policy(config: EvalConfig, model_dir: str | Path | None) -> Any:
     """The policy under evaluation (a fresh instance; workers each get their own)."""
     if config.policy == "local":
         if model_dir is None:
-            raise ValueError("policy='local' needs model_dir (a save_pretrained directory); "
-                             "use policy='scripted' to evaluate the teacher without a model")
+            raise ValueError(
+                "policy='local' needs model_dir (a save_pretrained directory); "
+                "use policy='scripted' to evaluate the teacher without a model"
+            )
         from components.core.local_policy import LocalTransformersPolicy
 
         tool_format = None if config.harness.tool_format == "auto" else config.harness.tool_format
@@ -137,27 +169,40 @@ def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int
         atts = by_task[task.id]
         valid = [t for t in atts if t.outcome is not Outcome.infra_error]
         c = sum(t.resolved for t in valid)
-        rows.append({
-            "task_id": task.id, "unit": unit_of(task), "family": task.family, "difficulty": task.difficulty,
-            "attempts": len(atts), "valid_attempts": len(valid), "resolved": c,
-            "infra_errors": len(atts) - len(valid),
-            "pass_at_1": pass_at_k(len(valid), c, 1) if valid else float("nan"),
-            f"pass_at_{k}": pass_at_k(len(valid), c, k) if len(valid) >= k else float("nan"),
-            "mean_steps": sum(t.num_assistant_steps for t in valid) / len(valid) if valid else float("nan"),
-            "mean_completion_tokens": (sum(t.completion_tokens for t in valid) / len(valid)
-                                       if valid else float("nan")),
-            "hidden_pass_fraction": hidden_pass_metrics(valid)["hidden_pass_fraction_mean"],
-        })
+        rows.append(
+            {
+                "task_id": task.id,
+                "unit": unit_of(task),
+                "family": task.family,
+                "difficulty": task.difficulty,
+                "attempts": len(atts),
+                "valid_attempts": len(valid),
+                "resolved": c,
+                "infra_errors": len(atts) - len(valid),
+                "pass_at_1": pass_at_k(len(valid), c, 1) if valid else float("nan"),
+                f"pass_at_{k}": pass_at_k(len(valid), c, k) if len(valid) >= k else float("nan"),
+                "mean_steps": sum(t.num_assistant_steps for t in valid) / len(valid) if valid else float("nan"),
+                "mean_completion_tokens": (
+                    sum(t.completion_tokens for t in valid) / len(valid) if valid else float("nan")
+                ),
+                "hidden_pass_fraction": hidden_pass_metrics(valid)["hidden_pass_fraction_mean"],
+            }
+        )
     valid = [t for t in trajectories if t.outcome is not Outcome.infra_error]
     counts = [(r["valid_attempts"], r["resolved"]) for r in rows]
     p1, _ = mean_pass_at_k(counts, 1)
     pk, pk_tasks = mean_pass_at_k(counts, k)
     resolved = sum(t.resolved for t in valid)
     metrics = {
-        "tasks": float(len(tasks)), "units": float(len({unit_of(t) for t in tasks})),
-        "attempts": float(len(trajectories)), "valid_attempts": float(len(valid)),
-        "resolved": float(resolved), "resolved_rate": resolved / len(valid) if valid else float("nan"),
-        "pass_at_1": p1, f"pass_at_{k}": pk, "pass_at_k_tasks": float(pk_tasks),
+        "tasks": float(len(tasks)),
+        "units": float(len({unit_of(t) for t in tasks})),
+        "attempts": float(len(trajectories)),
+        "valid_attempts": float(len(valid)),
+        "resolved": float(resolved),
+        "resolved_rate": resolved / len(valid) if valid else float("nan"),
+        "pass_at_1": p1,
+        f"pass_at_{k}": pk,
+        "pass_at_k_tasks": float(pk_tasks),
         "mean_steps": sum(t.num_assistant_steps for t in valid) / len(valid) if valid else float("nan"),
         "mean_completion_tokens": sum(t.completion_tokens for t in valid) / len(valid) if valid else float("nan"),
         "infra_errors": float(len(trajectories) - len(valid)),
@@ -177,8 +222,9 @@ def plot_resolved_rates(rows: list[dict], title: str, seed: int = 0) -> Any:
 
     groups: dict[str, list[tuple[int, int, str]]] = {}
     for i, r in enumerate(rows):  # rows without a unit (or task id) are their own unit
-        groups.setdefault(str(r["family"] or "-"), []).append((r["valid_attempts"], r["resolved"],
-                                                               str(r.get("unit") or r.get("task_id") or i)))
+        groups.setdefault(str(r["family"] or "-"), []).append(
+            (r["valid_attempts"], r["resolved"], str(r.get("unit") or r.get("task_id") or i))
+        )
     groups["all"] = [c for family in list(groups) for c in groups[family]]
     bars_data = []  # (name, rate %, below %, above %, n)
     for name, counts in groups.items():
@@ -223,11 +269,16 @@ def print_summary(result: EvalResult, title: str = "evaluation") -> None:
     ]
     if result.greedy_valid:
         lo, hi = result.greedy_resolved_rate_ci95  # type: ignore[misc]
-        rows.append(("greedy resolved [95% CI]", f"{result.greedy_resolved} / {result.greedy_valid} "
-                                                 f"[{lo:.3f}, {hi:.3f}]"))
+        rows.append(
+            ("greedy resolved [95% CI]", f"{result.greedy_resolved} / {result.greedy_valid} [{lo:.3f}, {hi:.3f}]")
+        )
     if result.hidden_pass_fraction_n:
-        rows.append(("hidden tests passing (mean share)",
-                     f"{result.mean_hidden_pass_fraction:.3f} (n={result.hidden_pass_fraction_n})"))
+        rows.append(
+            (
+                "hidden tests passing (mean share)",
+                f"{result.mean_hidden_pass_fraction:.3f} (n={result.hidden_pass_fraction_n})",
+            )
+        )
     for name, value in rows:
         table.add_row(name, value)
     Console().print(table)
@@ -244,14 +295,20 @@ def _greedy_summary(rows: list[dict], greedy: list[Trajectory], metrics: dict[st
     by_task = {t.task_id: t for t in greedy}
     for row in rows:
         traj = by_task.get(row["task_id"])
-        row["greedy_resolved"] = (float("nan") if traj is None or traj.outcome is Outcome.infra_error
-                                  else float(traj.resolved))
+        row["greedy_resolved"] = (
+            float("nan") if traj is None or traj.outcome is Outcome.infra_error else float(traj.resolved)
+        )
     valid = [t for t in greedy if t.outcome is not Outcome.infra_error]
     resolved = sum(t.resolved for t in valid)
     ci = clopper_pearson(resolved, len(valid)) if valid else (float("nan"), float("nan"))
-    metrics.update({"greedy_resolved": float(resolved), "greedy_valid": float(len(valid)),
-                    "greedy_resolved_rate": resolved / len(valid) if valid else float("nan"),
-                    "greedy_infra_errors": float(len(greedy) - len(valid))})
+    metrics.update(
+        {
+            "greedy_resolved": float(resolved),
+            "greedy_valid": float(len(valid)),
+            "greedy_resolved_rate": resolved / len(valid) if valid else float("nan"),
+            "greedy_infra_errors": float(len(greedy) - len(valid)),
+        }
+    )
     return {"greedy_resolved": resolved, "greedy_valid": len(valid), "greedy_resolved_rate_ci95": ci}
 
 
@@ -259,8 +316,13 @@ def _attempt_seed(base: int, task_index: int, attempt: int) -> int:
     return (base * 1_000_003 + task_index * 7_919 + attempt) % (2**31)
 
 
-def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | None, out_dir: str | Path,
-             tracking: TrackingConfig | None = None) -> EvalResult:
+def evaluate(
+    config: EvalConfig,
+    tasks_dir: str | Path,
+    model_dir: str | Path | None,
+    out_dir: str | Path,
+    tracking: TrackingConfig | None = None,
+) -> EvalResult:
     """Run k attempts per task and write per_task.parquet, trajectories/ and eval_result.json to out_dir."""
     import pandas as pd
     from tqdm import tqdm
@@ -290,8 +352,12 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
         if not hasattr(local, "policy"):
             with lock:
                 local.policy = shared or (spare.pop() if spare else make_policy(config, model_dir))
-        generation = config.harness.generation.model_copy(update={  # attempt GREEDY: temperature 0
-            "temperature": 0.0 if a == GREEDY else config.temperature, "seed": _attempt_seed(config.seed, index, a)})
+        generation = config.harness.generation.model_copy(
+            update={  # attempt GREEDY: temperature 0
+                "temperature": 0.0 if a == GREEDY else config.temperature,
+                "seed": _attempt_seed(config.seed, index, a),
+            }
+        )
         harness = config.harness.model_copy(update={"generation": generation})
         for retry in range(config.infra_retries + 1):
             traj = run_episode(task, recipe, local.policy, client, harness)
@@ -308,8 +374,12 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
     if config.greedy:
         jobs += [(i, task, GREEDY) for i, task in enumerate(tasks)]
     with stage_run("evaluate", config, tracking), config.sandbox.client() as client:
-        log_dataset_input([{"task_id": t.id, "family": t.family, "difficulty": t.difficulty, "seed": t.seed}
-                           for t in tasks], tasks_dir, name=f"{config.recipe}-{config.split}", context="evaluation")
+        log_dataset_input(
+            [{"task_id": t.id, "family": t.family, "difficulty": t.difficulty, "seed": t.seed} for t in tasks],
+            tasks_dir,
+            name=f"{config.recipe}-{config.split}",
+            context="evaluation",
+        )
         try:
             with concurrent.futures.ThreadPoolExecutor(max_workers=config.workers) as pool:
                 everything = list(tqdm(pool.map(attempt, jobs), total=len(jobs), desc="evaluate", leave=False))
@@ -323,8 +393,12 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
         if greedy:
             TrajectoryStore(out / "trajectories_greedy").append(greedy)
         sampling = config.harness.generation.model_dump(include={"max_new_tokens", "top_p"})
-        log_episode_traces(trajectories, config.traces, stage=(tracking.run_name if tracking else None) or "evaluate",
-                           sampling={**sampling, "temperature": config.temperature})
+        log_episode_traces(
+            trajectories,
+            config.traces,
+            stage=(tracking.run_name if tracking else None) or "evaluate",
+            sampling={**sampling, "temperature": config.temperature},
+        )
         rows, metrics = summarize_attempts(tasks, trajectories, config.k)
         greedy_fields = _greedy_summary(rows, greedy, metrics) if config.greedy else {}
         per_task = out / "per_task.parquet"
@@ -333,18 +407,29 @@ def evaluate(config: EvalConfig, tasks_dir: str | Path, model_dir: str | Path | 
         valid = int(metrics["valid_attempts"])
         units = [r["unit"] for r in rows]
         result = EvalResult(
-            policy_id=policy_id, tasks=len(tasks), units=int(metrics["units"]), attempts=len(trajectories),
-            valid_attempts=valid, resolved=int(metrics["resolved"]), resolved_rate=metrics["resolved_rate"],
+            policy_id=policy_id,
+            tasks=len(tasks),
+            units=int(metrics["units"]),
+            attempts=len(trajectories),
+            valid_attempts=valid,
+            resolved=int(metrics["resolved"]),
+            resolved_rate=metrics["resolved_rate"],
             resolved_rate_ci95=task_rate_ci([(r["valid_attempts"], r["resolved"]) for r in rows], units=units),
             pass_at_1=metrics["pass_at_1"],
             pass_at_1_ci95=task_mean_ci([r["pass_at_1"] for r in rows], attempts_per_task=config.k, units=units),
-            pass_at_k=metrics[f"pass_at_{config.k}"], k=config.k,
-            pass_at_k_tasks=int(metrics["pass_at_k_tasks"]), mean_steps=metrics["mean_steps"],
-            mean_completion_tokens=metrics["mean_completion_tokens"], infra_errors=int(metrics["infra_errors"]),
-            infra_error_rate=metrics["infra_error_rate"], infra_retries_used=retries_used,
+            pass_at_k=metrics[f"pass_at_{config.k}"],
+            k=config.k,
+            pass_at_k_tasks=int(metrics["pass_at_k_tasks"]),
+            mean_steps=metrics["mean_steps"],
+            mean_completion_tokens=metrics["mean_completion_tokens"],
+            infra_errors=int(metrics["infra_errors"]),
+            infra_error_rate=metrics["infra_error_rate"],
+            infra_retries_used=retries_used,
             mean_hidden_pass_fraction=metrics["hidden_pass_fraction_mean"],
             hidden_pass_fraction_n=int(metrics["hidden_pass_fraction_n"]),
-            per_task_path=str(per_task), trajectories_dir=str(out / "trajectories"), metrics=metrics,
+            per_task_path=str(per_task),
+            trajectories_dir=str(out / "trajectories"),
+            metrics=metrics,
             **greedy_fields,
         )
         for name in ("resolved_rate", "pass_at_1"):

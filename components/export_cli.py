@@ -36,8 +36,9 @@ def _trajectories(store_dir: str):
     return trajectories
 
 
-def export_tokens_from(store_dir: str, model: str, out: str, *, mode: SFTMode = "whole", logprobs: bool = False,
-                       device: str = "cpu") -> Path:
+def export_tokens_from(
+    store_dir: str, model: str, out: str, *, mode: SFTMode = "whole", logprobs: bool = False, device: str = "cpu"
+) -> Path:
     """The token-level dataset of the trajectories in `store_dir`, under `model`'s tokenizer, at `out`."""
     from components.core.modeling import LoadOptions, load_policy, load_tokenizer
     from components.sft.tokens import export_tokens
@@ -45,7 +46,7 @@ def export_tokens_from(store_dir: str, model: str, out: str, *, mode: SFTMode = 
     trajectories = _trajectories(store_dir)
     try:
         if logprobs:
-            scorer, tokenizer = load_policy(model, spec=LoadOptions(device=device))  # type: ignore[arg-type]
+            scorer, tokenizer = load_policy(model, spec=LoadOptions(device=device))
         else:
             scorer, tokenizer = None, load_tokenizer(model)
     except (OSError, ValueError) as err:
@@ -61,15 +62,20 @@ def export_openai_from(store_dir: str, out: str) -> Path:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="orchard export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="orchard export", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="format", required=True)
     p = sub.add_parser("tokens", help="token-level rows (ids, loss mask, logprobs, reward) as parquet")
     p.add_argument("--trajectories", required=True, help="a trajectory store directory (e.g. distill/trajectories)")
     p.add_argument("--model", required=True, help="checkpoint directory (or cached hub id) whose tokenizer renders")
     p.add_argument("--out", required=True, help="parquet file to write")
-    p.add_argument("--mode", default="whole", choices=["whole", "resolved_only", "credited"],
-                   help="the SFT loss rule that sets loss_mask (default: whole)")
+    p.add_argument(
+        "--mode",
+        default="whole",
+        choices=["whole", "resolved_only", "credited"],
+        help="the SFT loss rule that sets loss_mask (default: whole)",
+    )
     p.add_argument("--logprobs", action="store_true", help="fill response_logprobs by scoring with --model")
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"], help="where --logprobs scores")
     p = sub.add_parser("openai", help="OpenAI-messages rows (tools, messages, metadata) as parquet")
@@ -78,8 +84,9 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         if args.format == "tokens":
-            path = export_tokens_from(args.trajectories, args.model, args.out, mode=args.mode,
-                                      logprobs=args.logprobs, device=args.device)
+            path = export_tokens_from(
+                args.trajectories, args.model, args.out, mode=args.mode, logprobs=args.logprobs, device=args.device
+            )
         else:
             path = export_openai_from(args.trajectories, args.out)
     except ExportError as err:

@@ -44,17 +44,27 @@ class FakeTeacher:
         if patch is None:
             return [("submit", {})]
         body = patch if patch.endswith("\n") else patch + "\n"
-        return [("bash", {"command": f"git apply --whitespace=nowarn - <<'{PATCH_END}'\n{body}{PATCH_END}"}),
-                ("bash", {"command": "git diff --stat"}),
-                ("submit", {})]
+        return [
+            ("bash", {"command": f"git apply --whitespace=nowarn - <<'{PATCH_END}'\n{body}{PATCH_END}"}),
+            ("bash", {"command": "git diff --stat"}),
+            ("submit", {}),
+        ]
 
     def reply(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         plan = self.plan(self._patch_for(messages))
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         name, arguments = plan[min(turn, len(plan) - 1)]
-        return {"role": "assistant", "content": None,
-                "tool_calls": [{"id": f"call_{turn}", "type": "function",
-                                "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+        return {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": f"call_{turn}",
+                    "type": "function",
+                    "function": {"name": name, "arguments": json.dumps(arguments)},
+                }
+            ],
+        }
 
     def completion(self, body: dict[str, Any]) -> dict[str, Any]:
         """A chat completion for an OpenAI request body."""
@@ -63,10 +73,18 @@ class FakeTeacher:
         else:
             message, finish = self.reply(body.get("messages") or []), "tool_calls"
         text = json.dumps(message)
-        return {"id": f"chatcmpl-{time.time_ns()}", "object": "chat.completion", "created": int(time.time()),
-                "model": self.model, "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-                "usage": {"prompt_tokens": sum(len(str(m.get("content") or "")) // 4 for m in body.get("messages") or []),
-                          "completion_tokens": max(1, len(text) // 4), "total_tokens": 0}}
+        return {
+            "id": f"chatcmpl-{time.time_ns()}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": {
+                "prompt_tokens": sum(len(str(m.get("content") or "")) // 4 for m in body.get("messages") or []),
+                "completion_tokens": max(1, len(text) // 4),
+                "total_tokens": 0,
+            },
+        }
 
 
 def _instances(path: Path) -> list[dict[str, Any]]:
@@ -113,16 +131,29 @@ def make_server(teacher: FakeTeacher, host: str = "127.0.0.1", port: int = 8011)
                 self._send(400, {"error": {"message": "the body is not JSON"}})
                 return
             if body.get("model") != teacher.model:
-                self._send(404, {"error": {"message": f"model {body.get('model')!r} is not served; "
-                                                      f"this server serves {teacher.model!r}"}})
+                self._send(
+                    404,
+                    {
+                        "error": {
+                            "message": f"model {body.get('model')!r} is not served; "
+                            f"this server serves {teacher.model!r}"
+                        }
+                    },
+                )
                 return
             self._send(200, teacher.completion(body))
 
     return ThreadingHTTPServer((host, port), Handler)
 
 
-def serve(tasks_path: str | Path, host: str = "127.0.0.1", port: int = 8011, model: str = "fake-teacher",
-          detach: bool = False, pid_file: str | Path | None = None) -> int:
+def serve(
+    tasks_path: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8011,
+    model: str = "fake-teacher",
+    detach: bool = False,
+    pid_file: str | Path | None = None,
+) -> int:
     """Serve until Ctrl-C or SIGTERM. `detach`: return once the port listens, the server going on in a process of
     its own (its pid printed and written to `pid_file`), so a script can start it and go on at once."""
     import os
@@ -132,15 +163,20 @@ def serve(tasks_path: str | Path, host: str = "127.0.0.1", port: int = 8011, mod
     try:
         server = make_server(teacher, host, port)  # bound and listening from here: connections queue until served
     except OSError as err:
-        raise OSError(f"cannot listen on {host}:{port} ({err.strerror}): another fake teacher still running? Stop it, "
-                      "or pass --port N and use that port in the config's base_url") from None
+        raise OSError(
+            f"cannot listen on {host}:{port} ({err.strerror}): another fake teacher still running? Stop it, "
+            "or pass --port N and use that port in the config's base_url"
+        ) from None
     if detach:
         pid = os.fork()
         if pid:
             if pid_file:
                 Path(pid_file).write_text(f"{pid}\n")
-            print(f"fake teacher for {len(teacher.patches)} task(s) at http://{host}:{port}/v1 (model {model!r}), "
-                  f"pid {pid}: stop it with kill {pid}", flush=True)
+            print(
+                f"fake teacher for {len(teacher.patches)} task(s) at http://{host}:{port}/v1 (model {model!r}), "
+                f"pid {pid}: stop it with kill {pid}",
+                flush=True,
+            )
             os._exit(0)  # the parent: nothing of the server's to tear down, the child owns the socket now
         os.setsid()
         devnull = os.open(os.devnull, os.O_RDWR)
@@ -148,8 +184,11 @@ def serve(tasks_path: str | Path, host: str = "127.0.0.1", port: int = 8011, mod
             os.dup2(devnull, fd)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown, daemon=True).start())
     if not detach:
-        print(f"fake teacher for {len(teacher.patches)} task(s) of {tasks_path} at http://{host}:{port}/v1 "
-              f"(model {model!r}); Ctrl-C stops it", flush=True)
+        print(
+            f"fake teacher for {len(teacher.patches)} task(s) of {tasks_path} at http://{host}:{port}/v1 "
+            f"(model {model!r}); Ctrl-C stops it",
+            flush=True,
+        )
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -29,7 +29,7 @@ class PolicyPyfunc(PythonModel):
             ids = self.tokenizer(prompt, return_tensors="pt").input_ids
             with torch.no_grad():
                 gen = self.model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
-            out.append(self.tokenizer.decode(gen[0, ids.shape[1]:], skip_special_tokens=True))
+            out.append(self.tokenizer.decode(gen[0, ids.shape[1] :], skip_special_tokens=True))
         return out
 
 

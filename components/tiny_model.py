@@ -121,9 +121,14 @@ def _recipe_corpus(recipe_name: str, n: int) -> Iterator[str]:
         if task.reference_solution:
             yield task.reference_solution
         messages = [{"role": "system", "content": recipe.system_prompt(task)}, {"role": "user", "content": task.prompt}]
-        messages += [{"role": "assistant", "content": "", "tool_calls": [
-            {"type": "function", "function": {"name": call.name, "arguments": call.arguments}}]}
-            for call in recipe.reference_calls(task)]
+        messages += [
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": call.name, "arguments": call.arguments}}],
+            }
+            for call in recipe.reference_calls(task)
+        ]
         rendered, _ = render_jinja_template([messages], tools=tools, chat_template=CHAT_TEMPLATE)
         yield rendered[0]
 

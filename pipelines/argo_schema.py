@@ -33,8 +33,12 @@ def argo_schema(kind: str) -> dict:
     """The strict JSON schema of an Argo resource kind (Workflow, WorkflowTemplate, CronWorkflow)."""
     from hera.workflows import models
 
-    model = {"Workflow": models.Workflow, "WorkflowTemplate": models.WorkflowTemplate,
-             "CronWorkflow": models.CronWorkflow, "ClusterWorkflowTemplate": models.ClusterWorkflowTemplate}.get(kind)
+    model = {
+        "Workflow": models.Workflow,
+        "WorkflowTemplate": models.WorkflowTemplate,
+        "CronWorkflow": models.CronWorkflow,
+        "ClusterWorkflowTemplate": models.ClusterWorkflowTemplate,
+    }.get(kind)
     if model is None:
         raise ValueError(f"no Argo schema for kind {kind!r}")
     return _strict(model.model_json_schema(by_alias=True))

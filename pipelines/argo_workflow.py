@@ -67,39 +67,58 @@ def _requests(cpu: str, memory: str, gpu: bool = False) -> Resources:
 
 def _secrets(cluster: ClusterConfig) -> list:
     return [
-        SecretEnv(name="ORCHARD_SANDBOX_TOKEN", secret_name=_wf("sandbox_token_secret"),
-                  secret_key=cluster.sandbox_token_key),
-        SecretEnv(name="OPENAI_API_KEY", secret_name=_wf("endpoint_secret"), secret_key=cluster.endpoint_key,
-                  optional=True),
+        SecretEnv(
+            name="ORCHARD_SANDBOX_TOKEN", secret_name=_wf("sandbox_token_secret"), secret_key=cluster.sandbox_token_key
+        ),
+        SecretEnv(
+            name="OPENAI_API_KEY", secret_name=_wf("endpoint_secret"), secret_key=cluster.endpoint_key, optional=True
+        ),
     ]
 
 
-def _job_template(stage: stages.Stage, launch, cluster: ClusterConfig, inputs: list, gpu: bool,
-                  requests: tuple[str, str]) -> Resource:
+def _job_template(
+    stage: stages.Stage, launch, cluster: ClusterConfig, inputs: list, gpu: bool, requests: tuple[str, str]
+) -> Resource:
     """The stage as a PyTorchJob over the workflow's volume (claim `<workflow>-run-data`, as Argo names it)."""
     placeholders = (_wf("gpu_node_selector"), _wf("gpu_tolerations"))  # JSON parameters: unquoted in the YAML
     deadline = stage.timeout_seconds or cluster.stage_timeout_seconds
     manifest = pytorchjob.pytorchjob_manifest(
-        stage, launch, gpu=gpu, requests=requests, security_context=cluster.pod_security_context(),
-        generate_name=f"orchard-{stage.name}-", image=_wf("gpu_image" if gpu else "image"),
+        stage,
+        launch,
+        gpu=gpu,
+        requests=requests,
+        security_context=cluster.pod_security_context(),
+        generate_name=f"orchard-{stage.name}-",
+        image=_wf("gpu_image" if gpu else "image"),
         command=pytorchjob.job_command(stage.name, launch, RUN_DIR, "{{inputs.parameters.parent_run_id}}"),
-        claim_name="{{workflow.name}}-run-data", mount_path=DATA,
-        secret_env=pytorchjob.secret_env(_wf("sandbox_token_secret"), cluster.sandbox_token_key,
-                                         _wf("endpoint_secret"), cluster.endpoint_key),
-        node_selector=placeholders[0], tolerations=placeholders[1], deadline_seconds=deadline,
-        labels={WORKFLOW_LABEL: "{{workflow.name}}"})
+        claim_name="{{workflow.name}}-run-data",
+        mount_path=DATA,
+        secret_env=pytorchjob.secret_env(
+            _wf("sandbox_token_secret"), cluster.sandbox_token_key, _wf("endpoint_secret"), cluster.endpoint_key
+        ),
+        node_selector=placeholders[0],
+        tolerations=placeholders[1],
+        deadline_seconds=deadline,
+        labels={WORKFLOW_LABEL: "{{workflow.name}}"},
+    )
     return Resource(
-        name=stage.name, action="create", set_owner_reference=True,  # deleted with the workflow
+        name=stage.name,
+        action="create",
+        set_owner_reference=True,  # deleted with the workflow
         manifest=pytorchjob.to_yaml(manifest, unquoted=placeholders),
-        success_condition=pytorchjob.SUCCESS_CONDITION, failure_condition=pytorchjob.FAILURE_CONDITION,
-        inputs=inputs, retry_strategy=RetryStrategy(limit=stage.retries) if stage.retries else None,
+        success_condition=pytorchjob.SUCCESS_CONDITION,
+        failure_condition=pytorchjob.FAILURE_CONDITION,
+        inputs=inputs,
+        retry_strategy=RetryStrategy(limit=stage.retries) if stage.retries else None,
         # A job past its own deadline is failed by the operator with no pod counted as failed, which the
         # conditions above cannot see: the step's deadline, a little later, ends the wait.
-        active_deadline_seconds=deadline + JOB_DEADLINE_GRACE_SECONDS)
+        active_deadline_seconds=deadline + JOB_DEADLINE_GRACE_SECONDS,
+    )
 
 
-def build_workflow_template(cluster: ClusterConfig | None = None, defaults: PipelineConfig | None = None,
-                            namespace: str | None = None) -> WorkflowTemplate:
+def build_workflow_template(
+    cluster: ClusterConfig | None = None, defaults: PipelineConfig | None = None, namespace: str | None = None
+) -> WorkflowTemplate:
     cluster = cluster or ClusterConfig()
     defaults = defaults or PipelineConfig.preset_config("demo")  # also decides which stages are PyTorchJobs
     params = [p for p in pipeline_parameters(defaults, cluster) if p.argo]
@@ -109,13 +128,18 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
     claim = m.PersistentVolumeClaim(
         metadata=m.ObjectMeta(name="run-data"),
         spec=m.PersistentVolumeClaimSpec(
-            access_modes=[cluster.access_mode], storage_class_name=cluster.storage_class,
-            resources=m.VolumeResourceRequirements(requests={"storage": cluster.volume_size})))
+            access_modes=[cluster.access_mode],
+            storage_class_name=cluster.storage_class,
+            resources=m.VolumeResourceRequirements(requests={"storage": cluster.volume_size}),
+        ),
+    )
     data = m.VolumeMount(name="run-data", mount_path=DATA)
     # The persistent data store: an existing PVC (manifests/base/pipelines/data-store.yaml) every run shares; Argo
     # substitutes workflow parameters in `volumes`, so the claim is a parameter like the run volume's settings.
-    store_volume = m.Volume(name=DATA_STORE_VOLUME, persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(
-        claim_name=_wf("data_store_claim")))
+    store_volume = m.Volume(
+        name=DATA_STORE_VOLUME,
+        persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(claim_name=_wf("data_store_claim")),
+    )
     store = m.VolumeMount(name=DATA_STORE_VOLUME, mount_path=cluster.data_store_mount)
 
     with WorkflowTemplate(
@@ -136,17 +160,29 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
             name=stages.START,
             image=_wf("image"),
             command=["python", "-m", "pipelines.steps", stages.START],
-            args=["--run-dir", RUN_DIR, "--outputs-dir", "/tmp/outputs",
-                  *[a for x in params if x.start for a in ("--param", f"{x.name}={_wf(x.name)}")]],
+            args=[
+                "--run-dir",
+                RUN_DIR,
+                "--outputs-dir",
+                "/tmp/outputs",
+                *[a for x in params if x.start for a in ("--param", f"{x.name}={_wf(x.name)}")],
+            ],
             # Global outputs, so the exit handler can read them after any failure.
-            outputs=[Parameter(name=n, value_from=ValueFrom(path=f"/tmp/outputs/{n}"), global_name=n)
-                     for n in STEP_INPUTS],
+            outputs=[
+                Parameter(name=n, value_from=ValueFrom(path=f"/tmp/outputs/{n}"), global_name=n) for n in STEP_INPUTS
+            ],
             resources=step,
             volume_mounts=[data],
         )
         inputs = [Parameter(name=n) for n in STEP_INPUTS]
-        step_args = ["--run-dir", RUN_DIR, "--config-json", "{{inputs.parameters.config_json}}",
-                     "--parent-run-id", "{{inputs.parameters.parent_run_id}}"]
+        step_args = [
+            "--run-dir",
+            RUN_DIR,
+            "--config-json",
+            "{{inputs.parameters.config_json}}",
+            "--parent-run-id",
+            "{{inputs.parameters.parent_run_id}}",
+        ]
         templates = {}
         for stage in stages.STAGES:
             launch, gpu = stage.launch(defaults), stage.wants_gpu(defaults)
@@ -162,22 +198,39 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
                 env=_secrets(cluster),
                 resources=_requests(*stage.requests(defaults), gpu=gpu),
                 # nodeSelector and tolerations come from workflow parameters (JSON), hence a patch.
-                pod_spec_patch=('{"nodeSelector": %s, "tolerations": %s}'
-                                % (_wf("gpu_node_selector"), _wf("gpu_tolerations"))) if gpu else None,
+                pod_spec_patch=(
+                    '{"nodeSelector": %s, "tolerations": %s}' % (_wf("gpu_node_selector"), _wf("gpu_tolerations"))
+                )
+                if gpu
+                else None,
                 retry_strategy=RetryStrategy(limit=stage.retries) if stage.retries else None,
                 active_deadline_seconds=stage.timeout_seconds or cluster.stage_timeout_seconds,
                 volume_mounts=[data, store] if stage.store_volume else [data],
             )
         report = Container(
-            name=stages.REPORT, image=_wf("image"), command=["python", "-m", "pipelines.steps", stages.REPORT],
-            args=step_args, inputs=inputs, env=_secrets(cluster), resources=step, volume_mounts=[data])
+            name=stages.REPORT,
+            image=_wf("image"),
+            command=["python", "-m", "pipelines.steps", stages.REPORT],
+            args=step_args,
+            inputs=inputs,
+            env=_secrets(cluster),
+            resources=step,
+            volume_mounts=[data],
+        )
         Container(  # exit handler: a run that died before `report` must not stay RUNNING in MLflow
             name=stages.CLOSE,
             image=_wf("image"),
             command=["python", "-m", "pipelines.steps", stages.CLOSE],
-            args=["--run-dir", RUN_DIR, "--status", "{{workflow.status}}",
-                  "--config-json", "{{workflow.outputs.parameters.config_json}}",
-                  "--parent-run-id", "{{workflow.outputs.parameters.parent_run_id}}"],
+            args=[
+                "--run-dir",
+                RUN_DIR,
+                "--status",
+                "{{workflow.status}}",
+                "--config-json",
+                "{{workflow.outputs.parameters.config_json}}",
+                "--parent-run-id",
+                "{{workflow.outputs.parameters.parent_run_id}}",
+            ],
             resources=step,
         )
 
@@ -196,8 +249,14 @@ def build_workflow_template(cluster: ClusterConfig | None = None, defaults: Pipe
     return wt
 
 
-def build_cron_workflow(schedule: str = "0 3 * * 0", cluster: ClusterConfig | None = None, *, timezone: str = "UTC",
-                        namespace: str | None = None, parameters: dict[str, str] | None = None) -> CronWorkflow:
+def build_cron_workflow(
+    schedule: str = "0 3 * * 0",
+    cluster: ClusterConfig | None = None,
+    *,
+    timezone: str = "UTC",
+    namespace: str | None = None,
+    parameters: dict[str, str] | None = None,
+) -> CronWorkflow:
     """Scheduled retraining: runs the WorkflowTemplate on a cron schedule, one run at a time."""
     cluster = cluster or ClusterConfig()
     return CronWorkflow(
@@ -212,7 +271,9 @@ def build_cron_workflow(schedule: str = "0 3 * * 0", cluster: ClusterConfig | No
         service_account_name=cluster.service_account,
         workflow_template_ref=WorkflowTemplateRef(name=TEMPLATE_NAME),
         # The retraining knobs are always stated on the schedule (defaults from the parameter list).
-        arguments=[Parameter(name=k, value=argo_text(v))
-                   for k, v in {**retrain_arguments(cluster=cluster), **(parameters or {})}.items()],
+        arguments=[
+            Parameter(name=k, value=argo_text(v))
+            for k, v in {**retrain_arguments(cluster=cluster), **(parameters or {})}.items()
+        ],
         labels=LABELS,
     )

@@ -3,7 +3,8 @@
 Every value here is a pipeline parameter default (KFP and Argo) or a field of the compiled YAML;
 `tests/manifests/test_pipeline_references.py` renders `kubectl kustomize manifests/overlays/{dev,prod}`
 and checks that each Secret, Service, ServiceAccount and PVC named here exists there (or is created
-by a command in the cluster quickstart, docs/pipelines/cluster-quickstart.md). Change a name here and in the manifests together.
+by a command in the cluster quickstart, docs/pipelines/cluster-quickstart.md). Change a name here and in the manifests
+together.
 
 Images follow one scheme everywhere (Makefile, overlays, compiled YAML): `<registry>/<name>:<tag>`.
 """
@@ -50,7 +51,9 @@ def overlay_images(overlay: str | Path) -> tuple[str, str]:
             continue
         new_registry, _, new_name = (entry.get("newName") or entry["name"]).rpartition("/")
         if new_name != name:
-            raise ValueError(f"{path}: image {entry['name']} is renamed to {new_name}; keep the name, change the registry")
+            raise ValueError(
+                f"{path}: image {entry['name']} is renamed to {new_name}; keep the name, change the registry"
+            )
         found.add((new_registry, str(entry.get("newTag", VERSION))))
     if len(found) > 1:
         raise ValueError(f"{path}: the orchard images point at several registries/tags {sorted(found)}; use one")
@@ -71,52 +74,68 @@ class ClusterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     namespace: str = Field("orchard", description="Namespace of the sandbox service, MLflow and pipeline pods.")
     sandbox_namespace: str = Field(
-        "orchard-sandboxes", description="Namespace of sandbox pods, their Secrets and NetworkPolicies, and the only "
-                                         "one where the sandbox service may create anything (ORCHARD_K8S_NAMESPACE).")
+        "orchard-sandboxes",
+        description="Namespace of sandbox pods, their Secrets and NetworkPolicies, and the only "
+        "one where the sandbox service may create anything (ORCHARD_K8S_NAMESPACE).",
+    )
     sandbox_service: str = Field("orchard-sandbox-service", description="Service of the sandbox API.")
     sandbox_port: int = Field(8765, description="Port of the sandbox API Service.")
     mlflow_service: str = Field("orchard-mlflow", description="Service of the MLflow tracking server.")
     mlflow_port: int = Field(5000, description="Port of the MLflow Service.")
     sandbox_token_secret: str = Field("orchard-api-token", description="Secret holding the sandbox API token.")
     sandbox_token_key: str = Field("token", description="Key of the token in that Secret.")
-    endpoint_secret: str = Field("orchard-endpoints",
-                                 description="Optional Secret with the model endpoints' API key (teacher, judge).")
+    endpoint_secret: str = Field(
+        "orchard-endpoints", description="Optional Secret with the model endpoints' API key (teacher, judge)."
+    )
     endpoint_key: str = Field("api-key", description="Key of the API key in that Secret.")
     service_account: str = Field("orchard-pipeline", description="ServiceAccount pipeline pods run as.")
     storage_class: str | None = Field(
-        None, description="StorageClass of the run volume. None: the cluster's default class (the field is left "
-                          "out of the claim; `storageClassName: \"\"` would mean *no* class, i.e. no dynamic "
-                          "provisioning, and the claim would stay Pending).")
+        None,
+        description="StorageClass of the run volume. None: the cluster's default class (the field is left "
+        'out of the claim; `storageClassName: ""` would mean *no* class, i.e. no dynamic '
+        "provisioning, and the claim would stay Pending).",
+    )
     access_mode: str = Field(
         "ReadWriteOnce",
         description="Access mode of the run volume. ReadWriteOnce works on every cluster but keeps a run's "
-                    "pods on one node; use ReadWriteMany (NFS, CephFS, EFS) to spread them.")
-    volume_size: str = Field("20Gi", pattern=r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$",
-                             description="Size of the run volume (stores, checkpoints), a Kubernetes quantity; "
-                                         "compiled into the Argo template, a parameter of the KFP pipeline.")
+        "pods on one node; use ReadWriteMany (NFS, CephFS, EFS) to spread them.",
+    )
+    volume_size: str = Field(
+        "20Gi",
+        pattern=r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$",
+        description="Size of the run volume (stores, checkpoints), a Kubernetes quantity; "
+        "compiled into the Argo template, a parameter of the KFP pipeline.",
+    )
     # The persistent data store (retrain.data_store) outlives every run, unlike the run volume: a PVC the
     # manifests create (manifests/base/pipelines/data-store.yaml), mounted by the stages that touch the store.
     data_store_claim: str = Field("orchard-data-store", description="PVC of the persistent data store.")
-    data_store_mount: str = Field("/orchard-store", pattern=r"^/",
-                                  description="Where the store's stages mount that PVC (absolute).")
+    data_store_mount: str = Field(
+        "/orchard-store", pattern=r"^/", description="Where the store's stages mount that PVC (absolute)."
+    )
     data_store_access_mode: str = Field(
         "ReadWriteMany",
         description="Access mode of the data store PVC: runs' provision and accumulate pods on any node share it. "
-                    "kind's default provisioner (local-path) only offers ReadWriteOnce (the dev overlay's): "
-                    "then every pod mounting it must run on one node.")
+        "kind's default provisioner (local-path) only offers ReadWriteOnce (the dev overlay's): "
+        "then every pod mounting it must run on one node.",
+    )
     data_store_size: str = Field("50Gi", description="Size of the data store PVC (it grows with every run).")
     # The store's StorageClass is a manifest setting, not a compiled one: the PVC is created by
     # `kubectl apply -k`, and an overlay names an RWX class with the component manifests/components/
     # data-store-class (GKE: Filestore `standard-rwx`; EKS: an EFS class, e.g. `efs-sc`; AKS: `azurefile-csi`).
     stage_uid: int = Field(
-        10001, ge=1, description="uid of the stage image's user (docker/stage-runtime/Dockerfile): stage pods run as "
-                                 "it with fsGroup = it, so fresh volumes (root-owned on GKE PD, EBS, Azure Disk) are "
-                                 "writable.")
+        10001,
+        ge=1,
+        description="uid of the stage image's user (docker/stage-runtime/Dockerfile): stage pods run as "
+        "it with fsGroup = it, so fresh volumes (root-owned on GKE PD, EBS, Azure Disk) are "
+        "writable.",
+    )
     gpu_node_selector: dict[str, str] = Field(
         default_factory=lambda: {"orchard.dev/pool": "gpu"},
-        description="nodeSelector of the GPU stages (label your GPU nodes with it, or set {} to drop it).")
+        description="nodeSelector of the GPU stages (label your GPU nodes with it, or set {} to drop it).",
+    )
     gpu_tolerations: list[Toleration] = Field(
-        default_factory=lambda: [Toleration(key="nvidia.com/gpu")], description="Tolerations of the GPU stages.")
+        default_factory=lambda: [Toleration(key="nvidia.com/gpu")], description="Tolerations of the GPU stages."
+    )
     stage_timeout_seconds: int = Field(6 * 3600, ge=60, description="Deadline of one stage's pod.")
     image_registry: str = Field(DEFAULT_REGISTRY, description="Registry prefix of every image.")
     image_tag: str = Field(VERSION, description="Tag of every image.")
@@ -140,8 +159,13 @@ class ClusterConfig(BaseModel):
     def pod_security_context(self) -> dict:
         """The pod securityContext of every stage pod (Argo workflow pods, PyTorchJob replicas): fsGroup makes the
         kubelet give mounted volumes to the stage's group; OnRootMismatch skips the walk when already owned."""
-        return {"runAsUser": self.stage_uid, "runAsGroup": self.stage_uid, "runAsNonRoot": True,
-                "fsGroup": self.stage_uid, "fsGroupChangePolicy": "OnRootMismatch"}
+        return {
+            "runAsUser": self.stage_uid,
+            "runAsGroup": self.stage_uid,
+            "runAsNonRoot": True,
+            "fsGroup": self.stage_uid,
+            "fsGroupChangePolicy": "OnRootMismatch",
+        }
 
     def tolerations_json(self) -> list[dict]:
         return [t.model_dump(exclude_none=True) for t in self.gpu_tolerations]

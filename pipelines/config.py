@@ -56,11 +56,15 @@ class FailurePolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     max_infra_error_rate: float = Field(
-        1.0, gt=0.0, le=1.0,
+        1.0,
+        gt=0.0,
+        le=1.0,
         description="A stage fails when at least this share of its episodes ended in infrastructure errors "
-                    "(1.0: only when all of them did).")
+        "(1.0: only when all of them did).",
+    )
     per_stage: dict[str, float] = Field(
-        default_factory=dict, description="Per-stage overrides of max_infra_error_rate, by stage name.")
+        default_factory=dict, description="Per-stage overrides of max_infra_error_rate, by stage name."
+    )
     reasons_shown: int = Field(3, ge=1, description="Distinct infrastructure-error reasons quoted in the failure.")
 
     def limit(self, stage: str) -> float:
@@ -72,8 +76,10 @@ class RunHarness(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     tool_format: ToolFormatSetting | None = Field(
-        None, description="The trained model's tool-call format, copied into sft.tool_format, "
-                          "rl.harness.tool_format and evaluate.harness.tool_format (None: those three as set).")
+        None,
+        description="The trained model's tool-call format, copied into sft.tool_format, "
+        "rl.harness.tool_format and evaluate.harness.tool_format (None: those three as set).",
+    )
 
 
 # Kubernetes quantities: a CPU count or millicores ("2", "500m"); memory with a binary suffix ("8Gi", "512Mi").
@@ -87,15 +93,20 @@ class PodResources(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     gpu: bool = Field(
-        True, description="The GPU-capable stages (sft, rl) request nvidia.com/gpu (one per process), use the GPU "
-                          "image and go to the GPU nodes (ClusterConfig.gpu_node_selector/tolerations). False: "
-                          "they run on CPU on any node (the demo and tiny presets).")
+        True,
+        description="The GPU-capable stages (sft, rl) request nvidia.com/gpu (one per process), use the GPU "
+        "image and go to the GPU nodes (ClusterConfig.gpu_node_selector/tolerations). False: "
+        "they run on CPU on any node (the demo and tiny presets).",
+    )
     stage_cpu: str = Field("2", pattern=_CPU, description="CPU request of each CPU stage (provision, distill, ...).")
     stage_memory: str = Field("8Gi", pattern=_MEMORY, description="Memory request and limit of each CPU stage.")
     train_cpu: str = Field("4", pattern=_CPU, description="CPU request of sft and rl (per PyTorchJob replica).")
-    train_memory: str = Field("16Gi", pattern=_MEMORY, description="Memory request and limit of sft and rl (per PyTorchJob replica).")
-    step_cpu: str = Field("250m", pattern=_CPU,
-                          description="CPU request of the light steps: start, report, close-run, job launchers.")
+    train_memory: str = Field(
+        "16Gi", pattern=_MEMORY, description="Memory request and limit of sft and rl (per PyTorchJob replica)."
+    )
+    step_cpu: str = Field(
+        "250m", pattern=_CPU, description="CPU request of the light steps: start, report, close-run, job launchers."
+    )
     step_memory: str = Field("1Gi", pattern=_MEMORY, description="Memory request and limit of the light steps.")
 
 
@@ -106,41 +117,56 @@ class PipelineConfig(BaseModel):
 
     # --- The run -------------------------------------------------------------------------------
     preset: str = Field("demo", description="Preset the config started from (recorded for provenance).")
-    recipe: RecipeName = Field("swe", description="Task recipe of every stage: swe, gui, claw or a recipe "
-                                                  "another package registers (docs/guides/add-a-recipe.md).")
+    recipe: RecipeName = Field(
+        "swe",
+        description="Task recipe of every stage: swe, gui, claw or a recipe "
+        "another package registers (docs/guides/add-a-recipe.md).",
+    )
     seed: int = Field(0, description="Seed of every stage (tasks, teacher, sampling, initialisation, data order).")
     sandbox_url: str | None = Field(None, description="Sandbox service URL (None: the local runner starts one).")
     tracking_uri: str | None = Field(None, description="MLflow URI (None: sqlite:///<runs dir>/mlflow.db).")
     experiment: str = Field("orchard", description="MLflow experiment.")
     register_model_name: str | None = Field(
-        "orchard-policy", description="Registered model the promotion gate registers a promoted model under "
-                                      "(None: no gate, nothing registered); copied to promote.model_name.")
+        "orchard-policy",
+        description="Registered model the promotion gate registers a promoted model under "
+        "(None: no gate, nothing registered); copied to promote.model_name.",
+    )
     failure: FailurePolicy = Field(default_factory=FailurePolicy, description="When a stage fails loudly.")
-    resources: PodResources = Field(default_factory=PodResources,
-                                    description="On a cluster: each pod's requests, and whether sft/rl get a GPU.")
-    retrain: RetrainConfig = Field(default_factory=RetrainConfig,
-                                   description="Scheduled retraining (accumulate stage; init-policy's start_from).")
-    harness: RunHarness = Field(default_factory=RunHarness,
-                                description="Harness settings of every stage that samples the trained model.")
+    resources: PodResources = Field(
+        default_factory=PodResources, description="On a cluster: each pod's requests, and whether sft/rl get a GPU."
+    )
+    retrain: RetrainConfig = Field(
+        default_factory=RetrainConfig, description="Scheduled retraining (accumulate stage; init-policy's start_from)."
+    )
+    harness: RunHarness = Field(
+        default_factory=RunHarness, description="Harness settings of every stage that samples the trained model."
+    )
     traces: TraceConfig | None = Field(
-        None, description="Episodes as MLflow traces in every stage that has them (evaluate, evaluate_teacher, rl), "
-                          "e.g. traces.enabled=false (None: each stage's own `traces`).")
+        None,
+        description="Episodes as MLflow traces in every stage that has them (evaluate, evaluate_teacher, rl), "
+        "e.g. traces.enabled=false (None: each stage's own `traces`).",
+    )
 
     # --- The stages' own configs (one section per stage; names as in pipelines/stages.py) -------
     provision: ProvisionConfig = Field(default_factory=ProvisionConfig, description="provision stage.")
-    model: InitPolicyConfig = Field(default_factory=InitPolicyConfig,
-                                    description="init-policy stage: a checkpoint (path) or the tiny model; load options.")
+    model: InitPolicyConfig = Field(
+        default_factory=InitPolicyConfig,
+        description="init-policy stage: a checkpoint (path) or the tiny model; load options.",
+    )
     distill: DistillConfig = Field(default_factory=DistillConfig, description="distill stage.")
     credit: CreditConfig = Field(default_factory=CreditConfig, description="credit stage.")
     sft: SFTConfig = Field(default_factory=SFTConfig, description="sft stage.")
     rl: RLConfig = Field(default_factory=RLConfig, description="rl stage.")
-    evaluate: EvalConfig = Field(default_factory=EvalConfig,
-                                 description="evaluate-untrained, evaluate-sft and evaluate-rl stages.")
+    evaluate: EvalConfig = Field(
+        default_factory=EvalConfig, description="evaluate-untrained, evaluate-sft and evaluate-rl stages."
+    )
     evaluate_teacher: EvalConfig = Field(
         default_factory=lambda: EvalConfig(policy="scripted"),
-        description="evaluate-teacher stage: the reference row (scripted teacher, or an endpoint).")
-    promote: PromotionConfig = Field(default_factory=PromotionConfig,
-                                     description="promote stage: when the final model replaces the champion.")
+        description="evaluate-teacher stage: the reference row (scripted teacher, or an endpoint).",
+    )
+    promote: PromotionConfig = Field(
+        default_factory=PromotionConfig, description="promote stage: when the final model replaces the champion."
+    )
 
     @model_validator(mode="after")
     def _share_run_fields(self) -> PipelineConfig:
@@ -151,15 +177,19 @@ class PipelineConfig(BaseModel):
         tokenizer = self.model.tiny.tokenizer
         if "corpus_recipes" not in tokenizer.model_fields_set:
             tokenizer = tokenizer.model_copy(update={"corpus_recipes": [self.recipe]})
-        self.model = self.model.model_copy(update={"tiny": self.model.tiny.model_copy(
-            update={"seed": self.seed, "tokenizer": tokenizer})})
+        self.model = self.model.model_copy(
+            update={"tiny": self.model.tiny.model_copy(update={"seed": self.seed, "tokenizer": tokenizer})}
+        )
         for name in stage_sections():
             stage = getattr(self, name)
             update: dict[str, Any] = {f: getattr(self, f) for f in SHARED_FIELDS if f in type(stage).model_fields}
             if "sandbox" in type(stage).model_fields:
                 update["sandbox"] = sandbox or stage.sandbox.model_copy(update={"token": None})
-            if name != "model" and type(stage).model_fields.get("model") is not None and \
-                    type(stage).model_fields["model"].annotation is ModelConfig:
+            if (
+                name != "model"
+                and type(stage).model_fields.get("model") is not None
+                and type(stage).model_fields["model"].annotation is ModelConfig
+            ):
                 update["model"] = self.model.tiny
             if name != "model" and "load" in type(stage).model_fields:
                 update["load"] = LoadOptions(**{f: getattr(self.model, f) for f in LoadOptions.model_fields})
@@ -170,16 +200,24 @@ class PipelineConfig(BaseModel):
             self.sft = self.sft.model_copy(update={"tool_format": fmt})
             for name in ("rl", "evaluate"):
                 section = getattr(self, name)
-                setattr(self, name, section.model_copy(
-                    update={"harness": section.harness.model_copy(update={"tool_format": fmt})}))
+                setattr(
+                    self,
+                    name,
+                    section.model_copy(update={"harness": section.harness.model_copy(update={"tool_format": fmt})}),
+                )
         if self.traces is not None:
             for name in ("evaluate", "evaluate_teacher", "rl"):
                 setattr(self, name, getattr(self, name).model_copy(update={"traces": self.traces}))
-        formats = {"sft.tool_format": self.sft.tool_format, "rl.harness.tool_format": self.rl.harness.tool_format,
-                   "evaluate.harness.tool_format": self.evaluate.harness.tool_format}
+        formats = {
+            "sft.tool_format": self.sft.tool_format,
+            "rl.harness.tool_format": self.rl.harness.tool_format,
+            "evaluate.harness.tool_format": self.evaluate.harness.tool_format,
+        }
         if len(set(formats.values())) > 1:
-            raise ValueError(f"one tool format for the trained model, got {formats}; set all three at once with "
-                             "harness.tool_format=...")
+            raise ValueError(
+                f"one tool format for the trained model, got {formats}; set all three at once with "
+                "harness.tool_format=..."
+            )
         _check_imported_tasks(self)
         # The data store is one setting (retrain.data_store); provision draws its new task seeds from it.
         self.provision = self.provision.model_copy(update={"data_store": self.retrain.data_store})
@@ -205,8 +243,14 @@ def _check_imported_tasks(config: PipelineConfig) -> None:
     """Imported tasks (SWE-bench) carry no reference fix: a scripted teacher cannot solve them."""
     if config.provision.source.kind == "generator":
         return
-    scripted = [name for name, kind in (("distill.teacher", config.distill.teacher),
-                                        ("evaluate_teacher.policy", config.evaluate_teacher.policy)) if kind == "scripted"]
+    scripted = [
+        name
+        for name, kind in (
+            ("distill.teacher", config.distill.teacher),
+            ("evaluate_teacher.policy", config.evaluate_teacher.policy),
+        )
+        if kind == "scripted"
+    ]
     teacher = config.credit.monte_carlo.teacher
     if config.credit.estimator == "monte_carlo" and (teacher is None or teacher.kind == "scripted"):
         scripted.append("credit.monte_carlo.teacher")
@@ -216,13 +260,17 @@ def _check_imported_tasks(config: PipelineConfig) -> None:
             f"{'uses' if len(scripted) == 1 else 'use'} the scripted teacher, which only solves generated tasks; give "
             "each an endpoint: distill.teacher=openai "
             "with distill.openai={...}, evaluate_teacher.policy=openai with evaluate_teacher.endpoint={...}, "
-            "credit.monte_carlo.teacher={\"kind\": \"openai\", \"endpoint\": {...}} or credit.estimator=judge")
+            'credit.monte_carlo.teacher={"kind": "openai", "endpoint": {...}} or credit.estimator=judge'
+        )
 
 
 def stage_sections() -> list[str]:
     """PipelineConfig fields that are a stage's own config."""
-    return [n for n, f in PipelineConfig.model_fields.items()
-            if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and n not in _RUN_SECTIONS]
+    return [
+        n
+        for n, f in PipelineConfig.model_fields.items()
+        if isinstance(f.annotation, type) and issubclass(f.annotation, BaseModel) and n not in _RUN_SECTIONS
+    ]
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -239,6 +287,7 @@ def deep_merge(base: dict, override: dict) -> dict:
 def overrides_of(config: PipelineConfig) -> dict[str, Any]:
     """The dotted settings where `config` departs from its preset (what `--set` changed), e.g. for a
     compiled pipeline's `overrides_json` default, so a run without parameters gets the compiled config."""
+
     def flat(data: dict, prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in data.items():
@@ -285,11 +334,15 @@ def _refuse_shared_per_stage(flat: dict[str, Any]) -> None:
     for key in flat:
         parts = key.split(".")
         if len(parts) == 2 and parts[0] in stage_sections() and parts[1] in (*SHARED_FIELDS, "sandbox"):
-            raise ConfigError(f"--set {key}: {parts[1]} is one value for the whole run; "
-                              f"set it at the top level (--set {parts[1]}=...)")
+            raise ConfigError(
+                f"--set {key}: {parts[1]} is one value for the whole run; "
+                f"set it at the top level (--set {parts[1]}=...)"
+            )
         if key == "provision.data_store":
-            raise ConfigError("--set provision.data_store: the data store is one setting for the whole run; "
-                              "set retrain.data_store=...")
+            raise ConfigError(
+                "--set provision.data_store: the data store is one setting for the whole run; "
+                "set retrain.data_store=..."
+            )
 
 
 def validate(data: dict) -> PipelineConfig:
@@ -301,14 +354,20 @@ def validate(data: dict) -> PipelineConfig:
         for err in e.errors():
             where = ".".join(str(p) for p in err["loc"]) or "config"
             # a section's own check (a model validator) says what it needs: the section's dump adds nothing
-            given = "" if err["type"] == "missing" or isinstance(err.get("input"), dict) else f" (got {err.get('input')!r})"
+            given = (
+                "" if err["type"] == "missing" or isinstance(err.get("input"), dict) else f" (got {err.get('input')!r})"
+            )
             hint = "; `orchard config show` lists the fields" if err["type"] == "extra_forbidden" else ""
             problems.append(f"{where}: {err['msg'].removeprefix('Value error, ')}{given}{hint}")
         raise ConfigError("; ".join(problems)) from None
 
 
-def resolve(preset: str = "demo", sets: list[str] | None = None, config_file: str | Path | None = None,
-            overrides: dict | None = None) -> PipelineConfig:
+def resolve(
+    preset: str = "demo",
+    sets: list[str] | None = None,
+    config_file: str | Path | None = None,
+    overrides: dict | None = None,
+) -> PipelineConfig:
     """The run's config: a preset, then a JSON/YAML file of overrides, then `overrides`, then `--set` items."""
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of {', '.join(sorted(PRESETS))}")
@@ -356,20 +415,45 @@ def _read_file(path: Path) -> dict:
 # with few wrong edits. RL runs BAR on the SFT model; each policy is evaluated on 16 held-out tasks, k = 4 at
 # RL's temperature and greedy. The report says whether RL beat SFT (paired interval) and how far RL moved it.
 _DEMO: dict[str, Any] = {
-    "provision": {"n_train": 40, "n_heldout": 16, "n_validation": 16, "difficulty": 1,
-                  "recipe_options": {"families": ["off_by_one", "wrong_operator"],
-                                     "packages": ["mathkit", "listutil"]}},
-    "model": {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_experts": 4,
-                       "tokenizer": {"vocab_size": 2048, "corpus_tasks": 64}}},
-    "distill": {"teacher": "scripted", "error_rate": 0.1, "attempts_per_task": 1, "max_parallel": 2,
-                "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
+    "provision": {
+        "n_train": 40,
+        "n_heldout": 16,
+        "n_validation": 16,
+        "difficulty": 1,
+        "recipe_options": {"families": ["off_by_one", "wrong_operator"], "packages": ["mathkit", "listutil"]},
+    },
+    "model": {
+        "tiny": {
+            "hidden_size": 128,
+            "num_hidden_layers": 2,
+            "num_experts": 4,
+            "tokenizer": {"vocab_size": 2048, "corpus_tasks": 64},
+        }
+    },
+    "distill": {
+        "teacher": "scripted",
+        "error_rate": 0.1,
+        "attempts_per_task": 1,
+        "max_parallel": 2,
+        "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}},
+    },
     # k = 3 continuations per key state with the noise bar on (z = 2): a step is credited when all three flip from
     # failure to success (components/credit/monte_carlo.py, departure 2), which a flat value curve does for 1-2 % of
     # its steps; k = 1 with the bar off (the earlier setting) credited 16-22 %. 3x the continuations of k = 1.
-    "credit": {"estimator": "monte_carlo", "max_trajectories": 3, "segments": {"epsilon": 0.05},
-               "monte_carlo": {"k": 3, "stride": 3, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 2}},
-    "sft": {"mode": "credited", "steps": 200, "learning_rate": 3e-3, "batch_size": 8, "max_len": 1024,
-            "warmup_steps": 6},
+    "credit": {
+        "estimator": "monte_carlo",
+        "max_trajectories": 3,
+        "segments": {"epsilon": 0.05},
+        "monte_carlo": {"k": 3, "stride": 3, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 2},
+    },
+    "sft": {
+        "mode": "credited",
+        "steps": 200,
+        "learning_rate": 3e-3,
+        "batch_size": 8,
+        "max_len": 1024,
+        "warmup_steps": 6,
+    },
     # RL that does real work in minutes: 20 updates of 8 prompts each on the SFT model, TRL's GRPO with
     # BAR groups of 2 from up to 4 attempts (a group needs one success and one failure), refill pulling up to 2
     # more prompts a step to replace uniform ones, the pool baseline. A step then costs at most 10 prompts x 4 = 40
@@ -381,37 +465,86 @@ _DEMO: dict[str, Any] = {
     # it by ~3e-3 a step, so RL can change the policy without erasing it (at 5e-5 and 5 updates it moved nothing).
     # T = 0.5: at T = 1 the demo's SFT model garbles a token of its 50-token edit in nearly every episode (0 of 40
     # resolved on training tasks it resolves greedily), so no group is mixed.
-    "rl": {"steps": 20, "rollout_budget": 800, "learning_rate": 1e-4, "kl_coef": 0.01, "temperature": 0.5,
-           "rollout": {"sampler": "bar", "group_size": 2, "max_rollouts_per_prompt": 4, "stride": 2,
-                       "batch_prompts": 8, "max_prompts_per_batch": 2, "refill": True},
-           "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}}},
+    "rl": {
+        "steps": 20,
+        "rollout_budget": 800,
+        "learning_rate": 1e-4,
+        "kl_coef": 0.01,
+        "temperature": 0.5,
+        "rollout": {
+            "sampler": "bar",
+            "group_size": 2,
+            "max_rollouts_per_prompt": 4,
+            "stride": 2,
+            "batch_prompts": 8,
+            "max_prompts_per_batch": 2,
+            "refill": True,
+        },
+        "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}},
+    },
     # Each policy on the 16 held-out tasks: k = 4 attempts at RL's training temperature (pass@1 per task from four
     # samples; the same attempt seeds for every model) and one greedy attempt. One model's turns are batched over
     # 8 concurrent episodes (batch_local).
-    "evaluate": {"k": 4, "temperature": 0.5, "greedy": True, "workers": 8, "batch_local": True,
-                 "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}}},
-    "evaluate_teacher": {"policy": "scripted", "k": 1, "scripted_error_rate": 0.1, "workers": 2,
-                         "harness": {"max_steps": 12, "generation": {"max_new_tokens": 128}}},
+    "evaluate": {
+        "k": 4,
+        "temperature": 0.5,
+        "greedy": True,
+        "workers": 8,
+        "batch_local": True,
+        "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}},
+    },
+    "evaluate_teacher": {
+        "policy": "scripted",
+        "k": 1,
+        "scripted_error_rate": 0.1,
+        "workers": 2,
+        "harness": {"max_steps": 12, "generation": {"max_new_tokens": 128}},
+    },
     # The tiny model trains on CPU in minutes: no GPU, and requests a 2-4 core node (kind, CI) can grant.
-    "resources": {"gpu": False, "stage_cpu": "500m", "stage_memory": "2Gi", "train_cpu": "1", "train_memory": "3Gi",
-                  "step_cpu": "100m", "step_memory": "512Mi"},
+    "resources": {
+        "gpu": False,
+        "stage_cpu": "500m",
+        "stage_memory": "2Gi",
+        "train_cpu": "1",
+        "train_memory": "3Gi",
+        "step_cpu": "100m",
+        "step_memory": "512Mi",
+    },
 }
 
-_TINY: dict[str, Any] = deep_merge(_DEMO, {
-    "provision": {"n_train": 4, "n_heldout": 3, "n_validation": 2, "difficulty": [1]},
-    "distill": {"harness": {"max_steps": 10}},
-    # k = 1: the continuations run (the wiring is exercised) but the noise bar credits no step at one pair.
-    "credit": {"max_trajectories": 2, "monte_carlo": {"k": 1, "stride": 3, "max_steps": 6}},
-    "sft": {"steps": 4, "batch_size": 2, "max_len": 1024, "warmup_steps": 0},  # at 512 the cut dropped 75% of the loss
-    # The wiring, not learning: one small update and one greedy attempt per task.
-    "rl": {"steps": 1, "rollout_budget": 4, "learning_rate": 5e-5, "kl_coef": 0.0,
-           "rollout": {"group_size": 2, "max_rollouts_per_prompt": 2, "stride": 2, "batch_prompts": 1},
-           "harness": {"max_steps": 4, "generation": {"max_new_tokens": 64}}},
-    "evaluate": {"k": 1, "temperature": 0.0, "greedy": False, "workers": 4,
-                 "harness": {"max_steps": 4, "generation": {"max_new_tokens": 64}}},
-    "evaluate_teacher": {"harness": {"max_steps": 10, "generation": {"max_new_tokens": 64}}},
-    "resources": {"stage_cpu": "250m", "stage_memory": "1Gi", "train_cpu": "500m", "train_memory": "2Gi"},
-})
+_TINY: dict[str, Any] = deep_merge(
+    _DEMO,
+    {
+        "provision": {"n_train": 4, "n_heldout": 3, "n_validation": 2, "difficulty": [1]},
+        "distill": {"harness": {"max_steps": 10}},
+        # k = 1: the continuations run (the wiring is exercised) but the noise bar credits no step at one pair.
+        "credit": {"max_trajectories": 2, "monte_carlo": {"k": 1, "stride": 3, "max_steps": 6}},
+        "sft": {
+            "steps": 4,
+            "batch_size": 2,
+            "max_len": 1024,
+            "warmup_steps": 0,
+        },  # at 512 the cut dropped 75% of the loss
+        # The wiring, not learning: one small update and one greedy attempt per task.
+        "rl": {
+            "steps": 1,
+            "rollout_budget": 4,
+            "learning_rate": 5e-5,
+            "kl_coef": 0.0,
+            "rollout": {"group_size": 2, "max_rollouts_per_prompt": 2, "stride": 2, "batch_prompts": 1},
+            "harness": {"max_steps": 4, "generation": {"max_new_tokens": 64}},
+        },
+        "evaluate": {
+            "k": 1,
+            "temperature": 0.0,
+            "greedy": False,
+            "workers": 4,
+            "harness": {"max_steps": 4, "generation": {"max_new_tokens": 64}},
+        },
+        "evaluate_teacher": {"harness": {"max_steps": 10, "generation": {"max_new_tokens": 64}}},
+        "resources": {"stage_cpu": "250m", "stage_memory": "1Gi", "train_cpu": "500m", "train_memory": "2Gi"},
+    },
+)
 
 # The quick preset (plain `orchard run`): the first run of someone new, minutes on a laptop, that shows learning and
 # the promotion gate's decision. The demo's tasks, tiny model, teacher, SFT and evaluation, the training known to
@@ -419,16 +552,32 @@ _TINY: dict[str, Any] = deep_merge(_DEMO, {
 # 24 training tasks and 150 steps SFT resolved 2 of 12 in a trial, too few for the gate), and a short RL run
 # (2 steps, 16 episodes) so that every stage runs and is seen: the demo's RL is sized to do real work in its
 # 10 minutes, this one only shows the stage (its two updates may cost the SFT model a task, and the gate judges
-# the last trained model: docs/getting-started.md shows such a run). Estimate (pipelines/estimate.py): about 2.5 minutes on the idle
+# the last trained model: docs/getting-started.md shows such a run). Estimate (pipelines/estimate.py): about 2.5
+# minutes on the idle
 # 2-core development machine.
-_QUICK: dict[str, Any] = deep_merge(_DEMO, {
-    "rl": {"steps": 2, "rollout_budget": 16, "learning_rate": 5e-5, "kl_coef": 0.0, "temperature": 0.5,
-           "rollout": {"sampler": "bar", "group_size": 4, "max_rollouts_per_prompt": 8, "stride": 4,
-                       "batch_prompts": 1, "max_prompts_per_batch": 32},
-           "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}}},
-    # One greedy attempt per task: the quick run shows the stages, not a powered comparison.
-    "evaluate": {"k": 1, "temperature": 0.0, "greedy": False, "workers": 4},
-})
+_QUICK: dict[str, Any] = deep_merge(
+    _DEMO,
+    {
+        "rl": {
+            "steps": 2,
+            "rollout_budget": 16,
+            "learning_rate": 5e-5,
+            "kl_coef": 0.0,
+            "temperature": 0.5,
+            "rollout": {
+                "sampler": "bar",
+                "group_size": 4,
+                "max_rollouts_per_prompt": 8,
+                "stride": 4,
+                "batch_prompts": 1,
+                "max_prompts_per_batch": 32,
+            },
+            "harness": {"max_steps": 8, "generation": {"max_new_tokens": 128}},
+        },
+        # One greedy attempt per task: the quick run shows the stages, not a powered comparison.
+        "evaluate": {"k": 1, "temperature": 0.0, "greedy": False, "workers": 4},
+    },
+)
 
 # The smol preset: a real pretrained chat model (SmolLM2-135M-Instruct, converted from its PyPI wheel on first
 # use: components/core/named_models.py) through every stage, sized so that RL can show a difference from SFT
@@ -449,22 +598,67 @@ _QUICK: dict[str, Any] = deep_merge(_DEMO, {
 #   trains LoRA adapters instead (merged when saved).
 _SMOL: dict[str, Any] = {
     "model": {"path": "smollm2-135m-instruct"},
-    "provision": {"n_train": 200, "n_heldout": 100, "n_validation": 50, "heldout_seed": 1_000_003, "difficulty": 1,
-                  "recipe_options": {"families": ["off_by_one", "wrong_operator"]}},
-    "distill": {"teacher": "scripted", "error_rate": 0.1, "attempts_per_task": 1, "max_parallel": 4,
-                "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
-    "credit": {"estimator": "monte_carlo", "max_trajectories": 40, "segments": {"epsilon": 0.05},
-               "monte_carlo": {"k": 4, "stride": 2, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 4}},
-    "sft": {"mode": "credited", "steps": 300, "learning_rate": 5e-5, "batch_size": 8, "max_len": 2048,
-            "warmup_steps": 20},
-    "rl": {"steps": 60, "rollout_budget": 1200, "learning_rate": 5e-6, "temperature": 0.7, "max_len": 4096,
-           "rollout": {"sampler": "bar", "group_size": 8, "max_rollouts_per_prompt": 16, "stride": 4,
-                       "batch_prompts": 8, "early_stop": True, "history": True, "refill": True},
-           "harness": {"max_steps": 10, "generation": {"max_new_tokens": 256}}},
-    "evaluate": {"k": 4, "temperature": 0.7, "workers": 4, "batch_local": True,
-                 "harness": {"max_steps": 10, "generation": {"max_new_tokens": 256}}},
-    "evaluate_teacher": {"policy": "scripted", "k": 1, "scripted_error_rate": 0.1, "workers": 2,
-                         "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}}},
+    "provision": {
+        "n_train": 200,
+        "n_heldout": 100,
+        "n_validation": 50,
+        "heldout_seed": 1_000_003,
+        "difficulty": 1,
+        "recipe_options": {"families": ["off_by_one", "wrong_operator"]},
+    },
+    "distill": {
+        "teacher": "scripted",
+        "error_rate": 0.1,
+        "attempts_per_task": 1,
+        "max_parallel": 4,
+        "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}},
+    },
+    "credit": {
+        "estimator": "monte_carlo",
+        "max_trajectories": 40,
+        "segments": {"epsilon": 0.05},
+        "monte_carlo": {"k": 4, "stride": 2, "teacher_error_rate": 0.2, "max_steps": 8, "parallel": 4},
+    },
+    "sft": {
+        "mode": "credited",
+        "steps": 300,
+        "learning_rate": 5e-5,
+        "batch_size": 8,
+        "max_len": 2048,
+        "warmup_steps": 20,
+    },
+    "rl": {
+        "steps": 60,
+        "rollout_budget": 1200,
+        "learning_rate": 5e-6,
+        "temperature": 0.7,
+        "max_len": 4096,
+        "rollout": {
+            "sampler": "bar",
+            "group_size": 8,
+            "max_rollouts_per_prompt": 16,
+            "stride": 4,
+            "batch_prompts": 8,
+            "early_stop": True,
+            "history": True,
+            "refill": True,
+        },
+        "harness": {"max_steps": 10, "generation": {"max_new_tokens": 256}},
+    },
+    "evaluate": {
+        "k": 4,
+        "temperature": 0.7,
+        "workers": 4,
+        "batch_local": True,
+        "harness": {"max_steps": 10, "generation": {"max_new_tokens": 256}},
+    },
+    "evaluate_teacher": {
+        "policy": "scripted",
+        "k": 1,
+        "scripted_error_rate": 0.1,
+        "workers": 2,
+        "harness": {"max_steps": 12, "generation": {"max_new_tokens": 256}},
+    },
 }
 
 PRESETS: dict[str, dict[str, Any]] = {"quick": _QUICK, "demo": _DEMO, "tiny": _TINY, "smol": _SMOL}

@@ -70,10 +70,14 @@ def _eval_episodes(config: PipelineConfig) -> int:
 UNITS: dict[str, tuple[str, Callable[[PipelineConfig], float]]] = {
     "provision": ("run", lambda c: 1.0),
     "init-policy": ("run", lambda c: 1.0),
-    "evaluate-teacher": ("episode per worker",
-                         lambda c: c.provision.n_heldout * c.evaluate_teacher.k / c.evaluate_teacher.workers),
-    "distill": ("episode per worker",
-                lambda c: c.provision.n_train * c.distill.attempts_per_task / c.distill.max_parallel),
+    "evaluate-teacher": (
+        "episode per worker",
+        lambda c: c.provision.n_heldout * c.evaluate_teacher.k / c.evaluate_teacher.workers,
+    ),
+    "distill": (
+        "episode per worker",
+        lambda c: c.provision.n_train * c.distill.attempts_per_task / c.distill.max_parallel,
+    ),
     "credit": ("continuation per worker", _credit_units),
     "accumulate": ("run", lambda c: 1.0),
     "sft": ("k tokens", lambda c: c.sft.steps * c.sft.batch_size * c.sft.grad_accum * c.sft.max_len / 1000),
@@ -172,8 +176,10 @@ def record(runs_dir: Path, config: PipelineConfig, stage: str, seconds: float) -
     per_unit = max(0.0, seconds - fixed) / units if units > 0 else 0.0
     learned = _learned(runs_dir)
     old = learned.get("|".join(key))
-    learned["|".join(key)] = {"per_unit": per_unit if old is None else (old["per_unit"] + per_unit) / 2,
-                              "runs": (old or {}).get("runs", 0) + 1}
+    learned["|".join(key)] = {
+        "per_unit": per_unit if old is None else (old["per_unit"] + per_unit) / 2,
+        "runs": (old or {}).get("runs", 0) + 1,
+    }
     path = runs_dir / LEARNED_FILE
     tmp = path.with_name(f".{LEARNED_FILE}.{os.getpid()}")
     tmp.write_text(json.dumps(learned, indent=1, sort_keys=True))
@@ -210,13 +216,19 @@ def summary(estimates: list[StageEstimate], config: PipelineConfig) -> str:
     top = sorted(groups.items(), key=lambda kv: -kv[1])[:4]
     parts = ", ".join(f"{name} {duration(s)}" for name, s in top)
     sources = sorted({e.source for e in known})
-    where = ("learned from earlier runs here" if sources == ["learned here"] else
-             "costs measured on an idle 2-core machine" if sources == ["built in"] else
-             "costs learned here and measured on an idle 2-core machine")
+    where = (
+        "learned from earlier runs here"
+        if sources == ["learned here"]
+        else "costs measured on an idle 2-core machine"
+        if sources == ["built in"]
+        else "costs learned here and measured on an idle 2-core machine"
+    )
     line = f"estimate: {'at least ' if unknown else ''}~{duration(total)} ({parts}; {where})"
     if unknown:
-        line += (f"; no estimate yet for {', '.join(unknown)} with model {config.model.path} on this machine "
-                 "(this run measures them)")
+        line += (
+            f"; no estimate yet for {', '.join(unknown)} with model {config.model.path} on this machine "
+            "(this run measures them)"
+        )
     load, cores, factor = load_factor()
     if factor > 1.25 and "built in" in sources:
         line += f"; load now {load:.1f} on {cores} cores: expect up to ~{duration(total * factor)}"

@@ -9,11 +9,13 @@ for one GPU with the GPU nodeSelector and tolerations; a row whose config asks f
 PyTorchJob (`pipelines/launcher.py`) over a run directory on the PVC; the resumable rows write their stores on a
 PVC that the `run-store` step creates (`pipelines/run_store.py`: size a parameter, storage class and access mode
 from the ClusterConfig, no class meaning the cluster's default) and DeletePVC removes; the light steps (start,
-report, close-run, launchers) and the stages request `PipelineConfig.resources` (memory: request and limit); the rows with `store_volume` (provision, accumulate) mount the
+report, close-run, launchers) and the stages request `PipelineConfig.resources` (memory: request and limit); the rows
+with `store_volume` (provision, accumulate) mount the
 persistent data store's PVC (parameter `data_store_claim`, at `ClusterConfig.data_store_mount`), which
 the manifests create and every run shares; the sandbox token and the endpoint key come from Secrets as
 environment variables, never as parameters. The ServiceAccount is a property of a KFP *run*, not of
-a task (kfp-kubernetes has no per-task setting): `orchard schedule` and docs/pipelines/cluster-quickstart.md's `kfp run create`
+a task (kfp-kubernetes has no per-task setting): `orchard schedule` and docs/pipelines/cluster-quickstart.md's `kfp
+run create`
 pass `ClusterConfig.service_account`.
 """
 
@@ -34,8 +36,13 @@ PIPELINE_NAME = "orchard-training"
 def _step(task: dsl.PipelineTask, p: dict, config: PipelineConfig) -> dsl.PipelineTask:
     """A light step (start, report, close-run, a job launcher): the CPU image and the small requests."""
     memory = config.resources.step_memory
-    return (_labelled(task).set_container_image(p["image"]).set_cpu_request(config.resources.step_cpu)
-            .set_memory_request(memory).set_memory_limit(memory))
+    return (
+        _labelled(task)
+        .set_container_image(p["image"])
+        .set_cpu_request(config.resources.step_cpu)
+        .set_memory_request(memory)
+        .set_memory_limit(memory)
+    )
 
 
 def _labelled(task: dsl.PipelineTask) -> dsl.PipelineTask:
@@ -45,8 +52,14 @@ def _labelled(task: dsl.PipelineTask) -> dsl.PipelineTask:
     return task
 
 
-def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: ClusterConfig, config: PipelineConfig,
-           job: bool = False) -> dsl.PipelineTask:
+def _place(
+    task: dsl.PipelineTask,
+    stage: stages.Stage,
+    p: dict,
+    cluster: ClusterConfig,
+    config: PipelineConfig,
+    job: bool = False,
+) -> dsl.PipelineTask:
     """Image, secrets, resources, retries and timeout of one stage's task (`job`: its PyTorchJob launcher)."""
     gpu = stage.wants_gpu(config) and not job  # a launcher only waits; its job's pods get the GPUs
     if job:
@@ -55,10 +68,17 @@ def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: Cluste
         cpu, memory = stage.requests(config)
         _labelled(task).set_container_image(p["gpu_image"] if gpu else p["image"])
         task.set_cpu_request(cpu).set_memory_request(memory).set_memory_limit(memory)  # the limit: as in Argo
-    kubernetes.use_secret_as_env(task, secret_name=p["sandbox_token_secret"],
-                                 secret_key_to_env={cluster.sandbox_token_key: "ORCHARD_SANDBOX_TOKEN"})
-    kubernetes.use_secret_as_env(task, secret_name=p["endpoint_secret"],
-                                 secret_key_to_env={cluster.endpoint_key: "OPENAI_API_KEY"}, optional=True)
+    kubernetes.use_secret_as_env(
+        task,
+        secret_name=p["sandbox_token_secret"],
+        secret_key_to_env={cluster.sandbox_token_key: "ORCHARD_SANDBOX_TOKEN"},
+    )
+    kubernetes.use_secret_as_env(
+        task,
+        secret_name=p["endpoint_secret"],
+        secret_key_to_env={cluster.endpoint_key: "OPENAI_API_KEY"},
+        optional=True,
+    )
     # a launcher outlives its job's own deadline by the time to stage artifacts and start the pods
     kubernetes.set_timeout(task, (stage.timeout_seconds or cluster.stage_timeout_seconds) + (1800 if job else 0))
     if not stage.cache:
@@ -72,8 +92,9 @@ def _place(task: dsl.PipelineTask, stage: stages.Stage, p: dict, cluster: Cluste
     return task
 
 
-def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfig | None = None, *,
-                   for_cluster: bool = True):
+def build_pipeline(
+    cluster: ClusterConfig | None = None, defaults: PipelineConfig | None = None, *, for_cluster: bool = True
+):
     """The pipeline function; parameter defaults from a PipelineConfig and a ClusterConfig.
 
     `for_cluster=False` leaves out what only a cluster can run (the PVC create/delete steps and the
@@ -91,25 +112,42 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
     def dag(p: dict, config, run_id) -> None:
         store = None
         if for_cluster:  # resumable stores live on a PVC, so a retried pod resumes from its shards
-            store = _step(c.run_store(kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, size=p["volume_size"],
-                                      access_mode=cluster.access_mode, storage_class=cluster.storage_class or ""),
-                          p, config_defaults).set_caching_options(False)
+            store = _step(
+                c.run_store(
+                    kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                    size=p["volume_size"],
+                    access_mode=cluster.access_mode,
+                    storage_class=cluster.storage_class or "",
+                ),
+                p,
+                config_defaults,
+            ).set_caching_options(False)
         tasks: dict[str, dsl.PipelineTask] = {}
         for stage in table:
             args = {arg: tasks[ref.split(".")[0]].outputs[ref.split(".")[1]] for arg, ref in stage.inputs.items()}
             launch = stage.launch(config_defaults)
             if launch is not None:  # more than one process: a launcher step runs the stage as a PyTorchJob
                 if store is None:
-                    raise ValueError(f"stage {stage.name} asks for {launch.processes} processes ({stage.config}.launch), "
-                                     "a PyTorchJob, which needs a cluster; kfp.local runs one process per stage")
+                    raise ValueError(
+                        f"stage {stage.name} asks for {launch.processes} processes ({stage.config}.launch), "
+                        "a PyTorchJob, which needs a cluster; kfp.local runs one process per stage"
+                    )
                 task = launchers[stage.name](
-                    config_json=config, parent_run_id=run_id, **args, run_store=store.output,
-                    job_image=p["gpu_image"] if stage.wants_gpu(config_defaults) else p["image"], nproc_per_node=launch.nproc_per_node,
-                    workers=launch.workers, timeout_seconds=stage.timeout_seconds or cluster.stage_timeout_seconds,
-                    sandbox_token_secret=p["sandbox_token_secret"], endpoint_secret=p["endpoint_secret"],
+                    config_json=config,
+                    parent_run_id=run_id,
+                    **args,
+                    run_store=store.output,
+                    job_image=p["gpu_image"] if stage.wants_gpu(config_defaults) else p["image"],
+                    nproc_per_node=launch.nproc_per_node,
+                    workers=launch.workers,
+                    timeout_seconds=stage.timeout_seconds or cluster.stage_timeout_seconds,
+                    sandbox_token_secret=p["sandbox_token_secret"],
+                    endpoint_secret=p["endpoint_secret"],
                     secret_keys={"sandbox_token_key": cluster.sandbox_token_key, "endpoint_key": cluster.endpoint_key},
-                    gpu_node_selector=p["gpu_node_selector"], gpu_tolerations=p["gpu_tolerations"],
-                    pod_security_context=cluster.pod_security_context())
+                    gpu_node_selector=p["gpu_node_selector"],
+                    gpu_tolerations=p["gpu_tolerations"],
+                    pod_security_context=cluster.pod_security_context(),
+                )
                 tasks[stage.name] = _place(task, stage, p, cluster, config_defaults, job=True)
                 kubernetes.mount_pvc(task, pvc_name=store.output, mount_path=STORE_MOUNT)
                 continue
@@ -122,7 +160,8 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
                 kubernetes.mount_pvc(task, pvc_name=p["data_store_claim"], mount_path=cluster.data_store_mount)
         if store is not None:
             kubernetes.DeletePVC(pvc_name=store.output).after(
-                *[tasks[s.name] for s in table if s.resumable or s.launch(config_defaults)])
+                *[tasks[s.name] for s in table if s.resumable or s.launch(config_defaults)]
+            )
         results = {c.function_name(s.name): tasks[s.name].outputs["Output"] for s in table}
         _step(report(config_json=config, parent_run_id=run_id, **results), p, config_defaults)
 
@@ -130,14 +169,18 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
         p = dict(zip(names, values))
 
         def body():
-            begin = c.start(**{x.name: p[x.name] for x in params if x.start},
-                            kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, run_label=p["run_label"])
+            begin = c.start(
+                **{x.name: p[x.name] for x in params if x.start},
+                kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                run_label=p["run_label"],
+            )
             _step(begin, p, config_defaults).set_caching_options(False)  # a fresh parent run every time
             dag(p, begin.outputs["config_json"], begin.outputs["parent_run_id"])
 
         if for_cluster:
-            closer = c.close_run(mlflow_uri=p["mlflow_uri"], experiment=p["experiment"],
-                                 kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+            closer = c.close_run(
+                mlflow_uri=p["mlflow_uri"], experiment=p["experiment"], kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER
+            )
             _step(closer, p, config_defaults)
             with dsl.ExitHandler(closer, name="mlflow-parent-run"):
                 body()
@@ -146,18 +189,26 @@ def build_pipeline(cluster: ClusterConfig | None = None, defaults: PipelineConfi
 
     # KFP reads the parameters from the signature: build it from the one parameter list.
     orchard_training.__signature__ = inspect.Signature(
-        [inspect.Parameter(x.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=x.default,
-                           annotation=x.annotation) for x in params])
+        [
+            inspect.Parameter(
+                x.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=x.default, annotation=x.annotation
+            )
+            for x in params
+        ]
+    )
     orchard_training.__annotations__ = {x.name: x.annotation for x in params}
-    orchard_training.__doc__ = "Distill -> credit -> SFT -> adaptive RL -> evaluate, on one sandbox layer.\n\n" + \
-        "\n".join(f"{x.name}: {x.description}" for x in params)
-    return dsl.pipeline(name=PIPELINE_NAME,
-                        description="Distill -> credit -> SFT -> adaptive RL -> evaluate, on one sandbox layer.")(
-        orchard_training)
+    orchard_training.__doc__ = (
+        "Distill -> credit -> SFT -> adaptive RL -> evaluate, on one sandbox layer.\n\n"
+        + "\n".join(f"{x.name}: {x.description}" for x in params)
+    )
+    return dsl.pipeline(
+        name=PIPELINE_NAME, description="Distill -> credit -> SFT -> adaptive RL -> evaluate, on one sandbox layer."
+    )(orchard_training)
 
 
-def compile_pipeline(out_path: str | Path, cluster: ClusterConfig | None = None,
-                     defaults: PipelineConfig | None = None) -> Path:
+def compile_pipeline(
+    out_path: str | Path, cluster: ClusterConfig | None = None, defaults: PipelineConfig | None = None
+) -> Path:
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(build_pipeline(cluster, defaults), package_path=str(out))
@@ -186,8 +237,9 @@ def type_integer_defaults(path: Path) -> None:
 
     lines = path.read_text().splitlines(keepends=True)
     split = next(i for i, line in enumerate(lines) if not line.startswith("#"))
-    header = [re.sub(r"^(#\s+\w+: int \[Default: -?\d+)\.0\]$", r"\1]", line.rstrip("\n")) + "\n"
-              for line in lines[:split]]
+    header = [
+        re.sub(r"^(#\s+\w+: int \[Default: -?\d+)\.0\]$", r"\1]", line.rstrip("\n")) + "\n" for line in lines[:split]
+    ]
     docs = list(yaml.safe_load_all("".join(lines[split:])))
 
     def walk(node):

@@ -58,13 +58,16 @@ def external_connection(url: str) -> SandboxConnection:
         with connection.client() as client:
             client.healthz()
     except Exception as err:
-        raise SandboxUnreachable(f"sandbox_url {url} does not answer ({type(err).__name__}: {err}); start the "
-                                 "service there, or leave sandbox_url unset to run one locally") from err
+        raise SandboxUnreachable(
+            f"sandbox_url {url} does not answer ({type(err).__name__}: {err}); start the "
+            "service there, or leave sandbox_url unset to run one locally"
+        ) from err
     return connection
 
 
-def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console: Any = None,
-              quiet: bool = False) -> LocalRunResult:
+def run_local(
+    config: PipelineConfig, runs_dir: str | Path = "runs", *, console: Any = None, quiet: bool = False
+) -> LocalRunResult:
     """Run the pipeline in this process; returns what it produced. `quiet`: the quiet console of
     `components.core.console` (the CLI's default; `--verbose` turns it off)."""
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -101,20 +104,31 @@ def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console:
             config = config.updated(tracking_uri=tracking_uri_for(config, layout.root))
             layout.config.write_text(config.model_dump_json(indent=2))
             ctx = StepContext(config, None, sandbox=connection)
-            parent = open_pipeline_run(ctx.tracking_config, f"local-{config.preset}-{layout.root.name}", config,
-                                       tags=parent_run_tags(config, **{"orchard.runner": "local",
-                                                                       "orchard.run_dir": str(layout.root)}))
+            parent = open_pipeline_run(
+                ctx.tracking_config,
+                f"local-{config.preset}-{layout.root.name}",
+                config,
+                tags=parent_run_tags(config, **{"orchard.runner": "local", "orchard.run_dir": str(layout.root)}),
+            )
             ctx.parent_run_id = parent
-            console.print(f"[bold]orchard[/] {config.preset} run -> {layout.root}  (MLflow {config.tracking_uri}, "
-                          f"parent run {parent}; sandboxes at {connection.url})")
+            console.print(
+                f"[bold]orchard[/] {config.preset} run -> {layout.root}  (MLflow {config.tracking_uri}, "
+                f"parent run {parent}; sandboxes at {connection.url})"
+            )
             ran: list[str] = []
             seconds: dict[str, float] = {}
             current: str | None = None  # the stage running now (named on the parent run if it fails)
             clock: dict[str, Any] = {}  # the stage running now and when it started, for the time-left column
             try:
-                with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                              TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                              time_left_column(schedule, clock), console=console) as progress:
+                with Progress(
+                    SpinnerColumn(),
+                    TextColumn("{task.description}"),
+                    BarColumn(),
+                    TextColumn("{task.completed}/{task.total}"),
+                    TimeElapsedColumn(),
+                    time_left_column(schedule, clock),
+                    console=console,
+                ) as progress:
                     bar = progress.add_task("pipeline", total=len(stages.STAGES) + 1)
                     for stage in stages.STAGES:
                         progress.update(bar, description=f"[cyan]{stage.name}")
@@ -135,28 +149,38 @@ def run_local(config: PipelineConfig, runs_dir: str | Path = "runs", *, console:
                         progress.console.print(
                             f"  [green]done[/] {stage.name} in {seconds[stage.name]:.1f} s (CPU "
                             f"{time.process_time() - c0:.1f} s){': ' + note if note else ''}"
-                            + (f"; ~{estimate.duration(left)} left" if left else ""))
+                            + (f"; ~{estimate.duration(left)} left" if left else "")
+                        )
                         progress.advance(bar)
                     progress.update(bar, description=f"[cyan]{stages.REPORT}")
                     clock.update(stage=stages.REPORT, started=time.monotonic())
                     current = stages.REPORT
                     run_report, markdown = report_in_layout(
-                        layout, ctx, exec_latency=exec_latency(connection.url, connection.token),
-                        stage_seconds=seconds)
+                        layout, ctx, exec_latency=exec_latency(connection.url, connection.token), stage_seconds=seconds
+                    )
                     progress.advance(bar)
             except BaseException as err:
                 status = fail_pipeline_run(ctx.tracking_config, parent, err, stage=current)
-                console.print(f"[red]{status}[/] at {current or 'a stage boundary'}: MLflow parent run {parent} "
-                              f"and the runs under it marked {status} ({FAILURE_REASON_TAG} says why)")
+                console.print(
+                    f"[red]{status}[/] at {current or 'a stage boundary'}: MLflow parent run {parent} "
+                    f"and the runs under it marked {status} ({FAILURE_REASON_TAG} says why)"
+                )
                 raise
         finally:
             for service in services:
                 service.stop()
     console.print(to_rich(run_report, width=console.width))
     console.print(markdown.split("\n\n", 1)[1] if "\n\n" in markdown else "")
-    return LocalRunResult(run_dir=str(layout.root), tracking_uri=config.tracking_uri, parent_run_id=parent,
-                          stages_ran=ran, stage_seconds=seconds, wall_seconds=time.perf_counter() - t_start,
-                          report=run_report, markdown=markdown)
+    return LocalRunResult(
+        run_dir=str(layout.root),
+        tracking_uri=config.tracking_uri,
+        parent_run_id=parent,
+        stages_ran=ran,
+        stage_seconds=seconds,
+        wall_seconds=time.perf_counter() - t_start,
+        report=run_report,
+        markdown=markdown,
+    )
 
 
 def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict[str, Any]:
@@ -226,15 +250,22 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
 
     previous_usr1 = signal.signal(signal.SIGUSR1, interrupt)
     try:
-        with stop_on_signals(on_force_exit=lambda: service.request_stop() if service is not None else None,
-                             on_stop=stop):
+        with stop_on_signals(
+            on_force_exit=lambda: service.request_stop() if service is not None else None, on_stop=stop
+        ):
             kfp.local.init(runner=kfp.local.SubprocessRunner(use_venv=False), pipeline_root=str(layout.root / "kfp"))
             pipeline = build_pipeline(for_cluster=False)
             try:
-                pipeline(preset=config.preset, recipe=config.recipe, seed=config.seed, sandbox_url=url,
-                         mlflow_uri=config.tracking_uri, experiment=config.experiment,
-                         overrides_json=config.model_dump_json(exclude={"sandbox_url", "tracking_uri"}),
-                         run_label=label)
+                pipeline(
+                    preset=config.preset,
+                    recipe=config.recipe,
+                    seed=config.seed,
+                    sandbox_url=url,
+                    mlflow_uri=config.tracking_uri,
+                    experiment=config.experiment,
+                    overrides_json=config.model_dump_json(exclude={"sandbox_url", "tracking_uri"}),
+                    run_label=label,
+                )
             except Exception:
                 if not stopping():
                     raise
@@ -258,8 +289,13 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
         raise RuntimeError(f"expected one MLflow parent run labelled {label}, found {len(parents)}")
     parent = parents[0]
     report = client.download_artifacts(parent.info.run_id, "report.md", str(layout.root))
-    return {"run_dir": str(layout.root), "tracking_uri": config.tracking_uri, "parent_run_id": parent.info.run_id,
-            "markdown": Path(report).read_text(), "wall_seconds": time.perf_counter() - t0}
+    return {
+        "run_dir": str(layout.root),
+        "tracking_uri": config.tracking_uri,
+        "parent_run_id": parent.info.run_id,
+        "markdown": Path(report).read_text(),
+        "wall_seconds": time.perf_counter() - t0,
+    }
 
 
 def _is_component(pid: int) -> bool:

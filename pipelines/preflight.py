@@ -62,7 +62,9 @@ def endpoints(config: PipelineConfig) -> list[Endpoint]:
         found.append(("credit.judge", config.credit.judge))
     elif config.credit.monte_carlo.teacher is not None and config.credit.monte_carlo.teacher.kind == "openai":
         found.append(("credit.monte_carlo.teacher.endpoint", config.credit.monte_carlo.teacher.endpoint))
-    return [Endpoint(where, s.base_url, s.model, s.api_key_env, getattr(s, "tokenizer_path", None)) for where, s in found]
+    return [
+        Endpoint(where, s.base_url, s.model, s.api_key_env, getattr(s, "tokenizer_path", None)) for where, s in found
+    ]
 
 
 def _left(deadline: float) -> float:
@@ -87,48 +89,67 @@ def check_endpoint(endpoint: Endpoint, timeout: float = 10.0) -> None:
     try:
         response = httpx.get(f"{url}/models", headers=headers, timeout=_left(deadline))
     except httpx.HTTPError as err:
-        raise PreflightError(f"{where}: {url} does not answer ({type(err).__name__}: {err}); start the endpoint "
-                             f"or fix {where}.base_url") from None
+        raise PreflightError(
+            f"{where}: {url} does not answer ({type(err).__name__}: {err}); start the endpoint or fix {where}.base_url"
+        ) from None
     _refused(endpoint, response)
     if response.status_code != 404:
         if response.status_code >= 400:
-            raise PreflightError(f"{where}: {url}/models answered {response.status_code} "
-                                 f"({response.text[:200]!r}); fix the endpoint or {where}.base_url")
+            raise PreflightError(
+                f"{where}: {url}/models answered {response.status_code} "
+                f"({response.text[:200]!r}); fix the endpoint or {where}.base_url"
+            )
         try:
             listed = response.json()
             served = [m["id"] for m in listed["data"]]
         except (ValueError, TypeError, KeyError):
-            raise PreflightError(f"{where}: {url}/models answered {response.status_code} with {_kind(response)}, "
-                                 f"not an OpenAI models list ({response.text[:80]!r}): {fix_url}") from None
+            raise PreflightError(
+                f"{where}: {url}/models answered {response.status_code} with {_kind(response)}, "
+                f"not an OpenAI models list ({response.text[:80]!r}): {fix_url}"
+            ) from None
         if served and endpoint.model not in served:
-            raise PreflightError(f"{where}: {url} serves {', '.join(served[:5])}, not {endpoint.model!r}; "
-                                 f"set {where}.model to one of them")
-    body = {"model": endpoint.model, "messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1,
-            "temperature": 0.0}
+            raise PreflightError(
+                f"{where}: {url} serves {', '.join(served[:5])}, not {endpoint.model!r}; "
+                f"set {where}.model to one of them"
+            )
+    body = {
+        "model": endpoint.model,
+        "messages": [{"role": "user", "content": "Say OK."}],
+        "max_tokens": 1,
+        "temperature": 0.0,
+    }
     try:
         response = httpx.post(f"{url}/chat/completions", json=body, headers=headers, timeout=_left(deadline))
     except httpx.HTTPError as err:
-        raise PreflightError(f"{where}: {url}/chat/completions did not complete one token ({type(err).__name__}: "
-                             f"{err}); check that the endpoint serves {endpoint.model!r} or raise its capacity") from None
+        raise PreflightError(
+            f"{where}: {url}/chat/completions did not complete one token ({type(err).__name__}: "
+            f"{err}); check that the endpoint serves {endpoint.model!r} or raise its capacity"
+        ) from None
     _refused(endpoint, response)
     if response.status_code >= 400:
-        raise PreflightError(f"{where}: {url}/chat/completions answered {response.status_code} to a one-token chat "
-                             f"({response.text[:200]!r}); fix {where}.model or {where}.base_url")
+        raise PreflightError(
+            f"{where}: {url}/chat/completions answered {response.status_code} to a one-token chat "
+            f"({response.text[:200]!r}); fix {where}.model or {where}.base_url"
+        )
     try:
         message = response.json()["choices"][0]["message"]
         if not isinstance(message, dict):
             raise TypeError(message)
     except (ValueError, TypeError, KeyError, IndexError):
-        raise PreflightError(f"{where}: {url}/chat/completions answered {response.status_code} with "
-                             f"{_kind(response)}, not a chat completion ({response.text[:80]!r}): {fix_url}") from None
+        raise PreflightError(
+            f"{where}: {url}/chat/completions answered {response.status_code} with "
+            f"{_kind(response)}, not a chat completion ({response.text[:80]!r}): {fix_url}"
+        ) from None
 
 
 def _refused(endpoint: Endpoint, response: httpx.Response) -> None:
     if response.status_code in (401, 403):
         key = f"${endpoint.api_key_env}" if endpoint.api_key_env else "no key (api_key_env is None)"
-        raise PreflightError(f"{endpoint.where}: {endpoint.base_url.rstrip('/')} refused the request "
-                             f"({response.status_code}) with {key}; put the endpoint's key in "
-                             f"{endpoint.where}.api_key_env's variable")
+        raise PreflightError(
+            f"{endpoint.where}: {endpoint.base_url.rstrip('/')} refused the request "
+            f"({response.status_code}) with {key}; put the endpoint's key in "
+            f"{endpoint.where}.api_key_env's variable"
+        )
 
 
 def check_tracking(uri: str, experiment: str, timeout: float = PREFLIGHT_SECONDS) -> None:
@@ -146,14 +167,19 @@ def check_tracking(uri: str, experiment: str, timeout: float = PREFLIGHT_SECONDS
         verify = os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() not in ("1", "true")
         api = f"{uri.rstrip('/')}/api/2.0/mlflow/experiments/get-by-name"
         try:
-            response = httpx.get(api, params={"experiment_name": experiment}, headers=headers, auth=auth,
-                                 timeout=timeout, verify=verify)
+            response = httpx.get(
+                api, params={"experiment_name": experiment}, headers=headers, auth=auth, timeout=timeout, verify=verify
+            )
         except httpx.HTTPError as err:
-            raise PreflightError(f"tracking_uri: MLflow at {uri} does not answer ({type(err).__name__}: {err}); "
-                                 f"start it (mlflow server --host 0.0.0.0 --port 5000), fix tracking_uri, {unset}") from None
+            raise PreflightError(
+                f"tracking_uri: MLflow at {uri} does not answer ({type(err).__name__}: {err}); "
+                f"start it (mlflow server --host 0.0.0.0 --port 5000), fix tracking_uri, {unset}"
+            ) from None
         if response.status_code in (401, 403):
-            raise PreflightError(f"tracking_uri: MLflow at {uri} refused the request ({response.status_code}); set "
-                                 "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD")
+            raise PreflightError(
+                f"tracking_uri: MLflow at {uri} refused the request ({response.status_code}); set "
+                "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD"
+            )
         try:
             answer = response.json()
         except ValueError:
@@ -161,18 +187,26 @@ def check_tracking(uri: str, experiment: str, timeout: float = PREFLIGHT_SECONDS
         found = response.status_code == 200 and isinstance(answer, dict) and "experiment" in answer
         new = response.status_code == 404 and isinstance(answer, dict) and "error_code" in answer
         if not (found or new):
-            raise PreflightError(f"tracking_uri: {uri} answered {response.status_code} with {_kind(response)} to "
-                                 f"MLflow's REST API ({response.text[:80]!r}): not an MLflow tracking server; fix "
-                                 f"tracking_uri (the server's root URL), {unset}")
+            raise PreflightError(
+                f"tracking_uri: {uri} answered {response.status_code} with {_kind(response)} to "
+                f"MLflow's REST API ({response.text[:80]!r}): not an MLflow tracking server; fix "
+                f"tracking_uri (the server's root URL), {unset}"
+            )
     elif uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///"):])
+        path = Path(uri[len("sqlite:///") :])
         where = next((p for p in [path.parent, *path.parent.parents] if p.exists()), Path("/"))
-        if not os.access(where if where.is_dir() else where.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-            raise PreflightError(f"tracking_uri: {uri} cannot be written here ({where} is not writable); point "
-                                 f"tracking_uri at a writable sqlite file, {unset}")
+        if not os.access(where if where.is_dir() else where.parent, os.W_OK) or (
+            path.exists() and not os.access(path, os.W_OK)
+        ):
+            raise PreflightError(
+                f"tracking_uri: {uri} cannot be written here ({where} is not writable); point "
+                f"tracking_uri at a writable sqlite file, {unset}"
+            )
     elif uri.startswith("file:") or "://" not in uri:
-        raise PreflightError(f"tracking_uri: {uri} is a file store, which MLflow 3 no longer writes; use a database, "
-                             f"e.g. tracking_uri=sqlite:///{Path(uri.removeprefix('file://')).resolve()}.db, {unset}")
+        raise PreflightError(
+            f"tracking_uri: {uri} is a file store, which MLflow 3 no longer writes; use a database, "
+            f"e.g. tracking_uri=sqlite:///{Path(uri.removeprefix('file://')).resolve()}.db, {unset}"
+        )
 
 
 def check_sandbox(url: str, timeout: float = PREFLIGHT_SECONDS) -> None:
@@ -180,8 +214,10 @@ def check_sandbox(url: str, timeout: float = PREFLIGHT_SECONDS) -> None:
     try:
         httpx.get(f"{url.rstrip('/')}/healthz", timeout=timeout)
     except httpx.HTTPError as err:
-        raise PreflightError(f"sandbox_url: {url} does not answer ({type(err).__name__}: {err}); start the sandbox "
-                             "service there, or leave sandbox_url unset to run one locally") from None
+        raise PreflightError(
+            f"sandbox_url: {url} does not answer ({type(err).__name__}: {err}); start the sandbox "
+            "service there, or leave sandbox_url unset to run one locally"
+        ) from None
 
 
 def check_checkpoint(where: str, path: str, allow_download: bool) -> None:
@@ -199,14 +235,17 @@ def check_checkpoint(where: str, path: str, allow_download: bool) -> None:
     try:
         resolve_checkpoint_path(path, allow_download)
     except FileNotFoundError as err:
-        raise PreflightError(f"{where}: {err}; set {where} to a save_pretrained directory (`orchard make-checkpoint "
-                             "--out DIR` writes a small one)") from None
+        raise PreflightError(
+            f"{where}: {err}; set {where} to a save_pretrained directory (`orchard make-checkpoint "
+            "--out DIR` writes a small one)"
+        ) from None
 
 
 def check_tokenizer(where: str, path: str) -> None:
     if not Path(path).is_dir():
-        raise PreflightError(f"{where}: {path} is not a directory; set {where} to the served model's tokenizer "
-                             "directory (or unset it)")
+        raise PreflightError(
+            f"{where}: {path} is not a directory; set {where} to the served model's tokenizer directory (or unset it)"
+        )
 
 
 def check_tasks(config: PipelineConfig) -> None:
@@ -231,8 +270,9 @@ def checks(config: PipelineConfig, files: bool = True) -> list[tuple[str, Callab
     if config.sandbox_url:
         out.append(("sandbox_url", lambda: check_sandbox(config.sandbox_url or "")))
     if config.model.path and files:  # also with start_from=champion: the first run has no champion yet
-        out.append(("model.path", lambda: check_checkpoint("model.path", config.model.path or "",
-                                                           config.model.allow_download)))
+        out.append(
+            ("model.path", lambda: check_checkpoint("model.path", config.model.path or "", config.model.allow_download))
+        )
     if config.provision.source.kind == "swebench" and files:
         out.append(("provision.source", lambda: check_tasks(config)))
     same: dict[tuple[str, str, str | None], list[Endpoint]] = {}  # one endpoint in several roles is asked once
@@ -300,8 +340,9 @@ def prompt_tokens(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> i
     from components.core.rendering import render_prompt, steps_as_messages
 
     tokenizer, fmt, recipe, _, steps = _first_episode(config, tasks_dir, model_dir)
-    return len(render_prompt(steps_as_messages(steps), tokenizer, tools=[t.openai() for t in recipe.tools()],
-                             tool_format=fmt))
+    return len(
+        render_prompt(steps_as_messages(steps), tokenizer, tools=[t.openai() for t in recipe.tools()], tool_format=fmt)
+    )
 
 
 def check_template(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> None:
@@ -317,19 +358,28 @@ def check_template(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> 
     tool = recipe.tools()[0]
     for n in range(2):
         call = ToolCall(name=tool.name, arguments={})
-        steps += [Step(index=len(steps), role="assistant", content=format_call(call, fmt), tool_call=call),
-                  Step(index=len(steps) + 1, role="tool", content=f"result {n}", tool_call_id=call.id,
-                       tool_name=tool.name)]
-    conversation = Trajectory(task_id=task.id, recipe=task.recipe, policy_id="teacher", steps=steps,
-                              tools=[t.openai() for t in recipe.tools()], outcome=Outcome.resolved)
+        steps += [
+            Step(index=len(steps), role="assistant", content=format_call(call, fmt), tool_call=call),
+            Step(index=len(steps) + 1, role="tool", content=f"result {n}", tool_call_id=call.id, tool_name=tool.name),
+        ]
+    conversation = Trajectory(
+        task_id=task.id,
+        recipe=task.recipe,
+        policy_id="teacher",
+        steps=steps,
+        tools=[t.openai() for t in recipe.tools()],
+        outcome=Outcome.resolved,
+    )
     try:
         render_trajectory(conversation, tokenizer, loss_on="assistant", tool_format=fmt)
     except TemplateError as err:
         first = next((line for line in str(err).splitlines() if line.strip()), str(err))
-        raise PreflightError(f"the chat template of {model_dir} cannot train on text-only teacher turns: it "
-                             f"rewrites earlier turns of a two-turn tool conversation ({first[:300]}); use a "
-                             "checkpoint whose template renders history append-only, or a teacher whose turns "
-                             "carry this tokenizer's ids (distill.openai.sampled_tokens with tokenizer_path)") from None
+        raise PreflightError(
+            f"the chat template of {model_dir} cannot train on text-only teacher turns: it "
+            f"rewrites earlier turns of a two-turn tool conversation ({first[:300]}); use a "
+            "checkpoint whose template renders history append-only, or a teacher whose turns "
+            "carry this tokenizer's ids (distill.openai.sampled_tokens with tokenizer_path)"
+        ) from None
 
 
 def check_model(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> int:
@@ -343,15 +393,25 @@ def check_lengths(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> i
     """Every length limit leaves room for the first prompt and one turn after it (raises PreflightError);
     returns the prompt's tokens. Run once the model exists (after init-policy), before any episode."""
     prompt = prompt_tokens(config, tasks_dir, model_dir)
-    limits = (("sft.max_len", config.sft.max_len, config.distill.harness.generation.max_new_tokens),
-              ("rl.max_len", config.rl.max_len, config.rl.harness.generation.max_new_tokens),
-              ("rl.harness.max_total_tokens", config.rl.harness.max_total_tokens,
-               config.rl.harness.generation.max_new_tokens),
-              ("evaluate.harness.max_total_tokens", config.evaluate.harness.max_total_tokens,
-               config.evaluate.harness.generation.max_new_tokens))
+    limits = (
+        ("sft.max_len", config.sft.max_len, config.distill.harness.generation.max_new_tokens),
+        ("rl.max_len", config.rl.max_len, config.rl.harness.generation.max_new_tokens),
+        (
+            "rl.harness.max_total_tokens",
+            config.rl.harness.max_total_tokens,
+            config.rl.harness.generation.max_new_tokens,
+        ),
+        (
+            "evaluate.harness.max_total_tokens",
+            config.evaluate.harness.max_total_tokens,
+            config.evaluate.harness.generation.max_new_tokens,
+        ),
+    )
     for where, limit, turn in limits:
         if prompt + turn > limit:
-            raise PreflightError(f"{where}={limit} leaves no room for a turn: the system prompt, tools and first task "
-                                 f"take {prompt} tokens in this model's template and one turn writes up to {turn}; "
-                                 f"set {where} >= {prompt + turn}")
+            raise PreflightError(
+                f"{where}={limit} leaves no room for a turn: the system prompt, tools and first task "
+                f"take {prompt} tokens in this model's template and one turn writes up to {turn}; "
+                f"set {where} >= {prompt + turn}"
+            )
     return prompt

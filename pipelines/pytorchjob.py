@@ -44,15 +44,41 @@ FAILURE_CONDITION = "status.replicaStatuses.Master.failed > 0,status.replicaStat
 
 def job_command(stage: str, launch: LaunchConfig, run_dir: str, parent_run_id: str) -> list[str]:
     """What every replica runs: the stage over the run directory, `nproc_per_node` processes per node."""
-    return ["torchrun", f"--nproc-per-node={launch.nproc_per_node}", "-m", "pipelines.steps", "run", stage,
-            "--run-dir", run_dir, "--config-file", f"{run_dir}/config.json", "--parent-run-id", parent_run_id]
+    return [
+        "torchrun",
+        f"--nproc-per-node={launch.nproc_per_node}",
+        "-m",
+        "pipelines.steps",
+        "run",
+        stage,
+        "--run-dir",
+        run_dir,
+        "--config-file",
+        f"{run_dir}/config.json",
+        "--parent-run-id",
+        parent_run_id,
+    ]
 
 
-def pytorchjob_manifest(stage: Any, launch: LaunchConfig, *, gpu: bool, requests: tuple[str, str], image: str,
-                        command: list[str], claim_name: str, mount_path: str, secret_env: list[dict],
-                        node_selector: Any, tolerations: Any, security_context: dict | None = None,
-                        name: str | None = None, generate_name: str | None = None,
-                        deadline_seconds: int | None = None, labels: dict[str, str] | None = None) -> dict:
+def pytorchjob_manifest(
+    stage: Any,
+    launch: LaunchConfig,
+    *,
+    gpu: bool,
+    requests: tuple[str, str],
+    image: str,
+    command: list[str],
+    claim_name: str,
+    mount_path: str,
+    secret_env: list[dict],
+    node_selector: Any,
+    tolerations: Any,
+    security_context: dict | None = None,
+    name: str | None = None,
+    generate_name: str | None = None,
+    deadline_seconds: int | None = None,
+    labels: dict[str, str] | None = None,
+) -> dict:
     """The PyTorchJob running one stage row (`pipelines.stages.Stage`) as `launch` says.
 
     `gpu`, `requests`: `stage.wants_gpu(config)`, `stage.requests(config)` of the run's PipelineConfig.
@@ -71,18 +97,32 @@ def pytorchjob_manifest(stage: Any, launch: LaunchConfig, *, gpu: bool, requests
         pod |= {"nodeSelector": node_selector, "tolerations": tolerations}
     labels = {**LABELS, "orchard.dev/stage": stage.name, **(labels or {})}
     pod |= {
-        "containers": [{
-            "name": CONTAINER, "image": image, "command": command, "env": secret_env, "resources": resources,
-            "volumeMounts": [{"name": "run-data", "mountPath": mount_path}, {"name": "dshm", "mountPath": "/dev/shm"}],
-        }],
-        "volumes": [{"name": "run-data", "persistentVolumeClaim": {"claimName": claim_name}},
-                    # NCCL/gloo and DataLoader workers share tensors through /dev/shm (64 MiB by default)
-                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": image,
+                "command": command,
+                "env": secret_env,
+                "resources": resources,
+                "volumeMounts": [
+                    {"name": "run-data", "mountPath": mount_path},
+                    {"name": "dshm", "mountPath": "/dev/shm"},
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "run-data", "persistentVolumeClaim": {"claimName": claim_name}},
+            # NCCL/gloo and DataLoader workers share tensors through /dev/shm (64 MiB by default)
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}},
+        ],
     }
 
     def replica(n: int) -> dict:  # copies: shared objects would become YAML anchors
-        return {"replicas": n, "restartPolicy": "Never",
-                "template": {"metadata": {"labels": dict(labels)}, "spec": copy.deepcopy(pod)}}
+        return {
+            "replicas": n,
+            "restartPolicy": "Never",
+            "template": {"metadata": {"labels": dict(labels)}, "spec": copy.deepcopy(pod)},
+        }
 
     run_policy: dict[str, Any] = {"cleanPodPolicy": "Running", "ttlSecondsAfterFinished": 86400}
     if deadline_seconds:
@@ -92,16 +132,22 @@ def pytorchjob_manifest(stage: Any, launch: LaunchConfig, *, gpu: bool, requests
         specs["Worker"] = replica(launch.workers)
     metadata: dict[str, Any] = {"labels": dict(labels)}
     metadata |= {"name": name} if name else {"generateName": generate_name}
-    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata,
-            "spec": {"nprocPerNode": str(launch.nproc_per_node), "runPolicy": run_policy, "pytorchReplicaSpecs": specs}}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": {"nprocPerNode": str(launch.nproc_per_node), "runPolicy": run_policy, "pytorchReplicaSpecs": specs},
+    }
 
 
 def secret_env(token_secret: str, token_key: str, endpoint_secret: str, endpoint_key: str) -> list[dict]:
     """The sandbox token and the (optional) endpoint key, from Secrets, as in every stage pod."""
     return [
         {"name": "ORCHARD_SANDBOX_TOKEN", "valueFrom": {"secretKeyRef": {"name": token_secret, "key": token_key}}},
-        {"name": "OPENAI_API_KEY",
-         "valueFrom": {"secretKeyRef": {"name": endpoint_secret, "key": endpoint_key, "optional": True}}},
+        {
+            "name": "OPENAI_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": endpoint_secret, "key": endpoint_key, "optional": True}},
+        },
     ]
 
 
@@ -115,34 +161,52 @@ def to_yaml(doc: dict, unquoted: tuple[str, ...] = ()) -> str:
 
 # --- Schema --------------------------------------------------------------------------------------
 _REPLICA = {
-    "type": "object", "additionalProperties": False, "required": ["template"],
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["template"],
     "properties": {
         "replicas": {"type": "integer", "minimum": 0},
         "restartPolicy": {"enum": ["Always", "OnFailure", "Never", "ExitCode"]},
-        "template": {"type": "object", "required": ["spec"],
-                     "properties": {"metadata": {"type": "object"}, "spec": {"type": "object"}}},
+        "template": {
+            "type": "object",
+            "required": ["spec"],
+            "properties": {"metadata": {"type": "object"}, "spec": {"type": "object"}},
+        },
     },
 }
 PYTORCHJOB_SCHEMA = {  # from the kubeflow.org/v1 PyTorchJob CRD (Training Operator v1.7+)
-    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
     "properties": {
-        "apiVersion": {"const": API_VERSION}, "kind": {"const": KIND},
+        "apiVersion": {"const": API_VERSION},
+        "kind": {"const": KIND},
         "metadata": {"type": "object", "anyOf": [{"required": ["name"]}, {"required": ["generateName"]}]},
         "spec": {
-            "type": "object", "additionalProperties": False, "required": ["pytorchReplicaSpecs"],
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["pytorchReplicaSpecs"],
             "properties": {
                 "nprocPerNode": {"type": "string"},
                 "elasticPolicy": {"type": "object"},
-                "runPolicy": {"type": "object", "additionalProperties": False, "properties": {
-                    "cleanPodPolicy": {"enum": ["All", "Running", "None"]},
-                    "ttlSecondsAfterFinished": {"type": "integer", "minimum": 0},
-                    "activeDeadlineSeconds": {"type": "integer", "minimum": 0},
-                    "backoffLimit": {"type": "integer", "minimum": 0},
-                    "schedulingPolicy": {"type": "object"},
-                    "suspend": {"type": "boolean"},
-                    "managedBy": {"type": "string"}}},
-                "pytorchReplicaSpecs": {"type": "object", "additionalProperties": False, "minProperties": 1,
-                                        "properties": {"Master": _REPLICA, "Worker": _REPLICA}},
+                "runPolicy": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "cleanPodPolicy": {"enum": ["All", "Running", "None"]},
+                        "ttlSecondsAfterFinished": {"type": "integer", "minimum": 0},
+                        "activeDeadlineSeconds": {"type": "integer", "minimum": 0},
+                        "backoffLimit": {"type": "integer", "minimum": 0},
+                        "schedulingPolicy": {"type": "object"},
+                        "suspend": {"type": "boolean"},
+                        "managedBy": {"type": "string"},
+                    },
+                },
+                "pytorchReplicaSpecs": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "minProperties": 1,
+                    "properties": {"Master": _REPLICA, "Worker": _REPLICA},
+                },
             },
         },
     },
@@ -161,7 +225,11 @@ def validate_pytorchjob(doc: dict, versions: list[str] | None = None) -> None:
         template = replica["template"]
         if not any(c.get("name") == CONTAINER for c in template["spec"].get("containers", [])):
             raise jsonschema.ValidationError(f"the operator needs a container named {CONTAINER!r}")
-        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "template", **template.get("metadata", {})},
-               "spec": template["spec"]}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "template", **template.get("metadata", {})},
+            "spec": template["spec"],
+        }
         for version in versions or ["1.30", kubernetes_validate.latest_version()]:
             kubernetes_validate.validate(pod, version, strict=True)

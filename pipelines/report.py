@@ -14,7 +14,13 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.tracking import (
-    TrackingConfig, log_artifact_path, log_dataset_input, log_figure, log_json, log_table, resume_run,
+    TrackingConfig,
+    log_artifact_path,
+    log_dataset_input,
+    log_figure,
+    log_json,
+    log_table,
+    resume_run,
 )
 
 
@@ -22,23 +28,31 @@ class EvalRow(BaseModel):
     model_config = ConfigDict(extra="forbid")
     policy: str = Field(description="untrained, sft, rl or teacher.")
     tasks: int | None = Field(None, description="Held-out tasks evaluated (n).")
-    units: int | None = Field(None, description="Independent units among them (distinct repositories): what the "
-                                                "intervals count.")
+    units: int | None = Field(
+        None, description="Independent units among them (distinct repositories): what the intervals count."
+    )
     resolved_rate: float | None = Field(None, description="Resolved / evaluated attempts (infra errors excluded).")
     resolved_rate_ci95: tuple[float, float] | None = Field(
-        None, description="95% interval (attempts clustered by task and unit), from the evaluation.")
+        None, description="95% interval (attempts clustered by task and unit), from the evaluation."
+    )
     resolved: int | None = Field(None, description="Resolved attempts.")
     evaluated: int | None = Field(None, description="Attempts that count (not infra errors).")
     pass_at_k: float | None = Field(None, description="Unbiased pass@k over the attempts per task.")
     k: int | None = Field(None, description="Sampled attempts per task (at the evaluation's temperature).")
     greedy_resolved: int | None = Field(None, description="Tasks the greedy attempt resolved (evaluate.greedy).")
     greedy_evaluated: int | None = Field(None, description="Greedy attempts that count (not infra errors).")
-    updates: int | None = Field(None, description="Optimizer updates that trained this policy (RL: only steps whose "
-                                                  "batch held a kept group; a step of dropped groups moves nothing).")
+    updates: int | None = Field(
+        None,
+        description="Optimizer updates that trained this policy (RL: only steps whose "
+        "batch held a kept group; a step of dropped groups moves nothing).",
+    )
     infra_error_rate: float | None = Field(None, description="Attempts lost to infrastructure (reported apart).")
     mean_steps: float | None = Field(None, description="Mean tool-loop steps per attempt.")
-    hidden_pass_fraction: float | None = Field(None, description="Mean share of hidden tests passing (analysis "
-                                               "only: partial progress the binary reward does not see).")
+    hidden_pass_fraction: float | None = Field(
+        None,
+        description="Mean share of hidden tests passing (analysis "
+        "only: partial progress the binary reward does not see).",
+    )
 
 
 class Comparison(BaseModel):
@@ -48,11 +62,13 @@ class Comparison(BaseModel):
     better: str = Field(description="The policy whose score is subtracted from (e.g. sft in sft - untrained).")
     than: str = Field(description="The policy it is compared with.")
     difference: float = Field(description="mean over tasks of pass@1(better) - pass@1(than), in [-1, 1].")
-    ci95: tuple[float, float] = Field(description="Newcombe's paired interval over the same tasks "
-                                                  "(components.core.intervals.paired_difference_ci).")
+    ci95: tuple[float, float] = Field(
+        description="Newcombe's paired interval over the same tasks (components.core.intervals.paired_difference_ci)."
+    )
     tasks: int = Field(description="Tasks both were evaluated on (n).")
-    units: int | None = Field(None, description="Independent units (repositories) among them; the interval "
-                                                "clusters by unit.")
+    units: int | None = Field(
+        None, description="Independent units (repositories) among them; the interval clusters by unit."
+    )
 
     def verdict(self) -> str:
         lo, hi = self.ci95
@@ -78,8 +94,16 @@ def compare_arms(per_task: dict[str, dict[str, float]], units: dict[str, str] | 
     for a, b in COMPARED:
         if a in per_task and b in per_task:
             diff, lo, hi, n = paired_difference_ci(per_task[a], per_task[b], units=units)
-            out.append(Comparison(better=a, than=b, difference=diff, ci95=(lo, hi), tasks=n,
-                                  units=count_units(common_tasks(per_task[a], per_task[b]), units)))
+            out.append(
+                Comparison(
+                    better=a,
+                    than=b,
+                    difference=diff,
+                    ci95=(lo, hi),
+                    tasks=n,
+                    units=count_units(common_tasks(per_task[a], per_task[b]), units),
+                )
+            )
     return out
 
 
@@ -94,11 +118,15 @@ def rl_verdict(comparisons: list[Comparison], gate: dict | None) -> str | None:
     if test:
         said = "RL beat SFT" if test["passed"] else "RL did not beat SFT"
         shipped = "the RL model is the candidate" if test["passed"] else "the SFT model is the candidate"
-        parts.append(f"promotion gate: {said} (exact paired p = {test['p_value']:.4f}, needs <= {test['alpha']:.4g} "
-                     f"and a gain; {test['units']} units): {shipped}")
+        parts.append(
+            f"promotion gate: {said} (exact paired p = {test['p_value']:.4f}, needs <= {test['alpha']:.4g} "
+            f"and a gain; {test['units']} units): {shipped}"
+        )
     elif gate is not None and gate.get("candidate_stage"):
-        parts.append("promotion gate: no RL-vs-SFT test (RL made no optimizer update, or an evaluation has no "
-                     "verified attempt): the SFT model is the candidate")
+        parts.append(
+            "promotion gate: no RL-vs-SFT test (RL made no optimizer update, or an evaluation has no "
+            "verified attempt): the SFT model is the candidate"
+        )
     return "RL vs SFT (what RL added): " + "; ".join(parts)
 
 
@@ -186,28 +214,46 @@ def trajectory_counts(distill_result: dict) -> dict[str, float]:
     return out
 
 
-def build_report(eval_results: dict[str, dict], distill_result: dict | None, *, exec_latency: dict | None = None,
-                 stage_seconds: dict | None = None, stages_skipped: list[str] | None = None,
-                 notes: list[str] | None = None, per_task: dict[str, dict[str, float]] | None = None,
-                 units: dict[str, str] | None = None, gate: dict | None = None,
-                 updates: dict[str, int] | None = None) -> RunReport:
+def build_report(
+    eval_results: dict[str, dict],
+    distill_result: dict | None,
+    *,
+    exec_latency: dict | None = None,
+    stage_seconds: dict | None = None,
+    stages_skipped: list[str] | None = None,
+    notes: list[str] | None = None,
+    per_task: dict[str, dict[str, float]] | None = None,
+    units: dict[str, str] | None = None,
+    gate: dict | None = None,
+    updates: dict[str, int] | None = None,
+) -> RunReport:
     """`per_task`: each arm's pass@1 by held-out task id (from its per_task.parquet) for the paired comparisons,
     clustered by `units` (task id -> unit); `gate`: the promote stage's result (whether RL beat SFT);
     `updates`: each trained arm's own optimizer updates (untrained 0)."""
     order = ["teacher", "untrained", "sft", "rl"]
-    rows = [eval_row(k, eval_results[k]).model_copy(update={"updates": (updates or {}).get(k)})
-            for k in sorted(eval_results, key=lambda k: (order.index(k) if k in order else 9, k))]
+    rows = [
+        eval_row(k, eval_results[k]).model_copy(update={"updates": (updates or {}).get(k)})
+        for k in sorted(eval_results, key=lambda k: (order.index(k) if k in order else 9, k))
+    ]
     comparisons = compare_arms(per_task or {}, units)
-    return RunReport(rows=rows, comparisons=comparisons, rl_vs_sft=rl_verdict(comparisons, gate),
-                     trajectories=trajectory_counts(distill_result or {}),
-                     exec_latency=exec_latency or {}, stage_seconds=stage_seconds or {},
-                     stages_skipped=stages_skipped or [], notes=notes or [])
+    return RunReport(
+        rows=rows,
+        comparisons=comparisons,
+        rl_vs_sft=rl_verdict(comparisons, gate),
+        trajectories=trajectory_counts(distill_result or {}),
+        exec_latency=exec_latency or {},
+        stage_seconds=stage_seconds or {},
+        stages_skipped=stages_skipped or [],
+        notes=notes or [],
+    )
 
 
 def promotion_note(gate: dict) -> str:
     """The gate's decision as one line of the report."""
     if gate.get("promoted"):
-        return f"promoted {gate.get('candidate_stage')} model as version {gate.get('candidate_version')}: {gate['reason']}"
+        return (
+            f"promoted {gate.get('candidate_stage')} model as version {gate.get('candidate_version')}: {gate['reason']}"
+        )
     kept = f"kept champion v{gate['champion_version']}" if gate.get("champion_version") else "not registered"
     return f"{kept}: {gate['reason']}"
 
@@ -232,8 +278,11 @@ def to_markdown(report: RunReport) -> str:
     if report.trajectories:
         lines += ["", "Teacher trajectories: " + ", ".join(f"{k} {int(v)}" for k, v in report.trajectories.items())]
     if report.exec_latency:
-        lines += ["", "Sandbox exec latency: " + ", ".join(f"{k} {v:.3f}" if k != "n" else f"n {int(v)}"
-                                                        for k, v in report.exec_latency.items())]
+        lines += [
+            "",
+            "Sandbox exec latency: "
+            + ", ".join(f"{k} {v:.3f}" if k != "n" else f"n {int(v)}" for k, v in report.exec_latency.items()),
+        ]
     if report.stage_seconds:
         lines += ["", "Step wall time (s): " + ", ".join(f"{k} {v:.1f}" for k, v in report.stage_seconds.items())]
     if report.stages_skipped:
@@ -245,10 +294,26 @@ def to_markdown(report: RunReport) -> str:
 
 # The console table's columns, most important first: a narrow terminal loses the last ones, never a wrapped cell.
 # Short headers for `COLUMNS` (report.md spells them out).
-RICH_COLUMNS = ("policy", "resolved [95% CI]", "resolved", "greedy", "updates", "pass@k", "infra", "steps", "tasks",
-                "hidden")
-RICH_NAMES = {"resolved [95% CI]": "resolved rate [95% CI]", "resolved": "resolved / evaluated",
-              "infra": "infra errors", "steps": "mean steps", "tasks": "tasks (units)", "hidden": "hidden tests passing"}
+RICH_COLUMNS = (
+    "policy",
+    "resolved [95% CI]",
+    "resolved",
+    "greedy",
+    "updates",
+    "pass@k",
+    "infra",
+    "steps",
+    "tasks",
+    "hidden",
+)
+RICH_NAMES = {
+    "resolved [95% CI]": "resolved rate [95% CI]",
+    "resolved": "resolved / evaluated",
+    "infra": "infra errors",
+    "steps": "mean steps",
+    "tasks": "tasks (units)",
+    "hidden": "hidden tests passing",
+}
 
 
 def to_rich(report: RunReport, width: int | None = None):
@@ -265,9 +330,15 @@ def to_rich(report: RunReport, width: int | None = None):
         return [full[RICH_NAMES.get(c, c)] for c in RICH_COLUMNS]
 
     def build(columns: int) -> Table:
-        said = {"resolved": "resolved / evaluated attempts", "infra": "attempts lost to infrastructure",
-                "steps": "mean tool steps", "hidden": "hidden tests passing", "greedy": "tasks the greedy attempt "
-                "resolved", "updates": "optimizer updates that trained the policy", "tasks": "tasks (repositories)"}
+        said = {
+            "resolved": "resolved / evaluated attempts",
+            "infra": "attempts lost to infrastructure",
+            "steps": "mean tool steps",
+            "hidden": "hidden tests passing",
+            "greedy": "tasks the greedy attempt resolved",
+            "updates": "optimizer updates that trained the policy",
+            "tasks": "tasks (repositories)",
+        }
         caption = "; ".join(f"{c}: {said[c]}" for c in RICH_COLUMNS[:columns] if c in said)
         table = Table(title="Held-out tasks: untrained vs SFT vs RL", box=box.SIMPLE_HEAD, caption=caption)
         for name in RICH_COLUMNS[:columns]:
@@ -286,15 +357,34 @@ def to_rich(report: RunReport, width: int | None = None):
 
 # The results table's columns (markdown and console alike). The rate is over the sampled attempts (k per task at
 # the evaluation's temperature: pass@1); "greedy" is the one greedy attempt per task beside them.
-COLUMNS = ("policy", "tasks (units)", "resolved rate [95% CI]", "resolved / evaluated", "pass@k", "greedy",
-           "updates", "infra errors", "mean steps", "hidden tests passing")
+COLUMNS = (
+    "policy",
+    "tasks (units)",
+    "resolved rate [95% CI]",
+    "resolved / evaluated",
+    "pass@k",
+    "greedy",
+    "updates",
+    "infra errors",
+    "mean steps",
+    "hidden tests passing",
+)
 
 
 def _cells(r: EvalRow) -> tuple[str, ...]:
     pass_at_k = _fmt(r.pass_at_k, True) if r.k is None else f"{_fmt(r.pass_at_k, True)} (k={r.k})"
-    return (f"{r.policy} (reference)" if r.policy == "teacher" else r.policy, _tasks(r), _rate(r),
-            f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}", pass_at_k, _greedy(r), _fmt(r.updates),
-            _fmt(r.infra_error_rate, True), _fmt(r.mean_steps), _fmt(r.hidden_pass_fraction, True))
+    return (
+        f"{r.policy} (reference)" if r.policy == "teacher" else r.policy,
+        _tasks(r),
+        _rate(r),
+        f"{_fmt(r.resolved)} / {_fmt(r.evaluated)}",
+        pass_at_k,
+        _greedy(r),
+        _fmt(r.updates),
+        _fmt(r.infra_error_rate, True),
+        _fmt(r.mean_steps),
+        _fmt(r.hidden_pass_fraction, True),
+    )
 
 
 def plot_resolved_rates(report: RunReport):
@@ -309,11 +399,22 @@ def plot_resolved_rates(report: RunReport):
     below = [rate - 100 * r.resolved_rate_ci95[0] if r.resolved_rate_ci95 else 0.0 for rate, r in zip(rates, rows)]
     above = [100 * r.resolved_rate_ci95[1] - rate if r.resolved_rate_ci95 else 0.0 for rate, r in zip(rates, rows)]
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    bars = ax.bar([r.policy for r in rows], rates, color="#4c72b0",
-                  yerr=[[max(0.0, b) for b in below], [max(0.0, a) for a in above]], capsize=4)
+    bars = ax.bar(
+        [r.policy for r in rows],
+        rates,
+        color="#4c72b0",
+        yerr=[[max(0.0, b) for b in below], [max(0.0, a) for a in above]],
+        capsize=4,
+    )
     for bar, r in zip(bars, rows):
-        ax.annotate(f"n={r.evaluated if r.evaluated is not None else '?'}", (bar.get_x() + bar.get_width() / 2, 1),
-                    ha="center", va="bottom", fontsize=8, color="white" if bar.get_height() > 8 else "black")
+        ax.annotate(
+            f"n={r.evaluated if r.evaluated is not None else '?'}",
+            (bar.get_x() + bar.get_width() / 2, 1),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            color="white" if bar.get_height() > 8 else "black",
+        )
     ax.set_ylabel("held-out resolved rate (%)")
     ax.set_title("resolved rate, 95% interval (clustered by task and unit), n attempts", fontsize=9)
     ax.set_ylim(0, 100)
@@ -331,8 +432,9 @@ def plot_child_curves(tracking_uri: str, parent_run_id: str, keys: tuple[str, ..
 
     client = mlflow.MlflowClient(tracking_uri)
     parent = client.get_run(parent_run_id)
-    children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'")
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}'"
+    )
     series = []
     for child in children:
         for name in sorted(child.data.metrics):
@@ -340,8 +442,9 @@ def plot_child_curves(tracking_uri: str, parent_run_id: str, keys: tuple[str, ..
             if any(k in name for k in keys) and not name.startswith(("final.", "data.")):
                 history = client.get_metric_history(child.info.run_id, name)
                 if history:
-                    series.append((f"{child.info.run_name}: {name}", [m.step for m in history],
-                                   [m.value for m in history]))
+                    series.append(
+                        (f"{child.info.run_name}: {name}", [m.step for m in history], [m.value for m in history])
+                    )
     if not series:
         return None
     series = series[:12]
@@ -352,15 +455,22 @@ def plot_child_curves(tracking_uri: str, parent_run_id: str, keys: tuple[str, ..
         ax.plot(steps, values, marker=".")
         ax.set_title(label, fontsize=8)
         ax.set_xlabel("step", fontsize=8)
-    for ax in list(axes.flat)[len(series):]:
+    for ax in list(axes.flat)[len(series) :]:
         ax.axis("off")
     fig.tight_layout()
     return fig
 
 
-def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunReport, markdown: str, *,
-                  stores: dict[str, Path] | None = None, tasks_dir: Path | None = None,
-                  training_steps: dict[str, int] | None = None) -> dict[str, Any]:
+def log_to_parent(
+    tracking: TrackingConfig,
+    parent_run_id: str,
+    report: RunReport,
+    markdown: str,
+    *,
+    stores: dict[str, Path] | None = None,
+    tasks_dir: Path | None = None,
+    training_steps: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """Table, plots and the trajectory stores on the pipeline's parent run; with `tasks_dir` its tasks as the
     run's datasets (one per split, with its digest: two runs evaluated on the same held-out set show the same).
 
@@ -397,12 +507,18 @@ def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunRepor
             mlflow.log_metric(f"trajectories.{k}", v)
         for k, v in report.exec_latency.items():
             mlflow.log_metric(f"exec_latency.{k}", v)
-        for name, fig in (("plots/resolved_rates.png", plot_resolved_rates(report)),
-                          ("plots/loss_curves.png", plot_child_curves(tracking.tracking_uri, parent_run_id, ("loss",))),
-                          ("plots/reward_curves.png", plot_child_curves(tracking.tracking_uri, parent_run_id,
-                                                                        ("reward", "resolved_rate"))),
-                          ("plots/bar_groups.png", plot_child_curves(tracking.tracking_uri, parent_run_id,
-                                                                     ("group", "informative", "sampler.")))):
+        for name, fig in (
+            ("plots/resolved_rates.png", plot_resolved_rates(report)),
+            ("plots/loss_curves.png", plot_child_curves(tracking.tracking_uri, parent_run_id, ("loss",))),
+            (
+                "plots/reward_curves.png",
+                plot_child_curves(tracking.tracking_uri, parent_run_id, ("reward", "resolved_rate")),
+            ),
+            (
+                "plots/bar_groups.png",
+                plot_child_curves(tracking.tracking_uri, parent_run_id, ("group", "informative", "sampler.")),
+            ),
+        ):
             if fig is not None:
                 log_figure(fig, name)
                 plt.close(fig)
@@ -415,7 +531,14 @@ def log_to_parent(tracking: TrackingConfig, parent_run_id: str, report: RunRepor
 
             tasks = TaskStore(tasks_dir).read()
             for split in sorted({t.split for t in tasks}):
-                log_dataset_input([{"task_id": t.id, "family": t.family, "difficulty": t.difficulty, "seed": t.seed}
-                                   for t in tasks if t.split == split], tasks_dir,
-                                  name=f"{tasks[0].recipe}-{split}", context=split)
+                log_dataset_input(
+                    [
+                        {"task_id": t.id, "family": t.family, "difficulty": t.difficulty, "seed": t.seed}
+                        for t in tasks
+                        if t.split == split
+                    ],
+                    tasks_dir,
+                    name=f"{tasks[0].recipe}-{split}",
+                    context=split,
+                )
     return out

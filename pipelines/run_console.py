@@ -48,11 +48,15 @@ def stage_note(stage: str, record: dict) -> str:
     if stage == "credit":
         return f"{record.get('labelled', 0)} of {record.get('unresolved', 0)} unresolved trajectories labelled"
     if stage == "sft":
-        return (f"{record.get('steps')} steps, loss {record.get('first_loss', float('nan')):.3f} -> "
-                f"{record.get('final_loss', float('nan')):.3f}")
+        return (
+            f"{record.get('steps')} steps, loss {record.get('first_loss', float('nan')):.3f} -> "
+            f"{record.get('final_loss', float('nan')):.3f}"
+        )
     if stage == "rl":
-        return (f"{record.get('steps_done')} updates, {record.get('trajectories')} episodes, "
-                f"{record.get('informative_groups')} informative groups")
+        return (
+            f"{record.get('steps_done')} updates, {record.get('trajectories')} episodes, "
+            f"{record.get('informative_groups')} informative groups"
+        )
     if stage == "promote":
         return "promoted" if record.get("promoted") else f"not promoted: {str(record.get('reason', ''))[:80]}"
     return ""

@@ -20,16 +20,20 @@ class RecurringRunSpec(BaseModel):
     name: str = Field("orchard-retrain", description="Recurring run (job) name.")
     cron: str = Field("0 3 * * 0", description="Cron schedule, 5 fields (min hour dom mon dow) or KFP's 6 (sec first).")
     package_path: str = Field(description="Compiled pipeline YAML (orchard compile).")
-    params: dict[str, Any] = Field(default_factory=dict, description="Pipeline parameters (retraining ones: defaults "
-                                                                     "from pipelines.parameters.retrain_arguments).")
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Pipeline parameters (retraining ones: defaults from pipelines.parameters.retrain_arguments).",
+    )
     max_concurrency: int = Field(1, ge=1, description="Runs allowed at once (1: a slow retrain blocks the next).")
     no_catchup: bool = Field(True, description="Skip schedules missed while paused instead of backfilling.")
     enabled: bool = Field(True, description="Start the schedule enabled.")
     enable_caching: bool = Field(False, description="Retraining must not reuse cached steps.")
     service_account: str | None = Field(None, description="Kubernetes service account for the runs.")
     namespace: str | None = Field(
-        None, description="KFP namespace (multi-user KFP: the profile's; None: the client's default, `kubeflow` "
-                          "on KFP standalone). The runs' pods, the data store PVC and the Secrets live there.")
+        None,
+        description="KFP namespace (multi-user KFP: the profile's; None: the client's default, `kubeflow` "
+        "on KFP standalone). The runs' pods, the data store PVC and the Secrets live there.",
+    )
 
     @field_validator("cron")
     @classmethod
@@ -90,5 +94,6 @@ def create_recurring_run(spec: RecurringRunSpec, *, host: str | None = None, cli
         raise KfpUnreachable(f"cannot reach the KFP API at {host}: {str(reason).splitlines()[0]}") from err
     except ApiException as err:
         body = (err.body or "").strip().splitlines()
-        raise KfpUnreachable(f"the KFP API at {host} answered {err.status} {err.reason}"
-                             + (f": {body[0][:200]}" if body else "")) from err
+        raise KfpUnreachable(
+            f"the KFP API at {host} answered {err.status} {err.reason}" + (f": {body[0][:200]}" if body else "")
+        ) from err

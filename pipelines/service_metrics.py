@@ -41,8 +41,12 @@ def histogram_summary(metrics_text: str, name: str) -> dict[str, float]:
     if not total_count:
         return {}
     ordered = sorted(buckets.items())
-    return {"n": total_count, "mean": total_sum / total_count, "p50": _quantile(ordered, 0.5),
-            "p95": _quantile(ordered, 0.95)}
+    return {
+        "n": total_count,
+        "mean": total_sum / total_count,
+        "p50": _quantile(ordered, 0.5),
+        "p95": _quantile(ordered, 0.95),
+    }
 
 
 def exec_latency(url: str, token: str | None, timeout: float = 10.0) -> dict[str, float]:

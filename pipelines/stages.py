@@ -105,8 +105,12 @@ def init_policy(call: StageCall):
 def _init_config(config: Any) -> BaseModel:
     from components.init_policy import InitConfig
 
-    return InitConfig(model=config.model, start_from=config.retrain.start_from, promotion=config.promote,
-                      enabled=config.register_model_name is not None)
+    return InitConfig(
+        model=config.model,
+        start_from=config.retrain.start_from,
+        promotion=config.promote,
+        enabled=config.register_model_name is not None,
+    )
 
 
 def distill(call: StageCall):
@@ -120,32 +124,40 @@ def credit(call: StageCall):
     """Label per-step credit on the teacher trajectories (Monte-Carlo by default)."""
     from components.credit.stage import label_credit
 
-    return label_credit(call.config, call.inputs["trajectories"], call.inputs["tasks"], call.outputs["credited"],
-                        tracking=call.tracking)
+    return label_credit(
+        call.config, call.inputs["trajectories"], call.inputs["tasks"], call.outputs["credited"], tracking=call.tracking
+    )
 
 
 def accumulate(call: StageCall):
     """Add the run's credited trajectories to the data store; the training set is the store's shards."""
     from components.accumulate import accumulate as run
 
-    return run(call.config, call.inputs["tasks"], call.inputs["credited"], call.outputs["training"],
-               tracking=call.tracking)
+    return run(
+        call.config, call.inputs["tasks"], call.inputs["credited"], call.outputs["training"], tracking=call.tracking
+    )
 
 
 def sft(call: StageCall):
     """Supervised fine-tuning on credited segments, from the untrained policy."""
     from components.sft.stage import train_sft
 
-    return train_sft(call.config, call.inputs["credited"], call.outputs["model"],
-                     base_model_dir=call.inputs["base_model"], tracking=call.tracking)
+    return train_sft(
+        call.config,
+        call.inputs["credited"],
+        call.outputs["model"],
+        base_model_dir=call.inputs["base_model"],
+        tracking=call.tracking,
+    )
 
 
 def rl(call: StageCall):
     """Adaptive RL (Balanced Adaptive Rollout) from the SFT checkpoint."""
     from components.rl.stage import train_rl
 
-    return train_rl(call.config, call.inputs["tasks"], call.inputs["sft_model"], call.outputs["model"],
-                    tracking=call.tracking)
+    return train_rl(
+        call.config, call.inputs["tasks"], call.inputs["sft_model"], call.outputs["model"], tracking=call.tracking
+    )
 
 
 def evaluate(call: StageCall):
@@ -153,8 +165,9 @@ def evaluate(call: StageCall):
     from components.evaluate import evaluate as run
 
     check_endpoint(call.config)
-    return run(call.config, call.inputs["tasks"], call.inputs.get("model"), call.outputs["results"],
-               tracking=call.tracking)
+    return run(
+        call.config, call.inputs["tasks"], call.inputs.get("model"), call.outputs["results"], tracking=call.tracking
+    )
 
 
 def promote(call: StageCall):
@@ -162,17 +175,28 @@ def promote(call: StageCall):
     from components.promote.stage import run_gate
 
     i = call.inputs
-    return run_gate(call.config, i["tasks"], i["base_model"], i["sft_model"], i["rl_model"], i["sft_results"],
-                    i["rl_results"], i["credited"], call.outputs["results"], call.tracking,
-                    base_results=i["base_results"])
+    return run_gate(
+        call.config,
+        i["tasks"],
+        i["base_model"],
+        i["sft_model"],
+        i["rl_model"],
+        i["sft_results"],
+        i["rl_results"],
+        i["credited"],
+        call.outputs["results"],
+        call.tracking,
+        base_results=i["base_results"],
+    )
 
 
 def _gate_config(config: Any) -> BaseModel:
     """The gate's config from the run's: its `promote` section and the candidates' EvalConfig."""
     from components.promote.stage import GateConfig
 
-    return GateConfig(promotion=config.promote, evaluate=config.evaluate,
-                      enabled=config.register_model_name is not None)
+    return GateConfig(
+        promotion=config.promote, evaluate=config.evaluate, enabled=config.register_model_name is not None
+    )
 
 
 def check_endpoint(config: Any) -> None:
@@ -197,23 +221,59 @@ STAGES: list[Stage] = [
     # The reference row first: a teacher endpoint that cannot be reached stops the run before training.
     Stage("evaluate-teacher", evaluate, "evaluate_teacher", _TASKS, {"results": "dataset"}),
     Stage("distill", distill, "distill", _TASKS, {"trajectories": "dataset"}, retries=2, resumable=True),
-    Stage("credit", credit, "credit", {**_TASKS, "trajectories": "distill.trajectories"}, {"credited": "dataset"},
-          retries=2, resumable=True),
+    Stage(
+        "credit",
+        credit,
+        "credit",
+        {**_TASKS, "trajectories": "distill.trajectories"},
+        {"credited": "dataset"},
+        retries=2,
+        resumable=True,
+    ),
     # This run's credited trajectories join the data store (retrain.data_store); SFT reads the union.
-    Stage("accumulate", accumulate, "retrain", {**_TASKS, "credited": "credit.credited"}, {"training": "dataset"},
-          retries=2, cache=False, store_volume=True),  # the store lives outside the artifacts
-    Stage("sft", sft, "sft", {"credited": "accumulate.training", "base_model": "init-policy.model"},
-          {"model": "model"}, gpu=True, distributed=True),
+    Stage(
+        "accumulate",
+        accumulate,
+        "retrain",
+        {**_TASKS, "credited": "credit.credited"},
+        {"training": "dataset"},
+        retries=2,
+        cache=False,
+        store_volume=True,
+    ),  # the store lives outside the artifacts
+    Stage(
+        "sft",
+        sft,
+        "sft",
+        {"credited": "accumulate.training", "base_model": "init-policy.model"},
+        {"model": "model"},
+        gpu=True,
+        distributed=True,
+    ),
     Stage("rl", rl, "rl", {**_TASKS, "sft_model": "sft.model"}, {"model": "model"}, gpu=True, distributed=True),
     Stage("evaluate-untrained", evaluate, "evaluate", {**_TASKS, "model": "init-policy.model"}, {"results": "dataset"}),
     Stage("evaluate-sft", evaluate, "evaluate", {**_TASKS, "model": "sft.model"}, {"results": "dataset"}),
     Stage("evaluate-rl", evaluate, "evaluate", {**_TASKS, "model": "rl.model"}, {"results": "dataset"}),
     # Last: the final trained model against the registry's champion; only a promoted model is registered.
-    Stage("promote", promote, "promote",
-          {**_TASKS, "base_model": "init-policy.model", "sft_model": "sft.model", "rl_model": "rl.model", "sft_results": "evaluate-sft.results",
-           "rl_results": "evaluate-rl.results", "base_results": "evaluate-untrained.results",
-           "credited": "accumulate.training"}, {"results": "dataset"},
-          retries=0, cache=False, build_config=_gate_config),  # a retry could register twice
+    Stage(
+        "promote",
+        promote,
+        "promote",
+        {
+            **_TASKS,
+            "base_model": "init-policy.model",
+            "sft_model": "sft.model",
+            "rl_model": "rl.model",
+            "sft_results": "evaluate-sft.results",
+            "rl_results": "evaluate-rl.results",
+            "base_results": "evaluate-untrained.results",
+            "credited": "accumulate.training",
+        },
+        {"results": "dataset"},
+        retries=0,
+        cache=False,
+        build_config=_gate_config,
+    ),  # a retry could register twice
 ]
 BY_NAME = {s.name: s for s in STAGES}
 # Steps around the stages, with the same names in every runner: `start` validates the config and

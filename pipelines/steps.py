@@ -53,8 +53,11 @@ class StepContext:
 
     @property
     def tracking_config(self) -> TrackingConfig:
-        return TrackingConfig(tracking_uri=tracking_uri_for(self.config), experiment=self.config.experiment,
-                              parent_run_id=self.parent_run_id)
+        return TrackingConfig(
+            tracking_uri=tracking_uri_for(self.config),
+            experiment=self.config.experiment,
+            parent_run_id=self.parent_run_id,
+        )
 
     def tracking(self, stage: str) -> TrackingConfig | None:
         if self.parent_run_id is None:
@@ -77,8 +80,12 @@ def run_stage(name: str, ctx: StepContext, inputs: dict[str, Path | str], output
     """Run one row of the stage table; returns its result as JSON-ready data (raises StageFailed)."""
     stage = stages.BY_NAME[name]
     check_world_size(stage, ctx.config)
-    call = stages.StageCall(config=ctx.stage_config(name), inputs={k: Path(v) for k, v in inputs.items()},
-                            outputs={k: Path(v) for k, v in outputs.items()}, tracking=ctx.tracking(name))
+    call = stages.StageCall(
+        config=ctx.stage_config(name),
+        inputs={k: Path(v) for k, v in inputs.items()},
+        outputs={k: Path(v) for k, v in outputs.items()},
+        tracking=ctx.tracking(name),
+    )
     result = stage.run(call)
     record = result.model_dump(mode="json") if isinstance(result, BaseModel) else dict(result)
     check_infra_errors(name, record, ctx.config)
@@ -93,7 +100,8 @@ def check_world_size(stage: stages.Stage, config: PipelineConfig) -> None:
         raise stages.StageFailed(
             f"stage {stage.name}: its config asks for {processes} process(es) ({stage.config}.launch) but it runs in "
             f"{world_size()}; compile the pipeline with this config (the stage becomes a PyTorchJob) or start it as "
-            f"`torchrun --nproc-per-node=... -m pipelines.steps run {stage.name} ...` with that many processes")
+            f"`torchrun --nproc-per-node=... -m pipelines.steps run {stage.name} ...` with that many processes"
+        )
 
 
 def infra_counts(record: dict) -> tuple[int, int] | None:
@@ -134,7 +142,8 @@ def check_infra_errors(name: str, record: dict, config: PipelineConfig) -> None:
         reasons = _infra_reasons(record, config.failure.reasons_shown) or ["(no reason recorded)"]
         raise stages.StageFailed(
             f"stage {name}: {errors} of {total} episodes were infrastructure errors (limit {limit:.0%}); "
-            f"first reasons: {' | '.join(reasons)}")
+            f"first reasons: {' | '.join(reasons)}"
+        )
 
 
 def model_trained(stage: str, record: dict | None) -> tuple[bool, str]:
@@ -150,10 +159,23 @@ def model_trained(stage: str, record: dict | None) -> tuple[bool, str]:
 # ---------------------------------------------------------------------------------------------
 # Start and report: the same two steps around the stages in every runner
 # ---------------------------------------------------------------------------------------------
-def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlflow_uri: str, experiment: str,
-                   overrides_json: str = "{}", run_name: str | None = None, start_from: str | None = None,
-                   promotion_margin: float | str | None = None, train_tasks: int | str | None = None,
-                   data_store: str | None = None, window_runs: int | str | None = None, tags: dict[str, str] | None = None) -> tuple[PipelineConfig, str]:
+def start_pipeline(
+    *,
+    preset: str,
+    recipe: str,
+    seed: int,
+    sandbox_url: str,
+    mlflow_uri: str,
+    experiment: str,
+    overrides_json: str = "{}",
+    run_name: str | None = None,
+    start_from: str | None = None,
+    promotion_margin: float | str | None = None,
+    train_tasks: int | str | None = None,
+    data_store: str | None = None,
+    window_runs: int | str | None = None,
+    tags: dict[str, str] | None = None,
+) -> tuple[PipelineConfig, str]:
     """Build and validate the run's config from pipeline parameters; open the MLflow parent run.
 
     The retraining parameters (None: the preset's value) are strings when Argo passes them."""
@@ -168,15 +190,28 @@ def start_pipeline(*, preset: str, recipe: str, seed: int, sandbox_url: str, mlf
         retrain["retrain.data_store"] = data_store
     if window_runs not in (None, "") and int(window_runs) > 0:
         retrain["retrain.window_runs"] = int(window_runs)
-    config = resolve(preset, overrides={  # overrides_json (the whole config, from kfp.local) has the last word
-        **retrain, **json.loads(overrides_json or "{}"), "recipe": recipe, "seed": seed,
-        "sandbox_url": sandbox_url or None, "tracking_uri": mlflow_uri or None, "experiment": experiment})
+    config = resolve(
+        preset,
+        overrides={  # overrides_json (the whole config, from kfp.local) has the last word
+            **retrain,
+            **json.loads(overrides_json or "{}"),
+            "recipe": recipe,
+            "seed": seed,
+            "sandbox_url": sandbox_url or None,
+            "tracking_uri": mlflow_uri or None,
+            "experiment": experiment,
+        },
+    )
     # before the parent run: a config that cannot work leaves nothing RUNNING (the network only: this step's pod
     # does not mount the checkpoints and task files the stage pods read; local runs check those first)
     preflight(config, files=False)
     ctx = StepContext(config, None)
-    run_id = open_pipeline_run(ctx.tracking_config, run_name or f"pipeline-{config.recipe}", config,
-                               tags=parent_run_tags(config, **(tags or {})))
+    run_id = open_pipeline_run(
+        ctx.tracking_config,
+        run_name or f"pipeline-{config.recipe}",
+        config,
+        tags=parent_run_tags(config, **(tags or {})),
+    )
     return config, run_id
 
 
@@ -190,20 +225,38 @@ def parent_run_tags(config: PipelineConfig, **extra: str) -> dict[str, str]:
     model = f"`{config.model.path}`" if config.model.path else "the tiny model (`model.tiny`)"
     if config.retrain.start_from == "champion":
         model += f", or the champion of `{config.register_model_name}` when there is one"
-    data = (f"`{source.kind}` tasks from `{source.path}`" if source.kind != "generator"
-            else f"`{config.recipe}` tasks generated from seed {config.provision.seed}")
+    data = (
+        f"`{source.kind}` tasks from `{source.path}`"
+        if source.kind != "generator"
+        else f"`{config.recipe}` tasks generated from seed {config.provision.seed}"
+    )
     data += f": {config.provision.n_train} train, {config.provision.n_heldout} held out"
     if config.retrain.data_store:
         data += f"; training data accumulates in `{config.retrain.data_store}`"
-    teacher = config.distill.openai.model if config.distill.teacher == "openai" and config.distill.openai else \
-        f"scripted (error rate {config.distill.error_rate:g})"
-    note = "\n".join([f"orchard **{config.preset}** run, recipe `{config.recipe}`, seed {config.seed}", "",
-                      f"- model: {model}", f"- data: {data}", f"- teacher: {teacher}",
-                      f"- stages: sft {config.sft.steps} steps ({config.sft.mode}), rl {config.rl.steps} steps "
-                      f"({config.rl.rollout.sampler}), evaluation k={config.evaluate.k}",
-                      f"- code: git commit `{commit}`"])
-    return {"orchard.preset": config.preset, "orchard.recipe": config.recipe, "mlflow.source.git.commit": commit,
-            "mlflow.note.content": note, **extra}
+    teacher = (
+        config.distill.openai.model
+        if config.distill.teacher == "openai" and config.distill.openai
+        else f"scripted (error rate {config.distill.error_rate:g})"
+    )
+    note = "\n".join(
+        [
+            f"orchard **{config.preset}** run, recipe `{config.recipe}`, seed {config.seed}",
+            "",
+            f"- model: {model}",
+            f"- data: {data}",
+            f"- teacher: {teacher}",
+            f"- stages: sft {config.sft.steps} steps ({config.sft.mode}), rl {config.rl.steps} steps "
+            f"({config.rl.rollout.sampler}), evaluation k={config.evaluate.k}",
+            f"- code: git commit `{commit}`",
+        ]
+    )
+    return {
+        "orchard.preset": config.preset,
+        "orchard.recipe": config.recipe,
+        "mlflow.source.git.commit": commit,
+        "mlflow.note.content": note,
+        **extra,
+    }
 
 
 def per_task_pass_at_1(evals: dict[str, dict]) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
@@ -237,8 +290,9 @@ def rl_movement(rl: dict | None, evals: dict[str, dict]) -> str | None:
     for arm in ("sft", "rl"):
         store = Path((evals.get(arm) or {}).get("trajectories_dir") or "").with_name("trajectories_greedy")
         if store.is_dir():
-            greedy[arm] = {t.task_id: [s.content for s in t.steps if s.role == "assistant"]
-                           for t in TrajectoryStore(store).read()}
+            greedy[arm] = {
+                t.task_id: [s.content for s in t.steps if s.role == "assistant"] for t in TrajectoryStore(store).read()
+            }
     if len(greedy) == 2:
         shared = greedy["sft"].keys() & greedy["rl"].keys()
         differ = sum(greedy["sft"][t] != greedy["rl"][t] for t in shared)
@@ -252,10 +306,17 @@ def training_steps(results: dict[str, dict | None]) -> dict[str, int]:
     return {"untrained": 0, "sft": sft, "rl": sft + int((results.get("rl") or {}).get("steps_done") or 0)}
 
 
-def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
-                    *, exec_latency: dict[str, float] | None = None, stage_seconds: dict[str, float] | None = None,
-                    stages_skipped: list[str] | None = None, stores: dict[str, Path] | None = None,
-                    tasks_dir: Path | None = None, status: str = "FINISHED"):
+def finish_pipeline(
+    ctx: StepContext,
+    results: dict[str, dict | str | None],
+    *,
+    exec_latency: dict[str, float] | None = None,
+    stage_seconds: dict[str, float] | None = None,
+    stages_skipped: list[str] | None = None,
+    stores: dict[str, Path] | None = None,
+    tasks_dir: Path | None = None,
+    status: str = "FINISHED",
+):
     """Log the results table and plots to the parent run and close it (registering is the gate's job).
 
     `results`: each stage's result by stage name. Returns (RunReport, markdown table).
@@ -272,22 +333,42 @@ def finish_pipeline(ctx: StepContext, results: dict[str, dict | str | None],
     if gate:
         notes.append(report.promotion_note(gate))
     if ctx.config.evaluate.split != "heldout":
-        notes.append(f"the policies were evaluated on the {ctx.config.evaluate.split} split (for tuning), not on "
-                     "the held-out one: the rows are not held-out results")
+        notes.append(
+            f"the policies were evaluated on the {ctx.config.evaluate.split} split (for tuning), not on "
+            "the held-out one: the rows are not held-out results"
+        )
     moved = rl_movement(parsed.get("rl"), evals)
     if moved:
         notes.append(moved)
     per_task, units = per_task_pass_at_1(evals)
-    own = {"untrained": 0, "sft": int((parsed.get("sft") or {}).get("steps") or 0),
-           "rl": int((parsed.get("rl") or {}).get("steps_done") or 0)}
-    run_report = report.build_report(evals, parsed.get("distill"), exec_latency=exec_latency,
-                                     stage_seconds=stage_seconds, stages_skipped=stages_skipped, notes=notes,
-                                     per_task=per_task, units=units, gate=gate,
-                                     updates={arm: n for arm, n in own.items() if arm in evals})
+    own = {
+        "untrained": 0,
+        "sft": int((parsed.get("sft") or {}).get("steps") or 0),
+        "rl": int((parsed.get("rl") or {}).get("steps_done") or 0),
+    }
+    run_report = report.build_report(
+        evals,
+        parsed.get("distill"),
+        exec_latency=exec_latency,
+        stage_seconds=stage_seconds,
+        stages_skipped=stages_skipped,
+        notes=notes,
+        per_task=per_task,
+        units=units,
+        gate=gate,
+        updates={arm: n for arm, n in own.items() if arm in evals},
+    )
     markdown = report.to_markdown(run_report)
     if ctx.parent_run_id:
-        report.log_to_parent(ctx.tracking_config, ctx.parent_run_id, run_report, markdown, stores=stores,
-                             tasks_dir=tasks_dir, training_steps=training_steps(parsed))
+        report.log_to_parent(
+            ctx.tracking_config,
+            ctx.parent_run_id,
+            run_report,
+            markdown,
+            stores=stores,
+            tasks_dir=tasks_dir,
+            training_steps=training_steps(parsed),
+        )
         close_pipeline_run(ctx.tracking_config, ctx.parent_run_id, status=status)
     return run_report, markdown
 
@@ -321,8 +402,9 @@ def close_pipeline_by_tag(tracking_uri: str, experiment: str, tag: str, value: s
 # ---------------------------------------------------------------------------------------------
 # KFP: each component body calls this with its artifacts
 # ---------------------------------------------------------------------------------------------
-def kfp_entry(name: str, config_json: str, parent_run_id: str, inputs: dict[str, Any], outputs: dict[str, Any],
-              metrics: Any) -> str:
+def kfp_entry(
+    name: str, config_json: str, parent_run_id: str, inputs: dict[str, Any], outputs: dict[str, Any], metrics: Any
+) -> str:
     """The body of every KFP stage component: artifacts in, `run_stage`, metrics and result out."""
     ctx = StepContext.from_json(config_json, parent_run_id)
     stage = stages.BY_NAME[name]
@@ -368,10 +450,13 @@ def run_in_layout(name: str, layout: RunLayout, ctx: StepContext) -> dict:
 def report_in_layout(layout: RunLayout, ctx: StepContext, **kw: Any):
     """The report step over a run directory: every stage result present, models by stage."""
     results = {s.name: layout.read_result(s.name) for s in stages.STAGES}
-    stores = {"trajectories": layout.artifact("distill", "trajectories"),
-              "credited": layout.artifact("credit", "credited")}
-    run_report, markdown = finish_pipeline(ctx, results, stores=stores, tasks_dir=layout.artifact("provision", "tasks"),
-                                           **kw)
+    stores = {
+        "trajectories": layout.artifact("distill", "trajectories"),
+        "credited": layout.artifact("credit", "credited"),
+    }
+    run_report, markdown = finish_pipeline(
+        ctx, results, stores=stores, tasks_dir=layout.artifact("provision", "tasks"), **kw
+    )
     layout.report.write_text(markdown)
     return run_report, markdown
 
@@ -383,13 +468,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status", default="Failed", help="close-run: the workflow status ({{workflow.status}}).")
     parser.add_argument("--run-dir", type=Path, required=True, help="The run directory on the shared volume.")
     parser.add_argument("--config-json", default="", help="The run's PipelineConfig (from the start step).")
-    parser.add_argument("--config-file", type=Path, default=None,
-                        help="Instead of --config-json: a file holding it (a PyTorchJob's pods read the run dir's).")
+    parser.add_argument(
+        "--config-file",
+        type=Path,
+        default=None,
+        help="Instead of --config-json: a file holding it (a PyTorchJob's pods read the run dir's).",
+    )
     parser.add_argument("--parent-run-id", default="", help="MLflow parent run id (from the start step).")
-    parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="start: a pipeline parameter (preset, recipe, seed, overrides_json, ...).")
-    parser.add_argument("--outputs-dir", type=Path, default=Path("/tmp/outputs"),
-                        help="start: where Argo reads output parameters from.")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="start: a pipeline parameter (preset, recipe, seed, overrides_json, ...).",
+    )
+    parser.add_argument(
+        "--outputs-dir", type=Path, default=Path("/tmp/outputs"), help="start: where Argo reads output parameters from."
+    )
     args = parser.parse_args(argv)
     from pipelines.layout import RunLayout
 
@@ -412,8 +507,11 @@ def main(argv: list[str] | None = None) -> int:
                 probe.write_text("")
                 probe.unlink()
         except OSError as err:
-            print(f"error: cannot write the run directory ({err}); the volume must be writable by uid "
-                  f"{os.getuid()} (the stage pods' fsGroup, ClusterConfig.stage_uid)", file=sys.stderr)
+            print(
+                f"error: cannot write the run directory ({err}); the volume must be writable by uid "
+                f"{os.getuid()} (the stage pods' fsGroup, ClusterConfig.stage_uid)",
+                file=sys.stderr,
+            )
             return 1
         from pipelines.config import ConfigError
         from pipelines.preflight import PreflightError

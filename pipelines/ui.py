@@ -39,8 +39,10 @@ def choose_port(host: str, asked: int | None) -> int:
     """`asked` when free (UIError when taken); with none asked, DEFAULT_PORT or the next free port above it."""
     if asked is not None:
         if asked and not port_free(host, asked):
-            raise UIError(f"port {asked} on {host} is in use (another MLflow UI?); pass --port N for another, "
-                          "or leave --port out to take the first free one from 5000")
+            raise UIError(
+                f"port {asked} on {host} is in use (another MLflow UI?); pass --port N for another, "
+                "or leave --port out to take the first free one from 5000"
+            )
         return asked or _any_port(host)
     for port in range(DEFAULT_PORT, DEFAULT_PORT + 50):
         if port_free(host, port):
@@ -60,8 +62,10 @@ def store_uri(runs_dir: str | Path, tracking_uri: str | None) -> str:
         return tracking_uri
     db = Path(runs_dir).resolve() / "mlflow.db"
     if not db.is_file():
-        raise UIError(f"no MLflow store at {db}: run `orchard run --runs-dir {runs_dir}` first, or pass "
-                      "--runs-dir / --tracking-uri of an existing one")
+        raise UIError(
+            f"no MLflow store at {db}: run `orchard run --runs-dir {runs_dir}` first, or pass "
+            "--runs-dir / --tracking-uri of an existing one"
+        )
     return f"sqlite:///{db}"
 
 
@@ -73,8 +77,16 @@ def latest_pipeline_run(uri: str, run_id: str | None = None) -> tuple[str, str |
     if run_id:
         return client.get_run(run_id).info.experiment_id, run_id
     experiments = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(experiments, filter_string="tags.`orchard.stage` = 'pipeline'",
-                              order_by=["attributes.start_time DESC"], max_results=1) if experiments else []
+    runs = (
+        client.search_runs(
+            experiments,
+            filter_string="tags.`orchard.stage` = 'pipeline'",
+            order_by=["attributes.start_time DESC"],
+            max_results=1,
+        )
+        if experiments
+        else []
+    )
     if runs:
         return runs[0].info.experiment_id, runs[0].info.run_id
     if not experiments:
@@ -84,9 +96,25 @@ def latest_pipeline_run(uri: str, run_id: str | None = None) -> tuple[str, str |
 
 def start_server(uri: str, host: str, port: int, log: Path) -> subprocess.Popen:
     """`mlflow server` on the store, in its own process group (Ctrl-C here stops it with us)."""
-    return subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", host,
-                             "--port", str(port), "--workers", "1"], stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--backend-store-uri",
+            uri,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def wait_ready(server: subprocess.Popen, base: str, log: Path, timeout: float = 120.0) -> None:
@@ -120,9 +148,15 @@ def has_display() -> bool:
     return sys.platform == "darwin" or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
 
 
-def serve(runs_dir: str | Path = "runs", tracking_uri: str | None = None, host: str = "127.0.0.1",
-          port: int | None = None, run_id: str | None = None, browser: bool = True,
-          on_ready: Any = None) -> int:
+def serve(
+    runs_dir: str | Path = "runs",
+    tracking_uri: str | None = None,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    run_id: str | None = None,
+    browser: bool = True,
+    on_ready: Any = None,
+) -> int:
     """Serve the UI until Ctrl-C (or until `on_ready(link, server)` returns, for tests); returns the exit code."""
     from components.core.tracking import TrackingConfig, ui_link
 

@@ -28,8 +28,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="listen port (0 = any free port; see --port-file)")
     serve.add_argument("--backend", choices=["local", "kubernetes"])
     serve.add_argument("--state-dir", type=Path, help="service-private state directory")
-    serve.add_argument("--unisolated", action="store_true", default=None,
-                       help="local backend without namespaces/cgroups (sandboxes see the host!)")
+    serve.add_argument(
+        "--unisolated",
+        action="store_true",
+        default=None,
+        help="local backend without namespaces/cgroups (sandboxes see the host!)",
+    )
     serve.add_argument("--port-file", type=Path, help="write the bound port here once listening")
     serve.add_argument("--log-level", default="info")
     return parser
@@ -37,8 +41,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace) -> ServiceConfig:
     fields = json.loads(args.config.read_text()) if args.config else {}
-    flags = {"host": args.host, "port": args.port, "backend": args.backend, "state_dir": args.state_dir,
-             "unisolated": args.unisolated}
+    flags = {
+        "host": args.host,
+        "port": args.port,
+        "backend": args.backend,
+        "state_dir": args.state_dir,
+        "unisolated": args.unisolated,
+    }
     fields.update({k: v for k, v in flags.items() if v is not None})
     return ServiceConfig(**fields)
 
@@ -53,8 +62,11 @@ def serve(config: ServiceConfig, *, port_file: Path | None = None, log_level: st
     try:
         app = create_app(config)
     except IsolationUnavailableError as err:
-        print(f"orchard-sandbox: {err}\n  Run as root on a kernel with user/mount/pid/net namespaces and cgroup v2, "
-              "or pass --unisolated (ORCHARD_UNISOLATED=true) to run sandboxes WITHOUT isolation.", file=sys.stderr)
+        print(
+            f"orchard-sandbox: {err}\n  Run as root on a kernel with user/mount/pid/net namespaces and cgroup v2, "
+            "or pass --unisolated (ORCHARD_UNISOLATED=true) to run sandboxes WITHOUT isolation.",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from err
     # Bind ourselves so that port 0 works and the chosen port can be reported before serving.
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
@@ -64,14 +76,28 @@ def serve(config: ServiceConfig, *, port_file: Path | None = None, log_level: st
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.host, config.port))
     port = sock.getsockname()[1]
-    print(f"orchard sandbox service ({config.backend} backend) on http://{config.host}:{port}; "
-          f"API token from {source}", flush=True)
+    print(
+        f"orchard sandbox service ({config.backend} backend) on http://{config.host}:{port}; API token from {source}",
+        flush=True,
+    )
     del token
     if config.unisolated:
-        print("WARNING: unisolated mode: sandbox commands run on this host without namespaces or cgroups; "
-              "they can see and change everything the service can.", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on",
-                                           timeout_graceful_shutdown=10, ws_ping_interval=None))
+        print(
+            "WARNING: unisolated mode: sandbox commands run on this host without namespaces or cgroups; "
+            "they can see and change everything the service can.",
+            file=sys.stderr,
+            flush=True,
+        )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+            ws_ping_interval=None,
+        )
+    )
     redact_secrets_in_logs()
     if port_file is not None:
         tmp = port_file.with_suffix(".tmp")

@@ -59,8 +59,15 @@ class _Conn:
 
 
 class AgentClient(AgentClientBase):
-    def __init__(self, endpoint: AgentEndpoint, *, pool_size: int = 8, connect_timeout: float = 5.0,
-                 op_timeout: float = 120.0, exec_grace: float = 15.0):
+    def __init__(
+        self,
+        endpoint: AgentEndpoint,
+        *,
+        pool_size: int = 8,
+        connect_timeout: float = 5.0,
+        op_timeout: float = 120.0,
+        exec_grace: float = 15.0,
+    ):
         self.endpoint = endpoint
         self.pool_size = pool_size
         self.connect_timeout = connect_timeout
@@ -82,12 +89,15 @@ class AgentClient(AgentClientBase):
                 coro = asyncio.open_unix_connection(ep.address)
             else:
                 host, _, port = ep.address.rpartition(":")
-                coro = asyncio.open_connection(host.strip("[]"), int(port), ssl=self._ssl,
-                                               server_hostname=AGENT_TLS_SERVER_NAME if self._ssl else None)
+                coro = asyncio.open_connection(
+                    host.strip("[]"),
+                    int(port),
+                    ssl=self._ssl,
+                    server_hostname=AGENT_TLS_SERVER_NAME if self._ssl else None,
+                )
             reader, writer = await asyncio.wait_for(coro, self.connect_timeout)
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
-            raise AgentUnreachableError(f"cannot connect to the agent at {ep.transport}:{ep.address}: "
-                                        f"{exc!r}") from exc
+            raise AgentUnreachableError(f"cannot connect to the agent at {ep.transport}:{ep.address}: {exc!r}") from exc
         return _Conn(reader, writer)
 
     async def _acquire(self) -> _Conn:
@@ -117,8 +127,9 @@ class AgentClient(AgentClientBase):
             body = await conn.reader.readexactly(plen) if plen else b""
         return head, body
 
-    async def _call(self, op: str, header: dict | None = None, payload: bytes = b"", *,
-                    timeout: float | None = None) -> tuple[dict, bytes]:
+    async def _call(
+        self, op: str, header: dict | None = None, payload: bytes = b"", *, timeout: float | None = None
+    ) -> tuple[dict, bytes]:
         if self._closed:
             raise AgentUnreachableError("agent client is closed")
         req = {"op": op, "secret": self.endpoint.secret, **(header or {})}
@@ -151,23 +162,33 @@ class AgentClient(AgentClientBase):
         resp, _ = await self._call("ping", timeout=timeout)
         return resp
 
-    async def exec(self, request: ExecRequest, *, workdir: str, env: dict[str, str],
-                   max_output_bytes: int) -> ExecResult:
+    async def exec(
+        self, request: ExecRequest, *, workdir: str, env: dict[str, str], max_output_bytes: int
+    ) -> ExecResult:
         argv = ["/bin/sh", "-c", request.command] if isinstance(request.command, str) else list(request.command)
         if not argv:
             raise errors.InvalidRequestError("command is empty")
         cap = request.max_output_bytes if request.max_output_bytes is not None else max_output_bytes
         cwd = request.cwd or workdir
-        header = {"argv": argv, "cwd": cwd, "env": {**env, **request.env},
-                  "timeout": request.timeout_seconds, "max_output": cap}
+        header = {
+            "argv": argv,
+            "cwd": cwd,
+            "env": {**env, **request.env},
+            "timeout": request.timeout_seconds,
+            "max_output": cap,
+        }
         stdin = request.stdin.encode() if request.stdin else b""
         started = time.monotonic()
         try:
             resp, body = await self._call("exec", header, stdin, timeout=request.timeout_seconds + self.exec_grace)
         except errors.InvalidRequestError as exc:
             if "could not start the command" in exc.message:  # pids/memory exhausted by the workload
-                return ExecResult(exit_code=None, outcome=ExecOutcome.command_failed, message=exc.message,
-                                  duration_seconds=time.monotonic() - started)
+                return ExecResult(
+                    exit_code=None,
+                    outcome=ExecOutcome.command_failed,
+                    message=exc.message,
+                    duration_seconds=time.monotonic() - started,
+                )
             raise
         return _exec_result(resp, body, request.timeout_seconds, request.verification)
 
@@ -175,15 +196,23 @@ class AgentClient(AgentClientBase):
         _, body = await self._call("read_file", {"path": path, "scope": scope})
         return body
 
-    async def write_file(self, path: str, data: bytes, mode: int | None = None, *,
-                         scope: FileScope = "workspace") -> None:
+    async def write_file(
+        self, path: str, data: bytes, mode: int | None = None, *, scope: FileScope = "workspace"
+    ) -> None:
         await self._call("write_file", {"path": path, "mode": mode, "scope": scope}, data)
 
     async def list_files(self, path: str, *, scope: FileScope = "workspace") -> list[FileEntry]:
         resp, _ = await self._call("list_files", {"path": path, "scope": scope})
-        return [FileEntry(name=e["name"], path=e["path"], type=e["type"], size=e["size"],
-                          modified_at=datetime.fromtimestamp(e["mtime"], tz=timezone.utc))
-                for e in resp["entries"]]
+        return [
+            FileEntry(
+                name=e["name"],
+                path=e["path"],
+                type=e["type"],
+                size=e["size"],
+                modified_at=datetime.fromtimestamp(e["mtime"], tz=timezone.utc),
+            )
+            for e in resp["entries"]
+        ]
 
     async def put_archive(self, path: str, tar_gz: bytes) -> None:
         await self._call("put_archive", {"path": path}, tar_gz)
@@ -266,17 +295,32 @@ class AgentClient(AgentClientBase):
             raise
         self._release(conn)
 
-    async def http_request(self, port: int, method: str, path: str, headers: dict[str, str],
-                           body: bytes, max_body_bytes: int = 32 << 20) -> tuple[int, dict[str, str], bytes]:
-        resp, data = await self._call("http", {"port": port, "method": method, "path": path,
-                                               "headers": headers, "max_body": max_body_bytes}, body)
+    async def http_request(
+        self, port: int, method: str, path: str, headers: dict[str, str], body: bytes, max_body_bytes: int = 32 << 20
+    ) -> tuple[int, dict[str, str], bytes]:
+        resp, data = await self._call(
+            "http", {"port": port, "method": method, "path": path, "headers": headers, "max_body": max_body_bytes}, body
+        )
         return resp["status"], resp["headers"], data
 
-    async def open_pty(self, command: list[str], rows: int = 24, cols: int = 80,
-                       env: dict[str, str] | None = None, cwd: str | None = None) -> PtySession:
+    async def open_pty(
+        self,
+        command: list[str],
+        rows: int = 24,
+        cols: int = 80,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> PtySession:
         conn = await self._connect()  # a PTY owns its connection; it never returns to the pool
-        req = {"op": "pty_open", "secret": self.endpoint.secret, "argv": list(command) or ["/bin/sh"],
-               "rows": rows, "cols": cols, "env": env or {}, "cwd": cwd}
+        req = {
+            "op": "pty_open",
+            "secret": self.endpoint.secret,
+            "argv": list(command) or ["/bin/sh"],
+            "rows": rows,
+            "cols": cols,
+            "env": env or {},
+            "cwd": cwd,
+        }
         try:
             resp, _ = await self._roundtrip(conn, req, b"", self.op_timeout)
         except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
@@ -284,8 +328,9 @@ class AgentClient(AgentClientBase):
             raise AgentUnreachableError(f"cannot open a PTY: {exc!r}") from exc
         if not resp.get("ok"):
             conn.close()
-            raise (errors.UnauthorizedError if resp.get("code") == "unauthorized"
-                   else errors.InvalidRequestError)(resp.get("message", "pty refused"))
+            raise (errors.UnauthorizedError if resp.get("code") == "unauthorized" else errors.InvalidRequestError)(
+                resp.get("message", "pty refused")
+            )
         return AgentPty(conn)
 
     async def rekey(self, new_secret: str) -> None:
@@ -314,7 +359,8 @@ def _raise_for(resp: dict) -> None:
 def _before_reply(exc: BaseException) -> bool:
     """The connection was dead before the agent could have read the request."""
     return isinstance(exc, (BrokenPipeError, ConnectionResetError)) or (
-        isinstance(exc, asyncio.IncompleteReadError) and not exc.partial)
+        isinstance(exc, asyncio.IncompleteReadError) and not exc.partial
+    )
 
 
 def _exec_result(resp: dict, body: bytes, timeout: float, verification: bool = False) -> ExecResult:
@@ -322,21 +368,36 @@ def _exec_result(resp: dict, body: bytes, timeout: float, verification: bool = F
     stdout = body[:n].decode("utf-8", "replace")
     stderr = body[n:].decode("utf-8", "replace")
     code = resp["exit_code"]
-    common = dict(exit_code=code, stdout=stdout, stderr=stderr, stdout_truncated=resp["stdout_truncated"],
-                  stderr_truncated=resp["stderr_truncated"], duration_seconds=resp["duration"])
+    common = dict(
+        exit_code=code,
+        stdout=stdout,
+        stderr=stderr,
+        stdout_truncated=resp["stdout_truncated"],
+        stderr_truncated=resp["stderr_truncated"],
+        duration_seconds=resp["duration"],
+    )
     if resp.get("oom_killed"):
         if verification:  # the verifier's environment must fit: the infrastructure's, escalated
-            return ExecResult(**common, outcome=ExecOutcome.infrastructure_error,
-                              infra_error=InfraErrorKind.OOM_KILLED,
-                              message="the verification run was killed by the kernel OOM killer at the "
-                                      "sandbox's memory limit; retry with more memory (resource escalation)")
-        return ExecResult(**common, outcome=ExecOutcome.command_failed, reason="oom",
-                          message="the command ran out of the sandbox's memory and was killed by the kernel "
-                                  "OOM killer (the command's own outcome; the sandbox is still usable)")
+            return ExecResult(
+                **common,
+                outcome=ExecOutcome.infrastructure_error,
+                infra_error=InfraErrorKind.OOM_KILLED,
+                message="the verification run was killed by the kernel OOM killer at the "
+                "sandbox's memory limit; retry with more memory (resource escalation)",
+            )
+        return ExecResult(
+            **common,
+            outcome=ExecOutcome.command_failed,
+            reason="oom",
+            message="the command ran out of the sandbox's memory and was killed by the kernel "
+            "OOM killer (the command's own outcome; the sandbox is still usable)",
+        )
     if resp.get("timed_out"):
-        return ExecResult(**common, outcome=ExecOutcome.command_timeout,
-                          message=f"command exceeded its {timeout:g} s timeout; it was killed with its whole "
-                                  "process tree")
+        return ExecResult(
+            **common,
+            outcome=ExecOutcome.command_timeout,
+            message=f"command exceeded its {timeout:g} s timeout; it was killed with its whole process tree",
+        )
     return ExecResult(**common, outcome=ExecOutcome.ok if code == 0 else ExecOutcome.command_failed)
 
 

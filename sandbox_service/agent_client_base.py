@@ -45,8 +45,9 @@ class AgentClientBase(abc.ABC):
         """Answer from the agent (pid, version); raises on no answer. Readiness = a successful ping."""
 
     @abc.abstractmethod
-    async def exec(self, request: ExecRequest, *, workdir: str, env: dict[str, str],
-                   max_output_bytes: int) -> ExecResult:
+    async def exec(
+        self, request: ExecRequest, *, workdir: str, env: dict[str, str], max_output_bytes: int
+    ) -> ExecResult:
         """Run a command; the agent kills its whole process tree on timeout. Raises
         `AgentUnreachableError` if the agent is gone (the service maps that to an infra error)."""
 
@@ -54,8 +55,9 @@ class AgentClientBase(abc.ABC):
     async def read_file(self, path: str, *, scope: FileScope = "workspace") -> bytes: ...
 
     @abc.abstractmethod
-    async def write_file(self, path: str, data: bytes, mode: int | None = None, *,
-                         scope: FileScope = "workspace") -> None: ...
+    async def write_file(
+        self, path: str, data: bytes, mode: int | None = None, *, scope: FileScope = "workspace"
+    ) -> None: ...
 
     @abc.abstractmethod
     async def list_files(self, path: str, *, scope: FileScope = "workspace") -> list[FileEntry]: ...
@@ -76,12 +78,19 @@ class AgentClientBase(abc.ABC):
         """(size, chunks) of a `read_file` / `get_archive` answer, streamed from the agent."""
 
     @abc.abstractmethod
-    async def open_pty(self, command: list[str], rows: int = 24, cols: int = 80,
-                       env: dict[str, str] | None = None, cwd: str | None = None) -> PtySession: ...
+    async def open_pty(
+        self,
+        command: list[str],
+        rows: int = 24,
+        cols: int = 80,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> PtySession: ...
 
     @abc.abstractmethod
-    async def http_request(self, port: int, method: str, path: str, headers: dict[str, str],
-                           body: bytes, max_body_bytes: int = 32 << 20) -> tuple[int, dict[str, str], bytes]:
+    async def http_request(
+        self, port: int, method: str, path: str, headers: dict[str, str], body: bytes, max_body_bytes: int = 32 << 20
+    ) -> tuple[int, dict[str, str], bytes]:
         """Relay one HTTP request to 127.0.0.1:port inside the sandbox (service-port exposure works
         the same in every backend because the agent, not the host, opens the connection). A response
         body over `max_body_bytes` is a 502 (the agent stops reading it there)."""

@@ -65,8 +65,13 @@ def make_backend(config: ServiceConfig) -> SandboxBackend:
     if config.backend == "local":
         from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
 
-        return LocalBackend(LocalBackendConfig(state_dir=config.state_dir / "local", runtime=config.runtime,
-                                               isolation="none" if config.unisolated else "namespaces"))
+        return LocalBackend(
+            LocalBackendConfig(
+                state_dir=config.state_dir / "local",
+                runtime=config.runtime,
+                isolation="none" if config.unisolated else "namespaces",
+            )
+        )
     from sandbox_service.backends.kubernetes import KubernetesBackend
 
     return KubernetesBackend.from_service_config(config)
@@ -132,8 +137,9 @@ def _v1_router(manager: SandboxManager, ops: SandboxOperations, jobs: JobManager
         return _json(await manager.create(spec), 202)
 
     @r.get("/sandboxes")
-    async def list_sandboxes(label: list[str] = Query(default_factory=list),
-                             state: SandboxState | None = None) -> Response:
+    async def list_sandboxes(
+        label: list[str] = Query(default_factory=list), state: SandboxState | None = None
+    ) -> Response:
         infos = manager.list(_parse_labels(label), state)
         return Response(_infos.dump_json(infos), media_type="application/json")
 
@@ -245,8 +251,12 @@ def _v1_router(manager: SandboxManager, ops: SandboxOperations, jobs: JobManager
     return r
 
 
-def create_app(config: ServiceConfig | None = None, backend: SandboxBackend | None = None, *,
-               agent_factory: AgentFactory = default_agent_factory) -> FastAPI:
+def create_app(
+    config: ServiceConfig | None = None,
+    backend: SandboxBackend | None = None,
+    *,
+    agent_factory: AgentFactory = default_agent_factory,
+) -> FastAPI:
     """The service as an ASGI app. `backend` defaults to the one `config.backend` names."""
     config = config or ServiceConfig()
     token, _ = config.resolve_token()
@@ -278,8 +288,13 @@ def create_app(config: ServiceConfig | None = None, backend: SandboxBackend | No
         with the reason. `/livez` (liveness) only says the process answers: an API outage is not a restart."""
         problem = await asyncio.to_thread(backend.health)
         live = sum(1 for r in manager.sandboxes.values() if r.info.state is not SandboxState.deleted)
-        body = {"status": "unavailable" if problem else "ok", "backend": backend.name,
-                "isolated": not config.unisolated, "sandboxes": live, "startup_cleanup": manager.startup_report}
+        body = {
+            "status": "unavailable" if problem else "ok",
+            "backend": backend.name,
+            "isolated": not config.unisolated,
+            "sandboxes": live,
+            "startup_cleanup": manager.startup_report,
+        }
         if problem:  # also an error body (code, message): clients raise BackendUnavailableError
             body |= {"code": BackendUnavailableError.code, "message": problem}
         return JSONResponse(body, status_code=503 if problem else 200)
@@ -299,9 +314,17 @@ def create_app(config: ServiceConfig | None = None, backend: SandboxBackend | No
     app.include_router(pty_router(manager, auth))  # checks the token itself (header or ?token=)
     mount_published_api(app, config, auth, manager, ops, jobs)  # checks X-API-Key itself
     # Open: /healthz, /livez, and exposed-port URLs (the unguessable token in their path is the credential).
-    app.add_middleware(ServiceMiddleware, auth=auth, metrics=metrics, limit=config.max_request_bytes,
-                       config=config, ops=ops, jobs=jobs, open_paths=("/healthz", "/livez"),
-                       open_prefixes=("/v1/ports/", PUBLISHED_PREFIX + "/"))
+    app.add_middleware(
+        ServiceMiddleware,
+        auth=auth,
+        metrics=metrics,
+        limit=config.max_request_bytes,
+        config=config,
+        ops=ops,
+        jobs=jobs,
+        open_paths=("/healthz", "/livez"),
+        open_prefixes=("/v1/ports/", PUBLISHED_PREFIX + "/"),
+    )
     return app
 
 

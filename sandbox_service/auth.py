@@ -16,8 +16,10 @@ from starlette.requests import HTTPConnection
 
 from sandbox_service.errors import UnauthorizedError
 
-_MESSAGE = ("missing or wrong API token: send 'Authorization: Bearer <token>' "
-            "(the token is in ORCHARD_SANDBOX_TOKEN, ORCHARD_TOKEN_FILE, or <state_dir>/token)")
+_MESSAGE = (
+    "missing or wrong API token: send 'Authorization: Bearer <token>' "
+    "(the token is in ORCHARD_SANDBOX_TOKEN, ORCHARD_TOKEN_FILE, or <state_dir>/token)"
+)
 
 
 class TokenAuth:
@@ -98,13 +100,21 @@ class BearerAuthMiddleware:
         self.body = json.dumps({"code": UnauthorizedError.code, "message": message}).encode()
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] in ("http", "websocket") and scope["path"] not in self.open_paths \
-                and not self.auth.check(bearer_from_headers(scope["headers"])):
+        if (
+            scope["type"] in ("http", "websocket")
+            and scope["path"] not in self.open_paths
+            and not self.auth.check(bearer_from_headers(scope["headers"]))
+        ):
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 4401})
             else:
-                await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")],
+                    }
+                )
                 await send({"type": "http.response.body", "body": self.body})
             return
         await self.app(scope, receive, send)

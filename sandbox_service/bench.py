@@ -45,9 +45,13 @@ class _CpuMeter:
 
     def __init__(self, service_url: str) -> None:
         port = int(service_url.rpartition(":")[2])
-        self.service = next(p for p in psutil.Process().children()  # the one listening on our port
-                            if any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN
-                                   for c in p.net_connections("tcp")))
+        self.service = next(
+            p
+            for p in psutil.Process().children()  # the one listening on our port
+            if any(
+                c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN for c in p.net_connections("tcp")
+            )
+        )
         self._procs = [self.service, *self.service.children(recursive=True)]
 
     def sample(self) -> tuple[float, float]:
@@ -91,18 +95,30 @@ def bench_exec(client, n: int) -> dict:
         service1, sandbox1 = meter.sample()
         children1 = os.times()
     # The bare `true` children are this process's only reaped children during the loop.
-    bare_cpu += (children1.children_user - children0.children_user
-                 + children1.children_system - children0.children_system)
+    bare_cpu += (
+        children1.children_user - children0.children_user + children1.children_system - children0.children_system
+    )
     p50, bare50 = statistics.median(rest), statistics.median(bare)
     per = 1e3 / n
-    cpu = {"client_ms": client_cpu * per, "service_ms": (service1 - service0) * per,
-           "agent_and_command_ms": (sandbox1 - sandbox0) * per, "bare_ms": bare_cpu * per}
+    cpu = {
+        "client_ms": client_cpu * per,
+        "service_ms": (service1 - service0) * per,
+        "agent_and_command_ms": (sandbox1 - sandbox0) * per,
+        "bare_ms": bare_cpu * per,
+    }
     cpu["rest_total_ms"] = cpu["client_ms"] + cpu["service_ms"] + cpu["agent_and_command_ms"]
     cpu["ratio"] = cpu["rest_total_ms"] / cpu["bare_ms"] if cpu["bare_ms"] else float("nan")
-    return {"n": n, "rest_p50_ms": p50 * 1e3, "rest_p99_ms": _pct(rest, 0.99) * 1e3,
-            "rest_mean_ms": statistics.fmean(rest) * 1e3, "bare_p50_ms": bare50 * 1e3,
-            "bare_p99_ms": _pct(bare, 0.99) * 1e3, "ratio_p50": p50 / bare50, "cpu_per_exec": cpu,
-            "load_average": os.getloadavg()}
+    return {
+        "n": n,
+        "rest_p50_ms": p50 * 1e3,
+        "rest_p99_ms": _pct(rest, 0.99) * 1e3,
+        "rest_mean_ms": statistics.fmean(rest) * 1e3,
+        "bare_p50_ms": bare50 * 1e3,
+        "bare_p99_ms": _pct(bare, 0.99) * 1e3,
+        "ratio_p50": p50 / bare50,
+        "cpu_per_exec": cpu,
+        "load_average": os.getloadavg(),
+    }
 
 
 def bench_paced_exec(client, n: int, pause: float) -> dict:
@@ -121,8 +137,14 @@ def bench_paced_exec(client, n: int, pause: float) -> dict:
             subprocess.run(["true"])
             bare.append(time.perf_counter() - t0)
     p50, bare50 = statistics.median(rest), statistics.median(bare)
-    return {"n": n, "pause_seconds": pause, "rest_p50_ms": p50 * 1e3, "rest_p99_ms": _pct(rest, 0.99) * 1e3,
-            "bare_p50_ms": bare50 * 1e3, "ratio_p50": p50 / bare50}
+    return {
+        "n": n,
+        "pause_seconds": pause,
+        "rest_p50_ms": p50 * 1e3,
+        "rest_p99_ms": _pct(rest, 0.99) * 1e3,
+        "bare_p50_ms": bare50 * 1e3,
+        "ratio_p50": p50 / bare50,
+    }
 
 
 def bench_create(client, n: int) -> dict:
@@ -160,8 +182,17 @@ def bench_stress(service: EmbeddedService, n: int, concurrency: int, console: Co
     wall = time.perf_counter() - start
     with service.client() as client:
         live = len(client.list({"bench": "stress"}))
-    return {"n": n, "concurrency": concurrency, "succeeded": ok, "failed": failed, "success_rate": ok / n,
-            "wall_seconds": wall, "sandboxes_per_second": n / wall, "live_after": live, "errors": errors[:10]}
+    return {
+        "n": n,
+        "concurrency": concurrency,
+        "succeeded": ok,
+        "failed": failed,
+        "success_rate": ok / n,
+        "wall_seconds": wall,
+        "sandboxes_per_second": n / wall,
+        "live_after": live,
+        "errors": errors[:10],
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -172,8 +203,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--creates", type=int, help="create-to-ready samples (default 100, quick 20)")
     parser.add_argument("--stress", type=int, help="stress sandboxes (default 1000, quick 100)")
     parser.add_argument("--concurrency", type=int, default=16, help="stress concurrency")
-    parser.add_argument("--runtime", choices=["namespaces", "gvisor"], default="namespaces",
-                        help="local backend runtime (gvisor: runsc)")
+    parser.add_argument(
+        "--runtime",
+        choices=["namespaces", "gvisor"],
+        default="namespaces",
+        help="local backend runtime (gvisor: runsc)",
+    )
     parser.add_argument("--out", type=Path, default=Path("build/bench/sandbox_bench.json"))
     args = parser.parse_args(argv)
     n_exec = args.execs or (300 if args.quick else 2000)
@@ -212,20 +247,30 @@ def main(argv: list[str] | None = None) -> dict:
     table.add_row("bare subprocess.run p50", f"{e['bare_p50_ms']:.2f} ms", "")
     table.add_row("ratio of p50s", f"{e['ratio_p50']:.2f}x", "<= 2.5x")
     u = e["cpu_per_exec"]
-    table.add_row("CPU per exec: client / service / agent+command",
-                  f"{u['client_ms']:.2f} / {u['service_ms']:.2f} / {u['agent_and_command_ms']:.2f} ms", "")
-    table.add_row("CPU per exec: REST total vs bare", f"{u['rest_total_ms']:.2f} vs {u['bare_ms']:.2f} ms "
-                  f"({u['ratio']:.2f}x)", "")
+    table.add_row(
+        "CPU per exec: client / service / agent+command",
+        f"{u['client_ms']:.2f} / {u['service_ms']:.2f} / {u['agent_and_command_ms']:.2f} ms",
+        "",
+    )
+    table.add_row(
+        "CPU per exec: REST total vs bare", f"{u['rest_total_ms']:.2f} vs {u['bare_ms']:.2f} ms ({u['ratio']:.2f}x)", ""
+    )
     if "paced_exec" in figures:
         pe = figures["paced_exec"]
-        table.add_row("exec `true` p50 after 0.1 s idle vs bare", f"{pe['rest_p50_ms']:.2f} vs "
-                      f"{pe['bare_p50_ms']:.2f} ms ({pe['ratio_p50']:.2f}x)", "<= 2.5x")
+        table.add_row(
+            "exec `true` p50 after 0.1 s idle vs bare",
+            f"{pe['rest_p50_ms']:.2f} vs {pe['bare_p50_ms']:.2f} ms ({pe['ratio_p50']:.2f}x)",
+            "<= 2.5x",
+        )
     table.add_row("load average during exec (1/5/15 min)", " / ".join(f"{x:.1f}" for x in e["load_average"]), "")
     table.add_row("create-to-ready p50 / p99", f"{c['p50_ms']:.0f} / {c['p99_ms']:.0f} ms", "p50 <= 50 ms")
     if "stress" in figures:
         s = figures["stress"]
-        table.add_row(f"stress {s['n']} sandboxes (concurrency {s['concurrency']})",
-                      f"{s['success_rate'] * 100:.1f} % in {s['wall_seconds']:.1f} s", "100 %")
+        table.add_row(
+            f"stress {s['n']} sandboxes (concurrency {s['concurrency']})",
+            f"{s['success_rate'] * 100:.1f} % in {s['wall_seconds']:.1f} s",
+            "100 %",
+        )
         table.add_row("stress throughput", f"{s['sandboxes_per_second']:.1f} sandboxes/s", ">= 20/s")
     table.add_row("leaked processes/mounts/cgroups", str(figures["leaks"]["count"]), "0")
     console.print(table)

@@ -77,8 +77,7 @@ def _raise_for_error(response: httpx.Response) -> None:
     except Exception:  # a proxy or crash page, not our JSON
         code, message = "http_error", f"HTTP {response.status_code}: {response.text[:500]}"
     retry_after = response.headers.get("retry-after")
-    raise error_from_body(response.status_code, code, message, float(retry_after) if retry_after else None,
-                          infra_error)
+    raise error_from_body(response.status_code, code, message, float(retry_after) if retry_after else None, infra_error)
 
 
 def _tar_directory(local_dir: str | Path) -> bytes:
@@ -128,17 +127,18 @@ def _sync(op: Callable[Concatenate[Any, P], Generator[_Call, httpx.Response, R]]
                 try:
                     response = self.client.request(call.method, call.url, **call.kwargs)
                 except BaseException as err:  # the operation decides (delete ignores a 404; a cancelled
-                    call = gen.throw(err)       # create still deletes its sandbox)
+                    call = gen.throw(err)  # create still deletes its sandbox)
                 else:
                     call = gen.send(response)
         except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            return stop.value
 
     return _face(run, op)
 
 
-def _async(op: Callable[Concatenate[Any, P], Generator[_Call, httpx.Response, R]]
-           ) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
+def _async(
+    op: Callable[Concatenate[Any, P], Generator[_Call, httpx.Response, R]],
+) -> Callable[Concatenate[Any, P], Coroutine[Any, Any, R]]:
     """The awaitable face of the same operation: sends each request with `AsyncSandboxClient.request`."""
 
     async def run(self: Any, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -154,7 +154,7 @@ def _async(op: Callable[Concatenate[Any, P], Generator[_Call, httpx.Response, R]
                 else:
                     call = gen.send(response)
         except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+            return stop.value
 
     return _face(run, op)
 
@@ -191,7 +191,6 @@ class _SandboxBase:
         return self.info
 
 
-
 class _SandboxOps(_SandboxBase):
     """Every operation on one sandbox, written once as a generator of HTTP calls (no I/O here).
 
@@ -216,28 +215,67 @@ class _SandboxOps(_SandboxBase):
             if err.status_code != 404:  # already gone is what we wanted
                 raise
 
-    def exec(self: _SandboxBase, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
-             timeout: float = 60.0, stdin: str | None = None,
-             max_output_bytes: int | None = None) -> Generator[_Call, httpx.Response, ExecResult]:
-        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin,
-                          max_output_bytes=max_output_bytes, wait=True, verification=self.verification)
+    def exec(
+        self: _SandboxBase,
+        command: list[str] | str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 60.0,
+        stdin: str | None = None,
+        max_output_bytes: int | None = None,
+    ) -> Generator[_Call, httpx.Response, ExecResult]:
+        req = ExecRequest(
+            command=command,
+            cwd=cwd,
+            env=env or {},
+            timeout_seconds=timeout,
+            stdin=stdin,
+            max_output_bytes=max_output_bytes,
+            wait=True,
+            verification=self.verification,
+        )
         # Exec is not idempotent, so transport errors are not retried here; 503 (saturation) is.
         # JSON is written and parsed by pydantic-core directly (no dict round trip): the exec hot path.
         # `lane`: the blocking face sends it on its keep-alive lane (sandbox_service/keepalive.py).
-        response = yield _call("POST", self._exec_target(), content=req.model_dump_json().encode(),
-                               headers=_JSON_HEADERS, timeout=timeout + 30.0, lane=True)
+        response = yield _call(
+            "POST",
+            self._exec_target(),
+            content=req.model_dump_json().encode(),
+            headers=_JSON_HEADERS,
+            timeout=timeout + 30.0,
+            lane=True,
+        )
         return ExecResult.model_validate_json(response.content)
 
-    def exec_async(self: _SandboxBase, command: list[str] | str, *, cwd: str | None = None, env: dict[str, str] | None = None,
-                   timeout: float = 60.0, stdin: str | None = None) -> Generator[_Call, httpx.Response, Job]:
+    def exec_async(
+        self: _SandboxBase,
+        command: list[str] | str,
+        *,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 60.0,
+        stdin: str | None = None,
+    ) -> Generator[_Call, httpx.Response, Job]:
         """Start a command as a job (poll with the client's `wait_job`)."""
-        req = ExecRequest(command=command, cwd=cwd, env=env or {}, timeout_seconds=timeout, stdin=stdin, wait=False,
-                          verification=self.verification)
+        req = ExecRequest(
+            command=command,
+            cwd=cwd,
+            env=env or {},
+            timeout_seconds=timeout,
+            stdin=stdin,
+            wait=False,
+            verification=self.verification,
+        )
         return Job.model_validate((yield _call("POST", self._path("/exec"), json=req.model_dump(mode="json"))).json())
 
-    def write_file(self: _SandboxBase, path: str, data: bytes | str, *, mode: int | None = None) -> Generator[_Call, httpx.Response, None]:
+    def write_file(
+        self: _SandboxBase, path: str, data: bytes | str, *, mode: int | None = None
+    ) -> Generator[_Call, httpx.Response, None]:
         params: dict[str, Any] = {"path": path, **({"mode": oct(mode)} if mode is not None else {})}
-        yield _call("PUT", self._path("/files"), params=params, content=data.encode() if isinstance(data, str) else data)
+        yield _call(
+            "PUT", self._path("/files"), params=params, content=data.encode() if isinstance(data, str) else data
+        )
 
     def read_file(self: _SandboxBase, path: str) -> Generator[_Call, httpx.Response, bytes]:
         return (yield _call("GET", self._path("/files"), params={"path": path})).content
@@ -261,8 +299,9 @@ class _SandboxOps(_SandboxBase):
         """A gzipped tar of `path` inside the sandbox."""
         return (yield _call("GET", self._path("/files/archive"), params={"path": path}, timeout=120.0)).content
 
-    def apply_patch(self: _SandboxBase, patch: str, *, cwd: str | None = None,
-                    strip: int = 1) -> Generator[_Call, httpx.Response, PatchResult]:
+    def apply_patch(
+        self: _SandboxBase, patch: str, *, cwd: str | None = None, strip: int = 1
+    ) -> Generator[_Call, httpx.Response, PatchResult]:
         req = PatchRequest(patch=patch, cwd=cwd, strip=strip)
         response = yield _call("POST", self._path("/apply_patch"), json=req.model_dump(mode="json"))
         return PatchResult.model_validate(response.json())
@@ -278,8 +317,9 @@ class _SandboxOps(_SandboxBase):
 
     def restore(self: _SandboxBase, snapshot_id: str) -> Generator[_Call, httpx.Response, SandboxInfo]:
         """Reset this sandbox's filesystem to a snapshot (of this or another sandbox)."""
-        return self._set_info((yield _call("POST", self._path("/restore"), json={"snapshot_id": snapshot_id},
-                                           timeout=120.0)))
+        return self._set_info(
+            (yield _call("POST", self._path("/restore"), json={"snapshot_id": snapshot_id}, timeout=120.0))
+        )
 
     def expose_port(self: _SandboxBase, port: int) -> Generator[_Call, httpx.Response, PortExposure]:
         return PortExposure.model_validate((yield _call("POST", self._path("/ports"), json={"port": port})).json())
@@ -289,8 +329,9 @@ class _SandboxOps(_SandboxBase):
 
 
 # The operations (generators of HTTP calls) get a sync and an async face; plain methods (`verifying`) stay.
-_FACES = [name for name, value in vars(_SandboxOps).items()
-          if not name.startswith("_") and inspect.isgeneratorfunction(value)]
+_FACES = [
+    name for name, value in vars(_SandboxOps).items() if not name.startswith("_") and inspect.isgeneratorfunction(value)
+]
 
 
 class Sandbox(_SandboxBase):
@@ -374,13 +415,16 @@ class _ClientOps(_ClientBase, Generic[H]):
     def metrics(self) -> Generator[_Call, httpx.Response, str]:
         return (yield _call("GET", "/metrics")).text
 
-    def create(self, spec: SandboxCreate | None = None, *, wait: bool = True,
-               wait_timeout: float = 120.0) -> Generator[_Call, httpx.Response, H]:
+    def create(
+        self, spec: SandboxCreate | None = None, *, wait: bool = True, wait_timeout: float = 120.0
+    ) -> Generator[_Call, httpx.Response, H]:
         """A new sandbox handle (`Sandbox` or `AsyncSandbox`), ready unless `wait=False`."""
         spec = spec or SandboxCreate()
         if spec.request_id is None:  # idempotent retries of the POST itself
             spec = spec.model_copy(update={"request_id": uuid.uuid4().hex})
-        info = SandboxInfo.model_validate((yield _call("POST", "/v1/sandboxes", json=spec.model_dump(mode="json"))).json())
+        info = SandboxInfo.model_validate(
+            (yield _call("POST", "/v1/sandboxes", json=spec.model_dump(mode="json"))).json()
+        )
         sandbox = self._handle(self, info)
         if wait:
             try:
@@ -410,20 +454,28 @@ class _ClientOps(_ClientBase, Generic[H]):
         return Job.model_validate(response.json())
 
 
-_CLIENT_FACES = [name for name, value in vars(_ClientOps).items()
-                 if not name.startswith("_") and inspect.isgeneratorfunction(value)]
+_CLIENT_FACES = [
+    name for name, value in vars(_ClientOps).items() if not name.startswith("_") and inspect.isgeneratorfunction(value)
+]
 
 
 class SandboxClient(_ClientBase):
     """Synchronous client. `SandboxClient(url, token).create(SandboxCreate(...))` returns a `Sandbox`."""
 
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.BaseTransport | None = None,
+    ):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
         self._token, self._timeout, self._transport = token, timeout, transport
-        self._http = httpx.Client(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
-                                  verify=_tls_context())
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport, verify=_tls_context()
+        )
         self._lane = KeepAliveLane.for_client(self.base_url, headers, transport)
 
     def clone(self) -> "SandboxClient":
@@ -432,8 +484,16 @@ class SandboxClient(_ClientBase):
         return SandboxClient(self.base_url, self._token, timeout=self._timeout, transport=self._transport)
 
     # -- plumbing -------------------------------------------------------------------------------
-    def request(self, method: str, path: str | httpx.URL, *, timeout: float | None = None, retry: bool = True,
-                lane: bool = False, **kwargs: Any) -> httpx.Response:
+    def request(
+        self,
+        method: str,
+        path: str | httpx.URL,
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
+        lane: bool = False,
+        **kwargs: Any,
+    ) -> httpx.Response:
         """One HTTP call; 503s and connection errors are retried with backoff when `retry`. `lane`: a POST of
         `content` to an absolute URL that may go on the keep-alive lane instead of httpx (the exec hot path)."""
         attempts = _RETRY_ATTEMPTS if retry else 1
@@ -442,8 +502,12 @@ class SandboxClient(_ClientBase):
             try:
                 if on_lane is not None:
                     url = path if isinstance(path, httpx.URL) else httpx.URL(path)  # the lane takes absolute URLs
-                    response = on_lane.post(url, kwargs["content"], kwargs.get("headers") or {},
-                                            timeout or self._http.timeout.read or DEFAULT_TIMEOUT)
+                    response = on_lane.post(
+                        url,
+                        kwargs["content"],
+                        kwargs.get("headers") or {},
+                        timeout or self._http.timeout.read or DEFAULT_TIMEOUT,
+                    )
                 else:
                     response = self._http.request(method, path, timeout=timeout or self._http.timeout, **kwargs)
                 _raise_for_error(response)
@@ -484,15 +548,30 @@ class SandboxClient(_ClientBase):
 class AsyncSandboxClient(_ClientBase):
     """Asynchronous face of `SandboxClient` (the same operations, awaitable)."""
 
-    def __init__(self, base_url: str, token: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
-                 transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout, transport=transport,
-                                       verify=_tls_context())
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport, verify=_tls_context()
+        )
 
-    async def request(self, method: str, path: str | httpx.URL, *, timeout: float | None = None, retry: bool = True,
-                      lane: bool = False, **kwargs: Any) -> httpx.Response:
+    async def request(
+        self,
+        method: str,
+        path: str | httpx.URL,
+        *,
+        timeout: float | None = None,
+        retry: bool = True,
+        lane: bool = False,
+        **kwargs: Any,
+    ) -> httpx.Response:
         # `lane` concerns the blocking client only (sandbox_service/keepalive.py): here httpx carries every call.
         attempts = _RETRY_ATTEMPTS if retry else 1
         for attempt in range(attempts):
@@ -534,11 +613,14 @@ class AsyncSandboxClient(_ClientBase):
 def _check_faces() -> None:
     """Both faces of each operation set exist: an operation added to `_SandboxOps`/`_ClientOps` and not named in a
     face's class body fails here, at import."""
-    for ops, names, faces in ((_SandboxOps, _FACES, (Sandbox, AsyncSandbox)),
-                              (_ClientOps, _CLIENT_FACES, (SandboxClient, AsyncSandboxClient))):
+    for ops, names, faces in (
+        (_SandboxOps, _FACES, (Sandbox, AsyncSandbox)),
+        (_ClientOps, _CLIENT_FACES, (SandboxClient, AsyncSandboxClient)),
+    ):
         for face in faces:
-            missing = [n for n in names if getattr(face, n, None) is None or getattr(face, n).__wrapped__ is not
-                       vars(ops)[n]]
+            missing = [
+                n for n in names if getattr(face, n, None) is None or getattr(face, n).__wrapped__ is not vars(ops)[n]
+            ]
             if missing:
                 raise TypeError(f"{face.__name__} lacks the face of {missing} ({ops.__name__}): name them in its body")
 

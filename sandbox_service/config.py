@@ -32,8 +32,9 @@ def _default_state_dir() -> Path:
 class ServiceConfig(BaseSettings):
     """Every knob of the sandbox service. Environment variables are `ORCHARD_<FIELD>` (upper case)."""
 
-    model_config = SettingsConfigDict(env_prefix="ORCHARD_", extra="forbid", validate_default=True,
-                                      populate_by_name=True)
+    model_config = SettingsConfigDict(
+        env_prefix="ORCHARD_", extra="forbid", validate_default=True, populate_by_name=True
+    )
 
     backend: Literal["local", "kubernetes"] = Field("local", description="Where sandboxes live.")
     unisolated: bool = Field(
@@ -42,13 +43,20 @@ class ServiceConfig(BaseSettings):
         "that lack them; never the default, because sandboxes then see the host.",
     )
     runtime: Literal["namespaces", "gvisor"] = Field(
-        "namespaces", description="Local backend only: 'namespaces' (fast, shares the host kernel) or 'gvisor' "
-        "(runsc's user-space kernel in between; slower, fewer features). See docs/concepts/threat-model.md.")
-    token: SecretStr | None = Field(None, validation_alias=AliasChoices(TOKEN_ENV, "token"),
-                                    description=f"Bearer token clients must send ({TOKEN_ENV}).")
+        "namespaces",
+        description="Local backend only: 'namespaces' (fast, shares the host kernel) or 'gvisor' "
+        "(runsc's user-space kernel in between; slower, fewer features). See docs/concepts/threat-model.md.",
+    )
+    token: SecretStr | None = Field(
+        None,
+        validation_alias=AliasChoices(TOKEN_ENV, "token"),
+        description=f"Bearer token clients must send ({TOKEN_ENV}).",
+    )
     token_file: Path | None = Field(None, description="File holding the bearer token (read when `token` is unset).")
-    state_dir: Path = Field(default_factory=_default_state_dir,
-                            description="Service-private directory: sandbox roots, snapshots, generated token.")
+    state_dir: Path = Field(
+        default_factory=_default_state_dir,
+        description="Service-private directory: sandbox roots, snapshots, generated token.",
+    )
     host: str = Field("127.0.0.1", description="Listen address.")
     port: int = Field(8765, ge=0, le=65535, description="Listen port (0 = pick a free one).")
     public_url: str | None = Field(
@@ -56,13 +64,21 @@ class ServiceConfig(BaseSettings):
     )
 
     max_output_bytes: int = Field(1_000_000, ge=0, description="Default cap on stdout and stderr of one exec, each.")
-    max_request_bytes: int = Field(1 << 30, ge=1024, description="Largest request body (file or archive upload); "
-                                   "bigger ones get 413. Uploads are streamed, so this bounds disk, not memory.")
-    max_download_bytes: int = Field(1 << 30, ge=1024, description="Largest file or archive download (streamed); "
-                                    "bigger ones get 413.")
+    max_request_bytes: int = Field(
+        1 << 30,
+        ge=1024,
+        description="Largest request body (file or archive upload); "
+        "bigger ones get 413. Uploads are streamed, so this bounds disk, not memory.",
+    )
+    max_download_bytes: int = Field(
+        1 << 30, ge=1024, description="Largest file or archive download (streamed); bigger ones get 413."
+    )
     max_port_body_bytes: int = Field(
-        32 << 20, ge=1024, description="Largest request or response body relayed to an exposed port: a bigger "
-        "request gets 413, a bigger response 502; neither the service nor the agent ever holds more than this.")
+        32 << 20,
+        ge=1024,
+        description="Largest request or response body relayed to an exposed port: a bigger "
+        "request gets 413, a bigger response 502; neither the service nor the agent ever holds more than this.",
+    )
     max_concurrent_execs: int = Field(400, ge=1, description="Execs running at once; more get 503 + Retry-After.")
     max_concurrent_creates: int = Field(50, ge=1, description="Backend creations running at once (others queue).")
     max_pending_creates: int = Field(1000, ge=1, description="Creates queued behind the create cap; more get 503.")
@@ -79,13 +95,19 @@ class ServiceConfig(BaseSettings):
     tombstone_seconds: float = Field(600.0, ge=0, description="How long a deleted sandbox still answers GET.")
     job_retention_seconds: float = Field(3600.0, ge=0, description="How long a finished job stays queryable.")
     max_finished_jobs: int = Field(
-        10_000, ge=0, description="Finished jobs kept queryable at most; past this the oldest go first (bounds "
-        "memory however many commands the service runs).")
+        10_000,
+        ge=0,
+        description="Finished jobs kept queryable at most; past this the oldest go first (bounds "
+        "memory however many commands the service runs).",
+    )
 
     ready_timeout_seconds: float = Field(60.0, gt=0, description="Agent must answer a ping this soon after start.")
     adopt_timeout_seconds: float = Field(
-        10.0, gt=0, description="After a restart, a sandbox the backend adopts must answer a ping this soon, "
-                                "else it is reaped (its agent runs already: a healthy one answers at once).")
+        10.0,
+        gt=0,
+        description="After a restart, a sandbox the backend adopts must answer a ping this soon, "
+        "else it is reaped (its agent runs already: a healthy one answers at once).",
+    )
     create_attempts: int = Field(4, ge=1, description="Attempts per create on BackendUnavailableError.")
     create_backoff_seconds: float = Field(0.25, ge=0, description="First retry delay; doubles per attempt, jittered.")
     create_backoff_max_seconds: float = Field(8.0, ge=0, description="Cap on one retry delay.")
@@ -95,9 +117,11 @@ class ServiceConfig(BaseSettings):
     )
 
     published_unrestricted_egress: bool = Field(
-        False, description="The published API's `block_network: false`: when true such sandboxes reach every "
+        False,
+        description="The published API's `block_network: false`: when true such sandboxes reach every "
         "public IPv4 address (private, loopback, link-local/cloud-metadata and reserved ranges stay unreachable; "
-        "compat/egress.py); when false (the default) it is refused with 400.")
+        "compat/egress.py); when false (the default) it is refused with 400.",
+    )
 
     escalation_enabled: bool = Field(True, description="Global switch for OOM resource escalation.")
     escalation_max_memory_mb: int = Field(16384, ge=16, description="Global cap over every spec's escalation cap.")
@@ -115,8 +139,11 @@ class ServiceConfig(BaseSettings):
             return data  # set explicitly (argument or config file)
         if new:
             return {**{k: v for k, v in data.items() if k not in (TOKEN_ENV, TOKEN_ENV.lower())}, "token": new}
-        warnings.warn(f"{DEPRECATED_TOKEN_ENV} is deprecated; set {TOKEN_ENV} (the name the clients read)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{DEPRECATED_TOKEN_ENV} is deprecated; set {TOKEN_ENV} (the name the clients read)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return {**data, "token": old}
 
     @model_validator(mode="after")

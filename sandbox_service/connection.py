@@ -11,10 +11,14 @@ from sandbox_service.client import AsyncSandboxClient, SandboxClient
 
 class SandboxConnection(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str = Field(default_factory=lambda: os.environ.get("ORCHARD_SANDBOX_URL", "http://127.0.0.1:8765"),
-                     description="Base URL of the sandbox service.")
-    token: str | None = Field(default_factory=lambda: os.environ.get("ORCHARD_SANDBOX_TOKEN"),
-                              description="Bearer token (in Kubernetes: from a Secret, never a param).")
+    url: str = Field(
+        default_factory=lambda: os.environ.get("ORCHARD_SANDBOX_URL", "http://127.0.0.1:8765"),
+        description="Base URL of the sandbox service.",
+    )
+    token: str | None = Field(
+        default_factory=lambda: os.environ.get("ORCHARD_SANDBOX_TOKEN"),
+        description="Bearer token (in Kubernetes: from a Secret, never a param).",
+    )
     timeout_seconds: float = Field(60.0, gt=0, description="Default HTTP timeout per call.")
 
     def client(self) -> SandboxClient:

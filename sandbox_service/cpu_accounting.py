@@ -60,14 +60,18 @@ class CpuSample:
     def __sub__(self, other: "CpuSample") -> "CpuSample":
         def minus(a, b):
             return None if a is None or b is None else a - b
-        return CpuSample(**{f.name: minus(getattr(self, f.name), getattr(other, f.name))
-                            for f in dataclasses.fields(self)})
+
+        return CpuSample(
+            **{f.name: minus(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self)}
+        )
 
     def __add__(self, other: "CpuSample") -> "CpuSample":
         def plus(a, b):
             return None if a is None or b is None else a + b
-        return CpuSample(**{f.name: plus(getattr(self, f.name), getattr(other, f.name))
-                            for f in dataclasses.fields(self)})
+
+        return CpuSample(
+            **{f.name: plus(getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self)}
+        )
 
     @property
     def ours(self) -> float | None:
@@ -82,7 +86,7 @@ def _stat(pid: int) -> tuple[float, float] | None:
             raw = f.read()
     except OSError:
         return None
-    fields = raw[raw.rfind(b")") + 2:].split()
+    fields = raw[raw.rfind(b")") + 2 :].split()
     utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
     return (utime + stime) / _TICK, (cutime + cstime) / _TICK
 

@@ -36,13 +36,16 @@ def main() -> None:
             a = client.create(SandboxCreate(labels={"demo": "a"}))
             b = client.create(SandboxCreate(labels={"demo": "b"}))
             table.add_row("create", f"{a.id} and {b.id} ready ({a.info.backend} backend)", "")
+
             def run_exec() -> str:
                 r = a.exec("echo hello from $(hostname); exit 3")
                 return f"exit {r.exit_code}, stdout {r.stdout.strip()!r}, outcome {r.outcome.value} (the command's)"
 
             step("exec", run_exec)
-            step("write + read", lambda: (a.write_file("/workspace/hello.txt", "hi"),
-                                          a.read_text("/workspace/hello.txt"))[1])
+            step(
+                "write + read",
+                lambda: (a.write_file("/workspace/hello.txt", "hi"), a.read_text("/workspace/hello.txt"))[1],
+            )
 
             def traversal() -> str:
                 try:
@@ -52,10 +55,17 @@ def main() -> None:
                 return "NOT refused"
 
             step("path traversal", traversal)
-            step("isolation: files", lambda: "b tries a's file: "
-                 + b.exec("cat /workspace/hello.txt 2>&1 || true").stdout.strip())
-            step("isolation: processes", lambda: "processes visible inside a: "
-                 + a.exec("ps -e -o pid=,comm= 2>/dev/null | tr -s ' ' | paste -sd, || ls /proc").stdout.strip())
+            step(
+                "isolation: files",
+                lambda: "b tries a's file: " + b.exec("cat /workspace/hello.txt 2>&1 || true").stdout.strip(),
+            )
+            step(
+                "isolation: processes",
+                lambda: (
+                    "processes visible inside a: "
+                    + a.exec("ps -e -o pid=,comm= 2>/dev/null | tr -s ' ' | paste -sd, || ls /proc").stdout.strip()
+                ),
+            )
             probe = "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), 2)\" 2>&1 | tail -1"
             step("isolation: network", lambda: a.exec(probe).stdout.strip())
             snap = a.snapshot()

@@ -39,8 +39,15 @@ class EmbeddedService:
     #: Every embedded service started in this process (for a suite-wide leak check).
     started: list["EmbeddedService"] = []
 
-    def __init__(self, config: ServiceConfig | None = None, *, startup_timeout: float = 60.0,
-                 check_leaks: bool = True, log_file: Path | None = None, python: str | None = None):
+    def __init__(
+        self,
+        config: ServiceConfig | None = None,
+        *,
+        startup_timeout: float = 60.0,
+        check_leaks: bool = True,
+        log_file: Path | None = None,
+        python: str | None = None,
+    ):
         self.config = config
         self.python = python or sys.executable  # the interpreter the service runs on (path as given)
         self.startup_timeout = startup_timeout
@@ -82,9 +89,24 @@ class EmbeddedService:
         self._log = open(log_path, "ab")
         self.log_path = log_path
         self._proc = subprocess.Popen(
-            [self.python, "-m", "sandbox_service", "serve", "--config", str(config_file),
-             "--port-file", str(port_file), "--log-level", "warning"],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+            [
+                self.python,
+                "-m",
+                "sandbox_service",
+                "serve",
+                "--config",
+                str(config_file),
+                "--port-file",
+                str(port_file),
+                "--log-level",
+                "warning",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         EmbeddedService.started.append(self)
         try:
             self._wait_ready(port_file)
@@ -123,8 +145,11 @@ class EmbeddedService:
         self._log.close()
         self.leaks = self.find_leaks()
         if self.leaks and self.check_leaks:
-            raise LeakError(f"the sandbox service left {len(self.leaks)} resource(s) behind:\n  "
-                            + "\n  ".join(self.leaks[:20]) + f"\nservice log: {self.log_path}")
+            raise LeakError(
+                f"the sandbox service left {len(self.leaks)} resource(s) behind:\n  "
+                + "\n  ".join(self.leaks[:20])
+                + f"\nservice log: {self.log_path}"
+            )
         if self._log_file is None and self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
 

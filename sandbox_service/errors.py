@@ -126,8 +126,9 @@ def _register(cls: type[SandboxServiceError]) -> None:
 _register(SandboxServiceError)
 
 
-def error_from_body(status_code: int, code: str, message: str, retry_after: float | None = None,
-                    infra_error: str | None = None) -> SandboxServiceError:
+def error_from_body(
+    status_code: int, code: str, message: str, retry_after: float | None = None, infra_error: str | None = None
+) -> SandboxServiceError:
     """Rebuild the server's exception on the client side (unknown codes fall back by status)."""
     cls = _BY_CODE.get(code)
     if cls is None:

@@ -87,8 +87,7 @@ class JobLedger:
     def prune(self) -> None:
         """Drop finished jobs past their retention or beyond the count bound, oldest first."""
         horizon = self.clock() - self.retention_seconds
-        while self._finished and (len(self._finished) > self.max_finished
-                                  or self._finished[0].finished_mono < horizon):
+        while self._finished and (len(self._finished) > self.max_finished or self._finished[0].finished_mono < horizon):
             self._drop(self._finished.popleft())
 
     def _drop(self, rec: JobRecord) -> None:
@@ -99,8 +98,11 @@ class JobLedger:
     def get(self, job_id: str) -> JobRecord | None:
         """The job's record, or None when unknown or past its retention (checked on this job alone)."""
         rec = self._records.get(job_id)
-        if rec is not None and rec.finished_mono is not None \
-                and rec.finished_mono < self.clock() - self.retention_seconds:
+        if (
+            rec is not None
+            and rec.finished_mono is not None
+            and rec.finished_mono < self.clock() - self.retention_seconds
+        ):
             return None  # expired: `prune` drops it with the next finished job
         return rec
 
@@ -108,8 +110,12 @@ class JobLedger:
         return list(self._unfinished.get(sandbox_id, {}).values())
 
     def running_tasks(self) -> list[asyncio.Task]:
-        return [r.task for group in self._unfinished.values() for r in group.values()
-                if r.task is not None and not r.task.done()]
+        return [
+            r.task
+            for group in self._unfinished.values()
+            for r in group.values()
+            if r.task is not None and not r.task.done()
+        ]
 
 
 class JobManager:
@@ -129,11 +135,16 @@ class JobManager:
         check_exec_request(request)  # 400 now rather than a failed job later
         self.ops.manager.ready(sandbox_id)  # 404/409 now rather than a failed job later
         if self._queued >= self.config.max_queued_jobs:
-            raise CapacityExceededError(f"{self._queued} jobs queued (max_queued_jobs); retry later",
-                                        retry_after=self.config.retry_after_seconds)
+            raise CapacityExceededError(
+                f"{self._queued} jobs queued (max_queued_jobs); retry later",
+                retry_after=self.config.retry_after_seconds,
+            )
         job = Job(id="job-" + secrets.token_hex(8), sandbox_id=sandbox_id, state=JobState.queued, created_at=_now())
-        text = command_text if command_text is not None else (
-            request.command if isinstance(request.command, str) else " ".join(request.command))
+        text = (
+            command_text
+            if command_text is not None
+            else (request.command if isinstance(request.command, str) else " ".join(request.command))
+        )
         rec = JobRecord(job=job, request=request, command_text=text)
         self.ledger.add(rec)
         self._queued += 1
@@ -186,9 +197,11 @@ class JobManager:
     def _record(self, job_id: str) -> JobRecord:
         rec = self.ledger.get(job_id)
         if rec is None:
-            raise JobNotFoundError(f"no job {job_id!r} (finished jobs are kept "
-                                   f"{self.config.job_retention_seconds:g} s, the latest "
-                                   f"{self.config.max_finished_jobs} at most)")
+            raise JobNotFoundError(
+                f"no job {job_id!r} (finished jobs are kept "
+                f"{self.config.job_retention_seconds:g} s, the latest "
+                f"{self.config.max_finished_jobs} at most)"
+            )
         return rec
 
     def get(self, job_id: str) -> Job:
@@ -203,8 +216,9 @@ class JobManager:
         try:
             await asyncio.wait_for(rec.done.wait(), timeout)
         except asyncio.TimeoutError:
-            raise WaitTimeoutError(f"job {job_id} still {rec.job.state.value} after {timeout:g} s; it keeps "
-                                   "running, wait again later") from None
+            raise WaitTimeoutError(
+                f"job {job_id} still {rec.job.state.value} after {timeout:g} s; it keeps running, wait again later"
+            ) from None
         return rec.job
 
     async def shutdown(self) -> None:

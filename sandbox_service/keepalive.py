@@ -57,8 +57,16 @@ class KeepAliveLane:
 
     def post(self, url: httpx.URL, body: bytes, headers: Mapping[str, str], timeout: float) -> httpx.Response:
         """POST `body` to `url` (on this lane's host); the response as an httpx.Response (any status)."""
-        head = (b"POST " + url.raw_path + b" HTTP/1.1\r\n" + self._fixed_head + _header_lines(headers)
-                + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n")
+        head = (
+            b"POST "
+            + url.raw_path
+            + b" HTTP/1.1\r\n"
+            + self._fixed_head
+            + _header_lines(headers)
+            + b"Content-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+        )
         sock, reused = self._take(url, timeout)
         try:
             sock.settimeout(timeout)
@@ -74,8 +82,12 @@ class KeepAliveLane:
             self._give_back(sock)
         else:
             sock.close()
-        return httpx.Response(response.status, headers=response.headers, content=b"".join(response.body),
-                              request=httpx.Request("POST", url))
+        return httpx.Response(
+            response.status,
+            headers=response.headers,
+            content=b"".join(response.body),
+            request=httpx.Request("POST", url),
+        )
 
     def close(self) -> None:
         with self._lock:
@@ -98,8 +110,9 @@ class KeepAliveLane:
         try:
             sock = socket.create_connection((url.host, self.port), timeout=timeout)
         except (socket.timeout, TimeoutError) as err:
-            raise httpx.ConnectTimeout(f"connecting to {self.host}:{self.port} took over {timeout:g} s",
-                                       request=httpx.Request("POST", url)) from err
+            raise httpx.ConnectTimeout(
+                f"connecting to {self.host}:{self.port} took over {timeout:g} s", request=httpx.Request("POST", url)
+            ) from err
         except OSError as err:
             raise httpx.ConnectError(str(err), request=httpx.Request("POST", url)) from err
         # The response may come in two segments: never let Nagle hold either side's last one for a delayed ACK.
@@ -153,8 +166,9 @@ def _read_response(sock: socket.socket, url: httpx.URL, timeout: float) -> _Resp
         if not data:
             if not received:
                 raise _disconnected(url)
-            raise httpx.RemoteProtocolError("the service closed the connection in the middle of a response",
-                                            request=httpx.Request("POST", url))
+            raise httpx.RemoteProtocolError(
+                "the service closed the connection in the middle of a response", request=httpx.Request("POST", url)
+            )
         received = True
         try:
             parser.feed_data(data)
@@ -166,8 +180,9 @@ def _read_response(sock: socket.socket, url: httpx.URL, timeout: float) -> _Resp
 
 def _disconnected(url: httpx.URL) -> httpx.RemoteProtocolError:
     # As httpcore words it, so that logs read the same on both paths.
-    return httpx.RemoteProtocolError("Server disconnected without sending a response.",
-                                     request=httpx.Request("POST", url))
+    return httpx.RemoteProtocolError(
+        "Server disconnected without sending a response.", request=httpx.Request("POST", url)
+    )
 
 
 def _header_lines(headers: Mapping[str, str]) -> bytes:

@@ -86,9 +86,11 @@ def leaked_network(state_dir: Path) -> list[str]:
     root = str(Path(state_dir).resolve())
     defaults = LocalBackendConfig()
     found, ours = [], set()
-    for kind, directory in (("allowlist network slot", defaults.net_index_dir),
-                            ("sandbox id range slot", defaults.userns_slot_dir)):
-        for slot in (Path(directory).iterdir() if Path(directory).is_dir() else ()):
+    for kind, directory in (
+        ("allowlist network slot", defaults.net_index_dir),
+        ("sandbox id range slot", defaults.userns_slot_dir),
+    ):
+        for slot in Path(directory).iterdir() if Path(directory).is_dir() else ():
             try:
                 owner = slot.read_text()
             except OSError:
@@ -99,8 +101,11 @@ def leaked_network(state_dir: Path) -> list[str]:
                     ours.add(int(slot.name))
     free = lambda index: not (Path(defaults.net_index_dir) / str(index)).exists()  # noqa: E731
     found += [f"veth {name}" for _, name in socket.if_nameindex() if veth_index(name) in ours]
-    found += [f"egress filter {link}" for link in local_egress.filtered_links()
-              if veth_index(link) in ours or free(veth_index(link))]
+    found += [
+        f"egress filter {link}"
+        for link in local_egress.filtered_links()
+        if veth_index(link) in ours or free(veth_index(link))
+    ]
     return found
 
 
@@ -109,8 +114,12 @@ def find_leaks(state_dir: Path, sandbox_ids: set[str] | None = None, *, grace_se
     (a SIGKILLed sandbox can take a moment to exit once its cgroup was told to)."""
     deadline = time.monotonic() + grace_seconds
     while True:
-        found = (leaked_processes(state_dir) + leaked_mounts(state_dir) + leaked_cgroups(sandbox_ids or set())
-                 + leaked_network(state_dir))
+        found = (
+            leaked_processes(state_dir)
+            + leaked_mounts(state_dir)
+            + leaked_cgroups(sandbox_ids or set())
+            + leaked_network(state_dir)
+        )
         if not found or time.monotonic() >= deadline:
             return found
         time.sleep(0.1)

@@ -46,8 +46,13 @@ class Leftovers:
     def __init__(self, manager: LeftoversOwner):
         self.manager = manager
         self.runtime = manager.runtime
-        self.report: dict[str, Any] = {"sandboxes_adopted": [], "sandboxes_removed": [],
-                                       "snapshots_removed": [], "errors": [], "finished": False}
+        self.report: dict[str, Any] = {
+            "sandboxes_adopted": [],
+            "sandboxes_removed": [],
+            "snapshots_removed": [],
+            "errors": [],
+            "finished": False,
+        }
 
     async def adopt_before_listening(self) -> list[SandboxRecord] | None:
         """`adopt`, or None (reported) when it failed: `clean` then keeps trying before reaping anything."""
@@ -68,15 +73,29 @@ class Leftovers:
             if adopted.sandbox_id in manager.sandboxes:
                 continue
             spec = adopted.spec
-            info = SandboxInfo(id=adopted.sandbox_id, state=SandboxState.pending, image=spec.image,
-                               backend=backend.name, labels=dict(spec.labels), resources=adopted.resources,
-                               network=spec.network, created_at=adopted.created_at, last_heartbeat_at=wall,
-                               attempts=1)
+            info = SandboxInfo(
+                id=adopted.sandbox_id,
+                state=SandboxState.pending,
+                image=spec.image,
+                backend=backend.name,
+                labels=dict(spec.labels),
+                resources=adopted.resources,
+                network=spec.network,
+                created_at=adopted.created_at,
+                last_heartbeat_at=wall,
+                attempts=1,
+            )
             age = max(0.0, (wall - adopted.created_at).total_seconds())
-            rec = SandboxRecord(info=info, spec=spec, secret=adopted.secret,
-                                heartbeat_ttl=min(spec.heartbeat_ttl_seconds, config.heartbeat_ttl_seconds),
-                                hard_ttl=min(spec.ttl_seconds, config.max_ttl_seconds),
-                                created_mono=mono - age, endpoint=adopted.endpoint, queued=False)
+            rec = SandboxRecord(
+                info=info,
+                spec=spec,
+                secret=adopted.secret,
+                heartbeat_ttl=min(spec.heartbeat_ttl_seconds, config.heartbeat_ttl_seconds),
+                hard_ttl=min(spec.ttl_seconds, config.max_ttl_seconds),
+                created_mono=mono - age,
+                endpoint=adopted.endpoint,
+                queued=False,
+            )
             manager.register(rec)
             records.append(rec)
         if records:

@@ -25,8 +25,9 @@ from sandbox_service.operations import SandboxOperations
 log = logging.getLogger("sandbox_service")
 
 
-def error_response(status: int, code: str, message: str, retry_after: float | None = None,
-                   infra_error: str | None = None) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, retry_after: float | None = None, infra_error: str | None = None
+) -> JSONResponse:
     """The service's one error shape: JSON {code, message[, infra_error]}, with Retry-After on 503s."""
     headers = {"Retry-After": f"{retry_after:g}"} if retry_after is not None else None
     body = {"code": code, "message": message, **({"infra_error": infra_error} if infra_error else {})}
@@ -48,13 +49,24 @@ class ServiceMiddleware:
     into the full app, so FastAPI's own 422 wording stays the single source of validation errors.
     WebSockets pass through (the PTY route checks the token itself, to close with a code)."""
 
-    def __init__(self, app, *, auth: TokenAuth, metrics: ServiceMetrics, limit: int, config: ServiceConfig,
-                 ops: SandboxOperations, jobs: JobManager, open_paths: tuple[str, ...],
-                 open_prefixes: tuple[str, ...]):
+    def __init__(
+        self,
+        app,
+        *,
+        auth: TokenAuth,
+        metrics: ServiceMetrics,
+        limit: int,
+        config: ServiceConfig,
+        ops: SandboxOperations,
+        jobs: JobManager,
+        open_paths: tuple[str, ...],
+        open_prefixes: tuple[str, ...],
+    ):
         self.app, self.auth, self.metrics, self.limit, self.config = app, auth, metrics, limit, config
         self.ops, self.jobs, self.open_paths, self.open_prefixes = ops, jobs, open_paths, open_prefixes
-        self.too_large = (f"request body over the {limit}-byte limit (max_request_bytes); upload large trees "
-                          "as several archives")
+        self.too_large = (
+            f"request body over the {limit}-byte limit (max_request_bytes); upload large trees as several archives"
+        )
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -72,12 +84,23 @@ class ServiceMiddleware:
             await send(message)
 
         try:
-            if (path not in self.open_paths and not path.startswith(self.open_prefixes)
-                    and not self.auth.check(bearer_from_headers(headers))):
+            if (
+                path not in self.open_paths
+                and not path.startswith(self.open_prefixes)
+                and not self.auth.check(bearer_from_headers(headers))
+            ):
                 status = 401
-                await send({"type": "http.response.start", "status": 401,
-                            "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer"),
-                                        (b"content-length", str(len(UNAUTHORIZED_BODY)).encode())]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"www-authenticate", b"Bearer"),
+                            (b"content-length", str(len(UNAUTHORIZED_BODY)).encode()),
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": UNAUTHORIZED_BODY})
                 return
             content_type = b""
@@ -150,19 +173,23 @@ class ServiceMiddleware:
             retry_after = err.retry_after
             if retry_after is None and err.status_code == 503:
                 retry_after = self.config.retry_after_seconds
-            await error_response(err.status_code, err.code, err.message, retry_after,
-                                 err.infra_error)(scope, receive, send)
+            await error_response(err.status_code, err.code, err.message, retry_after, err.infra_error)(
+                scope, receive, send
+            )
             return err.status_code
         except Exception as err:  # noqa: BLE001 - answered like the app's catch-all handler
             log.exception("unhandled error")
-            await error_response(500, "internal_error",
-                         f"{type(err).__name__}: {err} (a bug in the service; see its log)")(scope, receive, send)
+            await error_response(
+                500, "internal_error", f"{type(err).__name__}: {err} (a bug in the service; see its log)"
+            )(scope, receive, send)
             return 500
         payload = model.model_dump_json().encode()
-        await send({"type": "http.response.start", "status": code,
-                    "headers": [(b"content-length", str(len(payload)).encode()),
-                                (b"content-type", b"application/json")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": code,
+                "headers": [(b"content-length", str(len(payload)).encode()), (b"content-type", b"application/json")],
+            }
+        )
         await send({"type": "http.response.body", "body": payload})
         return code
-
-

@@ -39,7 +39,12 @@ class InfraErrorKind(str, enum.Enum):
 class Resources(_Model):
     cpu: float = Field(1.0, gt=0, description="CPU cores (cgroup quota locally, limits in Kubernetes).")
     memory_mb: int = Field(1024, ge=16, description="Memory limit in MiB; exceeding it is an OOM kill.")
-    pids: int = Field(512, ge=8, description="Maximum number of processes and threads of the commands (fork-bomb guard); on local cgroup v1 hosts the agent threads that started commands count too (one per connection, typically 1-4).")
+    pids: int = Field(
+        512,
+        ge=8,
+        description="Maximum number of processes and threads of the commands (fork-bomb guard); on local cgroup v1 "
+        "hosts the agent threads that started commands count too (one per connection, typically 1-4).",
+    )
     disk_mb: int = Field(2048, ge=16, description="Writable-layer size hint in MiB.")
 
 
@@ -118,8 +123,10 @@ class ExecRequest(_Model):
     )
     wait: bool = Field(True, description="False: return a Job at once and run in the background.")
     verification: bool = Field(
-        False, description="A verification run the harness starts (hidden tests), not a policy's command: its "
-        "own OOM is then an infrastructure error and escalates memory. The harness never sets it on tool calls.")
+        False,
+        description="A verification run the harness starts (hidden tests), not a policy's command: its "
+        "own OOM is then an infrastructure error and escalates memory. The harness never sets it on tool calls.",
+    )
 
 
 class ExecOutcome(str, enum.Enum):
@@ -139,8 +146,10 @@ class ExecResult(_Model):
     outcome: ExecOutcome
     infra_error: InfraErrorKind | None = None
     reason: Literal["oom"] | None = Field(
-        None, description="Why a command failed when its exit code alone does not say: `oom` = killed by the "
-        "kernel at the sandbox's memory limit (the command's outcome, counted against the policy).")
+        None,
+        description="Why a command failed when its exit code alone does not say: `oom` = killed by the "
+        "kernel at the sandbox's memory limit (the command's outcome, counted against the policy).",
+    )
     message: str | None = Field(None, description="Human-readable detail for timeouts and infra errors.")
 
     @property

@@ -48,8 +48,13 @@ def check_path(path: str) -> str:
 
 
 def infra_result(kind: InfraErrorKind, message: str, duration: float = 0.0) -> ExecResult:
-    return ExecResult(exit_code=None, outcome=ExecOutcome.infrastructure_error, infra_error=kind,
-                      message=message, duration_seconds=duration)
+    return ExecResult(
+        exit_code=None,
+        outcome=ExecOutcome.infrastructure_error,
+        infra_error=kind,
+        message=message,
+        duration_seconds=duration,
+    )
 
 
 def check_exec_request(req: ExecRequest) -> None:
@@ -70,8 +75,11 @@ class ExecLimiter:
     def try_acquire(self) -> None:
         if self.in_use >= self.limit or self._waiters:
             self._metrics.rejections.labels("execs").inc()
-            raise CapacityExceededError(f"{self.limit} execs already running (max_concurrent_execs); retry later "
-                                        "or submit with wait=false to queue", retry_after=self._retry_after)
+            raise CapacityExceededError(
+                f"{self.limit} execs already running (max_concurrent_execs); retry later "
+                "or submit with wait=false to queue",
+                retry_after=self._retry_after,
+            )
         self._take()
 
     async def acquire(self) -> None:
@@ -135,8 +143,10 @@ class SandboxOperations:
         start = time.perf_counter()
         agent = rec.agent
         if agent is None or rec.info.state is not SandboxState.ready:
-            return infra_result(InfraErrorKind.SANDBOX_DELETED if rec.deleting else InfraErrorKind.AGENT_LOST,
-                                f"sandbox {rec.id} is {rec.info.state.value}")
+            return infra_result(
+                InfraErrorKind.SANDBOX_DELETED if rec.deleting else InfraErrorKind.AGENT_LOST,
+                f"sandbox {rec.id} is {rec.info.state.value}",
+            )
         cap = req.max_output_bytes if req.max_output_bytes is not None else self.config.max_output_bytes
         deadline = req.timeout_seconds + self.config.exec_grace_seconds
         with self._call(rec):
@@ -146,8 +156,11 @@ class SandboxOperations:
                 async with asyncio.timeout(deadline):
                     result = await agent.exec(req, workdir=rec.spec.workdir, env=rec.spec.env, max_output_bytes=cap)
             except TimeoutError:
-                result = infra_result(InfraErrorKind.TIMEOUT, f"no answer from the agent within {deadline:g} s "
-                                      "(command timeout + grace); the service gave up", time.perf_counter() - start)
+                result = infra_result(
+                    InfraErrorKind.TIMEOUT,
+                    f"no answer from the agent within {deadline:g} s (command timeout + grace); the service gave up",
+                    time.perf_counter() - start,
+                )
             except AgentUnreachableError as err:
                 result = await self._agent_lost(rec, agent, err, time.perf_counter() - start, req.verification)
         if result.infra_error is InfraErrorKind.OOM_KILLED and not rec.deleting:
@@ -158,15 +171,17 @@ class SandboxOperations:
             self.metrics.failures.labels(result.infra_error.value).inc()
         return result
 
-    async def _agent_lost(self, rec: SandboxRecord, agent, err: Exception, duration: float,
-                          verification: bool = False) -> ExecResult:
+    async def _agent_lost(
+        self, rec: SandboxRecord, agent, err: Exception, duration: float, verification: bool = False
+    ) -> ExecResult:
         """The agent stopped answering: ask the backend why. A sandbox killed for memory (as a container
         OOM is in Kubernetes) had a cause inside: for a verification run that is the infrastructure's
         OOM_KILLED (escalated by the caller); for a policy's command it is the command's outcome, and a
         dead sandbox is recreated with the same memory so the policy's next calls find it again."""
         if rec.deleting:
-            return infra_result(InfraErrorKind.SANDBOX_DELETED, f"sandbox {rec.id} was deleted during the call",
-                                duration)
+            return infra_result(
+                InfraErrorKind.SANDBOX_DELETED, f"sandbox {rec.id} was deleted during the call", duration
+            )
         status = await self.manager.runtime.in_thread(self.manager.backend.status_after_agent_loss, rec.id)
         if status.infra_error is InfraErrorKind.OOM_KILLED:
             why = status.message or "sandbox killed for memory"
@@ -174,16 +189,19 @@ class SandboxOperations:
                 return infra_result(InfraErrorKind.OOM_KILLED, why, duration)
             if not status.alive:
                 await self.manager.runtime.recover(rec, agent)
-            return ExecResult(exit_code=None, outcome=ExecOutcome.command_failed, reason="oom",
-                              duration_seconds=duration,
-                              message=f"the command ran the sandbox out of memory ({why}); the sandbox was "
-                                      "kept or recreated with the same memory and its files")
+            return ExecResult(
+                exit_code=None,
+                outcome=ExecOutcome.command_failed,
+                reason="oom",
+                duration_seconds=duration,
+                message=f"the command ran the sandbox out of memory ({why}); the sandbox was "
+                "kept or recreated with the same memory and its files",
+            )
         if not status.alive:
             kind = status.infra_error or InfraErrorKind.SANDBOX_CRASHED
             await self.manager.runtime.mark_crashed(rec, agent, kind, f"sandbox died: {status.message or err}")
             return infra_result(kind, f"sandbox {rec.id} died: {status.message or err}", duration)
-        return infra_result(InfraErrorKind.AGENT_LOST, f"the agent of sandbox {rec.id} did not answer: {err}",
-                            duration)
+        return infra_result(InfraErrorKind.AGENT_LOST, f"the agent of sandbox {rec.id} did not answer: {err}", duration)
 
     async def _escalate(self, rec: SandboxRecord, agent, result: ExecResult) -> ExecResult:
         before = rec.info.resources.memory_mb
@@ -192,8 +210,10 @@ class SandboxOperations:
             note = f"killed for memory at {before} MiB; no escalation (disabled or at the cap)"
         else:
             now = rec.info.state.value
-            note = (f"killed for memory at {event.from_memory_mb} MiB; the sandbox was recreated with "
-                    f"{event.to_memory_mb} MiB (now {now}); retry the command")
+            note = (
+                f"killed for memory at {event.from_memory_mb} MiB; the sandbox was recreated with "
+                f"{event.to_memory_mb} MiB (now {now}); retry the command"
+            )
         detail = f" [{result.message}]" if result.message else ""
         return result.model_copy(update={"message": note + detail})
 
@@ -207,21 +227,26 @@ class SandboxOperations:
             except AgentUnreachableError as err:
                 result = await self._agent_lost(rec, agent, err, 0.0)
                 kind = result.infra_error.value if result.infra_error else result.reason
-                raise ServiceUnavailableError(f"{op} failed: {result.message} ({kind})",
-                                              retry_after=self.config.retry_after_seconds) from err
+                raise ServiceUnavailableError(
+                    f"{op} failed: {result.message} ({kind})", retry_after=self.config.retry_after_seconds
+                ) from err
 
     async def read_file(self, sandbox_id: str, path: str, *, scope: FileScope = "workspace") -> bytes:
-        return await self._agent_call(sandbox_id, "read_file", lambda a, p: a.read_file(p, scope=scope),
-                                      check_path(path))
+        return await self._agent_call(
+            sandbox_id, "read_file", lambda a, p: a.read_file(p, scope=scope), check_path(path)
+        )
 
-    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int | None, *,
-                         scope: FileScope = "workspace") -> None:
-        await self._agent_call(sandbox_id, "write_file", lambda a, p: a.write_file(p, data, mode, scope=scope),
-                               check_path(path))
+    async def write_file(
+        self, sandbox_id: str, path: str, data: bytes, mode: int | None, *, scope: FileScope = "workspace"
+    ) -> None:
+        await self._agent_call(
+            sandbox_id, "write_file", lambda a, p: a.write_file(p, data, mode, scope=scope), check_path(path)
+        )
 
     async def list_files(self, sandbox_id: str, path: str, *, scope: FileScope = "workspace") -> list[FileEntry]:
-        return await self._agent_call(sandbox_id, "list_files", lambda a, p: a.list_files(p, scope=scope),
-                                      check_path(path))
+        return await self._agent_call(
+            sandbox_id, "list_files", lambda a, p: a.list_files(p, scope=scope), check_path(path)
+        )
 
     async def upload_small(self, sandbox_id: str, op: str, header: dict, data: bytes) -> None:
         """`write_file` / `put_archive` of a body read whole (small)."""
@@ -253,17 +278,20 @@ class SandboxOperations:
         if req.cwd is not None:
             check_path(req.cwd)
         p = int(req.strip)
-        script = (f"if command -v git >/dev/null 2>&1; then exec git apply --verbose --whitespace=nowarn -p{p} -; "
-                  f"else exec patch -p{p} --batch --forward; fi")
-        exec_req = ExecRequest(command=["/bin/sh", "-c", script], cwd=req.cwd, stdin=req.patch,
-                               timeout_seconds=120.0)
+        script = (
+            f"if command -v git >/dev/null 2>&1; then exec git apply --verbose --whitespace=nowarn -p{p} -; "
+            f"else exec patch -p{p} --batch --forward; fi"
+        )
+        exec_req = ExecRequest(command=["/bin/sh", "-c", script], cwd=req.cwd, stdin=req.patch, timeout_seconds=120.0)
         result = await self.exec(sandbox_id, exec_req)
         if result.is_infra_error:
-            raise ServiceUnavailableError(f"apply_patch could not run: {result.infra_error.value}: {result.message}",
-                                          retry_after=self.config.retry_after_seconds)
+            raise ServiceUnavailableError(
+                f"apply_patch could not run: {result.infra_error.value}: {result.message}",
+                retry_after=self.config.retry_after_seconds,
+            )
         stderr = result.stderr
         if result.outcome is ExecOutcome.command_timeout:
             stderr += "\n(apply_patch timed out)"
-        return PatchResult(applied=result.exit_code == 0, exit_code=result.exit_code, stdout=result.stdout,
-                           stderr=stderr)
-
+        return PatchResult(
+            applied=result.exit_code == 0, exit_code=result.exit_code, stdout=result.stdout, stderr=stderr
+        )

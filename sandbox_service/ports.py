@@ -35,26 +35,71 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_service.agent_client_base import AgentUnreachableError
 from sandbox_service.auth import TokenAuth
-from sandbox_service.errors import (ConflictError, InvalidRequestError, NotFoundError, RequestTooLargeError,
-                                    ServiceUnavailableError)
+from sandbox_service.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    RequestTooLargeError,
+    ServiceUnavailableError,
+)
 from sandbox_service.models import PortExposure
 from sandbox_service.service import SandboxManager
 
 # The request headers relayed to the sandbox; every other one stays with the service (see the module doc).
-RELAYED_REQUEST_HEADERS = frozenset({
-    "accept", "accept-charset", "accept-encoding", "accept-language", "cache-control", "pragma",
-    "content-type", "content-encoding", "content-language", "content-disposition",
-    "if-match", "if-none-match", "if-modified-since", "if-unmodified-since", "if-range", "range",
-    "origin", "user-agent", "x-requested-with", "dnt", "upgrade-insecure-requests",
-    "sec-fetch-dest", "sec-fetch-mode", "sec-fetch-site", "sec-fetch-user",
-})
+RELAYED_REQUEST_HEADERS = frozenset(
+    {
+        "accept",
+        "accept-charset",
+        "accept-encoding",
+        "accept-language",
+        "cache-control",
+        "pragma",
+        "content-type",
+        "content-encoding",
+        "content-language",
+        "content-disposition",
+        "if-match",
+        "if-none-match",
+        "if-modified-since",
+        "if-unmodified-since",
+        "if-range",
+        "range",
+        "origin",
+        "user-agent",
+        "x-requested-with",
+        "dnt",
+        "upgrade-insecure-requests",
+        "sec-fetch-dest",
+        "sec-fetch-mode",
+        "sec-fetch-site",
+        "sec-fetch-user",
+    }
+)
 # Hop-by-hop headers (RFC 9110 7.6.1) and ones the relay recomputes.
-_DROP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-         "transfer-encoding", "upgrade", "host", "content-length", "authorization"}
+_DROP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "authorization",
+}
 # Never relayed from the sandbox: what would act on (or open up) the service's origin.
-_DROP_RESPONSE = _DROP | {"set-cookie", "set-cookie2", "content-security-policy", "referrer-policy",
-                          "x-content-type-options", "strict-transport-security", "clear-site-data",
-                          "service-worker-allowed"}
+_DROP_RESPONSE = _DROP | {
+    "set-cookie",
+    "set-cookie2",
+    "content-security-policy",
+    "referrer-policy",
+    "x-content-type-options",
+    "strict-transport-security",
+    "clear-site-data",
+    "service-worker-allowed",
+}
 CONFINEMENT_HEADERS = {
     "Content-Security-Policy": "sandbox allow-scripts allow-forms allow-popups",
     "X-Content-Type-Options": "nosniff",
@@ -70,8 +115,11 @@ def relayed_request_headers(headers: dict[str, str], auth: TokenAuth) -> dict[st
 
 def confine_response_headers(headers: dict[str, str]) -> dict[str, str]:
     """The sandbox's response headers, made safe to serve on the service's origin (see the module doc)."""
-    out = {k: v for k, v in headers.items()
-           if k.lower() not in _DROP_RESPONSE and not k.lower().startswith("access-control-")}
+    out = {
+        k: v
+        for k, v in headers.items()
+        if k.lower() not in _DROP_RESPONSE and not k.lower().startswith("access-control-")
+    }
     out.update(CONFINEMENT_HEADERS)
     return out
 
@@ -89,8 +137,9 @@ class _Exposure:
 
 
 class PortRegistry:
-    def __init__(self, manager: SandboxManager, auth: TokenAuth, public_url: str | None,
-                 max_body_bytes: int = 32 << 20):
+    def __init__(
+        self, manager: SandboxManager, auth: TokenAuth, public_url: str | None, max_body_bytes: int = 32 << 20
+    ):
         self.manager = manager
         self.auth = auth
         self.public_url = public_url
@@ -100,8 +149,10 @@ class PortRegistry:
     def expose(self, sandbox_id: str, port: int, base_url: str) -> PortExposure:
         rec = self.manager.ready(sandbox_id)
         if rec.info.network.mode == "none":
-            raise ConflictError(f"sandbox {sandbox_id} has no network interface (policy 'none'), so nothing in it "
-                                "can listen on a port; PUT .../network-policy {\"mode\": \"loopback\"} first")
+            raise ConflictError(
+                f"sandbox {sandbox_id} has no network interface (policy 'none'), so nothing in it "
+                'can listen on a port; PUT .../network-policy {"mode": "loopback"} first'
+            )
         for exp in self._by_token.values():
             if exp.sandbox_id == sandbox_id and exp.port == port:
                 token = exp.token
@@ -149,20 +200,26 @@ async def _capped_body(request: Request, cap: int) -> bytes:
 def proxy_router(registry: PortRegistry) -> APIRouter:
     router = APIRouter()
 
-    @router.api_route("/v1/ports/{token}/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD",
-                                                               "OPTIONS"], include_in_schema=False)
+    @router.api_route(
+        "/v1/ports/{token}/{path:path}",
+        methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
+        include_in_schema=False,
+    )
     async def relay(token: str, path: str, request: Request) -> Response:
         exp = registry.lookup(token)
         rec = registry.manager.ready(exp.sandbox_id)
         target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
         if registry.auth.carried_by(unquote_plus(target)):
-            raise InvalidRequestError("the port URL's path or query holds the service's API token, which is never "
-                                      "relayed to sandbox code; take it out of the URL")
+            raise InvalidRequestError(
+                "the port URL's path or query holds the service's API token, which is never "
+                "relayed to sandbox code; take it out of the URL"
+            )
         headers = relayed_request_headers(dict(request.headers.items()), registry.auth)
         body = await _capped_body(request, registry.max_body_bytes)
         try:
-            status, resp_headers, body = await rec.agent.http_request(exp.port, request.method, target, headers,
-                                                                      body, max_body_bytes=registry.max_body_bytes)
+            status, resp_headers, body = await rec.agent.http_request(
+                exp.port, request.method, target, headers, body, max_body_bytes=registry.max_body_bytes
+            )
         except AgentUnreachableError as err:
             raise ServiceUnavailableError(f"agent of sandbox {exp.sandbox_id} did not answer: {err}") from err
         return Response(content=body, status_code=status, headers=confine_response_headers(resp_headers))

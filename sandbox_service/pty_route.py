@@ -33,8 +33,9 @@ def _control(text: str) -> dict | None:
 
 
 @contextlib.asynccontextmanager
-async def pty_session(rec: SandboxRecord, session: Any, websocket: WebSocket,
-                      cleanup: Callable[[], Awaitable[Any]] | None = None) -> AsyncIterator[None]:
+async def pty_session(
+    rec: SandboxRecord, session: Any, websocket: WebSocket, cleanup: Callable[[], Awaitable[Any]] | None = None
+) -> AsyncIterator[None]:
     """An open PTY session, counted as an active call of its sandbox. On leaving, whatever happened: the
     session is closed, `cleanup` awaited, then the socket closed with 1000 (each step even if one fails)."""
     rec.active_calls += 1
@@ -51,8 +52,9 @@ async def pty_session(rec: SandboxRecord, session: Any, websocket: WebSocket,
             await websocket.close(code=1000)
 
 
-async def relay(pump_out: Coroutine, pump_in: Coroutine,
-                client_gone: Callable[[asyncio.Task], Awaitable[None]] | None = None) -> None:
+async def relay(
+    pump_out: Coroutine, pump_in: Coroutine, client_gone: Callable[[asyncio.Task], Awaitable[None]] | None = None
+) -> None:
     """Run a PTY's two pumps until either ends, then cancel the other. `client_gone(out_task)` runs first
     when the input side ended (the client left) while the output still flows."""
     out_task, in_task = asyncio.create_task(pump_out), asyncio.create_task(pump_in)
@@ -70,8 +72,14 @@ def pty_router(manager: SandboxManager, auth: TokenAuth) -> APIRouter:
     router = APIRouter()
 
     @router.websocket("/v1/sandboxes/{sandbox_id}/exec/pty")
-    async def pty(websocket: WebSocket, sandbox_id: str, command: str = "/bin/sh", rows: int = 24,
-                  cols: int = 80, cwd: str | None = None) -> None:
+    async def pty(
+        websocket: WebSocket,
+        sandbox_id: str,
+        command: str = "/bin/sh",
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+    ) -> None:
         # Accept first, so that a refusal reaches the client as a close code (4000 + HTTP status) and a
         # reason, rather than a bare failed handshake.
         await websocket.accept()
@@ -82,8 +90,9 @@ def pty_router(manager: SandboxManager, auth: TokenAuth) -> APIRouter:
                 argv = shlex.split(command)
             except ValueError as exc:  # unbalanced quotes, a lone escape
                 raise InvalidRequestError(f"command {command[:60]!r} is not valid shell syntax: {exc}") from None
-            session = await rec.agent.open_pty(argv, rows=rows, cols=cols,
-                                               env=dict(rec.spec.env), cwd=cwd or rec.spec.workdir)
+            session = await rec.agent.open_pty(
+                argv, rows=rows, cols=cols, env=dict(rec.spec.env), cwd=cwd or rec.spec.workdir
+            )
         except SandboxServiceError as err:
             await websocket.close(code=4000 + err.status_code, reason=f"{err.code}: {err.message}"[:120])
             return

@@ -38,8 +38,9 @@ log = logging.getLogger("sandbox_service")
 class SandboxRuntime:
     """Starts, stops and recreates sandboxes on one backend (the manager keeps the registry)."""
 
-    def __init__(self, config: ServiceConfig, backend: SandboxBackend, metrics: ServiceMetrics,
-                 agent_factory: AgentFactory):
+    def __init__(
+        self, config: ServiceConfig, backend: SandboxBackend, metrics: ServiceMetrics, agent_factory: AgentFactory
+    ):
         self.config = config
         self.backend = backend
         self.metrics = metrics
@@ -64,8 +65,7 @@ class SandboxRuntime:
             try:
                 # A recreation restores its own snapshot below, not the one the sandbox was forked from.
                 spec = rec.spec.model_copy(update={"from_snapshot": None}) if recreate else rec.spec
-                rec.endpoint = await self.in_thread(self.backend.start, rec.id, spec, rec.info.resources,
-                                                    rec.secret)
+                rec.endpoint = await self.in_thread(self.backend.start, rec.id, spec, rec.info.resources, rec.secret)
                 if rec.endpoint.boot_secret is not None:
                     await self.take_over(rec)
                 if restore_from is not None:
@@ -126,8 +126,9 @@ class SandboxRuntime:
                 next_status = now + 1.0
                 status = await self.in_thread(self.backend.status, rec.id)
                 if not status.alive:
-                    raise BackendUnavailableError(f"sandbox died before its agent answered: {status.message}",
-                                                  infra_error=status.infra_error)
+                    raise BackendUnavailableError(
+                        f"sandbox died before its agent answered: {status.message}", infra_error=status.infra_error
+                    )
             await asyncio.sleep(delay)
             delay = min(0.1, delay * 2)
 
@@ -151,8 +152,9 @@ class SandboxRuntime:
         self.metrics.failures.labels(kind.value if kind else "unknown").inc()
         log.warning("sandbox %s failed: %s", rec.id, message)
 
-    async def mark_crashed(self, rec: SandboxRecord, seen: AgentClientBase | None, kind: InfraErrorKind,
-                           message: str) -> None:
+    async def mark_crashed(
+        self, rec: SandboxRecord, seen: AgentClientBase | None, kind: InfraErrorKind, message: str
+    ) -> None:
         """The sandbox died under us (not an OOM we can escalate): free it and say why.
 
         `seen` is the agent client the failed call used: if the sandbox was restored or recreated since
@@ -164,8 +166,9 @@ class SandboxRuntime:
             await self.teardown(rec)
 
     # -- escalation -----------------------------------------------------------------------------
-    async def escalate(self, rec: SandboxRecord, seen: AgentClientBase | None,
-                       reason: InfraErrorKind) -> EscalationEvent | None:
+    async def escalate(
+        self, rec: SandboxRecord, seen: AgentClientBase | None, reason: InfraErrorKind
+    ) -> EscalationEvent | None:
         """Recreate the sandbox with more memory under the same id; None if capped/disabled/deleted.
 
         Only for the infrastructure's OOMs (a verification run the harness started): a policy command's

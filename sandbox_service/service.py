@@ -48,8 +48,13 @@ log = logging.getLogger("sandbox_service")
 class SandboxManager:
     """The registry of sandboxes (and snapshots): admission, lookup, heartbeats, delete and the reaper."""
 
-    def __init__(self, config: ServiceConfig, backend: SandboxBackend, metrics: ServiceMetrics,
-                 agent_factory: AgentFactory = default_agent_factory):
+    def __init__(
+        self,
+        config: ServiceConfig,
+        backend: SandboxBackend,
+        metrics: ServiceMetrics,
+        agent_factory: AgentFactory = default_agent_factory,
+    ):
         self.config = config
         self.backend = backend
         self.metrics = metrics
@@ -100,12 +105,12 @@ class SandboxManager:
         keep = self.backend.keeps_sandboxes_on_shutdown
 
         def kept(rec: SandboxRecord) -> bool:
-            return keep and (rec.info.state is SandboxState.ready
-                             or (rec.info.state is SandboxState.pending and rec.task is None))
+            return keep and (
+                rec.info.state is SandboxState.ready or (rec.info.state is SandboxState.pending and rec.task is None)
+            )
 
         live = [r.id for r in self.sandboxes.values() if not r.deleting and not kept(r)]
-        await asyncio.gather(*(self.delete(i, reason="service shutting down") for i in live),
-                             return_exceptions=True)
+        await asyncio.gather(*(self.delete(i, reason="service shutting down") for i in live), return_exceptions=True)
         for rec in self.sandboxes.values():
             if rec.agent is not None and not rec.deleting:  # kept: only our connections to it close
                 agent, rec.agent = rec.agent, None
@@ -152,8 +157,9 @@ class SandboxManager:
         try:
             await asyncio.wait_for(rec.settled.wait(), timeout)
         except asyncio.TimeoutError:
-            raise WaitTimeoutError(f"sandbox {sandbox_id} still {rec.info.state.value} after {timeout:g} s; "
-                                   "wait again or delete it") from None
+            raise WaitTimeoutError(
+                f"sandbox {sandbox_id} still {rec.info.state.value} after {timeout:g} s; wait again or delete it"
+            ) from None
         return rec.info
 
     # -- create ---------------------------------------------------------------------------------
@@ -163,25 +169,43 @@ class SandboxManager:
         live = sum(1 for r in self.sandboxes.values() if r.info.state in (SandboxState.pending, SandboxState.ready))
         if live >= self.config.max_sandboxes:
             self.metrics.rejections.labels("sandboxes").inc()
-            raise CapacityExceededError(f"{live} live sandboxes (cap {self.config.max_sandboxes}); "
-                                        "delete some or retry later", retry_after=self.config.retry_after_seconds)
+            raise CapacityExceededError(
+                f"{live} live sandboxes (cap {self.config.max_sandboxes}); delete some or retry later",
+                retry_after=self.config.retry_after_seconds,
+            )
         if self._queued_creates >= self.config.max_pending_creates:
             self.metrics.rejections.labels("creates").inc()
-            raise CapacityExceededError(f"{self._queued_creates} creates queued (cap {self.config.max_pending_creates})"
-                                        "; retry later", retry_after=self.config.retry_after_seconds)
+            raise CapacityExceededError(
+                f"{self._queued_creates} creates queued (cap {self.config.max_pending_creates}); retry later",
+                retry_after=self.config.retry_after_seconds,
+            )
         refuse_unpassable(spec.env, spec.workdir)  # else every start attempt fails and is retried
         if spec.image is not None:
             self.backend.check_image(spec.image)  # a host path is a 400 now, not a failed sandbox later
         if spec.from_snapshot is not None and spec.from_snapshot not in self.snapshots:
-            raise SnapshotNotFoundError(f"no snapshot {spec.from_snapshot!r}; take one with POST "
-                                        "/v1/sandboxes/{id}/snapshots")
+            raise SnapshotNotFoundError(
+                f"no snapshot {spec.from_snapshot!r}; take one with POST /v1/sandboxes/{{id}}/snapshots"
+            )
         sandbox_id = "sb-" + secrets.token_hex(8)
-        info = SandboxInfo(id=sandbox_id, state=SandboxState.pending, image=spec.image, backend=self.backend.name,
-                           labels=dict(spec.labels), resources=spec.resources, network=spec.network,
-                           created_at=_now(), last_heartbeat_at=_now(), attempts=0)
-        rec = SandboxRecord(info=info, spec=spec, secret=secrets.token_urlsafe(32),
-                            heartbeat_ttl=min(spec.heartbeat_ttl_seconds, self.config.heartbeat_ttl_seconds),
-                            hard_ttl=min(spec.ttl_seconds, self.config.max_ttl_seconds))
+        info = SandboxInfo(
+            id=sandbox_id,
+            state=SandboxState.pending,
+            image=spec.image,
+            backend=self.backend.name,
+            labels=dict(spec.labels),
+            resources=spec.resources,
+            network=spec.network,
+            created_at=_now(),
+            last_heartbeat_at=_now(),
+            attempts=0,
+        )
+        rec = SandboxRecord(
+            info=info,
+            spec=spec,
+            secret=secrets.token_urlsafe(32),
+            heartbeat_ttl=min(spec.heartbeat_ttl_seconds, self.config.heartbeat_ttl_seconds),
+            hard_ttl=min(spec.ttl_seconds, self.config.max_ttl_seconds),
+        )
         self.register(rec)
         rec.task = asyncio.create_task(self._provision(rec), name=f"create-{sandbox_id}")
         return info

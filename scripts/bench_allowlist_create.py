@@ -40,8 +40,10 @@ def main(n: int = 20) -> dict:
                 sandbox = client.create(SandboxCreate(labels={"bench": "allowlist"}, **extra))
                 walls.append(time.perf_counter() - t0)
                 sandbox.delete()
-            out[name] = {"wall_p50_ms": round(statistics.median(walls) * 1e3, 1),
-                         "service_cpu_ms": round((cpu() - c0) / n * 1e3, 1)}
+            out[name] = {
+                "wall_p50_ms": round(statistics.median(walls) * 1e3, 1),
+                "service_cpu_ms": round((cpu() - c0) / n * 1e3, 1),
+            }
     print(json.dumps(out))
     return out
 

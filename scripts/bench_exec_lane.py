@@ -40,15 +40,22 @@ def main(argv: list[str] | None = None) -> dict:
                     f = bench_exec(client, args.execs)
                     figures[arm].append(f)
                     u = f["cpu_per_exec"]
-                    print(f"{arm:5s} p50 {f['rest_p50_ms']:.2f} ms, bare {f['bare_p50_ms']:.2f} ms, ratio "
-                          f"{f['ratio_p50']:.2f}x | CPU per exec: client {u['client_ms']:.2f}, service "
-                          f"{u['service_ms']:.2f}, agent+command {u['agent_and_command_ms']:.2f}, bare "
-                          f"{u['bare_ms']:.2f} ms | load {os.getloadavg()[0]:.2f}", flush=True)
+                    print(
+                        f"{arm:5s} p50 {f['rest_p50_ms']:.2f} ms, bare {f['bare_p50_ms']:.2f} ms, ratio "
+                        f"{f['ratio_p50']:.2f}x | CPU per exec: client {u['client_ms']:.2f}, service "
+                        f"{u['service_ms']:.2f}, agent+command {u['agent_and_command_ms']:.2f}, bare "
+                        f"{u['bare_ms']:.2f} ms | load {os.getloadavg()[0]:.2f}",
+                        flush=True,
+                    )
         finally:
             client._lane = lane
-    summary = {arm: {"median_ratio_p50": statistics.median(f["ratio_p50"] for f in figures[arm]),
-                     "median_client_cpu_ms": statistics.median(f["cpu_per_exec"]["client_ms"] for f in figures[arm])}
-               for arm in ARMS}
+    summary = {
+        arm: {
+            "median_ratio_p50": statistics.median(f["ratio_p50"] for f in figures[arm]),
+            "median_client_cpu_ms": statistics.median(f["cpu_per_exec"]["client_ms"] for f in figures[arm]),
+        }
+        for arm in ARMS
+    }
     print(json.dumps(summary, indent=1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"rounds": figures, "summary": summary}, indent=1))

@@ -8,6 +8,7 @@ decoding every pod and Secret: this runs before the service listens) and `list_o
 list). Agents are not pinged (the service does that after listening). The full restart-at-scale
 figures (reaping, exec p99) are scripts/sim_k8s_scale.py's.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,13 +22,20 @@ from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
 from sandbox_service.backends.kubernetes_decode import FastApiClient
 from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, running_after
 from sandbox_service.models import Resources, SandboxCreate
+
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
 fake = FakeKubernetesAPI(validate=False)
 fake.kubelet = running_after(0)
 tmp = Path(tempfile.mkdtemp())
+
+
 def backend():
-    return KubernetesBackend(KubernetesBackendConfig(namespace="orchard", snapshot_dir=tmp / "s", api_qps=1e6, api_burst=10**6),
-                             api_client=FastApiClient(k8s.Configuration(host=fake.url)))
+    return KubernetesBackend(
+        KubernetesBackendConfig(namespace="orchard", snapshot_dir=tmp / "s", api_qps=1e6, api_burst=10**6),
+        api_client=FastApiClient(k8s.Configuration(host=fake.url)),
+    )
+
+
 old = backend()
 spec = SandboxCreate(image="python:3.12-slim")
 old.start("sb-template", spec, Resources(), "s")
@@ -36,16 +44,26 @@ with fake.lock:
     objs = [(k, v) for k, v in fake.objects.items() if "sb-template" in k[2]]
     for i in range(N - 1):
         for (kind, ns, name), obj in objs:
-            new = copy.deepcopy(obj); nn = name.replace("sb-template", f"sb-{i:05d}")
+            new = copy.deepcopy(obj)
+            nn = name.replace("sb-template", f"sb-{i:05d}")
             new["metadata"]["name"] = nn
             new["metadata"]["annotations"]["orchard.dev/sandbox-id"] = f"sb-{i:05d}"
             new["metadata"]["labels"]["orchard.dev/sandbox-id"] = f"sb-{i:05d}"
             if kind == "pods":
                 for v in new["spec"]["volumes"]:
-                    if "secret" in v: v["secret"]["secretName"] = v["secret"]["secretName"].replace("sb-template", f"sb-{i:05d}")
+                    if "secret" in v:
+                        v["secret"]["secretName"] = v["secret"]["secretName"].replace("sb-template", f"sb-{i:05d}")
             fake.objects[(kind, ns, nn)] = new
 restarted = backend()
-t = time.perf_counter(); adopted = restarted.adopt(); t_adopt = time.perf_counter() - t
-t = time.perf_counter(); orphans = restarted.list_orphans(); t_orph = time.perf_counter() - t
-print(f"N={N} adopted={len(adopted)} in {t_adopt:.2f}s; orphans={len(orphans)} in {t_orph:.3f}s; requests={len(fake.requests)}")
-old.close(); restarted.close(); fake.close()
+t = time.perf_counter()
+adopted = restarted.adopt()
+t_adopt = time.perf_counter() - t
+t = time.perf_counter()
+orphans = restarted.list_orphans()
+t_orph = time.perf_counter() - t
+print(
+    f"N={N} adopted={len(adopted)} in {t_adopt:.2f}s; orphans={len(orphans)} in {t_orph:.3f}s; requests={len(fake.requests)}"  # noqa: E501
+)
+old.close()
+restarted.close()
+fake.close()

@@ -55,7 +55,8 @@ def settings(args: argparse.Namespace, seed: int) -> list[str]:
     """The benchmark's PipelineConfig overrides (on the demo preset), as `orchard run --set` items."""
     pilot = args.pilot
     return [
-        f"seed={seed}", "register_model_name=null",
+        f"seed={seed}",
+        "register_model_name=null",
         # tasks: two single-line bug families, every package name (enough distinct repositories for the held-out set)
         f"provision.n_train={12 if pilot else args.train_tasks}",
         f"provision.n_validation={8 if pilot else args.validation_tasks}",
@@ -63,15 +64,25 @@ def settings(args: argparse.Namespace, seed: int) -> list[str]:
         # (packages [] = all eight: the demo preset's two would hold only ~45 distinct held-out repositories)
         'provision.recipe_options={"families": ["off_by_one", "wrong_operator"], "packages": []}',
         "provision.check_sandbox=false",
-        "distill.max_parallel=4", f"distill.error_rate={args.teacher_error_rate}",
-        f"sft.mode=resolved_only", f"sft.steps={6 if pilot else args.sft_steps}", "sft.warmup_steps=20",
+        "distill.max_parallel=4",
+        f"distill.error_rate={args.teacher_error_rate}",
+        "sft.mode=resolved_only",
+        f"sft.steps={6 if pilot else args.sft_steps}",
+        "sft.warmup_steps=20",
         # RL: BAR groups of 8 from up to 16 in waves of 8, 8 prompts per update
-        f"rl.steps={2 if pilot else args.rl_steps}", f"rl.learning_rate={args.rl_lr}", f"rl.kl_coef={args.kl_coef}",
+        f"rl.steps={2 if pilot else args.rl_steps}",
+        f"rl.learning_rate={args.rl_lr}",
+        f"rl.kl_coef={args.kl_coef}",
         f"rl.rollout_budget={64 if pilot else args.rl_steps * 8 * 24}",
-        f"rl.rollout.group_size={2 if pilot else 8}", f"rl.rollout.max_rollouts_per_prompt={4 if pilot else 16}",
-        f"rl.rollout.stride={2 if pilot else 8}", f"rl.rollout.batch_prompts={2 if pilot else 8}",
-        "rl.rollout.max_prompts_per_batch=16", "rl.rollout.refill=true",
-        "evaluate.k=4", "evaluate.greedy=true", "evaluate.workers=16",
+        f"rl.rollout.group_size={2 if pilot else 8}",
+        f"rl.rollout.max_rollouts_per_prompt={4 if pilot else 16}",
+        f"rl.rollout.stride={2 if pilot else 8}",
+        f"rl.rollout.batch_prompts={2 if pilot else 8}",
+        "rl.rollout.max_prompts_per_batch=16",
+        "rl.rollout.refill=true",
+        "evaluate.k=4",
+        "evaluate.greedy=true",
+        "evaluate.workers=16",
     ]
 
 
@@ -87,7 +98,7 @@ def converged(losses: list[float]) -> bool:
     tenth = max(1, len(losses) // 10)
     if len(losses) < 2 * tenth:
         return False
-    last, before = statistics.fmean(losses[-tenth:]), statistics.fmean(losses[-2 * tenth:-tenth])
+    last, before = statistics.fmean(losses[-tenth:]), statistics.fmean(losses[-2 * tenth : -tenth])
     return last >= 0.9 * before
 
 
@@ -102,7 +113,6 @@ def per_task(eval_dir: Path) -> tuple[dict[str, float], dict[str, str]]:
 def run_seed(args: argparse.Namespace, seed: int, connection: Any, tracking_uri: str) -> dict[str, Any]:
     import mlflow
 
-    from components.core.store import TrajectoryStore
     from components.core.tracking import TrackingConfig
     from components.distill import distill
     from components.evaluate import evaluate
@@ -116,9 +126,11 @@ def run_seed(args: argparse.Namespace, seed: int, connection: Any, tracking_uri:
     work.mkdir(parents=True, exist_ok=True)
     client = mlflow.MlflowClient(tracking_uri)
     experiment = client.get_experiment_by_name("bench-learning") or client.get_experiment(
-        client.create_experiment("bench-learning"))
-    parent = client.create_run(experiment.experiment_id, run_name=f"bench-learning-seed{seed}",
-                               tags={"orchard.bench": "learning"}).info.run_id
+        client.create_experiment("bench-learning")
+    )
+    parent = client.create_run(
+        experiment.experiment_id, run_name=f"bench-learning-seed{seed}", tags={"orchard.bench": "learning"}
+    ).info.run_id
     tracking = TrackingConfig(tracking_uri=tracking_uri, experiment="bench-learning", parent_run_id=parent)
 
     def section(name: str, **update: Any) -> Any:
@@ -138,15 +150,23 @@ def run_seed(args: argparse.Namespace, seed: int, connection: Any, tracking_uri:
     prov = timed("provision", provision_environment, section("provision"), tasks)
     timed("distill", distill, section("distill"), tasks, work / "teacher")
     sft = timed("sft", train_sft, config.sft, work / "teacher", work / "sft")
-    sft_losses = json.loads((work / "sft" / "sft_result.json").read_text()).get("losses") \
-        if (work / "sft" / "sft_result.json").exists() else None
+    sft_losses = (
+        json.loads((work / "sft" / "sft_result.json").read_text()).get("losses")
+        if (work / "sft" / "sft_result.json").exists()
+        else None
+    )
 
     # the training temperature, chosen on validation
     calibration: dict[float, dict[str, float]] = {}
     for temperature in args.temperatures:
-        result = timed(f"calibrate-T{temperature}", evaluate,
-                       section("evaluate", split="validation", temperature=temperature, greedy=False),
-                       tasks, work / "sft", work / f"validation-T{temperature}")
+        result = timed(
+            f"calibrate-T{temperature}",
+            evaluate,
+            section("evaluate", split="validation", temperature=temperature, greedy=False),
+            tasks,
+            work / "sft",
+            work / f"validation-T{temperature}",
+        )
         calibration[temperature] = {"pass_at_1": result.pass_at_1, "pass_at_4": result.pass_at_k}
     temperature = headroom_pick(calibration)
     print(f"[seed {seed}] training temperature {temperature} (validation: {calibration})", flush=True)
@@ -156,30 +176,67 @@ def run_seed(args: argparse.Namespace, seed: int, connection: Any, tracking_uri:
     sft_tokens_per_step = sft.metrics.get("tokens_per_step") or sft.metrics.get("tokens", 0.0) / max(1, sft.steps)
     extra_steps = max(1, round(rl_tokens / max(sft_tokens_per_step, 1.0)))
     continued_config = config.sft.model_copy(update={"steps": extra_steps, "warmup_steps": 0})
-    continued = timed("sft-continued", train_sft, continued_config, work / "teacher", work / "sft-continued",
-                      base_model_dir=work / "sft")
+    continued = timed(
+        "sft-continued",
+        train_sft,
+        continued_config,
+        work / "teacher",
+        work / "sft-continued",
+        base_model_dir=work / "sft",
+    )
 
     arms = {"sft": work / "sft", "sft_continued": work / "sft-continued", "rl": work / "rl"}
     results = {}
     for arm, model_dir in arms.items():
-        results[arm] = timed(f"evaluate-{arm}", evaluate, section("evaluate", temperature=temperature),
-                             tasks, model_dir, work / f"heldout-{arm}")
+        results[arm] = timed(
+            f"evaluate-{arm}",
+            evaluate,
+            section("evaluate", temperature=temperature),
+            tasks,
+            model_dir,
+            work / f"heldout-{arm}",
+        )
     client.set_terminated(parent)
     scores = {arm: per_task(work / f"heldout-{arm}")[0] for arm in arms}
     units = per_task(work / "heldout-sft")[1]
     return {
-        "seed": seed, "heldout_digest": prov.heldout_digest, "heldout_tasks": prov.counts.get("heldout"),
-        "temperature": temperature, "calibration": calibration, "seconds": seconds,
-        "sft": {"steps": sft.steps, "converged": converged(sft_losses) if sft_losses else None,
-                "final_loss": sft.metrics.get("final_loss")},
-        "rl": {"updates": rl.steps_done, "episodes": rl.trajectories, "informative_groups": rl.informative_groups,
-               "tokens": rl_tokens, "learning_rate": args.rl_lr},
-        "sft_continued": {"steps": extra_steps, "tokens_per_step": sft_tokens_per_step,
-                          "tokens": continued.metrics.get("tokens", extra_steps * sft_tokens_per_step)},
-        "evaluations": {arm: {"pass_at_1": r.pass_at_1, "pass_at_1_ci95": r.pass_at_1_ci95, "pass_at_4": r.pass_at_k,
-                              "greedy_resolved": r.greedy_resolved, "greedy_valid": r.greedy_valid,
-                              "tasks": r.tasks, "units": r.units} for arm, r in results.items()},
-        "scores": scores, "units": units,
+        "seed": seed,
+        "heldout_digest": prov.heldout_digest,
+        "heldout_tasks": prov.counts.get("heldout"),
+        "temperature": temperature,
+        "calibration": calibration,
+        "seconds": seconds,
+        "sft": {
+            "steps": sft.steps,
+            "converged": converged(sft_losses) if sft_losses else None,
+            "final_loss": sft.metrics.get("final_loss"),
+        },
+        "rl": {
+            "updates": rl.steps_done,
+            "episodes": rl.trajectories,
+            "informative_groups": rl.informative_groups,
+            "tokens": rl_tokens,
+            "learning_rate": args.rl_lr,
+        },
+        "sft_continued": {
+            "steps": extra_steps,
+            "tokens_per_step": sft_tokens_per_step,
+            "tokens": continued.metrics.get("tokens", extra_steps * sft_tokens_per_step),
+        },
+        "evaluations": {
+            arm: {
+                "pass_at_1": r.pass_at_1,
+                "pass_at_1_ci95": r.pass_at_1_ci95,
+                "pass_at_4": r.pass_at_k,
+                "greedy_resolved": r.greedy_resolved,
+                "greedy_valid": r.greedy_valid,
+                "tasks": r.tasks,
+                "units": r.units,
+            }
+            for arm, r in results.items()
+        },
+        "scores": scores,
+        "units": units,
     }
 
 
@@ -193,9 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heldout-tasks", type=int, default=160)
     p.add_argument("--sft-steps", type=int, default=800)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.7, 1.0, 1.3])
-    p.add_argument("--teacher-error-rate", type=float, default=0.3,
-                   help="the scripted teacher's mistake rate per decision (its resolved trajectories keep the mistakes "
-                        "it recovered from: imitation learns them, RL can unlearn them)")
+    p.add_argument(
+        "--teacher-error-rate",
+        type=float,
+        default=0.3,
+        help="the scripted teacher's mistake rate per decision (its resolved trajectories keep the mistakes "
+        "it recovered from: imitation learns them, RL can unlearn them)",
+    )
     p.add_argument("--rl-steps", type=int, default=40)
     p.add_argument("--rl-lr", type=float, default=1e-4)
     p.add_argument("--kl-coef", type=float, default=0.01)
@@ -219,23 +280,39 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     for baseline in ("sft", "sft_continued"):
         summary[f"rl_minus_{baseline}"] = paired_difference_over_seeds(
-            {r["seed"]: (r["scores"][baseline], r["scores"]["rl"]) for r in runs}, units=units)
+            {r["seed"]: (r["scores"][baseline], r["scores"]["rl"]) for r in runs}, units=units
+        )
     wall = time.perf_counter() - t0
-    out = {"summary": summary, "runs": runs, "wall_seconds": wall, "load_before": load_before,
-           "load_after": os.getloadavg(), "args": {k: str(v) for k, v in vars(args).items()}}
+    out = {
+        "summary": summary,
+        "runs": runs,
+        "wall_seconds": wall,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "args": {k: str(v) for k, v in vars(args).items()},
+    }
     (args.work_dir / "bench_learning.json").write_text(json.dumps(out, indent=2, default=str))
     for r in runs:
         ev = r["evaluations"]
-        print(f"seed {r['seed']} (T = {r['temperature']}, {r['heldout_tasks']} held-out tasks in "
-              f"{ev['sft']['units']} repositories, k = 4): " + "; ".join(
-                  f"{arm} pass@1 {e['pass_at_1']:.3f} pass@4 {e['pass_at_4']:.3f} greedy {e['greedy_resolved']}/"
-                  f"{e['greedy_valid']}" for arm, e in ev.items()))
+        print(
+            f"seed {r['seed']} (T = {r['temperature']}, {r['heldout_tasks']} held-out tasks in "
+            f"{ev['sft']['units']} repositories, k = 4): "
+            + "; ".join(
+                f"{arm} pass@1 {e['pass_at_1']:.3f} pass@4 {e['pass_at_4']:.3f} greedy {e['greedy_resolved']}/"
+                f"{e['greedy_valid']}"
+                for arm, e in ev.items()
+            )
+        )
     for name, s in summary.items():
-        print(f"{name.replace('_', ' ')}: {s['difference']:+.4f} pass@1, 95 % interval [{s['ci_low']:+.4f}, "
-              f"{s['ci_high']:+.4f}] over {s['tasks']} tasks x {s['seeds']} seed(s); exact paired sign-flip p "
-              f"= {s['sign_flip_p']:.4g}")
-    print(f"wall {wall / 60:.1f} min; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}; "
-          f"written {args.work_dir / 'bench_learning.json'}")
+        print(
+            f"{name.replace('_', ' ')}: {s['difference']:+.4f} pass@1, 95 % interval [{s['ci_low']:+.4f}, "
+            f"{s['ci_high']:+.4f}] over {s['tasks']} tasks x {s['seeds']} seed(s); exact paired sign-flip p "
+            f"= {s['sign_flip_p']:.4g}"
+        )
+    print(
+        f"wall {wall / 60:.1f} min; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}; "
+        f"written {args.work_dir / 'bench_learning.json'}"
+    )
     return 0
 
 

@@ -1,6 +1,6 @@
 """Exec latency through the published-API surface (`/published`, a job per exec) vs our native route, side by side.
 
-    python scripts/bench_published.py --n 300        # starts an embedded service (root); prints medians and p99
+python scripts/bench_published.py --n 300        # starts an embedded service (root); prints medians and p99
 """
 
 from __future__ import annotations

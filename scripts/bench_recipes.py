@@ -56,8 +56,10 @@ class _VerifiedAsImported(SWERecipe):
     """Generated SWE tasks with verifier kind `pytest`: the imported (SWE-bench) tasks' verification path."""
 
     def tasks(self, split, n, seed=0):
-        return [t.model_copy(update={"verifier": t.verifier.model_copy(update={"kind": "pytest"})})
-                for t in super().tasks(split, n, seed)]
+        return [
+            t.model_copy(update={"verifier": t.verifier.model_copy(update={"kind": "pytest"})})
+            for t in super().tasks(split, n, seed)
+        ]
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -83,8 +85,10 @@ def bench_variant(client, variant: str, episodes: int, exec_probes: int, max_ste
                 t0 = time.perf_counter()
                 sandbox.exec(["true"])
                 figures["exec_true_s"].append(time.perf_counter() - t0)
-            messages = [ChatMessage(role="system", content=recipe.system_prompt(task)),
-                        ChatMessage(role="user", content=task.prompt)]
+            messages = [
+                ChatMessage(role="system", content=recipe.system_prompt(task)),
+                ChatMessage(role="user", content=task.prompt),
+            ]
             answer = None
             for _ in range(max_steps):
                 gen = teacher.generate(messages, GenerationConfig())
@@ -92,8 +96,10 @@ def bench_variant(client, variant: str, episodes: int, exec_probes: int, max_ste
                 t0 = time.perf_counter()
                 result = recipe.execute_tool(sandbox, task, call)
                 dt = time.perf_counter() - t0
-                messages += [ChatMessage(role="assistant", content=gen.text),
-                             ChatMessage(role="tool", content=result.output, tool_call_id=call.id, name=call.name)]
+                messages += [
+                    ChatMessage(role="assistant", content=gen.text),
+                    ChatMessage(role="tool", content=result.output, tool_call_id=call.id, name=call.name),
+                ]
                 if result.submitted:
                     answer = result.final_answer
                     break
@@ -115,8 +121,11 @@ def bench_variant(client, variant: str, episodes: int, exec_probes: int, max_ste
     summary["step_over_exec"] = summary["step_s"] / summary["exec_true_s"]
     summary["steps"] = len(figures["step_s"])
     summary["resolved"] = f"{resolved}/{episodes}"
-    return {"summary": summary, "per_tool_median_s": {k: statistics.median(v) for k, v in per_tool.items()},
-            "raw": figures}
+    return {
+        "summary": summary,
+        "per_tool_median_s": {k: statistics.median(v) for k, v in per_tool.items()},
+        "raw": figures,
+    }
 
 
 def main() -> None:
@@ -131,19 +140,31 @@ def main() -> None:
     with EmbeddedService() as service, service.client() as client:
         for variant in args.recipes:
             results[variant] = bench_variant(client, variant, args.episodes, args.exec_probes, args.max_steps)
-    cols = ["resolved", "create_s", "setup_s", "exec_true_s", "step_s", "step_p90_s", "step_over_exec", "verify_s",
-            "steps"]
+    cols = [
+        "resolved",
+        "create_s",
+        "setup_s",
+        "exec_true_s",
+        "step_s",
+        "step_p90_s",
+        "step_over_exec",
+        "verify_s",
+        "steps",
+    ]
     print("median seconds (step_over_exec = median step / median bare exec)")
     print(f"{'recipe':<12}" + "".join(f"{c:>15}" for c in cols))
     for variant, r in results.items():
         s = r["summary"]
-        print(f"{variant:<12}" + "".join(f"{s[c]:>15.3f}" if isinstance(s[c], float) else f"{s[c]!s:>15}"
-                                         for c in cols))
+        print(
+            f"{variant:<12}" + "".join(f"{s[c]:>15.3f}" if isinstance(s[c], float) else f"{s[c]!s:>15}" for c in cols)
+        )
     for variant, r in results.items():
         phases = {k: v for k, v in r["summary"].items() if k.startswith("verify.")}
         if phases:
-            print(f"{variant} verification phases (median): " + ", ".join(f"{k[7:-2]} {v * 1000:.0f} ms"
-                                                                        for k, v in phases.items()))
+            print(
+                f"{variant} verification phases (median): "
+                + ", ".join(f"{k[7:-2]} {v * 1000:.0f} ms" for k, v in phases.items())
+            )
     for variant, r in results.items():
         print(f"{variant} per tool: " + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r["per_tool_median_s"].items()))
     out = Path(args.out)

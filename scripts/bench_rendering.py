@@ -28,10 +28,18 @@ def main() -> None:
     steps = initial_steps(task, recipe, "hermes")
     for k in range(16):
         call = ToolCall(id=f"c{k}", name="bash", arguments={"command": f"cat file{k}.py"})
-        steps.append(Step(index=len(steps), role="assistant", content=f"Look {k}.\n{format_tool_call(call)}",
-                          tool_call=call))
-        steps.append(Step(index=len(steps), role="tool", content="def f(x):\n    return x\n" * 20,
-                          tool_call_id=call.id, tool_name="bash"))
+        steps.append(
+            Step(index=len(steps), role="assistant", content=f"Look {k}.\n{format_tool_call(call)}", tool_call=call)
+        )
+        steps.append(
+            Step(
+                index=len(steps),
+                role="tool",
+                content="def f(x):\n    return x\n" * 20,
+                tool_call_id=call.id,
+                tool_name="bash",
+            )
+        )
     traj = Trajectory(task_id="x", recipe="swe", policy_id="p", steps=steps, tools=tools, outcome="resolved")
     messages = steps_as_messages(steps)
 
@@ -52,8 +60,10 @@ def main() -> None:
     uncached = timed(lambda: episode(lambda: None))
     cached = timed(lambda: episode(PrefixCache))
     n = len(render_trajectory(traj, tok).input_ids)
-    print(f"{n} tokens; render_trajectory {train:.0f} ms; episode prompts uncached {uncached:.0f} ms, "
-          f"cached {cached:.0f} ms ({uncached / cached:.1f}x)")
+    print(
+        f"{n} tokens; render_trajectory {train:.0f} ms; episode prompts uncached {uncached:.0f} ms, "
+        f"cached {cached:.0f} ms ({uncached / cached:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

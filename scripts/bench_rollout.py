@@ -77,8 +77,17 @@ class ForwardClock:
         return out
 
 
-def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, threads: int | None, connection,
-        window: float = 0.05, generation_threads: int | None = None, model_path: str | None = None) -> dict:
+def run(
+    episodes: int,
+    repeats: int,
+    max_steps: int,
+    max_new_tokens: int,
+    threads: int | None,
+    connection,
+    window: float = 0.05,
+    generation_threads: int | None = None,
+    model_path: str | None = None,
+) -> dict:
     import torch
 
     from components.core.batching import BatchingPolicy
@@ -104,24 +113,31 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
     reusing = LocalTransformersPolicy(model, tokenizer)
     recipe = get_recipe("swe")
     tasks = recipe.tasks("train", episodes, seed=0)
-    harness = HarnessConfig(max_steps=max_steps, generation=GenerationConfig(max_new_tokens=max_new_tokens,
-                                                                            temperature=1.0))
+    harness = HarnessConfig(
+        max_steps=max_steps, generation=GenerationConfig(max_new_tokens=max_new_tokens, temperature=1.0)
+    )
 
     def configs(repeat: int) -> list[HarnessConfig]:
-        return [harness.model_copy(update={"generation": harness.generation.model_copy(
-            update={"seed": repeat * 1000 + i})}) for i in range(episodes)]
+        return [
+            harness.model_copy(update={"generation": harness.generation.model_copy(update={"seed": repeat * 1000 + i})})
+            for i in range(episodes)
+        ]
 
     rows: dict[str, list[tuple[float, float, int]]] = {"old": [], "new": [], "kv": []}
     forward: dict[str, list[dict]] = {"old": [], "new": [], "kv": []}
     cpu: dict[str, list[float]] = {"old": [], "new": [], "kv": []}
 
     def batched(base, repeat: int):
-        with BatchingPolicy(base, max_batch=episodes, window_seconds=window,
-                            generation_threads=generation_threads) as batching:
+        with BatchingPolicy(
+            base, max_batch=episodes, window_seconds=window, generation_threads=generation_threads
+        ) as batching:
             t0 = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(max_workers=episodes) as pool:
-                done = list(pool.map(lambda th: run_episode(th[0], recipe, batching, client, th[1]),
-                                     zip(tasks, configs(repeat))))
+                done = list(
+                    pool.map(
+                        lambda th: run_episode(th[0], recipe, batching, client, th[1]), zip(tasks, configs(repeat))
+                    )
+                )
             return done, time.perf_counter() - t0, batching.batch_sizes, batching.busy_seconds
 
     with connection.client() as client:
@@ -146,29 +162,38 @@ def run(episodes: int, repeats: int, max_steps: int, max_new_tokens: int, thread
             cpu["kv"].append(_busy_seconds() - c2)
             stats = reusing.turns.stats
             errors = sum(t.outcome.value == "infra_error" for t in old + new + kv)
-            print(f"repeat {repeat}: old {rows['old'][-1][0]:.1f}s ({_generation_seconds(old):.1f}s generating) "
-                  f"{rows['old'][-1][1]} tok | batched {wall:.1f}s {rows['new'][-1][1]} tok, {len(sizes)} batches "
-                  f"(mean {statistics.mean(sizes):.1f} rows, {busy:.1f}s generating) | batched+kv {kv_wall:.1f}s "
-                  f"{rows['kv'][-1][1]} tok ({kv_busy:.1f}s generating; prefilled "
-                  f"{stats.prefilled_tokens - before.prefilled_tokens} tokens, reused "
-                  f"{stats.reused_tokens - before.reused_tokens}) | CPU s old / batched / +kv "
-                  f"{cpu['old'][-1]:.1f} / {cpu['new'][-1]:.1f} / {cpu['kv'][-1]:.1f} | infra errors {errors} | "
-                  f"load {os.getloadavg()[0]:.1f}", flush=True)
-            print("  forward time, prefill / decode: " + " | ".join(
-                f"{name} {f['prefill_seconds']:.1f}s ({f['prefill_positions']} positions) / {f['decode_seconds']:.1f}s "
-                f"({f['decode_positions']} positions)" for name, f in ((n, forward[n][-1]) for n in forward)),
-                flush=True)
+            print(
+                f"repeat {repeat}: old {rows['old'][-1][0]:.1f}s ({_generation_seconds(old):.1f}s generating) "
+                f"{rows['old'][-1][1]} tok | batched {wall:.1f}s {rows['new'][-1][1]} tok, {len(sizes)} batches "
+                f"(mean {statistics.mean(sizes):.1f} rows, {busy:.1f}s generating) | batched+kv {kv_wall:.1f}s "
+                f"{rows['kv'][-1][1]} tok ({kv_busy:.1f}s generating; prefilled "
+                f"{stats.prefilled_tokens - before.prefilled_tokens} tokens, reused "
+                f"{stats.reused_tokens - before.reused_tokens}) | CPU s old / batched / +kv "
+                f"{cpu['old'][-1]:.1f} / {cpu['new'][-1]:.1f} / {cpu['kv'][-1]:.1f} | infra errors {errors} | "
+                f"load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+            print(
+                "  forward time, prefill / decode: "
+                + " | ".join(
+                    f"{name} {f['prefill_seconds']:.1f}s ({f['prefill_positions']} positions) / {f['decode_seconds']:.1f}s "  # noqa: E501
+                    f"({f['decode_positions']} positions)"
+                    for name, f in ((n, forward[n][-1]) for n in forward)
+                ),
+                flush=True,
+            )
     out = {}
     cores = len(os.sched_getaffinity(0))
     for name, runs in rows.items():
-        out[name] = {"episodes_per_min": statistics.median(n / s * 60 for s, _, n in runs),
-                     "cpu_seconds": statistics.median(cpu[name]),
-                     # per repeat: the old path's wall over the least wall this path's CPU work allows
-                     "ceiling": statistics.median(old_wall / (c / cores)
-                                                  for (old_wall, _, _), c in zip(rows["old"], cpu[name])),
-                     "tokens_per_s": statistics.median(k / s for s, k, _ in runs),
-                     "prefill_seconds": statistics.median(f["prefill_seconds"] for f in forward[name]),
-                     "decode_seconds": statistics.median(f["decode_seconds"] for f in forward[name])}
+        out[name] = {
+            "episodes_per_min": statistics.median(n / s * 60 for s, _, n in runs),
+            "cpu_seconds": statistics.median(cpu[name]),
+            # per repeat: the old path's wall over the least wall this path's CPU work allows
+            "ceiling": statistics.median(old_wall / (c / cores) for (old_wall, _, _), c in zip(rows["old"], cpu[name])),
+            "tokens_per_s": statistics.median(k / s for s, k, _ in runs),
+            "prefill_seconds": statistics.median(f["prefill_seconds"] for f in forward[name]),
+            "decode_seconds": statistics.median(f["decode_seconds"] for f in forward[name]),
+        }
     return out
 
 
@@ -180,8 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=48, help="tokens per turn")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     parser.add_argument("--window", type=float, default=0.05, help="BatchingPolicy window (s)")
-    parser.add_argument("--generation-threads", type=int, default=None,
-                        help="torch threads of the batched path's decode (default: BatchingPolicy's)")
+    parser.add_argument(
+        "--generation-threads",
+        type=int,
+        default=None,
+        help="torch threads of the batched path's decode (default: BatchingPolicy's)",
+    )
     parser.add_argument("--external", action="store_true", help="use ORCHARD_SANDBOX_URL/TOKEN")
     parser.add_argument("--model", default=None, help="checkpoint dir or named model (default: the tiny model)")
     args = parser.parse_args(argv)
@@ -194,27 +223,49 @@ def main(argv: list[str] | None = None) -> int:
             from sandbox_service.embedded import EmbeddedService
 
             connection = stack.enter_context(EmbeddedService()).connection()
-        result = run(args.episodes, args.repeats, args.max_steps, args.max_new_tokens, args.threads, connection,
-                     args.window, args.generation_threads, args.model)
-    print(f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}{'prefill s':>11}{'decode s':>10}{'CPU s':>8}"
-          f"{'ceiling':>9}")
-    for name, label in (("old", "old: one episode at a time"), ("new", f"new: {args.episodes} in parallel, batched"),
-                        ("kv", "new + KV reuse across turns")):
+        result = run(
+            args.episodes,
+            args.repeats,
+            args.max_steps,
+            args.max_new_tokens,
+            args.threads,
+            connection,
+            args.window,
+            args.generation_threads,
+            args.model,
+        )
+    print(
+        f"\n{'path':<34}{'episodes/min':>14}{'gen tokens/s':>14}{'prefill s':>11}{'decode s':>10}{'CPU s':>8}"
+        f"{'ceiling':>9}"
+    )
+    for name, label in (
+        ("old", "old: one episode at a time"),
+        ("new", f"new: {args.episodes} in parallel, batched"),
+        ("kv", "new + KV reuse across turns"),
+    ):
         r = result[name]
-        print(f"{label:<34}{r['episodes_per_min']:>14.1f}{r['tokens_per_s']:>14.1f}{r['prefill_seconds']:>11.1f}"
-              f"{r['decode_seconds']:>10.1f}{r['cpu_seconds']:>8.1f}{r['ceiling']:>8.2f}x")
+        print(
+            f"{label:<34}{r['episodes_per_min']:>14.1f}{r['tokens_per_s']:>14.1f}{r['prefill_seconds']:>11.1f}"
+            f"{r['decode_seconds']:>10.1f}{r['cpu_seconds']:>8.1f}{r['ceiling']:>8.2f}x"
+        )
     for name in ("new", "kv"):
-        print(f"{f'ratio {name}/old':<34}{result[name]['episodes_per_min'] / result['old']['episodes_per_min']:>14.2f}"
-              f"{result[name]['tokens_per_s'] / result['old']['tokens_per_s']:>14.2f}")
+        print(
+            f"{f'ratio {name}/old':<34}{result[name]['episodes_per_min'] / result['old']['episodes_per_min']:>14.2f}"
+            f"{result[name]['tokens_per_s'] / result['old']['tokens_per_s']:>14.2f}"
+        )
     import torch
 
     from components.core.batching import default_generation_threads
 
-    print("(ceiling: the old path's wall time over the least time this path's CPU-seconds allow on "
-          f"{len(os.sched_getaffinity(0))} cores; the ratio can only pass it by doing less work)")
-    print(f"(medians of {args.repeats} repeats; torch threads {torch.get_num_threads()}, batched decode "
-          f"{args.generation_threads or default_generation_threads()}; "
-          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})")
+    print(
+        "(ceiling: the old path's wall time over the least time this path's CPU-seconds allow on "
+        f"{len(os.sched_getaffinity(0))} cores; the ratio can only pass it by doing less work)"
+    )
+    print(
+        f"(medians of {args.repeats} repeats; torch threads {torch.get_num_threads()}, batched decode "
+        f"{args.generation_threads or default_generation_threads()}; "
+        f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})"
+    )
     return 0
 
 

@@ -38,16 +38,26 @@ def synthetic_trajectories(n: int, split: str = "train") -> list[Trajectory]:
         fix = task.metadata["fix"]
         steps = initial_steps(task, recipe)
         actions = [
-            (ToolCall(name="bash", arguments={"command": "find . -name '*.py' | sort"}), "\n".join(sorted(task.environment.files))),
+            (
+                ToolCall(name="bash", arguments={"command": "find . -name '*.py' | sort"}),
+                "\n".join(sorted(task.environment.files)),
+            ),
             (ToolCall(name="read_file", arguments={"path": fix["path"]}), task.environment.files[fix["path"]]),
-            (ToolCall(name="str_replace", arguments={"path": fix["path"], "old_str": fix["old"], "new_str": fix["new"]}), "Edited."),
+            (
+                ToolCall(
+                    name="str_replace", arguments={"path": fix["path"], "old_str": fix["old"], "new_str": fix["new"]}
+                ),
+                "Edited.",
+            ),
             (ToolCall(name="bash", arguments={"command": "python -m pytest -q"}), "1 passed in 0.01s"),
             (ToolCall(name="submit", arguments={}), "Submitted."),
         ]
         for call, obs in actions:
             steps.append(Step(index=len(steps), role="assistant", content=format_tool_call(call), tool_call=call))
             steps.append(Step(index=len(steps), role="tool", content=obs, tool_call_id=call.id))
-        out.append(Trajectory(task_id=task.id, recipe="swe", policy_id="synthetic", steps=steps, outcome=Outcome.resolved))
+        out.append(
+            Trajectory(task_id=task.id, recipe="swe", policy_id="synthetic", steps=steps, outcome=Outcome.resolved)
+        )
     return out
 
 
@@ -86,20 +96,31 @@ def main() -> None:
     samples, stats = build_samples(trajs, tokenizer, "whole", max_len=2048)
     dataset = SampleDataset(samples)
     # No bucketing in the Trainer run either: both paths see random batches of the same samples.
-    config = SFTConfig(steps=args.steps, batch_size=args.batch_size, warmup_steps=0, lr_scheduler="constant",
-                       bucketing=False, model=model_config)
-    print(f"{len(samples)} samples, mean {stats.mean_length:.0f} tokens, batch {args.batch_size}, "
-          f"{args.steps} steps x {args.repeats} repeats, torch threads {torch.get_num_threads()}")
+    config = SFTConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        warmup_steps=0,
+        lr_scheduler="constant",
+        bucketing=False,
+        model=model_config,
+    )
+    print(
+        f"{len(samples)} samples, mean {stats.mean_length:.0f} tokens, batch {args.batch_size}, "
+        f"{args.steps} steps x {args.repeats} repeats, torch threads {torch.get_num_threads()}"
+    )
     trainer_rates, bare_rates = [], []
     for r in range(args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            history = train_on_samples(config, build_tiny_model(model_config, tokenizer), tokenizer, dataset,
-                                       Path(tmp)).history
+            history = train_on_samples(
+                config, build_tiny_model(model_config, tokenizer), tokenizer, dataset, Path(tmp)
+            ).history
         # The Trainer's per-step rate includes its data loading, scheduler and logging: the real cost.
-        trainer_rates += [h["tokens_per_s"] for h in history[args.warmup:]]
-        bare_rates += bare_loop(config, build_tiny_model(model_config, tokenizer), tokenizer, dataset)[args.warmup:]
-        print(f"repeat {r + 1}: trainer {statistics.median(trainer_rates):,.0f} tok/s, "
-              f"bare {statistics.median(bare_rates):,.0f} tok/s")
+        trainer_rates += [h["tokens_per_s"] for h in history[args.warmup :]]
+        bare_rates += bare_loop(config, build_tiny_model(model_config, tokenizer), tokenizer, dataset)[args.warmup :]
+        print(
+            f"repeat {r + 1}: trainer {statistics.median(trainer_rates):,.0f} tok/s, "
+            f"bare {statistics.median(bare_rates):,.0f} tok/s"
+        )
     t, b = statistics.median(trainer_rates), statistics.median(bare_rates)
     print(f"\nmedian tokens/s  trainer path: {t:,.0f}   bare torch loop: {b:,.0f}   ratio trainer/bare: {t / b:.2f}")
 

@@ -57,8 +57,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="smol")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
-                   help="PipelineConfig overrides (as `orchard run --set`), e.g. rl.rollout_budget=64")
+    p.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="PipelineConfig overrides (as `orchard run --set`), e.g. rl.rollout_budget=64",
+    )
     p.add_argument("--runs-dir", type=Path, default=Path("build/bench_smol"))
     p.add_argument("--sandbox-url", default=None, help="Use this sandbox service (default: the runner starts one).")
     args = p.parse_args(argv)
@@ -83,30 +89,45 @@ def main(argv: list[str] | None = None) -> int:
         runs[seed] = (sft, rl)
         rl_result = json.loads((run_dir / "results" / "rl.json").read_text())
         k = config.evaluate.k
-        rows.append({"seed": seed, "wall_seconds": time.perf_counter() - t0, "stage_seconds": result.stage_seconds,
-                     "sft": statistics.fmean(v for v in sft.values() if v == v),
-                     "sft_ci95": task_mean_ci(list(sft.values()), attempts_per_task=k),
-                     "rl": statistics.fmean(v for v in rl.values() if v == v),
-                     "rl_ci95": task_mean_ci(list(rl.values()), attempts_per_task=k),
-                     "rl_updates": rl_result.get("steps_done"), "rl_episodes": rl_result.get("trajectories"),
-                     "informative_groups": rl_result.get("informative_groups"), "run_dir": str(run_dir)})
+        rows.append(
+            {
+                "seed": seed,
+                "wall_seconds": time.perf_counter() - t0,
+                "stage_seconds": result.stage_seconds,
+                "sft": statistics.fmean(v for v in sft.values() if v == v),
+                "sft_ci95": task_mean_ci(list(sft.values()), attempts_per_task=k),
+                "rl": statistics.fmean(v for v in rl.values() if v == v),
+                "rl_ci95": task_mean_ci(list(rl.values()), attempts_per_task=k),
+                "rl_updates": rl_result.get("steps_done"),
+                "rl_episodes": rl_result.get("trajectories"),
+                "informative_groups": rl_result.get("informative_groups"),
+                "run_dir": str(run_dir),
+            }
+        )
         r = rows[-1]
-        print(f"seed {seed}: SFT pass@1 {r['sft']:.3f} [{r['sft_ci95'][0]:.3f}, {r['sft_ci95'][1]:.3f}], "
-              f"RL {r['rl']:.3f} [{r['rl_ci95'][0]:.3f}, {r['rl_ci95'][1]:.3f}] (k={k}, {len(sft)} tasks); RL "
-              f"{r['rl_updates']} updates from {r['rl_episodes']} episodes ({r['informative_groups']} informative "
-              f"groups); wall {r['wall_seconds'] / 60:.1f} min: "
-              + ", ".join(f"{s} {v:.0f} s" for s, v in r["stage_seconds"].items()), flush=True)
+        print(
+            f"seed {seed}: SFT pass@1 {r['sft']:.3f} [{r['sft_ci95'][0]:.3f}, {r['sft_ci95'][1]:.3f}], "
+            f"RL {r['rl']:.3f} [{r['rl_ci95'][0]:.3f}, {r['rl_ci95'][1]:.3f}] (k={k}, {len(sft)} tasks); RL "
+            f"{r['rl_updates']} updates from {r['rl_episodes']} episodes ({r['informative_groups']} informative "
+            f"groups); wall {r['wall_seconds'] / 60:.1f} min: "
+            + ", ".join(f"{s} {v:.0f} s" for s, v in r["stage_seconds"].items()),
+            flush=True,
+        )
     if len(digests) != 1:
-        raise SystemExit(f"the seeds were evaluated on different held-out sets (digests {sorted(digests)}); fix "
-                         "provision.heldout_seed")
+        raise SystemExit(
+            f"the seeds were evaluated on different held-out sets (digests {sorted(digests)}); fix "
+            "provision.heldout_seed"
+        )
     summary = rl_minus_sft(runs)
     one_seed = " (one seed: the interval covers task sampling only)" if summary["seeds"] == 1 else ""
     if math.isnan(summary["ci_low"]):
         one_seed += " (no task differs between the arms: no interval)"
-    print(f"RL − SFT pass@1 = {summary['difference']:+.4f}, {summary['level']:.0%} interval "
-          f"[{summary['ci_low']:+.4f}, {summary['ci_high']:+.4f}] over {summary['tasks']} tasks x "
-          f"{summary['seeds']} seed(s){one_seed}; SE tasks {summary['se_tasks']:.4f}, seeds {summary['se_seeds']:.4f}; "
-          f"exact paired sign-flip p (RL no better) = {summary['sign_flip_p']:.4f}; held-out digest {digests.pop()}")
+    print(
+        f"RL − SFT pass@1 = {summary['difference']:+.4f}, {summary['level']:.0%} interval "
+        f"[{summary['ci_low']:+.4f}, {summary['ci_high']:+.4f}] over {summary['tasks']} tasks x "
+        f"{summary['seeds']} seed(s){one_seed}; SE tasks {summary['se_tasks']:.4f}, seeds {summary['se_seeds']:.4f}; "
+        f"exact paired sign-flip p (RL no better) = {summary['sign_flip_p']:.4f}; held-out digest {digests.pop()}"
+    )
     out = args.runs_dir / "bench_smol_rl.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"summary": summary, "seeds": rows}, indent=2, default=str))

@@ -58,8 +58,12 @@ _ADAPTIVE = dict(sampler="fixed", stride=2, early_stop=True, advantage_baseline=
 ARMS = {  # the same N = 8 everywhere
     "fixed N=8": RolloutConfig(sampler="fixed", refill=False),
     "DAPO N=8": RolloutConfig(sampler="fixed", refill=True),
-    "BAR published s=16": RolloutConfig(sampler="bar", stride=16, group_choice="ranked",  # s = N_max
-                                        advantage_baseline="group"),
+    "BAR published s=16": RolloutConfig(
+        sampler="bar",
+        stride=16,
+        group_choice="ranked",  # s = N_max
+        advantage_baseline="group",
+    ),
     "BAR s=4": RolloutConfig(sampler="bar", stride=4, group_choice="ranked", advantage_baseline="group"),
     "early stop s=2": RolloutConfig(**_ADAPTIVE),
     "+ history": RolloutConfig(**_ADAPTIVE, history=True),
@@ -97,12 +101,15 @@ def balance(records) -> float:
 
 def synthetic_prompts(rates: list[float], seed: int, teacher_coverage: float) -> dict[str, SyntheticPrompt]:
     rng = random.Random(seed + 7)
-    return {f"p{i}": SyntheticPrompt(pass_rate=r, steps=rng.randint(5, 20), has_teacher=rng.random() < teacher_coverage)
-            for i, r in enumerate(rates)}
+    return {
+        f"p{i}": SyntheticPrompt(pass_rate=r, steps=rng.randint(5, 20), has_teacher=rng.random() < teacher_coverage)
+        for i, r in enumerate(rates)
+    }
 
 
-def run_arm(cfg: RolloutConfig, prompts: dict[str, SyntheticPrompt], trajectories: int, seed: int,
-            prefix_exponent: float = 2.0) -> list:
+def run_arm(
+    cfg: RolloutConfig, prompts: dict[str, SyntheticPrompt], trajectories: int, seed: int, prefix_exponent: float = 2.0
+) -> list:
     """Every arm: the same prompt set, the same order of every pass, the same outcome draws (common random
     numbers), and the same number of trajectories (the budget ends the run, mid-prompt if need be)."""
     source = SyntheticSource(prompts, seed + 1, prefix_exponent=prefix_exponent)
@@ -125,8 +132,14 @@ def run_arm(cfg: RolloutConfig, prompts: dict[str, SyntheticPrompt], trajectorie
     return records
 
 
-def synthetic(n_prompts: int, trajectories: int, seed: int, teacher_coverage: float, tracking: TrackingConfig | None,
-              extra: dict[str, list[float]] | None = None):
+def synthetic(
+    n_prompts: int,
+    trajectories: int,
+    seed: int,
+    teacher_coverage: float,
+    tracking: TrackingConfig | None,
+    extra: dict[str, list[float]] | None = None,
+):
     from components.rl.plots import plot_group_statistics
 
     rows = []
@@ -140,11 +153,18 @@ def synthetic(n_prompts: int, trajectories: int, seed: int, teacher_coverage: fl
                 continue  # arms that never fork do not depend on the assumption
             cfg = cfg.model_copy(update={"max_prompts_per_batch": 10 * len(prompts), "batch_prompts": 8})
             label = arm_name if exponent == 2.0 else f"{arm_name}, p_fork=p"
-            run_tracking = tracking.model_copy(update={"run_name": f"synthetic {pop_name} / {label}"}) if tracking else None
+            run_tracking = (
+                tracking.model_copy(update={"run_name": f"synthetic {pop_name} / {label}"}) if tracking else None
+            )
             with stage_run("compare-rollout-synthetic", cfg, run_tracking):
                 records = run_arm(cfg, prompts, trajectories, seed, prefix_exponent=exponent)
-                row = {"population": pop_name, "arm": label, "fork_assumption": assumption, **summarize(records),
-                       "imbalance": balance(records)}
+                row = {
+                    "population": pop_name,
+                    "arm": label,
+                    "fork_assumption": assumption,
+                    **summarize(records),
+                    "imbalance": balance(records),
+                }
                 log_metrics({k: v for k, v in row.items() if isinstance(v, float)})
                 if tracking is not None and tracking.enabled:
                     import matplotlib.pyplot as plt
@@ -160,10 +180,28 @@ def print_synthetic(rows: list[dict], n_prompts: int, trajectories: int) -> None
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"Synthetic: {n_prompts} prompts, {trajectories} trajectories in every arm, N=8; "
-                        "fork arms under the assumed fork pass rate and under 'fork adds nothing'")
-    for col in ("population", "arm", "p_fork", "traj", "env steps", "groups", "groups/traj", "vs fixed", "vs DAPO",
-                "groups/1k steps", "trained/gen", "var/traj", "skipped", "abandoned", "forked", "imbalance"):
+    table = Table(
+        title=f"Synthetic: {n_prompts} prompts, {trajectories} trajectories in every arm, N=8; "
+        "fork arms under the assumed fork pass rate and under 'fork adds nothing'"
+    )
+    for col in (
+        "population",
+        "arm",
+        "p_fork",
+        "traj",
+        "env steps",
+        "groups",
+        "groups/traj",
+        "vs fixed",
+        "vs DAPO",
+        "groups/1k steps",
+        "trained/gen",
+        "var/traj",
+        "skipped",
+        "abandoned",
+        "forked",
+        "imbalance",
+    ):
         table.add_column(col, justify="right")
     per = {(r["population"], r["arm"]): r for r in rows}
 
@@ -173,12 +211,24 @@ def print_synthetic(rows: list[dict], n_prompts: int, trajectories: int) -> None
 
     for r in rows:
         fork = "-" if not r["forked_trajectories"] else "p" if "p_fork=p" in r["arm"] else "p+(1-p)f^2"
-        table.add_row(r["population"], r["arm"], fork, f"{r['trajectories']:.0f}", f"{r['env_steps']:.0f}",
-                      f"{r['informative_groups']:.0f}", f"{r['informative_groups_per_trajectory']:.4f}",
-                      ratio(r, "fixed N=8"), ratio(r, "DAPO N=8"), f"{r['informative_groups_per_1k_env_steps']:.2f}",
-                      f"{r['trained_over_generated']:.2f}", f"{r['group_reward_variance_per_trajectory']:.4f}",
-                      f"{r.get('dropped_skipped', 0):.0f}", f"{r.get('dropped_abandoned', 0):.0f}",
-                      f"{r['forked_trajectories']:.0f}", f"{r['imbalance']:.3f}")
+        table.add_row(
+            r["population"],
+            r["arm"],
+            fork,
+            f"{r['trajectories']:.0f}",
+            f"{r['env_steps']:.0f}",
+            f"{r['informative_groups']:.0f}",
+            f"{r['informative_groups_per_trajectory']:.4f}",
+            ratio(r, "fixed N=8"),
+            ratio(r, "DAPO N=8"),
+            f"{r['informative_groups_per_1k_env_steps']:.2f}",
+            f"{r['trained_over_generated']:.2f}",
+            f"{r['group_reward_variance_per_trajectory']:.4f}",
+            f"{r.get('dropped_skipped', 0):.0f}",
+            f"{r.get('dropped_abandoned', 0):.0f}",
+            f"{r['forked_trajectories']:.0f}",
+            f"{r['imbalance']:.3f}",
+        )
     Console(width=200).print(table)
 
 
@@ -191,10 +241,18 @@ def build_sft_model(args, sandbox, tasks_dir: Path, work: Path, tracking) -> Pat
         return model_dir
     traj_dir = work / "distilled"
     if not (traj_dir / "manifest.json").exists():
-        distill(DistillConfig(error_rate=args.teacher_error_rate, sandbox=sandbox, max_parallel=2, progress=True),
-                tasks_dir, traj_dir, tracking=tracking)
-    train_sft(SFTConfig(mode="resolved_only", steps=args.sft_steps, batch_size=8, max_len=1024),
-              traj_dir, model_dir, tracking=tracking)
+        distill(
+            DistillConfig(error_rate=args.teacher_error_rate, sandbox=sandbox, max_parallel=2, progress=True),
+            tasks_dir,
+            traj_dir,
+            tracking=tracking,
+        )
+    train_sft(
+        SFTConfig(mode="resolved_only", steps=args.sft_steps, batch_size=8, max_len=1024),
+        traj_dir,
+        model_dir,
+        tracking=tracking,
+    )
     return model_dir
 
 
@@ -210,13 +268,17 @@ def real(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
     tasks_dir = work / "tasks"
     if not TaskStore(tasks_dir).shards():
         recipe = get_recipe("swe", difficulty=1)
-        TaskStore(tasks_dir).write(recipe.tasks("train", args.train_tasks, seed=args.seed)
-                                   + recipe.tasks("heldout", args.heldout_tasks, seed=args.seed))
+        TaskStore(tasks_dir).write(
+            recipe.tasks("train", args.train_tasks, seed=args.seed)
+            + recipe.tasks("heldout", args.heldout_tasks, seed=args.seed)
+        )
     model_dir = Path(args.model_dir) if args.model_dir else build_sft_model(args, sandbox, tasks_dir, work, tracking)
-    harness = HarnessConfig(max_steps=args.max_steps, max_wall_seconds=300,
-                            generation=GenerationConfig(max_new_tokens=args.max_new_tokens))
-    eval_cfg = EvalConfig(k=args.eval_k, temperature=args.eval_temperature, harness=harness, sandbox=sandbox,
-                          workers=1, seed=args.seed)
+    harness = HarnessConfig(
+        max_steps=args.max_steps, max_wall_seconds=300, generation=GenerationConfig(max_new_tokens=args.max_new_tokens)
+    )
+    eval_cfg = EvalConfig(
+        k=args.eval_k, temperature=args.eval_temperature, harness=harness, sandbox=sandbox, workers=1, seed=args.seed
+    )
     named = lambda name: tracking.model_copy(update={"run_name": name}) if tracking else None  # noqa: E731
     out = {"sft": evaluate(eval_cfg, tasks_dir, model_dir, work / "eval" / "sft", named("eval sft")).model_dump()}
     references = work / "distilled"  # the teacher's trajectories: what the adaptive arm forks from
@@ -224,16 +286,25 @@ def real(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
         rollout = {"stride": args.stride} | REAL_ARMS[arm]
         cfg = RLConfig(
             rollout=RolloutConfig(**rollout, batch_prompts=args.batch_prompts, max_prompts_per_batch=64),
-            rollout_budget=args.budget, steps=-(-args.budget // 8),  # an upper bound: the budget ends it
-            learning_rate=args.lr, harness=harness, sandbox=sandbox,
-            temperature=1.0, seed=args.seed, num_threads=args.threads,
+            rollout_budget=args.budget,
+            steps=-(-args.budget // 8),  # an upper bound: the budget ends it
+            learning_rate=args.lr,
+            harness=harness,
+            sandbox=sandbox,
+            temperature=1.0,
+            seed=args.seed,
+            num_threads=args.threads,
             prefix_trajectories=str(references) if rollout.get("prefix_fork") and references.exists() else None,
         )
         rl = train_rl(cfg, tasks_dir, model_dir, work / f"rl-{arm}", tracking=named(f"rl {arm}"))
         ev = evaluate(eval_cfg, tasks_dir, rl.model_dir, work / "eval" / arm, named(f"eval rl {arm}"))
         records = [PromptRecord.model_validate_json(line) for line in open(rl.records_path)]
-        out[arm] = {"rl": rl.model_dump(), "eval": ev.model_dump(), "imbalance": balance(records),
-                    "pass_rates": _pass_rates(records)}
+        out[arm] = {
+            "rl": rl.model_dump(),
+            "eval": ev.model_dump(),
+            "imbalance": balance(records),
+            "pass_rates": _pass_rates(records),
+        }
     return out
 
 
@@ -251,8 +322,10 @@ def teacher_sampling(args, sandbox, work: Path, tracking: TrackingConfig | None)
     recipe = get_recipe("swe", difficulty=1)
     tasks_dir = work / "tasks"
     if not TaskStore(tasks_dir).shards():
-        TaskStore(tasks_dir).write(recipe.tasks("train", args.train_tasks, seed=args.seed)
-                                   + recipe.tasks("heldout", args.heldout_tasks, seed=args.seed))
+        TaskStore(tasks_dir).write(
+            recipe.tasks("train", args.train_tasks, seed=args.seed)
+            + recipe.tasks("heldout", args.heldout_tasks, seed=args.seed)
+        )
     tasks = {t.id: t for t in TaskStore(tasks_dir).read(split="train")}
     out = {}
     with sandbox.client() as client:
@@ -276,11 +349,14 @@ def teacher_sampling(args, sandbox, work: Path, tracking: TrackingConfig | None)
                     plt.close(fig)
                 out[arm] = s
     f, b = (out[a]["informative_groups_per_trajectory"] for a in ("fixed", "bar"))
-    print(f"teacher sampling: fixed {out['fixed']['informative_groups']:.0f} groups / "
-          f"{out['fixed']['trajectories']:.0f} episodes, BAR {out['bar']['informative_groups']:.0f} / "
-          f"{out['bar']['trajectories']:.0f}; BAR / fixed per trajectory = "
-          + (f"{b / f:.2f}x" if f else "undefined") + f"; imbalance fixed {out['fixed']['imbalance']:.3f}, "
-          f"BAR {out['bar']['imbalance']:.3f}")
+    print(
+        f"teacher sampling: fixed {out['fixed']['informative_groups']:.0f} groups / "
+        f"{out['fixed']['trajectories']:.0f} episodes, BAR {out['bar']['informative_groups']:.0f} / "
+        f"{out['bar']['trajectories']:.0f}; BAR / fixed per trajectory = "
+        + (f"{b / f:.2f}x" if f else "undefined")
+        + f"; imbalance fixed {out['fixed']['imbalance']:.3f}, "
+        f"BAR {out['bar']['imbalance']:.3f}"
+    )
     return out
 
 
@@ -299,40 +375,76 @@ def print_real(out: dict) -> None:
     from rich.table import Table
 
     table = Table(title="Real: tiny SFT policy on the SWE suite, equal rollout budget")
-    for col in ("arm", "trajectories", "informative groups", "per trajectory", "updates", "infra errors",
-                "imbalance", "held-out resolved [95% CI]"):
+    for col in (
+        "arm",
+        "trajectories",
+        "informative groups",
+        "per trajectory",
+        "updates",
+        "infra errors",
+        "imbalance",
+        "held-out resolved [95% CI]",
+    ):
         table.add_column(col, justify="right")
     sft = out["sft"]
-    table.add_row("SFT (start)", "-", "-", "-", "-", "-", "-",
-                  f"{sft['resolved_rate']:.3f} [{sft['resolved_rate_ci95'][0]:.2f}, {sft['resolved_rate_ci95'][1]:.2f}]")
+    table.add_row(
+        "SFT (start)",
+        "-",
+        "-",
+        "-",
+        "-",
+        "-",
+        "-",
+        f"{sft['resolved_rate']:.3f} [{sft['resolved_rate_ci95'][0]:.2f}, {sft['resolved_rate_ci95'][1]:.2f}]",
+    )
     arms = [a for a in REAL_ARMS if a in out]
     for arm in arms:
         rl, ev = out[arm]["rl"], out[arm]["eval"]
-        table.add_row(arm, str(rl["trajectories"]), str(rl["informative_groups"]),
-                      f"{rl['informative_groups_per_trajectory']:.4f}", str(rl["steps_done"]), str(rl["infra_errors"]),
-                      f"{out[arm]['imbalance']:.3f}",
-                      f"{ev['resolved_rate']:.3f} [{ev['resolved_rate_ci95'][0]:.2f}, {ev['resolved_rate_ci95'][1]:.2f}]")
+        table.add_row(
+            arm,
+            str(rl["trajectories"]),
+            str(rl["informative_groups"]),
+            f"{rl['informative_groups_per_trajectory']:.4f}",
+            str(rl["steps_done"]),
+            str(rl["infra_errors"]),
+            f"{out[arm]['imbalance']:.3f}",
+            f"{ev['resolved_rate']:.3f} [{ev['resolved_rate_ci95'][0]:.2f}, {ev['resolved_rate_ci95'][1]:.2f}]",
+        )
     Console(width=140).print(table)
     base = arms[0]
     f = out[base]["rl"]["informative_groups_per_trajectory"]
     for arm in arms[1:]:
         b = out[arm]["rl"]["informative_groups_per_trajectory"]
-        print(f"real: {arm} / {base} informative groups per trajectory = {b / f:.2f}x" if f else
-              f"real: {arm} {b:.4f} groups per trajectory; the {base} arm produced none (ratio undefined)")
+        print(
+            f"real: {arm} / {base} informative groups per trajectory = {b / f:.2f}x"
+            if f
+            else f"real: {arm} {b:.4f} groups per trajectory; the {base} arm produced none (ratio undefined)"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work-dir", type=Path, default=Path("build/compare_rollout"))
     p.add_argument("--synthetic-only", action="store_true", help="Skip the sandbox part.")
-    p.add_argument("--teacher-sampling", action="store_true",
-                   help="Sandbox part with the scripted teacher as the rollout policy (sampler only, no training).")
+    p.add_argument(
+        "--teacher-sampling",
+        action="store_true",
+        help="Sandbox part with the scripted teacher as the rollout policy (sampler only, no training).",
+    )
     p.add_argument("--teacher-sampling-error-rate", type=float, default=0.5)
     p.add_argument("--synthetic-prompts", type=int, default=512, help="Fixed prompt set per synthetic population.")
-    p.add_argument("--synthetic-trajectories", type=int, default=None,
-                   help="Trajectories every synthetic arm spends (default: 3 passes of fixed N=8, 24 x prompts).")
-    p.add_argument("--teacher-coverage", type=float, default=0.8,
-                   help="Fraction of synthetic prompts with a successful teacher trajectory to fork from.")
+    p.add_argument(
+        "--synthetic-trajectories",
+        type=int,
+        default=None,
+        help="Trajectories every synthetic arm spends (default: 3 passes of fixed N=8, 24 x prompts).",
+    )
+    p.add_argument(
+        "--teacher-coverage",
+        type=float,
+        default=0.8,
+        help="Fraction of synthetic prompts with a successful teacher trajectory to fork from.",
+    )
     p.add_argument("--no-synthetic-tracking", action="store_true", help="Skip the per-arm MLflow runs and plots.")
     p.add_argument("--model-dir", default=None, help="SFT checkpoint (default: distill + SFT here).")
     p.add_argument("--train-tasks", type=int, default=16)
@@ -340,8 +452,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget", type=int, default=64, help="Rollouts per real arm.")
     p.add_argument("--batch-prompts", type=int, default=2, help="Groups per RL update.")
     p.add_argument("--stride", type=int, default=16, help="BAR stride s in the real arms.")
-    p.add_argument("--real-arms", nargs="+", choices=list(REAL_ARMS), default=list(REAL_ARMS),
-                   help="Real arms to train (the first is the ratio's baseline).")
+    p.add_argument(
+        "--real-arms",
+        nargs="+",
+        choices=list(REAL_ARMS),
+        default=list(REAL_ARMS),
+        help="Real arms to train (the first is the ratio's baseline).",
+    )
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--max-steps", type=int, default=8, help="Assistant turns per episode.")
     p.add_argument("--max-new-tokens", type=int, default=160)
@@ -350,8 +467,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sft-steps", type=int, default=150)
     p.add_argument("--teacher-error-rate", type=float, default=0.3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads; on a shared 2-core box 1 is several times faster than 2.")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch CPU threads; on a shared 2-core box 1 is several times faster than 2.",
+    )
     p.add_argument("--tracking-uri", default=None, help="MLflow URI (default: sqlite in the work dir).")
     p.add_argument("--sandbox-url", default=None, help="Use this sandbox service instead of starting one.")
     args = p.parse_args(argv)
@@ -360,8 +481,9 @@ def main(argv: list[str] | None = None) -> None:
 
     torch.set_num_threads(args.threads)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    tracking = TrackingConfig(tracking_uri=args.tracking_uri or f"sqlite:///{args.work_dir.resolve()}/mlflow.db",
-                              experiment="compare-rollout")
+    tracking = TrackingConfig(
+        tracking_uri=args.tracking_uri or f"sqlite:///{args.work_dir.resolve()}/mlflow.db", experiment="compare-rollout"
+    )
     with stage_run("compare-rollout", None, tracking) as parent:
         child = tracking.model_copy(update={"parent_run_id": parent.info.run_id})
         out: dict = {}
@@ -381,17 +503,31 @@ def main(argv: list[str] | None = None) -> None:
         if first and out["real"][first]["pass_rates"]:
             measured["measured"] = list(out["real"][first]["pass_rates"].values())
         spend = args.synthetic_trajectories or 24 * args.synthetic_prompts
-        out["synthetic"] = synthetic(args.synthetic_prompts, spend, args.seed, args.teacher_coverage,
-                                     None if args.no_synthetic_tracking else child, measured)
+        out["synthetic"] = synthetic(
+            args.synthetic_prompts,
+            spend,
+            args.seed,
+            args.teacher_coverage,
+            None if args.no_synthetic_tracking else child,
+            measured,
+        )
         print_synthetic(out["synthetic"], args.synthetic_prompts, spend)
         _log_synthetic_plot(out["synthetic"])
         if "real" in out:
             print_real(out["real"])
             arms = [a for a in REAL_ARMS if a in out["real"]]
-            log_metrics({**{f"real.{a}.informative_groups_per_trajectory":
-                            out["real"][a]["rl"]["informative_groups_per_trajectory"] for a in arms},
-                         **{f"real.{a}.heldout_resolved_rate": out["real"][a]["eval"]["resolved_rate"] for a in arms},
-                         "real.sft.heldout_resolved_rate": out["real"]["sft"]["resolved_rate"]})
+            log_metrics(
+                {
+                    **{
+                        f"real.{a}.informative_groups_per_trajectory": out["real"][a]["rl"][
+                            "informative_groups_per_trajectory"
+                        ]
+                        for a in arms
+                    },
+                    **{f"real.{a}.heldout_resolved_rate": out["real"][a]["eval"]["resolved_rate"] for a in arms},
+                    "real.sft.heldout_resolved_rate": out["real"]["sft"]["resolved_rate"],
+                }
+            )
         _log_comparison_plot(args.work_dir)
         log_json(out, "compare_rollout.json")
     (args.work_dir / "compare_rollout.json").write_text(json.dumps(out, indent=2, default=str))

@@ -1,9 +1,11 @@
-"""MkDocs hook: writes the sandbox service API reference (docs page `api/reference.md`) from the service's OpenAPI schema.
+"""MkDocs hook: writes the sandbox service API reference (docs page `api/reference.md`) from the service's OpenAPI
+schema.
 
 The schema comes from the FastAPI app itself (`sandbox_service.api.create_app(...).openapi()`): the app is built
 but never started (no backend starts, no sandbox is created), so the page always matches the routes in the code.
 `python scripts/docs_openapi.py` prints the page instead (and `--json` the raw schema).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,9 +42,13 @@ def _cell(text: str | None) -> str:
 
 def render(schema: dict) -> str:
     """The reference as Markdown: every route with its parameters, body and responses, then every model."""
-    out = [f"# API reference: {schema['info']['title']} {schema['info']['version']}", "",
-           "Generated at build time from the service's OpenAPI schema (`scripts/docs_openapi.py`); do not edit. "
-           "Errors are JSON `{code, message}`. The overview is [the sandbox service API](index.md).", ""]
+    out = [
+        f"# API reference: {schema['info']['title']} {schema['info']['version']}",
+        "",
+        "Generated at build time from the service's OpenAPI schema (`scripts/docs_openapi.py`); do not edit. "
+        "Errors are JSON `{code, message}`. The overview is [the sandbox service API](index.md).",
+        "",
+    ]
     for path, item in schema["paths"].items():
         for method in METHODS:
             op = item.get(method)
@@ -56,8 +62,11 @@ def render(schema: dict) -> str:
             params = op.get("parameters", [])
             if params:
                 out += ["| parameter | in | type | required | description |", "| --- | --- | --- | --- | --- |"]
-                out += [f"| `{p['name']}` | {p['in']} | {_ref(p.get('schema', {}))} | {p.get('required', False)} "
-                        f"| {_cell(p.get('description'))} |" for p in params]
+                out += [
+                    f"| `{p['name']}` | {p['in']} | {_ref(p.get('schema', {}))} | {p.get('required', False)} "
+                    f"| {_cell(p.get('description'))} |"
+                    for p in params
+                ]
                 out.append("")
             body = op.get("requestBody", {}).get("content", {})
             for media, spec in body.items():
@@ -78,7 +87,9 @@ def render(schema: dict) -> str:
         if props:
             required = set(model.get("required", []))
             out += ["| field | type | required | description |", "| --- | --- | --- | --- |"]
-            out += [f"| `{f}` | {_ref(s)} | {f in required} | {_cell(s.get('description'))} |" for f, s in props.items()]
+            out += [
+                f"| `{f}` | {_ref(s)} | {f in required} | {_cell(s.get('description'))} |" for f, s in props.items()
+            ]
             out.append("")
         if "enum" in model:
             out += ["One of: " + ", ".join(f"`{v}`" for v in model["enum"]), ""]

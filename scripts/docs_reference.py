@@ -8,6 +8,7 @@
 
 `python scripts/docs_reference.py [stages|config|recipes]` prints a page instead.
 """
+
 from __future__ import annotations
 
 import enum
@@ -29,11 +30,16 @@ def _cell(text: object) -> str:
 def stages_page() -> str:
     from pipelines import stages
 
-    out = ["# Stage table", "", f"{GENERATED} The table is `STAGES` in `pipelines/stages.py`: the local runner, "
-           "the KFP pipeline and the Argo WorkflowTemplate are built from it, and a new stage is one row there "
-           "(what each stage does: [Stages](../concepts/stages.md)).", "",
-           "| stage | function | config | inputs | outputs | runs on | retries | cached |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        "# Stage table",
+        "",
+        f"{GENERATED} The table is `STAGES` in `pipelines/stages.py`: the local runner, "
+        "the KFP pipeline and the Argo WorkflowTemplate are built from it, and a new stage is one row there "
+        "(what each stage does: [Stages](../concepts/stages.md)).",
+        "",
+        "| stage | function | config | inputs | outputs | runs on | retries | cached |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for s in stages.STAGES:
         ins = ", ".join(f"`{arg}` ← `{ref}`" for arg, ref in s.inputs.items()) or "—"
         outs = ", ".join(f"`{name}` ({kind})" for name, kind in s.outputs.items())
@@ -46,11 +52,17 @@ def stages_page() -> str:
         if s.store_volume:
             where.append("mounts the data store")
         func = f"`{s.run.__module__}.{s.run.__qualname__}`"
-        out.append(f"| {s.name} | {func}: {_cell((s.run.__doc__ or '').strip().splitlines()[0] if s.run.__doc__ else '')} "
-                   f"| {config} | {ins} | {outs} | {'; '.join(where)} | {s.retries} | {'yes' if s.cache else 'no'} |")
-    out += ["", f"Around the stages, every runner has the steps `{stages.START}` (validate the config, open the MLflow "
-            f"parent run), `{stages.REPORT}` (every stage's result into the results table) and `{stages.CLOSE}` (the "
-            "exit handler).", ""]
+        out.append(
+            f"| {s.name} | {func}: {_cell((s.run.__doc__ or '').strip().splitlines()[0] if s.run.__doc__ else '')} "
+            f"| {config} | {ins} | {outs} | {'; '.join(where)} | {s.retries} | {'yes' if s.cache else 'no'} |"
+        )
+    out += [
+        "",
+        f"Around the stages, every runner has the steps `{stages.START}` (validate the config, open the MLflow "
+        f"parent run), `{stages.REPORT}` (every stage's result into the results table) and `{stages.CLOSE}` (the "
+        "exit handler).",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -91,10 +103,15 @@ def _default(field) -> str:
 def config_page() -> str:
     from pipelines.config import PipelineConfig
 
-    out = ["# Configuration reference", "", f"{GENERATED} Every field of the run's config, `PipelineConfig` "
-           "(`pipelines/config.py`) and each model in it, with its type, default and description. A preset "
-           "changes some defaults: `orchard config --preset demo` prints a preset's resolved config, and "
-           "`--set section.field=value` changes one field on any command.", ""]
+    out = [
+        "# Configuration reference",
+        "",
+        f"{GENERATED} Every field of the run's config, `PipelineConfig` "
+        "(`pipelines/config.py`) and each model in it, with its type, default and description. A preset "
+        "changes some defaults: `orchard config --preset demo` prints a preset's resolved config, and "
+        "`--set section.field=value` changes one field on any command.",
+        "",
+    ]
     models: dict[type, str] = {PipelineConfig: "PipelineConfig"}
     done: set[type] = set()
     while len(done) < len(models):
@@ -106,8 +123,10 @@ def config_page() -> str:
             out += [" ".join(doc.split("\n\n")[0].split()), ""]
         out += ["| field | type | default | description |", "| --- | --- | --- | --- |"]
         for name, field in model.model_fields.items():
-            out.append(f"| `{name}` | {_type(field.annotation, models)} | {_cell(_default(field))} "
-                       f"| {_cell(field.description)} |")
+            out.append(
+                f"| `{name}` | {_type(field.annotation, models)} | {_cell(_default(field))} "
+                f"| {_cell(field.description)} |"
+            )
         out.append("")
     return "\n".join(out)
 
@@ -115,10 +134,17 @@ def config_page() -> str:
 def recipes_page() -> str:
     from components import recipes
 
-    out = ["# Recipes", "", f"{GENERATED} The registered recipes: the built-ins (`components/recipes/__init__.py` "
-           f"BUILT_IN) and every installed package's entry point in the group `{recipes.ENTRY_POINT_GROUP}` "
-           "([add a recipe](../guides/add-a-recipe.md)). A recipe's name is what `recipe` (the config field, "
-           "`--recipe`) accepts.", "", "| recipe | class | what it is |", "| --- | --- | --- |"]
+    out = [
+        "# Recipes",
+        "",
+        f"{GENERATED} The registered recipes: the built-ins (`components/recipes/__init__.py` "
+        f"BUILT_IN) and every installed package's entry point in the group `{recipes.ENTRY_POINT_GROUP}` "
+        "([add a recipe](../guides/add-a-recipe.md)). A recipe's name is what `recipe` (the config field, "
+        "`--recipe`) accepts.",
+        "",
+        "| recipe | class | what it is |",
+        "| --- | --- | --- |",
+    ]
     for name in recipes.recipe_names():
         cls = recipes.recipe_class(name)
         doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().split("\n\n")[0]

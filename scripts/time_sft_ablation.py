@@ -38,8 +38,9 @@ def main() -> None:
     print(json.dumps({"sft_seconds_per_step": result.train_seconds / args.steps}), flush=True)
     with EmbeddedService() as service:
         t0 = time.perf_counter()
-        _evaluate(full, 0, service.connection(), args.work_dir / "tasks", args.out_dir / "model",
-                  args.out_dir / "eval", None)
+        _evaluate(
+            full, 0, service.connection(), args.work_dir / "tasks", args.out_dir / "model", args.out_dir / "eval", None
+        )
         seconds = time.perf_counter() - t0
     import pandas as pd
 

@@ -20,8 +20,16 @@ import tempfile
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
-def train(recipe: str, steps: int, service, out_dir: str, model_dir: str | None = None, num_tasks: int = 4,
-          max_completion_length: int = 24, max_tool_calls: int = 2):
+def train(
+    recipe: str,
+    steps: int,
+    service,
+    out_dir: str,
+    model_dir: str | None = None,
+    num_tasks: int = 4,
+    max_completion_length: int = 24,
+    max_tool_calls: int = 2,
+):
     """Run `steps` GRPO steps; returns the trainer (its `state.log_history` holds the rewards)."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -37,14 +45,36 @@ def train(recipe: str, steps: int, service, out_dir: str, model_dir: str | None 
         model, tokenizer = build_policy(ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[], vocab_size=512)))
     prepare_tokenizer(tokenizer)
     config = EnvConfig(recipe=recipe, num_tasks=num_tasks, max_steps=max_tool_calls + 1, service=service)
-    rows = [{"prompt": [{"role": "user", "content": "Solve the task with the tools, then finish."}],
-             "task_index": i % num_tasks} for i in range(max(4, num_tasks))]
-    args = GRPOConfig(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=2, num_generations=2,
-                      max_completion_length=max_completion_length, max_tool_calling_iterations=max_tool_calls,
-                      learning_rate=1e-4, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True,
-                      bf16=False, seed=0, dataloader_num_workers=0)
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer, args=args, train_dataset=Dataset.from_list(rows),
-                          environment_factory=ENVIRONMENTS[recipe].factory(config))
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "Solve the task with the tools, then finish."}],
+            "task_index": i % num_tasks,
+        }
+        for i in range(max(4, num_tasks))
+    ]
+    args = GRPOConfig(
+        output_dir=out_dir,
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=max_completion_length,
+        max_tool_calling_iterations=max_tool_calls,
+        learning_rate=1e-4,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        bf16=False,
+        seed=0,
+        dataloader_num_workers=0,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        args=args,
+        train_dataset=Dataset.from_list(rows),
+        environment_factory=ENVIRONMENTS[recipe].factory(config),
+    )
     trainer.train()
     return trainer
 

@@ -18,8 +18,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                  "--disable-sync", "--no-first-run"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def shoot(runs_dir: Path, out: Path, chromium: str) -> list[Path]:
@@ -42,8 +48,12 @@ def shoot(runs_dir: Path, out: Path, chromium: str) -> list[Path]:
         base = link.split("/#/")[0]
         with tempfile.TemporaryDirectory() as profile, sync_playwright() as pw:
             browser = pw.chromium.launch_persistent_context(
-                profile, executable_path=chromium, headless=True, args=CHROMIUM_FLAGS,
-                viewport={"width": 1600, "height": 1000})
+                profile,
+                executable_path=chromium,
+                headless=True,
+                args=CHROMIUM_FLAGS,
+                viewport={"width": 1600, "height": 1000},
+            )
             page = browser.new_page()
 
             def save(name: str, url: str, *texts: str, click: str | None = None) -> None:
@@ -61,11 +71,20 @@ def shoot(runs_dir: Path, out: Path, chromium: str) -> list[Path]:
                 saved.append(out / name)
 
             save("ui-runs-table.png", link, parent.info.run_name, "Model registry")
-            save("ui-parent-run.png", f"{base}/#/experiments/{experiment}/runs/{run}?workflowType=machine_learning",
-                 "orchard", "Registered models")
+            save(
+                "ui-parent-run.png",
+                f"{base}/#/experiments/{experiment}/runs/{run}?workflowType=machine_learning",
+                "orchard",
+                "Registered models",
+            )
             if resolved:
-                save("ui-trace.png", f"{base}/#/experiments/{experiment}/traces/{resolved[0].info.trace_id}",
-                     "episode", "verification", click="verification")
+                save(
+                    "ui-trace.png",
+                    f"{base}/#/experiments/{experiment}/traces/{resolved[0].info.trace_id}",
+                    "episode",
+                    "verification",
+                    click="verification",
+                )
             if registered:
                 name, version = registered.split("/")
                 save("ui-model-version.png", f"{base}/#/models/{name}/versions/{version}", "Agent policy", "Limits")

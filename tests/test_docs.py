@@ -1,5 +1,6 @@
 """The documentation site builds with `mkdocs build --strict` (what `make docs` runs), and strict mode does catch a
 broken link: the same build over a copy of docs/ with one bad link in it fails, naming the link."""
+
 import shutil
 import subprocess
 import sys
@@ -16,8 +17,13 @@ pytest.importorskip("material", reason="the docs extra (pip install -e '.[docs]'
 
 
 def _build(config: Path, site: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(MKDOCS + ["--config-file", str(config), "--site-dir", str(site)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        MKDOCS + ["--config-file", str(config), "--site-dir", str(site)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _config_over(docs: Path, tmp_path: Path) -> Path:
@@ -49,6 +55,7 @@ def test_broken_link_fails_the_build(tmp_path):
 
 def test_readme_links_stay_inside_the_repository():
     import re
+
     readme = (REPO / "README.md").read_text()
     assert len(readme.splitlines()) <= 200
     for target in re.findall(r"\]\(([^)#]+)", readme):

@@ -38,8 +38,11 @@ def test_the_config_page_documents_every_field_of_every_model_in_the_config():
         block = sections[model.__name__]  # a model in the config with no section fails here
         for name, field in model.model_fields.items():
             assert f"| `{name}` |" in block, f"{model.__name__}.{name} is not documented"
-            todo += [a for a in (field.annotation, *getattr(field.annotation, "__args__", ()))
-                     if isinstance(a, type) and issubclass(a, BaseModel)]
+            todo += [
+                a
+                for a in (field.annotation, *getattr(field.annotation, "__args__", ()))
+                if isinstance(a, type) and issubclass(a, BaseModel)
+            ]
     assert len(models) > 20
 
 

@@ -39,8 +39,12 @@ def _rows() -> list[dict]:
 def test_every_example_task_is_fixed_by_its_patch_and_only_then(tmp_path):
     """In the checkout make_repos.py builds (at the row's base_commit), FAIL_TO_PASS fails with the test patch
     alone and passes once the patch is applied; PASS_TO_PASS passes both times."""
-    out = subprocess.run([sys.executable, str(EXAMPLE / "make_repos.py"), str(tmp_path / "repos")], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLE / "make_repos.py"), str(tmp_path / "repos")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     assert out.strip().endswith(_rows()[0]["base_commit"]), out
     for row in _rows():
         repo = tmp_path / row["instance_id"]
@@ -49,8 +53,9 @@ def test_every_example_task_is_fixed_by_its_patch_and_only_then(tmp_path):
         f2p, p2p = json.loads(row["FAIL_TO_PASS"]), json.loads(row["PASS_TO_PASS"])
 
         def pytest_exit(*ids: str) -> int:
-            return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ids], cwd=repo,
-                                  capture_output=True).returncode
+            return subprocess.run(
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ids], cwd=repo, capture_output=True
+            ).returncode
 
         assert pytest_exit(*f2p) == 1 and pytest_exit(*p2p) == 0, row["instance_id"]
         subprocess.run(["git", "apply", "-"], input=row["patch"], text=True, cwd=repo, check=True)
@@ -71,8 +76,10 @@ def test_the_fake_teacher_solves_the_example_through_the_openai_api():
     try:
         check_endpoint(Endpoint("distill.openai", url, "fake-teacher", None))  # the run's preflight passes
         policy = OpenAICompatiblePolicy(base_url=url, model="fake-teacher", api_key_env=None, max_retries=0)
-        messages = [ChatMessage(role="system", content="You fix bugs."),
-                    ChatMessage(role="user", content=f"Issue:\n{row['problem_statement']}\n")]
+        messages = [
+            ChatMessage(role="system", content="You fix bugs."),
+            ChatMessage(role="user", content=f"Issue:\n{row['problem_statement']}\n"),
+        ]
         calls = []
         for _ in range(3):
             text = policy.generate(messages, GenerationConfig(max_new_tokens=256)).text
@@ -84,7 +91,8 @@ def test_the_fake_teacher_solves_the_example_through_the_openai_api():
         assert parse_tool_call(unknown.text).name == "submit"  # ends the episode, unresolved
         with pytest.raises(Exception, match="404"):  # another model name is refused, as vLLM refuses it
             OpenAICompatiblePolicy(base_url=url, model="gpt-x", api_key_env=None, max_retries=0).generate(
-                messages[:2], GenerationConfig())
+                messages[:2], GenerationConfig()
+            )
     finally:
         server.shutdown()
         server.server_close()
@@ -97,8 +105,14 @@ def test_the_bring_your_own_guide_runs_as_written(tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     pid_file = tmp_path / "build" / "byo" / "teacher.pid"
     try:
-        done = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=1400)
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1400,
+        )
     finally:  # the fake teacher never outlives the test, whatever happened
         if pid_file.exists():
             pid = int(pid_file.read_text())

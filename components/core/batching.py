@@ -68,13 +68,16 @@ class BatchingPolicy:
 
     # 50 ms: episode threads drift apart by their sandbox calls; a batched turn takes ~0.5 s on CPU, so
     # waiting this long for stragglers costs < 10% and gave 5.5x vs 3.7x episodes/min at 5 ms (bench_rollout).
-    def __init__(self, policy: Any, max_batch: int = 64, window_seconds: float = 0.05,
-                 generation_threads: int | None = None):
+    def __init__(
+        self, policy: Any, max_batch: int = 64, window_seconds: float = 0.05, generation_threads: int | None = None
+    ):
         if generation_threads is not None and generation_threads < 1:
             raise ValueError(f"generation_threads must be >= 1 or None (half the CPUs), got {generation_threads}")
         if not hasattr(policy, "generate_batch"):
-            raise TypeError(f"{type(policy).__name__} has no generate_batch; BatchingPolicy wraps local policies "
-                            "(an endpoint batches on its own server: call it from threads directly)")
+            raise TypeError(
+                f"{type(policy).__name__} has no generate_batch; BatchingPolicy wraps local policies "
+                "(an endpoint batches on its own server: call it from threads directly)"
+            )
         self.policy = policy
         self.max_batch = max_batch
         self.window_seconds = window_seconds
@@ -82,8 +85,9 @@ class BatchingPolicy:
         self.batches = 0  # generate_batch calls made (batch sizes are in `batch_sizes`)
         self.batch_sizes: list[int] = []
         self.busy_seconds = 0.0  # time spent inside generate_batch
-        self._queue: queue.Queue[tuple[list[ChatMessage], GenerationConfig, list[dict[str, Any]] | None,
-                                       concurrent.futures.Future] | None] = queue.Queue()
+        self._queue: queue.Queue[
+            tuple[list[ChatMessage], GenerationConfig, list[dict[str, Any]] | None, concurrent.futures.Future] | None
+        ] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -103,16 +107,20 @@ class BatchingPolicy:
     def prompt_ids(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
         return self.policy.prompt_ids(messages, tools)
 
-    def generate(self, messages: list[ChatMessage], config: GenerationConfig,
-                 tools: list[dict[str, Any]] | None = None) -> Generation:
+    def generate(
+        self, messages: list[ChatMessage], config: GenerationConfig, tools: list[dict[str, Any]] | None = None
+    ) -> Generation:
         self._start()
         future: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put((messages, config, tools, future))
         return future.result()
 
-    def generate_batch(self, conversations: list[list[ChatMessage]],
-                       configs: list[GenerationConfig] | GenerationConfig,
-                       tools: list[list[dict[str, Any]] | None] | None = None) -> list[Generation]:
+    def generate_batch(
+        self,
+        conversations: list[list[ChatMessage]],
+        configs: list[GenerationConfig] | GenerationConfig,
+        tools: list[list[dict[str, Any]] | None] | None = None,
+    ) -> list[Generation]:
         return self.policy.generate_batch(conversations, configs, tools)
 
     def close(self) -> None:
@@ -166,8 +174,9 @@ class BatchingPolicy:
         start = time.perf_counter()
         try:
             with intra_op_threads(self.generation_threads):
-                outs = self.policy.generate_batch([m for m, _, _, _ in items], [c for _, c, _, _ in items],
-                                                  [t for _, _, t, _ in items])
+                outs = self.policy.generate_batch(
+                    [m for m, _, _, _ in items], [c for _, c, _, _ in items], [t for _, _, t, _ in items]
+                )
         except BaseException as err:  # every waiting episode sees the failure (the harness attributes it)
             for *_, future in items:
                 future.set_exception(err)

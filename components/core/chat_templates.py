@@ -16,7 +16,7 @@ CHATML_TOOLS = (
     "{%- if messages and messages[0].role == 'system' %}{%- set ns.system = messages[0].content %}{%- endif %}"
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}{%- if ns.system %}{{- ns.system + '\\n\\n' }}{%- endif %}"
-    "{{- '# Tools\\nCall one function per reply as <tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    '{{- \'# Tools\\nCall one function per reply as <tool_call>\\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\\n</tool_call>. Functions:' }}"
     "{%- for tool in tools %}{%- set f = tool.get('function', tool) %}"
     "{{- '\\n- ' + f.name + '(' + (f.get('parameters', {}).get('properties', {}) | list | join(', ')) + '): '"
@@ -30,7 +30,7 @@ CHATML_TOOLS = (
     "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
     "{%- for call in message.tool_calls or [] %}"
     "{%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' "
+    '{{- \'<tool_call>\\n{"name": "\' + call.function.name + \'", "arguments": \' '
     "+ (call.function.arguments | tojson) + '}\\n</tool_call>' }}"
     "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
@@ -53,7 +53,7 @@ LLAMA3_TOOLS = (
     "{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' + ns.system }}"
     "{%- if tools %}"
     "{{- '\\n\\nYou have access to the following functions. To call a function, respond with JSON of the form "
-    "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.\\n' }}"
+    '{"name": function name, "parameters": dictionary of argument name and its value}.\\n\' }}'
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
     "{%- endif %}"
     "{{- '<|eot_id|>' }}"
@@ -72,5 +72,10 @@ LLAMA3_TOOLS = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
 )
-LLAMA3_SPECIAL_TOKENS = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
-                         "<|python_tag|>"]
+LLAMA3_SPECIAL_TOKENS = [
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+]

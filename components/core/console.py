@@ -75,8 +75,15 @@ def stage_tables() -> bool:
 
 def summary_line(logs: dict[str, Any], step: int, max_steps: int) -> str:
     """One line for a Trainer's log dictionary: the step and the figures a researcher reads first."""
-    names = (("loss", "loss"), ("reward", "reward"), ("reward_std", "reward std"), ("entropy", "entropy"),
-             ("kl", "kl"), ("grad_norm", "grad norm"), ("learning_rate", "lr"))
+    names = (
+        ("loss", "loss"),
+        ("reward", "reward"),
+        ("reward_std", "reward std"),
+        ("entropy", "entropy"),
+        ("kl", "kl"),
+        ("grad_norm", "grad norm"),
+        ("learning_rate", "lr"),
+    )
     parts = []
     for key, label in names:
         value = logs.get(key)

@@ -60,8 +60,11 @@ class StoreRun(BaseModel):
     trajectory_shards: list[str] = Field(default_factory=list, description="Trajectory shards this run added.")
     trained_on: list[str] = Field(default_factory=list, description="Trajectory shards this run's SFT read.")
     added_at: str | None = Field(None, description="When its shards were recorded (None: claimed only).")
-    added_order: int | None = Field(None, description="1, 2, ...: the order runs recorded their shards in (set "
-                                                      "under the lock, so clock skew between hosts cannot reorder).")
+    added_order: int | None = Field(
+        None,
+        description="1, 2, ...: the order runs recorded their shards in (set "
+        "under the lock, so clock skew between hosts cannot reorder).",
+    )
 
 
 class StoreManifest(BaseModel):
@@ -95,9 +98,11 @@ def store_path(location: str) -> Path:
     if scheme == "file":
         return Path(urlparse(location).path)
     if scheme and len(scheme) > 1:  # "C:" style drive letters aside
-        raise StoreError(f"retrain.data_store {location!r}: {scheme}:// is not supported: two writers are kept "
-                         "apart by a lock file and an atomic rename, which object stores lack; mount the bucket "
-                         "or volume and give its path")
+        raise StoreError(
+            f"retrain.data_store {location!r}: {scheme}:// is not supported: two writers are kept "
+            "apart by a lock file and an atomic rename, which object stores lack; mount the bucket "
+            "or volume and give its path"
+        )
     return Path(location)
 
 
@@ -144,17 +149,22 @@ class DataStore:
             with FileLock(str(self.root / LOCK), timeout=self.lock_timeout):
                 manifest = self.read() or StoreManifest(recipe=recipe)
                 if manifest.recipe != recipe:
-                    raise StoreError(f"data store {self.root} holds {manifest.recipe!r} tasks, this run's recipe is "
-                                     f"{recipe!r}; give each recipe its own retrain.data_store")
+                    raise StoreError(
+                        f"data store {self.root} holds {manifest.recipe!r} tasks, this run's recipe is "
+                        f"{recipe!r}; give each recipe its own retrain.data_store"
+                    )
                 yield manifest
                 self._write(manifest)
         except Timeout:
-            raise StoreError(f"data store {self.root}: another writer held {LOCK} for {self.lock_timeout:.0f} s; "
-                             "if no run is writing, a crashed process may still hold it") from None
+            raise StoreError(
+                f"data store {self.root}: another writer held {LOCK} for {self.lock_timeout:.0f} s; "
+                "if no run is writing, a crashed process may still hold it"
+            ) from None
 
     # -- provision: new tasks ------------------------------------------------------------------
-    def claim(self, run_id: str, recipe: str, generate: Callable[[int], list[Task]], heldout: list[Task],
-              first_seed: int = 0) -> tuple[int, list[Task]]:
+    def claim(
+        self, run_id: str, recipe: str, generate: Callable[[int], list[Task]], heldout: list[Task], first_seed: int = 0
+    ) -> tuple[int, list[Task]]:
         """This run's training tasks from a seed no run used, disjoint from every recorded task id.
 
         `generate(seed)` makes the training tasks of one seed. A run that claimed before (a retried
@@ -164,9 +174,11 @@ class DataStore:
         with self._locked(recipe) as manifest:
             leaked = heldout_ids & manifest.training_ids
             if leaked:
-                raise StoreError(f"held-out task(s) {sorted(leaked)[:3]} were training tasks of an earlier run in "
-                                 f"{self.root}: keep the held-out settings (seed, n_heldout, difficulty) the same "
-                                 "for every run of one store")
+                raise StoreError(
+                    f"held-out task(s) {sorted(leaked)[:3]} were training tasks of an earlier run in "
+                    f"{self.root}: keep the held-out settings (seed, n_heldout, difficulty) the same "
+                    "for every run of one store"
+                )
             earlier = manifest.run(run_id)
             if earlier is not None:
                 return earlier.train_seed, generate(earlier.train_seed)
@@ -177,23 +189,40 @@ class DataStore:
                 tasks = generate(seed)
                 ids = [t.id for t in tasks]
                 if seed not in used_seeds and not (set(ids) & taken) and len(set(ids)) == len(ids):
-                    manifest.runs.append(StoreRun(run_id=run_id, train_seed=seed, task_ids=ids,
-                                                  heldout_ids=sorted(heldout_ids), claimed_at=_now()))
+                    manifest.runs.append(
+                        StoreRun(
+                            run_id=run_id,
+                            train_seed=seed,
+                            task_ids=ids,
+                            heldout_ids=sorted(heldout_ids),
+                            claimed_at=_now(),
+                        )
+                    )
                     return seed, tasks
-        raise StoreError(f"no seed in {SEED_TRIES} tries gives training tasks disjoint from the {len(taken)} task "
-                         f"ids in {self.root}: the recipe's task space is exhausted at these settings")
+        raise StoreError(
+            f"no seed in {SEED_TRIES} tries gives training tasks disjoint from the {len(taken)} task "
+            f"ids in {self.root}: the recipe's task space is exhausted at these settings"
+        )
 
     # -- before SFT: this run's data in, the training set out ----------------------------------
-    def add(self, run_id: str, recipe: str, tasks: list[Task], trajectories: list[Trajectory],
-            window_runs: int | None = None) -> StoreRun:
+    def add(
+        self,
+        run_id: str,
+        recipe: str,
+        tasks: list[Task],
+        trajectories: list[Trajectory],
+        window_runs: int | None = None,
+    ) -> StoreRun:
         """Record this run's tasks and trajectories as new shards; returns its entry with `trained_on`.
 
         Idempotent per run: a retried step that finds its shards recorded reuses them."""
         current = self.read()
         entry = current.run(run_id) if current else None
         if entry is None:
-            raise StoreError(f"run {run_id} claimed no tasks in {self.root}: its provision step must run with the "
-                             "same retrain.data_store")
+            raise StoreError(
+                f"run {run_id} claimed no tasks in {self.root}: its provision step must run with the "
+                "same retrain.data_store"
+            )
         if entry.added_at is None:  # written outside the lock: unique names, unlisted until recorded
             task_shard = self.tasks.write(tasks)
             traj_shard = self.trajectories.append(trajectories)
@@ -213,8 +242,7 @@ class DataStore:
         return link_shards(self.root, shards, out_dir, store=str(self.root), run_id=run_id)
 
 
-def link_shards(root: Path, shards: list[str], out_dir: str | Path, *, store: str | None,
-                run_id: str | None) -> Path:
+def link_shards(root: Path, shards: list[str], out_dir: str | Path, *, store: str | None, run_id: str | None) -> Path:
     """A TrajectoryStore directory with exactly `shards` (paths under `root`; hard links when possible,
     else copies) and `_training.json` naming them (the lineage the gate and MLflow record)."""
     out = Path(out_dir)
@@ -222,8 +250,10 @@ def link_shards(root: Path, shards: list[str], out_dir: str | Path, *, store: st
     for shard in shards:
         src = root / shard
         if not src.exists():
-            raise StoreError(f"shard {shard} is listed for training but missing under {root}; restore it from "
-                             "a backup or remove the run's entry from the store's manifest")
+            raise StoreError(
+                f"shard {shard} is listed for training but missing under {root}; restore it from "
+                "a backup or remove the run's entry from the store's manifest"
+            )
         dst = out / src.name
         if not dst.exists():
             try:

@@ -38,8 +38,9 @@ class TraceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(True, description="Log sampled episodes as MLflow traces (False: none).")
-    sample_rate: float = Field(0.25, ge=0.0, le=1.0,
-                               description="Share of the episodes traced (chosen by trajectory id: reproducible).")
+    sample_rate: float = Field(
+        0.25, ge=0.0, le=1.0, description="Share of the episodes traced (chosen by trajectory id: reproducible)."
+    )
     max_per_stage: int = Field(100, ge=0, description="At most this many traces per stage (bounds the volume).")
 
 
@@ -47,9 +48,10 @@ def sampled(trajectories: list[Trajectory], config: TraceConfig) -> list[Traject
     """The episodes to trace: those whose id hashes below `sample_rate`, at most `max_per_stage`."""
     if not config.enabled:
         return []
-    keep = [t for t in trajectories
-            if int(hashlib.sha256(t.id.encode()).hexdigest()[:8], 16) < config.sample_rate * 16**8]
-    return keep[:config.max_per_stage]
+    keep = [
+        t for t in trajectories if int(hashlib.sha256(t.id.encode()).hexdigest()[:8], 16) < config.sample_rate * 16**8
+    ]
+    return keep[: config.max_per_stage]
 
 
 def as_code(text: str | None) -> str | None:
@@ -72,31 +74,49 @@ def _turn_attributes(step: Step, sampling: dict[str, Any]) -> dict[str, Any]:
     if step.token_ids is not None:
         out["completion_tokens"] = len(step.token_ids)
     if step.logprobs:
-        out.update({"logprob.mean": sum(step.logprobs) / len(step.logprobs), "logprob.min": min(step.logprobs),
-                    "logprob.sum": sum(step.logprobs)})
+        out.update(
+            {
+                "logprob.mean": sum(step.logprobs) / len(step.logprobs),
+                "logprob.min": min(step.logprobs),
+                "logprob.sum": sum(step.logprobs),
+            }
+        )
     if step.policy_error:
         out["policy_error"] = step.policy_error
     return out
 
 
-def log_trace(trajectory: Trajectory, *, stage: str, run_id: str, experiment_id: str,
-              sampling: dict[str, Any] | None = None) -> str:
+def log_trace(
+    trajectory: Trajectory, *, stage: str, run_id: str, experiment_id: str, sampling: dict[str, Any] | None = None
+) -> str:
     """One episode as one MLflow trace under `run_id` (see the module docstring); returns the trace id."""
     import mlflow
     from mlflow.entities import SpanType
 
     end = trajectory.created_at
     start = end - timedelta(seconds=trajectory.wall_seconds)
-    tags = dict(zip(TAGS, (trajectory.task_id, trajectory.split, stage, trajectory.policy_id,
-                           str(trajectory.outcome.value))))
+    tags = dict(
+        zip(TAGS, (trajectory.task_id, trajectory.split, stage, trajectory.policy_id, str(trajectory.outcome.value)))
+    )
     user = next((s.content for s in trajectory.steps if s.role == "user"), "")
     tags["orchard.reward"] = "none (infrastructure error)" if trajectory.reward is None else f"{trajectory.reward:g}"
     root = mlflow.start_span_no_context(
-        "episode", span_type=SpanType.AGENT, inputs={"task": trajectory.task_id, "prompt": user},
-        attributes={"trajectory_id": trajectory.id, "status": trajectory.status.value,
-                    "prompt_tokens": trajectory.prompt_tokens, "completion_tokens": trajectory.completion_tokens,
-                    "attempt": trajectory.attempt, "reward": trajectory.reward},
-        tags=tags, metadata={"mlflow.sourceRun": run_id}, experiment_id=experiment_id, start_time_ns=_ns(start))
+        "episode",
+        span_type=SpanType.AGENT,
+        inputs={"task": trajectory.task_id, "prompt": user},
+        attributes={
+            "trajectory_id": trajectory.id,
+            "status": trajectory.status.value,
+            "prompt_tokens": trajectory.prompt_tokens,
+            "completion_tokens": trajectory.completion_tokens,
+            "attempt": trajectory.attempt,
+            "reward": trajectory.reward,
+        },
+        tags=tags,
+        metadata={"mlflow.sourceRun": run_id},
+        experiment_id=experiment_id,
+        start_time_ns=_ns(start),
+    )
     cursor = start
     turn = 0  # model turns counted 1, 2, 3 (step indices also count the prompt and the tool results)
     for step in trajectory.steps:
@@ -105,36 +125,69 @@ def log_trace(trajectory: Trajectory, *, stage: str, run_id: str, experiment_id:
             begin = step.started_at or cursor
             finish = begin + timedelta(seconds=step.duration_seconds or 0.0)
             span = mlflow.start_span_no_context(
-                f"turn {turn}", span_type=SpanType.LLM, parent_span=root, inputs={"turn": turn, "step": step.index},
-                attributes=_turn_attributes(step, sampling or {}), start_time_ns=_ns(begin))
-            span.end(outputs={"text": step.content,
-                              "tool_call": step.tool_call.model_dump(mode="json") if step.tool_call else None},
-                     end_time_ns=_ns(finish))
+                f"turn {turn}",
+                span_type=SpanType.LLM,
+                parent_span=root,
+                inputs={"turn": turn, "step": step.index},
+                attributes=_turn_attributes(step, sampling or {}),
+                start_time_ns=_ns(begin),
+            )
+            span.end(
+                outputs={
+                    "text": step.content,
+                    "tool_call": step.tool_call.model_dump(mode="json") if step.tool_call else None,
+                },
+                end_time_ns=_ns(finish),
+            )
         elif step.role == "tool":
             duration = step.duration_seconds or 0.0
             finish = step.started_at or cursor  # a tool step is stamped when its result arrives
             begin = finish - timedelta(seconds=duration)
             attributes = {"duration_seconds": duration}
-            attributes.update({k: v for k, v in (("policy_error", step.policy_error),
-                                                 ("infra_error", step.infra_error)) if v})
+            attributes.update(
+                {k: v for k, v in (("policy_error", step.policy_error), ("infra_error", step.infra_error)) if v}
+            )
             span = mlflow.start_span_no_context(
-                step.tool_name or "tool", span_type=SpanType.TOOL, parent_span=root,
-                inputs=_arguments(trajectory, step), attributes=attributes, start_time_ns=_ns(begin))
+                step.tool_name or "tool",
+                span_type=SpanType.TOOL,
+                parent_span=root,
+                inputs=_arguments(trajectory, step),
+                attributes=attributes,
+                start_time_ns=_ns(begin),
+            )
             span.end(outputs={"output": as_code(step.content)}, end_time_ns=_ns(finish))
         else:
             continue
         cursor = max(cursor, finish)
     report = trajectory.test_report.model_dump(mode="json") if trajectory.test_report else None
     verification = mlflow.start_span_no_context(
-        "verification", span_type=SpanType.EVALUATOR, parent_span=root,
+        "verification",
+        span_type=SpanType.EVALUATOR,
+        parent_span=root,
         inputs={"final_answer": as_code(trajectory.final_answer)},
-        attributes={"verifier": json.dumps(trajectory.verification.model_dump(mode="json"))
-                    if trajectory.verification else ""}, start_time_ns=_ns(min(cursor, end)))
-    verification.end(outputs={"reward": trajectory.reward, "outcome": trajectory.outcome.value,
-                              "reason": trajectory.outcome_reason, "test_report": report}, end_time_ns=_ns(end))
-    root.end(outputs={"reward": trajectory.reward, "outcome": trajectory.outcome.value,
-                      "reason": trajectory.outcome_reason, "final_answer": as_code(trajectory.final_answer)},
-             end_time_ns=_ns(end))
+        attributes={
+            "verifier": json.dumps(trajectory.verification.model_dump(mode="json")) if trajectory.verification else ""
+        },
+        start_time_ns=_ns(min(cursor, end)),
+    )
+    verification.end(
+        outputs={
+            "reward": trajectory.reward,
+            "outcome": trajectory.outcome.value,
+            "reason": trajectory.outcome_reason,
+            "test_report": report,
+        },
+        end_time_ns=_ns(end),
+    )
+    root.end(
+        outputs={
+            "reward": trajectory.reward,
+            "outcome": trajectory.outcome.value,
+            "reason": trajectory.outcome_reason,
+            "final_answer": as_code(trajectory.final_answer),
+        },
+        end_time_ns=_ns(end),
+    )
     return root.trace_id
 
 
@@ -145,9 +198,13 @@ def log_reward(trace_id: str, trajectory: Trajectory, stage: str) -> None:
     from mlflow.entities import AssessmentSource
 
     if trajectory.reward is not None:
-        mlflow.log_feedback(trace_id=trace_id, name="reward", value=float(trajectory.reward),
-                            source=AssessmentSource(source_type="CODE", source_id=f"orchard.verifier:{stage}"),
-                            rationale=trajectory.outcome_reason or trajectory.outcome.value)
+        mlflow.log_feedback(
+            trace_id=trace_id,
+            name="reward",
+            value=float(trajectory.reward),
+            source=AssessmentSource(source_type="CODE", source_id=f"orchard.verifier:{stage}"),
+            rationale=trajectory.outcome_reason or trajectory.outcome.value,
+        )
 
 
 def _arguments(trajectory: Trajectory, step: Step) -> dict[str, Any]:
@@ -158,8 +215,14 @@ def _arguments(trajectory: Trajectory, step: Step) -> dict[str, Any]:
     return {"name": step.tool_name}
 
 
-def log_episode_traces(trajectories: list[Trajectory], config: TraceConfig, *, stage: str,
-                       sampling: dict[str, Any] | None = None, step: int | None = None) -> int:
+def log_episode_traces(
+    trajectories: list[Trajectory],
+    config: TraceConfig,
+    *,
+    stage: str,
+    sampling: dict[str, Any] | None = None,
+    step: int | None = None,
+) -> int:
     """The sampled episodes as traces under the active MLflow run (none without one); returns how many and logs
     it as `traces_logged` (at `step`, for a stage that traces batch by batch)."""
     import mlflow
@@ -170,8 +233,18 @@ def log_episode_traces(trajectories: list[Trajectory], config: TraceConfig, *, s
     logged: list[tuple[str, Trajectory]] = []
     for trajectory in sampled(trajectories, config):
         try:
-            logged.append((log_trace(trajectory, stage=stage, run_id=run.info.run_id,
-                                     experiment_id=run.info.experiment_id, sampling=sampling), trajectory))
+            logged.append(
+                (
+                    log_trace(
+                        trajectory,
+                        stage=stage,
+                        run_id=run.info.run_id,
+                        experiment_id=run.info.experiment_id,
+                        sampling=sampling,
+                    ),
+                    trajectory,
+                )
+            )
         except Exception as err:  # noqa: BLE001 - a trace is a view of the episode, never a reason to lose it
             log.warning("could not log trajectory %s as a trace: %s", trajectory.id, err)
     mlflow.flush_trace_async_logging()

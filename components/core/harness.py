@@ -2,7 +2,8 @@
 
 It turns model text into tool calls (`protocol.py`) and tool results into observations, checks each
 call's arguments against the tool's own JSON schema before it runs (a mismatch is the policy's error,
-an observation), enforces the limits, and verifies the end state with the recipe's hidden checks. Every failure is attributed
+an observation), enforces the limits, and verifies the end state with the recipe's hidden checks. Every failure is
+attributed
 to one boundary: malformed output or a bad tool call is the policy's error (an observation, the
 episode goes on); the sandbox service, the verifier's environment or the policy endpoint failing is
 infrastructure (`Outcome.infra_error`, `EpisodeStatus.aborted`, with the reason), never unresolved.
@@ -52,8 +53,15 @@ from components.core.policy_base import EpisodeAwarePolicy, GenerationConfig, Po
 from components.core.protocol import ToolCallParseError, tools_prompt
 from components.core.recipe_base import RecipeBase, ToolResult, VerifyResult
 from components.core.rendering import steps_as_messages
-from components.core.step_blame import (Failure, FailureKind, FreshSandbox, InfrastructureFailure, blame, sandbox_lost,
-                                        tool_result)
+from components.core.step_blame import (
+    Failure,
+    FailureKind,
+    FreshSandbox,
+    InfrastructureFailure,
+    blame,
+    sandbox_lost,
+    tool_result,
+)
 from components.core.schema import EpisodeStatus, Outcome, Step, Task, TestReport, Trajectory, Verification, utcnow
 from components.core.tool_formats import NATIVE_FORMATS, ToolFormat, ToolFormatSetting, parse_call
 from sandbox_service.client import Sandbox, SandboxClient
@@ -69,11 +77,17 @@ class HarnessConfig(BaseModel):
         16384, ge=16, description="Most tokens in the conversation (last prompt + completion); beyond: truncated."
     )
     tool_call_timeout_seconds: float = Field(
-        180.0, gt=0, description="Watchdog on one tool call; a call that hangs this long is the policy's error "
-                                 "unless the harness's health check fails in a fresh sandbox (step_blame.py)."
+        180.0,
+        gt=0,
+        description="Watchdog on one tool call; a call that hangs this long is the policy's error "
+        "unless the harness's health check fails in a fresh sandbox (step_blame.py).",
     )
-    max_wall_seconds: float = Field(900.0, gt=0, description="Policy-time budget per episode (generation + the "
-                                    "commands' own run time; never sandbox latency); beyond: time_truncated.")
+    max_wall_seconds: float = Field(
+        900.0,
+        gt=0,
+        description="Policy-time budget per episode (generation + the "
+        "commands' own run time; never sandbox latency); beyond: time_truncated.",
+    )
     generation: GenerationConfig = Field(default_factory=GenerationConfig, description="Sampling settings per turn.")
     snapshot_every_step: bool = Field(
         False, description="Snapshot the sandbox after setup and after every tool step (Step.sandbox_state_id)."
@@ -81,9 +95,11 @@ class HarnessConfig(BaseModel):
     sandbox_wait_seconds: float = Field(120.0, gt=0, description="How long to wait for a new sandbox to be ready.")
     heartbeat_every_seconds: float = Field(30.0, gt=0, description="Heartbeat the sandbox when idle this long.")
     tool_format: ToolFormatSetting = Field(
-        "auto", description="How tool calls are written and parsed: auto = the policy's own (a local model's "
-                            "chat template; the text protocol for endpoints and scripted teachers); protocol = "
-                            "our text protocol described in the system prompt; hermes / llama3_json = native.")
+        "auto",
+        description="How tool calls are written and parsed: auto = the policy's own (a local model's "
+        "chat template; the text protocol for endpoints and scripted teachers); protocol = "
+        "our text protocol described in the system prompt; hermes / llama3_json = native.",
+    )
 
 
 class _Abort(Exception):
@@ -99,8 +115,10 @@ def policy_tool_format(policy: Policy, config: HarnessConfig) -> ToolFormat:
     if config.tool_format == "auto":
         return own  # type: ignore[return-value]
     if isinstance(policy, ToolAwarePolicy) and own != config.tool_format:
-        raise ValueError(f"harness tool_format={config.tool_format!r} but policy {policy.policy_id} writes {own!r}; "
-                         "build the policy with the same tool_format")
+        raise ValueError(
+            f"harness tool_format={config.tool_format!r} but policy {policy.policy_id} writes {own!r}; "
+            "build the policy with the same tool_format"
+        )
     return config.tool_format
 
 
@@ -149,8 +167,7 @@ class _Metered:
 class _Episode:
     """State of one running episode (kept off module globals so episodes run in parallel threads)."""
 
-    def __init__(self, task: Task, recipe: RecipeBase, policy: Policy, config: HarnessConfig,
-                 fresh: FreshSandbox):
+    def __init__(self, task: Task, recipe: RecipeBase, policy: Policy, config: HarnessConfig, fresh: FreshSandbox):
         self.task, self.recipe, self.policy, self.config = task, recipe, policy, config
         self.fresh = fresh  # the harness's health checks in a fresh sandbox of the task, for blame
         self.tool_format = policy_tool_format(policy, config)
@@ -226,9 +243,15 @@ class _Episode:
 
     def observe(self, step: Step, result: ToolResult, started: float) -> Step:
         assert step.tool_call is not None
-        obs = self.add(role="tool", content=result.output, tool_call_id=step.tool_call.id,
-                       tool_name=step.tool_call.name, policy_error=result.policy_error,
-                       started_at=utcnow(), duration_seconds=time.monotonic() - started)
+        obs = self.add(
+            role="tool",
+            content=result.output,
+            tool_call_id=step.tool_call.id,
+            tool_name=step.tool_call.name,
+            policy_error=result.policy_error,
+            started_at=utcnow(),
+            duration_seconds=time.monotonic() - started,
+        )
         if result.submitted:
             self.submitted = True
             self.final_answer = result.final_answer
@@ -239,8 +262,9 @@ class _Episode:
         """Adopt `prefix` as the start of the episode. With `rerun` its tool calls are executed again
         to rebuild the sandbox state (no snapshot to fork); a final unanswered call is answered now."""
         if prefix[0].role != "system":  # a bare action prefix: put the task's own preamble first
-            prefix = (initial_steps(self.task, self.recipe, self.tool_format)
-                      + [s for s in prefix if s.role not in ("system", "user")])
+            prefix = initial_steps(self.task, self.recipe, self.tool_format) + [
+                s for s in prefix if s.role not in ("system", "user")
+            ]
         for s in prefix:
             self.steps.append(s.model_copy(update={"index": len(self.steps)}, deep=True))
         last = len(self.steps) - 1
@@ -307,11 +331,17 @@ class _Episode:
                 error = None
             except ToolCallParseError as err:
                 call, error = None, str(err)
-            step = self.add(role="assistant", content=storable(gen.text), tool_call=call, policy_error=error,
-                            token_ids=list(gen.token_ids) if gen.token_ids is not None else None,
-                            logprobs=list(gen.logprobs) if gen.logprobs is not None else None,
-                            tokenizer_id=gen.tokenizer_id if gen.token_ids is not None else None,
-                            started_at=started_at, duration_seconds=time.monotonic() - started)
+            step = self.add(
+                role="assistant",
+                content=storable(gen.text),
+                tool_call=call,
+                policy_error=error,
+                token_ids=list(gen.token_ids) if gen.token_ids is not None else None,
+                logprobs=list(gen.logprobs) if gen.logprobs is not None else None,
+                tokenizer_id=gen.tokenizer_id if gen.token_ids is not None else None,
+                started_at=started_at,
+                duration_seconds=time.monotonic() - started,
+            )
             if call is None:
                 obs = self.add(role="tool", content=f"Error: {error}", policy_error=error, started_at=utcnow())
                 self.snapshot_into(obs)  # every step gets a restorable state, even an unchanged one
@@ -330,8 +360,9 @@ def _fork(ep: _Episode, client: SandboxClient, spec: Any, snapshot: str) -> bool
     infrastructure failure raises `_Abort`."""
     sandbox = None
     try:
-        sandbox = client.create(spec.model_copy(update={"from_snapshot": snapshot}),
-                                wait_timeout=ep.config.sandbox_wait_seconds)
+        sandbox = client.create(
+            spec.model_copy(update={"from_snapshot": snapshot}), wait_timeout=ep.config.sandbox_wait_seconds
+        )
         ep.recipe.resume(sandbox, ep.task)  # the snapshot's files, none of its processes: the recipe restarts those
         ep.sandbox = sandbox
         return True
@@ -349,8 +380,16 @@ def _fork(ep: _Episode, client: SandboxClient, spec: Any, snapshot: str) -> bool
     return False
 
 
-def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxClient, config: HarnessConfig,
-                *, prefix_steps: list[Step] | None = None, from_snapshot: str | None = None) -> Trajectory:
+def run_episode(
+    task: Task,
+    recipe: RecipeBase,
+    policy: Policy,
+    client: SandboxClient,
+    config: HarnessConfig,
+    *,
+    prefix_steps: list[Step] | None = None,
+    from_snapshot: str | None = None,
+) -> Trajectory:
     """Run one episode and verify it. With `from_snapshot` the sandbox forks that state (no setup,
     no replay; a fork that fails on the saved state falls back to setup and replay); with only
     `prefix_steps` the prefix's tool calls are re-executed after setup."""
@@ -401,14 +440,31 @@ def run_episode(task: Task, recipe: RecipeBase, policy: Policy, client: SandboxC
                 log.warning("could not delete sandbox %s: %s", ep.sandbox.id, err)
     reward = {Outcome.resolved: 1.0, Outcome.unresolved: 0.0}.get(outcome)
     return Trajectory(
-        task_id=task.id, recipe=task.recipe, split=task.split, policy_id=policy.policy_id, steps=ep.steps,
-        tools=ep.tools, final_answer=ep.final_answer, outcome=outcome,
-        outcome_reason=reason, status=status, test_report=report, verification=verification, reward=reward,
-        prompt_tokens=ep.prompt_tokens, completion_tokens=ep.completion_tokens, wall_seconds=ep.elapsed(),
-        metadata={"sandbox_id": ep.sandbox.id if ep.sandbox else None, "family": task.family,
-                  "difficulty": task.difficulty, "from_snapshot": from_snapshot,
-                  "prefix_len": len(prefix_steps) if prefix_steps else 0, "tool_format": ep.tool_format,
-                  "policy_seconds": ep.policy_seconds,
-                  # which process of a distributed launch ran it (0 alone): a PyTorchJob's ranks each roll out
-                  "rank": rank()},
+        task_id=task.id,
+        recipe=task.recipe,
+        split=task.split,
+        policy_id=policy.policy_id,
+        steps=ep.steps,
+        tools=ep.tools,
+        final_answer=ep.final_answer,
+        outcome=outcome,
+        outcome_reason=reason,
+        status=status,
+        test_report=report,
+        verification=verification,
+        reward=reward,
+        prompt_tokens=ep.prompt_tokens,
+        completion_tokens=ep.completion_tokens,
+        wall_seconds=ep.elapsed(),
+        metadata={
+            "sandbox_id": ep.sandbox.id if ep.sandbox else None,
+            "family": task.family,
+            "difficulty": task.difficulty,
+            "from_snapshot": from_snapshot,
+            "prefix_len": len(prefix_steps) if prefix_steps else 0,
+            "tool_format": ep.tool_format,
+            "policy_seconds": ep.policy_seconds,
+            # which process of a distributed launch ran it (0 alone): a PyTorchJob's ranks each roll out
+            "rank": rank(),
+        },
     )

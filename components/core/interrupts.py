@@ -72,8 +72,9 @@ def trainer_callback():
 
 
 @contextlib.contextmanager
-def stop_on_signals(on_force_exit: Callable[[], None] | None = None,
-                    on_stop: Callable[[int], None] | None = None) -> Iterator[None]:
+def stop_on_signals(
+    on_force_exit: Callable[[], None] | None = None, on_stop: Callable[[int], None] | None = None
+) -> Iterator[None]:
     """SIGINT/SIGTERM stop the run (see the module docstring); the previous handlers come back on exit.
     `on_stop(signum)` runs at the first signal (a runner whose stages are child processes forwards it).
 
@@ -90,8 +91,10 @@ def stop_on_signals(on_force_exit: Callable[[], None] | None = None,
 
     def handle(signum: int, _frame: object) -> None:
         if first:  # the second signal: out now
-            sys.stderr.write(f"\norchard: {signal.Signals(signum).name} again: exiting now, without cleaning up "
-                             "(the sandbox service deletes its sandboxes; MLflow runs stay RUNNING)\n")
+            sys.stderr.write(
+                f"\norchard: {signal.Signals(signum).name} again: exiting now, without cleaning up "
+                "(the sandbox service deletes its sandboxes; MLflow runs stay RUNNING)\n"
+            )
             sys.stderr.flush()
             try:
                 if on_force_exit is not None:
@@ -102,8 +105,10 @@ def stop_on_signals(on_force_exit: Callable[[], None] | None = None,
             _reason[:] = [str(signum)]
         first[:] = [signum]
         _stop.set()
-        sys.stderr.write(f"\norchard: {signal.Signals(signum).name}: stopping the run (ending the current stage, "
-                         "deleting its sandboxes); send it again to exit at once\n")
+        sys.stderr.write(
+            f"\norchard: {signal.Signals(signum).name}: stopping the run (ending the current stage, "
+            "deleting its sandboxes); send it again to exit at once\n"
+        )
         sys.stderr.flush()
         if on_stop is not None:
             on_stop(signum)
@@ -123,6 +128,7 @@ def exit_at_once_on_signals() -> None:
     """From now on SIGINT/SIGTERM end the process at once, with the message: for a CLI already on its way out
     after a stop (interpreter shutdown flushes MLflow's queues), where a second Ctrl-C would otherwise end in a
     KeyboardInterrupt traceback. Main thread only."""
+
     def handle(signum: int, _frame: object) -> None:
         sys.stderr.write(f"\norchard: {signal.Signals(signum).name} again: exiting now\n")
         sys.stderr.flush()

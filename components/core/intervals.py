@@ -53,8 +53,9 @@ def clopper_pearson(successes: float, n: float, level: float = 0.95) -> tuple[fl
     return lo, hi
 
 
-def task_rate_ci(counts: Sequence[tuple[int, int]], level: float = 0.95,
-                 units: Sequence[str] | None = None) -> tuple[float, float]:
+def task_rate_ci(
+    counts: Sequence[tuple[int, int]], level: float = 0.95, units: Sequence[str] | None = None
+) -> tuple[float, float]:
     """Interval for the pooled rate sum(c)/sum(n) from per-task (n valid attempts, c successes), clustered by
     task, or by unit when `units` (one per task, aligned with `counts`) is given.
 
@@ -75,14 +76,18 @@ def task_rate_ci(counts: Sequence[tuple[int, int]], level: float = 0.95,
     return clopper_pearson(rate * n_eff, n_eff, level)
 
 
-def task_mean_ci(values: Sequence[float], level: float = 0.95, attempts_per_task: int = 1,
-                 units: Sequence[str] | None = None) -> tuple[float, float]:
+def task_mean_ci(
+    values: Sequence[float], level: float = 0.95, attempts_per_task: int = 1, units: Sequence[str] | None = None
+) -> tuple[float, float]:
     """Interval for the mean of per-task rates in [0, 1] (e.g. pass@1 per task from `attempts_per_task`
     attempts each), clustered by unit when `units` (aligned with `values`) is given; NaN values are left out."""
     keep = [i for i, v in enumerate(values) if not math.isnan(v)]
     k = max(1, attempts_per_task)
-    return task_rate_ci([(k, values[i] * k) for i in keep], level,  # type: ignore[misc]
-                        None if units is None else [units[i] for i in keep])
+    return task_rate_ci(
+        [(k, values[i] * k) for i in keep],
+        level,  # type: ignore[misc]
+        None if units is None else [units[i] for i in keep],
+    )
 
 
 def _by_unit(counts: list[tuple[float, float]], units: Sequence[str]) -> list[tuple[float, float]]:
@@ -110,9 +115,14 @@ def common_tasks(a: Mapping[str, float], b: Mapping[str, float]) -> list[str]:
     return common
 
 
-def paired_sign_flip_p(a: Mapping[str, float], b: Mapping[str, float], margin: float = 0.0,
-                       resamples: int = 20000, seed: int = 0,
-                       units: Mapping[str, str] | None = None) -> tuple[float, float, int]:
+def paired_sign_flip_p(
+    a: Mapping[str, float],
+    b: Mapping[str, float],
+    margin: float = 0.0,
+    resamples: int = 20000,
+    seed: int = 0,
+    units: Mapping[str, str] | None = None,
+) -> tuple[float, float, int]:
     """One-sided p-value that `a` is no better than `b` over the tasks both have (NaNs dropped), by the
     exact sign-flip permutation test of the per-task differences d_i = a_i - b_i - margin, summed per unit
     when `units` (task id -> unit) is given.
@@ -152,9 +162,13 @@ def _sign_patterns(m: int) -> np.ndarray:
     return np.array(list(itertools.product((-1.0, 1.0), repeat=m)))
 
 
-def paired_difference_ci(a: Mapping[str, float], b: Mapping[str, float], level: float = 0.95,
-                         attempts_per_task: int = 1,
-                         units: Mapping[str, str] | None = None) -> tuple[float, float, float, int]:
+def paired_difference_ci(
+    a: Mapping[str, float],
+    b: Mapping[str, float],
+    level: float = 0.95,
+    attempts_per_task: int = 1,
+    units: Mapping[str, str] | None = None,
+) -> tuple[float, float, float, int]:
     """mean(a - b) over the tasks both have (NaNs dropped) with Newcombe's paired interval (his method 10,
     Stat. Med. 1998): each arm's own interval (`task_mean_ci`: Clopper-Pearson at the effective number of
     attempts, clustered by unit when `units` is given) combined through the correlation of the per-task
@@ -173,8 +187,11 @@ def paired_difference_ci(a: Mapping[str, float], b: Mapping[str, float], level: 
     return p1 - p2, max(-1.0, low), min(1.0, high), len(common)
 
 
-def paired_difference_over_seeds(runs: Mapping[int, tuple[Mapping[str, float], Mapping[str, float]]],
-                                 level: float = 0.95, units: Mapping[str, str] | None = None) -> dict:
+def paired_difference_over_seeds(
+    runs: Mapping[int, tuple[Mapping[str, float], Mapping[str, float]]],
+    level: float = 0.95,
+    units: Mapping[str, str] | None = None,
+) -> dict:
     """B - A over tasks and training seeds, from {seed: (a, b)} per-task scores (pass@1), with an interval that
     covers both sources of noise: which tasks were held out, and how training went (the seed).
 
@@ -211,7 +228,20 @@ def paired_difference_over_seeds(runs: Mapping[int, tuple[Mapping[str, float], M
     a_mean = {t: statistics.fmean(runs[s][0][t] for s in runs) for t in tasks}
     b_mean = {t: statistics.fmean(runs[s][1][t] for s in runs) for t in tasks}
     p, _, _ = paired_sign_flip_p(b_mean, a_mean, units=units)
-    return {"difference": mean, "ci_low": mean - half, "ci_high": mean + half, "level": level, "se": se,
-            "se_units": se_unit, "se_seeds": se_seed, "df": df, "tasks": len(tasks), "units": len(by_unit),
-            "seeds": len(by_seed), "seed_differences": dict(zip(d, by_seed)), "sign_flip_p": p,
-            "a_pass_at_1": statistics.fmean(a_mean.values()), "b_pass_at_1": statistics.fmean(b_mean.values())}
+    return {
+        "difference": mean,
+        "ci_low": mean - half,
+        "ci_high": mean + half,
+        "level": level,
+        "se": se,
+        "se_units": se_unit,
+        "se_seeds": se_seed,
+        "df": df,
+        "tasks": len(tasks),
+        "units": len(by_unit),
+        "seeds": len(by_seed),
+        "seed_differences": dict(zip(d, by_seed)),
+        "sign_flip_p": p,
+        "a_pass_at_1": statistics.fmean(a_mean.values()),
+        "b_pass_at_1": statistics.fmean(b_mean.values()),
+    }

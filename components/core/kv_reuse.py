@@ -162,8 +162,8 @@ def row_layers(layers: list[Any], row: int, segments: list[tuple[int, int]]) -> 
 
     out = []
     for layer in layers:
-        keys = [layer.keys[row:row + 1, :, a:b] for a, b in segments if b > a]
-        values = [layer.values[row:row + 1, :, a:b] for a, b in segments if b > a]
+        keys = [layer.keys[row : row + 1, :, a:b] for a, b in segments if b > a]
+        values = [layer.values[row : row + 1, :, a:b] for a, b in segments if b > a]
         out.append((torch.cat(keys, dim=2).clone(), torch.cat(values, dim=2).clone()))
     return out
 

@@ -33,9 +33,16 @@ def _dir_fingerprint(path: Path) -> str:
 class LocalTransformersPolicy:
     """`Policy` over a local causal LM. `model_or_path`: a model object or a checkpoint directory."""
 
-    def __init__(self, model_or_path: Any, tokenizer: Any = None, device: str = "cpu",
-                 max_context_tokens: int | None = None, spec: LoadOptions | None = None,
-                 tool_format: str | None = None, kv_reuse: bool = True) -> None:
+    def __init__(
+        self,
+        model_or_path: Any,
+        tokenizer: Any = None,
+        device: str = "cpu",
+        max_context_tokens: int | None = None,
+        spec: LoadOptions | None = None,
+        tool_format: str | None = None,
+        kv_reuse: bool = True,
+    ) -> None:
         if isinstance(model_or_path, (str, Path)):
             path = Path(model_or_path)
             spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
@@ -62,7 +69,8 @@ class LocalTransformersPolicy:
         # padding) are never sampled.
         probe = [{"role": "user", "content": "x"}]
         header = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)[
-            len(tokenizer.apply_chat_template(probe, tokenize=False)):]
+            len(tokenizer.apply_chat_template(probe, tokenize=False)) :
+        ]
         special = set(tokenizer.all_special_ids)
         suppress = {i for i in tokenizer.encode(header, add_special_tokens=False) if i in special}
         if tokenizer.pad_token_id is not None:
@@ -74,17 +82,26 @@ class LocalTransformersPolicy:
         self._turns_stamp: tuple[int, int] | None = None
 
     def prompt_ids(self, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        return render_prompt(messages, self.tokenizer, tools=tools, tool_format=self.tool_format,  # type: ignore[arg-type]
-                             cache=self._cache)
+        return render_prompt(
+            messages,
+            self.tokenizer,
+            tools=tools,
+            tool_format=self.tool_format,  # type: ignore[arg-type]
+            cache=self._cache,
+        )
 
-    def generate(self, messages: list[ChatMessage], config: GenerationConfig,
-                 tools: list[dict[str, Any]] | None = None) -> Generation:
+    def generate(
+        self, messages: list[ChatMessage], config: GenerationConfig, tools: list[dict[str, Any]] | None = None
+    ) -> Generation:
         """One turn: `generate_batch` of one row (a single row samples exactly as a plain `generate` would)."""
         return self.generate_batch([messages], [config], [tools])[0]
 
-    def generate_batch(self, conversations: list[list[ChatMessage]],
-                       configs: list[GenerationConfig] | GenerationConfig,
-                       tools: list[list[dict[str, Any]] | None] | None = None) -> list[Generation]:
+    def generate_batch(
+        self,
+        conversations: list[list[ChatMessage]],
+        configs: list[GenerationConfig] | GenerationConfig,
+        tools: list[list[dict[str, Any]] | None] | None = None,
+    ) -> list[Generation]:
         """One left-padded batched `model.generate` for several conversations; per row the ids exactly as
         sampled, cut at that row's own end-of-turn token or `max_new_tokens`, with their logprobs under the
         sampling distribution (the processed scores, as `generate` reports them).
@@ -93,29 +110,36 @@ class LocalTransformersPolicy:
         Sampling draws from one RNG per batch, seeded with the first row's seed, so a sampled row depends
         on which rows it was batched with (a single row samples exactly as `generate`; greedy rows never
         depend on their batch-mates)."""
-        import torch
 
         if isinstance(configs, GenerationConfig):
             configs = [configs] * len(conversations)
         tools = tools if tools is not None else [None] * len(conversations)
         if not len(configs) == len(tools) == len(conversations):
-            raise ValueError(f"{len(conversations)} conversations but {len(configs)} generation configs and "
-                             f"{len(tools)} tool lists")
+            raise ValueError(
+                f"{len(conversations)} conversations but {len(configs)} generation configs and {len(tools)} tool lists"
+            )
         if not conversations:
             return []
         first = configs[0]
         if any((c.temperature, c.top_p, c.stop) != (first.temperature, first.top_p, first.stop) for c in configs):
-            raise ValueError("generate_batch needs one temperature/top_p/stop for every row; group rows by them "
-                             "(BatchingPolicy does) or call generate per row")
+            raise ValueError(
+                "generate_batch needs one temperature/top_p/stop for every row; group rows by them "
+                "(BatchingPolicy does) or call generate per row"
+            )
         prompts = [self.prompt_ids(m, t) for m, t in zip(conversations, tools)]
         results: list[Generation | None] = [None] * len(prompts)
         live: list[int] = []
         for i, prompt in enumerate(prompts):
             if self.max_context_tokens - len(prompt) <= 0:
-                results[i] = Generation(text="", token_ids=[], logprobs=[], tokenizer_id=self.format.tokenizer_id,
-                                        prompt_tokens=len(prompt), finish_reason="length",
-                                        raw={"reason": f"prompt of {len(prompt)} tokens fills the context "
-                                                       f"({self.max_context_tokens})"})
+                results[i] = Generation(
+                    text="",
+                    token_ids=[],
+                    logprobs=[],
+                    tokenizer_id=self.format.tokenizer_id,
+                    prompt_tokens=len(prompt),
+                    finish_reason="length",
+                    raw={"reason": f"prompt of {len(prompt)} tokens fills the context ({self.max_context_tokens})"},
+                )
             else:
                 live.append(i)
         if not live:
@@ -127,8 +151,9 @@ class LocalTransformersPolicy:
             results[i] = self._finish(row_ids, row_logprobs, len(prompts[i]), first.stop)
         return results  # type: ignore[return-value]
 
-    def _sample(self, prompts: list[list[int]], caps: list[int], config: GenerationConfig,
-                seed: int | None) -> list[tuple[list[int], list[float]]]:
+    def _sample(
+        self, prompts: list[list[int]], caps: list[int], config: GenerationConfig, seed: int | None
+    ) -> list[tuple[list[int], list[float]]]:
         """(ids as sampled, their logprobs) per prompt, each cut after its end-of-turn token or at its cap.
 
         The one place that samples: a subclass with another engine (`vllm_policy.VLLMPolicy`) overrides it."""
@@ -136,8 +161,14 @@ class LocalTransformersPolicy:
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self._stop_ids[0]
         kwargs: dict[str, Any] = dict(
-            max_new_tokens=max(caps), eos_token_id=self._stop_ids, pad_token_id=pad,
-            suppress_tokens=self._suppress or None, use_cache=True, return_dict_in_generate=True, output_scores=True)
+            max_new_tokens=max(caps),
+            eos_token_id=self._stop_ids,
+            pad_token_id=pad,
+            suppress_tokens=self._suppress or None,
+            use_cache=True,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
         if getattr(self.model.config, "output_router_logits", False):
             # MoE models trained with the router aux loss would compute it on every decode step, and
             # transformers' version breaks on a padded batch's mask (shape mismatch); generation needs no loss.
@@ -165,8 +196,13 @@ class LocalTransformersPolicy:
             out = self.model.generate(input_ids=ids, attention_mask=mask, **kwargs)
             new = out.sequences[:, width:]
             # Only the sampled token's logprob is kept per step (the full distribution is vocab-sized).
-            picked = torch.stack([torch.log_softmax(score.float(), dim=-1).gather(-1, new[:, t:t + 1]).squeeze(-1)
-                                  for t, score in enumerate(out.scores)], dim=1)
+            picked = torch.stack(
+                [
+                    torch.log_softmax(score.float(), dim=-1).gather(-1, new[:, t : t + 1]).squeeze(-1)
+                    for t, score in enumerate(out.scores)
+                ],
+                dim=1,
+            )
         rows = []
         for row, cap in enumerate(caps):
             row_ids = new[row].tolist()[:cap]
@@ -178,8 +214,13 @@ class LocalTransformersPolicy:
         self._keep_turns(out, prompts, rows, segments)
         return rows
 
-    def _keep_turns(self, out: Any, prompts: list[list[int]], rows: list[tuple[list[int], list[float]]],
-                    segments: list[list[tuple[int, int]]]) -> None:
+    def _keep_turns(
+        self,
+        out: Any,
+        prompts: list[list[int]],
+        rows: list[tuple[list[int], list[float]]],
+        segments: list[list[tuple[int, int]]],
+    ) -> None:
         """Keep each row's KV (prompt + sampled ids but the last, which was never fed back) for its next turn."""
         if self.turns is None:
             return
@@ -198,6 +239,12 @@ class LocalTransformersPolicy:
         text = self.tokenizer.decode(new_ids[:-1] if finished else new_ids, skip_special_tokens=False)
         if stop and not finished:
             finished = any(text.endswith(s) for s in stop)
-        return Generation(text=text, token_ids=new_ids, logprobs=logprobs, tokenizer_id=self.format.tokenizer_id,
-                          prompt_tokens=prompt_tokens, completion_tokens=len(new_ids),
-                          finish_reason="stop" if finished else "length")
+        return Generation(
+            text=text,
+            token_ids=new_ids,
+            logprobs=logprobs,
+            tokenizer_id=self.format.tokenizer_id,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=len(new_ids),
+            finish_reason="stop" if finished else "length",
+        )

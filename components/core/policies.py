@@ -61,19 +61,24 @@ class OpenAIPolicyConfig(BaseModel):
     )
     extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra request fields (vLLM options).")
     sampled_tokens: bool = Field(
-        False, description="Ask for the sampled ids and their logprobs (OpenAI `logprobs`; vLLM `return_token_ids` "
-                           "and `return_tokens_as_token_ids`) and store them with each step.")
+        False,
+        description="Ask for the sampled ids and their logprobs (OpenAI `logprobs`; vLLM `return_token_ids` "
+        "and `return_tokens_as_token_ids`) and store them with each step.",
+    )
     tokenizer_path: str | None = Field(
-        None, description="The served model's tokenizer (a local directory): its fingerprint tags the returned ids "
-                          "so training on that tokenizer uses them verbatim. Without it they are kept but "
-                          "re-tokenized at training.")
+        None,
+        description="The served model's tokenizer (a local directory): its fingerprint tags the returned ids "
+        "so training on that tokenizer uses them verbatim. Without it they are kept but "
+        "re-tokenized at training.",
+    )
 
 
 class OpenAICompatiblePolicy:
     """Chat completions against an OpenAI-compatible endpoint, with retries and explicit timeouts."""
 
-    def __init__(self, config: OpenAIPolicyConfig | None = None, *, transport: httpx.BaseTransport | None = None,
-                 **settings: Any):
+    def __init__(
+        self, config: OpenAIPolicyConfig | None = None, *, transport: httpx.BaseTransport | None = None, **settings: Any
+    ):
         """`OpenAICompatiblePolicy(OpenAIPolicyConfig(...))` or `OpenAICompatiblePolicy(base_url=..., model=...)`."""
         if config is None:
             config = OpenAIPolicyConfig(**settings)
@@ -93,8 +98,9 @@ class OpenAICompatiblePolicy:
             if key:
                 headers["Authorization"] = f"Bearer {key}"
         timeout = httpx.Timeout(config.timeout_seconds, connect=config.connect_timeout_seconds)
-        self._http = httpx.Client(base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout,
-                                  transport=transport)
+        self._http = httpx.Client(
+            base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -117,9 +123,13 @@ class OpenAICompatiblePolicy:
         return out
 
     def _body(self, messages: list[ChatMessage], config: GenerationConfig) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.config.model, "messages": self._messages(messages),
-                                "max_tokens": config.max_new_tokens, "temperature": config.temperature,
-                                "top_p": config.top_p}
+        body: dict[str, Any] = {
+            "model": self.config.model,
+            "messages": self._messages(messages),
+            "max_tokens": config.max_new_tokens,
+            "temperature": config.temperature,
+            "top_p": config.top_p,
+        }
         if config.stop:
             body["stop"] = config.stop
         if config.seed is not None:
@@ -173,16 +183,23 @@ class OpenAICompatiblePolicy:
                 parsed = json.loads(args) if isinstance(args, str) else args
             except json.JSONDecodeError:
                 parsed = {"_raw": args}
-            text += ("\n" if text else "") + format_tool_call(ToolCall(name=fn.get("name", ""), arguments=parsed
-                                                                       if isinstance(parsed, dict) else {}))
+            text += ("\n" if text else "") + format_tool_call(
+                ToolCall(name=fn.get("name", ""), arguments=parsed if isinstance(parsed, dict) else {})
+            )
             break  # one call per turn, like the text protocol
         usage = data.get("usage") or {}
         finish = choice.get("finish_reason")
         ids, logprobs = sampled_tokens(choice) if self.config.sampled_tokens else (None, None)
-        return Generation(text=text, prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                          completion_tokens=int(usage.get("completion_tokens") or 0),
-                          finish_reason="length" if finish == "length" else "stop", raw=data,
-                          token_ids=ids, logprobs=logprobs, tokenizer_id=self.tokenizer_id if ids is not None else None)
+        return Generation(
+            text=text,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            finish_reason="length" if finish == "length" else "stop",
+            raw=data,
+            token_ids=ids,
+            logprobs=logprobs,
+            tokenizer_id=self.tokenizer_id if ids is not None else None,
+        )
 
 
 def sampled_tokens(choice: dict[str, Any]) -> tuple[list[int] | None, list[float] | None]:

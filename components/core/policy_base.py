@@ -34,8 +34,11 @@ class GenerationConfig(BaseModel):
     temperature: float = Field(1.0, ge=0.0, description="0 = greedy.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list, description="Stop strings (e.g. '</tool_call>').")
-    seed: int | None = Field(None, description="The episode's sampling seed (None: unseeded). Each turn samples "
-                                               "with its own seed derived from it (`for_turn`).")
+    seed: int | None = Field(
+        None,
+        description="The episode's sampling seed (None: unseeded). Each turn samples "
+        "with its own seed derived from it (`for_turn`).",
+    )
 
     def for_turn(self, turn: int) -> GenerationConfig:
         """This config for the episode's `turn`-th assistant turn (0-based): the seed of turn t is a hash of
@@ -86,8 +89,9 @@ class ToolAwarePolicy(Protocol):
     policy_id: str
     tool_format: str
 
-    def generate(self, messages: list[ChatMessage], config: GenerationConfig,
-                 tools: list[dict[str, Any]] | None = None) -> Generation: ...
+    def generate(
+        self, messages: list[ChatMessage], config: GenerationConfig, tools: list[dict[str, Any]] | None = None
+    ) -> Generation: ...
 
 
 @runtime_checkable

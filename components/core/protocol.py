@@ -39,28 +39,28 @@ def parse_tool_call(text: str, *, call_id: str | None = None) -> ToolCall:
     start = text.find(OPEN_TAG)
     if start < 0:
         raise ToolCallParseError(
-            f"no tool call found. Reply with exactly one {OPEN_TAG}{{\"name\": ..., \"arguments\": {{...}}}}{CLOSE_TAG}."
+            f'no tool call found. Reply with exactly one {OPEN_TAG}{{"name": ..., "arguments": {{...}}}}{CLOSE_TAG}.'
         )
-    body = text[start + len(OPEN_TAG):].lstrip()
+    body = text[start + len(OPEN_TAG) :].lstrip()
     try:
         payload, _ = _DECODER.raw_decode(body)
     except json.JSONDecodeError as err:
         raise ToolCallParseError(f"the tool call is not valid JSON ({err.msg} at char {err.pos}).") from None
     if not isinstance(payload, dict):
-        raise ToolCallParseError("the tool call must be a JSON object with keys \"name\" and \"arguments\".")
+        raise ToolCallParseError('the tool call must be a JSON object with keys "name" and "arguments".')
     name = payload.get("name")
     if not isinstance(name, str) or not name:
-        raise ToolCallParseError("the tool call needs a string \"name\".")
+        raise ToolCallParseError('the tool call needs a string "name".')
     arguments: Any = payload.get("arguments", {})
     if isinstance(arguments, str):  # some models emit OpenAI-style JSON-encoded arguments
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except json.JSONDecodeError:
-            raise ToolCallParseError("\"arguments\" must be a JSON object.") from None
+            raise ToolCallParseError('"arguments" must be a JSON object.') from None
     if arguments is None:
         arguments = {}
     if not isinstance(arguments, dict):
-        raise ToolCallParseError("\"arguments\" must be a JSON object.")
+        raise ToolCallParseError('"arguments" must be a JSON object.')
     kwargs: dict[str, Any] = {"name": name, "arguments": arguments}
     if call_id is not None:
         kwargs["id"] = call_id
@@ -69,8 +69,11 @@ def parse_tool_call(text: str, *, call_id: str | None = None) -> ToolCall:
 
 def tools_prompt(tools: list[dict[str, Any]]) -> str:
     """A compact description of the offered tools and the protocol, appended to the system prompt."""
-    lines = ["Call exactly one tool per reply, as:", f'{OPEN_TAG}{{"name": "<tool>", "arguments": {{...}}}}{CLOSE_TAG}',
-             "Tools:"]
+    lines = [
+        "Call exactly one tool per reply, as:",
+        f'{OPEN_TAG}{{"name": "<tool>", "arguments": {{...}}}}{CLOSE_TAG}',
+        "Tools:",
+    ]
     for tool in tools:
         fn = tool.get("function", tool)
         params = ", ".join(fn.get("parameters", {}).get("properties", {}))

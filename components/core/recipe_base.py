@@ -35,8 +35,15 @@ class ToolSpec(BaseModel):
         return schema_error(self.parameters, arguments, self.name)
 
 
-_JSON_TYPES = {"object": (dict,), "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
-               "array": (list,), "null": (type(None),)}
+_JSON_TYPES = {
+    "object": (dict,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "null": (type(None),),
+}
 
 
 def schema_error(schema: dict[str, Any], value: Any, where: str = "arguments", max_nodes: int = 10_000) -> str | None:
@@ -109,8 +116,9 @@ class TaskCheck(BaseModel):
         reason = None if reference.resolved else f"reference: {reference.reason}"
         if unchanged.resolved:
             reason = unchanged_note
-        return cls(task_id=task.id, reference_resolves=reference.resolved, unfixed_fails=not unchanged.resolved,
-                   reason=reason)
+        return cls(
+            task_id=task.id, reference_resolves=reference.resolved, unfixed_fails=not unchanged.resolved, reason=reason
+        )
 
 
 class TaskImportError(ValueError):
@@ -129,14 +137,18 @@ class RecipeBase(abc.ABC):
         """The recipe's scripted expert (a `Policy` that solves its tasks, making a recoverable mistake per
         decision with probability `error_rate`): the demo's teacher, the reference row and the default gold
         check. A recipe without one can still distill from an endpoint teacher (`distill.teacher=openai`)."""
-        raise NotImplementedError(f"recipe {cls.name!r} has no scripted teacher: use an endpoint teacher "
-                                  "(distill.teacher=openai, evaluate_teacher.policy=openai)")
+        raise NotImplementedError(
+            f"recipe {cls.name!r} has no scripted teacher: use an endpoint teacher "
+            "(distill.teacher=openai, evaluate_teacher.policy=openai)"
+        )
 
     def import_tasks(self, kind: str, path: str, repos_dir: str | None = None) -> list[Task]:
         """Tasks from a file of format `kind` (`provision.source`), all in split "heldout" until provision
         splits them. Raises TaskImportError naming what is wrong (default: the recipe imports no files)."""
-        raise TaskImportError(f"recipe {self.name!r} imports no task files (source.kind={kind!r}); generate its "
-                              "tasks instead (provision.source.kind=generator)")
+        raise TaskImportError(
+            f"recipe {self.name!r} imports no task files (source.kind={kind!r}); generate its "
+            "tasks instead (provision.source.kind=generator)"
+        )
 
     def check_task(self, client: Any, task: Task) -> TaskCheck | None:
         """The recipe's own gold check, when it has one cheaper than an episode (SWE: apply the task's patch, verify;

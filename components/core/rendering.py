@@ -73,15 +73,24 @@ def chat_format(tokenizer, tool_format: ToolFormat | None = None) -> ChatFormat:
     """The tokenizer's fingerprint, tool-call format (from its template unless given) and end-of-turn ids."""
     template = tokenizer.chat_template
     if not template:
-        raise TemplateError("the tokenizer has no chat_template; set one (tokenizer.chat_template = ...) "
-                            "and save it with save_pretrained")
+        raise TemplateError(
+            "the tokenizer has no chat_template; set one (tokenizer.chat_template = ...) "
+            "and save it with save_pretrained"
+        )
     key = (id(tokenizer), template)
     with _LOCK:
         cached = _FORMATS.get(key)
     if cached is None:
-        digest = hashlib.sha256(json.dumps([
-            len(tokenizer), sorted(tokenizer.get_added_vocab().items()), template,
-            list(tokenizer.encode(_PROBE, add_special_tokens=False))]).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(
+            json.dumps(
+                [
+                    len(tokenizer),
+                    sorted(tokenizer.get_added_vocab().items()),
+                    template,
+                    list(tokenizer.encode(_PROBE, add_special_tokens=False)),
+                ]
+            ).encode()
+        ).hexdigest()[:16]
         stops = frozenset({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else ())
         fmt = ChatFormat(tokenizer_id=f"tok-{digest}", tool_format=detect_tool_format(template), stop_ids=stops)
         with _LOCK:
@@ -121,11 +130,11 @@ def _system_content(content: str, tools: list[dict[str, Any]], tool_format: Tool
     return content
 
 
-def _template_message(m: ChatMessage, tools: list[dict[str, Any]], fmt: ChatFormat, index: int,
-                      loss: bool) -> _Message:
+def _template_message(m: ChatMessage, tools: list[dict[str, Any]], fmt: ChatFormat, index: int, loss: bool) -> _Message:
     if m.role == "system":
-        return _Message({"role": "system", "content": _system_content(m.content, tools, fmt.tool_format)},
-                        "system", index, None)
+        return _Message(
+            {"role": "system", "content": _system_content(m.content, tools, fmt.tool_format)}, "system", index, None
+        )
     if m.role == "tool":
         msg = {"role": "tool", "content": m.content}
         if m.tool_call_id:
@@ -136,13 +145,18 @@ def _template_message(m: ChatMessage, tools: list[dict[str, Any]], fmt: ChatForm
     if m.role != "assistant":
         return _Message({"role": m.role, "content": m.content}, m.role, index, None)
     if m.token_ids is not None and m.tokenizer_id == fmt.tokenizer_id:
-        return _Message({"role": "assistant", "content": _PLACEHOLDER.format(index)}, "assistant", index,
-                        list(m.token_ids), loss)
+        return _Message(
+            {"role": "assistant", "content": _PLACEHOLDER.format(index)}, "assistant", index, list(m.token_ids), loss
+        )
     call = m.tool_call
     if call is not None and fmt.tool_format in NATIVE_FORMATS:
-        msg = {"role": "assistant", "content": thought_of(m.content),
-               "tool_calls": [{"id": call.id, "type": "function",
-                               "function": {"name": call.name, "arguments": call.arguments}}]}
+        msg = {
+            "role": "assistant",
+            "content": thought_of(m.content),
+            "tool_calls": [
+                {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+            ],
+        }
         return _Message(msg, "assistant", index, None, loss)
     content = m.content
     if call is not None:  # protocol: keep the text if it already is this call in the protocol
@@ -209,7 +223,7 @@ class PrefixCache:
         """Add `entry`; `extends` (an entry it grew from: all its messages are a prefix of `entry`'s) is
         dropped, so a conversation holds one entry as it grows."""
         self.entries = [e for e in self.entries if e is not extends] + [entry]
-        del self.entries[:-self.size]
+        del self.entries[: -self.size]
 
 
 def _key(m: _Message) -> str:
@@ -219,8 +233,14 @@ def _key(m: _Message) -> str:
 _REWRITES_HISTORY: set[str] = set()  # templates (by `ChatFormat.tokenizer_id`) rendered by the history view
 
 
-def _render(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | None, fmt: ChatFormat,
-            add_generation_prompt: bool, cache: PrefixCache | None = None) -> Rendered:
+def _render(
+    messages: list[_Message],
+    tokenizer,
+    tools: list[dict[str, Any]] | None,
+    fmt: ChatFormat,
+    add_generation_prompt: bool,
+    cache: PrefixCache | None = None,
+) -> Rendered:
     if fmt.tokenizer_id in _REWRITES_HISTORY:
         return _render_frozen(messages, tokenizer, tools, fmt, add_generation_prompt)
     try:
@@ -235,8 +255,13 @@ def _render(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | N
         return rendered
 
 
-def _render_frozen(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | None, fmt: ChatFormat,
-                   add_generation_prompt: bool) -> Rendered:
+def _render_frozen(
+    messages: list[_Message],
+    tokenizer,
+    tools: list[dict[str, Any]] | None,
+    fmt: ChatFormat,
+    add_generation_prompt: bool,
+) -> Rendered:
     """The history view (module docstring): every assistant turn frozen as it was when newest."""
     tools_arg = tools if tools and fmt.tool_format in NATIVE_FORMATS else None
     shown = [m.template for m in messages]  # what the template sees: frozen turns become placeholders
@@ -263,20 +288,24 @@ def _render_frozen(messages: list[_Message], tokenizer, tools: list[dict[str, An
         marker, header, glue = pending
         before, found, after = rendered.partition(marker)
         if not found or before != prev + header or not after.startswith(glue):
-            raise TemplateError(f"the chat template re-renders earlier messages when message {i} is appended, "
-                                "even with every assistant turn frozen as it was generated; use a template that "
-                                "renders history as it was generated")
+            raise TemplateError(
+                f"the chat template re-renders earlier messages when message {i} is appended, "
+                "even with every assistant turn frozen as it was generated; use a template that "
+                "renders history as it was generated"
+            )
         return before + marker + glue
 
     for i, m in enumerate(messages):
         if m.role != "assistant":
-            cur = text(shown[:i + 1])
+            cur = text(shown[: i + 1])
             if pending is not None:
                 prev, pending = settle(cur, i), None
             if not cur.startswith(prev):
-                raise TemplateError(f"the chat template re-renders earlier messages when message {i} ({m.role}) is "
-                                    "appended, even with every assistant turn frozen as it was generated")
-            put(encode_text(cur[len(prev):], tokenizer), m, False)
+                raise TemplateError(
+                    f"the chat template re-renders earlier messages when message {i} ({m.role}) is "
+                    "appended, even with every assistant turn frozen as it was generated"
+                )
+            put(encode_text(cur[len(prev) :], tokenizer), m, False)
             prev = cur
             continue
         if pending is not None:
@@ -284,23 +313,25 @@ def _render_frozen(messages: list[_Message], tokenizer, tools: list[dict[str, An
         generation = text(shown[:i], generation=True)
         if not generation.startswith(prev):
             raise TemplateError(f"message {i}: the generation prompt re-renders earlier messages")
-        header = generation[len(prev):]
+        header = generation[len(prev) :]
         put(encode_text(header, tokenizer), m, False)
         if m.sampled is not None:
             completion = list(m.sampled)
         else:
-            segment = text(shown[:i + 1])[len(prev):]
+            segment = text(shown[: i + 1])[len(prev) :]
             if not segment.startswith(header):
-                raise TemplateError(f"message {i}: the assistant turn does not start with the generation prompt "
-                                    f"{header!r} (rendered {segment[:80]!r})")
-            ids = encode_text(segment[len(header):], tokenizer)
-            completion = ids[:next((k + 1 for k, t in enumerate(ids) if t in fmt.stop_ids), len(ids))]
+                raise TemplateError(
+                    f"message {i}: the assistant turn does not start with the generation prompt "
+                    f"{header!r} (rendered {segment[:80]!r})"
+                )
+            ids = encode_text(segment[len(header) :], tokenizer)
+            completion = ids[: next((k + 1 for k, t in enumerate(ids) if t in fmt.stop_ids), len(ids))]
             if m.loss:
                 out.retokenized.append(m.step_index)
         put(completion, m, m.loss)
         marker = _PLACEHOLDER.format(i)
         shown[i] = {"role": "assistant", "content": marker}
-        _, found, glue = text(shown[:i + 1]).partition(marker)
+        _, found, glue = text(shown[: i + 1]).partition(marker)
         if not found:
             raise TemplateError(f"message {i}: the template drops assistant content")
         glue_ids = encode_text(glue, tokenizer)
@@ -312,24 +343,31 @@ def _render_frozen(messages: list[_Message], tokenizer, tools: list[dict[str, An
         generation = text(shown, generation=True)
         if pending is not None:  # the conversation ends on an assistant turn
             _, _, after = generation.partition(pending[0])
-            tail = after[len(pending[2]):] if after.startswith(pending[2]) else None
+            tail = after[len(pending[2]) :] if after.startswith(pending[2]) else None
         else:
-            tail = generation[len(prev):] if generation.startswith(prev) else None
+            tail = generation[len(prev) :] if generation.startswith(prev) else None
         if tail is None:
             raise TemplateError("the generation prompt re-renders earlier messages")
         out.input_ids.extend(encode_text(tail, tokenizer))
     return out
 
 
-def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]] | None, fmt: ChatFormat,
-                 add_generation_prompt: bool, cache: PrefixCache | None) -> Rendered:
+def _render_from(
+    messages: list[_Message],
+    tokenizer,
+    tools: list[dict[str, Any]] | None,
+    fmt: ChatFormat,
+    add_generation_prompt: bool,
+    cache: PrefixCache | None,
+) -> Rendered:
     tools_arg = tools if tools and fmt.tool_format in NATIVE_FORMATS else None
 
     def text(upto: int, generation: bool = False) -> str:
         if upto == 0 and not generation:
             return ""
-        return tokenizer.apply_chat_template([m.template for m in messages[:upto]], tools=tools_arg,
-                                             tokenize=False, add_generation_prompt=generation)
+        return tokenizer.apply_chat_template(
+            [m.template for m in messages[:upto]], tools=tools_arg, tokenize=False, add_generation_prompt=generation
+        )
 
     out = Rendered([], [], [], [], [])
     keys = [_key(m) for m in messages] if cache is not None else []
@@ -340,9 +378,14 @@ def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]
         hit, start = cache.longest_prefix(context, keys)
         if hit is not None:
             n, r = hit.ends[start - 1]
-            out = Rendered(hit.out.input_ids[:n], hit.out.roles[:n], hit.out.loss_mask[:n],
-                           hit.out.step_index[:n], hit.out.retokenized[:r])
-            prev, text_ends, ends = hit.text[:hit.text_ends[start - 1]], hit.text_ends[:start], hit.ends[:start]
+            out = Rendered(
+                hit.out.input_ids[:n],
+                hit.out.roles[:n],
+                hit.out.loss_mask[:n],
+                hit.out.step_index[:n],
+                hit.out.retokenized[:r],
+            )
+            prev, text_ends, ends = hit.text[: hit.text_ends[start - 1]], hit.text_ends[:start], hit.ends[:start]
 
     def put(ids: list[int], m: _Message, loss: bool) -> None:
         out.input_ids.extend(ids)
@@ -357,21 +400,24 @@ def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]
             raise TemplateError(
                 f"the chat template re-renders earlier messages when message {i} ({m.role}) is appended, so the "
                 f"conversation cannot be rendered append-only; earlier text {prev[-80:]!r} became "
-                f"{cur[max(0, len(prev) - 80):len(prev)]!r}. Give such turns their sampled token_ids, or use a "
-                "template that renders history as it was generated")
-        segment = cur[len(prev):]
+                f"{cur[max(0, len(prev) - 80) : len(prev)]!r}. Give such turns their sampled token_ids, or use a "
+                "template that renders history as it was generated"
+            )
+        segment = cur[len(prev) :]
         if m.role != "assistant":
             put(encode_text(segment, tokenizer), m, False)
             prev = cur
             text_ends.append(len(cur))
             ends.append((len(out.input_ids), len(out.retokenized)))
             continue
-        header = text(i, generation=True)[len(prev):]
+        header = text(i, generation=True)[len(prev) :]
         if not segment.startswith(header):
-            raise TemplateError(f"message {i}: the assistant turn does not start with the generation prompt "
-                                f"{header!r} (rendered {segment[:80]!r})")
+            raise TemplateError(
+                f"message {i}: the assistant turn does not start with the generation prompt "
+                f"{header!r} (rendered {segment[:80]!r})"
+            )
         put(encode_text(header, tokenizer), m, False)
-        body = segment[len(header):]
+        body = segment[len(header) :]
         if m.sampled is not None:
             marker = m.template["content"]
             before, found, after = body.partition(marker)
@@ -393,25 +439,39 @@ def _render_from(messages: list[_Message], tokenizer, tools: list[dict[str, Any]
         text_ends.append(len(cur))
         ends.append((len(out.input_ids), len(out.retokenized)))
     if cache is not None and keys and (hit is None or start < len(keys)):  # else nothing new to keep
-        rendered = Rendered(list(out.input_ids), list(out.roles), list(out.loss_mask), list(out.step_index),
-                            list(out.retokenized))
-        cache.store(_Cached(context, keys, prev, text_ends, ends, rendered),
-                    extends=hit if hit is not None and start == len(hit.keys) else None)
+        rendered = Rendered(
+            list(out.input_ids), list(out.roles), list(out.loss_mask), list(out.step_index), list(out.retokenized)
+        )
+        cache.store(
+            _Cached(context, keys, prev, text_ends, ends, rendered),
+            extends=hit if hit is not None and start == len(hit.keys) else None,
+        )
     if add_generation_prompt:
-        tail = text(len(messages), generation=True)[len(prev):]
+        tail = text(len(messages), generation=True)[len(prev) :]
         out.input_ids.extend(encode_text(tail, tokenizer))
     return out
 
 
-def render_prompt(messages: Iterable[ChatMessage | Mapping], tokenizer, tools: list[dict[str, Any]] | None = None,
-                  add_generation_prompt: bool = True, tool_format: ToolFormat | None = None,
-                  cache: PrefixCache | None = None) -> list[int]:
+def render_prompt(
+    messages: Iterable[ChatMessage | Mapping],
+    tokenizer,
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+    tool_format: ToolFormat | None = None,
+    cache: PrefixCache | None = None,
+) -> list[int]:
     """Prompt ids for a conversation; assistant messages with this tokenizer's `token_ids` are used verbatim.
     `cache` (one per policy) re-uses the rendering of the longest unchanged prefix among recent calls."""
     fmt = chat_format(tokenizer, tool_format)
     msgs = [m if isinstance(m, ChatMessage) else ChatMessage(**m) for m in messages]
-    rendered = _render([_template_message(m, tools or [], fmt, i, False) for i, m in enumerate(msgs)],
-                       tokenizer, tools, fmt, add_generation_prompt, cache)
+    rendered = _render(
+        [_template_message(m, tools or [], fmt, i, False) for i, m in enumerate(msgs)],
+        tokenizer,
+        tools,
+        fmt,
+        add_generation_prompt,
+        cache,
+    )
     return rendered.input_ids
 
 
@@ -432,15 +492,28 @@ def step_has_loss(step: Step, trajectory: Trajectory, loss_on: LossOn, malformed
 
 def steps_as_messages(steps: Iterable[Step]) -> list[ChatMessage]:
     """Steps as chat messages (tool observations keep their call id and tool name; sampled turns their ids)."""
-    return [ChatMessage(role=s.role, content=s.content, tool_call_id=s.tool_call_id,
-                        name=s.tool_name if s.role == "tool" else None,
-                        tool_call=s.tool_call if s.role == "assistant" else None,
-                        token_ids=s.token_ids if s.role == "assistant" else None,
-                        tokenizer_id=s.tokenizer_id if s.role == "assistant" else None) for s in steps]
+    return [
+        ChatMessage(
+            role=s.role,
+            content=s.content,
+            tool_call_id=s.tool_call_id,
+            name=s.tool_name if s.role == "tool" else None,
+            tool_call=s.tool_call if s.role == "assistant" else None,
+            token_ids=s.token_ids if s.role == "assistant" else None,
+            tokenizer_id=s.tokenizer_id if s.role == "assistant" else None,
+        )
+        for s in steps
+    ]
 
 
-def render_trajectory(trajectory: Trajectory, tokenizer, loss_on: LossOn = "credited",
-                      tool_format: ToolFormat | None = None, *, malformed_loss: bool = True) -> TokenizedSample:
+def render_trajectory(
+    trajectory: Trajectory,
+    tokenizer,
+    loss_on: LossOn = "credited",
+    tool_format: ToolFormat | None = None,
+    *,
+    malformed_loss: bool = True,
+) -> TokenizedSample:
     """The episode as one token sequence with a role, a step index and a loss flag per token.
 
     loss_on: "assistant" = every assistant step (resolved trajectories, whole-trajectory SFT, RL);
@@ -449,9 +522,16 @@ def render_trajectory(trajectory: Trajectory, tokenizer, loss_on: LossOn = "cred
     (SFT imitates; RL keeps it: its negative advantage is what teaches the policy to stop writing them).
     """
     fmt = chat_format(tokenizer, tool_format)
-    messages = [_template_message(m, trajectory.tools, fmt, s.index,
-                                  step_has_loss(s, trajectory, loss_on, malformed_loss))
-                for m, s in zip(steps_as_messages(trajectory.steps), trajectory.steps)]
+    messages = [
+        _template_message(m, trajectory.tools, fmt, s.index, step_has_loss(s, trajectory, loss_on, malformed_loss))
+        for m, s in zip(steps_as_messages(trajectory.steps), trajectory.steps)
+    ]
     r = _render(messages, tokenizer, trajectory.tools, fmt, add_generation_prompt=False)
-    return TokenizedSample(trajectory_id=trajectory.id, input_ids=r.input_ids, roles=r.roles, loss_mask=r.loss_mask,
-                           step_index=r.step_index, retokenized_steps=r.retokenized)
+    return TokenizedSample(
+        trajectory_id=trajectory.id,
+        input_ids=r.input_ids,
+        roles=r.roles,
+        loss_mask=r.loss_mask,
+        step_index=r.step_index,
+        retokenized_steps=r.retokenized,
+    )

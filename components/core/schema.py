@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 3  # 2: Step.logprobs and Step.tokenizer_id (sampled tokens and whose vocabulary they are); 3: Trajectory.verification
+# 2: Step.logprobs and Step.tokenizer_id (sampled tokens and whose vocabulary they are); 3: Trajectory.verification
+SCHEMA_VERSION = 3
 
 # A recipe's registered name (components/recipes: built in, or from another package). Records keep it as a plain
 # string so a trajectory of a recipe that is not installed here still loads; configs check it (`RecipeName`).
@@ -56,8 +57,9 @@ class VerifierSpec(_Record):
     """How an outcome is verified. Hidden files are placed only after the agent submits."""
 
     kind: Literal["pytest", "calls", "command", "python"] = Field(
-        "pytest", description="pytest: hidden test files + pytest; calls: the tests' calls run in a worker, "
-        "their assertions judged on the host (SWE `calls.py`); command: exit code; python: recipe verifier."
+        "pytest",
+        description="pytest: hidden test files + pytest; calls: the tests' calls run in a worker, "
+        "their assertions judged on the host (SWE `calls.py`); command: exit code; python: recipe verifier.",
     )
     hidden_files: dict[str, str] = Field(default_factory=dict, description="Never visible to the agent.")
     command: str | None = Field(None, description="Command whose exit code 0 means resolved.")
@@ -79,10 +81,12 @@ class Task(_Record):
     difficulty: int = 1
     seed: int | None = None
     unit: str | None = Field(
-        None, description="The independent unit the task belongs to: tasks of one unit are not independent evidence "
-                          "(generated SWE: a digest of its repository's files; imported SWE-bench: the upstream "
-                          "repository; GUI/Claw: the task's own site/world). Intervals and paired tests cluster by it; "
-                          "None (tasks stored before units existed): the task is its own unit.")
+        None,
+        description="The independent unit the task belongs to: tasks of one unit are not independent evidence "
+        "(generated SWE: a digest of its repository's files; imported SWE-bench: the upstream "
+        "repository; GUI/Claw: the task's own site/world). Intervals and paired tests cluster by it; "
+        "None (tasks stored before units existed): the task is its own unit.",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -109,8 +113,10 @@ class Step(_Record):
     token_ids: list[int] | None = Field(None, description="Assistant tokens exactly as sampled (for RL).")
     logprobs: list[float] | None = Field(None, description="Log-probability of each sampled token, as sampled.")
     tokenizer_id: str | None = Field(
-        None, description="Fingerprint of the tokenizer `token_ids` belong to (`rendering.tokenizer_id`); ids of "
-                          "another tokenizer, or of none recorded, are re-tokenized from the text at training.")
+        None,
+        description="Fingerprint of the tokenizer `token_ids` belong to (`rendering.tokenizer_id`); ids of "
+        "another tokenizer, or of none recorded, are re-tokenized from the text at training.",
+    )
     sandbox_state_id: str | None = Field(None, description="Snapshot id of the sandbox after this step.")
     started_at: datetime | None = None
     duration_seconds: float | None = None
@@ -131,7 +137,9 @@ class EpisodeStatus(str, enum.Enum):
 
     completed = "completed"  # the agent submitted
     truncated = "truncated"  # step or token limit reached
-    time_truncated = "time_truncated"  # policy-time limit reached (generation + commands; HarnessConfig.max_wall_seconds)
+    time_truncated = (
+        "time_truncated"  # policy-time limit reached (generation + commands; HarnessConfig.max_wall_seconds)
+    )
     aborted = "aborted"  # infrastructure failure: never enters a reward group
 
 
@@ -141,8 +149,11 @@ class TestReport(_Record):
     errors: int = 0
     output: str = ""
     duration_seconds: float = 0.0
-    hidden_passed: int | None = Field(None, description="FAIL_TO_PASS tests that passed: partial progress, for "
-                                                        "analysis only (the reward stays resolved / unresolved).")
+    hidden_passed: int | None = Field(
+        None,
+        description="FAIL_TO_PASS tests that passed: partial progress, for "
+        "analysis only (the reward stays resolved / unresolved).",
+    )
     hidden_total: int | None = Field(None, description="FAIL_TO_PASS tests the task has (None: not a pytest task).")
 
     @property
@@ -239,5 +250,7 @@ class TokenizedSample(_Record):
     step_index: list[int] = Field(description="Index of the Step each token came from.")
     advantage: float | None = Field(None, description="RL only: the group-normalized advantage.")
     retokenized_steps: list[int] = Field(
-        default_factory=list, description="Assistant steps with loss whose ids came from re-tokenizing their text "
-                                          "(no sampled ids of this tokenizer), not from sampling.")
+        default_factory=list,
+        description="Assistant steps with loss whose ids came from re-tokenizing their text "
+        "(no sampled ids of this tokenizer), not from sampling.",
+    )

@@ -52,8 +52,14 @@ def split_of(unit: str) -> str:
     return next(split for split, (low, high) in SHARES.items() if low <= position < high)
 
 
-def draw(candidate: Callable[[int, int], Task], split: Split, n: int, *, content: Callable[[Task], Any],
-         unit: Callable[[Task], Any] | None = None) -> list[Task]:
+def draw(
+    candidate: Callable[[int, int], Task],
+    split: Split,
+    n: int,
+    *,
+    content: Callable[[Task], Any],
+    unit: Callable[[Task], Any] | None = None,
+) -> list[Task]:
     """`n` tasks of `split`: slot k takes the first of candidate(k, 0), candidate(k, 1), ... whose unit lies in
     the split's share and whose content is not in the set yet, preferring units not in the set yet (a repeated
     unit is taken only after half the tries found no new one). `unit(task)` is the value whose digest becomes
@@ -78,7 +84,8 @@ def draw(candidate: Callable[[int, int], Task], split: Split, n: int, *, content
             raise SplitExhausted(
                 f"{split}: only {len(kept)} distinct tasks found ({ATTEMPTS_PER_TASK} candidates tried for the next "
                 f"one) where {n} were asked for; the suite's settings (families, packages, difficulty) hold too few "
-                f"distinct {split} tasks: ask for fewer or widen the suite")
+                f"distinct {split} tasks: ask for fewer or widen the suite"
+            )
     return kept
 
 
@@ -89,7 +96,7 @@ def check_disjoint(splits: dict[str, list[Task]], content: Callable[[Task], Any]
     out = {name: len(k) - len(set(k)) for name, k in keys.items()}
     names = list(keys)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             out[f"{a}&{b}"] = len(set(keys[a]) & set(keys[b]))
     return out
 

@@ -155,8 +155,14 @@ class FreshSandbox:
     """A health check in a fresh sandbox of the task's spec, set up from its pristine state (never a fork of
     the policy's state), deleted afterwards."""
 
-    def __init__(self, client: SandboxClient, spec: SandboxCreate, recipe: Recipe, task: Task,
-                 wait_seconds: float = FRESH_WAIT_SECONDS):
+    def __init__(
+        self,
+        client: SandboxClient,
+        spec: SandboxCreate,
+        recipe: Recipe,
+        task: Task,
+        wait_seconds: float = FRESH_WAIT_SECONDS,
+    ):
         self.client, self.recipe, self.task, self.wait_seconds = client, recipe, task, wait_seconds
         self.spec = spec.model_copy(update={"from_snapshot": None, "request_id": None})
 
@@ -180,6 +186,7 @@ class FreshSandbox:
     def tools(self, timeout: float = HEALTH_CALL_TIMEOUT_SECONDS) -> str | None:
         """The recipe's harness-chosen health calls, each under the watchdog: a failure, or arguments the tool
         refuses, means the tools are broken."""
+
         def run(sandbox: Sandbox) -> str | None:
             res = _caught(lambda: sandbox.exec(["true"], timeout=30))
             if isinstance(res, BaseException) or not res.ok:
@@ -188,27 +195,34 @@ class FreshSandbox:
                 outcome = _watched(lambda: self.recipe.execute_tool(sandbox, self.task, call), timeout)
                 failed = failure_of_tool(outcome)
                 if failed is None and outcome.policy_error:
-                    failed = Failure(FailureKind.tool_crashed, f"refused the harness's arguments: {outcome.policy_error}")
+                    failed = Failure(
+                        FailureKind.tool_crashed, f"refused the harness's arguments: {outcome.policy_error}"
+                    )
                 if failed is not None:
                     return f"health call {call.name} {call.arguments}: {failed}"[:500]
             return None
+
         return self.check(run)
 
     def verification(self) -> str | None:
         """The recipe's own verification of the pristine state (no answer) must give a verdict."""
+
         def run(sandbox: Sandbox) -> str | None:
             failed = failure_of_verification(_caught(lambda: self.recipe.judge(sandbox.verifying(), self.task, None)))
             return None if failed is None else f"the pristine state's verification: {failed}"
+
         return self.check(run)
 
     def snapshot(self) -> str | None:
         """The pristine state must snapshot."""
+
         def run(sandbox: Sandbox) -> str | None:
             taken = _caught(sandbox.snapshot)
             if isinstance(taken, BaseException):
                 return f"the pristine state's snapshot: {type(taken).__name__}: {taken}"[:500]
             _quietly(lambda: self.client.request("DELETE", f"/v1/snapshots/{taken.id}"))
             return None
+
         return self.check(run)
 
     def setup(self) -> str | None:
@@ -217,8 +231,13 @@ class FreshSandbox:
 
 
 # -- the rule applied to one step ---------------------------------------------------------------------------
-def tool_result(outcome: ToolResult | BaseException, call: ToolCall, sandbox: Sandbox, fresh: FreshSandbox,
-                timeout: float = HEALTH_CALL_TIMEOUT_SECONDS) -> ToolResult:
+def tool_result(
+    outcome: ToolResult | BaseException,
+    call: ToolCall,
+    sandbox: Sandbox,
+    fresh: FreshSandbox,
+    timeout: float = HEALTH_CALL_TIMEOUT_SECONDS,
+) -> ToolResult:
     """What the policy sees for a tool call that ended in `outcome`; raises InfrastructureFailure when the
     rule blames the infrastructure. `sandbox` is the episode's, read only through the service's record."""
     failure = failure_of_tool(outcome)
@@ -231,9 +250,10 @@ def tool_result(outcome: ToolResult | BaseException, call: ToolCall, sandbox: Sa
     shown = outcome.output if isinstance(outcome, ToolResult) and outcome.output else failure.detail
     if failure.kind.caused_by_arguments:
         return ToolResult(output=f"Error: {shown[-1000:]}", policy_error=f"tool {call.name}: {failure}"[:500])
-    return ToolResult(output=f"Error: the tool failed with your arguments or on the state your actions left: "
-                             f"{shown[-1000:]}",
-                      policy_error=f"tool {call.name}: {failure} (the harness's health check passes)"[:500])
+    return ToolResult(
+        output=f"Error: the tool failed with your arguments or on the state your actions left: {shown[-1000:]}",
+        policy_error=f"tool {call.name}: {failure} (the harness's health check passes)"[:500],
+    )
 
 
 def verdict(recipe: Recipe, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
@@ -249,9 +269,14 @@ def verdict(recipe: Recipe, sandbox: Sandbox, task: Task, final_answer: str | No
     infra = blame(failure, lost=lambda: sandbox_lost(sandbox), fresh=fresh.verification)
     if infra:
         return kept.model_copy(update={"resolved": False, "infra_error": f"verification failed: {infra}"[:2000]})
-    return kept.model_copy(update={"resolved": False, "infra_error": None,
-                                   "reason": f"verification gave no verdict on the state the policy left "
-                                             f"(the harness's health check passes): {failure}"[:2000]})
+    return kept.model_copy(
+        update={
+            "resolved": False,
+            "infra_error": None,
+            "reason": f"verification gave no verdict on the state the policy left "
+            f"(the harness's health check passes): {failure}"[:2000],
+        }
+    )
 
 
 def _quietly(fn: Callable[[], Any]) -> None:
@@ -279,5 +304,15 @@ def _watched(fn: Callable[[], Any], timeout: float) -> Any:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-__all__ = ["Failure", "FailureKind", "FreshSandbox", "InfrastructureFailure", "blame", "failure_of_tool",
-           "failure_of_verification", "sandbox_lost", "tool_result", "verdict"]
+__all__ = [
+    "Failure",
+    "FailureKind",
+    "FreshSandbox",
+    "InfrastructureFailure",
+    "blame",
+    "failure_of_tool",
+    "failure_of_verification",
+    "sandbox_lost",
+    "tool_result",
+    "verdict",
+]

@@ -35,42 +35,46 @@ from components.core.schema import SCHEMA_VERSION, Outcome, Task, Trajectory
 SHARD_GLOB = "part-*.parquet"
 MANIFEST = "_manifest.json"  # a leading "_" or "." hides it from pyarrow and pandas dataset readers
 
-TRAJECTORY_SCHEMA = pa.schema([
-    ("schema_version", pa.int32()),
-    ("id", pa.string()),
-    ("task_id", pa.string()),
-    ("recipe", pa.string()),
-    ("split", pa.string()),
-    ("policy_id", pa.string()),
-    ("outcome", pa.string()),
-    ("outcome_reason", pa.string()),
-    ("status", pa.string()),
-    ("reward", pa.float64()),
-    ("final_answer", pa.string()),
-    ("prompt_tokens", pa.int64()),
-    ("completion_tokens", pa.int64()),
-    ("wall_seconds", pa.float64()),
-    ("attempt", pa.int32()),
-    ("num_steps", pa.int32()),
-    ("created_at", pa.string()),
-    ("steps", pa.string()),
-    ("tools", pa.string()),
-    ("test_report", pa.string()),
-    ("metadata", pa.string()),
-    ("verification", pa.string()),  # v2
-])
+TRAJECTORY_SCHEMA = pa.schema(
+    [
+        ("schema_version", pa.int32()),
+        ("id", pa.string()),
+        ("task_id", pa.string()),
+        ("recipe", pa.string()),
+        ("split", pa.string()),
+        ("policy_id", pa.string()),
+        ("outcome", pa.string()),
+        ("outcome_reason", pa.string()),
+        ("status", pa.string()),
+        ("reward", pa.float64()),
+        ("final_answer", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("wall_seconds", pa.float64()),
+        ("attempt", pa.int32()),
+        ("num_steps", pa.int32()),
+        ("created_at", pa.string()),
+        ("steps", pa.string()),
+        ("tools", pa.string()),
+        ("test_report", pa.string()),
+        ("metadata", pa.string()),
+        ("verification", pa.string()),  # v2
+    ]
+)
 
-TASK_SCHEMA = pa.schema([
-    ("schema_version", pa.int32()),
-    ("id", pa.string()),
-    ("recipe", pa.string()),
-    ("split", pa.string()),
-    ("family", pa.string()),
-    ("difficulty", pa.int32()),
-    ("seed", pa.int64()),
-    ("prompt", pa.string()),
-    ("task", pa.string()),  # the whole Task as JSON (environment, verifier, reference, metadata)
-])
+TASK_SCHEMA = pa.schema(
+    [
+        ("schema_version", pa.int32()),
+        ("id", pa.string()),
+        ("recipe", pa.string()),
+        ("split", pa.string()),
+        ("family", pa.string()),
+        ("difficulty", pa.int32()),
+        ("seed", pa.int64()),
+        ("prompt", pa.string()),
+        ("task", pa.string()),  # the whole Task as JSON (environment, verifier, reference, metadata)
+    ]
+)
 
 _JSON_COLUMNS = ("steps", "tools", "test_report", "metadata", "verification")
 
@@ -139,9 +143,17 @@ def row_to_trajectory(row: dict[str, Any]) -> Trajectory:
 
 
 def task_to_row(task: Task) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "id": task.id, "recipe": task.recipe, "split": task.split,
-            "family": task.family, "difficulty": task.difficulty, "seed": task.seed, "prompt": task.prompt,
-            "task": task.model_dump_json()}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "id": task.id,
+        "recipe": task.recipe,
+        "split": task.split,
+        "family": task.family,
+        "difficulty": task.difficulty,
+        "seed": task.seed,
+        "prompt": task.prompt,
+        "task": task.model_dump_json(),
+    }
 
 
 def row_to_task(row: dict[str, Any]) -> Task:

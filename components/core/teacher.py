@@ -20,11 +20,13 @@ class TeacherConfig(BaseModel):
     kind: Literal["scripted", "openai"] = Field("scripted", description="scripted expert | OpenAI-compatible endpoint.")
     error_rate: float = Field(0.3, ge=0.0, le=1.0, description="The scripted teacher's mistake rate.")
     endpoint: OpenAIPolicyConfig | None = Field(
-        None, description="base_url, model and api_key_env (the env var holding the key) when kind='openai'.")
+        None, description="base_url, model and api_key_env (the env var holding the key) when kind='openai'."
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "TeacherConfig":
         if self.kind == "openai" and self.endpoint is None:
-            raise ValueError("teacher kind 'openai' needs endpoint=OpenAIPolicyConfig(base_url=..., model=..., "
-                             "api_key_env=...)")
+            raise ValueError(
+                "teacher kind 'openai' needs endpoint=OpenAIPolicyConfig(base_url=..., model=..., api_key_env=...)"
+            )
         return self

@@ -43,7 +43,8 @@ def _parse_llama3(text: str, call_id: str | None) -> ToolCall:
     start = body.find("{")
     if start < 0:
         raise ToolCallParseError(
-            'no tool call found. Reply with exactly one JSON object {"name": ..., "parameters": {...}}.')
+            'no tool call found. Reply with exactly one JSON object {"name": ..., "parameters": {...}}.'
+        )
     try:
         payload, _ = _DECODER.raw_decode(body[start:])
     except json.JSONDecodeError as err:

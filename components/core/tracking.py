@@ -54,7 +54,7 @@ def artifact_location(tracking: TrackingConfig) -> str | None:
     uri = tracking.tracking_uri
     if not uri.startswith("sqlite:///"):
         return None
-    db = Path(uri[len("sqlite:///"):]).resolve()
+    db = Path(uri[len("sqlite:///") :]).resolve()
     return (db.parent / f"{db.stem}-artifacts").as_uri()
 
 
@@ -96,8 +96,11 @@ def ensure_experiment(tracking: TrackingConfig) -> str:
     if experiment is not None:
         return experiment.experiment_id
     try:
-        return client.create_experiment(tracking.experiment, artifact_location=artifact_location(tracking),
-                                        tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+        return client.create_experiment(
+            tracking.experiment,
+            artifact_location=artifact_location(tracking),
+            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+        )
     except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel worker
         return client.get_experiment_by_name(tracking.experiment).experiment_id
 
@@ -145,8 +148,9 @@ def _param_batches(config: BaseModel) -> Iterator[dict[str, Any]]:
         yield dict(items[i : i + 100])
 
 
-def open_detached_run(stage: str, config: BaseModel | None, tracking: TrackingConfig | None,
-                      run_name: str | None = None) -> str | None:
+def open_detached_run(
+    stage: str, config: BaseModel | None, tracking: TrackingConfig | None, run_name: str | None = None
+) -> str | None:
     """A run nested under `tracking.parent_run_id` but off this process's active-run stack, for work whose
     parts finish interleaved or in other processes (they nest under it by run id). Close with
     `close_detached_run`. None when tracking is off."""
@@ -167,8 +171,9 @@ def open_detached_run(stage: str, config: BaseModel | None, tracking: TrackingCo
     return run_id
 
 
-def close_detached_run(run_id: str | None, tracking: TrackingConfig | None,
-                       metrics: list[tuple[str, float, int]], failed: bool = False) -> None:
+def close_detached_run(
+    run_id: str | None, tracking: TrackingConfig | None, metrics: list[tuple[str, float, int]], failed: bool = False
+) -> None:
     """Log (key, value, step) metrics (NaNs skipped) to a detached run and mark it finished or failed."""
     if run_id is None or tracking is None:
         return
@@ -271,8 +276,9 @@ def log_json(obj: Any, name: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # Pipeline-level runs (added for pipelines/; the stage API above is unchanged)
 # ---------------------------------------------------------------------------------------------
-def open_pipeline_run(tracking: TrackingConfig, run_name: str, config: BaseModel | None = None,
-                      tags: dict[str, str] | None = None) -> str:
+def open_pipeline_run(
+    tracking: TrackingConfig, run_name: str, config: BaseModel | None = None, tags: dict[str, str] | None = None
+) -> str:
     """Create the parent run of a pipeline run and leave it RUNNING; returns its id.
 
     Uses the client API (not `mlflow.start_run`) so the run stays open across processes and
@@ -332,8 +338,9 @@ def fail_pipeline_run(tracking: TrackingConfig, run_id: str, err: BaseException,
     tags = {FAILURE_REASON_TAG: reason, **({FAILED_STAGE_TAG: stage} if stage else {})}
     pending, children = [run_id], []
     while pending:  # every generation under the parent
-        found = client.search_runs([parent.info.experiment_id],
-                                   filter_string=f"tags.mlflow.parentRunId = '{pending.pop()}'")
+        found = client.search_runs(
+            [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{pending.pop()}'"
+        )
         children += found
         pending += [c.info.run_id for c in found]
     failing = [c for c in children if c.info.run_name == stage and c.data.tags.get("mlflow.parentRunId") == run_id]
@@ -370,4 +377,3 @@ def log_table(df: Any, name: str) -> None:
 
     if mlflow.active_run() is not None:
         mlflow.log_table(data=df, artifact_file=name)
-

@@ -25,16 +25,27 @@ class VLLMPolicy(LocalTransformersPolicy):
         super().__init__(model, tokenizer, device=device, tool_format=tool_format, kv_reuse=False)  # vLLM caches itself
         self.llm = llm
 
-    def _sample(self, prompts: list[list[int]], caps: list[int], config: GenerationConfig,
-                seed: int | None) -> list[tuple[list[int], list[float]]]:
+    def _sample(
+        self, prompts: list[list[int]], caps: list[int], config: GenerationConfig, seed: int | None
+    ) -> list[tuple[list[int], list[float]]]:
         from vllm import SamplingParams
 
-        params = [SamplingParams(
-            n=1, max_tokens=cap, temperature=config.temperature, top_p=config.top_p if config.temperature > 0 else 1.0,
-            stop_token_ids=list(self._stop_ids), stop=list(config.stop) or None, logprobs=0,
-            # the header's special tokens never start a turn inside a turn (as `suppress_tokens` in HF generate)
-            logit_bias={i: -100.0 for i in self._suppress} or None, skip_special_tokens=False,
-            seed=None if seed is None else seed + row) for row, cap in enumerate(caps)]
+        params = [
+            SamplingParams(
+                n=1,
+                max_tokens=cap,
+                temperature=config.temperature,
+                top_p=config.top_p if config.temperature > 0 else 1.0,
+                stop_token_ids=list(self._stop_ids),
+                stop=list(config.stop) or None,
+                logprobs=0,
+                # the header's special tokens never start a turn inside a turn (as `suppress_tokens` in HF generate)
+                logit_bias={i: -100.0 for i in self._suppress} or None,
+                skip_special_tokens=False,
+                seed=None if seed is None else seed + row,
+            )
+            for row, cap in enumerate(caps)
+        ]
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=params, use_tqdm=False)
         rows = []
         for out in outputs:

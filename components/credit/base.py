@@ -29,8 +29,10 @@ class ValueEstimate(BaseModel):
     stderr: list[float | None] = Field(description="Standard error per value (None when not a sample mean).")
     samples: list[int] = Field(description="Continuations behind each value (0 = interpolated or judged).")
     credit_stderr: list[float | None] | None = Field(
-        None, description="Standard error of each credit c_t = V(s_t) - V(s_{t-1}), t = 1..T (paired "
-                          "continuations); None when the estimator cannot give one (judge).")
+        None,
+        description="Standard error of each credit c_t = V(s_t) - V(s_{t-1}), t = 1..T (paired "
+        "continuations); None when the estimator cannot give one (judge).",
+    )
 
     @model_validator(mode="after")
     def _shapes(self) -> "ValueEstimate":

@@ -117,16 +117,21 @@ class LLMJudgeEstimator:
         key = os.environ.get(config.api_key_env) if config.api_key_env else None
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        self._http = httpx.Client(base_url=config.base_url.rstrip("/"), headers=headers,
-                                  timeout=config.timeout_seconds, transport=transport)
+        self._http = httpx.Client(
+            base_url=config.base_url.rstrip("/"), headers=headers, timeout=config.timeout_seconds, transport=transport
+        )
         self.rejected_answers = 0
 
     def close(self) -> None:
         self._http.close()
 
     def _complete(self, messages: list[dict]) -> str:
-        body = {"model": self.config.model, "messages": messages, "temperature": self.config.temperature,
-                "max_tokens": self.config.max_tokens}
+        body = {
+            "model": self.config.model,
+            "messages": messages,
+            "temperature": self.config.temperature,
+            "max_tokens": self.config.max_tokens,
+        }
         if self.config.json_mode:
             body["response_format"] = {"type": "json_object"}
         last, retry_after = "", None
@@ -157,14 +162,19 @@ class LLMJudgeEstimator:
             except ValueError as err:
                 self.rejected_answers += 1
                 problems.append(str(err))
-                messages += [{"role": "assistant", "content": content},
-                             {"role": "user", "content": f"Rejected: your answer {err}. Reply with the JSON object only."}]
+                messages += [
+                    {"role": "assistant", "content": content},
+                    {"role": "user", "content": f"Rejected: your answer {err}. Reply with the JSON object only."},
+                ]
                 continue
             by_step = {s.step: s.p_resolve for s in answer.steps}
             return ValueEstimate(
-                trajectory_id=trajectory.id, estimator=self.name, step_indices=numbers,
+                trajectory_id=trajectory.id,
+                estimator=self.name,
+                step_indices=numbers,
                 values=[answer.initial] + [by_step[n] for n in numbers],
-                stderr=[None] * (len(numbers) + 1), samples=[0] * (len(numbers) + 1),
+                stderr=[None] * (len(numbers) + 1),
+                samples=[0] * (len(numbers) + 1),
             )
         raise CreditEstimationError(
             f"judge gave {self.config.max_attempts} malformed answers for {trajectory.id}: {problems}"

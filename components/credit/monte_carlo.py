@@ -39,7 +39,11 @@ from components.core.policy_base import GenerationConfig, Policy
 from components.core.recipe_base import RecipeBase
 from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
 from components.credit.base import (
-    CreditEstimationError, ValueEstimate, assistant_positions, initial_end, state_end,
+    CreditEstimationError,
+    ValueEstimate,
+    assistant_positions,
+    initial_end,
+    state_end,
 )
 from components.core.teacher import TeacherConfig
 from components.credit.segments import interpolate
@@ -51,17 +55,31 @@ class MonteCarloConfig(BaseModel):
     """Continuations from each intermediate state."""
 
     model_config = ConfigDict(extra="forbid")
-    k: int = Field(8, ge=1, description="Continuations per key state (8: SE(c_t) well under epsilon with common random numbers).")
-    stride: int = Field(1, ge=1, description="Estimate every stride-th assistant step (the last always); interpolate the rest.")
-    common_random_numbers: bool = Field(True, description="Continuation j uses the same teacher seed at every state (paired credits).")
-    teacher_error_rate: float = Field(0.2, ge=0.0, le=1.0, description="Error rate of the scripted continuation teacher.")
+    k: int = Field(
+        8, ge=1, description="Continuations per key state (8: SE(c_t) well under epsilon with common random numbers)."
+    )
+    stride: int = Field(
+        1, ge=1, description="Estimate every stride-th assistant step (the last always); interpolate the rest."
+    )
+    common_random_numbers: bool = Field(
+        True, description="Continuation j uses the same teacher seed at every state (paired credits)."
+    )
+    teacher_error_rate: float = Field(
+        0.2, ge=0.0, le=1.0, description="Error rate of the scripted continuation teacher."
+    )
     teacher: TeacherConfig | None = Field(
-        None, description="Continuation teacher (scripted or an endpoint); None = scripted at teacher_error_rate.")
+        None, description="Continuation teacher (scripted or an endpoint); None = scripted at teacher_error_rate."
+    )
     seed: int = Field(0, description="Base seed of the continuation teachers.")
     max_steps: int = Field(12, ge=1, description="Assistant turns a continuation may add.")
     parallel: int = Field(4, ge=1, description="Continuations running at once (each in its own sandbox).")
     use_snapshots: bool = Field(True, description="Fork Step.sandbox_state_id when present instead of replaying.")
-    max_infra_failures: float = Field(0.5, ge=0.0, le=1.0, description="Give up on a state when more than this fraction of its continuations fail for infrastructure.")
+    max_infra_failures: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Give up on a state when more than this fraction of its continuations fail for infrastructure.",
+    )
 
 
 PolicyFactory = Callable[[int], Policy]
@@ -70,8 +88,14 @@ PolicyFactory = Callable[[int], Policy]
 class MonteCarloEstimator:
     name = "monte_carlo"
 
-    def __init__(self, config: MonteCarloConfig, recipe: RecipeBase, client: SandboxClient,
-                 policy_factory: PolicyFactory | None = None, harness: HarnessConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: MonteCarloConfig,
+        recipe: RecipeBase,
+        client: SandboxClient,
+        policy_factory: PolicyFactory | None = None,
+        harness: HarnessConfig | None = None,
+    ) -> None:
         self.config = config
         self.recipe = recipe
         self.client = client
@@ -79,8 +103,9 @@ class MonteCarloEstimator:
             teacher = config.teacher or TeacherConfig(error_rate=config.teacher_error_rate)
             policy_factory = teacher_factory(teacher, recipe.name, config.seed)
         self.policy_factory = policy_factory
-        self.harness = harness or HarnessConfig(max_steps=config.max_steps, max_wall_seconds=300,
-                                                generation=GenerationConfig(temperature=0.0))
+        self.harness = harness or HarnessConfig(
+            max_steps=config.max_steps, max_wall_seconds=300, generation=GenerationConfig(temperature=0.0)
+        )
         self.continuations = 0
         self.infra_failures = 0
 
@@ -91,8 +116,9 @@ class MonteCarloEstimator:
         # max_steps counts the prefix's assistant turns too: extend the budget by them.
         turns = sum(1 for s in prefix if s.role == "assistant")
         cfg = self.harness.model_copy(update={"max_steps": turns + self.config.max_steps})
-        traj = run_episode(task, self.recipe, self.policy_factory(seed), self.client, cfg,
-                           prefix_steps=prefix, from_snapshot=snapshot)
+        traj = run_episode(
+            task, self.recipe, self.policy_factory(seed), self.client, cfg, prefix_steps=prefix, from_snapshot=snapshot
+        )
         if snapshot and traj.outcome is Outcome.infra_error and "setup failed" in (traj.outcome_reason or ""):
             # The snapshot is gone (another service instance, or pruned): rebuild the state by replay.
             traj = run_episode(task, self.recipe, self.policy_factory(seed), self.client, cfg, prefix_steps=prefix)
@@ -132,8 +158,13 @@ class MonteCarloEstimator:
                 end = initial_end(trajectory) if t == 0 else state_end(trajectory, positions[t - 1])
                 prefix = trajectory.steps[:end]
                 snapshot = prefix[-1].sandbox_state_id if (self.config.use_snapshots and prefix) else None
-                jobs[t] = (end, [pool.submit(self._continue, task, prefix, snapshot, self._seed(t, j))
-                                 for j in range(self.config.k)])
+                jobs[t] = (
+                    end,
+                    [
+                        pool.submit(self._continue, task, prefix, snapshot, self._seed(t, j))
+                        for j in range(self.config.k)
+                    ],
+                )
             outcomes: dict[int, list[float | None]] = {}
             for t, (end, futures) in jobs.items():
                 results = [f.result() for f in futures]
@@ -142,12 +173,17 @@ class MonteCarloEstimator:
         for t in keys:
             outcomes.setdefault(t, [known[t]] * self.config.k)  # the terminal state: its outcome, exactly
         return ValueEstimate(
-            trajectory_id=trajectory.id, estimator=self.name,
+            trajectory_id=trajectory.id,
+            estimator=self.name,
             step_indices=[trajectory.steps[p].index for p in positions],
-            values=interpolate(known, T + 1), stderr=stderr, samples=samples,
-            credit_stderr=paired_credit_stderr(keys, outcomes, T) if self.config.common_random_numbers else
-            independent_credit_stderr(keys, [value_stderr(known[t], samples[t]) if samples[t] else stderr[t]
-                                             for t in range(T + 1)], T),
+            values=interpolate(known, T + 1),
+            stderr=stderr,
+            samples=samples,
+            credit_stderr=paired_credit_stderr(keys, outcomes, T)
+            if self.config.common_random_numbers
+            else independent_credit_stderr(
+                keys, [value_stderr(known[t], samples[t]) if samples[t] else stderr[t] for t in range(T + 1)], T
+            ),
         )
 
 

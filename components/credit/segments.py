@@ -20,8 +20,12 @@ class SegmentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     epsilon: float = Field(0.05, ge=0.0, description="Minimum per-step rise c_t to count as credited (published 0.05).")
-    z: float = Field(2.0, ge=0.0, description="Noise bar: c_t must also reach z * SE(c_t) when the estimator gives an SE "
-                                              "(0 = off: epsilon alone; Monte Carlo with k = 1 credits nothing at z = 2).")
+    z: float = Field(
+        2.0,
+        ge=0.0,
+        description="Noise bar: c_t must also reach z * SE(c_t) when the estimator gives an SE "
+        "(0 = off: epsilon alone; Monte Carlo with k = 1 credits nothing at z = 2).",
+    )
     min_length: int = Field(1, ge=1, description="Drop rise segments shorter than this many assistant steps.")
     smoothing_window: int = Field(1, ge=1, description="Centred moving-average window over V (1 = none; odd).")
 
@@ -74,8 +78,9 @@ def thresholds(config: SegmentConfig, credit_stderr: list[float | None] | None, 
     return [max(config.epsilon, config.z * se) if se is not None else config.epsilon for se in ses]
 
 
-def select_segments(values: list[float], config: SegmentConfig | None = None,
-                    credit_stderr: list[float | None] | None = None) -> list[bool]:
+def select_segments(
+    values: list[float], config: SegmentConfig | None = None, credit_stderr: list[float | None] | None = None
+) -> list[bool]:
     """Per assistant step (T of them for T+1 values): inside a kept rise segment or not."""
     config = config or SegmentConfig()
     if len(values) < 2:

@@ -48,8 +48,10 @@ class CreditConfig(BaseModel):
         # Checked with the config, not when the stage starts: a pipeline would otherwise fail only after
         # distillation, minutes in.
         if self.estimator == "judge" and self.judge is None:
-            raise ValueError("estimator='judge' needs judge settings: set judge.base_url and judge.model "
-                             "(e.g. --set credit.judge.base_url=http://vllm:8000/v1 --set credit.judge.model=NAME)")
+            raise ValueError(
+                "estimator='judge' needs judge settings: set judge.base_url and judge.model "
+                "(e.g. --set credit.judge.base_url=http://vllm:8000/v1 --set credit.judge.model=NAME)"
+            )
         return self
 
 
@@ -79,10 +81,18 @@ def apply_estimate(trajectory: Trajectory, estimate: ValueEstimate, config: Segm
         step.value_estimate = estimate.values[t + 1]
         step.credit = c[t]
         step.credited = selected[t]
-    out.metadata = {**out.metadata, "credit": {
-        "estimator": estimate.estimator, "values": estimate.values, "stderr": estimate.stderr,
-        "samples": estimate.samples, "credit_stderr": estimate.credit_stderr, "segments": segments(selected),
-        "segment_config": config.model_dump()}}
+    out.metadata = {
+        **out.metadata,
+        "credit": {
+            "estimator": estimate.estimator,
+            "values": estimate.values,
+            "stderr": estimate.stderr,
+            "samples": estimate.samples,
+            "credit_stderr": estimate.credit_stderr,
+            "segments": segments(selected),
+            "segment_config": config.model_dump(),
+        },
+    }
     return out
 
 
@@ -107,8 +117,14 @@ def _make_estimator(config: CreditConfig) -> tuple[ValueEstimator, object | None
     return estimator, client
 
 
-def label_credit(config: CreditConfig, trajectories_dir: str | Path, tasks_dir: str | Path, out_dir: str | Path,
-                 tracking: TrackingConfig | None = None, estimator: ValueEstimator | None = None) -> CreditResult:
+def label_credit(
+    config: CreditConfig,
+    trajectories_dir: str | Path,
+    tasks_dir: str | Path,
+    out_dir: str | Path,
+    tracking: TrackingConfig | None = None,
+    estimator: ValueEstimator | None = None,
+) -> CreditResult:
     """Label every trajectory of `trajectories_dir` and write them to `out_dir`.
 
     `estimator` overrides the one the config names (tests, custom estimators)."""
@@ -160,15 +176,26 @@ def label_credit(config: CreditConfig, trajectories_dir: str | Path, tasks_dir: 
         errs = [e for _, est in estimates for e in est.stderr if e is not None and e > 0]
         credit_ses = sorted(e for _, est in estimates for e in (est.credit_stderr or []) if e is not None)
         result = CreditResult(
-            out_dir=str(out_dir), trajectories=len(out), resolved=counts[Outcome.resolved],
-            unresolved=counts[Outcome.unresolved], infra_error=counts[Outcome.infra_error],
-            labelled=len(estimates), failed=failed, credited_steps=credited, assistant_steps=len(steps),
+            out_dir=str(out_dir),
+            trajectories=len(out),
+            resolved=counts[Outcome.resolved],
+            unresolved=counts[Outcome.unresolved],
+            infra_error=counts[Outcome.infra_error],
+            labelled=len(estimates),
+            failed=failed,
+            credited_steps=credited,
+            assistant_steps=len(steps),
         )
         result.metrics = {
-            "labelled": float(len(estimates)), "failed": float(failed),
+            "labelled": float(len(estimates)),
+            "failed": float(failed),
             "credited_step_fraction": credited / len(steps) if steps else 0.0,
-            "segments_per_trajectory": (sum(len(segments([bool(s.credited) for s in t.steps if s.role == "assistant"]))
-                                            for t, _ in estimates) / len(estimates)) if estimates else 0.0,
+            "segments_per_trajectory": (
+                sum(len(segments([bool(s.credited) for s in t.steps if s.role == "assistant"])) for t, _ in estimates)
+                / len(estimates)
+            )
+            if estimates
+            else 0.0,
             "mean_value_stderr": sum(errs) / len(errs) if errs else 0.0,
             **credit_stderr_summary(credit_ses, config.segments.epsilon),
             "seconds": seconds,
@@ -194,9 +221,13 @@ def credit_stderr_summary(ses: list[float], epsilon: float) -> dict[str, float]:
     def q(p: float) -> float:
         return ses[min(len(ses) - 1, int(p * len(ses)))]
 
-    return {"credit_stderr_p50": q(0.5), "credit_stderr_p90": q(0.9), "credit_stderr_max": ses[-1],
-            "credit_stderr_below_epsilon": sum(se < epsilon for se in ses) / len(ses),
-            "credit_stderr_steps": float(len(ses))}
+    return {
+        "credit_stderr_p50": q(0.5),
+        "credit_stderr_p90": q(0.9),
+        "credit_stderr_max": ses[-1],
+        "credit_stderr_below_epsilon": sum(se < epsilon for se in ses) / len(ses),
+        "credit_stderr_steps": float(len(ses)),
+    }
 
 
 def _log_stderr_histogram(ses: list[float], config: SegmentConfig) -> None:

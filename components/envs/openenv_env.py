@@ -64,9 +64,17 @@ class RecipeState(State):
 
 
 def _observation(out: StepOutcome, **extra: Any) -> RecipeObservation:
-    return RecipeObservation(done=out.done, reward=out.reward, output=out.output, outcome=out.outcome,
-                             policy_error=out.policy_error, infra_error=out.infra_error, reason=out.reason,
-                             image_png_b64=out.image_png_b64, **extra)
+    return RecipeObservation(
+        done=out.done,
+        reward=out.reward,
+        output=out.output,
+        outcome=out.outcome,
+        policy_error=out.policy_error,
+        infra_error=out.infra_error,
+        reason=out.reason,
+        image_png_b64=out.image_png_b64,
+        **extra,
+    )
 
 
 class RecipeEnvironment(Environment[RecipeAction, RecipeObservation, RecipeState]):
@@ -90,8 +98,14 @@ class RecipeEnvironment(Environment[RecipeAction, RecipeObservation, RecipeState
         if self._mcp is None:
             self._mcp = FastMCP(f"orchard-{self.shared.config.recipe}")
             for spec in self.session.recipe.tools():
-                self._mcp.add_tool(FunctionTool(name=spec.name, description=spec.description,
-                                                parameters=spec.parameters, fn=self._mcp_call(spec.name)))
+                self._mcp.add_tool(
+                    FunctionTool(
+                        name=spec.name,
+                        description=spec.description,
+                        parameters=spec.parameters,
+                        fn=self._mcp_call(spec.name),
+                    )
+                )
         return self._mcp
 
     def _mcp_call(self, tool: str) -> Callable[..., Awaitable[dict[str, Any]]]:
@@ -101,24 +115,43 @@ class RecipeEnvironment(Environment[RecipeAction, RecipeObservation, RecipeState
 
         return call
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
-              task_index: int | None = None, **_: Any) -> RecipeObservation:
+    def reset(
+        self,
+        seed: int | None = None,
+        episode_id: str | None = None,
+        task_id: str | None = None,
+        task_index: int | None = None,
+        **_: Any,
+    ) -> RecipeObservation:
         out = self.session.reset(task_id=task_id, task_index=task_index, seed=seed)
         task = self.session.task
         sandbox = self.session.sandbox
-        self._state = RecipeState(episode_id=episode_id or uuid.uuid4().hex, step_count=0,
-                                  recipe=self.shared.config.recipe, task_id=task.id if task else None,
-                                  sandbox_id=sandbox.id if sandbox else None, outcome=out.outcome)
-        return _observation(out, task_id=self._state.task_id,
-                            system_prompt=self.session.system_prompt() if task else None,
-                            tools=self.session.tools_openai())
+        self._state = RecipeState(
+            episode_id=episode_id or uuid.uuid4().hex,
+            step_count=0,
+            recipe=self.shared.config.recipe,
+            task_id=task.id if task else None,
+            sandbox_id=sandbox.id if sandbox else None,
+            outcome=out.outcome,
+        )
+        return _observation(
+            out,
+            task_id=self._state.task_id,
+            system_prompt=self.session.system_prompt() if task else None,
+            tools=self.session.tools_openai(),
+        )
 
     def step(self, action: RecipeAction, timeout_s: float | None = None, **_: Any) -> RecipeObservation:
         try:
             out = self.session.step(action.tool, action.arguments)
         except RuntimeError as err:  # stepping an ended episode: the caller's mistake, said plainly
-            return RecipeObservation(done=True, output=str(err), outcome=self._state.outcome,
-                                     policy_error=str(err), task_id=self._state.task_id)
+            return RecipeObservation(
+                done=True,
+                output=str(err),
+                outcome=self._state.outcome,
+                policy_error=str(err),
+                task_id=self._state.task_id,
+            )
         self._state.step_count += 1
         self._state.outcome = out.outcome
         if out.done:
@@ -130,10 +163,12 @@ class RecipeEnvironment(Environment[RecipeAction, RecipeObservation, RecipeState
         return self._state
 
     def get_metadata(self) -> EnvironmentMetadata:
-        return EnvironmentMetadata(name=f"orchard-{self.shared.config.recipe}",
-                                   description=f"orchard {self.shared.config.recipe} recipe on the sandbox service "
-                                               "(tools as actions, the verifier's result as the final reward)",
-                                   version="0.1.0")
+        return EnvironmentMetadata(
+            name=f"orchard-{self.shared.config.recipe}",
+            description=f"orchard {self.shared.config.recipe} recipe on the sandbox service "
+            "(tools as actions, the verifier's result as the final reward)",
+            version="0.1.0",
+        )
 
     def close(self) -> None:
         self.session.close()
@@ -147,8 +182,10 @@ class SharedEnv(session_module.SharedEnv):
 
 
 TOKEN_ENV = "ORCHARD_ENV_TOKEN"
-_UNAUTHORIZED = (f"missing or wrong token: send 'Authorization: Bearer <token>' (the server printed it at start, "
-                 f"or it was given as --token / {TOKEN_ENV}); RecipeEnvClient reads {TOKEN_ENV}")
+_UNAUTHORIZED = (
+    f"missing or wrong token: send 'Authorization: Bearer <token>' (the server printed it at start, "
+    f"or it was given as --token / {TOKEN_ENV}); RecipeEnvClient reads {TOKEN_ENV}"
+)
 
 
 def create_env_app(config: EnvConfig, *, token: str, max_concurrent_envs: int = 64) -> tuple[FastAPI, SharedEnv]:
@@ -158,8 +195,9 @@ def create_env_app(config: EnvConfig, *, token: str, max_concurrent_envs: int = 
     from sandbox_service.auth import BearerAuthMiddleware, TokenAuth
 
     shared = SharedEnv(config)
-    app = create_fastapi_app(shared.new_environment, RecipeAction, RecipeObservation,
-                             max_concurrent_envs=max_concurrent_envs)
+    app = create_fastapi_app(
+        shared.new_environment, RecipeAction, RecipeObservation, max_concurrent_envs=max_concurrent_envs
+    )
     app.add_middleware(BearerAuthMiddleware, auth=TokenAuth(token), open_paths=("/health",), message=_UNAUTHORIZED)
     return app, shared
 
@@ -177,9 +215,13 @@ class RecipeEnvClient(EnvClient[RecipeAction, RecipeObservation, RecipeState]):
             from websockets.asyncio.client import connect as ws_connect
 
             try:
-                self._ws = await ws_connect(self._ws_url, open_timeout=self._connect_timeout,
-                                            max_size=self._max_message_size, proxy=None,
-                                            additional_headers={"Authorization": f"Bearer {self._token}"})
+                self._ws = await ws_connect(
+                    self._ws_url,
+                    open_timeout=self._connect_timeout,
+                    max_size=self._max_message_size,
+                    proxy=None,
+                    additional_headers={"Authorization": f"Bearer {self._token}"},
+                )
             except Exception as e:  # the base class's contract
                 raise ConnectionError(f"Failed to connect to {self._ws_url}: {e}") from e
         return await super().connect()
@@ -188,8 +230,9 @@ class RecipeEnvClient(EnvClient[RecipeAction, RecipeObservation, RecipeState]):
         return action.model_dump(exclude={"metadata"})
 
     def _parse_result(self, payload: dict[str, Any]) -> StepResult[RecipeObservation]:
-        obs = RecipeObservation.model_validate({**payload.get("observation", {}), "done": payload.get("done", False),
-                                                "reward": payload.get("reward")})
+        obs = RecipeObservation.model_validate(
+            {**payload.get("observation", {}), "done": payload.get("done", False), "reward": payload.get("reward")}
+        )
         return StepResult(observation=obs, reward=payload.get("reward"), done=payload.get("done", False))
 
     def _parse_state(self, payload: dict[str, Any]) -> RecipeState:

@@ -43,22 +43,31 @@ class EnvConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     recipe: RecipeName = Field(description="Which recipe's tasks, tools and verifier (a registered recipe).")
-    recipe_options: dict[str, Any] = Field(default_factory=dict,
-                                           description="Keyword arguments of the recipe (e.g. difficulty).")
+    recipe_options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the recipe (e.g. difficulty)."
+    )
     split: Split = Field("train", description="Task split episodes are drawn from.")
     num_tasks: int = Field(64, ge=1, description="Size of the generated task suite.")
     task_seed: int = Field(0, description="Seed of the task generator (same seed, same suite).")
     max_steps: int = Field(16, ge=1, description="Tool calls per episode; the last one ends it (then verified).")
-    fork_setup: bool = Field(True, description="Snapshot a task's sandbox after its first setup; later episodes "
-                                               "of that task fork the snapshot instead of setting up again.")
+    fork_setup: bool = Field(
+        True,
+        description="Snapshot a task's sandbox after its first setup; later episodes "
+        "of that task fork the snapshot instead of setting up again.",
+    )
     sandbox_wait_seconds: float = Field(120.0, gt=0, description="How long a new sandbox may take to be ready.")
     heartbeat_every_seconds: float | None = Field(
-        30.0, gt=0, description="Heartbeat live episodes' sandboxes this often, so a trainer that generates for "
-                                "minutes between steps does not lose them to the service's idle reaper; None: off.")
+        30.0,
+        gt=0,
+        description="Heartbeat live episodes' sandboxes this often, so a trainer that generates for "
+        "minutes between steps does not lose them to the service's idle reaper; None: off.",
+    )
     sandbox_heartbeat_ttl_seconds: float | None = Field(
-        None, gt=0, description="Override the recipe's sandbox idle TTL (the service caps it at its own).")
-    service: SandboxConnection = Field(default_factory=SandboxConnection,
-                                       description="The sandbox service (URL and token).")
+        None, gt=0, description="Override the recipe's sandbox idle TTL (the service caps it at its own)."
+    )
+    service: SandboxConnection = Field(
+        default_factory=SandboxConnection, description="The sandbox service (URL and token)."
+    )
 
 
 class StepOutcome(BaseModel):
@@ -67,8 +76,11 @@ class StepOutcome(BaseModel):
     model_config = ConfigDict(extra="forbid")
     output: str = Field(description="Observation text (the task prompt after reset).")
     done: bool = False
-    reward: float | None = Field(None, description="1.0 resolved / 0.0 unresolved, set once verified; "
-                                                   "None while running and on infrastructure failures.")
+    reward: float | None = Field(
+        None,
+        description="1.0 resolved / 0.0 unresolved, set once verified; "
+        "None while running and on infrastructure failures.",
+    )
     outcome: Outcome = "running"
     policy_error: str | None = Field(None, description="The policy's mistake in this step (bad call).")
     infra_error: str | None = Field(None, description="Infrastructure failure that ended the episode.")
@@ -159,15 +171,21 @@ class RecipeSession:
     """One environment instance: at most one live episode (and sandbox) at a time. Not thread-safe; each
     concurrent session gets its own instance, all sharing one client, recipe, task list and cache."""
 
-    def __init__(self, config: EnvConfig, *, client: SandboxClient, recipe: RecipeBase | None = None,
-                 tasks: list[Task] | None = None, cache: SetupCache | None = None,
-                 heartbeats: Heartbeats | None = None):
+    def __init__(
+        self,
+        config: EnvConfig,
+        *,
+        client: SandboxClient,
+        recipe: RecipeBase | None = None,
+        tasks: list[Task] | None = None,
+        cache: SetupCache | None = None,
+        heartbeats: Heartbeats | None = None,
+    ):
         self.config = config
         self.heartbeats = heartbeats
         self.client = client
         self.recipe = recipe or get_recipe(config.recipe, **config.recipe_options)
-        self.tasks = tasks if tasks is not None else self.recipe.tasks(config.split, config.num_tasks,
-                                                                     config.task_seed)
+        self.tasks = tasks if tasks is not None else self.recipe.tasks(config.split, config.num_tasks, config.task_seed)
         self.cache = cache
         self.task: Task | None = None
         self.sandbox: Sandbox | None = None
@@ -181,18 +199,23 @@ class RecipeSession:
             for task in self.tasks:
                 if task.id == task_id:
                     return task
-            raise ValueError(f"no task {task_id!r} in this {self.config.recipe} suite "
-                             f"({self.config.split}, {len(self.tasks)} tasks, seed {self.config.task_seed})")
+            raise ValueError(
+                f"no task {task_id!r} in this {self.config.recipe} suite "
+                f"({self.config.split}, {len(self.tasks)} tasks, seed {self.config.task_seed})"
+            )
         if task_index is None:
             return self.tasks[random.Random(seed).randrange(len(self.tasks))]
         if not 0 <= task_index < len(self.tasks):
-            raise ValueError(f"task_index {task_index} is out of range: this {self.config.recipe} suite "
-                             f"({self.config.split}, seed {self.config.task_seed}) has {len(self.tasks)} tasks, "
-                             f"0 to {len(self.tasks) - 1} (num_tasks sets the size)")
+            raise ValueError(
+                f"task_index {task_index} is out of range: this {self.config.recipe} suite "
+                f"({self.config.split}, seed {self.config.task_seed}) has {len(self.tasks)} tasks, "
+                f"0 to {len(self.tasks) - 1} (num_tasks sets the size)"
+            )
         return self.tasks[task_index]
 
-    def reset(self, *, task_id: str | None = None, task_index: int | None = None,
-              seed: int | None = None) -> StepOutcome:
+    def reset(
+        self, *, task_id: str | None = None, task_index: int | None = None, seed: int | None = None
+    ) -> StepOutcome:
         """Start an episode (ending any previous one). Infrastructure failures come back as a done
         observation with `outcome="infra_error"`; an unknown task id or an out-of-range task index raises
         ValueError (the caller's mistake)."""
@@ -265,8 +288,9 @@ class RecipeSession:
             if not isinstance(err, (SandboxServiceError, httpx.HTTPError)):
                 log.warning("tool %s raised %s", call.name, _describe(err))
             outcome = err
-        fresh = FreshSandbox(self.client, self.recipe.sandbox_spec(self.task), self.recipe, self.task,
-                             self.config.sandbox_wait_seconds)
+        fresh = FreshSandbox(
+            self.client, self.recipe.sandbox_spec(self.task), self.recipe, self.task, self.config.sandbox_wait_seconds
+        )
         try:
             return tool_result(outcome, call, self.sandbox, fresh)
         except InfrastructureFailure as err:
@@ -287,16 +311,22 @@ class RecipeSession:
         verdict = self.recipe.verify(self.sandbox.verifying(), self.task, self.final_answer)
         if verdict.infra_error:
             return self._end_infra(verdict.infra_error)
-        self.last = StepOutcome(output=output, done=True, reward=1.0 if verdict.resolved else 0.0,
-                                outcome="resolved" if verdict.resolved else "unresolved",
-                                policy_error=policy_error, reason=None if verdict.resolved else verdict.reason,
-                                image_png_b64=png)
+        self.last = StepOutcome(
+            output=output,
+            done=True,
+            reward=1.0 if verdict.resolved else 0.0,
+            outcome="resolved" if verdict.resolved else "unresolved",
+            policy_error=policy_error,
+            reason=None if verdict.resolved else verdict.reason,
+            image_png_b64=png,
+        )
         self._release()
         return self.last
 
     def _end_infra(self, reason: str) -> StepOutcome:
-        self.last = StepOutcome(output=f"Environment error: {reason}", done=True, outcome="infra_error",
-                                infra_error=reason)
+        self.last = StepOutcome(
+            output=f"Environment error: {reason}", done=True, outcome="infra_error", infra_error=reason
+        )
         self._release()
         return self.last
 
@@ -345,8 +375,14 @@ class SharedEnv:
         self.heartbeats = Heartbeats(config.heartbeat_every_seconds) if config.heartbeat_every_seconds else None
 
     def session(self) -> RecipeSession:
-        return RecipeSession(self.config, client=self.client, recipe=self.recipe, tasks=self.tasks,
-                             cache=self.cache, heartbeats=self.heartbeats)
+        return RecipeSession(
+            self.config,
+            client=self.client,
+            recipe=self.recipe,
+            tasks=self.tasks,
+            cache=self.cache,
+            heartbeats=self.heartbeats,
+        )
 
     def close(self) -> None:
         if self.heartbeats is not None:

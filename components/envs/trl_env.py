@@ -28,8 +28,14 @@ from components.core.recipe_base import ToolSpec
 from components.envs.session import EnvConfig, SharedEnv
 from components.recipes import get_recipe, recipe_names
 
-_JSON_TYPES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool,
-                               "array": list[str], "object": dict}
+_JSON_TYPES: dict[str, Any] = {
+    "string": str,
+    "integer": int,
+    "number": float,
+    "boolean": bool,
+    "array": list[str],
+    "object": dict,
+}
 
 # Response template of our chat format (ChatML with Hermes tool calls, components/core/chat_templates.py) for
 # transformers >= 5.13 response parsing, in the shape TRL uses for Qwen3: free text, then
@@ -38,8 +44,13 @@ ORCHARD_RESPONSE_TEMPLATE = {
     "defaults": {"role": "assistant"},
     "start_anchor": "<|im_start|>assistant\n",
     "fields": {
-        "tool_calls": {"open": "<tool_call>\n", "close_pattern": r"\n</tool_call>\s*", "repeats": True,
-                       "content": "json", "transform": {"type": "function", "function": "{content}"}},
+        "tool_calls": {
+            "open": "<tool_call>\n",
+            "close_pattern": r"\n</tool_call>\s*",
+            "repeats": True,
+            "content": "json",
+            "transform": {"type": "function", "function": "{content}"},
+        },
         "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
     },
 }
@@ -50,8 +61,10 @@ def prepare_tokenizer(tokenizer):
     tokenizers built by `components.core.modeling`: their chat template already renders `tool_calls`
     (public model families get their response template from TRL itself)."""
     if tokenizer.chat_template != CHAT_TEMPLATE:
-        raise ValueError("prepare_tokenizer is for tokenizers with orchard's chat template; public model families "
-                         "(Qwen3, Llama 3, ...) get their response template from TRL itself")
+        raise ValueError(
+            "prepare_tokenizer is for tokenizers with orchard's chat template; public model families "
+            "(Qwen3, Llama 3, ...) get their response template from TRL itself"
+        )
     tokenizer.response_template = ORCHARD_RESPONSE_TEMPLATE
     tokenizer.padding_side = "left"
     return tokenizer
@@ -68,8 +81,11 @@ def _tool_method(spec: ToolSpec) -> Callable[..., str]:
         kind = _JSON_TYPES.get(prop.get("type", "string"), str)
         annotations[name] = kind if name in required else kind | None
         default = inspect.Parameter.empty if name in required else None
-        params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default,
-                                        annotation=annotations[name]))
+        params.append(
+            inspect.Parameter(
+                name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=annotations[name]
+            )
+        )
         extra = f" (one of {prop['enum']})" if "enum" in prop else ""
         doc_args.append(f"    {name}: {prop.get('description') or name.replace('_', ' ')}{extra}")
 
@@ -99,14 +115,15 @@ class RecipeToolEnv:
     @classmethod
     def factory(cls, config: EnvConfig | None = None) -> Callable[[], "RecipeToolEnv"]:
         """The zero-argument `environment_factory` TRL wants; instances share one client and task suite."""
-        config = config or EnvConfig(recipe=cls.recipe_name)  # type: ignore[arg-type]
+        config = config or EnvConfig(recipe=cls.recipe_name)
         if config.recipe != cls.recipe_name:
             raise ValueError(f"{cls.__name__} serves recipe {cls.recipe_name!r}, not {config.recipe!r}")
         shared = SharedEnv(config)
         return lambda: cls(shared)
 
-    def reset(self, task_id: str | None = None, task_index: int | None = None, seed: int | None = None,
-              **_row: Any) -> str:
+    def reset(
+        self, task_id: str | None = None, task_index: int | None = None, seed: int | None = None, **_row: Any
+    ) -> str:
         """Start an episode on a task (from the dataset row's `task_id` / `task_index`, else drawn by `seed`);
         returns the task with the recipe's instructions, appended to the prompt."""
         out = self._session.reset(task_id=task_id, task_index=task_index, seed=seed)
@@ -134,14 +151,23 @@ class RecipeToolEnv:
 def environment_class(recipe_name: str) -> type[RecipeToolEnv]:
     """The TRL environment class of a registered recipe (built on first use; `SWEEnvironment` is
     `environment_class("swe")`)."""
-    class_name = _CLASS_NAMES.get(recipe_name, "".join(p.title() for p in recipe_name.replace("-", "_").split("_"))
-                                  + "Environment")
+    class_name = _CLASS_NAMES.get(
+        recipe_name, "".join(p.title() for p in recipe_name.replace("-", "_").split("_")) + "Environment"
+    )
     tools = {spec.name: _tool_method(spec) for spec in get_recipe(recipe_name).tools()}
     clash = set(tools) & {"reset", "get_reward", "factory"}
     if clash:
         raise ValueError(f"recipe {recipe_name} has tools named like environment methods: {sorted(clash)}")
-    return type(class_name, (RecipeToolEnv,), {"recipe_name": recipe_name, "__module__": __name__,
-                                               "__doc__": f"TRL environment of the {recipe_name} recipe.", **tools})
+    return type(
+        class_name,
+        (RecipeToolEnv,),
+        {
+            "recipe_name": recipe_name,
+            "__module__": __name__,
+            "__doc__": f"TRL environment of the {recipe_name} recipe.",
+            **tools,
+        },
+    )
 
 
 _CLASS_NAMES = {"swe": "SWEEnvironment", "gui": "GUIEnvironment", "claw": "ClawEnvironment"}

@@ -51,8 +51,9 @@ def _trained(model_dir: Path, name: str) -> int:
     return int(record.get("steps_done", record.get("steps")) or 0)
 
 
-def trained_scorecards(sft_model: Path, rl_model: Path, sft_results: Path,
-                       rl_results: Path) -> tuple[Scorecard, Scorecard | None]:
+def trained_scorecards(
+    sft_model: Path, rl_model: Path, sft_results: Path, rl_results: Path
+) -> tuple[Scorecard, Scorecard | None]:
     """The SFT and RL models' evaluations, each marked trained when its stage made optimizer updates; RL's is
     None when RL made none (or was not evaluated): then the SFT model is the only candidate."""
     sft = scorecard_from_evaluation(sft_results, policy="sft", trained=_trained(sft_model, "sft") > 0)
@@ -64,9 +65,14 @@ def trained_scorecards(sft_model: Path, rl_model: Path, sft_results: Path,
 def comparison_table(candidate: Scorecard, champion: Scorecard | None):
     import pandas as pd
 
-    rows = [{"task_id": t, "candidate_pass_at_1": v,
-             "champion_pass_at_1": champion.per_task_pass_at_1.get(t) if champion else None}
-            for t, v in sorted(candidate.per_task_pass_at_1.items())]
+    rows = [
+        {
+            "task_id": t,
+            "candidate_pass_at_1": v,
+            "champion_pass_at_1": champion.per_task_pass_at_1.get(t) if champion else None,
+        }
+        for t, v in sorted(candidate.per_task_pass_at_1.items())
+    ]
     return pd.DataFrame(rows)
 
 
@@ -86,8 +92,12 @@ def plot_comparison(decision: PromotionDecision, table):
     tasks_ax.set_ylabel("pass@1")
     tasks_ax.legend(fontsize=7)
     if decision.difference is not None:
-        diff_ax.errorbar([0], [decision.difference], yerr=[[decision.difference - decision.ci_low],
-                                                            [decision.ci_high - decision.difference]], fmt="o")
+        diff_ax.errorbar(
+            [0],
+            [decision.difference],
+            yerr=[[decision.difference - decision.ci_low], [decision.ci_high - decision.difference]],
+            fmt="o",
+        )
     diff_ax.axhline(0, color="grey", lw=0.8)
     diff_ax.set_xticks([])
     diff_ax.set_title("promoted" if decision.promoted else "kept champion", fontsize=8)
@@ -96,8 +106,19 @@ def plot_comparison(decision: PromotionDecision, table):
     return fig
 
 
-def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path, rl_model: Path, sft_results: Path, rl_results: Path,
-             credited: Path, out: Path, tracking, base_results: Path | None = None) -> GateResult:
+def run_gate(
+    config: GateConfig,
+    tasks: Path,
+    base_model: Path,
+    sft_model: Path,
+    rl_model: Path,
+    sft_results: Path,
+    rl_results: Path,
+    credited: Path,
+    out: Path,
+    tracking,
+    base_results: Path | None = None,
+) -> GateResult:
     """The gate (module docstring); `out` receives the champion's evaluation and comparison.json.
     `base_results`: the evaluation of the model training started from (the first candidate's reference)."""
     import mlflow
@@ -105,8 +126,16 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     from components.core.data_store import read_training_list
     from components.core.tracking import log_dataset_input, log_figure, log_table, resume_run, stage_run
     from components.evaluate import evaluate
-    from components.promote.decision import (current_champion, download_champion, gate_decision, git_commit,
-                                    log_policy_model, model_card, promote, select_candidate)
+    from components.promote.decision import (
+        current_champion,
+        download_champion,
+        gate_decision,
+        git_commit,
+        log_policy_model,
+        model_card,
+        promote,
+        select_candidate,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
     sft, rl = trained_scorecards(sft_model, rl_model, sft_results, rl_results)
@@ -114,16 +143,20 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
     candidate, model_dir = (rl, rl_model) if stage == "rl" and rl is not None else (sft, sft_model)
     off = None if config.enabled else "register_model_name is None: promotion is off"
     if config.evaluate.split != "heldout":  # a tuning run: its numbers were looked at to choose settings
-        off = (f"the evaluations ran on the {config.evaluate.split} split (tuning); only held-out results "
-               "promote a model")
+        off = (
+            f"the evaluations ran on the {config.evaluate.split} split (tuning); only held-out results promote a model"
+        )
     if off:
-        result = GateResult(promoted=False, reason=off, candidate_mean=candidate.mean, candidate_stage=stage,
-                            rl_vs_sft=versus)
+        result = GateResult(
+            promoted=False, reason=off, candidate_mean=candidate.mean, candidate_stage=stage, rl_vs_sft=versus
+        )
         (out / "comparison.json").write_text(result.model_dump_json(indent=2))
         return result
     if tracking is None or not tracking.enabled:
-        raise StageFailed("the promotion gate needs MLflow (the registry holds the champion): run under a pipeline "
-                          "run, or set register_model_name=null to turn promotion off")
+        raise StageFailed(
+            "the promotion gate needs MLflow (the registry holds the champion): run under a pipeline "
+            "run, or set register_model_name=null to turn promotion off"
+        )
     uri, promo = tracking.tracking_uri, config.promotion
     champion_version = current_champion(uri, promo)
     champion = None
@@ -131,8 +164,9 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
         champion_dir = download_champion(uri, champion_version, out / "champion_model")
         evaluation = config.evaluate.model_copy(update={"sandbox": config.sandbox})
         evaluate(evaluation, tasks, champion_dir, out / "champion_eval", tracking=None)
-        champion = scorecard_from_evaluation(out / "champion_eval", policy=f"{promo.model_name}/"
-                                             f"{champion_version.version}", trained=True)
+        champion = scorecard_from_evaluation(
+            out / "champion_eval", policy=f"{promo.model_name}/{champion_version.version}", trained=True
+        )
     version = str(champion_version.version) if champion_version is not None else None
     start = None
     if champion is None and base_results is not None and (Path(base_results) / "eval_result.json").exists():
@@ -156,21 +190,30 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
             log_dataset_input([{"shard": s} for s in shards], source, name="training-shards", context="training")
             model_uri = log_policy_model(model_dir)
             mlflow.set_tag("orchard.registered_from", stage)
-            lineage = {"orchard.parent_model": parent_model, "orchard.pipeline_run_id": tracking.parent_run_id or "",
-                       "orchard.git_commit": git_commit(Path(__file__).resolve().parents[2]),
-                       "orchard.trained_shards": ",".join(shards)[:4000], "orchard.candidate_stage": stage,
-                       "orchard.data_store": str((training or {}).get("store") or ""),
-                       "orchard.evaluation_table": f"runs:/{mlflow.active_run().info.run_id}/promotion/comparison.json"}
-            decision.candidate_version = promote(uri, promo, model_uri, lineage,
-                                                 description=model_card(decision, lineage))
+            lineage = {
+                "orchard.parent_model": parent_model,
+                "orchard.pipeline_run_id": tracking.parent_run_id or "",
+                "orchard.git_commit": git_commit(Path(__file__).resolve().parents[2]),
+                "orchard.trained_shards": ",".join(shards)[:4000],
+                "orchard.candidate_stage": stage,
+                "orchard.data_store": str((training or {}).get("store") or ""),
+                "orchard.evaluation_table": f"runs:/{mlflow.active_run().info.run_id}/promotion/comparison.json",
+            }
+            decision.candidate_version = promote(
+                uri, promo, model_uri, lineage, description=model_card(decision, lineage)
+            )
     metrics = {"promoted": float(decision.promoted), "candidate_mean": decision.candidate_mean}
     if decision.rl_vs_sft is not None:
         metrics |= {"rl_beat_sft": float(decision.rl_vs_sft.passed), "rl_vs_sft_p": decision.rl_vs_sft.p_value}
     result = GateResult(**decision.model_dump(), parent_model=parent_model, metrics=metrics)
     if tracking.parent_run_id:
         with resume_run(tracking, tracking.parent_run_id):
-            mlflow.set_tags({"orchard.promotion": "promoted" if result.promoted else "rejected",
-                             "orchard.promotion_reason": result.reason[:5000]})
+            mlflow.set_tags(
+                {
+                    "orchard.promotion": "promoted" if result.promoted else "rejected",
+                    "orchard.promotion_reason": result.reason[:5000],
+                }
+            )
             if result.candidate_version:
                 name, version = promo.model_name, result.candidate_version
                 mlflow.set_tag("orchard.registered_model", f"{name}/{version}")
@@ -180,4 +223,3 @@ def run_gate(config: GateConfig, tasks: Path, base_model: Path, sft_model: Path,
                 mlflow.set_tag("mlflow.note.content", f"{note}\n{link}" if note else link)
     (out / "comparison.json").write_text(result.model_dump_json(indent=2))
     return result
-

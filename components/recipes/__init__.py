@@ -41,7 +41,8 @@ def _registry() -> dict[str, str]:
             raise RecipeRegistryError(
                 f"recipe {entry.name!r} is registered twice: {found[entry.name]} and {entry.value} (entry point "
                 f"group {ENTRY_POINT_GROUP!r} of {entry.dist.name if entry.dist else 'an installed package'}); "
-                "rename one of them")
+                "rename one of them"
+            )
         found[entry.name] = entry.value
     return found
 
@@ -60,7 +61,8 @@ def recipe_names() -> list[str]:
 def _unknown(name: str) -> RecipeRegistryError:
     return RecipeRegistryError(
         f"unknown recipe {name!r}; registered: {', '.join(recipe_names())} (a recipe in another package registers "
-        f"under the entry-point group {ENTRY_POINT_GROUP!r}: docs/guides/add-a-recipe.md)")
+        f"under the entry-point group {ENTRY_POINT_GROUP!r}: docs/guides/add-a-recipe.md)"
+    )
 
 
 @functools.cache
@@ -77,8 +79,10 @@ def recipe_class(name: str) -> type[RecipeBase]:
     if not (isinstance(cls, type) and issubclass(cls, RecipeBase)):
         raise RecipeRegistryError(f"recipe {name!r} points at {target}, which is not a RecipeBase subclass")
     if getattr(cls, "name", None) != name:
-        raise RecipeRegistryError(f"recipe {name!r} points at {target}, whose `name` is {getattr(cls, 'name', None)!r}: "
-                                  "the registered name and the class's name must agree (tasks carry it)")
+        raise RecipeRegistryError(
+            f"recipe {name!r} points at {target}, whose `name` is {getattr(cls, 'name', None)!r}: "
+            "the registered name and the class's name must agree (tasks carry it)"
+        )
     return cls
 
 
@@ -104,12 +108,20 @@ def check_task(recipe: RecipeBase, client, task: Task) -> TaskCheck:
 
     from components.recipes.common import verify_fresh
 
-    solved = run_episode(task, recipe, type(recipe).scripted_teacher(error_rate=0.0, seed=0), client,
-                         HarnessConfig(max_steps=40))
-    reference = VerifyResult(resolved=solved.resolved, reason=solved.outcome_reason,
-                             infra_error=solved.outcome_reason if solved.outcome is Outcome.infra_error else None)
-    return TaskCheck.of(task, reference, verify_fresh(recipe, task, client),
-                        unchanged_note="the unchanged task already passes its verifier")
+    solved = run_episode(
+        task, recipe, type(recipe).scripted_teacher(error_rate=0.0, seed=0), client, HarnessConfig(max_steps=40)
+    )
+    reference = VerifyResult(
+        resolved=solved.resolved,
+        reason=solved.outcome_reason,
+        infra_error=solved.outcome_reason if solved.outcome is Outcome.infra_error else None,
+    )
+    return TaskCheck.of(
+        task,
+        reference,
+        verify_fresh(recipe, task, client),
+        unchanged_note="the unchanged task already passes its verifier",
+    )
 
 
 def _known(name: str) -> str:

@@ -9,8 +9,9 @@ from components.core.schema import Task, TestReport
 from sandbox_service.client import SandboxClient
 
 
-def families_at(families: tuple[str, ...], difficulty: int | list[int] | None,
-                levels_by_family: dict[str, int]) -> tuple[str, ...]:
+def families_at(
+    families: tuple[str, ...], difficulty: int | list[int] | None, levels_by_family: dict[str, int]
+) -> tuple[str, ...]:
     """The families of `families` at the given difficulty level(s); all of them for None."""
     if difficulty is None:
         return tuple(families)
@@ -42,8 +43,11 @@ def goal(task: Task) -> dict:
 def checklist_result(checks: list[tuple[str, bool]]) -> VerifyResult:
     """A verdict from named checks: resolved only if every check holds; the report lists each."""
     failed = [name for name, ok in checks if not ok]
-    report = TestReport(passed=len(checks) - len(failed), failed=len(failed),
-                        output="\n".join(f"{'PASS' if ok else 'FAIL'} {name}" for name, ok in checks))
+    report = TestReport(
+        passed=len(checks) - len(failed),
+        failed=len(failed),
+        output="\n".join(f"{'PASS' if ok else 'FAIL'} {name}" for name, ok in checks),
+    )
     return VerifyResult(resolved=not failed, report=report, reason=("failed: " + "; ".join(failed)) if failed else None)
 
 
@@ -63,7 +67,8 @@ def one_answer(final_answer: str | None, expected: str) -> tuple[bool, str]:
 
     The rule of every question a recipe checks, and of every single fact a written artefact must carry
     (a note's total, a mail's phone number): a phone number, a time (HH:MM) or a number is matched
-    against every phone number, time or number the text mentions, which must all be the expected one ("It starts at 14:30." is
+    against every phone number, time or number the text mentions, which must all be the expected one ("It starts at
+    14:30." is
     right; "09:00 or 14:30" is not); any other answer must equal the expected text after
     normalisation (case, punctuation, spacing, a leading "the answer is"), so listing every candidate
     ("Red Mug, Blue Lamp, Green Chair") never matches the one it contains.
@@ -98,7 +103,9 @@ def verify_fresh(recipe: RecipeBase, task: Task, client: SandboxClient, patch: s
             if patch:
                 applied = sandbox.apply_patch(patch, cwd=task.environment.workdir)
                 if not applied.applied:
-                    return VerifyResult(resolved=False, reason=f"reference patch does not apply: {applied.stderr[-300:]}")
+                    return VerifyResult(
+                        resolved=False, reason=f"reference patch does not apply: {applied.stderr[-300:]}"
+                    )
             return recipe.verify(sandbox.verifying(), task, patch)
         finally:
             recipe.release(sandbox)

@@ -23,8 +23,10 @@ def plot_group_statistics(records: list[PromptRecord], title: str = "rollout gro
     size = max((r.group_size for r in records), default=1)
     axes[1].hist(pos, bins=range(0, size + 2), color="tab:green", align="left")
     axes[1].set(title="positives per kept group", xlabel="positives", ylabel="groups")
-    for ax, counts, colour in ((axes[2], Counter(r.rule for r in records), "tab:purple"),
-                               (axes[3], Counter(r.drop_reason or "kept" for r in records), "tab:red")):
+    for ax, counts, colour in (
+        (axes[2], Counter(r.rule for r in records), "tab:purple"),
+        (axes[3], Counter(r.drop_reason or "kept" for r in records), "tab:red"),
+    ):
         labels = sorted(counts)
         ax.bar(labels, [counts[k] for k in labels], color=colour)
         ax.tick_params(axis="x", rotation=30)
@@ -69,8 +71,10 @@ def plot_arm_ratios(rows: list[dict], baseline: str, metric: str = "informative_
     fig, ax = plt.subplots(figsize=(1.6 * len(populations) * len(arms) / 3 + 3, 4))
     width = 0.8 / len(arms)
     for j, arm in enumerate(arms):
-        ys = [next((r[metric] / base[p] for r in rows if r["population"] == p and r["arm"] == arm and base.get(p)), 0.0)
-              for p in populations]
+        ys = [
+            next((r[metric] / base[p] for r in rows if r["population"] == p and r["arm"] == arm and base.get(p)), 0.0)
+            for p in populations
+        ]
         ax.bar([i + j * width for i in range(len(populations))], ys, width, label=arm)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(populations))], populations)

@@ -51,7 +51,14 @@ from components.core.harness import HarnessConfig, initial_steps, run_episode, s
 from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
 from components.core.store import TrajectoryStore
 from components.rl.sampling import (
-    Attempt, PromptHistory, PromptRecord, RolloutBudget, outcome_reward, sample_prompt, skipped_record, summarize,
+    Attempt,
+    PromptHistory,
+    PromptRecord,
+    RolloutBudget,
+    outcome_reward,
+    sample_prompt,
+    skipped_record,
+    summarize,
 )
 
 if TYPE_CHECKING:
@@ -63,8 +70,16 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked
 class EpisodeSource:
     """`RolloutSource` over real episodes: the task's sandbox, the policy, the verifier's reward."""
 
-    def __init__(self, tasks: dict[str, Task], recipe: Any, policy: Any, client: Any, config: RLConfig,
-                 store: TrajectoryStore | None = None, references: dict[str, Trajectory] | None = None):
+    def __init__(
+        self,
+        tasks: dict[str, Task],
+        recipe: Any,
+        policy: Any,
+        client: Any,
+        config: RLConfig,
+        store: TrajectoryStore | None = None,
+        references: dict[str, Trajectory] | None = None,
+    ):
         self.tasks, self.recipe, self.policy, self.client, self.config = tasks, recipe, policy, client, config
         self.store = store
         self.references = references or {}  # task id -> a resolved trajectory to fork from
@@ -74,19 +89,28 @@ class EpisodeSource:
 
     def _harness(self, extra_turns: int = 0) -> HarnessConfig:
         self.episodes = number = next(self._episode_numbers)
-        generation = self.config.harness.generation.model_copy(update={
-            "temperature": self.config.temperature, "seed": self.config.seed * 1_000_003 + number})
-        return self.config.harness.model_copy(update={
-            "generation": generation, "max_steps": self.config.harness.max_steps + extra_turns})
+        generation = self.config.harness.generation.model_copy(
+            update={"temperature": self.config.temperature, "seed": self.config.seed * 1_000_003 + number}
+        )
+        return self.config.harness.model_copy(
+            update={"generation": generation, "max_steps": self.config.harness.max_steps + extra_turns}
+        )
 
     def _attempts(self, trajectories: list[Trajectory], prefix_tool_steps: int = 0) -> list[Attempt]:
         if self.store is not None:
             self.store.append(trajectories)
         self.finished.extend(trajectories)
-        return [Attempt(reward=outcome_reward(t), status=t.status, attempt_id=t.id, payload=t,
-                        prefix_steps=prefix_tool_steps,
-                        env_steps=sum(s.role == "tool" for s in t.steps[t.metadata.get("prefix_len", 0):]))
-                for t in trajectories]
+        return [
+            Attempt(
+                reward=outcome_reward(t),
+                status=t.status,
+                attempt_id=t.id,
+                payload=t,
+                prefix_steps=prefix_tool_steps,
+                env_steps=sum(s.role == "tool" for s in t.steps[t.metadata.get("prefix_len", 0) :]),
+            )
+            for t in trajectories
+        ]
 
     def has_prefix(self, prompt_id: str) -> bool:
         from components.credit.base import assistant_positions
@@ -101,15 +125,23 @@ class EpisodeSource:
         ref = self.references[prompt_id]
         positions = assistant_positions(ref)
         turns = max(1, min(len(positions) - 1, round(fraction * len(positions))))
-        prefix = ref.steps[:state_end(ref, positions[turns - 1])]
+        prefix = ref.steps[: state_end(ref, positions[turns - 1])]
         snapshot = prefix[-1].sandbox_state_id
 
         def one(harness: HarnessConfig) -> Trajectory:  # max_steps counts the prefix's turns too
-            traj = run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client, harness,
-                               prefix_steps=prefix, from_snapshot=snapshot)
+            traj = run_episode(
+                self.tasks[prompt_id],
+                self.recipe,
+                self.policy,
+                self.client,
+                harness,
+                prefix_steps=prefix,
+                from_snapshot=snapshot,
+            )
             if snapshot and traj.outcome is Outcome.infra_error and "setup failed" in (traj.outcome_reason or ""):
-                traj = run_episode(self.tasks[prompt_id], self.recipe, self.policy, self.client, harness,
-                                   prefix_steps=prefix)  # the snapshot is gone: rebuild the state by replay
+                traj = run_episode(
+                    self.tasks[prompt_id], self.recipe, self.policy, self.client, harness, prefix_steps=prefix
+                )  # the snapshot is gone: rebuild the state by replay
             return traj
 
         trajectories = self._run([lambda h=self._harness(extra_turns=turns): one(h) for _ in range(n)])
@@ -117,8 +149,14 @@ class EpisodeSource:
 
     def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
         task = self.tasks[prompt_id]
-        return self._attempts(self._run([
-            lambda h=self._harness(): run_episode(task, self.recipe, self.policy, self.client, h) for _ in range(n)]))
+        return self._attempts(
+            self._run(
+                [
+                    lambda h=self._harness(): run_episode(task, self.recipe, self.policy, self.client, h)
+                    for _ in range(n)
+                ]
+            )
+        )
 
     def _run(self, episodes: list) -> list[Trajectory]:
         """The wave's episodes: in threads when the policy batches their turns (`BatchingPolicy`), else in turn."""
@@ -142,8 +180,9 @@ def episode_tokens(attempt: Attempt, tokenizer: Any, max_len: int) -> tuple[list
 def _whole_episode(attempt: Attempt, tokenizer: Any) -> tuple[list[int], list[int]]:
     from components.core.rendering import render_trajectory
 
-    s = render_trajectory(attempt.payload, tokenizer, loss_on="assistant",
-                          tool_format=attempt.payload.metadata.get("tool_format"))
+    s = render_trajectory(
+        attempt.payload, tokenizer, loss_on="assistant", tool_format=attempt.payload.metadata.get("tool_format")
+    )
     prefix_len = attempt.payload.metadata.get("prefix_len", 0) if attempt.forked else 0
     return s.input_ids, [m if i >= prefix_len else 0 for m, i in zip(s.loss_mask, s.step_index)]
 
@@ -159,8 +198,8 @@ def _end_turn(ids: list[int], mask: list[int], tokenizer: Any, truncated: bool) 
     stops = chat_format(tokenizer).stop_ids | ({tokenizer.pad_token_id} - {None})
     last = max((i for i, t in enumerate(ids) if t in stops), default=None)
     if not truncated:
-        if last is not None and not any(mask[last + 1:]):
-            return ids[:last + 1], mask[:last + 1]
+        if last is not None and not any(mask[last + 1 :]):
+            return ids[: last + 1], mask[: last + 1]
         return ids, mask
     if ids and ids[-1] in stops:  # a cut right after an end token still reads as a cut
         return ids[:-1], mask[:-1]
@@ -190,16 +229,16 @@ def _key(prompt: list[dict]) -> str:
     return json.dumps([{"role": m["role"], "content": m["content"]} for m in prompt], sort_keys=True)
 
 
-def verified_reward(prompts: list, completions: list, verified_reward: list[float | None],
-                    **_: Any) -> list[float | None]:
+def verified_reward(
+    prompts: list, completions: list, verified_reward: list[float | None], **_: Any
+) -> list[float | None]:
     """The reward function: the verifier's reward that `TRLRollout` carried with each completion; None for a
     dropped group's placeholder rows, which TRL then leaves out of every mean and std (the batch std of
     `scale_rewards="batch"`, the logged reward) and gives advantage 0."""
     return list(verified_reward)
 
 
-def sampler_advantage(prompts: list, completions: list, advantage: list[float | None],
-                      **_: Any) -> list[float | None]:
+def sampler_advantage(prompts: list, completions: list, advantage: list[float | None], **_: Any) -> list[float | None]:
     """The second reward function: the advantage the sampler gave each completion; None for placeholder rows.
     Under `rollout.advantage_baseline="pool"` `stage.grpo_args` weights it 1 and `verified_reward` 0, with
     `scale_rewards="none"`: the group's advantages sum to zero, so TRL's group centring hands them to the loss
@@ -210,8 +249,16 @@ def sampler_advantage(prompts: list, completions: list, advantage: list[float | 
 class TRLRollout:
     """`rollout_func` for `GRPOTrainer`: sampler-chosen groups of real sandbox episodes (module docstring)."""
 
-    def __init__(self, tasks: dict[str, Task], recipe: Any, client: Any, config: RLConfig, tokenizer: Any,
-                 store: TrajectoryStore | None = None, references: dict[str, Trajectory] | None = None):
+    def __init__(
+        self,
+        tasks: dict[str, Task],
+        recipe: Any,
+        client: Any,
+        config: RLConfig,
+        tokenizer: Any,
+        store: TrajectoryStore | None = None,
+        references: dict[str, Trajectory] | None = None,
+    ):
         self.tasks, self.recipe, self.client, self.config, self.tokenizer = tasks, recipe, client, config, tokenizer
         self.store = store
         self.references = references or {}  # task id -> a resolved trajectory that prefix-fork starts from
@@ -254,8 +301,9 @@ class TRLRollout:
                 r = self.config.rollout  # every prompt of a batch has a wave in flight at once
                 policy = BatchingPolicy(policy, max_batch=r.batch_prompts * max(r.stride, r.group_size))
             self.close()
-            self._source = EpisodeSource(self.tasks, self.recipe, policy, self.client, self.config, self.store,
-                                         self.references)
+            self._source = EpisodeSource(
+                self.tasks, self.recipe, policy, self.client, self.config, self.store, self.references
+            )
             self._model = model
         return self._source
 
@@ -270,25 +318,40 @@ class TRLRollout:
 
         n = trainer.num_generations
         if n != self.config.rollout.group_size:
-            raise ValueError(f"GRPOConfig.num_generations={n} but rollout.group_size={self.config.rollout.group_size}; "
-                             "they are the same N")
+            raise ValueError(
+                f"GRPOConfig.num_generations={n} but rollout.group_size={self.config.rollout.group_size}; "
+                "they are the same N"
+            )
         if len(prompts) % n:
             raise ValueError(f"{len(prompts)} prompts is not whole groups of {n}")
         model = trainer.accelerator.unwrap_model(trainer.model)
         was_training = model.training
         source = self._episode_source(model, trainer)
-        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask",
-                                                "verified_reward", "advantage", "attempt_id")}
+        out: dict[str, list] = {
+            k: []
+            for k in (
+                "prompt_ids",
+                "completion_ids",
+                "logprobs",
+                "env_mask",
+                "verified_reward",
+                "advantage",
+                "attempt_id",
+            )
+        }
         task_ids = []
         for start in range(0, len(prompts), n):
-            chunk = prompts[start:start + n]
+            chunk = prompts[start : start + n]
             if any(_key(p) != _key(chunk[0]) for p in chunk):
-                raise ValueError("TRL handed a group of different prompts; rollout_func needs each prompt "
-                                 "num_generations times in a row (TRL's RepeatSampler)")
+                raise ValueError(
+                    "TRL handed a group of different prompts; rollout_func needs each prompt "
+                    "num_generations times in a row (TRL's RepeatSampler)"
+                )
             task_id = self._prompts.get(_key(chunk[0]))
             if task_id is None:
-                raise ValueError("a prompt that is no task of this run; build the dataset with "
-                                 "TRLRollout.dataset_rows()")
+                raise ValueError(
+                    "a prompt that is no task of this run; build the dataset with TRLRollout.dataset_rows()"
+                )
             task_ids.append(task_id)
         exclude = set(task_ids)  # this batch's own prompts are no replacements
         pulls = [0]  # replacement prompts pulled in this call (capped by rollout.max_prompts_per_batch)
@@ -322,24 +385,33 @@ class TRLRollout:
                     out[k].append(v)
         self.records.extend(records)
         replaced = sum(1 for r in records if r.replaces and r.kept)
-        log_metrics({**step_curves(source.finished, records),
-                     **{f"sampler.{k}": v for k, v in summarize(records).items()},
-                     "rollout.informative_groups_without_refill": float(sum(r.kept for r in records) - replaced),
-                     "rollout.replacement_groups": float(replaced),
-                     **{f"rollout.{k}": v for k, v in hidden_pass_metrics(source.finished).items()}},
-                    step=self.calls + 1)  # the optimizer step this batch trains (TRL's curves use the same)
+        log_metrics(
+            {
+                **step_curves(source.finished, records),
+                **{f"sampler.{k}": v for k, v in summarize(records).items()},
+                "rollout.informative_groups_without_refill": float(sum(r.kept for r in records) - replaced),
+                "rollout.replacement_groups": float(replaced),
+                **{f"rollout.{k}": v for k, v in hidden_pass_metrics(source.finished).items()},
+            },
+            step=self.calls + 1,
+        )  # the optimizer step this batch trains (TRL's curves use the same)
         left = self.config.traces.max_per_stage - self.traced
         if left > 0:
             sampling = self.config.harness.generation.model_dump(include={"max_new_tokens", "top_p"})
             self.traced += log_episode_traces(
-                source.finished, self.config.traces.model_copy(update={"max_per_stage": left}), stage="rl",
-                sampling={**sampling, "temperature": self.config.temperature}, step=self.calls)
+                source.finished,
+                self.config.traces.model_copy(update={"max_per_stage": left}),
+                stage="rl",
+                sampling={**sampling, "temperature": self.config.temperature},
+                step=self.calls,
+            )
         source.finished.clear()
         self.calls += 1
         return out
 
-    def _group(self, task_id: str, source: EpisodeSource, model: Any, records: list[PromptRecord],
-               replaces: str | None = None) -> list[dict[str, Any]]:
+    def _group(
+        self, task_id: str, source: EpisodeSource, model: Any, records: list[PromptRecord], replaces: str | None = None
+    ) -> list[dict[str, Any]]:
         """The N rows of the prompt's kept group, or [] (its record, kept or not, goes to `records`)."""
         n = self.config.rollout.group_size
         # A prompt the history skips spends no episode: its group goes out as placeholders (no gradient).
@@ -347,8 +419,15 @@ class TRLRollout:
         if skipped is not None:
             records.append(skipped.model_copy(update={"replaces": replaces}))
             return []
-        result = sample_prompt(task_id, source, self.config.rollout, self.budget, step=self.calls,
-                               history=self.history, seed=self.config.seed)
+        result = sample_prompt(
+            task_id,
+            source,
+            self.config.rollout,
+            self.budget,
+            step=self.calls,
+            history=self.history,
+            seed=self.config.seed,
+        )
         record = result.record.model_copy(update={"replaces": replaces})
         if record.kept and len(result.group) != n:
             # A fixed group that lost attempts to infra errors or wall-clock cuts is smaller than N; TRL takes
@@ -357,8 +436,9 @@ class TRLRollout:
         records.append(record)
         return [self._row(a, model) for a in result.group] if record.kept else []
 
-    def _replacement(self, exclude: set, source: EpisodeSource, model: Any, records: list[PromptRecord],
-                     pulls: list[int]) -> list[dict[str, Any]]:
+    def _replacement(
+        self, exclude: set, source: EpisodeSource, model: Any, records: list[PromptRecord], pulls: list[int]
+    ) -> list[dict[str, Any]]:
         """BAR's refill inside one rollout_func call: the rows of a kept group of another training prompt (with
         that prompt's own ids and rewards), or [] when none could be had within `max_prompts_per_batch` pulls,
         the budget, or the prompts not already in this batch."""
@@ -402,27 +482,37 @@ class TRLRollout:
     def _row(self, attempt: Attempt, model: Any) -> dict[str, Any]:
         traj: Trajectory = attempt.payload
         if attempt.aborted or traj.outcome is Outcome.infra_error or attempt.reward is None:
-            raise AssertionError(f"attempt {attempt.attempt_id} has no verified outcome but was kept; "
-                                 "the sampler must drop such groups")
+            raise AssertionError(
+                f"attempt {attempt.attempt_id} has no verified outcome but was kept; the sampler must drop such groups"
+            )
         whole, whole_mask = _whole_episode(attempt, self.tokenizer)
-        ids, mask = whole[:self.config.max_len], whole_mask[:self.config.max_len]
+        ids, mask = whole[: self.config.max_len], whole_mask[: self.config.max_len]
         cut = len(ids) < len(whole) or traj.status is not EpisodeStatus.completed
         ids, mask = _end_turn(ids, mask, self.tokenizer, truncated=cut)
         start = mask.index(1) if 1 in mask else len(ids) - 1
         prefix_len = traj.metadata.get("prefix_len", 0) if attempt.forked else 0
         logprobs = self._logprobs(traj, ids, mask, model, prefix_len)
-        return {"prompt_ids": ids[:start], "completion_ids": ids[start:], "env_mask": mask[start:],
-                "logprobs": logprobs[start:], "verified_reward": float(attempt.reward),
-                "advantage": float(attempt.advantage), "attempt_id": attempt.attempt_id}  # type: ignore[arg-type]
+        return {
+            "prompt_ids": ids[:start],
+            "completion_ids": ids[start:],
+            "env_mask": mask[start:],
+            "logprobs": logprobs[start:],
+            "verified_reward": float(attempt.reward),
+            "advantage": float(attempt.advantage),
+            "attempt_id": attempt.attempt_id,
+        }  # type: ignore[arg-type]
 
-    def _logprobs(self, traj: Trajectory, ids: list[int], mask: list[int], model: Any,
-                  prefix_len: int = 0) -> list[float]:
+    def _logprobs(
+        self, traj: Trajectory, ids: list[int], mask: list[int], model: Any, prefix_len: int = 0
+    ) -> list[float]:
         # Loss tokens are exactly the sampled ids of the assistant steps after a forked attempt's prefix, in
         # order: a prefix's own steps (a teacher's, possibly with stored logprobs) carry no loss and give none.
         sampled = [s for s in traj.steps[prefix_len:] if s.role == "assistant"]
         recorded = [getattr(s, "logprobs", None) for s in sampled]
-        if sampled and all(lp is not None and s.token_ids is not None and len(lp) == len(s.token_ids)
-                           for s, lp in zip(sampled, recorded)):
+        if sampled and all(
+            lp is not None and s.token_ids is not None and len(lp) == len(s.token_ids)
+            for s, lp in zip(sampled, recorded)
+        ):
             # The harness kept the sampler's own logprobs (Step.logprobs).
             flat = iter([x for lp in recorded for x in lp])  # type: ignore[union-attr]
             return [next(flat) if m else 0.0 for m in mask]
@@ -440,9 +530,15 @@ class TRLRollout:
         from components.core.rendering import render_prompt
 
         end = self.tokenizer.eos_token_id  # a finished, empty turn: TRL counts it as terminated, not truncated
-        return {"prompt_ids": render_prompt(steps_to_messages(initial_steps(task, self.recipe)), self.tokenizer),
-                "completion_ids": [end], "env_mask": [0], "logprobs": [0.0], "verified_reward": None,
-                "advantage": None, "attempt_id": ""}
+        return {
+            "prompt_ids": render_prompt(steps_to_messages(initial_steps(task, self.recipe)), self.tokenizer),
+            "completion_ids": [end],
+            "env_mask": [0],
+            "logprobs": [0.0],
+            "verified_reward": None,
+            "advantage": None,
+            "attempt_id": "",
+        }
 
     def gather(self) -> None:
         """Under several processes: every rank's records and dropped groups, in rank order, on every rank."""
@@ -457,5 +553,8 @@ class TRLRollout:
         self.replacements = sum(replaced for _, _, replaced in parts)
 
     def summary(self) -> dict[str, float]:
-        return {**summarize(self.records), "dropped_groups": float(self.dropped_groups),
-                "replacement_groups": float(self.replacements)}
+        return {
+            **summarize(self.records),
+            "dropped_groups": float(self.dropped_groups),
+            "replacement_groups": float(self.replacements),
+        }

@@ -66,19 +66,26 @@ class RLResult(BaseModel):
     model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")  # final_loss NaN: no update
     model_dir: str
     sampler: Literal["bar", "fixed"]
-    steps_done: int = Field(description="Optimizer steps that got a gradient (a kept, mixed-reward group's "
-                                        "loss-bearing tokens on some process): the updates that trained on a reward.")
-    steps_without_update: int = Field(description="Optimizer steps TRL took on batches of only dropped groups (no "
-                                                  "weight moved); steps_done + steps_without_update = TRL's steps.")
+    steps_done: int = Field(
+        description="Optimizer steps that got a gradient (a kept, mixed-reward group's "
+        "loss-bearing tokens on some process): the updates that trained on a reward."
+    )
+    steps_without_update: int = Field(
+        description="Optimizer steps TRL took on batches of only dropped groups (no "
+        "weight moved); steps_done + steps_without_update = TRL's steps."
+    )
     trajectories: int = Field(description="Episodes generated.")
     informative_groups: int = Field(description="Groups with mixed verified rewards (trained on).")
     informative_groups_per_trajectory: float
     infra_errors: int = Field(description="Episodes without a verified outcome (never rewarded).")
     stop_reason: Literal["steps", "budget"] = Field(description="Why the run ended.")
     records_path: str = Field(description="JSONL of PromptRecord: every sampler choice.")
-    weight_change: float | None = Field(None, description="How far RL moved the weights: ||theta_rl - theta_start|| / "
-                                                          "||theta_start|| over every parameter (None: the start's "
-                                                          "weights were not readable as safetensors).")
+    weight_change: float | None = Field(
+        None,
+        description="How far RL moved the weights: ||theta_rl - theta_start|| / "
+        "||theta_start|| over every parameter (None: the start's "
+        "weights were not readable as safetensors).",
+    )
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
@@ -88,13 +95,28 @@ def grpo_args(config: RLConfig, out: Path, **overrides: Any) -> Any:
 
     r = config.rollout
     args: dict[str, Any] = dict(
-        output_dir=str(out / "trl"), max_steps=config.steps, learning_rate=config.learning_rate,
-        weight_decay=config.weight_decay, max_grad_norm=config.max_grad_norm, num_generations=r.group_size,
-        per_device_train_batch_size=r.group_size, gradient_accumulation_steps=r.batch_prompts,
-        num_iterations=config.epochs_per_batch, epsilon=config.clip_eps,
-        epsilon_high=config.clip_eps_high or config.clip_eps, beta=config.kl_coef, temperature=config.temperature,
-        logging_steps=1, report_to="none", save_strategy="no", seed=config.seed, dataloader_num_workers=0,
-        lr_scheduler_type="constant", max_completion_length=config.max_len, use_cpu=not _cuda(), bf16=False,
+        output_dir=str(out / "trl"),
+        max_steps=config.steps,
+        learning_rate=config.learning_rate,
+        weight_decay=config.weight_decay,
+        max_grad_norm=config.max_grad_norm,
+        num_generations=r.group_size,
+        per_device_train_batch_size=r.group_size,
+        gradient_accumulation_steps=r.batch_prompts,
+        num_iterations=config.epochs_per_batch,
+        epsilon=config.clip_eps,
+        epsilon_high=config.clip_eps_high or config.clip_eps,
+        beta=config.kl_coef,
+        temperature=config.temperature,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        seed=config.seed,
+        dataloader_num_workers=0,
+        lr_scheduler_type="constant",
+        max_completion_length=config.max_len,
+        use_cpu=not _cuda(),
+        bf16=False,
         shuffle_dataset=True,
         # CPU processes (tests, laptops) talk over gloo; GPUs over NCCL, which accelerate picks itself.
         ddp_backend="gloo" if world_size() > 1 and not _cuda() else None,
@@ -105,8 +127,12 @@ def grpo_args(config: RLConfig, out: Path, **overrides: Any) -> Any:
     pool = r.advantage_baseline == "pool"
     args.update(reward_weights=[0.0, 1.0] if pool else [1.0, 0.0], **({"scale_rewards": "none"} if pool else {}))
     if use_vllm(config):
-        args.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
-                    vllm_max_model_length=config.max_len)
+        args.update(
+            use_vllm=True,
+            vllm_mode="colocate",
+            vllm_gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            vllm_max_model_length=config.max_len,
+        )
     args.update(config.trl_args)
     args.update(overrides)
     return GRPOConfig(**args)
@@ -124,11 +150,15 @@ def use_vllm(config: RLConfig) -> bool:
 
     available = importlib.util.find_spec("vllm") is not None
     if config.use_vllm is True and not available:
-        raise ValueError("rl.use_vllm=true but vllm is not installed; install it (scripts/gpu_check.sh pins a "
-                         "version TRL 1.16 accepts) or set rl.use_vllm to false or 'auto'")
+        raise ValueError(
+            "rl.use_vllm=true but vllm is not installed; install it (scripts/gpu_check.sh pins a "
+            "version TRL 1.16 accepts) or set rl.use_vllm to false or 'auto'"
+        )
     if config.use_vllm is True and not _cuda():
-        raise ValueError("rl.use_vllm=true needs a CUDA GPU (vLLM's colocate mode shares the training GPU); "
-                         "set rl.use_vllm to false or 'auto' on a CPU machine")
+        raise ValueError(
+            "rl.use_vllm=true needs a CUDA GPU (vLLM's colocate mode shares the training GPU); "
+            "set rl.use_vllm to false or 'auto' on a CPU machine"
+        )
     return config.use_vllm is True or (config.use_vllm == "auto" and available and _cuda())
 
 
@@ -138,8 +168,13 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out_model_dir: str | Path,
-             tracking: TrackingConfig | None = None) -> RLResult:
+def train_rl(
+    config: RLConfig,
+    tasks_dir: str | Path,
+    model_dir: str | Path,
+    out_model_dir: str | Path,
+    tracking: TrackingConfig | None = None,
+) -> RLResult:
     """RL from the checkpoint in `model_dir`; writes the policy and rollout_records.jsonl to out_model_dir."""
     import torch
 
@@ -163,8 +198,12 @@ def train_rl(config: RLConfig, tasks_dir: str | Path, model_dir: str | Path, out
 # "reward" is TRL's mean of the verified reward function over the trained rows, 2 x (their resolved share) - 1
 # (TRL's own "reward" is the weighted sum of the reward functions, the sampler's advantage under the pool rule);
 # KL (to the starting policy) exists when kl_coef > 0.
-TRL_CURVES = {"loss": (2, "loss"), "entropy": (3, "entropy"), "kl": (4, "kl"),
-              "rewards/verified_reward/mean": (6, "reward")}
+TRL_CURVES = {
+    "loss": (2, "loss"),
+    "entropy": (3, "entropy"),
+    "kl": (4, "kl"),
+    "rewards/verified_reward/mean": (6, "reward"),
+}
 
 
 def trl_metrics_callback() -> Any:
@@ -179,8 +218,10 @@ def trl_metrics_callback() -> Any:
             if not logs or "loss" not in logs:  # the end-of-training summary carries train_loss, not loss
                 return
             numeric = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
-            log_metrics({(curve(*TRL_CURVES[k]) if k in TRL_CURVES else f"trl/{k}"): v for k, v in numeric.items()},
-                        step=state.global_step)
+            log_metrics(
+                {(curve(*TRL_CURVES[k]) if k in TRL_CURVES else f"trl/{k}"): v for k, v in numeric.items()},
+                step=state.global_step,
+            )
 
     return TRLMetrics()
 
@@ -203,7 +244,7 @@ def weight_change(model: Any, start_dir: str | Path) -> float | None:
                     start = f.get_tensor(key).to(current[key].device, torch.float32)
                     diff += float((current[key].float() - start).pow(2).sum())
                     base += float(start.pow(2).sum())
-    return (diff ** 0.5) / (base ** 0.5) if base > 0 else None
+    return (diff**0.5) / (base**0.5) if base > 0 else None
 
 
 def _quiet_placeholder_warning() -> None:
@@ -231,7 +272,7 @@ def signal_only(trainer_class: type) -> type:
     the optimizer steps (global_step at the time) that got a gradient, i.e. the updates `steps_done` counts."""
     import torch
 
-    class SignalOnly(trainer_class):  # type: ignore[misc, valid-type]
+    class SignalOnly(trainer_class):
         def __init__(self, *args: Any, **kwargs: Any):
             super().__init__(*args, **kwargs)
             self.trained_steps: set[int] = set()
@@ -250,8 +291,9 @@ def signal_only(trainer_class: type) -> type:
     return SignalOnly
 
 
-def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out: Path,
-           tracking: TrackingConfig | None) -> RLResult:
+def _train(
+    config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out: Path, tracking: TrackingConfig | None
+) -> RLResult:
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -261,20 +303,35 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
     model, tokenizer = load_policy(model_dir, spec=config.load)
     references = {}
     if config.prefix_trajectories:
-        references = {t.task_id: t for t in TrajectoryStore(config.prefix_trajectories).read()
-                      if t.outcome is Outcome.resolved and t.task_id in tasks}
+        references = {
+            t.task_id: t
+            for t in TrajectoryStore(config.prefix_trajectories).read()
+            if t.outcome is Outcome.resolved and t.task_id in tasks
+        }
     t0 = time.perf_counter()
     main = is_main_process()  # under accelerate/torchrun every rank rolls out its slice; one writes and logs
     with stage_run("rl", config, tracking if main else None), config.sandbox.client() as client:
-        rollout = TRLRollout(tasks, get_recipe(config.recipe, **config.recipe_options), client, config, tokenizer,
-                             TrajectoryStore(out / "rollouts") if config.save_rollouts else None, references)
+        rollout = TRLRollout(
+            tasks,
+            get_recipe(config.recipe, **config.recipe_options),
+            client,
+            config,
+            tokenizer,
+            TrajectoryStore(out / "rollouts") if config.save_rollouts else None,
+            references,
+        )
         args = grpo_args(config, out)
         _quiet_placeholder_warning()
         try:
             trainer = signal_only(GRPOTrainer)(
-                model=model, processing_class=tokenizer, reward_funcs=reward_functions(), args=args,
-                train_dataset=Dataset.from_list(rollout.dataset_rows()), rollout_func=rollout,
-                callbacks=[trainer_callback(), trl_metrics_callback()])
+                model=model,
+                processing_class=tokenizer,
+                reward_funcs=reward_functions(),
+                args=args,
+                train_dataset=Dataset.from_list(rollout.dataset_rows()),
+                rollout_func=rollout,
+                callbacks=[trainer_callback(), trl_metrics_callback()],
+            )
             trainer.train()
         finally:
             rollout.close()
@@ -291,18 +348,26 @@ def _train(config: RLConfig, tasks: dict[str, Task], model_dir: str | Path, out:
         steps_without_update = int(trainer.state.global_step) - steps_done
         totals = rollout.summary()
         result = RLResult(
-            model_dir=str(out), sampler=config.rollout.sampler, steps_done=steps_done,
+            model_dir=str(out),
+            sampler=config.rollout.sampler,
+            steps_done=steps_done,
             steps_without_update=steps_without_update,
-            trajectories=int(totals["trajectories"]), informative_groups=int(totals["informative_groups"]),
+            trajectories=int(totals["trajectories"]),
+            informative_groups=int(totals["informative_groups"]),
             informative_groups_per_trajectory=totals["informative_groups_per_trajectory"],
             infra_errors=int(totals["aborted_attempts"]),
-            stop_reason="budget" if rollout.budget.remaining <= 0 else "steps", records_path=str(records_path),
+            stop_reason="budget" if rollout.budget.remaining <= 0 else "steps",
+            records_path=str(records_path),
             weight_change=weight_change(trainer.accelerator.unwrap_model(trainer.model), model_dir),
-            metrics={**totals, "steps_done": float(steps_done), "steps_without_update": float(steps_without_update),
-                     "train_seconds": time.perf_counter() - t0,
-                     "final_loss": logged[-1]["loss"] if logged else float("nan"),
-                     # tokens through the model in training (TRL's count: prompts and completions of every row)
-                     "num_tokens": float(logged[-1].get("num_tokens", float("nan"))) if logged else 0.0},
+            metrics={
+                **totals,
+                "steps_done": float(steps_done),
+                "steps_without_update": float(steps_without_update),
+                "train_seconds": time.perf_counter() - t0,
+                "final_loss": logged[-1]["loss"] if logged else float("nan"),
+                # tokens through the model in training (TRL's count: prompts and completions of every row)
+                "num_tokens": float(logged[-1].get("num_tokens", float("nan"))) if logged else 0.0,
+            },
         )
         if result.weight_change is not None:
             result.metrics["weight_change"] = result.weight_change

@@ -67,18 +67,24 @@ def loss_rule(trajectory: Trajectory, mode: SFTMode) -> Literal["assistant", "cr
     return "assistant" if mode == "whole" else "credited"
 
 
-def render_for_sft(trajectory: Trajectory, tokenizer, rule: Literal["assistant", "credited"] | None,
-                   tool_format: ToolFormat | None = None) -> TokenizedSample:
+def render_for_sft(
+    trajectory: Trajectory,
+    tokenizer,
+    rule: Literal["assistant", "credited"] | None,
+    tool_format: ToolFormat | None = None,
+) -> TokenizedSample:
     """The trajectory rendered with SFT's loss mask: `rule` (from `loss_rule`; None = context only), never
     on a malformed call. `tool_format` is the format the trained model will be sampled in (the evaluation
     and RL harness's `tool_format`; None = the template's own): SFT must train on that context, whatever
     format the teacher wrote its calls in (the calls are re-rendered in it)."""
-    return render_trajectory(trajectory, tokenizer, loss_on=rule or "none", tool_format=tool_format,
-                             malformed_loss=False)
+    return render_trajectory(
+        trajectory, tokenizer, loss_on=rule or "none", tool_format=tool_format, malformed_loss=False
+    )
 
 
-def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode, max_len: int,
-                  tool_format: ToolFormat | None = None) -> tuple[list[TokenizedSample], DataStats]:
+def build_samples(
+    trajectories: list[Trajectory], tokenizer, mode: SFTMode, max_len: int, tool_format: ToolFormat | None = None
+) -> tuple[list[TokenizedSample], DataStats]:
     stats = DataStats(trajectories_in=len(trajectories))
     samples = []
     used: list[Trajectory] = []
@@ -93,9 +99,14 @@ def build_samples(trajectories: list[Trajectory], tokenizer, mode: SFTMode, max_
         if len(sample.input_ids) > max_len:
             stats.truncated += 1
             stats.loss_tokens_truncated += sum(sample.loss_mask[max_len:])
-            sample = sample.model_copy(update={
-                "input_ids": sample.input_ids[:max_len], "roles": sample.roles[:max_len],
-                "loss_mask": sample.loss_mask[:max_len], "step_index": sample.step_index[:max_len]})
+            sample = sample.model_copy(
+                update={
+                    "input_ids": sample.input_ids[:max_len],
+                    "roles": sample.roles[:max_len],
+                    "loss_mask": sample.loss_mask[:max_len],
+                    "step_index": sample.step_index[:max_len],
+                }
+            )
         if not any(sample.loss_mask):
             stats.skipped_no_loss += 1
             continue

@@ -38,7 +38,8 @@ class LoraOptions(BaseModel):
     alpha: float = Field(32.0, gt=0, description="lora_alpha: the adapter's update is scaled by alpha / r.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input.")
     target_modules: list[str] | str = Field(
-        "all-linear", description="peft target_modules ('all-linear': every linear layer but the output head).")
+        "all-linear", description="peft target_modules ('all-linear': every linear layer but the output head)."
+    )
 
 
 class SFTConfig(BaseModel):
@@ -56,27 +57,42 @@ class SFTConfig(BaseModel):
     grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
     max_len: int = Field(2048, ge=16, description="Tokens per sample; longer samples are cut at the end.")
     truncation_warning: float = Field(
-        0.05, ge=0.0, le=1.0, description="Warn on the console when cutting at max_len drops more than this share "
-                                          "of the loss-bearing tokens (a cut sample loses its later turns).")
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="Warn on the console when cutting at max_len drops more than this share "
+        "of the loss-bearing tokens (a cut sample loses its later turns).",
+    )
     truncation_limit: float = Field(
-        0.5, ge=0.0, le=1.0, description="Refuse to train when cutting at max_len drops more than this share of "
-                                         "the loss-bearing tokens (raise max_len instead).")
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="Refuse to train when cutting at max_len drops more than this share of "
+        "the loss-bearing tokens (raise max_len instead).",
+    )
     tool_format: ToolFormatSetting = Field(
-        "auto", description="The tool-call format the trained model is sampled in afterwards (the evaluation and RL "
-                            "harness's tool_format; auto = its chat template's own): SFT renders its data in it.")
-    lora: LoraOptions | None = Field(None, description="Train LoRA adapters (peft) instead of every weight; "
-                                                       "None = full fine-tuning.")
+        "auto",
+        description="The tool-call format the trained model is sampled in afterwards (the evaluation and RL "
+        "harness's tool_format; auto = its chat template's own): SFT renders its data in it.",
+    )
+    lora: LoraOptions | None = Field(
+        None, description="Train LoRA adapters (peft) instead of every weight; None = full fine-tuning."
+    )
     bucketing: bool = Field(True, description="Group samples of similar length into a batch (less padding).")
     seed: int = Field(0, description="Seed of data order (and of the fresh model unless model.seed differs).")
     save_every: int | None = Field(None, ge=1, description="Also save a checkpoint every N steps.")
     num_threads: int | None = Field(None, ge=1, description="torch CPU threads (None = torch default).")
     bf16: bool = Field(False, description="bf16 mixed precision (GPUs with bf16; CPU autocast otherwise).")
-    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward (less memory, ~30 % slower).")
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward (less memory, ~30 % slower)."
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="The fresh model when no base is given.")
-    load: LoadOptions = Field(default_factory=LoadOptions,
-                              description="Device, dtype and attention kernel the base checkpoint trains with.")
-    launch: LaunchConfig = Field(default_factory=LaunchConfig,
-                                 description="Processes of the stage in a pipeline (> 1: a PyTorchJob).")
+    load: LoadOptions = Field(
+        default_factory=LoadOptions, description="Device, dtype and attention kernel the base checkpoint trains with."
+    )
+    launch: LaunchConfig = Field(
+        default_factory=LaunchConfig, description="Processes of the stage in a pipeline (> 1: a PyTorchJob)."
+    )
 
 
 class SFTResult(BaseModel):
@@ -146,10 +162,15 @@ def _trainer_classes():
                 "tokens": float(self.m.tokens),
             }
             self.m.history.append(row)
-            log_metrics({curve(1, "loss"): row["loss"], curve(2, "grad_norm"): row["grad_norm"],
-                         curve(3, "learning_rate"): row["learning_rate"],
-                         **{k: v for k, v in row.items() if k not in ("loss", "grad_norm", "learning_rate")}},
-                        step=state.global_step)
+            log_metrics(
+                {
+                    curve(1, "loss"): row["loss"],
+                    curve(2, "grad_norm"): row["grad_norm"],
+                    curve(3, "learning_rate"): row["learning_rate"],
+                    **{k: v for k, v in row.items() if k not in ("loss", "grad_norm", "learning_rate")},
+                },
+                step=state.global_step,
+            )
             if self.bar is not None:
                 self.bar.update(state.global_step - self.bar.n)
                 self.bar.set_postfix(loss=f"{row['loss']:.3f}", tok_s=f"{row['tokens_per_s']:.0f}", refresh=False)
@@ -159,8 +180,9 @@ def _trainer_classes():
     return CountingTrainer, MetricsCallback
 
 
-def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset, work_dir: Path,
-                     save_to: Path | None = None) -> _StepMetrics:
+def train_on_samples(
+    config: SFTConfig, model, tokenizer, dataset: SampleDataset, work_dir: Path, save_to: Path | None = None
+) -> _StepMetrics:
     """The Trainer loop over prepared samples (shared by train_sft and scripts/bench_sft.py).
 
     `save_to`: write the trained model and tokenizer there. Every rank must call it: under FSDP or
@@ -199,8 +221,12 @@ def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset
     )
     metrics = _StepMetrics()
     trainer = CountingTrainer(
-        model=model, args=args, train_dataset=dataset, data_collator=PadCollator(tokenizer.pad_token_id),
-        callbacks=[MetricsCallback(metrics, config.mode), trainer_callback()], step_metrics=metrics,
+        model=model,
+        args=args,
+        train_dataset=dataset,
+        data_collator=PadCollator(tokenizer.pad_token_id),
+        callbacks=[MetricsCallback(metrics, config.mode), trainer_callback()],
+        step_metrics=metrics,
     )
     from transformers.trainer_callback import PrinterCallback
 
@@ -214,8 +240,13 @@ def train_on_samples(config: SFTConfig, model, tokenizer, dataset: SampleDataset
     return metrics
 
 
-def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: str | Path,
-              base_model_dir: str | Path | None = None, tracking: TrackingConfig | None = None) -> SFTResult:
+def train_sft(
+    config: SFTConfig,
+    trajectories_dir: str | Path,
+    out_model_dir: str | Path,
+    base_model_dir: str | Path | None = None,
+    tracking: TrackingConfig | None = None,
+) -> SFTResult:
     """Fine-tune on the trajectory store; writes model + tokenizer to `out_model_dir`."""
     out = Path(out_model_dir)
     trajectories = TrajectoryStore(trajectories_dir).read()
@@ -236,18 +267,36 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
     main = is_main_process()
     with stage_run("sft", config, tracking if main else None):
         used = {s.trajectory_id for s in samples}
-        log_dataset_input([{"trajectory_id": t.id, "task_id": t.task_id, "outcome": t.outcome.value,
-                            "policy_id": t.policy_id} for t in trajectories if t.id in used],
-                          trajectories_dir, name=f"sft-{config.mode}", context="training")
-        log_metrics({f"data.{k}": v for k, v in stats.model_dump().items()} | {
-            "data.loss_token_fraction": stats.loss_token_fraction, "num_parameters": num_parameters(model),
-            "world_size": world_size()})
+        log_dataset_input(
+            [
+                {"trajectory_id": t.id, "task_id": t.task_id, "outcome": t.outcome.value, "policy_id": t.policy_id}
+                for t in trajectories
+                if t.id in used
+            ],
+            trajectories_dir,
+            name=f"sft-{config.mode}",
+            context="training",
+        )
+        log_metrics(
+            {f"data.{k}": v for k, v in stats.model_dump().items()}
+            | {
+                "data.loss_token_fraction": stats.loss_token_fraction,
+                "num_parameters": num_parameters(model),
+                "world_size": world_size(),
+            }
+        )
         if config.lora is not None:
             model = with_lora(model, config.lora)
             log_metrics({"trainable_parameters": num_parameters(model, trainable_only=True)})
         t0 = time.perf_counter()
-        history = train_on_samples(config, model, tokenizer, SampleDataset(samples), out / "trainer",
-                                   save_to=None if config.lora is not None else out).history
+        history = train_on_samples(
+            config,
+            model,
+            tokenizer,
+            SampleDataset(samples),
+            out / "trainer",
+            save_to=None if config.lora is not None else out,
+        ).history
         seconds = time.perf_counter() - t0
         if config.lora is not None:
             model = model.merge_and_unload()  # an ordinary checkpoint for every later stage
@@ -257,15 +306,25 @@ def train_sft(config: SFTConfig, trajectories_dir: str | Path, out_model_dir: st
         # Tokens are counted on this rank; every rank trains on an equal share of each global batch.
         tokens = sum(h["tokens"] for h in history) * world_size()
         result = SFTResult(
-            model_dir=str(out), mode=config.mode, steps=config.steps,
-            first_loss=history[0]["loss"], final_loss=history[-1]["loss"],
-            tokens_per_second=tokens / seconds, train_seconds=seconds,
-            num_parameters=num_parameters(model), data=stats, losses=[h["loss"] for h in history],
+            model_dir=str(out),
+            mode=config.mode,
+            steps=config.steps,
+            first_loss=history[0]["loss"],
+            final_loss=history[-1]["loss"],
+            tokens_per_second=tokens / seconds,
+            train_seconds=seconds,
+            num_parameters=num_parameters(model),
+            data=stats,
+            losses=[h["loss"] for h in history],
         )
         result.metrics = {
-            "first_loss": result.first_loss, "final_loss": result.final_loss,
-            "tokens_per_second": result.tokens_per_second, "train_seconds": seconds,
-            "samples": float(len(samples)), "loss_token_fraction": stats.loss_token_fraction, "tokens": float(tokens),
+            "first_loss": result.first_loss,
+            "final_loss": result.final_loss,
+            "tokens_per_second": result.tokens_per_second,
+            "train_seconds": seconds,
+            "samples": float(len(samples)),
+            "loss_token_fraction": stats.loss_token_fraction,
+            "tokens": float(tokens),
         }
         if main:  # one result, one set of logs: the other ranks only trained (and helped save)
             log_metrics({f"final.{k}": v for k, v in result.metrics.items()})
@@ -285,11 +344,15 @@ def check_truncation(config: SFTConfig, stats: DataStats) -> None:
     lost = stats.truncated_loss_fraction
     if lost <= config.truncation_warning:
         return
-    what = (f"sft: cutting samples at max_len={config.max_len} drops {lost:.0%} of the loss-bearing tokens "
-            f"({stats.truncated} sample(s) cut)")
+    what = (
+        f"sft: cutting samples at max_len={config.max_len} drops {lost:.0%} of the loss-bearing tokens "
+        f"({stats.truncated} sample(s) cut)"
+    )
     if lost > config.truncation_limit:
-        raise TruncationError(f"{what}, above truncation_limit {config.truncation_limit:.0%}: raise sft.max_len "
-                              "(or shorten the episodes: harness.max_steps)")
+        raise TruncationError(
+            f"{what}, above truncation_limit {config.truncation_limit:.0%}: raise sft.max_len "
+            "(or shorten the episodes: harness.max_steps)"
+        )
     print(f"warning: {what}; raise sft.max_len to train on whole episodes", file=sys.stderr, flush=True)
 
 
@@ -297,8 +360,16 @@ def with_lora(model, options: LoraOptions):
     """`model` wrapped with trainable LoRA adapters (peft); every other weight frozen."""
     from peft import LoraConfig, get_peft_model
 
-    return get_peft_model(model, LoraConfig(r=options.r, lora_alpha=options.alpha, lora_dropout=options.dropout,
-                                            target_modules=options.target_modules, task_type="CAUSAL_LM"))
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=options.r,
+            lora_alpha=options.alpha,
+            lora_dropout=options.dropout,
+            target_modules=options.target_modules,
+            task_type="CAUSAL_LM",
+        ),
+    )
 
 
 def _log_loss_curve(history: list[dict[str, float]]) -> None:

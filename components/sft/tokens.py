@@ -32,16 +32,18 @@ from components.core.logprobs import token_logprobs
 from components.core.store import write_table_atomic
 from components.sft.data import SFTMode, loss_rule, render_for_sft
 
-TOKEN_SCHEMA = pa.schema([
-    ("trajectory_id", pa.string()),
-    ("prompt_ids", pa.list_(pa.int32())),
-    ("response_ids", pa.list_(pa.int32())),
-    ("loss_mask", pa.list_(pa.int8())),
-    ("response_logprobs", pa.list_(pa.float32())),
-    ("reward", pa.float64()),
-    ("failure_reason", pa.string()),
-    ("metadata", pa.string()),
-])
+TOKEN_SCHEMA = pa.schema(
+    [
+        ("trajectory_id", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("response_logprobs", pa.list_(pa.float32())),
+        ("reward", pa.float64()),
+        ("failure_reason", pa.string()),
+        ("metadata", pa.string()),
+    ]
+)
 
 
 def _prompt_length(traj: Trajectory, input_ids: list[int], tokenizer) -> int:
@@ -50,15 +52,17 @@ def _prompt_length(traj: Trajectory, input_ids: list[int], tokenizer) -> int:
     first = next((i for i, s in enumerate(traj.steps) if s.role == "assistant"), None)
     if first is None:
         return len(input_ids)
-    prompt = render_prompt(steps_as_messages(traj.steps[:first]), tokenizer, tools=traj.tools,
-                           add_generation_prompt=True)
-    if input_ids[:len(prompt)] != list(prompt):  # rendering is append-only; anything else is a bug
+    prompt = render_prompt(
+        steps_as_messages(traj.steps[:first]), tokenizer, tools=traj.tools, add_generation_prompt=True
+    )
+    if input_ids[: len(prompt)] != list(prompt):  # rendering is append-only; anything else is a bug
         raise ValueError(f"{traj.id}: the rendered episode does not start with its own prompt")
     return len(prompt)
 
 
-def trajectory_to_tokens(traj: Trajectory, tokenizer, mode: SFTMode = "whole",
-                         logprobs: list[float] | None = None) -> dict[str, Any]:
+def trajectory_to_tokens(
+    traj: Trajectory, tokenizer, mode: SFTMode = "whole", logprobs: list[float] | None = None
+) -> dict[str, Any]:
     """One row. `mode` is the SFT arm whose loss rule sets the mask ("whole": every assistant step of every
     verified trajectory, malformed calls excepted: SFT's rule, `sft.data`); infrastructure failures get an
     all-zero mask."""
@@ -71,13 +75,29 @@ def trajectory_to_tokens(traj: Trajectory, tokenizer, mode: SFTMode = "whole",
     failure = None
     if traj.outcome is not Outcome.resolved:
         failure = f"{traj.outcome.value}: {traj.outcome_reason or 'no reason recorded'}"
-    metadata = {"task_id": traj.task_id, "recipe": traj.recipe, "split": traj.split, "policy_id": traj.policy_id,
-                "outcome": traj.outcome.value, "status": traj.status.value, "loss_rule": rule, "mode": mode,
-                "assistant_steps": traj.num_assistant_steps, "attempt": traj.attempt, "extra": traj.metadata}
-    return {"trajectory_id": traj.id, "prompt_ids": sample.input_ids[:cut], "response_ids": response,
-            "loss_mask": sample.loss_mask[cut:], "response_logprobs": logprobs,
-            "reward": traj.reward if traj.outcome is not Outcome.infra_error else None,
-            "failure_reason": failure, "metadata": json.dumps(metadata, default=str)}
+    metadata = {
+        "task_id": traj.task_id,
+        "recipe": traj.recipe,
+        "split": traj.split,
+        "policy_id": traj.policy_id,
+        "outcome": traj.outcome.value,
+        "status": traj.status.value,
+        "loss_rule": rule,
+        "mode": mode,
+        "assistant_steps": traj.num_assistant_steps,
+        "attempt": traj.attempt,
+        "extra": traj.metadata,
+    }
+    return {
+        "trajectory_id": traj.id,
+        "prompt_ids": sample.input_ids[:cut],
+        "response_ids": response,
+        "loss_mask": sample.loss_mask[cut:],
+        "response_logprobs": logprobs,
+        "reward": traj.reward if traj.outcome is not Outcome.infra_error else None,
+        "failure_reason": failure,
+        "metadata": json.dumps(metadata, default=str),
+    }
 
 
 def response_logprobs(model, row: dict[str, Any], temperature: float = 1.0) -> list[float]:
@@ -92,11 +112,18 @@ def response_logprobs(model, row: dict[str, Any], temperature: float = 1.0) -> l
     with torch.no_grad():
         out = token_logprobs(model, input_ids, torch.ones_like(input_ids), temperature)[0]
     # out[j] scores token j + 1, so the response (from position len(prompt)) starts at len(prompt) - 1.
-    return out[len(row["prompt_ids"]) - 1:].tolist()
+    return out[len(row["prompt_ids"]) - 1 :].tolist()
 
 
-def export_tokens(trajectories: list[Trajectory], tokenizer, path: str | Path, *, mode: SFTMode = "whole",
-                  model=None, temperature: float = 1.0) -> Path:
+def export_tokens(
+    trajectories: list[Trajectory],
+    tokenizer,
+    path: str | Path,
+    *,
+    mode: SFTMode = "whole",
+    model=None,
+    temperature: float = 1.0,
+) -> Path:
     """Write one parquet file of token-level rows (atomically); with `model`, fill `response_logprobs`."""
     rows = []
     for traj in trajectories:

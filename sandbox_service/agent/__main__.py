@@ -10,7 +10,8 @@
 sandbox root itself (see boot.py) before serving. The listening Unix socket is bound *before* the
 pivot, at a host path the sandbox cannot see. In a Kubernetes pod the agent runs without `--boot`
 on TCP with TLS and `--inherit-env`: the container's environment (the image's ENV, set by the runtime
-for the container's first process) becomes the base environment of every command. `--ready-fd` gets one JSON line ({"ok": true, "host_pid": N} or an error) once the
+for the container's first process) becomes the base environment of every command. `--ready-fd` gets one JSON line
+({"ok": true, "host_pid": N} or an error) once the
 agent accepts connections, so the backend knows at once whether the boot worked.
 
 Stdlib only. Launch it with `-I -S` and this package's parent directory on sys.path.
@@ -28,9 +29,23 @@ import types
 
 
 # option -> attribute; every option takes a value. Hand-parsed: argparse alone costs ~7 ms of start-up.
-_OPTIONS = {f"--{name.replace('_', '-')}": name for name in (
-    "unix", "tcp", "tls_cert", "tls_key", "secret_file", "workspace", "workdir", "boot", "ready_fd", "env",
-    "workspace_alias", "isolation")}
+_OPTIONS = {
+    f"--{name.replace('_', '-')}": name
+    for name in (
+        "unix",
+        "tcp",
+        "tls_cert",
+        "tls_key",
+        "secret_file",
+        "workspace",
+        "workdir",
+        "boot",
+        "ready_fd",
+        "env",
+        "workspace_alias",
+        "isolation",
+    )
+}
 _FLAGS = {"--inherit-env": "inherit_env"}  # options without a value
 
 
@@ -39,9 +54,21 @@ class UsageError(Exception):
 
 
 def _parse(argv: list[str] | None) -> types.SimpleNamespace:
-    args = types.SimpleNamespace(unix=None, tcp=None, tls_cert=None, tls_key=None, secret_file=None,
-                                 workspace="/workspace", workdir=None, boot=None, ready_fd=None, env=[],
-                                 workspace_alias=None, isolation=None, inherit_env=False)
+    args = types.SimpleNamespace(
+        unix=None,
+        tcp=None,
+        tls_cert=None,
+        tls_key=None,
+        secret_file=None,
+        workspace="/workspace",
+        workdir=None,
+        boot=None,
+        ready_fd=None,
+        env=[],
+        workspace_alias=None,
+        isolation=None,
+        inherit_env=False,
+    )
     items = list(sys.argv[1:] if argv is None else argv)
     while items:
         item = items.pop(0)
@@ -225,15 +252,22 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.workspace, exist_ok=True)
         workdir = args.workdir or args.workspace
         if args.workspace_alias and (workdir + "/").startswith(args.workspace_alias.rstrip("/") + "/"):
-            workdir = args.workspace + workdir[len(args.workspace_alias.rstrip("/")):]
+            workdir = args.workspace + workdir[len(args.workspace_alias.rstrip("/")) :]
         os.makedirs(workdir, exist_ok=True)
         os.chdir(workdir)
         tracker = proctree.CgroupTracker(pids_fd, oom_fd)
         if args.boot:
             tracker.raise_oom_score = not oom_protected
-        agent = server.AgentServer(secret=secret, workspace=args.workspace, workdir=workdir, base_env=base_env,
-                                   tracker=tracker, isolation=isolation, tls_context=tls,
-                                   workspace_alias=args.workspace_alias)
+        agent = server.AgentServer(
+            secret=secret,
+            workspace=args.workspace,
+            workdir=workdir,
+            base_env=base_env,
+            tracker=tracker,
+            isolation=isolation,
+            tls_context=tls,
+            workspace_alias=args.workspace_alias,
+        )
     except Exception as exc:
         import traceback
 
@@ -246,8 +280,12 @@ def main(argv: list[str] | None = None) -> int:
     if os.getpid() == 1:  # a namespace's init: local sandboxes and Kubernetes pods
         shield_from_signals()
     if ready is not None:
-        ready.write(json.dumps({"ok": True, "host_pid": host_pid, "pid": os.getpid(),
-                                "boot_ms": (time.monotonic() - started) * 1000}) + "\n")
+        ready.write(
+            json.dumps(
+                {"ok": True, "host_pid": host_pid, "pid": os.getpid(), "boot_ms": (time.monotonic() - started) * 1000}
+            )
+            + "\n"
+        )
         ready.close()
     agent.serve(listener)
     return 0

@@ -44,13 +44,15 @@ _state = {"openat2": True}
 
 def _openat2(dirfd: int, path: str, flags: int, mode: int, resolve: int) -> int:
     how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)  # else EINVAL
-    fd = _syscall(_SYS_OPENAT2, ctypes.c_int(dirfd), os.fsencode(path), ctypes.byref(how),
-                  ctypes.c_size_t(ctypes.sizeof(how)))
+    fd = _syscall(
+        _SYS_OPENAT2, ctypes.c_int(dirfd), os.fsencode(path), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))
+    )
     if fd < 0:
         err = ctypes.get_errno()
         if err in (errno.EXDEV, errno.ELOOP) and resolve & (RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS):
-            raise EscapeError(err, f"{path!r} leads out of the directory (through a symlink, an absolute "
-                                   "symlink or a magic link)")
+            raise EscapeError(
+                err, f"{path!r} leads out of the directory (through a symlink, an absolute symlink or a magic link)"
+            )
         raise OSError(err, os.strerror(err), path)
     return fd
 
@@ -90,8 +92,10 @@ def _walk(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
             nxt = os.open(name, f, mode, dir_fd=cur)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR) and _is_link(cur, name):
-                raise EscapeError(errno.ELOOP, f"{'/'.join(parts)!r} goes through the symlink {name!r} "
-                                               "(not followed on this kernel: no openat2)") from None
+                raise EscapeError(
+                    errno.ELOOP,
+                    f"{'/'.join(parts)!r} goes through the symlink {name!r} (not followed on this kernel: no openat2)",
+                ) from None
             raise
         if last and flags & os.O_PATH and _is_link(nxt, ""):
             os.close(nxt)

@@ -68,8 +68,10 @@ def _check(ret: int, what: str) -> None:
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
     enc = lambda s: s.encode() if s is not None else None  # noqa: E731
-    _check(_libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
-           f"mount {fstype or 'bind'} {source} -> {target}")
+    _check(
+        _libc.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+        f"mount {fstype or 'bind'} {source} -> {target}",
+    )
 
 
 def umount(target: str) -> None:
@@ -138,8 +140,7 @@ def _bind_point(merged: str, src: str) -> None:
 def build_root(config: dict) -> None:
     merged = config["merged"]
     lower = _idmapped(config["lower"], config.get("lower_idmapped"))
-    mount("overlay", merged, "overlay", 0,
-          f"lowerdir={lower},upperdir={config['upper']},workdir={config['work']}")
+    mount("overlay", merged, "overlay", 0, f"lowerdir={lower},upperdir={config['upper']},workdir={config['work']}")
     proc = os.path.join(merged, "proc")
     os.makedirs(proc, exist_ok=True)
     mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
@@ -194,7 +195,7 @@ def code_roots() -> list[tuple[str, str]]:
         if top is None:
             top = (real, f"{CODE_DIR}/{len(mounts)}")
             mounts.append(top)
-        entries.append((os.path.normpath(entry), top[1] + real[len(top[0]):]))
+        entries.append((os.path.normpath(entry), top[1] + real[len(top[0]) :]))
     return entries
 
 
@@ -230,7 +231,7 @@ def confine_imports() -> None:
         path = os.path.normpath(path)
         for entry, inside in roots:
             if path == entry or path.startswith(entry + "/"):
-                return inside + path[len(entry):]
+                return inside + path[len(entry) :]
         return None
 
     sys.path[:] = [inside for _, inside in _CODE_ROOTS]
@@ -264,8 +265,10 @@ def _idmapped(lower: str, at: str | None) -> str:
             _check(-1, f"open_tree {lower}")
         attr = ctypes.create_string_buffer(struct.pack("QQQQ", MOUNT_ATTR_IDMAP, 0, 0, _userns_fd[-1]))
         _check(_libc.syscall(nr["mount_setattr"], fd, b"", AT_EMPTY_PATH, attr, 32), f"idmap {lower}")
-        _check(_libc.syscall(nr["move_mount"], fd, b"", AT_FDCWD, at.encode(), MOVE_MOUNT_F_EMPTY_PATH),
-               f"move_mount {lower} -> {at}")
+        _check(
+            _libc.syscall(nr["move_mount"], fd, b"", AT_FDCWD, at.encode(), MOVE_MOUNT_F_EMPTY_PATH),
+            f"move_mount {lower} -> {at}",
+        )
         return at
     except (OSError, BootError) as exc:
         print(f"agent: lower layer not idmapped ({exc}); its files show as nobody's", file=sys.stderr, flush=True)
@@ -321,8 +324,12 @@ def _build_dev(dev: str, pty_max: int | None = None) -> None:
     mount("devpts", pts, "devpts", MS_NOSUID | MS_NOEXEC, f"newinstance,ptmxmode=0666,mode=0620{limit}")
     os.symlink("pts/ptmx", os.path.join(dev, "ptmx"))
     os.mkdir(os.path.join(dev, "shm"))  # filled by _mount_scratch
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                         ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, os.path.join(dev, name))
 
 

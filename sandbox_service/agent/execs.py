@@ -108,8 +108,17 @@ def build_env(base_env: dict[str, str], env: dict[str, str] | None) -> dict[str,
     return merged
 
 
-def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: str, env: dict[str, str],
-             stdin: bytes, timeout: float, max_output: int) -> dict:
+def run_exec(
+    reaper: Reaper,
+    tracker: CgroupTracker,
+    *,
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    stdin: bytes,
+    timeout: float,
+    max_output: int,
+) -> dict:
     """Run one command to completion (or timeout); returns the exec response header + output."""
     group = tracker.command_group()  # on v1 this thread now lives in it: the command is born there
     exec_id = None
@@ -123,9 +132,15 @@ def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: st
             # bufsize=0: raw pipe objects (the loop below reads the fds itself); a /dev/null fd
             # opened once instead of per exec. No preexec_fn, so subprocess spawns with vfork.
             proc = subprocess.Popen(
-                argv, cwd=cwd, env=env, close_fds=True, start_new_session=True, bufsize=0,
+                argv,
+                cwd=cwd,
+                env=env,
+                close_fds=True,
+                start_new_session=True,
+                bufsize=0,
                 stdin=subprocess.PIPE if stdin else _devnull(),
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
             )
         except FileNotFoundError as exc:
             missing = exc.filename or argv[0]
@@ -139,9 +154,12 @@ def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: st
                 return _spawn_failure(126, _too_long(argv, env), start, group, tracker)
             if exc.errno in (errno.EAGAIN, errno.ENOMEM):
                 tracker.release(group)
-                raise SpawnError("spawn_failed", "could not start the command: "
-                                 f"{os.strerror(exc.errno)} (process or memory limit of the sandbox "
-                                 "reached?); the agent is still running") from exc
+                raise SpawnError(
+                    "spawn_failed",
+                    "could not start the command: "
+                    f"{os.strerror(exc.errno)} (process or memory limit of the sandbox "
+                    "reached?); the agent is still running",
+                ) from exc
             raise SpawnError("spawn_failed", f"could not start the command: {exc}") from exc
         notify_r, notify_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         cell = reaper.register(proc.pid, notify_w)
@@ -149,8 +167,9 @@ def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: st
     if tracker.raise_oom_score:
         mark_oom_victim(proc.pid)
     try:
-        out, err, out_trunc, err_trunc, timed_out = _communicate(proc, cell, notify_r, stdin, timeout,
-                                                                 max_output, tracker, group, exec_id)
+        out, err, out_trunc, err_trunc, timed_out = _communicate(
+            proc, cell, notify_r, stdin, timeout, max_output, tracker, group, exec_id
+        )
     finally:
         os.close(notify_r)
         os.close(notify_w)
@@ -159,10 +178,14 @@ def run_exec(reaper: Reaper, tracker: CgroupTracker, *, argv: list[str], cwd: st
     code = cell[1]
     # Killed by SIGKILL (-9, or 137 when a shell reports its child's death) while the memory cgroup
     # counted an OOM kill: the kernel's doing at the memory limit, not the command's.
-    oom = (not timed_out and code in (-signal.SIGKILL, 128 + signal.SIGKILL) and tracker.oom_kills() > oom_before)
+    oom = not timed_out and code in (-signal.SIGKILL, 128 + signal.SIGKILL) and tracker.oom_kills() > oom_before
     return {
-        "exit_code": code, "timed_out": timed_out, "oom_killed": oom,
-        "stdout_len": len(out), "stdout_truncated": out_trunc, "stderr_truncated": err_trunc,
+        "exit_code": code,
+        "timed_out": timed_out,
+        "oom_killed": oom,
+        "stdout_len": len(out),
+        "stdout_truncated": out_trunc,
+        "stderr_truncated": err_trunc,
         "duration": time.monotonic() - start,
     }, out + err
 
@@ -175,21 +198,38 @@ def _too_long(argv: list[str], env: dict[str, str]) -> str:
     longest = max(len(a.encode(errors="surrogateescape")) for a in argv)
     total = sum(len(a.encode(errors="surrogateescape")) + 1 for a in argv)
     total += sum(len(k.encode()) + len(v.encode(errors="surrogateescape")) + 2 for k, v in env.items())
-    return (f"{argv[0]}: Argument list too long: its longest argument is {longest} bytes and the command line "
-            f"with its environment {total} bytes; Linux takes at most {MAX_ARG_BYTES} bytes in one argument "
-            "and about 2 MB in all (pass long input on stdin or in a file)\n")
+    return (
+        f"{argv[0]}: Argument list too long: its longest argument is {longest} bytes and the command line "
+        f"with its environment {total} bytes; Linux takes at most {MAX_ARG_BYTES} bytes in one argument "
+        "and about 2 MB in all (pass long input on stdin or in a file)\n"
+    )
 
 
 def _spawn_failure(code: int, message: str, start: float, group: str | None, tracker: CgroupTracker):
     tracker.release(group)
     err = message.encode()
-    return {"exit_code": code, "timed_out": False, "oom_killed": False, "stdout_len": 0,
-            "stdout_truncated": False, "stderr_truncated": False,
-            "duration": time.monotonic() - start}, err
+    return {
+        "exit_code": code,
+        "timed_out": False,
+        "oom_killed": False,
+        "stdout_len": 0,
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "duration": time.monotonic() - start,
+    }, err
 
 
-def _communicate(proc, cell, notify_fd: int, stdin: bytes, timeout: float, cap: int, tracker: CgroupTracker,
-                 group: str | None, exec_id: str | None):
+def _communicate(
+    proc,
+    cell,
+    notify_fd: int,
+    stdin: bytes,
+    timeout: float,
+    cap: int,
+    tracker: CgroupTracker,
+    group: str | None,
+    exec_id: str | None,
+):
     bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
     truncated = {fd: False for fd in bufs}
     sel = selectors.PollSelector()  # a handful of fds, once: poll needs no epoll fd of its own

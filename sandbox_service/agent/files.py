@@ -51,7 +51,7 @@ class Confinement:
 
     def unalias(self, path: str) -> str:
         if self.alias and (path == self.alias or path.startswith(self.alias + "/")):
-            return self.root + path[len(self.alias):]
+            return self.root + path[len(self.alias) :]
         return path
 
     def resolve(self, path: str) -> str:
@@ -60,9 +60,10 @@ class Confinement:
             raise FileOpError("invalid_request", f"invalid path {path!r}")
         joined = os.path.normpath(os.path.join(self.workdir, self.unalias(path)))
         if not self._inside(joined):
-            raise FileOpError("path_outside_sandbox",
-                              f"path {path!r} resolves to {joined!r}, outside the workspace {self.root!r}"
-                              + self.note)
+            raise FileOpError(
+                "path_outside_sandbox",
+                f"path {path!r} resolves to {joined!r}, outside the workspace {self.root!r}" + self.note,
+            )
         return joined
 
     def relative(self, path: str) -> tuple[str, str]:
@@ -78,9 +79,10 @@ class Confinement:
         try:
             return beneath.open_root(self.root)
         except OSError as exc:
-            raise FileOpError("file_not_found" if exc.errno == errno.ENOENT else "path_outside_sandbox",
-                              f"the workspace {self.root!r} cannot be opened as a plain directory: "
-                              f"{exc.strerror}") from exc
+            raise FileOpError(
+                "file_not_found" if exc.errno == errno.ENOENT else "path_outside_sandbox",
+                f"the workspace {self.root!r} cannot be opened as a plain directory: {exc.strerror}",
+            ) from exc
 
     def open(self, path: str, rel: str, flags: int, mode: int = 0o644, *, follow_last: bool = True) -> int:
         """Open `rel` beneath the workspace; escapes raise path_outside_sandbox, absence file_not_found."""
@@ -88,8 +90,10 @@ class Confinement:
         try:
             return _not_on_procfs(beneath.open_beneath(root, rel, flags, mode, follow_last=follow_last), path)
         except beneath.EscapeError as exc:
-            raise FileOpError("path_outside_sandbox", f"path {path!r} leads out of the workspace "
-                              f"{self.root!r} (through a symlink or magic link): refused") from exc
+            raise FileOpError(
+                "path_outside_sandbox",
+                f"path {path!r} leads out of the workspace {self.root!r} (through a symlink or magic link): refused",
+            ) from exc
         except FileNotFoundError as exc:
             raise _not_found(path, exc) from exc
         except OSError as exc:
@@ -109,8 +113,10 @@ class Confinement:
         try:
             return _not_on_procfs(beneath.make_dirs(root, rel), path)
         except beneath.EscapeError as exc:
-            raise FileOpError("path_outside_sandbox", f"path {path!r} leads out of the workspace "
-                              f"{self.root!r} (through a symlink or magic link): refused") from exc
+            raise FileOpError(
+                "path_outside_sandbox",
+                f"path {path!r} leads out of the workspace {self.root!r} (through a symlink or magic link): refused",
+            ) from exc
         except (NotADirectoryError, FileExistsError) as exc:
             raise FileOpError("invalid_request", f"cannot create {path!r}: a file is in the way") from exc
         except OSError as exc:
@@ -129,9 +135,12 @@ def _not_on_procfs(fd: int, path: str) -> int:
         refused = True
     if refused:
         os.close(fd)
-        raise FileOpError("path_outside_sandbox", f"{path!r} is on /proc, the kernel's view of processes (the "
-                          "agent's own among them), not a file of the sandbox: file routes do not serve it; read "
-                          "it with a command")
+        raise FileOpError(
+            "path_outside_sandbox",
+            f"{path!r} is on /proc, the kernel's view of processes (the "
+            "agent's own among them), not a file of the sandbox: file routes do not serve it; read "
+            "it with a command",
+        )
     return fd
 
 
@@ -150,8 +159,10 @@ def open_file(conf: Confinement, path: str, limit: int):
         if not stat.S_ISREG(st.st_mode):
             raise FileOpError("invalid_request", f"{path!r} is not a regular file")
         if st.st_size > limit:
-            raise FileOpError("too_large", f"{path!r} is {st.st_size} bytes, over the {limit}-byte download "
-                              "limit (max_download_bytes)")
+            raise FileOpError(
+                "too_large",
+                f"{path!r} is {st.st_size} bytes, over the {limit}-byte download limit (max_download_bytes)",
+            )
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb", buffering=0), st.st_size
     except BaseException:
@@ -197,7 +208,7 @@ def _write_into(dir_fd: int, name: str, path: str, data, mode: int | None) -> No
         for chunk in chunks:
             view = memoryview(chunk)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         if mode is not None:
             os.fchmod(fd, mode)
     finally:
@@ -217,8 +228,15 @@ def write_file(conf: Confinement, path: str, data: bytes, mode: int | None) -> N
 
 
 def _kind(st: os.stat_result) -> str:
-    return ("symlink" if stat.S_ISLNK(st.st_mode) else "dir" if stat.S_ISDIR(st.st_mode)
-            else "file" if stat.S_ISREG(st.st_mode) else "other")
+    return (
+        "symlink"
+        if stat.S_ISLNK(st.st_mode)
+        else "dir"
+        if stat.S_ISDIR(st.st_mode)
+        else "file"
+        if stat.S_ISREG(st.st_mode)
+        else "other"
+    )
 
 
 def list_dir(conf: Confinement, path: str) -> list[dict]:
@@ -232,8 +250,15 @@ def list_dir(conf: Confinement, path: str) -> list[dict]:
                 st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 continue
-            entries.append({"name": name, "path": os.path.join(full, name), "type": _kind(st),
-                            "size": st.st_size, "mtime": st.st_mtime})
+            entries.append(
+                {
+                    "name": name,
+                    "path": os.path.join(full, name),
+                    "type": _kind(st),
+                    "size": st.st_size,
+                    "mtime": st.st_mtime,
+                }
+            )
         return entries
     finally:
         os.close(fd)
@@ -305,13 +330,17 @@ def put_archive(conf: Confinement, path: str, data) -> int:
             checked = []
             for member in tar.getmembers():
                 if member.name.startswith("/") or (member.islnk() and member.linkname.startswith("/")):
-                    raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} has an absolute "
-                                      "path; archives must hold relative names; nothing was extracted")
+                    raise FileOpError(
+                        "path_outside_sandbox",
+                        f"archive member {member.name!r} has an absolute "
+                        "path; archives must hold relative names; nothing was extracted",
+                    )
                 try:
                     checked.append(data_filter(member, full))
                 except ArchiveMemberRefused as exc:
-                    raise FileOpError("path_outside_sandbox",
-                                      f"archive member {member.name!r} refused: {exc}; nothing was extracted") from exc
+                    raise FileOpError(
+                        "path_outside_sandbox", f"archive member {member.name!r} refused: {exc}; nothing was extracted"
+                    ) from exc
             dest_fd = conf.make_dirs(path, rel)
             try:
                 for member in checked:
@@ -333,8 +362,10 @@ def _extract(conf: Confinement, tar, member, dest_fd: int, path: str) -> None:
     try:
         pfd = beneath.make_dirs(dest_fd, parent)
     except beneath.EscapeError as exc:
-        raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} would be written through a "
-                          "symlink outside the workspace") from exc
+        raise FileOpError(
+            "path_outside_sandbox",
+            f"archive member {member.name!r} would be written through a symlink outside the workspace",
+        ) from exc
     try:
         if member.isdir():
             try:
@@ -364,8 +395,7 @@ def _extract(conf: Confinement, tar, member, dest_fd: int, path: str) -> None:
         elif member.isfifo():
             os.mkfifo(base, member.mode, dir_fd=pfd)
     except beneath.EscapeError as exc:
-        raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} leads out of the "
-                          "workspace") from exc
+        raise FileOpError("path_outside_sandbox", f"archive member {member.name!r} leads out of the workspace") from exc
     except OSError as exc:
         raise FileOpError("invalid_request", f"cannot extract {member.name!r}: {exc.strerror}") from exc
     finally:
@@ -393,8 +423,11 @@ def spool_archive(conf: Confinement, path: str, limit: int):
         write_archive(conf, path, f)
         size = f.tell()
         if size > limit:
-            raise FileOpError("too_large", f"the archive of {path!r} is {size} bytes, over the {limit}-byte "
-                              "download limit (max_download_bytes); archive a subdirectory")
+            raise FileOpError(
+                "too_large",
+                f"the archive of {path!r} is {size} bytes, over the {limit}-byte "
+                "download limit (max_download_bytes); archive a subdirectory",
+            )
         f.seek(0)
         return f, size
     except BaseException:
@@ -437,8 +470,11 @@ def write_archive(conf: Confinement, path: str, out) -> None:
                     tar.addfile(info)
                 elif stat.S_ISDIR(cst.st_mode):
                     if len(stack) >= MAX_ARCHIVE_DEPTH:
-                        raise FileOpError("invalid_request", f"{path!r} is nested deeper than {MAX_ARCHIVE_DEPTH} "
-                                          "directories; archive a subdirectory instead")
+                        raise FileOpError(
+                            "invalid_request",
+                            f"{path!r} is nested deeper than {MAX_ARCHIVE_DEPTH} "
+                            "directories; archive a subdirectory instead",
+                        )
                     sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
                     tar.addfile(_info(arc, os.fstat(sub), tarfile.DIRTYPE))
                     stack.append((sub, arc + "/", sorted(os.listdir(sub))))

@@ -3,7 +3,8 @@
 `CgroupTracker` holds the agent's fds to its pids cgroup (per-exec child groups) and memory OOM
 counter; `kill_tree` seals a command's exec cgroup against forks (pids.max 0: the tree stops growing, a
 fork bomb included) and SIGKILLs its members until it is empty; without a per-thread cgroup (v2, none)
-it also walks the session, descendants and every process carrying its ORCHARD_EXEC_ID. Stdlib only: this module is copied into every sandbox.
+it also walks the session, descendants and every process carrying its ORCHARD_EXEC_ID. Stdlib only: this module is
+copied into every sandbox.
 """
 
 from __future__ import annotations
@@ -198,7 +199,7 @@ def _proc_table() -> dict[int, tuple[int, int]]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         table[int(entry)] = (int(fields[1]), int(fields[3]))
     return table
 
@@ -266,7 +267,7 @@ def _is_alive(pid: int) -> bool:
             stat = f.read()
     except OSError:
         return False
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] != b"Z"
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] != b"Z"
 
 
 def oom_kill_count(text: str) -> int:

@@ -35,18 +35,68 @@ import errno
 
 SCMP_ACT_ALLOW = 0x7FFF0000
 SCMP_CMP_MASKED_EQ = 7
-CLONE_NEW_FLAGS = {"CLONE_NEWTIME": 0x80, "CLONE_NEWNS": 0x20000, "CLONE_NEWCGROUP": 0x02000000,
-                   "CLONE_NEWUTS": 0x04000000, "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000,
-                   "CLONE_NEWPID": 0x20000000, "CLONE_NEWNET": 0x40000000}
+CLONE_NEW_FLAGS = {
+    "CLONE_NEWTIME": 0x80,
+    "CLONE_NEWNS": 0x20000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNET": 0x40000000,
+}
 BLOCKED = (
-    "keyctl", "add_key", "request_key",
-    "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "init_module", "finit_module", "delete_module", "create_module", "get_kernel_syms", "query_module",
-    "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "acct", "quotactl", "quotactl_fd",
-    "syslog", "settimeofday", "stime", "clock_settime", "clock_adjtime", "iopl", "ioperm",
-    "mount", "umount", "umount2", "pivot_root", "fsopen", "fsconfig", "fsmount", "fspick", "move_mount",
-    "open_tree", "mount_setattr", "setns", "open_by_handle_at", "lookup_dcookie", "uselib", "nfsservctl",
-    "vm86", "vm86old", "_sysctl", "ustat", "fanotify_init",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "create_module",
+    "get_kernel_syms",
+    "query_module",
+    "kexec_load",
+    "kexec_file_load",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "quotactl",
+    "quotactl_fd",
+    "syslog",
+    "settimeofday",
+    "stime",
+    "clock_settime",
+    "clock_adjtime",
+    "iopl",
+    "ioperm",
+    "mount",
+    "umount",
+    "umount2",
+    "pivot_root",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "move_mount",
+    "open_tree",
+    "mount_setattr",
+    "setns",
+    "open_by_handle_at",
+    "lookup_dcookie",
+    "uselib",
+    "nfsservctl",
+    "vm86",
+    "vm86old",
+    "_sysctl",
+    "ustat",
+    "fanotify_init",
 )
 NAMESPACE_CALLS = ("unshare", "clone")  # refused when any CLONE_NEW* flag is set in argument 0
 ENOSYS_CALLS = ("clone3", "io_setup")
@@ -57,8 +107,12 @@ class SeccompError(Exception):
 
 
 class _ArgCmp(ctypes.Structure):
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
-                ("datum_b", ctypes.c_uint64)]
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
 
 
 _state: dict = {}
@@ -76,13 +130,20 @@ def prepare() -> None:
     try:
         lib = ctypes.CDLL(name, use_errno=True)
     except OSError as exc:
-        raise SeccompError(f"libseccomp is not installed ({exc}); install libseccomp2 "
-                           "(scripts/install-system-deps.sh) or set LocalBackendConfig(seccomp=False)") from None
+        raise SeccompError(
+            f"libseccomp is not installed ({exc}); install libseccomp2 "
+            "(scripts/install-system-deps.sh) or set LocalBackendConfig(seccomp=False)"
+        ) from None
     lib.seccomp_init.restype = ctypes.c_void_p
     lib.seccomp_init.argtypes = [ctypes.c_uint32]
     lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
-    lib.seccomp_rule_add_array.argtypes = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
-                                           ctypes.POINTER(_ArgCmp)]
+    lib.seccomp_rule_add_array.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(_ArgCmp),
+    ]
     lib.seccomp_load.argtypes = [ctypes.c_void_p]
     ctx = lib.seccomp_init(SCMP_ACT_ALLOW)
     if not ctx:

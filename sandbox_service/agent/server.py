@@ -51,9 +51,18 @@ UNISOLATED = ("unisolated", "none")  # agents whose "/" is the host's (the local
 
 
 class AgentServer:
-    def __init__(self, *, secret: str, workspace: str, workdir: str, base_env: dict[str, str],
-                 tracker: proctree.CgroupTracker, isolation: str, tls_context=None,
-                 workspace_alias: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        secret: str,
+        workspace: str,
+        workdir: str,
+        base_env: dict[str, str],
+        tracker: proctree.CgroupTracker,
+        isolation: str,
+        tls_context=None,
+        workspace_alias: str | None = None,
+    ) -> None:
         self.secret = secret.encode()
         self.workspace = workspace
         self.workdir = files.Confinement(workspace, workdir, workspace_alias).workdir
@@ -64,9 +73,16 @@ class AgentServer:
         self.reaper = execs.Reaper()
         self.conf = files.Confinement(workspace, workdir, workspace_alias)
         # The sandbox's own root, for scope "root"; where "/" is the host's, the workspace still.
-        self.root_conf = files.Confinement("/", self.workdir) if isolation not in UNISOLATED else files.Confinement(
-            workspace, workdir, workspace_alias, note=" (this sandbox runs unisolated: its root is the host's, "
-                                                      "so file paths stay in the workspace)")
+        self.root_conf = (
+            files.Confinement("/", self.workdir)
+            if isolation not in UNISOLATED
+            else files.Confinement(
+                workspace,
+                workdir,
+                workspace_alias,
+                note=" (this sandbox runs unisolated: its root is the host's, so file paths stay in the workspace)",
+            )
+        )
 
     def _scoped(self, header: dict) -> files.Confinement:
         scope = header.get("scope") or "workspace"
@@ -111,8 +127,9 @@ class AgentServer:
                     payload = protocol.recv_payload(conn, payload_len)
                 secret = header.get("secret")
                 if not isinstance(secret, str) or not compare_digest(secret.encode(), self.secret):
-                    protocol.send_frame(conn, {"ok": False, "code": "unauthorized",
-                                               "message": "wrong or missing agent secret"})
+                    protocol.send_frame(
+                        conn, {"ok": False, "code": "unauthorized", "message": "wrong or missing agent secret"}
+                    )
                     return
                 if op == "pty_open":
                     env = execs.build_env(self.base_env, header.get("env"))
@@ -132,11 +149,15 @@ class AgentServer:
                 except (files.FileOpError, execs.SpawnError) as exc:
                     resp, out = {"ok": False, "code": exc.code, "message": exc.message}, b""
                 except (KeyError, TypeError, ValueError) as exc:
-                    resp, out = {"ok": False, "code": "invalid_request",
-                                 "message": f"malformed {op!r} request: {exc!r}"}, b""
+                    resp, out = (
+                        {"ok": False, "code": "invalid_request", "message": f"malformed {op!r} request: {exc!r}"},
+                        b"",
+                    )
                 except Exception as exc:  # the agent must outlive any single bad request
-                    resp, out = {"ok": False, "code": "internal_error",
-                                 "message": f"agent error in {op!r}: {exc!r}"}, b""
+                    resp, out = (
+                        {"ok": False, "code": "internal_error", "message": f"agent error in {op!r}: {exc!r}"},
+                        b"",
+                    )
                 if isinstance(payload, protocol.PayloadReader):
                     payload.drain()  # an op refused early: the rest of the upload is still on the wire
                 try:
@@ -164,8 +185,11 @@ class AgentServer:
         try:
             return beneath.open_dir_path(path)
         except beneath.EscapeError as exc:
-            raise files.FileOpError("path_outside_sandbox", f"working directory {cwd!r} goes through a magic "
-                                    "link (/proc/<pid>/fd/..., /proc/<pid>/root, ...): refused") from exc
+            raise files.FileOpError(
+                "path_outside_sandbox",
+                f"working directory {cwd!r} goes through a magic "
+                "link (/proc/<pid>/fd/..., /proc/<pid>/root, ...): refused",
+            ) from exc
         except FileNotFoundError as exc:
             raise execs.SpawnError("file_not_found", f"working directory {cwd!r} does not exist") from exc
         except NotADirectoryError as exc:
@@ -173,8 +197,14 @@ class AgentServer:
 
     def _dispatch(self, op, header: dict, payload: bytes) -> tuple[dict, bytes]:
         if op == "ping":
-            return {"ok": True, "pid": os.getpid(), "version": AGENT_VERSION, "isolation": self.isolation,
-                    "protocol": protocol.PROTOCOL_VERSION, "cgroup_tracking": self.tracker.enabled}, b""
+            return {
+                "ok": True,
+                "pid": os.getpid(),
+                "version": AGENT_VERSION,
+                "isolation": self.isolation,
+                "protocol": protocol.PROTOCOL_VERSION,
+                "cgroup_tracking": self.tracker.enabled,
+            }, b""
         if op == "exec":
             argv = header["argv"]
             if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
@@ -182,16 +212,21 @@ class AgentServer:
             cwd_fd = self._cwd(header.get("cwd"))
             try:
                 result, out = execs.run_exec(
-                    self.reaper, self.tracker, argv=argv, cwd=f"/proc/self/fd/{cwd_fd}",
-                    env=execs.build_env(self.base_env, header.get("env")), stdin=payload,
-                    timeout=float(header.get("timeout", 60.0)), max_output=int(header.get("max_output", 1 << 20)))
+                    self.reaper,
+                    self.tracker,
+                    argv=argv,
+                    cwd=f"/proc/self/fd/{cwd_fd}",
+                    env=execs.build_env(self.base_env, header.get("env")),
+                    stdin=payload,
+                    timeout=float(header.get("timeout", 60.0)),
+                    max_output=int(header.get("max_output", 1 << 20)),
+                )
             finally:
                 os.close(cwd_fd)
             result["ok"] = True
             return result, out
         if op == "read_file":
-            f, size = files.open_file(self._scoped(header), header["path"],
-                                      int(header.get("limit") or MAX_READ_BYTES))
+            f, size = files.open_file(self._scoped(header), header["path"], int(header.get("limit") or MAX_READ_BYTES))
             return {"ok": True}, protocol.FileBody(f, size)
         if op == "write_file":
             files.write_file(self._scoped(header), header["path"], payload, header.get("mode"))

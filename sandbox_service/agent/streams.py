@@ -39,15 +39,25 @@ def run_pty(sock, reaper, tracker, header: dict, env: dict[str, str], cwd: str) 
     try:
         with reaper.lock:
             # preexec_fn (fork, not vfork) only here: the shell needs the PTY as controlling terminal.
-            proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env,
-                                    start_new_session=True, close_fds=True, preexec_fn=_make_controlling_tty)
+            proc = subprocess.Popen(
+                argv,
+                stdin=slave,
+                stdout=slave,
+                stderr=slave,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                preexec_fn=_make_controlling_tty,
+            )
             cell = reaper.register(proc.pid)
     except OSError as exc:
         tracker.release(group)
         os.close(master)
         os.close(slave)
-        protocol.send_frame(sock, {"ok": False, "code": "invalid_request",
-                                   "message": f"cannot start {argv[0]!r} on a PTY: {exc}"})
+        protocol.send_frame(
+            sock, {"ok": False, "code": "invalid_request", "message": f"cannot start {argv[0]!r} on a PTY: {exc}"}
+        )
         return
     tracker.adopt(group, proc.pid)
     os.close(slave)
@@ -91,7 +101,7 @@ def run_pty(sock, reaper, tracker, header: dict, env: dict[str, str], cwd: str) 
             if kind == "in":
                 view = memoryview(payload)
                 while view:
-                    view = view[os.write(master, view):]
+                    view = view[os.write(master, view) :]
             elif kind == "resize":
                 _set_size(master, int(msg["rows"]), int(msg["cols"]))
             elif kind == "close":
@@ -118,8 +128,7 @@ def http_relay(header: dict, body: bytes) -> tuple[dict, bytes]:
     try:
         headers = {k: v for k, v in (header.get("headers") or {}).items() if k.lower() != "host"}
         headers["Host"] = f"127.0.0.1:{port}"
-        conn.request(header.get("method", "GET"), header.get("path", "/") or "/", body=body or None,
-                     headers=headers)
+        conn.request(header.get("method", "GET"), header.get("path", "/") or "/", body=body or None, headers=headers)
         resp = conn.getresponse()
         cap = int(header.get("max_body", 32 << 20))
         chunks, size = [], 0
@@ -131,8 +140,10 @@ def http_relay(header: dict, body: bytes) -> tuple[dict, bytes]:
                 return {"ok": True, "status": 502, "headers": {"content-type": "text/plain"}}, why.encode()
         return {"ok": True, "status": resp.status, "headers": dict(resp.getheaders())}, b"".join(chunks)
     except OSError as exc:
-        why = (f"nothing answered on port {port} inside the sandbox ({exc.strerror or exc}); is the server "
-               "running, and is the sandbox's network mode loopback or allowlist (mode none has no lo)?")
+        why = (
+            f"nothing answered on port {port} inside the sandbox ({exc.strerror or exc}); is the server "
+            "running, and is the sandbox's network mode loopback or allowlist (mode none has no lo)?"
+        )
         return {"ok": True, "status": 502, "headers": {"content-type": "text/plain"}}, why.encode()
     finally:
         conn.close()

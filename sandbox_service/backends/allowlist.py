@@ -12,14 +12,15 @@ from sandbox_service.errors import InvalidRequestError
 METADATA_CIDRS = (
     "169.254.169.254/32",  # the instance metadata service (AWS, GCP, Azure, OpenStack, ...)
     "169.254.169.252/32",  # GKE Workload Identity metadata server (GKE Dataplane V2)
-    "169.254.170.23/32",   # EKS Pod Identity agent
-    "fd00:ec2::254/128",   # AWS instance metadata, IPv6
-    "fd00:ec2::23/128",    # EKS Pod Identity agent, IPv6
+    "169.254.170.23/32",  # EKS Pod Identity agent
+    "fd00:ec2::254/128",  # AWS instance metadata, IPv6
+    "fd00:ec2::23/128",  # EKS Pod Identity agent, IPv6
 )
 
 # (version, first, last) of each, computed once: an allowlist may hold a hundred CIDRs.
-_METADATA = tuple((n.version, int(n.network_address), int(n.broadcast_address))
-                  for n in map(ipaddress.ip_network, METADATA_CIDRS))
+_METADATA = tuple(
+    (n.version, int(n.network_address), int(n.broadcast_address)) for n in map(ipaddress.ip_network, METADATA_CIDRS)
+)
 
 
 def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
@@ -32,7 +33,9 @@ def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
             raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is not a CIDR ({err}); use e.g. 10.0.0.0/8.")
         first, last = int(network.network_address), int(network.broadcast_address)
         if any(network.version == version and low <= first and last <= high for version, low, high in _METADATA):
-            raise InvalidRequestError(f"allow_cidrs entry {cidr!r} is a cloud metadata endpoint, which "
-                                      "sandboxes never reach (it hands out the node's credentials).")
+            raise InvalidRequestError(
+                f"allow_cidrs entry {cidr!r} is a cloud metadata endpoint, which "
+                "sandboxes never reach (it hands out the node's credentials)."
+            )
         cidrs.append(str(network))
     return cidrs

@@ -24,9 +24,11 @@ class AgentEndpoint(BaseModel):
     tls: bool = Field(False, description="True where traffic crosses a network (Kubernetes).")
     ca_cert_pem: str | None = Field(None, description="CA the agent's certificate is signed by (tls only).")
     boot_secret: str | None = Field(
-        None, description="The key a fresh agent starts with when it is not `secret` (Kubernetes: the only key in "
-                          "the pod's files, which the workload can read): the service re-keys the agent to "
-                          "`secret` as soon as it answers, before anything else uses it (runtime.take_over).")
+        None,
+        description="The key a fresh agent starts with when it is not `secret` (Kubernetes: the only key in "
+        "the pod's files, which the workload can read): the service re-keys the agent to "
+        "`secret` as soon as it answers, before anything else uses it (runtime.take_over).",
+    )
 
 
 class BackendStatus(BaseModel):

@@ -61,8 +61,15 @@ def _clear_dir(fd: int) -> list[str]:
     return subdirs
 
 
-def _walk(cur: int, path: str, scan: Callable[[int], list[str]], *, skip: type[OSError], doing: str,
-          left: Callable[[int, str, list[str]], None] | None = None) -> None:
+def _walk(
+    cur: int,
+    path: str,
+    scan: Callable[[int], list[str]],
+    *,
+    skip: type[OSError],
+    doing: str,
+    left: Callable[[int, str, list[str]], None] | None = None,
+) -> None:
     """Depth-first from the directory fd `cur` (the walk closes it), one directory fd open at a time.
 
     `scan(fd)` handles a directory's entries and returns the subdirectories to enter; each is entered with
@@ -175,6 +182,7 @@ def shift_owners(path: str | os.PathLike, old: int, new: int, size: int) -> None
     """Hand the files of `path` owned by ids old..old+size-1 to new..new+size-1 (a snapshot taken in one
     sandbox's id range, forked or restored into another's), keeping setuid/setgid bits; one directory fd at
     a time, symlinks changed themselves and never followed."""
+
     def shifted(i: int) -> int:
         return i - old + new if old <= i < old + size else i
 
@@ -191,8 +199,11 @@ def shift_owners(path: str | os.PathLike, old: int, new: int, size: int) -> None
             names = [entry.name for entry in entries]
         for name in names:
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            shift(st, lambda uid, gid: os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False),
-                  lambda mode: os.chmod(name, mode, dir_fd=fd))
+            shift(
+                st,
+                lambda uid, gid: os.chown(name, uid, gid, dir_fd=fd, follow_symlinks=False),
+                lambda mode: os.chmod(name, mode, dir_fd=fd),
+            )
             if stat.S_ISDIR(st.st_mode):
                 subdirs.append(name)
         return subdirs

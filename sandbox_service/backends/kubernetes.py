@@ -101,7 +101,8 @@ class _Handle:
     def objects(self) -> list[tuple[str, str]]:
         """(kind, name) of everything start() creates for this pod: deleted by name, never by a LIST."""
         return [("pod", self.pod_name), ("secret", secret_name_for(self.pod_name))] + (
-            [(self.policy_kind, self.pod_name)] if self.has_policy else [])
+            [(self.policy_kind, self.pod_name)] if self.has_policy else []
+        )
 
 
 def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
@@ -113,11 +114,17 @@ def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
 class KubernetesBackend(SandboxBackend):
     name = "kubernetes"
 
-    def __init__(self, config: KubernetesBackendConfig | None = None, *, api_client: k8s.ApiClient | None = None,
-                 agent_factory: AgentFactory = _default_agent_factory, resolver: Resolver | None = None,
-                 certificates: AgentCertificates | None = None,
-                 clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        config: KubernetesBackendConfig | None = None,
+        *,
+        api_client: k8s.ApiClient | None = None,
+        agent_factory: AgentFactory = _default_agent_factory,
+        resolver: Resolver | None = None,
+        certificates: AgentCertificates | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         self.config = config or KubernetesBackendConfig()
         self.api_client = api_client or load_api_client(self.config)
         self.api = KubernetesApi(self.config, self.api_client, sleep)
@@ -133,14 +140,22 @@ class KubernetesBackend(SandboxBackend):
         self._handles: dict[str, _Handle] = {}
         self._orphans: dict[str, Objects] = {}  # sandbox id -> its objects, from list_orphans
         self._unadopted: dict[str, Objects] | None = None  # what adopt() found and left: list_orphans' answer
-        self.network = SandboxNetwork(self.api, self.config, {"resolver": resolver} if resolver else {},
-                                      delete_named=lambda objects: self.cleanup.delete_named(objects))
-        self.cleanup = Cleanup(self.core, self.api.net, self.config, self._call,
-                               fqdn_deletes=self.network.fqdn_deletes())
+        self.network = SandboxNetwork(
+            self.api,
+            self.config,
+            {"resolver": resolver} if resolver else {},
+            delete_named=lambda objects: self.cleanup.delete_named(objects),
+        )
+        self.cleanup = Cleanup(
+            self.core, self.api.net, self.config, self._call, fqdn_deletes=self.network.fqdn_deletes()
+        )
         self._lock = threading.Lock()
-        self.snapshots = AgentSnapshots(self.config.snapshot_dir, agent_factory,
-                                        python=f"{self.config.agent_mount_path}/python/bin/python3",
-                                        ready_timeout=self.config.agent_ready_timeout_seconds)
+        self.snapshots = AgentSnapshots(
+            self.config.snapshot_dir,
+            agent_factory,
+            python=f"{self.config.agent_mount_path}/python/bin/python3",
+            ready_timeout=self.config.agent_ready_timeout_seconds,
+        )
         self.pool = WarmPool(self) if self.config.warm_pools else None  # refills in its own threads
 
     @classmethod
@@ -163,11 +178,15 @@ class KubernetesBackend(SandboxBackend):
         """The watch of this instance's pods, started on first use (one per backend, whatever the load)."""
         with self._lock:
             if self._cache is None:
-                self._cache = PodCache(self.core, self.config.namespace, instance_selector(self.config),
-                                       before_request=self.limiter.acquire,
-                                       watch_timeout_seconds=self.config.watch_timeout_seconds,
-                                       request_timeout_seconds=self.config.api_timeout_seconds,
-                                       backoff_max_seconds=self.config.retry_max_seconds)
+                self._cache = PodCache(
+                    self.core,
+                    self.config.namespace,
+                    instance_selector(self.config),
+                    before_request=self.limiter.acquire,
+                    watch_timeout_seconds=self.config.watch_timeout_seconds,
+                    request_timeout_seconds=self.config.api_timeout_seconds,
+                    backoff_max_seconds=self.config.retry_max_seconds,
+                )
             return self._cache
 
     @property
@@ -176,11 +195,15 @@ class KubernetesBackend(SandboxBackend):
         pods = self.pods
         with self._lock:
             if self._events is None:
-                self._events = EventCache(self.core, self.config.namespace, on_event=pods.poke,
-                                          before_request=self.limiter.acquire,
-                                          watch_timeout_seconds=self.config.watch_timeout_seconds,
-                                          request_timeout_seconds=self.config.api_timeout_seconds,
-                                          backoff_max_seconds=self.config.retry_max_seconds)
+                self._events = EventCache(
+                    self.core,
+                    self.config.namespace,
+                    on_event=pods.poke,
+                    before_request=self.limiter.acquire,
+                    watch_timeout_seconds=self.config.watch_timeout_seconds,
+                    request_timeout_seconds=self.config.api_timeout_seconds,
+                    backoff_max_seconds=self.config.retry_max_seconds,
+                )
             return self._events
 
     def _handle(self, sandbox_id: str) -> _Handle | None:
@@ -197,14 +220,19 @@ class KubernetesBackend(SandboxBackend):
         except TimeoutError as err:
             raise BackendUnavailableError(f"cannot see sandbox pods: {err}") from err
         pods = [p for p in pods if p.metadata.deletion_timestamp is None] or pods
-        return max(pods, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc),
-                   default=None)
+        return max(
+            pods, key=lambda p: p.metadata.creation_timestamp or datetime.min.replace(tzinfo=timezone.utc), default=None
+        )
 
     def _assess(self, pod: k8s.V1Pod, errors_since: dict[str, datetime] | None = None) -> PodAssessment:
-        return assess_pod(pod, self._clock(), unschedulable_timeout=self.config.unschedulable_timeout_seconds,
-                          image_pull_grace=self.config.image_pull_grace_seconds,
-                          container_error_grace=self.config.container_error_grace_seconds,
-                          errors_since=errors_since)
+        return assess_pod(
+            pod,
+            self._clock(),
+            unschedulable_timeout=self.config.unschedulable_timeout_seconds,
+            image_pull_grace=self.config.image_pull_grace_seconds,
+            container_error_grace=self.config.container_error_grace_seconds,
+            errors_since=errors_since,
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def start(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str) -> AgentEndpoint:
@@ -214,8 +242,9 @@ class KubernetesBackend(SandboxBackend):
             return endpoint  # a warm pod, re-keyed and relabelled for this sandbox (kubernetes_pool)
         return self._start_pod(sandbox_id, spec, resources, secret)
 
-    def _start_pod(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str, *,
-                   warm: bool = False) -> AgentEndpoint:
+    def _start_pod(
+        self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str, *, warm: bool = False
+    ) -> AgentEndpoint:
         cfg, ns = self.config, self.config.namespace
         pod_name = pod_name_for(sandbox_id)
         cidrs = self.network.check(pod_name, sandbox_id, spec)  # a bad allowlist fails before anything exists
@@ -223,29 +252,66 @@ class KubernetesBackend(SandboxBackend):
         ca_pem, cert_pem, key_pem = self.certificates.issue(pod_name)
         allowlist = spec.network.mode == "allowlist"
         with self._lock:
-            self._handles[sandbox_id] = _Handle(pod_name=pod_name, workdir=spec.workdir, has_policy=allowlist,
-                                                policy_kind=self.network.kind)
+            self._handles[sandbox_id] = _Handle(
+                pod_name=pod_name, workdir=spec.workdir, has_policy=allowlist, policy_kind=self.network.kind
+            )
         try:
             self.network.ensure_shared()
             # A warm pod boots with its pool key (the claim re-keys it); any other with a key the service
             # re-keys away as soon as the agent answers: the pod's files never hold a key still accepted.
             boot = secret if warm else secrets.token_urlsafe(32)
-            self._create("secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret,
-                         build_secret(secret_name, sandbox_id, spec, cfg, agent_secret=secret, boot_secret=boot,
-                                      cert_pem=cert_pem, key_pem=key_pem, immutable=not warm,
-                                      extra=kubernetes_adopt.secret_entries(spec, ca_pem)))
-            pod = self._create("pod", self.core.create_namespaced_pod, self.core.read_namespaced_pod,
-                               build_pod(pod_name, sandbox_id, spec, resources, cfg, secret_name=secret_name,
-                                         annotations=kubernetes_adopt.pod_annotations(spec, resources), warm=warm))
+            self._create(
+                "secret",
+                self.core.create_namespaced_secret,
+                self.core.read_namespaced_secret,
+                build_secret(
+                    secret_name,
+                    sandbox_id,
+                    spec,
+                    cfg,
+                    agent_secret=secret,
+                    boot_secret=boot,
+                    cert_pem=cert_pem,
+                    key_pem=key_pem,
+                    immutable=not warm,
+                    extra=kubernetes_adopt.secret_entries(spec, ca_pem),
+                ),
+            )
+            pod = self._create(
+                "pod",
+                self.core.create_namespaced_pod,
+                self.core.read_namespaced_pod,
+                build_pod(
+                    pod_name,
+                    sandbox_id,
+                    spec,
+                    resources,
+                    cfg,
+                    secret_name=secret_name,
+                    annotations=kubernetes_adopt.pod_annotations(spec, resources),
+                    warm=warm,
+                ),
+            )
             owner = owner_reference(pod)
             # The Secret had to exist before the pod (its volume); only now is the owner's uid known.
-            self._call("patch secret owner", self.core.patch_namespaced_secret, secret_name, ns,
-                       {"metadata": {"ownerReferences": [to_dict(owner)]}})
+            self._call(
+                "patch secret owner",
+                self.core.patch_namespaced_secret,
+                secret_name,
+                ns,
+                {"metadata": {"ownerReferences": [to_dict(owner)]}},
+            )
             if allowlist:
                 self.network.create(pod_name, sandbox_id, spec, cidrs, owner)
             ip = self._wait_running(pod_name)
-            endpoint = AgentEndpoint(transport="tcp", address=agent_address(ip, cfg.agent_port), secret=secret,
-                                     tls=True, ca_cert_pem=ca_pem, boot_secret=None if warm else boot)
+            endpoint = AgentEndpoint(
+                transport="tcp",
+                address=agent_address(ip, cfg.agent_port),
+                secret=secret,
+                tls=True,
+                ca_cert_pem=ca_pem,
+                boot_secret=None if warm else boot,
+            )
             if spec.from_snapshot:
                 # A fork: the service leaves restoring the snapshot to the backend (the local backend
                 # starts from the snapshot's filesystem; here the workdir is restored through the agent,
@@ -255,8 +321,14 @@ class KubernetesBackend(SandboxBackend):
             with self._lock:
                 self._handles.pop(sandbox_id, None)
             try:
-                self.cleanup.delete_named(_Handle(pod_name, spec.workdir, has_policy=allowlist,  # leak nothing
-                                                  policy_kind=self.network.kind).objects())
+                self.cleanup.delete_named(
+                    _Handle(
+                        pod_name,
+                        spec.workdir,
+                        has_policy=allowlist,  # leak nothing
+                        policy_kind=self.network.kind,
+                    ).objects()
+                )
             except Exception:  # noqa: BLE001 - keep the original error; stop() and list_orphans() retry
                 log.exception("cleanup after a failed start of %s failed", sandbox_id)
             raise
@@ -271,8 +343,11 @@ class KubernetesBackend(SandboxBackend):
     def status(self, sandbox_id: str) -> BackendStatus:
         pod = self._find_pod(sandbox_id)
         if pod is None:
-            return BackendStatus(alive=False, infra_error=InfraErrorKind.SANDBOX_DELETED,
-                                 message="The sandbox pod no longer exists (deleted, or evicted and removed).")
+            return BackendStatus(
+                alive=False,
+                infra_error=InfraErrorKind.SANDBOX_DELETED,
+                message="The sandbox pod no longer exists (deleted, or evicted and removed).",
+            )
         seen = self._assess(pod)
         if seen.state == "failed":
             return BackendStatus(alive=False, infra_error=seen.infra_error, message=seen.message)
@@ -283,8 +358,11 @@ class KubernetesBackend(SandboxBackend):
         reports late is OOM_KILLED (and escalated), not AGENT_LOST."""
         handle = self._handle(sandbox_id)
         if handle is not None:
-            self.pods.wait(handle.pod_name, lambda pod: pod is None or self._assess(pod).state == "failed",
-                           self.config.agent_loss_settle_seconds)
+            self.pods.wait(
+                handle.pod_name,
+                lambda pod: pod is None or self._assess(pod).state == "failed",
+                self.config.agent_loss_settle_seconds,
+            )
         return self.status(sandbox_id)
 
     def stop(self, sandbox_id: str) -> None:
@@ -328,10 +406,15 @@ class KubernetesBackend(SandboxBackend):
                 # FQDN policies are not listed (no `list` right): an allowlist's is deleted by name, and
                 # the garbage collector takes it with the pod anyway (ownerReference from its creation).
                 has_policy = ("networkpolicy", pod_name) in names(objects) or (
-                    self.network.fqdn_type is not None and sandbox.spec.network.mode == "allowlist")
-                self._handles[sid] = _Handle(pod_name=pod_name, workdir=sandbox.spec.workdir, endpoint=sandbox.endpoint,
-                                             has_policy=has_policy,
-                                             policy_kind=self.network.kind)
+                    self.network.fqdn_type is not None and sandbox.spec.network.mode == "allowlist"
+                )
+                self._handles[sid] = _Handle(
+                    pod_name=pod_name,
+                    workdir=sandbox.spec.workdir,
+                    endpoint=sandbox.endpoint,
+                    has_policy=has_policy,
+                    policy_kind=self.network.kind,
+                )
                 adopted.append(sandbox)
         return adopted
 

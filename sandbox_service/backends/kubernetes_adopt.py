@@ -41,12 +41,13 @@ SECRET_KEY_CA = "ca.crt"
 SECRET_KEY_ENV = "env.json"
 
 
-def pod_annotations(spec: SandboxCreate, resources: Resources,
-                    claimed_at: datetime | None = None) -> dict[str, str]:
+def pod_annotations(spec: SandboxCreate, resources: Resources, claimed_at: datetime | None = None) -> dict[str, str]:
     """What the pod carries for a later adoption (no env: it may hold credentials). `claimed_at`: when a
     warm pod became this sandbox (the warm pool's claim writes these annotations over the pool's)."""
-    annotations = {SPEC_ANNOTATION: spec.model_dump_json(exclude={"env", "from_snapshot"}),
-                   RESOURCES_ANNOTATION: resources.model_dump_json()}
+    annotations = {
+        SPEC_ANNOTATION: spec.model_dump_json(exclude={"env", "from_snapshot"}),
+        RESOURCES_ANNOTATION: resources.model_dump_json(),
+    }
     if claimed_at is not None:
         annotations[CLAIMED_AT_ANNOTATION] = claimed_at.isoformat()
     return annotations
@@ -62,8 +63,13 @@ def _secret_text(secret: Any, key: str) -> str | None:
     return base64.b64decode(value).decode() if value is not None else None
 
 
-def judge(sandbox_id: str, objects: dict[str, list[Any]], assess: Callable[[Any], PodAssessment],
-          config: KubernetesBackendConfig, now: datetime) -> tuple[AdoptedSandbox, str] | str:
+def judge(
+    sandbox_id: str,
+    objects: dict[str, list[Any]],
+    assess: Callable[[Any], PodAssessment],
+    config: KubernetesBackendConfig,
+    now: datetime,
+) -> tuple[AdoptedSandbox, str] | str:
     """(the sandbox to adopt, its pod's name) from its objects by kind (`Cleanup.list_all`), or why it
     cannot be adopted. `assess` is the backend's reading of a pod's status (`assess_pod`)."""
     live = [p for p in objects.get("pod", []) if p.metadata.deletion_timestamp is None]
@@ -89,8 +95,14 @@ def judge(sandbox_id: str, objects: dict[str, list[Any]], assess: Callable[[Any]
     deadline = created + timedelta(seconds=min(spec.ttl_seconds, config.max_ttl_seconds))
     if deadline <= now:
         return f"pod {pod.metadata.name} is past its hard TTL (deadline {deadline.isoformat()})"
-    secret = next((s for name, s in secrets.items() if any(
-        v.secret is not None and v.secret.secret_name == name for v in pod.spec.volumes or [])), None)
+    secret = next(
+        (
+            s
+            for name, s in secrets.items()
+            if any(v.secret is not None and v.secret.secret_name == name for v in pod.spec.volumes or [])
+        ),
+        None,
+    )
     if secret is None:
         return f"pod {pod.metadata.name}: its Secret is gone"
     agent_secret, ca_pem, env = (_secret_text(secret, k) for k in (SECRET_KEY_AGENT, SECRET_KEY_CA, SECRET_KEY_ENV))
@@ -98,8 +110,18 @@ def judge(sandbox_id: str, objects: dict[str, list[Any]], assess: Callable[[Any]
         return f"Secret {secret.metadata.name} lacks the agent secret, CA or env (made by an older service?)"
     ports = [p.container_port for c in pod.spec.containers for p in c.ports or [] if p.name == "agent"]
     port = ports[0] if ports else config.agent_port
-    endpoint = AgentEndpoint(transport="tcp", address=agent_address(assessment.pod_ip, port), secret=agent_secret,
-                             tls=True, ca_cert_pem=ca_pem)
-    return AdoptedSandbox(sandbox_id=sandbox_id, spec=spec.model_copy(update={"env": json.loads(env)}),
-                          resources=resources, secret=agent_secret, endpoint=endpoint,
-                          created_at=created), pod.metadata.name
+    endpoint = AgentEndpoint(
+        transport="tcp",
+        address=agent_address(assessment.pod_ip, port),
+        secret=agent_secret,
+        tls=True,
+        ca_cert_pem=ca_pem,
+    )
+    return AdoptedSandbox(
+        sandbox_id=sandbox_id,
+        spec=spec.model_copy(update={"env": json.loads(env)}),
+        resources=resources,
+        secret=agent_secret,
+        endpoint=endpoint,
+        created_at=created,
+    ), pod.metadata.name

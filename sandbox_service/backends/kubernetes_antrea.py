@@ -22,8 +22,12 @@ from kubernetes import client as k8s
 
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
 from sandbox_service.backends.kubernetes_fqdn import checked_hosts, custom_object, sandbox_labels
-from sandbox_service.backends.kubernetes_objects import (METADATA_CIDRS, checked_cidrs, named_node_addresses,
-                                                         opened_cidrs)
+from sandbox_service.backends.kubernetes_objects import (
+    METADATA_CIDRS,
+    checked_cidrs,
+    named_node_addresses,
+    opened_cidrs,
+)
 from sandbox_service.models import NetworkPolicy, SandboxCreate
 
 GROUP, VERSION, PLURAL, KIND = "crd.antrea.io", "v1beta1", "networkpolicies", "NetworkPolicy"
@@ -32,29 +36,56 @@ GROUP, VERSION, PLURAL, KIND = "crd.antrea.io", "v1beta1", "networkpolicies", "N
 PRIORITY = 5.0
 
 
-def build_antrea_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
-                        policy: NetworkPolicy, owner: k8s.V1OwnerReference | None = None) -> dict[str, Any]:
+def build_antrea_policy(
+    name: str,
+    sandbox_id: str,
+    spec: SandboxCreate,
+    config: KubernetesBackendConfig,
+    policy: NetworkPolicy,
+    owner: k8s.V1OwnerReference | None = None,
+) -> dict[str, Any]:
     """The egress an allowlist opens, as an Antrea NetworkPolicy body."""
     cidrs = sorted(set(opened_cidrs(checked_cidrs(policy.allow_cidrs), config.node_cidrs)))
     hosts = [host for host, _ in checked_hosts(policy.allow_hosts, underscore=False, cni="Antrea")]
     egress: list[dict[str, Any]] = [
-        {"name": "drop-metadata", "action": "Drop", "to": [{"ipBlock": {"cidr": c}} for c in METADATA_CIDRS]}]
+        {"name": "drop-metadata", "action": "Drop", "to": [{"ipBlock": {"cidr": c}} for c in METADATA_CIDRS]}
+    ]
     if config.node_cidrs:  # the nodes' own addresses: only those named one by one, never through a wider CIDR
         if named := named_node_addresses(cidrs, config.node_cidrs):
-            egress.append({"name": "allow-named-nodes", "action": "Allow", "to": [{"ipBlock": {"cidr": c}}
-                                                                                   for c in named]})
-        egress.append({"name": "drop-nodes", "action": "Drop", "to": [{"ipBlock": {"cidr": c}}
-                                                                       for c in config.node_cidrs]})
+            egress.append(
+                {"name": "allow-named-nodes", "action": "Allow", "to": [{"ipBlock": {"cidr": c}} for c in named]}
+            )
+        egress.append(
+            {"name": "drop-nodes", "action": "Drop", "to": [{"ipBlock": {"cidr": c}} for c in config.node_cidrs]}
+        )
     if cidrs:
         egress.append({"name": "allow-cidrs", "action": "Allow", "to": [{"ipBlock": {"cidr": c}} for c in cidrs]})
     if hosts:
         egress.append({"name": "allow-hosts", "action": "Allow", "to": [{"fqdn": host} for host in hosts]})
-        dns_pods = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.dns_namespace}},
-                    "podSelector": {"matchLabels": dict(config.dns_selector)}}
-        egress.append({"name": "allow-dns", "action": "Allow",
-                       "to": [dns_pods] + [{"ipBlock": {"cidr": c}} for c in config.dns_cidrs],
-                       "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]})
+        dns_pods = {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": config.dns_namespace}},
+            "podSelector": {"matchLabels": dict(config.dns_selector)},
+        }
+        egress.append(
+            {
+                "name": "allow-dns",
+                "action": "Allow",
+                "to": [dns_pods] + [{"ipBlock": {"cidr": c}} for c in config.dns_cidrs],
+                "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
+            }
+        )
     egress.append({"name": "drop-rest", "action": "Drop"})  # no `to`: every destination
-    return custom_object(f"{GROUP}/{VERSION}", KIND, name, sandbox_id, spec, config, owner, {
-        "priority": PRIORITY, "appliedTo": [{"podSelector": {"matchLabels": sandbox_labels(sandbox_id, config)}}],
-        "egress": egress})
+    return custom_object(
+        f"{GROUP}/{VERSION}",
+        KIND,
+        name,
+        sandbox_id,
+        spec,
+        config,
+        owner,
+        {
+            "priority": PRIORITY,
+            "appliedTo": [{"podSelector": {"matchLabels": sandbox_labels(sandbox_id, config)}}],
+            "egress": egress,
+        },
+    )

@@ -27,17 +27,20 @@ def load_api_client(config: KubernetesBackendConfig) -> k8s.ApiClient:
     """An API client from the pod's service account (in a cluster) or a kubeconfig."""
     configuration = k8s.Configuration()
     in_cluster = config.api_mode == "in_cluster" or (
-        config.api_mode == "auto" and "KUBERNETES_SERVICE_HOST" in os.environ)
+        config.api_mode == "auto" and "KUBERNETES_SERVICE_HOST" in os.environ
+    )
     try:
         if in_cluster:
             k8s_config.load_incluster_config(client_configuration=configuration)
         else:
-            k8s_config.load_kube_config(config_file=config.kubeconfig, context=config.context,
-                                        client_configuration=configuration)
+            k8s_config.load_kube_config(
+                config_file=config.kubeconfig, context=config.context, client_configuration=configuration
+            )
     except (k8s_config.ConfigException, OSError) as err:
         raise BackendUnavailableError(
             f"cannot reach a Kubernetes cluster ({'in-cluster' if in_cluster else 'kubeconfig'} mode): {err}. "
-            "Run the service in the cluster (manifests/) or point ORCHARD_K8S_KUBECONFIG at a kubeconfig.") from err
+            "Run the service in the cluster (manifests/) or point ORCHARD_K8S_KUBECONFIG at a kubeconfig."
+        ) from err
     configuration.connection_pool_maxsize = config.api_pool_size
     return FastApiClient(configuration)  # the client's own decoding costs ~2 ms a pod (kubernetes_decode)
 
@@ -45,23 +48,35 @@ def load_api_client(config: KubernetesBackendConfig) -> k8s.ApiClient:
 class KubernetesApi:
     """The typed clients of one backend, its rate limiter and retry policy, and `call`/`create` on top."""
 
-    def __init__(self, config: KubernetesBackendConfig, api_client: k8s.ApiClient,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self, config: KubernetesBackendConfig, api_client: k8s.ApiClient, sleep: Callable[[float], None] = time.sleep
+    ):
         self.config, self.api_client, self.sleep = config, api_client, sleep
         self.core = k8s.CoreV1Api(api_client)
         self.net = k8s.NetworkingV1Api(api_client)
         self.custom = k8s.CustomObjectsApi(api_client)
-        self.retry = RetryPolicy(attempts=config.retry_attempts, base_seconds=config.retry_base_seconds,
-                                 max_seconds=config.retry_max_seconds,
-                                 read_deadline_seconds=config.read_deadline_seconds)
+        self.retry = RetryPolicy(
+            attempts=config.retry_attempts,
+            base_seconds=config.retry_base_seconds,
+            max_seconds=config.retry_max_seconds,
+            read_deadline_seconds=config.read_deadline_seconds,
+        )
         self.limiter = TokenBucket(config.api_qps, config.api_burst)
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """One API call, rate-limited and retried; `what` ("read pod", "create secret") names it in errors,
         and its verb decides the retry budget (a read's deadline, a write's attempts)."""
         kwargs.setdefault("_request_timeout", self.config.api_timeout_seconds)
-        return call(what, fn, *args, policy=self.retry, sleep=self.sleep, limiter=self.limiter.acquire,
-                    read=what.startswith(("read ", "list ")), **kwargs)
+        return call(
+            what,
+            fn,
+            *args,
+            policy=self.retry,
+            sleep=self.sleep,
+            limiter=self.limiter.acquire,
+            read=what.startswith(("read ", "list ")),
+            **kwargs,
+        )
 
     def create(self, what: str, create: Callable[..., Any], read: Callable[..., Any], body: Any) -> Any:
         """Create, or read back what an earlier attempt of this very call already created."""

@@ -28,8 +28,12 @@ from kubernetes import client as k8s
 
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
 from sandbox_service.backends.kubernetes_fqdn import checked_hosts, custom_object, sandbox_labels
-from sandbox_service.backends.kubernetes_objects import (METADATA_CIDRS, checked_cidrs, named_node_addresses,
-                                                         opened_cidrs)
+from sandbox_service.backends.kubernetes_objects import (
+    METADATA_CIDRS,
+    checked_cidrs,
+    named_node_addresses,
+    opened_cidrs,
+)
 from sandbox_service.models import NetworkPolicy, SandboxCreate
 
 GROUP, VERSION, PLURAL, KIND = "projectcalico.org", "v3", "networkpolicies", "NetworkPolicy"
@@ -48,27 +52,53 @@ def _by_family(cidrs: list[str] | tuple[str, ...]) -> list[list[str]]:
     return [family for family in families if family]
 
 
-def build_calico_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
-                        policy: NetworkPolicy, owner: k8s.V1OwnerReference | None = None) -> dict[str, Any]:
+def build_calico_policy(
+    name: str,
+    sandbox_id: str,
+    spec: SandboxCreate,
+    config: KubernetesBackendConfig,
+    policy: NetworkPolicy,
+    owner: k8s.V1OwnerReference | None = None,
+) -> dict[str, Any]:
     """The egress an allowlist opens, as a Calico NetworkPolicy body."""
     cidrs = sorted(set(opened_cidrs(checked_cidrs(policy.allow_cidrs), config.node_cidrs)))
     hosts = [host for host, _ in checked_hosts(policy.allow_hosts)]
-    egress: list[dict[str, Any]] = [{"action": "Deny", "destination": {"nets": nets}}
-                                    for nets in _by_family(METADATA_CIDRS)]
+    egress: list[dict[str, Any]] = [
+        {"action": "Deny", "destination": {"nets": nets}} for nets in _by_family(METADATA_CIDRS)
+    ]
     # The nodes' own addresses: only those named one by one, never through a wider CIDR.
-    egress += [{"action": "Allow", "destination": {"nets": nets}}
-               for nets in _by_family(named_node_addresses(cidrs, config.node_cidrs))]
+    egress += [
+        {"action": "Allow", "destination": {"nets": nets}}
+        for nets in _by_family(named_node_addresses(cidrs, config.node_cidrs))
+    ]
     egress += [{"action": "Deny", "destination": {"nets": nets}} for nets in _by_family(config.node_cidrs)]
     egress += [{"action": "Allow", "destination": {"nets": nets}} for nets in _by_family(cidrs)]
     if hosts:
         egress.append({"action": "Allow", "destination": {"domains": hosts}})
-        dns_pods = {"namespaceSelector": selector({"projectcalico.org/name": config.dns_namespace}),
-                    "selector": selector(config.dns_selector), "ports": [53]}
+        dns_pods = {
+            "namespaceSelector": selector({"projectcalico.org/name": config.dns_namespace}),
+            "selector": selector(config.dns_selector),
+            "ports": [53],
+        }
         for protocol in ("UDP", "TCP"):
             egress.append({"action": "Allow", "protocol": protocol, "destination": dns_pods})
-            egress += [{"action": "Allow", "protocol": protocol, "destination": {"nets": nets, "ports": [53]}}
-                       for nets in _by_family(config.dns_cidrs)]
+            egress += [
+                {"action": "Allow", "protocol": protocol, "destination": {"nets": nets, "ports": [53]}}
+                for nets in _by_family(config.dns_cidrs)
+            ]
     egress.append({"action": "Deny"})
-    return custom_object(f"{GROUP}/{VERSION}", KIND, name, sandbox_id, spec, config, owner, {
-        "order": ORDER, "selector": selector(sandbox_labels(sandbox_id, config)), "types": ["Egress"],
-        "egress": egress})
+    return custom_object(
+        f"{GROUP}/{VERSION}",
+        KIND,
+        name,
+        sandbox_id,
+        spec,
+        config,
+        owner,
+        {
+            "order": ORDER,
+            "selector": selector(sandbox_labels(sandbox_id, config)),
+            "types": ["Egress"],
+            "egress": egress,
+        },
+    )

@@ -19,8 +19,7 @@ from kubernetes import client as k8s
 
 from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
 from sandbox_service.backends.kubernetes_fqdn import checked_hosts, custom_object, sandbox_labels
-from sandbox_service.backends.kubernetes_objects import (METADATA_CIDRS, checked_cidrs, opened_cidrs,
-                                                         reserved_excepts)
+from sandbox_service.backends.kubernetes_objects import METADATA_CIDRS, checked_cidrs, opened_cidrs, reserved_excepts
 from sandbox_service.models import NetworkPolicy, SandboxCreate
 
 GROUP, VERSION, PLURAL, KIND = "cilium.io", "v2", "ciliumnetworkpolicies", "CiliumNetworkPolicy"
@@ -31,8 +30,14 @@ def fqdn_selectors(hosts: list[str]) -> list[dict[str, str]]:
     return [{"matchPattern" if wildcard else "matchName": host} for host, wildcard in checked_hosts(hosts)]
 
 
-def build_cilium_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
-                        policy: NetworkPolicy, owner: k8s.V1OwnerReference | None = None) -> dict[str, Any]:
+def build_cilium_policy(
+    name: str,
+    sandbox_id: str,
+    spec: SandboxCreate,
+    config: KubernetesBackendConfig,
+    policy: NetworkPolicy,
+    owner: k8s.V1OwnerReference | None = None,
+) -> dict[str, Any]:
     """The egress an allowlist opens, as a CiliumNetworkPolicy body: CIDRs (metadata endpoint, nodes excepted),
     host names as `toFQDNs`, DNS to the cluster DNS through Cilium's DNS proxy, and the metadata endpoint
     denied outright (`egressDeny`, Cilium >= 1.9)."""
@@ -40,20 +45,40 @@ def build_cilium_policy(name: str, sandbox_id: str, spec: SandboxCreate, config:
     fqdns = fqdn_selectors(policy.allow_hosts)
     egress: list[dict[str, Any]] = []
     if cidrs:
-        egress.append({"toCIDRSet": [{"cidr": c, **({"except": ex} if (ex := reserved_excepts(c, config.node_cidrs))
-                                                     else {})} for c in sorted(set(cidrs))]})
+        egress.append(
+            {
+                "toCIDRSet": [
+                    {"cidr": c, **({"except": ex} if (ex := reserved_excepts(c, config.node_cidrs)) else {})}
+                    for c in sorted(set(cidrs))
+                ]
+            }
+        )
     if fqdns:
         egress.append({"toFQDNs": fqdns})
         # Without a DNS rule the proxy never sees the lookups and `toFQDNs` matches nothing. `*` lets the
         # sandbox look anything up; only connections to the allowed names' answers are opened.
-        dns_peer = {"matchLabels": {"k8s:io.kubernetes.pod.namespace": config.dns_namespace,
-                                    **{f"k8s:{k}": v for k, v in config.dns_selector.items()}}}
-        egress.append({"toEndpoints": [dns_peer],
-                       "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}],
-                                    "rules": {"dns": [{"matchPattern": "*"}]}}]})
+        dns_peer = {
+            "matchLabels": {
+                "k8s:io.kubernetes.pod.namespace": config.dns_namespace,
+                **{f"k8s:{k}": v for k, v in config.dns_selector.items()},
+            }
+        }
+        egress.append(
+            {
+                "toEndpoints": [dns_peer],
+                "toPorts": [{"ports": [{"port": "53", "protocol": "ANY"}], "rules": {"dns": [{"matchPattern": "*"}]}}],
+            }
+        )
     # A deny wins over every allow in Cilium, so an allowed name that resolves to the metadata endpoint
     # (toFQDNs opens whatever the answer holds) still cannot reach it.
     deny = [{"toCIDRSet": [{"cidr": c} for c in METADATA_CIDRS]}]
-    return custom_object(f"{GROUP}/{VERSION}", KIND, name, sandbox_id, spec, config, owner, {
-        "endpointSelector": {"matchLabels": sandbox_labels(sandbox_id, config)}, "egress": egress,
-        "egressDeny": deny})
+    return custom_object(
+        f"{GROUP}/{VERSION}",
+        KIND,
+        name,
+        sandbox_id,
+        spec,
+        config,
+        owner,
+        {"endpointSelector": {"matchLabels": sandbox_labels(sandbox_id, config)}, "egress": egress, "egressDeny": deny},
+    )

@@ -25,13 +25,25 @@ Objects = set[tuple[str, str]]  # (kind, name): pod, secret, networkpolicy or an
 
 
 class Cleanup:
-    def __init__(self, core: k8s.CoreV1Api, net: k8s.NetworkingV1Api, config: KubernetesBackendConfig,
-                 call: Callable[..., Any], fqdn_deletes: dict[str, Callable[..., Any]] | None = None):
+    def __init__(
+        self,
+        core: k8s.CoreV1Api,
+        net: k8s.NetworkingV1Api,
+        config: KubernetesBackendConfig,
+        call: Callable[..., Any],
+        fqdn_deletes: dict[str, Callable[..., Any]] | None = None,
+    ):
         self.config, self._call = config, call
-        self._list = {"pod": core.list_namespaced_pod, "secret": core.list_namespaced_secret,
-                      "networkpolicy": net.list_namespaced_network_policy}
-        self._delete = {"pod": core.delete_namespaced_pod, "secret": core.delete_namespaced_secret,
-                        "networkpolicy": net.delete_namespaced_network_policy}
+        self._list = {
+            "pod": core.list_namespaced_pod,
+            "secret": core.list_namespaced_secret,
+            "networkpolicy": net.list_namespaced_network_policy,
+        }
+        self._delete = {
+            "pod": core.delete_namespaced_pod,
+            "secret": core.delete_namespaced_secret,
+            "networkpolicy": net.delete_namespaced_network_policy,
+        }
         # FQDN policies (kind -> delete): by name only, never listed: each has an ownerReference to its pod
         # from the start (created after it), so the garbage collector takes those of orphaned pods along.
         self._delete.update(fqdn_deletes or {})
@@ -42,8 +54,15 @@ class Cleanup:
         for kind, name in sorted(objects, key=lambda o: o[0] != "pod"):
             extra = {"grace_period_seconds": self.config.delete_grace_seconds} if kind == "pod" else {}
             try:
-                self._call(f"delete {kind}", self._delete[kind], name, self.config.namespace,
-                           passthrough=is_not_found, propagation_policy="Background", **extra)
+                self._call(
+                    f"delete {kind}",
+                    self._delete[kind],
+                    name,
+                    self.config.namespace,
+                    passthrough=is_not_found,
+                    propagation_policy="Background",
+                    **extra,
+                )
             except ApiException as err:
                 if not is_not_found(err):
                     raise
@@ -59,8 +78,9 @@ class Cleanup:
         """Every object of this replica on the cluster, by sandbox id and kind: one LIST per kind."""
         found: dict[str, dict[str, list[Any]]] = {}
         for kind, list_fn in self._list.items():
-            for obj in self._call(f"list {kind}s", list_fn, self.config.namespace,
-                                  label_selector=instance_selector(self.config)).items:
+            for obj in self._call(
+                f"list {kind}s", list_fn, self.config.namespace, label_selector=instance_selector(self.config)
+            ).items:
                 meta = obj.metadata
                 sid = (meta.annotations or {}).get(SANDBOX_ID_ANNOTATION) or (meta.labels or {}).get(SANDBOX_ID_LABEL)
                 if sid:  # the shared NetworkPolicy has none: it belongs to no sandbox

@@ -51,8 +51,14 @@ class EventCache(PodCache):
     def __init__(self, core: k8s.CoreV1Api, namespace: str, *, on_event: Callable[[str], None], **kwargs: Any):
         self._by_pod: dict[str, dict[str, dict]] = {}  # pod name -> event name -> event
         self._on_event = on_event
-        super().__init__(core, namespace, EVENT_SELECTOR, list_fn=core.list_namespaced_event,
-                         selector_kind="field_selector", **kwargs)
+        super().__init__(
+            core,
+            namespace,
+            EVENT_SELECTOR,
+            list_fn=core.list_namespaced_event,
+            selector_kind="field_selector",
+            **kwargs,
+        )
 
     def for_pod(self, pod_name: str) -> list[dict]:
         with self._cond:
@@ -94,8 +100,16 @@ def _failed(message: str, retryable: bool) -> PodAssessment:
     return PodAssessment(state="failed", infra_error=InfraErrorKind.UNAVAILABLE, message=message, retryable=retryable)
 
 
-def assess_events(pod: k8s.V1Pod, events: list[dict], now: datetime, errors_since: dict[str, datetime], *,
-                  grace: float, scheduling_grace: float, autoscaled_nodes: bool = True) -> PodAssessment | None:
+def assess_events(
+    pod: k8s.V1Pod,
+    events: list[dict],
+    now: datetime,
+    errors_since: dict[str, datetime],
+    *,
+    grace: float,
+    scheduling_grace: float,
+    autoscaled_nodes: bool = True,
+) -> PodAssessment | None:
     """The failure the pod's Warning events show (see the module docstring), or None to keep waiting.
     `errors_since` holds when each reason was first seen (the caller keeps it across readings)."""
     has_ip = bool(pod.status and pod.status.pod_ip)
@@ -105,14 +119,20 @@ def assess_events(pod: k8s.V1Pod, events: list[dict], now: datetime, errors_sinc
         text = f"{reason}: {message} (x{event.get('count') or 1})"
         if reason in _BEFORE_SANDBOX and not has_ip:
             if reason == "FailedCreatePodSandBox" and any(w in message.lower() for w in _FINAL_SANDBOX_WORDS):
-                return _failed(f"The node cannot run the sandbox pod's runtime ({text}); check "
-                               "ORCHARD_K8S_RUNTIME_CLASS_NAME and the nodes' container runtime.", retryable=False)
+                return _failed(
+                    f"The node cannot run the sandbox pod's runtime ({text}); check "
+                    "ORCHARD_K8S_RUNTIME_CLASS_NAME and the nodes' container runtime.",
+                    retryable=False,
+                )
             limit = grace
         elif reason in _SCHEDULING and not bound:
             unresolvable = _UNRESOLVABLE.search(message)
             if not autoscaled_nodes and unresolvable and unresolvable[1] == unresolvable[2]:
-                return _failed(f"No node can ever take the sandbox pod ({text}); check ORCHARD_K8S_NODE_SELECTOR, "
-                               "ORCHARD_K8S_TOLERATIONS and the nodes' labels and taints.", retryable=False)
+                return _failed(
+                    f"No node can ever take the sandbox pod ({text}); check ORCHARD_K8S_NODE_SELECTOR, "
+                    "ORCHARD_K8S_TOLERATIONS and the nodes' labels and taints.",
+                    retryable=False,
+                )
             limit = scheduling_grace
         else:
             continue

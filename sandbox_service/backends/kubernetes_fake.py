@@ -43,11 +43,17 @@ from sandbox_service.backends.kubernetes_fake_store import Key, ObjectStore
 K8S_VERSION = "1.30"  # the API version kubernetes==30 (the installed client) speaks
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_ROUTE = re.compile(r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/"
-                    r"(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?$")
-_KIND = {"pods": ("Pod", "v1"), "secrets": ("Secret", "v1"),
-         "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1"), "events": ("Event", "v1"),
-         **CUSTOM_RESOURCES}  # as with the CRDs installed
+_ROUTE = re.compile(
+    r"^/(?:api/(?P<core>v1)|apis/(?P<gv>[^/]+/[^/]+))/namespaces/(?P<ns>[^/]+)/"
+    r"(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?$"
+)
+_KIND = {
+    "pods": ("Pod", "v1"),
+    "secrets": ("Secret", "v1"),
+    "networkpolicies": ("NetworkPolicy", "networking.k8s.io/v1"),
+    "events": ("Event", "v1"),
+    **CUSTOM_RESOURCES,
+}  # as with the CRDs installed
 _RESOURCES = {(api_version, key.split(".")[0]): key for key, (_, api_version) in _KIND.items()}  # -> kind key
 
 
@@ -58,10 +64,12 @@ def _route(path: str) -> tuple[str, str, str | None] | None:
     kind = route and _RESOURCES.get((route["core"] or route["gv"], route["plural"]))
     return (route["ns"], kind, route["name"]) if kind else None
 
+
 _FORMATS = jsonschema.FormatChecker()
 _FORMATS.checks("cidr", raises=ValueError)(lambda value: bool(ipaddress.ip_network(value)))  # the API server's "cidr"
-_CRD_VALIDATORS = {kind: jsonschema.Draft202012Validator(schema, format_checker=_FORMATS)
-                   for kind, schema in CRD_SCHEMAS.items()}
+_CRD_VALIDATORS = {
+    kind: jsonschema.Draft202012Validator(schema, format_checker=_FORMATS) for kind, schema in CRD_SCHEMAS.items()
+}
 
 Kubelet = Callable[[dict, int], "dict | None"]
 # A kubelet may also have `revisit(pod) -> seconds | None`: when its status can next change by itself
@@ -78,8 +86,12 @@ def label_problems(labels: dict[str, str]) -> list[str]:
     bad = []
     for key, value in labels.items():
         prefix, _, name = key.rpartition("/")
-        if (prefix and (len(prefix) > 253 or not _NAME.match(prefix))) or not name or len(name) > 63 \
-                or not _LABEL_VALUE.match(name):
+        if (
+            (prefix and (len(prefix) > 253 or not _NAME.match(prefix)))
+            or not name
+            or len(name) > 63
+            or not _LABEL_VALUE.match(name)
+        ):
             bad.append(f"label key {key!r}")
         if len(value) > 63 or not _LABEL_VALUE.match(value):
             bad.append(f"label value {value!r}")
@@ -89,7 +101,8 @@ def label_problems(labels: dict[str, str]) -> list[str]:
 def _matches(obj: dict, selector: dict[str, str], fields: dict[str, str] | None = None) -> bool:
     labels = obj["metadata"].get("labels") or {}
     return all(labels.get(k) == v for k, v in selector.items()) and all(
-        _field(obj, path) == value for path, value in (fields or {}).items())
+        _field(obj, path) == value for path, value in (fields or {}).items()
+    )
 
 
 def _field(obj: dict, path: str) -> str | None:
@@ -101,8 +114,10 @@ def _field(obj: dict, path: str) -> str | None:
 
 def _selectors(query: dict) -> tuple[dict[str, str], dict[str, str]]:
     """(label selector, field selector) of a LIST or WATCH query: equality terms, comma-separated."""
+
     def parse(key: str) -> dict[str, str]:
         return dict(kv.split("=", 1) for kv in query.get(key, [""])[0].split(",") if kv)
+
     return parse("labelSelector"), parse("fieldSelector")
 
 
@@ -139,8 +154,7 @@ class FakeKubernetesAPI:
         self.server.daemon_threads = True
         self.server.block_on_close = False
         self.server.request_queue_size = 1024
-        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02},
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.thread.start()
         self.ticker = threading.Thread(target=self._tick, args=(tick_seconds,), daemon=True)
         self.ticker.start()
@@ -173,12 +187,24 @@ class FakeKubernetesAPI:
         self.server.server_close()
 
     # -- test helpers -------------------------------------------------------------------------------
-    def fail(self, method: str, kind: str, status: int, reason: str = "", *, times: int = 1,
-             headers: dict | None = None, after: bool = False) -> None:
+    def fail(
+        self,
+        method: str,
+        kind: str,
+        status: int,
+        reason: str = "",
+        *,
+        times: int = 1,
+        headers: dict | None = None,
+        after: bool = False,
+    ) -> None:
         """The next `times` matching requests answer `status`; `after`: the operation happens first
         (a lost response)."""
-        self.faults.append(dict(method=method, kind=kind, status=status, reason=reason, times=times,
-                                headers=headers or {}, after=after))
+        self.faults.append(
+            dict(
+                method=method, kind=kind, status=status, reason=reason, times=times, headers=headers or {}, after=after
+            )
+        )
 
     def of_kind(self, kind: str) -> list[dict]:
         with self.lock:
@@ -193,8 +219,9 @@ class FakeKubernetesAPI:
             pod["status"] = status
             self._record("MODIFIED", "pods", namespace, pod)
 
-    def emit_event(self, pod_name: str, reason: str, message: str, *, type: str = "Warning",
-                   namespace: str = "orchard") -> dict:
+    def emit_event(
+        self, pod_name: str, reason: str, message: str, *, type: str = "Warning", namespace: str = "orchard"
+    ) -> dict:
         """What a kubelet or the scheduler reports about a pod: a new Event, or the same (pod, reason)
         again with its count bumped, as the API server's event deduplication does."""
         with self.lock:
@@ -204,11 +231,23 @@ class FakeKubernetesAPI:
             event = self.objects.get(key)
             if event is None:
                 event = self.objects[key] = {
-                    "apiVersion": "v1", "kind": "Event", "type": type, "reason": reason, "message": message,
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "type": type,
+                    "reason": reason,
+                    "message": message,
                     "metadata": {"name": key[2], "namespace": namespace, "uid": str(uuid.uuid4())},
-                    "involvedObject": {"kind": "Pod", "name": pod_name, "namespace": namespace,
-                                       "uid": pod["metadata"]["uid"]},
-                    "count": 1, "firstTimestamp": now, "lastTimestamp": now, "source": {"component": "kubelet"}}
+                    "involvedObject": {
+                        "kind": "Pod",
+                        "name": pod_name,
+                        "namespace": namespace,
+                        "uid": pod["metadata"]["uid"],
+                    },
+                    "count": 1,
+                    "firstTimestamp": now,
+                    "lastTimestamp": now,
+                    "source": {"component": "kubelet"},
+                }
                 self._record("ADDED", "events", namespace, event)
             else:
                 event.update(message=message, count=event["count"] + 1, lastTimestamp=now)
@@ -246,8 +285,14 @@ class FakeKubernetesAPI:
         self.lock.notify_all()
 
     def _status(self, code: int, reason: str, message: str) -> tuple[int, dict]:
-        return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-                      "reason": reason, "message": message}
+        return code, {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "code": code,
+            "reason": reason,
+            "message": message,
+        }
 
     def _validate(self, kind: str, body: dict) -> str | None:
         if self.validate and kind in CRD_SCHEMAS:  # a custom resource: its CRD's schema (kubernetes_fake_crds)
@@ -315,8 +360,10 @@ class FakeKubernetesAPI:
             self.requests.append(dict(method=method, kind=kind, name=name, query=query, body=body, at=time.monotonic()))
             if self.inflight_limit is not None and self._inflight >= self.inflight_limit:
                 self.throttled += 1
-                return (*self._status(429, "TooManyRequests", "too many requests (priority and fairness)"),
-                        {"Retry-After": self.retry_after})
+                return (
+                    *self._status(429, "TooManyRequests", "too many requests (priority and fairness)"),
+                    {"Retry-After": self.retry_after},
+                )
             self._inflight += 1
         try:
             if (delay := self.latency.get((method, kind))) is not None:
@@ -344,8 +391,9 @@ class FakeKubernetesAPI:
             if key in self.objects:
                 return self._status(409, "AlreadyExists", f'{kind} "{key[2]}" already exists')
             obj = copy.deepcopy(body)
-            obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=ts(datetime.now(timezone.utc)),
-                                   namespace=ns)
+            obj["metadata"].update(
+                uid=str(uuid.uuid4()), creationTimestamp=ts(datetime.now(timezone.utc)), namespace=ns
+            )
             if kind == "pods":
                 obj["status"] = {"phase": "Pending"}
             self.objects[key] = obj
@@ -356,8 +404,12 @@ class FakeKubernetesAPI:
             for item in items:
                 if kind == "pods":
                     self._kubelet(item, ns)
-            return 200, {"kind": f"{api_kind}List", "apiVersion": api_version,
-                         "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+            return 200, {
+                "kind": f"{api_kind}List",
+                "apiVersion": api_version,
+                "metadata": {"resourceVersion": str(self._rv)},
+                "items": items,
+            }
         key = (kind, ns, name)
         if key not in self.objects:
             return self._status(404, "NotFound", f'{kind} "{name}" not found')
@@ -376,8 +428,11 @@ class FakeKubernetesAPI:
             return self._patch(kind, ns, obj, body)
         if method == "PUT":
             if body["metadata"].get("resourceVersion") != obj["metadata"]["resourceVersion"]:
-                return self._status(409, "Conflict", "the object has been modified; please apply your "
-                                                     "changes to the latest version and try again")
+                return self._status(
+                    409,
+                    "Conflict",
+                    "the object has been modified; please apply your changes to the latest version and try again",
+                )
             problem = self._validate(kind, {k: v for k, v in body.items() if k != "status"})
             if problem:
                 return self._status(422, "Invalid", problem)
@@ -394,17 +449,26 @@ class FakeKubernetesAPI:
         meta = dict(body.get("metadata") or {})
         expected = meta.pop("resourceVersion", None)
         if expected is not None and expected != obj["metadata"]["resourceVersion"]:
-            return self._status(409, "Conflict", "the object has been modified; please apply your changes "
-                                                 "to the latest version and try again")
+            return self._status(
+                409,
+                "Conflict",
+                "the object has been modified; please apply your changes to the latest version and try again",
+            )
         spec = body.get("spec") or {}
         if kind == "pods" and set(spec) - {"activeDeadlineSeconds"}:
-            return self._status(422, "Invalid", f"pod updates may not change fields other than "
-                                                f"activeDeadlineSeconds here: {sorted(spec)}")
+            return self._status(
+                422,
+                "Invalid",
+                f"pod updates may not change fields other than activeDeadlineSeconds here: {sorted(spec)}",
+            )
         if "activeDeadlineSeconds" in spec:
             new, old = spec["activeDeadlineSeconds"], obj["spec"].get("activeDeadlineSeconds")
             if not isinstance(new, int) or new < 1 or (old is not None and new > old):
-                return self._status(422, "Invalid", f"spec.activeDeadlineSeconds: {new!r}: must be positive and "
-                                                    f"may not be increased (was {old})")
+                return self._status(
+                    422,
+                    "Invalid",
+                    f"spec.activeDeadlineSeconds: {new!r}: must be positive and may not be increased (was {old})",
+                )
         if kind == "secrets" and obj.get("immutable") and ("data" in body or body.get("immutable") is False):
             return self._status(422, "Invalid", "data: Forbidden: field is immutable when `immutable` is set")
         for field, value in meta.items():
@@ -416,7 +480,9 @@ class FakeKubernetesAPI:
         if "activeDeadlineSeconds" in spec:
             obj["spec"]["activeDeadlineSeconds"] = spec["activeDeadlineSeconds"]
         if kind == "secrets":
-            obj["data"] = {k: v for k, v in {**obj.get("data", {}), **(body.get("data") or {})}.items() if v is not None}
+            obj["data"] = {
+                k: v for k, v in {**obj.get("data", {}), **(body.get("data") or {})}.items() if v is not None
+            }
             if "immutable" in body:
                 obj["immutable"] = body["immutable"]
         self.objects[(kind, ns, obj["metadata"]["name"])] = obj  # re-indexed: labels or owners may have changed
@@ -435,8 +501,9 @@ class FakeKubernetesAPI:
         until = time.monotonic() + float(query.get("timeoutSeconds", ["300"])[0])
         generation = self._expired
         with self.lock:
-            self.requests.append(dict(method="WATCH", kind=kind, name=None, query=query, body=None,
-                                      at=time.monotonic()))
+            self.requests.append(
+                dict(method="WATCH", kind=kind, name=None, query=query, body=None, at=time.monotonic())
+            )
         while not self._closed.is_set() and time.monotonic() < until:
             with self.lock:
                 if cursor < self._compacted or generation != self._expired:
@@ -444,8 +511,11 @@ class FakeKubernetesAPI:
                     lines = [{"type": "ERROR", "object": gone[1]}]
                 else:  # the events after `cursor` only: found by bisection, resourceVersions only grow
                     first = bisect.bisect_right(self._events, cursor, key=lambda event: event[0])
-                    lines = [{"type": t, "object": o} for rv, k, n, t, o in self._events[first:]
-                             if k == kind and n == ns and _matches(o, selector, fields)]
+                    lines = [
+                        {"type": t, "object": o}
+                        for rv, k, n, t, o in self._events[first:]
+                        if k == kind and n == ns and _matches(o, selector, fields)
+                    ]
                     cursor = max(cursor, self._rv)
                     if not lines:
                         self.lock.wait(min(0.5, max(0.0, until - time.monotonic())))
@@ -521,10 +591,21 @@ class FakeKubernetesAPI:
 
 # -- kubelet scripts: what a pod's status looks like over successive ticks -----------------------------
 def running_status(pod: dict, ip: str) -> dict:
-    return {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-            "containerStatuses": [{"name": "sandbox", "image": pod["spec"]["containers"][0]["image"],
-                                   "imageID": "", "ready": True, "restartCount": 0,
-                                   "state": {"running": {"startedAt": pod["metadata"]["creationTimestamp"]}}}]}
+    return {
+        "phase": "Running",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "containerStatuses": [
+            {
+                "name": "sandbox",
+                "image": pod["spec"]["containers"][0]["image"],
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": pod["metadata"]["creationTimestamp"]}},
+            }
+        ],
+    }
 
 
 def running_after(reads_pending: int, ip: str = "10.244.1.7") -> Kubelet:
@@ -532,12 +613,24 @@ def running_after(reads_pending: int, ip: str = "10.244.1.7") -> Kubelet:
         if reads <= reads_pending:
             return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
         return running_status(pod, ip)
+
     return kubelet
 
 
 def waiting(reason: str, message: str) -> Kubelet:
     def kubelet(pod: dict, reads: int) -> dict:
-        return {"phase": "Pending", "containerStatuses": [
-            {"name": "sandbox", "image": pod["spec"]["containers"][0]["image"], "imageID": "", "ready": False,
-             "restartCount": 0, "state": {"waiting": {"reason": reason, "message": message}}}]}
+        return {
+            "phase": "Pending",
+            "containerStatuses": [
+                {
+                    "name": "sandbox",
+                    "image": pod["spec"]["containers"][0]["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"waiting": {"reason": reason, "message": message}},
+                }
+            ],
+        }
+
     return kubelet

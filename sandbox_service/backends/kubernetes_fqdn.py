@@ -33,11 +33,15 @@ def checked_hosts(hosts: list[str], *, underscore: bool = True, cni: str = "") -
         wildcard = host.startswith("*.")
         name = host[2:] if wildcard else host
         if len(host) > 255 or not _NAME.match(name):
-            raise InvalidRequestError(f"allow_hosts entry {host!r} is not a host name (letters, digits, '-', '_' "
-                                      "and dots; a wildcard only as a leading '*.', e.g. *.pythonhosted.org).")
+            raise InvalidRequestError(
+                f"allow_hosts entry {host!r} is not a host name (letters, digits, '-', '_' "
+                "and dots; a wildcard only as a leading '*.', e.g. *.pythonhosted.org)."
+            )
         if "_" in host and not underscore:
-            raise InvalidRequestError(f"allow_hosts entry {host!r} has a '_', which {cni} refuses in a domain "
-                                      "name (letters, digits, '-' and dots only).")
+            raise InvalidRequestError(
+                f"allow_hosts entry {host!r} has a '_', which {cni} refuses in a domain "
+                "name (letters, digits, '-' and dots only)."
+            )
         checked.append((host.lower(), wildcard))
     return checked
 
@@ -47,9 +51,16 @@ def sandbox_labels(sandbox_id: str, config: KubernetesBackendConfig) -> dict[str
     return {SANDBOX_ID_LABEL: label_value(sandbox_id), INSTANCE_LABEL: config.instance}
 
 
-def custom_object(api_version: str, kind: str, name: str, sandbox_id: str, spec: SandboxCreate,
-                  config: KubernetesBackendConfig, owner: k8s.V1OwnerReference | None,
-                  body: dict[str, Any]) -> dict[str, Any]:
+def custom_object(
+    api_version: str,
+    kind: str,
+    name: str,
+    sandbox_id: str,
+    spec: SandboxCreate,
+    config: KubernetesBackendConfig,
+    owner: k8s.V1OwnerReference | None,
+    body: dict[str, Any],
+) -> dict[str, Any]:
     """A custom resource body with the sandbox's usual metadata (labels, annotations, owner)."""
     meta = to_dict(object_meta(name, sandbox_id, config, spec, owner=owner))
     return {"apiVersion": api_version, "kind": kind, "metadata": meta, "spec": body}

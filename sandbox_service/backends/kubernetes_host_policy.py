@@ -28,15 +28,30 @@ class FqdnPolicyType:
 
 
 FQDN_POLICY_TYPES: dict[str, FqdnPolicyType] = {
-    "cilium-fqdn": FqdnPolicyType("ciliumnetworkpolicy", kubernetes_cilium.GROUP, kubernetes_cilium.VERSION,
-                                  kubernetes_cilium.PLURAL, kubernetes_cilium.build_cilium_policy,
-                                  "Cilium (the cilium.io/v2 CiliumNetworkPolicy CRD)"),
-    "antrea-fqdn": FqdnPolicyType("antreanetworkpolicy", kubernetes_antrea.GROUP, kubernetes_antrea.VERSION,
-                                  kubernetes_antrea.PLURAL, kubernetes_antrea.build_antrea_policy,
-                                  "Antrea >= 1.13 with Antrea-native policies (crd.antrea.io/v1beta1)"),
-    "calico-dns": FqdnPolicyType("caliconetworkpolicy", kubernetes_calico.GROUP, kubernetes_calico.VERSION,
-                                 kubernetes_calico.PLURAL, kubernetes_calico.build_calico_policy,
-                                 "Calico Enterprise or Calico Cloud (Calico Open Source has no DNS policy)"),
+    "cilium-fqdn": FqdnPolicyType(
+        "ciliumnetworkpolicy",
+        kubernetes_cilium.GROUP,
+        kubernetes_cilium.VERSION,
+        kubernetes_cilium.PLURAL,
+        kubernetes_cilium.build_cilium_policy,
+        "Cilium (the cilium.io/v2 CiliumNetworkPolicy CRD)",
+    ),
+    "antrea-fqdn": FqdnPolicyType(
+        "antreanetworkpolicy",
+        kubernetes_antrea.GROUP,
+        kubernetes_antrea.VERSION,
+        kubernetes_antrea.PLURAL,
+        kubernetes_antrea.build_antrea_policy,
+        "Antrea >= 1.13 with Antrea-native policies (crd.antrea.io/v1beta1)",
+    ),
+    "calico-dns": FqdnPolicyType(
+        "caliconetworkpolicy",
+        kubernetes_calico.GROUP,
+        kubernetes_calico.VERSION,
+        kubernetes_calico.PLURAL,
+        kubernetes_calico.build_calico_policy,
+        "Calico Enterprise or Calico Cloud (Calico Open Source has no DNS policy)",
+    ),
 }
 
 

@@ -32,8 +32,13 @@ from sandbox_service.models import NetworkPolicy, SandboxCreate
 
 
 class SandboxNetwork:
-    def __init__(self, api: KubernetesApi, config: KubernetesBackendConfig, resolver_kw: dict[str, Any],
-                 delete_named: Callable[[list[tuple[str, str]]], None]):
+    def __init__(
+        self,
+        api: KubernetesApi,
+        config: KubernetesBackendConfig,
+        resolver_kw: dict[str, Any],
+        delete_named: Callable[[list[tuple[str, str]]], None],
+    ):
         self.api, self.config, self._resolver_kw, self._delete_named = api, config, resolver_kw, delete_named
         self.fqdn_type = fqdn_policy_type(config)  # None: allowlists get a resolved NetworkPolicy
         self.fqdn = FqdnPolicies(api.custom, self.fqdn_type) if self.fqdn_type else None
@@ -61,24 +66,38 @@ class SandboxNetwork:
         if self._shared:
             return
         net = self.api.net
-        self.api.create("shared networkpolicy", net.create_namespaced_network_policy,
-                        net.read_namespaced_network_policy, build_shared_network_policy(self.config))
+        self.api.create(
+            "shared networkpolicy",
+            net.create_namespaced_network_policy,
+            net.read_namespaced_network_policy,
+            build_shared_network_policy(self.config),
+        )
         self._shared = True
 
-    def create(self, pod_name: str, sandbox_id: str, spec: SandboxCreate, cidrs: list[str],
-               owner: k8s.V1OwnerReference) -> None:
+    def create(
+        self, pod_name: str, sandbox_id: str, spec: SandboxCreate, cidrs: list[str], owner: k8s.V1OwnerReference
+    ) -> None:
         """The allowlist sandbox's own policy, owned by its pod (`check` has validated it)."""
         if self.fqdn_type:
-            self._create_fqdn(self.fqdn_type.build(pod_name, sandbox_id, spec, self.config, spec.network, owner=owner),
-                              spec.network)
+            self._create_fqdn(
+                self.fqdn_type.build(pod_name, sandbox_id, spec, self.config, spec.network, owner=owner), spec.network
+            )
         else:
             net = self.api.net
-            self.api.create("networkpolicy", net.create_namespaced_network_policy, net.read_namespaced_network_policy,
-                            build_network_policy(pod_name, sandbox_id, spec, self.config, spec.network, cidrs,
-                                                 owner=owner))
+            self.api.create(
+                "networkpolicy",
+                net.create_namespaced_network_policy,
+                net.read_namespaced_network_policy,
+                build_network_policy(pod_name, sandbox_id, spec, self.config, spec.network, cidrs, owner=owner),
+            )
 
-    def apply(self, sandbox_id: str, policy: NetworkPolicy, find_pod: Callable[[str], k8s.V1Pod | None],
-              mark_policy: Callable[[], None]) -> None:
+    def apply(
+        self,
+        sandbox_id: str,
+        policy: NetworkPolicy,
+        find_pod: Callable[[str], k8s.V1Pod | None],
+        mark_policy: Callable[[], None],
+    ) -> None:
         """Make the sandbox's own policy say `policy`; `mark_policy()` runs once a per-sandbox policy may exist."""
         if self.fqdn_type:
             return self._apply_fqdn(sandbox_id, policy, find_pod, mark_policy)
@@ -88,8 +107,9 @@ class SandboxNetwork:
         name = pod.metadata.name
         if policy.mode != "allowlist":  # the shared policy denies all egress: drop the sandbox's own
             try:
-                self.api.call("delete networkpolicy", net.delete_namespaced_network_policy, name, ns,
-                              passthrough=is_not_found)
+                self.api.call(
+                    "delete networkpolicy", net.delete_namespaced_network_policy, name, ns, passthrough=is_not_found
+                )
             except ApiException as err:
                 if not is_not_found(err):
                     raise
@@ -99,30 +119,47 @@ class SandboxNetwork:
         desired = build_network_policy(name, sandbox_id, spec, cfg, policy, cidrs, owner=owner_reference(pod))
         for attempt in range(cfg.retry_attempts):
             try:
-                current = self.api.call("read networkpolicy", net.read_namespaced_network_policy, name, ns,
-                                        passthrough=is_not_found)
+                current = self.api.call(
+                    "read networkpolicy", net.read_namespaced_network_policy, name, ns, passthrough=is_not_found
+                )
             except ApiException:
-                self.api.create("networkpolicy", net.create_namespaced_network_policy,
-                                net.read_namespaced_network_policy, desired)
+                self.api.create(
+                    "networkpolicy", net.create_namespaced_network_policy, net.read_namespaced_network_policy, desired
+                )
                 return
             current.spec = desired.spec  # keep its metadata: labels, owner, resourceVersion
             try:
-                self.api.call("replace networkpolicy", net.replace_namespaced_network_policy, name, ns, current,
-                              retry_conflicts=False, passthrough=lambda e: e.status == 409)
+                self.api.call(
+                    "replace networkpolicy",
+                    net.replace_namespaced_network_policy,
+                    name,
+                    ns,
+                    current,
+                    retry_conflicts=False,
+                    passthrough=lambda e: e.status == 409,
+                )
                 return
             except ApiException:  # 409: someone changed it since our read; read again
-                self.api.sleep(min(cfg.retry_max_seconds, cfg.retry_base_seconds * 2 ** attempt))
+                self.api.sleep(min(cfg.retry_max_seconds, cfg.retry_base_seconds * 2**attempt))
         raise BackendUnavailableError(f"networkpolicy {name}: kept conflicting after {cfg.retry_attempts} attempts")
 
-    def _apply_fqdn(self, sandbox_id: str, policy: NetworkPolicy, find_pod: Callable[[str], k8s.V1Pod | None],
-                    mark_policy: Callable[[], None]) -> None:
+    def _apply_fqdn(
+        self,
+        sandbox_id: str,
+        policy: NetworkPolicy,
+        find_pod: Callable[[str], k8s.V1Pod | None],
+        mark_policy: Callable[[], None],
+    ) -> None:
         """Delete the sandbox's FQDN policy and create the new one (kubernetes_fqdn: no `update` right;
         between the two calls the shared policy denies all egress, the safe direction)."""
         pod = _pod(sandbox_id, find_pod)
         name, fqdn = pod.metadata.name, self.fqdn_type
         spec = SandboxCreate(image=pod.spec.containers[0].image, network=policy)
-        desired = (fqdn.build(name, sandbox_id, spec, self.config, policy, owner=owner_reference(pod))
-                   if policy.mode == "allowlist" else None)  # built first: a bad allowlist changes nothing
+        desired = (
+            fqdn.build(name, sandbox_id, spec, self.config, policy, owner=owner_reference(pod))
+            if policy.mode == "allowlist"
+            else None
+        )  # built first: a bad allowlist changes nothing
         self._delete_named([(fqdn.kind, name)])
         if desired is not None:
             mark_policy()
@@ -142,7 +179,8 @@ class SandboxNetwork:
                 f"{fqdn.kind} {name}: the API server stored it without the allowed hosts {missing} (it does not "
                 f"know the field they go in, so the policy would open more than the allowlist), and it was "
                 f"deleted. host_policy={self.config.host_policy} needs {fqdn.needs}; on another CNI use "
-                "host_policy=resolve (docs/operations/kubernetes.md: the per-CNI table).")
+                "host_policy=resolve (docs/operations/kubernetes.md: the per-CNI table)."
+            )
 
 
 def _pod(sandbox_id: str, find_pod: Callable[[str], k8s.V1Pod | None]) -> k8s.V1Pod:

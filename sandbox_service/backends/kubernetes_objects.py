@@ -118,14 +118,23 @@ def object_labels(sandbox_id: str, config: KubernetesBackendConfig, user_labels:
     return labels
 
 
-def object_meta(name: str, sandbox_id: str, config: KubernetesBackendConfig, spec: SandboxCreate,
-                owner: k8s.V1OwnerReference | None = None,
-                extra_annotations: dict[str, str] | None = None) -> k8s.V1ObjectMeta:
+def object_meta(
+    name: str,
+    sandbox_id: str,
+    config: KubernetesBackendConfig,
+    spec: SandboxCreate,
+    owner: k8s.V1OwnerReference | None = None,
+    extra_annotations: dict[str, str] | None = None,
+) -> k8s.V1ObjectMeta:
     annotations = {SANDBOX_ID_ANNOTATION: sandbox_id, USER_LABELS_ANNOTATION: json.dumps(spec.labels, sort_keys=True)}
     annotations.update(extra_annotations or {})
     return k8s.V1ObjectMeta(
-        name=name, namespace=config.namespace, labels=object_labels(sandbox_id, config, spec.labels),
-        annotations=annotations, owner_references=[owner] if owner else None)
+        name=name,
+        namespace=config.namespace,
+        labels=object_labels(sandbox_id, config, spec.labels),
+        annotations=annotations,
+        owner_references=[owner] if owner else None,
+    )
 
 
 def owner_reference(pod: k8s.V1Pod) -> k8s.V1OwnerReference:
@@ -142,26 +151,47 @@ def _millicores(cpu: float) -> str:
     return f"{max(1, round(cpu * 1000))}m"
 
 
-def build_secret(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig, *,
-                 agent_secret: str, boot_secret: str, cert_pem: str, key_pem: str, immutable: bool = True,
-                 extra: dict[str, str] | None = None) -> k8s.V1Secret:
+def build_secret(
+    name: str,
+    sandbox_id: str,
+    spec: SandboxCreate,
+    config: KubernetesBackendConfig,
+    *,
+    agent_secret: str,
+    boot_secret: str,
+    cert_pem: str,
+    key_pem: str,
+    immutable: bool = True,
+    extra: dict[str, str] | None = None,
+) -> k8s.V1Secret:
     """The per-sandbox Secret: the agent's live key (for adoption; not mounted), the boot key the pod's agent
     starts with, its TLS certificate and key (and `extra` entries: what a restarted service needs to adopt
     the sandbox, `kubernetes_adopt.secret_entries`).
     Mutable only for a warm pod, whose key changes once, when it is claimed (and the Secret made immutable)."""
+
     def b64(text: str) -> str:
         return base64.b64encode(text.encode()).decode()
 
-    entries = {**(extra or {}), SECRET_KEY_AGENT: agent_secret, SECRET_KEY_BOOT: boot_secret,
-               SECRET_KEY_CERT: cert_pem, SECRET_KEY_KEY: key_pem}
+    entries = {
+        **(extra or {}),
+        SECRET_KEY_AGENT: agent_secret,
+        SECRET_KEY_BOOT: boot_secret,
+        SECRET_KEY_CERT: cert_pem,
+        SECRET_KEY_KEY: key_pem,
+    }
     return k8s.V1Secret(
-        api_version="v1", kind="Secret", type="Opaque", immutable=immutable,  # kubelet stops watching it
+        api_version="v1",
+        kind="Secret",
+        type="Opaque",
+        immutable=immutable,  # kubelet stops watching it
         metadata=object_meta(name, sandbox_id, config, spec),
-        data={key: b64(value) for key, value in entries.items()})
+        data={key: b64(value) for key, value in entries.items()},
+    )
 
 
-AGENT_BOOTSTRAP = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-                   "from sandbox_service.agent.__main__ import main; sys.exit(main())")
+AGENT_BOOTSTRAP = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); from sandbox_service.agent.__main__ import main; sys.exit(main())"
+)
 
 
 def agent_command(spec: SandboxCreate, config: KubernetesBackendConfig) -> list[str]:
@@ -173,11 +203,27 @@ def agent_command(spec: SandboxCreate, config: KubernetesBackendConfig) -> list[
     the agent hands exactly that to every command; the pod spec itself cannot know the image's ENV.
     """
     mount, sec = config.agent_mount_path, config.secret_mount_path
-    return [f"{mount}/python/bin/python3", "-I", "-S", "-c", AGENT_BOOTSTRAP, f"{mount}/agent",
-            "--tcp", f"[::]:{config.agent_port}",  # dual stack; IPv4 alone where the node has no IPv6
-            "--tls-cert", f"{sec}/{SECRET_KEY_CERT}", "--tls-key", f"{sec}/{SECRET_KEY_KEY}",
-            "--secret-file", f"{sec}/{SECRET_KEY_BOOT}", "--workspace", spec.workdir,
-            "--isolation", "kubernetes-pod", "--inherit-env"]
+    return [
+        f"{mount}/python/bin/python3",
+        "-I",
+        "-S",
+        "-c",
+        AGENT_BOOTSTRAP,
+        f"{mount}/agent",
+        "--tcp",
+        f"[::]:{config.agent_port}",  # dual stack; IPv4 alone where the node has no IPv6
+        "--tls-cert",
+        f"{sec}/{SECRET_KEY_CERT}",
+        "--tls-key",
+        f"{sec}/{SECRET_KEY_KEY}",
+        "--secret-file",
+        f"{sec}/{SECRET_KEY_BOOT}",
+        "--workspace",
+        spec.workdir,
+        "--isolation",
+        "kubernetes-pod",
+        "--inherit-env",
+    ]
 
 
 def build_resources(resources: Resources, config: KubernetesBackendConfig) -> k8s.V1ResourceRequirements:
@@ -202,65 +248,109 @@ def pod_deadline_seconds(spec: SandboxCreate, config: KubernetesBackendConfig, *
     return ttl + math.ceil(config.warm_pool_max_age_seconds) if warm else ttl
 
 
-def build_pod(name: str, sandbox_id: str, spec: SandboxCreate, resources: Resources,
-              config: KubernetesBackendConfig, *, secret_name: str,
-              annotations: dict[str, str] | None = None, warm: bool = False) -> k8s.V1Pod:
+def build_pod(
+    name: str,
+    sandbox_id: str,
+    spec: SandboxCreate,
+    resources: Resources,
+    config: KubernetesBackendConfig,
+    *,
+    secret_name: str,
+    annotations: dict[str, str] | None = None,
+    warm: bool = False,
+) -> k8s.V1Pod:
     """The sandbox pod: the task image, the injected agent, no API credentials, no restarts.
     `annotations`: what a restarted service needs to adopt it (`kubernetes_adopt.pod_annotations`)."""
     if not spec.image:
-        raise InvalidRequestError("The Kubernetes backend needs SandboxCreate.image (a container image "
-                                  "reference such as 'python:3.12-slim'); it was empty and the service has no "
-                                  "default (ORCHARD_K8S_DEFAULT_IMAGE).")
+        raise InvalidRequestError(
+            "The Kubernetes backend needs SandboxCreate.image (a container image "
+            "reference such as 'python:3.12-slim'); it was empty and the service has no "
+            "default (ORCHARD_K8S_DEFAULT_IMAGE)."
+        )
     agent_volume, secret_volume = "orchard-agent", "orchard-secret"
     injector = k8s.V1Container(
-        name=INJECTOR_CONTAINER, image=config.injector_image, image_pull_policy="IfNotPresent",
+        name=INJECTOR_CONTAINER,
+        image=config.injector_image,
+        image_pull_policy="IfNotPresent",
         command=["cp", "-a", f"{INJECTOR_SOURCE}/.", f"{config.agent_mount_path}/"],
         volume_mounts=[k8s.V1VolumeMount(name=agent_volume, mount_path=config.agent_mount_path)],
         resources=k8s.V1ResourceRequirements(
             limits={"cpu": "200m", "memory": "64Mi"},
-            requests={"cpu": "200m", "memory": "64Mi"} if config.guaranteed_qos else {
+            requests={"cpu": "200m", "memory": "64Mi"}
+            if config.guaranteed_qos
+            else {
                 # The pod's CPU request is the larger of this and the agent container's: with a low
                 # cpu_request_ratio (dense dev nodes) a fixed 50m would decide it, 100 pods = 5 cores.
-                "cpu": _millicores(min(0.05, 0.2 * config.cpu_request_ratio)), "memory": "32Mi"}),
+                "cpu": _millicores(min(0.05, 0.2 * config.cpu_request_ratio)),
+                "memory": "32Mi",
+            },
+        ),
         security_context=k8s.V1SecurityContext(
-            run_as_user=65532, run_as_non_root=True, read_only_root_filesystem=True,
-            allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["ALL"])))
+            run_as_user=65532,
+            run_as_non_root=True,
+            read_only_root_filesystem=True,
+            allow_privilege_escalation=False,
+            capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        ),
+    )
     main = k8s.V1Container(
-        name=AGENT_CONTAINER, image=spec.image, image_pull_policy=config.image_pull_policy,
+        name=AGENT_CONTAINER,
+        image=spec.image,
+        image_pull_policy=config.image_pull_policy,
         command=agent_command(spec, config),
         ports=[k8s.V1ContainerPort(name="agent", container_port=config.agent_port, protocol="TCP")],
         resources=build_resources(resources, config),
         volume_mounts=[
             k8s.V1VolumeMount(name=agent_volume, mount_path=config.agent_mount_path, read_only=True),
-            k8s.V1VolumeMount(name=secret_volume, mount_path=config.secret_mount_path, read_only=True)],
+            k8s.V1VolumeMount(name=secret_volume, mount_path=config.secret_mount_path, read_only=True),
+        ],
         # The task image's own user is kept (SWE images expect root); what it may not do is gain
         # privileges or open raw sockets (ARP/ICMP spoofing past the NetworkPolicy).
         security_context=k8s.V1SecurityContext(
-            privileged=False, allow_privilege_escalation=False,
-            capabilities=k8s.V1Capabilities(drop=["NET_RAW"])))
+            privileged=False, allow_privilege_escalation=False, capabilities=k8s.V1Capabilities(drop=["NET_RAW"])
+        ),
+    )
     pod_spec = k8s.V1PodSpec(
-        init_containers=[injector], containers=[main],
+        init_containers=[injector],
+        containers=[main],
         restart_policy="Never",  # a crashed sandbox is reported, never silently restarted without its state
-        automount_service_account_token=False, service_account_name=config.service_account_name,
-        enable_service_links=False, hostname=dns_label(sandbox_id),
+        automount_service_account_token=False,
+        service_account_name=config.service_account_name,
+        enable_service_links=False,
+        hostname=dns_label(sandbox_id),
         active_deadline_seconds=pod_deadline_seconds(spec, config, warm=warm),
         termination_grace_period_seconds=config.delete_grace_seconds,
         security_context=k8s.V1PodSecurityContext(seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault")),
         volumes=[
-            k8s.V1Volume(name=agent_volume, empty_dir=k8s.V1EmptyDirVolumeSource(
-                size_limit=_quantity_mi(config.agent_volume_size_mb))),
+            k8s.V1Volume(
+                name=agent_volume,
+                empty_dir=k8s.V1EmptyDirVolumeSource(size_limit=_quantity_mi(config.agent_volume_size_mb)),
+            ),
             # The boot key, certificate and key only: the live key never enters the pod, and the boot key
             # is refused once the service re-keyed the agent (runtime.take_over), so a workload that reads
             # it learns nothing. 0444, not 0400: the kubelet makes the files root's, and the agent runs as
             # whatever user the image picks (0400 would lock a non-root agent out of its own files).
-            k8s.V1Volume(name=secret_volume, secret=k8s.V1SecretVolumeSource(
-                secret_name=secret_name, default_mode=0o444,
-                items=[k8s.V1KeyToPath(key=k, path=k) for k in POD_SECRET_KEYS]))],
+            k8s.V1Volume(
+                name=secret_volume,
+                secret=k8s.V1SecretVolumeSource(
+                    secret_name=secret_name,
+                    default_mode=0o444,
+                    items=[k8s.V1KeyToPath(key=k, path=k) for k in POD_SECRET_KEYS],
+                ),
+            ),
+        ],
         image_pull_secrets=[k8s.V1LocalObjectReference(name=s) for s in config.image_pull_secrets] or None,
         node_selector=dict(config.node_selector) or None,
-        tolerations=[k8s.V1Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect,
-                                      toleration_seconds=t.toleration_seconds) for t in config.tolerations] or None,
-        runtime_class_name=config.runtime_class_name, priority_class_name=config.priority_class_name)
+        tolerations=[
+            k8s.V1Toleration(
+                key=t.key, operator=t.operator, value=t.value, effect=t.effect, toleration_seconds=t.toleration_seconds
+            )
+            for t in config.tolerations
+        ]
+        or None,
+        runtime_class_name=config.runtime_class_name,
+        priority_class_name=config.priority_class_name,
+    )
     annotations = {**(annotations or {}), WORKDIR_ANNOTATION: spec.workdir}
     # Said either way: scale-down must not kill a running episode unless the operator chose so (safe_to_evict).
     annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] = "true" if config.safe_to_evict else "false"
@@ -286,26 +376,31 @@ def allowlist_cidrs(policy: NetworkPolicy, resolver: Resolver = _default_resolve
     cidrs = checked_cidrs(policy.allow_cidrs)
     for host in policy.allow_hosts:
         if host.startswith("*."):
-            raise InvalidRequestError(f"allow_hosts entry {host!r} is a wildcard, which does not resolve to "
-                                      "addresses; name the hosts, or let the CNI follow names: "
-                                      "ORCHARD_K8S_HOST_POLICY=cilium-fqdn, antrea-fqdn or calico-dns.")
+            raise InvalidRequestError(
+                f"allow_hosts entry {host!r} is a wildcard, which does not resolve to "
+                "addresses; name the hosts, or let the CNI follow names: "
+                "ORCHARD_K8S_HOST_POLICY=cilium-fqdn, antrea-fqdn or calico-dns."
+            )
         try:
             addresses = resolver(host)
         except OSError as err:
-            raise InvalidRequestError(f"allow_hosts entry {host!r} did not resolve ({err}); "
-                                      "give a resolvable name or its CIDR in allow_cidrs.")
+            raise InvalidRequestError(
+                f"allow_hosts entry {host!r} did not resolve ({err}); "
+                "give a resolvable name or its CIDR in allow_cidrs."
+            )
         for address in addresses:
             cidrs.append(str(ipaddress.ip_network(address)))  # a bare address is a /32 or /128
     return sorted(set(cidrs))
 
 
-
-
 def _inside(cidr: str, others: Sequence[str]) -> list[str]:
     """The CIDRs of `others` strictly inside `cidr` (same family)."""
     network = ipaddress.ip_network(cidr)
-    return [o for o in others if (net := ipaddress.ip_network(o)).version == network.version
-            and net != network and net.subnet_of(network)]
+    return [
+        o
+        for o in others
+        if (net := ipaddress.ip_network(o)).version == network.version and net != network and net.subnet_of(network)
+    ]
 
 
 def _inside_any(cidr: str, others: Sequence[str]) -> bool:
@@ -350,23 +445,43 @@ def build_shared_network_policy(config: KubernetesBackendConfig) -> k8s.V1Networ
     service_peer = k8s.V1NetworkPolicyPeer(pod_selector=k8s.V1LabelSelector(match_labels=dict(config.service_selector)))
     if config.service_namespace:
         service_peer.namespace_selector = k8s.V1LabelSelector(
-            match_labels={"kubernetes.io/metadata.name": config.service_namespace})
-    ingress = [k8s.V1NetworkPolicyIngressRule(
-        _from=[service_peer], ports=[k8s.V1NetworkPolicyPort(protocol="TCP", port=config.agent_port)])]
-    labels = {MANAGED_BY_LABEL: MANAGED_BY_VALUE, INSTANCE_LABEL: config.instance,
-              "app.kubernetes.io/name": "orchard-sandbox", "app.kubernetes.io/component": "sandbox-network"}
+            match_labels={"kubernetes.io/metadata.name": config.service_namespace}
+        )
+    ingress = [
+        k8s.V1NetworkPolicyIngressRule(
+            _from=[service_peer], ports=[k8s.V1NetworkPolicyPort(protocol="TCP", port=config.agent_port)]
+        )
+    ]
+    labels = {
+        MANAGED_BY_LABEL: MANAGED_BY_VALUE,
+        INSTANCE_LABEL: config.instance,
+        "app.kubernetes.io/name": "orchard-sandbox",
+        "app.kubernetes.io/component": "sandbox-network",
+    }
     return k8s.V1NetworkPolicy(
-        api_version="networking.k8s.io/v1", kind="NetworkPolicy",
+        api_version="networking.k8s.io/v1",
+        kind="NetworkPolicy",
         metadata=k8s.V1ObjectMeta(name=shared_policy_name(config), namespace=config.namespace, labels=labels),
         spec=k8s.V1NetworkPolicySpec(
-            pod_selector=k8s.V1LabelSelector(match_labels={MANAGED_BY_LABEL: MANAGED_BY_VALUE,
-                                                           INSTANCE_LABEL: config.instance}),
-            policy_types=["Ingress", "Egress"], ingress=ingress, egress=[]))
+            pod_selector=k8s.V1LabelSelector(
+                match_labels={MANAGED_BY_LABEL: MANAGED_BY_VALUE, INSTANCE_LABEL: config.instance}
+            ),
+            policy_types=["Ingress", "Egress"],
+            ingress=ingress,
+            egress=[],
+        ),
+    )
 
 
-def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config: KubernetesBackendConfig,
-                         policy: NetworkPolicy, cidrs: list[str],
-                         owner: k8s.V1OwnerReference | None = None) -> k8s.V1NetworkPolicy:
+def build_network_policy(
+    name: str,
+    sandbox_id: str,
+    spec: SandboxCreate,
+    config: KubernetesBackendConfig,
+    policy: NetworkPolicy,
+    cidrs: list[str],
+    owner: k8s.V1OwnerReference | None = None,
+) -> k8s.V1NetworkPolicy:
     """Per-sandbox policy, for allowlists only: the egress it opens. Policies add up, so ingress and
     the default deny come from the shared policy (`build_shared_network_policy`).
 
@@ -376,20 +491,35 @@ def build_network_policy(name: str, sandbox_id: str, spec: SandboxCreate, config
     if opened := opened_cidrs(cidrs, config.node_cidrs):
         egress.append(k8s.V1NetworkPolicyEgressRule(to=[_ip_block_peer(c, config.node_cidrs) for c in opened]))
     if policy.mode == "allowlist" and policy.allow_hosts and config.allow_dns_for_hosts:
-        egress.append(k8s.V1NetworkPolicyEgressRule(
-            to=[k8s.V1NetworkPolicyPeer(
-                namespace_selector=k8s.V1LabelSelector(
-                    match_labels={"kubernetes.io/metadata.name": config.dns_namespace}),
-                pod_selector=k8s.V1LabelSelector(match_labels=dict(config.dns_selector)))]
-            + [k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=c)) for c in config.dns_cidrs],
-            ports=[k8s.V1NetworkPolicyPort(protocol="UDP", port=53), k8s.V1NetworkPolicyPort(protocol="TCP", port=53)]))
+        egress.append(
+            k8s.V1NetworkPolicyEgressRule(
+                to=[
+                    k8s.V1NetworkPolicyPeer(
+                        namespace_selector=k8s.V1LabelSelector(
+                            match_labels={"kubernetes.io/metadata.name": config.dns_namespace}
+                        ),
+                        pod_selector=k8s.V1LabelSelector(match_labels=dict(config.dns_selector)),
+                    )
+                ]
+                + [k8s.V1NetworkPolicyPeer(ip_block=k8s.V1IPBlock(cidr=c)) for c in config.dns_cidrs],
+                ports=[
+                    k8s.V1NetworkPolicyPort(protocol="UDP", port=53),
+                    k8s.V1NetworkPolicyPort(protocol="TCP", port=53),
+                ],
+            )
+        )
     return k8s.V1NetworkPolicy(
-        api_version="networking.k8s.io/v1", kind="NetworkPolicy",
+        api_version="networking.k8s.io/v1",
+        kind="NetworkPolicy",
         metadata=object_meta(name, sandbox_id, config, spec, owner=owner),
         spec=k8s.V1NetworkPolicySpec(
-            pod_selector=k8s.V1LabelSelector(match_labels={SANDBOX_ID_LABEL: label_value(sandbox_id),
-                                                           INSTANCE_LABEL: config.instance}),
-            policy_types=["Egress"], egress=egress))
+            pod_selector=k8s.V1LabelSelector(
+                match_labels={SANDBOX_ID_LABEL: label_value(sandbox_id), INSTANCE_LABEL: config.instance}
+            ),
+            policy_types=["Egress"],
+            egress=egress,
+        ),
+    )
 
 
 def to_dict(obj: object) -> dict:

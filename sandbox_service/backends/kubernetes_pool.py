@@ -11,7 +11,8 @@ A claim, in this order:
    sets the sandbox id label and annotation and the caller's labels, drops the pool label and lowers
    `activeDeadlineSeconds` to the pod's age + the sandbox's TTL (the API server lets a deadline be
    lowered, never raised: warm pods start with the service's cap plus `warm_pool_max_age_seconds`
-   (`kubernetes_objects.pod_deadline_seconds`), and a pod too old to give the whole TTL is not claimed); it also writes what adoption reads (`kubernetes_adopt.pod_annotations`: the
+   (`kubernetes_objects.pod_deadline_seconds`), and a pod too old to give the whole TTL is not claimed); it also
+   writes what adoption reads (`kubernetes_adopt.pod_annotations`: the
    sandbox's spec and resources, the claim time as the TTL's start). A 409 means another writer (a
    second replica, a sweep) got there first: the claim moves on to the next pod, so two claims never
    share one.
@@ -58,7 +59,10 @@ from sandbox_service.backends.kubernetes_config import (
     USER_LABELS_ANNOTATION,
 )
 from sandbox_service.backends.kubernetes_objects import (
-    SECRET_KEY_AGENT, instance_selector, object_labels, secret_name_for,
+    SECRET_KEY_AGENT,
+    instance_selector,
+    object_labels,
+    secret_name_for,
 )
 from sandbox_service.backends.kubernetes_retry import is_not_found
 from sandbox_service.backends.kubernetes_snapshots import run_coroutine
@@ -119,8 +123,9 @@ class PoolBackend(Protocol):
 
     def _assess(self, pod: Any, errors_since: dict[str, datetime] | None = None) -> PodAssessment: ...
 
-    def _start_pod(self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str, *,
-                   warm: bool = False) -> AgentEndpoint: ...
+    def _start_pod(
+        self, sandbox_id: str, spec: SandboxCreate, resources: Resources, secret: str, *, warm: bool = False
+    ) -> AgentEndpoint: ...
 
     def stop(self, sandbox_id: str) -> None: ...
 
@@ -172,8 +177,9 @@ class WarmPool:
         with self._lock:
             return self._ready[key].popleft() if self._ready[key] else None
 
-    def _hand_over(self, warm: WarmPod, sandbox_id: str, spec: SandboxCreate, ttl: int,
-                   secret: str) -> AgentEndpoint | None:
+    def _hand_over(
+        self, warm: WarmPod, sandbox_id: str, spec: SandboxCreate, ttl: int, secret: str
+    ) -> AgentEndpoint | None:
         backend = self.backend
         pod = backend.pods.get(warm.pod_name, self.config.read_deadline_seconds)
         if pod is None or pod.metadata.deletion_timestamp is not None or backend._assess(pod).state != "running":
@@ -213,30 +219,47 @@ class WarmPool:
 
     def _read(self, pod_name: str):
         try:
-            return self.backend._call("read pod", self.backend.core.read_namespaced_pod, pod_name,
-                                      self.config.namespace, passthrough=is_not_found)
+            return self.backend._call(
+                "read pod",
+                self.backend.core.read_namespaced_pod,
+                pod_name,
+                self.config.namespace,
+                passthrough=is_not_found,
+            )
         except ApiException as err:
             if is_not_found(err):
                 return None
             raise
 
-    def relabel(self, warm: WarmPod, resource_version: str, sandbox_id: str, spec: SandboxCreate,
-                deadline: int) -> bool:
+    def relabel(
+        self, warm: WarmPod, resource_version: str, sandbox_id: str, spec: SandboxCreate, deadline: int
+    ) -> bool:
         """The claim proper: True if this PATCH won the pod (its resourceVersion was still the one seen)."""
         labels: dict[str, str | None] = dict(object_labels(sandbox_id, self.config, spec.labels))
         labels[POOL_LABEL] = None
         # What a restarted service needs to adopt the sandbox, over the pool's own spec: the claim's spec,
         # resources (the pool key's: a claim matches them) and the claim time its TTL counts from.
-        annotations = {SANDBOX_ID_ANNOTATION: sandbox_id,
-                       USER_LABELS_ANNOTATION: json.dumps(spec.labels, sort_keys=True),
-                       **kubernetes_adopt.pod_annotations(spec, self.entries[warm.key].resources,
-                                                          claimed_at=self.backend._clock())}
-        body = {"metadata": {"resourceVersion": resource_version, "labels": labels, "annotations": annotations},
-                "spec": {"activeDeadlineSeconds": deadline}}
+        annotations = {
+            SANDBOX_ID_ANNOTATION: sandbox_id,
+            USER_LABELS_ANNOTATION: json.dumps(spec.labels, sort_keys=True),
+            **kubernetes_adopt.pod_annotations(
+                spec, self.entries[warm.key].resources, claimed_at=self.backend._clock()
+            ),
+        }
+        body = {
+            "metadata": {"resourceVersion": resource_version, "labels": labels, "annotations": annotations},
+            "spec": {"activeDeadlineSeconds": deadline},
+        }
         try:
-            self.backend._call("patch pod (claim)", self.backend.core.patch_namespaced_pod, warm.pod_name,
-                               self.config.namespace, body, retry_conflicts=False,
-                               passthrough=lambda e: e.status in (404, 409))
+            self.backend._call(
+                "patch pod (claim)",
+                self.backend.core.patch_namespaced_pod,
+                warm.pod_name,
+                self.config.namespace,
+                body,
+                retry_conflicts=False,
+                passthrough=lambda e: e.status in (404, 409),
+            )
         except ApiException as err:
             log.info("warm pod %s was not claimed (%s %s)", warm.pod_name, err.status, err.reason)
             return False
@@ -256,10 +279,16 @@ class WarmPool:
         # The adoption entries too: the CA stays the pod's (its certificate is unchanged), the env is the claim's.
         entries = {**kubernetes_adopt.secret_entries(spec, warm.endpoint.ca_cert_pem or ""), SECRET_KEY_AGENT: secret}
         self.backend._call(
-            "patch secret (re-key)", self.backend.core.patch_namespaced_secret, secret_name_for(warm.pod_name),
+            "patch secret (re-key)",
+            self.backend.core.patch_namespaced_secret,
+            secret_name_for(warm.pod_name),
             self.config.namespace,
-            {"metadata": {"labels": labels, "annotations": {SANDBOX_ID_ANNOTATION: sandbox_id}},
-             "data": {k: base64.b64encode(v.encode()).decode() for k, v in entries.items()}, "immutable": True})
+            {
+                "metadata": {"labels": labels, "annotations": {SANDBOX_ID_ANNOTATION: sandbox_id}},
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in entries.items()},
+                "immutable": True,
+            },
+        )
         return warm.endpoint.model_copy(update={"secret": secret})
 
     def _discard(self, warm: WarmPod, why: str) -> None:
@@ -290,21 +319,28 @@ class WarmPool:
 
     def _refill(self) -> None:
         with self._lock:
-            deficits = {key: entry.size - len(self._ready[key]) - self._starting[key]
-                        for key, entry in self.entries.items()}
+            deficits = {
+                key: entry.size - len(self._ready[key]) - self._starting[key] for key, entry in self.entries.items()
+            }
             for key, missing in deficits.items():
                 self._starting[key] += max(0, missing)
-        futures = [self._workers.submit(self._start_one, key)
-                   for key, missing in deficits.items() for _ in range(missing)]
+        futures = [
+            self._workers.submit(self._start_one, key) for key, missing in deficits.items() for _ in range(missing)
+        ]
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()] + futures
 
     def _start_one(self, key: str) -> None:
         entry = self.entries[key]
         pool_id = f"warm-{key}-{secrets.token_hex(4)}"
-        spec = SandboxCreate(image=entry.image, resources=entry.resources, workdir=entry.workdir,
-                             labels={POOL_USER_LABEL: key}, network=NetworkPolicy(),
-                             ttl_seconds=self.config.max_ttl_seconds)
+        spec = SandboxCreate(
+            image=entry.image,
+            resources=entry.resources,
+            workdir=entry.workdir,
+            labels={POOL_USER_LABEL: key},
+            network=NetworkPolicy(),
+            ttl_seconds=self.config.max_ttl_seconds,
+        )
         warm = None
         try:
             with self._lock:
@@ -337,6 +373,7 @@ class WarmPool:
     def _await_agent(self, endpoint: AgentEndpoint) -> None:
         """A warm pod is ready when its agent answers, so a claim hands over a sandbox that is. Gives up
         at agent_ready_timeout_seconds, or at once when the pool closes (shutdown must not wait)."""
+
         async def ping() -> None:
             agent = self.backend.snapshots.agent_factory(endpoint)
             deadline = time.monotonic() + self.config.agent_ready_timeout_seconds
@@ -347,8 +384,9 @@ class WarmPool:
                         return
                     except Exception as err:  # noqa: BLE001 - not answering yet is expected
                         if self._closed.is_set() or time.monotonic() >= deadline:
-                            raise BackendUnavailableError(f"warm pod agent at {endpoint.address} did not answer "
-                                                          f"(pool closed or timed out): {err}") from err
+                            raise BackendUnavailableError(
+                                f"warm pod agent at {endpoint.address} did not answer (pool closed or timed out): {err}"
+                            ) from err
                         await asyncio.sleep(0.1)
             finally:
                 await agent.close()
@@ -389,10 +427,13 @@ class WarmPool:
         for key in self.entries:
             selector = f"{instance_selector(self.config)},{POOL_LABEL}={key}"
             try:
-                for kind, list_fn in (("pod", self.backend.core.list_namespaced_pod),
-                                      ("secret", self.backend.core.list_namespaced_secret)):
-                    items = self.backend._call(f"list {kind}s", list_fn, self.config.namespace,
-                                               label_selector=selector).items
+                for kind, list_fn in (
+                    ("pod", self.backend.core.list_namespaced_pod),
+                    ("secret", self.backend.core.list_namespaced_secret),
+                ):
+                    items = self.backend._call(
+                        f"list {kind}s", list_fn, self.config.namespace, label_selector=selector
+                    ).items
                     cleanup.delete_named([(kind, obj.metadata.name) for obj in items])
             except Exception:  # noqa: BLE001 - the next start reaps them as orphans
                 log.exception("deleting leftover warm pods of pool %s at shutdown failed", key)

@@ -15,8 +15,14 @@ from collections.abc import Callable
 class TokenBucket:
     """`qps` tokens a second, at most `burst` saved up; `acquire()` takes one, waiting if none is left."""
 
-    def __init__(self, qps: float, burst: int, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        qps: float,
+        burst: int,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         if qps <= 0 or burst < 1:
             raise ValueError(f"TokenBucket needs qps > 0 and burst >= 1, got qps={qps}, burst={burst}")
         self.qps, self.burst = qps, burst

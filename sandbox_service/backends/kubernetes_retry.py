@@ -33,8 +33,11 @@ class RetryPolicy(BaseModel):
     base_seconds: float = Field(0.2, gt=0, description="First backoff; doubles per attempt.")
     max_seconds: float = Field(10.0, gt=0, description="Cap on one backoff (and on a Retry-After we obey).")
     read_deadline_seconds: float = Field(
-        60.0, gt=0, description="Reads (GET/LIST) retry until this deadline rather than for `attempts`: "
-                                "giving up on a read of a healthy pod under throttling would abort the sandbox.")
+        60.0,
+        gt=0,
+        description="Reads (GET/LIST) retry until this deadline rather than for `attempts`: "
+        "giving up on a read of a healthy pod under throttling would abort the sandbox.",
+    )
 
 
 def api_reason(err: ApiException) -> tuple[str, str]:
@@ -72,21 +75,33 @@ def translate(err: ApiException, what: str) -> SandboxServiceError:
     """A non-retryable API error as the service's typed error, with the API server's own words."""
     reason, message = api_reason(err)
     if err.status == 403 and "exceeded quota" in message:
-        return _unavailable(f"{what}: namespace quota exhausted ({message}); retry once sandboxes are freed, "
-                            "or raise the ResourceQuota.")
+        return _unavailable(
+            f"{what}: namespace quota exhausted ({message}); retry once sandboxes are freed, "
+            "or raise the ResourceQuota."
+        )
     if err.status in (401, 403):
         return SandboxServiceError(
             f"{what}: the API server refused the service ({err.status} {reason}: {message}). Check the "
-            "service account's Role (manifests/base/rbac.yaml) and the backend's namespace.")
+            "service account's Role (manifests/base/rbac.yaml) and the backend's namespace."
+        )
     if err.status in (400, 422):
         return InvalidRequestError(f"{what}: the API server rejected the object ({reason}: {message}).")
     return SandboxServiceError(f"{what}: Kubernetes API error {err.status} {reason}: {message}")
 
 
-def call(what: str, fn: Callable[..., T], *args: Any, policy: RetryPolicy, retry_conflicts: bool = True,
-         passthrough: Callable[[ApiException], bool] = lambda e: False,
-         sleep: Callable[[float], None] = time.sleep, limiter: Callable[[], Any] = lambda: None,
-         read: bool = False, clock: Callable[[], float] = time.monotonic, **kwargs: Any) -> T:
+def call(
+    what: str,
+    fn: Callable[..., T],
+    *args: Any,
+    policy: RetryPolicy,
+    retry_conflicts: bool = True,
+    passthrough: Callable[[ApiException], bool] = lambda e: False,
+    sleep: Callable[[float], None] = time.sleep,
+    limiter: Callable[[], Any] = lambda: None,
+    read: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+    **kwargs: Any,
+) -> T:
     """Run one API call. `passthrough(err)` errors go back to the caller unchanged (e.g. a 404 that
     means "already gone"); retryable ones are retried; the rest become typed service errors.
     `limiter()` runs before every attempt (the shared token bucket). A `read` is retried until
@@ -118,5 +133,7 @@ def call(what: str, fn: Callable[..., T], *args: Any, policy: RetryPolicy, retry
         log.info("kubernetes %s failed (%s); retry %d in %.2fs", what, last, attempt, wait)
         sleep(wait)
     budget = f"for {policy.read_deadline_seconds:g} s" if read else f"after {policy.attempts} attempts"
-    raise _unavailable(f"{what}: the Kubernetes API kept failing {budget} ({attempt} attempts, last: {last}); "
-                       "the service retries the create later.")
+    raise _unavailable(
+        f"{what}: the Kubernetes API kept failing {budget} ({attempt} attempts, last: {last}); "
+        "the service retries the create later."
+    )

@@ -25,10 +25,12 @@ from sandbox_service.models import ExecRequest
 AgentFactory = Callable[[AgentEndpoint], AgentClientBase]
 
 # Empties a directory with the injected interpreter: the task image may have no shell at all.
-_WIPE = ("import os, shutil, sys\n"
-         "for n in os.listdir(sys.argv[1]):\n"
-         "    p = os.path.join(sys.argv[1], n)\n"
-         "    shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)\n")
+_WIPE = (
+    "import os, shutil, sys\n"
+    "for n in os.listdir(sys.argv[1]):\n"
+    "    p = os.path.join(sys.argv[1], n)\n"
+    "    shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)\n"
+)
 
 
 def run_coroutine(factory: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
@@ -83,8 +85,9 @@ class AgentSnapshots:
                 await self._await_agent(agent, snapshot_id)  # restore may run right after start()
                 result = await agent.exec(wipe, workdir="/", env={}, max_output_bytes=65536)
                 if not result.ok:
-                    raise SandboxServiceError(f"emptying {workdir} before restore failed: "
-                                              f"{result.stderr or result.message}")
+                    raise SandboxServiceError(
+                        f"emptying {workdir} before restore failed: {result.stderr or result.message}"
+                    )
                 await agent.put_archive(workdir, data)
             finally:
                 await agent.close()
@@ -99,8 +102,9 @@ class AgentSnapshots:
                 return
             except Exception as err:  # noqa: BLE001 - not answering yet is expected
                 if time.monotonic() >= deadline:
-                    raise BackendUnavailableError(f"agent did not answer within {self.ready_timeout:g} s "
-                                                  f"to restore {snapshot_id}: {err}") from err
+                    raise BackendUnavailableError(
+                        f"agent did not answer within {self.ready_timeout:g} s to restore {snapshot_id}: {err}"
+                    ) from err
                 await asyncio.sleep(0.1)
 
     def delete(self, snapshot_id: str) -> None:

@@ -33,23 +33,43 @@ class PodStartError(SandboxServiceError):
         self.infra_error = infra_error  # the service records this kind on the failed sandbox
 
 
-def wait_running(pod_name: str, events: EventCache, pods: PodCache,
-                 assess: Callable[[k8s.V1Pod, dict[str, datetime]], PodAssessment],
-                 clock: Callable[[], datetime], cfg: KubernetesBackendConfig) -> str:
+def wait_running(
+    pod_name: str,
+    events: EventCache,
+    pods: PodCache,
+    assess: Callable[[k8s.V1Pod, dict[str, datetime]], PodAssessment],
+    clock: Callable[[], datetime],
+    cfg: KubernetesBackendConfig,
+) -> str:
     """Wait until the sandbox container runs; return the pod IP. `assess(pod, errors_since)` judges its status."""
     last: dict[str, Any] = {}
     errors_since: dict[str, datetime] = {}  # grace periods run from the first error seen, not from creation
 
     def settled(pod: k8s.V1Pod | None) -> PodAssessment | None:
         if pod is None:  # not in the watch yet (it lags the create), or gone since
-            return PodAssessment(state="failed", infra_error=InfraErrorKind.SANDBOX_DELETED,
-                                 message=f"pod {pod_name} was deleted while starting") if last else None
+            return (
+                PodAssessment(
+                    state="failed",
+                    infra_error=InfraErrorKind.SANDBOX_DELETED,
+                    message=f"pod {pod_name} was deleted while starting",
+                )
+                if last
+                else None
+            )
         seen = assess(pod, errors_since)
         if seen.state == "pending":  # failures only Events tell (no pod IPs left, a mount that fails)
-            seen = assess_events(pod, events.for_pod(pod_name), clock(), errors_since,
-                                 grace=cfg.event_error_grace_seconds,
-                                 scheduling_grace=cfg.unschedulable_timeout_seconds,
-                                 autoscaled_nodes=cfg.autoscaled_nodes) or seen
+            seen = (
+                assess_events(
+                    pod,
+                    events.for_pod(pod_name),
+                    clock(),
+                    errors_since,
+                    grace=cfg.event_error_grace_seconds,
+                    scheduling_grace=cfg.unschedulable_timeout_seconds,
+                    autoscaled_nodes=cfg.autoscaled_nodes,
+                )
+                or seen
+            )
         last["pod"], last["seen"] = pod, seen
         return seen if seen.state != "pending" else None
 
@@ -62,7 +82,8 @@ def wait_running(pod_name: str, events: EventCache, pods: PodCache,
             f"{': ' + pending.message if pending is not None and pending.message else ''}"
             f"{''.join('; ' + e.get('reason', '') + ': ' + e.get('message', '') for e in events.for_pod(pod_name))}"
             f"{'; pod watch: ' + pods.last_error if pods.last_error else ''})",
-            infra_error=InfraErrorKind.TIMEOUT)
+            infra_error=InfraErrorKind.TIMEOUT,
+        )
         raise err
     if seen.state == "running" and seen.pod_ip:
         return seen.pod_ip

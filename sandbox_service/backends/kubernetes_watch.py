@@ -36,10 +36,19 @@ def decode_pod(data: dict) -> k8s.V1Pod:
 class PodCache:
     """The pods matching `selector` in `namespace`, kept current by one watch (a daemon thread)."""
 
-    def __init__(self, core: k8s.CoreV1Api, namespace: str, selector: str, *,
-                 before_request: Callable[[], None] = lambda: None, watch_timeout_seconds: int = 240,
-                 request_timeout_seconds: float = 30.0, backoff_max_seconds: float = 10.0,
-                 list_fn: Callable[..., Any] | None = None, selector_kind: str = "label_selector"):
+    def __init__(
+        self,
+        core: k8s.CoreV1Api,
+        namespace: str,
+        selector: str,
+        *,
+        before_request: Callable[[], None] = lambda: None,
+        watch_timeout_seconds: int = 240,
+        request_timeout_seconds: float = 30.0,
+        backoff_max_seconds: float = 10.0,
+        list_fn: Callable[..., Any] | None = None,
+        selector_kind: str = "label_selector",
+    ):
         self.core, self.namespace, self.selector = core, namespace, selector
         # What is listed and watched: pods by a label selector, or (kubernetes_events) another kind by a field selector.
         self._list_fn = list_fn or core.list_namespaced_pod
@@ -129,8 +138,9 @@ class PodCache:
     # -- the watch loop -----------------------------------------------------------------------------
     def _relist(self) -> str:
         self._before_request()
-        resp = self._list_fn(self.namespace, **self._selector_arg, _preload_content=False,
-                             _request_timeout=self._request_timeout)
+        resp = self._list_fn(
+            self.namespace, **self._selector_arg, _preload_content=False, _request_timeout=self._request_timeout
+        )
         body = json.loads(resp.data)
         with self._cond:
             self._pods = {p["metadata"]["name"]: p for p in body.get("items") or []}
@@ -165,9 +175,14 @@ class PodCache:
                 self._before_request()
                 self._watch = k8s_watch.Watch(return_type="object")
                 for event in self._watch.stream(
-                        self._list_fn, self.namespace, **self._selector_arg,
-                        resource_version=rv, allow_watch_bookmarks=True, timeout_seconds=self._watch_timeout,
-                        _request_timeout=self._watch_timeout + self._request_timeout):
+                    self._list_fn,
+                    self.namespace,
+                    **self._selector_arg,
+                    resource_version=rv,
+                    allow_watch_bookmarks=True,
+                    timeout_seconds=self._watch_timeout,
+                    _request_timeout=self._watch_timeout + self._request_timeout,
+                ):
                     obj = event["raw_object"]
                     rv = obj.get("metadata", {}).get("resourceVersion") or rv
                     if event["type"] != "BOOKMARK":

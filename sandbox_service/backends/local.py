@@ -111,8 +111,7 @@ from sandbox_service.backends.fstree import remove_tree, shift_owners
 from sandbox_service.backends.local_cgroups import SandboxCgroups, detect_version
 from sandbox_service.backends.local_config import DEFAULT_PATH, LocalBackendConfig, check_isolation
 from sandbox_service.backends.local_root import build_root, service_python_dir
-from sandbox_service.backends.local_rootfs import (SandboxDir, SandboxRecord, SnapshotStore, copy_tree,
-                                                   install_agent)
+from sandbox_service.backends.local_rootfs import SandboxDir, SandboxRecord, SnapshotStore, copy_tree, install_agent
 from sandbox_service.backends.local_slots import MachineSlots
 from sandbox_service.backends.local_zygote import Zygote
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxNotFoundError
@@ -141,7 +140,8 @@ class LocalBackend(SandboxBackend):
                 local_ceilings.raise_ceilings(config.userns_pool_size, config.pty_max)
         self.state_dir = Path(config.state_dir).resolve()
         self.cgroup_parent = config.cgroup_parent or (
-            "orchard-" + hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:10])
+            "orchard-" + hashlib.sha1(str(self.state_dir).encode()).hexdigest()[:10]
+        )
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.state_dir / "s").mkdir(exist_ok=True)
         self.agent_dir = install_agent(self.state_dir)
@@ -160,16 +160,23 @@ class LocalBackend(SandboxBackend):
         # The agent's command line (/proc/1/cmdline in a sandbox) names no host path: the agent dir, the
         # zygote socket and the unshare path's arguments travel in the environment, which the agent
         # (non-dumpable) does not show and clears before serving.
-        self._launch_code = ("import os, sys; sys.path.insert(0, os.environ.pop('ORCHARD_AGENT_DIR')); "
-                             "from sandbox_service.agent.__main__ import main; sys.exit(main())")
+        self._launch_code = (
+            "import os, sys; sys.path.insert(0, os.environ.pop('ORCHARD_AGENT_DIR')); "
+            "from sandbox_service.agent.__main__ import main; sys.exit(main())"
+        )
         self._launch_env = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8", "ORCHARD_AGENT_DIR": str(self.agent_dir)}
         self._zygote = None
         self._gvisor = None
         if self.isolated and config.runtime == "gvisor":
             self._gvisor = local_gvisor.GvisorRuntime(config.gvisor_platform)
         elif self.isolated and config.fast_start:
-            self._zygote = Zygote(self.python, self._launch_code, self.state_dir / "zygote.sock",
-                                  self.state_dir / "zygote.log", self._launch_env)
+            self._zygote = Zygote(
+                self.python,
+                self._launch_code,
+                self.state_dir / "zygote.sock",
+                self.state_dir / "zygote.log",
+                self._launch_env,
+            )
         self.net_indexes = MachineSlots(config.net_index_dir, 65000, "allowlist network slots")
         if self.isolated and self._gvisor is None:
             local_network.remove_stale_filters(self.net_indexes)
@@ -243,8 +250,9 @@ class LocalBackend(SandboxBackend):
         to the memory cgroup of the process writing them (the sandbox's), like its /tmp."""
         size = self.disk_size_mb(resources)
         inodes = size * self.config.disk_inodes_per_mb
-        boot.mount("tmpfs", str(d.disk), "tmpfs", boot.MS_NOSUID | boot.MS_NODEV,
-                   f"size={size}m,nr_inodes={inodes},mode=700")
+        boot.mount(
+            "tmpfs", str(d.disk), "tmpfs", boot.MS_NOSUID | boot.MS_NODEV, f"size={size}m,nr_inodes={inodes},mode=700"
+        )
 
     def disk_size_mb(self, resources: Resources) -> int:
         """The disk tmpfs holds everything memory-backed a sandbox writes (upper layer, /tmp, /run,
@@ -264,7 +272,8 @@ class LocalBackend(SandboxBackend):
             raise InvalidRequestError(
                 f"image {image!r} is not an image name: the local backend runs the built roots of its image "
                 f"directory ({self.image_dir}) by name, e.g. image='bookworm' for "
-                "scripts/build-debian-root.sh <image_dir>/bookworm; host paths are refused")
+                "scripts/build-debian-root.sh <image_dir>/bookworm; host paths are refused"
+            )
         if not self.isolated:
             raise InvalidRequestError("images need isolation; unisolated mode runs on the host root")
 
@@ -290,17 +299,26 @@ class LocalBackend(SandboxBackend):
         if spec.from_snapshot:
             meta = self.snapshots.meta(spec.from_snapshot)
             if image is not None and image != meta.get("image"):
-                raise InvalidRequestError(f"snapshot {spec.from_snapshot!r} was taken on image {meta.get('image')!r}, "
-                                          f"not {image!r}; omit image to fork it")
+                raise InvalidRequestError(
+                    f"snapshot {spec.from_snapshot!r} was taken on image {meta.get('image')!r}, "
+                    f"not {image!r}; omit image to fork it"
+                )
             image = meta.get("image")
         if image is not None:
             self._image_root(image)
         d = self._dir(sandbox_id)
         if d.root.exists():
             raise InvalidRequestError(f"sandbox {sandbox_id!r} already exists in {d.root}")
-        rec = SandboxRecord(id=sandbox_id, image=image, workdir=spec.workdir, env=dict(spec.env),
-                            resources=resources, network=spec.network,
-                            isolation="namespaces" if self.isolated else "none", service_pid=os.getpid())
+        rec = SandboxRecord(
+            id=sandbox_id,
+            image=image,
+            workdir=spec.workdir,
+            env=dict(spec.env),
+            resources=resources,
+            network=spec.network,
+            isolation="namespaces" if self.isolated else "none",
+            service_pid=os.getpid(),
+        )
         try:
             d.create(secret)
             if self.uid_slots is not None:
@@ -340,48 +358,105 @@ class LocalBackend(SandboxBackend):
         if self.isolated:
             cg = self._cgroups(rec.id)
             config = {
-                "lower": self._image_root(rec.image) if rec.image else str(self.root_lower), "upper": str(d.upper), "work": str(d.work),
+                "lower": self._image_root(rec.image) if rec.image else str(self.root_lower),
+                "upper": str(d.upper),
+                "work": str(d.work),
                 "merged": str(d.merged),
-                "agent_dir": str(self.agent_dir), "masks": [*self.config.mask_paths, str(self.state_dir)],
-                "ro_binds": self._ro_binds(rec.image), "seccomp": self.config.seccomp, "userns": self._userns(rec),
+                "agent_dir": str(self.agent_dir),
+                "masks": [*self.config.mask_paths, str(self.state_dir)],
+                "ro_binds": self._ro_binds(rec.image),
+                "seccomp": self.config.seccomp,
+                "userns": self._userns(rec),
                 "lower_idmapped": str(d.root / "lower"),
                 "cgroup_procs": cg.procs_files(),
-                "pids_cgroup": str(cg.work_pids_dir), "oom_counter": str(cg.oom_counter),
-                "hostname": f"sbx-{rec.id[:20]}", "lo_up": rec.network.mode != "none",
+                "pids_cgroup": str(cg.work_pids_dir),
+                "oom_counter": str(cg.oom_counter),
+                "hostname": f"sbx-{rec.id[:20]}",
+                "lo_up": rec.network.mode != "none",
                 "pty_max": self.config.pty_max,
                 "scratch": str(d.scratch),
-                "workspace": "/workspace", "workdir": rec.workdir, "env": base_env,
+                "workspace": "/workspace",
+                "workdir": rec.workdir,
+                "env": base_env,
             }
             d.boot.write_text(json.dumps(config))
-            agent_args = ["--unix", str(d.socket), "--secret-file", str(d.secret), "--workspace", "/workspace",
-                          "--workdir", rec.workdir, "--boot", str(d.boot)]
+            agent_args = [
+                "--unix",
+                str(d.socket),
+                "--secret-file",
+                str(d.secret),
+                "--workspace",
+                "/workspace",
+                "--workdir",
+                rec.workdir,
+                "--boot",
+                str(d.boot),
+            ]
             if self._zygote is not None:
                 os.close(ready_r)
                 os.close(ready_w)
                 status = self._zygote.spawn(agent_args, d.log, self.config.boot_timeout_seconds, self._uid_base(rec))
                 if not status.get("ok"):
-                    raise BackendUnavailableError(f"sandbox boot failed: {status.get('message')}; "
-                                                  f"log: {_tail(d.log)}")
+                    raise BackendUnavailableError(f"sandbox boot failed: {status.get('message')}; log: {_tail(d.log)}")
                 rec.launcher_pid = None
                 rec.host_pid = status["host_pid"]
                 d.save(rec)
                 return
-            argv = ["unshare", "--mount", "--uts", "--ipc", "--net", "--pid", "--fork", "--kill-child",
-                    "--propagation", "private", self.python, "-I", "-S", "-c", self._launch_code]
-            env = {**self._launch_env,
-                   "ORCHARD_AGENT_ARGV": json.dumps([*agent_args, "--ready-fd", str(ready_w)])}
+            argv = [
+                "unshare",
+                "--mount",
+                "--uts",
+                "--ipc",
+                "--net",
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--propagation",
+                "private",
+                self.python,
+                "-I",
+                "-S",
+                "-c",
+                self._launch_code,
+            ]
+            env = {**self._launch_env, "ORCHARD_AGENT_ARGV": json.dumps([*agent_args, "--ready-fd", str(ready_w)])}
         else:
             d.workspace.mkdir(exist_ok=True)
-            argv = [self.python, "-I", "-S", "-c", self._launch_code, "--unix", str(d.socket),
-                    "--secret-file", str(d.secret), "--workspace", str(d.workspace), "--workspace-alias",
-                    "/workspace", "--workdir", rec.workdir, "--ready-fd", str(ready_w), "--isolation", "unisolated",
-                    *[f"--env={k}={v}" for k, v in base_env.items()]]
+            argv = [
+                self.python,
+                "-I",
+                "-S",
+                "-c",
+                self._launch_code,
+                "--unix",
+                str(d.socket),
+                "--secret-file",
+                str(d.secret),
+                "--workspace",
+                str(d.workspace),
+                "--workspace-alias",
+                "/workspace",
+                "--workdir",
+                rec.workdir,
+                "--ready-fd",
+                str(ready_w),
+                "--isolation",
+                "unisolated",
+                *[f"--env={k}={v}" for k, v in base_env.items()],
+            ]
             env = self._launch_env
         try:
             with open(d.log, "ab") as log:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(ready_w,),
-                                        env=env, start_new_session=True,
-                                        cwd=str(d.root))
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    pass_fds=(ready_w,),
+                    env=env,
+                    start_new_session=True,
+                    cwd=str(d.root),
+                )
         finally:
             os.close(ready_w)
         with self._lock:
@@ -403,22 +478,46 @@ class LocalBackend(SandboxBackend):
         elif os.path.exists(os.path.join(self._image_root(rec.image), "usr/bin/python3")):
             python = "/usr/bin/python3"  # the agent is stdlib-only: the image's interpreter runs it
         else:
-            raise InvalidRequestError(f"image {rec.image!r} has no /usr/bin/python3, which runtime 'gvisor' needs "
-                                      "to run the agent inside it")
+            raise InvalidRequestError(
+                f"image {rec.image!r} has no /usr/bin/python3, which runtime 'gvisor' needs to run the agent inside it"
+            )
         sock = self._gvisor_socket(d)
         sock.parent.mkdir(exist_ok=True)
-        args = ["--unix", f"{local_gvisor.IN_SANDBOX_SOCKET_DIR}/{sock.name}", "--secret-file",
-                local_gvisor.IN_SANDBOX_SECRET, "--workspace", "/workspace", "--workdir", rec.workdir,
-                "--isolation", "gvisor", *[f"--env={k}={v}" for k, v in base_env.items()]]
-        oci = local_gvisor.spec(lower=self._image_root(rec.image) if rec.image else str(self.root_lower), binds=self._ro_binds(rec.image),
-                                agent_dir=str(self.agent_dir), socket_dir=str(sock.parent), secret=str(d.secret),
-                                python=python, agent_args=args, hostname=f"sbx-{rec.id[:20]}",
-                                pids=rec.resources.pids)
+        args = [
+            "--unix",
+            f"{local_gvisor.IN_SANDBOX_SOCKET_DIR}/{sock.name}",
+            "--secret-file",
+            local_gvisor.IN_SANDBOX_SECRET,
+            "--workspace",
+            "/workspace",
+            "--workdir",
+            rec.workdir,
+            "--isolation",
+            "gvisor",
+            *[f"--env={k}={v}" for k, v in base_env.items()],
+        ]
+        oci = local_gvisor.spec(
+            lower=self._image_root(rec.image) if rec.image else str(self.root_lower),
+            binds=self._ro_binds(rec.image),
+            agent_dir=str(self.agent_dir),
+            socket_dir=str(sock.parent),
+            secret=str(d.secret),
+            python=python,
+            agent_args=args,
+            hostname=f"sbx-{rec.id[:20]}",
+            pids=rec.resources.pids,
+        )
         cg = self._cgroups(rec.id)
         procs = [p for p in cg.procs_files() if "/pids/" not in p]  # Sentry threads would eat pids.max
-        proc = self._gvisor.launch(root=d.root, container_id=f"orchard-{rec.id}", oci=oci,
-                                   cgroup_procs=procs, log=d.log, socket_path=sock,
-                                   timeout=self.config.boot_timeout_seconds)
+        proc = self._gvisor.launch(
+            root=d.root,
+            container_id=f"orchard-{rec.id}",
+            oci=oci,
+            cgroup_procs=procs,
+            log=d.log,
+            socket_path=sock,
+            timeout=self.config.boot_timeout_seconds,
+        )
         with self._lock:
             self._launchers[rec.id] = proc
         rec.launcher_pid = rec.host_pid = proc.pid
@@ -430,8 +529,9 @@ class LocalBackend(SandboxBackend):
         while not buf.endswith(b"\n"):
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise BackendUnavailableError(f"sandbox agent did not come up within "
-                                              f"{self.config.boot_timeout_seconds:g} s; log: {_tail(d.log)}")
+                raise BackendUnavailableError(
+                    f"sandbox agent did not come up within {self.config.boot_timeout_seconds:g} s; log: {_tail(d.log)}"
+                )
             chunk = os.read(fd, 4096)
             if not chunk:
                 break
@@ -454,12 +554,17 @@ class LocalBackend(SandboxBackend):
         oom = self._cgroups(sandbox_id).oom_kills() if self.isolated else 0
         if not alive:
             kind = InfraErrorKind.OOM_KILLED if oom else InfraErrorKind.SANDBOX_CRASHED
-            return BackendStatus(alive=False, infra_error=kind, message=f"sandbox agent (pid {rec.host_pid}) is gone; "
-                                 f"log: {_tail(self._dir(sandbox_id).log)}")
+            return BackendStatus(
+                alive=False,
+                infra_error=kind,
+                message=f"sandbox agent (pid {rec.host_pid}) is gone; log: {_tail(self._dir(sandbox_id).log)}",
+            )
         if oom:
-            return BackendStatus(alive=True, infra_error=InfraErrorKind.OOM_KILLED,
-                                 message=f"{oom} process(es) were OOM-killed at the {rec.resources.memory_mb} MiB "
-                                         "memory limit")
+            return BackendStatus(
+                alive=True,
+                infra_error=InfraErrorKind.OOM_KILLED,
+                message=f"{oom} process(es) were OOM-killed at the {rec.resources.memory_mb} MiB memory limit",
+            )
         return BackendStatus(alive=True, message=note)
 
     def status_after_agent_loss(self, sandbox_id: str, settle_seconds: float = 2.0) -> BackendStatus:
@@ -547,7 +652,9 @@ class LocalBackend(SandboxBackend):
     def restore(self, sandbox_id: str, snapshot_id: str) -> None:
         rec = self.record(sandbox_id)
         if rec.image != self.snapshots.meta(snapshot_id).get("image"):
-            raise InvalidRequestError(f"snapshot {snapshot_id!r} was taken on another image than sandbox {sandbox_id!r}")
+            raise InvalidRequestError(
+                f"snapshot {snapshot_id!r} was taken on another image than sandbox {sandbox_id!r}"
+            )
         d = self._dir(sandbox_id)
         self._kill(sandbox_id, rec)
         target = d.upper if self.isolated else d.workspace
@@ -612,7 +719,7 @@ def _pid_alive(pid: int) -> bool:
             stat = f.read()
     except OSError:
         return False
-    return stat[stat.rfind(b")") + 2:stat.rfind(b")") + 3] not in (b"Z", b"X")
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
 def _tail(path: Path, n: int = 800) -> str:

@@ -77,8 +77,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         backend.close()
         shutil.rmtree(state, ignore_errors=True)
-    figures = {"bare_subprocess": _stats(bare), "agent_exec": _stats(execs), "agent_ping": _stats(pings),
-               "create_to_ready": _stats(creates), "stop": _stats(stops)}
+    figures = {
+        "bare_subprocess": _stats(bare),
+        "agent_exec": _stats(execs),
+        "agent_ping": _stats(pings),
+        "create_to_ready": _stats(creates),
+        "stop": _stats(stops),
+    }
     figures["exec_ratio_p50"] = figures["agent_exec"]["p50_ms"] / figures["bare_subprocess"]["p50_ms"]
     table = Table(title="local backend + agent (no REST)")
     for col in ("figure", "p50", "p99"):

@@ -40,8 +40,12 @@ PTY_MAX_LIMIT = 1 << 20  # NR_UNIX98_PTY_MAX
 
 def wanted(pool_size: int, pty_max: int, pty_reserve: int) -> dict[str, int]:
     """The least value each ceiling must have for `pool_size` sandboxes holding `pty_max` ptys each."""
-    return {"kernel/pty/max": min(PTY_MAX_LIMIT, pty_reserve + pool_size * pty_max), "kernel/pid_max": PID_MAX_LIMIT,
-            "kernel/threads-max": PID_MAX_LIMIT, "fs/file-max": FILE_MAX_LIMIT}
+    return {
+        "kernel/pty/max": min(PTY_MAX_LIMIT, pty_reserve + pool_size * pty_max),
+        "kernel/pid_max": PID_MAX_LIMIT,
+        "kernel/threads-max": PID_MAX_LIMIT,
+        "fs/file-max": FILE_MAX_LIMIT,
+    }
 
 
 def _read(name: str) -> int:
@@ -62,7 +66,8 @@ def raise_ceilings(pool_size: int, pty_max: int) -> dict[str, tuple[int, int]]:
                 f"cannot raise {name.replace('/', '.')} from {before} to {value} ({exc.strerror}): below it, one "
                 "sandbox (or a policy in many at once) can drain a pool every sandbox and the host share. Run the "
                 "service where /proc/sys is writable, raise it yourself, or set "
-                "LocalBackendConfig(raise_kernel_ceilings=False) to accept that") from exc
+                "LocalBackendConfig(raise_kernel_ceilings=False) to accept that"
+            ) from exc
         changed[name.replace("/", ".")] = (before, value)
     if changed:
         log.info("raised machine-wide kernel ceilings so each sandbox's own cap binds first: %s", changed)

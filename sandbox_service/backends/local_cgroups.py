@@ -40,7 +40,8 @@ def detect_version(root: Path = CGROUP_ROOT) -> int:
     if missing:
         raise IsolationUnavailableError(
             f"cgroup controllers {missing} are not mounted under {root} (neither v1 nor v2 layout found); "
-            "mount them, or start the service unisolated (ORCHARD_UNISOLATED=1) at your own risk")
+            "mount them, or start the service unisolated (ORCHARD_UNISOLATED=1) at your own risk"
+        )
     return 1
 
 
@@ -129,12 +130,17 @@ class SandboxCgroups:
     def limits(self) -> dict[str, int]:
         """Limits as applied (for tests and status)."""
         if self.version == 1:
-            return {"memory_bytes": int(_read(self.dirs["memory"] / "memory.limit_in_bytes")),
-                    "cpu_quota_us": int(_read(self.dirs["cpu"] / "cpu.cfs_quota_us")),
-                    "pids_max": int(_read(self.work_pids_dir / "pids.max"))}
+            return {
+                "memory_bytes": int(_read(self.dirs["memory"] / "memory.limit_in_bytes")),
+                "cpu_quota_us": int(_read(self.dirs["cpu"] / "cpu.cfs_quota_us")),
+                "pids_max": int(_read(self.work_pids_dir / "pids.max")),
+            }
         d = self.dirs["memory"]
-        return {"memory_bytes": int(_read(d / "memory.max")), "cpu_quota_us": int(_read(d / "cpu.max").split()[0]),
-                "pids_max": int(_read(self.work_pids_dir / "pids.max"))}
+        return {
+            "memory_bytes": int(_read(d / "memory.max")),
+            "cpu_quota_us": int(_read(d / "cpu.max").split()[0]),
+            "pids_max": int(_read(self.work_pids_dir / "pids.max")),
+        }
 
     def oom_kills(self) -> int:
         try:

@@ -16,12 +16,32 @@ from sandbox_service.errors import IsolationUnavailableError
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Credentials and control-plane state found on hosts like this one; paths that do not exist are skipped.
 DEFAULT_MASKS = [
-    "/root/.ssh", "/root/.gnupg", "/root/.aws", "/root/.azure", "/root/.kube", "/root/.docker",
-    "/root/.config/gcloud", "/root/.config/gh", "/root/.config/chromium", "/root/.netrc", "/root/.git-credentials",
-    "/root/.pypirc", "/root/.npmrc", "/root/.m2/settings.xml", "/root/.cargo/credentials",
-    "/root/.cargo/credentials.toml", "/root/.huggingface", "/root/.cache/huggingface/token", "/root/.claude",
-    "/root/.bash_history", "/work/.library", "/mnt/sandboxing", "/var/lib/orchard", "/var/run/secrets",
-    "/run/secrets", "/etc/orchard",
+    "/root/.ssh",
+    "/root/.gnupg",
+    "/root/.aws",
+    "/root/.azure",
+    "/root/.kube",
+    "/root/.docker",
+    "/root/.config/gcloud",
+    "/root/.config/gh",
+    "/root/.config/chromium",
+    "/root/.netrc",
+    "/root/.git-credentials",
+    "/root/.pypirc",
+    "/root/.npmrc",
+    "/root/.m2/settings.xml",
+    "/root/.cargo/credentials",
+    "/root/.cargo/credentials.toml",
+    "/root/.huggingface",
+    "/root/.cache/huggingface/token",
+    "/root/.claude",
+    "/root/.bash_history",
+    "/work/.library",
+    "/mnt/sandboxing",
+    "/var/lib/orchard",
+    "/var/run/secrets",
+    "/run/secrets",
+    "/etc/orchard",
 ]
 # The host directories a sandbox without an image sees, read-only (nothing else of the host is in its
 # root; /etc is a sanitised copy, see local_root.py). Paths that do not exist are skipped.
@@ -34,71 +54,112 @@ class LocalBackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     state_dir: Path = Field(Path("/var/lib/orchard"), description="Sandbox layers, sockets, records, snapshots.")
     isolation: Literal["namespaces", "none"] = Field(
-        "namespaces", description="'none' runs agents as plain subprocesses (explicit operator choice only).")
+        "namespaces", description="'none' runs agents as plain subprocesses (explicit operator choice only)."
+    )
     runtime: Literal["namespaces", "gvisor"] = Field(
-        "namespaces", description="'namespaces': the agent builds the sandbox from Linux namespaces, a user "
+        "namespaces",
+        description="'namespaces': the agent builds the sandbox from Linux namespaces, a user "
         "namespace and seccomp (fast); 'gvisor': each sandbox runs under gVisor's user-space kernel (runsc; "
-        "stronger, slower, see local_gvisor.py). Env ORCHARD_RUNTIME.")
+        "stronger, slower, see local_gvisor.py). Env ORCHARD_RUNTIME.",
+    )
     gvisor_platform: Literal["ptrace", "kvm", "systrap"] = Field("ptrace", description="runsc --platform.")
     cgroup_parent: str | None = Field(
-        None, description="cgroup directory (per controller) holding sandbox groups; default "
-        "'orchard-<hash of state_dir>', so services with different state dirs never share one.")
-    mask_paths: list[str] = Field(default_factory=lambda: list(DEFAULT_MASKS),
-                                  description="Host paths hidden inside sandboxes (empty read-only mounts).")
-    extra_ro_binds: list[str] = Field(default_factory=list,
-                                      description="More host paths to show read-only (any sandbox, image or not).")
+        None,
+        description="cgroup directory (per controller) holding sandbox groups; default "
+        "'orchard-<hash of state_dir>', so services with different state dirs never share one.",
+    )
+    mask_paths: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_MASKS),
+        description="Host paths hidden inside sandboxes (empty read-only mounts).",
+    )
+    extra_ro_binds: list[str] = Field(
+        default_factory=list, description="More host paths to show read-only (any sandbox, image or not)."
+    )
     root_allowlist: list[str] = Field(
         default_factory=lambda: list(DEFAULT_ROOT_ALLOWLIST),
         description="Host paths shown read-only in a sandbox without an image; the rest of its root is an empty "
-        "skeleton plus a sanitised copy of /etc (world-readable files only).")
+        "skeleton plus a sanitised copy of /etc (world-readable files only).",
+    )
     prepend_service_python_to_path: bool = Field(
-        True, description="Show the service's virtualenv and its base interpreter read-only and prefix PATH with "
-        "the venv's bin dir (image=None only), so `python`/`pytest` in a sandbox are the service's.")
-    seccomp: bool = Field(True, description="Install the seccomp filter of agent/seccomp.py on every sandbox "
-                          "process (needs libseccomp2).")
-    userns: bool = Field(True, description="Run each sandbox in a user namespace: its uid/gid 0..userns_size-1 "
-                         "are unprivileged host ids of a range of its own (see agent/boot.py enter_userns).")
-    userns_base: int = Field(1_000_000_000, ge=1, description="First host uid/gid of the id pool: the sandbox "
-                             "holding slot n is base + n * userns_size.. (no host user may own ids in the pool).")
+        True,
+        description="Show the service's virtualenv and its base interpreter read-only and prefix PATH with "
+        "the venv's bin dir (image=None only), so `python`/`pytest` in a sandbox are the service's.",
+    )
+    seccomp: bool = Field(
+        True, description="Install the seccomp filter of agent/seccomp.py on every sandbox process (needs libseccomp2)."
+    )
+    userns: bool = Field(
+        True,
+        description="Run each sandbox in a user namespace: its uid/gid 0..userns_size-1 "
+        "are unprivileged host ids of a range of its own (see agent/boot.py enter_userns).",
+    )
+    userns_base: int = Field(
+        1_000_000_000,
+        ge=1,
+        description="First host uid/gid of the id pool: the sandbox "
+        "holding slot n is base + n * userns_size.. (no host user may own ids in the pool).",
+    )
     userns_size: int = Field(65536, ge=1, description="Number of uids/gids mapped into each sandbox.")
     userns_pool_size: int = Field(
-        4096, ge=1, description="Id ranges in the pool, one per running sandbox, returned on delete. A sandbox's "
+        4096,
+        ge=1,
+        description="Id ranges in the pool, one per running sandbox, returned on delete. A sandbox's "
         "root is a host uid no other sandbox has, so per-user kernel counters (inotify instances, RLIMIT_NPROC, "
-        "message queue bytes) and its delegated cgroup never span sandboxes; creates beyond it are refused (503).")
-    userns_slot_dir: Path = Field(Path("/run/orchard/uid-slots"),
-                                  description="Machine-wide allocation of id ranges (one file per slot), shared "
-                                  "by every service on this host.")
+        "message queue bytes) and its delegated cgroup never span sandboxes; creates beyond it are refused (503).",
+    )
+    userns_slot_dir: Path = Field(
+        Path("/run/orchard/uid-slots"),
+        description="Machine-wide allocation of id ranges (one file per slot), shared by every service on this host.",
+    )
     disk_inodes_per_mb: int = Field(256, ge=1, description="Inode limit of the writable layer per MiB of disk_mb.")
     agent_python: str | None = Field(None, description="Interpreter for the agent (default: the host's base python).")
     boot_timeout_seconds: float = Field(15.0, gt=0, description="Give up on a sandbox whose agent is not up by then.")
     memory_headroom_mb: int = Field(
-        64, ge=1, description="Memory a sandbox's files can never take: its disk tmpfs (upper layer, /tmp, /run, "
-        "/dev/shm in one pool) is at most memory_mb minus this (or half of memory_mb), see LocalBackend.disk_size_mb.")
+        64,
+        ge=1,
+        description="Memory a sandbox's files can never take: its disk tmpfs (upper layer, /tmp, /run, "
+        "/dev/shm in one pool) is at most memory_mb minus this (or half of memory_mb), see LocalBackend.disk_size_mb.",
+    )
     allowlist_subnet: str = Field("10.213.0.0/16", description="Addresses for sandboxes in allowlist mode.")
     image_dir: Path | None = Field(
-        None, description="Directory of built roots: SandboxCreate(image='NAME') is <image_dir>/NAME (e.g. "
+        None,
+        description="Directory of built roots: SandboxCreate(image='NAME') is <image_dir>/NAME (e.g. "
         "scripts/build-debian-root.sh <image_dir>/bookworm). Images are names, never host paths. Default "
-        "<state_dir>/images; env ORCHARD_IMAGE_DIR.")
-    fast_start: bool = Field(True, description="Fork sandboxes from a pre-imported agent (zygote) instead of "
-                             "starting an interpreter per sandbox (saves ~30-100 ms each).")
+        "<state_dir>/images; env ORCHARD_IMAGE_DIR.",
+    )
+    fast_start: bool = Field(
+        True,
+        description="Fork sandboxes from a pre-imported agent (zygote) instead of "
+        "starting an interpreter per sandbox (saves ~30-100 ms each).",
+    )
     pty_max: int = Field(
-        64, ge=1, le=4096, description="Ptys a sandbox may hold at once (its devpts `max=`): every sandbox takes "
+        64,
+        ge=1,
+        le=4096,
+        description="Ptys a sandbox may hold at once (its devpts `max=`): every sandbox takes "
         "them from one machine-wide pool, which the backend sizes to userns_pool_size * pty_max "
-        "(local_ceilings.py).")
+        "(local_ceilings.py).",
+    )
     raise_kernel_ceilings: bool = Field(
-        True, description="At start, raise the machine-wide kernel ceilings one sandbox could otherwise reach "
+        True,
+        description="At start, raise the machine-wide kernel ceilings one sandbox could otherwise reach "
         "(kernel.pty.max, kernel.pid_max, kernel.threads-max, fs.file-max; never lowered) so each sandbox's own "
-        "cap binds first: see local_ceilings.py and docs/concepts/threat-model.md.")
-    net_index_dir: Path = Field(Path("/run/orchard/net-slots"),
-                                description="Machine-wide allocation of veth names/addresses (one file per slot).")
+        "cap binds first: see local_ceilings.py and docs/concepts/threat-model.md.",
+    )
+    net_index_dir: Path = Field(
+        Path("/run/orchard/net-slots"),
+        description="Machine-wide allocation of veth names/addresses (one file per slot).",
+    )
 
     @model_validator(mode="after")
     def _pool_fits(self) -> "LocalBackendConfig":
         if self.userns_base + self.userns_pool_size * self.userns_size > 2**32 - 1:
-            raise ValueError(f"userns_base + userns_pool_size * userns_size exceeds the uid space (2**32 - 1)")
+            raise ValueError("userns_base + userns_pool_size * userns_size exceeds the uid space (2**32 - 1)")
         if self.userns_pool_size * self.pty_max > PTY_MAX_LIMIT // 2:
-            raise ValueError(f"userns_pool_size * pty_max ({self.userns_pool_size * self.pty_max}) is over the ptys "
-                             f"the kernel can share out ({PTY_MAX_LIMIT} in all, part of it the host's); lower one")
+            raise ValueError(
+                f"userns_pool_size * pty_max ({self.userns_pool_size * self.pty_max}) is over the ptys "
+                f"the kernel can share out ({PTY_MAX_LIMIT} in all, part of it the host's); lower one"
+            )
         return self
 
     @classmethod
@@ -139,6 +200,8 @@ def check_isolation() -> None:
         problems.append(str(exc))
     if problems:
         raise IsolationUnavailableError(
-            "local sandboxes cannot be isolated: " + "; ".join(problems)
+            "local sandboxes cannot be isolated: "
+            + "; ".join(problems)
             + ". Fix that, or start the service with ORCHARD_UNISOLATED=1 (LocalBackendConfig(isolation='none')) "
-            "to run commands without isolation at your own risk.")
+            "to run commands without isolation at your own risk."
+        )

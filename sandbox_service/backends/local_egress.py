@@ -61,9 +61,11 @@ def ensure() -> None:
     try:
         nftables.run(_BASE)
     except nftables.NftablesError as exc:
-        raise BackendUnavailableError(f"cannot install the sandbox egress filter (nftables table {TABLE}): {exc}. "
-                                      "Allowlist sandboxes need nf_tables in the kernel and Debian's `nftables` "
-                                      "(scripts/install-system-deps.sh)") from exc
+        raise BackendUnavailableError(
+            f"cannot install the sandbox egress filter (nftables table {TABLE}): {exc}. "
+            "Allowlist sandboxes need nf_tables in the kernel and Debian's `nftables` "
+            "(scripts/install-system-deps.sh)"
+        ) from exc
 
 
 def rules(link: str, cidrs: list[str], sandbox_subnet: str) -> str:
@@ -79,11 +81,16 @@ def rules(link: str, cidrs: list[str], sandbox_subnet: str) -> str:
     if named:
         lines.append(f"add rule {chain} ip daddr {{ {', '.join(named)} }} accept")
     if wide:
-        lines += [f"add rule {chain} fib daddr type != unicast drop",
-                  f"add rule {chain} ip daddr {{ {', '.join(never)} }} drop",
-                  f"add rule {chain} ip daddr {{ {', '.join(wide)} }} accept"]
-    lines += [f"add rule {chain} drop",
-              f'add element {TABLE} egress {{ "{link}" : jump {link} }}', f'add element {TABLE} links {{ "{link}" }}']
+        lines += [
+            f"add rule {chain} fib daddr type != unicast drop",
+            f"add rule {chain} ip daddr {{ {', '.join(never)} }} drop",
+            f"add rule {chain} ip daddr {{ {', '.join(wide)} }} accept",
+        ]
+    lines += [
+        f"add rule {chain} drop",
+        f'add element {TABLE} egress {{ "{link}" : jump {link} }}',
+        f'add element {TABLE} links {{ "{link}" }}',
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -106,9 +113,11 @@ def remove(link: str) -> None:
     _check_link(link)
     chain = f"{TABLE} {link}"
     # `add` first makes each `delete` find its object: nft 1.0.6 has no delete-if-exists (`destroy`).
-    batch = (f'add chain {chain}\nadd element {TABLE} egress {{ "{link}" : jump {link} }}\n'
-             f'add element {TABLE} links {{ "{link}" }}\ndelete element {TABLE} egress {{ "{link}" }}\n'
-             f'delete element {TABLE} links {{ "{link}" }}\nflush chain {chain}\ndelete chain {chain}\n')
+    batch = (
+        f'add chain {chain}\nadd element {TABLE} egress {{ "{link}" : jump {link} }}\n'
+        f'add element {TABLE} links {{ "{link}" }}\ndelete element {TABLE} egress {{ "{link}" }}\n'
+        f'delete element {TABLE} links {{ "{link}" }}\nflush chain {chain}\ndelete chain {chain}\n'
+    )
     try:
         nftables.run(batch)
     except nftables.NftablesError as exc:
@@ -137,8 +146,11 @@ def filtered_links() -> list[str]:
     except nftables.NftablesError:
         return []
     name = TABLE.split()[1]
-    return sorted(c["chain"]["name"] for c in items
-                  if "chain" in c and c["chain"]["table"] == name and c["chain"]["name"] not in _HOOK_CHAINS)
+    return sorted(
+        c["chain"]["name"]
+        for c in items
+        if "chain" in c and c["chain"]["table"] == name and c["chain"]["name"] not in _HOOK_CHAINS
+    )
 
 
 # In the sandbox's own namespace: no multicast or broadcast leaves eth0. Such a destination is sent to

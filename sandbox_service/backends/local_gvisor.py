@@ -43,27 +43,56 @@ from sandbox_service.errors import BackendUnavailableError, InvalidRequestError
 IN_SANDBOX_SOCKET_DIR = "/.orchard/run"
 IN_SANDBOX_SECRET = "/.orchard/secret"
 IN_SANDBOX_AGENT = "/.orchard/agent"
-_CAPS = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD", "CAP_NET_RAW", "CAP_SETGID",
-         "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP", "CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL",
-         "CAP_AUDIT_WRITE"]  # Docker's default set
+_CAPS = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+]  # Docker's default set
 
 
 def check() -> str:
     runsc = shutil.which("runsc")
     if runsc is None:
-        raise BackendUnavailableError("runtime 'gvisor' needs runsc: run scripts/install-system-deps.sh "
-                                      "(Debian package runsc) or use runtime 'namespaces'")
+        raise BackendUnavailableError(
+            "runtime 'gvisor' needs runsc: run scripts/install-system-deps.sh "
+            "(Debian package runsc) or use runtime 'namespaces'"
+        )
     return runsc
 
 
-def spec(*, lower: str, binds: list[str], agent_dir: str, socket_dir: str, secret: str, python: str,
-         agent_args: list[str], hostname: str, pids: int) -> dict:
+def spec(
+    *,
+    lower: str,
+    binds: list[str],
+    agent_dir: str,
+    socket_dir: str,
+    secret: str,
+    python: str,
+    agent_args: list[str],
+    hostname: str,
+    pids: int,
+) -> dict:
     """The OCI runtime spec of one sandbox."""
     mounts = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755"]},
-        {"destination": "/dev/pts", "type": "devpts", "source": "devpts",
-         "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]},
+        {
+            "destination": "/dev/pts",
+            "type": "devpts",
+            "source": "devpts",
+            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"],
+        },
         {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev"]},
         {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
         {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]},
@@ -73,17 +102,23 @@ def spec(*, lower: str, binds: list[str], agent_dir: str, socket_dir: str, secre
         {"destination": IN_SANDBOX_SECRET, "type": "bind", "source": secret, "options": ["bind", "ro"]},
         {"destination": IN_SANDBOX_SOCKET_DIR, "type": "bind", "source": socket_dir, "options": ["rbind", "rw"]},
     ]
-    launch = (f"import sys; sys.path.insert(0, {IN_SANDBOX_AGENT!r}); "
-              "from sandbox_service.agent.__main__ import main; sys.exit(main())")
+    launch = (
+        f"import sys; sys.path.insert(0, {IN_SANDBOX_AGENT!r}); "
+        "from sandbox_service.agent.__main__ import main; sys.exit(main())"
+    )
     return {
         "ociVersion": "1.0.0",
         "process": {
-            "user": {"uid": 0, "gid": 0}, "cwd": "/", "noNewPrivileges": True,
+            "user": {"uid": 0, "gid": 0},
+            "cwd": "/",
+            "noNewPrivileges": True,
             "args": [python, "-I", "-S", "-c", launch, *agent_args],
             "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8"],
             "capabilities": {k: _CAPS for k in ("bounding", "effective", "permitted")},
-            "rlimits": [{"type": "RLIMIT_NPROC", "hard": pids, "soft": pids},
-                        {"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}],
+            "rlimits": [
+                {"type": "RLIMIT_NPROC", "hard": pids, "soft": pids},
+                {"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536},
+            ],
         },
         "root": {"path": lower, "readonly": False},  # writes land in --overlay2's file store, never in lower
         "hostname": hostname,
@@ -100,22 +135,48 @@ class GvisorRuntime:
     def _base(self, state: Path) -> list[str]:
         return [self.runsc, "--root", str(state), "--platform", self.platform]
 
-    def launch(self, *, root: Path, container_id: str, oci: dict, cgroup_procs: list[str],
-               log: Path, socket_path: Path, timeout: float) -> subprocess.Popen:
+    def launch(
+        self,
+        *,
+        root: Path,
+        container_id: str,
+        oci: dict,
+        cgroup_procs: list[str],
+        log: Path,
+        socket_path: Path,
+        timeout: float,
+    ) -> subprocess.Popen:
         """Start the sandbox; return the runsc process once the agent accepts connections."""
         bundle, state = root / "bundle", root / "runsc"
         bundle.mkdir(exist_ok=True)
         state.mkdir(exist_ok=True)
         (bundle / "config.json").write_text(json.dumps(oci))
-        argv = [*self._base(state), "--network", "none", "--host-uds", "create", "--ignore-cgroups",
-                "--overlay2", "root:memory", "run", "--bundle", str(bundle), container_id]
+        argv = [
+            *self._base(state),
+            "--network",
+            "none",
+            "--host-uds",
+            "create",
+            "--ignore-cgroups",
+            "--overlay2",
+            "root:memory",
+            "run",
+            "--bundle",
+            str(bundle),
+            container_id,
+        ]
         # sh joins the cgroups, then becomes runsc: the Sentry and Gofer are born inside them.
         join = 'for p in $ORCHARD_CGROUP_PROCS; do echo $$ > "$p"; done; exec "$@"'
         with open(log, "ab") as out:
-            proc = subprocess.Popen(["sh", "-c", join, "sh", *argv], stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=out, start_new_session=True, cwd=str(root),
-                                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                         "ORCHARD_CGROUP_PROCS": " ".join(cgroup_procs)})
+            proc = subprocess.Popen(
+                ["sh", "-c", join, "sh", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                cwd=str(root),
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "ORCHARD_CGROUP_PROCS": " ".join(cgroup_procs)},
+            )
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:

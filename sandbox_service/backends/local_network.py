@@ -151,8 +151,10 @@ def remove_link(index: int) -> None:
     local_egress.remove(name)
 
 
-_NO_IPV6 = ("for f in /proc/sys/net/ipv6/conf/default/disable_ipv6 /proc/sys/net/ipv6/conf/{dev}/disable_ipv6; "
-            "do if [ -e $f ]; then echo 1 > $f || exit 1; fi; done")
+_NO_IPV6 = (
+    "for f in /proc/sys/net/ipv6/conf/default/disable_ipv6 /proc/sys/net/ipv6/conf/{dev}/disable_ipv6; "
+    "do if [ -e $f ]; then echo 1 > $f || exit 1; fi; done"
+)
 # Inside the namespace, in one process: IPv6 off on the peer (it already is, by the namespace's default
 # written before the peer existed; this is the second lock), then the links and routes as one `ip -batch`.
 _NO_IPV6_THEN_BATCH = _NO_IPV6 + " && exec ip -batch -"
@@ -192,14 +194,29 @@ def apply(pid: int, index: int, subnet: str, policy: NetworkPolicy) -> list[str]
         # namespace, after its IPv6 default is off, so the sandbox's end never gets a link-local address;
         # the host's end is born in the service's namespace and has IPv6 off before it comes up.
         local_egress.confine_source(pid)  # in the sandbox's namespace, before its end exists
-        _run(["nsenter", "-t", str(pid), "-n", "sh", "-c", _NO_IPV6.format(dev="default") + " && exec ip link add "
-              f"{peer} type veth peer name {host_if} address {host_mac(index)} netns {os.getpid()}"])
+        _run(
+            [
+                "nsenter",
+                "-t",
+                str(pid),
+                "-n",
+                "sh",
+                "-c",
+                _NO_IPV6.format(dev="default") + " && exec ip link add "
+                f"{peer} type veth peer name {host_if} address {host_mac(index)} netns {os.getpid()}",
+            ]
+        )
         disable_ipv6_host(host_if)
         _run(["ip", "-batch", "-"], stdin=f"link set {host_if} up\nroute replace {sip}/32 dev {host_if}\n")
-        lines = ["link set lo up", f"link set {peer} name eth0", f"addr add {sip}/32 dev eth0", "link set eth0 up",
-                 f"neigh replace {GATEWAY} lladdr {host_mac(index)} dev eth0 nud permanent",
-                 f"rule add oif eth0 lookup {BOUND_TABLE} pref {BOUND_TABLE}",
-                 f"route replace default via {GATEWAY} dev eth0 onlink table {BOUND_TABLE}"]
+        lines = [
+            "link set lo up",
+            f"link set {peer} name eth0",
+            f"addr add {sip}/32 dev eth0",
+            "link set eth0 up",
+            f"neigh replace {GATEWAY} lladdr {host_mac(index)} dev eth0 nud permanent",
+            f"rule add oif eth0 lookup {BOUND_TABLE} pref {BOUND_TABLE}",
+            f"route replace default via {GATEWAY} dev eth0 onlink table {BOUND_TABLE}",
+        ]
     lines += ["route flush dev eth0"] + [f"route add {c} via {GATEWAY} dev eth0 onlink" for c in cidrs]
     batch = "\n".join(lines) + "\n"
     if new_link:

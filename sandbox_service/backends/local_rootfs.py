@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 from datetime import datetime, timezone
@@ -26,8 +25,20 @@ from sandbox_service.backends.fstree import remove_or_quarantine, remove_tree, t
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SnapshotNotFoundError
 from sandbox_service.models import NetworkPolicy, Resources
 
-AGENT_FILES = ("__init__.py", "__main__.py", "beneath.py", "boot.py", "execs.py", "files.py", "protocol.py",
-               "proctree.py", "seccomp.py", "server.py", "streams.py", "zygote.py")
+AGENT_FILES = (
+    "__init__.py",
+    "__main__.py",
+    "beneath.py",
+    "boot.py",
+    "execs.py",
+    "files.py",
+    "protocol.py",
+    "proctree.py",
+    "seccomp.py",
+    "server.py",
+    "streams.py",
+    "zygote.py",
+)
 MAX_SOCKET_PATH = 107
 
 
@@ -41,10 +52,16 @@ class SandboxRecord(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="Environment for every command.")
     resources: Resources = Field(description="Limits applied to the sandbox's cgroups.")
     network: NetworkPolicy = Field(description="Current network policy.")
-    net_index: int | None = Field(None, description="Machine-wide slot for the veth name and allowlist address "
-                                  "(taken when an allowlist is first applied).")
-    uid_slot: int | None = Field(None, description="Slot of the sandbox's host id range in the machine-wide pool "
-                                 "(LocalBackendConfig.userns_pool_size); None without a user namespace.")
+    net_index: int | None = Field(
+        None,
+        description="Machine-wide slot for the veth name and allowlist address "
+        "(taken when an allowlist is first applied).",
+    )
+    uid_slot: int | None = Field(
+        None,
+        description="Slot of the sandbox's host id range in the machine-wide pool "
+        "(LocalBackendConfig.userns_pool_size); None without a user namespace.",
+    )
     isolation: str = Field(description="'namespaces' or 'none' (unisolated).")
     host_pid: int | None = Field(None, description="Host pid of the sandbox's PID 1 (the agent).")
     launcher_pid: int | None = Field(None, description="Host pid of the unshare process holding the namespaces.")
@@ -68,8 +85,10 @@ class SandboxDir:
         self.record_path = self.root / "record.json"
         self.workspace = self.root / "workspace"  # unisolated mode only
         if len(str(self.socket)) > MAX_SOCKET_PATH:
-            raise InvalidRequestError(f"state dir {state_dir} is too deep: the agent socket path {self.socket} "
-                                      f"exceeds {MAX_SOCKET_PATH} bytes; use a shorter state_dir")
+            raise InvalidRequestError(
+                f"state dir {state_dir} is too deep: the agent socket path {self.socket} "
+                f"exceeds {MAX_SOCKET_PATH} bytes; use a shorter state_dir"
+            )
 
     def create(self, secret: str) -> None:
         self.root.mkdir(parents=True, exist_ok=False, mode=0o700)

@@ -33,10 +33,15 @@ class Zygote:
             with open(self.log_path, "ab") as log:
                 # argv[0] is a name, not the interpreter's path: sandboxes forked from the zygote show its
                 # command line as theirs, and it names no host path (the socket's is in the environment).
-                proc = subprocess.Popen(["orchard-agent", "-I", "-S", "-c", self.launch, "--zygote"],
-                                        executable=self.python, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=log, env={**self.env, "ORCHARD_ZYGOTE_SOCKET": str(self.path)},
-                                        start_new_session=True)
+                proc = subprocess.Popen(
+                    ["orchard-agent", "-I", "-S", "-c", self.launch, "--zygote"],
+                    executable=self.python,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    env={**self.env, "ORCHARD_ZYGOTE_SOCKET": str(self.path)},
+                    start_new_session=True,
+                )
             line = _read_line(proc.stdout.fileno(), 30.0)
             proc.stdout.close()
             if not line.startswith(b'{"ok": true'):
@@ -52,7 +57,9 @@ class Zygote:
             try:
                 with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
                     conn.connect(str(self.path))
-                    conn.sendall((json.dumps({"argv": argv, "log": str(log), "userns_owner": userns_owner}) + "\n").encode())
+                    conn.sendall(
+                        (json.dumps({"argv": argv, "log": str(log), "userns_owner": userns_owner}) + "\n").encode()
+                    )
                     line = _read_line(conn.fileno(), timeout)
             except (ConnectionRefusedError, FileNotFoundError):
                 if attempt == 0:

@@ -38,8 +38,9 @@ def _load() -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(name, use_errno=True)
     except OSError as exc:
-        raise NftablesUnavailable(f"libnftables is not installed ({exc}); install Debian's `nftables` "
-                                  "(scripts/install-system-deps.sh)") from None
+        raise NftablesUnavailable(
+            f"libnftables is not installed ({exc}); install Debian's `nftables` (scripts/install-system-deps.sh)"
+        ) from None
     lib.nft_ctx_new.restype = ctypes.c_void_p
     lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
     for fn in ("nft_ctx_buffer_output", "nft_ctx_buffer_error", "nft_ctx_free"):

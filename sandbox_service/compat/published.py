@@ -20,7 +20,8 @@ File paths may name anything inside the sandbox's own root, as in the reference 
 
 Where our security rules differ from the reference, ours win and the error says so: `block_network: false`
 (unrestricted egress) is refused unless the operator turns on `published_unrestricted_egress` (then: the
-public internet only, compat/egress.py); `cpu` and `memory` are echoed as given; images are honoured by name (the Kubernetes backend pulls the
+public internet only, compat/egress.py); `cpu` and `memory` are echoed as given; images are honoured by name (the
+Kubernetes backend pulls the
 reference; the local backend runs the built root of that name in its image directory, a name it has
 not built on the default root; host paths are refused with a 400).
 """
@@ -105,12 +106,12 @@ def _error_route(retry_after: float) -> type[APIRoute]:
                     return _detail(400, err.code, err.message)
                 except SandboxServiceError as err:
                     status = 400 if isinstance(err, ConflictError) else err.status_code
-                    after = err.retry_after if err.retry_after is not None else (
-                        retry_after if status == 503 else None)
+                    after = err.retry_after if err.retry_after is not None else (retry_after if status == 503 else None)
                     return _detail(status, err.code, err.message, after)
                 except RequestValidationError as err:
-                    return JSONResponse({"detail": jsonable_encoder(err.errors()), "code": "validation_error"},
-                                        status_code=422)
+                    return JSONResponse(
+                        {"detail": jsonable_encoder(err.errors()), "code": "validation_error"}, status_code=422
+                    )
 
             return guarded
 
@@ -191,13 +192,20 @@ def _job_view(state: PublishedState, job: Job, command: str) -> JobView:
     if result is not None and completed is not None:
         started = completed - result.duration_seconds
     return JobView(
-        job_id=job.id, sandbox_id=state.public.get(job.sandbox_id, job.sandbox_id),
-        command=command, status=status,
-        stdout=result.stdout if result else "", stderr=result.stderr if result else "",
-        exit_code=result.exit_code if result else None, created_at=job.created_at.timestamp(),
-        started_at=started, completed_at=completed, error=error,
+        job_id=job.id,
+        sandbox_id=state.public.get(job.sandbox_id, job.sandbox_id),
+        command=command,
+        status=status,
+        stdout=result.stdout if result else "",
+        stderr=result.stderr if result else "",
+        exit_code=result.exit_code if result else None,
+        created_at=job.created_at.timestamp(),
+        started_at=started,
+        completed_at=completed,
+        error=error,
         outcome=result.outcome.value if result else None,
-        infra_error=result.infra_error.value if result and result.infra_error else None)
+        infra_error=result.infra_error.value if result and result.infra_error else None,
+    )
 
 
 def _argv(req: ExecCommand) -> list[str]:
@@ -233,8 +241,9 @@ class _AuthError(SandboxServiceError):
         self.code = "unauthorized" if status == 401 else "forbidden"
 
 
-def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxManager, ops: SandboxOperations,
-                     jobs: JobManager) -> tuple[APIRouter, PublishedState]:
+def published_router(
+    config: ServiceConfig, auth: TokenAuth, manager: SandboxManager, ops: SandboxOperations, jobs: JobManager
+) -> tuple[APIRouter, PublishedState]:
     """Routes of the reference under `PREFIX`; the state is shared with the PTY route."""
     state = PublishedState(manager=manager, jobs=jobs)
     manager.on_delete.append(state.forget)
@@ -244,8 +253,11 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
 
     @r.get("/")
     async def banner() -> dict:
-        return {"service": "orchard sandbox service (published environment API)", "version": "0.1.0",
-                "native_api": "/v1"}
+        return {
+            "service": "orchard sandbox service (published environment API)",
+            "version": "0.1.0",
+            "native_api": "/v1",
+        }
 
     @r.get("/health")
     async def health() -> dict:
@@ -253,12 +265,16 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
 
     @authed.get("/resources")
     async def resources() -> dict:
-        live = [rec for rec in manager.sandboxes.values()
-                if rec.info.state in (SandboxState.pending, SandboxState.ready)]
-        return {"backend": config.backend, "sandboxes": {"live": len(live), "max": config.max_sandboxes},
-                "cpu_requested": sum(rec.info.resources.cpu for rec in live),
-                "memory_requested_mb": sum(rec.info.resources.memory_mb for rec in live),
-                "max_concurrent_execs": config.max_concurrent_execs}
+        live = [
+            rec for rec in manager.sandboxes.values() if rec.info.state in (SandboxState.pending, SandboxState.ready)
+        ]
+        return {
+            "backend": config.backend,
+            "sandboxes": {"live": len(live), "max": config.max_sandboxes},
+            "cpu_requested": sum(rec.info.resources.cpu for rec in live),
+            "memory_requested_mb": sum(rec.info.resources.memory_mb for rec in live),
+            "max_concurrent_execs": config.max_concurrent_execs,
+        }
 
     @authed.post("/sandboxes")
     async def create_sandbox(req: CreateSandbox) -> dict:
@@ -267,24 +283,31 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
                 "block_network=false (unrestricted egress) is off on this service: its operator turns it on with "
                 "the setting published_unrestricted_egress (ORCHARD_PUBLISHED_UNRESTRICTED_EGRESS=true; private "
                 "and metadata addresses stay unreachable); or create with block_network=true and set an allowlist "
-                "with PUT /v1/sandboxes/{id}/network-policy")
+                "with PUT /v1/sandboxes/{id}/network-policy"
+            )
         if req.sandbox_id is not None and (req.sandbox_id in state.aliases or req.sandbox_id in manager.sandboxes):
             raise ConflictError(f"sandbox_id {req.sandbox_id!r} is already in use; pick another")
         defaults = Resources()
-        resources = Resources(cpu=parse_cpu(req.cpu) or defaults.cpu,
-                              memory_mb=parse_memory_mb(req.memory) or defaults.memory_mb)
-        info = await manager.create(SandboxCreate(image=_image_for(manager.backend, req.image), resources=resources,
-                                                  network=NetworkPolicy(mode="none") if req.block_network
-                                                  else unrestricted_egress(),
-                                                  labels={"api": "published"}))
-        state.requested[info.id] = _Requested(req.image, req.block_network, req.timeout or 3600, req.cpu,
-                                              req.memory)
+        resources = Resources(
+            cpu=parse_cpu(req.cpu) or defaults.cpu, memory_mb=parse_memory_mb(req.memory) or defaults.memory_mb
+        )
+        info = await manager.create(
+            SandboxCreate(
+                image=_image_for(manager.backend, req.image),
+                resources=resources,
+                network=NetworkPolicy(mode="none") if req.block_network else unrestricted_egress(),
+                labels={"api": "published"},
+            )
+        )
+        state.requested[info.id] = _Requested(req.image, req.block_network, req.timeout or 3600, req.cpu, req.memory)
         if req.sandbox_id is not None:
             state.aliases[req.sandbox_id] = info.id
             state.public[info.id] = req.sandbox_id
         view = _sandbox_view(state, config, manager.record(info.id, touch=False))
-        return {k: view[k] for k in ("sandbox_id", "namespace", "image", "block_network", "cpu", "memory",
-                                     "timeout", "status")}
+        return {
+            k: view[k]
+            for k in ("sandbox_id", "namespace", "image", "block_network", "cpu", "memory", "timeout", "status")
+        }
 
     @authed.get("/sandboxes/{sandbox_id}")
     async def get_sandbox(sandbox_id: str) -> dict:
@@ -313,8 +336,11 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
         rec = state.resolve(sandbox_id)
         timeout = req.timeout_seconds or DEFAULT_EXEC_TIMEOUT
         command = req.command if isinstance(req.command, str) else " ".join(req.command)
-        job = jobs.submit(rec.info.id, ExecRequest(command=_argv(req), cwd=req.cwd, env=req.env or {},
-                                                   timeout_seconds=timeout, wait=False), command_text=command)
+        job = jobs.submit(
+            rec.info.id,
+            ExecRequest(command=_argv(req), cwd=req.cwd, env=req.env or {}, timeout_seconds=timeout, wait=False),
+            command_text=command,
+        )
         if not req.wait:
             return JSONResponse({"job_id": job.id, "status": "queued"})
         try:
@@ -325,8 +351,10 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
 
     @authed.get("/jobs/{job_id}")
     async def get_job(job_id: str) -> Response:
-        return Response(_job_view(state, jobs.get(job_id), jobs.command_text(job_id)).model_dump_json(),
-                        media_type="application/json")
+        return Response(
+            _job_view(state, jobs.get(job_id), jobs.command_text(job_id)).model_dump_json(),
+            media_type="application/json",
+        )
 
     @authed.get("/jobs/{job_id}/wait")
     async def wait_job(job_id: str, timeout: float = 300) -> Response:
@@ -338,8 +366,13 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
     async def apply_patch(sandbox_id: str, req: ApplyPatch) -> dict:
         rec = state.resolve(sandbox_id)
         result = await ops.apply_patch(rec.info.id, PatchRequest(patch=req.patch))
-        return {"success": result.applied, "stdout": result.stdout, "stderr": result.stderr,
-                "exit_code": result.exit_code, "error": None if result.applied else "patch did not apply"}
+        return {
+            "success": result.applied,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "exit_code": result.exit_code,
+            "error": None if result.applied else "patch did not apply",
+        }
 
     @authed.post("/sandboxes/{sandbox_id}/files")
     async def upload_file(sandbox_id: str, req: UploadFile) -> dict:
@@ -361,9 +394,15 @@ def published_router(config: ServiceConfig, auth: TokenAuth, manager: SandboxMan
     async def list_files(sandbox_id: str, path: str = "/workspace") -> dict:
         rec = state.resolve(sandbox_id)
         entries = await ops.list_files(rec.info.id, path, scope="root")
-        files = [FileInfo(name=e.name, type="directory" if e.type == "dir" else "file", size=e.size,
-                          modified=e.modified_at.replace(tzinfo=None).isoformat(timespec="seconds"))
-                 for e in entries]
+        files = [
+            FileInfo(
+                name=e.name,
+                type="directory" if e.type == "dir" else "file",
+                size=e.size,
+                modified=e.modified_at.replace(tzinfo=None).isoformat(timespec="seconds"),
+            )
+            for e in entries
+        ]
         return {"path": path, "files": [f.model_dump() for f in files]}
 
     r.include_router(authed)

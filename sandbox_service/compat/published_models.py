@@ -22,12 +22,17 @@ class _In(BaseModel):
 
 
 class CreateSandbox(_In):
-    image: str = Field(description="Container image (Kubernetes backend: pulled by reference). Local backend: "
-                                   "the built root of that name in the image directory; a name it has not "
-                                   "built runs on the default root; host paths are refused (400).")
-    block_network: bool = Field(True, description="False: unrestricted egress, offered only where the operator "
-                                                  "set published_unrestricted_egress (the public internet; "
-                                                  "private and metadata addresses stay unreachable).")
+    image: str = Field(
+        description="Container image (Kubernetes backend: pulled by reference). Local backend: "
+        "the built root of that name in the image directory; a name it has not "
+        "built runs on the default root; host paths are refused (400)."
+    )
+    block_network: bool = Field(
+        True,
+        description="False: unrestricted egress, offered only where the operator "
+        "set published_unrestricted_egress (the public internet; "
+        "private and metadata addresses stay unreachable).",
+    )
     sandbox_id: str | None = Field(None, description="Custom id (DNS label: lowercase, digits, '-').")
     cpu: str | None = Field(None, description="CPU cores, e.g. '4' or '2000m'.")
     memory: str | None = Field(None, description="Memory, e.g. '16Gi', '512Mi', '1G'.")
@@ -52,8 +57,9 @@ class ExecCommand(_In):
 
 class ApplyPatch(_In):
     patch: str = Field(description="Unified diff, paths relative to /workspace with one leading component.")
-    timeout_seconds: int = Field(30, gt=0, description="Accepted for compatibility; patches run under the "
-                                                       "service's own 120 s cap.")
+    timeout_seconds: int = Field(
+        30, gt=0, description="Accepted for compatibility; patches run under the service's own 120 s cap."
+    )
 
 
 class UploadFile(_In):
@@ -73,8 +79,7 @@ class JobView(BaseModel):
     started_at: float | None = None
     completed_at: float | None = None
     error: str | None = None
-    outcome: str | None = Field(None, description="Ours: ok | command_failed | command_timeout | "
-                                                  "infrastructure_error.")
+    outcome: str | None = Field(None, description="Ours: ok | command_failed | command_timeout | infrastructure_error.")
     infra_error: str | None = Field(None, description="Ours: the infrastructure failure kind, if any.")
 
 
@@ -98,8 +103,17 @@ def parse_cpu(value: str | None) -> float | None:
     return cores
 
 
-_MEMORY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6, "G": 10**9,
-                 "T": 10**12, "": 1}
+_MEMORY_UNITS = {
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "K": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "": 1,
+}
 
 
 def parse_memory_mb(value: str | None) -> int | None:

@@ -41,7 +41,7 @@ def _presented_key(ws: WebSocket) -> tuple[str | None, str | None]:
     for proto in ws.headers.get("sec-websocket-protocol", "").split(","):
         proto = proto.strip()
         if proto.startswith("api_key."):
-            return proto[len("api_key."):], proto
+            return proto[len("api_key.") :], proto
     return None, None
 
 
@@ -57,8 +57,9 @@ def published_pty_router(state: PublishedState, ops: SandboxOperations, auth: To
     router = APIRouter()
 
     async def sh(sandbox_id: str, script: str, *args: str) -> str:
-        result = await ops.exec(sandbox_id, ExecRequest(command=["/bin/sh", "-c", script, "sh", *args],
-                                                        timeout_seconds=10))
+        result = await ops.exec(
+            sandbox_id, ExecRequest(command=["/bin/sh", "-c", script, "sh", *args], timeout_seconds=10)
+        )
         return result.stdout.strip() if result.ok else ""
 
     @router.websocket(PREFIX + "/sandboxes/{sandbox_id}/exec/pty")
@@ -80,10 +81,13 @@ def published_pty_router(state: PublishedState, ops: SandboxOperations, auth: To
             if init.get("login_shell"):
                 cmd = ["bash", "-l", "-c", 'exec "$@"', "bash", *cmd]
             marker = f"/tmp/.orchard-pty-{secrets.token_hex(8)}"
-            session = await rec.agent.open_pty(["/bin/sh", "-c", _WRAPPER, marker, *cmd],
-                                               rows=int(init.get("rows") or 24), cols=int(init.get("cols") or 80),
-                                               env={**rec.spec.env, **(init.get("env") or {})},
-                                               cwd=init.get("cwd") or rec.spec.workdir)
+            session = await rec.agent.open_pty(
+                ["/bin/sh", "-c", _WRAPPER, marker, *cmd],
+                rows=int(init.get("rows") or 24),
+                cols=int(init.get("cols") or 80),
+                env={**rec.spec.env, **(init.get("env") or {})},
+                cwd=init.get("cwd") or rec.spec.workdir,
+            )
         except SandboxServiceError as err:
             await ws.close(code=_close_code(err), reason=f"{err.code}: {err.message}"[:120])
             return

@@ -33,8 +33,9 @@ def pytest_collection_modifyitems(config, items):
 
 
 def kubectl(*args: str, check: bool = True, input: str | None = None, timeout: float = 120) -> str:
-    proc = subprocess.run(["kubectl", "--kubeconfig", KUBECONFIG, *args], capture_output=True, text=True,
-                          input=input, timeout=timeout)
+    proc = subprocess.run(
+        ["kubectl", "--kubeconfig", KUBECONFIG, *args], capture_output=True, text=True, input=input, timeout=timeout
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
     return proc.stdout
@@ -80,8 +81,12 @@ def service_url(namespace: str, name: str, fresh: bool = False) -> str:
             _forwards[key][0].kill()
     svc = kubectl_json("-n", namespace, "get", "service", name)
     port = svc["spec"]["ports"][0]["port"]
-    proc = subprocess.Popen(["kubectl", "--kubeconfig", KUBECONFIG, "-n", namespace, "port-forward",
-                             f"service/{name}", f":{port}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        ["kubectl", "--kubeconfig", KUBECONFIG, "-n", namespace, "port-forward", f"service/{name}", f":{port}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     line = proc.stdout.readline()  # "Forwarding from 127.0.0.1:NNNNN -> PORT"
     if "Forwarding from 127.0.0.1:" not in line:
         proc.kill()
@@ -134,8 +139,12 @@ def _phase_time(request):
 
 # --- Workflows and their MLflow runs (the pipeline phases) ----------------------------------------
 def submit(spec: dict, name_prefix: str) -> str:
-    workflow = {"apiVersion": "argoproj.io/v1alpha1", "kind": "Workflow",
-                "metadata": {"generateName": name_prefix, "namespace": "orchard"}, "spec": spec}
+    workflow = {
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"generateName": name_prefix, "namespace": "orchard"},
+        "spec": spec,
+    }
     out = kubectl("create", "-f", "-", "-o", "name", input=json.dumps(workflow))
     return out.strip().split("/", 1)[1]
 
@@ -156,13 +165,20 @@ def check_succeeded(wf: dict, started: float) -> dict:
     """Print the workflow's steps with their times ([figure]) and fail with every failed step's message
     unless it succeeded."""
     nodes = wf["status"].get("nodes", {}).values()
-    steps = sorted((n["startedAt"], n["displayName"], n["phase"], node_seconds(n) if n.get("finishedAt") else -1)
-                   for n in nodes if n.get("type") == "Pod")
-    print(f"\n[figure] workflow {wf['metadata']['name']}: {wf['status']['phase']} in {time.monotonic() - started:.0f} s; "
-          + ", ".join(f"{s[1]} {s[2]} {s[3]:.0f} s" for s in steps))
+    steps = sorted(
+        (n["startedAt"], n["displayName"], n["phase"], node_seconds(n) if n.get("finishedAt") else -1)
+        for n in nodes
+        if n.get("type") == "Pod"
+    )
+    print(
+        f"\n[figure] workflow {wf['metadata']['name']}: {wf['status']['phase']} in {time.monotonic() - started:.0f} s; "
+        + ", ".join(f"{s[1]} {s[2]} {s[3]:.0f} s" for s in steps)
+    )
     failed = [n for n in nodes if n.get("phase") in ("Failed", "Error")]
-    assert wf["status"]["phase"] == "Succeeded", (wf["status"].get("message"), [
-        (n["displayName"], n.get("message")) for n in failed])
+    assert wf["status"]["phase"] == "Succeeded", (
+        wf["status"].get("message"),
+        [(n["displayName"], n.get("message")) for n in failed],
+    )
     return wf
 
 

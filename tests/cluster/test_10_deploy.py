@@ -21,9 +21,15 @@ def test_the_dev_overlay_deploys_and_every_claim_binds():
         kubectl("-n", "orchard", "rollout", "status", f"deploy/{deploy}", "--timeout", "300s", timeout=320)
     # A claim binds once a pod uses it (WaitForFirstConsumer, as on kind, GKE and EKS); one with
     # `storageClassName: ""` never does: no class, no provisioning.
-    claims = wait_until("every PVC of namespace orchard Bound or waiting for its first pod", lambda: (
-        items if (items := kubectl_json("-n", "orchard", "get", "pvc")["items"])
-        and all(_provisionable(c) for c in items) else None), timeout=120)
+    claims = wait_until(
+        "every PVC of namespace orchard Bound or waiting for its first pod",
+        lambda: (
+            items
+            if (items := kubectl_json("-n", "orchard", "get", "pvc")["items"]) and all(_provisionable(c) for c in items)
+            else None
+        ),
+        timeout=120,
+    )
     assert {c["metadata"]["name"] for c in claims} >= {"orchard-mlflow", "orchard-data-store"}
     assert all(c["spec"].get("storageClassName") for c in claims), claims
 
@@ -31,8 +37,9 @@ def test_the_dev_overlay_deploys_and_every_claim_binds():
 def _provisionable(claim: dict) -> bool:
     if claim["status"].get("phase") == "Bound":
         return True
-    events = kubectl_json("-n", "orchard", "get", "events", "--field-selector",
-                          f"involvedObject.name={claim['metadata']['name']}")["items"]
+    events = kubectl_json(
+        "-n", "orchard", "get", "events", "--field-selector", f"involvedObject.name={claim['metadata']['name']}"
+    )["items"]
     return any(e["reason"] == "WaitForFirstConsumer" for e in events)
 
 

@@ -48,21 +48,43 @@ print("PRESETS " + json.dumps(out))
 
 def test_the_stage_image_runs_every_stage_import_and_every_presets_named_model():
     cluster = ClusterConfig()
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"generateName": "orchard-stage-image-check-", "namespace": "orchard",
-                        "labels": {"app.kubernetes.io/part-of": "orchard", **PIPELINE_POD_LABELS}},
-           "spec": {"restartPolicy": "Never", "automountServiceAccountToken": False,
-                    "securityContext": cluster.pod_security_context(),
-                    "containers": [{"name": "check", "image": cluster.image("stage-runtime"),
-                                    "imagePullPolicy": "IfNotPresent", "command": ["python", "-c", CHECK],
-                                    "env": [{"name": "ORCHARD_MODEL_CACHE", "value": "/tmp/models"}],
-                                    "resources": {"requests": {"cpu": "500m", "memory": "3Gi"},
-                                                  "limits": {"memory": "3Gi"}}}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "orchard-stage-image-check-",
+            "namespace": "orchard",
+            "labels": {"app.kubernetes.io/part-of": "orchard", **PIPELINE_POD_LABELS},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": cluster.pod_security_context(),
+            "containers": [
+                {
+                    "name": "check",
+                    "image": cluster.image("stage-runtime"),
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["python", "-c", CHECK],
+                    "env": [{"name": "ORCHARD_MODEL_CACHE", "value": "/tmp/models"}],
+                    "resources": {"requests": {"cpu": "500m", "memory": "3Gi"}, "limits": {"memory": "3Gi"}},
+                }
+            ],
+        },
+    }
     name = kubectl("create", "-f", "-", "-o", "name", input=json.dumps(pod)).strip().split("/", 1)[1]
     try:
-        phase = wait_until(f"pod {name} finished", lambda: (
-            p if (p := kubectl_json("-n", "orchard", "get", "pod", name)["status"].get("phase")) in ("Succeeded", "Failed")
-            else None), timeout=900, interval=3)
+        phase = wait_until(
+            f"pod {name} finished",
+            lambda: (
+                p
+                if (p := kubectl_json("-n", "orchard", "get", "pod", name)["status"].get("phase"))
+                in ("Succeeded", "Failed")
+                else None
+            ),
+            timeout=900,
+            interval=3,
+        )
         logs = kubectl("-n", "orchard", "logs", name, check=False)
         assert phase == "Succeeded", logs[-4000:]
         line = next(line for line in logs.splitlines() if line.startswith("PRESETS "))

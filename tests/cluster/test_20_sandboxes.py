@@ -59,25 +59,52 @@ def test_create_exec_files_snapshot_fork_and_delete_on_a_real_pod(client):
         with client.create(spec(from_snapshot=snap.id), wait_timeout=300) as fork:
             assert fork.read_text("notes/a.txt") == "first"
         pod = sandbox.id
-    wait_until("the sandbox's pod deleted", lambda: not kubectl(
-        "-n", "orchard-sandboxes", "get", "pods", "-l", f"{SANDBOX_ID_LABEL}={label_value(pod)}", "-o", "name", check=False).strip(),
-        timeout=120)
+    wait_until(
+        "the sandbox's pod deleted",
+        lambda: (
+            not kubectl(
+                "-n",
+                "orchard-sandboxes",
+                "get",
+                "pods",
+                "-l",
+                f"{SANDBOX_ID_LABEL}={label_value(pod)}",
+                "-o",
+                "name",
+                check=False,
+            ).strip()
+        ),
+        timeout=120,
+    )
 
 
 def _connect(sandbox, host: str, port: int) -> str:
-    code = (f"import socket; s = socket.socket(); s.settimeout(3)\n"
-            f"try:\n  s.connect(({host!r}, {port})); print('connected')\n"
-            f"except OSError as e:\n  print('blocked', e)")
+    code = (
+        f"import socket; s = socket.socket(); s.settimeout(3)\n"
+        f"try:\n  s.connect(({host!r}, {port})); print('connected')\n"
+        f"except OSError as e:\n  print('blocked', e)"
+    )
     return sandbox.exec(["python", "-c", code], timeout=20).stdout.strip()
 
 
 @pytest.fixture(scope="module")
 def echo_server():
     """A TCP server in a namespace without policies of its own: only the sandbox's side decides."""
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "orchard-test-echo", "namespace": "default"},
-           "spec": {"containers": [{"name": "echo", "image": "docker.io/orchard-cluster/tools:1",
-                                    "imagePullPolicy": "Never",
-                                    "command": ["/bin/sh", "-c", "while true; do echo hi | nc -l -p 8080; done"]}]}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "orchard-test-echo", "namespace": "default"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "echo",
+                    "image": "docker.io/orchard-cluster/tools:1",
+                    "imagePullPolicy": "Never",
+                    "command": ["/bin/sh", "-c", "while true; do echo hi | nc -l -p 8080; done"],
+                }
+            ]
+        },
+    }
     kubectl("apply", "-f", "-", input=json.dumps(pod))
     kubectl("-n", "default", "wait", "--for", "condition=Ready", "pod/orchard-test-echo", "--timeout", "120s")
     yield kubectl_json("-n", "default", "get", "pod", "orchard-test-echo")["status"]["podIP"]
@@ -87,8 +114,9 @@ def echo_server():
 def test_network_policy_is_enforced_by_the_node(client, echo_server):
     with client.create(spec(), wait_timeout=300) as closed:
         assert _connect(closed, echo_server, 8080).startswith("blocked")
-    with client.create(spec(network=NetworkPolicy(mode="allowlist", allow_cidrs=[f"{echo_server}/32"])),
-                       wait_timeout=300) as open_:
+    with client.create(
+        spec(network=NetworkPolicy(mode="allowlist", allow_cidrs=[f"{echo_server}/32"])), wait_timeout=300
+    ) as open_:
         assert _connect(open_, echo_server, 8080) == "connected"
         # MLflow and the sandbox API admit pipeline pods only, never a sandbox, whatever its allowlist.
         mlflow = kubectl_json("-n", "orchard", "get", "pods", "-l", "app.kubernetes.io/name=orchard-mlflow")
@@ -111,8 +139,9 @@ def test_sandboxes_survive_a_restart_of_the_service(client):
     kubectl("-n", "orchard", "rollout", "status", "deploy/orchard-sandbox-service", "--timeout", "300s", timeout=320)
     with connect(fresh=True) as restarted:  # the old port-forward ended with the old pod
         try:
-            adopted = wait_until("the restarted service knows the sandbox", lambda: _get(restarted, sandbox.id),
-                                 timeout=120)
+            adopted = wait_until(
+                "the restarted service knows the sandbox", lambda: _get(restarted, sandbox.id), timeout=120
+            )
             assert adopted.state.value == "ready", adopted
             assert restarted.attach(sandbox.id).read_text("kept.txt") == "still here"
         finally:
@@ -134,36 +163,49 @@ def test_create_to_ready_on_real_pods(client):
             seconds.append(time.monotonic() - start)
             assert sandbox.exec(["true"]).ok
     seconds.sort()
-    print(f"\n[figure] create-to-ready on real pods, n=10 sequential: p50 {statistics.median(seconds):.2f} s, "
-          f"max {seconds[-1]:.2f} s")
+    print(
+        f"\n[figure] create-to-ready on real pods, n=10 sequential: p50 {statistics.median(seconds):.2f} s, "
+        f"max {seconds[-1]:.2f} s"
+    )
 
 
 def _ready_pods(selector: str) -> list[dict]:
     pods = kubectl_json("-n", "orchard-sandboxes", "get", "pods", "-l", selector)["items"]
-    return [p for p in pods if p["status"].get("phase") == "Running"
-            and all(c.get("ready") for c in p["status"].get("containerStatuses", []))]
+    return [
+        p
+        for p in pods
+        if p["status"].get("phase") == "Running"
+        and all(c.get("ready") for c in p["status"].get("containerStatuses", []))
+    ]
 
 
 def test_a_warm_pool_hands_out_ready_pods_and_refills():
     size, warm = 2, POOL_LABEL
     pool = [{"image": IMAGE, "resources": spec().resources.model_dump(mode="json"), "size": size}]
-    kubectl("-n", "orchard", "set", "env", "deploy/orchard-sandbox-service", f"ORCHARD_K8S_WARM_POOLS={json.dumps(pool)}")
+    kubectl(
+        "-n", "orchard", "set", "env", "deploy/orchard-sandbox-service", f"ORCHARD_K8S_WARM_POOLS={json.dumps(pool)}"
+    )
     try:
-        kubectl("-n", "orchard", "rollout", "status", "deploy/orchard-sandbox-service", "--timeout", "300s", timeout=320)
+        kubectl(
+            "-n", "orchard", "rollout", "status", "deploy/orchard-sandbox-service", "--timeout", "300s", timeout=320
+        )
         wait_until(f"{size} ready warm pods", lambda: len(_ready_pods(warm)) >= size, timeout=300)
         with connect(fresh=True) as client:
             start = time.monotonic()
             with client.create(spec(), wait_timeout=300) as sandbox:
                 claimed = time.monotonic() - start
                 assert sandbox.exec(["true"]).ok
-                pod = kubectl_json("-n", "orchard-sandboxes", "get", "pods", "-l",
-                                   f"{SANDBOX_ID_LABEL}={label_value(sandbox.id)}")["items"]
+                pod = kubectl_json(
+                    "-n", "orchard-sandboxes", "get", "pods", "-l", f"{SANDBOX_ID_LABEL}={label_value(sandbox.id)}"
+                )["items"]
                 assert len(pod) == 1 and CLAIMED_AT_ANNOTATION in pod[0]["metadata"]["annotations"], pod
                 wait_until("the pool refilled", lambda: len(_ready_pods(warm)) >= size, timeout=300)
         print(f"\n[figure] create-to-ready from a warm pool on real pods: {claimed:.2f} s")
     finally:
         kubectl("-n", "orchard", "set", "env", "deploy/orchard-sandbox-service", "ORCHARD_K8S_WARM_POOLS-")
-        kubectl("-n", "orchard", "rollout", "status", "deploy/orchard-sandbox-service", "--timeout", "300s", timeout=320)
+        kubectl(
+            "-n", "orchard", "rollout", "status", "deploy/orchard-sandbox-service", "--timeout", "300s", timeout=320
+        )
 
 
 def test_a_hundred_sandboxes_alive_at_once_on_the_node():
@@ -188,8 +230,10 @@ def test_a_hundred_sandboxes_alive_at_once_on_the_node():
         with futures.ThreadPoolExecutor(16) as pool:
             results = list(pool.map(lambda s: s.exec(["true"], timeout=120), sandboxes))
         assert all(r.ok for r in results)
-        print(f"\n[figure] {n} sandboxes alive at once: all ready in {ready:.1f} s, one exec each ok "
-              f"({time.monotonic() - start:.1f} s in all)")
+        print(
+            f"\n[figure] {n} sandboxes alive at once: all ready in {ready:.1f} s, one exec each ok "
+            f"({time.monotonic() - start:.1f} s in all)"
+        )
     finally:
         with futures.ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda s: s.delete(), sandboxes))

@@ -15,8 +15,16 @@ import pytest
 import yaml
 
 from pipelines.cli import compile_all
-from tests.cluster.conftest import (child_runs, kubectl, mlflow_client, parameters, parent_run, stage_of, submit,
-                                   wait_workflow)
+from tests.cluster.conftest import (
+    child_runs,
+    kubectl,
+    mlflow_client,
+    parameters,
+    parent_run,
+    stage_of,
+    submit,
+    wait_workflow,
+)
 
 pytestmark = pytest.mark.cluster
 STORE = "/orchard-store/data-store"
@@ -31,9 +39,13 @@ def compiled(tmp_path_factory):
 @pytest.fixture(scope="module")
 def first_run(compiled):
     kubectl("-n", "orchard", "apply", "--server-side", "--force-conflicts", "-f", str(compiled["argo_template"]))
-    name = submit({"workflowTemplateRef": {"name": "orchard-training"},
-                   "arguments": parameters(preset="tiny", data_store=STORE, experiment=EXPERIMENT)},
-                  "orchard-training-")
+    name = submit(
+        {
+            "workflowTemplateRef": {"name": "orchard-training"},
+            "arguments": parameters(preset="tiny", data_store=STORE, experiment=EXPERIMENT),
+        },
+        "orchard-training-",
+    )
     return wait_workflow(name, timeout=3600)
 
 

@@ -32,8 +32,19 @@ import yaml
 from components.core.tracking import curve
 from pipelines.argo_workflow import WORKFLOW_LABEL
 from pipelines.cli import compile_all
-from tests.cluster.conftest import (check_succeeded, child_runs, kubectl, kubectl_json, mlflow_client, node_seconds,
-                                   parent_run, parent_run_id, stage_of, submit, workflow_finished)
+from tests.cluster.conftest import (
+    check_succeeded,
+    child_runs,
+    kubectl,
+    kubectl_json,
+    mlflow_client,
+    node_seconds,
+    parent_run,
+    parent_run_id,
+    stage_of,
+    submit,
+    workflow_finished,
+)
 
 SFT_LOSS = curve(1, "loss")  # the SFT run's loss curve (the first chart of its run page)
 
@@ -68,8 +79,10 @@ def run_volume(workflow: str) -> Path:
 
 
 def succeeded(workflow: dict, stage: str) -> bool:
-    return any(n["displayName"] == stage and n.get("phase") == "Succeeded"
-               for n in workflow.get("status", {}).get("nodes", {}).values())
+    return any(
+        n["displayName"] == stage and n.get("phase") == "Succeeded"
+        for n in workflow.get("status", {}).get("nodes", {}).values()
+    )
 
 
 def sft_steps_logged(client, workflow: dict) -> int:
@@ -77,10 +90,13 @@ def sft_steps_logged(client, workflow: dict) -> int:
     parent = parent_run_id(workflow)
     if parent is None:
         return 0
-    runs = client.search_runs([client.get_run(parent).info.experiment_id],
-                              f"tags.`mlflow.parentRunId` = '{parent}' and attributes.status = 'RUNNING'")
-    return max((len(client.get_metric_history(r.info.run_id, SFT_LOSS)) for r in runs if stage_of(r) == "sft"),
-               default=0)
+    runs = client.search_runs(
+        [client.get_run(parent).info.experiment_id],
+        f"tags.`mlflow.parentRunId` = '{parent}' and attributes.status = 'RUNNING'",
+    )
+    return max(
+        (len(client.get_metric_history(r.info.run_id, SFT_LOSS)) for r in runs if stage_of(r) == "sft"), default=0
+    )
 
 
 def kill_worker(job: str) -> str | None:
@@ -90,11 +106,13 @@ def kill_worker(job: str) -> str | None:
     running = [p["metadata"]["name"] for p in pods if p["status"].get("phase") == "Running"]
     if not running:
         return None
-    code = ("import os, signal\n"
-            "me = os.getpid()\n"
-            "for p in filter(str.isdigit, os.listdir('/proc')):\n"
-            "    if int(p) not in (1, me) and b'pipelines.steps' in open(f'/proc/{p}/cmdline', 'rb').read():\n"
-            "        os.kill(int(p), signal.SIGKILL); print('killed', p)\n")
+    code = (
+        "import os, signal\n"
+        "me = os.getpid()\n"
+        "for p in filter(str.isdigit, os.listdir('/proc')):\n"
+        "    if int(p) not in (1, me) and b'pipelines.steps' in open(f'/proc/{p}/cmdline', 'rb').read():\n"
+        "        os.kill(int(p), signal.SIGKILL); print('killed', p)\n"
+    )
     out = kubectl("-n", "orchard", "exec", running[0], "-c", "pytorch", "--", "python", "-c", code)
     assert "killed" in out, f"no training process found in {running[0]}: {out}"
     return running[0]
@@ -104,8 +122,10 @@ def check_picked_up(jobs: list[dict]) -> None:
     for job in jobs:
         created = calendar.timegm(time.strptime(job["metadata"]["creationTimestamp"], "%Y-%m-%dT%H:%M:%SZ"))
         if not (job.get("status") or {}).get("conditions") and time.time() - created > PICKUP_SECONDS:
-            raise AssertionError(f"PyTorchJob {job['metadata']['name']} has no status {PICKUP_SECONDS} s after it was "
-                                 "created: is the Training Operator running? (kubectl -n kubeflow get deploy)")
+            raise AssertionError(
+                f"PyTorchJob {job['metadata']['name']} has no status {PICKUP_SECONDS} s after it was "
+                "created: is the Training Operator running? (kubectl -n kubeflow get deploy)"
+            )
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +171,9 @@ def stage_jobs(watched: Watched, stage: str) -> list[dict]:
 
 
 def condition(job: dict, kind: str) -> dict | None:
-    return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind and c["status"] == "True"),
-                None)
+    return next(
+        (c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind and c["status"] == "True"), None
+    )
 
 
 def attempts(watched: Watched, stage: str) -> list[dict]:
@@ -192,8 +213,9 @@ def test_sft_across_two_pods_trains_like_one_process_and_rank_0_alone_logs(run, 
     # one run per attempt (the killed one did not finish), and rank 1 opened none
     assert len(finished) == 1 and len(sft_runs) == 2, [(r.info.run_id, r.info.status) for r in sft_runs]
     assert finished[0].data.metrics["world_size"] == 2
-    cluster_loss = [m.value for m in sorted(client.get_metric_history(finished[0].info.run_id, SFT_LOSS),
-                                            key=lambda m: m.step)]
+    cluster_loss = [
+        m.value for m in sorted(client.get_metric_history(finished[0].info.run_id, SFT_LOSS), key=lambda m: m.step)
+    ]
     assert len(cluster_loss) == SFT_STEPS, f"{len(cluster_loss)} loss points for {SFT_STEPS} steps: one rank logs"
 
     config = PipelineConfig.model_validate_json((run.copy / "config.json").read_text())
@@ -204,24 +226,33 @@ def test_sft_across_two_pods_trains_like_one_process_and_rank_0_alone_logs(run, 
     assert samples % (2 * config.sft.batch_size) == 0, f"{samples} samples, global batch {2 * config.sft.batch_size}"
     one = config.sft.model_copy(update={"grad_accum": 2 * config.sft.grad_accum, "launch": LaunchConfig()})
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = train_sft(one, run.copy / "accumulate" / "training", tmp_path / "model",
-                       base_model_dir=run.copy / "init-policy" / "model",
-                       tracking=TrackingConfig(tracking_uri=uri, experiment="one-process"))
+    result = train_sft(
+        one,
+        run.copy / "accumulate" / "training",
+        tmp_path / "model",
+        base_model_dir=run.copy / "init-policy" / "model",
+        tracking=TrackingConfig(tracking_uri=uri, experiment="one-process"),
+    )
     local = MlflowClient(uri)
     (ref,) = local.search_runs([local.get_experiment_by_name("one-process").experiment_id])
     one_loss = [m.value for m in sorted(local.get_metric_history(ref.info.run_id, SFT_LOSS), key=lambda m: m.step)]
     assert cluster_loss[0] == pytest.approx(one_loss[0], rel=FIRST_LOSS_REL)
     assert cluster_loss == pytest.approx(one_loss, rel=LOSS_REL)
     assert cluster_loss[-1] < cluster_loss[0]
-    a, b = load_file(run.copy / "sft" / "model" / "model.safetensors"), load_file(tmp_path / "model" / "model.safetensors")
+    a, b = (
+        load_file(run.copy / "sft" / "model" / "model.safetensors"),
+        load_file(tmp_path / "model" / "model.safetensors"),
+    )
     assert a.keys() == b.keys()
     drift = sum((a[k] - b[k]).abs().sum().item() for k in a) / sum(a[k].numel() for k in a)
     assert drift < WEIGHT_MEAN_ABS, f"final weights differ from one process's by {drift} on average"
     node = attempts(run, "sft")[-1]
-    print(f"\n[figure] sft, {SFT_STEPS} steps: 2 pods (PyTorchJob) step {node_seconds(node):.0f} s, training "
-          f"{cluster['train_seconds']:.1f} s; one process here {result.train_seconds:.1f} s; loss "
-          f"{cluster_loss[0]:.4f} -> {cluster_loss[-1]:.4f} (max rel diff "
-          f"{max(abs(x - y) / abs(y) for x, y in zip(cluster_loss, one_loss)):.1e}), weights mean |diff| {drift:.1e}")
+    print(
+        f"\n[figure] sft, {SFT_STEPS} steps: 2 pods (PyTorchJob) step {node_seconds(node):.0f} s, training "
+        f"{cluster['train_seconds']:.1f} s; one process here {result.train_seconds:.1f} s; loss "
+        f"{cluster_loss[0]:.4f} -> {cluster_loss[-1]:.4f} (max rel diff "
+        f"{max(abs(x - y) / abs(y) for x, y in zip(cluster_loss, one_loss)):.1e}), weights mean |diff| {drift:.1e}"
+    )
 
 
 def test_rl_across_two_pods_rolls_out_on_every_rank_and_the_result_holds_both(run):
@@ -238,7 +269,9 @@ def test_rl_across_two_pods_rolls_out_on_every_rank_and_the_result_holds_both(ru
     for rank, ts in by_rank.items():
         assert any(t.outcome is not Outcome.infra_error for t in ts), (rank, [t.outcome_reason for t in ts])
     assert result["trajectories"] == len(episodes), (result["trajectories"], len(episodes))
-    records = [json.loads(line) for line in (run.copy / "rl" / "model" / "rollout_records.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (run.copy / "rl" / "model" / "rollout_records.jsonl").read_text().splitlines()
+    ]
     # the sampler records gathered from every rank count every stored episode, and name only stored ones
     assert sum(r["generated"] for r in records) == len(episodes), "the result's rollout records miss a rank's"
     assert {i for r in records for i in r["group_attempt_ids"] if i} <= {t.id for t in episodes}
@@ -247,6 +280,8 @@ def test_rl_across_two_pods_rolls_out_on_every_rank_and_the_result_holds_both(ru
     rl_runs = [r for r in child_runs(client, parent_run(client, run.workflow, EXPERIMENT)) if stage_of(r) == "rl"]
     assert [r.info.status for r in rl_runs] == ["FINISHED"], "rank 0 alone opens the stage's MLflow run"
     node = attempts(run, "rl")[-1]
-    print(f"\n[figure] rl: 2 pods (PyTorchJob) step {node_seconds(node):.0f} s, training "
-          f"{result['metrics']['train_seconds']:.1f} s, {len(episodes)} episodes "
-          f"({', '.join(f'rank {r}: {len(ts)}' for r, ts in sorted(by_rank.items()))})")
+    print(
+        f"\n[figure] rl: 2 pods (PyTorchJob) step {node_seconds(node):.0f} s, training "
+        f"{result['metrics']['train_seconds']:.1f} s, {len(episodes)} episodes "
+        f"({', '.join(f'rank {r}: {len(ts)}' for r, ts in sorted(by_rank.items()))})"
+    )

@@ -19,11 +19,21 @@ def rl_inputs(tmp_path_factory):
     from components.tiny_model import build_tiny_model, build_tokenizer
 
     root = tmp_path_factory.mktemp("rl")
-    coin = Task(id="coin", recipe="swe", split="train", prompt="Flip the coin, then submit.",
-                environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
-                verifier=VerifierSpec(kind="command", command=COIN))
-    broken = Task(id="broken", recipe="swe", split="train", prompt="Unreachable.",
-                  environment=EnvironmentSpec(image="nonexistent-task-image"))
+    coin = Task(
+        id="coin",
+        recipe="swe",
+        split="train",
+        prompt="Flip the coin, then submit.",
+        environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
+        verifier=VerifierSpec(kind="command", command=COIN),
+    )
+    broken = Task(
+        id="broken",
+        recipe="swe",
+        split="train",
+        prompt="Unreachable.",
+        environment=EnvironmentSpec(image="nonexistent-task-image"),
+    )
     TaskStore(root / "tasks").write([coin, broken])
     tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=8))
     save_policy(build_tiny_model(ModelConfig(), tokenizer), tokenizer, root / "sft")

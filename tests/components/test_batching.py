@@ -15,8 +15,10 @@ from components.core.policy_base import ChatMessage, GenerationConfig
 from components.core.rendering import render_prompt
 
 SHORT = [ChatMessage(role="system", content="You fix bugs."), ChatMessage(role="user", content="Fix `add`.")]
-LONG = [ChatMessage(role="system", content="You fix bugs in a Python package with the tools you are given."),
-        ChatMessage(role="user", content="Bug in `mathkit/core.py`: `add` subtracts. Fix it and run the tests.")]
+LONG = [
+    ChatMessage(role="system", content="You fix bugs in a Python package with the tools you are given."),
+    ChatMessage(role="user", content="Bug in `mathkit/core.py`: `add` subtracts. Fix it and run the tests."),
+]
 CALL = '<tool_call>{"name": "read_file", "arguments": {"path": "a.py"}}</tool_call>'
 
 
@@ -57,7 +59,9 @@ def test_per_row_token_caps_and_a_full_context_row(policy):
     cfgs = [GenerationConfig(temperature=0.0, max_new_tokens=5), GenerationConfig(temperature=0.0, max_new_tokens=30)]
     out = policy.generate_batch([LONG, LONG], cfgs)
     assert len(out[0].token_ids) == 5 and out[0].token_ids == out[1].token_ids[:5]
-    small = LocalTransformersPolicy(policy.model, policy.tokenizer, max_context_tokens=len(policy.prompt_ids(SHORT)) + 3)
+    small = LocalTransformersPolicy(
+        policy.model, policy.tokenizer, max_context_tokens=len(policy.prompt_ids(SHORT)) + 3
+    )
     a, b = small.generate_batch([LONG, SHORT], GenerationConfig(temperature=0.0, max_new_tokens=10))
     assert a.finish_reason == "length" and a.token_ids == [] and "fills the context" in a.raw["reason"]
     assert 0 < len(b.token_ids) <= 3
@@ -70,7 +74,7 @@ def test_logprobs_match_a_forward_pass_at_the_sampling_temperature(policy):
         prompt = policy.prompt_ids(conv)
         ids = torch.tensor([prompt + gen.token_ids])
         with torch.no_grad():
-            logits = policy.model(input_ids=ids).logits[0, len(prompt) - 1:-1].float() / 0.7
+            logits = policy.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / 0.7
         logits[:, policy._suppress] = float("-inf")  # as sampled: a turn never opens another turn
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(gen.token_ids)[:, None]).squeeze(-1)
         got = torch.tensor(generation_logprobs(gen))
@@ -123,7 +127,10 @@ def test_the_wrapper_groups_rows_by_sampling_settings_and_passes_errors_to_every
         batching.generate(SHORT, GenerationConfig())
     with BatchingPolicy(policy, window_seconds=0.5) as batching:
         barrier = threading.Barrier(2)
-        cfgs = [GenerationConfig(temperature=0.0, max_new_tokens=4), GenerationConfig(temperature=1.0, max_new_tokens=4)]
+        cfgs = [
+            GenerationConfig(temperature=0.0, max_new_tokens=4),
+            GenerationConfig(temperature=1.0, max_new_tokens=4),
+        ]
 
         def call(cfg):
             barrier.wait()
@@ -137,18 +144,24 @@ def test_the_wrapper_groups_rows_by_sampling_settings_and_passes_errors_to_every
         BatchingPolicy(object())
 
 
-def test_evaluate_workers_share_one_batched_model_with_the_same_greedy_episodes(sandbox_service, tmp_path,
-                                                                               monkeypatch):
+def test_evaluate_workers_share_one_batched_model_with_the_same_greedy_episodes(sandbox_service, tmp_path, monkeypatch):
     from components.core.harness import HarnessConfig
     from components.core.modeling import save_policy
     from components.core.schema import EnvironmentSpec, Task, VerifierSpec
     from components.core.store import TaskStore, TrajectoryStore
     from components.evaluate import EvalConfig, evaluate
 
-    tasks = [Task(id=f"t{i}", recipe="swe", split="heldout", prompt=f"Task {i}: look around, then submit.",
-                  environment=EnvironmentSpec(files={"README.md": "x\n"}), verifier=VerifierSpec(kind="command",
-                                                                                              command="true"))
-             for i in range(3)]
+    tasks = [
+        Task(
+            id=f"t{i}",
+            recipe="swe",
+            split="heldout",
+            prompt=f"Task {i}: look around, then submit.",
+            environment=EnvironmentSpec(files={"README.md": "x\n"}),
+            verifier=VerifierSpec(kind="command", command="true"),
+        )
+        for i in range(3)
+    ]
     TaskStore(tmp_path / "tasks").write(tasks)
     model, tokenizer = build_policy(ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[], corpus_tasks=0)))
     save_policy(model, tokenizer, tmp_path / "model")
@@ -163,10 +176,14 @@ def test_evaluate_workers_share_one_batched_model_with_the_same_greedy_episodes(
     harness = HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=8))
 
     def run(name: str, workers: int) -> dict:
-        config = EvalConfig(k=2, temperature=0.0, workers=workers, harness=harness, sandbox=sandbox_service.connection())
+        config = EvalConfig(
+            k=2, temperature=0.0, workers=workers, harness=harness, sandbox=sandbox_service.connection()
+        )
         evaluate(config, tmp_path / "tasks", tmp_path / "model", tmp_path / name)
-        return {(t.task_id, t.attempt): [s.token_ids for s in t.steps if s.role == "assistant"]
-                for t in TrajectoryStore(tmp_path / name / "trajectories").read()}
+        return {
+            (t.task_id, t.attempt): [s.token_ids for s in t.steps if s.role == "assistant"]
+            for t in TrajectoryStore(tmp_path / name / "trajectories").read()
+        }
 
     one = run("one", workers=1)
     assert set(sizes) == {1}  # one worker: one row per forward (plain generate)
@@ -179,8 +196,16 @@ def test_evaluate_workers_share_one_batched_model_with_the_same_greedy_episodes(
 def test_the_wrapper_passes_each_rows_tools_and_speaks_the_policys_tool_format(policy):
     from components.core.policy_base import ToolAwarePolicy
 
-    tools = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.",
-                                               "parameters": {"type": "object", "properties": {"path": {}}}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "description": "Read a file.",
+                "parameters": {"type": "object", "properties": {"path": {}}},
+            },
+        }
+    ]
     cfg = GenerationConfig(temperature=0.0, max_new_tokens=6)
     with BatchingPolicy(policy) as batching:
         assert isinstance(batching, ToolAwarePolicy) and batching.tool_format == policy.tool_format

@@ -11,19 +11,34 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from components.core.rendering import (
-    TemplateError, chat_format, render_prompt, render_trajectory, steps_as_messages, tokenizer_id,
+    chat_format,
+    render_prompt,
+    render_trajectory,
+    steps_as_messages,
+    tokenizer_id,
 )
 from components.core.schema import Outcome, Step, TokenRole, ToolCall, Trajectory
 from components.core.tool_formats import format_call, parse_call
 from components.checkpoints import qwen_vocab_tokenizer, save_checkpoint
 
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a shell command.",
-                                           "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
-                                                          "required": ["command"]}}},
-         {"type": "function", "function": {"name": "submit", "description": "Finish.",
-                                           "parameters": {"type": "object", "properties": {}}}}]
-CALLS = [ToolCall(id="call-0", name="bash", arguments={"command": "cat src/módulo.py | grep -n 'def f'"}),
-         ToolCall(id="call-1", name="submit", arguments={})]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "submit", "description": "Finish.", "parameters": {"type": "object", "properties": {}}},
+    },
+]
+CALLS = [
+    ToolCall(id="call-0", name="bash", arguments={"command": "cat src/módulo.py | grep -n 'def f'"}),
+    ToolCall(id="call-1", name="submit", arguments={}),
+]
 
 
 @pytest.fixture(scope="module", params=["chatml", "llama3"])
@@ -35,24 +50,41 @@ def _teacher_trajectory() -> Trajectory:
     """A trajectory as the scripted teacher stores it (text protocol, no ids)."""
     from components.core.protocol import format_tool_call
 
-    steps = [Step(index=0, role="system", content="You fix bugs in Python repositories."),
-             Step(index=1, role="user", content="`f` returns the wrong value.\n\nFix it.")]
+    steps = [
+        Step(index=0, role="system", content="You fix bugs in Python repositories."),
+        Step(index=1, role="user", content="`f` returns the wrong value.\n\nFix it."),
+    ]
     for call, output in zip(CALLS, ["3:def f(x):\n4:    return x - 1\n", "submitted"]):
-        steps.append(Step(index=len(steps), role="assistant", content=f"I check {call.name}.\n{format_tool_call(call)}",
-                          tool_call=call))
+        steps.append(
+            Step(
+                index=len(steps),
+                role="assistant",
+                content=f"I check {call.name}.\n{format_tool_call(call)}",
+                tool_call=call,
+            )
+        )
         steps.append(Step(index=len(steps), role="tool", content=output, tool_call_id=call.id, tool_name=call.name))
-    return Trajectory(task_id="t", recipe="swe", policy_id="scripted", steps=steps, tools=TOOLS,
-                      outcome=Outcome.resolved)
+    return Trajectory(
+        task_id="t", recipe="swe", policy_id="scripted", steps=steps, tools=TOOLS, outcome=Outcome.resolved
+    )
 
 
 def _template_messages(family: str) -> list[dict]:
     """The same conversation written directly in the template's message shape (the reference)."""
-    out = [{"role": "system", "content": "You fix bugs in Python repositories."},
-           {"role": "user", "content": "`f` returns the wrong value.\n\nFix it."}]
+    out = [
+        {"role": "system", "content": "You fix bugs in Python repositories."},
+        {"role": "user", "content": "`f` returns the wrong value.\n\nFix it."},
+    ]
     for call, output in zip(CALLS, ["3:def f(x):\n4:    return x - 1\n", "submitted"]):
-        out.append({"role": "assistant", "content": f"I check {call.name}.",
-                    "tool_calls": [{"id": call.id, "type": "function",
-                                    "function": {"name": call.name, "arguments": call.arguments}}]})
+        out.append(
+            {
+                "role": "assistant",
+                "content": f"I check {call.name}.",
+                "tool_calls": [
+                    {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+                ],
+            }
+        )
         out.append({"role": "tool", "content": output, "tool_call_id": call.id, "name": call.name})
     return out
 
@@ -77,7 +109,11 @@ def test_training_ids_equal_the_rendered_conversation_and_masks_hold_token_by_to
     # loss exactly on each assistant completion in the model's own format, through its end token
     expected: list[int] = []
     for call in CALLS:
-        body = f"I check {call.name}.\n{format_call(call, 'hermes')}" if family == "chatml" else format_call(call, "llama3_json")
+        body = (
+            f"I check {call.name}.\n{format_call(call, 'hermes')}"
+            if family == "chatml"
+            else format_call(call, "llama3_json")
+        )
         expected += tok.encode(body + tok.eos_token, add_special_tokens=False)
         assert parse_call(body, fmt.tool_format, call_id=call.id) == call  # read back in the model's format
     assert [t for t, m in zip(sample.input_ids, sample.loss_mask) if m] == expected
@@ -102,8 +138,9 @@ def test_history_rule_sampled_reasoning_stays_as_it_was_generated():
     turn = "<think>\nRead the file first.\n</think>\n\nI check bash.\n" + format_call(CALLS[0], "hermes")
     sampled = tok.encode(turn, add_special_tokens=False) + [tok.eos_token_id]
     traj = _teacher_trajectory()
-    traj.steps[2] = traj.steps[2].model_copy(update={"content": turn, "token_ids": sampled,
-                                                     "tokenizer_id": tokenizer_id(tok)})
+    traj.steps[2] = traj.steps[2].model_copy(
+        update={"content": turn, "token_ids": sampled, "tokenizer_id": tokenizer_id(tok)}
+    )
     sample = render_trajectory(traj, tok, loss_on="assistant")
     step2 = [t for t, i, m in zip(sample.input_ids, sample.step_index, sample.loss_mask) if i == 2 and m]
     assert step2 == sampled  # reasoning tokens kept, verbatim
@@ -111,8 +148,9 @@ def test_history_rule_sampled_reasoning_stays_as_it_was_generated():
     assert sample.input_ids[: len(prompt)] == prompt  # = the prompt the policy generated turn 2 from
     # the template itself would have re-rendered turn 1 without its reasoning
     plain = [{"role": s.role, "content": s.content} for s in traj.steps[:4]]
-    assert "Read the file first." not in tok.apply_chat_template(plain + [{"role": "user", "content": "x"}],
-                                                                 tools=TOOLS, tokenize=False)
+    assert "Read the file first." not in tok.apply_chat_template(
+        plain + [{"role": "user", "content": "x"}], tools=TOOLS, tokenize=False
+    )
     assert "Read the file first." in tok.decode(prompt)
     # the same reasoning as text without ids: the history view trains it as it was when newest, and the
     # next prompt keeps it (never silently rewritten between sampling and training)
@@ -123,7 +161,7 @@ def test_history_rule_sampled_reasoning_stays_as_it_was_generated():
     trained = [t for t, i, m in zip(sample.input_ids, sample.step_index, sample.loss_mask) if i == 2 and m]
     assert tok.decode(trained) == turn + "<|im_end|>" and sample.retokenized_steps[0] == 2
     prompt = render_prompt(steps_as_messages(text_only.steps[:4]), tok, tools=TOOLS)
-    assert sample.input_ids[:len(prompt)] == prompt and "Read the file first." in tok.decode(prompt)
+    assert sample.input_ids[: len(prompt)] == prompt and "Read the file first." in tok.decode(prompt)
 
 
 def test_qwen3_template_trains_every_turn_as_it_was_when_newest():
@@ -136,27 +174,30 @@ def test_qwen3_template_trains_every_turn_as_it_was_when_newest():
     sample = render_trajectory(traj, tok, loss_on="assistant")
     messages = steps_as_messages(traj.steps)
     first = render_prompt(messages[:2], tok, tools=TOOLS)
-    reference = tok.apply_chat_template(_template_messages("qwen3")[:2], tools=TOOLS, tokenize=True,
-                                        add_generation_prompt=True)
+    reference = tok.apply_chat_template(
+        _template_messages("qwen3")[:2], tools=TOOLS, tokenize=True, add_generation_prompt=True
+    )
     assert first == list(reference["input_ids"] if hasattr(reference, "keys") else reference)
     for k, call in zip((2, 4), CALLS):
         prompt = render_prompt(messages[:k], tok, tools=TOOLS)
-        assert sample.input_ids[:len(prompt)] == prompt  # the context the turn is sampled in = trained on
+        assert sample.input_ids[: len(prompt)] == prompt  # the context the turn is sampled in = trained on
         trained = [t for t, i, m in zip(sample.input_ids, sample.step_index, sample.loss_mask) if i == k and m]
-        assert tok.decode(trained) == (f"<think>\n\n</think>\n\nI check {call.name}.\n"
-                                       f"{format_call(call, 'hermes')}<|im_end|>")
-        assert sample.input_ids[len(prompt):len(prompt) + len(trained)] == trained
+        assert tok.decode(trained) == (
+            f"<think>\n\n</think>\n\nI check {call.name}.\n{format_call(call, 'hermes')}<|im_end|>"
+        )
+        assert sample.input_ids[len(prompt) : len(prompt) + len(trained)] == trained
     assert sample.retokenized_steps == [2, 4]
 
     # a sampled turn with reasoning stays verbatim, and the next prompt shows it as it was generated
     turn = "<think>\nRead the file first.\n</think>\n\nI check bash.\n" + format_call(CALLS[0], "hermes")
     sampled = tok.encode(turn, add_special_tokens=False) + [tok.eos_token_id]
-    traj.steps[2] = traj.steps[2].model_copy(update={"content": turn, "token_ids": sampled,
-                                                     "tokenizer_id": tokenizer_id(tok)})
+    traj.steps[2] = traj.steps[2].model_copy(
+        update={"content": turn, "token_ids": sampled, "tokenizer_id": tokenizer_id(tok)}
+    )
     sample = render_trajectory(traj, tok, loss_on="assistant")
     assert [t for t, i, m in zip(sample.input_ids, sample.step_index, sample.loss_mask) if i == 2 and m] == sampled
     prompt = render_prompt(steps_as_messages(traj.steps[:4]), tok, tools=TOOLS)
-    assert sample.input_ids[:len(prompt)] == prompt and "Read the file first." in tok.decode(prompt)
+    assert sample.input_ids[: len(prompt)] == prompt and "Read the file first." in tok.decode(prompt)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -178,14 +219,30 @@ class _VLLMDouble:
 
             def do_POST(self):
                 outer.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-                entries = [{"token": f"token_id:{i}" if id_style == "token_strings" else tokenizer.decode([i]),
-                            "logprob": lp, "top_logprobs": []} for i, lp in zip(outer.ids, outer.logprobs)]
-                choice = {"index": 0, "message": {"role": "assistant", "content": content},
-                          "logprobs": {"content": entries}, "finish_reason": "stop"}
+                entries = [
+                    {
+                        "token": f"token_id:{i}" if id_style == "token_strings" else tokenizer.decode([i]),
+                        "logprob": lp,
+                        "top_logprobs": [],
+                    }
+                    for i, lp in zip(outer.ids, outer.logprobs)
+                ]
+                choice = {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "logprobs": {"content": entries},
+                    "finish_reason": "stop",
+                }
                 if id_style == "token_ids":
                     choice["token_ids"] = outer.ids
-                body = json.dumps({"id": "x", "object": "chat.completion", "choices": [choice],
-                                   "usage": {"prompt_tokens": 9, "completion_tokens": len(outer.ids)}}).encode()
+                body = json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "choices": [choice],
+                        "usage": {"prompt_tokens": 9, "completion_tokens": len(outer.ids)},
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -210,10 +267,25 @@ def test_endpoint_ids_and_logprobs_are_stored_and_trained_verbatim(id_style, san
     TaskStore(tmp_path / "tasks").write(generate_tasks("train", 1, 0))
     double = _VLLMDouble(tok, id_style)
     try:
-        endpoint = OpenAIPolicyConfig(base_url=double.url, model="served", api_key_env=None, sampled_tokens=True,
-                                      tokenizer_path=str(checkpoint), max_retries=0)
-        distill(DistillConfig(teacher="openai", openai=endpoint, sandbox=sandbox_service.connection(),
-                              progress=False, harness=HarnessConfig(max_steps=2)), tmp_path / "tasks", tmp_path / "t")
+        endpoint = OpenAIPolicyConfig(
+            base_url=double.url,
+            model="served",
+            api_key_env=None,
+            sampled_tokens=True,
+            tokenizer_path=str(checkpoint),
+            max_retries=0,
+        )
+        distill(
+            DistillConfig(
+                teacher="openai",
+                openai=endpoint,
+                sandbox=sandbox_service.connection(),
+                progress=False,
+                harness=HarnessConfig(max_steps=2),
+            ),
+            tmp_path / "tasks",
+            tmp_path / "t",
+        )
     finally:
         double.server.shutdown()
     assert double.bodies[0]["logprobs"] is True and double.bodies[0]["return_token_ids"] is True
@@ -251,12 +323,20 @@ def test_stages_end_to_end_on_a_user_checkpoint(family, sandbox_service, tmp_pat
     base = init_policy(PolicySpec(path=str(user_dir)), None, tmp_path / "base")
     tok = load_tokenizer(base)
     fmt = chat_format(tok)
-    coin = Task(id="coin", recipe="swe", split="train", prompt="Flip the coin, then submit.",
-                environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
-                verifier=VerifierSpec(kind="command", command="python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"))
+    coin = Task(
+        id="coin",
+        recipe="swe",
+        split="train",
+        prompt="Flip the coin, then submit.",
+        environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
+        verifier=VerifierSpec(kind="command", command="python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"),
+    )
     TaskStore(tmp_path / "tasks").write(generate_tasks("train", 2, 0) + generate_tasks("heldout", 1, 0))
-    distill(DistillConfig(error_rate=0.0, sandbox=conn, progress=False, harness=HarnessConfig(max_steps=12)),
-            tmp_path / "tasks", tmp_path / "teacher")
+    distill(
+        DistillConfig(error_rate=0.0, sandbox=conn, progress=False, harness=HarnessConfig(max_steps=12)),
+        tmp_path / "tasks",
+        tmp_path / "teacher",
+    )
     teacher = TrajectoryStore(tmp_path / "teacher").read()
     assert any(t.resolved for t in teacher)
 
@@ -273,15 +353,36 @@ def test_stages_end_to_end_on_a_user_checkpoint(family, sandbox_service, tmp_pat
             assert step.role == "assistant" and ids[-1] in fmt.stop_ids
             assert parse_call(tok.decode(ids[:-1]), fmt.tool_format).name == step.tool_call.name
         assert not any(m for m, r in zip(sample.loss_mask, sample.roles) if r != TokenRole.assistant)
-    train_sft(SFTConfig(mode="whole", steps=2, batch_size=2, max_len=4096, learning_rate=1e-3, warmup_steps=0,
-                        num_threads=1), tmp_path / "teacher", tmp_path / "sft", base_model_dir=base)
+    train_sft(
+        SFTConfig(mode="whole", steps=2, batch_size=2, max_len=4096, learning_rate=1e-3, warmup_steps=0, num_threads=1),
+        tmp_path / "teacher",
+        tmp_path / "sft",
+        base_model_dir=base,
+    )
 
     TaskStore(tmp_path / "rl-tasks").write([coin])
-    rl = train_rl(RLConfig(rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=6, stride=2, rho_min=0.5,
-                                                 rho_max=0.5, batch_prompts=1, max_prompts_per_batch=6),
-                           steps=1, save_rollouts=True, sandbox=conn, num_threads=1, seed=1,
-                           harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=6))),
-                  tmp_path / "rl-tasks", tmp_path / "sft", tmp_path / "rl")
+    rl = train_rl(
+        RLConfig(
+            rollout=RolloutConfig(
+                group_size=2,
+                max_rollouts_per_prompt=6,
+                stride=2,
+                rho_min=0.5,
+                rho_max=0.5,
+                batch_prompts=1,
+                max_prompts_per_batch=6,
+            ),
+            steps=1,
+            save_rollouts=True,
+            sandbox=conn,
+            num_threads=1,
+            seed=1,
+            harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=6)),
+        ),
+        tmp_path / "rl-tasks",
+        tmp_path / "sft",
+        tmp_path / "rl",
+    )
     assert rl.steps_done == 1
     rollouts = [t for t in TrajectoryStore(tmp_path / "rl" / "rollouts").read() if t.outcome is not Outcome.infra_error]
     assert rollouts and all(t.metadata["tool_format"] == fmt.tool_format for t in rollouts)
@@ -291,10 +392,16 @@ def test_stages_end_to_end_on_a_user_checkpoint(family, sandbox_service, tmp_pat
         sample = render_trajectory(traj, tok, loss_on="assistant")
         assert sample.retokenized_steps == []
         assert [t for t, m in zip(sample.input_ids, sample.loss_mask) if m] == step.token_ids
-        assert "# Tools" in tok.decode(sample.input_ids) or "You have access to the following functions" in \
-            tok.decode(sample.input_ids)  # tools offered through the template, natively
+        assert "# Tools" in tok.decode(sample.input_ids) or "You have access to the following functions" in tok.decode(
+            sample.input_ids
+        )  # tools offered through the template, natively
 
-    result = evaluate(EvalConfig(k=1, sandbox=conn, harness=HarnessConfig(
-        max_steps=1, generation=GenerationConfig(max_new_tokens=6))), tmp_path / "tasks", tmp_path / "rl",
-        tmp_path / "eval")
+    result = evaluate(
+        EvalConfig(
+            k=1, sandbox=conn, harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=6))
+        ),
+        tmp_path / "tasks",
+        tmp_path / "rl",
+        tmp_path / "eval",
+    )
     assert result.valid_attempts == 1 and result.infra_errors == 0

@@ -85,8 +85,16 @@ def test_a_trainer_prints_one_summary_line_per_step_instead_of_its_log_dict():
 
 
 def test_the_summary_line_reads_the_figures_first():
-    logs = {"loss": 0.01234, "grad_norm": 1.5, "learning_rate": 5e-05, "reward": -0.5, "reward_std": 0.7,
-            "completions/mean_length": 12.0, "epoch": 0.25, "num_tokens": 434.0}
+    logs = {
+        "loss": 0.01234,
+        "grad_norm": 1.5,
+        "learning_rate": 5e-05,
+        "reward": -0.5,
+        "reward_std": 0.7,
+        "completions/mean_length": 12.0,
+        "epoch": 0.25,
+        "num_tokens": 434.0,
+    }
     assert summary_line(logs, 2, 5) == "step 2/5: loss 0.0123, reward -0.5, reward std 0.7, grad norm 1.5, lr 5e-05"
     assert summary_line({"train_runtime": 1.069, "train_loss": 0.0}, 5, 5) == "trained 5 step(s) in 1.1 s"
     assert summary_line({"reward": None}, 1, 1) == "step 1/1: no figures logged"
@@ -99,9 +107,22 @@ def test_piped_output_keeps_tables_at_full_width():
     buffer = io.StringIO()
     console = make_console(file=buffer)
     assert not console.is_terminal and console.width == PIPED_WIDTH
-    report = RunReport(rows=[EvalRow(policy=p, resolved_rate=0.3125, resolved_rate_ci95=(0.105, 0.596), resolved=5,
-                                     evaluated=16, pass_at_k=0.3125, infra_error_rate=0.0, mean_steps=6.0,
-                                     hidden_pass_fraction=0.406) for p in ("teacher", "untrained", "sft", "rl")])
+    report = RunReport(
+        rows=[
+            EvalRow(
+                policy=p,
+                resolved_rate=0.3125,
+                resolved_rate_ci95=(0.105, 0.596),
+                resolved=5,
+                evaluated=16,
+                pass_at_k=0.3125,
+                infra_error_rate=0.0,
+                mean_steps=6.0,
+                hidden_pass_fraction=0.406,
+            )
+            for p in ("teacher", "untrained", "sft", "rl")
+        ]
+    )
     console.print(to_rich(report))
     rows = [line for line in buffer.getvalue().splitlines() if "31.2% [10.5, 59.6]" in line]
     assert len(rows) == 4  # one line per policy: no cell wrapped onto a second line
@@ -113,9 +134,21 @@ def test_a_narrow_terminal_drops_columns_never_wraps_a_cell():
 
     from pipelines.report import RICH_COLUMNS, RunReport, EvalRow, to_rich
 
-    report = RunReport(rows=[EvalRow(policy="teacher", resolved_rate=0.3125, resolved_rate_ci95=(0.105, 0.596),
-                                     resolved=5, evaluated=16, pass_at_k=0.3125, infra_error_rate=0.0, mean_steps=6.0,
-                                     hidden_pass_fraction=0.406)])
+    report = RunReport(
+        rows=[
+            EvalRow(
+                policy="teacher",
+                resolved_rate=0.3125,
+                resolved_rate_ci95=(0.105, 0.596),
+                resolved=5,
+                evaluated=16,
+                pass_at_k=0.3125,
+                infra_error_rate=0.0,
+                mean_steps=6.0,
+                hidden_pass_fraction=0.406,
+            )
+        ]
+    )
     for width, kept in ((80, 6), (60, 4)):
         buffer = io.StringIO()
         Console(file=buffer, width=width).print(to_rich(report, width=width))

@@ -23,9 +23,18 @@ def _train(seed: int, n: int = 3):
 
 
 def _trajs(tasks) -> list[Trajectory]:
-    return [Trajectory(task_id=t.id, recipe="swe", policy_id="teacher", outcome=Outcome.resolved,
-                       status=EpisodeStatus.completed, reward=1.0,
-                       steps=[Step(index=0, role="user", content=t.prompt)]) for t in tasks]
+    return [
+        Trajectory(
+            task_id=t.id,
+            recipe="swe",
+            policy_id="teacher",
+            outcome=Outcome.resolved,
+            status=EpisodeStatus.completed,
+            reward=1.0,
+            steps=[Step(index=0, role="user", content=t.prompt)],
+        )
+        for t in tasks
+    ]
 
 
 def _run(store: DataStore, run_id: str, heldout, window: int | None = None):
@@ -99,7 +108,7 @@ def test_two_writer_processes_do_not_lose_claims_or_shards(tmp_path):
         sys.path.insert(0, {str(REPO)!r})
         from tests.components.test_data_store import _run
         from components.core.data_store import DataStore
-        store = DataStore({str(tmp_path / 'store')!r})
+        store = DataStore({str(tmp_path / "store")!r})
         ready = Path({str(tmp_path)!r})
         (ready / sys.argv[1]).touch()
         while not ((ready / "a").exists() and (ready / "b").exists()):  # start together, imports done

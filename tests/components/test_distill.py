@@ -21,13 +21,17 @@ from components.recipes.swe.generator import generate_tasks
 
 def test_provision_then_distill_then_resume(sandbox_service, tmp_path):
     conn = sandbox_service.connection()
-    prov = provision_environment(ProvisionConfig(n_train=3, n_heldout=2, seed=4, sandbox=conn, latency_probes=3),
-                                 tmp_path / "tasks")
-    assert prov.counts == {"train": 3, "validation": 12, "heldout": 2} and len(TaskStore(tmp_path / "tasks").read()) == 17
+    prov = provision_environment(
+        ProvisionConfig(n_train=3, n_heldout=2, seed=4, sandbox=conn, latency_probes=3), tmp_path / "tasks"
+    )
+    assert (
+        prov.counts == {"train": 3, "validation": 12, "heldout": 2} and len(TaskStore(tmp_path / "tasks").read()) == 17
+    )
     assert 0 < prov.metrics["exec_latency_p50"] < 5 and prov.metrics["sandbox_create_seconds"] > 0
 
-    config = DistillConfig(error_rate=0.5, max_parallel=3, sandbox=conn, progress=False, seed=1,
-                           harness=HarnessConfig(max_steps=10))
+    config = DistillConfig(
+        error_rate=0.5, max_parallel=3, sandbox=conn, progress=False, seed=1, harness=HarnessConfig(max_steps=10)
+    )
     result = distill(config, tmp_path / "tasks", tmp_path / "trajs")
     trajs = TrajectoryStore(tmp_path / "trajs").read()
     assert len(trajs) == 3 and sum(result.counts.values()) == 3 and result.counts["infra_error"] == 0
@@ -61,8 +65,10 @@ def test_infra_failures_are_retried_then_recorded_never_unresolved(tmp_path):
 
 def test_openai_teacher_through_the_same_harness(sandbox_service, tmp_path):
     """A loopback endpoint that reads the module, then submits without fixing it."""
-    replies = ['<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>',
-               '<tool_call>{"name": "submit", "arguments": {}}</tool_call>']
+    replies = [
+        '<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>',
+        '<tool_call>{"name": "submit", "arguments": {}}</tool_call>',
+    ]
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -71,9 +77,14 @@ def test_openai_teacher_through_the_same_harness(sandbox_service, tmp_path):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
-            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": replies[min(turn, 1)]},
-                                            "finish_reason": "stop"}],
-                               "usage": {"prompt_tokens": 50, "completion_tokens": 9}}).encode()
+            data = json.dumps(
+                {
+                    "choices": [
+                        {"message": {"role": "assistant", "content": replies[min(turn, 1)]}, "finish_reason": "stop"}
+                    ],
+                    "usage": {"prompt_tokens": 50, "completion_tokens": 9},
+                }
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
@@ -84,10 +95,14 @@ def test_openai_teacher_through_the_same_harness(sandbox_service, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         TaskStore(tmp_path / "tasks").write(generate_tasks("train", 1, 2))
-        endpoint = OpenAIPolicyConfig(base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", model="m",
-                                      api_key_env=None)
-        result = distill(DistillConfig(teacher="openai", openai=endpoint, sandbox=sandbox_service.connection(),
-                                       progress=False), tmp_path / "tasks", tmp_path / "trajs")
+        endpoint = OpenAIPolicyConfig(
+            base_url=f"http://127.0.0.1:{server.server_address[1]}/v1", model="m", api_key_env=None
+        )
+        result = distill(
+            DistillConfig(teacher="openai", openai=endpoint, sandbox=sandbox_service.connection(), progress=False),
+            tmp_path / "tasks",
+            tmp_path / "trajs",
+        )
     finally:
         server.shutdown()
         server.server_close()
@@ -103,10 +118,16 @@ def test_distill_fifty_tasks_logged_to_mlflow(sandbox_service, tmp_path):
     conn = sandbox_service.connection()
     provision_environment(ProvisionConfig(n_train=50, n_heldout=0, difficulty=[1, 2, 3], sandbox=conn), tmp_path / "t")
     tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}", experiment="distill-50")
-    result = distill(DistillConfig(error_rate=0.3, max_parallel=4, sandbox=conn, progress=False),
-                     tmp_path / "t", tmp_path / "trajs", tracking=tracking)
-    print(f"\n50-task distillation: {result.counts}, {result.throughput_per_min:.1f} trajectories/min, "
-          f"reasons {result.failure_reasons}")
+    result = distill(
+        DistillConfig(error_rate=0.3, max_parallel=4, sandbox=conn, progress=False),
+        tmp_path / "t",
+        tmp_path / "trajs",
+        tracking=tracking,
+    )
+    print(
+        f"\n50-task distillation: {result.counts}, {result.throughput_per_min:.1f} trajectories/min, "
+        f"reasons {result.failure_reasons}"
+    )
     assert sum(result.counts.values()) == 50 and result.counts["infra_error"] == 0
     assert 0.5 <= result.metrics["resolve_rate"] < 1.0  # a real mix of resolved and unresolved
     (run,) = mlflow.search_runs(experiment_names=["distill-50"], output_format="list")
@@ -118,10 +139,13 @@ def test_distill_fifty_tasks_logged_to_mlflow(sandbox_service, tmp_path):
 def test_distill_and_credit_use_the_recipes_own_teacher(sandbox_service, tmp_path):
     """The same stages serve another recipe: Claw tasks distilled with Claw's scripted teacher."""
     conn = sandbox_service.connection()
-    provision_environment(ProvisionConfig(recipe="claw", n_train=2, n_heldout=1, seed=3, sandbox=conn,
-                                          latency_probes=1), tmp_path / "tasks")
-    config = DistillConfig(recipe="claw", error_rate=0.0, max_parallel=2, sandbox=conn, progress=False,
-                           harness=HarnessConfig(max_steps=12))
+    provision_environment(
+        ProvisionConfig(recipe="claw", n_train=2, n_heldout=1, seed=3, sandbox=conn, latency_probes=1),
+        tmp_path / "tasks",
+    )
+    config = DistillConfig(
+        recipe="claw", error_rate=0.0, max_parallel=2, sandbox=conn, progress=False, harness=HarnessConfig(max_steps=12)
+    )
     result = distill(config, tmp_path / "tasks", tmp_path / "trajs")
     trajs = TrajectoryStore(tmp_path / "trajs").read()
     assert result.counts == {"resolved": 2, "unresolved": 0, "infra_error": 0}

@@ -33,8 +33,14 @@ def _traces(tmp_path, filter_string: str | None = None):
 
 
 def test_every_sampled_episode_reads_back_turn_by_turn(sandbox_service, tasks, tmp_path):
-    config = EvalConfig(policy="scripted", scripted_error_rate=0.5, k=2, seed=3, sandbox=sandbox_service.connection(),
-                        traces=TraceConfig(sample_rate=1.0))
+    config = EvalConfig(
+        policy="scripted",
+        scripted_error_rate=0.5,
+        k=2,
+        seed=3,
+        sandbox=sandbox_service.connection(),
+        traces=TraceConfig(sample_rate=1.0),
+    )
     evaluate(config, tasks, None, tmp_path / "eval", tracking=_tracking(tmp_path, "evaluate-teacher"))
     episodes = {t.id: t for t in TrajectoryStore(tmp_path / "eval" / "trajectories").read()}
 
@@ -57,8 +63,9 @@ def test_every_sampled_episode_reads_back_turn_by_turn(sandbox_service, tasks, t
         assert turns[0].attributes["sampling.temperature"] == config.temperature
         calls = [s.tool_call for s in assistant if s.tool_call is not None]
         assert [(t.name, t.inputs["arguments"]) for t in tools] == [(c.name, c.arguments) for c in calls]
-        assert [t.outputs["output"] for t in tools] == [as_code(s.content) for s in episode.steps
-                                                        if s.role == "tool" and s.tool_name]
+        assert [t.outputs["output"] for t in tools] == [
+            as_code(s.content) for s in episode.steps if s.role == "tool" and s.tool_name
+        ]
         assert [t.name for t in turns] == [f"turn {n}" for n in range(1, len(assistant) + 1)]  # 1, 2, 3: not step ids
         (verification,) = [s for s in trace.data.spans if s.name == "verification"]
         assert verification.outputs["outcome"] == episode.outcome.value
@@ -71,14 +78,16 @@ def test_every_sampled_episode_reads_back_turn_by_turn(sandbox_service, tasks, t
         if episode.final_answer:
             fenced = verification.inputs["final_answer"]
             assert fenced.startswith("```diff\n") and fenced.endswith("\n```")
-            assert fenced[len("```diff\n"):-len("\n```")] == episode.final_answer.rstrip()
+            assert fenced[len("```diff\n") : -len("\n```")] == episode.final_answer.rstrip()
         assert verification.outputs["test_report"] == episode.test_report.model_dump(mode="json")
-        assert all(root.start_time_ns <= s.start_time_ns <= s.end_time_ns <= root.end_time_ns
-                   for s in trace.data.spans)
+        assert all(root.start_time_ns <= s.start_time_ns <= s.end_time_ns <= root.end_time_ns for s in trace.data.spans)
     # what a researcher filters by in the UI: one stage's episodes of one task with one outcome
     for task, outcome in {(t.task_id, t.outcome.value) for t in episodes.values()}:
-        _, found = _traces(tmp_path, f"tags.`orchard.stage` = 'evaluate-teacher' AND tags.`orchard.outcome` = "
-                                     f"'{outcome}' AND tags.`orchard.task` = '{task}'")
+        _, found = _traces(
+            tmp_path,
+            f"tags.`orchard.stage` = 'evaluate-teacher' AND tags.`orchard.outcome` = "
+            f"'{outcome}' AND tags.`orchard.task` = '{task}'",
+        )
         assert len(found) == sum((t.task_id, t.outcome.value) == (task, outcome) for t in episodes.values()) > 0
     assert {t.outcome for t in episodes.values()} == {Outcome.resolved, Outcome.unresolved}  # both kinds shown
 
@@ -89,8 +98,13 @@ def test_a_local_model_turn_carries_its_tokens_and_logprobs(sandbox_service, tas
 
     tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=0))
     save_policy(build_tiny_model(ModelConfig(), tokenizer), tokenizer, tmp_path / "model")
-    config = EvalConfig(k=1, max_tasks=1, sandbox=sandbox_service.connection(), traces=TraceConfig(sample_rate=1.0),
-                        harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=8)))
+    config = EvalConfig(
+        k=1,
+        max_tasks=1,
+        sandbox=sandbox_service.connection(),
+        traces=TraceConfig(sample_rate=1.0),
+        harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=8)),
+    )
     evaluate(config, tasks, tmp_path / "model", tmp_path / "eval", tracking=_tracking(tmp_path, "evaluate-sft"))
     (episode,) = TrajectoryStore(tmp_path / "eval" / "trajectories").read()
     (step,) = [s for s in episode.steps if s.role == "assistant"]
@@ -102,8 +116,9 @@ def test_a_local_model_turn_carries_its_tokens_and_logprobs(sandbox_service, tas
 
 
 def test_the_off_switch_and_the_sample_rate_bound_the_volume(sandbox_service, tasks, tmp_path):
-    config = EvalConfig(policy="scripted", k=2, sandbox=sandbox_service.connection(),
-                        traces=TraceConfig(enabled=False, sample_rate=1.0))
+    config = EvalConfig(
+        policy="scripted", k=2, sandbox=sandbox_service.connection(), traces=TraceConfig(enabled=False, sample_rate=1.0)
+    )
     evaluate(config, tasks, None, tmp_path / "eval", tracking=_tracking(tmp_path, "evaluate-teacher"))
     assert _traces(tmp_path)[1] == []
 

@@ -18,23 +18,37 @@ from components.core.intervals import paired_difference_ci, task_mean_ci, task_r
 from components.evaluate import EvalConfig, evaluate, summarize_attempts
 
 COIN = "python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"
-COIN_TASK = Task(id="coin", recipe="swe", split="heldout", prompt="Submit.",
-                 environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
-                 verifier=VerifierSpec(kind="command", command=COIN))
+COIN_TASK = Task(
+    id="coin",
+    recipe="swe",
+    split="heldout",
+    prompt="Submit.",
+    environment=EnvironmentSpec(files={"README.md": "a coin\n"}),
+    verifier=VerifierSpec(kind="command", command=COIN),
+)
 
 
 def traj(task_id: str, outcome: Outcome, steps: int = 0, tokens: int = 0) -> Trajectory:
     from components.core.schema import Step
 
-    return Trajectory(task_id=task_id, recipe="swe", policy_id="p", outcome=outcome, completion_tokens=tokens,
-                      steps=[Step(index=i, role="assistant", content="") for i in range(steps)])
+    return Trajectory(
+        task_id=task_id,
+        recipe="swe",
+        policy_id="p",
+        outcome=outcome,
+        completion_tokens=tokens,
+        steps=[Step(index=i, role="assistant", content="") for i in range(steps)],
+    )
 
 
 def test_infra_errors_leave_every_denominator():
     tasks = [Task(id=i, recipe="swe", split="heldout", prompt="") for i in ("a", "b", "c")]
-    R, U, I = Outcome.resolved, Outcome.unresolved, Outcome.infra_error
-    attempts = ([traj("a", R, 2, 10), traj("a", U, 4, 30), traj("a", I), traj("a", R, 2, 20), traj("a", U, 2, 20)]
-                + [traj("b", U, 1, 5), traj("b", I)] + [traj("c", I)])
+    R, U, X = Outcome.resolved, Outcome.unresolved, Outcome.infra_error
+    attempts = (
+        [traj("a", R, 2, 10), traj("a", U, 4, 30), traj("a", X), traj("a", R, 2, 20), traj("a", U, 2, 20)]
+        + [traj("b", U, 1, 5), traj("b", X)]
+        + [traj("c", X)]
+    )
     rows, m = summarize_attempts(tasks, attempts, k=2)
     assert (m["attempts"], m["valid_attempts"], m["infra_errors"]) == (8, 5, 3)
     assert m["resolved_rate"] == pytest.approx(2 / 5) and m["infra_error_rate"] == pytest.approx(3 / 8)
@@ -55,14 +69,21 @@ def test_mean_share_of_hidden_tests_passing_over_verified_attempts():
         return traj(task_id, outcome).model_copy(update={"test_report": report})
 
     tasks = [Task(id=i, recipe="swe", split="heldout", prompt="") for i in ("a", "b")]
-    R, U, I = Outcome.resolved, Outcome.unresolved, Outcome.infra_error
-    attempts = [graded("a", R, 2, 2), graded("a", U, 1, 2), graded("b", U, 0, 4), graded("b", U, 1, 4),
-                graded("b", I, 3, 4),  # an infrastructure error never counts, whatever its report says
-                graded("b", U, 0, None)]  # no hidden tests (a command verifier): not in the mean
+    R, U, X = Outcome.resolved, Outcome.unresolved, Outcome.infra_error
+    attempts = [
+        graded("a", R, 2, 2),
+        graded("a", U, 1, 2),
+        graded("b", U, 0, 4),
+        graded("b", U, 1, 4),
+        graded("b", X, 3, 4),  # an infrastructure error never counts, whatever its report says
+        graded("b", U, 0, None),
+    ]  # no hidden tests (a command verifier): not in the mean
     rows, m = summarize_attempts(tasks, attempts, k=1)
-    assert m["hidden_pass_fraction_n"] == 4 and m["hidden_pass_fraction_mean"] == pytest.approx((1 + .5 + 0 + .25) / 4)
+    assert m["hidden_pass_fraction_n"] == 4 and m["hidden_pass_fraction_mean"] == pytest.approx(
+        (1 + 0.5 + 0 + 0.25) / 4
+    )
     assert m["hidden_pass_fraction_unresolved_n"] == 3
-    assert m["hidden_pass_fraction_unresolved_mean"] == pytest.approx((.5 + 0 + .25) / 3)
+    assert m["hidden_pass_fraction_unresolved_mean"] == pytest.approx((0.5 + 0 + 0.25) / 3)
     assert [r["hidden_pass_fraction"] for r in rows] == [pytest.approx(0.75), pytest.approx(0.125)]
 
 
@@ -71,8 +92,12 @@ def test_resolved_rate_plot_draws_each_family_with_its_interval_and_n():
 
     from components.evaluate import plot_resolved_rates
 
-    rows = [{"family": "a", "valid_attempts": 4, "resolved": 4}, {"family": "a", "valid_attempts": 4, "resolved": 0},
-            {"family": "b", "valid_attempts": 2, "resolved": 1}, {"family": "c", "valid_attempts": 0, "resolved": 0}]
+    rows = [
+        {"family": "a", "valid_attempts": 4, "resolved": 4},
+        {"family": "a", "valid_attempts": 4, "resolved": 0},
+        {"family": "b", "valid_attempts": 2, "resolved": 1},
+        {"family": "c", "valid_attempts": 0, "resolved": 0},
+    ]
     fig = plot_resolved_rates(rows, "p")
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "all"]  # c: no valid attempt, no bar
@@ -136,8 +161,9 @@ def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_pat
     broken = task.model_copy(update={"id": "zz-broken"}, deep=True)
     broken.environment.image = "nonexistent-task-image"
     TaskStore(tmp_path / "tasks").write([task, broken])
-    config = EvalConfig(policy="scripted", scripted_error_rate=0.0, k=2, infra_retries=1,
-                        sandbox=sandbox_service.connection())
+    config = EvalConfig(
+        policy="scripted", scripted_error_rate=0.0, k=2, infra_retries=1, sandbox=sandbox_service.connection()
+    )
     # One sqlite store per session (basetemp is shared): creating its tables costs seconds.
     db = tmp_path_factory.getbasetemp() / "rl-eval-mlflow.db"
     tracking = TrackingConfig(tracking_uri=f"sqlite:///{db}", experiment="eval-test")
@@ -160,7 +186,9 @@ def test_scripted_teacher_reference_with_infra_failures(sandbox_service, tmp_pat
     (run,) = mlflow.search_runs(experiment_names=["eval-test"], output_format="list")
     assert run.data.metrics["resolved_rate"] == 1.0 and run.data.metrics["infra_errors"] == 2
     assert run.data.metrics["hidden_pass_fraction_mean"] == 1.0 and run.data.metrics["hidden_pass_fraction_n"] == 2
-    assert {"per_task.parquet", "resolved_rate.png"} <= {a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)}
+    assert {"per_task.parquet", "resolved_rate.png"} <= {
+        a.path for a in mlflow.MlflowClient().list_artifacts(run.info.run_id)
+    }
     (inp,) = run.inputs.dataset_inputs  # the evaluated tasks, as a dataset input
     assert inp.dataset.name == "swe-heldout" and inp.tags[0].value == "evaluation"
     assert run.data.metrics["resolved_rate_ci95_low"] <= 1.0 <= run.data.metrics["resolved_rate_ci95_high"]
@@ -183,9 +211,16 @@ class _SubmitEndpoint:
                 outer.requests += 1
                 outer.temperatures.append(request.get("temperature"))
                 content = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
-                body = json.dumps({"id": "x", "object": "chat.completion", "choices": [
-                    {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14}}).encode()
+                body = json.dumps(
+                    {
+                        "id": "x",
+                        "object": "chat.completion",
+                        "choices": [
+                            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+                        ],
+                        "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14},
+                    }
+                ).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -205,15 +240,24 @@ def test_local_model_and_endpoint_policies(sandbox_service, tmp_path):
     tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=0))
     save_policy(build_tiny_model(ModelConfig(), tokenizer), tokenizer, tmp_path / "model")
     harness = HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=8))
-    local = evaluate(EvalConfig(k=2, harness=harness, sandbox=sandbox_service.connection()),
-                     tmp_path / "tasks", tmp_path / "model", tmp_path / "eval-local")
+    local = evaluate(
+        EvalConfig(k=2, harness=harness, sandbox=sandbox_service.connection()),
+        tmp_path / "tasks",
+        tmp_path / "model",
+        tmp_path / "eval-local",
+    )
     assert local.policy_id.startswith("local:") and local.valid_attempts == 2 and local.infra_errors == 0
     assert local.mean_completion_tokens > 0
 
     endpoint = _SubmitEndpoint()
     try:
-        config = EvalConfig(policy="openai", k=2, harness=harness, sandbox=sandbox_service.connection(),
-                            endpoint=OpenAIPolicyConfig(base_url=endpoint.url, model="fake", api_key_env=None))
+        config = EvalConfig(
+            policy="openai",
+            k=2,
+            harness=harness,
+            sandbox=sandbox_service.connection(),
+            endpoint=OpenAIPolicyConfig(base_url=endpoint.url, model="fake", api_key_env=None),
+        )
         remote = evaluate(config, tmp_path / "tasks", None, tmp_path / "eval-remote")
     finally:
         endpoint.server.shutdown()
@@ -237,9 +281,15 @@ def test_greedy_attempt_beside_the_sampled_ones(sandbox_service, tmp_path):
     TaskStore(tmp_path / "tasks").write([COIN_TASK, COIN_TASK.model_copy(update={"id": "coin2"})])
     endpoint = _SubmitEndpoint()
     try:
-        config = EvalConfig(policy="openai", k=3, temperature=0.9, greedy=True, sandbox=sandbox_service.connection(),
-                            harness=HarnessConfig(max_steps=1),
-                            endpoint=OpenAIPolicyConfig(base_url=endpoint.url, model="fake", api_key_env=None))
+        config = EvalConfig(
+            policy="openai",
+            k=3,
+            temperature=0.9,
+            greedy=True,
+            sandbox=sandbox_service.connection(),
+            harness=HarnessConfig(max_steps=1),
+            endpoint=OpenAIPolicyConfig(base_url=endpoint.url, model="fake", api_key_env=None),
+        )
         result = evaluate(config, tmp_path / "tasks", None, tmp_path / "eval")
     finally:
         endpoint.server.shutdown()
@@ -257,15 +307,22 @@ def test_units_are_reported_beside_tasks_and_the_validation_split_can_be_evaluat
     repository with two issue texts is one unit: reported beside n and used by the interval."""
     from components.provision import ProvisionConfig, provision_environment
 
-    provision_environment(ProvisionConfig(n_train=1, n_heldout=1, n_validation=2, check_sandbox=False),
-                          tmp_path / "tasks")
+    provision_environment(
+        ProvisionConfig(n_train=1, n_heldout=1, n_validation=2, check_sandbox=False), tmp_path / "tasks"
+    )
     first, _ = sorted(TaskStore(tmp_path / "tasks").read(split="validation"), key=lambda t: t.id)
     # the same repository with another issue text, whose verdict always fails: a unit half solved
-    again = first.model_copy(update={"id": first.id + "-again", "prompt": first.prompt + " Please.",
-                                     "verifier": VerifierSpec(kind="command", command="false")})
+    again = first.model_copy(
+        update={
+            "id": first.id + "-again",
+            "prompt": first.prompt + " Please.",
+            "verifier": VerifierSpec(kind="command", command="false"),
+        }
+    )
     TaskStore(tmp_path / "tasks").write([again])
-    config = EvalConfig(policy="scripted", scripted_error_rate=0.0, k=1, split="validation",
-                        sandbox=sandbox_service.connection())
+    config = EvalConfig(
+        policy="scripted", scripted_error_rate=0.0, k=1, split="validation", sandbox=sandbox_service.connection()
+    )
     result = evaluate(config, tmp_path / "tasks", None, tmp_path / "eval")
     assert (result.tasks, result.units, result.resolved) == (3, 2, 2)
     per_task = pd.read_parquet(result.per_task_path).sort_values("task_id")

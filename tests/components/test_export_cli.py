@@ -22,14 +22,23 @@ def checkpoint(tmp_path_factory):
 
 def _trajectory(outcome: Outcome) -> Trajectory:
     call = ToolCall(name="bash", arguments={"command": "pytest -q"})
-    steps = [Step(index=0, role="system", content="You fix bugs."), Step(index=1, role="user", content="Fix add()."),
-             Step(index=2, role="assistant", content="Run them.\n" + format_tool_call(call), tool_call=call),
-             Step(index=3, role="tool", content="1 failed", tool_call_id=call.id, tool_name="bash"),
-             Step(index=4, role="assistant", content=format_tool_call(ToolCall(name="submit")))]
-    return Trajectory(task_id="swe-t", recipe="swe", policy_id="p", steps=steps, outcome=outcome,
-                      reward={Outcome.resolved: 1.0, Outcome.unresolved: 0.0}.get(outcome),
-                      outcome_reason=None if outcome is Outcome.resolved else "tests failed",
-                      status=EpisodeStatus.aborted if outcome is Outcome.infra_error else EpisodeStatus.completed)
+    steps = [
+        Step(index=0, role="system", content="You fix bugs."),
+        Step(index=1, role="user", content="Fix add()."),
+        Step(index=2, role="assistant", content="Run them.\n" + format_tool_call(call), tool_call=call),
+        Step(index=3, role="tool", content="1 failed", tool_call_id=call.id, tool_name="bash"),
+        Step(index=4, role="assistant", content=format_tool_call(ToolCall(name="submit"))),
+    ]
+    return Trajectory(
+        task_id="swe-t",
+        recipe="swe",
+        policy_id="p",
+        steps=steps,
+        outcome=outcome,
+        reward={Outcome.resolved: 1.0, Outcome.unresolved: 0.0}.get(outcome),
+        outcome_reason=None if outcome is Outcome.resolved else "tests failed",
+        status=EpisodeStatus.aborted if outcome is Outcome.infra_error else EpisodeStatus.completed,
+    )
 
 
 @pytest.fixture
@@ -43,8 +52,22 @@ def test_export_tokens_writes_the_trainers_rows_with_logprobs(checkpoint, store,
     model_dir, tokenizer = checkpoint
     store_dir, trajectories = store
     out = tmp_path / "ds" / "tokens.parquet"
-    assert main(["export", "tokens", "--trajectories", str(store_dir), "--model", str(model_dir),
-                 "--out", str(out), "--logprobs"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "tokens",
+                "--trajectories",
+                str(store_dir),
+                "--model",
+                str(model_dir),
+                "--out",
+                str(out),
+                "--logprobs",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.strip() == str(out)
     rows = read_tokens(out)
     assert [r["trajectory_id"] for r in rows] == [t.id for t in trajectories]
@@ -66,11 +89,37 @@ def test_export_openai_writes_the_published_shape(store, tmp_path):
 def test_a_missing_store_or_model_is_one_line_and_exit_2(checkpoint, store, tmp_path, capsys):
     model_dir, _ = checkpoint
     store_dir, _ = store
-    assert main(["export", "tokens", "--trajectories", str(tmp_path / "nope"), "--model", str(model_dir),
-                 "--out", str(tmp_path / "t.parquet")]) == 2
+    assert (
+        main(
+            [
+                "export",
+                "tokens",
+                "--trajectories",
+                str(tmp_path / "nope"),
+                "--model",
+                str(model_dir),
+                "--out",
+                str(tmp_path / "t.parquet"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("orchard export: ") and "does not exist" in err and err.count("\n") == 1
-    assert main(["export", "tokens", "--trajectories", str(store_dir), "--model", str(tmp_path / "no-model"),
-                 "--out", str(tmp_path / "t.parquet")]) == 2
+    assert (
+        main(
+            [
+                "export",
+                "tokens",
+                "--trajectories",
+                str(store_dir),
+                "--model",
+                str(tmp_path / "no-model"),
+                "--out",
+                str(tmp_path / "t.parquet"),
+            ]
+        )
+        == 2
+    )
     assert "cannot load the model" in capsys.readouterr().err
     assert not (tmp_path / "t.parquet").exists()

@@ -16,8 +16,9 @@ SCRIPT = ROOT / "scripts" / "gpu_check.py"
 
 def _run(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
 
 
 def test_the_shell_script_parses():
@@ -33,8 +34,14 @@ def test_dry_run_checks_every_steps_prerequisites_and_prints_the_plan(tmp_path):
     vllm = next(line for line in lines if line.split("] ")[1].startswith("grpo") and "vllm" in line)
     assert ("[     ok]" in cuda) == torch.cuda.is_available()
     assert ("[     ok]" in vllm) == (vllm.split(": ")[-1] != "not installed" and vllm.split(": ")[-1] >= "0.22")
-    assert [line.split(". ")[1].split(":")[0] for line in lines if line.startswith("  ") and ". " in line] == \
-        ["checkpoint", "service", "data", "sft", "grpo", "report"]
+    assert [line.split(". ")[1].split(":")[0] for line in lines if line.startswith("  ") and ". " in line] == [
+        "checkpoint",
+        "service",
+        "data",
+        "sft",
+        "grpo",
+        "report",
+    ]
     missing = sum("MISSING" in line for line in lines)
     assert proc.returncode == (1 if missing else 0)
     assert not (tmp_path / "gc" / "checkpoint").exists(), "a dry run runs nothing"
@@ -50,11 +57,34 @@ def test_the_cpu_variant_has_every_prerequisite_here(tmp_path):
 @pytest.mark.timeout(1500)  # ~5 min on 2 loaded cores: Qwen's 151k-token vocabulary makes even a tiny model slow
 def test_the_cpu_variant_runs_every_step_and_prints_the_table(tmp_path):
     """Checkpoint (Qwen vocabulary), sandbox service, tasks + teacher, SFT, GRPO in sandboxes (HF generate)."""
-    proc = _run("--device", "cpu", "--no-vllm", "--hidden", "32", "--layers", "1", "--tasks", "2", "--sft-steps", "2",
-                "--rl-steps", "1", "--group-size", "2", "--max-turns", "1", "--max-new-tokens", "16", "--max-len", "256",
-                "--out", str(tmp_path / "gc"), timeout=1200)
+    proc = _run(
+        "--device",
+        "cpu",
+        "--no-vllm",
+        "--hidden",
+        "32",
+        "--layers",
+        "1",
+        "--tasks",
+        "2",
+        "--sft-steps",
+        "2",
+        "--rl-steps",
+        "1",
+        "--group-size",
+        "2",
+        "--max-turns",
+        "1",
+        "--max-new-tokens",
+        "16",
+        "--max-len",
+        "256",
+        "--out",
+        str(tmp_path / "gc"),
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    table = proc.stdout[proc.stdout.index("gpu_check (cpu"):].splitlines()
+    table = proc.stdout[proc.stdout.index("gpu_check (cpu") :].splitlines()
     assert [row.split()[0] for row in table[2:]] == ["checkpoint", "data", "sft", "grpo"]
     grpo = table[-1].split()
     assert float(grpo[2]) > 0 and float(grpo[3]) > 0, "tokens/s and episodes/min of the GRPO step"
@@ -78,5 +108,9 @@ def test_use_vllm_switch(tmp_path):
             grpo_args(RLConfig(use_vllm=True), tmp_path)
     else:
         args = grpo_args(RLConfig(use_vllm=True, vllm_gpu_memory_utilization=0.4, max_len=2048), tmp_path)
-        assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization, args.vllm_max_model_length) == \
-            (True, "colocate", 0.4, 2048)
+        assert (args.use_vllm, args.vllm_mode, args.vllm_gpu_memory_utilization, args.vllm_max_model_length) == (
+            True,
+            "colocate",
+            0.4,
+            2048,
+        )

@@ -33,8 +33,9 @@ class Scripted:
             self.on_turn(self.turn)
         time.sleep(self.delay)
         text = self.texts[min(self.turn, len(self.texts)) - 1]
-        return Generation(text=text, token_ids=[100 + self.turn, 7], prompt_tokens=self.prompt_tokens,
-                          completion_tokens=2)
+        return Generation(
+            text=text, token_ids=[100 + self.turn, 7], prompt_tokens=self.prompt_tokens, completion_tokens=2
+        )
 
 
 class Sloppy(ScriptedTeacher):
@@ -64,14 +65,22 @@ def test_teacher_episode_with_malformed_turn_snapshots_and_continuations(sandbox
     # Continue from the state right after the fix: fork its snapshot, or replay the prefix's tool calls.
     edit = next(i for i, s in enumerate(traj.steps) if s.tool_call and s.tool_call.name == "str_replace")
     prefix = traj.steps[: edit + 2]
-    forked = run_episode(TASK, RECIPE, ScriptedTeacher(0.0, seed=1), sandbox_client, HarnessConfig(),
-                         prefix_steps=prefix, from_snapshot=prefix[-1].sandbox_state_id)
-    replayed = run_episode(TASK, RECIPE, ScriptedTeacher(0.0, seed=2), sandbox_client, HarnessConfig(),
-                           prefix_steps=prefix)
+    forked = run_episode(
+        TASK,
+        RECIPE,
+        ScriptedTeacher(0.0, seed=1),
+        sandbox_client,
+        HarnessConfig(),
+        prefix_steps=prefix,
+        from_snapshot=prefix[-1].sandbox_state_id,
+    )
+    replayed = run_episode(
+        TASK, RECIPE, ScriptedTeacher(0.0, seed=2), sandbox_client, HarnessConfig(), prefix_steps=prefix
+    )
     for cont in (forked, replayed):
         assert cont.outcome is Outcome.resolved, cont.outcome_reason
         assert [(s.role, s.content) for s in cont.steps[: len(prefix)]] == [(s.role, s.content) for s in prefix]
-        new_calls = [s.tool_call.name for s in cont.steps[len(prefix):] if s.tool_call]
+        new_calls = [s.tool_call.name for s in cont.steps[len(prefix) :] if s.tool_call]
         assert "str_replace" not in new_calls and new_calls[-1] == "submit"  # the fix was already in place
 
 
@@ -80,8 +89,9 @@ def test_step_limit_truncates_and_is_still_verified(sandbox_client):
     traj = run_episode(TASK, RECIPE, Scripted([ls]), sandbox_client, HarnessConfig(max_steps=2))
     assert traj.status is EpisodeStatus.truncated and traj.outcome is Outcome.unresolved
     assert traj.num_assistant_steps == 2 and traj.outcome_reason.startswith("truncated")
-    big = run_episode(TASK, RECIPE, Scripted([ls], prompt_tokens=5000), sandbox_client,
-                      HarnessConfig(max_total_tokens=4000))
+    big = run_episode(
+        TASK, RECIPE, Scripted([ls], prompt_tokens=5000), sandbox_client, HarnessConfig(max_total_tokens=4000)
+    )
     assert big.status is EpisodeStatus.truncated and big.num_assistant_steps == 1
 
 
@@ -183,8 +193,14 @@ HOG_BYTES = 512 << 20
 def test_a_policy_cannot_turn_its_own_failures_into_infra_errors(sandbox_client):
     """Signals to the agent and the policy's own OOM are the policy's outcome: the episode is verified
     (unresolved), never dropped as an infrastructure error (which would hide it from the reward)."""
-    attack = format_tool_call(ToolCall(name="bash", arguments={
-        "command": f"kill -INT 1; kill -TERM 1; kill -HUP 1; kill -KILL 1; python3 -c \"x = b'a' * {HOG_BYTES}\""}))
+    attack = format_tool_call(
+        ToolCall(
+            name="bash",
+            arguments={
+                "command": f"kill -INT 1; kill -TERM 1; kill -HUP 1; kill -KILL 1; python3 -c \"x = b'a' * {HOG_BYTES}\""  # noqa: E501
+            },
+        )
+    )
     submit = format_tool_call(ToolCall(name="submit"))
     traj = run_episode(TASK, TightMemory(), Scripted([attack, submit]), sandbox_client, HarnessConfig())
     assert traj.outcome is Outcome.unresolved and traj.status is EpisodeStatus.completed, traj.outcome_reason
@@ -236,6 +252,11 @@ def test_every_turn_samples_with_fresh_random_numbers(sandbox_client):
     assert len(set(seeds)) == len(seeds)  # no turn of one episode shares a seed with any turn of another
     assert abs(np.corrcoef(first, second)[0, 1]) < 0.5
     again = SeedDrawn([ls])
-    run_episode(TASK, RECIPE, again, sandbox_client,
-                HarnessConfig(max_steps=2, generation=GenerationConfig(temperature=1.0, seed=1000)))
+    run_episode(
+        TASK,
+        RECIPE,
+        again,
+        sandbox_client,
+        HarnessConfig(max_steps=2, generation=GenerationConfig(temperature=1.0, seed=1000)),
+    )
     assert [u for _, u in again.draws] == [first[0], second[0]]  # reproducible from the episode seed

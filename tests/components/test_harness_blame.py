@@ -92,8 +92,13 @@ class FailsOnItsArguments(Counting):
 
 def test_a_call_failing_the_same_way_on_the_pristine_state_is_still_the_policys(sandbox_client):
     view = format_tool_call(ToolCall(name="read_file", arguments={"path": "poison"}))
-    traj = run_episode(TASK, FailsOnItsArguments(), Scripted([view, format_tool_call(ToolCall(name="submit"))]),
-                       sandbox_client, HarnessConfig())
+    traj = run_episode(
+        TASK,
+        FailsOnItsArguments(),
+        Scripted([view, format_tool_call(ToolCall(name="submit"))]),
+        sandbox_client,
+        HarnessConfig(),
+    )
     assert traj.outcome is Outcome.unresolved and traj.reward == 0.0, traj.outcome_reason
     assert "AGENT_LOST" in traj.steps[3].policy_error and "health check passes" in traj.steps[3].policy_error
 
@@ -105,14 +110,16 @@ def test_a_verification_failing_only_on_the_policys_state_is_unresolved(sandbox_
     assert "could not read the state file" in traj.outcome_reason
 
 
-@pytest.mark.parametrize("failure, reason", [("agent_lost", "AGENT_LOST"), ("hang", "tool_timeout"),
-                                             ("verifier", "pytest is not installed")])
+@pytest.mark.parametrize(
+    "failure, reason", [("agent_lost", "AGENT_LOST"), ("hang", "tool_timeout"), ("verifier", "pytest is not installed")]
+)
 def test_a_health_check_failing_in_a_fresh_sandbox_is_infrastructure(sandbox_client, failure, reason):
     """The recipe's tools (or verifier) fail for any call on any state: the harness's own health calls fail
     in the fresh sandbox too, and the episode is the infrastructure's."""
     submit = format_tool_call(ToolCall(name="submit"))
-    traj = run_episode(TASK, FlakyEnvironment(failure), Scripted([submit]), sandbox_client,
-                       HarnessConfig(tool_call_timeout_seconds=1))
+    traj = run_episode(
+        TASK, FlakyEnvironment(failure), Scripted([submit]), sandbox_client, HarnessConfig(tool_call_timeout_seconds=1)
+    )
     assert traj.outcome is Outcome.infra_error and traj.reward is None
     assert reason in traj.outcome_reason and "health check failed in a fresh sandbox" in traj.outcome_reason
 
@@ -171,7 +178,14 @@ def test_a_fork_that_fails_on_the_saved_state_replays_the_prefix_instead(sandbox
     first = run_episode(TASK, recipe, _poison_then(), sandbox_client, HarnessConfig(snapshot_every_step=True))
     prefix = first.steps[:4]  # system, user, the poisoning command and its observation
     assert prefix[-1].sandbox_state_id, prefix[-1]
-    cont = run_episode(TASK, recipe, ScriptedTeacher(0.0, seed=1), sandbox_client, HarnessConfig(),
-                       prefix_steps=prefix, from_snapshot=prefix[-1].sandbox_state_id)
+    cont = run_episode(
+        TASK,
+        recipe,
+        ScriptedTeacher(0.0, seed=1),
+        sandbox_client,
+        HarnessConfig(),
+        prefix_steps=prefix,
+        from_snapshot=prefix[-1].sandbox_state_id,
+    )
     assert cont.outcome is Outcome.resolved and cont.status is EpisodeStatus.completed, cont.outcome_reason
     assert [(s.role, s.content) for s in cont.steps[:4]] == [(s.role, s.content) for s in prefix]

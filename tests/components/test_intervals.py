@@ -29,13 +29,16 @@ def _coverage(rate: float, tasks: int, k: int, level: float, spread: float, seed
 
 
 @pytest.mark.parametrize("level", [0.95, 0.90])
-@pytest.mark.parametrize(("rate", "tasks", "k", "spread"), [
-    (0.1, 16, 1, 0.0),  # the case a task bootstrap covered ~80 % at a stated 95 %
-    (0.0, 16, 1, 0.0),  # 0/16: a bootstrap said [0, 0]
-    (0.3, 16, 4, 0.3),  # clustered: k attempts per task, task rates spread out
-    (0.1, 100, 4, 0.5),
-    (0.5, 100, 4, 0.2),
-])
+@pytest.mark.parametrize(
+    ("rate", "tasks", "k", "spread"),
+    [
+        (0.1, 16, 1, 0.0),  # the case a task bootstrap covered ~80 % at a stated 95 %
+        (0.0, 16, 1, 0.0),  # 0/16: a bootstrap said [0, 0]
+        (0.3, 16, 4, 0.3),  # clustered: k attempts per task, task rates spread out
+        (0.1, 100, 4, 0.5),
+        (0.5, 100, 4, 0.2),
+    ],
+)
 def test_the_rate_interval_covers_at_its_stated_level(rate, tasks, k, spread, level):
     covered = _coverage(rate, tasks, k, level, spread, seed=7)
     # Monte Carlo error of 400 runs is ~1.1 points at 95 %: allow 3 of them below the level.
@@ -55,8 +58,10 @@ def test_the_level_is_the_one_asked_for_and_0_of_n_is_not_a_point():
     assert task_mean_ci([0.0] * 16, attempts_per_task=4) == task_rate_ci([(4, 0)] * 16)
 
 
-@pytest.mark.parametrize(("tasks", "k", "base", "gain"), [(16, 1, 0.0, 0.0), (16, 1, 0.3, 0.0), (16, 1, 0.2, 0.2),
-                                                          (40, 4, 0.3, 0.1), (100, 4, 0.1, 0.0)])
+@pytest.mark.parametrize(
+    ("tasks", "k", "base", "gain"),
+    [(16, 1, 0.0, 0.0), (16, 1, 0.3, 0.0), (16, 1, 0.2, 0.2), (40, 4, 0.3, 0.1), (100, 4, 0.1, 0.0)],
+)
 def test_the_paired_difference_interval_covers_at_its_stated_level(tasks, k, base, gain):
     """Two policies on the same tasks: task pass rates spread out, the second better by `gain` where it can be."""
     from components.core.intervals import paired_difference_ci

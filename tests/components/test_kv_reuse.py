@@ -15,8 +15,13 @@ GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)
 
 
 def _conversations(n: int) -> list[list[ChatMessage]]:
-    return [[ChatMessage(role="system", content="You fix bugs."),
-             ChatMessage(role="user", content=f"Bug {i} in `pkg{i}/core.py`." + " Details." * i)] for i in range(n)]
+    return [
+        [
+            ChatMessage(role="system", content="You fix bugs."),
+            ChatMessage(role="user", content=f"Bug {i} in `pkg{i}/core.py`." + " Details." * i),
+        ]
+        for i in range(n)
+    ]
 
 
 def _play(policy: LocalTransformersPolicy, turns: int, n: int = 3, on_turn=None) -> list[list[tuple]]:
@@ -30,9 +35,10 @@ def _play(policy: LocalTransformersPolicy, turns: int, n: int = 3, on_turn=None)
         out = policy.generate_batch(active, GREEDY)
         seen.append([(g.token_ids, g.logprobs) for g in out])
         for messages, g in zip(active, out):
-            messages += [ChatMessage(role="assistant", content=g.text, token_ids=g.token_ids,
-                                     tokenizer_id=g.tokenizer_id),
-                         ChatMessage(role="tool", content=f"output of turn {turn}", name="bash", tool_call_id="c")]
+            messages += [
+                ChatMessage(role="assistant", content=g.text, token_ids=g.token_ids, tokenizer_id=g.tokenizer_id),
+                ChatMessage(role="tool", content=f"output of turn {turn}", name="bash", tool_call_id="c"),
+            ]
     return seen
 
 
@@ -65,10 +71,12 @@ def test_kept_kv_is_dropped_when_the_weights_change():
             if turn == 1:
                 with torch.no_grad():
                     next(m.parameters()).add_(0.5)
+
         return at
 
-    plain = _play(LocalTransformersPolicy(reference_model, tokenizer, kv_reuse=False), turns=2,
-                  on_turn=step(reference_model))
+    plain = _play(
+        LocalTransformersPolicy(reference_model, tokenizer, kv_reuse=False), turns=2, on_turn=step(reference_model)
+    )
     reusing = LocalTransformersPolicy(model, tokenizer)
     kept = _play(reusing, turns=2, on_turn=step(model))
     assert [[ids for ids, _ in turn] for turn in kept] == [[ids for ids, _ in turn] for turn in plain]

@@ -12,8 +12,10 @@ from components.core.policy_base import ChatMessage, GenerationConfig, Policy, T
 from components.core.rendering import render_prompt, tokenizer_id
 from components.core.tool_formats import parse_call
 
-MESSAGES = [ChatMessage(role="system", content="You fix bugs."),
-            ChatMessage(role="user", content="Bug in `mathkit/core.py`. Fix `add`.")]
+MESSAGES = [
+    ChatMessage(role="system", content="You fix bugs."),
+    ChatMessage(role="user", content="Bug in `mathkit/core.py`. Fix `add`."),
+]
 RESPONSE = 'Look first.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "mathkit/core.py"}}\n</tool_call>'
 
 
@@ -22,8 +24,11 @@ def memorized():
     """A tiny model trained (plain torch, ~2 s) to answer MESSAGES with RESPONSE and then ramble on."""
     model, tokenizer = build_policy(ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[])))
     prompt = render_prompt(MESSAGES, tokenizer)
-    target = (tokenizer.encode(RESPONSE, add_special_tokens=False) + [tokenizer.eos_token_id]
-              + tokenizer.encode(" more text after the turn", add_special_tokens=False))
+    target = (
+        tokenizer.encode(RESPONSE, add_special_tokens=False)
+        + [tokenizer.eos_token_id]
+        + tokenizer.encode(" more text after the turn", add_special_tokens=False)
+    )
     ids = torch.tensor([prompt + target])
     labels = ids.clone()
     labels[0, : len(prompt)] = -100
@@ -53,15 +58,17 @@ def test_greedy_generation_stops_at_end_of_turn_and_returns_sampled_ids_and_logp
     prompt = render_prompt(MESSAGES, tokenizer)
     ids = torch.tensor([prompt + gen.token_ids])
     with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     logits[:, policy._suppress] = float("-inf")
     again = torch.log_softmax(logits, -1).gather(1, torch.tensor(gen.token_ids)[:, None])[:, 0]
     assert len(gen.logprobs) == len(gen.token_ids)
     assert torch.allclose(torch.tensor(gen.logprobs), again, atol=1e-4)
     # The next prompt re-uses the ids as sampled, so it is exactly what RL will train on.
-    history = MESSAGES + [ChatMessage(role="assistant", content=gen.text, token_ids=gen.token_ids,
-                                      tokenizer_id=gen.tokenizer_id), ChatMessage(role="tool", content="x")]
-    assert policy.prompt_ids(history)[len(policy.prompt_ids(MESSAGES)):][: len(gen.token_ids)] == gen.token_ids
+    history = MESSAGES + [
+        ChatMessage(role="assistant", content=gen.text, token_ids=gen.token_ids, tokenizer_id=gen.tokenizer_id),
+        ChatMessage(role="tool", content="x"),
+    ]
+    assert policy.prompt_ids(history)[len(policy.prompt_ids(MESSAGES)) :][: len(gen.token_ids)] == gen.token_ids
 
 
 def test_sampling_is_reproducible_with_a_seed_and_respects_the_token_cap(memorized):

@@ -8,7 +8,17 @@ import pytest
 import torch
 
 from components.core.chat_templates import CHATML_SPECIAL_TOKENS, CHATML_TOOL_TOKENS
-from components.core.modeling import END, ModelConfig, PolicySpec, TokenizerConfig, load_policy, load_policy_model, load_tokenizer, model_fingerprint, save_policy
+from components.core.modeling import (
+    END,
+    ModelConfig,
+    PolicySpec,
+    TokenizerConfig,
+    load_policy,
+    load_policy_model,
+    load_tokenizer,
+    model_fingerprint,
+    save_policy,
+)
 from components.tiny_model import build_tiny_model, build_tokenizer, init_policy
 from components.core.rendering import chat_format, render_prompt
 
@@ -51,7 +61,9 @@ def test_chat_template_equals_piecewise_rendering(tokenizer):
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\nYou fix bugs.\n<|im_end|>\n<|im_start|>user\n")
     assert text.endswith("<|im_start|>assistant\n")
-    assert chat_format(tokenizer).tool_format == "hermes" and chat_format(tokenizer).stop_ids == {tokenizer.eos_token_id}
+    assert chat_format(tokenizer).tool_format == "hermes" and chat_format(tokenizer).stop_ids == {
+        tokenizer.eos_token_id
+    }
 
 
 def test_default_tokenizer_trains_on_builtin_corpus():
@@ -73,7 +85,7 @@ def test_recipe_corpus_holds_training_episodes_and_no_heldout_task():
     fix = train.metadata["fix"]
     # the reference solution's str_replace exactly as the chat template renders a tool call
     assert f'"old_str": {json.dumps(fix["old"])}, "new_str": {json.dumps(fix["new"])}' in corpus
-    assert "<tool_call>\n{\"name\": \"submit\", \"arguments\": {}}\n</tool_call>" in corpus
+    assert '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>' in corpus
 
 
 def test_tiny_model_is_qwen3_moe_and_round_trips_through_from_pretrained(tokenizer, tmp_path):

@@ -53,8 +53,9 @@ def test_smollm2_converts_from_the_wheel_into_an_ordinary_checkpoint_that_render
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
     assert all(p.requires_grad and p.dtype == torch.float32 for p in model.parameters())
     assert chat_format(tokenizer).tool_format == "protocol"  # ChatML without tool support: our text protocol
-    ids = render_prompt([{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix add."}],
-                        tokenizer)
+    ids = render_prompt(
+        [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Fix add."}], tokenizer
+    )
     assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits

@@ -8,7 +8,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from components.core.openai_format import (
-    OPENAI_SCHEMA, export_openai, import_openai, openai_to_trajectory, read_openai, trajectory_to_openai,
+    OPENAI_SCHEMA,
+    export_openai,
+    import_openai,
+    openai_to_trajectory,
+    read_openai,
+    trajectory_to_openai,
 )
 from components.core.protocol import format_tool_call
 from components.core.schema import Outcome, Step, ToolCall, Trajectory
@@ -18,13 +23,24 @@ from components.core.store import TrajectoryStore
 def _traj(outcome=Outcome.resolved) -> Trajectory:
     call = ToolCall(name="read_file", arguments={"path": "pkg/core.py"})
     return Trajectory(
-        task_id="t1", recipe="swe", policy_id="teacher", outcome=outcome, outcome_reason="x",
+        task_id="t1",
+        recipe="swe",
+        policy_id="teacher",
+        outcome=outcome,
+        outcome_reason="x",
         tools=[{"type": "function", "function": {"name": "read_file", "parameters": {}}}],
         steps=[
             Step(index=0, role="system", content="sys"),
             Step(index=1, role="user", content="issue"),
-            Step(index=2, role="assistant", content="Let me look.\n" + format_tool_call(call), tool_call=call,
-                 token_ids=[1, 2, 3], credit=0.2, credited=True),
+            Step(
+                index=2,
+                role="assistant",
+                content="Let me look.\n" + format_tool_call(call),
+                tool_call=call,
+                token_ids=[1, 2, 3],
+                credit=0.2,
+                credited=True,
+            ),
             Step(index=3, role="tool", content="def f(): pass", tool_call_id=call.id, tool_name="read_file"),
             Step(index=4, role="assistant", content="oops no call", policy_error="no tool call found"),
             Step(index=5, role="tool", content="Error: no tool call found", policy_error="no tool call found"),
@@ -63,8 +79,14 @@ def test_foreign_rows_import_and_round_trip_at_the_shape_level(tmp_path):
         "messages": [
             {"role": "system", "content": "s", "tool_call_id": None, "tool_calls": None},
             {"role": "user", "content": "fix", "tool_call_id": None, "tool_calls": None},
-            {"role": "assistant", "content": "", "tool_call_id": None,
-             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}]},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_call_id": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+                ],
+            },
             {"role": "tool", "content": "a.py", "tool_call_id": "c1", "tool_calls": None},
         ],
         "metadata": json.dumps({"verify_status": "success", "instance_id": "repo__1"}),

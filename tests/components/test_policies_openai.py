@@ -12,7 +12,9 @@ import pytest
 
 from components.core.policy_base import ChatMessage, GenerationConfig
 from components.core.policies import (
-    OpenAICompatiblePolicy, PolicyHTTPError, PolicyUnavailableError,
+    OpenAICompatiblePolicy,
+    PolicyHTTPError,
+    PolicyUnavailableError,
 )
 from components.core.protocol import parse_tool_call
 
@@ -21,9 +23,12 @@ def completion(content, *, tool_calls=None, finish="stop"):
     message = {"role": "assistant", "content": content}
     if tool_calls:
         message["tool_calls"] = tool_calls
-    return {"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": message,
-                                                                  "finish_reason": finish}],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}}
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
 
 
 class FakeOpenAI:
@@ -72,14 +77,23 @@ def fake():
     server.close()
 
 
-MESSAGES = [ChatMessage(role="system", content="sys"), ChatMessage(role="user", content="fix"),
-            ChatMessage(role="assistant", content='<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'),
-            ChatMessage(role="tool", content="a.py", tool_call_id="call-1", name="bash")]
+MESSAGES = [
+    ChatMessage(role="system", content="sys"),
+    ChatMessage(role="user", content="fix"),
+    ChatMessage(role="assistant", content='<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>'),
+    ChatMessage(role="tool", content="a.py", tool_call_id="call-1", name="bash"),
+]
 
 
 def policy(url, **kw) -> OpenAICompatiblePolicy:
-    settings = {"base_url": url, "model": "teacher-model", "api_key_env": "FAKE_OPENAI_KEY", "backoff_seconds": 0.01,
-                "timeout_seconds": 5.0, **kw}
+    settings = {
+        "base_url": url,
+        "model": "teacher-model",
+        "api_key_env": "FAKE_OPENAI_KEY",
+        "backoff_seconds": 0.01,
+        "timeout_seconds": 5.0,
+        **kw,
+    }
     return OpenAICompatiblePolicy(**settings)
 
 
@@ -100,8 +114,12 @@ def test_completion_request_shape_and_generation(fake, monkeypatch):
 
 
 def test_retries_on_500_and_429_then_succeeds(fake):
-    fake.script += [(500, {"error": "boom"}, {}, 0), (429, {"error": "slow down"}, {"Retry-After": "0.05"}, 0),
-                    (503, "upstream", {}, 0), (200, completion("done", finish="length"), {}, 0)]
+    fake.script += [
+        (500, {"error": "boom"}, {}, 0),
+        (429, {"error": "slow down"}, {"Retry-After": "0.05"}, 0),
+        (503, "upstream", {}, 0),
+        (200, completion("done", finish="length"), {}, 0),
+    ]
     with policy(fake.url, max_retries=3) as p:
         gen = p.generate(MESSAGES, GenerationConfig())
     assert gen.text == "done" and gen.finish_reason == "length" and len(fake.requests) == 4
@@ -131,7 +149,10 @@ def test_unreachable_endpoint_is_unavailable():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again when the block ends: nothing listens there
-    with policy(f"http://127.0.0.1:{port}/v1", max_retries=1) as p, pytest.raises(PolicyUnavailableError, match="Connect"):
+    with (
+        policy(f"http://127.0.0.1:{port}/v1", max_retries=1) as p,
+        pytest.raises(PolicyUnavailableError, match="Connect"),
+    ):
         p.generate(MESSAGES, GenerationConfig())
 
 

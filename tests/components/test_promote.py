@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import pytest
 
-from components.promote import (PromotionConfig, Scorecard, current_champion, decide, download_champion,
-                                gate_decision, log_policy_model, promote)
+from components.promote import (
+    PromotionConfig,
+    Scorecard,
+    current_champion,
+    decide,
+    download_champion,
+    gate_decision,
+    log_policy_model,
+    promote,
+)
 
 TASKS = [f"t{i:03d}" for i in range(60)]
 
 
 def card(rates: list[float], trained: bool = True, infra: float = 0.0, valid: int = 120) -> Scorecard:
-    return Scorecard(policy="p", per_task_pass_at_1=dict(zip(TASKS, rates)), valid_attempts=valid,
-                     infra_error_rate=infra, trained=trained)
+    return Scorecard(
+        policy="p",
+        per_task_pass_at_1=dict(zip(TASKS, rates)),
+        valid_attempts=valid,
+        infra_error_rate=infra,
+        trained=trained,
+    )
 
 
 CHAMPION = card([1.0] * 20 + [0.5] * 20 + [0.0] * 20)
@@ -53,19 +66,28 @@ def _binary(wins: int, losses: int, ties: int) -> tuple[Scorecard, Scorecard]:
     tasks = [f"t{i:03d}" for i in range(wins + losses + ties)]
     cand = [1.0] * wins + [0.0] * losses + [0.0] * ties
     ref = [0.0] * wins + [1.0] * losses + [0.0] * ties
-    return (Scorecard(policy="c", per_task_pass_at_1=dict(zip(tasks, cand)), valid_attempts=len(tasks),
-                      infra_error_rate=0.0),
-            Scorecard(policy="r", per_task_pass_at_1=dict(zip(tasks, ref)), valid_attempts=len(tasks),
-                      infra_error_rate=0.0))
+    return (
+        Scorecard(
+            policy="c", per_task_pass_at_1=dict(zip(tasks, cand)), valid_attempts=len(tasks), infra_error_rate=0.0
+        ),
+        Scorecard(
+            policy="r", per_task_pass_at_1=dict(zip(tasks, ref)), valid_attempts=len(tasks), infra_error_rate=0.0
+        ),
+    )
 
 
-@pytest.mark.parametrize(("wins", "losses", "ties", "promoted"), [
-    (1, 0, 0, False), (2, 0, 0, False), (3, 0, 0, False),  # 1-3 tasks all improved: sign-test p 0.5 / 0.25 / 0.125
-    (4, 0, 12, False),  # 4-of-16 flips, none against: exact McNemar p = 0.0625
-    (5, 0, 11, True),  # p = 1/32
-    (6, 1, 9, False),  # p = 8/128
-    (0, 0, 16, False),  # an equal candidate, margin 0
-])
+@pytest.mark.parametrize(
+    ("wins", "losses", "ties", "promoted"),
+    [
+        (1, 0, 0, False),
+        (2, 0, 0, False),
+        (3, 0, 0, False),  # 1-3 tasks all improved: sign-test p 0.5 / 0.25 / 0.125
+        (4, 0, 12, False),  # 4-of-16 flips, none against: exact McNemar p = 0.0625
+        (5, 0, 11, True),  # p = 1/32
+        (6, 1, 9, False),  # p = 8/128
+        (0, 0, 16, False),  # an equal candidate, margin 0
+    ],
+)
 def test_the_known_false_promotions_are_gone(wins, losses, ties, promoted):
     cand, ref = _binary(wins, losses, ties)
     decision = decide(cand, ref, PromotionConfig(min_tasks=1, schedule_gates=1), champion_version="1")
@@ -89,8 +111,12 @@ def test_the_false_promotion_rate_per_gate_is_at_most_alpha(alpha):
         names = [f"t{i}" for i in range(tasks)]
 
         def evaluated() -> Scorecard:
-            return Scorecard(policy="p", valid_attempts=tasks * k, infra_error_rate=0.0,
-                             per_task_pass_at_1=dict(zip(names, rng.binomial(k, rates) / k)))
+            return Scorecard(
+                policy="p",
+                valid_attempts=tasks * k,
+                infra_error_rate=0.0,
+                per_task_pass_at_1=dict(zip(names, rng.binomial(k, rates) / k)),
+            )
 
         promoted += decide(evaluated(), evaluated(), config, champion_version="1").promoted
     rate = promoted / runs
@@ -100,9 +126,16 @@ def test_the_false_promotion_rate_per_gate_is_at_most_alpha(alpha):
 def _tally(wins: dict[str, int], tasks: int = 16) -> dict[str, Scorecard]:
     """Scorecards at one attempt per task: arm -> the number of tasks it solves, always the first ones."""
     names = [f"t{i:02d}" for i in range(tasks)]
-    return {arm: Scorecard(policy=arm, per_task_pass_at_1={t: float(i < n) for i, t in enumerate(names)},
-                           valid_attempts=tasks, infra_error_rate=0.0, trained=arm != "start")
-            for arm, n in wins.items()}
+    return {
+        arm: Scorecard(
+            policy=arm,
+            per_task_pass_at_1={t: float(i < n) for i, t in enumerate(names)},
+            valid_attempts=tasks,
+            infra_error_rate=0.0,
+            trained=arm != "start",
+        )
+        for arm, n in wins.items()
+    }
 
 
 def test_rl_that_scored_below_sft_is_not_shipped_as_rl():
@@ -135,8 +168,9 @@ def test_rl_that_beat_sft_is_the_candidate_and_a_champion_is_always_the_referenc
     assert first.promoted and first.candidate_stage == "rl" and first.rl_vs_sft.passed
     assert first.reference == "start" and first.units == 60 == first.tasks
     # with a champion the start is not the reference, even when the run trained from the base model
-    later = gate_decision(arms["sft"], arms["rl"], config, champion=arms["champion"], champion_version="4",
-                          start=arms["start"])
+    later = gate_decision(
+        arms["sft"], arms["rl"], config, champion=arms["champion"], champion_version="4", start=arms["start"]
+    )
     assert later.reference == "champion" and later.promoted and "champion v4" in later.reason
     untrained_rl = arms["rl"].model_copy(update={"trained": False})
     only_sft = gate_decision(arms["sft"], untrained_rl, config, start=arms["start"])
@@ -200,8 +234,9 @@ def test_the_alias_moves_only_on_promotion_and_old_versions_stay(tmp_path):
     assert champion.description == "first"
     client = mlflow.MlflowClient(uri)
     parent = client.create_run(mlflow.get_experiment_by_name("gate-test").experiment_id).info.run_id
-    v2 = promote(uri, config, logged(), {"orchard.parent_model": f"gate-test/{v1}", "orchard.pipeline_run_id": parent},
-                 "second")
+    v2 = promote(
+        uri, config, logged(), {"orchard.parent_model": f"gate-test/{v1}", "orchard.pipeline_run_id": parent}, "second"
+    )
     assert str(current_champion(uri, config).version) == v2 != v1
     # the version belongs to the pipeline's parent run: that run's page lists it under "Registered models"
     (mine,) = client.search_model_versions(f"run_id = '{parent}'")

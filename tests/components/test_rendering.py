@@ -8,15 +8,28 @@ import pytest
 from components.core.modeling import END, TokenizerConfig
 from components.tiny_model import build_tokenizer
 from components.core.rendering import (
-    TemplateError, chat_format, render_prompt, render_trajectory, steps_as_messages, tokenizer_id,
+    TemplateError,
+    chat_format,
+    render_prompt,
+    render_trajectory,
+    steps_as_messages,
+    tokenizer_id,
 )
 from components.core.schema import Outcome, Step, TokenRole, ToolCall, Trajectory
 
 CALL = ToolCall(name="bash", arguments={"command": "cat mathkit/core.py"})
 PROTOCOL = '<tool_call>{"name": "bash", "arguments": {"command": "cat mathkit/core.py"}}</tool_call>'
 NATIVE = '<tool_call>\n{"name": "bash", "arguments": {"command": "cat mathkit/core.py"}}\n</tool_call>'
-TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a command.",
-                                           "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a command.",
+            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -25,14 +38,24 @@ def tokenizer():
 
 
 def _trajectory(credited: list[bool | None], outcome=Outcome.unresolved) -> Trajectory:
-    steps = [Step(index=0, role="system", content="You fix bugs. Use tools."),
-             Step(index=1, role="user", content="Bug in `mathkit/core.py`: fix `add`.")]
+    steps = [
+        Step(index=0, role="system", content="You fix bugs. Use tools."),
+        Step(index=1, role="user", content="Bug in `mathkit/core.py`: fix `add`."),
+    ]
     for k, flag in enumerate(credited):
         call = CALL.model_copy(update={"id": f"call-{k}"})
-        steps.append(Step(index=len(steps), role="assistant", content=f"Step {k}.\n{PROTOCOL}", tool_call=call,
-                          credited=flag))
-        steps.append(Step(index=len(steps), role="tool", content=f"def add(a, b):\n    return a - b  # {k}\n",
-                          tool_call_id=call.id, tool_name="bash"))
+        steps.append(
+            Step(index=len(steps), role="assistant", content=f"Step {k}.\n{PROTOCOL}", tool_call=call, credited=flag)
+        )
+        steps.append(
+            Step(
+                index=len(steps),
+                role="tool",
+                content=f"def add(a, b):\n    return a - b  # {k}\n",
+                tool_call_id=call.id,
+                tool_name="bash",
+            )
+        )
     return Trajectory(task_id="t1", recipe="swe", policy_id="teacher", steps=steps, tools=TOOLS, outcome=outcome)
 
 
@@ -79,17 +102,20 @@ def test_sampled_token_ids_are_used_verbatim(tokenizer):
     text = f"Step 0.\n{NATIVE}"
     canonical = _enc(tokenizer, text)
     # A valid but non-canonical tokenization: byte-level pieces one character at a time.
-    pieces = [tokenizer.convert_tokens_to_ids(tokenizer.convert_ids_to_tokens(_enc(tokenizer, c))[0]) for c in "Step 0."]
-    sampled = pieces + _enc(tokenizer, text[len("Step 0."):]) + [tokenizer.eos_token_id]
+    pieces = [
+        tokenizer.convert_tokens_to_ids(tokenizer.convert_ids_to_tokens(_enc(tokenizer, c))[0]) for c in "Step 0."
+    ]
+    sampled = pieces + _enc(tokenizer, text[len("Step 0.") :]) + [tokenizer.eos_token_id]
     assert sampled[:-1] != canonical and tokenizer.decode(sampled[:-1]) == text
-    traj.steps[2] = traj.steps[2].model_copy(update={"content": text, "token_ids": sampled,
-                                                     "tokenizer_id": tokenizer_id(tokenizer)})
+    traj.steps[2] = traj.steps[2].model_copy(
+        update={"content": text, "token_ids": sampled, "tokenizer_id": tokenizer_id(tokenizer)}
+    )
     sample = render_trajectory(traj, tokenizer, loss_on="credited")
     assert [t for t, m in zip(sample.input_ids, sample.loss_mask) if m] == sampled
     assert sample.retokenized_steps == []
     # the template's own <|im_end|> is not repeated after the sampled one; its newline is context
     end = sample.input_ids.index(tokenizer.eos_token_id, sample.step_index.index(2))
-    assert sample.input_ids[end + 1: end + 2] == _enc(tokenizer, "\n") and sample.loss_mask[end + 1] == 0
+    assert sample.input_ids[end + 1 : end + 2] == _enc(tokenizer, "\n") and sample.loss_mask[end + 1] == 0
     # the policy's prompt for the next turn is the same prefix
     prefix = render_prompt(steps_as_messages(traj.steps[:4]), tokenizer, tools=TOOLS, add_generation_prompt=False)
     assert prefix == sample.input_ids[: len(prefix)]
@@ -104,8 +130,14 @@ def test_sampled_token_ids_are_used_verbatim(tokenizer):
 def test_a_sampled_turn_cut_short_gets_the_end_token_as_context(tokenizer):
     traj = _trajectory([True])
     sampled = _enc(tokenizer, "Step 0. I was cut")
-    traj.steps[2] = traj.steps[2].model_copy(update={"content": "Step 0. I was cut", "tool_call": None,
-                                                     "token_ids": sampled, "tokenizer_id": tokenizer_id(tokenizer)})
+    traj.steps[2] = traj.steps[2].model_copy(
+        update={
+            "content": "Step 0. I was cut",
+            "tool_call": None,
+            "token_ids": sampled,
+            "tokenizer_id": tokenizer_id(tokenizer),
+        }
+    )
     sample = render_trajectory(traj, tokenizer, loss_on="credited")
     assert [t for t, m in zip(sample.input_ids, sample.loss_mask) if m] == sampled
     after = sample.input_ids.index(sampled[-1], sample.step_index.index(2)) + 1
@@ -165,8 +197,10 @@ def test_a_v1_store_shard_with_sampled_ids_still_loads_and_is_re_tokenized(token
     for s in steps:
         s.pop("logprobs", None), s.pop("tokenizer_id", None)
     steps[2]["token_ids"] = [5, 6, 7]
-    pq.write_table(pa.Table.from_pylist([{**row, "schema_version": 1, "steps": json.dumps(steps)}]),
-                   tmp_path / "part-00000000000000000001-v1.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{**row, "schema_version": 1, "steps": json.dumps(steps)}]),
+        tmp_path / "part-00000000000000000001-v1.parquet",
+    )
     (old,) = TrajectoryStore(tmp_path).read()
     assert old.schema_version == SCHEMA_VERSION and old.steps[2].token_ids == [5, 6, 7]
     assert old.steps[2].tokenizer_id is None
@@ -182,8 +216,9 @@ def test_the_prefix_cache_gives_the_same_prompts_as_a_fresh_render(tokenizer):
     messages = steps_as_messages(traj.steps)
     cache = PrefixCache()
     for pos in range(2, len(messages) + 1, 2):  # an episode's turns, then a conversation that diverges
-        assert render_prompt(messages[:pos], tokenizer, tools=TOOLS, cache=cache) == \
-            render_prompt(messages[:pos], tokenizer, tools=TOOLS)
+        assert render_prompt(messages[:pos], tokenizer, tools=TOOLS, cache=cache) == render_prompt(
+            messages[:pos], tokenizer, tools=TOOLS
+        )
     assert [len(e.keys) for e in cache.entries] == [len(messages)]  # one conversation, one entry as it grew
     changed = [m.model_copy() for m in messages]
     changed[3] = changed[3].model_copy(update={"content": "another output"})

@@ -84,8 +84,15 @@ def test_heldout_families_are_a_provision_option_for_claims_about_generalisation
     from components.provision import ProvisionConfig, ProvisionError, provision_environment
 
     held = {"swe": ["wrong_return"], "claw": ["calendar_answer"]}[recipe_name]
-    config = ProvisionConfig(recipe=recipe_name, n_train=8, n_validation=4, n_heldout=4, heldout_families=held,
-                             difficulty=None if recipe_name == "claw" else 1, check_sandbox=False)
+    config = ProvisionConfig(
+        recipe=recipe_name,
+        n_train=8,
+        n_validation=4,
+        n_heldout=4,
+        heldout_families=held,
+        difficulty=None if recipe_name == "claw" else 1,
+        check_sandbox=False,
+    )
     result = provision_environment(config, tmp_path / "tasks")
     tasks = TaskStore(tmp_path / "tasks").read()
     assert {t.family for t in tasks if t.split == "heldout"} == set(held)
@@ -93,5 +100,6 @@ def test_heldout_families_are_a_provision_option_for_claims_about_generalisation
     assert result.counts == {"train": 8, "validation": 4, "heldout": 4} == result.units
     assert result.validation_digest and result.heldout_digest != result.validation_digest
     with pytest.raises(ProvisionError, match="set twice"):
-        provision_environment(config.model_copy(update={"recipe_options": {"heldout_families": held}}),
-                              tmp_path / "again")
+        provision_environment(
+            config.model_copy(update={"recipe_options": {"heldout_families": held}}), tmp_path / "again"
+        )

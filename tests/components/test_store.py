@@ -28,14 +28,33 @@ def make_traj(i: int, outcome: Outcome = Outcome.resolved) -> Trajectory:
     steps = [
         Step(index=0, role="system", content="sys"),
         Step(index=1, role="user", content="fix it", sandbox_state_id="snap-1"),
-        Step(index=2, role="assistant", content='<tool_call>{"name": "bash"}</tool_call>', tool_call=call,
-             token_ids=[5, 6, 7], duration_seconds=0.25, value_estimate=0.5, credit=0.1, credited=True),
+        Step(
+            index=2,
+            role="assistant",
+            content='<tool_call>{"name": "bash"}</tool_call>',
+            tool_call=call,
+            token_ids=[5, 6, 7],
+            duration_seconds=0.25,
+            value_estimate=0.5,
+            credit=0.1,
+            credited=True,
+        ),
         Step(index=3, role="tool", content="ünïcode out", tool_call_id=call.id, tool_name="bash"),
     ]
-    return Trajectory(task_id=f"task-{i % 3}", recipe="swe", policy_id="p", steps=steps, outcome=outcome,
-                      status=EpisodeStatus.completed, test_report=Report(passed=2, failed=1, output="x"),
-                      tools=[{"type": "function", "function": {"name": "bash"}}], reward=1.0,
-                      prompt_tokens=10, completion_tokens=3, metadata={"family": "off_by_one", "n": [1]})
+    return Trajectory(
+        task_id=f"task-{i % 3}",
+        recipe="swe",
+        policy_id="p",
+        steps=steps,
+        outcome=outcome,
+        status=EpisodeStatus.completed,
+        test_report=Report(passed=2, failed=1, output="x"),
+        tools=[{"type": "function", "function": {"name": "bash"}}],
+        reward=1.0,
+        prompt_tokens=10,
+        completion_tokens=3,
+        metadata={"family": "off_by_one", "n": [1]},
+    )
 
 
 def test_trajectory_round_trip_and_appends(tmp_path):
@@ -71,17 +90,37 @@ def test_v0_shard_still_loads(tmp_path):
     store = TrajectoryStore(tmp_path)
     store.append([make_traj(1)])
     # A shard as the v0 prototype wrote it: no schema_version/split/status/tools, `error` for the reason.
-    v0 = pa.Table.from_pylist([{
-        "id": "traj-old", "task_id": "t-old", "recipe": "swe", "policy_id": "old", "outcome": "unresolved",
-        "error": "hidden test failed", "reward": 0.0, "final_answer": None, "prompt_tokens": 1,
-        "completion_tokens": 1, "wall_seconds": 1.0, "attempt": 0, "created_at": "2026-01-01T00:00:00Z",
-        "steps": json.dumps([{"index": 0, "role": "user", "content": "hi"}]), "test_report": None,
-        "metadata": "{}",
-    }])
+    v0 = pa.Table.from_pylist(
+        [
+            {
+                "id": "traj-old",
+                "task_id": "t-old",
+                "recipe": "swe",
+                "policy_id": "old",
+                "outcome": "unresolved",
+                "error": "hidden test failed",
+                "reward": 0.0,
+                "final_answer": None,
+                "prompt_tokens": 1,
+                "completion_tokens": 1,
+                "wall_seconds": 1.0,
+                "attempt": 0,
+                "created_at": "2026-01-01T00:00:00Z",
+                "steps": json.dumps([{"index": 0, "role": "user", "content": "hi"}]),
+                "test_report": None,
+                "metadata": "{}",
+            }
+        ]
+    )
     pq.write_table(v0, tmp_path / "part-00000000000000000000-v0.parquet")
     old = {t.id: t for t in store.read()}["traj-old"]
     assert old.outcome is Outcome.unresolved and old.outcome_reason == "hidden test failed"
-    assert old.schema_version == SCHEMA_VERSION and old.verification is None and old.split == "train" and old.status is EpisodeStatus.completed
+    assert (
+        old.schema_version == SCHEMA_VERSION
+        and old.verification is None
+        and old.split == "train"
+        and old.status is EpisodeStatus.completed
+    )
     newer = pa.Table.from_pylist([{**v0.to_pylist()[0], "schema_version": 99}])
     pq.write_table(newer, tmp_path / "part-99999999999999999999-v99.parquet")
     with pytest.raises(StoreError, match="schema_version 99"):
@@ -90,8 +129,15 @@ def test_v0_shard_still_loads(tmp_path):
 
 def test_v1_shard_loads_without_a_verification_record_and_v2_round_trips_it(tmp_path):
     store = TrajectoryStore(tmp_path)
-    audited = make_traj(1).model_copy(update={"verification": Verification(
-        verifier="swe-clean-room", version="2", ignored=[{"path": "conftest.py", "reason": "test-runner configuration"}])})
+    audited = make_traj(1).model_copy(
+        update={
+            "verification": Verification(
+                verifier="swe-clean-room",
+                version="2",
+                ignored=[{"path": "conftest.py", "reason": "test-runner configuration"}],
+            )
+        }
+    )
     store.append([audited])
     row = pq.read_table(store.shards()[0]).to_pylist()[0]
     v1 = {**{k: v for k, v in row.items() if k != "verification"}, "id": "traj-v1", "schema_version": 1}
@@ -134,9 +180,13 @@ WRITER = textwrap.dedent("""
 def test_killed_writer_leaves_no_torn_shard(tmp_path):
     store = TrajectoryStore(tmp_path / "s")
     store.append([make_traj(1)])
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path / "s"), str(Path(__file__).parent)],
-                            cwd=REPO, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path / "s"), str(Path(__file__).parent)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.stdout.readline().strip() == "writing"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)

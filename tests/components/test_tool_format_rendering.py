@@ -12,25 +12,42 @@ from components.rl.rollout import episode_tokens
 from components.rl.sampling import Attempt
 from components.sft.data import build_samples
 
-TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file.",
-                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
 
 
 def _protocol_episode() -> Trajectory:
     """An episode sampled in the text protocol (the tools described in the system prompt)."""
     call = ToolCall(name="read_file", arguments={"path": "mathkit/core.py"})
-    steps = [Step(index=0, role="system", content=f"You fix bugs.\n\n{tools_prompt(TOOLS)}"),
-             Step(index=1, role="user", content="Fix `add`."),
-             Step(index=2, role="assistant", content=format_tool_call(call), tool_call=call),
-             Step(index=3, role="tool", content="def add(a, b):\n    return a - b\n", tool_call_id=call.id)]
-    return Trajectory(task_id="t", recipe="swe", policy_id="p", steps=steps, tools=TOOLS, outcome=Outcome.resolved,
-                      reward=1.0, metadata={"tool_format": "protocol"})
+    steps = [
+        Step(index=0, role="system", content=f"You fix bugs.\n\n{tools_prompt(TOOLS)}"),
+        Step(index=1, role="user", content="Fix `add`."),
+        Step(index=2, role="assistant", content=format_tool_call(call), tool_call=call),
+        Step(index=3, role="tool", content="def add(a, b):\n    return a - b\n", tool_call_id=call.id),
+    ]
+    return Trajectory(
+        task_id="t",
+        recipe="swe",
+        policy_id="p",
+        steps=steps,
+        tools=TOOLS,
+        outcome=Outcome.resolved,
+        reward=1.0,
+        metadata={"tool_format": "protocol"},
+    )
 
 
 def _sampled_prompt(traj: Trajectory, tokenizer, tool_format: str) -> list[int]:
     """The ids the policy generated its first turn from (what `LocalTransformersPolicy` renders)."""
-    return render_prompt(steps_as_messages(traj.steps[:2]), tokenizer, tools=traj.tools,
-                         tool_format=tool_format)  # type: ignore[arg-type]
+    return render_prompt(steps_as_messages(traj.steps[:2]), tokenizer, tools=traj.tools, tool_format=tool_format)  # type: ignore[arg-type]
 
 
 def test_rl_and_sft_render_in_the_format_the_episode_was_sampled_in():
@@ -40,14 +57,14 @@ def test_rl_and_sft_render_in_the_format_the_episode_was_sampled_in():
     sampled = _sampled_prompt(traj, tokenizer, "protocol")
 
     ids, mask = episode_tokens(Attempt(reward=1.0, payload=traj), tokenizer, max_len=100_000)
-    assert ids[:len(sampled)] == sampled and mask.index(1) == len(sampled)
+    assert ids[: len(sampled)] == sampled and mask.index(1) == len(sampled)
 
     (sample,), _ = build_samples([traj], tokenizer, "resolved_only", 100_000, tool_format="protocol")
-    assert sample.input_ids[:len(sampled)] == sampled and sample.loss_mask.index(1) == len(sampled)
+    assert sample.input_ids[: len(sampled)] == sampled and sample.loss_mask.index(1) == len(sampled)
     # a student sampled natively trains natively: the call is re-rendered in the template's format
     (native,), _ = build_samples([traj], tokenizer, "resolved_only", 100_000)
     hermes = _sampled_prompt(traj, tokenizer, "hermes")
-    assert native.input_ids[:len(hermes)] == hermes and len(hermes) != len(sampled)
+    assert native.input_ids[: len(hermes)] == hermes and len(hermes) != len(sampled)
 
 
 def test_the_pipeline_refuses_two_tool_formats_for_one_student():
@@ -57,6 +74,8 @@ def test_the_pipeline_refuses_two_tool_formats_for_one_student():
 
     with pytest.raises(ConfigError, match="one tool format"):
         resolve("tiny", sets=["evaluate.harness.tool_format=protocol", "rl.harness.tool_format=protocol"])
-    cfg = resolve("tiny", sets=["evaluate.harness.tool_format=protocol", "rl.harness.tool_format=protocol",
-                                "sft.tool_format=protocol"])
+    cfg = resolve(
+        "tiny",
+        sets=["evaluate.harness.tool_format=protocol", "rl.harness.tool_format=protocol", "sft.tool_format=protocol"],
+    )
     assert cfg.sft.tool_format == "protocol"

@@ -36,9 +36,14 @@ def test_each_format_round_trips_and_separates_the_thought(fmt):
 def test_llama3_variants_and_errors_are_for_the_model():
     assert parse_call('<|python_tag|>{"name": "submit", "parameters": {}}', "llama3_json").name == "submit"
     assert parse_call('{"name": "bash", "arguments": "{\\"command\\": \\"ls\\"}"}', "llama3_json").arguments == {
-        "command": "ls"}
-    for bad, message in [("no json here", "no tool call found"), ('{"name": ', "not valid JSON"),
-                         ('{"parameters": {}}', "string \"name\""), ('{"name": "x", "parameters": [1]}', "JSON object")]:
+        "command": "ls"
+    }
+    for bad, message in [
+        ("no json here", "no tool call found"),
+        ('{"name": ', "not valid JSON"),
+        ('{"parameters": {}}', 'string "name"'),
+        ('{"name": "x", "parameters": [1]}', "JSON object"),
+    ]:
         with pytest.raises(ToolCallParseError, match=message):
             parse_call(bad, "llama3_json")
 
@@ -54,12 +59,14 @@ class NativeJSON:
 
     def generate(self, messages, config, tools=None):
         self.calls.append((messages, tools))
-        call = {"name": "bash", "parameters": {"command": "ls"}} if len(self.calls) == 1 else {
-            "name": "submit", "parameters": {}}
+        call = (
+            {"name": "bash", "parameters": {"command": "ls"}}
+            if len(self.calls) == 1
+            else {"name": "submit", "parameters": {}}
+        )
         import json
 
-        return Generation(text=json.dumps(call), token_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3],
-                          tokenizer_id="tok-x")
+        return Generation(text=json.dumps(call), token_ids=[1, 2, 3], logprobs=[-0.1, -0.2, -0.3], tokenizer_id="tok-x")
 
 
 def test_a_native_policy_gets_tools_natively_and_its_calls_are_parsed(sandbox_client):

@@ -49,8 +49,14 @@ def _cfg(sampler, n, **kw):
 def test_a_wall_clock_cut_carries_no_reward_in_either_sampler(sampler):
     # Two completed positives and two negatives, then the same prompt's wall-clock cuts (verified -1).
     outcomes = [(P, S.completed), (P, S.completed), (N, S.completed), (N, S.completed)] + [(N, TT)] * 4
-    cfg = RolloutConfig(sampler=sampler, group_size=4 if sampler == "bar" else 8, max_rollouts_per_prompt=8,
-                        stride=8, rho_min=0.5, rho_max=0.5)
+    cfg = RolloutConfig(
+        sampler=sampler,
+        group_size=4 if sampler == "bar" else 8,
+        max_rollouts_per_prompt=8,
+        stride=8,
+        rho_min=0.5,
+        rho_max=0.5,
+    )
     res = sample_prompt("p", Script(outcomes), cfg, RolloutBudget())
     assert res.record.kept
     assert all(a.status is S.completed for a in res.group), [a.status for a in res.group]
@@ -74,8 +80,9 @@ def test_when_too_few_rewarded_attempts_remain_a_cut_one_never_fills_the_group(s
 @pytest.mark.parametrize("status, to_backfill", [(TR, True), (TR, False), (TT, False)])
 def test_a_cut_that_carries_its_verified_reward_does_so_in_both_samplers(sampler, status, to_backfill):
     outcomes = [(P, S.completed), (N, S.completed), (P, S.completed), (N, status)]
-    res = sample_prompt("p", Script(outcomes), _cfg(sampler, 4, time_truncated_to_backfill=to_backfill),
-                        RolloutBudget())
+    res = sample_prompt(
+        "p", Script(outcomes), _cfg(sampler, 4, time_truncated_to_backfill=to_backfill), RolloutBudget()
+    )
     assert res.record.kept and res.record.group_size == 4
     cut = next(a for a in res.group if a.status is status)
     assert cut.advantage == advantages([N], [P, N, P, N])[0]
@@ -107,8 +114,13 @@ class SlowInfrastructure(SWERecipe):
 
 def test_infrastructure_latency_does_not_spend_the_wall_clock_budget(sandbox_client):
     delay, limit = 1.2, 1.0  # setup alone outlasts the budget; the commands themselves take milliseconds
-    traj = run_episode(TASK, SlowInfrastructure(delay), Scripted([LS, LS, SUBMIT]), sandbox_client,
-                       HarnessConfig(max_wall_seconds=limit))
+    traj = run_episode(
+        TASK,
+        SlowInfrastructure(delay),
+        Scripted([LS, LS, SUBMIT]),
+        sandbox_client,
+        HarnessConfig(max_wall_seconds=limit),
+    )
     assert traj.status is S.completed and traj.outcome is Outcome.unresolved, traj.outcome_reason
     # The infrastructure's time (setup + 3 tool calls) is still recorded in wall_seconds, never charged.
     assert traj.wall_seconds - traj.metadata["policy_seconds"] >= 4 * delay

@@ -79,10 +79,12 @@ def test_setting_the_injector_image_in_an_overlay_rewrites_the_services_env(tmp_
     kustomization = copy / "overlays" / "dev" / "kustomization.yaml"
     data = yaml.safe_load(kustomization.read_text())
     data.setdefault("images", []).append(
-        {"name": "orchard/agent-injector", "newName": "registry.example/team/agent-injector", "newTag": "7"})
+        {"name": "orchard/agent-injector", "newName": "registry.example/team/agent-injector", "newTag": "7"}
+    )
     kustomization.write_text(yaml.safe_dump(data))
-    out = subprocess.run(["kubectl", "kustomize", str(copy / "overlays" / "dev")], capture_output=True, text=True,
-                         timeout=60, check=True)
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(copy / "overlays" / "dev")], capture_output=True, text=True, timeout=60, check=True
+    )
     docs = [d for d in yaml.safe_load_all(out.stdout) if d]
     assert _env(docs, "ORCHARD_K8S_INJECTOR_IMAGE") == "registry.example/team/agent-injector:7"
     assert _env(docs, "ORCHARD_K8S_NAMESPACE") == ClusterConfig().sandbox_namespace  # other values untouched
@@ -92,8 +94,9 @@ def test_prod_and_its_compiled_pipelines_pull_from_one_registry(tmp_path):
     overlay = MANIFESTS / "overlays" / "prod"
     registry, tag = overlay_images(overlay)
     docs = render("overlays/prod")
-    images = {c["image"] for d in docs if d["kind"] == "Deployment"
-              for c in d["spec"]["template"]["spec"]["containers"]}
+    images = {
+        c["image"] for d in docs if d["kind"] == "Deployment" for c in d["spec"]["template"]["spec"]["containers"]
+    }
     images.add(_env(docs, "ORCHARD_K8S_INJECTOR_IMAGE"))
     assert {i.rsplit("/", 1)[0] for i in images} == {registry}
     from pipelines.cli import main
@@ -132,15 +135,20 @@ def test_mlflow_and_the_sandbox_api_admit_pipeline_pods_only_never_sandboxes(ove
     for app, port in (("orchard-mlflow", cluster.mlflow_port), ("orchard-sandbox-service", cluster.sandbox_port)):
         (deployment,) = by_kind(docs, "Deployment", app)
         labels = deployment["spec"]["template"]["metadata"]["labels"]
-        guarding = [p for p in policies if "Ingress" in p["spec"]["policyTypes"]
-                    and p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        guarding = [
+            p
+            for p in policies
+            if "Ingress" in p["spec"]["policyTypes"]
+            and p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+        ]
         assert guarding, f"{overlay}: nothing restricts who connects to {app}"
         for policy in guarding:
             assert [r["ports"] for r in policy["spec"]["ingress"]] == [[{"protocol": "TCP", "port": port}]]
             for peer in _admitted(policy):
                 assert peer["podSelector"] == {"matchLabels": PIPELINE_POD_LABELS}, peer
                 assert peer["namespaceSelector"]["matchExpressions"] == [
-                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [cluster.sandbox_namespace]}]
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": [cluster.sandbox_namespace]}
+                ]
     # sandbox pods never carry the pipeline label (the service sets their labels, not the workload)
     assert not PIPELINE_POD_LABELS.items() <= object_labels("sb-1", KubernetesBackendConfig(), {}).items()
 
@@ -155,7 +163,9 @@ def test_every_pipeline_pod_carries_the_label_the_policies_admit(tmp_path):
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     pods = set(spec["deploymentSpec"]["executors"]) - {"exec-deletepvc"}  # DeletePVC runs in KFP's driver
     for name in pods:
-        assert PIPELINE_POD_LABELS.items() <= executors.get(name, {}).get("podMetadata", {}).get("labels", {}).items(), name
+        assert (
+            PIPELINE_POD_LABELS.items() <= executors.get(name, {}).get("podMetadata", {}).get("labels", {}).items()
+        ), name
 
 
 def test_the_policies_use_the_names_of_cluster_config():

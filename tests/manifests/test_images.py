@@ -21,8 +21,22 @@ from pipelines.cluster import IMAGE_NAMES, ClusterConfig
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "build-images.sh"
 # Shell tools the script itself uses; the stand-in builders come on top of these.
-TOOLS = ("bash", "dirname", "grep", "head", "tail", "tr", "timeout", "cat", "mkdir", "du", "cut",
-         "rm", "sed", "sha256sum")
+TOOLS = (
+    "bash",
+    "dirname",
+    "grep",
+    "head",
+    "tail",
+    "tr",
+    "timeout",
+    "cat",
+    "mkdir",
+    "du",
+    "cut",
+    "rm",
+    "sed",
+    "sha256sum",
+)
 
 
 def _path_with(tmp_path: Path, builders: dict[str, int]) -> str:
@@ -38,17 +52,31 @@ def _path_with(tmp_path: Path, builders: dict[str, int]) -> str:
         (bin_dir / name).write_text(
             "#!/bin/bash\n"
             f'case "$1" in info|version) exit {info_status};; esac\n'
-            f'printf "%s\\n" "$*" >> "{tmp_path}/{name}.calls"\n')
+            f'printf "%s\\n" "$*" >> "{tmp_path}/{name}.calls"\n'
+        )
         (bin_dir / name).chmod(0o755)
     return str(bin_dir)
 
 
 def _run(*args: str, path: str, **env: str) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("BUILDER", "BASE_IMAGE", "OFFLINE", "WHEELHOUSE", "OCI_ARCHIVE_DIR", "REGISTRY", "TAG",
-                         "INJECTOR_PLATFORMS")}
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
-                          env={**clean, "PATH": path, **env})
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "BUILDER",
+            "BASE_IMAGE",
+            "OFFLINE",
+            "WHEELHOUSE",
+            "OCI_ARCHIVE_DIR",
+            "REGISTRY",
+            "TAG",
+            "INJECTOR_PLATFORMS",
+        )
+    }
+    return subprocess.run(
+        ["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, env={**clean, "PATH": path, **env}
+    )
 
 
 def test_the_builder_builds_exactly_the_images_the_manifests_and_compiled_pipelines_name(tmp_path):
@@ -68,11 +96,19 @@ def test_the_builder_builds_exactly_the_images_the_manifests_and_compiled_pipeli
 
         dev = render("overlays/dev")
         images = {c["image"] for d in dev for t in pod_templates(d) for c in t["spec"]["containers"]}
-        images |= {e["value"] for d in dev for t in pod_templates(d) for c in t["spec"]["containers"]
-                   for e in c.get("env", []) if e["name"] == "ORCHARD_K8S_INJECTOR_IMAGE"}
+        images |= {
+            e["value"]
+            for d in dev
+            for t in pod_templates(d)
+            for c in t["spec"]["containers"]
+            for e in c.get("env", [])
+            if e["name"] == "ORCHARD_K8S_INJECTOR_IMAGE"
+        }
         assert images <= {f"orchard/{name}:{ClusterConfig().image_tag}" for name in listed}, images
-        assert pipeline_images | {i.replace("orchard/", f"{registry}/").replace(":0.1.0", f":{tag}") for i in images} \
-            == built, "every image the script builds is used by the manifests or the pipelines"
+        assert (
+            pipeline_images | {i.replace("orchard/", f"{registry}/").replace(":0.1.0", f":{tag}") for i in images}
+            == built
+        ), "every image the script builds is used by the manifests or the pipelines"
 
 
 def test_a_docker_cli_without_an_engine_is_skipped_and_no_builder_is_one_clear_line(tmp_path):
@@ -92,8 +128,16 @@ def test_a_docker_cli_without_an_engine_is_skipped_and_no_builder_is_one_clear_l
 def test_it_falls_back_to_podman_then_buildah_and_passes_names_base_and_archive(tmp_path):
     path = _path_with(tmp_path, {"docker": 1, "podman": 1, "buildah": 0})
     archives = tmp_path / "oci"
-    out = _run("stage-runtime-gpu", "agent-injector", path=path, REGISTRY="reg.example/x", TAG="9",
-               BASE_IMAGE="debian-python:local", GPU_TORCH="cpu", OCI_ARCHIVE_DIR=str(archives))
+    out = _run(
+        "stage-runtime-gpu",
+        "agent-injector",
+        path=path,
+        REGISTRY="reg.example/x",
+        TAG="9",
+        BASE_IMAGE="debian-python:local",
+        GPU_TORCH="cpu",
+        OCI_ARCHIVE_DIR=str(archives),
+    )
     assert out.returncode == 0, out.stderr
     calls = (tmp_path / "buildah.calls").read_text().splitlines()
     builds = [c for c in calls if " bud " in f" {c} "]
@@ -105,8 +149,10 @@ def test_it_falls_back_to_podman_then_buildah_and_passes_names_base_and_archive(
     assert "-f docker/agent-injector/Dockerfile -t reg.example/x/agent-injector:9" in injector
     assert "FINAL_BASE_IMAGE" not in injector and "PYTHON_SOURCE" not in injector  # busybox + standalone
     pushes = [c for c in calls if " push " in f" {c} "]
-    assert pushes[0].endswith(f"reg.example/x/stage-runtime-gpu:9 oci-archive:{archives}/stage-runtime-gpu.oci.tar"
-                              ":reg.example/x/stage-runtime-gpu:9")
+    assert pushes[0].endswith(
+        f"reg.example/x/stage-runtime-gpu:9 oci-archive:{archives}/stage-runtime-gpu.oci.tar"
+        ":reg.example/x/stage-runtime-gpu:9"
+    )
 
     out = _run("stage-runtime-gpu", path=path, BUILDER="podman")
     assert out.returncode == 127 and "BUILDER=podman does not work here" in out.stderr
@@ -121,11 +167,19 @@ def test_offline_uses_the_cached_local_base_the_cpu_torch_and_the_debian_python_
     path = _path_with(tmp_path, {"buildah": 0})
     cache = tmp_path / "cache"
     cache.mkdir()
-    key = subprocess.run(["sha256sum", str(SCRIPT.parent / "build-base-rootfs.sh")], capture_output=True,
-                         text=True).stdout[:12]
+    key = subprocess.run(
+        ["sha256sum", str(SCRIPT.parent / "build-base-rootfs.sh")], capture_output=True, text=True
+    ).stdout[:12]
     (cache / f"base-bookworm-py311-{key}.tar").write_bytes(b"cached")  # no mmdebstrap run when it is there
-    out = _run("agent-injector", "stage-runtime-gpu", "stage-runtime", path=path, OFFLINE="1", WHEELHOUSE="",
-               ORCHARD_IMAGE_CACHE=str(cache))
+    out = _run(
+        "agent-injector",
+        "stage-runtime-gpu",
+        "stage-runtime",
+        path=path,
+        OFFLINE="1",
+        WHEELHOUSE="",
+        ORCHARD_IMAGE_CACHE=str(cache),
+    )
     assert out.returncode == 0, out.stderr
     calls = (tmp_path / "buildah.calls").read_text()
     injector, gpu = [c for c in calls.splitlines() if " bud " in f" {c} "]
@@ -150,6 +204,7 @@ def test_every_dockerfile_takes_its_base_as_a_build_argument_with_a_public_defau
 @pytest.mark.parametrize("image", ["sandbox-service", "mlflow"])
 def test_requirements_files_resolve_against_the_pins(image):
     """The wheelhouse is filled from these files and constraints.txt; an unpinned extra would float."""
+
     def norm(name: str) -> str:  # PEP 503: pip treats prometheus_client and prometheus-client alike
         return re.sub(r"[-_.]+", "-", name).lower()
 

@@ -49,8 +49,13 @@ def archives(tmp_path_factory) -> Path:
     out = Path(os.environ.get("ORCHARD_TEST_OCI_DIR") or tmp_path_factory.mktemp("oci"))
     if not all((out / f"{name}.oci.tar").exists() for name in IMAGE_NAMES):  # a kept dir skips the build
         env = {**os.environ, "OFFLINE": "1", "OCI_ARCHIVE_DIR": str(out), "REGISTRY": "orchard", "TAG": VERSION}
-        proc = subprocess.run(["nice", "-n", "15", "bash", str(REPO / "scripts/build-images.sh")], env=env,
-                              capture_output=True, text=True, timeout=4 * 3600)
+        proc = subprocess.run(
+            ["nice", "-n", "15", "bash", str(REPO / "scripts/build-images.sh")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=4 * 3600,
+        )
         assert proc.returncode == 0, proc.stderr[-4000:]
     return out
 
@@ -104,16 +109,25 @@ def unpack(archive: Path, root: Path) -> dict:
     return config
 
 
-def run_in(root: Path, argv: list[str], config: dict | None = None, binds: dict[str, Path] | None = None,
-           timeout: float = 600, background: bool = False):
+def run_in(
+    root: Path,
+    argv: list[str],
+    config: dict | None = None,
+    binds: dict[str, Path] | None = None,
+    timeout: float = 600,
+    background: bool = False,
+):
     """Run argv in `root` as the image config says (user, env, workdir), /proc and /dev mounted, binds added."""
     cfg = (config or {}).get("config", {})
     user = cfg.get("User") or "0"
     userspec = user if ":" in user else f"{user}:{user}"
     env = cfg.get("Env") or ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
     workdir = cfg.get("WorkingDir") or "/"
-    steps = [f"mkdir -p {root}/proc {root}/dev {root}/tmp", f"mount -t proc proc {root}/proc",
-             f"mount --rbind /dev {root}/dev"]
+    steps = [
+        f"mkdir -p {root}/proc {root}/dev {root}/tmp",
+        f"mount -t proc proc {root}/proc",
+        f"mount --rbind /dev {root}/dev",
+    ]
     for dst, src in (binds or {}).items():
         steps += [f"mkdir -p {root}{dst}", f"mount --bind {src} {root}{dst}"]
     # env from the *host* (chroot runs it before entering): the root may have no env, no shell at all.
@@ -122,8 +136,9 @@ def run_in(root: Path, argv: list[str], config: dict | None = None, binds: dict[
     cmd = ["unshare", "--mount", "--pid", "--fork", "--kill-child", "sh", "-c", script]
     if background:
         # Its own session: killing the group kills unshare and the namespace's PID 1, so everything in it.
-        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
+        return subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
@@ -147,8 +162,10 @@ def test_stage_runtime_runs_the_workflow_templates_start_and_close_steps(archive
     params = {p["name"]: str(p["value"]) for p in template["spec"]["arguments"]["parameters"]}
     params.update(preset="tiny", mlflow_uri="sqlite:////data/mlflow.db")
     (start,) = [t for t in template["spec"]["templates"] if t["name"] == stages.START]
-    argv = [re.sub(r"\{\{workflow\.parameters\.(\w+)\}\}", lambda m: params[m.group(1)], a)
-            for a in start["container"]["command"] + start["container"]["args"]]
+    argv = [
+        re.sub(r"\{\{workflow\.parameters\.(\w+)\}\}", lambda m: params[m.group(1)], a)
+        for a in start["container"]["command"] + start["container"]["args"]
+    ]
     argv = [a.replace("/tmp/outputs", "/data/outputs") for a in argv]
     assert argv[:3] == ["python", "-m", "pipelines.steps"]
     proc = run_in(tmp_path / "root", argv, config, binds={"/data": data})
@@ -156,9 +173,25 @@ def test_stage_runtime_runs_the_workflow_templates_start_and_close_steps(archive
     run_id = (data / "outputs" / "parent_run_id").read_text()
     config_json = (data / "outputs" / "config_json").read_text()
 
-    close = run_in(tmp_path / "root", ["python", "-m", "pipelines.steps", stages.CLOSE, "--run-dir", "/data/run",
-                                       "--status", "Succeeded", "--config-json", config_json,
-                                       "--parent-run-id", run_id], config, binds={"/data": data})
+    close = run_in(
+        tmp_path / "root",
+        [
+            "python",
+            "-m",
+            "pipelines.steps",
+            stages.CLOSE,
+            "--run-dir",
+            "/data/run",
+            "--status",
+            "Succeeded",
+            "--config-json",
+            config_json,
+            "--parent-run-id",
+            run_id,
+        ],
+        config,
+        binds={"/data": data},
+    )
     assert close.returncode == 0, close.stdout[-3000:] + close.stderr[-3000:]
     run = mlflow.MlflowClient(f"sqlite:///{data / 'mlflow.db'}").get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["orchard.runner"] == "argo"
@@ -180,8 +213,10 @@ def test_agent_injector_fills_a_volume_whose_python_runs_in_an_otherwise_empty_r
     # A task image with no Python, no libc and no shell: only the volume at the pods' agent_mount_path.
     task = tmp_path / "task"
     task.mkdir()
-    code = ("import sys; sys.path.insert(0, '/orchard/agent'); import ssl, sandbox_service.agent.server, "
-            "sandbox_service.agent.__main__; print(sys.version_info[:2], ssl.OPENSSL_VERSION)")
+    code = (
+        "import sys; sys.path.insert(0, '/orchard/agent'); import ssl, sandbox_service.agent.server, "
+        "sandbox_service.agent.__main__; print(sys.version_info[:2], ssl.OPENSSL_VERSION)"
+    )
     proc = run_in(task, ["/orchard/python/bin/python3", "-I", "-S", "-c", code], binds={"/orchard": volume})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OpenSSL" in proc.stdout
@@ -200,9 +235,24 @@ def test_mlflow_image_serves_and_the_service_image_starts(archives, tmp_path):
     store.mkdir()
     store.chmod(0o777)
     port = _free_port()
-    server = run_in(tmp_path / "mlflow", ["mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-                                          "--backend-store-uri", "sqlite:////mlflow/db.sqlite", "--workers", "1"],
-                    config, binds={"/mlflow": store}, background=True)
+    server = run_in(
+        tmp_path / "mlflow",
+        [
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            "sqlite:////mlflow/db.sqlite",
+            "--workers",
+            "1",
+        ],
+        config,
+        binds={"/mlflow": store},
+        background=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -222,6 +272,9 @@ def test_mlflow_image_serves_and_the_service_image_starts(archives, tmp_path):
     assert config["config"]["Cmd"] == ["orchard-sandbox", "serve"]
     proc = run_in(tmp_path / "service", ["orchard-sandbox", "serve", "--help"], config)
     assert proc.returncode == 0 and "--port" in proc.stdout, proc.stdout + proc.stderr
-    proc = run_in(tmp_path / "service", ["python", "-c", "import sandbox_service.api, "
-                                         "sandbox_service.backends.kubernetes, torch"], config)
+    proc = run_in(
+        tmp_path / "service",
+        ["python", "-c", "import sandbox_service.api, sandbox_service.backends.kubernetes, torch"],
+        config,
+    )
     assert "No module named 'torch'" in proc.stderr, "the service image carries no training stack"

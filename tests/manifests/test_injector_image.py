@@ -33,7 +33,7 @@ def _stages() -> dict[str, str]:
 def _run_step(containing: str) -> str:
     """The Dockerfile RUN instruction containing `containing`, as one shell command."""
     text = DOCKERFILE.read_text().replace("\\\n", " ")
-    (step,) = [line[len("RUN "):] for line in text.splitlines() if line.startswith("RUN ") and containing in line]
+    (step,) = [line[len("RUN ") :] for line in text.splitlines() if line.startswith("RUN ") and containing in line]
     return step.replace("--mount=type=bind,source=docker/wheelhouse,target=/wheels ", "")
 
 
@@ -42,17 +42,28 @@ def _fetch(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
     before it touches /opt."""
     bin_dir = tmp_path / "fake"
     bin_dir.mkdir(parents=True)
-    (bin_dir / "pip").write_text(f"#!/bin/sh\necho pip \"$@\" >> {tmp_path}/calls\n")
-    (bin_dir / "uv").write_text(f"#!/bin/sh\necho uv \"$@\" >> {tmp_path}/calls\nkill -TERM $PPID\n")
+    (bin_dir / "pip").write_text(f'#!/bin/sh\necho pip "$@" >> {tmp_path}/calls\n')
+    (bin_dir / "uv").write_text(f'#!/bin/sh\necho uv "$@" >> {tmp_path}/calls\nkill -TERM $PPID\n')
     for tool in ("pip", "uv"):
         (bin_dir / tool).chmod(0o755)
-    return subprocess.run(["sh", "-c", _run_step("uv python install")], capture_output=True, text=True, timeout=30,
-                          env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "UV_VERSION": "0.13.8",
-                               "PYTHON_VERSION": "3.12", "PYTHON_LIBC": "gnu", **env})
+    return subprocess.run(
+        ["sh", "-c", _run_step("uv python install")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={
+            "PATH": f"{bin_dir}:{os.environ['PATH']}",
+            "UV_VERSION": "0.13.8",
+            "PYTHON_VERSION": "3.12",
+            "PYTHON_LIBC": "gnu",
+            **env,
+        },
+    )
 
 
-@pytest.mark.parametrize("arch, asset", [("amd64", "cpython-3.12-linux-x86_64-gnu"),
-                                         ("arm64", "cpython-3.12-linux-aarch64-gnu")])
+@pytest.mark.parametrize(
+    "arch, asset", [("amd64", "cpython-3.12-linux-x86_64-gnu"), ("arm64", "cpython-3.12-linux-aarch64-gnu")]
+)
 def test_the_standalone_download_follows_the_target_architecture(tmp_path, arch, asset):
     _fetch(tmp_path, TARGETARCH=arch, PYTHON_SOURCE="standalone", PIP_OFFLINE="1")
     pip, uv = (tmp_path / "calls").read_text().splitlines()
@@ -75,8 +86,11 @@ def test_the_debian_source_downloads_nothing_on_the_build_platform(tmp_path):
 
 def test_the_download_runs_on_the_build_platform_and_the_rest_on_the_targets():
     stages = _stages()
-    assert list(stages) == ["--platform=$BUILDPLATFORM ${BASE_IMAGE} AS fetch", "${BASE_IMAGE} AS check",
-                            "${FINAL_BASE_IMAGE}"]
+    assert list(stages) == [
+        "--platform=$BUILDPLATFORM ${BASE_IMAGE} AS fetch",
+        "${BASE_IMAGE} AS check",
+        "${FINAL_BASE_IMAGE}",
+    ]
     fetch, check, final = stages.values()
     assert "uv python install" in fetch and "bundle-debian-python.sh" not in fetch
     # The debian bundle copies the base's own interpreter: it must run where the base is the target's.
@@ -86,22 +100,47 @@ def test_the_download_runs_on_the_build_platform_and_the_rest_on_the_targets():
     assert re.findall(r"^COPY --from=(\S+)", final, re.M) == ["check", "check"]
 
 
-@pytest.mark.parametrize("builder, expected", [
-    ("buildah", ["--storage-driver vfs manifest rm r/agent-injector:1",
-                 "--storage-driver vfs bud --quiet --layers=false --isolation chroot --platform " + PLATFORMS
-                 + " -f docker/agent-injector/Dockerfile --manifest r/agent-injector:1 .",
-                 "--storage-driver vfs manifest push --quiet --all r/agent-injector:1 oci-archive:{out}:r/agent-injector:1"]),
-    ("podman", ["manifest rm r/agent-injector:1",
+@pytest.mark.parametrize(
+    "builder, expected",
+    [
+        (
+            "buildah",
+            [
+                "--storage-driver vfs manifest rm r/agent-injector:1",
+                "--storage-driver vfs bud --quiet --layers=false --isolation chroot --platform "
+                + PLATFORMS
+                + " -f docker/agent-injector/Dockerfile --manifest r/agent-injector:1 .",
+                "--storage-driver vfs manifest push --quiet --all r/agent-injector:1 oci-archive:{out}:r/agent-injector:1",  # noqa: E501
+            ],
+        ),
+        (
+            "podman",
+            [
+                "manifest rm r/agent-injector:1",
                 f"build --platform {PLATFORMS} -f docker/agent-injector/Dockerfile --manifest r/agent-injector:1 .",
-                "manifest push --all r/agent-injector:1 oci-archive:{out}:r/agent-injector:1"]),
-    ("docker", [f"buildx build --platform {PLATFORMS} -f docker/agent-injector/Dockerfile -t r/agent-injector:1 "
-                "--push ."]),
-])
+                "manifest push --all r/agent-injector:1 oci-archive:{out}:r/agent-injector:1",
+            ],
+        ),
+        (
+            "docker",
+            [f"buildx build --platform {PLATFORMS} -f docker/agent-injector/Dockerfile -t r/agent-injector:1 --push ."],
+        ),
+    ],
+)
 def test_injector_platforms_builds_one_manifest_list_with_each_builder(tmp_path, builder, expected):
     path = _path_with(tmp_path, {builder: 0})
     archives = tmp_path / "oci"
-    out = _run("mlflow", "agent-injector", path=path, BUILDER=builder, REGISTRY="r", TAG="1",
-               INJECTOR_PLATFORMS=PLATFORMS, OCI_ARCHIVE_DIR=str(archives), BUILDAH_STORAGE_DRIVER="vfs")
+    out = _run(
+        "mlflow",
+        "agent-injector",
+        path=path,
+        BUILDER=builder,
+        REGISTRY="r",
+        TAG="1",
+        INJECTOR_PLATFORMS=PLATFORMS,
+        OCI_ARCHIVE_DIR=str(archives),
+        BUILDAH_STORAGE_DRIVER="vfs",
+    )
     assert out.returncode == 0, out.stderr
     calls = (tmp_path / f"{builder}.calls").read_text().splitlines()
     mlflow = [c for c in calls if "r/mlflow:1" in c]
@@ -121,7 +160,12 @@ def test_the_local_base_refuses_a_foreign_platform_before_building(tmp_path):
 
 
 def test_make_images_passes_injector_platforms(tmp_path):
-    out = subprocess.run(["make", "-n", "images", f"INJECTOR_PLATFORMS={PLATFORMS}"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        ["make", "-n", "images", f"INJECTOR_PLATFORMS={PLATFORMS}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert f'INJECTOR_PLATFORMS="{PLATFORMS}" REGISTRY="orchard" TAG="0.1.0" ./scripts/build-images.sh' in out.stdout

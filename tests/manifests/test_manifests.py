@@ -9,7 +9,8 @@ is missing these tests skip and say so.
 Checked: every rendered object against the Kubernetes OpenAPI schema (kubernetes-validate, strict:
 unknown fields fail); the PyTorchJob against a JSON schema written from the Training Operator's
 published kubeflow.org/v1 CRD fields (top level, runPolicy, replica specs) with its pod templates
-validated as real PodSpecs (`pipelines/pytorchjob.py`, shared with the pipelines' jobs). Not covered: the CRD's full generated schema (elasticPolicy details,
+validated as real PodSpecs (`pipelines/pytorchjob.py`, shared with the pipelines' jobs). Not covered: the CRD's full
+generated schema (elasticPolicy details,
 schedulingPolicy), admission on a real cluster, and whether the images exist in a registry.
 """
 
@@ -38,17 +39,28 @@ MANIFESTS = REPO / "manifests"
 VERSIONS = ["1.30", kubernetes_validate.latest_version()]
 TARGETS = ["base", "overlays/dev", "overlays/prod", "overlays/kfp", "components/pytorchjob", "components/calico-dns"]
 # What lives in the sandbox namespace, apart from the sandboxes themselves.
-SANDBOX_NAMESPACE_OBJECTS = {("Role", "orchard-sandbox-service"), ("RoleBinding", "orchard-sandbox-service"),
-                             ("NetworkPolicy", "orchard-sandboxes-baseline"), ("ServiceAccount", "orchard-sandbox")}
+SANDBOX_NAMESPACE_OBJECTS = {
+    ("Role", "orchard-sandbox-service"),
+    ("RoleBinding", "orchard-sandbox-service"),
+    ("NetworkPolicy", "orchard-sandboxes-baseline"),
+    ("ServiceAccount", "orchard-sandbox"),
+}
 # Secrets and volumes the operator creates (documented in the kustomizations), never committed.
 EXTERNAL = {"secret": {"orchard-api-token", "orchard-mlflow-store"}, "pvc": {"orchard-training-data"}}
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None,
-                                reason="kubectl (for `kubectl kustomize`) is not installed")
+pytestmark = pytest.mark.skipif(
+    shutil.which("kubectl") is None, reason="kubectl (for `kubectl kustomize`) is not installed"
+)
+
 
 def render(target: str) -> list[dict]:
-    out = subprocess.run(["kubectl", "kustomize", str(MANIFESTS / target)], capture_output=True, text=True,
-                         timeout=60, env={**os.environ, "KUBECONFIG": "/dev/null"})
+    out = subprocess.run(
+        ["kubectl", "kustomize", str(MANIFESTS / target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "KUBECONFIG": "/dev/null"},
+    )
     assert out.returncode == 0, out.stderr
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
@@ -101,12 +113,18 @@ def test_overlays_set_namespaces_and_pinned_images(rendered):
         docs = rendered[target]
         assert namespace == cluster.namespace
         assert {d["metadata"]["name"] for d in by_kind(docs, "Namespace")} == {namespace, cluster.sandbox_namespace}
-        in_sandbox_ns = {(d["kind"], d["metadata"]["name"]) for d in docs
-                         if d["metadata"].get("namespace") == cluster.sandbox_namespace}
+        in_sandbox_ns = {
+            (d["kind"], d["metadata"]["name"])
+            for d in docs
+            if d["metadata"].get("namespace") == cluster.sandbox_namespace
+        }
         assert in_sandbox_ns == SANDBOX_NAMESPACE_OBJECTS
-        assert all(d["metadata"].get("namespace") == namespace for d in docs
-                   if d["kind"] not in ("Namespace", "PriorityClass")  # cluster-scoped
-                   and (d["kind"], d["metadata"]["name"]) not in in_sandbox_ns)
+        assert all(
+            d["metadata"].get("namespace") == namespace
+            for d in docs
+            if d["kind"] not in ("Namespace", "PriorityClass")  # cluster-scoped
+            and (d["kind"], d["metadata"]["name"]) not in in_sandbox_ns
+        )
         images = [c["image"] for d in docs for t in pod_templates(d) for c in t["spec"]["containers"]]
         assert images and all(image.endswith(f":{tag}") for image in images), images
         (service,) = by_kind(docs, "Deployment", "orchard-sandbox-service")
@@ -119,7 +137,9 @@ def test_overlays_set_namespaces_and_pinned_images(rendered):
     assert pdb["spec"]["selector"]["matchLabels"].items() <= mlflow["spec"]["template"]["metadata"]["labels"].items()
     # prod artifacts live in object storage: its volumes are the data store and the service's snapshots
     assert {d["metadata"]["name"] for d in by_kind(prod, "PersistentVolumeClaim")} == {
-        ClusterConfig().data_store_claim, "orchard-sandbox-state"}
+        ClusterConfig().data_store_claim,
+        "orchard-sandbox-state",
+    }
     dev_mlflow = by_kind(rendered["overlays/dev"], "Deployment", "orchard-mlflow")[0]
     dev_env = {e["name"]: e.get("value") for e in dev_mlflow["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert dev_env["MLFLOW_BACKEND_STORE_URI"].startswith("sqlite:")
@@ -137,8 +157,10 @@ def test_no_plaintext_secret_outside_dev(rendered):
 
 def test_every_reference_resolves(rendered):
     for target, docs in rendered.items():
-        names = {kind: {d["metadata"]["name"] for d in docs if d["kind"] == kind}
-                 for kind in ("Secret", "ConfigMap", "PersistentVolumeClaim", "ServiceAccount")}
+        names = {
+            kind: {d["metadata"]["name"] for d in docs if d["kind"] == kind}
+            for kind in ("Secret", "ConfigMap", "PersistentVolumeClaim", "ServiceAccount")
+        }
         for doc in docs:
             for template in pod_templates(doc):
                 spec = template["spec"]
@@ -167,15 +189,26 @@ def test_the_sandbox_creating_identity_has_rights_in_the_sandbox_namespace_only(
     (role,) = by_kind(docs, "Role", "orchard-sandbox-service")
     (binding,) = by_kind(docs, "RoleBinding", "orchard-sandbox-service")
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == cluster.sandbox_namespace
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orchard-sandbox-service",
-                                    "namespace": cluster.namespace}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "orchard-sandbox-service", "namespace": cluster.namespace}
+    ]
     assert {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]} == {
-        ("", "pods"), ("", "secrets"), ("", "events"), ("networking.k8s.io", "networkpolicies"),
-        ("cilium.io", "ciliumnetworkpolicies"), ("crd.antrea.io", "networkpolicies"),  # FQDN host policies
-        ("projectcalico.org", "networkpolicies"), ("projectcalico.org", "tier.networkpolicies")}
+        ("", "pods"),
+        ("", "secrets"),
+        ("", "events"),
+        ("networking.k8s.io", "networkpolicies"),
+        ("cilium.io", "ciliumnetworkpolicies"),
+        ("crd.antrea.io", "networkpolicies"),  # FQDN host policies
+        ("projectcalico.org", "networkpolicies"),
+        ("projectcalico.org", "tier.networkpolicies"),
+    }
     # in its own namespace (the API token, pipeline credentials) it is bound to nothing
-    assert not [b for b in by_kind(docs, "RoleBinding") if b["metadata"]["namespace"] == cluster.namespace
-                and any(s["name"] == "orchard-sandbox-service" for s in b["subjects"])]
+    assert not [
+        b
+        for b in by_kind(docs, "RoleBinding")
+        if b["metadata"]["namespace"] == cluster.namespace
+        and any(s["name"] == "orchard-sandbox-service" for s in b["subjects"])
+    ]
     (deployment,) = by_kind(docs, "Deployment", "orchard-sandbox-service")
     env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["ORCHARD_K8S_NAMESPACE"]["value"] == cluster.sandbox_namespace
@@ -185,11 +218,13 @@ def test_the_sandbox_creating_identity_has_rights_in_the_sandbox_namespace_only(
 def test_the_calico_dns_component_grants_reading_the_default_tier_only_to_the_sandbox_service(rendered):
     docs, cluster = rendered["components/calico-dns"], ClusterConfig()
     (role,), (binding,) = by_kind(docs, "ClusterRole"), by_kind(docs, "ClusterRoleBinding")
-    assert role["rules"] == [{"apiGroups": ["projectcalico.org"], "resources": ["tiers"],
-                              "resourceNames": ["default"], "verbs": ["get"]}]
+    assert role["rules"] == [
+        {"apiGroups": ["projectcalico.org"], "resources": ["tiers"], "resourceNames": ["default"], "verbs": ["get"]}
+    ]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "orchard-sandbox-service",
-                                    "namespace": cluster.namespace}]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "orchard-sandbox-service", "namespace": cluster.namespace}
+    ]
     (service_role,) = by_kind(rendered["overlays/prod"], "Role", "orchard-sandbox-service")
     (tiered,) = [r for r in service_role["rules"] if r["resources"] == ["tier.networkpolicies"]]
     assert tiered["resourceNames"] == ["default.*"]  # the tier kubernetes_calico's policies land in
@@ -214,13 +249,23 @@ def test_service_settings_are_real_config_fields_and_agree_with_the_backend(rend
     pod = deployment["spec"]["template"]
     container = pod["spec"]["containers"][0]
     # env names of ServiceConfig: ORCHARD_<FIELD>, or a field's own alias (ORCHARD_SANDBOX_TOKEN for token)
-    aliases = {choice: name for name, f in ServiceConfig.model_fields.items() if f.validation_alias is not None
-               for choice in getattr(f.validation_alias, "choices", [f.validation_alias]) if isinstance(choice, str)}
-    service_env = {aliases.get(e["name"], e["name"][len("ORCHARD_"):].lower()): e.get("value")
-                   for e in container["env"]
-                   if e["name"].startswith("ORCHARD_") and not e["name"].startswith("ORCHARD_K8S_")}
-    backend_env = {e["name"][len("ORCHARD_K8S_"):].lower(): e.get("value") for e in container["env"]
-                   if e["name"].startswith("ORCHARD_K8S_")}
+    aliases = {
+        choice: name
+        for name, f in ServiceConfig.model_fields.items()
+        if f.validation_alias is not None
+        for choice in getattr(f.validation_alias, "choices", [f.validation_alias])
+        if isinstance(choice, str)
+    }
+    service_env = {
+        aliases.get(e["name"], e["name"][len("ORCHARD_") :].lower()): e.get("value")
+        for e in container["env"]
+        if e["name"].startswith("ORCHARD_") and not e["name"].startswith("ORCHARD_K8S_")
+    }
+    backend_env = {
+        e["name"][len("ORCHARD_K8S_") :].lower(): e.get("value")
+        for e in container["env"]
+        if e["name"].startswith("ORCHARD_K8S_")
+    }
     assert set(service_env) <= set(ServiceConfig.model_fields), set(service_env) - set(ServiceConfig.model_fields)
     assert set(backend_env) <= set(KubernetesBackendConfig.model_fields)
     literal = {k: v for k, v in backend_env.items() if v is not None}
@@ -236,13 +281,17 @@ def test_service_settings_are_real_config_fields_and_agree_with_the_backend(rend
     assert baseline["spec"]["podSelector"]["matchLabels"].items() <= sandbox_labels.items()
     (peer,) = baseline["spec"]["ingress"][0]["from"]
     assert peer["podSelector"]["matchLabels"] == backend.service_selector
-    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": deployment["metadata"]["namespace"]}
+    assert peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": deployment["metadata"]["namespace"]
+    }
     assert baseline["metadata"]["namespace"] == backend.namespace
     assert baseline["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": backend.agent_port}]
     assert baseline["spec"]["egress"] == []
-    assert backend.service_account_name in {d["metadata"]["name"] for d in by_kind(rendered["overlays/prod"],
-                                                                                     "ServiceAccount")
-                                            if d["metadata"]["namespace"] == backend.namespace}
+    assert backend.service_account_name in {
+        d["metadata"]["name"]
+        for d in by_kind(rendered["overlays/prod"], "ServiceAccount")
+        if d["metadata"]["namespace"] == backend.namespace
+    }
 
 
 def test_dockerfiles_match_what_the_pod_and_the_deployment_expect():
@@ -266,16 +315,27 @@ def test_the_service_image_installs_every_package_the_service_imports():
     assert re.search(r"pip install [^\n]*-c /tmp/constraints.txt -r requirements.txt", dockerfile)
     requirements = (REPO / "docker" / "sandbox-service" / "requirements.txt").read_text().splitlines()
     installed = {line.split("#")[0].strip() for line in requirements} - {""}
-    dist = {"prometheus_client": "prometheus-client", "pydantic_settings": "pydantic-settings", "yaml": "pyyaml",
-            "starlette": "fastapi", "urllib3": "kubernetes", "kubernetes_validate": None}
+    dist = {
+        "prometheus_client": "prometheus-client",
+        "pydantic_settings": "pydantic-settings",
+        "yaml": "pyyaml",
+        "starlette": "fastapi",
+        "urllib3": "kubernetes",
+        "kubernetes_validate": None,
+    }
     tools = {"bench.py", "demo.py", "embedded.py", "leaks.py"}  # developer tools, not the server
     needed = set()
     for path in (REPO / "sandbox_service").rglob("*.py"):
         if path.name in tools or path.name.startswith("kubernetes_fake"):  # the API server double: tests only
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
                 if top not in sys.stdlib_module_names and top != "sandbox_service":
@@ -296,8 +356,11 @@ def test_training_entry_accepts_its_stage_file_and_refuses_an_invalid_config(tmp
     entry = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(entry)
     rl = tmp_path / "rl.json"
-    rl.write_text(json.dumps({"stage": "rl", "config": {"engine": "builtin"}, "tasks_dir": "t", "model_dir": "m",
-                              "out_model_dir": "o"}))
+    rl.write_text(
+        json.dumps(
+            {"stage": "rl", "config": {"engine": "builtin"}, "tasks_dir": "t", "model_dir": "m", "out_model_dir": "o"}
+        )
+    )
     assert entry.main(["train_entry.py", str(rl)]) == 2
     assert "the builtin RL engine (our own clipped update) was removed" in capsys.readouterr().err
     bad = tmp_path / "bad.json"

@@ -3,7 +3,8 @@
 Renders `kubectl kustomize manifests/overlays/{dev,prod}` and compiles the KFP and Argo YAML, then
 checks each Secret (and key), Service (and port), ServiceAccount, PVC (the data store's) and image the pipelines
 reference: created by the overlay, or by a `kubectl create secret` command of the cluster quickstart
-(docs/pipelines/cluster-quickstart.md). Names come from `pipelines/cluster.py`; this test is what keeps the manifests equal to it.
+(docs/pipelines/cluster-quickstart.md). Names come from `pipelines/cluster.py`; this test is what keeps the manifests
+equal to it.
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ def compiled(tmp_path_factory) -> dict[str, list[dict]]:
 def readme_secrets() -> set[tuple[str, str]]:
     """(namespace, Secret) pairs the cluster quickstart creates with `kubectl create secret generic`."""
     text = (REPO / "docs" / "pipelines" / "cluster-quickstart.md").read_text()
-    return {(m.group(1), m.group(2)) for m in
-            re.finditer(r"kubectl -n (\S+) create secret generic (\S+)", text)}
+    return {(m.group(1), m.group(2)) for m in re.finditer(r"kubectl -n (\S+) create secret generic (\S+)", text)}
 
 
 def references(compiled: dict[str, list[dict]]) -> dict[str, set]:
@@ -68,8 +68,11 @@ def references(compiled: dict[str, list[dict]]) -> dict[str, set]:
                 refs["secrets"].add((resolve(ref["name"]), ref["key"], bool(ref.get("optional"))))
     refs["urls"] |= {args["sandbox_url"], args["mlflow_uri"]}
     refs["images"] |= {args["image"], args["gpu_image"]}
-    refs["pvcs"] |= {resolve(v["persistentVolumeClaim"]["claimName"]) for v in template["spec"].get("volumes", [])
-                     if "persistentVolumeClaim" in v}
+    refs["pvcs"] |= {
+        resolve(v["persistentVolumeClaim"]["claimName"])
+        for v in template["spec"].get("volumes", [])
+        if "persistentVolumeClaim" in v
+    }
     refs["service_accounts"].add(template["spec"]["serviceAccountName"])
     (cron,) = compiled["argo_cron"]
     refs["service_accounts"].add(cron["spec"]["workflowSpec"]["serviceAccountName"])
@@ -88,9 +91,11 @@ def test_every_name_the_pipelines_reference_exists_in_the_overlay(compiled, over
         if name in created:
             assert key in created[name].get("data", {}) | created[name].get("stringData", {}), (overlay, name, key)
         else:
-            assert name in documented, (f"{overlay}: Secret {name} (key {key}) is referenced by the pipelines but "
-                                        "neither the overlay nor a cluster-quickstart `kubectl -n NS create secret generic` "
-                                        "command creates it")
+            assert name in documented, (
+                f"{overlay}: Secret {name} (key {key}) is referenced by the pipelines but "
+                "neither the overlay nor a cluster-quickstart `kubectl -n NS create secret generic` "
+                "command creates it"
+            )
     services = {d["metadata"]["name"]: d for d in by_kind(docs, "Service")}
     for url in sorted(refs["urls"]):
         host = urlparse(url)
@@ -101,15 +106,24 @@ def test_every_name_the_pipelines_reference_exists_in_the_overlay(compiled, over
     accounts = {d["metadata"]["name"] for d in by_kind(docs, "ServiceAccount")}
     assert refs["service_accounts"] <= accounts, refs["service_accounts"] - accounts
     # existing PVCs the pipelines mount (the persistent data store) live in the pipelines' namespace
-    claims = {d["metadata"]["name"]: d for d in by_kind(docs, "PersistentVolumeClaim")
-              if d["metadata"].get("namespace") == namespace}
+    claims = {
+        d["metadata"]["name"]: d
+        for d in by_kind(docs, "PersistentVolumeClaim")
+        if d["metadata"].get("namespace") == namespace
+    }
     for name in sorted(refs["pvcs"]):
         assert name in claims, f"{overlay}: PVC {name} is mounted by the pipelines but the overlay does not create it"
     # the pipeline identity may create and delete the run volume (KFP CreatePVC/DeletePVC runs as it)
     sa = ClusterConfig().service_account
     roles = {b["roleRef"]["name"] for b in by_kind(docs, "RoleBinding") if any(s["name"] == sa for s in b["subjects"])}
-    verbs = {v for r in by_kind(docs, "Role") if r["metadata"]["name"] in roles for rule in r["rules"]
-             if "persistentvolumeclaims" in rule["resources"] for v in rule["verbs"]}
+    verbs = {
+        v
+        for r in by_kind(docs, "Role")
+        if r["metadata"]["name"] in roles
+        for rule in r["rules"]
+        if "persistentvolumeclaims" in rule["resources"]
+        for v in rule["verbs"]
+    }
     assert {"create", "delete"} <= verbs
 
 
@@ -139,11 +153,16 @@ def test_images_follow_one_scheme_in_overlays_and_pipelines(compiled):
     prod = render("overlays/prod")
     prod_images = {c["image"] for d in prod for t in pod_templates(d) for c in t["spec"]["containers"]}
     (service,) = by_kind(prod, "Deployment", "orchard-sandbox-service")
-    prod_images |= {e["value"] for e in service["spec"]["template"]["spec"]["containers"][0]["env"]
-                    if e["name"] == "ORCHARD_K8S_INJECTOR_IMAGE"}
+    prod_images |= {
+        e["value"]
+        for e in service["spec"]["template"]["spec"]["containers"][0]["env"]
+        if e["name"] == "ORCHARD_K8S_INJECTOR_IMAGE"
+    }
     registry, tag = overlay_images(REPO / "manifests" / "overlays" / "prod")
-    assert prod_images == {ClusterConfig(image_registry=registry, image_tag=tag).image(n)
-                           for n in ("sandbox-service", "mlflow", "agent-injector")}
+    assert prod_images == {
+        ClusterConfig(image_registry=registry, image_tag=tag).image(n)
+        for n in ("sandbox-service", "mlflow", "agent-injector")
+    }
 
 
 def test_a_renamed_data_store_claim_is_caught(compiled):

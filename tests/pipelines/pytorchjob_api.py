@@ -22,28 +22,49 @@ _ROUTE = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/(?P<ns>[^/]+)/pytorchjo
 
 
 def condition(kind: str, reason: str = "", message: str = "", t: int = 0) -> dict:
-    return {"type": kind, "status": "True", "reason": reason or f"PyTorchJob{kind}", "message": message,
-            "lastTransitionTime": f"2026-12-03T12:00:{t:02d}Z"}
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": reason or f"PyTorchJob{kind}",
+        "message": message,
+        "lastTransitionTime": f"2026-12-03T12:00:{t:02d}Z",
+    }
 
 
 SUCCEEDS = [
     {"conditions": [condition("Created", t=1)]},
-    {"conditions": [condition("Created", t=1), condition("Running", t=2)],
-     "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 1}}},
-    {"conditions": [condition("Created", t=1), condition("Running", t=2), condition("Succeeded", t=3)],
-     "replicaStatuses": {"Master": {"succeeded": 1}, "Worker": {"succeeded": 1}}},
+    {
+        "conditions": [condition("Created", t=1), condition("Running", t=2)],
+        "replicaStatuses": {"Master": {"active": 1}, "Worker": {"active": 1}},
+    },
+    {
+        "conditions": [condition("Created", t=1), condition("Running", t=2), condition("Succeeded", t=3)],
+        "replicaStatuses": {"Master": {"succeeded": 1}, "Worker": {"succeeded": 1}},
+    },
 ]
 
 
 def fails(reason: str, message: str) -> list[dict]:
-    return [*SUCCEEDS[:2], {"conditions": [condition("Created", t=1), condition("Running", t=2),
-                                           condition("Failed", reason, message, t=3)],
-                            "replicaStatuses": {"Master": {"failed": 1}, "Worker": {"active": 1}}}]
+    return [
+        *SUCCEEDS[:2],
+        {
+            "conditions": [
+                condition("Created", t=1),
+                condition("Running", t=2),
+                condition("Failed", reason, message, t=3),
+            ],
+            "replicaStatuses": {"Master": {"failed": 1}, "Worker": {"active": 1}},
+        },
+    ]
 
 
 class PyTorchJobAPI:
-    def __init__(self, script: list[dict] | None = None, on_create: Callable[[dict], None] | None = None,
-                 status_of: Callable[[dict], dict] | None = None):
+    def __init__(
+        self,
+        script: list[dict] | None = None,
+        on_create: Callable[[dict], None] | None = None,
+        status_of: Callable[[dict], dict] | None = None,
+    ):
         self.script = script if script is not None else SUCCEEDS  # statuses a job goes through, one per read
         self.on_create = on_create
         self.status_of = status_of  # instead of the script: the job's status now (e.g. from a real process)
@@ -87,8 +108,17 @@ class PyTorchJobAPI:
                 self.wfile.write(data)
 
             def _status(self, code: int, reason: str, message: str) -> None:
-                self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
-                                  "message": message, "code": code})
+                self._send(
+                    code,
+                    {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "reason": reason,
+                        "message": message,
+                        "code": code,
+                    },
+                )
 
             def do_POST(self) -> None:  # noqa: N802 (http.server's names)
                 route = _ROUTE.match(self.path)

@@ -40,8 +40,11 @@ def _render(text: str, scope: dict[str, str]) -> str:
 def _toposort(tasks: dict[str, dict]) -> list[str]:
     done: list[str] = []
     while len(done) < len(tasks):
-        ready = [n for n, t in tasks.items() if n not in done
-                 and all(d in done for d in (t.get("depends") or "").replace("&&", " ").split())]
+        ready = [
+            n
+            for n, t in tasks.items()
+            if n not in done and all(d in done for d in (t.get("depends") or "").replace("&&", " ").split())
+        ]
         assert ready, "cycle in the DAG"
         done.extend(sorted(ready))
     return done
@@ -55,15 +58,23 @@ def test_argo_dag_commands_run_end_to_end(tmp_path, sandbox_service, micro_confi
     dag = {t["name"]: t for t in templates[spec["entrypoint"]]["dag"]["tasks"]}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     scope = {f"workflow.parameters.{p['name']}": str(p["value"]) for p in spec["arguments"]["parameters"]}
-    scope.update({"workflow.parameters.sandbox_url": sandbox_service.url, "workflow.parameters.mlflow_uri": uri,
-                  "workflow.parameters.overrides_json": config.model_dump_json(), "workflow.name": "wf-test"})
+    scope.update(
+        {
+            "workflow.parameters.sandbox_url": sandbox_service.url,
+            "workflow.parameters.mlflow_uri": uri,
+            "workflow.parameters.overrides_json": config.model_dump_json(),
+            "workflow.name": "wf-test",
+        }
+    )
     data, outputs = tmp_path / "data", tmp_path / "outputs"
     env = {**os.environ, "ORCHARD_SANDBOX_TOKEN": sandbox_service.token}  # secretKeyRef orchard-api-token/token
 
     def run(template: dict, local: dict[str, str]) -> None:
         container = template["container"]
-        argv = [_render(a, local).replace("/data", str(data)).replace("/tmp/outputs", str(outputs))
-                for a in container["command"] + container.get("args", [])]
+        argv = [
+            _render(a, local).replace("/data", str(data)).replace("/tmp/outputs", str(outputs))
+            for a in container["command"] + container.get("args", [])
+        ]
         assert argv[0] == "python"
         proc = subprocess.run([sys.executable, *argv[1:]], env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, f"{template['name']} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

@@ -21,12 +21,16 @@ from pipelines.pytorchjob import job_command, pytorchjob_manifest, secret_env
 from pipelines.run_store import claim_manifest, create_run_store
 
 
-def _compiled(tmp_path: Path, preset: str = "demo", sets: list[str] | None = None,
-              cluster: ClusterConfig | None = None) -> dict:
+def _compiled(
+    tmp_path: Path, preset: str = "demo", sets: list[str] | None = None, cluster: ClusterConfig | None = None
+) -> dict:
     paths = compile_all(tmp_path, preset, sets=sets, cluster=cluster)
     kfp_spec, kfp_platform = [d for d in yaml.safe_load_all(paths["kfp"].read_text()) if d]
-    return {"kfp": kfp_spec, "kfp_k8s": kfp_platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"],
-            "argo": yaml.safe_load(paths["argo_template"].read_text())}
+    return {
+        "kfp": kfp_spec,
+        "kfp_k8s": kfp_platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"],
+        "argo": yaml.safe_load(paths["argo_template"].read_text()),
+    }
 
 
 def _argo_templates(doc: dict) -> dict:
@@ -46,20 +50,30 @@ def test_no_storage_class_means_the_cluster_default_never_an_empty_class(tmp_pat
     assert "createpvc" not in _kfp_tasks(doc)
     params = _kfp_tasks(doc)["run-store"]["inputs"]["parameters"]
     assert params["storage_class"]["runtimeValue"]["constant"] == ""
-    assert "storageClassName" not in claim_manifest("r-run-store", size="1Gi", access_mode="ReadWriteOnce",
-                                                    storage_class=None)["spec"]
-    assert "storageClassName" not in claim_manifest("r-run-store", size="1Gi", access_mode="ReadWriteOnce",
-                                                    storage_class="")["spec"]
+    assert (
+        "storageClassName"
+        not in claim_manifest("r-run-store", size="1Gi", access_mode="ReadWriteOnce", storage_class=None)["spec"]
+    )
+    assert (
+        "storageClassName"
+        not in claim_manifest("r-run-store", size="1Gi", access_mode="ReadWriteOnce", storage_class="")["spec"]
+    )
 
 
 def test_an_explicit_storage_class_is_kept(tmp_path):
     doc = _compiled(tmp_path, cluster=ClusterConfig(storage_class="premium-rwo"))
     (claim,) = doc["argo"]["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["storageClassName"] == "premium-rwo"
-    assert _kfp_tasks(doc)["run-store"]["inputs"]["parameters"]["storage_class"]["runtimeValue"]["constant"] == \
-        "premium-rwo"
-    assert claim_manifest("x", size="1Gi", access_mode="ReadWriteMany", storage_class="premium-rwo")["spec"][
-        "storageClassName"] == "premium-rwo"
+    assert (
+        _kfp_tasks(doc)["run-store"]["inputs"]["parameters"]["storage_class"]["runtimeValue"]["constant"]
+        == "premium-rwo"
+    )
+    assert (
+        claim_manifest("x", size="1Gi", access_mode="ReadWriteMany", storage_class="premium-rwo")["spec"][
+            "storageClassName"
+        ]
+        == "premium-rwo"
+    )
 
 
 def test_the_run_store_step_creates_the_claim_once():
@@ -76,8 +90,12 @@ def test_the_run_store_step_creates_the_claim_once():
 
     api = Api()
     for _ in range(2):
-        assert create_run_store("run-1", size="5Gi", access_mode="ReadWriteOnce", storage_class=None, api=api,
-                                namespace="kubeflow") == "run-1-run-store"
+        assert (
+            create_run_store(
+                "run-1", size="5Gi", access_mode="ReadWriteOnce", storage_class=None, api=api, namespace="kubeflow"
+            )
+            == "run-1-run-store"
+        )
     ((namespace, body),) = api.created
     assert namespace == "kubeflow" and "storageClassName" not in body["spec"]
 
@@ -108,18 +126,34 @@ def test_a_config_asking_for_a_gpu_gets_it_on_the_gpu_stages_only(tmp_path):
     config = PipelineConfig.preset_config("demo", resources={"gpu": True})
     assert {s.name for s in stages.STAGES if s.wants_gpu(config)} == {"sft", "rl"}
     found = _gpu_anywhere(_compiled(tmp_path, sets=["resources.gpu=true"]))
-    assert sorted(found) == ["argo:rl", "argo:sft", "kfp-k8s:exec-rl", "kfp-k8s:exec-sft", "kfp:exec-rl",
-                             "kfp:exec-sft"]
+    assert sorted(found) == [
+        "argo:rl",
+        "argo:sft",
+        "kfp-k8s:exec-rl",
+        "kfp-k8s:exec-sft",
+        "kfp:exec-rl",
+        "kfp:exec-sft",
+    ]
 
 
 def test_a_cpu_pytorchjob_requests_no_gpu():
     config = PipelineConfig.preset_config("tiny", sft={"launch": {"nproc_per_node": 2}})
     stage = stages.BY_NAME["sft"]
     launch = stage.launch(config)
-    job = pytorchjob_manifest(stage, launch, gpu=stage.wants_gpu(config), requests=stage.requests(config),
-                              name="j", image="i", command=job_command("sft", launch, "/d", "r"), claim_name="c",
-                              mount_path="/d", secret_env=secret_env("a", "b", "c", "d"),
-                              node_selector={"orchard.dev/pool": "gpu"}, tolerations=[])
+    job = pytorchjob_manifest(
+        stage,
+        launch,
+        gpu=stage.wants_gpu(config),
+        requests=stage.requests(config),
+        name="j",
+        image="i",
+        command=job_command("sft", launch, "/d", "r"),
+        claim_name="c",
+        mount_path="/d",
+        secret_env=secret_env("a", "b", "c", "d"),
+        node_selector={"orchard.dev/pool": "gpu"},
+        tolerations=[],
+    )
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"] and "nodeSelector" not in pod
     assert pod["containers"][0]["resources"]["requests"] == {"cpu": "500m", "memory": "2Gi"}
@@ -160,8 +194,10 @@ def test_stage_pods_run_with_an_fsgroup_of_their_uid(tmp_path):
     job = yaml.safe_load(re.sub(r"'?\{\{[^}]*\}\}'?", "x", manifest))  # placeholders -> plain scalars
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         assert replica["template"]["spec"]["securityContext"]["fsGroup"] == cluster.stage_uid
-    assert _kfp_tasks(doc)["sft"]["inputs"]["parameters"]["pod_security_context"]["runtimeValue"]["constant"][
-        "fsGroup"] == cluster.stage_uid
+    assert (
+        _kfp_tasks(doc)["sft"]["inputs"]["parameters"]["pod_security_context"]["runtimeValue"]["constant"]["fsGroup"]
+        == cluster.stage_uid
+    )
 
 
 def test_start_opens_no_parent_run_when_the_run_dir_is_not_writable(tmp_path):
@@ -173,9 +209,27 @@ def test_start_opens_no_parent_run_when_the_run_dir_is_not_writable(tmp_path):
     blocker = tmp_path / "volume"
     blocker.write_text("not a directory")  # mkdir under it fails, as on a root-owned volume (also as root)
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    code = main(["start", "--run-dir", str(blocker / "wf-1"), "--outputs-dir", str(tmp_path / "out"),
-                 "--param", "preset=tiny", "--param", "recipe=swe", "--param", "seed=0",
-                 "--param", "sandbox_url=", "--param", f"mlflow_uri={uri}", "--param", "experiment=orchard"])
+    code = main(
+        [
+            "start",
+            "--run-dir",
+            str(blocker / "wf-1"),
+            "--outputs-dir",
+            str(tmp_path / "out"),
+            "--param",
+            "preset=tiny",
+            "--param",
+            "recipe=swe",
+            "--param",
+            "seed=0",
+            "--param",
+            "sandbox_url=",
+            "--param",
+            f"mlflow_uri={uri}",
+            "--param",
+            "experiment=orchard",
+        ]
+    )
     assert code == 1
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("orchard")

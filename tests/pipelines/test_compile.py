@@ -41,8 +41,23 @@ def test_kfp_yaml_loads_back_with_the_sdk_and_parses_as_pipeline_spec(compiled):
 
     loaded = components.load_component_from_file(str(compiled["kfp"]))
     assert loaded.name == "orchard-training"
-    assert {"recipe", "preset", "overrides_json", "start_from", "promotion_margin", "train_tasks", "data_store", "window_runs", "image", "gpu_image", "sandbox_url", "mlflow_uri",
-            "sandbox_token_secret", "gpu_node_selector", "volume_size"} <= set(loaded.component_spec.inputs)
+    assert {
+        "recipe",
+        "preset",
+        "overrides_json",
+        "start_from",
+        "promotion_margin",
+        "train_tasks",
+        "data_store",
+        "window_runs",
+        "image",
+        "gpu_image",
+        "sandbox_url",
+        "mlflow_uri",
+        "sandbox_token_secret",
+        "gpu_node_selector",
+        "volume_size",
+    } <= set(loaded.component_spec.inputs)
     margin = loaded.component_spec.inputs["promotion_margin"]  # a typed optional, not a -1.0 sentinel
     assert (margin.type, margin.optional, margin.default) == ("Float", True, None)
     docs = _kfp_docs(compiled)
@@ -68,9 +83,15 @@ def test_kfp_dag_reads_like_the_diagram(compiled):
     assert {f"evaluate-{a}" for a in ("teacher", "untrained", "sft", "rl")} <= deps["report"]
     # typed artifacts between steps
     comps = spec["components"]
-    assert comps["comp-distill"]["outputDefinitions"]["artifacts"]["trajectories"]["artifactType"]["schemaTitle"] == "system.Dataset"
+    assert (
+        comps["comp-distill"]["outputDefinitions"]["artifacts"]["trajectories"]["artifactType"]["schemaTitle"]
+        == "system.Dataset"
+    )
     assert comps["comp-sft"]["outputDefinitions"]["artifacts"]["model"]["artifactType"]["schemaTitle"] == "system.Model"
-    assert comps["comp-sft"]["outputDefinitions"]["artifacts"]["metrics"]["artifactType"]["schemaTitle"] == "system.Metrics"
+    assert (
+        comps["comp-sft"]["outputDefinitions"]["artifacts"]["metrics"]["artifactType"]["schemaTitle"]
+        == "system.Metrics"
+    )
 
 
 def test_kfp_kubernetes_settings_gpu_pvc_secrets(gpu_compiled):
@@ -82,24 +103,32 @@ def test_kfp_kubernetes_settings_gpu_pvc_secrets(gpu_compiled):
         resources = executors[f"exec-{step}"]["container"]["resources"]
         assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
         assert resources["accelerator"]["resourceCount"] == "1"
-        assert executors[f"exec-{step}"]["container"]["image"] == "{{$.inputs.parameters['pipelinechannel--gpu_image']}}"
+        assert (
+            executors[f"exec-{step}"]["container"]["image"] == "{{$.inputs.parameters['pipelinechannel--gpu_image']}}"
+        )
     assert executors["exec-provision"]["container"]["image"] == "{{$.inputs.parameters['pipelinechannel--image']}}"
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     for name, cfg in k8s.items():
         json_format.ParseDict(cfg, k8s_pb.KubernetesExecutorConfig())  # the kfp-kubernetes schema
     for step in ("sft", "rl"):
-        assert k8s[f"exec-{step}"]["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == \
-            "pipelinechannel--gpu_node_selector"
-        assert k8s[f"exec-{step}"]["tolerations"][0]["tolerationJson"]["componentInputParameter"] == \
-            "pipelinechannel--gpu_tolerations"
+        assert (
+            k8s[f"exec-{step}"]["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"]
+            == "pipelinechannel--gpu_node_selector"
+        )
+        assert (
+            k8s[f"exec-{step}"]["tolerations"][0]["tolerationJson"]["componentInputParameter"]
+            == "pipelinechannel--gpu_tolerations"
+        )
     params = spec["root"]["inputDefinitions"]["parameters"]
     assert params["gpu_node_selector"]["defaultValue"] == {"orchard.dev/pool": "gpu"}
     for step in ("distill", "credit"):
         assert k8s[f"exec-{step}"]["pvcMount"][0]["mountPath"] == "/mnt/run-store"
     for step in ("provision", "distill", "credit", "sft", "rl", "evaluate-untrained", "evaluate-teacher"):
         secrets = {e["envVar"]: s for s in k8s[f"exec-{step}"]["secretAsEnv"] for e in s["keyToEnv"]}
-        assert secrets["ORCHARD_SANDBOX_TOKEN"]["secretNameParameter"]["componentInputParameter"] == \
-            "pipelinechannel--sandbox_token_secret"
+        assert (
+            secrets["ORCHARD_SANDBOX_TOKEN"]["secretNameParameter"]["componentInputParameter"]
+            == "pipelinechannel--sandbox_token_secret"
+        )
     assert params["sandbox_token_secret"]["defaultValue"] == "orchard-api-token"
     assert params["sandbox_url"]["defaultValue"] == "http://orchard-sandbox-service.orchard.svc:8765"
     assert not [p for p in params if p.endswith("token")], "secrets are never parameters (only Secret names)"
@@ -128,18 +157,25 @@ def test_argo_dag_gpu_steps_and_cron(compiled, gpu_compiled):
     assert set(dag["accumulate"]["depends"].split(" && ")) == {"credit", "provision"}
     assert set(dag["sft"]["depends"].split(" && ")) == {"accumulate", "init-policy"}
     assert set(dag["rl"]["depends"].split(" && ")) == {"sft", "provision"}
-    assert {f"evaluate-{a}" for a in ("teacher", "untrained", "sft", "rl")} <= set(dag["report"]["depends"].split(" && "))
+    assert {f"evaluate-{a}" for a in ("teacher", "untrained", "sft", "rl")} <= set(
+        dag["report"]["depends"].split(" && ")
+    )
     for name in dag:
         assert dag[name]["template"] == name, "one template per stage, named after it"
     gpu = {t["name"]: t for t in yaml.safe_load(gpu_compiled["argo_template"].read_text())["spec"]["templates"]}["sft"]
     assert gpu["container"]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert gpu["podSpecPatch"] == ('{"nodeSelector": {{workflow.parameters.gpu_node_selector}}, '
-                                   '"tolerations": {{workflow.parameters.gpu_tolerations}}}')
+    assert gpu["podSpecPatch"] == (
+        '{"nodeSelector": {{workflow.parameters.gpu_node_selector}}, '
+        '"tolerations": {{workflow.parameters.gpu_tolerations}}}'
+    )
     args = {p["name"]: p["value"] for p in template["spec"]["arguments"]["parameters"]}
     assert json.loads(args["gpu_node_selector"]) == {"orchard.dev/pool": "gpu"}
     assert args["sandbox_token_secret"] == "orchard-api-token"
     env = {e["name"]: e for e in templates["provision"]["container"]["env"]}
-    assert env["ORCHARD_SANDBOX_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "{{workflow.parameters.sandbox_token_secret}}"
+    assert (
+        env["ORCHARD_SANDBOX_TOKEN"]["valueFrom"]["secretKeyRef"]["name"]
+        == "{{workflow.parameters.sandbox_token_secret}}"
+    )
     assert template["spec"]["onExit"] == "close-run"
     assert template["spec"]["serviceAccountName"] == "orchard-pipeline"
     claim = template["spec"]["volumeClaimTemplates"][0]
@@ -158,8 +194,13 @@ def test_argo_dag_gpu_steps_and_cron(compiled, gpu_compiled):
     # the retraining knobs are the schedule's parameters, with defaults, and the template accepts them
     cron_args = {p["name"]: p["value"] for p in cron["spec"]["workflowSpec"]["arguments"]["parameters"]}
     # a schedule grows the persistent store (on its PVC) by default; a one-off run of the template does not
-    assert cron_args == {"start_from": "base", "promotion_margin": "", "train_tasks": "0",
-                         "data_store": "/orchard-store/data-store", "window_runs": "0"}
+    assert cron_args == {
+        "start_from": "base",
+        "promotion_margin": "",
+        "train_tasks": "0",
+        "data_store": "/orchard-store/data-store",
+        "window_runs": "0",
+    }
     assert args["data_store"] == ""
     template_args = {p["name"] for p in template["spec"]["arguments"]["parameters"]}
     assert set(cron_args) <= template_args
@@ -181,8 +222,12 @@ def test_the_data_store_claim_is_mounted_by_exactly_the_store_stages(compiled):
     assert spec["root"]["inputDefinitions"]["parameters"]["data_store_claim"]["defaultValue"] == "orchard-data-store"
     assert spec["root"]["inputDefinitions"]["parameters"]["data_store"]["defaultValue"] == ""  # one-off runs
     k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    store_mounts = {name.removeprefix("exec-"): m for name, cfg in k8s.items() for m in cfg.get("pvcMount", [])
-                    if m["pvcNameParameter"].get("componentInputParameter") == "pipelinechannel--data_store_claim"}
+    store_mounts = {
+        name.removeprefix("exec-"): m
+        for name, cfg in k8s.items()
+        for m in cfg.get("pvcMount", [])
+        if m["pvcNameParameter"].get("componentInputParameter") == "pipelinechannel--data_store_claim"
+    }
     assert set(store_mounts) == STORE_STAGES
     assert {m["mountPath"] for m in store_mounts.values()} == {cluster.data_store_mount} == {"/orchard-store"}
 
@@ -191,8 +236,12 @@ def test_the_data_store_claim_is_mounted_by_exactly_the_store_stages(compiled):
     assert volume["persistentVolumeClaim"]["claimName"] == "{{workflow.parameters.data_store_claim}}"
     args = {p["name"]: p["value"] for p in template["spec"]["arguments"]["parameters"]}
     assert args["data_store_claim"] == cluster.data_store_claim
-    mounted = {t["name"]: m["mountPath"] for t in template["spec"]["templates"]
-               for m in t.get("container", {}).get("volumeMounts", []) if m["name"] == "data-store"}
+    mounted = {
+        t["name"]: m["mountPath"]
+        for t in template["spec"]["templates"]
+        for m in t.get("container", {}).get("volumeMounts", [])
+        if m["name"] == "data-store"
+    }
     assert mounted == {name: cluster.data_store_mount for name in STORE_STAGES}
     assert cluster.data_store_path.startswith(cluster.data_store_mount + "/")  # the schedules' default store
 
@@ -205,7 +254,10 @@ def test_every_compiled_pod_has_a_memory_limit_equal_to_its_request(compiled):
         if executor["container"]["image"].startswith("argostub/"):  # kfp-kubernetes' DeletePVC: the driver's, no pod
             continue
         resources = executor["container"].get("resources", {})
-        assert resources.get("resourceMemoryLimit") == resources.get("resourceMemoryRequest") is not None, (name, resources)
+        assert resources.get("resourceMemoryLimit") == resources.get("resourceMemoryRequest") is not None, (
+            name,
+            resources,
+        )
     templates = yaml.safe_load(compiled["argo_template"].read_text())["spec"]["templates"]
     for t in templates:
         if "container" in t:
@@ -226,8 +278,9 @@ def test_kfp_integer_parameters_default_to_integers(compiled):
     assert "#    promotion_margin: float\n" in text and "promotion_margin: float [Default" not in text
 
 
-@pytest.mark.parametrize("kind,filename", [("kfp", KFP_FILE), ("argo_template", ARGO_TEMPLATE_FILE),
-                                           ("argo_cron", ARGO_CRON_FILE)])
+@pytest.mark.parametrize(
+    "kind,filename", [("kfp", KFP_FILE), ("argo_template", ARGO_TEMPLATE_FILE), ("argo_cron", ARGO_CRON_FILE)]
+)
 def test_golden_files(compiled, kind, filename):
     """Compiled YAML equals the committed golden file; ORCHARD_REGENERATE_GOLDEN=1 rewrites it."""
     golden = GOLDEN / filename
@@ -254,7 +307,9 @@ def test_cli_compile_writes_all_three(tmp_path, capsys):
 
 
 def test_cli_compile_image_registry_names_every_image_like_make_images(tmp_path, capsys):
-    assert main(["compile", "--out", str(tmp_path), "--image-registry", "registry.example/team", "--image-tag", "7"]) == 0
+    assert (
+        main(["compile", "--out", str(tmp_path), "--image-registry", "registry.example/team", "--image-tag", "7"]) == 0
+    )
     kfp_params = next(yaml.safe_load_all((tmp_path / KFP_FILE).read_text()))["root"]["inputDefinitions"]["parameters"]
     argo = yaml.safe_load((tmp_path / ARGO_TEMPLATE_FILE).read_text())
     argo_params = {p["name"]: p["value"] for p in argo["spec"]["arguments"]["parameters"]}
@@ -273,14 +328,20 @@ def test_recurring_run_arguments_match_the_kfp_client_signature():
     """No KFP server here: check the arguments bind to the real Client.create_recurring_run signature."""
     import kfp
 
-    spec = RecurringRunSpec(package_path="build/pipelines/orchard-training.kfp.yaml", cron="0 3 * * 0",
-                            params={"preset": "demo"})
+    spec = RecurringRunSpec(
+        package_path="build/pipelines/orchard-training.kfp.yaml", cron="0 3 * * 0", params={"preset": "demo"}
+    )
     kwargs = recurring_run_arguments(spec, experiment_id="exp-1")
     bound = inspect.signature(kfp.Client.create_recurring_run).bind(None, **kwargs)
     assert bound.arguments["cron_expression"] == "0 0 3 * * 0"  # KFP wants a seconds field
     assert bound.arguments["max_concurrency"] == 1
-    assert bound.arguments["params"] == {"preset": "demo", "start_from": "base",  # promotion_margin unset: left out
-                                         "train_tasks": 0, "data_store": "/orchard-store/data-store", "window_runs": 0}
+    assert bound.arguments["params"] == {
+        "preset": "demo",
+        "start_from": "base",  # promotion_margin unset: left out
+        "train_tasks": 0,
+        "data_store": "/orchard-store/data-store",
+        "window_runs": 0,
+    }
     retrain = RecurringRunSpec(package_path="x", params={"start_from": "champion", "promotion_margin": 0.05})
     assert recurring_run_arguments(retrain, "exp-1")["params"]["start_from"] == "champion"
     assert RecurringRunSpec(package_path="x", cron="0 0 3 * * 0").kfp_cron == "0 0 3 * * 0"
@@ -311,8 +372,22 @@ def test_cli_schedule_passes_namespace_and_service_account(monkeypatch, capsys):
             return type("R", (), {"recurring_run_id": "rr-1"})()
 
     monkeypatch.setattr(kfp, "Client", Client)
-    assert main(["schedule", "--host", "http://kfp:8080", "--package", "p.yaml", "--namespace", "team-a",
-                 "--service-account", "trainer"]) == 0
+    assert (
+        main(
+            [
+                "schedule",
+                "--host",
+                "http://kfp:8080",
+                "--package",
+                "p.yaml",
+                "--namespace",
+                "team-a",
+                "--service-account",
+                "trainer",
+            ]
+        )
+        == 0
+    )
     assert calls["client"] == ("http://kfp:8080", "team-a")
     assert calls["get"][1] == calls["create"][1] == "team-a"
     assert calls["run"]["service_account"] == "trainer"

@@ -30,8 +30,11 @@ def test_every_field_of_every_stage_config_is_a_pipeline_setting_under_its_own_n
     for section in stage_sections():
         stage = getattr(base, section)
         for field in type(stage).model_fields:
-            if field in ("recipe", "seed", "sandbox", "load") or (field == "model" and section != "model") \
-                    or (section, field) == ("provision", "data_store"):
+            if (
+                field in ("recipe", "seed", "sandbox", "load")
+                or (field == "model" and section != "model")
+                or (section, field) == ("provision", "data_store")
+            ):
                 continue  # run-wide: set at the top level (test below) or as retrain.data_store
             value = getattr(stage, field)
             raw = value.model_dump_json() if hasattr(value, "model_dump_json") else json.dumps(value)
@@ -44,8 +47,27 @@ def test_every_field_of_every_stage_config_is_a_pipeline_setting_under_its_own_n
 def test_round_trips_through_json_and_the_cli(preset, capsys, tmp_path):
     config = resolve(preset, ["sft.steps=7", "rl.rollout.group_size=2", "rl.rollout.stride=1", "recipe=gui", "seed=3"])
     assert PipelineConfig.model_validate_json(config.model_dump_json()) == config
-    assert main(["config", "show", "--preset", preset, "--set", "sft.steps=7", "--set", "rl.rollout.group_size=2",
-                 "--set", "rl.rollout.stride=1", "--set", "recipe=gui", "--set", "seed=3"]) == 0
+    assert (
+        main(
+            [
+                "config",
+                "show",
+                "--preset",
+                preset,
+                "--set",
+                "sft.steps=7",
+                "--set",
+                "rl.rollout.group_size=2",
+                "--set",
+                "rl.rollout.stride=1",
+                "--set",
+                "recipe=gui",
+                "--set",
+                "seed=3",
+            ]
+        )
+        == 0
+    )
     shown = json.loads(capsys.readouterr().out)
     assert PipelineConfig.model_validate(shown) == config
     path = tmp_path / "run.yaml"
@@ -74,23 +96,27 @@ def test_run_wide_fields_reach_every_stage_and_the_token_never_enters_the_config
 
 
 def test_a_checkpoint_and_its_load_options_are_run_wide_settings(tmp_path):
-    config = resolve("tiny", [f"model.path={tmp_path}", "model.device=cpu", "model.dtype=bfloat16",
-                              "model.attn_implementation=sdpa"])
+    config = resolve(
+        "tiny", [f"model.path={tmp_path}", "model.device=cpu", "model.dtype=bfloat16", "model.attn_implementation=sdpa"]
+    )
     assert config.model.path == str(tmp_path)
     for name in ("sft", "rl", "evaluate", "evaluate_teacher"):  # every stage that loads a model loads it the same way
         load = getattr(config, name).load
         assert (load.device, load.dtype, load.attn_implementation) == ("cpu", "bfloat16", "sdpa"), name
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["--preset", "huge"], "unknown preset 'huge'; choose one of demo, quick, smol, tiny"),
-    (["--set", "sft.stepz=4"], "sft.stepz: Extra inputs are not permitted"),
-    (["--set", "sft.steps=-1"], "sft.steps: Input should be greater than or equal to 1"),
-    (["--set", "recipe=chess"], "recipe: unknown recipe 'chess'; registered: claw, gui, swe"),
-    (["--set", "sft.steps"], "--set expects KEY=VALUE"),
-    (["--set", "distill.recipe=gui"], "recipe is one value for the whole run"),
-    (["--config", "/nonexistent/run.yaml"], "config file /nonexistent/run.yaml does not exist"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--preset", "huge"], "unknown preset 'huge'; choose one of demo, quick, smol, tiny"),
+        (["--set", "sft.stepz=4"], "sft.stepz: Extra inputs are not permitted"),
+        (["--set", "sft.steps=-1"], "sft.steps: Input should be greater than or equal to 1"),
+        (["--set", "recipe=chess"], "recipe: unknown recipe 'chess'; registered: claw, gui, swe"),
+        (["--set", "sft.steps"], "--set expects KEY=VALUE"),
+        (["--set", "distill.recipe=gui"], "recipe is one value for the whole run"),
+        (["--config", "/nonexistent/run.yaml"], "config file /nonexistent/run.yaml does not exist"),
+    ],
+)
 def test_a_bad_setting_is_one_clear_line(argv, message, capsys):
     assert main(["config", "show", *argv]) == 2
     err = capsys.readouterr().err
@@ -108,20 +134,41 @@ def test_retraining_parameters_reach_the_config(tmp_path):
     from pipelines.steps import start_pipeline
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    config, _ = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
-                               start_from="champion", promotion_margin="0.05", train_tasks="7",
-                               data_store=str(tmp_path / "store"), window_runs="3")
+    config, _ = start_pipeline(
+        preset="tiny",
+        recipe="swe",
+        seed=0,
+        sandbox_url="",
+        mlflow_uri=uri,
+        experiment="e",
+        start_from="champion",
+        promotion_margin="0.05",
+        train_tasks="7",
+        data_store=str(tmp_path / "store"),
+        window_runs="3",
+    )
     assert (config.retrain.start_from, config.promote.margin, config.provision.n_train) == ("champion", 0.05, 7)
     assert (config.retrain.data_store, config.retrain.window_runs) == (str(tmp_path / "store"), 3)
     assert config.provision.data_store == str(tmp_path / "store"), "provision draws its new tasks from the store"
-    default, _ = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
-                                start_from="base", promotion_margin="", train_tasks="0", data_store="",
-                                window_runs="0")  # Argo's unset optional: ''
+    default, _ = start_pipeline(
+        preset="tiny",
+        recipe="swe",
+        seed=0,
+        sandbox_url="",
+        mlflow_uri=uri,
+        experiment="e",
+        start_from="base",
+        promotion_margin="",
+        train_tasks="0",
+        data_store="",
+        window_runs="0",
+    )  # Argo's unset optional: ''
     assert (default.retrain.start_from, default.promote.margin, default.provision.n_train) == ("base", 0.0, 4)
     # a margin is a margin: a negative one is refused, not read as "use the config's" (the former -1.0 sentinel)
     with pytest.raises(ConfigError, match="promote.margin"):
-        start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e",
-                       promotion_margin=-1.0)
+        start_pipeline(
+            preset="tiny", recipe="swe", seed=0, sandbox_url="", mlflow_uri=uri, experiment="e", promotion_margin=-1.0
+        )
     assert (default.retrain.data_store, default.retrain.window_runs, default.provision.data_store) == (None, None, None)
 
 

@@ -31,8 +31,9 @@ def test_the_built_in_costs_give_back_the_measured_demo_and_the_first_run_is_min
 
 def test_the_estimate_follows_the_sizes():
     base = {e.stage: e.seconds for e in estimate(resolve("quick"), NAMES)}
-    bigger = {e.stage: e.seconds for e in estimate(resolve("quick", ["sft.steps=400", "provision.n_heldout=32"]),
-                                                   NAMES)}
+    bigger = {
+        e.stage: e.seconds for e in estimate(resolve("quick", ["sft.steps=400", "provision.n_heldout=32"]), NAMES)
+    }
     assert bigger["sft"] == pytest.approx(1 + 2 * (base["sft"] - 1))  # fixed 1 s + twice the tokens
     assert bigger["evaluate-sft"] > base["evaluate-sft"] and bigger["distill"] == base["distill"]
 
@@ -66,8 +67,9 @@ def test_learned_costs_are_per_machine_and_replace_the_built_in_ones(tmp_path):
 
 
 def test_the_time_left_follows_the_pace_of_the_finished_stages():
-    schedule = Schedule([StageEstimate("a", 1, "run", 60.0, "built in"), StageEstimate("b", 1, "run", 120.0,
-                                                                                       "built in")])
+    schedule = Schedule(
+        [StageEstimate("a", 1, "run", 60.0, "built in"), StageEstimate("b", 1, "run", 120.0, "built in")]
+    )
     assert schedule.left() == 180.0
     assert schedule.left("a", elapsed=20.0) == 160.0  # a third of a's time gone
     assert schedule.left("a", elapsed=90.0) == 120.0  # a overran: b is still to come
@@ -82,5 +84,10 @@ def test_the_time_left_follows_the_pace_of_the_finished_stages():
 
 
 def test_durations_read_like_a_person_wrote_them():
-    assert [duration(s) for s in (4.4, 59.6, 200, 610, 3725)] == ["4 s", "1 min 00 s", "3 min 20 s", "10 min",
-                                                                   "1 h 02 min"]
+    assert [duration(s) for s in (4.4, 59.6, 200, 610, 3725)] == [
+        "4 s",
+        "1 min 00 s",
+        "3 min 20 s",
+        "10 min",
+        "1 h 02 min",
+    ]

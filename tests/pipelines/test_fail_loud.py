@@ -33,20 +33,25 @@ def _parent_status(tmp_path) -> str:
 
 def test_an_unreachable_sandbox_url_stops_the_run_instead_of_starting_another_service(tmp_path, micro_config):
     url = f"http://127.0.0.1:{_closed_port()}"
-    with pytest.raises(PreflightError, match=f"sandbox_url: {url} does not answer .*; start the sandbox service "
-                                             "there, or leave sandbox_url unset to run one locally"):
+    with pytest.raises(
+        PreflightError,
+        match=f"sandbox_url: {url} does not answer .*; start the sandbox service "
+        "there, or leave sandbox_url unset to run one locally",
+    ):
         run_local(micro_config.updated(sandbox_url=url), tmp_path / "runs")  # the run's preflight
     assert not (tmp_path / "runs").exists(), "nothing ran"
     with pytest.raises(SandboxUnreachable, match=f"sandbox_url {url} does not answer"):
         external_connection(url)  # and the runner's own check, right before it uses the service
 
 
-def test_a_stage_whose_every_episode_is_an_infra_error_fails_with_the_reason(tmp_path, sandbox_service, micro_config,
-                                                                             monkeypatch):
+def test_a_stage_whose_every_episode_is_an_infra_error_fails_with_the_reason(
+    tmp_path, sandbox_service, micro_config, monkeypatch
+):
     """A wrong token: every sandbox create is refused (401); the stage fails and quotes it."""
     monkeypatch.setenv("ORCHARD_SANDBOX_TOKEN", "not-the-token")
-    config = micro_config.updated(sandbox_url=sandbox_service.url, provision={"check_sandbox": False},
-                                  evaluate_teacher={"infra_retries": 0})
+    config = micro_config.updated(
+        sandbox_url=sandbox_service.url, provision={"check_sandbox": False}, evaluate_teacher={"infra_retries": 0}
+    )
     with pytest.raises(StageFailed) as err:
         run_local(config, tmp_path / "runs")
     message = str(err.value)
@@ -60,8 +65,9 @@ def test_a_stage_whose_every_episode_is_an_infra_error_fails_with_the_reason(tmp
         assert run.info.status == "FAILED"
         assert run.data.tags["orchard.failure_reason"] == f"StageFailed: {message}"[:500]
         assert run.data.tags["orchard.failed_stage"] == "evaluate-teacher"
-    assert {r.info.status for name, r in runs.items() if name not in ("evaluate-teacher", parent.info.run_name)} \
-        == {"FINISHED"}
+    assert {r.info.status for name, r in runs.items() if name not in ("evaluate-teacher", parent.info.run_name)} == {
+        "FINISHED"
+    }
 
 
 def test_the_infra_error_limit_is_configurable_per_stage(tmp_path, sandbox_service, micro_config, monkeypatch):
@@ -69,7 +75,7 @@ def test_the_infra_error_limit_is_configurable_per_stage(tmp_path, sandbox_servi
     from pipelines.config import resolve
     from pipelines.steps import check_infra_errors
 
-    config = resolve("tiny", ["failure.per_stage={\"distill\": 0.5}"])
+    config = resolve("tiny", ['failure.per_stage={"distill": 0.5}'])
     record = {"counts": {"resolved": 3, "unresolved": 1, "infra_error": 1}}
     check_infra_errors("distill", record, config)  # 20% < 50%
     record["counts"]["infra_error"] = 4
@@ -83,8 +89,13 @@ def test_evaluating_an_unreachable_endpoint_fails_with_the_connection_error(tmp_
     from pipelines.stages import check_endpoint
 
     base_url = f"http://127.0.0.1:{_closed_port()}/v1"
-    config = micro_config.updated(sandbox_url=external_service.url, evaluate_teacher={
-        "policy": "openai", "endpoint": {"base_url": base_url, "model": "teacher", "connect_timeout_seconds": 2}})
+    config = micro_config.updated(
+        sandbox_url=external_service.url,
+        evaluate_teacher={
+            "policy": "openai",
+            "endpoint": {"base_url": base_url, "model": "teacher", "connect_timeout_seconds": 2},
+        },
+    )
     with pytest.raises(PreflightError, match=f"evaluate_teacher.endpoint: {base_url} does not answer .*ConnectError"):
         run_local(config, tmp_path / "runs")  # before anything ran
     assert not (tmp_path / "runs").exists()

@@ -29,23 +29,33 @@ NAME = "gate-stage-test"
 @pytest.fixture
 def world(sandbox_service, tmp_path):
     """Held-out tasks, an untrained model, its real evaluation, and an evaluation that resolves all tasks."""
-    provision_environment(ProvisionConfig(n_train=1, n_heldout=3, difficulty=[1], sandbox=sandbox_service.connection()),
-                          tmp_path / "tasks")
+    provision_environment(
+        ProvisionConfig(n_train=1, n_heldout=3, difficulty=[1], sandbox=sandbox_service.connection()),
+        tmp_path / "tasks",
+    )
     model, tokenizer = build_policy(ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[])))
     save_policy(model, tokenizer, tmp_path / "model")
     harness = HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=16))
     eval_config = EvalConfig(k=1, harness=harness, sandbox=sandbox_service.connection())
     evaluate(eval_config, tmp_path / "tasks", tmp_path / "model", tmp_path / "eval-weak")
-    evaluate(eval_config.model_copy(update={"policy": "scripted", "scripted_error_rate": 0.0,
-                                            "harness": HarnessConfig(max_steps=10)}),
-             tmp_path / "tasks", None, tmp_path / "eval-strong")
+    evaluate(
+        eval_config.model_copy(
+            update={"policy": "scripted", "scripted_error_rate": 0.0, "harness": HarnessConfig(max_steps=10)}
+        ),
+        tmp_path / "tasks",
+        None,
+        tmp_path / "eval-strong",
+    )
     (tmp_path / "credited").mkdir()
     pd.DataFrame({"x": [1]}).to_parquet(tmp_path / "credited" / "part-00000.parquet")
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     # three tasks: all three improved is p = 1/8 by the exact sign test, so the test gate is a one-off gate at
     # alpha 0.3 (0.15 for each of two candidates when RL made updates)
-    config = GateConfig(promotion=PromotionConfig(model_name=NAME, min_tasks=3, alpha=0.3, schedule_gates=1),
-                        evaluate=eval_config, sandbox=sandbox_service.connection())
+    config = GateConfig(
+        promotion=PromotionConfig(model_name=NAME, min_tasks=3, alpha=0.3, schedule_gates=1),
+        evaluate=eval_config,
+        sandbox=sandbox_service.connection(),
+    )
     return tmp_path, uri, config
 
 
@@ -68,8 +78,19 @@ def _gate(root, uri, config, model, evaluation, n: int, start=None, rl=None):
     if rl is None:
         rl = (root / f"rl-{n}", root / "unused")
         rl[0].mkdir()
-    result = run_gate(config, root / "tasks", root / "model", model, rl[0], evaluation, rl[1], root / "credited",
-                      root / f"gate-{n}", tracking, base_results=start)
+    result = run_gate(
+        config,
+        root / "tasks",
+        root / "model",
+        model,
+        rl[0],
+        evaluation,
+        rl[1],
+        root / "credited",
+        root / f"gate-{n}",
+        tracking,
+        base_results=start,
+    )
     mlflow.end_run()
     return result, parent
 
@@ -81,7 +102,9 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     # No champion yet: the first candidate must beat the model training started from (evaluate-untrained).
     level, _ = _gate(root, uri, config, _candidate(root, "c0", 2), root / "eval-weak", 0, start=root / "eval-weak")
     assert not level.promoted and "its start" in level.reason and current_champion(uri, config.promotion) is None
-    first, parent = _gate(root, uri, config, _candidate(root, "c1", 2), root / "eval-strong", 1, start=root / "eval-weak")
+    first, parent = _gate(
+        root, uri, config, _candidate(root, "c1", 2), root / "eval-strong", 1, start=root / "eval-weak"
+    )
     assert first.promoted and first.candidate_version == "1" and "better than its start" in first.reason
     v1 = current_champion(uri, config.promotion)
     assert str(v1.version) == "1"
@@ -106,8 +129,9 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     assert gate_run.info.run_name == "promote"
     assert any(i.dataset.name == "training-shards" for i in gate_run.inputs.dataset_inputs)
 
-    untrained, parent = _gate(root, uri, config, _candidate(root, "c2", 0), root / "eval-strong", 2,
-                              start=root / "eval-weak")
+    untrained, parent = _gate(
+        root, uri, config, _candidate(root, "c2", 0), root / "eval-strong", 2, start=root / "eval-weak"
+    )
     assert not untrained.promoted and "not trained" in untrained.reason
     assert client.get_run(parent).data.tags["orchard.promotion_reason"] == untrained.reason
 
@@ -128,17 +152,28 @@ def test_first_promotes_worse_and_untrained_are_rejected_better_moves_the_alias(
     assert {"promotion/comparison.png", "promotion/comparison.json", "promotion/decision.json"} <= artifacts
     assert client.get_run(parent).data.tags["orchard.registered_model"] == f"{NAME}/2"
     # the parent's description links the version (the UI's model-version page)
-    assert client.get_run(parent).data.tags["mlflow.note.content"] == \
-        f"- registered: [{NAME} version 2](#/models/{NAME}/versions/2) (from sft)"
+    assert (
+        client.get_run(parent).data.tags["mlflow.note.content"]
+        == f"- registered: [{NAME} version 2](#/models/{NAME}/versions/2) (from sft)"
+    )
 
     # retrain.start_from=champion: init-policy starts from the champion's weights, and says so
     from pipelines import stages
     from components.init_policy import STARTED_FROM, InitConfig
 
-    init = InitConfig(model=InitPolicyConfig(tiny=ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[]))), start_from="champion",
-                      promotion=config.promotion)
-    out = stages.init_policy(stages.StageCall(config=init, inputs={}, outputs={"model": root / "start"},
-                                              tracking=TrackingConfig(tracking_uri=uri, experiment="gate")))
+    init = InitConfig(
+        model=InitPolicyConfig(tiny=ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[]))),
+        start_from="champion",
+        promotion=config.promotion,
+    )
+    out = stages.init_policy(
+        stages.StageCall(
+            config=init,
+            inputs={},
+            outputs={"model": root / "start"},
+            tracking=TrackingConfig(tracking_uri=uri, experiment="gate"),
+        )
+    )
     assert out["started_from"] == f"models:/{NAME}/2"
     assert json.loads((root / "start" / STARTED_FROM).read_text())["model"] == f"models:/{NAME}/2"
     assert (root / "start" / "config.json").exists()
@@ -149,15 +184,32 @@ def test_rl_ships_only_when_it_beat_the_sft_model_it_started_from(world):
     level: two models could have been promoted); RL that beat SFT on the same tasks is, and is registered as rl."""
     root, uri, config = world
     client = mlflow.MlflowClient(uri)
-    same, _ = _gate(root, uri, config, _candidate(root, "s1", 2), root / "eval-strong", 10, start=root / "eval-weak",
-                    rl=(_candidate(root, "r1", 3, "rl"), root / "eval-strong"))
+    same, _ = _gate(
+        root,
+        uri,
+        config,
+        _candidate(root, "s1", 2),
+        root / "eval-strong",
+        10,
+        start=root / "eval-weak",
+        rl=(_candidate(root, "r1", 3, "rl"), root / "eval-strong"),
+    )
     assert same.candidate_stage == "sft" and same.rl_vs_sft.difference == 0.0 and not same.rl_vs_sft.passed
     assert "RL did not beat SFT" in same.reason and same.alpha == pytest.approx(0.15)
-    assert same.promoted and client.get_run(current_champion(uri, config.promotion).run_id).data.tags[
-        "orchard.registered_from"] == "sft"
+    assert (
+        same.promoted
+        and client.get_run(current_champion(uri, config.promotion).run_id).data.tags["orchard.registered_from"] == "sft"
+    )
     # the champion now resolves nothing better than the tiny model: RL that beat SFT beats it too
-    better, _ = _gate(root, uri, config, _candidate(root, "s2", 2), root / "eval-weak", 11,
-                      rl=(_candidate(root, "r2", 3, "rl"), root / "eval-strong"))
+    better, _ = _gate(
+        root,
+        uri,
+        config,
+        _candidate(root, "s2", 2),
+        root / "eval-weak",
+        11,
+        rl=(_candidate(root, "r2", 3, "rl"), root / "eval-strong"),
+    )
     assert better.candidate_stage == "rl" and better.rl_vs_sft.passed and better.reference == "champion", better.reason
     assert better.metrics["rl_beat_sft"] == 1.0 and better.promoted and better.candidate_version == "2"
     assert client.get_run(current_champion(uri, config.promotion).run_id).data.tags["orchard.registered_from"] == "rl"
@@ -170,8 +222,13 @@ def test_a_tuning_run_on_the_validation_split_never_promotes(tmp_path):
     def evaluation(name: str, solved: int) -> object:
         path = tmp_path / name
         path.mkdir()
-        pd.DataFrame({"task_id": [f"t{i}" for i in range(12)], "unit": [f"u{i}" for i in range(12)],
-                      "pass_at_1": [float(i < solved) for i in range(12)]}).to_parquet(path / "per_task.parquet")
+        pd.DataFrame(
+            {
+                "task_id": [f"t{i}" for i in range(12)],
+                "unit": [f"u{i}" for i in range(12)],
+                "pass_at_1": [float(i < solved) for i in range(12)],
+            }
+        ).to_parquet(path / "per_task.parquet")
         (path / "eval_result.json").write_text(json.dumps({"valid_attempts": 12, "infra_error_rate": 0.0}))
         return path
 
@@ -180,8 +237,18 @@ def test_a_tuning_run_on_the_validation_split_never_promotes(tmp_path):
     (sft / "sft_result.json").write_text(json.dumps({"steps": 5}))
     (tmp_path / "rl").mkdir()
     config = GateConfig(promotion=PromotionConfig(schedule_gates=1), evaluate=EvalConfig(split="validation"))
-    result = run_gate(config, tmp_path, tmp_path / "base", sft, tmp_path / "rl", evaluation("sft-eval", 12),
-                      tmp_path / "none", tmp_path, tmp_path / "gate", tracking=None,
-                      base_results=evaluation("base-eval", 0))
+    result = run_gate(
+        config,
+        tmp_path,
+        tmp_path / "base",
+        sft,
+        tmp_path / "rl",
+        evaluation("sft-eval", 12),
+        tmp_path / "none",
+        tmp_path,
+        tmp_path / "gate",
+        tracking=None,
+        base_results=evaluation("base-eval", 0),
+    )
     assert not result.promoted and "only held-out results promote" in result.reason
     assert result.candidate_stage == "sft"

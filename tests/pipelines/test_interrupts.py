@@ -29,7 +29,9 @@ REPO = Path(__file__).resolve().parents[2]
 def _micro_file(micro_config, tmp_path: Path, **update) -> Path:
     path = tmp_path / "micro.yaml"
     # by default distill runs long enough to be interrupted in the middle
-    data = micro_config.updated(**(update or {"provision": {"n_train": 40}})).model_dump(mode="json", exclude={"preset"})
+    data = micro_config.updated(**(update or {"provision": {"n_train": 40}})).model_dump(
+        mode="json", exclude={"preset"}
+    )
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -68,8 +70,16 @@ def _ready_sandboxes(url: str, token: str) -> list[str]:
 class _Run:
     """`orchard run` in its own process group, with its embedded service's temporary files under `tmp`."""
 
-    def __init__(self, tmp_path: Path, short_tmp: Path, micro_config, *, ignore_sigint: bool,
-                 extra: tuple[str, ...] = (), **update):
+    def __init__(
+        self,
+        tmp_path: Path,
+        short_tmp: Path,
+        micro_config,
+        *,
+        ignore_sigint: bool,
+        extra: tuple[str, ...] = (),
+        **update,
+    ):
         self.tmp = short_tmp
         self.runs = tmp_path / "runs"
         self.log_path = tmp_path / "orchard.log"
@@ -79,11 +89,27 @@ class _Run:
         preexec = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pipelines.cli", "run", "--preset", "tiny",
-                 "--config", str(_micro_file(micro_config, tmp_path, **update)), "--runs-dir", str(self.runs),
-                 *extra],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=preexec)
+                [
+                    sys.executable,
+                    "-m",
+                    "pipelines.cli",
+                    "run",
+                    "--preset",
+                    "tiny",
+                    "--config",
+                    str(_micro_file(micro_config, tmp_path, **update)),
+                    "--runs-dir",
+                    str(self.runs),
+                    *extra,
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -96,10 +122,18 @@ class _Run:
             assert self.proc.poll() is None, f"orchard run ended before any sandbox existed:\n{self.log()[-3000:]}"
             for state in self.tmp.glob("orchard-svc-*/state"):
                 svc = state.parent
-                if after in self.log() and (svc / "port").exists() and _ready_sandboxes(
-                        f"http://127.0.0.1:{int((svc / 'port').read_text())}", (svc / "token").read_text()):
-                    service = [pid for pid in _children(self.proc.pid)
-                               if b"sandbox_service" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+                if (
+                    after in self.log()
+                    and (svc / "port").exists()
+                    and _ready_sandboxes(
+                        f"http://127.0.0.1:{int((svc / 'port').read_text())}", (svc / "token").read_text()
+                    )
+                ):
+                    service = [
+                        pid
+                        for pid in _children(self.proc.pid)
+                        if b"sandbox_service" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                    ]
                     assert len(service) == 1, service
                     return state, service[0]
             time.sleep(0.1)
@@ -175,8 +209,11 @@ def test_signal_stops_the_run_cleanly(tmp_path, short_tmp, micro_config, sig):
     assert parent.data.tags["orchard.failure_reason"] == f"RunInterrupted: interrupted by {signal.Signals(sig).name}"
     assert parent.data.tags["orchard.failed_stage"] == "distill"
     assert [r.info.status for r in runs if r.info.run_name == "distill"] == ["KILLED"]
-    assert sorted(r.info.run_name for r in runs if r.info.status == "FINISHED") == \
-        ["evaluate-teacher", "init-policy", "provision"]
+    assert sorted(r.info.run_name for r in runs if r.info.status == "FINISHED") == [
+        "evaluate-teacher",
+        "init-policy",
+        "provision",
+    ]
 
 
 def test_second_ctrl_c_exits_at_once(tmp_path, short_tmp, micro_config):
@@ -245,18 +282,46 @@ def test_sigterm_to_an_argo_stage_step_ends_its_episodes_and_kills_its_run(tmp_p
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     overrides = micro_config.updated(provision={"n_train": 40}).model_dump_json()
-    config, parent = start_pipeline(preset="tiny", recipe="swe", seed=0, sandbox_url=sandbox_service.url,
-                                    mlflow_uri=uri, experiment="orchard", overrides_json=overrides)
+    config, parent = start_pipeline(
+        preset="tiny",
+        recipe="swe",
+        seed=0,
+        sandbox_url=sandbox_service.url,
+        mlflow_uri=uri,
+        experiment="orchard",
+        overrides_json=overrides,
+    )
     layout = RunLayout(tmp_path / "run")
     ctx = StepContext(config, parent, sandbox=sandbox_service.connection())
     run_in_layout("provision", layout, ctx)
     env = {**os.environ, "ORCHARD_SANDBOX_TOKEN": sandbox_service.token, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "pipelines.steps", "run", "distill", "--run-dir", str(layout.root),
-                             "--config-json", config.model_dump_json(), "--parent-run-id", parent],
-                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.steps",
+            "run",
+            "distill",
+            "--run-dir",
+            str(layout.root),
+            "--config-json",
+            config.model_dump_json(),
+            "--parent-run-id",
+            parent,
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        assert _wait_gone(lambda: [] if _ready_sandboxes(sandbox_service.url, sandbox_service.token) else ["none yet"],
-                          240) == [], "no episode started"
+        assert (
+            _wait_gone(
+                lambda: [] if _ready_sandboxes(sandbox_service.url, sandbox_service.token) else ["none yet"], 240
+            )
+            == []
+        ), "no episode started"
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     finally:

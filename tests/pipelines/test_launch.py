@@ -73,8 +73,12 @@ def test_the_compiled_config_is_the_runs_default(multi):
     overrides = json.loads(params["overrides_json"])
     assert overrides["sft.launch.nproc_per_node"] == 2 and overrides["rl.launch.nproc_per_node"] == 2
     assert resolve(params["preset"], overrides=overrides) == multi  # what the start step rebuilds
-    assert json.loads(dict((p.name, p.default) for p in pipeline_parameters(
-        resolve("demo"), ClusterConfig()))["overrides_json"]) == {}
+    assert (
+        json.loads(
+            dict((p.name, p.default) for p in pipeline_parameters(resolve("demo"), ClusterConfig()))["overrides_json"]
+        )
+        == {}
+    )
 
 
 # --- KFP: a launcher step -----------------------------------------------------------------------
@@ -108,12 +112,21 @@ def test_the_job_a_kfp_launcher_creates_validates(multi):
     launch = stage.launch(multi)
     cluster = ClusterConfig()
     manifest = pytorchjob_manifest(
-        stage, launch, gpu=True, requests=("4", "16Gi"), security_context=cluster.pod_security_context(),
-        name="orchard-sft-1a2b3c4d", image=cluster.image("stage-runtime-gpu"),
+        stage,
+        launch,
+        gpu=True,
+        requests=("4", "16Gi"),
+        security_context=cluster.pod_security_context(),
+        name="orchard-sft-1a2b3c4d",
+        image=cluster.image("stage-runtime-gpu"),
         command=job_command("sft", launch, "/mnt/run-store/jobs/orchard-sft-1a2b3c4d", "abc123"),
-        claim_name="orchard-training-run-store", mount_path="/mnt/run-store",
+        claim_name="orchard-training-run-store",
+        mount_path="/mnt/run-store",
         secret_env=secret_env("orchard-api-token", "token", "orchard-endpoints", "api-key"),
-        node_selector=cluster.gpu_node_selector, tolerations=cluster.tolerations_json(), deadline_seconds=3600)
+        node_selector=cluster.gpu_node_selector,
+        tolerations=cluster.tolerations_json(),
+        deadline_seconds=3600,
+    )
     validate_pytorchjob(manifest)
     assert manifest["spec"]["nprocPerNode"] == "2"
     assert manifest["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
@@ -139,8 +152,9 @@ def test_argo_runs_a_multi_process_stage_as_a_pytorchjob_resource(argo):
         assert resource["action"] == "create" and resource["setOwnerReference"] is True
         assert resource["successCondition"] == "status.replicaStatuses.Master.succeeded > 0"
         # any failed pod fails the step (Argo ORs failure requirements), a Worker's too
-        assert resource["failureCondition"] == ("status.replicaStatuses.Master.failed > 0,"
-                                                "status.replicaStatuses.Worker.failed > 0")
+        assert resource["failureCondition"] == (
+            "status.replicaStatuses.Master.failed > 0,status.replicaStatuses.Worker.failed > 0"
+        )
         job = yaml.safe_load(_render(resource["manifest"], values))
         validate_pytorchjob(job)
         assert job["spec"]["nprocPerNode"] == str(nproc)
@@ -156,9 +170,20 @@ def test_argo_runs_a_multi_process_stage_as_a_pytorchjob_resource(argo):
             (container,) = pod["containers"]
             assert container["image"] == values["workflow.parameters.gpu_image"]
             run_dir = "/data/orchard-training-x7k2p"
-            assert container["command"] == ["torchrun", f"--nproc-per-node={nproc}", "-m", "pipelines.steps", "run",
-                                            name, "--run-dir", run_dir, "--config-file", f"{run_dir}/config.json",
-                                            "--parent-run-id", "abc123"]
+            assert container["command"] == [
+                "torchrun",
+                f"--nproc-per-node={nproc}",
+                "-m",
+                "pipelines.steps",
+                "run",
+                name,
+                "--run-dir",
+                run_dir,
+                "--config-file",
+                f"{run_dir}/config.json",
+                "--parent-run-id",
+                "abc123",
+            ]
             # the workflow's own volume (Argo names a claim template's PVC <workflow>-<claim>)
             volume = next(v for v in pod["volumes"] if v["name"] == "run-data")
             assert volume["persistentVolumeClaim"]["claimName"] == f"orchard-training-x7k2p-{claim['metadata']['name']}"
@@ -182,12 +207,20 @@ def test_kfp_local_refuses_a_multi_process_stage(multi):
 def _manifest(name: str = "orchard-sft-test") -> dict:
     stage = stages.BY_NAME["sft"]
     launch = LaunchConfig(nproc_per_node=2, workers=1)
-    return pytorchjob_manifest(stage, launch, gpu=True, requests=("4", "16Gi"), name=name,
-                               image="orchard/stage-runtime-gpu:0.1.0",
-                               command=job_command("sft", launch, "/mnt/run-store/jobs/x", "run1"),
-                               claim_name="store", mount_path="/mnt/run-store",
-                               secret_env=secret_env("tok", "token", "ep", "api-key"),
-                               node_selector={"orchard.dev/pool": "gpu"}, tolerations=[])
+    return pytorchjob_manifest(
+        stage,
+        launch,
+        gpu=True,
+        requests=("4", "16Gi"),
+        name=name,
+        image="orchard/stage-runtime-gpu:0.1.0",
+        command=job_command("sft", launch, "/mnt/run-store/jobs/x", "run1"),
+        claim_name="store",
+        mount_path="/mnt/run-store",
+        secret_env=secret_env("tok", "token", "ep", "api-key"),
+        node_selector={"orchard.dev/pool": "gpu"},
+        tolerations=[],
+    )
 
 
 def test_launcher_creates_the_job_and_follows_it_to_success():
@@ -198,8 +231,11 @@ def test_launcher_creates_the_job_and_follows_it_to_success():
         status = jobs.wait(name, timeout_s=30, poll_s=0.01, log=lines.append)
     assert status["conditions"][-1]["type"] == "Succeeded"
     assert ("POST", "/apis/kubeflow.org/v1/namespaces/orchard/pytorchjobs") in api.requests
-    assert [line.split(": ")[1].split()[0] for line in lines if "=True" in line] == \
-        ["Created=True", "Running=True", "Succeeded=True"], lines
+    assert [line.split(": ")[1].split()[0] for line in lines if "=True" in line] == [
+        "Created=True",
+        "Running=True",
+        "Succeeded=True",
+    ], lines
     assert any("replicas" in line and '"active": 1' in line for line in lines), "replica counts are streamed"
 
 
@@ -249,14 +285,27 @@ def _entry_args(tmp_path: Path) -> dict:
     (tmp_path / "credited" / "part-0.parquet").write_text("rows")
     (tmp_path / "base").mkdir()
     (tmp_path / "base" / "config.json").write_text("{}")
-    return dict(inputs={"credited": _Artifact(path=str(tmp_path / "credited")),
-                        "base_model": _Artifact(path=str(tmp_path / "base"))},
-                outputs={"model": _Artifact(path=str(tmp_path / "out" / "model"))},
-                launch=LaunchConfig(nproc_per_node=2, workers=1), image="orchard/stage-runtime-gpu:0.1.0",
-                run_store="orchard-run-store", mount_path=str(tmp_path / "store"), timeout_seconds=60,
-                placement={"sandbox_token_secret": "tok", "sandbox_token_key": "token", "endpoint_secret": "ep",
-                           "endpoint_key": "api-key", "gpu_node_selector": {}, "gpu_tolerations": []},
-                poll_seconds=0.01)
+    return dict(
+        inputs={
+            "credited": _Artifact(path=str(tmp_path / "credited")),
+            "base_model": _Artifact(path=str(tmp_path / "base")),
+        },
+        outputs={"model": _Artifact(path=str(tmp_path / "out" / "model"))},
+        launch=LaunchConfig(nproc_per_node=2, workers=1),
+        image="orchard/stage-runtime-gpu:0.1.0",
+        run_store="orchard-run-store",
+        mount_path=str(tmp_path / "store"),
+        timeout_seconds=60,
+        placement={
+            "sandbox_token_secret": "tok",
+            "sandbox_token_key": "token",
+            "endpoint_secret": "ep",
+            "endpoint_key": "api-key",
+            "gpu_node_selector": {},
+            "gpu_tolerations": [],
+        },
+        poll_seconds=0.01,
+    )
 
 
 def test_kfp_launcher_stages_inputs_runs_the_job_and_hands_its_outputs_on(tmp_path, multi):
@@ -274,8 +323,14 @@ def test_kfp_launcher_stages_inputs_runs_the_job_and_hands_its_outputs_on(tmp_pa
 
     metrics = _Metrics()
     with PyTorchJobAPI(SUCCEEDS, on_create=pods) as api:
-        out = kfp_job_entry("sft", multi.model_dump_json(), "run1", metrics=metrics,
-                            jobs=PyTorchJobs("orchard", api.api_client()), **_entry_args(tmp_path))
+        out = kfp_job_entry(
+            "sft",
+            multi.model_dump_json(),
+            "run1",
+            metrics=metrics,
+            jobs=PyTorchJobs("orchard", api.api_client()),
+            **_entry_args(tmp_path),
+        )
     assert json.loads(out) == {"steps": 20, "metrics": {"final_loss": 1.5}}
     assert seen["config"]["sft"]["launch"] == {"nproc_per_node": 2, "workers": 1}
     assert seen["staged"] == ["accumulate/training/part-0.parquet", "config.json", "init-policy/model/config.json"]
@@ -287,21 +342,34 @@ def test_kfp_launcher_stages_inputs_runs_the_job_and_hands_its_outputs_on(tmp_pa
 def test_kfp_launcher_fails_the_step_when_the_job_fails(tmp_path, multi):
     with PyTorchJobAPI(fails("Error", "torchrun exited with 1")) as api:
         with pytest.raises(JobFailed, match="torchrun exited with 1"):
-            kfp_job_entry("sft", multi.model_dump_json(), "run1", metrics=_Metrics(),
-                          jobs=PyTorchJobs("orchard", api.api_client()), **_entry_args(tmp_path))
+            kfp_job_entry(
+                "sft",
+                multi.model_dump_json(),
+                "run1",
+                metrics=_Metrics(),
+                jobs=PyTorchJobs("orchard", api.api_client()),
+                **_entry_args(tmp_path),
+            )
 
 
 def test_kfp_launcher_refuses_a_config_other_than_the_compiled_one(tmp_path):
     with PyTorchJobAPI() as api:
         with pytest.raises(stages.StageFailed, match="compiled as a PyTorchJob of 4 processes"):
-            kfp_job_entry("sft", resolve("demo").model_dump_json(), "run1", metrics=_Metrics(),
-                          jobs=PyTorchJobs("orchard", api.api_client()), **_entry_args(tmp_path))
+            kfp_job_entry(
+                "sft",
+                resolve("demo").model_dump_json(),
+                "run1",
+                metrics=_Metrics(),
+                jobs=PyTorchJobs("orchard", api.api_client()),
+                **_entry_args(tmp_path),
+            )
     assert not api.requests, "nothing was created"
 
 
 @pytest.mark.parametrize("name", ["sft", "rl"])
 def test_a_launcher_component_hands_its_parameters_to_the_entry(name, monkeypatch):
-    """The component body (what KFP runs) splits its parameters into the row's artifacts, the launch and the placement."""
+    """The component body (what KFP runs) splits its parameters into the row's artifacts, the launch and the
+    placement."""
     from pipelines import launcher
     from pipelines.kfp_components import launcher_components
     from pipelines.cluster import STORE_MOUNT
@@ -311,28 +379,75 @@ def test_a_launcher_component_hands_its_parameters_to_the_entry(name, monkeypatc
     stage = stages.BY_NAME[name]
     artifacts = {arg: _Artifact(path=f"/in/{arg}") for arg in stage.inputs} | {"model": _Artifact(path="/out/model")}
     metrics = _Metrics()
-    assert launcher_components()[name].python_func(
-        config_json="{}", parent_run_id="run1", metrics=metrics, run_store="pvc-1", job_image="img:1",
-        nproc_per_node=2, workers=1, timeout_seconds=60, sandbox_token_secret="tok", endpoint_secret="ep",
-        secret_keys={"sandbox_token_key": "token", "endpoint_key": "api-key"}, gpu_node_selector={"gpu": "y"},
-        gpu_tolerations=[{"key": "gpu"}], pod_security_context={"fsGroup": 10001}, **artifacts) == "result"
-    (args, kwargs), = calls
-    assert args == (name, "{}", "run1", {arg: artifacts[arg] for arg in stage.inputs}, {"model": artifacts["model"]},
-                    metrics)
-    assert kwargs == dict(launch=LaunchConfig(nproc_per_node=2, workers=1), image="img:1", run_store="pvc-1",
-                          mount_path=STORE_MOUNT, timeout_seconds=60,
-                          placement={"sandbox_token_secret": "tok", "sandbox_token_key": "token", "endpoint_secret": "ep",
-                                     "endpoint_key": "api-key", "gpu_node_selector": {"gpu": "y"},
-                                     "gpu_tolerations": [{"key": "gpu"}], "security_context": {"fsGroup": 10001}})
+    assert (
+        launcher_components()[name].python_func(
+            config_json="{}",
+            parent_run_id="run1",
+            metrics=metrics,
+            run_store="pvc-1",
+            job_image="img:1",
+            nproc_per_node=2,
+            workers=1,
+            timeout_seconds=60,
+            sandbox_token_secret="tok",
+            endpoint_secret="ep",
+            secret_keys={"sandbox_token_key": "token", "endpoint_key": "api-key"},
+            gpu_node_selector={"gpu": "y"},
+            gpu_tolerations=[{"key": "gpu"}],
+            pod_security_context={"fsGroup": 10001},
+            **artifacts,
+        )
+        == "result"
+    )
+    ((args, kwargs),) = calls
+    assert args == (
+        name,
+        "{}",
+        "run1",
+        {arg: artifacts[arg] for arg in stage.inputs},
+        {"model": artifacts["model"]},
+        metrics,
+    )
+    assert kwargs == dict(
+        launch=LaunchConfig(nproc_per_node=2, workers=1),
+        image="img:1",
+        run_store="pvc-1",
+        mount_path=STORE_MOUNT,
+        timeout_seconds=60,
+        placement={
+            "sandbox_token_secret": "tok",
+            "sandbox_token_key": "token",
+            "endpoint_secret": "ep",
+            "endpoint_key": "api-key",
+            "gpu_node_selector": {"gpu": "y"},
+            "gpu_tolerations": [{"key": "gpu"}],
+            "security_context": {"fsGroup": 10001},
+        },
+    )
 
 
 def test_a_launcher_refuses_artifacts_its_row_does_not_have():
     from pipelines.launcher import kfp_job_step
 
     with pytest.raises(TypeError, match="make the component's signature match its row"):
-        kfp_job_step("sft", config_json="{}", parent_run_id="", metrics=None, run_store="", job_image="",
-                     nproc_per_node=2, workers=0, timeout_seconds=1, sandbox_token_secret="", endpoint_secret="",
-                     secret_keys={}, gpu_node_selector={}, gpu_tolerations=[], tasks=None, model=None)
+        kfp_job_step(
+            "sft",
+            config_json="{}",
+            parent_run_id="",
+            metrics=None,
+            run_store="",
+            job_image="",
+            nproc_per_node=2,
+            workers=0,
+            timeout_seconds=1,
+            sandbox_token_secret="",
+            endpoint_secret="",
+            secret_keys={},
+            gpu_node_selector={},
+            gpu_tolerations=[],
+            tasks=None,
+            model=None,
+        )
 
 
 def test_a_stage_refuses_to_run_in_another_number_of_processes(multi, monkeypatch):
@@ -360,11 +475,21 @@ def test_a_launched_rl_job_runs_its_command_in_two_processes(rl_inputs, sandbox_
     import subprocess
     import sys
 
-    config = resolve("tiny", ["rl.launch.nproc_per_node=2", "rl.steps=1", "rl.rollout_budget=null",
-                              "rl.rollout.max_rollouts_per_prompt=8", "rl.rollout.rho_min=0.5",
-                              "rl.rollout.rho_max=0.5", "rl.harness.max_steps=1",
-                              "rl.harness.generation.max_new_tokens=12", "rl.num_threads=1",
-                              f"sandbox_url={sandbox_service.url}"])
+    config = resolve(
+        "tiny",
+        [
+            "rl.launch.nproc_per_node=2",
+            "rl.steps=1",
+            "rl.rollout_budget=null",
+            "rl.rollout.max_rollouts_per_prompt=8",
+            "rl.rollout.rho_min=0.5",
+            "rl.rollout.rho_max=0.5",
+            "rl.harness.max_steps=1",
+            "rl.harness.generation.max_new_tokens=12",
+            "rl.num_threads=1",
+            f"sandbox_url={sandbox_service.url}",
+        ],
+    )
     procs: dict[str, subprocess.Popen] = {}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -372,11 +497,18 @@ def test_a_launched_rl_job_runs_its_command_in_two_processes(rl_inputs, sandbox_
 
     def pods(job: dict) -> None:
         command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "OMP_NUM_THREADS": "1",
-               "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",  # torchrun of this venv
-               "ORCHARD_SANDBOX_TOKEN": sandbox_service.connection().token or "",
-               # what the operator exports for torchrun on a one-node job
-               "PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(port)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+            "OMP_NUM_THREADS": "1",
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",  # torchrun of this venv
+            "ORCHARD_SANDBOX_TOKEN": sandbox_service.connection().token or "",
+            # what the operator exports for torchrun on a one-node job
+            "PET_NNODES": "1",
+            "PET_NODE_RANK": "0",
+            "PET_MASTER_ADDR": "127.0.0.1",
+            "PET_MASTER_PORT": str(port),
+        }
         log = open(tmp_path / "job.log", "w")
         procs[job["metadata"]["name"]] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
 
@@ -390,12 +522,24 @@ def test_a_launched_rl_job_runs_its_command_in_two_processes(rl_inputs, sandbox_
 
     metrics = _Metrics()
     args = _entry_args(tmp_path) | {
-        "inputs": {"tasks": _Artifact(path=str(rl_inputs / "tasks")), "sft_model": _Artifact(path=str(rl_inputs / "sft"))},
-        "launch": LaunchConfig(nproc_per_node=2), "timeout_seconds": 600, "poll_seconds": 1.0}
+        "inputs": {
+            "tasks": _Artifact(path=str(rl_inputs / "tasks")),
+            "sft_model": _Artifact(path=str(rl_inputs / "sft")),
+        },
+        "launch": LaunchConfig(nproc_per_node=2),
+        "timeout_seconds": 600,
+        "poll_seconds": 1.0,
+    }
     with PyTorchJobAPI(status_of=status_of, on_create=pods) as api:
         try:
-            out = kfp_job_entry("rl", config.model_dump_json(), "", metrics=metrics,
-                                jobs=PyTorchJobs("orchard", api.api_client()), **args)
+            out = kfp_job_entry(
+                "rl",
+                config.model_dump_json(),
+                "",
+                metrics=metrics,
+                jobs=PyTorchJobs("orchard", api.api_client()),
+                **args,
+            )
         except JobFailed:
             raise AssertionError((tmp_path / "job.log").read_text()[-4000:]) from None
         finally:
@@ -404,7 +548,9 @@ def test_a_launched_rl_job_runs_its_command_in_two_processes(rl_inputs, sandbox_
     result = json.loads(out)
     assert result["steps_done"] + result["steps_without_update"] == 1
     assert sorted(p.name for p in (tmp_path / "out" / "model").glob("*.safetensors")) == ["model.safetensors"]
-    records = [json.loads(line) for line in (tmp_path / "out" / "model" / "rollout_records.jsonl").read_text().splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "out" / "model" / "rollout_records.jsonl").read_text().splitlines()
+    ]
     assert len(records) == 2, "one prompt per rank, both ranks' records in the one output"
     assert result["steps_done"] == int(any(r["kept"] for r in records))  # the step trained if either rank kept a group
     assert result["trajectories"] > 0 and metrics.logged["steps_done"] == result["steps_done"]

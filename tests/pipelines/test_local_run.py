@@ -32,8 +32,11 @@ def _check_run(result, config: PipelineConfig) -> None:
     trajectories = TrajectoryStore(layout.artifact("distill", "trajectories")).read()
     assert len(trajectories) == config.provision.n_train * config.distill.attempts_per_task
     assert len(TrajectoryStore(layout.artifact("credit", "credited")).read()) == len(trajectories)
-    for model_dir in (layout.artifact("init-policy", "model"), layout.artifact("sft", "model"),
-                      layout.artifact("rl", "model")):
+    for model_dir in (
+        layout.artifact("init-policy", "model"),
+        layout.artifact("sft", "model"),
+        layout.artifact("rl", "model"),
+    ):
         assert (model_dir / "config.json").exists() and any(model_dir.glob("*.safetensors"))
     for arm in ("untrained", "sft", "rl"):
         assert layout.result_path(f"evaluate-{arm}").exists()
@@ -61,15 +64,19 @@ def _check_run(result, config: PipelineConfig) -> None:
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     note = parent.data.tags["mlflow.note.content"]
     assert note.startswith(f"orchard **{config.preset}** run, recipe `swe`, seed {config.seed}")
-    assert "- model: the tiny model" in note and f"{config.provision.n_train} train, {config.provision.n_heldout} " \
-        "held out" in note and f"git commit `{parent.data.tags['mlflow.source.git.commit']}`" in note
+    assert (
+        "- model: the tiny model" in note
+        and f"{config.provision.n_train} train, {config.provision.n_heldout} held out" in note
+        and f"git commit `{parent.data.tags['mlflow.source.git.commit']}`" in note
+    )
     # the held-out rate as one curve over training: untrained at 0, sft at its steps, rl after its updates
     curve = client.get_metric_history(result.parent_run_id, "heldout.resolved_rate")
     sft_steps = json.loads(layout.result_path("sft").read_text())["steps"]
     rl_steps = json.loads(layout.result_path("rl").read_text())["steps_done"]
     rate = {r.policy: r.resolved_rate for r in result.report.rows}
     assert sorted((m.step, m.value) for m in curve) == sorted(
-        [(0, rate["untrained"]), (sft_steps, rate["sft"]), (sft_steps + rl_steps, rate["rl"])])
+        [(0, rate["untrained"]), (sft_steps, rate["sft"]), (sft_steps + rl_steps, rate["rl"])]
+    )
     datasets = {d.dataset.name: d for d in parent.inputs.dataset_inputs}
     assert set(datasets) == {"swe-train", "swe-validation", "swe-heldout"}
     assert {t.value for t in datasets["swe-heldout"].tags} == {"heldout"}
@@ -77,14 +84,31 @@ def _check_run(result, config: PipelineConfig) -> None:
     assert parent.data.params["provision.n_train"] == str(config.provision.n_train)
     assert 0.0 <= parent.data.metrics["heldout_resolved_rate.rl"] <= 1.0
     # n and the independent units beside it (generated held-out tasks: one repository each)
-    assert parent.data.metrics["heldout_tasks.rl"] == parent.data.metrics["heldout_units.rl"] == config.provision.n_heldout
+    assert (
+        parent.data.metrics["heldout_tasks.rl"] == parent.data.metrics["heldout_units.rl"] == config.provision.n_heldout
+    )
     assert all(r.units == r.tasks == config.provision.n_heldout for r in result.report.rows)
     assert "RL vs SFT (what RL added):" in result.markdown
-    children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'")
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{result.parent_run_id}'"
+    )
     names = sorted(c.info.run_name for c in children)
-    assert names == sorted(["provision", "init-policy", "distill", "credit", "accumulate", "sft", "rl", "evaluate-teacher",
-                            "evaluate-untrained", "evaluate-sft", "evaluate-rl", "promote"]), names
+    assert names == sorted(
+        [
+            "provision",
+            "init-policy",
+            "distill",
+            "credit",
+            "accumulate",
+            "sft",
+            "rl",
+            "evaluate-teacher",
+            "evaluate-untrained",
+            "evaluate-sft",
+            "evaluate-rl",
+            "promote",
+        ]
+    ), names
     assert all(c.info.status == "FINISHED" for c in children)
     sft_run = next(c for c in children if c.info.run_name == "sft")
     assert sft_run.data.params["mode"] == config.sft.mode
@@ -109,7 +133,9 @@ def _check_run(result, config: PipelineConfig) -> None:
         assert str(champion.version) == str(versions[0].version)
         assert champion.tags["orchard.pipeline_run_id"] == result.parent_run_id
         assert champion.tags["orchard.parent_model"] == "base (init-policy)"
-        assert "promoted sft model as version 1" in result.markdown or "promoted rl model as version 1" in result.markdown
+        assert (
+            "promoted sft model as version 1" in result.markdown or "promoted rl model as version 1" in result.markdown
+        )
 
 
 @pytest.mark.timeout(900)
@@ -150,8 +176,9 @@ def test_local_pipeline_micro(tmp_path, external_service, micro_config):
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_local_pipeline_tiny_preset(tmp_path, external_service):
-    config = PipelineConfig.preset_config("tiny", register_model_name="orchard-test-policy",
-                                          sandbox_url=external_service.url)
+    config = PipelineConfig.preset_config(
+        "tiny", register_model_name="orchard-test-policy", sandbox_url=external_service.url
+    )
     result = run_local(config, tmp_path / "runs")
     _check_run(result, config)
 
@@ -167,13 +194,16 @@ def test_kfp_local_subprocess_runner(tmp_path, external_service, micro_config):
     client = mlflow.MlflowClient(out["tracking_uri"])
     parent = client.get_run(out["parent_run_id"])
     assert parent.info.status == "FINISHED"
-    children = client.search_runs([parent.info.experiment_id],
-                                  filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'")
+    children = client.search_runs(
+        [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{out['parent_run_id']}'"
+    )
     assert sorted(c.info.run_name for c in children) == sorted(s.name for s in STAGES)
     assert "| untrained |" in out["markdown"] and "| rl |" in out["markdown"]
     assert 0.0 <= parent.data.metrics["heldout_resolved_rate.rl"] <= 1.0
     # n and the independent units beside it (generated held-out tasks: one repository each)
-    assert parent.data.metrics["heldout_tasks.rl"] == parent.data.metrics["heldout_units.rl"] == config.provision.n_heldout
+    assert (
+        parent.data.metrics["heldout_tasks.rl"] == parent.data.metrics["heldout_units.rl"] == config.provision.n_heldout
+    )
     assert "RL vs SFT (what RL added):" in out["markdown"]
 
 
@@ -181,9 +211,16 @@ def _recipe_config(recipe: str, max_len: int, max_steps: int) -> PipelineConfig:
     """The tiny preset on another recipe: longer samples and step limits (GUI/Claw episodes are longer)."""
     steps = {"harness": {"max_steps": max_steps}}
     return PipelineConfig.preset_config(
-        "tiny", recipe=recipe, register_model_name=f"orchard-{recipe}-policy", distill=steps, rl=steps,
-        evaluate=steps, evaluate_teacher=steps, credit={"monte_carlo": {"max_steps": max_steps}},
-        sft={"max_len": max_len})
+        "tiny",
+        recipe=recipe,
+        register_model_name=f"orchard-{recipe}-policy",
+        distill=steps,
+        rl=steps,
+        evaluate=steps,
+        evaluate_teacher=steps,
+        credit={"monte_carlo": {"max_steps": max_steps}},
+        sft={"max_len": max_len},
+    )
 
 
 @pytest.mark.slow
@@ -221,7 +258,9 @@ def test_the_local_pipeline_runs_on_a_user_checkpoint_through_model_path(tmp_pat
     sft = layout.artifact("sft", "model")
     assert load_tokenizer(sft).chat_template == tok.chat_template
     fmt = chat_format(tok)
-    teacher = [t for t in TrajectoryStore(layout.artifact("credit", "credited")).read() if t.outcome is Outcome.resolved]
+    teacher = [
+        t for t in TrajectoryStore(layout.artifact("credit", "credited")).read() if t.outcome is Outcome.resolved
+    ]
     assert teacher, "the scripted teacher resolved nothing: nothing to check the masks on"
     for traj in teacher:  # no tool / system / user token carries loss; every trained turn ends at the stop token
         sample = render_trajectory(traj, tok, loss_on="assistant")

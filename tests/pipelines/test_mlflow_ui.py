@@ -22,16 +22,34 @@ def _register_sft_model(uri: str, run_dir: Path, parent: str) -> str:
     """The SFT model registered the way the gate registers a promoted one (card, signature, lineage)."""
     from components.promote import PromotionConfig, PromotionDecision, log_policy_model, model_card, promote
 
-    decision = PromotionDecision(promoted=True, reason="promoted for the UI test", candidate_mean=1.0,
-                                 champion_mean=0.0, difference=1.0, ci_low=0.2, ci_high=1.0, p_value=0.01,
-                                 reference="start", tasks=3)
-    lineage = {"orchard.parent_model": "base (init-policy)", "orchard.pipeline_run_id": parent,
-               "orchard.candidate_stage": "sft", "orchard.trained_shards": "part-00000.parquet"}
+    decision = PromotionDecision(
+        promoted=True,
+        reason="promoted for the UI test",
+        candidate_mean=1.0,
+        champion_mean=0.0,
+        difference=1.0,
+        ci_low=0.2,
+        ci_high=1.0,
+        p_value=0.01,
+        reference="start",
+        tasks=3,
+    )
+    lineage = {
+        "orchard.parent_model": "base (init-policy)",
+        "orchard.pipeline_run_id": parent,
+        "orchard.candidate_stage": "sft",
+        "orchard.trained_shards": "part-00000.parquet",
+    }
     mlflow.set_tracking_uri(uri)
     with mlflow.start_run(experiment_id=mlflow.MlflowClient(uri).get_run(parent).info.experiment_id):
         model_uri = log_policy_model(run_dir / "sft" / "model")
-    return promote(uri, PromotionConfig(model_name="orchard-ui-policy"), model_uri, lineage,
-                   description=model_card(decision, lineage))
+    return promote(
+        uri,
+        PromotionConfig(model_name="orchard-ui-policy"),
+        model_uri,
+        lineage,
+        description=model_card(decision, lineage),
+    )
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium)")
@@ -42,8 +60,9 @@ def test_the_pages_a_researcher_uses_show_what_the_run_logged(tmp_path, external
     from pipelines.local import run_local
 
     # the teacher gets its full turn budget: its episode then ends with an edit, a diff to look at
-    config = micro_config.updated(sandbox_url=external_service.url, traces={"sample_rate": 1.0},
-                                  evaluate_teacher={"harness": {"max_steps": 12}})
+    config = micro_config.updated(
+        sandbox_url=external_service.url, traces={"sample_rate": 1.0}, evaluate_teacher={"harness": {"max_steps": 12}}
+    )
     result = run_local(config, tmp_path / "runs")
     uri, parent = result.tracking_uri, result.parent_run_id
     version = _register_sft_model(uri, Path(result.run_dir), parent)

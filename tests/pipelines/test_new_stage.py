@@ -34,8 +34,14 @@ def tally(call: stages.StageCall) -> dict:
     return {"counts": counts, "metrics": {f"tasks_{s}": float(n) for s, n in counts.items()}}
 
 
-TALLY = stages.Stage("tally", tally, "provision", {"tasks": "provision.tasks"}, {"counts": "dataset"},
-                     build_config=lambda config: TallyConfig(splits=["train", "heldout"]))
+TALLY = stages.Stage(
+    "tally",
+    tally,
+    "provision",
+    {"tasks": "provision.tasks"},
+    {"counts": "dataset"},
+    build_config=lambda config: TallyConfig(splits=["train", "heldout"]),
+)
 
 
 @pytest.fixture
@@ -53,17 +59,24 @@ def test_a_new_row_is_a_task_of_both_cluster_pipelines_and_feeds_the_report(with
     dag = kfp["components"]["comp-exit-handler-1"]["dag"]["tasks"]
     assert set(dag["tally"]["dependentTasks"]) == {"provision", "start"}
     assert dag["tally"]["inputs"]["artifacts"]["tasks"]["taskOutputArtifact"] == {
-        "outputArtifactKey": "tasks", "producerTask": "provision"}
+        "outputArtifactKey": "tasks",
+        "producerTask": "provision",
+    }
     component = kfp["components"]["comp-tally"]
     assert set(component["outputDefinitions"]["artifacts"]) == {"counts", "metrics"}
-    assert "return kfp_entry('tally'" in "".join(kfp["deploymentSpec"]["executors"]["exec-tally"]["container"]["command"])
+    assert "return kfp_entry('tally'" in "".join(
+        kfp["deploymentSpec"]["executors"]["exec-tally"]["container"]["command"]
+    )
     report = dag["report"]["inputs"]["parameters"]["tally"]["taskOutputParameter"]
     assert report == {"outputParameterKey": "Output", "producerTask": "tally"}
     assert "tally" in kfp_components.report_source(with_tally)
 
     argo = yaml.safe_load(build_workflow_template().to_yaml())["spec"]
-    tasks = {t["name"]: t for t in argo["templates"][0]["dag"]["tasks"]} if argo["templates"][0].get("dag") else {
-        t["name"]: t for tpl in argo["templates"] if tpl.get("dag") for t in tpl["dag"]["tasks"]}
+    tasks = (
+        {t["name"]: t for t in argo["templates"][0]["dag"]["tasks"]}
+        if argo["templates"][0].get("dag")
+        else {t["name"]: t for tpl in argo["templates"] if tpl.get("dag") for t in tpl["dag"]["tasks"]}
+    )
     assert tasks["tally"]["depends"] == "provision"
     assert "tally" in tasks["report"]["depends"].split(" && ")
     assert any(t["name"] == "tally" for t in argo["templates"]), "the row has its own step template"

@@ -85,7 +85,7 @@ def test_an_unreachable_tracking_uri_fails_in_seconds_with_the_fix(tmp_path, cap
     assert f"tracking_uri: {web_page} answered 200 with text/html to MLflow's REST API" in err
     assert "not an MLflow tracking server" in err
     err = _fails_fast_in_one_line(["--set", f"tracking_uri={tmp_path / 'mlruns'}"], tmp_path, capsys)
-    assert f"is a file store, which MLflow 3 no longer writes; use a database, e.g. tracking_uri=sqlite:///" in err
+    assert "is a file store, which MLflow 3 no longer writes; use a database, e.g. tracking_uri=sqlite:///" in err
 
 
 def test_a_real_tracking_server_passes(tmp_path):
@@ -106,8 +106,10 @@ def test_a_real_tracking_server_passes(tmp_path):
 
 def test_a_missing_checkpoint_fails_at_once_not_at_init_policy(tmp_path, capsys):
     err = _fails_fast_in_one_line(["--set", "model.path=/models/Qwen3-1.7B"], tmp_path, capsys)
-    assert err.startswith("orchard: model.path: /models/Qwen3-1.7B is not a model directory; set model.path to a "
-                          "save_pretrained directory (`orchard make-checkpoint --out DIR` writes a small one)"), err
+    assert err.startswith(
+        "orchard: model.path: /models/Qwen3-1.7B is not a model directory; set model.path to a "
+        "save_pretrained directory (`orchard make-checkpoint --out DIR` writes a small one)"
+    ), err
     (tmp_path / "empty").mkdir()
     err = _fails_fast_in_one_line(["--set", f"model.path={tmp_path / 'empty'}"], tmp_path, capsys)
     assert "is not a model directory (no config.json)" in err
@@ -118,17 +120,28 @@ def test_a_missing_checkpoint_fails_at_once_not_at_init_policy(tmp_path, capsys)
 @pytest.fixture
 def tasks(tmp_path):
     """The example's tasks file and its checkouts (examples/bring-your-own)."""
-    subprocess.run([sys.executable, str(EXAMPLE / "make_repos.py"), str(tmp_path / "repos")], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, str(EXAMPLE / "make_repos.py"), str(tmp_path / "repos")], check=True, capture_output=True
+    )
     return [json.loads(line) for line in (EXAMPLE / "tasks.jsonl").read_text().splitlines()], tmp_path / "repos"
 
 
 def _source(path: Path, repos: Path) -> list[str]:
     endpoint = json.dumps({"base_url": "http://127.0.0.1:9/v1", "model": "m", "api_key_env": None})
-    return ["--set", "provision.source=" + json.dumps({"kind": "swebench", "path": str(path), "repos_dir": str(repos)}),
-            "--set", "distill.teacher=openai", "--set", f"distill.openai={endpoint}",
-            "--set", "evaluate_teacher.policy=openai", "--set", f"evaluate_teacher.endpoint={endpoint}",
-            "--set", 'credit.monte_carlo.teacher={"kind": "openai", "endpoint": ' + endpoint + "}"]
+    return [
+        "--set",
+        "provision.source=" + json.dumps({"kind": "swebench", "path": str(path), "repos_dir": str(repos)}),
+        "--set",
+        "distill.teacher=openai",
+        "--set",
+        f"distill.openai={endpoint}",
+        "--set",
+        "evaluate_teacher.policy=openai",
+        "--set",
+        f"evaluate_teacher.endpoint={endpoint}",
+        "--set",
+        'credit.monte_carlo.teacher={"kind": "openai", "endpoint": ' + endpoint + "}",
+    ]
 
 
 def test_a_bad_task_row_is_named_by_file_and_line(tmp_path, capsys, tasks):

@@ -1,14 +1,16 @@
 """Every `orchard` command the README and the docs show has a config that validates, the cheap ones run as
 written, and the `orchard run` commands on the tiny preset run in a slow test (issue 34, item 6).
 
-The commands are read from the README and every page under docs/: fenced bash blocks (backslash continuations joined, shell
+The commands are read from the README and every page under docs/: fenced bash blocks (backslash continuations joined,
+shell
 variables set earlier in the block expanded) and inline code spans. For `orchard run`, `demo`, `compile` and
 `config show` the same preset, `--config` and `--set` items go through `orchard config show`, so a setting the
 README names wrongly, or a combination the config refuses (imported tasks with the scripted teacher), fails
 here instead of in a reader's terminal. `orchard compile` and `orchard config show` run as written (into a
 temporary directory); `orchard run --preset tiny …` runs as written in a slow test. Not run: commands that
 name a checkpoint under /models or an endpoint (a GPU and a model server), servers (`orchard env serve`,
-exercised by tests/components/envs), `orchard schedule` (a KFP host), `orchard ui` (a server; tests/pipelines/test_ui.py),
+exercised by tests/components/envs), `orchard schedule` (a KFP host), `orchard ui` (a server;
+tests/pipelines/test_ui.py),
 runs of the demo and quick presets or with `--retrain` (minutes each; `make demo` is the demo preset's own run),
 and the bring-your-own example (tests/test_examples.py runs its block as written).
 """
@@ -82,12 +84,22 @@ def _config_show_argv(command: str) -> list[str] | None:
 
 ALL_COMMANDS = readme_commands("\n".join(page.read_text() for page in PAGES))
 COMMANDS = [c for c in ALL_COMMANDS if _config_show_argv(c) is not None]
-CHEAP = [c for c in ALL_COMMANDS if shlex.split(c)[1:3] in (["config", "show"], ["compile"]) or
-         shlex.split(c)[1:2] == ["compile"]]
+CHEAP = [
+    c
+    for c in ALL_COMMANDS
+    if shlex.split(c)[1:3] in (["config", "show"], ["compile"]) or shlex.split(c)[1:2] == ["compile"]
+]
 # (the bring-your-own example's run needs its checkouts, checkpoint and teacher first: tests/test_examples.py
 # runs that whole block as written)
-TINY_RUNS = [c for c in ALL_COMMANDS if shlex.split(c)[1:2] == ["run"] and "--preset tiny" in c and "--retrain" not in c
-             and "/models/" not in c and "--config examples/" not in c]
+TINY_RUNS = [
+    c
+    for c in ALL_COMMANDS
+    if shlex.split(c)[1:2] == ["run"]
+    and "--preset tiny" in c
+    and "--retrain" not in c
+    and "/models/" not in c
+    and "--config examples/" not in c
+]
 
 
 def test_the_readme_commands_are_found():

@@ -29,8 +29,9 @@ def test_two_local_runs_grow_one_data_store(tmp_path, external_service, micro_co
     assert run1.train_seed != run2.train_seed and not set(run1.task_ids) & set(run2.task_ids)
     assert one.read_result("provision")["train_seed"] == run1.train_seed
     for layout, run in ((one, run1), (two, run2)):
-        assert sorted(t.id for t in TaskStore(layout.artifact("provision", "tasks")).read("train")) == \
-            sorted(run.task_ids)
+        assert sorted(t.id for t in TaskStore(layout.artifact("provision", "tasks")).read("train")) == sorted(
+            run.task_ids
+        )
         heldout = {t.id for t in TaskStore(layout.artifact("provision", "tasks")).read("heldout")}
         assert heldout and not heldout & (set(run1.task_ids) | set(run2.task_ids))
     assert {t.id for t in DataStore(store).tasks.read()} == set(run1.task_ids) | set(run2.task_ids)
@@ -55,12 +56,15 @@ def test_two_local_runs_grow_one_data_store(tmp_path, external_service, micro_co
         parent = client.get_run(result.parent_run_id)
         assert parent.data.tags["orchard.trained_shards"] == ",".join(run.trained_on)
         assert parent.data.tags["orchard.data_store"] == str(store)
-        child = client.search_runs([parent.info.experiment_id], filter_string=(
-            f"tags.mlflow.parentRunId = '{result.parent_run_id}' and tags.`orchard.stage` = 'accumulate'"))[0]
+        child = client.search_runs(
+            [parent.info.experiment_id],
+            filter_string=(
+                f"tags.mlflow.parentRunId = '{result.parent_run_id}' and tags.`orchard.stage` = 'accumulate'"
+            ),
+        )[0]
         inputs = child.inputs.dataset_inputs
         assert [i.dataset.name for i in inputs] == ["training-shards"] and str(store) in inputs[0].dataset.source
         assert json.loads(inputs[0].dataset.profile)["num_rows"] == len(run.trained_on)
     assert client.get_run(second.parent_run_id).data.tags["orchard.promotion"] == "rejected"
     # nothing was promoted, so nothing is registered (a promoted version's lineage tags: tests/pipelines/test_gate.py)
     assert client.search_model_versions(f"name = '{config.register_model_name}'") == []
-

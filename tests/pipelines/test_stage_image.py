@@ -58,8 +58,11 @@ def third_party_imports(root: Path) -> dict[str, str]:
             if rel in NOT_IN_STAGES:
                 continue
             for node in ast.walk(ast.parse(path.read_text())):
-                names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                    [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+                )
                 for name in names:
                     top = name.split(".")[0]
                     if top not in sys.stdlib_module_names and top not in own:
@@ -76,8 +79,9 @@ def image_install_set() -> set[str]:
     extras = set(re.search(r"^ARG STAGE_EXTRAS=(\S+)$", dockerfile, re.M).group(1).split(","))
     assert '".[${STAGE_EXTRAS}]"' in dockerfile, "the image must install the project with STAGE_EXTRAS"
     data = re.search(r"^ARG STAGE_DATA_EXTRAS=(\S*)$", dockerfile, re.M)
-    assert data and "python -m pipelines.image_extras \"${STAGE_DATA_EXTRAS}\"" in dockerfile, (
-        "the image must install STAGE_DATA_EXTRAS' requirements (pip install --no-deps)")
+    assert data and 'python -m pipelines.image_extras "${STAGE_DATA_EXTRAS}"' in dockerfile, (
+        "the image must install STAGE_DATA_EXTRAS' requirements (pip install --no-deps)"
+    )
     data_reqs = extra_requirements([e for e in data.group(1).split(",") if e], REPO / "pyproject.toml")
     return installed_closure("orchard", extras) | {canonicalize_name(Requirement(r).name) for r in data_reqs}
 
@@ -111,6 +115,9 @@ def test_the_stage_image_installs_each_presets_runtime_needs(preset):
 def test_the_stage_image_installs_every_distribution_the_stages_import():
     installed = image_install_set()
     providers = packages_distributions()
-    missing = {module: where for module, where in third_party_imports(REPO).items()
-               if module not in OPTIONAL and not {canonicalize_name(d) for d in providers.get(module, [module])} & installed}
+    missing = {
+        module: where
+        for module, where in third_party_imports(REPO).items()
+        if module not in OPTIONAL and not {canonicalize_name(d) for d in providers.get(module, [module])} & installed
+    }
     assert not missing, f"imported by stage code but not installed in the stage image: {missing}"

@@ -29,12 +29,15 @@ def _kfp_dag(spec) -> dict:
 
 
 def test_the_three_runners_have_the_same_tasks_and_dependencies(kfp_spec):
-    kfp = {n: set(t.get("dependentTasks", [])) - INFRA_TASKS for n, t in _kfp_dag(kfp_spec).items()
-           if n not in INFRA_TASKS}
+    kfp = {
+        n: set(t.get("dependentTasks", [])) - INFRA_TASKS for n, t in _kfp_dag(kfp_spec).items() if n not in INFRA_TASKS
+    }
     argo_doc = yaml.safe_load(build_workflow_template().to_yaml())
     argo_templates = {t["name"]: t for t in argo_doc["spec"]["templates"]}
-    argo = {t["name"]: set((t.get("depends") or "").split(" && ")) - {""}
-            for t in argo_templates["pipeline"]["dag"]["tasks"]}
+    argo = {
+        t["name"]: set((t.get("depends") or "").split(" && ")) - {""}
+        for t in argo_templates["pipeline"]["dag"]["tasks"]
+    }
     expected = {stages.START: set()}
     for stage in stages.STAGES:
         expected[stage.name] = set(stage.depends) or {stages.START}
@@ -62,8 +65,11 @@ def test_kfp_component_signatures_are_the_rows(kfp_spec):
     for stage, component in [(s, components[s.name]) for s in stages.STAGES] + jobs:
         func = component.python_func
         params = inspect.signature(func).parameters
-        ins = {n for n, p in params.items() if getattr(p.annotation, "__origin__", None) is not None
-               and "Input" in repr(p.annotation)}
+        ins = {
+            n
+            for n, p in params.items()
+            if getattr(p.annotation, "__origin__", None) is not None and "Input" in repr(p.annotation)
+        }
         outs = {n for n, p in params.items() if "Output" in repr(p.annotation) and n != "metrics"}
         assert ins == set(stage.inputs), f"{stage.name}: component inputs {ins} != row inputs {set(stage.inputs)}"
         assert outs == set(stage.outputs), f"{stage.name}: component outputs {outs} != row outputs"
@@ -86,8 +92,10 @@ def test_rows_decide_placement_retries_and_timeouts_in_both_cluster_yamls(kfp_sp
         if not stage.retries:  # the gate: a retry after registering could register twice
             assert "retryStrategy" not in argo[stage.name] and "retryPolicy" not in kfp_task, stage.name
             continue
-        assert argo[stage.name]["retryStrategy"]["limit"] == str(stage.retries) or \
-            argo[stage.name]["retryStrategy"]["limit"] == stage.retries
+        assert (
+            argo[stage.name]["retryStrategy"]["limit"] == str(stage.retries)
+            or argo[stage.name]["retryStrategy"]["limit"] == stage.retries
+        )
         assert kfp_task["retryPolicy"]["maxRetryCount"] == stage.retries
 
 

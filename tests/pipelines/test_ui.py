@@ -44,8 +44,9 @@ def test_a_taken_port_moves_the_ui_or_is_refused_when_asked_for(busy_port, monke
     assert ui.choose_port("127.0.0.1", 0) not in (0, busy_port)
 
 
-def test_orchard_ui_serves_the_store_and_prints_the_runs_table_link_on_its_port(tmp_path, busy_port, monkeypatch,
-                                                                                  capsys):
+def test_orchard_ui_serves_the_store_and_prints_the_runs_table_link_on_its_port(
+    tmp_path, busy_port, monkeypatch, capsys
+):
     uri, experiment, _, newer = _store(tmp_path)
     monkeypatch.setattr(ui, "DEFAULT_PORT", busy_port)  # 5000 "taken": the UI says so and moves
     seen = {}
@@ -53,8 +54,9 @@ def test_orchard_ui_serves_the_store_and_prints_the_runs_table_link_on_its_port(
     def check(link: str, server) -> int:
         seen["link"], seen["server"] = link, server
         base = link.split("/#/")[0]
-        seen["runs"] = httpx.post(f"{base}/ajax-api/2.0/mlflow/runs/search",
-                                  json={"experiment_ids": [experiment]}, timeout=30).json()
+        seen["runs"] = httpx.post(
+            f"{base}/ajax-api/2.0/mlflow/runs/search", json={"experiment_ids": [experiment]}, timeout=30
+        ).json()
         seen["page"] = httpx.get(base, timeout=30).text
         return 0
 
@@ -72,8 +74,10 @@ def test_orchard_ui_serves_the_store_and_prints_the_runs_table_link_on_its_port(
 def test_orchard_ui_without_a_store_says_what_to_run(tmp_path, capsys):
     assert main(["ui", "--runs-dir", str(tmp_path / "nothing"), "--no-browser"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"orchard: no MLflow store at {tmp_path / 'nothing' / 'mlflow.db'}: run `orchard run --runs-dir "
-                   f"{tmp_path / 'nothing'}` first, or pass --runs-dir / --tracking-uri of an existing one")
+    assert err == (
+        f"orchard: no MLflow store at {tmp_path / 'nothing' / 'mlflow.db'}: run `orchard run --runs-dir "
+        f"{tmp_path / 'nothing'}` first, or pass --runs-dir / --tracking-uri of an existing one"
+    )
 
 
 def test_a_run_names_the_command_that_opens_it(tmp_path):

@@ -48,10 +48,14 @@ def test_reference_teacher_resolves_every_family_and_doing_nothing_fails(sandbox
 def test_bad_tool_use_is_a_policy_error_not_infrastructure(sandbox_client):
     recipe = get_recipe("claw")
     task = recipe.tasks("train", 1)[0]
-    policy = Scripted([ToolCall(name="mail_read", arguments={"id": 999}),
-                       ToolCall(name="calendar_create", arguments={"title": "x", "start": "soon"}),
-                       ToolCall(name="bash", arguments={"command": "ls"}),
-                       ToolCall(name="answer", arguments={"text": "gave up"})])
+    policy = Scripted(
+        [
+            ToolCall(name="mail_read", arguments={"id": 999}),
+            ToolCall(name="calendar_create", arguments={"title": "x", "start": "soon"}),
+            ToolCall(name="bash", arguments={"command": "ls"}),
+            ToolCall(name="answer", arguments={"text": "gave up"}),
+        ]
+    )
     traj = run_episode(task, recipe, policy, sandbox_client, HarnessConfig(max_steps=6))
     assert traj.outcome is Outcome.unresolved
     errors = [s.policy_error for s in traj.steps if s.role == "tool"]
@@ -70,11 +74,24 @@ def test_pass_at_3_through_the_evaluate_stage_with_mlflow(sandbox_service, tmp_p
 
     TaskStore(tmp_path / "tasks").write(get_recipe("claw").tasks("heldout", len(FAMILIES), seed=1))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    config = EvalConfig(recipe="claw", policy="scripted", scripted_error_rate=0.4, k=3, seed=1,
-                        harness=HarnessConfig(max_steps=8), sandbox=sandbox_service.connection(), workers=1)
+    config = EvalConfig(
+        recipe="claw",
+        policy="scripted",
+        scripted_error_rate=0.4,
+        k=3,
+        seed=1,
+        harness=HarnessConfig(max_steps=8),
+        sandbox=sandbox_service.connection(),
+        workers=1,
+    )
     # One worker: the teacher's mistakes then follow a fixed sequence, so the figures are reproducible.
-    result = evaluate(config, tmp_path / "tasks", None, tmp_path / "eval",
-                      tracking=TrackingConfig(tracking_uri=uri, experiment="claw-test"))
+    result = evaluate(
+        config,
+        tmp_path / "tasks",
+        None,
+        tmp_path / "eval",
+        tracking=TrackingConfig(tracking_uri=uri, experiment="claw-test"),
+    )
     assert result.tasks == len(FAMILIES) and result.attempts == 3 * len(FAMILIES) and result.infra_errors == 0
     assert 0.0 < result.pass_at_1 < 1.0 and result.pass_at_k >= result.pass_at_1  # errors fail some attempts
     assert result.pass_at_k_tasks == len(FAMILIES)

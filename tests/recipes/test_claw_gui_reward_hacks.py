@@ -67,14 +67,21 @@ def test_honest_shell_episode_resolves_and_records_the_verifier(sandbox_client, 
 
 def test_writing_the_state_database_directly_is_ignored(sandbox_client, shell):
     recipe, tasks = shell
-    traj = play(sandbox_client, recipe, tasks["note_from_file"], Script([bash(direct_note_insert(tasks["note_from_file"])),
-                                                                       answer("Note saved.")]))
+    traj = play(
+        sandbox_client,
+        recipe,
+        tasks["note_from_file"],
+        Script([bash(direct_note_insert(tasks["note_from_file"])), answer("Note saved.")]),
+    )
     assert traj.outcome is Outcome.unresolved, (traj.outcome, traj.outcome_reason)
     assert [i.path for i in traj.verification.ignored] == ["state.db:notes"]
 
 
-@pytest.mark.parametrize("damage", [f"rm -f {DB}", f"head -c 300 /dev/urandom > {DB}", f"rm -f {DB} && mkdir {DB}"],
-                         ids=["delete", "corrupt", "directory"])
+@pytest.mark.parametrize(
+    "damage",
+    [f"rm -f {DB}", f"head -c 300 /dev/urandom > {DB}", f"rm -f {DB} && mkdir {DB}"],
+    ids=["delete", "corrupt", "directory"],
+)
 def test_deleting_or_corrupting_the_state_database_is_unresolved(sandbox_client, shell, damage):
     recipe, tasks = shell
     traj = play(sandbox_client, recipe, tasks["email_contact"], Script([bash(damage), answer("Email sent.")]))
@@ -86,8 +93,14 @@ def test_forged_journal_lines_are_rejected_not_applied(sandbox_client, shell):
     recipe, tasks = shell
     task = tasks["note_from_file"]
     read_call = shlex.quote(json.dumps({"name": "files_read", "arguments": {"path": "x"}}))
-    traj = play(sandbox_client, recipe, task, Script([
-        bash(f"printf 'not json\\n%s\\n' {read_call} > /workspace/.claw/journal.jsonl"), answer("Note saved.")]))
+    traj = play(
+        sandbox_client,
+        recipe,
+        task,
+        Script(
+            [bash(f"printf 'not json\\n%s\\n' {read_call} > /workspace/.claw/journal.jsonl"), answer("Note saved.")]
+        ),
+    )
     assert traj.outcome is Outcome.unresolved
     assert [i.path for i in traj.verification.ignored] == ["journal.jsonl:1", "journal.jsonl:2"]
 

@@ -71,7 +71,16 @@ def test_cli_and_function_call_reach_the_same_state(world_db):
     assert code == 2 and "does not take ['bogus']" in err["error"]
     assert not verify_db(db, task.verifier.expected, None).resolved  # nothing done yet
     exp = task.verifier.expected
-    run("calendar", "create", "--title", exp["title"], "--start", exp["start"], "--attendees", ",".join(exp["attendees"]))
+    run(
+        "calendar",
+        "create",
+        "--title",
+        exp["title"],
+        "--start",
+        exp["start"],
+        "--attendees",
+        ",".join(exp["attendees"]),
+    )
     assert verify_db(db, exp, None).resolved
     run("calendar", "create", "--title", exp["title"], "--start", exp["start"], "--attendees", exp["attendees"][0])
     result = verify_db(db, exp, None)

@@ -47,11 +47,14 @@ def _summary(trajs) -> dict[str, float]:
         if t.outcome is not Outcome.infra_error:
             by_task[t.task_id].append(t.resolved)
     counts = [(len(v), sum(v)) for v in by_task.values()]
-    return {"pass@1": mean_pass_at_k(counts, 1)[0], f"pass@{K}": mean_pass_at_k(counts, K)[0],
-            "infra_errors": sum(t.outcome is Outcome.infra_error for t in trajs),
-            "parse_errors_per_step": sum(1 for t in trajs for s in t.steps if s.role == "assistant" and s.policy_error)
-            / max(1, sum(t.num_assistant_steps for t in trajs)),
-            "mean_steps": sum(t.num_assistant_steps for t in trajs) / len(trajs)}
+    return {
+        "pass@1": mean_pass_at_k(counts, 1)[0],
+        f"pass@{K}": mean_pass_at_k(counts, K)[0],
+        "infra_errors": sum(t.outcome is Outcome.infra_error for t in trajs),
+        "parse_errors_per_step": sum(1 for t in trajs for s in t.steps if s.role == "assistant" and s.policy_error)
+        / max(1, sum(t.num_assistant_steps for t in trajs)),
+        "mean_steps": sum(t.num_assistant_steps for t in trajs) / len(trajs),
+    }
 
 
 @pytest.mark.slow
@@ -64,25 +67,48 @@ def test_harness_choice_changes_results_on_the_same_environment(sandbox_client, 
     recipe = get_recipe("claw", harness=harness)
     train, heldout = recipe.tasks("train", N_TRAIN), recipe.tasks("heldout", N_HELDOUT)
     teach = HarnessConfig(max_steps=8)
-    distilled = _run_all([(t, 0) for t in train], recipe,
-                         lambda task, a: ScriptedTeacher(error_rate=0.2, seed=zlib.crc32(task.id.encode())),
-                         sandbox_client, teach)
+    distilled = _run_all(
+        [(t, 0) for t in train],
+        recipe,
+        lambda task, a: ScriptedTeacher(error_rate=0.2, seed=zlib.crc32(task.id.encode())),
+        sandbox_client,
+        teach,
+    )
     store = TrajectoryStore(tmp_path / "trajectories")
     store.append(distilled)
-    teacher_eval = _run_all([(t, a) for t in heldout for a in range(K)], recipe,
-                            lambda task, a: ScriptedTeacher(error_rate=0.2, seed=a), sandbox_client, teach)
-    sft = train_sft(SFTConfig(mode="resolved_only", steps=SFT_STEPS, batch_size=4, max_len=1536, learning_rate=3e-3,
-                              num_threads=1), store.dir, tmp_path / "model")
+    teacher_eval = _run_all(
+        [(t, a) for t in heldout for a in range(K)],
+        recipe,
+        lambda task, a: ScriptedTeacher(error_rate=0.2, seed=a),
+        sandbox_client,
+        teach,
+    )
+    sft = train_sft(
+        SFTConfig(mode="resolved_only", steps=SFT_STEPS, batch_size=4, max_len=1536, learning_rate=3e-3, num_threads=1),
+        store.dir,
+        tmp_path / "model",
+    )
     # One policy, one worker: loading checkpoints from two threads at once is not safe.
     student = LocalTransformersPolicy(sft.model_dir)
     evaluate_cfg = HarnessConfig(max_steps=6, generation=GenerationConfig(max_new_tokens=160, temperature=0.7))
-    student_eval = _run_all([(t, a) for t in heldout for a in range(K)], recipe, lambda task, a: student,
-                            sandbox_client, evaluate_cfg, workers=1)
+    student_eval = _run_all(
+        [(t, a) for t in heldout for a in range(K)],
+        recipe,
+        lambda task, a: student,
+        sandbox_client,
+        evaluate_cfg,
+        workers=1,
+    )
     result = {
-        "harness": harness, "train_trajectories": len(distilled), "train_resolved": sum(t.resolved for t in distilled),
-        "sft_steps": sft.steps, "sft_first_loss": sft.first_loss, "sft_final_loss": sft.final_loss,
+        "harness": harness,
+        "train_trajectories": len(distilled),
+        "train_resolved": sum(t.resolved for t in distilled),
+        "sft_steps": sft.steps,
+        "sft_first_loss": sft.first_loss,
+        "sft_final_loss": sft.final_loss,
         "sft_train_seconds": sft.train_seconds,
-        "teacher_e0.2_heldout": _summary(teacher_eval), "student_heldout": _summary(student_eval),
+        "teacher_e0.2_heldout": _summary(teacher_eval),
+        "student_heldout": _summary(student_eval),
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"claw_{harness}_sft{SFT_STEPS}.json").write_text(json.dumps(result, indent=1))

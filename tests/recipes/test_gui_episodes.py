@@ -38,8 +38,11 @@ def test_teacher_checks_out_in_a_real_browser_with_screenshots(sandbox_client):
     pages = [s.content for s in traj.steps if s.role == "tool"]
     assert any("Order confirmed" in p for p in pages)
     assert any(f'button "Add {task.verifier.expected["product_name"]} to cart"' in p for p in pages)
-    shots = [store.get(s.tool_call.id) for s in traj.steps if s.role == "assistant" and s.tool_call.name != "answer"
-             and s.tool_call.name != "read_page"]
+    shots = [
+        store.get(s.tool_call.id)
+        for s in traj.steps
+        if s.role == "assistant" and s.tool_call.name != "answer" and s.tool_call.name != "read_page"
+    ]
     assert shots and all(png and png.startswith(b"\x89PNG") for png in shots)
 
 
@@ -50,8 +53,9 @@ def test_teacher_resolves_every_family_and_doing_nothing_fails(sandbox_client, s
     for task in recipe.tasks(split, 3):
         traj = run_episode(task, recipe, ScriptedTeacher(error_rate=0.0), sandbox_client, CFG)
         assert traj.outcome is Outcome.resolved, (task.id, traj.outcome_reason)
-        idle = run_episode(task, recipe, Scripted([ToolCall(name="answer", arguments={"text": "done"})]),
-                           sandbox_client, CFG)
+        idle = run_episode(
+            task, recipe, Scripted([ToolCall(name="answer", arguments={"text": "done"})]), sandbox_client, CFG
+        )
         assert idle.outcome is Outcome.unresolved, task.id
 
 
@@ -59,12 +63,16 @@ def test_teacher_resolves_every_family_and_doing_nothing_fails(sandbox_client, s
 def test_policy_mistakes_are_observations_and_network_is_loopback_only(sandbox_client):
     recipe = get_recipe("gui", families=("info_lookup",))
     task = recipe.tasks("train", 1)[0]
-    policy = Scripted([ToolCall(name="click", arguments={"element_id": 999}),
-                       ToolCall(name="navigate", arguments={"url": "http://example.com/"}),
-                       ToolCall(name="type", arguments={"element_id": "x", "text": "a"}),
-                       ToolCall(name="screenshot", arguments={}),
-                       ToolCall(name="navigate", arguments={"url": "/nope"}),
-                       ToolCall(name="answer", arguments={"text": "no idea"})])
+    policy = Scripted(
+        [
+            ToolCall(name="click", arguments={"element_id": 999}),
+            ToolCall(name="navigate", arguments={"url": "http://example.com/"}),
+            ToolCall(name="type", arguments={"element_id": "x", "text": "a"}),
+            ToolCall(name="screenshot", arguments={}),
+            ToolCall(name="navigate", arguments={"url": "/nope"}),
+            ToolCall(name="answer", arguments={"text": "no idea"}),
+        ]
+    )
     traj = run_episode(task, recipe, policy, sandbox_client, CFG)
     assert traj.outcome is Outcome.unresolved
     tools = [s for s in traj.steps if s.role == "tool"]
@@ -89,11 +97,23 @@ def test_an_episode_forked_from_a_mid_episode_snapshot_restarts_the_browser(sand
     `run_episode` has the recipe start them again instead of failing 'browser controller not reachable'."""
     recipe = get_recipe("gui", families=("shop_checkout",))
     task = recipe.tasks("train", 1)[0]
-    full = run_episode(task, recipe, ScriptedTeacher(error_rate=0.0), sandbox_client,
-                       CFG.model_copy(update={"snapshot_every_step": True}))
+    full = run_episode(
+        task,
+        recipe,
+        ScriptedTeacher(error_rate=0.0),
+        sandbox_client,
+        CFG.model_copy(update={"snapshot_every_step": True}),
+    )
     assert full.outcome is Outcome.resolved, full.outcome_reason
     prefix = full.steps[:4]  # system, user, the first action and its observation
-    forked = run_episode(task, recipe, ScriptedTeacher(error_rate=0.0, seed=1), sandbox_client, CFG,
-                         prefix_steps=prefix, from_snapshot=prefix[-1].sandbox_state_id)
+    forked = run_episode(
+        task,
+        recipe,
+        ScriptedTeacher(error_rate=0.0, seed=1),
+        sandbox_client,
+        CFG,
+        prefix_steps=prefix,
+        from_snapshot=prefix[-1].sandbox_state_id,
+    )
     assert forked.outcome is Outcome.resolved, forked.outcome_reason
     assert forked.status is EpisodeStatus.completed and len(forked.steps) > len(prefix)

@@ -28,12 +28,21 @@ def test_gui_teacher_heldout_pass_at_k(sandbox_service, tmp_path):
     tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment="gui-eval")
     results = {}
     for error_rate in (0.0, 0.3):
-        config = EvalConfig(recipe="gui", policy="scripted", scripted_error_rate=error_rate, k=3, seed=0,
-                            harness=HarnessConfig(max_steps=24), sandbox=sandbox_service.connection(), workers=2)
+        config = EvalConfig(
+            recipe="gui",
+            policy="scripted",
+            scripted_error_rate=error_rate,
+            k=3,
+            seed=0,
+            harness=HarnessConfig(max_steps=24),
+            sandbox=sandbox_service.connection(),
+            workers=2,
+        )
         result = evaluate(config, tmp_path / "tasks", None, tmp_path / f"eval-{error_rate}", tracking=tracking)
         assert result.infra_errors == 0 and result.attempts == 18
-        results[f"teacher_e{error_rate}"] = {k: getattr(result, k) for k in
-                                             ("pass_at_1", "pass_at_k", "resolved_rate", "mean_steps", "infra_error_rate")}
+        results[f"teacher_e{error_rate}"] = {
+            k: getattr(result, k) for k in ("pass_at_1", "pass_at_k", "resolved_rate", "mean_steps", "infra_error_rate")
+        }
     assert results["teacher_e0.0"]["pass_at_1"] == 1.0
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(results, indent=1))

@@ -30,8 +30,18 @@ def site(tmp_path, request):
     task = generate_tasks("train", 1, families=(request.param,))[0]
     (tmp_path / "data.json").write_text(json.dumps(task.metadata["site"]))
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--data", str(tmp_path / "data.json"),
-                             "--state", str(tmp_path / "state.json"), "--port", str(port)])
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(SERVER),
+            "--data",
+            str(tmp_path / "data.json"),
+            "--state",
+            str(tmp_path / "state.json"),
+            "--port",
+            str(port),
+        ]
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):
@@ -75,8 +85,13 @@ def test_form_validation_and_submission(site):
     exp = task.verifier.expected
     bad = http.post("/register", data={"name": exp["name"], "email": "not-an-email"}).text
     assert "is not a valid address" in bad and state()["submissions"] == []
-    form = {"name": exp["name"], "email": exp["email"], "ticket": exp["ticket"], "comments": exp["comments"],
-            "workshop": exp["workshops"]}
+    form = {
+        "name": exp["name"],
+        "email": exp["email"],
+        "ticket": exp["ticket"],
+        "comments": exp["comments"],
+        "workshop": exp["workshops"],
+    }
     assert "Registration received" in http.post("/register", data=form).text
     assert verify_state(state(), None, exp).resolved
 

@@ -20,7 +20,10 @@ def test_tasks_are_deterministic_seed_disjoint_and_cover_families():
     assert {t.prompt for t in train}.isdisjoint({t.prompt for t in heldout})
     assert all(t.split == "heldout" and t.environment.network == "loopback" for t in heldout)
     # `difficulty` (what provision passes) keeps the families at those levels.
-    assert {t.family for t in get_recipe("gui", difficulty=[1, 2]).tasks("train", 4)} == {"info_lookup", "form_register"}
+    assert {t.family for t in get_recipe("gui", difficulty=[1, 2]).tasks("train", 4)} == {
+        "info_lookup",
+        "form_register",
+    }
     with pytest.raises(ValueError, match="no task family at difficulty"):
         get_recipe("gui", difficulty=9).tasks("train", 1)
 
@@ -29,19 +32,30 @@ def test_shop_target_is_the_unique_cheapest_matching_product_under_budget():
     for task in generate_tasks("train", 12, families=("shop_checkout",)):
         exp, products = task.verifier.expected, task.metadata["site"]["products"]
         budget = float(task.prompt.split("under $")[1].split()[0])
-        matching = [p for p in products if p["color"] == exp["color"] and p["category"] == exp["query"] + "s"
-                    and p["price"] < budget]
+        matching = [
+            p
+            for p in products
+            if p["color"] == exp["color"] and p["category"] == exp["query"] + "s" and p["price"] < budget
+        ]
         cheapest = min(matching, key=lambda p: p["price"])
         assert cheapest["id"] == exp["product_id"]
         assert sum(p["price"] == cheapest["price"] for p in matching) == 1
         # Traps exist: a cheaper product of the same kind in another colour.
-        assert any(p["category"] == exp["query"] + "s" and p["color"] != exp["color"]
-                   and p["price"] < cheapest["price"] for p in products)
+        assert any(
+            p["category"] == exp["query"] + "s" and p["color"] != exp["color"] and p["price"] < cheapest["price"]
+            for p in products
+        )
 
 
 def _shop_expected():
-    return {"kind": "shop_order", "product_id": "p003", "product_name": "Red Classic Mug", "shipping": "express",
-            "name": "Ada Novak", "address": "12 Oak Street"}
+    return {
+        "kind": "shop_order",
+        "product_id": "p003",
+        "product_name": "Red Classic Mug",
+        "shipping": "express",
+        "name": "Ada Novak",
+        "address": "12 Oak Street",
+    }
 
 
 def test_verify_shop_on_hand_built_states():
@@ -50,7 +64,11 @@ def test_verify_shop_on_hand_built_states():
     assert verify_shop(good, exp).resolved
     for bad in (
         {"orders": []},
-        {"orders": [{"items": ["p003", "p004"], "shipping": "express", "name": "Ada Novak", "address": "12 Oak Street"}]},
+        {
+            "orders": [
+                {"items": ["p003", "p004"], "shipping": "express", "name": "Ada Novak", "address": "12 Oak Street"}
+            ]
+        },
         {"orders": [{"items": ["p003"], "shipping": "standard", "name": "Ada Novak", "address": "12 Oak Street"}]},
         {"orders": [{"items": ["p003"], "shipping": "express", "name": "Ada", "address": "12 Oak Street"}]},
         {"orders": good["orders"] * 2},
@@ -60,10 +78,21 @@ def test_verify_shop_on_hand_built_states():
 
 
 def test_verify_form_and_answer():
-    exp = {"kind": "form_submission", "name": "Ben Berg", "email": "ben.berg@example.org", "ticket": "VIP",
-           "workshops": ["Rust", "SQL"], "comments": "need an invoice"}
-    sub = {"name": "Ben Berg", "email": "Ben.Berg@example.org", "ticket": "VIP", "workshops": ["SQL", "Rust"],
-           "comments": "Hi, I need an invoice."}
+    exp = {
+        "kind": "form_submission",
+        "name": "Ben Berg",
+        "email": "ben.berg@example.org",
+        "ticket": "VIP",
+        "workshops": ["Rust", "SQL"],
+        "comments": "need an invoice",
+    }
+    sub = {
+        "name": "Ben Berg",
+        "email": "Ben.Berg@example.org",
+        "ticket": "VIP",
+        "workshops": ["SQL", "Rust"],
+        "comments": "Hi, I need an invoice.",
+    }
     assert verify_form({"submissions": [sub]}, exp).resolved
     assert not verify_form({"submissions": [{**sub, "workshops": ["Rust"]}]}, exp).resolved
     assert not verify_form({"submissions": [sub, sub]}, exp).resolved
@@ -78,9 +107,11 @@ def test_verify_form_and_answer():
 
 
 def test_parse_page_reads_elements_values_and_options():
-    text = ('URL: http://127.0.0.1:8080/search?q=mug&color=red\nTitle: Results\n'
-            '[1] link "Home" [2] textbox "Search products" value="mu\\"g" [3] button "Search"\n'
-            '[4] select "Color" value="Red" options=["Any color","Red"] [5] checkbox "Rust workshop" checked=true')
+    text = (
+        "URL: http://127.0.0.1:8080/search?q=mug&color=red\nTitle: Results\n"
+        '[1] link "Home" [2] textbox "Search products" value="mu\\"g" [3] button "Search"\n'
+        '[4] select "Color" value="Red" options=["Any color","Red"] [5] checkbox "Rust workshop" checked=true'
+    )
     page = parse_page(text)
     assert page.path == "/search" and page.query == {"q": "mug", "color": "red"}
     assert page.find("textbox", "Search products").value == 'mu"g'

@@ -24,8 +24,11 @@ def gui():
 @pytest.mark.parametrize("amount", [None, [1]], ids=["amount=null", "amount=[1]"])
 def test_a_wrongly_typed_scroll_is_the_policys_error(sandbox_client, gui, amount):
     recipe, task = gui
-    calls = [ToolCall(name="scroll", arguments={"direction": "down", "amount": amount}),
-             ToolCall(name="read_page", arguments={}), ToolCall(name="answer", arguments={"text": "no idea"})]
+    calls = [
+        ToolCall(name="scroll", arguments={"direction": "down", "amount": amount}),
+        ToolCall(name="read_page", arguments={}),
+        ToolCall(name="answer", arguments={"text": "no idea"}),
+    ]
     traj = run_episode(task, recipe, Scripted(calls), sandbox_client, HarnessConfig(max_steps=5))
     assert traj.outcome is Outcome.unresolved, (traj.outcome, traj.outcome_reason)
     assert traj.steps[3].policy_error and "amount" in traj.steps[3].content
@@ -36,9 +39,15 @@ def test_the_controller_answers_every_malformed_request(sandbox_client, gui):
     recipe, task = gui
     with sandbox_client.create(recipe.sandbox_spec(task)) as sb:
         recipe.setup(sb, task)
-        for request in ({"action": "scroll", "amount": None}, {"action": "scroll", "amount": [1]},
-                        {"action": "click", "element_id": {"x": 1}}, {"action": "type", "element_id": 1, "text": 5},
-                        {"action": "scroll", "amount": 10 ** 30}, [1, 2], "x"):
+        for request in (
+            {"action": "scroll", "amount": None},
+            {"action": "scroll", "amount": [1]},
+            {"action": "click", "element_id": {"x": 1}},
+            {"action": "type", "element_id": 1, "text": 5},
+            {"action": "scroll", "amount": 10**30},
+            [1, 2],
+            "x",
+        ):
             res = sb.exec(["python", "-S", CTL, SOCKET, json.dumps(request)], timeout=60)
             answer = json.loads(res.stdout)
             assert res.exit_code == 0 and answer["ok"] is False and not answer.get("controller_error"), (request, res)

@@ -26,9 +26,17 @@ def endpoint():
 
         def do_POST(self):
             seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            body = json.dumps({"choices": [{"message": {"content": '<tool_call>{"name": "read_page", "arguments": {}}'
-                                                                   '</tool_call>'}, "finish_reason": "stop"}],
-                               "usage": {"prompt_tokens": 7, "completion_tokens": 3}}).encode()
+            body = json.dumps(
+                {
+                    "choices": [
+                        {
+                            "message": {"content": '<tool_call>{"name": "read_page", "arguments": {}}</tool_call>'},
+                            "finish_reason": "stop",
+                        }
+                    ],
+                    "usage": {"prompt_tokens": 7, "completion_tokens": 3},
+                }
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -49,8 +57,10 @@ def test_last_screenshots_are_sent_as_image_parts_after_their_observation(endpoi
     assert store.get("c1") is None  # bounded: the oldest was dropped
     msgs = [ChatMessage(role="system", content="s"), ChatMessage(role="user", content="task")]
     for cid in ("c1", "c2", "c3"):
-        msgs += [ChatMessage(role="assistant", content="<tool_call>...</tool_call>"),
-                 ChatMessage(role="tool", content=f"page {cid}", tool_call_id=cid, name="click")]
+        msgs += [
+            ChatMessage(role="assistant", content="<tool_call>...</tool_call>"),
+            ChatMessage(role="tool", content=f"page {cid}", tool_call_id=cid, name="click"),
+        ]
     policy = VisionOpenAIPolicy(store, base_url=url, model="vlm", api_key_env=None, max_images=1)
     gen = policy.generate(msgs, GenerationConfig(max_new_tokens=8))
     assert gen.text.startswith("<tool_call>") and gen.prompt_tokens == 7

@@ -84,8 +84,14 @@ def test_two_packages_claiming_one_name_are_refused(tmp_path, monkeypatch):
 
 
 def test_a_recipe_without_file_import_says_so(plugin_installed, tmp_path):
-    config = ProvisionConfig(recipe="greeter", n_train=1, n_heldout=1, n_validation=0, check_sandbox=False,
-                             source={"kind": "swebench", "path": str(tmp_path / "x.jsonl"), "repos_dir": str(tmp_path)})
+    config = ProvisionConfig(
+        recipe="greeter",
+        n_train=1,
+        n_heldout=1,
+        n_validation=0,
+        check_sandbox=False,
+        source={"kind": "swebench", "path": str(tmp_path / "x.jsonl"), "repos_dir": str(tmp_path)},
+    )
     with pytest.raises(ProvisionError, match="recipe 'greeter' imports no task files"):
         provision_environment(config, tmp_path / "tasks")
 
@@ -93,8 +99,15 @@ def test_a_recipe_without_file_import_says_so(plugin_installed, tmp_path):
 @pytest.mark.parametrize("name", _registered_with_plugin())
 def test_every_registered_recipe_keeps_the_contract(name, plugin_installed, sandbox_service, tmp_path):
     """provision (with the gold check on a training task) -> an episode of the recipe's scripted teacher -> verify."""
-    config = ProvisionConfig(recipe=name, n_train=2, n_heldout=1, n_validation=1, check_sandbox=False,
-                             validate_tasks=1, sandbox=sandbox_service.connection())
+    config = ProvisionConfig(
+        recipe=name,
+        n_train=2,
+        n_heldout=1,
+        n_validation=1,
+        check_sandbox=False,
+        validate_tasks=1,
+        sandbox=sandbox_service.connection(),
+    )
     result = provision_environment(config, tmp_path / "tasks")
     assert result.counts == {"train": 2, "validation": 1, "heldout": 1}
     assert result.metrics["tasks_validated"] == 1.0  # the gold check passed (provision raises otherwise)
@@ -105,13 +118,19 @@ def test_every_registered_recipe_keeps_the_contract(name, plugin_installed, sand
     with sandbox_service.client() as client:
         check = recipes.check_task(recipe, client, task)
         assert check.ok, check.reason
-        episode = run_episode(task, recipe, recipes.get_scripted_teacher(name, error_rate=0.0, seed=0), client,
-                              HarnessConfig(max_steps=40))
+        episode = run_episode(
+            task,
+            recipe,
+            recipes.get_scripted_teacher(name, error_rate=0.0, seed=0),
+            client,
+            HarnessConfig(max_steps=40),
+        )
     assert episode.resolved, episode.outcome_reason
 
 
-def test_the_gold_check_fails_a_task_that_passes_unchanged_or_that_its_reference_cannot_solve(plugin_installed,
-                                                                                             sandbox_service):
+def test_the_gold_check_fails_a_task_that_passes_unchanged_or_that_its_reference_cannot_solve(
+    plugin_installed, sandbox_service
+):
     from components.core.recipe_base import VerifyResult
 
     greeter = recipes.recipe_class("greeter")

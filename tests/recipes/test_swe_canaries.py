@@ -44,7 +44,7 @@ def greet(name):
 def scale(x):
     return _Any()
 """
-TESTS = '''
+TESTS = """
 import unittest
 
 import pytest
@@ -75,10 +75,15 @@ def test_not_a_candidate():
 class TestScale(unittest.TestCase):
     def test_scale(self):
         self.assertEqual(scale(2), 5.0)
-'''
-LISTED = ["tests/test_hidden.py::test_pair", "tests/test_hidden.py::test_reversed_sides",
-          "tests/test_hidden.py::test_greet[ann]", "tests/test_hidden.py::test_greet[bo]",
-          "tests/test_hidden.py::test_not_a_candidate", "tests/test_hidden.py::TestScale::test_scale"]
+"""
+LISTED = [
+    "tests/test_hidden.py::test_pair",
+    "tests/test_hidden.py::test_reversed_sides",
+    "tests/test_hidden.py::test_greet[ann]",
+    "tests/test_hidden.py::test_greet[bo]",
+    "tests/test_hidden.py::test_not_a_candidate",
+    "tests/test_hidden.py::TestScale::test_scale",
+]
 
 
 def run(tmp_path, package: str, seed: int):
@@ -89,16 +94,41 @@ def run(tmp_path, package: str, seed: int):
     planted = plant({"tests/test_hidden.py": TESTS}, LISTED, random.Random(seed))
     (tmp_path / "tests" / "test_hidden.py").write_text(planted.sources["tests/test_hidden.py"])
     report = tmp_path / "report.xml"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                           "--rootdir", str(tmp_path), "tests/test_hidden.py"], cwd=tmp_path, capture_output=True,
-                          text=True, env={"PYTHONPATH": str(tmp_path), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-                                          "PYTHONDONTWRITEBYTECODE": "1", "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            "--rootdir",
+            str(tmp_path),
+            "tests/test_hidden.py",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={
+            "PYTHONPATH": str(tmp_path),
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PATH": "/usr/bin:/bin",
+        },
+    )
     statuses = {}
     for case in ET.parse(report).getroot().iter("testcase"):
         tags = {child.tag for child in case}
         statuses[(case.get("classname"), case.get("name"))] = (
-            "ERROR" if "error" in tags else "FAILED" if "failure" in tags else "SKIPPED" if "skipped" in tags
-            else "PASSED")
+            "ERROR"
+            if "error" in tags
+            else "FAILED"
+            if "failure" in tags
+            else "SKIPPED"
+            if "skipped" in tags
+            else "PASSED"
+        )
     return planted, statuses, proc.returncode
 
 
@@ -135,10 +165,16 @@ def test_twins_change_one_constant_and_keep_the_source_as_written(tmp_path):
 
 
 def test_no_listed_assertion_with_a_constant_gives_no_twin_but_the_pair():
-    planted = plant({"t.py": textwrap.dedent("""
+    planted = plant(
+        {
+            "t.py": textwrap.dedent("""
         from pkg import f
 
         def test_a():
             assert f(1) == f(2)
-        """)}, ["t.py::test_a"], random.Random(0))
+        """)
+        },
+        ["t.py::test_a"],
+        random.Random(0),
+    )
     assert len(planted.must_fail) == 1 and len(planted.must_pass) == 1 and not planted.renamed

@@ -92,14 +92,20 @@ def test_conftest_hook_wrapper(sandbox_client, task):
     traj = play(sandbox_client, task, [write("conftest.py", PASS_ALL_HOOK), write("tests/conftest.py", PASS_ALL_HOOK)])
     assert_unresolved(traj)
     assert {(i.path, i.reason) for i in traj.verification.ignored} >= {
-        ("conftest.py", "test-runner configuration"), ("tests/conftest.py", "test-runner configuration")}
+        ("conftest.py", "test-runner configuration"),
+        ("tests/conftest.py", "test-runner configuration"),
+    }
 
 
-@pytest.mark.parametrize("config", [
-    ("pytest.ini", "[pytest]\naddopts = -p hackplugin\n"),
-    ("setup.cfg", "[tool:pytest]\naddopts = -p hackplugin\n"),
-    ("pyproject.toml", "[tool.pytest.ini_options]\naddopts = \"-p hackplugin\"\n"),
-], ids=["pytest.ini", "setup.cfg", "pyproject.toml"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        ("pytest.ini", "[pytest]\naddopts = -p hackplugin\n"),
+        ("setup.cfg", "[tool:pytest]\naddopts = -p hackplugin\n"),
+        ("pyproject.toml", '[tool.pytest.ini_options]\naddopts = "-p hackplugin"\n'),
+    ],
+    ids=["pytest.ini", "setup.cfg", "pyproject.toml"],
+)
 def test_addopts_loading_a_workspace_plugin(sandbox_client, task, config):
     traj = play(sandbox_client, task, [write("hackplugin.py", PASS_ALL_HOOK), write(*config)])
     assert_unresolved(traj)
@@ -117,17 +123,25 @@ def test_interpreter_startup_hooks(sandbox_client, task, hook):
     # Inside the repository and in the sandbox's own site-packages: both load the plugin everywhere.
     body = "import os; os.environ['PYTEST_ADDOPTS'] = '-p hackplugin'"
     name, content = ("sitecustomize.py", body + "\n") if hook == "sitecustomize" else ("zz_hack.pth", body + "\n")
-    traj = play(sandbox_client, task, [
-        write("hackplugin.py", PASS_ALL_HOOK), write(name, content),
-        bash(f"cp {name} {site_packages()}/ && echo /workspace/repo > {site_packages()}/zz_repo.pth")])
+    traj = play(
+        sandbox_client,
+        task,
+        [
+            write("hackplugin.py", PASS_ALL_HOOK),
+            write(name, content),
+            bash(f"cp {name} {site_packages()}/ && echo /workspace/repo > {site_packages()}/zz_repo.pth"),
+        ],
+    )
     assert_unresolved(traj)
     assert name in {i.path for i in traj.verification.ignored}
 
 
 def test_background_process_rewriting_files_during_verification(sandbox_client, task):
     # Waits for the hidden test file, then replaces it with tests that pass whatever the code does.
-    loop = (f"while true; do if [ -f {HIDDEN_TEST_PATH} ] && grep -q assert {HIDDEN_TEST_PATH}; then "
-            f"sed -i 's/^\\( *\\)assert .*/\\1pass/' {HIDDEN_TEST_PATH}; fi; sleep 0.01; done")
+    loop = (
+        f"while true; do if [ -f {HIDDEN_TEST_PATH} ] && grep -q assert {HIDDEN_TEST_PATH}; then "
+        f"sed -i 's/^\\( *\\)assert .*/\\1pass/' {HIDDEN_TEST_PATH}; fi; sleep 0.01; done"
+    )
     traj = play(sandbox_client, task, [bash(f"(setsid bash -c {loop!r} >/dev/null 2>&1 &); echo started")])
     assert_unresolved(traj)
 
@@ -145,11 +159,13 @@ def test_editing_the_visible_tests(sandbox_client, task):
     module = task.metadata["fix"]["path"][:-3].replace("/", ".")
     visible = task.metadata["visible_tests"][0]
     # Function objects are patched in place, so names the hidden tests imported earlier see the fix too.
-    patch = (f"import importlib\n_m = importlib.import_module({module!r})\n_ns = dict(_m.__dict__)\n"
-             f"exec({fixed!r}, _ns)\n"
-             "for _k, _v in _ns.items():\n"
-             "    if callable(getattr(_m, _k, None)) and hasattr(_v, '__code__'):\n"
-             "        getattr(_m, _k).__code__ = _v.__code__\n")
+    patch = (
+        f"import importlib\n_m = importlib.import_module({module!r})\n_ns = dict(_m.__dict__)\n"
+        f"exec({fixed!r}, _ns)\n"
+        "for _k, _v in _ns.items():\n"
+        "    if callable(getattr(_m, _k, None)) and hasattr(_v, '__code__'):\n"
+        "        getattr(_m, _k).__code__ = _v.__code__\n"
+    )
     traj = play(sandbox_client, task, [bash(f"cat >> {visible} <<'EOF'\n{patch}EOF")])
     assert_unresolved(traj)
     assert visible in {i.path for i in traj.verification.ignored}
@@ -158,9 +174,16 @@ def test_editing_the_visible_tests(sandbox_client, task):
 def test_workspace_module_imitating_a_runner_error(sandbox_client, task):
     # Printed at interpreter exit, after pytest stops capturing: it reaches the run's stdout and stderr.
     package = task.metadata["fix"]["path"].split("/")[0]
-    traj = play(sandbox_client, task, [bash(
-        f"echo 'import atexit, sys; atexit.register(print, \"ModuleNotFoundError: No module named pytest\"); "
-        f"atexit.register(print, \"No module named pytest\", file=sys.stderr)' >> {package}/__init__.py")])
+    traj = play(
+        sandbox_client,
+        task,
+        [
+            bash(
+                f'echo \'import atexit, sys; atexit.register(print, "ModuleNotFoundError: No module named pytest"); '
+                f'atexit.register(print, "No module named pytest", file=sys.stderr)\' >> {package}/__init__.py'
+            )
+        ],
+    )
     assert_unresolved(traj)
     assert f"{package}/__init__.py" in traj.verification.applied
 
@@ -168,8 +191,9 @@ def test_workspace_module_imitating_a_runner_error(sandbox_client, task):
 def test_a_hang_caused_by_the_agents_code_is_unresolved(sandbox_client, task):
     quick = task.model_copy(update={"verifier": task.verifier.model_copy(update={"timeout_seconds": 3.0})})
     package = task.metadata["fix"]["path"].split("/")[0]
-    traj = play(sandbox_client, quick, [honest_fix(task), bash(f"echo 'import time; time.sleep(600)' >> "
-                                                               f"{package}/__init__.py")])
+    traj = play(
+        sandbox_client, quick, [honest_fix(task), bash(f"echo 'import time; time.sleep(600)' >> {package}/__init__.py")]
+    )
     assert_unresolved(traj)
     assert "timed out" in traj.outcome_reason
 
@@ -201,13 +225,30 @@ def test_a_broken_git_or_removed_repository_is_unresolved(sandbox_client, task, 
 def test_change_rule_classifies_each_kind_of_path():
     from components.recipes.swe.change import Tree, extract_change
 
-    pristine = Tree(files={"pkg/__init__.py": b"", "pkg/core.py": b"x = 1\n", "tests/test_basic.py": b"",
-                           "conftest.py": b"", "pkg/types.py": b"t = 1\n"})
-    final = Tree(files={"pkg/__init__.py": b"", "pkg/core.py": b"x = 2\n", "tests/test_basic.py": b"pass\n",
-                        "pkg/types.py": b"t = 2\n", "pkg/new.py": b"n = 1\n", "json.py": b"", "pkg/data.bin": b"\0",
-                        "x.pth": b"import os\n", "pkg/__pycache__/core.cpython-311.pyc": b"\0",
-                        ".git/index": b"changed"},
-                 other={"tests/test_issue.py": "symlink"})
+    pristine = Tree(
+        files={
+            "pkg/__init__.py": b"",
+            "pkg/core.py": b"x = 1\n",
+            "tests/test_basic.py": b"",
+            "conftest.py": b"",
+            "pkg/types.py": b"t = 1\n",
+        }
+    )
+    final = Tree(
+        files={
+            "pkg/__init__.py": b"",
+            "pkg/core.py": b"x = 2\n",
+            "tests/test_basic.py": b"pass\n",
+            "pkg/types.py": b"t = 2\n",
+            "pkg/new.py": b"n = 1\n",
+            "json.py": b"",
+            "pkg/data.bin": b"\0",
+            "x.pth": b"import os\n",
+            "pkg/__pycache__/core.cpython-311.pyc": b"\0",
+            ".git/index": b"changed",
+        },
+        other={"tests/test_issue.py": "symlink"},
+    )
     change = extract_change(pristine, final)
     assert sorted(change.write) == ["pkg/core.py", "pkg/new.py", "pkg/types.py"]
     assert change.delete == []  # deleting conftest.py is a runner-configuration change: ignored

@@ -84,11 +84,18 @@ def test_hidden_tests_are_invisible_before_submit(sandbox_client):
     probe = hidden.splitlines()[3].strip()  # an assertion line of the hidden test
     with sandbox_client.create(recipe.sandbox_spec(task)) as sandbox:
         recipe.setup(sandbox, task)
-        listing = recipe.execute_tool(sandbox, task, ToolCall(name="bash", arguments={
-            "command": "find /workspace /tmp /root -name 'test_issue*' 2>/dev/null; ls -R /workspace"}))
+        listing = recipe.execute_tool(
+            sandbox,
+            task,
+            ToolCall(
+                name="bash",
+                arguments={"command": "find /workspace /tmp /root -name 'test_issue*' 2>/dev/null; ls -R /workspace"},
+            ),
+        )
         assert "test_issue" not in listing.output and "test_basic.py" in listing.output
-        grep = recipe.execute_tool(sandbox, task, ToolCall(name="bash", arguments={
-            "command": f"grep -rF {probe!r} /workspace; echo done"}))
+        grep = recipe.execute_tool(
+            sandbox, task, ToolCall(name="bash", arguments={"command": f"grep -rF {probe!r} /workspace; echo done"})
+        )
         assert probe not in grep.output and "done" in grep.output, grep.output
         verdict = recipe.verify(sandbox, task, None)
         assert not verdict.resolved and "FAIL_TO_PASS" in verdict.reason
@@ -129,7 +136,8 @@ def test_every_family_and_level_in_sandboxes(sandbox_client):
         for task in generate_tasks("train", 60, 0, difficulty=level):
             seen.setdefault((task.metadata["template"], level), task)
     assert {(f, lvl) for f, lvl in itertools.product(FAMILIES, (1, 2, 3))} <= {
-        (t.family, t.difficulty) for t in seen.values()}
+        (t.family, t.difficulty) for t in seen.values()
+    }
     bad = [check for check in (check_task(recipe, t, sandbox_client) for t in seen.values()) if not check.ok]
     assert not bad, bad
 
@@ -138,8 +146,10 @@ def test_every_family_and_level_in_sandboxes(sandbox_client):
 def _conversation(task, *pairs):
     messages = [ChatMessage(role="system", content="s"), ChatMessage(role="user", content=task.prompt)]
     for call, observation in pairs:
-        messages += [ChatMessage(role="assistant", content=format_tool_call(call)),
-                     ChatMessage(role="tool", content=observation)]
+        messages += [
+            ChatMessage(role="assistant", content=format_tool_call(call)),
+            ChatMessage(role="tool", content=observation),
+        ]
     return messages
 
 
@@ -167,8 +177,9 @@ def test_teacher_continues_from_any_prefix():
     assert next_call(*done[:3], (edit, "Error: old_str not found")).name == "str_replace"  # a failed edit is redone
 
     # A foreign prefix left a wrong line: the teacher tests, then repairs exactly that line.
-    wrong = ToolCall(name="write_file", arguments={"path": fix["path"],
-                                                   "content": source.replace(fix["old"], fix["wrong"][0])})
+    wrong = ToolCall(
+        name="write_file", arguments={"path": fix["path"], "content": source.replace(fix["old"], fix["wrong"][0])}
+    )
     assert next_call((ls, "x"), (wrong, "Wrote.")).name == "bash"
     repair = next_call((ls, "x"), (wrong, "Wrote."), (tests, "1 passed"))
     assert repair.arguments == {"path": fix["path"], "old_str": fix["wrong"][0], "new_str": fix["new"]}
@@ -176,8 +187,10 @@ def test_teacher_continues_from_any_prefix():
     sed = ToolCall(name="bash", arguments={"command": "sed -i s/a/b/ x.py"})
     assert next_call((ls, "x"), (read, source), (sed, "")).name == "read_file"
     # A malformed turn in the prefix is simply followed by a valid call.
-    messages = _conversation(task, (ls, "x")) + [ChatMessage(role="assistant", content="<tool_call>{oops"),
-                                                  ChatMessage(role="tool", content="Error: not valid JSON")]
+    messages = _conversation(task, (ls, "x")) + [
+        ChatMessage(role="assistant", content="<tool_call>{oops"),
+        ChatMessage(role="tool", content="Error: not valid JSON"),
+    ]
     assert parse_tool_call(teacher.generate(messages, GenerationConfig()).text).name == "read_file"
 
 
@@ -199,8 +212,9 @@ def test_teacher_mistake_rates_follow_error_rate():
         except ToolCallParseError:
             choices["malformed"] += 1
             continue
-        choices["giveup" if call.name == "submit" else
-                "right" if call.arguments.get("new_str") == fix["new"] else "wrong"] += 1
+        choices[
+            "giveup" if call.name == "submit" else "right" if call.arguments.get("new_str") == fix["new"] else "wrong"
+        ] += 1
     assert 0.08 < choices["giveup"] / 400 < 0.24 and 0.2 < choices["wrong"] / 400 < 0.42
     assert choices["right"] / 400 > 0.4
     assert choices["malformed"] == 0  # strategic mistakes only: a malformed call is nothing to imitate
@@ -233,7 +247,7 @@ def _hidden_passing(task, sources: dict[str, str]) -> list[bool]:
         if line.strip().startswith("assert "):
             ns = {name: getattr(m, name) for m in modules.values() for name in dir(m) if not name.startswith("_")}
             try:
-                out.append(bool(eval(line.strip()[len("assert "):], ns)))
+                out.append(bool(eval(line.strip()[len("assert ") :], ns)))
             except Exception:
                 out.append(False)
     return out

@@ -121,10 +121,17 @@ def append_to_package(task, payload: str):
     return bash(f"cat >> {package}/__init__.py <<'EOF'\n{payload}EOF")
 
 
-@pytest.mark.parametrize("payload", [PLUGIN_VIA_GC, PATCHED_TEST_REPORT, FORGED_JUNIT_AND_EXIT, EQUAL_TO_EVERYTHING,
-                                     READ_THE_ASSERTING_LINE],
-                         ids=["plugin-via-gc", "patched-TestReport", "forged-junit-and-exit", "eq-always-true",
-                              "expected-from-the-asserting-line"])
+@pytest.mark.parametrize(
+    "payload",
+    [PLUGIN_VIA_GC, PATCHED_TEST_REPORT, FORGED_JUNIT_AND_EXIT, EQUAL_TO_EVERYTHING, READ_THE_ASSERTING_LINE],
+    ids=[
+        "plugin-via-gc",
+        "patched-TestReport",
+        "forged-junit-and-exit",
+        "eq-always-true",
+        "expected-from-the-asserting-line",
+    ],
+)
 def test_forged_resolved_from_inside_the_verifying_process(sandbox_client, task, payload):
     traj = play(sandbox_client, task, [append_to_package(task, payload)])
     assert_unresolved(traj)
@@ -137,8 +144,9 @@ def test_deleting_the_verifiers_directory_at_import_is_unresolved(sandbox_client
 
 def test_a_fork_bomb_in_the_agents_own_command_is_its_timeout(sandbox_client, task):
     calls = [bash("python3 - <<'EOF'\n" + FORK_BOMB + "EOF"), honest_fix(task)]
-    traj = run_episode(task, SWERecipe(tool_timeout_seconds=3), Script(calls), sandbox_client,
-                       HarnessConfig(max_steps=len(calls) + 2))
+    traj = run_episode(
+        task, SWERecipe(tool_timeout_seconds=3), Script(calls), sandbox_client, HarnessConfig(max_steps=len(calls) + 2)
+    )
     assert traj.outcome is Outcome.resolved, (traj.outcome, traj.outcome_reason)  # the episode went on
     observation = traj.steps[3]
     assert observation.role == "tool" and "timed out" in observation.content.lower(), observation.content
@@ -200,21 +208,39 @@ def test_honest_fix_of_an_imported_task_resolves(sandbox_client, imported_task):
     assert traj.outcome is Outcome.resolved and traj.reward == 1.0, traj.outcome_reason
 
 
-@pytest.mark.parametrize("payload", [PLUGIN_VIA_GC, PATCHED_TEST_REPORT, FORGED_JUNIT_AND_EXIT, EQUAL_TO_EVERYTHING,
-                                     READ_THE_ASSERTING_LINE, PLUGIN_SPARING_THE_CANARIES],
-                         ids=["plugin-via-gc", "patched-TestReport", "forged-junit-and-exit", "eq-always-true",
-                              "expected-from-the-asserting-line", "plugin-sparing-the-canaries"])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        PLUGIN_VIA_GC,
+        PATCHED_TEST_REPORT,
+        FORGED_JUNIT_AND_EXIT,
+        EQUAL_TO_EVERYTHING,
+        READ_THE_ASSERTING_LINE,
+        PLUGIN_SPARING_THE_CANARIES,
+    ],
+    ids=[
+        "plugin-via-gc",
+        "patched-TestReport",
+        "forged-junit-and-exit",
+        "eq-always-true",
+        "expected-from-the-asserting-line",
+        "plugin-sparing-the-canaries",
+    ],
+)
 def test_tampering_with_an_imported_tasks_pytest_run_is_evident(sandbox_client, imported_task, payload):
     traj = play(sandbox_client, imported_task, [append_to_package(imported_task, payload)])
     assert_unresolved(traj)
     assert "tampered" in traj.outcome_reason
 
 
-
-@pytest.mark.parametrize("make", [
-    "for i in $(seq 24); do d=$(printf 'd%.0s' $(seq 200)); mkdir $d && cd $d; done; echo 'x = 1' > deep.py",
-    "python3 -c \"import os; open(b'bad\\xff\\xfe.py', 'wb').write(b'x = 1')\"",
-], ids=["path-over-PATH_MAX", "non-UTF-8-name"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        "for i in $(seq 24); do d=$(printf 'd%.0s' $(seq 200)); mkdir $d && cd $d; done; echo 'x = 1' > deep.py",
+        "python3 -c \"import os; open(b'bad\\xff\\xfe.py', 'wb').write(b'x = 1')\"",
+    ],
+    ids=["path-over-PATH_MAX", "non-UTF-8-name"],
+)
 def test_hostile_file_names_in_the_package_end_unresolved_and_store(sandbox_client, task, make, tmp_path):
     from components.core.store import TrajectoryStore
 
@@ -243,9 +269,11 @@ def test_tool_call_text_that_cannot_be_parsed_or_stored_is_a_policy_error(sandbo
     from components.core.store import TrajectoryStore
     from components.core.schema import ToolCall
 
-    texts = ['<tool_call>{"name": "bash", "arguments": {"command": ' + "[" * 200_000 + "]" * 200_000 + "}}</tool_call>",
-             '<tool_call>{"name": "bash", "arguments": {"command": "echo \\ud800"}}</tool_call>',
-             "thinking \ud800 " + format_tool_call(ToolCall(name="submit", arguments={}))]
+    texts = [
+        '<tool_call>{"name": "bash", "arguments": {"command": ' + "[" * 200_000 + "]" * 200_000 + "}}</tool_call>",
+        '<tool_call>{"name": "bash", "arguments": {"command": "echo \\ud800"}}</tool_call>',
+        "thinking \ud800 " + format_tool_call(ToolCall(name="submit", arguments={})),
+    ]
     policy = RawText([ToolCall(name="raw", arguments={"text": t}) for t in texts])
     traj = run_episode(task, SWERecipe(), policy, sandbox_client, HarnessConfig(max_steps=5))
     assert_unresolved(traj)

@@ -25,8 +25,10 @@ def play(client, recipe, task, calls):
 def wrong_fix(task):
     """The fix, then the function redefined to answer None: tests fail (not error)."""
     fix = task.metadata["fix"]
-    return [honest_fix(task), bash(f"printf '\\ndef {task.metadata['function']}(*a, **k):\\n    return None\\n' "
-                                   f">> {fix['path']}")]
+    return [
+        honest_fix(task),
+        bash(f"printf '\\ndef {task.metadata['function']}(*a, **k):\\n    return None\\n' >> {fix['path']}"),
+    ]
 
 
 # Each runs at import of the package, in whatever process verifies it.
@@ -88,16 +90,31 @@ def _summary(traj):
     return (traj.outcome, traj.outcome_reason, report.passed if report else None, report.failed if report else None)
 
 
-@pytest.mark.parametrize("variant", ["honest", "none", "wrong", "eq-always-true", "exit-at-import",
-                                     "raise-at-import", "noise-on-stdout", "os-exit-at-import"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "honest",
+        "none",
+        "wrong",
+        "eq-always-true",
+        "exit-at-import",
+        "raise-at-import",
+        "noise-on-stdout",
+        "os-exit-at-import",
+    ],
+)
 def test_warm_and_clean_rooms_give_the_same_verdicts(sandbox_client, tasks, variant):
     for task in tasks:
-        calls = {"honest": [honest_fix(task)], "none": [], "wrong": wrong_fix(task),
-                 "eq-always-true": [append_to_package(task, EQUAL_TO_EVERYTHING)],
-                 "exit-at-import": [honest_fix(task), append_to_package(task, EXIT_AT_IMPORT)],
-                 "raise-at-import": [honest_fix(task), append_to_package(task, RAISE_AT_IMPORT)],
-                 "noise-on-stdout": [honest_fix(task), append_to_package(task, NOISE_ON_STDOUT)],
-                 "os-exit-at-import": [honest_fix(task), append_to_package(task, OS_EXIT_AT_IMPORT)]}[variant]
+        calls = {
+            "honest": [honest_fix(task)],
+            "none": [],
+            "wrong": wrong_fix(task),
+            "eq-always-true": [append_to_package(task, EQUAL_TO_EVERYTHING)],
+            "exit-at-import": [honest_fix(task), append_to_package(task, EXIT_AT_IMPORT)],
+            "raise-at-import": [honest_fix(task), append_to_package(task, RAISE_AT_IMPORT)],
+            "noise-on-stdout": [honest_fix(task), append_to_package(task, NOISE_ON_STDOUT)],
+            "os-exit-at-import": [honest_fix(task), append_to_package(task, OS_EXIT_AT_IMPORT)],
+        }[variant]
         clean = play(sandbox_client, SWERecipe(warm_rooms=False), task, calls)
         warm = play(sandbox_client, SWERecipe(), task, calls)
         assert "warm" in warm.verification.seconds and "warm" not in clean.verification.seconds
@@ -133,8 +150,9 @@ def test_a_room_that_cannot_be_put_back_retires_and_the_verdict_stands(sandbox_c
         assert first.outcome is kept.outcome is Outcome.resolved, kept.outcome_reason
         assert "warm" in kept.verification.seconds
         assert rooms.rooms(sandbox_client) == []  # retired: its IPC namespace holds the segment
-        assert room not in {s.id for s in sandbox_client.list({"orchard.role": "verifier-warm"})
-                            if s.state.value != "deleted"}
+        assert room not in {
+            s.id for s in sandbox_client.list({"orchard.role": "verifier-warm"}) if s.state.value != "deleted"
+        }
         unfixed = play(sandbox_client, recipe, task, [])
         assert unfixed.outcome is Outcome.unresolved and "warm" in unfixed.verification.seconds
         assert rooms.rooms(sandbox_client) not in ([], [room])  # a new room
@@ -183,6 +201,9 @@ def test_kept_set_ups_are_bounded_by_bytes_least_recently_used_first():
     assert not kept.put("huge", setup(60)) and kept.get("huge") is None and len(kept) == 2
     task = generate_tasks("train", 1, 0)[0]
     assert setup_key(task) == setup_key(task.model_copy(update={"id": "other"}))  # by environment, not id
-    for update in ({"setup_commands": ["pip install x"]}, {"workdir": "/srv/repo"},
-                   {"repo_path": "/src", "base_commit": None}):
+    for update in (
+        {"setup_commands": ["pip install x"]},
+        {"workdir": "/srv/repo"},
+        {"repo_path": "/src", "base_commit": None},
+    ):
         assert setup_key(task.model_copy(update={"environment": task.environment.model_copy(update=update)})) is None

@@ -20,8 +20,9 @@ TEST_ADD = "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5
 
 
 def git(cwd, *args) -> str:
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout
 
 
 @pytest.fixture
@@ -29,7 +30,9 @@ def instance(tmp_path):
     repo = tmp_path / "repos" / "acme__calc"
     (repo / "tests").mkdir(parents=True)
     (repo / "calc.py").write_text(BUGGY)
-    (repo / "tests" / "test_calc.py").write_text("from calc import sub\n\n\ndef test_sub():\n    assert sub(3, 1) == 2\n")
+    (repo / "tests" / "test_calc.py").write_text(
+        "from calc import sub\n\n\ndef test_sub():\n    assert sub(3, 1) == 2\n"
+    )
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "base")
@@ -41,10 +44,17 @@ def instance(tmp_path):
     test_patch = git(repo, "diff", "--cached", "--", "tests")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "fix add (the future the agent must not see)")
-    inst = {"instance_id": "acme__calc-1", "repo": "acme/calc", "base_commit": base,
-            "problem_statement": "add(2, 3) returns -1; it should return 5.", "patch": patch,
-            "test_patch": test_patch, "FAIL_TO_PASS": json.dumps(["tests/test_add.py::test_add"]),
-            "PASS_TO_PASS": json.dumps(["tests/test_calc.py::test_sub"]), "version": "0.1"}
+    inst = {
+        "instance_id": "acme__calc-1",
+        "repo": "acme/calc",
+        "base_commit": base,
+        "problem_statement": "add(2, 3) returns -1; it should return 5.",
+        "patch": patch,
+        "test_patch": test_patch,
+        "FAIL_TO_PASS": json.dumps(["tests/test_add.py::test_add"]),
+        "PASS_TO_PASS": json.dumps(["tests/test_calc.py::test_sub"]),
+        "version": "0.1",
+    }
     path = tmp_path / "instances.jsonl"
     path.write_text(json.dumps(inst) + "\n")
     return path, tmp_path / "repos", inst
@@ -91,8 +101,11 @@ def test_imported_instance_verifies_in_sandboxes(instance, sandbox_client):
     assert check.ok, check
     with sandbox_client.create(recipe.sandbox_spec(task)) as sandbox:
         recipe.setup(sandbox, task)
-        seen = recipe.execute_tool(sandbox, task, ToolCall(name="bash", arguments={
-            "command": "cat calc.py; git log --all --oneline | wc -l; ls tests"}))
+        seen = recipe.execute_tool(
+            sandbox,
+            task,
+            ToolCall(name="bash", arguments={"command": "cat calc.py; git log --all --oneline | wc -l; ls tests"}),
+        )
         assert "return a - b\n\n\ndef sub" in seen.output  # the base commit's tree ...
         assert "\n1\n" in seen.output and "test_add" not in seen.output  # ... one commit, no future, no test patch
 
@@ -103,28 +116,36 @@ def test_provision_reads_a_swebench_file_as_its_task_source(instance, tmp_path):
 
     path, repos, inst = instance
     source = TaskSource(kind="swebench", path=str(path), repos_dir=str(repos))
-    result = provision_environment(ProvisionConfig(source=source, n_train=0, n_heldout=5, check_sandbox=False),
-                                   tmp_path / "tasks")
+    result = provision_environment(
+        ProvisionConfig(source=source, n_train=0, n_heldout=5, check_sandbox=False), tmp_path / "tasks"
+    )
     assert result.counts == {"train": 0, "validation": 0, "heldout": 1}
     assert result.units == {"train": 0, "validation": 0, "heldout": 1}
     (task,) = TaskStore(tmp_path / "tasks").read(split="heldout")
     assert task.id == "acme__calc-1" and task.reference_solution == inst["patch"] and task.unit == "acme/calc"
-    train = provision_environment(ProvisionConfig(source=source, n_train=1, n_heldout=1, check_sandbox=False),
-                                  tmp_path / "train-tasks")
+    train = provision_environment(
+        ProvisionConfig(source=source, n_train=1, n_heldout=1, check_sandbox=False), tmp_path / "train-tasks"
+    )
     assert train.counts == {"train": 1, "validation": 0, "heldout": 0}
     with pytest.raises(ValueError, match="needs path"):
         TaskSource(kind="swebench")
     with pytest.raises(ProvisionError, match="split in order"):
-        provision_environment(ProvisionConfig(source=source, heldout_families=["off_by_one"], check_sandbox=False),
-                              tmp_path / "t4")
+        provision_environment(
+            ProvisionConfig(source=source, heldout_families=["off_by_one"], check_sandbox=False), tmp_path / "t4"
+        )
     with pytest.raises(ProvisionError, match="cannot import"):
-        provision_environment(ProvisionConfig(source=TaskSource(kind="swebench", path=str(path),
-                                                                repos_dir=str(tmp_path / "none")),
-                                              check_sandbox=False), tmp_path / "t3")
+        provision_environment(
+            ProvisionConfig(
+                source=TaskSource(kind="swebench", path=str(path), repos_dir=str(tmp_path / "none")),
+                check_sandbox=False,
+            ),
+            tmp_path / "t3",
+        )
 
 
 def test_an_imported_heldout_instance_that_repeats_a_training_one_is_dropped_and_repositories_are_the_units(
-        instance, tmp_path):
+    instance, tmp_path
+):
     """The same repository, commit and issue text under another id is the same task: it may not be held out
     when it was trained on, nor held out twice; instances of one repository count as one unit."""
     from components.core.store import TaskStore
@@ -137,19 +158,24 @@ def test_an_imported_heldout_instance_that_repeats_a_training_one_is_dropped_and
     other = {**inst, "instance_id": "acme__calc-5", "problem_statement": "add(1, 1) returns 0."}
     path.write_text("".join(json.dumps(i) + "\n" for i in (inst, again, twice, also, other)))
     source = TaskSource(kind="swebench", path=str(path), repos_dir=str(repos))
-    result = provision_environment(ProvisionConfig(source=source, n_train=1, n_heldout=3, n_validation=0,
-                                                   check_sandbox=False), tmp_path / "tasks")
+    result = provision_environment(
+        ProvisionConfig(source=source, n_train=1, n_heldout=3, n_validation=0, check_sandbox=False), tmp_path / "tasks"
+    )
     held = TaskStore(tmp_path / "tasks").read(split="heldout")
     assert sorted(t.id for t in held) == ["acme__calc-3", "acme__calc-5"]
     assert result.metrics["heldout_duplicates_dropped"] == 2
     assert result.counts["heldout"] == 2 and result.units["heldout"] == 1  # one repository
 
 
-@pytest.mark.parametrize("payload", [
-    "class _Any:\n    def __eq__(self, other):\n        return True\n\n\ndef add(a, b):\n    return _Any()\n",
-    "import linecache, sys\n\n\ndef add(a, b):\n    f = sys._getframe(1)\n"
-    "    return eval(linecache.getline(f.f_code.co_filename, f.f_lineno).split('==', 1)[1], f.f_globals)\n",
-], ids=["eq-always-true", "expected-from-the-asserting-line"])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "class _Any:\n    def __eq__(self, other):\n        return True\n\n\ndef add(a, b):\n    return _Any()\n",
+        "import linecache, sys\n\n\ndef add(a, b):\n    f = sys._getframe(1)\n"
+        "    return eval(linecache.getline(f.f_code.co_filename, f.f_lineno).split('==', 1)[1], f.f_globals)\n",
+    ],
+    ids=["eq-always-true", "expected-from-the-asserting-line"],
+)
 def test_generic_forgeries_of_an_imported_instance_are_evident(instance, sandbox_client, payload):
     """The hidden test arrives as the instance's test patch: the canaries' twins are made from the test file
     as the clean room holds it once the patch is applied, and a forged pass of `add` passes its twin too."""

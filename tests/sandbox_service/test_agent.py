@@ -29,16 +29,32 @@ from sandbox_service.models import ExecOutcome, ExecRequest
 
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "agent-test-secret"
-LAUNCH = (f"import sys; sys.path.insert(0, {str(REPO)!r}); "
-          "from sandbox_service.agent.__main__ import main; sys.exit(main())")
+LAUNCH = (
+    f"import sys; sys.path.insert(0, {str(REPO)!r}); from sandbox_service.agent.__main__ import main; sys.exit(main())"
+)
 
 
 def _start_agent(tmp: Path, *listen: str) -> subprocess.Popen:
     (tmp / "secret").write_text(SECRET)
     ready_r, ready_w = os.pipe()
-    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", LAUNCH, *listen, "--secret-file", str(tmp / "secret"),
-                             "--workspace", str(tmp / "ws"), "--ready-fd", str(ready_w)],
-                            pass_fds=(ready_w,), start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            LAUNCH,
+            *listen,
+            "--secret-file",
+            str(tmp / "secret"),
+            "--workspace",
+            str(tmp / "ws"),
+            "--ready-fd",
+            str(ready_w),
+        ],
+        pass_fds=(ready_w,),
+        start_new_session=True,
+    )
     os.close(ready_w)
     with os.fdopen(ready_r) as ready:
         line = ready.readline()
@@ -119,8 +135,14 @@ def test_timeout_kills_process_group_children_and_escapees(agent_dir):
     start = time.monotonic()
     # 2: own session; 4: double fork + setsid, so neither a descendant nor in the session (found by
     # its ORCHARD_EXEC_ID, as no cgroup tracks an unisolated agent's commands)
-    r = run(agent_dir, lambda c: _exec(c, f"sleep 1{marker} & setsid sleep 2{marker} & "
-                                          f"(setsid sleep 4{marker} &); sleep 3{marker}", timeout_seconds=0.5))
+    r = run(
+        agent_dir,
+        lambda c: _exec(
+            c,
+            f"sleep 1{marker} & setsid sleep 2{marker} & (setsid sleep 4{marker} &); sleep 3{marker}",
+            timeout_seconds=0.5,
+        ),
+    )
     # -9: the shell itself got the SIGKILL; 137: under load the shell saw its child die first and reported
     # it before its own kill landed. Either way the whole tree is gone (checked below).
     assert r.outcome is ExecOutcome.command_timeout and r.exit_code in (-9, 137)
@@ -206,8 +228,14 @@ def test_archive_round_trip(agent_dir):
     assert names["a.txt"] == b"A" and names["sub/b.txt"] == b"B"
 
 
-@pytest.mark.parametrize("bad", [{"members": {"../escape.txt": b"x"}}, {"members": {"/tmp/abs.txt": b"x"}},
-                                 {"members": {}, "links": {"out": "/etc"}}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"members": {"../escape.txt": b"x"}},
+        {"members": {"/tmp/abs.txt": b"x"}},
+        {"members": {}, "links": {"out": "/etc"}},
+    ],
+)
 def test_archive_escape_refused_before_extracting(agent_dir, bad):
     blob = _tar({"first_ok.txt": b"ok", **bad["members"]}, bad.get("links"))
     with pytest.raises(errors.PathOutsideSandboxError):
@@ -243,10 +271,15 @@ def test_http_relay_to_port_inside(agent_dir):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                              cwd=agent_dir / "ws", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=agent_dir / "ws",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     (agent_dir / "ws" / "page.html").write_text("<h1>relayed</h1>")
     try:
+
         async def body(c):
             for _ in range(100):
                 status, headers, data = await c.http_request(port, "GET", "/page.html", {"X-Test": "1"}, b"")
@@ -278,11 +311,19 @@ def test_tls_on_loopback_verifies_the_ca(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    proc = _start_agent(tmp_path, "--tcp", f"127.0.0.1:{port}", "--tls-cert", str(tmp_path / "cert.pem"),
-                        "--tls-key", str(tmp_path / "key.pem"))
+    proc = _start_agent(
+        tmp_path,
+        "--tcp",
+        f"127.0.0.1:{port}",
+        "--tls-cert",
+        str(tmp_path / "cert.pem"),
+        "--tls-key",
+        str(tmp_path / "key.pem"),
+    )
     try:
-        ep = AgentEndpoint(transport="tcp", address=f"127.0.0.1:{port}", secret=SECRET, tls=True,
-                           ca_cert_pem=ca.cert_pem.decode())
+        ep = AgentEndpoint(
+            transport="tcp", address=f"127.0.0.1:{port}", secret=SECRET, tls=True, ca_cert_pem=ca.cert_pem.decode()
+        )
 
         async def body():
             c = AgentClient(ep)
@@ -313,6 +354,7 @@ def test_tls_on_loopback_verifies_the_ca(tmp_path):
 def test_cancelled_call_closes_its_connection(agent_dir):
     """A call cancelled mid-exec (service-side timeout, job cancel) must neither leak its connection
     nor return it to the pool (a late reply would be read as the next call's answer)."""
+
     async def body(c):
         opened = []
         connect = c._connect

@@ -47,8 +47,12 @@ def workspace(tmp_path):
 
 
 def test_extraction_works_without_tarfiles_filters(old_python, workspace):
-    blob = _tar(_member("a.txt"), _member("bin/run", mode=0o4755), _member("link", tarfile.SYMTYPE, "a.txt"),
-                data={"a.txt": b"A", "bin/run": b"#!/bin/sh\n"})
+    blob = _tar(
+        _member("a.txt"),
+        _member("bin/run", mode=0o4755),
+        _member("link", tarfile.SYMTYPE, "a.txt"),
+        data={"a.txt": b"A", "bin/run": b"#!/bin/sh\n"},
+    )
     assert files.put_archive(workspace, "out", blob) == 3
     out = os.path.join(workspace.root, "out")
     assert open(os.path.join(out, "a.txt"), "rb").read() == b"A"
@@ -56,15 +60,19 @@ def test_extraction_works_without_tarfiles_filters(old_python, workspace):
     assert os.stat(os.path.join(out, "bin/run")).st_mode & 0o7777 == 0o755  # setuid dropped, execute kept
 
 
-@pytest.mark.parametrize("member", [
-    _member("../escape.txt"),
-    _member("sub/../../escape.txt"),
-    _member("out", tarfile.SYMTYPE, "/etc"),
-    _member("sub/up", tarfile.SYMTYPE, "../../.."),
-    _member("hard", tarfile.LNKTYPE, "../../etc/passwd"),
-    _member("dev", tarfile.CHRTYPE),
-    _member("fifo", tarfile.FIFOTYPE),
-], ids=lambda m: m.name)
+@pytest.mark.parametrize(
+    "member",
+    [
+        _member("../escape.txt"),
+        _member("sub/../../escape.txt"),
+        _member("out", tarfile.SYMTYPE, "/etc"),
+        _member("sub/up", tarfile.SYMTYPE, "../../.."),
+        _member("hard", tarfile.LNKTYPE, "../../etc/passwd"),
+        _member("dev", tarfile.CHRTYPE),
+        _member("fifo", tarfile.FIFOTYPE),
+    ],
+    ids=lambda m: m.name,
+)
 def test_hostile_members_are_refused_without_tarfiles_filters(old_python, workspace, member):
     blob = _tar(_member("first_ok.txt"), member, data={"first_ok.txt": b"ok"})
     with pytest.raises(files.FileOpError) as caught:
@@ -75,8 +83,12 @@ def test_hostile_members_are_refused_without_tarfiles_filters(old_python, worksp
 
 def test_the_fallback_refuses_what_tarfiles_own_filter_refuses(tmp_path):
     dest = str(tmp_path)
-    for member in (_member("../x"), _member("l", tarfile.SYMTYPE, "/etc"), _member("d", tarfile.BLKTYPE),
-                   _member("a/l", tarfile.SYMTYPE, "../../x")):
+    for member in (
+        _member("../x"),
+        _member("l", tarfile.SYMTYPE, "/etc"),
+        _member("d", tarfile.BLKTYPE),
+        _member("a/l", tarfile.SYMTYPE, "../../x"),
+    ):
         with pytest.raises(tarfile.FilterError):
             tarfile.data_filter(member, dest)
         with pytest.raises(files.ArchiveMemberRefused):

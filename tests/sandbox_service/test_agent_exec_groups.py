@@ -67,7 +67,9 @@ def test_commands_are_born_in_their_group_and_the_thread_moves_once(tracker, mon
     tracker, top = tracker
     moves = []
     write_at = proctree._write_at
-    monkeypatch.setattr(proctree, "_write_at", lambda name, value, fd: (moves.append(name), write_at(name, value, fd))[1])
+    monkeypatch.setattr(
+        proctree, "_write_at", lambda name, value, fd: (moves.append(name), write_at(name, value, fd))[1]
+    )
 
     def five_commands():
         groups = []

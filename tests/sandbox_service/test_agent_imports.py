@@ -22,11 +22,11 @@ from sandbox_service.models import NetworkPolicy, SandboxCreate
 
 pytestmark = pytest.mark.root
 
-PLANTED = '''import posix
+PLANTED = """import posix
 if posix.getpid() == 1:
     with open("/workspace/.pwned-" + __name__, "a") as f:
         f.write(__name__)
-'''
+"""
 
 # Runs in the sandbox (-I -S: the planter imports nothing it planted).
 PLANTER = r'''
@@ -71,7 +71,7 @@ for base in spec["writable"] + spec["host_dirs"]:
 print(json.dumps({"planted": planted, "refused": refused}))
 '''
 
-RELAY_SITE = r'''
+RELAY_SITE = r"""
 import http.server, json
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -83,7 +83,7 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a): pass
 http.server.HTTPServer(("127.0.0.1", 8125), H).serve_forever()
-'''
+"""
 
 
 def _stdlib_files() -> list[str]:
@@ -103,10 +103,18 @@ def _stdlib_files() -> list[str]:
 
 def _host_dirs(state_dir) -> list[str]:
     """The host paths the agent was started with or imported from, as the sandbox may rebuild them."""
-    agent_copies = [str(p) for p in (state_dir / "local" / "agent").iterdir() if p.is_dir() and not p.name.endswith(".tmp")]
+    agent_copies = [
+        str(p) for p in (state_dir / "local" / "agent").iterdir() if p.is_dir() and not p.name.endswith(".tmp")
+    ]
     stdlib = os.path.dirname(os.__file__)
-    dirs = [*agent_copies, *(f"{a}/sandbox_service/agent" for a in agent_copies), stdlib,
-            os.path.join(stdlib, "lib-dynload"), sys.prefix, sys.base_prefix]
+    dirs = [
+        *agent_copies,
+        *(f"{a}/sandbox_service/agent" for a in agent_copies),
+        stdlib,
+        os.path.join(stdlib, "lib-dynload"),
+        sys.prefix,
+        sys.base_prefix,
+    ]
     return [d for d in dirs if d]
 
 
@@ -127,17 +135,33 @@ def _pwned(sb) -> list[str]:
     return [e.name for e in sb.list_files("/workspace") if e.name.startswith(".pwned-")]
 
 
-def test_modules_planted_everywhere_a_sandbox_writes_never_run_in_its_agent(sandbox_service, sandbox_client,
-                                                                          labels, wait_for_port):
+def test_modules_planted_everywhere_a_sandbox_writes_never_run_in_its_agent(
+    sandbox_service, sandbox_client, labels, wait_for_port
+):
     import httpx
 
     files = _stdlib_files()
-    agent_files = ["sandbox_service/__init__.py",
-                   *(f"sandbox_service/agent/{n}" for n in ("__init__.py", "seccomp.py", "zygote.py", "boot.py"))]
-    plan = {"code": PLANTED, "files": [*files, *agent_files],
-            "writable": ["/tmp", "/workspace", "/root", "/var/tmp", "/dev/shm", "/run", "/home", "/", "/.orchard",
-                         "/.orchard/agent"],
-            "host_dirs": _host_dirs(sandbox_service.state_dir)}
+    agent_files = [
+        "sandbox_service/__init__.py",
+        *(f"sandbox_service/agent/{n}" for n in ("__init__.py", "seccomp.py", "zygote.py", "boot.py")),
+    ]
+    plan = {
+        "code": PLANTED,
+        "files": [*files, *agent_files],
+        "writable": [
+            "/tmp",
+            "/workspace",
+            "/root",
+            "/var/tmp",
+            "/dev/shm",
+            "/run",
+            "/home",
+            "/",
+            "/.orchard",
+            "/.orchard/agent",
+        ],
+        "host_dirs": _host_dirs(sandbox_service.state_dir),
+    }
     with sandbox_client.create(SandboxCreate(labels=labels, network=NetworkPolicy(mode="loopback"))) as sb:
         sb.write_file("/workspace/.plan.json", json.dumps(plan))
         sb.write_file("/workspace/.planter.py", PLANTER)

@@ -59,8 +59,9 @@ def test_timeout_kills_the_whole_process_tree(module_sandbox):
 
 
 def test_huge_output_is_truncated_at_the_cap(module_sandbox):
-    big = module_sandbox.exec("head -c 5000000 /dev/zero | tr '\\0' a; head -c 3000 /dev/zero >&2",
-                              max_output_bytes=1000)
+    big = module_sandbox.exec(
+        "head -c 5000000 /dev/zero | tr '\\0' a; head -c 3000 /dev/zero >&2", max_output_bytes=1000
+    )
     assert big.exit_code == 0
     assert big.stdout_truncated and len(big.stdout) <= 1000 and set(big.stdout) == {"a"}
     assert big.stderr_truncated and len(big.stderr) <= 1000

@@ -25,18 +25,26 @@ def test_missing_file_is_404(module_sandbox):
         module_sandbox.read_file("/workspace/does/not/exist")
 
 
-@pytest.mark.parametrize("path", ["../../etc/passwd", "/workspace/../etc/shadow", "/etc/passwd", "/proc/1/environ",
-                                  "a/../../b"])
+@pytest.mark.parametrize(
+    "path", ["../../etc/passwd", "/workspace/../etc/shadow", "/etc/passwd", "/proc/1/environ", "a/../../b"]
+)
 def test_traversal_is_refused_with_400(module_sandbox, path):
-    for call in (lambda: module_sandbox.read_file(path), lambda: module_sandbox.write_file(path, b"x"),
-                 lambda: module_sandbox.list_files(path), lambda: module_sandbox.download_dir(path)):
+    for call in (
+        lambda: module_sandbox.read_file(path),
+        lambda: module_sandbox.write_file(path, b"x"),
+        lambda: module_sandbox.list_files(path),
+        lambda: module_sandbox.download_dir(path),
+    ):
         with pytest.raises(PathOutsideSandboxError) as info:
             call()
         assert info.value.status_code == 400
 
 
-@pytest.mark.parametrize("path", ["a" * 300 + "/x.py", "d/" + "b" * 300, "c/" * 2100 + "x.py"],
-                         ids=["long-directory", "long-name", "over-PATH_MAX"])
+@pytest.mark.parametrize(
+    "path",
+    ["a" * 300 + "/x.py", "d/" + "b" * 300, "c/" * 2100 + "x.py"],
+    ids=["long-directory", "long-name", "over-PATH_MAX"],
+)
 def test_a_path_the_filesystem_cannot_name_is_the_callers_400(module_sandbox, path):
     """A 300-character directory name made the agent's mkdir raise ENAMETOOLONG as an `internal_error` (500),
     which a harness could only read as the infrastructure's: it is the request's own fault."""
@@ -58,8 +66,9 @@ def test_symlink_escape_is_refused(module_sandbox):
 
 
 def test_list_files(module_sandbox):
-    module_sandbox.exec("mkdir -p /workspace/tree/sub && printf 12345 > /workspace/tree/f.txt "
-                        "&& ln -sfn f.txt /workspace/tree/l")
+    module_sandbox.exec(
+        "mkdir -p /workspace/tree/sub && printf 12345 > /workspace/tree/f.txt && ln -sfn f.txt /workspace/tree/l"
+    )
     entries = {e.name: e for e in module_sandbox.list_files("/workspace/tree")}
     assert set(entries) == {"sub", "f.txt", "l"}
     assert entries["sub"].type == "dir" and entries["f.txt"].type == "file" and entries["l"].type == "symlink"
@@ -72,8 +81,9 @@ def test_directory_upload_and_download_as_tar(module_sandbox, tmp_path):
     (src / "pkg" / "mod.py").write_text("X = 1\n")
     (src / "README").write_text("readme\n")
     module_sandbox.upload_dir(src, "/workspace/uploaded")
-    assert module_sandbox.exec("cat /workspace/uploaded/pkg/mod.py /workspace/uploaded/README").stdout == \
-        "X = 1\nreadme\n"
+    assert (
+        module_sandbox.exec("cat /workspace/uploaded/pkg/mod.py /workspace/uploaded/README").stdout == "X = 1\nreadme\n"
+    )
     with tarfile.open(fileobj=io.BytesIO(module_sandbox.download_dir("/workspace/uploaded")), mode="r:gz") as tar:
         names = {m.name.lstrip("./") for m in tar.getmembers()}
     assert {"pkg/mod.py", "README"} <= names
@@ -86,8 +96,12 @@ def test_tar_members_escaping_the_target_are_refused(module_sandbox):
         info.size = 3
         tar.addfile(info, io.BytesIO(b"bad"))
     with pytest.raises(PathOutsideSandboxError):
-        module_sandbox.client.request("PUT", f"/v1/sandboxes/{module_sandbox.id}/files/archive",
-                                      params={"path": "/workspace/t"}, content=buf.getvalue())
+        module_sandbox.client.request(
+            "PUT",
+            f"/v1/sandboxes/{module_sandbox.id}/files/archive",
+            params={"path": "/workspace/t"},
+            content=buf.getvalue(),
+        )
     assert module_sandbox.exec("ls /workspace/escaped.txt /escaped.txt 2>/dev/null").stdout == ""
 
 

@@ -11,8 +11,7 @@ from sandbox_service.models import Resources, SandboxCreate, SandboxInfo, Sandbo
 
 
 def test_create_is_async_then_ready_listed_and_deleted(sandbox_client, labels):
-    sb = sandbox_client.create(SandboxCreate(labels=labels, resources=Resources(memory_mb=256, cpu=0.5)),
-                               wait=False)
+    sb = sandbox_client.create(SandboxCreate(labels=labels, resources=Resources(memory_mb=256, cpu=0.5)), wait=False)
     assert sb.info.state is SandboxState.pending  # the POST answers before the sandbox exists
     info = sb.wait_ready(timeout=60)
     assert info.state is SandboxState.ready and info.ready_at is not None
@@ -33,13 +32,16 @@ def test_create_is_async_then_ready_listed_and_deleted(sandbox_client, labels):
 
 
 def test_list_filters_by_every_label_and_by_state(sandbox_client, labels):
-    with sandbox_client.create(SandboxCreate(labels=labels | {"role": "a"})) as a, \
-            sandbox_client.create(SandboxCreate(labels=labels | {"role": "b"})) as b:
+    with (
+        sandbox_client.create(SandboxCreate(labels=labels | {"role": "a"})) as a,
+        sandbox_client.create(SandboxCreate(labels=labels | {"role": "b"})) as b,
+    ):
         assert {i.id for i in sandbox_client.list(labels)} == {a.id, b.id}
         assert [i.id for i in sandbox_client.list(labels | {"role": "b"})] == [b.id]
         b.delete()
-        response = sandbox_client.request("GET", "/v1/sandboxes",
-                                          params=[("label", f"test={labels['test']}"), ("state", "deleted")])
+        response = sandbox_client.request(
+            "GET", "/v1/sandboxes", params=[("label", f"test={labels['test']}"), ("state", "deleted")]
+        )
         assert [SandboxInfo.model_validate(x).id for x in response.json()] == [b.id]
 
 
@@ -69,8 +71,12 @@ def test_an_image_is_a_name_and_host_paths_are_a_400(sandbox_service, sandbox_cl
         sandbox_client.create(SandboxCreate(labels=labels, image=image))
     import httpx
 
-    published = httpx.post(sandbox_service.url + "/published/sandboxes", json={"image": image}, timeout=60,
-                           headers={"X-API-Key": sandbox_service.token})
+    published = httpx.post(
+        sandbox_service.url + "/published/sandboxes",
+        json={"image": image},
+        timeout=60,
+        headers={"X-API-Key": sandbox_service.token},
+    )
     assert published.status_code == 400 and "not an image name" in published.text, published.text
     assert sandbox_client.list(labels) == []
 
@@ -78,7 +84,8 @@ def test_an_image_is_a_name_and_host_paths_are_a_400(sandbox_service, sandbox_cl
 def test_a_sandbox_that_cannot_start_fails_with_its_reason(sandbox_client, labels):
     with pytest.raises(BackendUnavailableError, match="failed"):
         sandbox_client.create(SandboxCreate(labels=labels, image="nonexistent-image"), wait_timeout=60)
-    failed = sandbox_client.request("GET", "/v1/sandboxes",
-                                    params=[("label", f"test={labels['test']}"), ("state", "deleted")]).json()
+    failed = sandbox_client.request(
+        "GET", "/v1/sandboxes", params=[("label", f"test={labels['test']}"), ("state", "deleted")]
+    ).json()
     # The client deletes a sandbox it gave up on; the record keeps the failure's reason.
     assert len(failed) == 1 and "nonexistent" in (failed[0]["error"] or "")

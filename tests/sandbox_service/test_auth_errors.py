@@ -22,9 +22,14 @@ def _body(response: httpx.Response) -> dict:
 def test_every_route_needs_the_token_except_healthz(sandbox_service):
     http = httpx.Client(base_url=sandbox_service.url)
     assert http.get("/healthz").json()["status"] == "ok"
-    for method, path in [("GET", "/v1/sandboxes"), ("POST", "/v1/sandboxes"), ("GET", "/metrics"),
-                         ("GET", "/v1/sandboxes/sb-x"), ("POST", "/v1/sandboxes/sb-x/exec"),
-                         ("GET", "/v1/jobs/job-x")]:
+    for method, path in [
+        ("GET", "/v1/sandboxes"),
+        ("POST", "/v1/sandboxes"),
+        ("GET", "/metrics"),
+        ("GET", "/v1/sandboxes/sb-x"),
+        ("POST", "/v1/sandboxes/sb-x/exec"),
+        ("GET", "/v1/jobs/job-x"),
+    ]:
         for headers in ({}, {"Authorization": "Bearer wrong-token"}, {"Authorization": sandbox_service.token}):
             response = http.request(method, path, headers=headers)
             assert response.status_code == 401, (method, path, headers)
@@ -46,8 +51,9 @@ def test_error_bodies(sandbox_service, sandbox_client):
     assert not_json.status_code == 422 and _body(not_json)["code"] == "validation_error"
     bad_label = httpx.get(url + "/v1/sandboxes", params={"label": "no-equals-sign"}, headers=auth)
     assert bad_label.status_code == 400 and _body(bad_label)["code"] == "invalid_request"
-    bad_exec = httpx.post(url + "/v1/sandboxes/sb-unknown/exec", json={"command": "true", "timeout_seconds": -1},
-                          headers=auth)
+    bad_exec = httpx.post(
+        url + "/v1/sandboxes/sb-unknown/exec", json={"command": "true", "timeout_seconds": -1}, headers=auth
+    )
     assert bad_exec.status_code == 422
 
 
@@ -62,8 +68,15 @@ def test_exec_on_a_deleted_sandbox_is_409(sandbox_client, labels):
 @pytest.fixture(scope="module")
 def tight_service():
     """A second service with tiny caps, to reach saturation without load."""
-    config = ServiceConfig(token="unused", max_concurrent_execs=1, max_concurrent_creates=1, max_sandboxes=4,
-                           retry_after_seconds=2, reaper_interval_seconds=0.5, max_request_bytes=65536)
+    config = ServiceConfig(
+        token="unused",
+        max_concurrent_execs=1,
+        max_concurrent_creates=1,
+        max_sandboxes=4,
+        retry_after_seconds=2,
+        reaper_interval_seconds=0.5,
+        max_request_bytes=65536,
+    )
     with EmbeddedService(config) as service:
         yield service
 
@@ -75,8 +88,11 @@ def test_saturated_execs_get_503_with_retry_after(tight_service):
         while client.get_job(job.id).state is not JobState.running:
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        response = httpx.post(f"{tight_service.url}/v1/sandboxes/{sb.id}/exec", json={"command": "true"},
-                              headers={"Authorization": f"Bearer {tight_service.token}"})
+        response = httpx.post(
+            f"{tight_service.url}/v1/sandboxes/{sb.id}/exec",
+            json={"command": "true"},
+            headers={"Authorization": f"Bearer {tight_service.token}"},
+        )
         assert response.status_code == 503 and response.headers["retry-after"] == "2"
         assert _body(response)["code"] == "capacity_exceeded"
         # Async jobs queue behind the cap instead of being refused.
@@ -96,8 +112,9 @@ def test_creates_beyond_the_cap_get_503_and_queued_ones_are_pending(tight_servic
             with pytest.raises(WaitTimeoutError) as info:
                 sandboxes[-1].wait_ready(timeout=0.01)
             assert info.value.status_code == 408
-            response = httpx.post(f"{tight_service.url}/v1/sandboxes", json={},
-                                  headers={"Authorization": f"Bearer {tight_service.token}"})
+            response = httpx.post(
+                f"{tight_service.url}/v1/sandboxes", json={}, headers={"Authorization": f"Bearer {tight_service.token}"}
+            )
             assert response.status_code == 503 and _body(response)["code"] == "capacity_exceeded"
             assert response.headers["retry-after"] == "2"
             with pytest.raises(CapacityExceededError):
@@ -115,8 +132,9 @@ def test_sandboxes_get_no_credentials(sandbox_service, module_sandbox):
     assert "ORCHARD_" not in env and "KUBERNETES_SERVICE" not in env
     # The service's token file and state directory are not readable from inside.
     token_file = sandbox_service.log_path.parent / "token"
-    probe = module_sandbox.exec(f"cat {token_file} 2>&1; ls {sandbox_service.state_dir} 2>&1; "
-                                "cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'")
+    probe = module_sandbox.exec(
+        f"cat {token_file} 2>&1; ls {sandbox_service.state_dir} 2>&1; cat /proc/1/environ 2>/dev/null | tr '\\0' '\\n'"
+    )
     assert sandbox_service.token not in probe.stdout
     assert not module_sandbox.exec("ls /var/run/secrets/kubernetes.io 2>/dev/null").stdout
 
@@ -147,11 +165,13 @@ def test_the_direct_exec_path_answers_like_the_route(tight_service):
             assert invalid.status_code == 422 and _body(invalid)["code"] == "validation_error"
         not_json = httpx.post(url, content=b"{not json", headers={**auth, "Content-Type": "application/json"})
         assert not_json.status_code == 422 and _body(not_json)["code"] == "validation_error"
-        unknown = httpx.post(f"{tight_service.url}/v1/sandboxes/sb-nope/exec", json={"command": ["true"]},
-                             headers=auth)
+        unknown = httpx.post(f"{tight_service.url}/v1/sandboxes/sb-nope/exec", json={"command": ["true"]}, headers=auth)
         assert unknown.status_code == 404 and _body(unknown)["code"] == "sandbox_not_found"
-        streamed = httpx.post(url, content=iter([b'{"command": "' + b"x" * 40_000] * 3),
-                              headers={**auth, "Content-Type": "application/json"})
+        streamed = httpx.post(
+            url,
+            content=iter([b'{"command": "' + b"x" * 40_000] * 3),
+            headers={**auth, "Content-Type": "application/json"},
+        )
         assert streamed.status_code == 413 and _body(streamed)["code"] == "request_too_large"
 
 
@@ -169,11 +189,15 @@ def test_credentials_in_urls_never_reach_the_service_log(caplog):
         lg.addHandler(caplog.handler)
         lg.setLevel(logging.INFO)
     try:
-        loggers[0].info('%s - "WebSocket %s" [accepted]', "127.0.0.1:40000",
-                        "/published/sandboxes/sb-1/pty?api_key=s3cret-key&rows=24")
+        loggers[0].info(
+            '%s - "WebSocket %s" [accepted]',
+            "127.0.0.1:40000",
+            "/published/sandboxes/sb-1/pty?api_key=s3cret-key&rows=24",
+        )
         loggers[0].info('%s - "WebSocket %s" 403', "127.0.0.1:40001", "/v1/sandboxes/sb-1/exec/pty?token=s3cret-token")
-        loggers[1].info('%s - "%s %s HTTP/%s" %d', "127.0.0.1:40002", "GET", "/v1/ports/s3cret-port/index.html",
-                        "1.1", 200)
+        loggers[1].info(
+            '%s - "%s %s HTTP/%s" %d', "127.0.0.1:40002", "GET", "/v1/ports/s3cret-port/index.html", "1.1", 200
+        )
     finally:
         for lg, (level, propagate) in zip(loggers, saved):
             lg.removeHandler(caplog.handler)

@@ -9,8 +9,9 @@ from sandbox_service import bench
 
 def test_bench_runs_and_writes_its_figures(tmp_path):
     out = tmp_path / "bench.json"
-    figures = bench.main(["--execs", "20", "--paced", "3", "--creates", "3", "--stress", "6", "--concurrency", "3",
-                          "--out", str(out)])
+    figures = bench.main(
+        ["--execs", "20", "--paced", "3", "--creates", "3", "--stress", "6", "--concurrency", "3", "--out", str(out)]
+    )
     assert json.loads(out.read_text()) == json.loads(json.dumps(figures))
     assert figures["exec"]["n"] == 20 and figures["exec"]["rest_p50_ms"] > 0 and figures["exec"]["ratio_p50"] > 0
     assert figures["paced_exec"]["n"] == 3 and figures["paced_exec"]["ratio_p50"] > 0

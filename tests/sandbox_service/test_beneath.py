@@ -23,10 +23,10 @@ def test_escapes_are_refused_and_writes_stay_inside(tmp_path, mode):
     out.mkdir()
     (out / "secret").write_text("OUTSIDE")
     (ws / "real" / "f").write_text("inside")
-    os.symlink(str(out), ws / "abs")          # absolute link out
-    os.symlink("../out", ws / "rel")          # relative link out
+    os.symlink(str(out), ws / "abs")  # absolute link out
+    os.symlink("../out", ws / "rel")  # relative link out
     os.symlink("/proc/self/cwd", ws / "magic")  # a magic link
-    os.symlink("real", ws / "inner")          # a link that stays inside
+    os.symlink("real", ws / "inner")  # a link that stays inside
     conf = files.Confinement(str(ws), str(ws))
     for bad in ("abs/secret", "rel/secret", "magic/secret"):
         with pytest.raises(files.FileOpError) as err:

@@ -30,8 +30,7 @@ def test_async_client_end_to_end(sandbox_service, labels, tmp_path):
                     raise AssertionError("traversal was not refused")
                 except PathOutsideSandboxError:
                     pass
-                patch = "--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-async bytes\n\\ No newline at end of file\n" \
-                        "+patched\n"
+                patch = "--- a/x.txt\n+++ b/x.txt\n@@ -1 +1 @@\n-async bytes\n\\ No newline at end of file\n+patched\n"
                 assert (await sb.apply_patch(patch, cwd="/workspace")).applied
                 assert await sb.read_file("/workspace/x.txt") == b"patched\n"
                 snap = await sb.snapshot()
@@ -39,8 +38,11 @@ def test_async_client_end_to_end(sandbox_service, labels, tmp_path):
                 await sb.restore(snap.id)
                 assert await sb.read_file("/workspace/x.txt") == b"patched\n"
                 await sb.heartbeat()
-                job = (await client.request("POST", f"/v1/sandboxes/{sb.id}/exec",
-                                            json={"command": "echo job", "wait": False})).json()
+                job = (
+                    await client.request(
+                        "POST", f"/v1/sandboxes/{sb.id}/exec", json={"command": "echo job", "wait": False}
+                    )
+                ).json()
                 done = await client.wait_job(job["id"], timeout=30)
                 assert done.state is JobState.succeeded and done.result.stdout == "job\n"
                 assert [i.id for i in await client.list(labels)] == [sb.id]

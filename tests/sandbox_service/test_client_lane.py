@@ -23,8 +23,13 @@ def _exec_twice(client: SandboxClient, sb):
     for lane in (client._lane, None):
         saved, client._lane = client._lane, lane
         try:
-            results.append([sb.exec(["python3", "-c", SCRIPT]), sb.exec("echo hi; pwd", cwd="/tmp", env={"A": "1"}),
-                            sb.exec(["cat"], stdin="piped")])
+            results.append(
+                [
+                    sb.exec(["python3", "-c", SCRIPT]),
+                    sb.exec("echo hi; pwd", cwd="/tmp", env={"A": "1"}),
+                    sb.exec(["cat"], stdin="piped"),
+                ]
+            )
         finally:
             client._lane = saved
     return results
@@ -39,8 +44,9 @@ def test_exec_on_the_lane_answers_as_httpx_does_and_reuses_one_connection(sandbo
     on_lane, on_httpx = _exec_twice(sandbox_client, sandbox)
     big = on_lane[0]
     assert big.exit_code == 3 and len(big.stdout) == 300000 and big.stderr == "eeeeeee"  # a many-segment body
-    assert [r.model_dump(exclude={"duration_seconds"}) for r in on_lane] == [r.model_dump(exclude={"duration_seconds"})
-                                                                     for r in on_httpx]
+    assert [r.model_dump(exclude={"duration_seconds"}) for r in on_lane] == [
+        r.model_dump(exclude={"duration_seconds"}) for r in on_httpx
+    ]
     assert on_lane[1].stdout == "hi\n/tmp\n" and on_lane[2].stdout == "piped"
     for _ in range(20):
         sandbox.exec(["true"])
@@ -102,8 +108,11 @@ class ScriptedServer:
                     conn.sendall(b"NOT HTTP AT ALL\r\n\r\n")
                     return
                 close = step == "close-header"
-                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
-                             + (b"connection: close\r\n" if close else b"") + b"\r\n{}")
+                conn.sendall(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
+                    + (b"connection: close\r\n" if close else b"")
+                    + b"\r\n{}"
+                )
                 if step in ("answer-once", "close-header"):
                     return
 
@@ -115,7 +124,9 @@ class ScriptedServer:
                 return False
             data += chunk
         head, _, body = data.partition(b"\r\n\r\n")
-        length = int([line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")][0])
+        length = int(
+            [line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")][0]
+        )
         while len(body) < length:
             body += conn.recv(65536)
         self.requests.append(head + b"\r\n\r\n" + body)
@@ -160,8 +171,12 @@ def test_the_request_is_one_well_formed_http_message(scripted):
     head, _, body = server.requests[0].partition(b"\r\n\r\n")
     lines = head.split(b"\r\n")
     assert lines[0] == b"POST /v1/sandboxes/x/exec?q=1 HTTP/1.1"
-    assert set(lines[1:]) == {f"Host: 127.0.0.1:{server.port}".encode(), b"Authorization: Bearer t",
-                              b"content-type: application/json", b"Content-Length: 7"}
+    assert set(lines[1:]) == {
+        f"Host: 127.0.0.1:{server.port}".encode(),
+        b"Authorization: Bearer t",
+        b"content-type: application/json",
+        b"Content-Length: 7",
+    }
     assert body == b'{"a":1}'
 
 
@@ -187,9 +202,10 @@ def test_a_connection_close_answer_is_not_pooled(scripted):
     assert server.accepted == 2
 
 
-@pytest.mark.parametrize(("step", "error"), [("close", httpx.RemoteProtocolError),
-                                             ("garbage", httpx.RemoteProtocolError),
-                                             ("silent", httpx.ReadTimeout)])
+@pytest.mark.parametrize(
+    ("step", "error"),
+    [("close", httpx.RemoteProtocolError), ("garbage", httpx.RemoteProtocolError), ("silent", httpx.ReadTimeout)],
+)
 def test_failures_are_raised_as_httpx_raises_them(scripted, step, error):
     server = scripted(step)
     with pytest.raises(error):
@@ -205,8 +221,13 @@ def test_a_refused_connection_is_a_connect_error_and_the_client_retries_it_as_un
     with SandboxClient(f"http://127.0.0.1:{port}", "t") as client:
         assert client._lane is not None
         with pytest.raises(ServiceUnavailableError, match="unreachable"):
-            client.request("POST", httpx.URL(f"http://127.0.0.1:{port}/v1/sandboxes/x/exec"), content=b"{}",
-                           headers={"content-type": "application/json"}, lane=True)
+            client.request(
+                "POST",
+                httpx.URL(f"http://127.0.0.1:{port}/v1/sandboxes/x/exec"),
+                content=b"{}",
+                headers={"content-type": "application/json"},
+                lane=True,
+            )
 
 
 def test_the_lane_applies_only_where_httpx_would_send_directly(monkeypatch):

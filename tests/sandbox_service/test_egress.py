@@ -99,18 +99,27 @@ def probe(sb, services, targets: list[str]) -> dict[str, dict[str, str]]:
     return json.loads(result.stdout)
 
 
-METHODS = ("tcp", "tcp SO_BINDTODEVICE", "tcp IP_UNICAST_IF", "udp SO_BINDTODEVICE", "udp IP_UNICAST_IF",
-           "udp IP_PKTINFO")
+METHODS = (
+    "tcp",
+    "tcp SO_BINDTODEVICE",
+    "tcp IP_UNICAST_IF",
+    "udp SO_BINDTODEVICE",
+    "udp IP_UNICAST_IF",
+    "udp IP_PKTINFO",
+)
 
 
 def answered(results: dict[str, dict[str, str]]) -> dict[str, list[str]]:
-    assert all(sorted(methods) == sorted(METHODS) and not any(r.startswith("BROKEN") for r in methods.values())
-               for methods in results.values()), results
+    assert all(
+        sorted(methods) == sorted(METHODS) and not any(r.startswith("BROKEN") for r in methods.values())
+        for methods in results.values()
+    ), results
     return {target: [m for m, r in methods.items() if r.startswith("ANSWER")] for target, methods in results.items()}
 
 
-def test_socket_options_reach_no_host_address_beyond_the_allowlist(sandbox_client, labels, host_addresses,
-                                                                  host_services):
+def test_socket_options_reach_no_host_address_beyond_the_allowlist(
+    sandbox_client, labels, host_addresses, host_services
+):
     """With one /32 allowed, every other address of the host's namespace (and its broadcast) stays out of
     reach through SO_BINDTODEVICE, IP_UNICAST_IF and IP_PKTINFO; the allowed one answers every way."""
     allowed, denied = host_addresses
@@ -148,27 +157,47 @@ def test_a_wide_cidr_opens_neither_other_sandboxes_nor_the_metadata_endpoint(san
     forwards (kubelet turns forwarding on), and the cloud metadata endpoint off the host: both are dropped
     by the sandbox's filter. Counted by a chain that runs right after it (this host does not forward)."""
     wide = NetworkPolicy(mode="allowlist", allow_cidrs=["0.0.0.0/0"])
-    with sandbox_client.create(SandboxCreate(labels=labels, network=wide)) as sb, \
-            sandbox_client.create(SandboxCreate(labels=labels, network=wide)) as neighbour:
+    with (
+        sandbox_client.create(SandboxCreate(labels=labels, network=wide)) as sb,
+        sandbox_client.create(SandboxCreate(labels=labels, network=wide)) as neighbour,
+    ):
         neighbour_ip = neighbour.exec("ip -o -4 addr show dev eth0").stdout.split()[3].split("/")[0]
         targets = {"neighbour": neighbour_ip, "metadata": "169.254.169.254", "control": "192.0.2.99"}
         counter = "inet orchard_test_egress_count"
-        rules = "".join(f'  iifname "{_host_link(sb)}" ip daddr {ip} counter comment "{name}"\n'
-                        for name, ip in targets.items())
-        subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
-            f"table {counter} {{\n chain c {{ type filter hook prerouting priority -250; policy accept;\n"
-            f"{rules} }}\n}}\n"))
+        rules = "".join(
+            f'  iifname "{_host_link(sb)}" ip daddr {ip} counter comment "{name}"\n' for name, ip in targets.items()
+        )
+        subprocess.run(
+            ["nft", "-f", "-"],
+            check=True,
+            text=True,
+            input=(
+                f"table {counter} {{\n chain c {{ type filter hook prerouting priority -250; policy accept;\n"
+                f"{rules} }}\n}}\n"
+            ),
+        )
         try:
-            sent = sb.exec(["python3", "-c", "import socket, sys\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
-                            "\nfor ip in sys.argv[1:]:\n for _ in range(3):\n  s.sendto(b'x', (ip, 9))",
-                            *targets.values()])
+            sent = sb.exec(
+                [
+                    "python3",
+                    "-c",
+                    "import socket, sys\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)"
+                    "\nfor ip in sys.argv[1:]:\n for _ in range(3):\n  s.sendto(b'x', (ip, 9))",
+                    *targets.values(),
+                ]
+            )
             assert sent.exit_code == 0, sent
-            listed = json.loads(subprocess.run(["nft", "-j", "list", "table", *counter.split()], check=True,
-                                               capture_output=True, text=True).stdout)["nftables"]
+            listed = json.loads(
+                subprocess.run(
+                    ["nft", "-j", "list", "table", *counter.split()], check=True, capture_output=True, text=True
+                ).stdout
+            )["nftables"]
         finally:
             subprocess.run(["nft", "delete", "table", *counter.split()], check=False)
-    passed = {r["rule"]["comment"]: next(e["counter"]["packets"] for e in r["rule"]["expr"] if "counter" in e)
-              for r in (item for item in listed if "rule" in item)}
+    passed = {
+        r["rule"]["comment"]: next(e["counter"]["packets"] for e in r["rule"]["expr"] if "counter" in e)
+        for r in (item for item in listed if "rule" in item)
+    }
     assert passed == {"neighbour": 0, "metadata": 0, "control": 3}, passed
 
 
@@ -245,10 +274,15 @@ def test_the_host_filter_drops_ipv6_from_a_sandbox_link_whatever_its_sysctls(tmp
         sh("ip", "netns", "exec", netns, "sysctl", "-qw", "net.ipv6.conf.e0.accept_dad=0")
         sh("ip", "link", "set", link, "up")
         sh("ip", "-n", netns, "link", "set", "e0", "up")
-        host_ll = next(line.split()[3].split("/")[0] for line in sh("ip", "-6", "-o", "addr", "show", "dev", link)
-                       .splitlines() if "fe80" in line)
-        probe = ("import socket, sys\ntry:\n socket.create_connection((sys.argv[1] + '%e0', int(sys.argv[2])), 2)"
-                 "\n print('CONNECTED')\nexcept OSError as e:\n print('NONE', e)")
+        host_ll = next(
+            line.split()[3].split("/")[0]
+            for line in sh("ip", "-6", "-o", "addr", "show", "dev", link).splitlines()
+            if "fe80" in line
+        )
+        probe = (
+            "import socket, sys\ntry:\n socket.create_connection((sys.argv[1] + '%e0', int(sys.argv[2])), 2)"
+            "\n print('CONNECTED')\nexcept OSError as e:\n print('NONE', e)"
+        )
 
         def connect() -> str:
             return sh("ip", "netns", "exec", netns, "python3", "-c", probe, host_ll, str(port)).strip()
@@ -264,8 +298,9 @@ def test_the_host_filter_drops_ipv6_from_a_sandbox_link_whatever_its_sysctls(tmp
         listener.close()
 
 
-@pytest.mark.parametrize("cidr, refusal", [("169.254.169.254/32", "metadata"), ("10.0.0.0/33", "not a CIDR"),
-                                           ("2001:db8::/32", "only IPv4")])
+@pytest.mark.parametrize(
+    "cidr, refusal", [("169.254.169.254/32", "metadata"), ("10.0.0.0/33", "not a CIDR"), ("2001:db8::/32", "only IPv4")]
+)
 def test_the_local_allowlist_refuses_the_metadata_endpoint_and_what_it_cannot_enforce(cidr, refusal):
     """The same check as on Kubernetes (backends/allowlist.py): the cloud metadata endpoint is never a CIDR of
     its own; the local backend also refuses IPv6, which its links do not carry."""

@@ -43,11 +43,19 @@ def test_only_the_allowlisted_host_paths_are_in_view(sandbox_service, sandbox, l
             snapshot = other.snapshot()
             snap_dirs = list(Path(sandbox_service.state_dir).rglob(snapshot.id))
             assert snap_dirs, "the snapshot should be on the host"
-            targets = ["/etc/shadow", "/etc/gshadow", str(REPO / "sandbox_service" / "service.py"),
-                       str(REPO / "README.md"), str(task_data / "hidden_test.py"), str(sandbox_service.state_dir),
-                       *(str(p) for p in snap_dirs)]
-            script = "; ".join(f"cat {t} >/dev/null 2>&1 && echo READABLE {t}; "
-                               f"ls {t} >/dev/null 2>&1 && echo LISTED {t}" for t in targets)
+            targets = [
+                "/etc/shadow",
+                "/etc/gshadow",
+                str(REPO / "sandbox_service" / "service.py"),
+                str(REPO / "README.md"),
+                str(task_data / "hidden_test.py"),
+                str(sandbox_service.state_dir),
+                *(str(p) for p in snap_dirs),
+            ]
+            script = "; ".join(
+                f"cat {t} >/dev/null 2>&1 && echo READABLE {t}; ls {t} >/dev/null 2>&1 && echo LISTED {t}"
+                for t in targets
+            )
             r = _sh(sandbox, script + f"; grep -rs {marker} /workspace /tmp /srv /root /home /var /opt || true")
             assert r.stdout == "", r.stdout
     finally:
@@ -71,12 +79,16 @@ def test_root_in_a_sandbox_is_an_unprivileged_uid_on_the_host(sandbox_service, s
 
 def test_a_key_added_in_one_sandbox_is_not_in_another_or_on_the_host(sandbox_service, sandbox, labels):
     desc = f"orchard-test-{secrets.token_hex(6)}"
-    add = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
-           f"k = libc.syscall(248, b'user', b'{desc}', b'stolen', 6, ctypes.c_int({KEY_SPEC_USER_KEYRING})); "
-           "print(k, os.strerror(ctypes.get_errno()))")
-    search = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
-              f"print(libc.syscall(250, {KEYCTL_SEARCH}, ctypes.c_int({KEY_SPEC_USER_KEYRING}), b'user', "
-              f"b'{desc}', 0))")
+    add = (
+        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+        f"k = libc.syscall(248, b'user', b'{desc}', b'stolen', 6, ctypes.c_int({KEY_SPEC_USER_KEYRING})); "
+        "print(k, os.strerror(ctypes.get_errno()))"
+    )
+    search = (
+        "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+        f"print(libc.syscall(250, {KEYCTL_SEARCH}, ctypes.c_int({KEY_SPEC_USER_KEYRING}), b'user', "
+        f"b'{desc}', 0))"
+    )
     added = sandbox.exec(["python", "-c", add])
     libc = ctypes.CDLL(None, use_errno=True)
     on_host = libc.syscall(250, KEYCTL_SEARCH, ctypes.c_int(KEY_SPEC_USER_KEYRING), b"user", desc.encode(), 0)
@@ -118,8 +130,9 @@ SYSCALLS = {  # name: (x86_64 number, args); each must fail with EPERM inside a 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="syscall numbers below are x86_64's")
 def test_seccomp_refuses_the_kernel_surface_a_sandbox_has_no_use_for(sandbox):
-    lines = [f"print({name!r}, libc.syscall({nr}, {args}), ctypes.get_errno())"
-             for name, (nr, args) in SYSCALLS.items()]
+    lines = [
+        f"print({name!r}, libc.syscall({nr}, {args}), ctypes.get_errno())" for name, (nr, args) in SYSCALLS.items()
+    ]
     r = sandbox.exec(["python", "-c", "import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n" + "\n".join(lines)])
     results = {name: (int(ret), int(err)) for name, ret, err in (line.split() for line in r.stdout.splitlines())}
     assert results == {name: (-1, errno.EPERM) for name in SYSCALLS}, results
@@ -145,8 +158,11 @@ def test_gvisor_runtime_runs_the_same_agent_under_a_user_space_kernel(tmp_path):
         client = AgentClient(backend.start(sid, spec, spec.resources, secrets.token_hex(16)))
 
         def sh(cmd: str):
-            return loop.run_until_complete(client.exec(ExecRequest(command=["sh", "-c", cmd]), workdir="/workspace",
-                                                       env={}, max_output_bytes=1 << 16))
+            return loop.run_until_complete(
+                client.exec(
+                    ExecRequest(command=["sh", "-c", cmd]), workdir="/workspace", env={}, max_output_bytes=1 << 16
+                )
+            )
 
         assert loop.run_until_complete(client.ping())["isolation"] == "gvisor"
         r = sh("cat /proc/version; cat /etc/shadow; python -m pytest --version && git --version && echo tools-ok")

@@ -49,8 +49,9 @@ print(n)
 
 
 def _race(sb, target: str, seconds: float = 4.0):
-    sb.exec(f"mkdir -p /workspace/race/d && echo inside > /workspace/race/d/secret && "
-            f"ln -sfn {target} /workspace/race/l")
+    sb.exec(
+        f"mkdir -p /workspace/race/d && echo inside > /workspace/race/d/secret && ln -sfn {target} /workspace/race/l"
+    )
     sb.write_file("/workspace/flip.py", FLIPPER)
     return sb.exec_async(["python3", "/workspace/flip.py", str(seconds)], timeout=seconds + 30)
 
@@ -90,8 +91,13 @@ def test_exec_cwd_cannot_go_through_the_agents_magic_links(sandbox_client, label
 
     with sandbox_client.create(SandboxCreate(labels=labels)) as sb:
         sb.exec("ln -sfn /proc/1/fd/3 /workspace/fd3; ln -sfn /proc/1/root /workspace/agentroot")
-        cwds = [f"/proc/1/fd/{n}" for n in range(0, 16)] + ["/proc/1/root", "/proc/1/cwd", "/workspace/fd3",
-                                                             "/workspace/agentroot", "/proc/self/root"]
+        cwds = [f"/proc/1/fd/{n}" for n in range(0, 16)] + [
+            "/proc/1/root",
+            "/proc/1/cwd",
+            "/workspace/fd3",
+            "/workspace/agentroot",
+            "/proc/self/root",
+        ]
         refused = 0
         for cwd in cwds:
             try:
@@ -144,12 +150,16 @@ def _deep_tree_on_host(root, depth: int) -> None:
     os.close(fd)
 
 
-@pytest.mark.parametrize("depth, files, fork", [
-    pytest.param(1100, 1000, False, id="1100-deep"),
-    pytest.param(1100, 1000, True, id="1100-deep-with-snapshot-and-fork", marks=pytest.mark.slow),
-    pytest.param(10_000, 200_000, False, id="10000-deep-200k-files",
-                 marks=[pytest.mark.slow, pytest.mark.timeout(1800)]),
-])
+@pytest.mark.parametrize(
+    "depth, files, fork",
+    [
+        pytest.param(1100, 1000, False, id="1100-deep"),
+        pytest.param(1100, 1000, True, id="1100-deep-with-snapshot-and-fork", marks=pytest.mark.slow),
+        pytest.param(
+            10_000, 200_000, False, id="10000-deep-200k-files", marks=[pytest.mark.slow, pytest.mark.timeout(1800)]
+        ),
+    ],
+)
 def test_hostile_trees_never_break_delete_snapshots_or_a_restart(tmp_path, depth, files, fork):
     """A deep tree made DELETE fail with a RecursionError, left the sandbox half-deleted and the next
     start refused the state dir. Delete (and, slow variant, snapshot and fork) must cope, and a restart
@@ -185,8 +195,13 @@ def test_hostile_trees_never_break_delete_snapshots_or_a_restart(tmp_path, depth
                 deadline = time.monotonic() + 120
                 while not (report := client.healthz()["startup_cleanup"])["finished"] and time.monotonic() < deadline:
                     time.sleep(0.2)
-        assert report == {"sandboxes_adopted": [], "sandboxes_removed": sorted(orphans), "snapshots_removed": snaps, "errors": [],
-                          "finished": True}, report
+        assert report == {
+            "sandboxes_adopted": [],
+            "sandboxes_removed": sorted(orphans),
+            "snapshots_removed": snaps,
+            "errors": [],
+            "finished": True,
+        }, report
         assert list((local / "s").iterdir()) == [] and list((local / "snapshots").iterdir()) == []
         assert not (local / "quarantine").exists()
         assert crashed.find_leaks() == []
@@ -251,13 +266,19 @@ def _upload(url: str, token: str, size: int, chunk: bytes) -> int:
         for _ in range(size // len(chunk)):
             yield chunk
 
-    r = httpx.put(url, content=body(), timeout=600,
-                  headers={"authorization": f"Bearer {token}", "content-length": str(size)})
+    r = httpx.put(
+        url, content=body(), timeout=600, headers={"authorization": f"Bearer {token}", "content-length": str(size)}
+    )
     return r.status_code
 
 
-@pytest.mark.parametrize("mb", [pytest.param(32, id="8x32MB"),
-                                pytest.param(100, id="8x100MB", marks=[pytest.mark.slow, pytest.mark.timeout(1200)])])
+@pytest.mark.parametrize(
+    "mb",
+    [
+        pytest.param(32, id="8x32MB"),
+        pytest.param(100, id="8x100MB", marks=[pytest.mark.slow, pytest.mark.timeout(1200)]),
+    ],
+)
 def test_concurrent_large_transfers_keep_service_memory_bounded(tmp_path, mb):
     """Uploads were buffered whole (8 concurrent 100 MB uploads: 1.6 GiB of service RSS). Now they are
     streamed to the agent, downloads streamed back, and the size caps answer 413."""
@@ -287,8 +308,7 @@ def test_concurrent_large_transfers_keep_service_memory_bounded(tmp_path, mb):
             assert growth < 100, f"service RSS grew by {growth:.0f} MiB during 8 x {mb} MB uploads"
             assert boxes[1].exec("stat -c %s /workspace/big7").stdout.strip() == str(size)
             digest = hashlib.sha256()
-            with httpx.stream("GET", urls[7], headers={"authorization": f"Bearer {service.token}"},
-                              timeout=600) as got:
+            with httpx.stream("GET", urls[7], headers={"authorization": f"Bearer {service.token}"}, timeout=600) as got:
                 assert got.status_code == 200 and got.headers["content-length"] == str(size)
                 for part in got.iter_bytes():
                     digest.update(part)
@@ -298,8 +318,11 @@ def test_concurrent_large_transfers_keep_service_memory_bounded(tmp_path, mb):
             too_big = _upload(urls[0], service.token, size + 2048, b"x" * 1024)
             assert too_big == 413
             boxes[0].exec(f"head -c {size + 1} /dev/zero > /workspace/huge")
-            over = httpx.get(f"{service.url}/v1/sandboxes/{boxes[0].id}/files?path=/workspace/huge",
-                             headers={"authorization": f"Bearer {service.token}"}, timeout=60)
+            over = httpx.get(
+                f"{service.url}/v1/sandboxes/{boxes[0].id}/files?path=/workspace/huge",
+                headers={"authorization": f"Bearer {service.token}"},
+                timeout=60,
+            )
             assert over.status_code == 413 and over.json()["code"] == "request_too_large", over.text
         finally:
             for box in boxes:
@@ -346,9 +369,11 @@ def test_no_ipv6_path_out_of_allowlist_mode_and_no_host_loopback(sandbox_client,
             host = subprocess.run(["ip", "-6", "-o", "addr", "show"], capture_output=True, text=True).stdout
             host_side = [line.split()[3].split("/")[0] for line in host.splitlines() if line.split(":")[0] == peer]
             # the host side's link-local address, or (once IPv6 is off) the one it would have had
-            host_if = next(line.split()[1] for line in subprocess.run(
-                ["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
-                if line.split(":")[0] == peer).split("@")[0]
+            host_if = next(
+                line.split()[1]
+                for line in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()
+                if line.split(":")[0] == peer
+            ).split("@")[0]
             mac = open(f"/sys/class/net/{host_if}/address").read().strip().split(":")
             eui = [int(x, 16) for x in mac]
             eui[0] ^= 2
@@ -359,9 +384,16 @@ def test_no_ipv6_path_out_of_allowlist_mode_and_no_host_loopback(sandbox_client,
             assert inside_v6 == "0", "the sandbox's eth0 has an IPv6 address"
             assert host_side == [], f"the host side of the veth has IPv6 addresses {host_side}"
         with sandbox_client.create(SandboxCreate(labels=labels, network=NetworkPolicy(mode="loopback"))) as sb:
-            r = sb.exec(["python3", "-c", "import socket, sys\nfor a in ('127.0.0.1', '::1'):\n"
-                         "    try:\n        socket.create_connection((a, int(sys.argv[1])), 2); print('CONNECTED', a)\n"
-                         "    except OSError as e:\n        print('FAILED', a, e)", str(port)])
+            r = sb.exec(
+                [
+                    "python3",
+                    "-c",
+                    "import socket, sys\nfor a in ('127.0.0.1', '::1'):\n"
+                    "    try:\n        socket.create_connection((a, int(sys.argv[1])), 2); print('CONNECTED', a)\n"
+                    "    except OSError as e:\n        print('FAILED', a, e)",
+                    str(port),
+                ]
+            )
             assert "CONNECTED" not in r.stdout and r.stdout.count("FAILED") == 2, r.stdout
     finally:
         srv.close()

@@ -52,8 +52,9 @@ def pair():
 
 def sh(pair, index: int, command, **kw):
     _, boxes, loop = pair
-    return loop.run_until_complete(boxes[index][1].exec(ExecRequest(command=command, **kw), workdir="/workspace",
-                                                         env={}, max_output_bytes=1 << 20))
+    return loop.run_until_complete(
+        boxes[index][1].exec(ExecRequest(command=command, **kw), workdir="/workspace", env={}, max_output_bytes=1 << 20)
+    )
 
 
 def test_sandboxes_do_not_see_each_others_files_or_processes(pair):
@@ -103,8 +104,12 @@ def test_commands_lack_the_privileges_to_undo_isolation(pair):
 
 
 def test_tools_and_project_venv_are_usable(pair):
-    r = sh(pair, 0, "python -c 'import sys, pytest; print(sys.prefix)'; git --version; "
-                    "cd /workspace && printf 'def test_ok():\\n    assert 1\\n' > test_t.py && python -m pytest -q test_t.py")
+    r = sh(
+        pair,
+        0,
+        "python -c 'import sys, pytest; print(sys.prefix)'; git --version; "
+        "cd /workspace && printf 'def test_ok():\\n    assert 1\\n' > test_t.py && python -m pytest -q test_t.py",
+    )
     assert r.ok, r
     assert ".venv" in r.stdout and "1 passed" in r.stdout
 
@@ -130,7 +135,7 @@ def test_pty_inside_a_sandbox_has_its_own_devpts(pair):
 
 # Exhausts, for the sandbox's uid, inotify instances (fs.inotify.max_user_instances, 128) and POSIX message
 # queue bytes (RLIMIT_MSGQUEUE, 800 KiB): both counted per host uid, whatever the user namespace.
-COUNTERS = r'''
+COUNTERS = r"""
 import ctypes, json, os, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 try:
@@ -162,7 +167,7 @@ if sys.argv[1] == "hold":
     time.sleep(float(sys.argv[2]))
 else:
     print(inotify()[0] >= 0, mqueue("/mine")[0] >= 0)
-'''
+"""
 
 
 def test_per_user_kernel_counters_never_span_sandboxes(pair):
@@ -175,9 +180,14 @@ def test_per_user_kernel_counters_never_span_sandboxes(pair):
     for index in (0, 1):
         assert sh(pair, index, "rm -f /workspace/held").ok
         loop.run_until_complete(boxes[index][1].write_file("/workspace/counters.py", COUNTERS.encode()))
-    holder = loop.create_task(boxes[0][1].exec(ExecRequest(command=["python3", "/workspace/counters.py", "hold", "15"],
-                                                           timeout_seconds=60), workdir="/workspace", env={},
-                                               max_output_bytes=1 << 16))
+    holder = loop.create_task(
+        boxes[0][1].exec(
+            ExecRequest(command=["python3", "/workspace/counters.py", "hold", "15"], timeout_seconds=60),
+            workdir="/workspace",
+            env={},
+            max_output_bytes=1 << 16,
+        )
+    )
     held = backend._dir(boxes[0][0]).upper / "workspace" / "held"
     deadline = time.monotonic() + 40
     while not held.exists():

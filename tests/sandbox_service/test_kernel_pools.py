@@ -25,7 +25,7 @@ pytestmark = pytest.mark.root
 
 # In the sandbox: `hold POOL` takes from POOL until the kernel refuses, prints {"count", "errno"}, and holds
 # everything until /workspace/release exists; `use POOL` takes one and prints "OK" or the errno.
-POOLS = r'''
+POOLS = r"""
 import ctypes, ctypes.util, errno, fcntl, json, os, resource, socket, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 librt = ctypes.CDLL(ctypes.util.find_library("rt") or "librt.so.1", use_errno=True)
@@ -88,7 +88,7 @@ os.rename("/workspace/.held", "/workspace/held")
 deadline = time.monotonic() + 120
 while not os.path.exists("/workspace/release") and time.monotonic() < deadline:
     time.sleep(0.05)
-'''
+"""
 
 PTY_MAX = LocalBackendConfig().pty_max
 # pool: (what a sandbox gets, the errno the hog stops at): refused (seccomp, nothing taken), capped per
@@ -110,8 +110,10 @@ CASES = {
 @pytest.fixture(scope="module")
 def hog_and_other(sandbox_client):
     """Two sandboxes: one drains pools, the other must keep working."""
-    with sandbox_client.create(SandboxCreate(labels={"test": "kernel-pools"})) as hog, \
-            sandbox_client.create(SandboxCreate(labels={"test": "kernel-pools"})) as other:
+    with (
+        sandbox_client.create(SandboxCreate(labels={"test": "kernel-pools"})) as hog,
+        sandbox_client.create(SandboxCreate(labels={"test": "kernel-pools"})) as other,
+    ):
         for sb in (hog, other):
             sb.write_file("/workspace/pools.py", POOLS)
         yield hog, other
@@ -147,7 +149,8 @@ def host_io_setup() -> int:
 
 @pytest.mark.parametrize("pool", list(CASES))
 def test_one_sandbox_draining_a_pool_leaves_other_sandboxes_their_pty_route_and_the_host_working(
-        pool, hog_and_other, sandbox_service, sandbox_client):
+    pool, hog_and_other, sandbox_service, sandbox_client
+):
     hog, other = hog_and_other
     kind, stop_errno = CASES[pool]
     hog.exec("rm -f /workspace/held /workspace/release")
@@ -193,7 +196,7 @@ def test_the_machine_wide_ceilings_fit_every_sandbox_at_its_caps(sandbox_service
 
 # In the sandbox: TCP connection pairs on its own loopback, each writer filling both buffers with nobody
 # reading, until the kernel stops taking bytes; prints the MiB queued and holds them until released.
-TCP_HOG = r'''
+TCP_HOG = r"""
 import os, socket, sys, time
 server = socket.create_server(("127.0.0.1", 9999), backlog=1024)
 pairs, queued = [], 0
@@ -217,7 +220,7 @@ print(queued >> 20, flush=True)
 open("/workspace/held", "w").close()
 while not os.path.exists("/workspace/release"):
     time.sleep(0.05)
-'''
+"""
 
 
 def global_tcp_memory_mib() -> int:
@@ -249,8 +252,9 @@ def test_socket_buffers_count_against_the_sandboxs_memory_not_the_machines_tcp_p
         assert sb.exec("echo alive").stdout == "alive\n"
 
 
-def test_sandbox_traffic_takes_no_slot_in_the_hosts_connection_table(sandbox_client, labels, host_addresses,
-                                                                     host_services):
+def test_sandbox_traffic_takes_no_slot_in_the_hosts_connection_table(
+    sandbox_client, labels, host_addresses, host_services
+):
     """Where the host tracks connections (kubelet's rules make it), every flow of an allowlist sandbox took
     an entry of nf_conntrack_max, one table for the whole host: a sandbox sending from many ports filled it,
     and then the host dropped new connections of its own."""
@@ -258,18 +262,31 @@ def test_sandbox_traffic_takes_no_slot_in_the_hosts_connection_table(sandbox_cli
 
     allowed, _ = host_addresses
     tracker = "inet orchard_test_conntrack"  # any ct rule turns connection tracking on in the host's namespace
-    subprocess.run(["nft", "-f", "-"], check=True, text=True, input=(
-        f"table {tracker} {{\n chain input {{ type filter hook input priority 0; policy accept; "
-        "ct state established accept; }\n}\n"))
+    subprocess.run(
+        ["nft", "-f", "-"],
+        check=True,
+        text=True,
+        input=(
+            f"table {tracker} {{\n chain input {{ type filter hook input priority 0; policy accept; "
+            "ct state established accept; }\n}\n"
+        ),
+    )
     try:
         policy = NetworkPolicy(mode="allowlist", allow_cidrs=[f"{allowed}/32"])
         with sandbox_client.create(SandboxCreate(labels=labels, network=policy)) as sb:
             address = sb.exec("ip -o -4 addr show dev eth0").stdout.split()[3].split("/")[0]
-            sent = sb.exec(["python3", "-c", "import socket, sys\nn = 0\nfor _ in range(200):\n"
-                            " s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)\n"
-                            " s.sendto(b'x', (sys.argv[1], int(sys.argv[2])))\n"
-                            " n += s.recvfrom(100)[0].startswith(b'HOST-ONLY')\nprint(n)",
-                            allowed, str(host_services.ports[1])])
+            sent = sb.exec(
+                [
+                    "python3",
+                    "-c",
+                    "import socket, sys\nn = 0\nfor _ in range(200):\n"
+                    " s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)\n"
+                    " s.sendto(b'x', (sys.argv[1], int(sys.argv[2])))\n"
+                    " n += s.recvfrom(100)[0].startswith(b'HOST-ONLY')\nprint(n)",
+                    allowed,
+                    str(host_services.ports[1]),
+                ]
+            )
             assert sent.stdout.strip() == "200", sent  # every datagram answered: the flows did happen
             port = f"port={host_services.ports[1]} "  # this test's flows only (entries outlive a test by 30 s)
             with open("/proc/net/nf_conntrack") as f:
@@ -282,7 +299,7 @@ def test_sandbox_traffic_takes_no_slot_in_the_hosts_connection_table(sandbox_cli
 # In the sandbox: workers that each open files up to their RLIMIT_NOFILE and hold them, until `target` files
 # are open or the kernel refuses one (ENFILE: fs.file-max, one count for every process of the machine);
 # prints the files held and how the last worker ended, and holds them until released.
-FILE_HOG = r'''
+FILE_HOG = r"""
 import errno, os, resource, sys, time
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -309,13 +326,14 @@ print(total, code, flush=True)
 open("/workspace/held", "w").close()
 while not os.path.exists("/workspace/release"):
     time.sleep(0.1)
-'''
+"""
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_sandbox_holding_more_files_than_the_default_ceiling_leaves_the_others_working(sandbox_client,
-                                                                                       sandbox_service, labels):
+def test_a_sandbox_holding_more_files_than_the_default_ceiling_leaves_the_others_working(
+    sandbox_client, sandbox_service, labels
+):
     """fs.file-max is one count for the machine (10 % of RAM in KiB: ~2.5M on 24 GiB) and each open file costs
     its sandbox ~0.5 KiB: a 1.5 GiB sandbox could hold them all, and every other sandbox's open, pipe and
     socket failed with ENFILE. With the ceiling raised (local_ceilings.py) only its memory bounds it: here it
@@ -358,11 +376,17 @@ def test_sending_anywhere_takes_no_entry_of_the_machines_neighbour_table(sandbox
     policy = NetworkPolicy(mode="allowlist", allow_cidrs=["10.254.253.1/32"])
     with sandbox_client.create(SandboxCreate(labels=labels, network=policy)) as sb:
         before = neighbour_entries()
-        sent = sb.exec(["python3", "-c", "import socket\nn = 0\nfor group in ('10.77.%d.%d', '239.77.%d.%d'):\n"
-                        " s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
-                        " s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'eth0')\n"
-                        " for i in range(300):\n  try:\n   s.sendto(b'x', (group % (i // 250, i % 250 + 1), 9)); n += 1\n"
-                        "  except OSError:\n   pass\nprint(n)"])
+        sent = sb.exec(
+            [
+                "python3",
+                "-c",
+                "import socket\nn = 0\nfor group in ('10.77.%d.%d', '239.77.%d.%d'):\n"
+                " s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                " s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'eth0')\n"
+                " for i in range(300):\n  try:\n   s.sendto(b'x', (group % (i // 250, i % 250 + 1), 9)); n += 1\n"
+                "  except OSError:\n   pass\nprint(n)",
+            ]
+        )
         grown = neighbour_entries() - before
     assert sent.exit_code == 0, sent
     assert grown < 30, f"{sent.stdout.strip()} sends took {grown} entries of the machine's neighbour table"

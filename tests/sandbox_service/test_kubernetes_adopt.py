@@ -41,16 +41,24 @@ def _sandbox_ids(fake, kind: str = "pods") -> set[str]:
 # -- the service keeps serving its sandboxes across a restart -------------------------------------------
 def test_a_restarted_service_adopts_its_sandboxes_and_execs_in_the_same_ids(fake, agent_node, tmp_path):
     kubelet, settings = agent_node
-    spec = SandboxCreate(image="task:1", workdir=str(tmp_path / "ws"), env={"TOKEN": "from-the-spec"},
-                         labels={"run": "r1"}, resources=Resources(memory_mb=768))
+    spec = SandboxCreate(
+        image="task:1",
+        workdir=str(tmp_path / "ws"),
+        env={"TOKEN": "from-the-spec"},
+        labels={"run": "r1"},
+        resources=Resources(memory_mb=768),
+    )
     with serve(make_backend(fake, tmp_path, **settings), tmp_path / "state1") as client:
         kept = client.create(spec).info
         lost = client.create(spec).info
         client.attach(kept.id).write_file("state.txt", "before the restart")
     # A rollout's shutdown leaves ready sandboxes running for the next start.
     assert _sandbox_ids(fake) == {kept.id, lost.id}
-    (lost_pod,) = [p["metadata"]["name"] for p in fake.of_kind("pods")
-                   if p["metadata"]["annotations"]["orchard.dev/sandbox-id"] == lost.id]
+    (lost_pod,) = [
+        p["metadata"]["name"]
+        for p in fake.of_kind("pods")
+        if p["metadata"]["annotations"]["orchard.dev/sandbox-id"] == lost.id
+    ]
     kubelet._kill(lost_pod)  # its agent died while the service was down: it cannot be adopted
 
     with serve(make_backend(fake, tmp_path, **settings), tmp_path / "state2", adopt_timeout_seconds=5) as client:
@@ -81,12 +89,16 @@ def test_adoption_takes_only_complete_running_unexpired_sandboxes(fake, tmp_path
     for sandbox_id in ("sb-good", "sb-no-secret", "sb-short", "sb-crashed"):
         ttl = 60 if sandbox_id == "sb-short" else 7200
         old.start(sandbox_id, SPEC.model_copy(update={"ttl_seconds": ttl}), Resources(), f"secret-{sandbox_id}")
-    fake.objects = {k: v for k, v in fake.objects.items()  # a Secret deleted by hand
-                    if not (k[0] == "secrets" and "sb-no-secret" in k[2])}
+    fake.objects = {
+        k: v
+        for k, v in fake.objects.items()  # a Secret deleted by hand
+        if not (k[0] == "secrets" and "sb-no-secret" in k[2])
+    }
     (crashed,) = [p["metadata"]["name"] for p in fake.of_kind("pods") if "sb-crashed" in p["metadata"]["name"]]
     healthy = fake.kubelet
-    fake.kubelet = lambda pod, ticks: (waiting("CrashLoopBackOff", "back-off") if pod["metadata"]["name"] == crashed
-                                       else healthy)(pod, ticks)
+    fake.kubelet = lambda pod, ticks: (
+        waiting("CrashLoopBackOff", "back-off") if pod["metadata"]["name"] == crashed else healthy
+    )(pod, ticks)
     later = datetime.now(timezone.utc) + timedelta(seconds=120)  # sb-short's hard TTL has passed
     restarted = make_backend(fake, tmp_path, clock=lambda: later)
     fake.set_pod_status(crashed, fake.kubelet(fake.objects[("pods", "orchard", crashed)], 1))
@@ -112,8 +124,7 @@ def test_adoption_lists_once_and_the_reaper_reuses_that_list(fake, tmp_path):
     before = len(fake.requests)
     assert len(restarted.adopt()) == 5 and restarted.list_orphans() == []
     calls = [(r["method"], r["kind"], r["name"]) for r in fake.requests[before:] if r["method"] != "WATCH"]
-    assert sorted(calls) == sorted([("GET", "pods", None), ("GET", "secrets", None),
-                                    ("GET", "networkpolicies", None)])
+    assert sorted(calls) == sorted([("GET", "pods", None), ("GET", "secrets", None), ("GET", "networkpolicies", None)])
     assert restarted.list_orphans() == []  # a later sweep lists again (and still finds nothing to reap)
 
 
@@ -125,8 +136,10 @@ def test_two_replicas_never_adopt_sweep_or_reap_each_others_sandboxes(fake, tmp_
     assert a.list_orphans() == [] and b.list_orphans() == []  # start-up: their sweepers run from now on
     a.start("sb-of-a", SPEC, Resources(), "s")
     b.start("sb-of-b", SPEC, Resources(), "s")
-    owners = {p["metadata"]["annotations"]["orchard.dev/sandbox-id"]: p["metadata"]["labels"]["orchard.dev/owner"]
-              for p in fake.of_kind("pods")}
+    owners = {
+        p["metadata"]["annotations"]["orchard.dev/sandbox-id"]: p["metadata"]["labels"]["orchard.dev/owner"]
+        for p in fake.of_kind("pods")
+    }
     assert owners == {"sb-of-a": "service-0", "sb-of-b": "service-1"}
     time.sleep(0.6)  # several sweeps of each
     assert _sandbox_ids(fake) == {"sb-of-a", "sb-of-b"}
@@ -144,8 +157,10 @@ def test_two_replicas_never_adopt_sweep_or_reap_each_others_sandboxes(fake, tmp_
 def test_two_services_on_one_cluster_restart_without_touching_each_other(fake, agent_node, tmp_path):
     kubelet, settings = agent_node
     spec = SandboxCreate(image="task:1", workdir=str(tmp_path / "ws"))
-    with serve(make_backend(fake, tmp_path, replica="r0", **settings), tmp_path / "s0") as c0, \
-            serve(make_backend(fake, tmp_path, replica="r1", **settings), tmp_path / "s1") as c1:
+    with (
+        serve(make_backend(fake, tmp_path, replica="r0", **settings), tmp_path / "s0") as c0,
+        serve(make_backend(fake, tmp_path, replica="r1", **settings), tmp_path / "s1") as c1,
+    ):
         s0, s1 = c0.create(spec).info, c1.create(spec).info
         # replica 0 restarts while replica 1 keeps running (a rolling restart of a StatefulSet)
     with serve(make_backend(fake, tmp_path, replica="r1", **settings), tmp_path / "s1b") as c1:
@@ -176,8 +191,9 @@ def test_with_the_api_down_at_start_adoption_is_retried_and_nothing_is_reaped_be
         time.sleep(1.5)  # the background task keeps trying; it must not reap what it could not adopt yet
         assert _sandbox_ids(fake) == {kept.id}
         fake.faults.clear()  # the API is back
-        sandbox = _wait(lambda: kept.id in {s.id for s in client.list()} and client.attach(kept.id),
-                        what="the adoption retry")
+        sandbox = _wait(
+            lambda: kept.id in {s.id for s in client.list()} and client.attach(kept.id), what="the adoption retry"
+        )
         assert sandbox.wait_ready(timeout=30).state.value == "ready"
         assert sandbox.exec("echo still here").stdout == "still here\n"
         report = _wait(lambda: (r := client.healthz()["startup_cleanup"])["finished"] and r, what="start-up")

@@ -2,7 +2,8 @@
 
 There is no cluster here. What this covers: the real `kubernetes` client, pointed at a small HTTP
 server on 127.0.0.1 (`Configuration(host=...)`, `sandbox_service/backends/kubernetes_fake.py`), sends
-the requests the backend makes, its pod watch included (410 Gone, re-list); the fake checks each body against the Kubernetes OpenAPI schema (kubernetes-validate, strict) and the API
+the requests the backend makes, its pod watch included (410 Gone, re-list); the fake checks each body against the
+Kubernetes OpenAPI schema (kubernetes-validate, strict) and the API
 server's name/label rules, assigns uids and resourceVersions, garbage-collects dependents by their
 ownerReferences, answers 404/409 like the API server, and injects 409/429/5xx faults. Pod status is
 scripted per test (Pending -> Running with an IP, OOMKilled, ErrImagePull, Unschedulable, ...).
@@ -43,6 +44,8 @@ from sandbox_service.errors import BackendUnavailableError, InvalidRequestError,
 from sandbox_service.models import ExecOutcome, InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
 REPO = Path(__file__).resolve().parents[2]
+
+
 class Sleeps(list):
     """Records backoff sleeps instead of sleeping, so retry tests take no wall time."""
 
@@ -60,18 +63,35 @@ def fake():
     api.close()
 
 
-def make_backend(fake: FakeKubernetesAPI, tmp_path: Path, sleeps: Sleeps | None = None, clock=None,
-                 agent_factory=None, resolver=lambda host: ["93.184.216.34"], **overrides) -> KubernetesBackend:
-    settings = dict(namespace="orchard", snapshot_dir=tmp_path / "snapshots", image_pull_grace_seconds=0,
-                    unschedulable_timeout_seconds=60, start_timeout_seconds=20, retry_attempts=4)
+def make_backend(
+    fake: FakeKubernetesAPI,
+    tmp_path: Path,
+    sleeps: Sleeps | None = None,
+    clock=None,
+    agent_factory=None,
+    resolver=lambda host: ["93.184.216.34"],
+    **overrides,
+) -> KubernetesBackend:
+    settings = dict(
+        namespace="orchard",
+        snapshot_dir=tmp_path / "snapshots",
+        image_pull_grace_seconds=0,
+        unschedulable_timeout_seconds=60,
+        start_timeout_seconds=20,
+        retry_attempts=4,
+    )
     settings.update(overrides)
     configuration = k8s.Configuration(host=fake.url)
     kwargs = {"clock": clock} if clock else {}
     if agent_factory is not None:
         kwargs["agent_factory"] = agent_factory
-    backend = KubernetesBackend(KubernetesBackendConfig(**settings), api_client=FastApiClient(configuration),
-                                sleep=sleeps if sleeps is not None else Sleeps(),
-                                resolver=resolver, **kwargs)
+    backend = KubernetesBackend(
+        KubernetesBackendConfig(**settings),
+        api_client=FastApiClient(configuration),
+        sleep=sleeps if sleeps is not None else Sleeps(),
+        resolver=resolver,
+        **kwargs,
+    )
     fake.backends.append(backend)
     return backend
 
@@ -91,8 +111,12 @@ def test_the_fake_refuses_what_the_api_server_would(fake, tmp_path):
     with pytest.raises(k8s.exceptions.ApiException) as caught:
         core.create_namespaced_secret("orchard", bad_label)
     assert caught.value.status == 422 and "label value" in caught.value.body
-    bad_schema = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
-                  "spec": {"containers": [{"name": "c", "image": "i", "imagePullPolicy": "Sometimes", "bogus": 1}]}}
+    bad_schema = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "i", "imagePullPolicy": "Sometimes", "bogus": 1}]},
+    }
     with pytest.raises(k8s.exceptions.ApiException) as caught:
         core.create_namespaced_pod("orchard", bad_schema)
     assert caught.value.status == 422 and "schema" in caught.value.body
@@ -108,7 +132,11 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
     assert endpoint.transport == "tcp" and endpoint.address == "10.244.1.7:8700"
     assert endpoint.tls and endpoint.secret == "s3cret" and "BEGIN CERTIFICATE" in endpoint.ca_cert_pem
     assert [(r["method"], r["kind"]) for r in fake.requests[:4]] == [
-        ("POST", "networkpolicies"), ("POST", "secrets"), ("POST", "pods"), ("PATCH", "secrets")]
+        ("POST", "networkpolicies"),
+        ("POST", "secrets"),
+        ("POST", "pods"),
+        ("PATCH", "secrets"),
+    ]
     # It waited through Pending on the backend's one pod watch: not a single read of its pod.
     assert [r for r in fake.sent("GET", "pods") if r["name"]] == [] and len(fake.sent("GET", "pods")) == 1
 
@@ -140,8 +168,10 @@ def test_start_sends_secret_pod_and_networkpolicy_with_labels_and_owners(fake, t
     # mode none: no policy of its own; the instance's shared one (made before the pod) denies egress
     assert policy["metadata"]["name"] == "orchard-sandboxes-default" and "ownerReferences" not in policy["metadata"]
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"] and policy["spec"]["egress"] == []
-    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/managed-by": "orchard",
-                                                            "orchard.dev/service-instance": "default"}
+    assert policy["spec"]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/managed-by": "orchard",
+        "orchard.dev/service-instance": "default",
+    }
     assert all(pod["metadata"]["labels"][k] == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
     assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 8700}]
 
@@ -177,9 +207,17 @@ def test_image_pull_backoff_within_grace_keeps_waiting(fake, tmp_path):
 
 def test_unschedulable_for_too_long_is_retryable_unavailable(fake, tmp_path):
     created = datetime.now(timezone.utc)
-    fake.kubelet = lambda pod, reads: {"phase": "Pending", "conditions": [
-        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-         "message": "0/3 nodes are available: 3 Insufficient memory."}]}
+    fake.kubelet = lambda pod, reads: {
+        "phase": "Pending",
+        "conditions": [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/3 nodes are available: 3 Insufficient memory.",
+            }
+        ],
+    }
     backend = make_backend(fake, tmp_path, clock=lambda: created + timedelta(seconds=61))
     with pytest.raises(BackendUnavailableError) as caught:
         backend.start("sb-big", SPEC, Resources(memory_mb=512_000), "s")
@@ -261,21 +299,69 @@ def _terminated(reason: str, code: int) -> dict:
     return {"terminated": {"reason": reason, "exitCode": code}}
 
 
-@pytest.mark.parametrize("status, kind, alive, words", [
-    ({"phase": "Running", "podIP": "10.0.0.9"}, None, True, ""),
-    ({"phase": "Failed", "containerStatuses": [{"name": "sandbox", "image": "i", "imageID": "", "ready": False,
-                                                "restartCount": 0, "state": _terminated("OOMKilled", 137)}]},
-     InfraErrorKind.OOM_KILLED, False, "memory limit"),
-    ({"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: ephemeral-storage.",
-      "containerStatuses": [{"name": "sandbox", "image": "i", "imageID": "", "ready": False, "restartCount": 0,
-                             "state": _terminated("ContainerStatusUnknown", 137)}]},
-     InfraErrorKind.SANDBOX_CRASHED, False, "evicted"),
-    ({"phase": "Failed", "reason": "DeadlineExceeded"}, InfraErrorKind.SANDBOX_DELETED, False, "lifetime"),
-    ({"phase": "Running", "podIP": "10.0.0.9", "conditions": [
-        {"type": "DisruptionTarget", "status": "True", "reason": "EvictionByEvictionAPI", "message": "drain"}]},
-     InfraErrorKind.SANDBOX_CRASHED, False, "disrupted"),
-    ({"phase": "Unknown"}, InfraErrorKind.AGENT_LOST, False, "node"),
-])
+@pytest.mark.parametrize(
+    "status, kind, alive, words",
+    [
+        ({"phase": "Running", "podIP": "10.0.0.9"}, None, True, ""),
+        (
+            {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "sandbox",
+                        "image": "i",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": _terminated("OOMKilled", 137),
+                    }
+                ],
+            },
+            InfraErrorKind.OOM_KILLED,
+            False,
+            "memory limit",
+        ),
+        (
+            {
+                "phase": "Failed",
+                "reason": "Evicted",
+                "message": "The node was low on resource: ephemeral-storage.",
+                "containerStatuses": [
+                    {
+                        "name": "sandbox",
+                        "image": "i",
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": _terminated("ContainerStatusUnknown", 137),
+                    }
+                ],
+            },
+            InfraErrorKind.SANDBOX_CRASHED,
+            False,
+            "evicted",
+        ),
+        ({"phase": "Failed", "reason": "DeadlineExceeded"}, InfraErrorKind.SANDBOX_DELETED, False, "lifetime"),
+        (
+            {
+                "phase": "Running",
+                "podIP": "10.0.0.9",
+                "conditions": [
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "EvictionByEvictionAPI",
+                        "message": "drain",
+                    }
+                ],
+            },
+            InfraErrorKind.SANDBOX_CRASHED,
+            False,
+            "disrupted",
+        ),
+        ({"phase": "Unknown"}, InfraErrorKind.AGENT_LOST, False, "node"),
+    ],
+)
 def test_status_maps_pod_state(fake, tmp_path, status, kind, alive, words):
     fake.kubelet = running_after(0)
     backend = make_backend(fake, tmp_path)
@@ -323,8 +409,11 @@ def test_list_orphans_finds_a_dead_services_sandboxes_and_only_its_instances(fak
     other = make_backend(fake, tmp_path, instance="other")
     other.start("sb-c", SPEC, Resources(), "s")
     # half-created leftovers count too: a Secret whose pod never came
-    fake.objects = {k: v for k, v in fake.objects.items()
-                    if not (k[0] == "pods" and "sb-b" in v["metadata"]["annotations"]["orchard.dev/sandbox-id"])}
+    fake.objects = {
+        k: v
+        for k, v in fake.objects.items()
+        if not (k[0] == "pods" and "sb-b" in v["metadata"]["annotations"]["orchard.dev/sandbox-id"])
+    }
     assert old.list_orphans() == []  # everything it holds it knows
     restarted = make_backend(fake, tmp_path)
     assert restarted.list_orphans() == ["sb-a", "sb-b"]
@@ -338,12 +427,16 @@ def test_list_orphans_finds_a_dead_services_sandboxes_and_only_its_instances(fak
 def test_apply_network_policy_replaces_with_a_conflict_retry(fake, tmp_path):
     fake.kubelet = running_after(0)
     backend = make_backend(fake, tmp_path)
-    backend.start("sb-net", SPEC.model_copy(update={"network": NetworkPolicy(mode="allowlist",
-                                                                             allow_cidrs=["10.30.0.0/16"])}),
-                  Resources(), "s")
+    backend.start(
+        "sb-net",
+        SPEC.model_copy(update={"network": NetworkPolicy(mode="allowlist", allow_cidrs=["10.30.0.0/16"])}),
+        Resources(),
+        "s",
+    )
     fake.fail("PUT", "networkpolicies", 409, "Conflict")
-    backend.apply_network_policy("sb-net", NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org"],
-                                                         allow_cidrs=["10.20.0.0/16"]))
+    backend.apply_network_policy(
+        "sb-net", NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org"], allow_cidrs=["10.20.0.0/16"])
+    )
     assert len(fake.sent("PUT", "networkpolicies")) == 2
     (policy,) = [p for p in fake.of_kind("networkpolicies") if "ownerReferences" in p["metadata"]]
     assert policy["spec"]["policyTypes"] == ["Egress"] and "ingress" not in policy["spec"]
@@ -362,8 +455,9 @@ def test_apply_network_policy_replaces_with_a_conflict_retry(fake, tmp_path):
 # ::/0) they stay closed, named one by one (10.30.0.7/32) they open, and a CIDR made only of them
 # (10.30.0.128/25) opens nothing (the local backend's rule for the host's own addresses).
 NODE_CIDRS = ["10.30.0.0/24", "fd00:30::/64"]
-NODES_IN_ALLOWLIST = NetworkPolicy(mode="allowlist",
-                                   allow_cidrs=["10.0.0.0/8", "10.30.0.7/32", "10.30.0.128/25", "::/0"])
+NODES_IN_ALLOWLIST = NetworkPolicy(
+    mode="allowlist", allow_cidrs=["10.0.0.0/8", "10.30.0.7/32", "10.30.0.128/25", "::/0"]
+)
 
 
 def test_the_nodes_own_addresses_open_only_when_named_one_by_one(fake, tmp_path):
@@ -374,7 +468,8 @@ def test_the_nodes_own_addresses_open_only_when_named_one_by_one(fake, tmp_path)
     assert policy["spec"]["egress"][0]["to"] == [
         {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.30.0.0/24"]}},
         {"ipBlock": {"cidr": "10.30.0.7/32"}},
-        {"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128", "fd00:ec2::23/128", "fd00:30::/64"]}}]
+        {"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128", "fd00:ec2::23/128", "fd00:30::/64"]}},
+    ]
 
 
 # -- RBAC: the Role grants exactly what the backend uses ---------------------------------------------------
@@ -396,8 +491,13 @@ class AnsweringAgent:
 
 # The fake's kind keys of the FQDN policies, and every kind key as `resource.group` (what a Role names).
 KIND_KEYS = {"antrea-fqdn": "networkpolicies.crd.antrea.io", "calico-dns": "networkpolicies.projectcalico.org"}
-_GROUPS = {"pods": "", "secrets": "", "events": "", "networkpolicies": "networking.k8s.io",
-           "ciliumnetworkpolicies": "cilium.io"}
+_GROUPS = {
+    "pods": "",
+    "secrets": "",
+    "events": "",
+    "networkpolicies": "networking.k8s.io",
+    "ciliumnetworkpolicies": "cilium.io",
+}
 
 
 def qualified(kind: str) -> str:
@@ -421,8 +521,12 @@ def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fa
     backend.stop("sb-rbac-1")
     make_backend(fake, tmp_path).status("sb-unknown")  # the by-label path
     backend.list_orphans()
-    pooled = make_backend(fake, tmp_path, agent_factory=AnsweringAgent,  # a warm pool: fill, claim, shutdown
-                          warm_pools=[{"image": SPEC.image, "size": 1}])
+    pooled = make_backend(
+        fake,
+        tmp_path,
+        agent_factory=AnsweringAgent,  # a warm pool: fill, claim, shutdown
+        warm_pools=[{"image": SPEC.image, "size": 1}],
+    )
     deadline = time.monotonic() + 20
     while not pooled.pool.ready():
         assert time.monotonic() < deadline, "no warm pod"
@@ -431,25 +535,36 @@ def test_the_role_in_the_manifests_grants_exactly_the_calls_the_backend_makes(fa
     pooled.close()
     cilium = make_backend(fake, tmp_path, host_policy="cilium-fqdn")  # its CiliumNetworkPolicy rule
     fake.fail("POST", "ciliumnetworkpolicies", 500, "InternalError", after=True)  # read back: get
-    cilium.start("sb-rbac-3", SPEC.model_copy(update={"network": NetworkPolicy(mode="allowlist",
-                                                                               allow_hosts=["pypi.org"])}),
-                 Resources(), "s")
+    cilium.start(
+        "sb-rbac-3",
+        SPEC.model_copy(update={"network": NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org"])}),
+        Resources(),
+        "s",
+    )
     cilium.apply_network_policy("sb-rbac-3", NetworkPolicy(mode="allowlist", allow_hosts=["files.pythonhosted.org"]))
     cilium.stop("sb-rbac-3")
     for n, host_policy in enumerate(("antrea-fqdn", "calico-dns")):  # the other FQDN policies' rules
         fqdn = make_backend(fake, tmp_path, host_policy=host_policy)
         fake.fail("POST", KIND_KEYS[host_policy], 500, "InternalError", after=True)
-        fqdn.start(f"sb-rbac-fqdn-{n}", SPEC.model_copy(update={"network": NetworkPolicy(
-            mode="allowlist", allow_hosts=["pypi.org"])}), Resources(), "s")
+        fqdn.start(
+            f"sb-rbac-fqdn-{n}",
+            SPEC.model_copy(update={"network": NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org"])}),
+            Resources(),
+            "s",
+        )
         fqdn.stop(f"sb-rbac-fqdn-{n}")
     verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete", "WATCH": "watch"}
-    used = {(qualified(r["kind"]), verb.get(r["method"]) or ("get" if r["name"] else "list"))
-            for r in fake.requests}
+    used = {(qualified(r["kind"]), verb.get(r["method"]) or ("get" if r["name"] else "list")) for r in fake.requests}
     (role,) = [d for d in yaml.safe_load_all((REPO / "manifests/base/rbac.yaml").read_text()) if d["kind"] == "Role"]
     # tier.networkpolicies is no resource anyone requests: Calico's API server checks it on top of networkpolicies
-    granted = {(f"{resource}.{group}" if group else resource, v) for rule in role["rules"]
-               for group in rule["apiGroups"] for resource in rule["resources"] if resource != "tier.networkpolicies"
-               for v in rule["verbs"]}
+    granted = {
+        (f"{resource}.{group}" if group else resource, v)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        if resource != "tier.networkpolicies"
+        for v in rule["verbs"]
+    }
     assert used == granted
 
 
@@ -478,8 +593,12 @@ def inject_layout(mount: Path) -> None:
 
 # What a container runtime gives a task image's first process: the image's ENV (here a JDK and a conda
 # image's kind), not the pod spec's (which is empty).
-IMAGE_ENV = {"PATH": f"/opt/conda/bin:/opt/jdk/bin:{os.environ.get('PATH', '/usr/bin:/bin')}",
-             "JAVA_HOME": "/opt/jdk", "HOME": "/home/task", "CONDA_PREFIX": "/opt/conda"}
+IMAGE_ENV = {
+    "PATH": f"/opt/conda/bin:/opt/jdk/bin:{os.environ.get('PATH', '/usr/bin:/bin')}",
+    "JAVA_HOME": "/opt/jdk",
+    "HOME": "/home/task",
+    "CONDA_PREFIX": "/opt/conda",
+}
 
 
 class ProcessKubelet:
@@ -501,9 +620,19 @@ class ProcessKubelet:
         name = pod["metadata"]["name"]
         main = pod["spec"]["containers"][0]
         if name in self.oom_killed and time.monotonic() >= self.oom_killed[name]:
-            return {"phase": "Failed", "containerStatuses": [
-                {"name": main["name"], "image": main["image"], "imageID": "", "ready": False, "restartCount": 0,
-                 "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]}
+            return {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": main["name"],
+                        "image": main["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                    }
+                ],
+            }
         if name not in self.procs:
             volume = next(v["secret"] for v in pod["spec"]["volumes"] if "secret" in v)
             secret = self.fake.objects.get(("secrets", "orchard", volume["secretName"]))
@@ -519,8 +648,12 @@ class ProcessKubelet:
             port = command[command.index("--tcp") + 1].rpartition(":")[2]
             command[command.index("--tcp") + 1] = f"{ip}:{port}"
             self.procs[name] = subprocess.Popen(
-                command, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env={**IMAGE_ENV, "PYTHONPATH": "/nonexistent-breaks-nothing-under-I"})
+                command,
+                cwd=self.cwd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                env={**IMAGE_ENV, "PYTHONPATH": "/nonexistent-breaks-nothing-under-I"},
+            )
         return running_after(0, ip=self.ips[name])(pod, reads)
 
     def oom(self, pod_name: str, report_after: float = 0.0) -> None:
@@ -560,8 +693,9 @@ def injected_agent(fake, tmp_path, agent_node):
     kubelet, settings = agent_node
     workspace = tmp_path / "workspace"
     backend = make_backend(fake, tmp_path, **settings)
-    endpoint = backend.start("sb-agent", SPEC.model_copy(update={"workdir": str(workspace)}), Resources(),
-                             "agent-secret-value")
+    endpoint = backend.start(
+        "sb-agent", SPEC.model_copy(update={"workdir": str(workspace)}), Resources(), "agent-secret-value"
+    )
     (proc,) = kubelet.procs.values()
     take_over(endpoint, proc)  # what the service does before it uses a new sandbox (runtime.take_over)
     try:
@@ -676,11 +810,13 @@ def serve(backend: KubernetesBackend, state_dir: Path, start_timeout: float = 20
     from sandbox_service.client import SandboxClient
     from sandbox_service.config import ServiceConfig
 
-    config = ServiceConfig(backend="kubernetes", token="tok", state_dir=state_dir,
-                           **{"ready_timeout_seconds": 20, **settings})
+    config = ServiceConfig(
+        backend="kubernetes", token="tok", state_dir=state_dir, **{"ready_timeout_seconds": 20, **settings}
+    )
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(config, backend=backend), host="127.0.0.1", port=port,
-                                           log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(config, backend=backend), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout
@@ -704,8 +840,9 @@ def service_on_fake_cluster(fake, tmp_path, agent_node):
         yield client, kubelet
 
 
-def test_the_service_creates_execs_snapshots_and_deletes_on_the_kubernetes_backend(fake, service_on_fake_cluster,
-                                                                                    tmp_path):
+def test_the_service_creates_execs_snapshots_and_deletes_on_the_kubernetes_backend(
+    fake, service_on_fake_cluster, tmp_path
+):
     client, kubelet = service_on_fake_cluster
     with client.create(SandboxCreate(image="task:1", workdir=str(tmp_path / "ws"))) as sandbox:
         assert sandbox.info.backend == "kubernetes" and sandbox.info.state.value == "ready"
@@ -723,7 +860,8 @@ def test_the_service_creates_execs_snapshots_and_deletes_on_the_kubernetes_backe
 
 @pytest.mark.parametrize("kubelet_lag", [0.0, 1.5])
 def test_a_pod_oom_killed_by_its_command_is_the_commands_outcome_and_recreated_as_it_was(
-        fake, service_on_fake_cluster, tmp_path, kubelet_lag):
+    fake, service_on_fake_cluster, tmp_path, kubelet_lag
+):
     """Also when the kubelet reports the OOM kill after the agent is already gone (it lags seconds)."""
     client, kubelet = service_on_fake_cluster
     spec = SandboxCreate(image="task:1", resources=Resources(memory_mb=512), workdir=str(tmp_path / "ws"))
@@ -742,8 +880,7 @@ def test_a_pod_oom_killed_by_its_command_is_the_commands_outcome_and_recreated_a
     assert sandbox_objects(fake) == {}
 
 
-def test_an_oom_killed_pod_in_a_verification_run_is_recreated_with_more_memory(fake, service_on_fake_cluster,
-                                                                               tmp_path):
+def test_an_oom_killed_pod_in_a_verification_run_is_recreated_with_more_memory(fake, service_on_fake_cluster, tmp_path):
     client, kubelet = service_on_fake_cluster
     spec = SandboxCreate(image="task:1", resources=Resources(memory_mb=512), workdir=str(tmp_path / "ws"))
     with client.create(spec) as plain:
@@ -822,7 +959,9 @@ def test_stop_deletes_by_name_without_listing(fake, tmp_path):
     backend.stop("sb-byname")
     assert sandbox_objects(fake) == {}
     assert {(r["method"], r["kind"]) for r in fake.requests[before:] if r["method"] != "WATCH"} == {
-        ("DELETE", "pods"), ("DELETE", "secrets")}  # mode none: it had no policy of its own
+        ("DELETE", "pods"),
+        ("DELETE", "secrets"),
+    }  # mode none: it had no policy of its own
 
 
 def test_the_agent_bind_in_the_pod_command_serves_ipv4_and_ipv6(monkeypatch):
@@ -959,12 +1098,16 @@ def test_orphans_left_by_a_failed_cleanup_are_swept_periodically(fake, tmp_path)
     fake.kubelet = lambda pod, ticks: (crashing if "sb-leak" in pod["metadata"]["name"] else healthy)(pod, ticks)
     with pytest.raises(PodStartError):
         backend.start("sb-leak", SPEC, Resources(), "s")
-    assert any("sb-leak" in o["metadata"]["annotations"].get("orchard.dev/sandbox-id", "")
-               for o in sandbox_objects(fake).values())
+    assert any(
+        "sb-leak" in o["metadata"]["annotations"].get("orchard.dev/sandbox-id", "")
+        for o in sandbox_objects(fake).values()
+    )
     fake.faults.clear()  # the API is back
     deadline = time.monotonic() + 15
-    while any("sb-leak" in o["metadata"]["annotations"].get("orchard.dev/sandbox-id", "")
-              for o in sandbox_objects(fake).values()):
+    while any(
+        "sb-leak" in o["metadata"]["annotations"].get("orchard.dev/sandbox-id", "")
+        for o in sandbox_objects(fake).values()
+    ):
         assert time.monotonic() < deadline, "the leaked objects were not swept"
         time.sleep(0.05)
     assert backend.status("sb-kept").alive  # a sandbox it knows is never swept

@@ -12,17 +12,33 @@ from sandbox_service.backends.kubernetes_decode import FastApiClient, decode
 from sandbox_service.backends.kubernetes_fake import running_status
 
 POD = {
-    "apiVersion": "v1", "kind": "Pod",
-    "metadata": {"name": "sb-1-a", "namespace": "orchard", "uid": "u-1", "resourceVersion": "7",
-                 "creationTimestamp": "2026-12-03T14:00:00Z", "deletionTimestamp": "2026-12-03T14:05:00.123456Z",
-                 "labels": {"orchard.dev/sandbox-id": "sb-1"}, "annotations": {"orchard.dev/spec": "{}"},
-                 "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "o", "uid": "u-0"}]},
-    "spec": {"containers": [{"name": "sandbox", "image": "python:3.12", "command": ["/agent"],
-                             "ports": [{"name": "agent", "containerPort": 7000}],
-                             "resources": {"limits": {"cpu": "1", "memory": "2Gi"}},
-                             "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent"}]}],
-             "volumes": [{"name": "secret", "secret": {"secretName": "sb-1-a-agent"}}],
-             "activeDeadlineSeconds": 600},
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "sb-1-a",
+        "namespace": "orchard",
+        "uid": "u-1",
+        "resourceVersion": "7",
+        "creationTimestamp": "2026-12-03T14:00:00Z",
+        "deletionTimestamp": "2026-12-03T14:05:00.123456Z",
+        "labels": {"orchard.dev/sandbox-id": "sb-1"},
+        "annotations": {"orchard.dev/spec": "{}"},
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "o", "uid": "u-0"}],
+    },
+    "spec": {
+        "containers": [
+            {
+                "name": "sandbox",
+                "image": "python:3.12",
+                "command": ["/agent"],
+                "ports": [{"name": "agent", "containerPort": 7000}],
+                "resources": {"limits": {"cpu": "1", "memory": "2Gi"}},
+                "volumeMounts": [{"name": "agent", "mountPath": "/opt/agent"}],
+            }
+        ],
+        "volumes": [{"name": "secret", "secret": {"secretName": "sb-1-a-agent"}}],
+        "activeDeadlineSeconds": 600,
+    },
 }
 POD["status"] = running_status(POD, "10.0.0.7") | {"startTime": "2026-12-03T14:00:02Z"}
 
@@ -33,8 +49,11 @@ class _Response:
 
 
 def test_decode_returns_the_models_the_client_returns():
-    for data, type_name in [(POD, "V1Pod"), ({"metadata": {"resourceVersion": "9"}, "items": [POD, POD]}, "V1PodList"),
-                            ({"metadata": {"name": "s"}, "data": {"k": "dg=="}, "immutable": True}, "V1Secret")]:
+    for data, type_name in [
+        (POD, "V1Pod"),
+        ({"metadata": {"resourceVersion": "9"}, "items": [POD, POD]}, "V1PodList"),
+        ({"metadata": {"name": "s"}, "data": {"k": "dg=="}, "immutable": True}, "V1Secret"),
+    ]:
         ours, theirs = decode(data, type_name), k8s.ApiClient().deserialize(_Response(data), type_name)
         assert type(ours) is type(theirs)
         assert ours == theirs  # the models compare by to_dict(): every field, nested, equal

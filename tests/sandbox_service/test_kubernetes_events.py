@@ -14,21 +14,29 @@ from sandbox_service.backends.kubernetes_fake import running_after
 from sandbox_service.errors import BackendUnavailableError
 from sandbox_service.models import InfraErrorKind, Resources
 
-NO_RUNTIME = ('Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get sandbox runtime: '
-              'no runtime for "runsc" is configured')
-NO_IPS = ('Failed to create pod sandbox: rpc error: code = Unknown desc = failed to setup network for sandbox: '
-          'plugin type="calico" failed (add): failed to allocate for range 0: no IP addresses available in range set')
-NO_NODE = ('0/3 nodes are available: 3 node(s) didn\'t match Pod\'s node affinity/selector. preemption: '
-           '0/3 nodes are available: 3 Preemption is not helpful for scheduling.')
+NO_RUNTIME = (
+    "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to get sandbox runtime: "
+    'no runtime for "runsc" is configured'
+)
+NO_IPS = (
+    "Failed to create pod sandbox: rpc error: code = Unknown desc = failed to setup network for sandbox: "
+    'plugin type="calico" failed (add): failed to allocate for range 0: no IP addresses available in range set'
+)
+NO_NODE = (
+    "0/3 nodes are available: 3 node(s) didn't match Pod's node affinity/selector. preemption: "
+    "0/3 nodes are available: 3 Preemption is not helpful for scheduling."
+)
 
 
 def pending_with_event(fake, reason: str, message: str, *, from_tick: int = 1, every: int = 25):
     """A kubelet that leaves the pod Pending without an IP and reports `reason` from `from_tick` on,
     again every `every` ticks (kubelet retries; the API server bumps the event's count)."""
+
     def kubelet(pod, ticks):
         if ticks >= from_tick and (ticks - from_tick) % every == 0:
             fake.emit_event(pod["metadata"]["name"], reason, message)
         return {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+
     return kubelet
 
 
@@ -43,8 +51,9 @@ def test_a_final_sandbox_event_fails_the_create_at_once_with_its_reason(fake, tm
     with pytest.raises(PodStartError) as caught:
         backend.start("sb-noruntime", SPEC, Resources(), "s")
     assert time.monotonic() - started < 30  # not the 60 s start timeout
-    assert caught.value.infra_error == InfraErrorKind.UNAVAILABLE and not isinstance(caught.value,
-                                                                                      BackendUnavailableError)
+    assert caught.value.infra_error == InfraErrorKind.UNAVAILABLE and not isinstance(
+        caught.value, BackendUnavailableError
+    )
     assert "FailedCreatePodSandBox" in caught.value.message and 'no runtime for "runsc"' in caught.value.message
     assert _pods_and_secrets(fake) == []
 
@@ -65,12 +74,26 @@ def test_a_transient_event_fails_only_after_its_grace_from_the_first_one_seen(fa
 def test_an_early_failed_mount_never_fails_a_pod_that_got_past_it(fake, tmp_path):
     def kubelet(pod, ticks):
         if ticks == 1:  # the Secret had not reached the node yet
-            fake.emit_event(pod["metadata"]["name"], "FailedMount",
-                            'MountVolume.SetUp failed for volume "orchard-secret" : secret not found')
+            fake.emit_event(
+                pod["metadata"]["name"],
+                "FailedMount",
+                'MountVolume.SetUp failed for volume "orchard-secret" : secret not found',
+            )
         if ticks < 60:  # then a slow image pull: the pod has its IP, the container is not running yet
-            return {"phase": "Pending", "podIP": "10.244.1.7", "containerStatuses": [
-                {"name": "sandbox", "image": SPEC.image, "imageID": "", "ready": False, "restartCount": 0,
-                 "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+            return {
+                "phase": "Pending",
+                "podIP": "10.244.1.7",
+                "containerStatuses": [
+                    {
+                        "name": "sandbox",
+                        "image": SPEC.image,
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"waiting": {"reason": "ContainerCreating"}},
+                    }
+                ],
+            }
         return running_after(0)(pod, ticks)
 
     fake.kubelet = kubelet
@@ -80,8 +103,9 @@ def test_an_early_failed_mount_never_fails_a_pod_that_got_past_it(fake, tmp_path
 
 def test_no_node_can_ever_take_it_is_final_without_an_autoscaler_and_waits_with_one(fake, tmp_path):
     fake.kubelet = pending_with_event(fake, "FailedScheduling", NO_NODE)
-    fixed = make_backend(fake, tmp_path, autoscaled_nodes=False, start_timeout_seconds=60,
-                         node_selector={"pool": "sandboxes"})
+    fixed = make_backend(
+        fake, tmp_path, autoscaled_nodes=False, start_timeout_seconds=60, node_selector={"pool": "sandboxes"}
+    )
     with pytest.raises(PodStartError, match="No node can ever take") as caught:
         fixed.start("sb-nonode", SPEC, Resources(), "s")
     assert "didn't match Pod's node affinity/selector" in caught.value.message

@@ -32,8 +32,9 @@ def test_indexed_queries_match_a_full_scan_through_random_writes():
             obj["metadata"]["ownerReferences"] = [{"uid": rng.choice(values)}]
             store[key] = obj
         else:
-            obj = _obj(key[2], {"sid": rng.choice(values), "app": rng.choice(values)},
-                       rng.sample(values, rng.randint(0, 2)))
+            obj = _obj(
+                key[2], {"sid": rng.choice(values), "app": rng.choice(values)}, rng.sample(values, rng.randint(0, 2))
+            )
             store[key] = obj
             plain[key] = obj
         if step % 50 == 0:
@@ -50,7 +51,8 @@ def test_indexed_queries_match_a_full_scan_through_random_writes():
                             assert list(store.labelled(kind, ns, selector)) == scan
             for uid in values:
                 assert store.dependents(uid) == sorted(
-                    k for k, o in plain.items() if any(r["uid"] == uid for r in o["metadata"]["ownerReferences"]))
+                    k for k, o in plain.items() if any(r["uid"] == uid for r in o["metadata"]["ownerReferences"])
+                )
 
 
 def test_writes_the_indexes_cannot_follow_are_refused():

@@ -14,8 +14,13 @@ from typing import get_args
 
 import pytest
 from kubernetes import client as k8s
-from test_kubernetes_contract import (NODE_CIDRS, NODES_IN_ALLOWLIST, SPEC, fake, make_backend,  # noqa: F401
-                                      sandbox_objects)
+from test_kubernetes_contract import (
+    NODE_CIDRS,
+    NODES_IN_ALLOWLIST,
+    SPEC,
+    make_backend,  # noqa: F401
+    sandbox_objects,
+)
 
 from sandbox_service.backends.kubernetes_config import SANDBOX_ID_LABEL, KubernetesBackendConfig
 from sandbox_service.backends.kubernetes_fake import running_after
@@ -24,8 +29,11 @@ from sandbox_service.backends.kubernetes_host_policy import FQDN_POLICY_TYPES
 from sandbox_service.errors import InvalidRequestError, SandboxServiceError
 from sandbox_service.models import NetworkPolicy, Resources
 
-ALLOW = NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org", "*.pythonhosted.org"],
-                      allow_cidrs=["0.0.0.0/0", "10.20.0.0/16", "2001:db8::/32"])
+ALLOW = NetworkPolicy(
+    mode="allowlist",
+    allow_hosts=["pypi.org", "*.pythonhosted.org"],
+    allow_cidrs=["0.0.0.0/0", "10.20.0.0/16", "2001:db8::/32"],
+)
 API = {"antrea-fqdn": ("crd.antrea.io", "v1beta1"), "calico-dns": ("projectcalico.org", "v3")}
 KIND_KEY = {"antrea-fqdn": "networkpolicies.crd.antrea.io", "calico-dns": "networkpolicies.projectcalico.org"}
 
@@ -41,8 +49,9 @@ def fqdn_backend(fake, tmp_path, host_policy: str, **overrides):
 def policies(fake, host_policy: str, sandbox_id: str) -> list[dict]:
     """What a client listing the CNI's resource by the sandbox's label gets."""
     custom = k8s.CustomObjectsApi(k8s.ApiClient(k8s.Configuration(host=fake.url)))
-    return custom.list_namespaced_custom_object(*API[host_policy], "orchard", "networkpolicies",
-                                                label_selector=f"{SANDBOX_ID_LABEL}={sandbox_id}")["items"]
+    return custom.list_namespaced_custom_object(
+        *API[host_policy], "orchard", "networkpolicies", label_selector=f"{SANDBOX_ID_LABEL}={sandbox_id}"
+    )["items"]
 
 
 def start_allowlisted(fake, tmp_path, host_policy: str, sandbox_id: str, network=ALLOW):
@@ -59,27 +68,52 @@ def test_antrea_gets_one_policy_with_fqdn_peers_metadata_dropped_first_dns_and_a
     (policy,) = policies(fake, "antrea-fqdn", "sb-antrea")
     assert [p["metadata"]["name"] for p in fake.of_kind("networkpolicies")] == ["orchard-sandboxes-default"]
     spec = policy["spec"]
-    assert spec["appliedTo"] == [{"podSelector": {"matchLabels": {"orchard.dev/sandbox-id": "sb-antrea",
-                                                                  "orchard.dev/service-instance": "default"}}}]
+    assert spec["appliedTo"] == [
+        {
+            "podSelector": {
+                "matchLabels": {"orchard.dev/sandbox-id": "sb-antrea", "orchard.dev/service-instance": "default"}
+            }
+        }
+    ]
     assert 1 <= spec["priority"] <= 10000
     rules = {rule["name"]: rule for rule in spec["egress"]}
     assert list(rules) == ["drop-metadata", "allow-cidrs", "allow-hosts", "allow-dns", "drop-rest"]  # in order
-    assert rules["drop-metadata"] == {"name": "drop-metadata", "action": "Drop", "to": [{"ipBlock": {"cidr": c}} for c in (
-        "169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32", "fd00:ec2::254/128", "fd00:ec2::23/128")]}
-    assert rules["allow-cidrs"]["to"] == [{"ipBlock": {"cidr": c}}
-                                          for c in ("0.0.0.0/0", "10.20.0.0/16", "2001:db8::/32")]
-    assert rules["allow-hosts"] == {"name": "allow-hosts", "action": "Allow",
-                                    "to": [{"fqdn": "pypi.org"}, {"fqdn": "*.pythonhosted.org"}]}
+    assert rules["drop-metadata"] == {
+        "name": "drop-metadata",
+        "action": "Drop",
+        "to": [
+            {"ipBlock": {"cidr": c}}
+            for c in (
+                "169.254.169.254/32",
+                "169.254.169.252/32",
+                "169.254.170.23/32",
+                "fd00:ec2::254/128",
+                "fd00:ec2::23/128",
+            )
+        ],
+    }
+    assert rules["allow-cidrs"]["to"] == [
+        {"ipBlock": {"cidr": c}} for c in ("0.0.0.0/0", "10.20.0.0/16", "2001:db8::/32")
+    ]
+    assert rules["allow-hosts"] == {
+        "name": "allow-hosts",
+        "action": "Allow",
+        "to": [{"fqdn": "pypi.org"}, {"fqdn": "*.pythonhosted.org"}],
+    }
     assert rules["allow-dns"]["to"] == [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-         "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
-        {"ipBlock": {"cidr": "169.254.20.10/32"}}]  # NodeLocal DNSCache
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        },
+        {"ipBlock": {"cidr": "169.254.20.10/32"}},
+    ]  # NodeLocal DNSCache
     assert rules["allow-dns"]["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
     assert rules["drop-rest"] == {"name": "drop-rest", "action": "Drop"}  # no `to`: everything else
     (pod,) = fake.of_kind("pods")
     assert policy["metadata"]["name"] == pod["metadata"]["name"]
     assert policy["metadata"]["ownerReferences"] == [
-        {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}]
+        {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+    ]
     assert policy["metadata"]["labels"]["orchard.dev/owner"] == "0"  # the replica's, like every object
 
     backend.stop("sb-antrea")
@@ -90,8 +124,12 @@ def test_antrea_gets_one_policy_with_fqdn_peers_metadata_dropped_first_dns_and_a
 def test_antrea_refuses_an_underscore_before_any_object_exists(fake, tmp_path):
     backend = fqdn_backend(fake, tmp_path, "antrea-fqdn")
     with pytest.raises(InvalidRequestError, match="Antrea refuses"):
-        backend.start("sb-under", SPEC.model_copy(update={"network": NetworkPolicy(
-            mode="allowlist", allow_hosts=["_dmarc.example.com"])}), Resources(), "s")
+        backend.start(
+            "sb-under",
+            SPEC.model_copy(update={"network": NetworkPolicy(mode="allowlist", allow_hosts=["_dmarc.example.com"])}),
+            Resources(),
+            "s",
+        )
     assert fake.requests == []
 
 
@@ -105,18 +143,33 @@ def test_calico_gets_one_policy_with_domains_metadata_denied_first_dns_and_a_fin
     assert spec["selector"] == "orchard.dev/sandbox-id == 'sb-calico' && orchard.dev/service-instance == 'default'"
     assert spec["types"] == ["Egress"] and "tier" not in spec  # the default tier: the Role's tier.networkpolicies
     assert spec["egress"] == [
-        {"action": "Deny", "destination": {"nets": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"]}},  # first: even an allowed name's answer
+        {
+            "action": "Deny",
+            "destination": {"nets": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"]},
+        },  # first: even an allowed name's answer
         {"action": "Deny", "destination": {"nets": ["fd00:ec2::254/128", "fd00:ec2::23/128"]}},
         {"action": "Allow", "destination": {"nets": ["0.0.0.0/0", "10.20.0.0/16"]}},  # one IP family per rule
         {"action": "Allow", "destination": {"nets": ["2001:db8::/32"]}},
         {"action": "Allow", "destination": {"domains": ["pypi.org", "*.pythonhosted.org"]}},
-        {"action": "Allow", "protocol": "UDP", "destination": {
-            "namespaceSelector": "projectcalico.org/name == 'kube-system'", "selector": "k8s-app == 'kube-dns'",
-            "ports": [53]}},
+        {
+            "action": "Allow",
+            "protocol": "UDP",
+            "destination": {
+                "namespaceSelector": "projectcalico.org/name == 'kube-system'",
+                "selector": "k8s-app == 'kube-dns'",
+                "ports": [53],
+            },
+        },
         {"action": "Allow", "protocol": "UDP", "destination": {"nets": ["169.254.20.10/32"], "ports": [53]}},
-        {"action": "Allow", "protocol": "TCP", "destination": {
-            "namespaceSelector": "projectcalico.org/name == 'kube-system'", "selector": "k8s-app == 'kube-dns'",
-            "ports": [53]}},
+        {
+            "action": "Allow",
+            "protocol": "TCP",
+            "destination": {
+                "namespaceSelector": "projectcalico.org/name == 'kube-system'",
+                "selector": "k8s-app == 'kube-dns'",
+                "ports": [53],
+            },
+        },
         {"action": "Allow", "protocol": "TCP", "destination": {"nets": ["169.254.20.10/32"], "ports": [53]}},
         {"action": "Deny"},
     ]
@@ -132,8 +185,9 @@ def test_calico_gets_one_policy_with_domains_metadata_denied_first_dns_and_a_fin
 # -- both ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("host_policy", ["antrea-fqdn", "calico-dns"])
 def test_a_cidr_only_allowlist_opens_no_dns_and_none_mode_creates_no_policy(fake, tmp_path, host_policy):
-    backend = start_allowlisted(fake, tmp_path, host_policy, "sb-cidr",
-                                NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/8"]))
+    backend = start_allowlisted(
+        fake, tmp_path, host_policy, "sb-cidr", NetworkPolicy(mode="allowlist", allow_cidrs=["10.0.0.0/8"])
+    )
     (policy,) = policies(fake, host_policy, "sb-cidr")
     text = str(policy["spec"])
     assert "10.0.0.0/8" in text and "169.254.169.254/32" in text
@@ -201,8 +255,9 @@ def prune_hosts(body: dict) -> None:
             peer.pop("fqdn", None)
 
 
-@pytest.mark.parametrize("host_policy, needs", [("antrea-fqdn", "Antrea >= 1.13"),
-                                                ("calico-dns", "Calico Enterprise or Calico Cloud")])
+@pytest.mark.parametrize(
+    "host_policy, needs", [("antrea-fqdn", "Antrea >= 1.13"), ("calico-dns", "Calico Enterprise or Calico Cloud")]
+)
 def test_a_server_that_drops_the_host_names_gets_no_policy_and_a_clear_error(fake, tmp_path, host_policy, needs):
     """Pruned, the hosts' Allow rule would have no destination left: open to everything. Never kept."""
     fake.kubelet = running_after(0)
@@ -223,20 +278,33 @@ def test_a_server_that_drops_the_host_names_gets_no_policy_and_a_clear_error(fak
 def test_the_fake_refuses_policies_the_crds_would_not_take(fake):
     """The schema checks can say no: each body below is one mistake away from a valid one."""
     custom = k8s.CustomObjectsApi(k8s.ApiClient(k8s.Configuration(host=fake.url)))
-    antrea = {"apiVersion": "crd.antrea.io/v1beta1", "kind": "NetworkPolicy", "metadata": {"name": "p"},
-              "spec": {"priority": 5, "appliedTo": [{"podSelector": {"matchLabels": {"a": "b"}}}]}}
-    calico = {"apiVersion": "projectcalico.org/v3", "kind": "NetworkPolicy", "metadata": {"name": "p"},
-              "spec": {"selector": "a == 'b'", "types": ["Egress"]}}
-    bad = [("antrea-fqdn", antrea, {"egress": [{"action": "Allow", "to": [{"fqdn": "pypi org"}]}]}),
-           ("antrea-fqdn", antrea, {"egress": [{"to": [{"fqdn": "pypi.org"}]}]}),  # no action
-           ("antrea-fqdn", antrea, {"priority": 0}),
-           ("antrea-fqdn", antrea, {"egress": [{"action": "Allow", "to": [{"fdqn": "pypi.org"}]}]}),
-           ("calico-dns", calico, {"egress": [{"action": "Deny", "destination": {"domains": ["pypi.org"]}}]}),
-           ("calico-dns", calico, {"egress": [{"action": "Allow", "destination": {"domains": ["pypi.org"],
-                                                                                   "nets": ["10.0.0.0/8"]}}]}),
-           ("calico-dns", calico, {"egress": [{"action": "Allow", "destination": {"ports": [53]}}]}),  # no protocol
-           ("calico-dns", calico, {"egress": [{"action": "Allow", "destination": {"nets": ["10.0.0.0/33"]}}]}),
-           ("calico-dns", calico, {"egress": [{"action": "Allow", "destinaton": {"nets": ["10.0.0.0/8"]}}]})]
+    antrea = {
+        "apiVersion": "crd.antrea.io/v1beta1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "p"},
+        "spec": {"priority": 5, "appliedTo": [{"podSelector": {"matchLabels": {"a": "b"}}}]},
+    }
+    calico = {
+        "apiVersion": "projectcalico.org/v3",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "p"},
+        "spec": {"selector": "a == 'b'", "types": ["Egress"]},
+    }
+    bad = [
+        ("antrea-fqdn", antrea, {"egress": [{"action": "Allow", "to": [{"fqdn": "pypi org"}]}]}),
+        ("antrea-fqdn", antrea, {"egress": [{"to": [{"fqdn": "pypi.org"}]}]}),  # no action
+        ("antrea-fqdn", antrea, {"priority": 0}),
+        ("antrea-fqdn", antrea, {"egress": [{"action": "Allow", "to": [{"fdqn": "pypi.org"}]}]}),
+        ("calico-dns", calico, {"egress": [{"action": "Deny", "destination": {"domains": ["pypi.org"]}}]}),
+        (
+            "calico-dns",
+            calico,
+            {"egress": [{"action": "Allow", "destination": {"domains": ["pypi.org"], "nets": ["10.0.0.0/8"]}}]},
+        ),
+        ("calico-dns", calico, {"egress": [{"action": "Allow", "destination": {"ports": [53]}}]}),  # no protocol
+        ("calico-dns", calico, {"egress": [{"action": "Allow", "destination": {"nets": ["10.0.0.0/33"]}}]}),
+        ("calico-dns", calico, {"egress": [{"action": "Allow", "destinaton": {"nets": ["10.0.0.0/8"]}}]}),
+    ]
     for host_policy, base, change in bad:
         body = {**base, "spec": {**base["spec"], **change}}
         with pytest.raises(k8s.exceptions.ApiException) as caught:
@@ -266,9 +334,19 @@ def test_the_nodes_own_addresses_open_only_when_named_one_by_one(fake, tmp_path)
         egress = policy["spec"]["egress"]
         if host_policy == "antrea-fqdn":
             rules = [(r["name"], [peer["ipBlock"]["cidr"] for peer in r.get("to", [])]) for r in egress]
-            assert rules[1:] == [("allow-named-nodes", ["10.30.0.7/32"]), ("drop-nodes", NODE_CIDRS),
-                                 ("allow-cidrs", ["10.0.0.0/8", "10.30.0.7/32", "::/0"]), ("drop-rest", [])]
+            assert rules[1:] == [
+                ("allow-named-nodes", ["10.30.0.7/32"]),
+                ("drop-nodes", NODE_CIDRS),
+                ("allow-cidrs", ["10.0.0.0/8", "10.30.0.7/32", "::/0"]),
+                ("drop-rest", []),
+            ]
         else:
             rules = [(r["action"], r.get("destination", {}).get("nets")) for r in egress]
-            assert rules[2:] == [("Allow", ["10.30.0.7/32"]), ("Deny", ["10.30.0.0/24"]), ("Deny", ["fd00:30::/64"]),
-                                 ("Allow", ["10.0.0.0/8", "10.30.0.7/32"]), ("Allow", ["::/0"]), ("Deny", None)]
+            assert rules[2:] == [
+                ("Allow", ["10.30.0.7/32"]),
+                ("Deny", ["10.30.0.0/24"]),
+                ("Deny", ["fd00:30::/64"]),
+                ("Allow", ["10.0.0.0/8", "10.30.0.7/32"]),
+                ("Allow", ["::/0"]),
+                ("Deny", None),
+            ]

@@ -41,26 +41,38 @@ from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, San
 VERSIONS = ["1.28", "1.30", "1.33", kubernetes_validate.latest_version()]
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
-_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                        r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 
 CONFIGS = {
     "default": KubernetesBackendConfig(),
     "hardened": KubernetesBackendConfig(
-        namespace="sandboxes", runtime_class_name="gvisor", priority_class_name="sandbox-low",
-        service_account_name="orchard-sandbox", image_pull_secrets=["regcred"], node_selector={"pool": "sandbox"},
-        tolerations=[Toleration(key="sandbox", operator="Exists", effect="NoSchedule"),
-                     Toleration(key="spot", value="true", effect="NoExecute", toleration_seconds=30)],
-        service_namespace="orchard-system", cpu_request_ratio=0.25,
-        pod_annotations={"sidecar.istio.io/inject": "false"}),
+        namespace="sandboxes",
+        runtime_class_name="gvisor",
+        priority_class_name="sandbox-low",
+        service_account_name="orchard-sandbox",
+        image_pull_secrets=["regcred"],
+        node_selector={"pool": "sandbox"},
+        tolerations=[
+            Toleration(key="sandbox", operator="Exists", effect="NoSchedule"),
+            Toleration(key="spot", value="true", effect="NoExecute", toleration_seconds=30),
+        ],
+        service_namespace="orchard-system",
+        cpu_request_ratio=0.25,
+        pod_annotations={"sidecar.istio.io/inject": "false"},
+    ),
 }
 SPECS = {
     "plain": SandboxCreate(image="python:3.12-slim"),
-    "labelled": SandboxCreate(image="ghcr.io/org/swe-task@sha256:" + "a" * 64,
-                              labels={"task": "django/django#1234", "Stage Name": "rl", "x" * 90: "y" * 90},
-                              network=NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org"],
-                                                    allow_cidrs=["10.0.0.0/8", "2001:db8::/32"]),
-                              workdir="/testbed", ttl_seconds=600.5),
+    "labelled": SandboxCreate(
+        image="ghcr.io/org/swe-task@sha256:" + "a" * 64,
+        labels={"task": "django/django#1234", "Stage Name": "rl", "x" * 90: "y" * 90},
+        network=NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org"], allow_cidrs=["10.0.0.0/8", "2001:db8::/32"]),
+        workdir="/testbed",
+        ttl_seconds=600.5,
+    ),
 }
 IDS = ["sb-0123456789abcdef", "SB_Upper.Case", "x" * 200, "-leading-and-trailing-", "ünïcödé/ids:1"]
 
@@ -86,12 +98,17 @@ def test_every_generated_object_validates_against_the_openapi_schema(config_name
     config, spec = CONFIGS[config_name], SPECS[spec_name]
     for sandbox_id in IDS:
         name = pod_name_for(sandbox_id)
-        pod = to_dict(build_pod(name, sandbox_id, spec, Resources(cpu=0.5, memory_mb=700), config,
-                                secret_name=f"{name}-agent"))
-        secret = to_dict(build_secret(f"{name}-agent", sandbox_id, spec, config, agent_secret="s", boot_secret="b",
-                                      cert_pem="c", key_pem="k"))
-        policy = to_dict(build_network_policy(name, sandbox_id, spec, config, spec.network,
-                                              allowlist_cidrs(spec.network, _resolve)))
+        pod = to_dict(
+            build_pod(name, sandbox_id, spec, Resources(cpu=0.5, memory_mb=700), config, secret_name=f"{name}-agent")
+        )
+        secret = to_dict(
+            build_secret(
+                f"{name}-agent", sandbox_id, spec, config, agent_secret="s", boot_secret="b", cert_pem="c", key_pem="k"
+            )
+        )
+        policy = to_dict(
+            build_network_policy(name, sandbox_id, spec, config, spec.network, allowlist_cidrs(spec.network, _resolve))
+        )
         # every API version for one id; the id variants (which only change names and labels) on 1.30
         versions = VERSIONS if sandbox_id == IDS[0] else ["1.30"]
         for obj in (pod, secret, policy):
@@ -117,8 +134,14 @@ def test_label_sanitising_is_valid_and_keeps_distinct_inputs_distinct():
 
 def test_pod_has_no_credentials_no_restarts_and_the_requested_resources():
     config = CONFIGS["hardened"]
-    pod = build_pod("orchard-sb-1-abcde", "sb-1", SPECS["labelled"], Resources(cpu=2, memory_mb=4096, disk_mb=10240),
-                    config, secret_name="orchard-sb-1-abcde-agent")
+    pod = build_pod(
+        "orchard-sb-1-abcde",
+        "sb-1",
+        SPECS["labelled"],
+        Resources(cpu=2, memory_mb=4096, disk_mb=10240),
+        config,
+        secret_name="orchard-sb-1-abcde-agent",
+    )
     spec = pod.spec
     assert spec.automount_service_account_token is False and spec.enable_service_links is False
     assert spec.restart_policy == "Never" and spec.active_deadline_seconds == 600
@@ -136,8 +159,14 @@ def test_pod_has_no_credentials_no_restarts_and_the_requested_resources():
     assert injector.name == INJECTOR_CONTAINER and injector.security_context.run_as_non_root
     assert injector.resources.requests["cpu"] == "50m"
     # A dense node (cpu_request_ratio 0.02): the injector's request follows, or it would set the pod's.
-    dense = build_pod("p", "sb-1", SPECS["labelled"], Resources(cpu=0.2), config.model_copy(
-        update={"cpu_request_ratio": 0.02}), secret_name="s")
+    dense = build_pod(
+        "p",
+        "sb-1",
+        SPECS["labelled"],
+        Resources(cpu=0.2),
+        config.model_copy(update={"cpu_request_ratio": 0.02}),
+        secret_name="s",
+    )
     assert dense.spec.init_containers[0].resources.requests["cpu"] == "4m"
     assert next(c for c in dense.spec.containers if c.name == AGENT_CONTAINER).resources.requests["cpu"] == "4m"
     secret_volume = next(v for v in spec.volumes if v.secret is not None)
@@ -156,7 +185,9 @@ def test_network_policy_modes():
     policy = to_dict(build_network_policy("p", "sb", SPECS["plain"], config, allow, cidrs))
     assert len(policy["spec"]["egress"]) == 1  # no host names: no DNS opening
     assert allowlist_cidrs(NetworkPolicy(mode="allowlist", allow_hosts=["pypi.org"]), _resolve) == [
-        "151.101.0.223/32", "2a04:4e42::223/128"]
+        "151.101.0.223/32",
+        "2a04:4e42::223/128",
+    ]
     assert allowlist_cidrs(NetworkPolicy(mode="none", allow_cidrs=["1.2.3.4/32"]), _resolve) == []
 
     def unresolvable(host: str) -> list[str]:
@@ -174,8 +205,12 @@ def test_no_allowlist_opens_the_cloud_metadata_endpoint():
     policy = to_dict(build_network_policy("p", "sb", SPECS["plain"], config, wide, allowlist_cidrs(wide, _resolve)))
     blocks = {peer["ipBlock"]["cidr"]: peer["ipBlock"].get("except") for peer in policy["spec"]["egress"][0]["to"]}
     # the instance metadata service, GKE Workload Identity (.252), EKS Pod Identity (.170.23, fd00:ec2::23)
-    assert blocks == {"0.0.0.0/0": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"], "169.254.0.0/16": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"],
-                      "::/0": ["fd00:ec2::254/128", "fd00:ec2::23/128"], "10.0.0.0/8": None}
+    assert blocks == {
+        "0.0.0.0/0": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"],
+        "169.254.0.0/16": ["169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32"],
+        "::/0": ["fd00:ec2::254/128", "fd00:ec2::23/128"],
+        "10.0.0.0/8": None,
+    }
     for version in VERSIONS:
         kubernetes_validate.validate(policy, version, strict=True)
     for endpoint in ("169.254.169.254/32", "169.254.169.252/32", "169.254.170.23/32", "fd00:ec2::23/128"):
@@ -185,16 +220,23 @@ def test_no_allowlist_opens_the_cloud_metadata_endpoint():
 
 def test_the_pods_deadline_is_capped_and_scale_down_never_kills_a_running_episode():
     config = KubernetesBackendConfig(max_ttl_seconds=3600)
-    pod = build_pod("p", "sb-1", SandboxCreate(image="i:1", ttl_seconds=10 * 86400), Resources(), config,
-                    secret_name="s")
+    pod = build_pod(
+        "p", "sb-1", SandboxCreate(image="i:1", ttl_seconds=10 * 86400), Resources(), config, secret_name="s"
+    )
     assert pod.spec.active_deadline_seconds == 3600
     annotations = pod.metadata.annotations
     # the default: the cluster autoscaler must not remove a node under a running sandbox
     assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
     assert "cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes" not in annotations
     assert any(v.name == "orchard-agent" and v.empty_dir for v in pod.spec.volumes)
-    opted_in = build_pod("p", "sb-1", SandboxCreate(image="i:1"), Resources(),
-                         KubernetesBackendConfig(safe_to_evict=True), secret_name="s").metadata.annotations
+    opted_in = build_pod(
+        "p",
+        "sb-1",
+        SandboxCreate(image="i:1"),
+        Resources(),
+        KubernetesBackendConfig(safe_to_evict=True),
+        secret_name="s",
+    ).metadata.annotations
     assert opted_in["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "true"
     assert opted_in["cluster-autoscaler.kubernetes.io/safe-to-evict-local-volumes"] == "orchard-agent"
 
@@ -206,17 +248,31 @@ NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
 def _pod(phase="Pending", age=0.0, statuses=None, init_statuses=None, conditions=None, reason=None, ip=None):
     return k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(name="p", creation_timestamp=NOW - timedelta(seconds=age)),
-        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name=AGENT_CONTAINER, image="task:1")],
-                           init_containers=[k8s.V1Container(name=INJECTOR_CONTAINER, image="injector:1")]),
-        status=k8s.V1PodStatus(phase=phase, container_statuses=statuses, init_container_statuses=init_statuses,
-                               conditions=conditions, reason=reason, pod_ip=ip))
+        spec=k8s.V1PodSpec(
+            containers=[k8s.V1Container(name=AGENT_CONTAINER, image="task:1")],
+            init_containers=[k8s.V1Container(name=INJECTOR_CONTAINER, image="injector:1")],
+        ),
+        status=k8s.V1PodStatus(
+            phase=phase,
+            container_statuses=statuses,
+            init_container_statuses=init_statuses,
+            conditions=conditions,
+            reason=reason,
+            pod_ip=ip,
+        ),
+    )
 
 
 def _cs(name=AGENT_CONTAINER, waiting=None, terminated=None, last_terminated=None):
     return k8s.V1ContainerStatus(
-        name=name, image="x", image_id="", ready=False, restart_count=0,
+        name=name,
+        image="x",
+        image_id="",
+        ready=False,
+        restart_count=0,
         state=k8s.V1ContainerState(waiting=waiting, terminated=terminated),
-        last_state=k8s.V1ContainerState(terminated=last_terminated))
+        last_state=k8s.V1ContainerState(terminated=last_terminated),
+    )
 
 
 def _assess(pod, grace=30.0, unschedulable=120.0):
@@ -229,17 +285,29 @@ def test_transient_errors_get_a_grace_period_from_their_first_sighting():
     create_error = k8s.V1ContainerStateWaiting(reason="CreateContainerError", message="context deadline exceeded")
     since: dict = {}
     old_pod = _pod(age=500, statuses=[_cs(waiting=create_error)])
-    assert assess_pod(old_pod, NOW, unschedulable_timeout=120, image_pull_grace=30, errors_since=since).state \
-        == "pending"
-    later = assess_pod(old_pod, NOW + timedelta(seconds=61), unschedulable_timeout=120, image_pull_grace=30,
-                       errors_since=since)
+    assert (
+        assess_pod(old_pod, NOW, unschedulable_timeout=120, image_pull_grace=30, errors_since=since).state == "pending"
+    )
+    later = assess_pod(
+        old_pod, NOW + timedelta(seconds=61), unschedulable_timeout=120, image_pull_grace=30, errors_since=since
+    )
     assert later.infra_error is InfraErrorKind.SANDBOX_CRASHED and later.retryable
     throttled = k8s.V1ContainerStateWaiting(reason="ErrImagePull", message="429 Too Many Requests: toomanyrequests")
     seen: dict = {}
-    assess_pod(_pod(age=500, statuses=[_cs(waiting=throttled)]), NOW, unschedulable_timeout=120,
-               image_pull_grace=30, errors_since=seen)
-    retry = assess_pod(_pod(age=500, statuses=[_cs(waiting=throttled)]), NOW + timedelta(seconds=31),
-                       unschedulable_timeout=120, image_pull_grace=30, errors_since=seen)
+    assess_pod(
+        _pod(age=500, statuses=[_cs(waiting=throttled)]),
+        NOW,
+        unschedulable_timeout=120,
+        image_pull_grace=30,
+        errors_since=seen,
+    )
+    retry = assess_pod(
+        _pod(age=500, statuses=[_cs(waiting=throttled)]),
+        NOW + timedelta(seconds=31),
+        unschedulable_timeout=120,
+        image_pull_grace=30,
+        errors_since=seen,
+    )
     assert retry.infra_error is InfraErrorKind.IMAGE_PULL_FAILED and retry.retryable
     missing = k8s.V1ContainerStateWaiting(reason="ErrImagePull", message='manifest for "x:1" not found')
     final = _assess(_pod(age=31, statuses=[_cs(waiting=missing)]))
@@ -257,8 +325,10 @@ def test_status_mapping():
     assert "agent injector image 'injector:1'" in injector_pull.message
 
     oom = k8s.V1ContainerStateTerminated(reason="OOMKilled", exit_code=137)
-    assert _assess(_pod("Running", ip="1.2.3.4", statuses=[_cs(last_terminated=oom)])).infra_error \
+    assert (
+        _assess(_pod("Running", ip="1.2.3.4", statuses=[_cs(last_terminated=oom)])).infra_error
         is InfraErrorKind.OOM_KILLED
+    )
     injector_failed = k8s.V1ContainerStateTerminated(reason="Error", exit_code=1)
     crashed = _assess(_pod(init_statuses=[_cs(name=INJECTOR_CONTAINER, terminated=injector_failed)]))
     assert crashed.infra_error is InfraErrorKind.SANDBOX_CRASHED and "/opt/orchard" in crashed.message
@@ -270,8 +340,11 @@ def test_status_mapping():
     exited = _assess(_pod("Failed", statuses=[_cs(terminated=agent_exit)]))
     assert exited.infra_error is InfraErrorKind.SANDBOX_CRASHED and "127" in exited.message
 
-    unschedulable = [k8s.V1PodCondition(type="PodScheduled", status="False", reason="Unschedulable",
-                                        message="0/3 nodes: Insufficient cpu")]
+    unschedulable = [
+        k8s.V1PodCondition(
+            type="PodScheduled", status="False", reason="Unschedulable", message="0/3 nodes: Insufficient cpu"
+        )
+    ]
     assert _assess(_pod(age=10, conditions=unschedulable)).state == "pending"
     gone = _assess(_pod(age=200, conditions=unschedulable))
     assert gone.infra_error is InfraErrorKind.UNAVAILABLE and gone.retryable
@@ -308,18 +381,24 @@ def test_guaranteed_qos_sets_requests_to_limits_in_every_container():
     requests exactly its cpu and memory limits."""
     for guaranteed in (False, True):
         config = KubernetesBackendConfig(guaranteed_qos=guaranteed, cpu_request_ratio=0.25)
-        pod = build_pod("p", "sb-1", SandboxCreate(image="i:1"), Resources(cpu=2, memory_mb=1024), config,
-                        secret_name="s")
-        same = all(c.resources.requests[r] == c.resources.limits[r] for c in pod.spec.init_containers +
-                   pod.spec.containers for r in ("cpu", "memory"))
+        pod = build_pod(
+            "p", "sb-1", SandboxCreate(image="i:1"), Resources(cpu=2, memory_mb=1024), config, secret_name="s"
+        )
+        same = all(
+            c.resources.requests[r] == c.resources.limits[r]
+            for c in pod.spec.init_containers + pod.spec.containers
+            for r in ("cpu", "memory")
+        )
         assert same is guaranteed
 
 
 def test_agent_certificates_expire_an_hour_after_the_capped_pod_lifetime(tmp_path):
     from sandbox_service.backends.kubernetes import KubernetesBackend
 
-    backend = KubernetesBackend(KubernetesBackendConfig(max_ttl_seconds=7200, snapshot_dir=tmp_path),
-                                api_client=k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9")))
+    backend = KubernetesBackend(
+        KubernetesBackendConfig(max_ttl_seconds=7200, snapshot_dir=tmp_path),
+        api_client=k8s.ApiClient(k8s.Configuration(host="http://127.0.0.1:9")),
+    )
     ca_pem, cert_pem, _ = backend.certificates.issue("orchard-sb-1-abcde")
     for pem in (ca_pem, cert_pem):
         cert = x509.load_pem_x509_certificate(pem.encode())

@@ -36,8 +36,9 @@ def pooled(fake, tmp_path, agent_node):  # noqa: F811 - pytest fixtures
     kubelet, settings = agent_node
     workspace = tmp_path / "workspace"
     workspace.mkdir()
-    backend = make_backend(fake, tmp_path, warm_pools=[{"image": IMAGE, "size": 2, "workdir": str(workspace)}],
-                           **settings)
+    backend = make_backend(
+        fake, tmp_path, warm_pools=[{"image": IMAGE, "size": 2, "workdir": str(workspace)}], **settings
+    )
     wait_until(lambda: backend.pool.ready() == 2, what="2 warm pods")
     spec = SandboxCreate(image=IMAGE, workdir=str(workspace), labels={"stage": "rl"}, ttl_seconds=600)
     return backend, spec, kubelet
@@ -86,12 +87,21 @@ def test_a_create_asking_for_the_whole_ttl_cap_is_still_served_warm(fake, tmp_pa
     kubelet, settings = agent_node
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    backend = make_backend(fake, tmp_path, warm_pools=[{"image": IMAGE, "size": 1, "workdir": str(workspace)}],
-                           max_ttl_seconds=600, **settings)
+    backend = make_backend(
+        fake,
+        tmp_path,
+        warm_pools=[{"image": IMAGE, "size": 1, "workdir": str(workspace)}],
+        max_ttl_seconds=600,
+        **settings,
+    )
     wait_until(lambda: backend.pool.ready() == 1, what="a warm pod")
     time.sleep(1.1)  # the pod is older than a second: age + TTL exceeds the cap
-    backend.start("sb-capped", SandboxCreate(image=IMAGE, workdir=str(workspace), ttl_seconds=600), Resources(),
-                  "key-of-sb-capped-0123456789")
+    backend.start(
+        "sb-capped",
+        SandboxCreate(image=IMAGE, workdir=str(workspace), ttl_seconds=600),
+        Resources(),
+        "key-of-sb-capped-0123456789",
+    )
     assert backend.pool.claimed == 1
     assert 600 < backend._find_pod("sb-capped").spec.active_deadline_seconds <= 600 + 60
 
@@ -182,8 +192,9 @@ def test_the_service_gets_its_sandboxes_from_the_warm_pool(fake, tmp_path, agent
 
     kubelet, settings = agent_node
     workspace = tmp_path / "ws"
-    backend = make_backend(fake, tmp_path, warm_pools=[{"image": IMAGE, "size": 1, "workdir": str(workspace)}],
-                           **settings)
+    backend = make_backend(
+        fake, tmp_path, warm_pools=[{"image": IMAGE, "size": 1, "workdir": str(workspace)}], **settings
+    )
     wait_until(lambda: backend.pool.ready() == 1, what="a warm pod")
     with serve(backend, tmp_path / "state") as client:
         with client.create(SandboxCreate(image=IMAGE, workdir=str(workspace))) as sandbox:

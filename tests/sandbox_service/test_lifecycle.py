@@ -64,10 +64,11 @@ def test_hard_ttl_reaps_even_with_heartbeats(sandbox_client, labels):
 def test_a_commands_oom_is_its_own_outcome_and_never_escalates(sandbox_client, labels):
     """The policy side of the attribution rule: running out of the sandbox's memory is the command's
     failure (counted against the policy), and buys the sandbox no memory."""
-    spec = SandboxCreate(labels=labels, resources=Resources(memory_mb=64),
-                         escalation=EscalationPolicy(factor=4.0, max_memory_mb=512))
+    spec = SandboxCreate(
+        labels=labels, resources=Resources(memory_mb=64), escalation=EscalationPolicy(factor=4.0, max_memory_mb=512)
+    )
     with sandbox_client.create(spec) as sb:
-        result = sb.exec("python3 -c \"b = bytearray(100 * 1024 * 1024)\"", timeout=60)
+        result = sb.exec('python3 -c "b = bytearray(100 * 1024 * 1024)"', timeout=60)
         assert result.outcome is ExecOutcome.command_failed and result.reason == "oom", result
         assert result.infra_error is None and not result.is_infra_error
         info = sb.refresh()
@@ -77,9 +78,10 @@ def test_a_commands_oom_is_its_own_outcome_and_never_escalates(sandbox_client, l
 
 def test_verification_oom_is_an_infra_error_and_escalates_memory(sandbox_client, labels):
     """The infrastructure side: a verification run the harness marks (`Sandbox.verifying()`) escalates."""
-    spec = SandboxCreate(labels=labels, resources=Resources(memory_mb=64),
-                         escalation=EscalationPolicy(factor=4.0, max_memory_mb=512))
-    hog = "python3 -c \"b = bytearray(100 * 1024 * 1024); print(len(b))\""
+    spec = SandboxCreate(
+        labels=labels, resources=Resources(memory_mb=64), escalation=EscalationPolicy(factor=4.0, max_memory_mb=512)
+    )
+    hog = 'python3 -c "b = bytearray(100 * 1024 * 1024); print(len(b))"'
     with sandbox_client.create(spec) as plain:
         sb = plain.verifying()
         sb.write_file("/workspace/keep.txt", "kept across the recreation")
@@ -90,8 +92,9 @@ def test_verification_oom_is_an_infra_error_and_escalates_memory(sandbox_client,
         info = sb.refresh()
         assert info.state is SandboxState.ready and info.id == sb.id
         assert info.resources.memory_mb == 256
-        assert [(e.reason, e.from_memory_mb, e.to_memory_mb) for e in info.escalations] == \
-            [(InfraErrorKind.OOM_KILLED, 64, 256)]
+        assert [(e.reason, e.from_memory_mb, e.to_memory_mb) for e in info.escalations] == [
+            (InfraErrorKind.OOM_KILLED, 64, 256)
+        ]
         assert sb.read_text("/workspace/keep.txt") == "kept across the recreation"
         again = sb.exec(hog, timeout=60)  # the retry fits in the escalated sandbox
         assert again.ok and again.stdout.strip() == str(100 * 1024 * 1024)
@@ -99,11 +102,12 @@ def test_verification_oom_is_an_infra_error_and_escalates_memory(sandbox_client,
 
 
 def test_verification_oom_at_the_cap_is_reported_without_escalation(sandbox_client, labels):
-    spec = SandboxCreate(labels=labels, resources=Resources(memory_mb=64),
-                         escalation=EscalationPolicy(max_memory_mb=64))
+    spec = SandboxCreate(
+        labels=labels, resources=Resources(memory_mb=64), escalation=EscalationPolicy(max_memory_mb=64)
+    )
     with sandbox_client.create(spec) as plain:
         sb = plain.verifying()
-        result = sb.exec("python3 -c \"b = bytearray(100 * 1024 * 1024)\"", timeout=60)
+        result = sb.exec('python3 -c "b = bytearray(100 * 1024 * 1024)"', timeout=60)
         assert result.infra_error is InfraErrorKind.OOM_KILLED and "no escalation" in result.message
         info = sb.refresh()
         assert info.state is SandboxState.ready and info.escalations == [] and info.resources.memory_mb == 64

@@ -57,8 +57,14 @@ class Box:
         return self.loop.run_until_complete(coro)
 
     def sh(self, command, timeout: float = 30, cap: int = 1 << 20, **kw):
-        return self.call(self.client.exec(ExecRequest(command=command, timeout_seconds=timeout, **kw),
-                                          workdir=self.spec.workdir, env=self.spec.env, max_output_bytes=cap))
+        return self.call(
+            self.client.exec(
+                ExecRequest(command=command, timeout_seconds=timeout, **kw),
+                workdir=self.spec.workdir,
+                env=self.spec.env,
+                max_output_bytes=cap,
+            )
+        )
 
     def close(self):
         self.call(self.client.close())
@@ -112,8 +118,10 @@ def test_start_exec_stop_leaves_nothing(backend):
 def test_timeout_kills_escaped_grandchildren(backend):
     marker = f"{secrets.randbelow(10**6)}"
     with Box(backend) as box:
-        cmd = (f"sleep 1{marker} & (setsid sleep 2{marker} &) ; nohup setsid sh -c 'sleep 3{marker}' "
-               f">/dev/null 2>&1 & sleep 4{marker}")
+        cmd = (
+            f"sleep 1{marker} & (setsid sleep 2{marker} &) ; nohup setsid sh -c 'sleep 3{marker}' "
+            f">/dev/null 2>&1 & sleep 4{marker}"
+        )
         r = box.sh(cmd, timeout=0.5)
         assert r.outcome is ExecOutcome.command_timeout and r.exit_code == -9
         ps = box.sh(["ps", "-eo", "pid,args"])
@@ -173,8 +181,10 @@ def _host_server(host: str) -> tuple[socket.socket, int]:
     return srv, srv.getsockname()[1]
 
 
-CONNECT = ("import socket,sys\ntry:\n s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)\n"
-           " print('CONNECTED', s.recv(100).decode())\nexcept OSError as e:\n print('FAILED', e)\n")
+CONNECT = (
+    "import socket,sys\ntry:\n s=socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)\n"
+    " print('CONNECTED', s.recv(100).decode())\nexcept OSError as e:\n print('FAILED', e)\n"
+)
 
 
 def test_no_network_by_default_and_loopback_mode(backend):
@@ -265,14 +275,19 @@ def test_each_sandbox_gets_its_own_id_range_from_a_pool_returned_on_delete(tmp_p
     """Every sandbox's root used to be the same host uid (shared per-user kernel counters, one delegated
     cgroup owner for all): now a range per sandbox, from a pool of configurable size."""
     state = tempfile.mkdtemp(prefix="orb", dir="/tmp")
-    b = LocalBackend(LocalBackendConfig(state_dir=state, userns_base=2_000_000_000, userns_pool_size=2,
-                                        userns_slot_dir=tmp_path / "slots"))
+    b = LocalBackend(
+        LocalBackendConfig(
+            state_dir=state, userns_base=2_000_000_000, userns_pool_size=2, userns_slot_dir=tmp_path / "slots"
+        )
+    )
     try:
         with Box(b, memory_mb=128) as one, Box(b, memory_mb=128) as two:
             bases = {box.sh("cat /proc/self/uid_map").stdout.split()[1] for box in (one, two)}
             assert bases == {"2000000000", "2000065536"}
-            assert all(b._cgroups(box.id).work_pids_dir.stat().st_uid == int(b._uid_base(b.record(box.id)))
-                       for box in (one, two))  # each delegated cgroup is its own sandbox's uid's
+            assert all(
+                b._cgroups(box.id).work_pids_dir.stat().st_uid == int(b._uid_base(b.record(box.id)))
+                for box in (one, two)
+            )  # each delegated cgroup is its own sandbox's uid's
             with pytest.raises(errors.BackendUnavailableError, match="all 2 sandbox id ranges"):
                 Box(b, memory_mb=128)
             freed = one.sh("cat /proc/self/uid_map").stdout.split()[1]
@@ -332,14 +347,18 @@ def test_many_sandboxes_concurrently_leave_nothing(backend):
     readies = sorted(r for _, r in results)
     print(f"create-to-ready p50 {readies[50] * 1000:.0f} ms, p99 {readies[98] * 1000:.0f} ms")
     assert list((backend.state_dir / "s").iterdir()) == []
-    assert not [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(backend.state_dir) in line]
+    assert not [
+        line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(backend.state_dir) in line
+    ]
 
 
 def _tiny_image(root: Path) -> Path:
     """An image directory holding only dash and the libraries it links against."""
     sh = Path(os.path.realpath("/bin/sh"))
-    libs = [line.split("=>")[-1].split("(")[0].strip() for line in
-            subprocess.run(["ldd", str(sh)], capture_output=True, text=True, check=True).stdout.splitlines()]
+    libs = [
+        line.split("=>")[-1].split("(")[0].strip()
+        for line in subprocess.run(["ldd", str(sh)], capture_output=True, text=True, check=True).stdout.splitlines()
+    ]
     for src in [str(sh), *[lib for lib in libs if lib.startswith("/")]]:
         dest = root / src.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -414,6 +433,9 @@ def test_the_service_venv_and_its_interpreter_are_bound_read_only_only_without_a
     import sys
 
     binds = backend._ro_binds(None)
-    assert os.path.realpath(sys.prefix) in binds and os.path.realpath(sys.base_prefix) in binds or \
-        any(os.path.realpath(sys.base_prefix).startswith(b + "/") for b in binds)
+    assert (
+        os.path.realpath(sys.prefix) in binds
+        and os.path.realpath(sys.base_prefix) in binds
+        or any(os.path.realpath(sys.base_prefix).startswith(b + "/") for b in binds)
+    )
     assert backend._ro_binds("/srv/image") == list(backend.config.extra_ro_binds)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import pytest
@@ -135,8 +134,9 @@ def test_the_relay_forwards_no_credential_any_of_our_servers_accepts(sandbox_ser
         "Accept-Language": f"en;q=0.9, {token}",  # an allowlisted name carrying the token
         "Sec-WebSocket-Protocol": token,  # the published PTY's way of sending the key
     }
-    got = httpx.get(url + "page", headers={**credentials, "User-Agent": "relay-test", "Accept": "text/html"},
-                    timeout=10)
+    got = httpx.get(
+        url + "page", headers={**credentials, "User-Agent": "relay-test", "Accept": "text/html"}, timeout=10
+    )
     assert got.status_code == 200, got.text
     seen = {k.lower(): v for k, v in got.json()["headers"].items()}
     assert token not in json.dumps(seen), f"the service's token reached the sandbox: {seen}"

@@ -25,8 +25,9 @@ def _read_until(ws, needle: str, timeout: float = 10.0) -> str:
 
 def test_pty_shell_with_input_resize_and_exit(sandbox_service, module_sandbox):
     headers = {"Authorization": f"Bearer {sandbox_service.token}"}
-    with connect(_ws_url(sandbox_service, module_sandbox.id, "?command=/bin/sh&rows=24&cols=80"),
-                 additional_headers=headers) as ws:
+    with connect(
+        _ws_url(sandbox_service, module_sandbox.id, "?command=/bin/sh&rows=24&cols=80"), additional_headers=headers
+    ) as ws:
         ws.send("echo pty-$((6*7))\n")  # text frames are typed input
         assert "pty-42" in _read_until(ws, "pty-42")
         ws.send(json.dumps({"type": "resize", "rows": 33, "cols": 101}))

@@ -16,30 +16,55 @@ from websockets.sync.client import connect
 
 # Every route of the reference (method, path); the auth test walks all of them.
 REFERENCE_ROUTES = [
-    ("GET", "/resources"), ("POST", "/sandboxes"), ("GET", "/sandboxes/x"), ("GET", "/sandboxes/x/wait"),
-    ("DELETE", "/sandboxes/x"), ("POST", "/sandboxes/x/heartbeat"), ("POST", "/sandboxes/x/exec"),
-    ("POST", "/sandboxes/x/apply_patch"), ("POST", "/sandboxes/x/files"), ("GET", "/sandboxes/x/files"),
-    ("GET", "/sandboxes/x/files/list"), ("GET", "/jobs/x"), ("GET", "/jobs/x/wait"),
+    ("GET", "/resources"),
+    ("POST", "/sandboxes"),
+    ("GET", "/sandboxes/x"),
+    ("GET", "/sandboxes/x/wait"),
+    ("DELETE", "/sandboxes/x"),
+    ("POST", "/sandboxes/x/heartbeat"),
+    ("POST", "/sandboxes/x/exec"),
+    ("POST", "/sandboxes/x/apply_patch"),
+    ("POST", "/sandboxes/x/files"),
+    ("GET", "/sandboxes/x/files"),
+    ("GET", "/sandboxes/x/files/list"),
+    ("GET", "/jobs/x"),
+    ("GET", "/jobs/x/wait"),
 ]
 
 
 @pytest.fixture(scope="module")
 def api(sandbox_service):
-    with httpx.Client(base_url=sandbox_service.url + "/published", timeout=60,
-                      headers={"X-API-Key": sandbox_service.token}) as client:
+    with httpx.Client(
+        base_url=sandbox_service.url + "/published", timeout=60, headers={"X-API-Key": sandbox_service.token}
+    ) as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def sbx(api):
     """A sandbox created through the published API, with a custom id; deleted after the module."""
-    created = api.post("/sandboxes", json={"image": "python:3.11-slim", "sandbox_id": "pub-contract",
-                                           "cpu": "500m", "memory": "256Mi", "timeout": 120})
+    created = api.post(
+        "/sandboxes",
+        json={
+            "image": "python:3.11-slim",
+            "sandbox_id": "pub-contract",
+            "cpu": "500m",
+            "memory": "256Mi",
+            "timeout": 120,
+        },
+    )
     assert created.status_code == 200, created.text
     body = created.json()
-    assert body == {"sandbox_id": "pub-contract", "namespace": "local", "image": "python:3.11-slim",
-                    "block_network": True, "cpu": "500m", "memory": "256Mi", "timeout": 120,
-                    "status": "pending"}
+    assert body == {
+        "sandbox_id": "pub-contract",
+        "namespace": "local",
+        "image": "python:3.11-slim",
+        "block_network": True,
+        "cpu": "500m",
+        "memory": "256Mi",
+        "timeout": 120,
+        "status": "pending",
+    }
     ready = api.get("/sandboxes/pub-contract/wait", params={"timeout": 60})
     assert ready.status_code == 200 and ready.json()["ready"] is True and ready.json()["status"] == "ready"
     yield "pub-contract"
@@ -69,8 +94,19 @@ def test_every_route_refuses_a_missing_key_401_and_a_wrong_key_403(sandbox_servi
 
 def test_sandbox_info_heartbeat_and_resources(api, sbx):
     info = api.get(f"/sandboxes/{sbx}").json()
-    assert {"sandbox_id", "namespace", "image", "pod_name", "block_network", "cpu", "memory", "created_at",
-            "ready", "status", "status_message"} <= set(info)
+    assert {
+        "sandbox_id",
+        "namespace",
+        "image",
+        "pod_name",
+        "block_network",
+        "cpu",
+        "memory",
+        "created_at",
+        "ready",
+        "status",
+        "status_message",
+    } <= set(info)
     assert info["sandbox_id"] == sbx and info["ready"] is True and isinstance(info["created_at"], float)
     assert api.post(f"/sandboxes/{sbx}/heartbeat").json() == {"status": "ok", "sandbox_id": sbx}
     assert api.post("/sandboxes/nope/heartbeat").status_code == 404
@@ -78,18 +114,28 @@ def test_sandbox_info_heartbeat_and_resources(api, sbx):
 
 
 def test_exec_wait_returns_the_full_job_and_exit_code_decides_success(api, sbx):
-    ok = api.post(f"/sandboxes/{sbx}/exec", json={"command": "echo Hello; echo err >&2", "wait": True,
-                                                  "timeout_seconds": 30, "env": {"K": "v"}})
+    ok = api.post(
+        f"/sandboxes/{sbx}/exec",
+        json={"command": "echo Hello; echo err >&2", "wait": True, "timeout_seconds": 30, "env": {"K": "v"}},
+    )
     job = ok.json()
     assert ok.status_code == 200
     assert {k: job[k] for k in ("sandbox_id", "command", "status", "stdout", "stderr", "exit_code", "error")} == {
-        "sandbox_id": sbx, "command": "echo Hello; echo err >&2", "status": "succeeded", "stdout": "Hello\n",
-        "stderr": "err\n", "exit_code": 0, "error": None}
+        "sandbox_id": sbx,
+        "command": "echo Hello; echo err >&2",
+        "status": "succeeded",
+        "stdout": "Hello\n",
+        "stderr": "err\n",
+        "exit_code": 0,
+        "error": None,
+    }
     assert job["created_at"] <= job["started_at"] <= job["completed_at"]
     bad = api.post(f"/sandboxes/{sbx}/exec", json={"command": ["sh", "-c", "exit 3"], "wait": True}).json()
     assert (bad["status"], bad["exit_code"], bad["outcome"]) == ("failed", 3, "command_failed")
-    shell = api.post(f"/sandboxes/{sbx}/exec", json={"command": "echo $K-$0", "env": {"K": "v"}, "cwd": "/tmp",
-                                                     "login_shell": True, "wait": True}).json()
+    shell = api.post(
+        f"/sandboxes/{sbx}/exec",
+        json={"command": "echo $K-$0", "env": {"K": "v"}, "cwd": "/tmp", "login_shell": True, "wait": True},
+    ).json()
     assert shell["stdout"] == "v-bash\n"
 
 
@@ -115,15 +161,16 @@ def test_job_life_cycle_queued_running_succeeded_and_408_on_wait(api, sbx):
 
 
 def test_exec_timeout_is_a_failed_job_with_an_error(api, sbx):
-    job = api.post(f"/sandboxes/{sbx}/exec", json={"command": "sleep 5", "timeout_seconds": 1,
-                                                   "wait": True}).json()
+    job = api.post(f"/sandboxes/{sbx}/exec", json={"command": "sleep 5", "timeout_seconds": 1, "wait": True}).json()
     assert job["status"] == "failed" and job["outcome"] == "command_timeout" and job["error"]
 
 
 def test_files_upload_download_list_with_base64_bodies(api, sbx):
     payload = bytes(range(256)) * 4
-    up = api.post(f"/sandboxes/{sbx}/files", json={"path": "/workspace/pkg/data.bin",
-                                                   "content": base64.b64encode(payload).decode()})
+    up = api.post(
+        f"/sandboxes/{sbx}/files",
+        json={"path": "/workspace/pkg/data.bin", "content": base64.b64encode(payload).decode()},
+    )
     assert up.json() == {"success": True, "path": "/workspace/pkg/data.bin", "size": 1024}
     down = api.get(f"/sandboxes/{sbx}/files", params={"path": "/workspace/pkg/data.bin"}).json()
     assert base64.b64decode(down["content"]) == payload and down["size"] == 1024
@@ -165,8 +212,17 @@ def test_file_routes_show_nothing_of_the_agents_own_process(api, sbx):
     Nothing on /proc is served by file routes now, whichever path leads there."""
     threads = api.post(f"/sandboxes/{sbx}/exec", json={"command": "ls /proc/1/task", "wait": True}).json()
     tid = max(threads["stdout"].split(), key=int)  # an agent thread: /proc/<tid> is the agent's too
-    for path in ("/proc/1/fd", "/proc/1/map_files", "/proc/self/fd", "/proc/1/task/1/fd", f"/proc/{tid}/fd",
-                 "/proc/thread-self/fd", "/dev/fd", "/proc/1", "/proc"):
+    for path in (
+        "/proc/1/fd",
+        "/proc/1/map_files",
+        "/proc/self/fd",
+        "/proc/1/task/1/fd",
+        f"/proc/{tid}/fd",
+        "/proc/thread-self/fd",
+        "/dev/fd",
+        "/proc/1",
+        "/proc",
+    ):
         listed = api.get(f"/sandboxes/{sbx}/files/list", params={"path": path})
         assert listed.status_code == 400, (path, listed.text[:300])
     for path in ("/proc/1/maps", "/proc/self/maps", "/proc/1/environ", "/proc/1/status", f"/proc/{tid}/maps"):
@@ -234,8 +290,19 @@ def _frames(ws, until: str, timeout: float = 15.0) -> list[dict]:
 
 def test_pty_init_ready_stdin_stdout_resize_exit_code(sandbox_service, sbx):
     with _pty(sandbox_service, sbx) as ws:
-        ws.send(json.dumps({"type": "init", "cmd": ["sh"], "env": {"Q": "pty"}, "cwd": "/workspace",
-                            "rows": 24, "cols": 80, "login_shell": False}))
+        ws.send(
+            json.dumps(
+                {
+                    "type": "init",
+                    "cmd": ["sh"],
+                    "env": {"Q": "pty"},
+                    "cwd": "/workspace",
+                    "rows": 24,
+                    "cols": 80,
+                    "login_shell": False,
+                }
+            )
+        )
         ready = _frames(ws, "ready")[-1]
         assert isinstance(ready["pid"], int)
         ws.send(json.dumps({"type": "resize", "rows": 33, "cols": 101}))
@@ -271,8 +338,10 @@ def test_pty_auth_by_subprotocol_and_refusals(sandbox_service, sbx):
     with connect(f"{base}/{sbx}/exec/pty", subprotocols=[f"api_key.{sandbox_service.token}"]) as ws:
         ws.send(json.dumps({"type": "init", "cmd": ["true"]}))
         assert _frames(ws, "exit")[-1]["code"] == 0
-    for url, code in ((f"{base}/{sbx}/exec/pty?api_key=wrong", 4401),
-                      (f"{base}/nope/exec/pty?api_key={sandbox_service.token}", 4404)):
+    for url, code in (
+        (f"{base}/{sbx}/exec/pty?api_key=wrong", 4401),
+        (f"{base}/nope/exec/pty?api_key={sandbox_service.token}", 4404),
+    ):
         with connect(url) as ws:
             with pytest.raises(ConnectionClosed):
                 ws.recv(timeout=10)
@@ -284,8 +353,7 @@ def test_overload_is_503_with_retry_after():
     from sandbox_service.embedded import EmbeddedService
 
     with EmbeddedService(ServiceConfig(token="unused", max_sandboxes=1, retry_after_seconds=2)) as service:
-        with httpx.Client(base_url=service.url + "/published", timeout=60,
-                          headers={"X-API-Key": service.token}) as api:
+        with httpx.Client(base_url=service.url + "/published", timeout=60, headers={"X-API-Key": service.token}) as api:
             first = api.post("/sandboxes", json={"image": "python:3.11-slim"})
             assert first.status_code == 200
             try:
@@ -302,9 +370,12 @@ def test_an_unisolated_service_keeps_published_file_routes_in_the_workspace():
     from sandbox_service.config import ServiceConfig
     from sandbox_service.embedded import EmbeddedService
 
-    with EmbeddedService(ServiceConfig(token="unused", unisolated=True)) as service, service.client() as client, \
-            client.create() as sandbox, httpx.Client(base_url=service.url + "/published", timeout=60,
-                                                     headers={"X-API-Key": service.token}) as api:
+    with (
+        EmbeddedService(ServiceConfig(token="unused", unisolated=True)) as service,
+        service.client() as client,
+        client.create() as sandbox,
+        httpx.Client(base_url=service.url + "/published", timeout=60, headers={"X-API-Key": service.token}) as api,
+    ):
         # (created natively: unisolated sandboxes run on the host root, so the published create's image is refused)
         refused = api.get(f"/sandboxes/{sandbox.id}/files", params={"path": "/etc/passwd"})
         assert refused.status_code == 400 and "unisolated" in refused.json()["detail"]
@@ -326,8 +397,14 @@ def test_an_image_is_honoured_by_name(api, sandbox_service):
         assert created.status_code == 200 and created.json()["image"] == name, created.text
         sid = created.json()["sandbox_id"]
         assert api.get(f"/sandboxes/{sid}/wait", params={"timeout": 60}).status_code == 200
-        ran = api.post(f"/sandboxes/{sid}/exec", json={"command": ["/bin/sh", "-c", "[ -e /usr/bin/env ] && echo default || echo tiny"], "wait": True,
-                                                       "timeout_seconds": 30}).json()
+        ran = api.post(
+            f"/sandboxes/{sid}/exec",
+            json={
+                "command": ["/bin/sh", "-c", "[ -e /usr/bin/env ] && echo default || echo tiny"],
+                "wait": True,
+                "timeout_seconds": 30,
+            },
+        ).json()
         assert (ran["exit_code"], ran["stdout"]) == (0, "tiny\n"), ran  # the built root, not the default one
         api.delete(f"/sandboxes/{sid}")
         assert api.post("/sandboxes", json={"image": str(root)}).status_code == 400

@@ -37,15 +37,17 @@ def test_public_egress_is_every_ipv4_address_but_the_denied_ranges():
 
 @pytest.fixture(scope="module")
 def open_api():
-    with EmbeddedService(ServiceConfig(token="unused", published_unrestricted_egress=True)) as service, \
-            httpx.Client(base_url=service.url + "/published", timeout=60,
-                         headers={"X-API-Key": service.token}) as api:
+    with (
+        EmbeddedService(ServiceConfig(token="unused", published_unrestricted_egress=True)) as service,
+        httpx.Client(base_url=service.url + "/published", timeout=60, headers={"X-API-Key": service.token}) as api,
+    ):
         yield api
 
 
 def test_unrestricted_egress_routes_public_addresses_only_and_echoes_the_request(open_api):
-    created = open_api.post("/sandboxes", json={"image": "python:3.11-slim", "block_network": False,
-                                                "cpu": "1", "memory": "1Gi"})
+    created = open_api.post(
+        "/sandboxes", json={"image": "python:3.11-slim", "block_network": False, "cpu": "1", "memory": "1Gi"}
+    )
     assert created.status_code == 200, created.text
     body = created.json()
     assert (body["block_network"], body["cpu"], body["memory"]) == (False, "1", "1Gi")  # as given, not 1024Mi
@@ -54,8 +56,10 @@ def test_unrestricted_egress_routes_public_addresses_only_and_echoes_the_request
         info = open_api.get(f"/sandboxes/{sandbox_id}/wait", params={"timeout": 60}).json()
         assert info["ready"] and (info["block_network"], info["memory"]) == (False, "1Gi")
         hosts = ["10.1.2.3", "169.254.169.254", "192.168.0.1", "100.100.100.200", "8.8.8.8"]
-        probe = open_api.post(f"/sandboxes/{sandbox_id}/exec", json={
-            "command": ["python3", "-c", PROBE, *hosts], "wait": True, "timeout_seconds": 30}).json()
+        probe = open_api.post(
+            f"/sandboxes/{sandbox_id}/exec",
+            json={"command": ["python3", "-c", PROBE, *hosts], "wait": True, "timeout_seconds": 30},
+        ).json()
         assert probe["exit_code"] == 0, probe
         errnos = dict(line.split() for line in probe["stdout"].splitlines())
         for private in hosts[:-1]:  # no route at all: refused inside the sandbox, before any packet leaves
@@ -69,8 +73,10 @@ def test_block_network_true_stays_without_any_network(open_api):
     created = open_api.post("/sandboxes", json={"image": "python:3.11-slim"}).json()
     try:
         open_api.get(f"/sandboxes/{created['sandbox_id']}/wait", params={"timeout": 60})
-        probe = open_api.post(f"/sandboxes/{created['sandbox_id']}/exec", json={
-            "command": ["python3", "-c", PROBE, "8.8.8.8"], "wait": True, "timeout_seconds": 30}).json()
+        probe = open_api.post(
+            f"/sandboxes/{created['sandbox_id']}/exec",
+            json={"command": ["python3", "-c", PROBE, "8.8.8.8"], "wait": True, "timeout_seconds": 30},
+        ).json()
         assert probe["stdout"].split() == ["8.8.8.8", "101"] and created["block_network"] is True
     finally:
         open_api.delete(f"/sandboxes/{created['sandbox_id']}")

@@ -26,10 +26,14 @@ def test_retry_after_is_honoured_never_undercut_and_capped():
 
 def test_both_clients_use_the_shared_schedule(monkeypatch):
     calls = []
-    monkeypatch.setattr(Backoff, "delay", lambda self, attempt, retry_after=None: calls.append(
-        (self.first, self.cap, attempt, retry_after)) or 0.0)
-    policy = OpenAICompatiblePolicy(OpenAIPolicyConfig(base_url="http://127.0.0.1:9/v1", model="m",
-                                                       backoff_seconds=0.3, max_backoff_seconds=4))
+    monkeypatch.setattr(
+        Backoff,
+        "delay",
+        lambda self, attempt, retry_after=None: calls.append((self.first, self.cap, attempt, retry_after)) or 0.0,
+    )
+    policy = OpenAICompatiblePolicy(
+        OpenAIPolicyConfig(base_url="http://127.0.0.1:9/v1", model="m", backoff_seconds=0.3, max_backoff_seconds=4)
+    )
     policy._backoff(2, "1")
     assert calls == [(0.3, 4, 2, "1")]
     # the sandbox client's schedule is a bound Backoff.delay (bound before the patch, so check its owner)

@@ -40,8 +40,11 @@ def test_sandbox_runs_the_venv_python_by_its_resolved_path(real_venv, link):
         link_path, python = tmp / "proj", tmp / "proj" / "venv" / "bin" / "python"
         os.symlink(tmp / "real", link_path)
     try:
-        with EmbeddedService(ServiceConfig(token="unused"), python=str(python)) as service, \
-                service.client() as client, client.create() as sandbox:
+        with (
+            EmbeddedService(ServiceConfig(token="unused"), python=str(python)) as service,
+            service.client() as client,
+            client.create() as sandbox,
+        ):
             result = sandbox.exec("command -v python && python -c 'import sys; print(sys.prefix)'")
     finally:
         os.unlink(link_path)

@@ -49,27 +49,46 @@ class ClawOptions(BaseModel):
     harness: Harness = Field("tools", description="tools: one function per API; shell: bash + the ./claw CLI.")
     families: tuple[str, ...] = Field(FAMILIES, description="Task families to generate (cycled in order).")
     difficulty: int | list[int] | None = Field(
-        None, description="Keep only families at these difficulty level(s) (see tasks.DIFFICULTY); None = all.")
+        None, description="Keep only families at these difficulty level(s) (see tasks.DIFFICULTY); None = all."
+    )
     heldout_families: tuple[str, ...] = Field(
-        (), description="Families only the held-out split draws from (train and validation never do): what a "
-                        "claim about generalising to unseen kinds of task needs.")
+        (),
+        description="Families only the held-out split draws from (train and validation never do): what a "
+        "claim about generalising to unseen kinds of task needs.",
+    )
     command_timeout_seconds: float = Field(30.0, gt=0, description="Limit for one tool call's exec.")
 
 
-ANSWER = ToolSpec(name="answer", description="Finish: report what you did; if the task asks a question, the text "
-                  "is only the answer (one value), not a list of candidates.",
-                  parameters={"type": "object", "properties": {"text": {"type": "string", "maxLength": 10_000}},
-                              "required": ["text"]})
-BASH = ToolSpec(name="bash", description="Run a shell command in /workspace (the ./claw CLI is there).",
-                parameters={"type": "object", "properties": {"command": {"type": "string", "maxLength": 100_000}},
-                            "required": ["command"]})
+ANSWER = ToolSpec(
+    name="answer",
+    description="Finish: report what you did; if the task asks a question, the text "
+    "is only the answer (one value), not a list of candidates.",
+    parameters={
+        "type": "object",
+        "properties": {"text": {"type": "string", "maxLength": 10_000}},
+        "required": ["text"],
+    },
+)
+BASH = ToolSpec(
+    name="bash",
+    description="Run a shell command in /workspace (the ./claw CLI is there).",
+    parameters={
+        "type": "object",
+        "properties": {"command": {"type": "string", "maxLength": 100_000}},
+        "required": ["command"],
+    },
+)
 
 
 def _schema(p: claw_api.Param) -> dict[str, Any]:
     """A parameter's JSON schema, with the bounds claw.py itself checks (one definition: its `Param`)."""
     if p.kind == "list":
-        return {"type": "array", "items": {"type": "string", "maxLength": p.max_len}, "maxItems": claw_api.MAX_ITEMS,
-                "description": p.help}
+        return {
+            "type": "array",
+            "items": {"type": "string", "maxLength": p.max_len},
+            "maxItems": claw_api.MAX_ITEMS,
+            "description": p.help,
+        }
     if p.kind == "int":
         low, high = claw_api.INT_RANGE
         return {"type": "integer", "minimum": low, "maximum": high, "description": p.help}
@@ -79,9 +98,17 @@ def _schema(p: claw_api.Param) -> dict[str, Any]:
 def api_tools() -> list[ToolSpec]:
     out = []
     for name, (_, doc, params) in claw_api.API.items():
-        out.append(ToolSpec(name=name, description=doc, parameters={
-            "type": "object", "properties": {p.name: _schema(p) for p in params},
-            "required": [p.name for p in params if p.required]}))
+        out.append(
+            ToolSpec(
+                name=name,
+                description=doc,
+                parameters={
+                    "type": "object",
+                    "properties": {p.name: _schema(p) for p in params},
+                    "required": [p.name for p in params if p.required],
+                },
+            )
+        )
     return out
 
 
@@ -117,18 +144,23 @@ class ClawRecipe(RecipeBase):
 
     def system_prompt(self, task: Task) -> str:
         world = task.metadata.get("world", {})
-        base = (f"You are the personal assistant of Sam Rivera <{world.get('owner', 'sam.rivera@orchard.test')}>. "
-                f"Now is {world.get('now', '')}. Use the tools to read and change Sam's mail, calendar, contacts, "
-                "notes and files, then call answer.")
+        base = (
+            f"You are the personal assistant of Sam Rivera <{world.get('owner', 'sam.rivera@orchard.test')}>. "
+            f"Now is {world.get('now', '')}. Use the tools to read and change Sam's mail, calendar, contacts, "
+            "notes and files, then call answer."
+        )
         if self.harness == "shell":
             return base + "\nSam's data is reachable only through this CLI:\n" + claw_api.cli_usage()
         return base
 
     # -- environment -----------------------------------------------------------------------------
     def sandbox_spec(self, task: Task) -> SandboxCreate:
-        return SandboxCreate(labels={"recipe": "claw", "task": task.id[:63], "harness": self.harness},
-                             resources=Resources(cpu=task.environment.cpu, memory_mb=task.environment.memory_mb),
-                             network=NetworkPolicy(mode="none"), workdir="/workspace")
+        return SandboxCreate(
+            labels={"recipe": "claw", "task": task.id[:63], "harness": self.harness},
+            resources=Resources(cpu=task.environment.cpu, memory_mb=task.environment.memory_mb),
+            network=NetworkPolicy(mode="none"),
+            workdir="/workspace",
+        )
 
     def setup(self, sandbox: Sandbox, task: Task) -> None:
         world = task.metadata.get("world")
@@ -140,14 +172,18 @@ class ClawRecipe(RecipeBase):
         sandbox.write_file("/workspace/claw", f'#!/bin/sh\nexec python -S {CLAW_PY} "$@"\n', mode=0o755)
         res = sandbox.exec(f"python -S {CLAW_PY} init {CLAW_DIR}/seed.json && rm {CLAW_DIR}/seed.json", timeout=60)
         if not res.ok:
-            raise RuntimeError(f"Claw world did not load (exit {res.exit_code}): {res.stdout[-500:]} {res.stderr[-500:]}")
+            raise RuntimeError(
+                f"Claw world did not load (exit {res.exit_code}): {res.stdout[-500:]} {res.stderr[-500:]}"
+            )
 
     # -- tools -----------------------------------------------------------------------------------
     def health_calls(self, task: Task) -> list[ToolCall]:
         if self.harness == "shell":
             return [ToolCall(name="bash", arguments={"command": "./claw mail search --limit 1"})]
-        return [ToolCall(name="mail_search", arguments={"limit": 1}),
-                ToolCall(name="notes_create", arguments={"title": "health check", "body": "ok"})]
+        return [
+            ToolCall(name="mail_search", arguments={"limit": 1}),
+            ToolCall(name="notes_create", arguments={"title": "health check", "body": "ok"}),
+        ]
 
     def execute_tool(self, sandbox: Sandbox, task: Task, call: ToolCall) -> ToolResult:
         args = call.arguments or {}
@@ -162,18 +198,28 @@ class ClawRecipe(RecipeBase):
         timeout = self.options.command_timeout_seconds
         if self.harness == "shell":
             if call.name != "bash" or not isinstance(args.get("command"), str):
-                return ToolResult(output='Error: use bash {"command": "..."} or answer {"text": "..."}.',
-                                  policy_error=f"unknown tool or bad arguments: {call.name}")
+                return ToolResult(
+                    output='Error: use bash {"command": "..."} or answer {"text": "..."}.',
+                    policy_error=f"unknown tool or bad arguments: {call.name}",
+                )
             res = sandbox.exec(["bash", "-c", args["command"]], cwd="/workspace", timeout=timeout)
             if res.is_infra_error:
                 return ToolResult(output=f"Error: the sandbox failed: {res.message}", infra_error=str(res.infra_error))
-            tail = ("[timed out]" if res.outcome.value == "command_timeout" else
-                    "[killed: out of memory]" if res.reason == "oom" else
-                    f"[could not run: {res.message}]" if res.exit_code is None else f"[exit {res.exit_code}]")
+            tail = (
+                "[timed out]"
+                if res.outcome.value == "command_timeout"
+                else "[killed: out of memory]"
+                if res.reason == "oom"
+                else f"[could not run: {res.message}]"
+                if res.exit_code is None
+                else f"[exit {res.exit_code}]"
+            )
             return ToolResult(output=_clip(f"{res.stdout}{res.stderr}{tail}"))
         if call.name not in claw_api.API:
-            return ToolResult(output=f"Error: unknown tool {call.name!r}; use one of {sorted(claw_api.API)} or answer.",
-                              policy_error=f"unknown tool {call.name!r}")
+            return ToolResult(
+                output=f"Error: unknown tool {call.name!r}; use one of {sorted(claw_api.API)} or answer.",
+                policy_error=f"unknown tool {call.name!r}",
+            )
         # The arguments go on stdin: one argv string is limited to 128 KiB, a JSON body is not.
         res = sandbox.exec(["python", "-S", CLAW_PY, "call", call.name], stdin=json.dumps(args), timeout=timeout)
         if res.is_infra_error:
@@ -184,8 +230,10 @@ class ClawRecipe(RecipeBase):
             return ToolResult(output="Error: the tool ran out of memory", policy_error="tool call ran out of memory")
         if res.exit_code != 0:  # claw.py failed (3: the database refused; else it crashed): the one rule decides
             why = res.stdout.strip() if res.exit_code == 3 else res.stderr or res.message or ""
-            return ToolResult(output=f"Error: the tool failed: {why[-500:]}",
-                              infra_error=f"claw.py {call.name} exited {res.exit_code}: {why[-300:]}")
+            return ToolResult(
+                output=f"Error: the tool failed: {why[-500:]}",
+                infra_error=f"claw.py {call.name} exited {res.exit_code}: {why[-300:]}",
+            )
         return ToolResult(output=_clip(res.stdout))
 
     # -- verification ----------------------------------------------------------------------------
@@ -197,8 +245,11 @@ class ClawRecipe(RecipeBase):
             journal = b""  # no state-changing call was made (or the policy removed the record of them)
         sandbox_db = _read_or_none(sandbox, DB_PATH)
         if len(journal) > MAX_JOURNAL_BYTES:  # read whole by the file API, replayed only up to this size
-            return VerifyResult(resolved=False, verification=record,
-                                reason=f"the tools' journal is {len(journal)} bytes (at most {MAX_JOURNAL_BYTES})")
+            return VerifyResult(
+                resolved=False,
+                verification=record,
+                reason=f"the tools' journal is {len(journal)} bytes (at most {MAX_JOURNAL_BYTES})",
+            )
         with tempfile.TemporaryDirectory() as tmp:
             copy = None
             if sandbox_db is not None:
@@ -210,8 +261,9 @@ class ClawRecipe(RecipeBase):
         return verdict
 
 
-def _replay_and_judge(task: Task, journal: bytes, agent_db: str | None, final_answer: str | None,
-                      record: Verification, tmp: str) -> VerifyResult:
+def _replay_and_judge(
+    task: Task, journal: bytes, agent_db: str | None, final_answer: str | None, record: Verification, tmp: str
+) -> VerifyResult:
     try:
         replayed = replay_journal(task.metadata["world"], journal, tmp, agent_db)
     except (ReplayError, OSError) as err:  # no verdict: whose failure, the one rule decides (RecipeBase.verify)

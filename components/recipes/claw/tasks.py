@@ -36,34 +36,70 @@ def _first(c: dict) -> str:
 def _schedule(rng: random.Random, world: dict) -> tuple[str, dict, list]:
     org, o1, o2 = rng.sample(world["contacts"], 3)
     used = {m["subject"].lower() for m in world["mail"]}
-    topic = rng.choice([t for t in ("offsite", "roadmap review", "budget sync", "launch retro", "hiring plan",
-                                    "security audit") if t not in used])
+    topic = rng.choice(
+        [
+            t
+            for t in ("offsite", "roadmap review", "budget sync", "launch retro", "hiring plan", "security audit")
+            if t not in used
+        ]
+    )
     title, owner = topic.title(), world["owner"]
     everyone = [org["email"], o1["email"], o2["email"]]
     first, (d1, d2, d3) = random_date(rng, 2, (10, 14)), sorted(rng.sample(range(15, 25), 3))
     proposals = [(f"2026-03-{day:02d}", random_time(rng)) for day in rng.sample(range(3, 28), 3)]
-    add_mail(world, thread_id="th", sender=o1["email"], to=[owner, org["email"]], cc=[o2["email"]],
-             subject=title, body=f"Can we meet on {proposals[0][0]} at {proposals[0][1]} for the {topic}?",
-             date=f"{first} {random_time(rng)}")
-    add_mail(world, thread_id="th", sender=org["email"], to=[owner, o1["email"], o2["email"]], subject=f"Re: {title}",
-             body=f"That day is bad for me. How about {proposals[1][0]} at {proposals[1][1]} for the {topic}?",
-             date=f"2026-02-{d1:02d} {random_time(rng)}")
-    add_mail(world, thread_id="th", sender=org["email"], to=[owner, o1["email"], o2["email"]], subject=f"Re: {title}",
-             body=f"Update on the {topic}: let's make it {proposals[2][0]} at {proposals[2][1]}, 60 minutes.",
-             date=f"2026-02-{d2:02d} {random_time(rng)}")
+    add_mail(
+        world,
+        thread_id="th",
+        sender=o1["email"],
+        to=[owner, org["email"]],
+        cc=[o2["email"]],
+        subject=title,
+        body=f"Can we meet on {proposals[0][0]} at {proposals[0][1]} for the {topic}?",
+        date=f"{first} {random_time(rng)}",
+    )
+    add_mail(
+        world,
+        thread_id="th",
+        sender=org["email"],
+        to=[owner, o1["email"], o2["email"]],
+        subject=f"Re: {title}",
+        body=f"That day is bad for me. How about {proposals[1][0]} at {proposals[1][1]} for the {topic}?",
+        date=f"2026-02-{d1:02d} {random_time(rng)}",
+    )
+    add_mail(
+        world,
+        thread_id="th",
+        sender=org["email"],
+        to=[owner, o1["email"], o2["email"]],
+        subject=f"Re: {title}",
+        body=f"Update on the {topic}: let's make it {proposals[2][0]} at {proposals[2][1]}, 60 minutes.",
+        date=f"2026-02-{d2:02d} {random_time(rng)}",
+    )
     other = rng.choice([t for t in ("design review", "quarterly planning") if t != topic])
-    add_mail(world, thread_id="th-other", sender=org["email"], to=[owner], subject=other.title(),
-             body=f"For the {other}, could we do 2026-03-{rng.randint(3, 27):02d} at {random_time(rng)}?",
-             date=f"2026-02-{d3:02d} {random_time(rng)}")
+    add_mail(
+        world,
+        thread_id="th-other",
+        sender=org["email"],
+        to=[owner],
+        subject=other.title(),
+        body=f"For the {other}, could we do 2026-03-{rng.randint(3, 27):02d} at {random_time(rng)}?",
+        date=f"2026-02-{d3:02d} {random_time(rng)}",
+    )
     finalize(world)
-    latest = max((m for m in world["mail"] if m["thread_id"] == "th" and m["sender"] == org["email"]),
-                 key=lambda m: m["date"])
+    latest = max(
+        (m for m in world["mail"] if m["thread_id"] == "th" and m["sender"] == org["email"]), key=lambda m: m["date"]
+    )
     start = f"{proposals[2][0]} {proposals[2][1]}"
-    prompt = (f"Find {_first(org)}'s latest email about the {topic} and add the meeting it proposes to my calendar "
-              f"as '{title}', inviting everyone on the thread.")
+    prompt = (
+        f"Find {_first(org)}'s latest email about the {topic} and add the meeting it proposes to my calendar "
+        f"as '{title}', inviting everyone on the thread."
+    )
     expected = {"kind": "event", "title": title, "start": start, "attendees": sorted(everyone)}
-    plan = [("mail_search", {"sender": _first(org).lower(), "query": topic}), ("mail_read", {"id": latest["id"]}),
-            ("calendar_create", {"title": title, "start": start, "duration_min": 60, "attendees": everyone})]
+    plan = [
+        ("mail_search", {"sender": _first(org).lower(), "query": topic}),
+        ("mail_read", {"id": latest["id"]}),
+        ("calendar_create", {"title": title, "start": start, "duration_min": 60, "attendees": everyone}),
+    ]
     return prompt, expected, plan
 
 
@@ -72,9 +108,18 @@ def _email_contact(rng: random.Random, world: dict) -> tuple[str, dict, list]:
     finalize(world)
     prompt = f"Send {_first(to)} an email with {_first(who)}'s phone number."
     expected = {"kind": "sent_mail", "to": [to["email"]], "body_contains": who["phone"]}
-    plan = [("contacts_search", {"query": _first(who)}), ("contacts_search", {"query": _first(to)}),
-            ("mail_send", {"to": [to["email"]], "subject": f"{_first(who)}'s phone number",
-                           "body": f"{who['name']}'s phone number is {who['phone']}."})]
+    plan = [
+        ("contacts_search", {"query": _first(who)}),
+        ("contacts_search", {"query": _first(to)}),
+        (
+            "mail_send",
+            {
+                "to": [to["email"]],
+                "subject": f"{_first(who)}'s phone number",
+                "body": f"{who['name']}'s phone number is {who['phone']}.",
+            },
+        ),
+    ]
     return prompt, expected, plan
 
 
@@ -82,18 +127,24 @@ def _note_from_file(rng: random.Random, world: dict) -> tuple[str, dict, list]:
     name, other = rng.sample(REPORTS, 2)
     totals = {}
     for report in (name, other):
-        items = [(w, rng.randint(20, 900)) for w in rng.sample(["travel", "food", "hotel", "licenses", "hardware",
-                                                                 "training", "misc"], 3)]
+        items = [
+            (w, rng.randint(20, 900))
+            for w in rng.sample(["travel", "food", "hotel", "licenses", "hardware", "training", "misc"], 3)
+        ]
         totals[report] = sum(v for _, v in items)
-        world["files"][f"reports/{report}.txt"] = "".join(f"{w}: ${v}\n" for w, v in items) + \
-            f"Total: ${totals[report]}\n"
+        world["files"][f"reports/{report}.txt"] = (
+            "".join(f"{w}: ${v}\n" for w, v in items) + f"Total: ${totals[report]}\n"
+        )
     finalize(world)
     title = f"{name.replace('-', ' ').title()} total"
     path = f"reports/{name}.txt"
     prompt = f"Read {path} and save a note titled '{title}' with the total amount from the file."
     expected = {"kind": "note", "title": title, "body_contains": str(totals[name])}
-    plan = [("files_list", {"prefix": "reports/"}), ("files_read", {"path": path}),
-            ("notes_create", {"title": title, "body": f"Total: ${totals[name]}"})]
+    plan = [
+        ("files_list", {"prefix": "reports/"}),
+        ("files_read", {"path": path}),
+        ("notes_create", {"title": title, "body": f"Total: ${totals[name]}"}),
+    ]
     return prompt, expected, plan
 
 
@@ -102,18 +153,31 @@ def _calendar_answer(rng: random.Random, world: dict) -> tuple[str, dict, list]:
     titles = rng.sample(["1:1 with manager", "Dentist", "Vendor call", "Team lunch", "Interview loop"], 2)
     times = rng.sample(["09:30", "11:00", "13:30", "15:00", "16:30"], 2)
     for t, hhmm in zip(titles, times):
-        world["events"].append({"title": t, "start": f"{day} {hhmm}", "duration_min": 30,
-                                "attendees": [rng.choice(world["contacts"])["email"]]})
+        world["events"].append(
+            {
+                "title": t,
+                "start": f"{day} {hhmm}",
+                "duration_min": 30,
+                "attendees": [rng.choice(world["contacts"])["email"]],
+            }
+        )
     finalize(world)
     prompt = f"What time does my '{titles[0]}' meeting on {day} start? Answer with the time as HH:MM."
     expected = {"kind": "answer", "answer": times[0]}
     return prompt, expected, [("calendar_list", {"date": day})]
 
 
-_BUILDERS = {"schedule_from_thread": _schedule, "email_contact": _email_contact, "note_from_file": _note_from_file,
-             "calendar_answer": _calendar_answer}
-_FINAL = {"schedule_from_thread": "Added the meeting to your calendar.", "email_contact": "Email sent.",
-          "note_from_file": "Note saved."}
+_BUILDERS = {
+    "schedule_from_thread": _schedule,
+    "email_contact": _email_contact,
+    "note_from_file": _note_from_file,
+    "calendar_answer": _calendar_answer,
+}
+_FINAL = {
+    "schedule_from_thread": "Added the meeting to your calendar.",
+    "email_contact": "Email sent.",
+    "note_from_file": "Note saved.",
+}
 
 DIFFICULTY = {"calendar_answer": 1, "email_contact": 2, "note_from_file": 2, "schedule_from_thread": 3}
 
@@ -137,8 +201,12 @@ def generate_tasks(split: Split, n: int, seed: int = 0, families: tuple[str, ...
         prompt, expected, plan = _BUILDERS[family](rng, world)
         final = expected["answer"] if expected["kind"] == "answer" else _FINAL[family]
         return Task(
-            id=f"claw-{split}-{family}-{tag.replace(':', '-')}", recipe="claw", split=split, family=family,
-            seed=task_seed, prompt=prompt,
+            id=f"claw-{split}-{family}-{tag.replace(':', '-')}",
+            recipe="claw",
+            split=split,
+            family=family,
+            seed=task_seed,
+            prompt=prompt,
             environment=EnvironmentSpec(workdir="/workspace", network="none", memory_mb=512, cpu=1.0),
             verifier=VerifierSpec(kind="python", expected=expected, timeout_seconds=30.0),
             difficulty=DIFFICULTY[family],

@@ -101,7 +101,9 @@ class ScriptedTeacher:
     def _mistake(self, pending: list[tuple[str, dict]], final: str) -> ToolCall:
         rng, world = self._rng, self._task.metadata["world"]
         if not pending:  # wrong answer (only harmful for questions; a report text is not checked)
-            return self.render("answer", {"text": "12:45" if self._task.verifier.expected["kind"] == "answer" else final})
+            return self.render(
+                "answer", {"text": "12:45" if self._task.verifier.expected["kind"] == "answer" else final}
+            )
         name, args = pending[0]
         args = dict(args)
         if name not in _WRITES and rng.random() < 0.3:

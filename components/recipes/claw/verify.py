@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sqlite3
 import subprocess
 import sys
@@ -42,9 +41,13 @@ from components.recipes.common import one_answer
 NAME = "claw-journal-replay"
 VERSION = "3"  # 1: the sandbox's state.db as read back, answers checked by containment; 2: bodies by containment
 # Compared between the sandbox's state.db and the rebuilt one (mail.thread_id holds a process id).
-_COLUMNS = {"contacts": "email, name, phone, company", "events": "title, start, duration_min, attendees, origin",
-            "mail": "sender, recipients, cc, subject, body, date, folder, origin", "notes": "title, body, origin",
-            "files": "path, content, origin"}
+_COLUMNS = {
+    "contacts": "email, name, phone, company",
+    "events": "title, start, duration_min, attendees, origin",
+    "mail": "sender, recipients, cc, subject, body, date, folder, origin",
+    "notes": "title, body, origin",
+    "files": "path, content, origin",
+}
 
 
 class ReplayError(RuntimeError):
@@ -70,7 +73,9 @@ def dump(path, cols, deadline):
 # The replay child: claw.py's own `replay`, then (optionally) the agent's state.db read under its own
 # deadline. The agent's database is SQL the agent wrote (its "tables" may be views that never end), so
 # it is only ever read here, in a child process with a time limit, never in the host process.
-_REPLAY = _DUMP + """
+_REPLAY = (
+    _DUMP
+    + """
 import runpy
 claw = runpy.run_path(sys.argv[1])
 print(json.dumps(claw["replay"](sys.argv[2], sys.argv[3])), flush=True)
@@ -83,6 +88,7 @@ if len(sys.argv) > 5:
         rows = {"error": "reading it took over " + sys.argv[5] + "s" if late else (type(exc).__name__ + ": " + str(exc))[:200]}
     print(json.dumps(rows), flush=True)
 """
+)
 
 
 @dataclass
@@ -108,8 +114,13 @@ def replay_journal(world: dict, journal: bytes, directory: str | Path, agent_db:
     if agent_db is not None:
         argv += [agent_db, str(DUMP_TIMEOUT_SECONDS), json.dumps(_COLUMNS)]
     try:
-        res = subprocess.run(argv, capture_output=True, env=env, check=False,
-                             timeout=REPLAY_TIMEOUT_SECONDS + (DUMP_TIMEOUT_SECONDS if agent_db else 0))
+        res = subprocess.run(
+            argv,
+            capture_output=True,
+            env=env,
+            check=False,
+            timeout=REPLAY_TIMEOUT_SECONDS + (DUMP_TIMEOUT_SECONDS if agent_db else 0),
+        )
         out, code = res.stdout, res.returncode
     except subprocess.TimeoutExpired as exc:
         out, code = exc.stdout or b"", None
@@ -120,8 +131,13 @@ def replay_journal(world: dict, journal: bytes, directory: str | Path, agent_db:
         if code is None:
             raise ReplayError(f"claw.py replay ran past {REPLAY_TIMEOUT_SECONDS:g}s") from None
         raise ReplayError(f"claw.py replay exited {code}: {out.decode('utf-8', 'replace')[-300:]}") from None
-    result = Replayed(str(db), [IgnoredPart(path=f"journal.jsonl:{r['line']}", reason=f"rejected: {r['error']}")
-                                for r in replayed["rejected"]])
+    result = Replayed(
+        str(db),
+        [
+            IgnoredPart(path=f"journal.jsonl:{r['line']}", reason=f"rejected: {r['error']}")
+            for r in replayed["rejected"]
+        ],
+    )
     if agent_db is not None:
         try:
             read = json.loads(lines[1])
@@ -137,14 +153,23 @@ def state_divergence(replayed: Replayed, agent_db_present: bool) -> list[Ignored
         return [IgnoredPart(path="state.db", reason="deleted or unreadable; the state is rebuilt from the journal")]
     theirs = replayed.agent_rows
     if theirs is None or set(theirs) != set(_COLUMNS):
-        return [IgnoredPart(path="state.db", reason=f"corrupt ({replayed.agent_error}); the state is rebuilt "
-                            "from the journal")]
+        return [
+            IgnoredPart(
+                path="state.db", reason=f"corrupt ({replayed.agent_error}); the state is rebuilt from the journal"
+            )
+        ]
     ns: dict = {}
     exec(_DUMP, ns)  # our own code, on the database we rebuilt
     ours = ns["dump"](replayed.db, _COLUMNS, float("inf"))
-    return [IgnoredPart(path=f"state.db:{t}", reason="rows changed outside the assistant's tools "
-                        f"({len(theirs[t])} rows vs {len(ours[t])} from the journal)")
-            for t in _COLUMNS if theirs[t] != ours[t]]
+    return [
+        IgnoredPart(
+            path=f"state.db:{t}",
+            reason="rows changed outside the assistant's tools "
+            f"({len(theirs[t])} rows vs {len(ours[t])} from the journal)",
+        )
+        for t in _COLUMNS
+        if theirs[t] != ours[t]
+    ]
 
 
 def verify_db(db_path: str, expected: dict, final_answer: str | None) -> VerifyResult:
@@ -156,40 +181,56 @@ def verify_db(db_path: str, expected: dict, final_answer: str | None) -> VerifyR
             rows = db.execute("SELECT title, start, attendees FROM events WHERE origin='user'").fetchall()
             ev = rows[0] if len(rows) == 1 else ("", "", "[]")
             attendees = sorted(a.strip().lower() for a in json.loads(ev[2] or "[]"))
-            return _result([
-                (f"exactly one event created (found {len(rows)})", len(rows) == 1),
-                (f"title is {expected['title']!r}", _norm(expected["title"]) == _norm(ev[0])),
-                (f"starts at {expected['start']}", ev[1] == expected["start"]),
-                (f"attendees are {expected['attendees']} (got {attendees})",
-                 attendees == sorted(a.lower() for a in expected["attendees"])),
-            ])
+            return _result(
+                [
+                    (f"exactly one event created (found {len(rows)})", len(rows) == 1),
+                    (f"title is {expected['title']!r}", _norm(expected["title"]) == _norm(ev[0])),
+                    (f"starts at {expected['start']}", ev[1] == expected["start"]),
+                    (
+                        f"attendees are {expected['attendees']} (got {attendees})",
+                        attendees == sorted(a.lower() for a in expected["attendees"]),
+                    ),
+                ]
+            )
         if kind == "sent_mail":
             rows = db.execute("SELECT recipients, body FROM mail WHERE origin='user' AND folder='sent'").fetchall()
             msg = rows[0] if len(rows) == 1 else ("[]", "")
             to = sorted(a.strip().lower() for a in json.loads(msg[0]))
-            return _result([
-                (f"exactly one email sent (found {len(rows)})", len(rows) == 1),
-                (f"sent to {expected['to']} (got {to})", to == sorted(a.lower() for a in expected["to"])),
-                (f"body gives {expected['body_contains']!r} and no other phone number",
-                 one_answer(msg[1], expected["body_contains"])[0]),
-            ])
+            return _result(
+                [
+                    (f"exactly one email sent (found {len(rows)})", len(rows) == 1),
+                    (f"sent to {expected['to']} (got {to})", to == sorted(a.lower() for a in expected["to"])),
+                    (
+                        f"body gives {expected['body_contains']!r} and no other phone number",
+                        one_answer(msg[1], expected["body_contains"])[0],
+                    ),
+                ]
+            )
         if kind == "note":
             rows = db.execute("SELECT title, body FROM notes WHERE origin='user'").fetchall()
             note = rows[0] if len(rows) == 1 else ("", "")
-            return _result([
-                (f"exactly one note created (found {len(rows)})", len(rows) == 1),
-                (f"title is {expected['title']!r}", _norm(note[0]) == _norm(expected["title"])),
-                (f"body gives {expected['body_contains']} and no other number",
-                 one_answer(note[1], expected["body_contains"])[0]),
-            ])
+            return _result(
+                [
+                    (f"exactly one note created (found {len(rows)})", len(rows) == 1),
+                    (f"title is {expected['title']!r}", _norm(note[0]) == _norm(expected["title"])),
+                    (
+                        f"body gives {expected['body_contains']} and no other number",
+                        one_answer(note[1], expected["body_contains"])[0],
+                    ),
+                ]
+            )
         if kind == "answer":
-            changed = sum(db.execute(f"SELECT count(*) FROM {t} WHERE origin='user'").fetchone()[0]
-                          for t in ("events", "mail", "notes", "files"))
+            changed = sum(
+                db.execute(f"SELECT count(*) FROM {t} WHERE origin='user'").fetchone()[0]
+                for t in ("events", "mail", "notes", "files")
+            )
             ok, compared = one_answer(final_answer, expected["answer"])
-            return _result([
-                (f"one answer, {expected['answer']!r} (got {final_answer!r}: {compared})", ok),
-                (f"nothing was changed (found {changed} new rows)", changed == 0),
-            ])
+            return _result(
+                [
+                    (f"one answer, {expected['answer']!r} (got {final_answer!r}: {compared})", ok),
+                    (f"nothing was changed (found {changed} new rows)", changed == 0),
+                ]
+            )
     finally:
         db.close()
     raise ValueError(f"unknown Claw verifier kind {kind!r}; expected event, sent_mail, note or answer")

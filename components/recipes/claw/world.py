@@ -9,13 +9,56 @@ from __future__ import annotations
 import random
 from typing import Any
 
-FIRST = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi", "Ivan", "Judy", "Mallory", "Niaj",
-         "Olivia", "Peggy", "Rupert", "Sybil", "Trent", "Victor", "Wendy", "Yusuf"]
-LAST = ["Nakamura", "Okoye", "Petrov", "Quintero", "Ramirez", "Svensson", "Thompson", "Ueda", "Varga", "Weiss",
-        "Xu", "Yilmaz", "Zielinski", "Abara", "Becker"]
+FIRST = [
+    "Alice",
+    "Bob",
+    "Carol",
+    "Dave",
+    "Erin",
+    "Frank",
+    "Grace",
+    "Heidi",
+    "Ivan",
+    "Judy",
+    "Mallory",
+    "Niaj",
+    "Olivia",
+    "Peggy",
+    "Rupert",
+    "Sybil",
+    "Trent",
+    "Victor",
+    "Wendy",
+    "Yusuf",
+]
+LAST = [
+    "Nakamura",
+    "Okoye",
+    "Petrov",
+    "Quintero",
+    "Ramirez",
+    "Svensson",
+    "Thompson",
+    "Ueda",
+    "Varga",
+    "Weiss",
+    "Xu",
+    "Yilmaz",
+    "Zielinski",
+    "Abara",
+    "Becker",
+]
 COMPANIES = ["acme", "globex", "initech", "umbrella", "hooli"]
-TOPICS = ["offsite", "roadmap review", "budget sync", "launch retro", "hiring plan", "security audit",
-          "design review", "quarterly planning"]
+TOPICS = [
+    "offsite",
+    "roadmap review",
+    "budget sync",
+    "launch retro",
+    "hiring plan",
+    "security audit",
+    "design review",
+    "quarterly planning",
+]
 NOW = "2026-03-02 09:00"
 
 
@@ -33,30 +76,74 @@ def build_world(rng: random.Random, n_contacts: int = 8) -> dict[str, Any]:
     contacts = []
     for first in firsts:
         last, company = rng.choice(LAST), rng.choice(COMPANIES)
-        contacts.append({"name": f"{first} {last}", "email": f"{first.lower()}.{last.lower()}@{company}.test",
-                         "phone": f"+1-555-{rng.randint(100, 999)}-{rng.randint(1000, 9999)}", "company": company})
+        contacts.append(
+            {
+                "name": f"{first} {last}",
+                "email": f"{first.lower()}.{last.lower()}@{company}.test",
+                "phone": f"+1-555-{rng.randint(100, 999)}-{rng.randint(1000, 9999)}",
+                "company": company,
+            }
+        )
     owner = "sam.rivera@orchard.test"
-    world: dict[str, Any] = {"owner": owner, "now": NOW, "contacts": contacts, "mail": [], "events": [],
-                             "notes": [], "files": {}}
+    world: dict[str, Any] = {
+        "owner": owner,
+        "now": NOW,
+        "contacts": contacts,
+        "mail": [],
+        "events": [],
+        "notes": [],
+        "files": {},
+    }
     for i, topic in enumerate(rng.sample(TOPICS, 3)):  # background threads
         a, b = rng.sample(contacts, 2)
-        add_mail(world, thread_id=f"bg{i}", sender=a["email"], to=[owner, b["email"]],
-                 subject=topic.title(), body=f"Quick note on the {topic}: {rng.choice(['draft attached', 'see agenda', 'numbers updated'])}.",
-                 date=f"{random_date(rng, 2, (1, 26))} {random_time(rng)}")
+        add_mail(
+            world,
+            thread_id=f"bg{i}",
+            sender=a["email"],
+            to=[owner, b["email"]],
+            subject=topic.title(),
+            body=f"Quick note on the {topic}: {rng.choice(['draft attached', 'see agenda', 'numbers updated'])}.",
+            date=f"{random_date(rng, 2, (1, 26))} {random_time(rng)}",
+        )
     for _ in range(3):
         topic, who = rng.choice(TOPICS), rng.sample(contacts, 2)
-        world["events"].append({"title": topic.title(), "start": f"{random_date(rng, 3, (3, 27))} {random_time(rng)}",
-                                "duration_min": rng.choice([30, 60]), "attendees": [w["email"] for w in who]})
+        world["events"].append(
+            {
+                "title": topic.title(),
+                "start": f"{random_date(rng, 3, (3, 27))} {random_time(rng)}",
+                "duration_min": rng.choice([30, 60]),
+                "attendees": [w["email"] for w in who],
+            }
+        )
     world["notes"].append({"title": "Groceries", "body": "milk, coffee, oats"})
     world["files"]["notes/todo.txt"] = "renew passport\nbook dentist\n"
     return world
 
 
-def add_mail(world: dict, *, thread_id: str, sender: str, to: list[str], subject: str, body: str, date: str,
-             cc: list[str] | None = None) -> int:
+def add_mail(
+    world: dict,
+    *,
+    thread_id: str,
+    sender: str,
+    to: list[str],
+    subject: str,
+    body: str,
+    date: str,
+    cc: list[str] | None = None,
+) -> int:
     mid = len(world["mail"]) + 1
-    world["mail"].append({"id": mid, "thread_id": thread_id, "sender": sender, "to": to, "cc": cc or [],
-                          "subject": subject, "body": body, "date": date})
+    world["mail"].append(
+        {
+            "id": mid,
+            "thread_id": thread_id,
+            "sender": sender,
+            "to": to,
+            "cc": cc or [],
+            "subject": subject,
+            "body": body,
+            "date": date,
+        }
+    )
     return mid
 
 

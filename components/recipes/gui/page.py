@@ -47,8 +47,11 @@ class PageView:
 
     def find(self, role: str, label: str | None = None, *, prefix: str | None = None) -> Element | None:
         for el in self.elements:
-            if el.role == role and (label is None or el.label == label) and \
-                    (prefix is None or el.label.startswith(prefix)):
+            if (
+                el.role == role
+                and (label is None or el.label == label)
+                and (prefix is None or el.label.startswith(prefix))
+            ):
                 return el
         return None
 
@@ -71,7 +74,7 @@ def parse_page(text: str) -> PageView | None:
     for line in lines[2:]:
         matches = list(_ELEMENT.finditer(line))
         for i, m in enumerate(matches):
-            rest = line[m.end(): matches[i + 1].start() if i + 1 < len(matches) else len(line)]
+            rest = line[m.end() : matches[i + 1].start() if i + 1 < len(matches) else len(line)]
             el = Element(id=int(m.group(1)), role=m.group(2), label=_unquote(m.group(3)))
             if (v := _VALUE.match(rest)) is not None:
                 el.value = _unquote(v.group(1))

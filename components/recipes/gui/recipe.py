@@ -44,10 +44,13 @@ class GUIOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     families: tuple[str, ...] = Field(FAMILIES, description="Task families to generate (cycled in order).")
     difficulty: int | list[int] | None = Field(
-        None, description="Keep only families at these difficulty level(s) (see tasks.DIFFICULTY); None = all.")
+        None, description="Keep only families at these difficulty level(s) (see tasks.DIFFICULTY); None = all."
+    )
     heldout_families: tuple[str, ...] = Field(
-        (), description="Families only the held-out split draws from (train and validation never do): what a "
-                        "claim about generalising to unseen kinds of task needs.")
+        (),
+        description="Families only the held-out split draws from (train and validation never do): what a "
+        "claim about generalising to unseen kinds of task needs.",
+    )
     attach_screenshots: bool = Field(False, description="Attach a PNG to every action's result (vision policies).")
     step_timeout_seconds: float = Field(60.0, gt=0, description="Limit for one browser action.")
     startup_timeout_seconds: float = Field(90.0, gt=0, description="Limit for site + Chromium start-up.")
@@ -64,29 +67,65 @@ def _file(name: str) -> str:
 
 
 TOOLS = [
-    ToolSpec(name="read_page", description="Show the current page as text; interactive elements appear as "
-             "[id] role \"label\".", parameters={"type": "object", "properties": {}}),
-    ToolSpec(name="click", description="Click the element with this id (links, buttons, checkboxes).",
-             parameters={"type": "object", "properties": {"element_id": _ELEMENT}, "required": ["element_id"]}),
-    ToolSpec(name="type", description="Type text into a textbox, or choose an option of a select by its label.",
-             parameters={"type": "object", "properties": {
-                 "element_id": _ELEMENT, "text": {"type": "string", "maxLength": MAX_TYPED},
-                 "submit": {"type": "boolean", "description": "press Enter afterwards"}},
-                 "required": ["element_id", "text"]}),
-    ToolSpec(name="scroll", description="Scroll the page.",
-             parameters={"type": "object", "properties": {
-                 "direction": {"type": "string", "enum": ["up", "down"]},
-                 "amount": {"type": "integer", "minimum": -100_000, "maximum": 100_000}},
-                 "required": ["direction"]}),
-    ToolSpec(name="navigate", description="Open a URL of the task's local site (absolute or relative).",
-             parameters={"type": "object", "properties": {"url": {"type": "string", "maxLength": MAX_URL}},
-                         "required": ["url"]}),
-    ToolSpec(name="screenshot", description="Take a PNG screenshot of the viewport (for vision models).",
-             parameters={"type": "object", "properties": {}}),
-    ToolSpec(name="answer", description="Finish the task. If the task asks a question, the text is only the answer "
-             "(one value, e.g. 'Blue Lamp' or '1204'), not a list of candidates.",
-             parameters={"type": "object", "properties": {"text": {"type": "string", "maxLength": MAX_TYPED}},
-                         "required": ["text"]}),
+    ToolSpec(
+        name="read_page",
+        description='Show the current page as text; interactive elements appear as [id] role "label".',
+        parameters={"type": "object", "properties": {}},
+    ),
+    ToolSpec(
+        name="click",
+        description="Click the element with this id (links, buttons, checkboxes).",
+        parameters={"type": "object", "properties": {"element_id": _ELEMENT}, "required": ["element_id"]},
+    ),
+    ToolSpec(
+        name="type",
+        description="Type text into a textbox, or choose an option of a select by its label.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "element_id": _ELEMENT,
+                "text": {"type": "string", "maxLength": MAX_TYPED},
+                "submit": {"type": "boolean", "description": "press Enter afterwards"},
+            },
+            "required": ["element_id", "text"],
+        },
+    ),
+    ToolSpec(
+        name="scroll",
+        description="Scroll the page.",
+        parameters={
+            "type": "object",
+            "properties": {
+                "direction": {"type": "string", "enum": ["up", "down"]},
+                "amount": {"type": "integer", "minimum": -100_000, "maximum": 100_000},
+            },
+            "required": ["direction"],
+        },
+    ),
+    ToolSpec(
+        name="navigate",
+        description="Open a URL of the task's local site (absolute or relative).",
+        parameters={
+            "type": "object",
+            "properties": {"url": {"type": "string", "maxLength": MAX_URL}},
+            "required": ["url"],
+        },
+    ),
+    ToolSpec(
+        name="screenshot",
+        description="Take a PNG screenshot of the viewport (for vision models).",
+        parameters={"type": "object", "properties": {}},
+    ),
+    ToolSpec(
+        name="answer",
+        description="Finish the task. If the task asks a question, the text is only the answer "
+        "(one value, e.g. 'Blue Lamp' or '1204'), not a list of candidates.",
+        parameters={
+            "type": "object",
+            "properties": {"text": {"type": "string", "maxLength": MAX_TYPED}},
+            "required": ["text"],
+        },
+    ),
 ]
 _TOOL_NAMES = {t.name for t in TOOLS}
 
@@ -117,20 +156,27 @@ class GUIRecipe(RecipeBase):
         return list(TOOLS)
 
     def system_prompt(self, task: Task) -> str:
-        return ("You operate a web browser through tools to complete the user's task on a local website. "
-                "Every action returns the page as text; elements you can use appear as [id] role \"label\". "
-                "When the task is done call answer (with the answer text if the task asks a question).")
+        return (
+            "You operate a web browser through tools to complete the user's task on a local website. "
+            'Every action returns the page as text; elements you can use appear as [id] role "label". '
+            "When the task is done call answer (with the answer text if the task asks a question)."
+        )
 
     # -- environment -----------------------------------------------------------------------------
     def sandbox_spec(self, task: Task) -> SandboxCreate:
         return SandboxCreate(
             labels={"recipe": "gui", "task": task.id[:63]},
-            resources=Resources(cpu=task.environment.cpu, memory_mb=max(self.options.memory_mb,
-                                                                        task.environment.memory_mb), pids=2048),
+            resources=Resources(
+                cpu=task.environment.cpu, memory_mb=max(self.options.memory_mb, task.environment.memory_mb), pids=2048
+            ),
             network=NetworkPolicy(mode="loopback"),
             # Chromium and the Playwright driver write caches under HOME/TMPDIR: keep them in /workspace.
-            env={"HOME": f"{GUI_DIR}/home", "TMPDIR": f"{GUI_DIR}/tmp", "XDG_CONFIG_HOME": f"{GUI_DIR}/home/.config",
-                 "XDG_CACHE_HOME": f"{GUI_DIR}/home/.cache"},
+            env={
+                "HOME": f"{GUI_DIR}/home",
+                "TMPDIR": f"{GUI_DIR}/tmp",
+                "XDG_CONFIG_HOME": f"{GUI_DIR}/home/.config",
+                "XDG_CACHE_HOME": f"{GUI_DIR}/home/.cache",
+            },
             workdir="/workspace",
         )
 
@@ -153,22 +199,44 @@ class GUIRecipe(RecipeBase):
         """Start the site server and the browser controller; wait until the controller answers. The browser
         gets an empty profile every time (a forked one would hold the previous Chromium's locks)."""
         sandbox.exec(["bash", "-c", f"rm -rf {GUI_DIR}/profile && mkdir -p {GUI_DIR}/profile"])
-        site_job = sandbox.exec_async(["python", f"{SITE_DIR}/site_server.py", "--data", f"{SITE_DIR}/data.json",
-                                       "--state", STATE, "--port", str(SITE_PORT)], timeout=JOB_SECONDS)
-        browser_job = sandbox.exec_async(["python", f"{GUI_DIR}/browser_controller.py", "--socket", SOCKET,
-                                          "--start-url", task.metadata["start_url"],
-                                          "--profile-dir", f"{GUI_DIR}/profile"], timeout=JOB_SECONDS)
+        site_job = sandbox.exec_async(
+            [
+                "python",
+                f"{SITE_DIR}/site_server.py",
+                "--data",
+                f"{SITE_DIR}/data.json",
+                "--state",
+                STATE,
+                "--port",
+                str(SITE_PORT),
+            ],
+            timeout=JOB_SECONDS,
+        )
+        browser_job = sandbox.exec_async(
+            [
+                "python",
+                f"{GUI_DIR}/browser_controller.py",
+                "--socket",
+                SOCKET,
+                "--start-url",
+                task.metadata["start_url"],
+                "--profile-dir",
+                f"{GUI_DIR}/profile",
+            ],
+            timeout=JOB_SECONDS,
+        )
         wait = self.options.startup_timeout_seconds
-        res = sandbox.exec(["python", "-S", CTL, "--wait", str(wait), SOCKET, '{"action": "ping"}'],
-                           timeout=wait + 10)
+        res = sandbox.exec(["python", "-S", CTL, "--wait", str(wait), SOCKET, '{"action": "ping"}'], timeout=wait + 10)
         if not res.ok:
             detail = []
             for job in (site_job, browser_job):
                 info = sandbox.client.get_job(job.id)
                 if info.result is not None:
                     detail.append(f"job {job.id} exited {info.result.exit_code}: {info.result.stderr[-800:]}")
-            raise RuntimeError(f"GUI sandbox did not start (browser controller unreachable after {wait:.0f}s): "
-                               f"{res.stdout.strip()} {' '.join(detail)}")
+            raise RuntimeError(
+                f"GUI sandbox did not start (browser controller unreachable after {wait:.0f}s): "
+                f"{res.stdout.strip()} {' '.join(detail)}"
+            )
 
     # -- tools -----------------------------------------------------------------------------------
     def _browser(self, sandbox: Sandbox, request: dict) -> tuple[dict | None, str | None]:
@@ -178,7 +246,10 @@ class GUIRecipe(RecipeBase):
         if res.is_infra_error:
             return None, f"sandbox exec failed: {res.infra_error} {res.message or ''}".strip()
         if res.exit_code != 0:
-            return None, f"browser controller unreachable (exit {res.exit_code}): {res.stdout[-300:]} {res.stderr[-300:]}"
+            return (
+                None,
+                f"browser controller unreachable (exit {res.exit_code}): {res.stdout[-300:]} {res.stderr[-300:]}",
+            )
         try:
             return json.loads(res.stdout), None
         except json.JSONDecodeError:
@@ -197,8 +268,10 @@ class GUIRecipe(RecipeBase):
     def execute_tool(self, sandbox: Sandbox, task: Task, call: ToolCall) -> ToolResult:
         args = call.arguments or {}
         if call.name not in _TOOL_NAMES:
-            return ToolResult(output=f"Error: unknown tool {call.name!r}; use one of {sorted(_TOOL_NAMES)}.",
-                              policy_error=f"unknown tool {call.name!r}")
+            return ToolResult(
+                output=f"Error: unknown tool {call.name!r}; use one of {sorted(_TOOL_NAMES)}.",
+                policy_error=f"unknown tool {call.name!r}",
+            )
         if call.name == "answer":
             text = str(args.get("text", ""))
             return ToolResult(output="Answer recorded.", submitted=True, final_answer=text)
@@ -208,13 +281,17 @@ class GUIRecipe(RecipeBase):
                 return ToolResult(output=f"Error: {err}", infra_error=err)
             self._keep(call, png)
             return ToolResult(output=f"Screenshot taken ({len(png)} bytes PNG).", image_png=png)
-        request = {"action": call.name, **{k: v for k, v in args.items() if k in
-                                           ("element_id", "text", "submit", "direction", "amount", "url")}}
+        request = {
+            "action": call.name,
+            **{k: v for k, v in args.items() if k in ("element_id", "text", "submit", "direction", "amount", "url")},
+        }
         answer, infra = self._browser(sandbox, request)
         if infra:
             return ToolResult(output=f"Error: the browser failed: {infra}", infra_error=infra)
         if answer.get("controller_error"):
-            return ToolResult(output=f"Error: the browser failed: {answer.get('error')}", infra_error=answer.get("error"))
+            return ToolResult(
+                output=f"Error: the browser failed: {answer.get('error')}", infra_error=answer.get("error")
+            )
         if not answer.get("ok"):
             return ToolResult(output=f"Error: {answer.get('error')}", policy_error=answer.get("error"))
         png = None
@@ -232,8 +309,11 @@ class GUIRecipe(RecipeBase):
         try:
             state = json.loads(sandbox.read_file(STATE))
         except Exception as err:  # noqa: BLE001 - no verdict: whose failure, the one rule decides (see verify.py)
-            return VerifyResult(resolved=False, infra_error=f"could not read site state {STATE}: {err}",
-                                verification=Verification(verifier=VERIFIER_NAME, version=VERIFIER_VERSION))
+            return VerifyResult(
+                resolved=False,
+                infra_error=f"could not read site state {STATE}: {err}",
+                verification=Verification(verifier=VERIFIER_NAME, version=VERIFIER_VERSION),
+            )
         verdict = verify_state(state, final_answer, task.verifier.expected)
         verdict.verification = Verification(verifier=VERIFIER_NAME, version=VERIFIER_VERSION)
         return verdict

@@ -30,10 +30,44 @@ _SPLIT_BASE = {"train": 0, "heldout": 1_000_000, "validation": 2_000_000}
 COLORS = ["red", "blue", "green", "black", "white", "yellow"]
 KINDS = ["mug", "notebook", "lamp", "backpack", "bottle", "scarf", "candle", "umbrella"]
 ADJECTIVES = ["Ceramic", "Classic", "Sturdy", "Cozy", "Minimal", "Vintage", "Travel", "Deluxe", "Compact", "Bold"]
-FIRST = ["Ada", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hugo", "Iris", "Jonas", "Kira", "Liam", "Mina",
-         "Noah", "Omar", "Priya", "Quinn", "Rosa", "Sami", "Tara"]
-LAST = ["Novak", "Okafor", "Lindqvist", "Moreau", "Tanaka", "Schmidt", "Rossi", "Kowalski", "Haddad", "Nguyen",
-        "Silva", "Berg", "Costa", "Fischer"]
+FIRST = [
+    "Ada",
+    "Ben",
+    "Chloe",
+    "Dev",
+    "Elena",
+    "Farid",
+    "Grace",
+    "Hugo",
+    "Iris",
+    "Jonas",
+    "Kira",
+    "Liam",
+    "Mina",
+    "Noah",
+    "Omar",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sami",
+    "Tara",
+]
+LAST = [
+    "Novak",
+    "Okafor",
+    "Lindqvist",
+    "Moreau",
+    "Tanaka",
+    "Schmidt",
+    "Rossi",
+    "Kowalski",
+    "Haddad",
+    "Nguyen",
+    "Silva",
+    "Berg",
+    "Costa",
+    "Fischer",
+]
 STREETS = ["Oak Street", "Mill Road", "Harbor Lane", "Elm Avenue", "Station Road", "Park Way"]
 SHIPPING = [("standard", "Standard", 0.0), ("express", "Express", 9.5), ("overnight", "Overnight", 19.0)]
 EVENTS = ["Open Infra Summit", "Data Systems Day", "Agents Conference", "Cloud Native Forum"]
@@ -79,14 +113,29 @@ def _shop_task(rng: random.Random) -> tuple[dict, str, dict]:
     ship_id, ship_label, _ = rng.choice(SHIPPING[1:])
     name, _ = _person(rng)
     address = f"{rng.randint(2, 199)} {rng.choice(STREETS)}"
-    site = {"site": "shop", "title": rng.choice(["Mercato", "Shelfwise", "Goodsly", "Basket & Co"]),
-            "products": products, "colors": COLORS,
-            "categories": sorted({p["category"] for p in products}),
-            "shipping": [{"id": i, "label": lbl, "price": pr} for i, lbl, pr in SHIPPING]}
-    prompt = (f"Buy the cheapest {color} {kind} that costs under ${budget} and check out with {ship_label.lower()} "
-              f"shipping. Ship it to {name}, {address}. Buy nothing else.")
-    expected = {"kind": "shop_order", "product_id": target["id"], "product_name": target["name"], "query": kind,
-                "color": color, "shipping": ship_id, "shipping_label": ship_label, "name": name, "address": address}
+    site = {
+        "site": "shop",
+        "title": rng.choice(["Mercato", "Shelfwise", "Goodsly", "Basket & Co"]),
+        "products": products,
+        "colors": COLORS,
+        "categories": sorted({p["category"] for p in products}),
+        "shipping": [{"id": i, "label": lbl, "price": pr} for i, lbl, pr in SHIPPING],
+    }
+    prompt = (
+        f"Buy the cheapest {color} {kind} that costs under ${budget} and check out with {ship_label.lower()} "
+        f"shipping. Ship it to {name}, {address}. Buy nothing else."
+    )
+    expected = {
+        "kind": "shop_order",
+        "product_id": target["id"],
+        "product_name": target["name"],
+        "query": kind,
+        "color": color,
+        "shipping": ship_id,
+        "shipping_label": ship_label,
+        "name": name,
+        "address": address,
+    }
     return site, prompt, expected
 
 
@@ -96,12 +145,25 @@ def _form_task(rng: random.Random) -> tuple[dict, str, dict]:
     chosen = sorted(rng.sample(workshops, 2))
     name, email = _person(rng)
     ticket, comment = rng.choice(TICKETS), rng.choice(COMMENTS)
-    site = {"site": "forms", "title": f"{event} registration", "event": event, "tickets": TICKETS,
-            "workshops": workshops}
-    prompt = (f"Register {name} ({email}) for {event} with a {ticket} ticket, sign up for the {chosen[0]} and "
-              f"{chosen[1]} workshops (no others), and write '{comment}' in the comments.")
-    expected = {"kind": "form_submission", "name": name, "email": email, "ticket": ticket,
-                "workshops": chosen, "comments": comment}
+    site = {
+        "site": "forms",
+        "title": f"{event} registration",
+        "event": event,
+        "tickets": TICKETS,
+        "workshops": workshops,
+    }
+    prompt = (
+        f"Register {name} ({email}) for {event} with a {ticket} ticket, sign up for the {chosen[0]} and "
+        f"{chosen[1]} workshops (no others), and write '{comment}' in the comments."
+    )
+    expected = {
+        "kind": "form_submission",
+        "name": name,
+        "email": email,
+        "ticket": ticket,
+        "workshops": chosen,
+        "comments": comment,
+    }
     return site, prompt, expected
 
 
@@ -116,25 +178,49 @@ def _info_task(rng: random.Random) -> tuple[dict, str, dict]:
                 if n not in names:
                     break
             names.add(n)
-            cities.append({"name": n, "slug": n.lower(), "region": r.lower(),
-                           "population": rng.randint(5_000, 900_000), "founded": rng.randint(1200, 1950),
-                           "mayor": _person(rng)[0]})
-    site = {"site": "info", "title": "City directory", "cities": cities,
-            "regions": [{"name": r, "slug": r.lower()} for r in regions]}
+            cities.append(
+                {
+                    "name": n,
+                    "slug": n.lower(),
+                    "region": r.lower(),
+                    "population": rng.randint(5_000, 900_000),
+                    "founded": rng.randint(1200, 1950),
+                    "mayor": _person(rng)[0],
+                }
+            )
+    site = {
+        "site": "info",
+        "title": "City directory",
+        "cities": cities,
+        "regions": [{"name": r, "slug": r.lower()} for r in regions],
+    }
     question = rng.choice(["founded", "mayor", "largest"])
     if question == "largest":
         region = rng.choice(regions)
         best = max((c for c in cities if c["region"] == region.lower()), key=lambda c: c["population"])
         prompt = f"Which city in the {region} region has the largest population? Answer with the city name."
-        expected = {"kind": "answer", "question": question, "answer": best["name"], "region": region.lower(),
-                    "city": best["name"]}
+        expected = {
+            "kind": "answer",
+            "question": question,
+            "answer": best["name"],
+            "region": region.lower(),
+            "city": best["name"],
+        }
     else:
         city = rng.choice(cities)
-        what = "In which year was {} founded? Answer with the year." if question == "founded" \
+        what = (
+            "In which year was {} founded? Answer with the year."
+            if question == "founded"
             else "Who is the mayor of {}? Answer with their full name."
+        )
         prompt = what.format(city["name"])
-        expected = {"kind": "answer", "question": question, "answer": str(city[question]), "region": city["region"],
-                    "city": city["name"]}
+        expected = {
+            "kind": "answer",
+            "question": question,
+            "answer": str(city[question]),
+            "region": city["region"],
+            "city": city["name"],
+        }
     return site, prompt, expected
 
 
@@ -160,8 +246,12 @@ def generate_tasks(split: Split, n: int, seed: int = 0, families: tuple[str, ...
         tag = f"{task_seed}:{attempt}" if attempt else str(task_seed)
         site, prompt, expected = _BUILDERS[family](random.Random(f"gui:{family}:{tag}"))
         return Task(
-            id=f"gui-{split}-{family}-{tag.replace(':', '-')}", recipe="gui", split=split, family=family,
-            seed=task_seed, prompt=f"{prompt}\nThe browser is open at {START_URL}",
+            id=f"gui-{split}-{family}-{tag.replace(':', '-')}",
+            recipe="gui",
+            split=split,
+            family=family,
+            seed=task_seed,
+            prompt=f"{prompt}\nThe browser is open at {START_URL}",
             environment=EnvironmentSpec(workdir="/workspace", network="loopback", memory_mb=2048, cpu=1.0),
             verifier=VerifierSpec(kind="python", expected=expected, timeout_seconds=30.0),
             difficulty=DIFFICULTY[family],

@@ -5,7 +5,8 @@ decides from the page and the task's goal, so it can continue from any prefix (a
 partial history, a student's mistakes) and it repairs what it sees (removes a wrong cart item,
 re-fills a form that came back with an error). With probability `error_rate` per turn it makes a
 mistake instead: usually a random click (recoverable), sometimes a harmful shortcut (a wrong
-item, submitting early, a wrong answer) that usually ends the episode unresolved. That gives distillation both kinds of trajectory.
+item, submitting early, a wrong answer) that usually ends the episode unresolved. That gives distillation both kinds
+of trajectory.
 
 The teacher knows the goal from `task.verifier.expected` (it is the reference solution); it never
 looks at the site state file.
@@ -62,7 +63,8 @@ class ScriptedTeacher:
             return self._mistake(page)
         expected = self._task.verifier.expected
         return {"shop_order": self._shop, "form_submission": self._form, "answer": self._info}[expected["kind"]](
-            page, expected)
+            page, expected
+        )
 
     @staticmethod
     def _latest_page(messages: list[ChatMessage]) -> PageView | None:
@@ -89,8 +91,9 @@ class ScriptedTeacher:
         if kind == "form_submission" and (submit := page.find("button", "Submit registration")) is not None:
             return _call("click", element_id=submit.id)
         if kind == "answer":
-            cities = [c for c in self._task.metadata["site"]["cities"]
-                      if c["name"] != self._task.verifier.expected["city"]]
+            cities = [
+                c for c in self._task.metadata["site"]["cities"] if c["name"] != self._task.verifier.expected["city"]
+            ]
             q = self._task.verifier.expected["question"]
             wrong = self._rng.choice(cities)
             return _call("answer", text=str(wrong["name"] if q == "largest" else wrong[q]))

@@ -32,27 +32,39 @@ VERSION = "3"  # 1: answers checked by containment; 2: comments by containment
 def verify_shop(state: dict, expected: dict) -> VerifyResult:
     orders = state.get("orders", [])
     order = orders[0] if len(orders) == 1 else {}
-    return _result([
-        (f"exactly one order placed (found {len(orders)})", len(orders) == 1),
-        (f"order contains only {expected['product_name']} ({expected['product_id']})",
-         order.get("items") == [expected["product_id"]]),
-        (f"shipping is {expected['shipping']}", order.get("shipping") == expected["shipping"]),
-        ("ship-to name matches", _norm(order.get("name")) == _norm(expected["name"])),
-        ("ship-to address matches", _norm(order.get("address")) == _norm(expected["address"])),
-    ])
+    return _result(
+        [
+            (f"exactly one order placed (found {len(orders)})", len(orders) == 1),
+            (
+                f"order contains only {expected['product_name']} ({expected['product_id']})",
+                order.get("items") == [expected["product_id"]],
+            ),
+            (f"shipping is {expected['shipping']}", order.get("shipping") == expected["shipping"]),
+            ("ship-to name matches", _norm(order.get("name")) == _norm(expected["name"])),
+            ("ship-to address matches", _norm(order.get("address")) == _norm(expected["address"])),
+        ]
+    )
 
 
 def verify_form(state: dict, expected: dict) -> VerifyResult:
     subs = state.get("submissions", [])
     sub = subs[0] if len(subs) == 1 else {}
-    return _result([
-        (f"exactly one registration submitted (found {len(subs)})", len(subs) == 1),
-        ("name matches", _norm(sub.get("name")) == _norm(expected["name"])),
-        ("email matches", (sub.get("email") or "").strip().lower() == expected["email"].lower()),
-        (f"ticket is {expected['ticket']}", sub.get("ticket") == expected["ticket"]),
-        (f"workshops are {expected['workshops']}", sorted(sub.get("workshops") or []) == sorted(expected["workshops"])),
-        (f"comments give {expected['comments']!r} and no other request", _one_request(sub.get("comments"), expected)),
-    ])
+    return _result(
+        [
+            (f"exactly one registration submitted (found {len(subs)})", len(subs) == 1),
+            ("name matches", _norm(sub.get("name")) == _norm(expected["name"])),
+            ("email matches", (sub.get("email") or "").strip().lower() == expected["email"].lower()),
+            (f"ticket is {expected['ticket']}", sub.get("ticket") == expected["ticket"]),
+            (
+                f"workshops are {expected['workshops']}",
+                sorted(sub.get("workshops") or []) == sorted(expected["workshops"]),
+            ),
+            (
+                f"comments give {expected['comments']!r} and no other request",
+                _one_request(sub.get("comments"), expected),
+            ),
+        ]
+    )
 
 
 def _one_request(comments: str | None, expected: dict) -> bool:

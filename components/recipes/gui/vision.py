@@ -52,15 +52,18 @@ class ScreenshotStore:
 def image_message(png: bytes, caption: str) -> dict[str, Any]:
     """A user message holding one PNG as an OpenAI `image_url` content part (a data URL)."""
     url = "data:image/png;base64," + base64.b64encode(png).decode()
-    return {"role": "user", "content": [{"type": "text", "text": caption},
-                                        {"type": "image_url", "image_url": {"url": url}}]}
+    return {
+        "role": "user",
+        "content": [{"type": "text", "text": caption}, {"type": "image_url", "image_url": {"url": url}}],
+    }
 
 
 class VisionOpenAIPolicy(OpenAICompatiblePolicy):
     """`OpenAICompatiblePolicy` that also sends the last `max_images` screenshots of the episode."""
 
-    def __init__(self, store: ScreenshotStore, config: OpenAIPolicyConfig | None = None, *, max_images: int = 2,
-                 **settings: Any):
+    def __init__(
+        self, store: ScreenshotStore, config: OpenAIPolicyConfig | None = None, *, max_images: int = 2, **settings: Any
+    ):
         super().__init__(config, **settings)
         self.store, self.max_images = store, max_images
         self.policy_id = f"openai-vision:{self.config.model}"
@@ -69,10 +72,12 @@ class VisionOpenAIPolicy(OpenAICompatiblePolicy):
         text_only = super()._messages(messages)
         # super() maps messages one to one, so positions line up with `messages`.
         with_images = [i for i, m in enumerate(messages) if m.role == "tool" and self.store.get(m.tool_call_id)]
-        keep = set(with_images[-self.max_images:]) if self.max_images else set()
+        keep = set(with_images[-self.max_images :]) if self.max_images else set()
         out: list[dict[str, Any]] = []
         for i, (msg, wire) in enumerate(zip(messages, text_only)):
             out.append(wire)
             if i in keep:
-                out.append(image_message(self.store.get(msg.tool_call_id), f"Screenshot after {msg.name or 'the action'}:"))
+                out.append(
+                    image_message(self.store.get(msg.tool_call_id), f"Screenshot after {msg.name or 'the action'}:")
+                )
         return out

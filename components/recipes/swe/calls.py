@@ -32,10 +32,27 @@ MAX_DEPTH = 32
 MAX_ITEMS = 100_000
 
 # The judge's builtins: what generated assertions use, nothing that reaches files, imports or attributes.
-_JUDGE_BUILTINS = {"round": round, "list": list, "range": range, "len": len, "isinstance": isinstance,
-                   "bool": bool, "int": int, "float": float, "str": str, "tuple": tuple, "dict": dict,
-                   "abs": abs, "sorted": sorted, "sum": sum, "min": min, "max": max, "True": True,
-                   "False": False, "None": None}
+_JUDGE_BUILTINS = {
+    "round": round,
+    "list": list,
+    "range": range,
+    "len": len,
+    "isinstance": isinstance,
+    "bool": bool,
+    "int": int,
+    "float": float,
+    "str": str,
+    "tuple": tuple,
+    "dict": dict,
+    "abs": abs,
+    "sorted": sorted,
+    "sum": sum,
+    "min": min,
+    "max": max,
+    "True": True,
+    "False": False,
+    "None": None,
+}
 
 
 @dataclass
@@ -87,7 +104,7 @@ def parse_checks(source: str) -> Checks:
 
 
 # -- the worker (runs in the clean room with the agent's code; stdlib only, written out as a file) ----
-WORKER = r'''
+WORKER = r"""
 import json, os, sys
 out = os.dup(1)
 os.dup2(2, 1)  # whatever the package prints goes to stderr, not into the answer channel
@@ -144,13 +161,14 @@ data = json.dumps(results).encode()
 while data:
     data = data[os.write(out, data):]
 os._exit(0)
-'''
+"""
 
 
 def worker_request(checks: Checks, workdir: str) -> str:
     calls = [c for t in checks.tests for c in t.calls]
-    return json.dumps({"workdir": workdir, "imports": checks.imports, "calls": calls,
-                       "max_depth": MAX_DEPTH, "max_items": MAX_ITEMS})
+    return json.dumps(
+        {"workdir": workdir, "imports": checks.imports, "calls": calls, "max_depth": MAX_DEPTH, "max_items": MAX_ITEMS}
+    )
 
 
 class NotPlain(ValueError):

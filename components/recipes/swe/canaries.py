@@ -60,13 +60,17 @@ class Canaries:
         seen = {k: [s for key, s in by_key.items() if _same_test(key, k)] for k in (*self.must_pass, *self.must_fail)}
         if not any(seen.values()) and exit_code in (2, 3, 4):  # collection, internal or usage errors: no tests ran
             return f"pytest stopped before running the tests (exit {exit_code})"
-        wrong = [f"{k[1]} {s or 'missing'} (must pass)" for k in self.must_pass
-                 if (s := seen[k]) != ["PASSED"]]
-        wrong += [f"{k[1]} {'/'.join(s) or 'missing'} (must fail)" for k in self.must_fail
-                  if not (s := seen[k]) or "PASSED" in s]
+        wrong = [f"{k[1]} {s or 'missing'} (must pass)" for k in self.must_pass if (s := seen[k]) != ["PASSED"]]
+        wrong += [
+            f"{k[1]} {'/'.join(s) or 'missing'} (must fail)"
+            for k in self.must_fail
+            if not (s := seen[k]) or "PASSED" in s
+        ]
         if wrong or exit_code != 1:
-            return (f"the run was tampered with: canaries {'; '.join(wrong[:5]) or 'as they must be'}, "
-                    f"pytest exit {exit_code} (must be 1)")
+            return (
+                f"the run was tampered with: canaries {'; '.join(wrong[:5]) or 'as they must be'}, "
+                f"pytest exit {exit_code} (must be 1)"
+            )
         return None
 
 
@@ -119,9 +123,22 @@ def plant(sources: dict[str, str], listed: list[str], rng: random.Random) -> Can
         a, b = rng.randrange(2, 1 << 20), rng.randrange(2, 1 << 20)
         good, bad = _fresh_name(base, taken[pair_path], rng), _fresh_name(base, taken[pair_path], rng)
         end = len(sources[pair_path].splitlines())
-        edits.setdefault(pair_path, []).append((end, end, ["", "", f"def {good}():", f"    assert {a} + {b} == {a + b}",
-                                                           "", "", f"def {bad}():",
-                                                           f"    assert {a} + {b} == {a + b + rng.randrange(1, 10)}"]))
+        edits.setdefault(pair_path, []).append(
+            (
+                end,
+                end,
+                [
+                    "",
+                    "",
+                    f"def {good}():",
+                    f"    assert {a} + {b} == {a + b}",
+                    "",
+                    "",
+                    f"def {bad}():",
+                    f"    assert {a} + {b} == {a + b + rng.randrange(1, 10)}",
+                ],
+            )
+        )
         planted.must_pass.append((_classname(pair_path, None), good))
         planted.must_fail.append((_classname(pair_path, None), bad))
     for path, items in edits.items():
@@ -140,8 +157,11 @@ def _constant_leaves(stmt: ast.stmt) -> list[tuple[ast.expr, ast.Constant]]:
     if found is None:
         return []
     side = found[0]
-    return [(side, n) for n in ast.walk(side) if isinstance(n, ast.Constant)
-            and type(n.value) in (int, float, str, bool) and n.lineno == n.end_lineno]
+    return [
+        (side, n)
+        for n in ast.walk(side)
+        if isinstance(n, ast.Constant) and type(n.value) in (int, float, str, bool) and n.lineno == n.end_lineno
+    ]
 
 
 def _changes(side: ast.expr, leaf: ast.Constant, wrong: Any) -> bool:
@@ -158,7 +178,7 @@ def _changes(side: ast.expr, leaf: ast.Constant, wrong: Any) -> bool:
 def _changed_leaf(lines: list[str], leaf: ast.Constant, wrong: Any) -> str | None:
     """The leaf's line with its literal written as `wrong`, in the same quoting (None: it cannot be)."""
     line = lines[leaf.lineno - 1].encode()
-    segment = line[leaf.col_offset:leaf.end_col_offset].decode()
+    segment = line[leaf.col_offset : leaf.end_col_offset].decode()
     if type(leaf.value) is str:
         quote = segment[:1]
         if quote not in ("'", '"') or segment[:3] in ("'''", '"""'):
@@ -172,13 +192,13 @@ def _changed_leaf(lines: list[str], leaf: ast.Constant, wrong: Any) -> str | Non
         if segment.lstrip("-").startswith(("0x", "0o", "0b")) or "_" in segment or "e" in segment.lower():
             return None  # a literal written another way than repr writes it: left alone
         text = repr(wrong)
-    return (line[:leaf.col_offset] + text.encode() + line[leaf.end_col_offset:]).decode()
+    return (line[: leaf.col_offset] + text.encode() + line[leaf.end_col_offset :]).decode()
 
 
 def _renamed(body: list[str], fn: ast.FunctionDef, name: str) -> list[str]:
     """The function's lines with its `def` line naming it `name`."""
     i = fn.lineno - 1 - (min([fn.lineno, *(d.lineno for d in fn.decorator_list)]) - 1)
-    return [*body[:i], body[i].replace(f"def {fn.name}(", f"def {name}(", 1), *body[i + 1:]]
+    return [*body[:i], body[i].replace(f"def {fn.name}(", f"def {name}(", 1), *body[i + 1 :]]
 
 
 def _classname(path: str, cls: ast.ClassDef | None) -> str:
@@ -212,8 +232,11 @@ def _constant_side(stmt: ast.stmt) -> tuple[ast.expr, Any] | None:
             pair = [cmp.left, cmp.comparators[0]]
     elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
         call = stmt.value
-        if (isinstance(call.func, ast.Attribute) and call.func.attr in ("assertEqual", "assertEquals")
-                and len(call.args) >= 2):
+        if (
+            isinstance(call.func, ast.Attribute)
+            and call.func.attr in ("assertEqual", "assertEquals")
+            and len(call.args) >= 2
+        ):
             pair = [call.args[0], call.args[1]]
     if pair is None:
         return None
@@ -257,8 +280,9 @@ def _fold(node: ast.expr) -> Any:
             raise TypeError("only numbers are multiplied")  # "x" * 10**9 must not run
         if any(type(v) is int and abs(v) > 1 << 256 for v in (left, right)):
             raise ValueError("too large")
-        return {ast.Add: lambda: left + right, ast.Sub: lambda: left - right,
-                ast.Mult: lambda: left * right}[type(node.op)]()
+        return {ast.Add: lambda: left + right, ast.Sub: lambda: left - right, ast.Mult: lambda: left * right}[
+            type(node.op)
+        ]()
     raise ValueError(f"not constant: {type(node).__name__}")
 
 
@@ -284,7 +308,7 @@ def _perturbed(value: Any, rng: random.Random) -> Any:
             return t([0])
         i = rng.randrange(len(value))
         changed = _perturbed(value[i], rng)
-        return None if changed is None else t([*value[:i], changed, *value[i + 1:]])
+        return None if changed is None else t([*value[:i], changed, *value[i + 1 :]])
     if t is dict:
         if not value:
             return {"x": 0}

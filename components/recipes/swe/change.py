@@ -36,8 +36,9 @@ STARTUP_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
 CACHE_PARTS = frozenset({"__pycache__", ".pytest_cache", ".git"})
 # Modules the runner imports (lazily too): a repository-root module of one of these names would be
 # imported in their place, since the repository root is on sys.path while the tests run.
-RUNNER_MODULES = frozenset({"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "exceptiongroup",
-                            "tomli", "pygments", "colorama"})
+RUNNER_MODULES = frozenset(
+    {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging", "exceptiongroup", "tomli", "pygments", "colorama"}
+)
 SHADOWED = frozenset(sys.stdlib_module_names) | RUNNER_MODULES
 
 
@@ -142,7 +143,9 @@ def extract_change(pristine: Tree, final: Tree) -> RepoChange:
             continue
         reason = ignore_reason(path, after, package_dirs)
         if reason is not None:
-            change.ignored.append(IgnoredPart(path=escaped(path), reason=reason + (" (deleted)" if after is None else "")))
+            change.ignored.append(
+                IgnoredPart(path=escaped(path), reason=reason + (" (deleted)" if after is None else ""))
+            )
         elif after is None:
             change.delete.append(path)
         else:

@@ -11,6 +11,9 @@ __all__ = ["check_task", "verify_with_patch"]
 
 
 def check_task(recipe: RecipeBase, task: Task, client: SandboxClient) -> TaskCheck:
-    return TaskCheck.of(task, verify_with_patch(recipe, task, client, task.reference_solution),
-                        verify_with_patch(recipe, task, client, None),
-                        unchanged_note="the unfixed repository already passes the hidden tests")
+    return TaskCheck.of(
+        task,
+        verify_with_patch(recipe, task, client, task.reference_solution),
+        verify_with_patch(recipe, task, client, None),
+        unchanged_note="the unfixed repository already passes the hidden tests",
+    )

@@ -110,8 +110,9 @@ def _indent_of(source: str, line: str) -> str:
 
 def unified_diff(path: str, before: str, after: str) -> str:
     """A git-style unified diff (a/ b/ prefixes, applies with `git apply` or `patch -p1`)."""
-    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
-                                        fromfile=f"a/{path}", tofile=f"b/{path}"))
+    return "".join(
+        difflib.unified_diff(before.splitlines(True), after.splitlines(True), fromfile=f"a/{path}", tofile=f"b/{path}")
+    )
 
 
 def _pick_instance(rng: random.Random, template: BugTemplate, taken: set[str]) -> _Instance:
@@ -121,8 +122,17 @@ def _pick_instance(rng: random.Random, template: BugTemplate, taken: set[str]) -
     return inst
 
 
-def make_task(split: Split, seed: int, index: int, *, difficulty: int, families: tuple[str, ...],
-              bugs: int = 1, packages: tuple[str, ...] = PACKAGES, attempt: int = 0) -> Task:
+def make_task(
+    split: Split,
+    seed: int,
+    index: int,
+    *,
+    difficulty: int,
+    families: tuple[str, ...],
+    bugs: int = 1,
+    packages: tuple[str, ...] = PACKAGES,
+    attempt: int = 0,
+) -> Task:
     """The `index`-th candidate of a split's seed stream (pure function of its arguments); `attempt` > 0: the
     index's further candidates, drawn when an earlier one belongs to another split or repeats a task.
 
@@ -159,7 +169,9 @@ def make_task(split: Split, seed: int, index: int, *, difficulty: int, families:
     placement: dict[str, list[_Instance]] = {m: [] for m in modules}
     target_modules = [modules[0] if difficulty < 3 else rng.choice(modules)]
     if bugs == 2:
-        target_modules.append(modules[0] if difficulty < 3 else rng.choice([m for m in modules if m != target_modules[0]]))
+        target_modules.append(
+            modules[0] if difficulty < 3 else rng.choice([m for m in modules if m != target_modules[0]])
+        )
     for t, module in zip(targets, target_modules):
         placement[module].append(t)
     for i, d in enumerate(distractors):
@@ -206,8 +218,15 @@ def make_task(split: Split, seed: int, index: int, *, difficulty: int, families:
         example = t.sub(t.template.example)
         got = _call(t.function_source(buggy_line), example)
         want = _call(t.function_source(fixed_line), example)
-        fixes.append({"path": path, "old": indent + buggy_line, "new": indent + fixed_line,
-                      "wrong": [indent + t.sub(w) for w in t.template.wrong], "function": t.fn})
+        fixes.append(
+            {
+                "path": path,
+                "old": indent + buggy_line,
+                "new": indent + fixed_line,
+                "wrong": [indent + t.sub(w) for w in t.template.wrong],
+                "function": t.fn,
+            }
+        )
         reports.append(_report(difficulty, path, pkg, t, example, got, want))
     prompt = reports[0] if bugs == 1 else "Two problems were reported.\n1. " + reports[0] + "\n2. " + reports[1]
     after_by_path = {f"{pkg}/{m}.py": module_sources[m][1] for m in dict.fromkeys(target_modules)}
@@ -223,8 +242,13 @@ def make_task(split: Split, seed: int, index: int, *, difficulty: int, families:
         split=split,
         prompt=prompt,
         environment=EnvironmentSpec(files=files, workdir=WORKDIR),
-        verifier=VerifierSpec(kind="calls", hidden_files={HIDDEN_TEST_PATH: hidden},
-                              fail_to_pass=hidden_ids, pass_to_pass=visible_ids, timeout_seconds=60.0),
+        verifier=VerifierSpec(
+            kind="calls",
+            hidden_files={HIDDEN_TEST_PATH: hidden},
+            fail_to_pass=hidden_ids,
+            pass_to_pass=visible_ids,
+            timeout_seconds=60.0,
+        ),
         reference_solution="".join(unified_diff(p, files[p], a) for p, a in after_by_path.items()),
         family=family,
         difficulty=difficulty,
@@ -239,8 +263,11 @@ def make_task(split: Split, seed: int, index: int, *, difficulty: int, families:
             "fixes": fixes,
             "fixed_sources": after_by_path,
             "hidden_test_bug": hidden_owner,
-            "example": {"call": example, "got": _call(target.function_source(target.line("buggy")), example),
-                        "want": _call(target.function_source(target.line("fixed")), example)},
+            "example": {
+                "call": example,
+                "got": _call(target.function_source(target.line("buggy")), example),
+                "want": _call(target.function_source(target.line("fixed")), example),
+            },
             "visible_tests": [visible_path],
         },
     )
@@ -250,21 +277,30 @@ def _report(difficulty: int, path: str, pkg: str, target: _Instance, example: st
     """The issue text of one bug, as precise as the difficulty level says."""
     behaviour = target.sub(target.template.behaviour)
     if difficulty == 1:
-        prompt = (f"Bug in `{path}`: `{example}` returns `{got}`, expected `{want}`; {behaviour}. "
-                  f"Fix `{target.fn}`.")
+        prompt = f"Bug in `{path}`: `{example}` returns `{got}`, expected `{want}`; {behaviour}. Fix `{target.fn}`."
     elif difficulty == 2:
         prompt = f"`{target.fn}` is wrong: `{example}` gives `{got}` but should give `{want}` ({behaviour}). Fix it."
     else:
-        prompt = (f"Users report that `{example}` gives `{got}` instead of `{want}`: {behaviour}. "
-                  f"Find and fix the bug in the `{pkg}` package.")
+        prompt = (
+            f"Users report that `{example}` gives `{got}` instead of `{want}`: {behaviour}. "
+            f"Find and fix the bug in the `{pkg}` package."
+        )
     if got.startswith("raises"):
         prompt = prompt.replace(f"returns `{got}`", got).replace(f"gives `{got}`", got)
     return prompt
 
 
-def generate_tasks(split: Split, n: int, seed: int = 0, *, difficulty: int | list[int] = 1,
-                   heldout_families: tuple[str, ...] = (), bugs: int | list[int] = 1,
-                   families: tuple[str, ...] = (), packages: tuple[str, ...] = ()) -> list[Task]:
+def generate_tasks(
+    split: Split,
+    n: int,
+    seed: int = 0,
+    *,
+    difficulty: int | list[int] = 1,
+    heldout_families: tuple[str, ...] = (),
+    bugs: int | list[int] = 1,
+    families: tuple[str, ...] = (),
+    packages: tuple[str, ...] = (),
+) -> list[Task]:
     """`n` tasks of `split`. Heldout families never appear in train; heldout uses only them when set.
 
     `families`: the bug families both splits draw from (empty: all of them); a narrower suite has more
@@ -288,8 +324,16 @@ def generate_tasks(split: Split, n: int, seed: int = 0, *, difficulty: int | lis
         raise ValueError(f"package names must be Python identifiers, got {list(packages)}")
 
     def candidate(i: int, attempt: int) -> Task:
-        return make_task(split, seed, i, difficulty=levels[i % len(levels)], families=families,
-                         bugs=counts[i % len(counts)], packages=tuple(packages) or PACKAGES, attempt=attempt)
+        return make_task(
+            split,
+            seed,
+            i,
+            difficulty=levels[i % len(levels)],
+            families=families,
+            bugs=counts[i % len(counts)],
+            packages=tuple(packages) or PACKAGES,
+            attempt=attempt,
+        )
 
     return draw(candidate, split, n, content=task_content, unit=repository)
 

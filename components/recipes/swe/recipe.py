@@ -69,10 +69,17 @@ class SWERecipe(RecipeBase):
 
         return check_task(self, task, client)
 
-    def __init__(self, difficulty: int | list[int] = 1, heldout_families: tuple[str, ...] | list[str] = (),
-                 tool_timeout_seconds: float = 30.0, max_output_chars: int = 2000, bugs: int | list[int] = 1,
-                 families: tuple[str, ...] | list[str] = (), packages: tuple[str, ...] | list[str] = (),
-                 warm_rooms: bool | WarmRooms = True):
+    def __init__(
+        self,
+        difficulty: int | list[int] = 1,
+        heldout_families: tuple[str, ...] | list[str] = (),
+        tool_timeout_seconds: float = 30.0,
+        max_output_chars: int = 2000,
+        bugs: int | list[int] = 1,
+        families: tuple[str, ...] | list[str] = (),
+        packages: tuple[str, ...] | list[str] = (),
+        warm_rooms: bool | WarmRooms = True,
+    ):
         self.difficulty = difficulty
         self.families = tuple(families)  # bug families tasks are drawn from (empty: all)
         self.packages = tuple(packages)  # package names repositories are drawn from (empty: all)
@@ -90,15 +97,25 @@ class SWERecipe(RecipeBase):
         self._warm = warm_rooms if isinstance(warm_rooms, WarmRooms) else warm_rooms_pool() if warm_rooms else None
 
     def tasks(self, split: Split, n: int, seed: int = 0) -> list[Task]:
-        return generate_tasks(split, n, seed, difficulty=self.difficulty, heldout_families=self.heldout_families,
-                              bugs=self.bugs, families=self.families, packages=self.packages)
+        return generate_tasks(
+            split,
+            n,
+            seed,
+            difficulty=self.difficulty,
+            heldout_families=self.heldout_families,
+            bugs=self.bugs,
+            families=self.families,
+            packages=self.packages,
+        )
 
     def tools(self) -> list[ToolSpec]:
         return list(TOOL_SPECS)
 
     def system_prompt(self, task: Task) -> str:
-        return (f"You fix bugs in the Python repository at {task.environment.workdir}. "
-                "Inspect, edit and test with the tools, then submit.")
+        return (
+            f"You fix bugs in the Python repository at {task.environment.workdir}. "
+            "Inspect, edit and test with the tools, then submit."
+        )
 
     def reference_calls(self, task: Task) -> list[ToolCall]:
         """The scripted teacher's clean path: list, read each file to fix, test, apply each fix, test, submit."""
@@ -109,13 +126,17 @@ class SWERecipe(RecipeBase):
         if not fixes:
             return []
         paths = list(dict.fromkeys(f["path"] for f in fixes))
-        return [ToolCall(name="bash", arguments={"command": LIST_COMMAND}),
-                *[ToolCall(name="read_file", arguments={"path": p}) for p in paths],
-                ToolCall(name="bash", arguments={"command": TEST_COMMAND}),
-                *[ToolCall(name="str_replace", arguments={"path": f["path"], "old_str": f["old"], "new_str": f["new"]})
-                  for f in fixes],
-                ToolCall(name="bash", arguments={"command": TEST_COMMAND}),
-                ToolCall(name="submit", arguments={})]
+        return [
+            ToolCall(name="bash", arguments={"command": LIST_COMMAND}),
+            *[ToolCall(name="read_file", arguments={"path": p}) for p in paths],
+            ToolCall(name="bash", arguments={"command": TEST_COMMAND}),
+            *[
+                ToolCall(name="str_replace", arguments={"path": f["path"], "old_str": f["old"], "new_str": f["new"]})
+                for f in fixes
+            ],
+            ToolCall(name="bash", arguments={"command": TEST_COMMAND}),
+            ToolCall(name="submit", arguments={}),
+        ]
 
     def sandbox_spec(self, task: Task) -> SandboxCreate:
         env = task.environment
@@ -124,10 +145,14 @@ class SWERecipe(RecipeBase):
         if env.repo_path is None:
             # Generated repos need no plugins; skipping the venv's entry points makes pytest start ~3x faster.
             sandbox_env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-        return SandboxCreate(image=env.image, labels=labels,
-                             resources=Resources(cpu=env.cpu, memory_mb=env.memory_mb),
-                             network=NetworkPolicy(mode=env.network), env=sandbox_env,
-                             workdir=env.workdir)
+        return SandboxCreate(
+            image=env.image,
+            labels=labels,
+            resources=Resources(cpu=env.cpu, memory_mb=env.memory_mb),
+            network=NetworkPolicy(mode=env.network),
+            env=sandbox_env,
+            workdir=env.workdir,
+        )
 
     def setup(self, sandbox: Sandbox, task: Task) -> None:
         """Place the repository. A task whose set-up is kept (setups.py) gets the kept workdir in one file
@@ -181,8 +206,10 @@ class SWERecipe(RecipeBase):
         script = " && ".join([git_init_script(), *env.setup_commands])
         result = sandbox.exec(["bash", "-c", script], cwd=env.workdir, timeout=120)
         if not result.ok:
-            raise SetupError(f"setup script failed ({result.outcome.value}, exit {result.exit_code}): "
-                             f"{(result.stderr or result.message or '')[-500:]}")
+            raise SetupError(
+                f"setup script failed ({result.outcome.value}, exit {result.exit_code}): "
+                f"{(result.stderr or result.message or '')[-500:]}"
+            )
 
     @staticmethod
     def _upload_checkout(sandbox: Sandbox, repo_path: str, base_commit: str | None, workdir: str) -> None:
@@ -193,8 +220,9 @@ class SWERecipe(RecipeBase):
             sandbox.upload_dir(repo_path, workdir)
             return
         with tempfile.TemporaryDirectory() as tmp:
-            archive = subprocess.run(["git", "-C", repo_path, "archive", "--format=tar", base_commit],
-                                     capture_output=True, check=False)
+            archive = subprocess.run(
+                ["git", "-C", repo_path, "archive", "--format=tar", base_commit], capture_output=True, check=False
+            )
             if archive.returncode != 0:
                 raise SetupError(f"git archive {base_commit} in {repo_path} failed: {archive.stderr.decode()[-300:]}")
             with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
@@ -202,16 +230,19 @@ class SWERecipe(RecipeBase):
             sandbox.upload_dir(tmp, workdir)
 
     def _tools(self, task: Task) -> SWETools:
-        return SWETools(task.environment.workdir, timeout_seconds=self.tool_timeout_seconds,
-                        max_output_chars=self.max_output_chars)
+        return SWETools(
+            task.environment.workdir, timeout_seconds=self.tool_timeout_seconds, max_output_chars=self.max_output_chars
+        )
 
     def execute_tool(self, sandbox: Sandbox, task: Task, call: ToolCall) -> ToolResult:
         return self._tools(task).execute(sandbox, call)
 
     def health_calls(self, task: Task) -> list[ToolCall]:
-        return [ToolCall(name="bash", arguments={"command": "git status --short"}),
-                ToolCall(name="write_file", arguments={"path": ".orchard-health", "content": "ok\n"}),
-                ToolCall(name="read_file", arguments={"path": ".orchard-health"})]
+        return [
+            ToolCall(name="bash", arguments={"command": "git status --short"}),
+            ToolCall(name="write_file", arguments={"path": ".orchard-health", "content": "ok\n"}),
+            ToolCall(name="read_file", arguments={"path": ".orchard-health"}),
+        ]
 
     def judge(self, sandbox: Sandbox, task: Task, final_answer: str | None) -> VerifyResult:
         """Hidden tests in a clean room or a warm room (see verifier.py); `final_answer` (the submit diff) is
@@ -223,8 +254,9 @@ class SWERecipe(RecipeBase):
         spec = self.sandbox_spec(task)
 
         def clean_room(stack: ExitStack) -> Sandbox:
-            room_spec = spec.model_copy(update={"labels": {**spec.labels, "orchard.role": "verifier"},
-                                                "from_snapshot": snapshot})
+            room_spec = spec.model_copy(
+                update={"labels": {**spec.labels, "orchard.role": "verifier"}, "from_snapshot": snapshot}
+            )
             room = stack.enter_context(sandbox.client.create(room_spec))
             if snapshot is None and kept is not None:  # the kept set-up: one file operation
                 room.upload_archive(kept.archive, task.environment.workdir)
@@ -234,15 +266,26 @@ class SWERecipe(RecipeBase):
 
         warm = None
         if self._warm is not None and kept is not None and not kept.tree.other:
+
             def warm(change: RepoChange, stdin: str) -> WarmRun | None:
                 pristine = {p: d for p, d in kept.tree.files.items() if p.split("/", 1)[0] != ".git"}
-                return self._warm.run(sandbox.client, spec, calls.WORKER, workdir=task.environment.workdir,
-                                      pristine_id=key, pristine=pristine, write=change.write,
-                                      delete=change.delete, stdin=stdin, timeout=task.verifier.timeout_seconds,
-                                      env=PYTEST_ENV)
+                return self._warm.run(
+                    sandbox.client,
+                    spec,
+                    calls.WORKER,
+                    workdir=task.environment.workdir,
+                    pristine_id=key,
+                    pristine=pristine,
+                    write=change.write,
+                    delete=change.delete,
+                    stdin=stdin,
+                    timeout=task.verifier.timeout_seconds,
+                    env=PYTEST_ENV,
+                )
 
-        return verify_in_clean_room(sandbox, task, clean_room, pristine=kept.tree if kept is not None else None,
-                                    warm=warm)
+        return verify_in_clean_room(
+            sandbox, task, clean_room, pristine=kept.tree if kept is not None else None, warm=warm
+        )
 
     def release(self, sandbox: Sandbox) -> None:
         with self._lock:

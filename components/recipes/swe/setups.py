@@ -48,8 +48,13 @@ def setup_key(task: Task) -> str | None:
         return None
     if not (env.workdir + "/").startswith("/workspace/"):  # the file API (archives) serves /workspace only
         return None
-    facts = {"image": env.image, "workdir": env.workdir, "files": env.files, "repo_path": env.repo_path,
-             "base_commit": env.base_commit}
+    facts = {
+        "image": env.image,
+        "workdir": env.workdir,
+        "files": env.files,
+        "repo_path": env.repo_path,
+        "base_commit": env.base_commit,
+    }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 

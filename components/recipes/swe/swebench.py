@@ -19,8 +19,16 @@ import pyarrow.parquet as pq
 
 from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
 
-REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch",
-            "FAIL_TO_PASS", "PASS_TO_PASS")
+REQUIRED = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+)
 
 
 class SWEBenchImportError(ValueError):
@@ -91,8 +99,9 @@ def _checkout(repos_dir: Path, repo: str, instance_id: str) -> Path:
     raise SWEBenchImportError(f"{instance_id}: no git checkout of {repo} found (tried {tried}); clone it there")
 
 
-def instance_to_task(instance: dict[str, Any], repos_dir: str | Path, *, split: Split = "heldout",
-                     timeout_seconds: float = 600.0) -> Task:
+def instance_to_task(
+    instance: dict[str, Any], repos_dir: str | Path, *, split: Split = "heldout", timeout_seconds: float = 600.0
+) -> Task:
     instance_id = str(instance.get("instance_id", "?"))
     missing = [k for k in REQUIRED if k not in instance]
     if missing:
@@ -108,16 +117,30 @@ def instance_to_task(instance: dict[str, Any], repos_dir: str | Path, *, split: 
         recipe="swe",
         split=split,
         prompt=instance["problem_statement"],
-        environment=EnvironmentSpec(repo_path=str(checkout.resolve()), base_commit=instance["base_commit"],
-                                    workdir="/workspace/repo", memory_mb=4096, cpu=2.0),
-        verifier=VerifierSpec(kind="pytest", fail_to_pass=f2p, pass_to_pass=p2p,
-                              expected={"test_patch": instance["test_patch"]}, timeout_seconds=timeout_seconds),
+        environment=EnvironmentSpec(
+            repo_path=str(checkout.resolve()),
+            base_commit=instance["base_commit"],
+            workdir="/workspace/repo",
+            memory_mb=4096,
+            cpu=2.0,
+        ),
+        verifier=VerifierSpec(
+            kind="pytest",
+            fail_to_pass=f2p,
+            pass_to_pass=p2p,
+            expected={"test_patch": instance["test_patch"]},
+            timeout_seconds=timeout_seconds,
+        ),
         reference_solution=instance["patch"],
         family=f"swebench:{instance['repo']}",
         difficulty=3,
         unit=instance["repo"],  # instances of one repository are not independent evidence
-        metadata={"source": "swebench", "instance_id": instance_id, "repo": instance["repo"],
-                  "version": instance.get("version")},
+        metadata={
+            "source": "swebench",
+            "instance_id": instance_id,
+            "repo": instance["repo"],
+            "version": instance.get("version"),
+        },
     )
 
 
@@ -125,8 +148,9 @@ def import_swebench(path: str | Path, repos_dir: str | Path, *, split: Split = "
     """Tasks for every instance in `path`, with repositories from `repos_dir`; an instance that cannot be
     imported raises SWEBenchImportError naming its place (`file:line`) and what is wrong with it."""
     if not Path(repos_dir).is_dir():
-        raise SWEBenchImportError(f"repos_dir {repos_dir} is not a directory (the instances' git checkouts, "
-                                  "named owner__name)")
+        raise SWEBenchImportError(
+            f"repos_dir {repos_dir} is not a directory (the instances' git checkouts, named owner__name)"
+        )
     tasks, places = [], []
     for where, instance in located_instances(path):
         try:
@@ -148,9 +172,11 @@ def _check_commits(tasks: list[Task], places: list[str]) -> None:
         by_repo.setdefault(task.environment.repo_path, []).append((where, task.environment.base_commit))
     for repo, rows in by_repo.items():
         query = "".join(f"{commit}^{{commit}}\n" for _, commit in rows)
-        answer = subprocess.run(["git", "-C", repo, "cat-file", "--batch-check"], input=query, capture_output=True,
-                                text=True, check=True).stdout.splitlines()
+        answer = subprocess.run(
+            ["git", "-C", repo, "cat-file", "--batch-check"], input=query, capture_output=True, text=True, check=True
+        ).stdout.splitlines()
         for (where, commit), line in zip(rows, answer):
             if line.endswith("missing"):
-                raise SWEBenchImportError(f"{where}: base_commit {commit} is not a commit of {repo}; fetch it there "
-                                          "or fix the row")
+                raise SWEBenchImportError(
+                    f"{where}: base_commit {commit} is not a commit of {repo}; fetch it there or fix the row"
+                )

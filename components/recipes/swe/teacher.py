@@ -57,8 +57,10 @@ class ScriptedTeacher:
     def reset(self, task: Task) -> None:
         fix = task.metadata.get("fix")
         if not fix or "fixed_source" not in task.metadata:
-            raise ValueError(f"task {task.id} has no reference fix in metadata; the scripted teacher only "
-                             "works on generated SWE tasks (use OpenAICompatiblePolicy for imported ones)")
+            raise ValueError(
+                f"task {task.id} has no reference fix in metadata; the scripted teacher only "
+                "works on generated SWE tasks (use OpenAICompatiblePolicy for imported ones)"
+            )
         self._task = task
         self._episodes += 1
 
@@ -80,7 +82,7 @@ class ScriptedTeacher:
         assert self._task is not None
         workdir = self._task.environment.workdir.rstrip("/") + "/"
         path = posixpath.normpath(path)
-        return path[len(workdir):] if path.startswith(workdir) else path
+        return path[len(workdir) :] if path.startswith(workdir) else path
 
     def _fixes(self) -> list[dict]:
         """Every planted bug (`fixes` in two-bug tasks; tasks from before them carry `fix` only)."""
@@ -143,7 +145,9 @@ class ScriptedTeacher:
         e, roll = self.error_rate, rng.random()
         if not view.listed:
             if self._task.difficulty >= 2:  # the issue does not name the file: search for the function
-                return ToolCall(name="bash", arguments={"command": f"grep -rn 'def {fixes[0]['function']}' --include=*.py ."})
+                return ToolCall(
+                    name="bash", arguments={"command": f"grep -rn 'def {fixes[0]['function']}' --include=*.py ."}
+                )
             return ToolCall(name="bash", arguments={"command": LIST_COMMAND})
         for fix in fixes:
             path, content = fix["path"], view.contents[fix["path"]]
@@ -161,8 +165,12 @@ class ScriptedTeacher:
                     return ToolCall(name="submit", arguments={})
                 if roll < 1.5 * e and fix["wrong"]:  # a wrong or incomplete edit
                     wrong = rng.choice(fix["wrong"])
-                    return ToolCall(name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": wrong})
-                return ToolCall(name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": fix["new"]})
+                    return ToolCall(
+                        name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": wrong}
+                    )
+                return ToolCall(
+                    name="str_replace", arguments={"path": path, "old_str": fix["old"], "new_str": fix["new"]}
+                )
             if fix["new"] in content.splitlines():  # this one is fixed; another bug of the file remains
                 continue
             # Neither buggy nor fixed: an earlier edit went wrong.
@@ -178,8 +186,13 @@ class ScriptedTeacher:
     @staticmethod
     def _distractor(listing: str, target: str, targets: set[str]) -> str | None:
         """Another source file of the listing (not a test, not one to fix), if there is one."""
-        files = sorted({posixpath.normpath(line.split(":", 1)[0].strip()) for line in listing.splitlines()
-                        if line.strip().endswith(".py") or ".py:" in line})
+        files = sorted(
+            {
+                posixpath.normpath(line.split(":", 1)[0].strip())
+                for line in listing.splitlines()
+                if line.strip().endswith(".py") or ".py:" in line
+            }
+        )
         skip = {posixpath.normpath(t) for t in targets | {target}}
         others = [f for f in files if f not in skip and "test" not in posixpath.basename(f)]
         others.sort(key=lambda f: f.endswith("__init__.py"))  # a sibling module before the package file
@@ -191,7 +204,9 @@ class ScriptedTeacher:
         if len(have) == len(want):
             diff = [(a, b) for a, b in zip(have, want) if a != b]
             if len(diff) == 1 and content.count(diff[0][0]) == 1:
-                return ToolCall(name="str_replace", arguments={"path": path, "old_str": diff[0][0], "new_str": diff[0][1]})
+                return ToolCall(
+                    name="str_replace", arguments={"path": path, "old_str": diff[0][0], "new_str": diff[0][1]}
+                )
         return ToolCall(name="write_file", arguments={"path": path, "content": fixed_source})
 
     def generate(self, messages: list[ChatMessage], config: GenerationConfig) -> Generation:
@@ -199,5 +214,6 @@ class ScriptedTeacher:
             raise RuntimeError("ScriptedTeacher.generate before reset(task): run it through the harness")
         text = format_tool_call(self._decide(self._view(messages)))
         prompt_tokens = sum(len(m.content) for m in messages) // 4
-        return Generation(text=text, prompt_tokens=prompt_tokens, completion_tokens=len(text) // 4 + 1,
-                          finish_reason="stop")
+        return Generation(
+            text=text, prompt_tokens=prompt_tokens, completion_tokens=len(text) // 4 + 1, finish_reason="stop"
+        )

@@ -25,19 +25,35 @@ _PATH = {"type": "string", "maxLength": MAX_PATH_BYTES}
 _TEXT = {"type": "string", "maxLength": MAX_TEXT}
 
 TOOL_SPECS = [
-    ToolSpec(name="bash", description="Run a shell command in the repository.",
-             parameters={"type": "object", "properties": {"command": _TEXT}, "required": ["command"]}),
-    ToolSpec(name="read_file", description="Show a file.",
-             parameters={"type": "object", "properties": {"path": _PATH}, "required": ["path"]}),
-    ToolSpec(name="write_file", description="Replace a file's whole content.",
-             parameters={"type": "object", "properties": {"path": _PATH, "content": _TEXT},
-                         "required": ["path", "content"]}),
-    ToolSpec(name="str_replace", description="Replace the one occurrence of old_str in a file by new_str.",
-             parameters={"type": "object",
-                         "properties": {"path": _PATH, "old_str": _TEXT, "new_str": _TEXT},
-                         "required": ["path", "old_str", "new_str"]}),
-    ToolSpec(name="submit", description="Finish: your changes to the repository are the answer.",
-             parameters={"type": "object", "properties": {}}),
+    ToolSpec(
+        name="bash",
+        description="Run a shell command in the repository.",
+        parameters={"type": "object", "properties": {"command": _TEXT}, "required": ["command"]},
+    ),
+    ToolSpec(
+        name="read_file",
+        description="Show a file.",
+        parameters={"type": "object", "properties": {"path": _PATH}, "required": ["path"]},
+    ),
+    ToolSpec(
+        name="write_file",
+        description="Replace a file's whole content.",
+        parameters={"type": "object", "properties": {"path": _PATH, "content": _TEXT}, "required": ["path", "content"]},
+    ),
+    ToolSpec(
+        name="str_replace",
+        description="Replace the one occurrence of old_str in a file by new_str.",
+        parameters={
+            "type": "object",
+            "properties": {"path": _PATH, "old_str": _TEXT, "new_str": _TEXT},
+            "required": ["path", "old_str", "new_str"],
+        },
+    ),
+    ToolSpec(
+        name="submit",
+        description="Finish: your changes to the repository are the answer.",
+        parameters={"type": "object", "properties": {}},
+    ),
 ]
 
 # `git add -A` first so new files are part of the diff; excluded caches never are.
@@ -110,8 +126,9 @@ class SWETools:
             return ToolResult(output="", infra_error=f"{result.infra_error}: {result.message}")
         text = clip(result.stdout + result.stderr, self.max_output_chars)
         if result.outcome is ExecOutcome.command_timeout:
-            return ToolResult(output=f"{text}\n[timed out after {self.timeout_seconds:g}s]",
-                              policy_error="command timed out")
+            return ToolResult(
+                output=f"{text}\n[timed out after {self.timeout_seconds:g}s]", policy_error="command timed out"
+            )
         if result.exit_code is None:  # it never ran: the service says why
             tail = f"[could not run: {result.message}]"
             return ToolResult(output=f"{text}\n{tail}" if text else tail, policy_error=result.message)
@@ -158,8 +175,11 @@ class SWETools:
         if result.outcome is ExecOutcome.infrastructure_error:
             return ToolResult(output="", infra_error=f"computing the diff: {result.infra_error}: {result.message}")
         if result.outcome is not ExecOutcome.ok:
-            return ToolResult(output=f"Submitted (git could not diff the repository: {result.stderr.strip()[-200:]}).",
-                              submitted=True, final_answer="")
+            return ToolResult(
+                output=f"Submitted (git could not diff the repository: {result.stderr.strip()[-200:]}).",
+                submitted=True,
+                final_answer="",
+            )
         return ToolResult(output="Submitted.", submitted=True, final_answer=result.stdout)
 
 

@@ -89,14 +89,22 @@ def parse_junit(xml: bytes) -> tuple[dict[tuple[str, str], str], TestReport]:
     statuses: dict[tuple[str, str], str] = {}
     for case in root.iter("testcase"):
         tags = {child.tag for child in case}
-        status = "ERROR" if "error" in tags else "FAILED" if "failure" in tags else \
-            "SKIPPED" if "skipped" in tags else "PASSED"
+        status = (
+            "ERROR"
+            if "error" in tags
+            else "FAILED"
+            if "failure" in tags
+            else "SKIPPED"
+            if "skipped" in tags
+            else "PASSED"
+        )
         key = (case.get("classname", ""), case.get("name", ""))
         if statuses.get(key, "PASSED") == "PASSED":  # a teardown error after a pass wins
             statuses[key] = status
     values = list(statuses.values())
-    return statuses, TestReport(passed=values.count("PASSED"), failed=values.count("FAILED"),
-                                errors=values.count("ERROR"))
+    return statuses, TestReport(
+        passed=values.count("PASSED"), failed=values.count("FAILED"), errors=values.count("ERROR")
+    )
 
 
 def _checked(result, what: str):
@@ -122,8 +130,9 @@ def _place_tests(room: Sandbox, task: Task, workdir: str) -> str | None:
     spec = task.verifier
     targets = {_in_workdir(workdir, rel): content for rel, content in spec.hidden_files.items()}
     if targets:
-        script = "; ".join(f"rm -rf -- {shlex.quote(t)}; mkdir -p -- {shlex.quote(t.rsplit('/', 1)[0])}"
-                           for t in targets)
+        script = "; ".join(
+            f"rm -rf -- {shlex.quote(t)}; mkdir -p -- {shlex.quote(t.rsplit('/', 1)[0])}" for t in targets
+        )
         _checked(room.exec(["bash", "-c", script], timeout=60), "placing hidden tests")
         for target, content in targets.items():
             room.write_file(target, content)
@@ -136,8 +145,23 @@ def _place_tests(room: Sandbox, task: Task, workdir: str) -> str | None:
 
 
 def _pytest_command(vdir: str, workdir: str, targets: list[str]) -> list[str]:
-    return ["python", "-I", "-m", "pytest", "-c", f"{vdir}/pytest.ini", "--rootdir", workdir, "-p", "no:cacheprovider",
-            f"--junitxml={vdir}/report.xml", "-q", "--tb=short", "-rA", *targets]
+    return [
+        "python",
+        "-I",
+        "-m",
+        "pytest",
+        "-c",
+        f"{vdir}/pytest.ini",
+        "--rootdir",
+        workdir,
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={vdir}/report.xml",
+        "-q",
+        "--tb=short",
+        "-rA",
+        *targets,
+    ]
 
 
 def _read_report(room: Sandbox, path: str) -> bytes:
@@ -151,8 +175,14 @@ def _read_report(room: Sandbox, path: str) -> bytes:
 WarmWorker = Callable[[RepoChange, str], "WarmRun | None"]  # (the change, the call worker's stdin) -> its run
 
 
-def verify_in_clean_room(agent: Sandbox, task: Task, open_clean_room: Callable[[ExitStack], Sandbox], *,
-                         pristine: Tree | None = None, warm: WarmWorker | None = None) -> VerifyResult:
+def verify_in_clean_room(
+    agent: Sandbox,
+    task: Task,
+    open_clean_room: Callable[[ExitStack], Sandbox],
+    *,
+    pristine: Tree | None = None,
+    warm: WarmWorker | None = None,
+) -> VerifyResult:
     """Verify the agent's repository (in `agent`) in a clean room `open_clean_room` builds (and registers
     for deletion on the stack) from the task's pristine state.
 
@@ -166,8 +196,7 @@ def verify_in_clean_room(agent: Sandbox, task: Task, open_clean_room: Callable[[
     except _Infra as err:
         return VerifyResult(resolved=False, infra_error=str(err), verification=record)
     except (SandboxServiceError, httpx.HTTPError) as err:
-        return VerifyResult(resolved=False, infra_error=f"clean room: {type(err).__name__}: {err}",
-                            verification=record)
+        return VerifyResult(resolved=False, infra_error=f"clean room: {type(err).__name__}: {err}", verification=record)
     verdict.verification = record
     return verdict
 
@@ -199,8 +228,9 @@ class _Laps:
         self.last = now
 
 
-def _verify(agent: Sandbox, task: Task, room: _Room, record: Verification, pristine: Tree | None,
-            warm: WarmWorker | None) -> VerifyResult:
+def _verify(
+    agent: Sandbox, task: Task, room: _Room, record: Verification, pristine: Tree | None, warm: WarmWorker | None
+) -> VerifyResult:
     spec, workdir = task.verifier, task.environment.workdir
     lap = _Laps(record)
     if pristine is None:
@@ -223,8 +253,9 @@ def _verify(agent: Sandbox, task: Task, room: _Room, record: Verification, prist
         try:
             _apply(room(), workdir, change)
         except (SandboxServiceError, httpx.HTTPError) as err:  # no verdict: the one rule decides whose
-            raise _Infra(f"the agent's change could not be applied in the clean room: {type(err).__name__}: "
-                         f"{err}"[:1000]) from err
+            raise _Infra(
+                f"the agent's change could not be applied in the clean room: {type(err).__name__}: {err}"[:1000]
+            ) from err
         bad_patch = _place_tests(room(), task, workdir) if spec.kind != "calls" else None
         lap("apply")
         if bad_patch:
@@ -236,11 +267,13 @@ def _verify(agent: Sandbox, task: Task, room: _Room, record: Verification, prist
     if run.tampered:
         return VerifyResult(resolved=False, report=run.report, reason=run.tampered)
     if run.timed_out:
-        return VerifyResult(resolved=False, report=run.report,
-                            reason=f"hidden tests timed out after {spec.timeout_seconds:g}s")
+        return VerifyResult(
+            resolved=False, report=run.report, reason=f"hidden tests timed out after {spec.timeout_seconds:g}s"
+        )
     if run.exit_ok is not None:  # a task `command` without listed tests: its exit code decides
-        return VerifyResult(resolved=run.exit_ok, report=run.report,
-                            reason=None if run.exit_ok else f"command exited {run.exit_code}")
+        return VerifyResult(
+            resolved=run.exit_ok, report=run.report, reason=None if run.exit_ok else f"command exited {run.exit_code}"
+        )
     report, statuses = run.report, run.statuses
     wanted = list(dict.fromkeys(spec.fail_to_pass + spec.pass_to_pass))
     if not wanted:
@@ -253,7 +286,9 @@ def _verify(agent: Sandbox, task: Task, room: _Room, record: Verification, prist
     if not_passed:
         kind = "FAIL_TO_PASS" if any(t in spec.fail_to_pass for t in not_passed) else "PASS_TO_PASS"
         detail = ", ".join(f"{t}={got[t]}" for t in not_passed[:5])
-        return VerifyResult(resolved=False, report=report, reason=f"{len(not_passed)} {kind} tests not passing: {detail}")
+        return VerifyResult(
+            resolved=False, report=report, reason=f"{len(not_passed)} {kind} tests not passing: {detail}"
+        )
     return VerifyResult(resolved=True, report=report)
 
 
@@ -289,9 +324,10 @@ def _merged_checks(task: Task) -> calls.Checks:
         checks = {path: calls.parse_checks(source) for path, source in _test_sources(task).items()}
     except (ValueError, SyntaxError) as err:  # the task's own tests, never the agent's
         raise _Infra(f"the task's hidden tests cannot be judged outside pytest: {err}") from err
-    return calls.Checks([i for c in checks.values() for i in c.imports],
-                        [calls.Check(f"{path}::{t.name}", t.calls, t.assertions)
-                         for path, c in checks.items() for t in c.tests])
+    return calls.Checks(
+        [i for c in checks.values() for i in c.imports],
+        [calls.Check(f"{path}::{t.name}", t.calls, t.assertions) for path, c in checks.items() for t in c.tests],
+    )
 
 
 def _bare_report(task: Task, tail: str, duration: float) -> TestReport:
@@ -302,16 +338,22 @@ def _bare_report(task: Task, tail: str, duration: float) -> TestReport:
     return TestReport(output=tail, duration_seconds=duration, **none_passed)
 
 
-def _judged_calls(task: Task, merged: calls.Checks, exit_code: int | None, stdout: str, stderr: str,
-                  duration: float) -> _Run:
+def _judged_calls(
+    task: Task, merged: calls.Checks, exit_code: int | None, stdout: str, stderr: str, duration: float
+) -> _Run:
     """The verdict's statuses from the call worker's answer (a clean room's exec or a warm room's run)."""
     tail = stderr[-4000:]
     statuses = calls.judge(merged, stdout)
     if exit_code != 0 or all(v == "ERROR" for v in statuses.values()):
         return _Run(_bare_report(task, tail, duration), failure=f"no answer: the call worker exited {exit_code}")
     values = list(statuses.values())
-    report = TestReport(passed=values.count("PASSED"), failed=values.count("FAILED"),
-                        errors=values.count("ERROR"), output=tail, duration_seconds=duration)
+    report = TestReport(
+        passed=values.count("PASSED"),
+        failed=values.count("FAILED"),
+        errors=values.count("ERROR"),
+        output=tail,
+        duration_seconds=duration,
+    )
     return _Run(report, statuses=statuses, exit_code=exit_code)
 
 
@@ -338,18 +380,27 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     else:
         vdir = _report_dir(room)
         # `pythonpath` puts the repository root on sys.path (python -I leaves out the working directory).
-        _write_in_room(room, f"{vdir}/pytest.ini", f"[pytest]\npythonpath = {workdir}\njunit_family = xunit2\n",
-                       "the verifier's pytest.ini")
+        _write_in_room(
+            room,
+            f"{vdir}/pytest.ini",
+            f"[pytest]\npythonpath = {workdir}\njunit_family = xunit2\n",
+            "the verifier's pytest.ini",
+        )
         if not spec.command:  # canaries drawn now, after the agent's code is frozen, planted in the hidden modules
             planted = canaries.plant(_hidden_sources(room, task), wanted, random.SystemRandom())
             for path, source in planted.sources.items():
                 _write_in_room(room, _in_workdir(workdir, path), source, "the hidden tests with canaries")
-        command = (["bash", "-c", spec.command] if spec.command
-                   else _pytest_command(vdir, workdir, _test_files(wanted)))
+        command = ["bash", "-c", spec.command] if spec.command else _pytest_command(vdir, workdir, _test_files(wanted))
         stdin = None
     start = time.monotonic()
-    result = room.exec(command, cwd=workdir, env=PYTEST_ENV, timeout=spec.timeout_seconds, stdin=stdin,
-                       max_output_bytes=20_000_000 if spec.kind == "calls" else 200_000)
+    result = room.exec(
+        command,
+        cwd=workdir,
+        env=PYTEST_ENV,
+        timeout=spec.timeout_seconds,
+        stdin=stdin,
+        max_output_bytes=20_000_000 if spec.kind == "calls" else 200_000,
+    )
     duration = time.monotonic() - start
     tail = (result.stderr if spec.kind == "calls" else result.stdout + result.stderr)[-4000:]
     bare = _bare_report(task, tail, duration)
@@ -358,15 +409,21 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     if result.outcome is ExecOutcome.command_timeout:
         return _Run(bare, timed_out=True)
     if spec.command is not None and not wanted:
-        return _Run(TestReport(output=tail, duration_seconds=duration), exit_code=result.exit_code,
-                    exit_ok=result.exit_code == 0)
+        return _Run(
+            TestReport(output=tail, duration_seconds=duration),
+            exit_code=result.exit_code,
+            exit_ok=result.exit_code == 0,
+        )
     if spec.kind == "calls":
         return _judged_calls(task, merged, result.exit_code, result.stdout, result.stderr, duration)
     try:
         by_key, report = parse_junit(_read_report(room, f"{vdir}/report.xml"))
     except Exception as err:  # noqa: BLE001 - no readable report: no verdict
-        return _Run(bare, failure=f"no report: pytest exited {result.exit_code}: {type(err).__name__}",
-                    exit_code=result.exit_code)
+        return _Run(
+            bare,
+            failure=f"no report: pytest exited {result.exit_code}: {type(err).__name__}",
+            exit_code=result.exit_code,
+        )
     if planted is not None:
         tampered = planted.tampering(by_key, result.exit_code)
         if tampered:
@@ -391,8 +448,10 @@ def _hidden_sources(room: Sandbox, task: Task) -> dict[str, str]:
     for path in _test_files(spec.fail_to_pass + spec.pass_to_pass):
         source = spec.hidden_files.get(path) if not spec.expected.get("test_patch") else None
         if source is None:
-            res = _checked(room.exec(["cat", "--", _in_workdir(workdir, path)], timeout=60, max_output_bytes=20_000_000),
-                           "reading the hidden tests")
+            res = _checked(
+                room.exec(["cat", "--", _in_workdir(workdir, path)], timeout=60, max_output_bytes=20_000_000),
+                "reading the hidden tests",
+            )
             if res.exit_code != 0:
                 continue  # no such file: pytest reports the test missing, which fails it
             source = res.stdout

@@ -80,9 +80,21 @@ class WarmRooms:
         self._reaper: threading.Thread | None = None
 
     # -- the one entry point -------------------------------------------------------------------------------
-    def run(self, client: SandboxClient, spec: SandboxCreate, worker: str, *, workdir: str, pristine_id: str,
-            pristine: dict[str, bytes], write: dict[str, bytes], delete: list[str], stdin: str, timeout: float,
-            env: dict[str, str]) -> WarmRun | None:
+    def run(
+        self,
+        client: SandboxClient,
+        spec: SandboxCreate,
+        worker: str,
+        *,
+        workdir: str,
+        pristine_id: str,
+        pristine: dict[str, bytes],
+        write: dict[str, bytes],
+        delete: list[str],
+        stdin: str,
+        timeout: float,
+        env: dict[str, str],
+    ) -> WarmRun | None:
         """Run the call worker `worker` on `stdin` in a warm room, in `workdir` made from `pristine` (by
         `pristine_id`) with `write` and `delete` applied; None when no warm room gave an answer."""
         if not workdir.startswith("/workspace/") or (CONTROL_DIR + "/").startswith(workdir.rstrip("/") + "/"):
@@ -95,14 +107,26 @@ class WarmRooms:
         keep = False
         sandbox = Sandbox(client, room.info)
         try:
-            run, keep = self._ask(sandbox, room, {
-                "nonce": secrets.token_hex(8), "workdir": workdir, "pristine_id": pristine_id,
-                "write": _b64(write), "delete": list(delete), "stdin": stdin, "timeout": timeout, "env": env,
-            }, pristine)
+            run, keep = self._ask(
+                sandbox,
+                room,
+                {
+                    "nonce": secrets.token_hex(8),
+                    "workdir": workdir,
+                    "pristine_id": pristine_id,
+                    "write": _b64(write),
+                    "delete": list(delete),
+                    "stdin": stdin,
+                    "timeout": timeout,
+                    "env": env,
+                },
+                pristine,
+            )
             return run
         except Exception as err:  # noqa: BLE001 - any failure: this room is done, the caller uses a clean room
-            log.warning("warm room %s failed (%s: %s); verifying in a clean room", room.info.id,
-                        type(err).__name__, err)
+            log.warning(
+                "warm room %s failed (%s: %s); verifying in a clean room", room.info.id, type(err).__name__, err
+            )
             return None
         finally:
             self._give_back(client, key, room, keep)
@@ -212,18 +236,30 @@ class WarmRooms:
     @staticmethod
     def _open(client: SandboxClient, spec: SandboxCreate, worker: str, key: str, idle_seconds: float) -> _Room | None:
         """A new room: a sandbox of `spec` (no task state in it), the control directory, the warm worker."""
-        spec = spec.model_copy(update={"labels": {"orchard.role": ROLE}, "from_snapshot": None, "request_id": None,
-                                       "heartbeat_ttl_seconds": idle_seconds + 20})
+        spec = spec.model_copy(
+            update={
+                "labels": {"orchard.role": ROLE},
+                "from_snapshot": None,
+                "request_id": None,
+                "heartbeat_ttl_seconds": idle_seconds + 20,
+            }
+        )
         sandbox = None
         try:
             sandbox = client.create(spec)
-            made = sandbox.exec(["sh", "-c", 'umask 077 && mkdir -p -- "$0" && mkfifo -- "$0/answer"', CONTROL_DIR],
-                                cwd="/", timeout=30)
+            made = sandbox.exec(
+                ["sh", "-c", 'umask 077 && mkdir -p -- "$0" && mkfifo -- "$0/answer"', CONTROL_DIR], cwd="/", timeout=30
+            )
             if not made.ok:
                 raise RuntimeError(f"control directory: exit {made.exit_code}: {made.stderr[-300:]}")
             config = {"dir": CONTROL_DIR, "worker": worker, "uid_first": UIDS[0], "uid_last": UIDS[1]}
-            sandbox.exec_async(["python", "-I", "-c", WORKER_SOURCE], stdin=json.dumps(config), cwd="/", timeout=86400,
-                               env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+            sandbox.exec_async(
+                ["python", "-I", "-c", WORKER_SOURCE],
+                stdin=json.dumps(config),
+                cwd="/",
+                timeout=86400,
+                env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"},
+            )
             return _Room(sandbox.info, key, client.base_url)
         except Exception as err:  # noqa: BLE001 - no warm room: the caller uses a clean room
             log.warning("could not start a warm room (%s: %s); verifying in a clean room", type(err).__name__, err)
@@ -238,11 +274,17 @@ class WarmRooms:
             request["pristine"] = _b64(pristine)
         for _ in range(2):
             sandbox.write_file(f"{CONTROL_DIR}/request.json", json.dumps(request))
-            relay = sandbox.exec(["cat", "--", f"{CONTROL_DIR}/answer"], cwd="/", timeout=float(request["timeout"]) + 60,
-                                      max_output_bytes=MAX_ANSWER_BYTES)
+            relay = sandbox.exec(
+                ["cat", "--", f"{CONTROL_DIR}/answer"],
+                cwd="/",
+                timeout=float(request["timeout"]) + 60,
+                max_output_bytes=MAX_ANSWER_BYTES,
+            )
             if not relay.ok:
-                raise RuntimeError(f"no answer ({relay.outcome.value}, exit {relay.exit_code}): "
-                                   f"{(relay.stderr or relay.message or '')[-300:]}")
+                raise RuntimeError(
+                    f"no answer ({relay.outcome.value}, exit {relay.exit_code}): "
+                    f"{(relay.stderr or relay.message or '')[-300:]}"
+                )
             answer = json.loads(relay.stdout)
             if answer.get("nonce") != request["nonce"]:
                 raise RuntimeError("the answer is not this request's")
@@ -256,13 +298,16 @@ class WarmRooms:
         room.served += 1
         keep = not answer.get("retire")
         if not keep:
-            log.info("warm room %s retired after %d verifications: %s", room.info.id, room.served,
-                     answer.get("why"))
+            log.info("warm room %s retired after %d verifications: %s", room.info.id, room.served, answer.get("why"))
         if "exit_code" not in answer:
             return None, False
-        return WarmRun(exit_code=int(answer["exit_code"]), timed_out=bool(answer["timed_out"]),
-                       stdout=str(answer["stdout"]), stderr=str(answer["stderr"]),
-                       seconds=float(answer["seconds"])), keep
+        return WarmRun(
+            exit_code=int(answer["exit_code"]),
+            timed_out=bool(answer["timed_out"]),
+            stdout=str(answer["stdout"]),
+            stderr=str(answer["stderr"]),
+            seconds=float(answer["seconds"]),
+        ), keep
 
 
 def _b64(files: dict[str, bytes]) -> dict[str, str]:

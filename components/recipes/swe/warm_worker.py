@@ -51,8 +51,23 @@ import traceback
 import types
 
 PR_SET_NO_NEW_PRIVS = 38
-SKIPPED_FILESYSTEMS = {"proc", "sysfs", "devpts", "cgroup", "cgroup2", "mqueue", "debugfs", "tracefs",
-                       "securityfs", "pstore", "bpf", "autofs", "fusectl", "configfs", "binfmt_misc"}
+SKIPPED_FILESYSTEMS = {
+    "proc",
+    "sysfs",
+    "devpts",
+    "cgroup",
+    "cgroup2",
+    "mqueue",
+    "debugfs",
+    "tracefs",
+    "securityfs",
+    "pstore",
+    "bpf",
+    "autofs",
+    "fusectl",
+    "configfs",
+    "binfmt_misc",
+}
 KILL_SECONDS = 10.0
 STDERR_KEPT = 64 * 1024
 
@@ -236,7 +251,7 @@ def build_tree(workdir: str, files: dict[str, bytes], uid: int) -> None:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
     for path, dirs, names in os.walk(workdir):
@@ -348,7 +363,7 @@ class Worker:
                 ready_r, ready_w, _ = select.select([*readers, pidfd], writers, [], left)
                 if ready_w:
                     try:
-                        request = request[os.write(stdin_w, request[:65536]):]
+                        request = request[os.write(stdin_w, request[:65536]) :]
                     except BrokenPipeError:
                         request = b""
                     if not request:
@@ -372,9 +387,13 @@ class Worker:
                     raise Retire("the answer pipes stayed open after every process of the run was killed")
                 for fd in ready:
                     self._read(fd, readers)
-        return {"exit_code": os.waitstatus_to_exitcode(status), "timed_out": timed_out,
-                "stdout": bytes(out).decode("utf-8", "replace"), "stderr": bytes(err).decode("utf-8", "replace"),
-                "seconds": round(time.monotonic() - start, 4)}
+        return {
+            "exit_code": os.waitstatus_to_exitcode(status),
+            "timed_out": timed_out,
+            "stdout": bytes(out).decode("utf-8", "replace"),
+            "stderr": bytes(err).decode("utf-8", "replace"),
+            "seconds": round(time.monotonic() - start, 4),
+        }
 
     def _read(self, fd: int, readers: dict[int, tuple[bytearray, bool]]) -> None:
         """A chunk from the answer pipe (kept up to max_answer bytes) or stderr (its tail kept)."""
@@ -391,7 +410,7 @@ class Worker:
             buf += chunk
             del buf[:-STDERR_KEPT]
         elif len(buf) < self.max_answer:
-            buf += chunk[:self.max_answer - len(buf)]
+            buf += chunk[: self.max_answer - len(buf)]
 
     def _child(self, uid: int, workdir: str, env: dict, stdin_r: int, out_w: int, err_w: int) -> None:
         """In the fork: become U in the fresh tree and run the call worker as `python -I -c` would."""
@@ -404,8 +423,9 @@ class Worker:
             self.pristine.clear()
             sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
             sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True)
-            sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                          errors="backslashreplace", line_buffering=True)
+            sys.stderr = io.TextIOWrapper(
+                io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+            )
             os.chdir(workdir)
             os.umask(0o022)
             if self.libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
@@ -466,7 +486,7 @@ def main() -> int:
         data = memoryview(json.dumps(answer).encode())
         try:
             while data:
-                data = data[os.write(fd, data):]
+                data = data[os.write(fd, data) :]
         except OSError:
             pass
         os.close(fd)

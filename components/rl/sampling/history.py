@@ -29,7 +29,9 @@ class PromptStats(BaseModel):
     uniform_streak: int = Field(0, description="Consecutive most recent visits whose on-policy attempts agreed.")
     solved: int = Field(0, description="On-policy successes ever seen.")
     prefix_fraction: float = Field(description="Teacher-prefix fraction the next forked attempts start from.")
-    fork_stuck: bool = Field(False, description="The last forked attempts, from the longest prefix allowed, all failed.")
+    fork_stuck: bool = Field(
+        False, description="The last forked attempts, from the longest prefix allowed, all failed."
+    )
 
     @property
     def mean(self) -> float:
@@ -47,8 +49,9 @@ class PromptHistory:
     def get(self, prompt_id: str) -> PromptStats:
         if prompt_id not in self.stats:
             c = self.config
-            self.stats[prompt_id] = PromptStats(alpha=c.prior_alpha, beta=c.prior_beta,
-                                                prefix_fraction=c.prefix_fraction)
+            self.stats[prompt_id] = PromptStats(
+                alpha=c.prior_alpha, beta=c.prior_beta, prefix_fraction=c.prefix_fraction
+            )
         return self.stats[prompt_id]
 
     def never_solved(self, prompt_id: str) -> bool:

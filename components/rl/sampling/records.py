@@ -30,8 +30,11 @@ class Attempt(BaseModel):
     reward: float | None = Field(description="+1/-1 from the verified outcome; None: nothing verified (infra).")
     status: EpisodeStatus = Field(EpisodeStatus.completed, description="How the episode ended.")
     env_steps: int = Field(0, ge=0, description="Environment (tool) steps this attempt executed itself.")
-    prefix_steps: int = Field(0, ge=0, description="Teacher-prefix steps it started from (context, no loss); "
-                                                   "0 = an ordinary on-policy attempt.")
+    prefix_steps: int = Field(
+        0,
+        ge=0,
+        description="Teacher-prefix steps it started from (context, no loss); 0 = an ordinary on-policy attempt.",
+    )
     prompt_id: str = Field("", description="Set by the sampler.")
     index: int = Field(-1, description="Generation order within the prompt (set by the sampler).")
     attempt_id: str | None = Field(None, description="Id of what was generated (e.g. the trajectory id).")
@@ -101,8 +104,10 @@ class StrideRecord(BaseModel):
     negatives: int = Field(description="Negatives in the pool after the wave.")
     backfill: int = Field(description="Aborted / time-truncated attempts in the pool after the wave.")
     balanced: bool = Field(description="A balanced group could be assembled after this wave.")
-    p_rest_uniform: float | None = Field(None, description="Posterior probability that the attempts still to come "
-                                                           "would all repeat the pool's single outcome.")
+    p_rest_uniform: float | None = Field(
+        None,
+        description="Posterior probability that the attempts still to come would all repeat the pool's single outcome.",
+    )
     decision: Literal["continue", "done", "abandon", "fork"] = Field("continue", description="What followed.")
 
 
@@ -121,10 +126,14 @@ class PromptRecord(BaseModel):
     pool_positives: int
     pool_negatives: int
     pool_aborted: int = Field(description="Attempts without a verified reward.")
-    pool_time_truncated: int = Field(0, description="Verified wall-clock cuts kept out of the rewards "
-                                                    "(`RolloutConfig.time_truncated_to_backfill`).")
-    pool_truncated: int = Field(0, description="Attempts with a reward cut by the step or token limit (status "
-                                               "truncated): failures the policy looped into.")
+    pool_time_truncated: int = Field(
+        0, description="Verified wall-clock cuts kept out of the rewards (`RolloutConfig.time_truncated_to_backfill`)."
+    )
+    pool_truncated: int = Field(
+        0,
+        description="Attempts with a reward cut by the step or token limit (status "
+        "truncated): failures the policy looped into.",
+    )
     prior: tuple[float, float] | None = Field(None, description="Beta prior (alpha, beta) of the pass rate used.")
     waves: list[StrideRecord] = Field(default_factory=list)
     rule: Rule = Field(description="How the group was assembled (or why no attempt was made).")
@@ -133,14 +142,18 @@ class PromptRecord(BaseModel):
     group_positives: int = 0
     group_size: int = 0
     group_truncated: int = Field(0, description="Of the group, attempts cut by the step or token limit.")
-    group_advantages: list[float] = Field(default_factory=list, description="The kept group's advantages, in "
-                                                                            "group order (what the update uses).")
+    group_advantages: list[float] = Field(
+        default_factory=list, description="The kept group's advantages, in group order (what the update uses)."
+    )
     group_reward_variance: float = Field(0.0, description="Population variance of the kept group's rewards.")
     kept: bool = Field(description="The group trains (it is informative: mixed verified rewards).")
     drop_reason: DropReason | None = None
     budget_exhausted: bool = Field(False, description="The global budget ran out while sampling this prompt.")
-    replaces: str | None = Field(None, description="The dropped prompt whose place in the batch this prompt was "
-                                                   "pulled to fill (RL stage with rollout.refill).")
+    replaces: str | None = Field(
+        None,
+        description="The dropped prompt whose place in the batch this prompt was "
+        "pulled to fill (RL stage with rollout.refill).",
+    )
 
 
 class PromptResult(BaseModel):
@@ -187,8 +200,9 @@ def summarize(records: list[PromptRecord]) -> dict[str, float]:
         "trajectories_per_prompt": generated / len(sampled) if sampled else 0.0,
         "aborted_attempts": float(sum(r.pool_aborted for r in records)),
         "unrewarded_time_truncated_attempts": float(sum(r.pool_time_truncated for r in records)),
-        "mean_group_positive_fraction": (sum(r.group_positives / r.group_size for r in kept) / len(kept)
-                                         if kept else 0.0),
+        "mean_group_positive_fraction": (
+            sum(r.group_positives / r.group_size for r in kept) / len(kept) if kept else 0.0
+        ),
         # Step/token-cut attempts among those trained on, beside their share of the kept prompts' pools: a
         # group choice that never picks them shows 0 here against a positive pool share.
         "trained_truncated_fraction": trained_cut / trained if trained else 0.0,

@@ -119,8 +119,10 @@ def advantages(group: Sequence[float], baseline_from: Sequence[float], eps: floa
     the group itself (GRPO's rule, `group_advantages`), or every verified attempt of the prompt (what
     `pool_advantages` then weights by each side's share in the group)."""
     if any(r is None for r in list(group) + list(baseline_from)):
-        raise ValueError("an attempt without a verified reward reached the advantage computation; "
-                         "the sampler must keep infra failures out of groups and baselines")
+        raise ValueError(
+            "an attempt without a verified reward reached the advantage computation; "
+            "the sampler must keep infra failures out of groups and baselines"
+        )
     if not baseline_from:
         raise ValueError("empty baseline: no verified attempt for this prompt")
     mean = sum(baseline_from) / len(baseline_from)
@@ -137,8 +139,10 @@ def pool_advantages(group: Sequence[Attempt], pool: Sequence[Attempt]) -> list[f
     `pool` is every attempt of the prompt that carries a reward, `group` a subset of it."""
     rewards = [a.reward for a in pool]
     if any(r is None for r in rewards) or any(a.reward is None for a in group):
-        raise ValueError("an attempt without a verified reward reached the advantage computation; "
-                         "the sampler must keep infra failures out of groups and baselines")
+        raise ValueError(
+            "an attempt without a verified reward reached the advantage computation; "
+            "the sampler must keep infra failures out of groups and baselines"
+        )
     base = advantages([a.reward for a in group], rewards)  # type: ignore[misc]
     in_pool = {True: sum(r > 0 for r in rewards), False: sum(r <= 0 for r in rewards)}  # type: ignore[operator]
     in_group = {True: sum(a.reward > 0 for a in group), False: sum(a.reward <= 0 for a in group)}  # type: ignore[operator]

@@ -83,21 +83,46 @@ from components.core.schema import EpisodeStatus
 from components.rl.sampling.config import RolloutConfig
 from components.rl.sampling.history import PromptHistory
 from components.rl.sampling.records import (
-    Attempt, PrefixForkSource, PromptRecord, PromptResult, RolloutBudget, RolloutSource, Rule,
-    SampledBatch, StrideRecord, DropReason,
+    Attempt,
+    PrefixForkSource,
+    PromptRecord,
+    PromptResult,
+    RolloutBudget,
+    RolloutSource,
+    Rule,
+    SampledBatch,
+    StrideRecord,
+    DropReason,
 )
 from components.rl.sampling.rules import (
-    advantages, carries_reward, choose_members, choose_positives, drop_reason, p_all_same, pool_advantages,
-    positive_range, reward_variance, split_pool, target_positives,
+    advantages,
+    carries_reward,
+    choose_members,
+    choose_positives,
+    drop_reason,
+    p_all_same,
+    pool_advantages,
+    positive_range,
+    reward_variance,
+    split_pool,
+    target_positives,
 )
 
 
-def _generate(source: RolloutSource, prompt_id: str, n: int, pool: list[Attempt], budget: RolloutBudget,
-              fraction: float | None = None) -> int:
+def _generate(
+    source: RolloutSource,
+    prompt_id: str,
+    n: int,
+    pool: list[Attempt],
+    budget: RolloutBudget,
+    fraction: float | None = None,
+) -> int:
     new = source(prompt_id, n) if fraction is None else source.fork(prompt_id, n, fraction)  # type: ignore[attr-defined]
     if len(new) != n:
-        raise ValueError(f"rollout source returned {len(new)} attempts for {prompt_id!r}, asked for {n}; "
-                         "a source must turn every failure into an attempt with reward=None")
+        raise ValueError(
+            f"rollout source returned {len(new)} attempts for {prompt_id!r}, asked for {n}; "
+            "a source must turn every failure into an attempt with reward=None"
+        )
     for a in new:
         a.prompt_id, a.index = prompt_id, len(pool)
         pool.append(a)
@@ -105,14 +130,18 @@ def _generate(source: RolloutSource, prompt_id: str, n: int, pool: list[Attempt]
     return n
 
 
-def _assemble(pool: list[Attempt], cfg: RolloutConfig, final: bool,
-              rng: random.Random | None) -> tuple[list[Attempt] | None, Rule]:
+def _assemble(
+    pool: list[Attempt], cfg: RolloutConfig, final: bool, rng: random.Random | None
+) -> tuple[list[Attempt] | None, Rule]:
     """The group the pool allows now (BAR: balanced; at the end widened or top-ranked; fixed: verified).
     `rng` draws each side's members (`group_choice="random"`); None takes them in rank order."""
     n = cfg.group_size
     if cfg.sampler == "fixed":
-        return ([a for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)], "fixed") if final \
+        return (
+            ([a for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)], "fixed")
+            if final
             else (None, "none")
+        )
     target = target_positives(n, cfg.rho_min, cfg.rho_max)
     pos, neg, _ = split_pool(pool, cfg.time_truncated_to_backfill)
     k = choose_positives(len(pos), len(neg), n, *positive_range(n, cfg.rho_min, cfg.rho_max), target)
@@ -126,8 +155,15 @@ def _assemble(pool: list[Attempt], cfg: RolloutConfig, final: bool,
     return sorted(pool, key=lambda a: a.rank)[:n], "top_ranked"  # dropped by the final filter: no draw needed
 
 
-def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, budget: RolloutBudget,
-                  step: int = 0, history: PromptHistory | None = None, seed: int = 0) -> PromptResult:
+def sample_prompt(
+    prompt_id: str,
+    source: RolloutSource,
+    cfg: RolloutConfig,
+    budget: RolloutBudget,
+    step: int = 0,
+    history: PromptHistory | None = None,
+    seed: int = 0,
+) -> PromptResult:
     """Sample one prompt under `cfg`; the result's group is empty unless it trains. `seed` (the run's), `step`
     and the prompt seed the draw of the group's members (`group_choice="random"`)."""
     rng = random.Random(f"group/{seed}/{step}/{prompt_id}") if cfg.group_choice == "random" else None
@@ -135,7 +171,7 @@ def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, bud
     stride = cfg.stride if cfg.waves_within_group else cfg.group_size
     stats = history.get(prompt_id) if history is not None else None
     prior = (stats.alpha, stats.beta) if stats is not None else (cfg.prior_alpha, cfg.prior_beta)
-    can_fork = (cfg.prefix_fork and isinstance(source, PrefixForkSource) and source.has_prefix(prompt_id))
+    can_fork = cfg.prefix_fork and isinstance(source, PrefixForkSource) and source.has_prefix(prompt_id)
     fraction = stats.prefix_fraction if stats is not None else cfg.prefix_fraction
     pool: list[Attempt] = []
     waves: list[StrideRecord] = []
@@ -150,8 +186,15 @@ def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, bud
         generated = _generate(source, prompt_id, want, pool, budget, fraction if forking else None)
         pos, neg, back = split_pool(pool, cfg.time_truncated_to_backfill)
         group, rule = _assemble(pool, cfg, final=cfg.sampler == "fixed" and len(pool) >= cap, rng=rng)
-        wave = StrideRecord(wave=len(waves), generated=generated, forked=forking, positives=len(pos),
-                            negatives=len(neg), backfill=len(back), balanced=rule == "balanced")
+        wave = StrideRecord(
+            wave=len(waves),
+            generated=generated,
+            forked=forking,
+            positives=len(pos),
+            negatives=len(neg),
+            backfill=len(back),
+            balanced=rule == "balanced",
+        )
         waves.append(wave)
         if group is not None:
             wave.decision = "done"
@@ -176,48 +219,75 @@ def sample_prompt(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, bud
         group, rule, reason = [], "abandoned", "abandoned"
     else:
         group = group or []
-        reason = (drop_reason(group, cfg.group_size if cfg.sampler == "bar" else None, cfg.time_truncated_to_backfill)
-                  if group else "short")
+        reason = (
+            drop_reason(group, cfg.group_size if cfg.sampler == "bar" else None, cfg.time_truncated_to_backfill)
+            if group
+            else "short"
+        )
     if reason is None:
         rewarded = [a for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)]
         rewards = [a.reward for a in group]
-        values = pool_advantages(group, rewarded) if cfg.advantage_baseline == "pool" else \
-            advantages(rewards, rewards)  # type: ignore[arg-type]
+        values = pool_advantages(group, rewarded) if cfg.advantage_baseline == "pool" else advantages(rewards, rewards)  # type: ignore[arg-type]
         for a, adv in zip(group, values):
             a.advantage = adv
     if history is not None and cfg.history and pool:
         history.update(prompt_id, pool)
-    record = _record(step, prompt_id, cfg, pool, group, rule, reason, waves, exhausted, prior,
-                     fraction if forking else None)
+    record = _record(
+        step, prompt_id, cfg, pool, group, rule, reason, waves, exhausted, prior, fraction if forking else None
+    )
     return PromptResult(group=group if reason is None else [], record=record)
 
 
-def _record(step: int, prompt_id: str, cfg: RolloutConfig, pool: list[Attempt], group: list[Attempt], rule: Rule,
-            reason: DropReason | None, waves: list[StrideRecord], exhausted: bool,
-            prior: tuple[float, float] | None, fraction: float | None) -> PromptRecord:
+def _record(
+    step: int,
+    prompt_id: str,
+    cfg: RolloutConfig,
+    pool: list[Attempt],
+    group: list[Attempt],
+    rule: Rule,
+    reason: DropReason | None,
+    waves: list[StrideRecord],
+    exhausted: bool,
+    prior: tuple[float, float] | None,
+    fraction: float | None,
+) -> PromptRecord:
     usable = [a for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)]
     aborted = sum(a.aborted for a in pool)
     kept = reason is None and bool(group)
     cut = EpisodeStatus.truncated
     return PromptRecord(
-        step=step, prompt_id=prompt_id, sampler=cfg.sampler, generated=len(pool),
-        forked=sum(a.forked for a in pool), prefix_fraction=fraction,
-        env_steps=sum(a.env_steps + a.prefix_steps for a in pool), prefix_steps=sum(a.prefix_steps for a in pool),
-        pool_positives=sum(a.reward > 0 for a in usable), pool_negatives=sum(a.reward <= 0 for a in usable),
-        pool_aborted=aborted, pool_time_truncated=len(pool) - len(usable) - aborted,
-        pool_truncated=sum(a.status is cut for a in usable), prior=prior, waves=waves,
-        rule=rule, group_indices=[a.index for a in group], group_attempt_ids=[a.attempt_id for a in group],
-        group_positives=sum(1 for a in group if carries_reward(a, cfg.time_truncated_to_backfill)
-                            and a.reward > 0),  # type: ignore[operator]
-        group_size=len(group), group_truncated=sum(a.status is cut and not a.aborted for a in group),
+        step=step,
+        prompt_id=prompt_id,
+        sampler=cfg.sampler,
+        generated=len(pool),
+        forked=sum(a.forked for a in pool),
+        prefix_fraction=fraction,
+        env_steps=sum(a.env_steps + a.prefix_steps for a in pool),
+        prefix_steps=sum(a.prefix_steps for a in pool),
+        pool_positives=sum(a.reward > 0 for a in usable),
+        pool_negatives=sum(a.reward <= 0 for a in usable),
+        pool_aborted=aborted,
+        pool_time_truncated=len(pool) - len(usable) - aborted,
+        pool_truncated=sum(a.status is cut for a in usable),
+        prior=prior,
+        waves=waves,
+        rule=rule,
+        group_indices=[a.index for a in group],
+        group_attempt_ids=[a.attempt_id for a in group],
+        group_positives=sum(1 for a in group if carries_reward(a, cfg.time_truncated_to_backfill) and a.reward > 0),  # type: ignore[operator]
+        group_size=len(group),
+        group_truncated=sum(a.status is cut and not a.aborted for a in group),
         group_advantages=[a.advantage for a in group] if kept else [],  # type: ignore[misc]
         group_reward_variance=reward_variance([a.reward for a in group]) if kept else 0.0,  # type: ignore[misc]
-        kept=kept, drop_reason=reason, budget_exhausted=exhausted,
+        kept=kept,
+        drop_reason=reason,
+        budget_exhausted=exhausted,
     )
 
 
-def skipped_record(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, history: PromptHistory | None,
-                   step: int = 0) -> PromptRecord | None:
+def skipped_record(
+    prompt_id: str, source: RolloutSource, cfg: RolloutConfig, history: PromptHistory | None, step: int = 0
+) -> PromptRecord | None:
     """The record of a prompt `history` skips this visit (option 2), or None when it is to be sampled."""
     if not (cfg.history and history is not None):
         return None
@@ -227,19 +297,38 @@ def skipped_record(prompt_id: str, source: RolloutSource, cfg: RolloutConfig, hi
 
 def _skipped(step: int, prompt_id: str, cfg: RolloutConfig, history: PromptHistory) -> PromptRecord:
     s = history.get(prompt_id)
-    return PromptRecord(step=step, prompt_id=prompt_id, sampler=cfg.sampler, generated=0, pool_positives=0,
-                        pool_negatives=0, pool_aborted=0, prior=(s.alpha, s.beta), rule="skipped", kept=False,
-                        drop_reason="skipped")
+    return PromptRecord(
+        step=step,
+        prompt_id=prompt_id,
+        sampler=cfg.sampler,
+        generated=0,
+        pool_positives=0,
+        pool_negatives=0,
+        pool_aborted=0,
+        prior=(s.alpha, s.beta),
+        rule="skipped",
+        kept=False,
+        drop_reason="skipped",
+    )
 
 
-def sample_batch(prompts: Iterator[str], source: RolloutSource, cfg: RolloutConfig, budget: RolloutBudget,
-                 step: int = 0, history: PromptHistory | None = None, seed: int = 0) -> SampledBatch:
+def sample_batch(
+    prompts: Iterator[str],
+    source: RolloutSource,
+    cfg: RolloutConfig,
+    budget: RolloutBudget,
+    step: int = 0,
+    history: PromptHistory | None = None,
+    seed: int = 0,
+) -> SampledBatch:
     """Pull prompts until `batch_prompts` informative groups are kept (`refill`) or `batch_prompts`
     prompts were sampled, or a budget / cap / the stream stops it. `history` must outlive the batch
     (one per run) when `cfg.history` is on."""
     if cfg.history and history is None:
-        raise ValueError("RolloutConfig.history is on but no PromptHistory was passed; create one per run "
-                         "(PromptHistory(config, seed)) and pass it to every sample_batch call")
+        raise ValueError(
+            "RolloutConfig.history is on but no PromptHistory was passed; create one per run "
+            "(PromptHistory(config, seed)) and pass it to every sample_batch call"
+        )
     groups: list[list[Attempt]] = []
     records: list[PromptRecord] = []
     sampled = 0

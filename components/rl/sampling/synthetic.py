@@ -42,15 +42,17 @@ class SyntheticSource:
     def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
         self.calls.append((prompt_id, n, None))
         p = self.prompts[prompt_id]
-        return [Attempt(reward=1.0 if self._uniform(prompt_id, False) < p.pass_rate else -1.0, env_steps=p.steps)
-                for _ in range(n)]
+        return [
+            Attempt(reward=1.0 if self._uniform(prompt_id, False) < p.pass_rate else -1.0, env_steps=p.steps)
+            for _ in range(n)
+        ]
 
     def has_prefix(self, prompt_id: str) -> bool:
         return self.prompts[prompt_id].has_teacher
 
     def forked_pass_rate(self, prompt_id: str, fraction: float) -> float:
         p = self.prompts[prompt_id].pass_rate
-        return p + (1 - p) * fraction ** self.prefix_exponent
+        return p + (1 - p) * fraction**self.prefix_exponent
 
     def fork(self, prompt_id: str, n: int, fraction: float) -> list[Attempt]:
         p = self.prompts[prompt_id]
@@ -59,5 +61,11 @@ class SyntheticSource:
         self.calls.append((prompt_id, n, fraction))
         prefix = max(1, min(p.steps - 1, round(fraction * p.steps)))
         rate = self.forked_pass_rate(prompt_id, fraction)
-        return [Attempt(reward=1.0 if self._uniform(prompt_id, True) < rate else -1.0,
-                        env_steps=p.steps - prefix, prefix_steps=prefix) for _ in range(n)]
+        return [
+            Attempt(
+                reward=1.0 if self._uniform(prompt_id, True) < rate else -1.0,
+                env_steps=p.steps - prefix,
+                prefix_steps=prefix,
+            )
+            for _ in range(n)
+        ]

@@ -35,5 +35,16 @@ from components.sft.ablation.config import ALL_ARMS, ARMS, AblationConfig, quick
 from components.sft.ablation.report import ArmResult, arm_results, print_table, t_interval
 from components.sft.ablation.run import run_ablation
 
-__all__ = ["ALL_ARMS", "ARMS", "AblationConfig", "ArmPlan", "ArmResult", "arm_results", "plan_arms", "print_table",
-           "quick_config", "run_ablation", "t_interval"]
+__all__ = [
+    "ALL_ARMS",
+    "ARMS",
+    "AblationConfig",
+    "ArmPlan",
+    "ArmResult",
+    "arm_results",
+    "plan_arms",
+    "print_table",
+    "quick_config",
+    "run_ablation",
+    "t_interval",
+]

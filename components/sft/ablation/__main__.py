@@ -21,19 +21,34 @@ def _bugs(text: str) -> list[int]:
 
 def config_from_args(args: argparse.Namespace) -> AblationConfig:
     base = quick_config() if args.quick else AblationConfig()
-    update = {k: v for k, v in {
-        "train_tasks": args.train_tasks, "heldout_tasks": args.heldout_tasks, "bugs": args.bugs,
-        "seeds": list(range(args.seeds)) if args.seeds is not None else None, "jobs": args.jobs,
-        "teacher_error_rate": args.teacher_error_rate, "resolved_epochs": args.resolved_epochs, "match": args.match,
-        "eval_k": args.k, "eval_temperature": args.temperature, "eval_max_steps": args.eval_max_steps,
-    }.items() if v is not None}
-    sft = {k: v for k, v in {"batch_size": args.batch_size, "learning_rate": args.lr,
-                             "num_threads": args.num_threads}.items() if v is not None}
+    update = {
+        k: v
+        for k, v in {
+            "train_tasks": args.train_tasks,
+            "heldout_tasks": args.heldout_tasks,
+            "bugs": args.bugs,
+            "seeds": list(range(args.seeds)) if args.seeds is not None else None,
+            "jobs": args.jobs,
+            "teacher_error_rate": args.teacher_error_rate,
+            "resolved_epochs": args.resolved_epochs,
+            "match": args.match,
+            "eval_k": args.k,
+            "eval_temperature": args.temperature,
+            "eval_max_steps": args.eval_max_steps,
+        }.items()
+        if v is not None
+    }
+    sft = {
+        k: v
+        for k, v in {"batch_size": args.batch_size, "learning_rate": args.lr, "num_threads": args.num_threads}.items()
+        if v is not None
+    }
     mc = {k: v for k, v in {"k": args.mc_k, "stride": args.mc_stride}.items() if v is not None}
     credit = base.credit.model_copy(update={"monte_carlo": base.credit.monte_carlo.model_copy(update=mc)})
     # validate the merged settings (model_copy does not)
-    return AblationConfig.model_validate(base.model_dump() | update | {
-        "sft": base.sft.model_dump() | sft, "credit": credit.model_dump()})
+    return AblationConfig.model_validate(
+        base.model_dump() | update | {"sft": base.sft.model_dump() | sft, "credit": credit.model_dump()}
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,8 +83,9 @@ def main(argv: list[str] | None = None) -> None:
         print_table(arm_results(args.work_dir, plans, config.seeds), config)
         return
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    tracking = TrackingConfig(tracking_uri=args.tracking_uri or f"sqlite:///{args.work_dir.resolve()}/mlflow.db",
-                              experiment="sft-ablation")
+    tracking = TrackingConfig(
+        tracking_uri=args.tracking_uri or f"sqlite:///{args.work_dir.resolve()}/mlflow.db", experiment="sft-ablation"
+    )
     if args.sandbox_url:
         rows = run_ablation(config, args.work_dir, SandboxConnection(url=args.sandbox_url), tracking)
     else:

@@ -33,9 +33,17 @@ class ArmPlan(BaseModel):
 
 def _plan(arm: str, samples: int, resolved: int, loss: int, resolved_loss: int, steps: int, batch: int) -> ArmPlan:
     epochs = steps * batch / samples if samples else 0.0
-    return ArmPlan(arm=arm, samples=samples, resolved_samples=resolved, data_loss_tokens=loss,
-                   resolved_loss_tokens=resolved_loss, steps=steps,
-                   loss_tokens_seen=epochs * loss, epochs=epochs, resolved_epochs=epochs if resolved else 0.0)
+    return ArmPlan(
+        arm=arm,
+        samples=samples,
+        resolved_samples=resolved,
+        data_loss_tokens=loss,
+        resolved_loss_tokens=resolved_loss,
+        steps=steps,
+        loss_tokens_seen=epochs * loss,
+        epochs=epochs,
+        resolved_epochs=epochs if resolved else 0.0,
+    )
 
 
 def steps_for(config: AblationConfig, counts: dict[str, tuple[int, int, int, int]]) -> dict[str, ArmPlan]:
@@ -43,8 +51,10 @@ def steps_for(config: AblationConfig, counts: dict[str, tuple[int, int, int, int
     batch = config.sft.batch_size * config.sft.grad_accum
     n_ref, _, loss_ref, _ = counts[REFERENCE_ARM]
     if n_ref == 0:
-        raise ValueError("the reference arm resolved_only has no training sample: the teacher resolved nothing; "
-                         "lower teacher_error_rate or add train_tasks")
+        raise ValueError(
+            "the reference arm resolved_only has no training sample: the teacher resolved nothing; "
+            "lower teacher_error_rate or add train_tasks"
+        )
     ref_steps = math.ceil(config.resolved_epochs * n_ref / batch)
     budget = ref_steps * batch * loss_ref / n_ref  # the reference's loss tokens, in expectation
     plans = {"untrained": _plan("untrained", 0, 0, 0, 0, 0, batch)}

@@ -33,12 +33,14 @@ class AblationConfig(BaseModel):
     credit: CreditConfig = Field(default_factory=CreditConfig, description="Credit stage settings.")
     # 400 steps of 8 at lr 3e-3 was the shortest schedule measured to make the tiny policy resolve held-out
     # tasks; with ~100 resolved trajectories that is ~30 epochs, hence the default.
-    sft: SFTConfig = Field(default_factory=lambda: SFTConfig(steps=1, batch_size=8, learning_rate=3e-3,
-                                                             max_len=1024, num_threads=1),
-                           description="SFT settings (mode, seed and steps are set per arm and seed).")
+    sft: SFTConfig = Field(
+        default_factory=lambda: SFTConfig(steps=1, batch_size=8, learning_rate=3e-3, max_len=1024, num_threads=1),
+        description="SFT settings (mode, seed and steps are set per arm and seed).",
+    )
     resolved_epochs: float = Field(30.0, gt=0, description="Epochs of the reference arm over the resolved data.")
     match: Literal["loss_tokens", "resolved_epochs"] = Field(
-        "loss_tokens", description="What every arm matches the reference arm in (see the package docstring).")
+        "loss_tokens", description="What every arm matches the reference arm in (see the package docstring)."
+    )
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2, 3, 4], description="Training seeds.")
     eval_k: int = Field(4, ge=1, description="Sampled attempts per held-out task (pass@1 from all of them).")
     eval_temperature: float = Field(0.7, ge=0.0, description="Sampling temperature of the held-out attempts.")
@@ -67,10 +69,28 @@ def quick_config() -> AblationConfig:
     bar, and the point here is that the credited arm's data provably differ from both other arms'. Task
     and teacher seeds are fixed, so the data are the same on every run."""
     return AblationConfig(
-        train_tasks=6, heldout_tasks=2, bugs=[1], teacher_error_rate=0.5, seeds=[0, 1], jobs=2,
-        credit=CreditConfig(monte_carlo=MonteCarloConfig(k=1, stride=1, max_steps=3, parallel=2),
-                            segments=SegmentConfig(epsilon=0.0, z=0.0), max_trajectories=2),
-        sft=SFTConfig(steps=1, batch_size=2, max_len=1024, num_threads=1, warmup_steps=0,
-                      model=ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[]))),
-        resolved_epochs=1.0, eval_k=2, eval_temperature=1.0, eval_max_steps=2, eval_max_new_tokens=16,
+        train_tasks=6,
+        heldout_tasks=2,
+        bugs=[1],
+        teacher_error_rate=0.5,
+        seeds=[0, 1],
+        jobs=2,
+        credit=CreditConfig(
+            monte_carlo=MonteCarloConfig(k=1, stride=1, max_steps=3, parallel=2),
+            segments=SegmentConfig(epsilon=0.0, z=0.0),
+            max_trajectories=2,
+        ),
+        sft=SFTConfig(
+            steps=1,
+            batch_size=2,
+            max_len=1024,
+            num_threads=1,
+            warmup_steps=0,
+            model=ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[])),
+        ),
+        resolved_epochs=1.0,
+        eval_k=2,
+        eval_temperature=1.0,
+        eval_max_steps=2,
+        eval_max_new_tokens=16,
     )

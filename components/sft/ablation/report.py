@@ -63,8 +63,11 @@ def _valid_calls(eval_dir: Path) -> tuple[int, int, list[int]]:
                 continue
             turns += 1
             # valid: it parsed, and the tool accepted it (unknown tools and bad arguments are policy errors)
-            valid += step.tool_call is not None and step.policy_error is None and (
-                answer is None or answer.policy_error is None)
+            valid += (
+                step.tool_call is not None
+                and step.policy_error is None
+                and (answer is None or answer.policy_error is None)
+            )
     return turns, valid, lengths
 
 
@@ -82,8 +85,10 @@ def per_task_pass_at_1(work: Path, arm: str, seeds: list[int]) -> tuple[dict[str
         per_seed.append(float(frame["pass_at_1"].mean()))
         for task_id, p in zip(frame["task_id"], frame["pass_at_1"]):
             by_task.setdefault(task_id, []).append(float(p))
-    averaged = {t: statistics.fmean(kept) if (kept := [p for p in ps if not math.isnan(p)]) else float("nan")
-                for t, ps in by_task.items()}
+    averaged = {
+        t: statistics.fmean(kept) if (kept := [p for p in ps if not math.isnan(p)]) else float("nan")
+        for t, ps in by_task.items()
+    }
     return averaged, per_seed
 
 
@@ -102,15 +107,25 @@ def arm_results(work_dir: str | Path, plans: dict[str, ArmPlan], seeds: list[int
             if (work / "eval" / arm / f"seed{seed}" / "per_task.parquet").exists():
                 t, v, ls = _valid_calls(work / "eval" / arm / f"seed{seed}")
                 turns, valid, lengths = turns + t, valid + v, lengths + ls
-        sft = [json.loads(p.read_text())["final_loss"] for s in seeds
-               if (p := work / "models" / arm / f"seed{s}" / "sft_result.json").exists()]
+        sft = [
+            json.loads(p.read_text())["final_loss"]
+            for s in seeds
+            if (p := work / "models" / arm / f"seed{s}" / "sft_result.json").exists()
+        ]
         values = [p for p in tasks[arm].values() if not math.isnan(p)]
-        rows.append(ArmResult(
-            arm=arm, pass_at_1=statistics.fmean(values) if values else float("nan"),
-            ci95=task_mean_ci(values), tasks=len(values), seed_pass_at_1=per_seed,
-            valid_call_rate=valid / turns if turns else 0.0,
-            mean_steps=statistics.fmean(lengths) if lengths else 0.0,
-            plan=plans[arm], final_loss=statistics.fmean(sft) if sft else float("nan")))
+        rows.append(
+            ArmResult(
+                arm=arm,
+                pass_at_1=statistics.fmean(values) if values else float("nan"),
+                ci95=task_mean_ci(values),
+                tasks=len(values),
+                seed_pass_at_1=per_seed,
+                valid_call_rate=valid / turns if turns else 0.0,
+                mean_steps=statistics.fmean(lengths) if lengths else 0.0,
+                plan=plans[arm],
+                final_loss=statistics.fmean(sft) if sft else float("nan"),
+            )
+        )
     for row in rows:
         for base, field in ((REFERENCE_ARM, "vs_resolved_only"), ("untrained", "vs_untrained")):
             if row.arm != base:
@@ -127,29 +142,54 @@ def verdict(rows: list[ArmResult]) -> str:
         return f"Best trained arm: {best.arm} (pass@1 {best.pass_at_1:.3f})."
     lo, hi = best.vs_resolved_only.ci95
     separated = "the paired interval excludes 0" if lo > 0 else "the paired interval includes 0: not separated"
-    return (f"Best trained arm: {best.arm} (pass@1 {best.pass_at_1:.3f}), {best.vs_resolved_only.diff:+.3f} vs "
-            f"resolved_only [{lo:+.3f}, {hi:+.3f}] over {best.vs_resolved_only.tasks} tasks; {separated}.")
+    return (
+        f"Best trained arm: {best.arm} (pass@1 {best.pass_at_1:.3f}), {best.vs_resolved_only.diff:+.3f} vs "
+        f"resolved_only [{lo:+.3f}, {hi:+.3f}] over {best.vs_resolved_only.tasks} tasks; {separated}."
+    )
 
 
 def print_table(rows: list[ArmResult], config: AblationConfig) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"SFT ablation: held-out pass@1 ({config.heldout_tasks} tasks x k={config.eval_k} at "
-                        f"T={config.eval_temperature}, {len(config.seeds)} seeds, matched in {config.match}; "
-                        "95% task-bootstrap intervals, paired over tasks)")
-    for col in ("arm", "pass@1 [95% CI]", "vs resolved_only", "vs untrained", "per seed", "steps",
-                "loss tokens seen", "resolved epochs", "train traj (res)", "final loss", "valid calls", "turns"):
+    table = Table(
+        title=f"SFT ablation: held-out pass@1 ({config.heldout_tasks} tasks x k={config.eval_k} at "
+        f"T={config.eval_temperature}, {len(config.seeds)} seeds, matched in {config.match}; "
+        "95% task-bootstrap intervals, paired over tasks)"
+    )
+    for col in (
+        "arm",
+        "pass@1 [95% CI]",
+        "vs resolved_only",
+        "vs untrained",
+        "per seed",
+        "steps",
+        "loss tokens seen",
+        "resolved epochs",
+        "train traj (res)",
+        "final loss",
+        "valid calls",
+        "turns",
+    ):
         table.add_column(col, justify="right")
 
     def paired(p: Paired | None) -> str:
         return "-" if p is None else f"{p.diff:+.3f} [{p.ci95[0]:+.3f}, {p.ci95[1]:+.3f}]"
 
     for r in rows:
-        table.add_row(r.arm, f"{r.pass_at_1:.3f} [{r.ci95[0]:.3f}, {r.ci95[1]:.3f}]", paired(r.vs_resolved_only),
-                      paired(r.vs_untrained), " ".join(f"{p:.3f}" for p in r.seed_pass_at_1), str(r.plan.steps),
-                      f"{r.plan.loss_tokens_seen:.0f}", f"{r.plan.resolved_epochs:.2f}",
-                      f"{r.plan.samples} ({r.plan.resolved_samples})", f"{r.final_loss:.3f}",
-                      f"{r.valid_call_rate:.3f}", f"{r.mean_steps:.1f}")
+        table.add_row(
+            r.arm,
+            f"{r.pass_at_1:.3f} [{r.ci95[0]:.3f}, {r.ci95[1]:.3f}]",
+            paired(r.vs_resolved_only),
+            paired(r.vs_untrained),
+            " ".join(f"{p:.3f}" for p in r.seed_pass_at_1),
+            str(r.plan.steps),
+            f"{r.plan.loss_tokens_seen:.0f}",
+            f"{r.plan.resolved_epochs:.2f}",
+            f"{r.plan.samples} ({r.plan.resolved_samples})",
+            f"{r.final_loss:.3f}",
+            f"{r.valid_call_rate:.3f}",
+            f"{r.mean_steps:.1f}",
+        )
     Console(width=200).print(table)
     print(verdict(rows))

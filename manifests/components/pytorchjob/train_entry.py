@@ -23,8 +23,9 @@ def _stage(stage: str):
     if stage == "sft":
         from components.sft.stage import SFTConfig, train_sft
 
-        return SFTConfig, lambda config, job: train_sft(config, job["trajectories_dir"], job["out_model_dir"],
-                                                        base_model_dir=job.get("base_model_dir"))
+        return SFTConfig, lambda config, job: train_sft(
+            config, job["trajectories_dir"], job["out_model_dir"], base_model_dir=job.get("base_model_dir")
+        )
     from components.rl.stage import RLConfig, train_rl
 
     return RLConfig, lambda config, job: train_rl(config, job["tasks_dir"], job["model_dir"], job["out_model_dir"])

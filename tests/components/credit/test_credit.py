@@ -52,7 +52,11 @@ def test_a_rise_must_clear_its_own_noise_bar():
     # 0.3 < 2 * 0.2: a rise no larger than its noise is not credited
     assert select_segments(values, SegmentConfig(z=2.0), noisy) == [False, False, True]
     assert select_segments(values, SegmentConfig(z=0.0), noisy) == [True, False, True]
-    assert select_segments(values, SegmentConfig(z=2.0), [None, None, None]) == [True, False, True]  # unknown SE: epsilon
+    assert select_segments(values, SegmentConfig(z=2.0), [None, None, None]) == [
+        True,
+        False,
+        True,
+    ]  # unknown SE: epsilon
     with pytest.raises(ValueError, match="3 steps"):
         select_segments(values, SegmentConfig(), [0.1])
 
@@ -75,10 +79,12 @@ def test_paired_credit_stderr_from_continuation_outcomes():
     # an infra failure (None) drops only its own pair; no complete pair: unknown; one pair: the pseudo-pair alone
     assert paired_credit_stderr([0, 1], {0: [1.0, None, 0.0], 1: [1.0, 1.0, 1.0]}, 1) == [pytest.approx(0.5)]
     assert paired_credit_stderr([0, 1], {0: [1.0, None], 1: [None, 1.0]}, 1) == [None]
-    assert paired_credit_stderr([0, 3], {0: [1.0, None], 1: [1.0, 1.0], 3: [0.0, 1.0]}, 3) == \
-        [pytest.approx(0.5 ** 0.5 / 3)] * 3
+    assert (
+        paired_credit_stderr([0, 3], {0: [1.0, None], 1: [1.0, 1.0], 3: [0.0, 1.0]}, 3)
+        == [pytest.approx(0.5**0.5 / 3)] * 3
+    )
     indep = independent_credit_stderr([0, 2], [0.2, None, 0.2], 2)
-    assert indep == [pytest.approx(0.08 ** 0.5 / 2)] * 2
+    assert indep == [pytest.approx(0.08**0.5 / 2)] * 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,8 +106,11 @@ class FakeOpenAI:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
                 status, content = outer.replies.pop(0) if outer.replies else (500, "script exhausted")
-                payload = ({"choices": [{"message": {"role": "assistant", "content": content}}]}
-                           if status == 200 else {"error": content})
+                payload = (
+                    {"choices": [{"message": {"role": "assistant", "content": content}}]}
+                    if status == 200
+                    else {"error": content}
+                )
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -129,8 +138,14 @@ def _trajectory(n_actions: int = 3, outcome=Outcome.unresolved, task_id: str = "
     steps = [Step(index=0, role="system", content="You fix bugs."), Step(index=1, role="user", content="Fix add.")]
     for k in range(n_actions):
         call = ToolCall(name="bash", arguments={"command": f"echo {k}"})
-        steps.append(Step(index=len(steps), role="assistant", content=f'<tool_call>{{"name": "bash"}}</tool_call> {k}',
-                          tool_call=call))
+        steps.append(
+            Step(
+                index=len(steps),
+                role="assistant",
+                content=f'<tool_call>{{"name": "bash"}}</tool_call> {k}',
+                tool_call=call,
+            )
+        )
         steps.append(Step(index=len(steps), role="tool", content=f"out {k}", tool_call_id=call.id, tool_name="bash"))
     return Trajectory(task_id=task_id, recipe="swe", policy_id="teacher", steps=steps, outcome=outcome)
 
@@ -160,8 +175,11 @@ def test_judge_retries_malformed_answers_and_server_errors(monkeypatch):
     good = _answer(0.2, [(2, 0.3), (4, 0.6), (6, 0.1)])
     replies = [(503, "overloaded"), (200, "I think it is fine"), (200, _answer(0.2, [(2, 0.3)])), (200, good)]
     with FakeOpenAI(replies) as server:
-        judge = LLMJudgeEstimator(JudgeConfig(base_url=server.base_url, model="judge-1", api_key_env="JUDGE_KEY",
-                                              max_attempts=3, http_retries=2))
+        judge = LLMJudgeEstimator(
+            JudgeConfig(
+                base_url=server.base_url, model="judge-1", api_key_env="JUDGE_KEY", max_attempts=3, http_retries=2
+            )
+        )
         estimate = judge.estimate(traj, task)
         judge.close()
     assert estimate.values == [0.2, 0.3, 0.6, 0.1]
@@ -194,8 +212,9 @@ def test_label_credit_with_the_judge_end_to_end(tmp_path):
     replies = [(200, _answer(0.1, [(2, 0.5), (4, 0.52), (6, 0.0)])), (200, "junk"), (200, "junk")]
     tracking = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db", experiment="credit-test")
     with FakeOpenAI(replies) as server:
-        config = CreditConfig(estimator="judge", judge=JudgeConfig(base_url=server.base_url, model="m",
-                                                                   api_key_env=None, max_attempts=2))
+        config = CreditConfig(
+            estimator="judge", judge=JudgeConfig(base_url=server.base_url, model="m", api_key_env=None, max_attempts=2)
+        )
         result = label_credit(config, tmp_path / "trajs", tmp_path / "tasks", tmp_path / "out", tracking=tracking)
     assert (result.resolved, result.unresolved, result.infra_error) == (1, 2, 1)
     assert result.labelled == 1 and result.failed == 1
@@ -245,9 +264,11 @@ def _known_solvability_trajectory(client, task, recipe):
     from components.core.harness import HarnessConfig, run_episode
 
     pkg = task.metadata["package"]
-    calls = [ToolCall(name="bash", arguments={"command": f"rm -rf {pkg}"}),
-             ToolCall(name="bash", arguments={"command": "git checkout -- ."}),
-             ToolCall(name="submit", arguments={})]
+    calls = [
+        ToolCall(name="bash", arguments={"command": f"rm -rf {pkg}"}),
+        ToolCall(name="bash", arguments={"command": "git checkout -- ."}),
+        ToolCall(name="submit", arguments={}),
+    ]
     return run_episode(task, recipe, ActionScript(calls), client, HarnessConfig(snapshot_every_step=True, max_steps=6))
 
 
@@ -263,8 +284,11 @@ def test_monte_carlo_recovers_known_values_and_credits_the_repair(sandbox_client
     assert traj.outcome is Outcome.unresolved and traj.status is EpisodeStatus.completed
     assert all(s.sandbox_state_id for s in traj.steps if s.role == "tool")
     # An error-free teacher resolves from every intact state and never from a destroyed one.
-    estimator = MonteCarloEstimator(MonteCarloConfig(k=k, teacher_error_rate=0.0, max_steps=6, parallel=3,
-                                                     use_snapshots=use_snapshots), recipe, sandbox_client)
+    estimator = MonteCarloEstimator(
+        MonteCarloConfig(k=k, teacher_error_rate=0.0, max_steps=6, parallel=3, use_snapshots=use_snapshots),
+        recipe,
+        sandbox_client,
+    )
     estimate = estimator.estimate(traj, task)
     assert estimate.values == [1.0, 0.0, 1.0, 0.0]
     assert estimate.samples == [k, k, k, 0]  # the state after submit is terminal: no continuation
@@ -273,7 +297,7 @@ def test_monte_carlo_recovers_known_values_and_credits_the_repair(sandbox_client
     # k = 1 gives no spread to estimate the credit's SE from: the pseudo-pair's stands in and nothing clears
     # the noise bar; the error-free teacher is exact, so this test turns the bar off for k = 1.
     if k == 1:
-        assert estimate.credit_stderr == [pytest.approx(0.5 ** 0.5)] * 3
+        assert estimate.credit_stderr == [pytest.approx(0.5**0.5)] * 3
         assert not any(s.credited for s in apply_estimate(traj, estimate, SegmentConfig()).steps)
     labelled = apply_estimate(traj, estimate, SegmentConfig(z=0.0) if k == 1 else SegmentConfig())
     assert [s.credited for s in labelled.steps if s.role == "assistant"] == [False, True, False]
@@ -290,11 +314,14 @@ def test_common_random_numbers_cancel_the_teachers_noise_between_equal_states(sa
 
     recipe = get_recipe("swe", difficulty=1)
     task = recipe.tasks("train", 1, seed=3)[0]
-    calls = [ToolCall(name="bash", arguments={"command": "echo one"}),
-             ToolCall(name="bash", arguments={"command": "echo two"}),
-             ToolCall(name="submit", arguments={})]
-    traj = run_episode(task, recipe, ActionScript(calls), sandbox_client,
-                       HarnessConfig(snapshot_every_step=True, max_steps=6))
+    calls = [
+        ToolCall(name="bash", arguments={"command": "echo one"}),
+        ToolCall(name="bash", arguments={"command": "echo two"}),
+        ToolCall(name="submit", arguments={}),
+    ]
+    traj = run_episode(
+        task, recipe, ActionScript(calls), sandbox_client, HarnessConfig(snapshot_every_step=True, max_steps=6)
+    )
     config = MonteCarloConfig(k=6, teacher_error_rate=0.6, max_steps=8, parallel=3)
     estimate = MonteCarloEstimator(config, recipe, sandbox_client).estimate(traj, task)
     v0, v1, v2, v3 = estimate.values
@@ -323,8 +350,10 @@ def test_monte_carlo_value_is_the_resolved_share_of_its_seeded_continuations(san
     estimate = MonteCarloEstimator(config, recipe, sandbox_client).estimate(traj, task)
     # The same six seeded teachers run from scratch, outside the estimator:
     harness = HarnessConfig(max_steps=8)
-    wins = [run_episode(task, recipe, get_scripted_teacher("swe", 0.6, j), sandbox_client, harness).resolved
-            for j in range(6)]
+    wins = [
+        run_episode(task, recipe, get_scripted_teacher("swe", 0.6, j), sandbox_client, harness).resolved
+        for j in range(6)
+    ]
     assert 0 < sum(wins) < 6, "a teacher that always or never resolves cannot test the estimate"
     p = sum(wins) / 6
     assert estimate.values[0] == pytest.approx(p) and estimate.samples[0] == 6
@@ -345,8 +374,11 @@ def test_one_continuation_per_state_does_not_fall_back_to_epsilon(common_random_
         T, keys = 6, list(range(7))
         outcomes = {t: [float(rng.random() < 0.5)] for t in keys}
         values = [outcomes[t][0] for t in keys]
-        se = (paired_credit_stderr(keys, outcomes, T) if common_random_numbers else
-              independent_credit_stderr(keys, [value_stderr(v, 1) for v in values], T))
+        se = (
+            paired_credit_stderr(keys, outcomes, T)
+            if common_random_numbers
+            else independent_credit_stderr(keys, [value_stderr(v, 1) for v in values], T)
+        )
         assert all(s is not None and s > 0 for s in se)
         credited += sum(select_segments(values, SegmentConfig(), se))
         by_epsilon += sum(select_segments(values, SegmentConfig(), None))  # no SE: epsilon alone
@@ -414,6 +446,10 @@ def test_a_flat_value_curve_credits_almost_nothing_at_the_demos_setting(p):
     demo = PipelineConfig.preset_config("demo").credit
     assert demo.estimator == "monte_carlo"
     assert _credited_share_on_a_flat_curve(demo, p) < 0.03
-    earlier = demo.model_copy(update={"monte_carlo": demo.monte_carlo.model_copy(update={"k": 1}),
-                                      "segments": demo.segments.model_copy(update={"z": 0.0})})
+    earlier = demo.model_copy(
+        update={
+            "monte_carlo": demo.monte_carlo.model_copy(update={"k": 1}),
+            "segments": demo.segments.model_copy(update={"z": 0.0}),
+        }
+    )
     assert _credited_share_on_a_flat_curve(earlier, p) > 0.1

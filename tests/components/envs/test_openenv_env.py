@@ -37,16 +37,17 @@ def _drive(client, recipe: str, config: EnvConfig, **reset_kwargs):
         text = teacher.generate(messages, GenerationConfig()).text
         call = parse_tool_call(text)
         result = client.step(RecipeAction(tool=call.name, arguments=call.arguments))
-        messages += [ChatMessage(role="assistant", content=text),
-                     ChatMessage(role="tool", content=result.observation.output, tool_call_id=call.id, name=call.name)]
+        messages += [
+            ChatMessage(role="assistant", content=text),
+            ChatMessage(role="tool", content=result.observation.output, tool_call_id=call.id, name=call.name),
+        ]
         steps += 1
         assert steps <= config.max_steps
     return result, steps
 
 
 @pytest.mark.parametrize("recipe", ["swe", "claw", pytest.param("gui", marks=pytest.mark.slow)])
-def test_openenv_client_drives_a_full_episode_to_a_verified_reward(sandbox_service, sandbox_client, env_server,
-                                                                    recipe):
+def test_openenv_client_drives_a_full_episode_to_a_verified_reward(sandbox_service, sandbox_client, env_server, recipe):
     config = _config(sandbox_service, recipe, max_steps=16)
     with env_server(config) as (url, _):
         client = RecipeEnvClient(base_url=url).sync()
@@ -101,8 +102,9 @@ def test_infrastructure_failure_ends_the_episode_without_a_reward(sandbox_servic
             assert obs.outcome == "infra_error" and obs.infra_error and sandbox_id in obs.infra_error
 
 
-def test_sixteen_concurrent_sessions_share_setup_snapshots_and_leave_nothing(sandbox_service, sandbox_client,
-                                                                            env_server):
+def test_sixteen_concurrent_sessions_share_setup_snapshots_and_leave_nothing(
+    sandbox_service, sandbox_client, env_server
+):
     config = _config(sandbox_service, "swe", max_steps=4)
 
     async def episode(url: str, i: int) -> tuple[float | None, str]:
@@ -198,23 +200,43 @@ def test_mcp_lists_the_recipe_tools_and_a_call_is_one_step_of_the_session(sandbo
     expected = {t.name: t.parameters for t in get_recipe("swe").tools()}
     with env_server(config) as (url, _):
         auth = {"Authorization": f"Bearer {os.environ[TOKEN_ENV]}"}
-        listed = httpx.post(url + "/mcp", json={"jsonrpc": "2.0", "method": "tools/list", "params": {}, "id": 1},
-                            headers=auth, timeout=30).json()
+        listed = httpx.post(
+            url + "/mcp",
+            json={"jsonrpc": "2.0", "method": "tools/list", "params": {}, "id": 1},
+            headers=auth,
+            timeout=30,
+        ).json()
         assert "error" not in listed or listed["error"] is None, listed
         assert {t["name"]: t["inputSchema"] for t in listed["result"]["tools"]} == expected
         # Outside a session there is no episode: the call says so (an observation, not a server error).
-        stateless = httpx.post(url + "/mcp", headers=auth, timeout=30, json={
-            "jsonrpc": "2.0", "method": "tools/call", "params": {"name": "bash", "arguments": {"command": "ls"}},
-            "id": 2}).json()
+        stateless = httpx.post(
+            url + "/mcp",
+            headers=auth,
+            timeout=30,
+            json={
+                "jsonrpc": "2.0",
+                "method": "tools/call",
+                "params": {"name": "bash", "arguments": {"command": "ls"}},
+                "id": 2,
+            },
+        ).json()
         assert "result" in stateless, stateless
         assert "reset" in stateless["result"]["output"] and stateless["result"]["done"] is True
 
         async def in_a_session() -> dict:
             async with RecipeEnvClient(base_url=url) as client:
                 await client.reset(task_index=0)
-                reply = await client._send_and_receive({"type": "mcp", "data": {
-                    "jsonrpc": "2.0", "method": "tools/call", "id": 3,
-                    "params": {"name": "bash", "arguments": {"command": "echo via-mcp"}}}})
+                reply = await client._send_and_receive(
+                    {
+                        "type": "mcp",
+                        "data": {
+                            "jsonrpc": "2.0",
+                            "method": "tools/call",
+                            "id": 3,
+                            "params": {"name": "bash", "arguments": {"command": "echo via-mcp"}},
+                        },
+                    }
+                )
                 state = await client.state()
                 return {"reply": reply, "steps": state.step_count}
 

@@ -11,13 +11,17 @@ from components.envs.session import EnvConfig, Heartbeats, RecipeSession
 
 
 def _session(sandbox_service, sandbox_client, heartbeats):
-    config = EnvConfig(recipe="swe", num_tasks=2, fork_setup=False, sandbox_heartbeat_ttl_seconds=1.5,
-                       service=sandbox_service.connection())
+    config = EnvConfig(
+        recipe="swe",
+        num_tasks=2,
+        fork_setup=False,
+        sandbox_heartbeat_ttl_seconds=1.5,
+        service=sandbox_service.connection(),
+    )
     return RecipeSession(config, client=sandbox_client, heartbeats=heartbeats)
 
 
-def test_heartbeats_keep_an_idle_episode_alive_and_without_them_it_is_an_infra_error(sandbox_service,
-                                                                                     sandbox_client):
+def test_heartbeats_keep_an_idle_episode_alive_and_without_them_it_is_an_infra_error(sandbox_service, sandbox_client):
     heartbeats = Heartbeats(every_seconds=0.3)
     kept, lost = _session(sandbox_service, sandbox_client, heartbeats), _session(sandbox_service, sandbox_client, None)
     try:

@@ -39,8 +39,11 @@ def test_prepared_tokenizer_renders_and_parses_tool_calls_in_our_chat_format():
 
     tok = build_tokenizer(TokenizerConfig(corpus_recipes=[], vocab_size=512))
     call = {"type": "function", "function": {"name": "bash", "arguments": {"command": "ls é"}}}
-    chat = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "t", "tool_calls": [call]},
-            {"role": "tool", "content": "o"}]
+    chat = [
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "t", "tool_calls": [call]},
+        {"role": "tool", "content": "o"},
+    ]
     before = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     prepare_tokenizer(tok)
     assert tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == before  # ids unchanged

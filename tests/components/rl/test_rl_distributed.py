@@ -29,12 +29,23 @@ def _config(sandbox_service, **update):
     from components.rl.config import RLConfig
     from components.rl.sampling import RolloutConfig
 
-    return RLConfig(**{**dict(
-        steps=2, learning_rate=1e-3, seed=3, num_threads=1,
-        rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=8, stride=2, rho_min=0.5, rho_max=0.5,
-                              batch_prompts=1),
-        harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=12)),
-        sandbox=sandbox_service.connection(), launch={"nproc_per_node": 2}), **update})
+    return RLConfig(
+        **{
+            **dict(
+                steps=2,
+                learning_rate=1e-3,
+                seed=3,
+                num_threads=1,
+                rollout=RolloutConfig(
+                    group_size=2, max_rollouts_per_prompt=8, stride=2, rho_min=0.5, rho_max=0.5, batch_prompts=1
+                ),
+                harness=HarnessConfig(max_steps=1, generation=GenerationConfig(max_new_tokens=12)),
+                sandbox=sandbox_service.connection(),
+                launch={"nproc_per_node": 2},
+            ),
+            **update,
+        }
+    )
 
 
 @pytest.mark.slow
@@ -51,11 +62,22 @@ def test_two_process_grpo_trains_once_logs_once_and_saves_once(rl_inputs, sandbo
     script.write_text(ENTRY)
     out, uri = tmp_path / "rl", f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-           config.model_dump_json(), str(rl_inputs / "tasks"), str(rl_inputs / "sft"), str(out), uri]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(script),
+        config.model_dump_json(),
+        str(rl_inputs / "tasks"),
+        str(rl_inputs / "sft"),
+        str(out),
+        uri,
+    ]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    results = [json.loads(line[len("RESULT ") :]) for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     for r in results:
         r["metrics"].pop("train_seconds")  # each rank's own clock
     assert len(results) == 2 and results[0] == results[1], "every rank returns the same (gathered) result"

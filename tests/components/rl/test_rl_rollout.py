@@ -27,9 +27,14 @@ def _trainer(rl_inputs, config, client, tmp_path):
     model, tokenizer = load_policy(rl_inputs / "sft")
     tasks = {t.id: t for t in TaskStore(rl_inputs / "tasks").read(split="train")}
     rollout = TRLRollout(tasks, get_recipe("swe"), client, config, tokenizer)
-    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_functions(),
-                          args=grpo_args(config, tmp_path), train_dataset=Dataset.from_list(rollout.dataset_rows()),
-                          rollout_func=rollout)
+    trainer = GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=reward_functions(),
+        args=grpo_args(config, tmp_path),
+        train_dataset=Dataset.from_list(rollout.dataset_rows()),
+        rollout_func=rollout,
+    )
     return trainer, rollout
 
 
@@ -39,9 +44,13 @@ def _coin_pair(rl_inputs, sandbox_service, tmp_path, max_steps: int):
     waves of 4, so the pool always holds more attempts than the group."""
     from components.rl.sampling import RolloutConfig
 
-    config = _config(sandbox_service, harness=HarnessConfig(max_steps=max_steps, generation=GenerationConfig(
-        max_new_tokens=10)), rollout=RolloutConfig(group_size=2, max_rollouts_per_prompt=16, stride=4, rho_min=0.5,
-                                                   rho_max=0.5, batch_prompts=1))
+    config = _config(
+        sandbox_service,
+        harness=HarnessConfig(max_steps=max_steps, generation=GenerationConfig(max_new_tokens=10)),
+        rollout=RolloutConfig(
+            group_size=2, max_rollouts_per_prompt=16, stride=4, rho_min=0.5, rho_max=0.5, batch_prompts=1
+        ),
+    )
     with config.sandbox.client() as client:
         trainer, rollout = _trainer(rl_inputs, config, client, tmp_path)
         coin = next(r for r in rollout.dataset_rows() if r["task_id"] == "coin")
@@ -51,7 +60,8 @@ def _coin_pair(rl_inputs, sandbox_service, tmp_path, max_steps: int):
 
 
 def test_tool_tokens_carry_no_loss_in_trls_objective(rl_inputs, sandbox_service, tmp_path):
-    """Perturbing the model's output (final hidden state, hence logits) wherever env_mask is 0 (tool observations, chat markup) leaves
+    """Perturbing the model's output (final hidden state, hence logits) wherever env_mask is 0 (tool observations,
+    chat markup) leaves
     TRL's loss and its gradient unchanged; perturbing one sampled token's logits changes the gradient."""
     trainer, rollout, batch = _coin_pair(rl_inputs, sandbox_service, tmp_path, max_steps=2)
     assert rollout.records[0].kept and batch["advantages"].abs().sum() > 0
@@ -112,7 +122,7 @@ def test_trl_trains_on_the_samplers_pool_advantages_unchanged(rl_inputs, sandbox
     assert record.kept and record.group_positives == 1
     positives, negatives = record.pool_positives, record.pool_negatives
     mean = (positives - negatives) / (positives + negatives)
-    std = (1 - mean ** 2) ** 0.5
+    std = (1 - mean**2) ** 0.5
     expected = sorted([(1 - mean) / std * positives, (-1 - mean) / std * negatives])  # one member stands for its side
     assert sorted(record.group_advantages) == pytest.approx(expected)
     assert batch["advantages"].tolist() == pytest.approx(record.group_advantages, abs=1e-6)
@@ -178,9 +188,9 @@ def test_injected_crashes_and_timeouts_never_reach_a_reward(rl_inputs, sandbox_s
     assert "injected: sandbox service crashed" in reasons and "injected: verification timed out" in reasons
     assert len(out["verified_reward"]) == 6 and not infra & set(out["attempt_id"])
     for i in range(0, 6, 2):
-        ids, rewards = out["attempt_id"][i:i + 2], out["verified_reward"][i:i + 2]
+        ids, rewards = out["attempt_id"][i : i + 2], out["verified_reward"][i : i + 2]
         if ids == ["", ""]:  # a dropped group: equal rewards and no loss-bearing token
-            assert rewards == [None, None] and all(not any(m) for m in out["env_mask"][i:i + 2])
+            assert rewards == [None, None] and all(not any(m) for m in out["env_mask"][i : i + 2])
         else:
             assert sorted(rewards) == [-1.0, 1.0] and all(episodes[a].outcome is not Outcome.infra_error for a in ids)
     assert sum(r.pool_aborted for r in rollout.records) == len(infra) > 0
@@ -198,9 +208,19 @@ def test_a_prompt_the_history_skips_spends_no_episode_and_sends_placeholders(rl_
     from components.rl.rollout import TRLRollout
     from components.rl.sampling import RolloutConfig
 
-    config = _config(sandbox_service, rollout=RolloutConfig(
-        group_size=2, max_rollouts_per_prompt=8, stride=2, rho_min=0.5, rho_max=0.5, batch_prompts=1,
-        history=True, skip_explore=0.0))
+    config = _config(
+        sandbox_service,
+        rollout=RolloutConfig(
+            group_size=2,
+            max_rollouts_per_prompt=8,
+            stride=2,
+            rho_min=0.5,
+            rho_max=0.5,
+            batch_prompts=1,
+            history=True,
+            skip_explore=0.0,
+        ),
+    )
     model, tokenizer = load_policy(rl_inputs / "sft")
     tasks = {t.id: t for t in TaskStore(rl_inputs / "tasks").read(split="train")}
     store = TrajectoryStore(tmp_path / "episodes")
@@ -213,7 +233,9 @@ def test_a_prompt_the_history_skips_spends_no_episode_and_sends_placeholders(rl_
         rollout.close()
     assert [(r.rule, r.generated, r.kept) for r in rollout.records] == [("skipped", 0, False)]
     assert not (tmp_path / "episodes").exists() and rollout.budget.spent == 0  # no episode ran
-    assert out["attempt_id"] == ["", ""] and out["verified_reward"] == [None, None] and not any(sum(out["env_mask"], []))
+    assert (
+        out["attempt_id"] == ["", ""] and out["verified_reward"] == [None, None] and not any(sum(out["env_mask"], []))
+    )
     assert rollout.dropped_groups == 1
 
 
@@ -240,18 +262,27 @@ def test_the_prompts_of_a_batch_share_each_batched_forward(rl_inputs, sandbox_se
     from components.rl.sampling import RolloutConfig
     from components.rl.stage import grpo_args, reward_functions
 
-    config = _config(sandbox_service, harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=6)),
-                     rollout=RolloutConfig(sampler="fixed", group_size=2, max_rollouts_per_prompt=2, stride=2,
-                                           batch_prompts=2, refill=False))
+    config = _config(
+        sandbox_service,
+        harness=HarnessConfig(max_steps=2, generation=GenerationConfig(max_new_tokens=6)),
+        rollout=RolloutConfig(
+            sampler="fixed", group_size=2, max_rollouts_per_prompt=2, stride=2, batch_prompts=2, refill=False
+        ),
+    )
     coin = next(t for t in TaskStore(rl_inputs / "tasks").read() if t.id == "coin")
     tasks = {t.id: t for t in (coin, coin.model_copy(update={"id": "coin2", "prompt": "Flip another coin."}))}
     model, tokenizer = load_policy(rl_inputs / "sft")
     with config.sandbox.client() as client:
         rollout = TRLRollout(tasks, get_recipe("swe"), client, config, tokenizer)
         rows = rollout.dataset_rows()
-        trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=reward_functions(),
-                              args=grpo_args(config, tmp_path), train_dataset=Dataset.from_list(rows),
-                              rollout_func=rollout)
+        trainer = GRPOTrainer(
+            model=model,
+            processing_class=tokenizer,
+            reward_funcs=reward_functions(),
+            args=grpo_args(config, tmp_path),
+            train_dataset=Dataset.from_list(rows),
+            rollout_func=rollout,
+        )
         trainer._generate_and_score_completions([dict(rows[0]), dict(rows[0]), dict(rows[1]), dict(rows[1])])
         sizes = list(rollout._source.policy.batch_sizes)
         rollout.close()

@@ -27,30 +27,52 @@ def tokenizer():
 
 def _turn(tokenizer, index: int, text: str, logprob: float) -> Step:
     ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-    return Step(index=index, role="assistant", content=text, token_ids=ids, logprobs=[logprob] * len(ids),
-                tokenizer_id=tokenizer_id(tokenizer))
+    return Step(
+        index=index,
+        role="assistant",
+        content=text,
+        token_ids=ids,
+        logprobs=[logprob] * len(ids),
+        tokenizer_id=tokenizer_id(tokenizer),
+    )
 
 
-def _episode(tokenizer, reward: float | None, status=EpisodeStatus.completed, prefix_logprob: float | None = None,
-             own_logprob: float = -0.5) -> Trajectory:
+def _episode(
+    tokenizer,
+    reward: float | None,
+    status=EpisodeStatus.completed,
+    prefix_logprob: float | None = None,
+    own_logprob: float = -0.5,
+) -> Trajectory:
     """system, user, [a forked prefix: an assistant turn and its observation], the policy's own turn."""
     steps = [Step(index=0, role="system", content="You fix bugs."), Step(index=1, role="user", content="Fix it.")]
     prefix_len = 0
     if prefix_logprob is not None:
-        steps += [_turn(tokenizer, 2, "teacher reads the file", prefix_logprob),
-                  Step(index=3, role="tool", content="def add(a, b): return a - b")]
+        steps += [
+            _turn(tokenizer, 2, "teacher reads the file", prefix_logprob),
+            Step(index=3, role="tool", content="def add(a, b): return a - b"),
+        ]
         prefix_len = 4
     steps.append(_turn(tokenizer, len(steps), "the policy submits", own_logprob))
     outcome = {1.0: Outcome.resolved, -1.0: Outcome.unresolved, None: Outcome.infra_error}[reward]
-    return Trajectory(task_id="t", recipe="swe", policy_id="p", steps=steps, outcome=outcome, status=status,
-                      metadata={"tool_format": "protocol", "prefix_len": prefix_len})
+    return Trajectory(
+        task_id="t",
+        recipe="swe",
+        policy_id="p",
+        steps=steps,
+        outcome=outcome,
+        status=status,
+        metadata={"tool_format": "protocol", "prefix_len": prefix_len},
+    )
 
 
 class ListSource:
     """Hands out prepared attempts in order, per prompt (what `EpisodeSource` would have produced)."""
 
     def __init__(self, attempts: list[Attempt] | dict[str, list[Attempt]]):
-        self.attempts = {k: list(v) for k, v in attempts.items()} if isinstance(attempts, dict) else {"t": list(attempts)}
+        self.attempts = (
+            {k: list(v) for k, v in attempts.items()} if isinstance(attempts, dict) else {"t": list(attempts)}
+        )
         self.finished, self.policy, self.calls = [], None, []
 
     def __call__(self, prompt_id: str, n: int) -> list[Attempt]:
@@ -61,10 +83,13 @@ class ListSource:
 
 def _rollout(tokenizer, attempts, n: int, tasks=("t",), **rollout) -> tuple[TRLRollout, dict]:
     prompts = {"t": "Fix it.", "u": "Fix the other one.", "v": "And this."}
-    found = {i: Task(id=i, recipe="swe", split="train", prompt=prompts[i], environment=EnvironmentSpec(files={}))
-             for i in tasks}
-    config = RLConfig(rollout=RolloutConfig(group_size=n, max_rollouts_per_prompt=n, stride=n, batch_prompts=1,
-                                            **rollout))
+    found = {
+        i: Task(id=i, recipe="swe", split="train", prompt=prompts[i], environment=EnvironmentSpec(files={}))
+        for i in tasks
+    }
+    config = RLConfig(
+        rollout=RolloutConfig(group_size=n, max_rollouts_per_prompt=n, stride=n, batch_prompts=1, **rollout)
+    )
     rollout_func = TRLRollout(found, get_recipe("swe"), None, config, tokenizer)
     model = SimpleNamespace(training=True, train=lambda mode=True: None)
     rollout_func._model, rollout_func._source = model, ListSource(attempts)
@@ -98,8 +123,9 @@ def test_an_episode_that_ended_ends_on_its_end_token_and_a_cut_one_does_not(toke
     _, out = _rollout(tokenizer, cut, 2)
     assert all(ids[-1] not in ends for ids in out["completion_ids"])
     # no loss token is lost to the trim: the sampled end token stays
-    assert all(sum(m) == len(tokenizer.encode("the policy submits", add_special_tokens=False)) + 1
-               for m in out["env_mask"])
+    assert all(
+        sum(m) == len(tokenizer.encode("the policy submits", add_special_tokens=False)) + 1 for m in out["env_mask"]
+    )
 
 
 def test_placeholder_rows_carry_no_reward_and_leave_the_batch_std_alone(tokenizer):
@@ -129,8 +155,9 @@ def test_loss_types_that_average_over_rows_are_refused(loss_type):
 
 
 def test_a_forked_attempt_gets_its_own_turns_logprobs_not_its_prefixs(tokenizer):
-    forked = [_attempt(_episode(tokenizer, r, prefix_logprob=-9.0, own_logprob=-0.5), prefix_steps=1)
-              for r in (1.0, -1.0)]
+    forked = [
+        _attempt(_episode(tokenizer, r, prefix_logprob=-9.0, own_logprob=-0.5), prefix_steps=1) for r in (1.0, -1.0)
+    ]
     _, out = _rollout(tokenizer, forked, 2)
     for mask, logprobs in zip(out["env_mask"], out["logprobs"]):
         assert sum(mask) > 0 and {lp for m, lp in zip(mask, logprobs) if m} == {-0.5}
@@ -143,8 +170,14 @@ def test_refill_replaces_a_dropped_group_by_another_prompts_kept_group(tokenizer
     flat = [_attempt(_episode(tokenizer, -1.0)) for _ in range(2)]
     uniform = [_attempt(_episode(tokenizer, 1.0)) for _ in range(2)]
     mixed = [_attempt(_episode(tokenizer, r)) for r in (1.0, -1.0)]
-    rollout, out = _rollout(tokenizer, {"t": flat, "u": uniform, "v": mixed}, 2, tasks=("t", "u", "v"),
-                            refill=refill, max_prompts_per_batch=4)
+    rollout, out = _rollout(
+        tokenizer,
+        {"t": flat, "u": uniform, "v": mixed},
+        2,
+        tasks=("t", "u", "v"),
+        refill=refill,
+        max_prompts_per_batch=4,
+    )
     assert rollout.records[0].prompt_id == "t" and rollout.records[0].drop_reason == "zero_std"
     summary = rollout.summary()
     if not refill:

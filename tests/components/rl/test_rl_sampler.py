@@ -139,21 +139,41 @@ def test_too_few_verified_attempts_fall_back_to_top_ranked_and_drop_the_group():
 
 
 def test_ranking_prefers_completed_over_truncated_and_time_truncated_goes_to_backfill():
-    script = ([(N, S.truncated)] * 4 + [(N, S.time_truncated)] * 4 + [P] * 4 + [N] * 4)
+    script = [(N, S.truncated)] * 4 + [(N, S.time_truncated)] * 4 + [P] * 4 + [N] * 4
     res = sample_prompt("r", ScriptedSource({"r": script}), cfg(stride=16, group_choice="ranked"), RolloutBudget())
     r = res.record
     assert r.rule == "balanced" and r.group_positives == 4
     assert r.waves[0].backfill == 4  # the time-truncated ones
     assert r.group_indices == [8, 9, 10, 11, 12, 13, 14, 15]  # completed negatives beat truncated ones
     # Time-truncated attempts may count as verified negatives when configured so.
-    res = sample_prompt("r", ScriptedSource({"r": [(N, S.time_truncated)] * 4 + [P] * 4}),
-                            cfg(stride=8, time_truncated_to_backfill=False), RolloutBudget())
+    res = sample_prompt(
+        "r",
+        ScriptedSource({"r": [(N, S.time_truncated)] * 4 + [P] * 4}),
+        cfg(stride=8, time_truncated_to_backfill=False),
+        RolloutBudget(),
+    )
     assert res.record.rule == "balanced" and res.record.generated == 8
 
 
 # The pool of the review: 2 successes, 7 completed failures, 7 failures cut by the step limit (N = 8 of 16).
-FINDING_POOL = [P, N, (N, S.truncated), N, (N, S.truncated), N, (N, S.truncated), N,
-                (N, S.truncated), N, (N, S.truncated), P, (N, S.truncated), N, (N, S.truncated), N]
+FINDING_POOL = [
+    P,
+    N,
+    (N, S.truncated),
+    N,
+    (N, S.truncated),
+    N,
+    (N, S.truncated),
+    N,
+    (N, S.truncated),
+    N,
+    (N, S.truncated),
+    P,
+    (N, S.truncated),
+    N,
+    (N, S.truncated),
+    N,
+]
 
 
 def test_failures_are_drawn_without_regard_to_how_they_ended():
@@ -176,8 +196,10 @@ def test_failures_are_drawn_without_regard_to_how_they_ended():
     assert all(included[i] == draws for i in (0, 11))  # both successes, always
     assert all(included.get(i, 0) / draws == pytest.approx(6 / 14, abs=0.05) for i in failures)
     again = sample_prompt("f", ScriptedSource({"f": FINDING_POOL}), cfg(), RolloutBudget(), step=7)
-    assert again.record.group_indices == sample_prompt("f", ScriptedSource({"f": FINDING_POOL}), cfg(),
-                                                       RolloutBudget(), step=7).record.group_indices  # seeded
+    assert (
+        again.record.group_indices
+        == sample_prompt("f", ScriptedSource({"f": FINDING_POOL}), cfg(), RolloutBudget(), step=7).record.group_indices
+    )  # seeded
     ranked = sample_prompt("f", ScriptedSource({"f": FINDING_POOL}), cfg(group_choice="ranked"), RolloutBudget())
     assert sum(a.status is S.truncated for a in ranked.group) == 0  # the published order: never one
     assert (ranked.record.pool_truncated, ranked.record.group_truncated) == (7, 0)
@@ -290,11 +312,20 @@ def test_infra_failures_never_enter_a_group_mean_or_std(sampler):
     # advantages. The crash must leave the group and the baseline, so the siblings get exactly the
     # verified-only advantages, not the ones counting it as a failure.
     def source(prompt_id, n):
-        return [Attempt(reward=outcome_reward(t), status=t.status, attempt_id=t.id, payload=t)
-                for t in (verified + [crashed])[:n]]
+        return [
+            Attempt(reward=outcome_reward(t), status=t.status, attempt_id=t.id, payload=t)
+            for t in (verified + [crashed])[:n]
+        ]
 
-    config = RolloutConfig(sampler=sampler, group_size=3 if sampler == "bar" else 4, max_rollouts_per_prompt=4,
-                           stride=4, rho_min=0.0, rho_max=0.5, advantage_baseline="group")
+    config = RolloutConfig(
+        sampler=sampler,
+        group_size=3 if sampler == "bar" else 4,
+        max_rollouts_per_prompt=4,
+        stride=4,
+        rho_min=0.0,
+        rho_max=0.5,
+        advantage_baseline="group",
+    )
     result = sample_prompt("p", source, config, RolloutBudget())
     assert result.record.kept and [a.payload for a in result.group] == verified
     advantages = [a.advantage for a in result.group]

@@ -1,5 +1,6 @@
 """Prefix-fork sampling on real sandboxes: `EpisodeSource.fork` continues a resolved teacher trajectory
-from a forked snapshot, records the prefix, and `episode_tokens` (what the RL stage sends TRL) puts no loss on the prefix."""
+from a forked snapshot, records the prefix, and `episode_tokens` (what the RL stage sends TRL) puts no loss on the
+prefix."""
 
 import pytest
 
@@ -21,8 +22,9 @@ def test_fork_continues_from_the_teacher_snapshot_and_the_prefix_has_no_loss(san
     ref = run_episode(task, recipe, get_scripted_teacher("swe", 0.0, 0), sandbox_client, harness)
     assert ref.outcome is Outcome.resolved
     config = RLConfig(harness=HarnessConfig(max_steps=12), sandbox=sandbox_service.connection())
-    source = EpisodeSource({task.id: task}, recipe, get_scripted_teacher("swe", 0.0, 1), sandbox_client, config,
-                           references={task.id: ref})
+    source = EpisodeSource(
+        {task.id: task}, recipe, get_scripted_teacher("swe", 0.0, 1), sandbox_client, config, references={task.id: ref}
+    )
     assert source.has_prefix(task.id) and not EpisodeSource({}, recipe, None, None, config).has_prefix(task.id)
 
     (forked,) = source.fork(task.id, 1, 0.5)
@@ -46,5 +48,8 @@ def test_fork_continues_from_the_teacher_snapshot_and_the_prefix_has_no_loss(san
     rendered = render_trajectory(traj, tokenizer, loss_on="assistant", tool_format=traj.metadata["tool_format"])
     assert not any(m for m, i in zip(f_mask, rendered.step_index) if i < prefix_len)
     assert any(m for m, i in zip(f_mask, rendered.step_index) if i >= prefix_len)
-    assert sum(p_mask) == sum(render_trajectory(plain.payload, tokenizer, loss_on="assistant",
-                                                tool_format=plain.payload.metadata["tool_format"]).loss_mask)
+    assert sum(p_mask) == sum(
+        render_trajectory(
+            plain.payload, tokenizer, loss_on="assistant", tool_format=plain.payload.metadata["tool_format"]
+        ).loss_mask
+    )

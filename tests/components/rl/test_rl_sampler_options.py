@@ -7,7 +7,14 @@ import pytest
 
 from components.rl.sampling import group_advantages
 from components.rl.sampling import (
-    Attempt, PromptHistory, RolloutBudget, RolloutConfig, p_mixed, sample_batch, sample_prompt, summarize,
+    Attempt,
+    PromptHistory,
+    RolloutBudget,
+    RolloutConfig,
+    p_mixed,
+    sample_batch,
+    sample_prompt,
+    summarize,
 )
 from components.rl.sampling.synthetic import SyntheticPrompt, SyntheticSource
 
@@ -61,12 +68,17 @@ def test_mixed_first_wave_continues_and_a_higher_threshold_keeps_sampling():
 
 def test_bar_with_early_stop_abandons_once_the_posterior_is_sure():
     # N_max = 16: after 4 failures P(12 more fail) = 5/17 < 0.5; after 8, P(8 more) = 9/17 >= 0.5.
-    res = sample_prompt("zero", SyntheticSource(prompts(zero=0.0)),
-                        RolloutConfig(sampler="bar", stride=4, early_stop=True), RolloutBudget())
+    res = sample_prompt(
+        "zero",
+        SyntheticSource(prompts(zero=0.0)),
+        RolloutConfig(sampler="bar", stride=4, early_stop=True),
+        RolloutBudget(),
+    )
     assert res.record.generated == 8 and res.record.rule == "abandoned"
     assert [w.p_rest_uniform for w in res.record.waves] == pytest.approx([5 / 17, 9 / 17])
-    res = sample_prompt("zero", SyntheticSource(prompts(zero=0.0)), RolloutConfig(sampler="bar", stride=4),
-                        RolloutBudget())
+    res = sample_prompt(
+        "zero", SyntheticSource(prompts(zero=0.0)), RolloutConfig(sampler="bar", stride=4), RolloutBudget()
+    )
     assert res.record.generated == 16
 
 
@@ -79,8 +91,11 @@ def test_zero_variance_prompts_are_skipped_at_the_configured_rate():
         history, src = PromptHistory(cfg, seed=3), SyntheticSource(rates)
         first = sample_batch(iter(ids), src, cfg, RolloutBudget(), history=history)
         assert sum(r.rule == "skipped" for r in first.records) == 0
-        assert history.get("z0").model_dump(include={"alpha", "beta", "uniform_streak"}) == \
-            {"alpha": 1.0, "beta": 5.0, "uniform_streak": 1}
+        assert history.get("z0").model_dump(include={"alpha", "beta", "uniform_streak"}) == {
+            "alpha": 1.0,
+            "beta": 5.0,
+            "uniform_streak": 1,
+        }
         second = sample_batch(iter(ids), src, cfg, RolloutBudget(), history=history)
         sampled = [r.prompt_id for r in second.records if r.rule != "skipped"]
         assert lo <= len([p for p in sampled if p != "mixed"]) <= hi
@@ -154,12 +169,17 @@ def test_prefix_fraction_adapts_and_never_solved_prompts_are_forked_not_skipped(
 def test_dapo_refill_fills_the_batch_and_fixed_does_not():
     rates = prompts(**{f"u{i}": 0.0 for i in range(6)}, **{f"m{i}": 0.5 for i in range(6)})
     order = [f"{k}{i}" for i in range(6) for k in ("u", "m")]
-    dapo = sample_batch(iter(order), SyntheticSource(rates, seed=1), RolloutConfig(sampler="fixed", batch_prompts=4),
-                        RolloutBudget())
+    dapo = sample_batch(
+        iter(order), SyntheticSource(rates, seed=1), RolloutConfig(sampler="fixed", batch_prompts=4), RolloutBudget()
+    )
     assert dapo.stop_reason == "full" and len(dapo.groups) == 4 and all(len(g) == 8 for g in dapo.groups)
     assert [r.prompt_id for r in dapo.records] == order[:8] and dapo.generated == 64
-    fixed = sample_batch(iter(order), SyntheticSource(rates, seed=1),
-                         RolloutConfig(sampler="fixed", batch_prompts=4, refill=False), RolloutBudget())
+    fixed = sample_batch(
+        iter(order),
+        SyntheticSource(rates, seed=1),
+        RolloutConfig(sampler="fixed", batch_prompts=4, refill=False),
+        RolloutBudget(),
+    )
     assert [r.prompt_id for r in fixed.records] == order[:4] and len(fixed.groups) == 2
 
 
@@ -187,8 +207,9 @@ def test_pool_advantages_are_grpo_on_the_whole_pool_in_expectation():
     for i, outcome in enumerate(FINDING_POOL):
         assert weight[i] == pytest.approx(grpo[P] if outcome == P else grpo[N], abs=0.04), i
     # The published rule: GRPO over the balanced group, compressed whatever the pool's pass rate.
-    res = sample_prompt("s", ScriptedSource({"s": FINDING_POOL}), RolloutConfig(advantage_baseline="group"),
-                        RolloutBudget())
+    res = sample_prompt(
+        "s", ScriptedSource({"s": FINDING_POOL}), RolloutConfig(advantage_baseline="group"), RolloutBudget()
+    )
     assert [a.advantage for a in res.group] == pytest.approx(group_advantages([a.reward for a in res.group]))
     assert max(a.advantage for a in res.group) == pytest.approx(1.5 / math.sqrt(0.75))
     # Fixed groups: the pool is the group, the rule is GRPO's either way.
@@ -204,7 +225,7 @@ def test_positives_drawn_from_a_larger_side_stand_for_all_of_it():
 
     script = [P] * 12 + [N] * 4
     res = sample_prompt("s", ScriptedSource({"s": script}), RolloutConfig(stride=16), RolloutBudget(), seed=3)
-    std = math.sqrt(1 - 0.5 ** 2)
+    std = math.sqrt(1 - 0.5**2)
     assert sorted(a.advantage for a in res.group) == pytest.approx([(-1 - 0.5) / std] * 4 + [3 * (1 - 0.5) / std] * 4)
     assert {a.index for a in res.group} >= {12, 13, 14, 15} and res.record.group_positives == 4
 
@@ -230,8 +251,15 @@ def test_comparison_arms_spend_equal_trajectories_and_the_fork_gain_is_the_assum
     per, spent = {}, {}
     for arm in ("fixed N=8", "DAPO N=8", "+ history", HEADLINE):
         for exponent in (2.0, math.inf):
-            s = summarize(run_arm(ARMS[arm].model_copy(update={"batch_prompts": 8, "max_prompts_per_batch": 960}),
-                                  ps, 2000, 0, prefix_exponent=exponent))
+            s = summarize(
+                run_arm(
+                    ARMS[arm].model_copy(update={"batch_prompts": 8, "max_prompts_per_batch": 960}),
+                    ps,
+                    2000,
+                    0,
+                    prefix_exponent=exponent,
+                )
+            )
             per[arm, exponent], spent[arm, exponent] = s["informative_groups_per_trajectory"], s["trajectories"]
     assert set(spent.values()) == {2000}  # equal trajectories in every arm, not equal passes
     assert per["DAPO N=8", 2.0] == per["fixed N=8", 2.0]  # same stream, same draws: refill changes batches only
@@ -244,17 +272,30 @@ def test_comparison_arms_spend_equal_trajectories_and_the_fork_gain_is_the_assum
 def test_arm_ratio_plot_draws_one_bar_per_population_and_arm():
     from components.rl.plots import plot_arm_ratios
 
-    rows = [{"population": p, "arm": a, "informative_groups_per_trajectory": v}
-            for p, a, v in [("hard", "fixed", 0.05), ("hard", "ours", 0.08), ("bimodal", "fixed", 0.04),
-                            ("bimodal", "ours", 0.1)]]
+    rows = [
+        {"population": p, "arm": a, "informative_groups_per_trajectory": v}
+        for p, a, v in [
+            ("hard", "fixed", 0.05),
+            ("hard", "ours", 0.08),
+            ("bimodal", "fixed", 0.04),
+            ("bimodal", "ours", 0.1),
+        ]
+    ]
     fig = plot_arm_ratios(rows, "fixed")
     heights = sorted(round(b.get_height(), 6) for b in fig.axes[0].patches)
     assert heights == [1.0, 1.0, 1.6, 2.5]
 
 
 def test_a_prompt_whose_forks_fail_from_the_longest_prefix_is_skipped_again():
-    cfg = RolloutConfig(sampler="fixed", stride=4, history=True, prefix_fork=True, skip_explore=0.0,
-                        prefix_fraction=0.8, prefix_fraction_max=0.9)
+    cfg = RolloutConfig(
+        sampler="fixed",
+        stride=4,
+        history=True,
+        prefix_fork=True,
+        skip_explore=0.0,
+        prefix_fraction=0.8,
+        prefix_fraction_max=0.9,
+    )
     history = PromptHistory(cfg)
     src = ScriptedForks(prompts(zero=0.0), forks=[N] * 8)
     sample_prompt("zero", src, cfg, RolloutBudget(), history=history)  # no history yet: 8 on-policy failures

@@ -24,14 +24,26 @@ TINY = ModelConfig(tokenizer=TokenizerConfig(corpus_recipes=[]))
 
 
 def _trajectory(outcome: Outcome, credited: list[bool | None], tag: str) -> Trajectory:
-    steps = [Step(index=0, role="system", content="You fix bugs."),
-             Step(index=1, role="user", content=f"Bug in `mathkit/core.py`: fix `add_{tag}`.")]
+    steps = [
+        Step(index=0, role="system", content="You fix bugs."),
+        Step(index=1, role="user", content=f"Bug in `mathkit/core.py`: fix `add_{tag}`."),
+    ]
     for k, flag in enumerate(credited):
         call = ToolCall(name="read_file", arguments={"path": f"mathkit/core_{k}.py"})
-        steps.append(Step(index=len(steps), role="assistant", tool_call=call, credited=flag,
-                          content=f'<tool_call>{{"name": "read_file", "arguments": {{"path": "mathkit/core_{k}.py"}}}}</tool_call>'))
-        steps.append(Step(index=len(steps), role="tool", content=f"def add_{tag}(a, b):\n    return a - b\n",
-                          tool_call_id=call.id))
+        steps.append(
+            Step(
+                index=len(steps),
+                role="assistant",
+                tool_call=call,
+                credited=flag,
+                content=f'<tool_call>{{"name": "read_file", "arguments": {{"path": "mathkit/core_{k}.py"}}}}</tool_call>',  # noqa: E501
+            )
+        )
+        steps.append(
+            Step(
+                index=len(steps), role="tool", content=f"def add_{tag}(a, b):\n    return a - b\n", tool_call_id=call.id
+            )
+        )
     return Trajectory(task_id=f"t-{tag}", recipe="swe", policy_id="teacher", steps=steps, outcome=outcome)
 
 
@@ -42,11 +54,13 @@ def tokenizer():
 
 @pytest.fixture()
 def store(tmp_path):
-    trajs = [_trajectory(Outcome.resolved, [True, True, True], "r1"),
-             _trajectory(Outcome.resolved, [None, None], "r2"),  # resolved, never labelled: still whole
-             _trajectory(Outcome.unresolved, [False, True, False], "u1"),
-             _trajectory(Outcome.unresolved, [False, False], "u2"),  # no credited step: dropped in 'credited'
-             _trajectory(Outcome.infra_error, [None], "i1").model_copy(update={"status": EpisodeStatus.aborted})]
+    trajs = [
+        _trajectory(Outcome.resolved, [True, True, True], "r1"),
+        _trajectory(Outcome.resolved, [None, None], "r2"),  # resolved, never labelled: still whole
+        _trajectory(Outcome.unresolved, [False, True, False], "u1"),
+        _trajectory(Outcome.unresolved, [False, False], "u2"),  # no credited step: dropped in 'credited'
+        _trajectory(Outcome.infra_error, [None], "i1").model_copy(update={"status": EpisodeStatus.aborted}),
+    ]
     TrajectoryStore(tmp_path / "trajs").append(trajs)
     return tmp_path / "trajs", trajs
 
@@ -97,8 +111,12 @@ def test_a_malformed_call_carries_no_loss_in_any_mode(sandbox_client, tokenizer,
     before, after = bad - 2, bad + 2  # the assistant turns either side of it
     assert traj.steps[before].role == traj.steps[after].role == "assistant" and traj.steps[after].tool_call
     if mode == "credited":  # the credited arm's unresolved case: every turn credited, the malformed one too
-        traj = traj.model_copy(update={"outcome": Outcome.unresolved, "steps": [
-            s.model_copy(update={"credited": True}) if s.role == "assistant" else s for s in traj.steps]})
+        traj = traj.model_copy(
+            update={
+                "outcome": Outcome.unresolved,
+                "steps": [s.model_copy(update={"credited": True}) if s.role == "assistant" else s for s in traj.steps],
+            }
+        )
     samples, stats = build_samples([traj], tokenizer, mode, max_len=1 << 16)
     assert stats.malformed_steps_masked == 1
     assert stats.hidden_pass_fraction_n == 1 and stats.hidden_pass_fraction_mean == 1.0  # the real verdict's
@@ -139,7 +157,10 @@ def test_truncation_warns_above_one_share_and_refuses_to_train_above_another(sto
     assert capsys.readouterr().err == ""
     check_truncation(SFTConfig(max_len=cut_at, truncation_warning=0.0, truncation_limit=1.0), cut)
     warning = capsys.readouterr().err
-    assert warning.startswith(f"warning: sft: cutting samples at max_len={cut_at} drops ") and "raise sft.max_len" in warning
+    assert (
+        warning.startswith(f"warning: sft: cutting samples at max_len={cut_at} drops ")
+        and "raise sft.max_len" in warning
+    )
     with pytest.raises(TruncationError, match=r"above truncation_limit 0%: raise sft.max_len"):
         check_truncation(SFTConfig(max_len=cut_at, truncation_limit=0.0), cut)
     # train_sft checks before it builds a model: a run that would train on scraps fails in seconds
@@ -189,8 +210,9 @@ def test_a_few_sft_steps_reduce_loss_and_change_every_parameter(store, tmp_path)
 def test_sft_continues_from_a_saved_model_and_rejects_empty_data(store, tmp_path):
     trajectories_dir, trajs = store
     first = train_sft(SFTConfig(mode="whole", steps=3, batch_size=4, model=TINY), trajectories_dir, tmp_path / "a")
-    second = train_sft(SFTConfig(mode="whole", steps=3, batch_size=4), trajectories_dir, tmp_path / "b",
-                       base_model_dir=first.model_dir)
+    second = train_sft(
+        SFTConfig(mode="whole", steps=3, batch_size=4), trajectories_dir, tmp_path / "b", base_model_dir=first.model_dir
+    )
     assert second.first_loss < first.first_loss  # it started where the first run ended
     TrajectoryStore(tmp_path / "only-unresolved").append([t for t in trajs if t.outcome is Outcome.unresolved])
     with pytest.raises(ValueError, match="no trainable samples"):
@@ -213,22 +235,31 @@ def test_trained_tiny_policy_resolves_more_heldout_tasks_than_untrained(sandbox_
 
     demo = PipelineConfig.preset_config("demo")
     recipe = get_recipe("swe", difficulty=demo.provision.difficulty, **demo.provision.recipe_options)
-    TaskStore(tmp_path / "tasks").write(recipe.tasks("train", demo.provision.n_train, seed=0) +
-                                        recipe.tasks("heldout", 8, seed=0))
+    TaskStore(tmp_path / "tasks").write(
+        recipe.tasks("train", demo.provision.n_train, seed=0) + recipe.tasks("heldout", 8, seed=0)
+    )
     connection = sandbox_service.connection()
-    distill(DistillConfig(error_rate=demo.distill.error_rate, max_parallel=2, sandbox=connection, progress=False),
-            tmp_path / "tasks", tmp_path / "trajs")
+    distill(
+        DistillConfig(error_rate=demo.distill.error_rate, max_parallel=2, sandbox=connection, progress=False),
+        tmp_path / "tasks",
+        tmp_path / "trajs",
+    )
     model_config = demo.model.tiny
-    result = train_sft(demo.sft.model_copy(update={"mode": "resolved_only", "model": model_config}),
-                       tmp_path / "trajs", tmp_path / "sft")
+    result = train_sft(
+        demo.sft.model_copy(update={"mode": "resolved_only", "model": model_config}),
+        tmp_path / "trajs",
+        tmp_path / "sft",
+    )
     tokenizer = build_tokenizer(model_config.tokenizer)
     save_policy(build_tiny_model(model_config, tokenizer), tokenizer, tmp_path / "untrained")
     eval_config = demo.evaluate.model_copy(update={"sandbox": connection})
     assert eval_config.temperature == 0.0  # greedy: the comparison is not sampling luck
     trained = evaluate(eval_config, tmp_path / "tasks", tmp_path / "sft", tmp_path / "eval-sft")
     untrained = evaluate(eval_config, tmp_path / "tasks", tmp_path / "untrained", tmp_path / "eval-untrained")
-    print(f"held-out resolved rate: trained {trained.resolved_rate:.3f} vs untrained {untrained.resolved_rate:.3f} "
-          f"(final SFT loss {result.final_loss:.3f})")
+    print(
+        f"held-out resolved rate: trained {trained.resolved_rate:.3f} vs untrained {untrained.resolved_rate:.3f} "
+        f"(final SFT loss {result.final_loss:.3f})"
+    )
     assert trained.infra_errors == 0 and untrained.infra_errors == 0
     assert trained.resolved_rate > untrained.resolved_rate
 
@@ -255,8 +286,15 @@ def test_lora_trains_adapters_only_and_saves_an_ordinary_merged_checkpoint(store
     tokenizer = build_tokenizer(TINY.tokenizer)
     save_policy(build_tiny_model(TINY, tokenizer), tokenizer, tmp_path / "base")
     before = load_policy(tmp_path / "base")[0].state_dict()
-    config = SFTConfig(mode="credited", steps=8, batch_size=2, learning_rate=1e-2, warmup_steps=0, model=TINY,
-                       lora=LoraOptions(r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    config = SFTConfig(
+        mode="credited",
+        steps=8,
+        batch_size=2,
+        learning_rate=1e-2,
+        warmup_steps=0,
+        model=TINY,
+        lora=LoraOptions(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
     result = train_sft(config, trajectories_dir, tmp_path / "lora", base_model_dir=tmp_path / "base")
     assert result.final_loss < result.first_loss
     merged, _ = load_policy(tmp_path / "lora")

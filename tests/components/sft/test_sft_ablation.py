@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
@@ -59,17 +58,31 @@ def test_report_averages_seeds_per_task_and_pairs_arms_over_tasks(tmp_path):
 
     tasks = [f"t{i}" for i in range(6)]
     # per arm, per seed: pass@1 per task (NaN = no valid attempt in that seed)
-    values = {"untrained": [[0.0] * 6, [0.0] * 6],
-              "resolved_only": [[0.5, 0, 0, 1, 0, 0], [0.5, 0, 0, 0, 0, 0]],
-              "whole": [[1, 0, 0, 1, 0, 0], [0.5, 0, 0, 1, 0, 0]],
-              "credited": [[1, 1, 0, 1, 0, float("nan")], [1, 1, 0, 1, 0, 0.5]]}
+    values = {
+        "untrained": [[0.0] * 6, [0.0] * 6],
+        "resolved_only": [[0.5, 0, 0, 1, 0, 0], [0.5, 0, 0, 0, 0, 0]],
+        "whole": [[1, 0, 0, 1, 0, 0], [0.5, 0, 0, 1, 0, 0]],
+        "credited": [[1, 1, 0, 1, 0, float("nan")], [1, 1, 0, 1, 0, 0.5]],
+    }
     for arm, seeds in values.items():
         for seed, row in enumerate(seeds):
             d = tmp_path / "eval" / arm / f"seed{seed}"
             d.mkdir(parents=True)
             pd.DataFrame({"task_id": tasks, "pass_at_1": row}).to_parquet(d / "per_task.parquet")
-    plans = {a: ArmPlan(arm=a, samples=1, resolved_samples=1, data_loss_tokens=1, resolved_loss_tokens=1, steps=1,
-                        loss_tokens_seen=1.0, epochs=1.0, resolved_epochs=1.0) for a in ALL_ARMS}
+    plans = {
+        a: ArmPlan(
+            arm=a,
+            samples=1,
+            resolved_samples=1,
+            data_loss_tokens=1,
+            resolved_loss_tokens=1,
+            steps=1,
+            loss_tokens_seen=1.0,
+            epochs=1.0,
+            resolved_epochs=1.0,
+        )
+        for a in ALL_ARMS
+    }
     rows = {r.arm: r for r in arm_results(tmp_path, plans, [0, 1])}
 
     credited = {"t0": 1.0, "t1": 1.0, "t2": 0.0, "t3": 1.0, "t4": 0.0, "t5": 0.5}  # t5: the one valid seed
@@ -110,8 +123,11 @@ def test_quick_ablation_trains_matched_arms_and_logs_each_as_an_mlflow_run(sandb
     assert whole.data_loss_tokens > credited.data_loss_tokens > ref.data_loss_tokens
     assert credited.resolved_loss_tokens == whole.resolved_loss_tokens == ref.data_loss_tokens
     # The budget rule applied to the very counts the arms trained on, and the steps they trained.
-    counts = {a: (p.samples, p.resolved_samples, p.data_loss_tokens, p.resolved_loss_tokens) for a, p in plans.items()
-              if a != "untrained"}
+    counts = {
+        a: (p.samples, p.resolved_samples, p.data_loss_tokens, p.resolved_loss_tokens)
+        for a, p in plans.items()
+        if a != "untrained"
+    }
     assert {a: p.steps for a, p in steps_for(config, counts).items()} == {a: p.steps for a, p in plans.items()}
     for arm in ARMS:
         for seed in config.seeds:
@@ -130,8 +146,11 @@ def test_quick_ablation_trains_matched_arms_and_logs_each_as_an_mlflow_run(sandb
     experiment = client.get_experiment_by_name("ablation-test")
     runs = client.search_runs([experiment.experiment_id], max_results=500)
     (parent,) = [r for r in runs if r.info.run_name == "sft-ablation"]
-    arm_runs = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
-                and r.info.run_name.startswith("arm-")}
+    arm_runs = {
+        r.info.run_name: r
+        for r in runs
+        if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id and r.info.run_name.startswith("arm-")
+    }
     assert set(arm_runs) == {f"arm-{a}" for a in ALL_ARMS}
     for name, run in arm_runs.items():
         assert run.info.status == "FINISHED"
@@ -141,8 +160,9 @@ def test_quick_ablation_trains_matched_arms_and_logs_each_as_an_mlflow_run(sandb
         if name != "arm-resolved_only":
             assert "vs_resolved_only.ci95_low" in run.data.metrics
         # the seeds' SFT and evaluation runs (made in worker processes) nest under their arm's run
-        stages = sorted(r.data.tags.get("orchard.stage") for r in runs
-                        if r.data.tags.get("mlflow.parentRunId") == run.info.run_id)
+        stages = sorted(
+            r.data.tags.get("orchard.stage") for r in runs if r.data.tags.get("mlflow.parentRunId") == run.info.run_id
+        )
         expected = ["evaluate"] * 2 if name == "arm-untrained" else ["evaluate", "evaluate", "sft", "sft"]
         assert stages == expected, (name, stages)
 
@@ -178,9 +198,24 @@ def test_sequential_jobs_nest_their_stage_runs_under_the_arm_runs(tmp_path, monk
     def stop(*_a, **_k):
         raise Stop  # the arms' jobs are done; the table needs real evaluations, not part of this test
 
-    monkeypatch.setattr(ablation, "prepare", lambda config, *_a: {
-        arm: ArmPlan(arm=arm, samples=1, resolved_samples=1, data_loss_tokens=1, resolved_loss_tokens=1, steps=1,
-                     loss_tokens_seen=1, epochs=1, resolved_epochs=1) for arm in ALL_ARMS})
+    monkeypatch.setattr(
+        ablation,
+        "prepare",
+        lambda config, *_a: {
+            arm: ArmPlan(
+                arm=arm,
+                samples=1,
+                resolved_samples=1,
+                data_loss_tokens=1,
+                resolved_loss_tokens=1,
+                steps=1,
+                loss_tokens_seen=1,
+                epochs=1,
+                resolved_epochs=1,
+            )
+            for arm in ALL_ARMS
+        },
+    )
     monkeypatch.setattr(ablation, "_run_job", fake_run_job)
     monkeypatch.setattr(ablation, "arm_results", stop)
     uri = f"sqlite:///{tmp_path}/mlflow.db"

@@ -28,12 +28,20 @@ def _trajectories(n: int) -> list[Trajectory]:
     out = []
     for i in range(n):
         call = ToolCall(name="read_file", arguments={"path": f"pkg/mod_{i}.py"})
-        steps = [Step(index=0, role="system", content="You fix bugs."),
-                 Step(index=1, role="user", content=f"Fix function number {i} " + "in the module " * (i % 3)),
-                 Step(index=2, role="assistant", tool_call=call,
-                      content=f'<tool_call>{{"name": "read_file", "arguments": {{"path": "pkg/mod_{i}.py"}}}}</tool_call>'),
-                 Step(index=3, role="tool", content=f"def f{i}(x):\n    return x + {i}\n", tool_call_id=call.id)]
-        out.append(Trajectory(task_id=f"t{i}", recipe="swe", policy_id="teacher", steps=steps, outcome=Outcome.resolved))
+        steps = [
+            Step(index=0, role="system", content="You fix bugs."),
+            Step(index=1, role="user", content=f"Fix function number {i} " + "in the module " * (i % 3)),
+            Step(
+                index=2,
+                role="assistant",
+                tool_call=call,
+                content=f'<tool_call>{{"name": "read_file", "arguments": {{"path": "pkg/mod_{i}.py"}}}}</tool_call>',
+            ),
+            Step(index=3, role="tool", content=f"def f{i}(x):\n    return x + {i}\n", tool_call_id=call.id),
+        ]
+        out.append(
+            Trajectory(task_id=f"t{i}", recipe="swe", policy_id="teacher", steps=steps, outcome=Outcome.resolved)
+        )
     return out
 
 
@@ -42,8 +50,18 @@ def _run(tmp: Path, name: str, nproc: int, config: dict, data: Path) -> tuple[li
     script.write_text(ENTRY)
     out, uri = tmp / name, f"sqlite:///{tmp / name}.db"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(script), json.dumps(config), str(data), str(out), uri]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(script),
+        json.dumps(config),
+        str(data),
+        str(out),
+        uri,
+    ]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     import mlflow
@@ -60,9 +78,18 @@ def _run(tmp: Path, name: str, nproc: int, config: dict, data: Path) -> tuple[li
 def test_two_processes_train_like_one_with_twice_the_accumulation(tmp_path):
     data = tmp_path / "data"
     TrajectoryStore(data).append(_trajectories(16))
-    base = {"mode": "resolved_only", "steps": 4, "batch_size": 2, "bucketing": False, "learning_rate": 1e-3,
-            "warmup_steps": 0, "num_threads": 1, "max_len": 256, "seed": 3,
-            "model": {"tokenizer": {"corpus_recipes": []}, "seed": 3}}
+    base = {
+        "mode": "resolved_only",
+        "steps": 4,
+        "batch_size": 2,
+        "bucketing": False,
+        "learning_rate": 1e-3,
+        "warmup_steps": 0,
+        "num_threads": 1,
+        "max_len": 256,
+        "seed": 3,
+        "model": {"tokenizer": {"corpus_recipes": []}, "seed": 3},
+    }
     ddp, ddp_dir, _ = _run(tmp_path, "ddp", 2, {**base, "grad_accum": 1}, data)
     single, single_dir, _ = _run(tmp_path, "single", 1, {**base, "grad_accum": 2}, data)
     assert len(ddp) == len(single) == 4
@@ -98,9 +125,17 @@ def test_bf16_and_gradient_checkpointing_train(tmp_path):
 
     data = tmp_path / "data"
     TrajectoryStore(data).append(_trajectories(4))
-    config = SFTConfig(mode="resolved_only", steps=2, batch_size=2, max_len=256, bf16=True,
-                       gradient_checkpointing=True, learning_rate=1e-2, warmup_steps=0,
-                       model={"tokenizer": {"corpus_recipes": []}})
+    config = SFTConfig(
+        mode="resolved_only",
+        steps=2,
+        batch_size=2,
+        max_len=256,
+        bf16=True,
+        gradient_checkpointing=True,
+        learning_rate=1e-2,
+        warmup_steps=0,
+        model={"tokenizer": {"corpus_recipes": []}},
+    )
     result = train_sft(config, data, tmp_path / "model")
     assert torch.isfinite(torch.tensor([result.first_loss, result.final_loss])).all()
     model, _ = load_policy(tmp_path / "model")

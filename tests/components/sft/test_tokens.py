@@ -24,22 +24,40 @@ def _trajectory(tokenizer, outcome: Outcome, credited: bool | None = None, sampl
     call = ToolCall(name="bash", arguments={"command": "pytest -q"})
     text = "Run the tests.\n" + format_tool_call(call)
     submit = format_tool_call(ToolCall(name="submit"))
-    steps = [Step(index=0, role="system", content="You fix bugs."), Step(index=1, role="user", content="Fix add()."),
-             Step(index=2, role="assistant", content=text, tool_call=call, credited=credited,
-                  token_ids=encode_text(text, tokenizer) if sampled else None),
-             Step(index=3, role="tool", content="1 failed", tool_call_id=call.id, tool_name="bash"),
-             Step(index=4, role="assistant", content=submit, credited=False)]
+    steps = [
+        Step(index=0, role="system", content="You fix bugs."),
+        Step(index=1, role="user", content="Fix add()."),
+        Step(
+            index=2,
+            role="assistant",
+            content=text,
+            tool_call=call,
+            credited=credited,
+            token_ids=encode_text(text, tokenizer) if sampled else None,
+        ),
+        Step(index=3, role="tool", content="1 failed", tool_call_id=call.id, tool_name="bash"),
+        Step(index=4, role="assistant", content=submit, credited=False),
+    ]
     reward = {Outcome.resolved: 1.0, Outcome.unresolved: 0.0}.get(outcome)
-    return Trajectory(task_id="swe-t", recipe="swe", policy_id="p", steps=steps, outcome=outcome, reward=reward,
-                      outcome_reason=None if outcome is Outcome.resolved else "tests failed",
-                      status=EpisodeStatus.completed if outcome is not Outcome.infra_error else EpisodeStatus.aborted)
+    return Trajectory(
+        task_id="swe-t",
+        recipe="swe",
+        policy_id="p",
+        steps=steps,
+        outcome=outcome,
+        reward=reward,
+        outcome_reason=None if outcome is Outcome.resolved else "tests failed",
+        status=EpisodeStatus.completed if outcome is not Outcome.infra_error else EpisodeStatus.aborted,
+    )
 
 
 @pytest.mark.parametrize("mode", ["whole", "resolved_only", "credited"])
 def test_ids_and_masks_are_the_trainers(policy, mode):
     _, tokenizer = policy
-    trajs = [_trajectory(tokenizer, Outcome.resolved, sampled=True),
-             _trajectory(tokenizer, Outcome.unresolved, credited=True)]
+    trajs = [
+        _trajectory(tokenizer, Outcome.resolved, sampled=True),
+        _trajectory(tokenizer, Outcome.unresolved, credited=True),
+    ]
     samples, _ = build_samples(trajs, tokenizer, mode, max_len=10_000)
     by_id = {s.trajectory_id: s for s in samples}
     for traj in trajs:
@@ -67,12 +85,23 @@ def test_infrastructure_failures_export_without_reward_or_loss(policy):
 def test_parquet_round_trip_through_datasets_with_rollout_logprobs(policy, tmp_path):
     datasets = pytest.importorskip("datasets")
     model, tokenizer = policy
-    trajs = [_trajectory(tokenizer, Outcome.resolved), _trajectory(tokenizer, Outcome.unresolved),
-             _trajectory(tokenizer, Outcome.infra_error)]
+    trajs = [
+        _trajectory(tokenizer, Outcome.resolved),
+        _trajectory(tokenizer, Outcome.unresolved),
+        _trajectory(tokenizer, Outcome.infra_error),
+    ]
     path = export_tokens(trajs, tokenizer, tmp_path / "tokens.parquet", model=model)
     loaded = datasets.load_dataset("parquet", data_files=str(path), split="train")
-    assert loaded.column_names == ["trajectory_id", "prompt_ids", "response_ids", "loss_mask", "response_logprobs",
-                                   "reward", "failure_reason", "metadata"]
+    assert loaded.column_names == [
+        "trajectory_id",
+        "prompt_ids",
+        "response_ids",
+        "loss_mask",
+        "response_logprobs",
+        "reward",
+        "failure_reason",
+        "metadata",
+    ]
     rows = read_tokens(path)
     assert [r["trajectory_id"] for r in rows] == [t.id for t in trajs] == loaded["trajectory_id"]
     for row, traj, hf in zip(rows, trajs, loaded):

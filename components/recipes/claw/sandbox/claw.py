@@ -123,9 +123,11 @@ def mail_send(to: list[str], subject: str, body: str, cc: list[str] | None = Non
             raise UsageError(f"{addr!r} is not an email address; look it up with contacts_search")
     with connect() as db:
         now = db.execute("SELECT value FROM meta WHERE key='now'").fetchone()[0]
-        cur = db.execute("INSERT INTO mail (thread_id, sender, recipients, cc, subject, body, date, folder) "
-                         "VALUES (?,?,?,?,?,?,?, 'sent')",
-                         (f"t-sent-{os.getpid()}", _me(db), json.dumps(to), json.dumps(cc), subject, body, now))
+        cur = db.execute(
+            "INSERT INTO mail (thread_id, sender, recipients, cc, subject, body, date, folder) "
+            "VALUES (?,?,?,?,?,?,?, 'sent')",
+            (f"t-sent-{os.getpid()}", _me(db), json.dumps(to), json.dumps(cc), subject, body, now),
+        )
     return {"sent": True, "id": cur.lastrowid}
 
 
@@ -136,12 +138,22 @@ def calendar_list(date: str | None = None) -> list[dict]:
         args.append(f"{date}%")
     with connect() as db:
         rows = db.execute(sql + " ORDER BY start", args).fetchall()
-    return [{"id": r["id"], "title": r["title"], "start": r["start"], "duration_min": r["duration_min"],
-             "attendees": json.loads(r["attendees"]), "location": r["location"]} for r in rows]
+    return [
+        {
+            "id": r["id"],
+            "title": r["title"],
+            "start": r["start"],
+            "duration_min": r["duration_min"],
+            "attendees": json.loads(r["attendees"]),
+            "location": r["location"],
+        }
+        for r in rows
+    ]
 
 
-def calendar_create(title: str, start: str, duration_min: int = 60, attendees: list[str] | None = None,
-                    location: str = "") -> dict:
+def calendar_create(
+    title: str, start: str, duration_min: int = 60, attendees: list[str] | None = None, location: str = ""
+) -> dict:
     import datetime as dt
 
     try:
@@ -153,24 +165,30 @@ def calendar_create(title: str, start: str, duration_min: int = 60, attendees: l
         if "@" not in addr:
             raise UsageError(f"attendee {addr!r} is not an email address; look it up with contacts_search")
     with connect() as db:
-        cur = db.execute("INSERT INTO events (title, start, duration_min, attendees, location) VALUES (?,?,?,?,?)",
-                         (title, start, int(duration_min), json.dumps(people), location))
+        cur = db.execute(
+            "INSERT INTO events (title, start, duration_min, attendees, location) VALUES (?,?,?,?,?)",
+            (title, start, int(duration_min), json.dumps(people), location),
+        )
     return {"created": True, "id": cur.lastrowid}
 
 
 def contacts_search(query: str) -> list[dict]:
     q = f"%{query.lower()}%"
     with connect() as db:
-        rows = db.execute("SELECT * FROM contacts WHERE lower(name) LIKE ? OR lower(email) LIKE ? OR lower(company) "
-                          "LIKE ? ORDER BY name", (q, q, q)).fetchall()
+        rows = db.execute(
+            "SELECT * FROM contacts WHERE lower(name) LIKE ? OR lower(email) LIKE ? OR lower(company) "
+            "LIKE ? ORDER BY name",
+            (q, q, q),
+        ).fetchall()
     return [dict(r) for r in rows]
 
 
 def notes_search(query: str = "") -> list[dict]:
     q = f"%{query.lower()}%"
     with connect() as db:
-        rows = db.execute("SELECT id, title, body FROM notes WHERE lower(title) LIKE ? OR lower(body) LIKE ? "
-                          "ORDER BY id", (q, q)).fetchall()
+        rows = db.execute(
+            "SELECT id, title, body FROM notes WHERE lower(title) LIKE ? OR lower(body) LIKE ? ORDER BY id", (q, q)
+        ).fetchall()
     return [dict(r) for r in rows]
 
 
@@ -194,28 +212,69 @@ def files_read(path: str) -> dict:
 
 
 API: dict[str, tuple[object, str, list[Param]]] = {
-    "mail_search": (mail_search, "Search mail, newest first.", [
-        Param("sender", "str", "part of the sender's name or address", max_len=MAX_PATTERN),
-        Param("query", "str", f"words that must appear in subject or body (at most {MAX_WORDS})", max_len=MAX_PATTERN),
-        Param("limit", "int", "maximum results (default 10)")]),
-    "mail_read": (mail_read, "Read one message (sender, to, cc, body).", [
-        Param("id", "int", "message id from mail_search", True)]),
-    "mail_send": (mail_send, "Send an email.", [
-        Param("to", "list", "recipient addresses", True), Param("subject", "str", "subject line", True),
-        Param("body", "str", "message text", True), Param("cc", "list", "cc addresses")]),
-    "calendar_list": (calendar_list, "List calendar events, optionally on one date.", [
-        Param("date", "str", "YYYY-MM-DD", max_len=MAX_PATTERN)]),
-    "calendar_create": (calendar_create, "Create a calendar event.", [
-        Param("title", "str", "event title", True), Param("start", "str", "YYYY-MM-DD HH:MM", True),
-        Param("duration_min", "int", "length in minutes (default 60)"),
-        Param("attendees", "list", "attendee email addresses"), Param("location", "str", "where")]),
-    "contacts_search": (contacts_search, "Find contacts by name, email or company.", [
-        Param("query", "str", "text to match", True, max_len=MAX_PATTERN)]),
+    "mail_search": (
+        mail_search,
+        "Search mail, newest first.",
+        [
+            Param("sender", "str", "part of the sender's name or address", max_len=MAX_PATTERN),
+            Param(
+                "query", "str", f"words that must appear in subject or body (at most {MAX_WORDS})", max_len=MAX_PATTERN
+            ),
+            Param("limit", "int", "maximum results (default 10)"),
+        ],
+    ),
+    "mail_read": (
+        mail_read,
+        "Read one message (sender, to, cc, body).",
+        [Param("id", "int", "message id from mail_search", True)],
+    ),
+    "mail_send": (
+        mail_send,
+        "Send an email.",
+        [
+            Param("to", "list", "recipient addresses", True),
+            Param("subject", "str", "subject line", True),
+            Param("body", "str", "message text", True),
+            Param("cc", "list", "cc addresses"),
+        ],
+    ),
+    "calendar_list": (
+        calendar_list,
+        "List calendar events, optionally on one date.",
+        [Param("date", "str", "YYYY-MM-DD", max_len=MAX_PATTERN)],
+    ),
+    "calendar_create": (
+        calendar_create,
+        "Create a calendar event.",
+        [
+            Param("title", "str", "event title", True),
+            Param("start", "str", "YYYY-MM-DD HH:MM", True),
+            Param("duration_min", "int", "length in minutes (default 60)"),
+            Param("attendees", "list", "attendee email addresses"),
+            Param("location", "str", "where"),
+        ],
+    ),
+    "contacts_search": (
+        contacts_search,
+        "Find contacts by name, email or company.",
+        [Param("query", "str", "text to match", True, max_len=MAX_PATTERN)],
+    ),
     "notes_search": (notes_search, "Search notes.", [Param("query", "str", "text to match", max_len=MAX_PATTERN)]),
-    "notes_create": (notes_create, "Create a note.", [
-        Param("title", "str", "note title", True), Param("body", "str", "note text", True)]),
-    "files_list": (files_list, "List files.", [Param("prefix", "str", "path prefix, e.g. reports/", max_len=MAX_PATTERN)]),
-    "files_read": (files_read, "Read a file.", [Param("path", "str", "path from files_list", True, max_len=MAX_PATTERN)]),
+    "notes_create": (
+        notes_create,
+        "Create a note.",
+        [Param("title", "str", "note title", True), Param("body", "str", "note text", True)],
+    ),
+    "files_list": (
+        files_list,
+        "List files.",
+        [Param("prefix", "str", "path prefix, e.g. reports/", max_len=MAX_PATTERN)],
+    ),
+    "files_read": (
+        files_read,
+        "Read a file.",
+        [Param("path", "str", "path from files_list", True, max_len=MAX_PATTERN)],
+    ),
 }
 
 
@@ -233,8 +292,10 @@ def _check(tool: str, p: Param, value: object) -> None:
             raise UsageError(f"{where} must be a list of at most {MAX_ITEMS} strings of at most {p.max_len} characters")
         texts = value
     elif type(value) is not str or len(value) > p.max_len:
-        raise UsageError(f"{where} must be a string of at most {p.max_len} characters (got {type(value).__name__}"
-                         f"{f' of {len(value)}' if type(value) is str else ''})")
+        raise UsageError(
+            f"{where} must be a string of at most {p.max_len} characters (got {type(value).__name__}"
+            f"{f' of {len(value)}' if type(value) is str else ''})"
+        )
     else:
         texts = [value]
     for text in texts:  # a lone surrogate (JSON can carry one) cannot be stored or printed as UTF-8
@@ -317,14 +378,27 @@ def init(seed_path: str) -> dict:
         db.executemany("INSERT INTO meta VALUES (?,?)", [("owner", world["owner"]), ("now", world["now"])])
         db.executemany("INSERT INTO contacts VALUES (:email, :name, :phone, :company)", world["contacts"])
         for m in world["mail"]:
-            db.execute("INSERT INTO mail (id, thread_id, sender, recipients, cc, subject, body, date, folder, origin) "
-                       "VALUES (?,?,?,?,?,?,?,?,?, 'seed')", (m["id"], m["thread_id"], m["sender"], json.dumps(m["to"]),
-                                                             json.dumps(m.get("cc", [])), m["subject"], m["body"],
-                                                             m["date"], m.get("folder", "inbox")))
+            db.execute(
+                "INSERT INTO mail (id, thread_id, sender, recipients, cc, subject, body, date, folder, origin) "
+                "VALUES (?,?,?,?,?,?,?,?,?, 'seed')",
+                (
+                    m["id"],
+                    m["thread_id"],
+                    m["sender"],
+                    json.dumps(m["to"]),
+                    json.dumps(m.get("cc", [])),
+                    m["subject"],
+                    m["body"],
+                    m["date"],
+                    m.get("folder", "inbox"),
+                ),
+            )
         for e in world["events"]:
-            db.execute("INSERT INTO events (title, start, duration_min, attendees, location, origin) "
-                       "VALUES (?,?,?,?,?, 'seed')", (e["title"], e["start"], e["duration_min"],
-                                                     json.dumps(e["attendees"]), e.get("location", "")))
+            db.execute(
+                "INSERT INTO events (title, start, duration_min, attendees, location, origin) "
+                "VALUES (?,?,?,?,?, 'seed')",
+                (e["title"], e["start"], e["duration_min"], json.dumps(e["attendees"]), e.get("location", "")),
+            )
         for n in world["notes"]:
             db.execute("INSERT INTO notes (title, body, origin) VALUES (?,?, 'seed')", (n["title"], n["body"]))
         for path, content in world["files"].items():
@@ -337,8 +411,12 @@ def cli_usage() -> str:
     lines = ["./claw GROUP COMMAND [--option VALUE ...]   (prints JSON; lists are comma-separated)"]
     for name, (_, doc, params) in API.items():
         group, cmd = name.split("_", 1)
-        opts = " ".join(f"--{p.name.replace('_', '-')} {p.name.upper()}" if p.required
-                        else f"[--{p.name.replace('_', '-')} {p.name.upper()}]" for p in params)
+        opts = " ".join(
+            f"--{p.name.replace('_', '-')} {p.name.upper()}"
+            if p.required
+            else f"[--{p.name.replace('_', '-')} {p.name.upper()}]"
+            for p in params
+        )
         lines.append(f"  ./claw {group} {cmd} {opts}".rstrip() + f"   # {doc}")
     return "\n".join(lines)
 
@@ -354,8 +432,9 @@ def main(argv: list[str]) -> int:
         else:
             import argparse  # only the shell harness pays for it
 
-            parser = argparse.ArgumentParser(prog="./claw", description=cli_usage(),
-                                             formatter_class=argparse.RawDescriptionHelpFormatter)
+            parser = argparse.ArgumentParser(
+                prog="./claw", description=cli_usage(), formatter_class=argparse.RawDescriptionHelpFormatter
+            )
             groups = parser.add_subparsers(dest="group", required=True)
             subs: dict = {}
             for name, (_, doc, params) in API.items():
@@ -364,8 +443,13 @@ def main(argv: list[str]) -> int:
                     subs[group] = groups.add_parser(group).add_subparsers(dest="cmd", required=True)
                 p = subs[group].add_parser(cmd, help=doc)
                 for prm in params:
-                    p.add_argument(f"--{prm.name.replace('_', '-')}", dest=prm.name, required=prm.required,
-                                   type=int if prm.kind == "int" else str, help=prm.help)
+                    p.add_argument(
+                        f"--{prm.name.replace('_', '-')}",
+                        dest=prm.name,
+                        required=prm.required,
+                        type=int if prm.kind == "int" else str,
+                        help=prm.help,
+                    )
             ns = vars(parser.parse_args(argv))
             name = f"{ns.pop('group')}_{ns.pop('cmd')}"
             out = call(name, {k: v for k, v in ns.items() if v is not None})

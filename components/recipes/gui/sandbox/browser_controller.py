@@ -26,9 +26,17 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import sync_playwright
 
 CHROMIUM = os.environ.get("ORCHARD_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 MAX_PAGE_CHARS = 3000
 
 # Walks the DOM once: block elements start new lines, table cells are joined with " | ", interactive
@@ -90,8 +98,15 @@ SNAPSHOT_JS = r"""
 # Every field a request may carry and its JSON types (bool is not an int here): checked before any action,
 # so a wrongly typed request is the policy's error (`ok: false`) and never a dropped connection.
 _REQUEST_TYPES: dict[str, tuple[type, ...]] = {
-    "action": (str,), "element_id": (int,), "text": (str,), "submit": (bool,), "direction": (str,),
-    "amount": (int,), "url": (str,), "path": (str,)}
+    "action": (str,),
+    "element_id": (int,),
+    "text": (str,),
+    "submit": (bool,),
+    "direction": (str,),
+    "amount": (int,),
+    "url": (str,),
+    "path": (str,),
+}
 
 
 class Browser:
@@ -99,8 +114,12 @@ class Browser:
         self.pw = sync_playwright().start()
         # launch_persistent_context is how Playwright takes a fresh --user-data-dir.
         self.ctx = self.pw.chromium.launch_persistent_context(
-            profile_dir, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
-            viewport={"width": 1024, "height": 768})
+            profile_dir,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1024, "height": 768},
+        )
         self.page = self.ctx.pages[0] if self.ctx.pages else self.ctx.new_page()
         self.page.set_default_timeout(10_000)
         self.start_url = start_url
@@ -144,8 +163,9 @@ class Browser:
             if kinds is None:
                 raise ValueError(f"unknown field {key!r}")
             if type(value) not in kinds or (type(value) is int and not -100_000 <= value <= 100_000):
-                raise ValueError(f"{key} must be {' or '.join(k.__name__ for k in kinds)} (in range), "
-                                 f"got {type(value).__name__}")
+                raise ValueError(
+                    f"{key} must be {' or '.join(k.__name__ for k in kinds)} (in range), got {type(value).__name__}"
+                )
         action = req.get("action")
         if action == "ping":
             return {"ok": True, "url": self.page.url}
@@ -201,8 +221,11 @@ def serve(browser: Browser, socket_path: str) -> None:
             except PlaywrightError as err:  # timeouts, detached elements: also reported to the policy
                 resp = {"ok": False, "error": str(err).splitlines()[0][:300]}
             except Exception as err:  # noqa: BLE001 - our own failure: answered (never a dropped connection)
-                resp = {"ok": False, "error": f"controller error: {type(err).__name__}: {err}"[:300],
-                        "controller_error": True}
+                resp = {
+                    "ok": False,
+                    "error": f"controller error: {type(err).__name__}: {err}"[:300],
+                    "controller_error": True,
+                }
             self.wfile.write((json.dumps(resp) + "\n").encode())
 
     if os.path.exists(socket_path):

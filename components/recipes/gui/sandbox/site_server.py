@@ -54,22 +54,30 @@ class Site:
 
     def shop_nav(self) -> str:
         n = len(self.state["cart"])
-        return (f"<a href='/'>Home</a><a href='/cart'>Cart ({n})</a>"
-                "<form action='/search' method='get' style='display:inline'>"
-                "<input name='q' aria-label='Search products' placeholder='Search products'>"
-                "<button type='submit'>Search</button></form>")
+        return (
+            f"<a href='/'>Home</a><a href='/cart'>Cart ({n})</a>"
+            "<form action='/search' method='get' style='display:inline'>"
+            "<input name='q' aria-label='Search products' placeholder='Search products'>"
+            "<button type='submit'>Search</button></form>"
+        )
 
     def shop_home(self) -> bytes:
-        cats = "".join(f"<li><a href='/search?{urlencode({'category': c})}'>{E(c.title())}</a></li>"
-                       for c in self.data["categories"])
+        cats = "".join(
+            f"<li><a href='/search?{urlencode({'category': c})}'>{E(c.title())}</a></li>"
+            for c in self.data["categories"]
+        )
         return page(self.data["title"], f"<h2>Categories</h2><ul>{cats}</ul>", self.shop_nav())
 
     def shop_search(self, q: dict[str, str]) -> bytes:
         query, color, cat = q.get("q", "").strip().lower(), q.get("color", ""), q.get("category", "")
         sort, max_price = q.get("sort", "relevance"), q.get("max_price", "").strip()
-        items = [p for p in self.data["products"]
-                 if (not query or all(w in p["name"].lower() for w in query.split()))
-                 and (not color or p["color"] == color) and (not cat or p["category"] == cat)]
+        items = [
+            p
+            for p in self.data["products"]
+            if (not query or all(w in p["name"].lower() for w in query.split()))
+            and (not color or p["color"] == color)
+            and (not cat or p["category"] == cat)
+        ]
         err = ""
         if max_price:
             try:
@@ -80,11 +88,18 @@ class Site:
             items.sort(key=lambda p: p["price"])
         elif sort == "price_desc":
             items.sort(key=lambda p: -p["price"])
-        colors = "".join(f"<option value='{c}'{' selected' if c == color else ''}>{c.title() or 'Any color'}</option>"
-                         for c in [""] + self.data["colors"])
-        sorts = "".join(f"<option value='{k}'{' selected' if k == sort else ''}>{v}</option>" for k, v in
-                        [("relevance", "Relevance"), ("price_asc", "Price: low to high"),
-                         ("price_desc", "Price: high to low")])
+        colors = "".join(
+            f"<option value='{c}'{' selected' if c == color else ''}>{c.title() or 'Any color'}</option>"
+            for c in [""] + self.data["colors"]
+        )
+        sorts = "".join(
+            f"<option value='{k}'{' selected' if k == sort else ''}>{v}</option>"
+            for k, v in [
+                ("relevance", "Relevance"),
+                ("price_asc", "Price: low to high"),
+                ("price_desc", "Price: high to low"),
+            ]
+        )
         filters = (
             "<form action='/search' method='get'>"
             f"<input type='hidden' name='q' value='{E(query)}'><input type='hidden' name='category' value='{E(cat)}'>"
@@ -99,8 +114,11 @@ class Site:
             f"<button type='submit' aria-label='Add {E(p['name'])} to cart'>Add to cart</button></form></td></tr>"
             for p in items
         )
-        table = f"<table><tr><th>Product</th><th>Price</th><th>Color</th><th></th></tr>{rows}</table>" \
-            if items else "<p>No products match.</p>"
+        table = (
+            f"<table><tr><th>Product</th><th>Price</th><th>Color</th><th></th></tr>{rows}</table>"
+            if items
+            else "<p>No products match.</p>"
+        )
         title = f"Results for '{query}'" if query else (cat.title() if cat else "All products")
         return page(title, err + filters + f"<p>{len(items)} products</p>" + table, self.shop_nav())
 
@@ -109,23 +127,24 @@ class Site:
         for i, pid in enumerate(self.state["cart"]):
             p = self.product(pid)
             total += p["price"]
-            rows += (f"<tr><td>{E(p['name'])}</td><td>${p['price']:.2f}</td><td>"
-                     f"<form action='/cart/remove' method='post'><input type='hidden' name='index' value='{i}'>"
-                     f"<button type='submit' aria-label='Remove {E(p['name'])}'>Remove</button></form></td></tr>")
+            rows += (
+                f"<tr><td>{E(p['name'])}</td><td>${p['price']:.2f}</td><td>"
+                f"<form action='/cart/remove' method='post'><input type='hidden' name='index' value='{i}'>"
+                f"<button type='submit' aria-label='Remove {E(p['name'])}'>Remove</button></form></td></tr>"
+            )
         if not rows:
             return page("Your cart", "<p>Your cart is empty.</p>", self.shop_nav())
-        body = (f"<table>{rows}</table><p>Subtotal: ${total:.2f}</p>"
-                "<a href='/checkout'>Proceed to checkout</a>")
+        body = f"<table>{rows}</table><p>Subtotal: ${total:.2f}</p><a href='/checkout'>Proceed to checkout</a>"
         return page("Your cart", body, self.shop_nav())
 
     def shop_checkout(self, error: str = "") -> bytes:
         if not self.state["cart"]:
             return page("Checkout", "<p>Your cart is empty.</p>", self.shop_nav())
-        opts = "".join(f"<option value='{s['id']}'>{E(s['label'])} (${s['price']:.2f})</option>"
-                       for s in self.data["shipping"])
+        opts = "".join(
+            f"<option value='{s['id']}'>{E(s['label'])} (${s['price']:.2f})</option>" for s in self.data["shipping"]
+        )
         body = (
-            (f"<p class='err'>{E(error)}</p>" if error else "")
-            + "<form action='/checkout' method='post'>"
+            (f"<p class='err'>{E(error)}</p>" if error else "") + "<form action='/checkout' method='post'>"
             "<p><label>Full name <input name='name' aria-label='Full name'></label></p>"
             "<p><label>Address <input name='address' aria-label='Address'></label></p>"
             f"<p><label>Shipping <select name='shipping' aria-label='Shipping'>{opts}</select></label></p>"
@@ -150,8 +169,9 @@ class Site:
                 return 200, self.shop_checkout()
             if not name or not address:
                 return 200, self.shop_checkout("Please enter your full name and address.")
-            self.state["orders"].append({"items": list(self.state["cart"]), "shipping": form.get("shipping"),
-                                         "name": name, "address": address})
+            self.state["orders"].append(
+                {"items": list(self.state["cart"]), "shipping": form.get("shipping"), "name": name, "address": address}
+            )
             self.state["cart"] = []
             return 303, f"/order/{len(self.state['orders'])}"
         return 404, page("Not found", "<p>No such page.</p>", self.shop_nav())
@@ -160,8 +180,10 @@ class Site:
     def form_page(self, error: str = "") -> bytes:
         d = self.data
         tickets = "".join(f"<option value='{t}'>{E(t)}</option>" for t in d["tickets"])
-        workshops = "".join(f"<p><label><input type='checkbox' name='workshop' value='{E(w)}'> {E(w)} workshop"
-                            "</label></p>" for w in d["workshops"])
+        workshops = "".join(
+            f"<p><label><input type='checkbox' name='workshop' value='{E(w)}'> {E(w)} workshop</label></p>"
+            for w in d["workshops"]
+        )
         body = (
             (f"<p class='err'>{E(error)}</p>" if error else "")
             + f"<p>Register for {E(d['event'])}.</p><form action='/register' method='post'>"
@@ -182,10 +204,15 @@ class Site:
             return 200, self.form_page("Full name is required.")
         if "@" not in email or "." not in email.split("@")[-1]:
             return 200, self.form_page(f"Email {email!r} is not a valid address.")
-        self.state["submissions"].append({
-            "name": name, "email": email, "ticket": form.get("ticket"),
-            "workshops": sorted(multi.get("workshop", [])), "comments": form.get("comments", ""),
-        })
+        self.state["submissions"].append(
+            {
+                "name": name,
+                "email": email,
+                "ticket": form.get("ticket"),
+                "workshops": sorted(multi.get("workshop", [])),
+                "comments": form.get("comments", ""),
+            }
+        )
         return 303, f"/registered/{len(self.state['submissions'])}"
 
     # -- info ------------------------------------------------------------------------------------
@@ -199,15 +226,24 @@ class Site:
             return 200, page(d["title"], f"<p>Browse cities by region.</p><ul>{regions}</ul>", self.info_nav())
         for r in d["regions"]:
             if path == f"/region/{r['slug']}":
-                rows = "".join(f"<tr><td><a href='/city/{c['slug']}'>{E(c['name'])}</a></td>"
-                               f"<td>{c['population']:,}</td></tr>" for c in d["cities"] if c["region"] == r["slug"])
+                rows = "".join(
+                    f"<tr><td><a href='/city/{c['slug']}'>{E(c['name'])}</a></td><td>{c['population']:,}</td></tr>"
+                    for c in d["cities"]
+                    if c["region"] == r["slug"]
+                )
                 body = f"<table><tr><th>City</th><th>Population</th></tr>{rows}</table>"
                 return 200, page(f"{r['name']} region", body, self.info_nav())
         for c in d["cities"]:
             if path == f"/city/{c['slug']}":
-                facts = "".join(f"<tr><th>{E(k)}</th><td>{E(str(v))}</td></tr>" for k, v in
-                                [("Population", f"{c['population']:,}"), ("Founded", c["founded"]),
-                                 ("Mayor", c["mayor"]), ("Region", c["region"].title())])
+                facts = "".join(
+                    f"<tr><th>{E(k)}</th><td>{E(str(v))}</td></tr>"
+                    for k, v in [
+                        ("Population", f"{c['population']:,}"),
+                        ("Founded", c["founded"]),
+                        ("Mayor", c["mayor"]),
+                        ("Region", c["region"].title()),
+                    ]
+                )
                 return 200, page(c["name"], f"<table>{facts}</table>", self.info_nav())
         return 404, page("Not found", "<p>No such page.</p>", self.info_nav())
 
@@ -245,14 +281,21 @@ def make_handler(site: Site) -> type[BaseHTTPRequestHandler]:
                     if url.path == "/search":
                         return self._send(200, site.shop_search(q))
                     if url.path.startswith("/order/"):
-                        return self._send(200, page("Order confirmed", f"<p>Thank you! Order #{E(url.path[7:])} "
-                                                    "has been placed.</p>", site.shop_nav()))
+                        return self._send(
+                            200,
+                            page(
+                                "Order confirmed",
+                                f"<p>Thank you! Order #{E(url.path[7:])} has been placed.</p>",
+                                site.shop_nav(),
+                            ),
+                        )
                 elif kind == "forms":
                     if url.path == "/":
                         return self._send(200, site.form_page())
                     if url.path.startswith("/registered/"):
-                        return self._send(200, page("Registration received",
-                                                    f"<p>Registration #{E(url.path[12:])} is confirmed.</p>"))
+                        return self._send(
+                            200, page("Registration received", f"<p>Registration #{E(url.path[12:])} is confirmed.</p>")
+                        )
                 elif kind == "info":
                     return self._send(*site.info_get(url.path))
                 return self._send(404, page("Not found", "<p>No such page.</p>"))

@@ -39,24 +39,42 @@ class GreeterRecipe(RecipeBase):
             task_seed = _SPLIT_BASE[split] + seed * 10_000 + i
             rng = random.Random(f"greeter:{task_seed}:{attempt}")
             who = f"{rng.choice(NAMES)} {rng.randrange(1000)}"
-            return Task(id=f"greeter-{split}-{task_seed}-{attempt}", recipe=self.name, split=split, seed=task_seed,
-                        prompt=f"Write the file {FILE} holding exactly the line: Hello, {who}! Then submit.",
-                        environment=EnvironmentSpec(workdir="/workspace", network="none", memory_mb=256, cpu=0.5),
-                        verifier=VerifierSpec(kind="python", expected={"text": f"Hello, {who}!"}))
+            return Task(
+                id=f"greeter-{split}-{task_seed}-{attempt}",
+                recipe=self.name,
+                split=split,
+                seed=task_seed,
+                prompt=f"Write the file {FILE} holding exactly the line: Hello, {who}! Then submit.",
+                environment=EnvironmentSpec(workdir="/workspace", network="none", memory_mb=256, cpu=0.5),
+                verifier=VerifierSpec(kind="python", expected={"text": f"Hello, {who}!"}),
+            )
 
         return draw(candidate, split, n, content=self.task_content)
 
     def tools(self) -> list[ToolSpec]:
-        return [ToolSpec(name="write_file", description="Write a text file in the working directory.",
-                         parameters={"type": "object", "required": ["path", "content"],
-                                     "properties": {"path": {"type": "string", "maxLength": 64},
-                                                    "content": {"type": "string", "maxLength": 1000}}}),
-                ToolSpec(name="submit", description="End the episode.")]
+        return [
+            ToolSpec(
+                name="write_file",
+                description="Write a text file in the working directory.",
+                parameters={
+                    "type": "object",
+                    "required": ["path", "content"],
+                    "properties": {
+                        "path": {"type": "string", "maxLength": 64},
+                        "content": {"type": "string", "maxLength": 1000},
+                    },
+                },
+            ),
+            ToolSpec(name="submit", description="End the episode."),
+        ]
 
     def sandbox_spec(self, task: Task) -> SandboxCreate:
-        return SandboxCreate(labels={"recipe": self.name, "task": task.id[:63]}, workdir=task.environment.workdir,
-                             resources=Resources(cpu=task.environment.cpu, memory_mb=task.environment.memory_mb),
-                             network=NetworkPolicy(mode="none"))
+        return SandboxCreate(
+            labels={"recipe": self.name, "task": task.id[:63]},
+            workdir=task.environment.workdir,
+            resources=Resources(cpu=task.environment.cpu, memory_mb=task.environment.memory_mb),
+            network=NetworkPolicy(mode="none"),
+        )
 
     def setup(self, sandbox: Sandbox, task: Task) -> None:
         pass  # the task starts from an empty working directory
