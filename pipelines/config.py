@@ -548,7 +548,7 @@ _TINY: dict[str, Any] = deep_merge(
 
 # The quick preset (plain `orchard run`): the first run of someone new, minutes on a laptop, that shows learning and
 # the promotion gate's decision. The demo's tasks, tiny model, teacher, SFT and evaluation, the training known to
-# learn (docs/results.md: SFT 5 and 6 of 16 held-out tasks from 0 untrained, the gate promotes at p = 0.031; with
+# learn (docs/results-log.md: SFT 5 and 6 of 16 held-out tasks from 0 untrained, the gate promotes at p = 0.031; with
 # 24 training tasks and 150 steps SFT resolved 2 of 12 in a trial, too few for the gate), and a short RL run
 # (2 steps, 16 episodes) so that every stage runs and is seen: the demo's RL is sized to do real work in its
 # 10 minutes, this one only shows the stage (its two updates may cost the SFT model a task, and the gate judges
@@ -581,7 +581,7 @@ _QUICK: dict[str, Any] = deep_merge(
 
 # The smol preset: a real pretrained chat model (SmolLM2-135M-Instruct, converted from its PyPI wheel on first
 # use: components/core/named_models.py) through every stage, sized so that RL can show a difference from SFT
-# with power (issue 33). Untrained it answers in prose (0 tool calls): SFT teaches the protocol, RL must make it
+# with power. Untrained it answers in prose (0 tool calls): SFT teaches the protocol, RL must make it
 # fix more bugs. The two single-line bug families of the demo at difficulty 1: the SFT model resolves some and
 # fails others, which is what makes RL groups mixed. Not a CPU demo: hours on 2 cores (scripts/bench_smol_rl.py).
 # - Evaluation with power: 100 held-out tasks in 100 distinct repositories, none reachable from a train seed, from

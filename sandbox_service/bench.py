@@ -2,7 +2,7 @@
 
 1. exec latency of `true` through REST + agent (keep-alive client, one sandbox), interleaved call by
    call with a bare `subprocess.run(["true"])` on the host, so both see the same machine load:
-   p50, p99 and the ratio of medians (targets: p50 <= 5 ms, ratio <= 2.5x, issue 30); then the same
+   p50, p99 and the ratio of medians (targets: p50 <= 5 ms, ratio <= 2.5x); then the same
    pair paced, each call after a pause (an agent's tool calls come between generation turns, and the
    first exec after a pause is where per-exec kernel work that waits for an idle spell shows).
 2. create-to-ready latency (POST until `wait` returns ready), p50 and p99.

@@ -1,4 +1,4 @@
-"""Time the two per-unit costs of the full SFT ablation that dominate its runtime, for the estimate in docs/results.md.
+"""Time the two per-unit costs that dominate the full SFT ablation's runtime, for the estimate in docs/results-log.md.
 
     python scripts/time_sft_ablation.py WORK_DIR OUT_DIR [--steps 12]
 
@@ -6,7 +6,7 @@ WORK_DIR is a finished (e.g. `--quick`) ablation work dir: its credited trajecto
 steps with the full config's batch and length, then the result plays its held-out tasks with the full
 config's evaluation settings (k attempts, turns, tokens per turn), one torch thread as in each ablation
 job. Prints seconds per SFT step and per held-out episode; multiply by the full run's counts
-(docs/results.md, Figures). Distillation and credit costs are read off a fraction run's progress bars.
+(docs/results-log.md, Figures). Distillation and credit costs are read off a fraction run's progress bars.
 """
 
 from __future__ import annotations

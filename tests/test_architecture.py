@@ -1,5 +1,5 @@
 """The import architecture: the layers hold (`lint-imports`, contracts in pyproject.toml) and no module imports
-itself back through others, counting imports inside functions and under `if TYPE_CHECKING` (issue 31 item 4).
+itself back through others, counting imports inside functions and under `if TYPE_CHECKING`.
 
 pipelines (the DAG) sits above components (the stages), which sit above sandbox_service (the environment layer);
 a lower layer imports nothing of a higher one. A cycle is reported as the chain of imports that closes it, each

@@ -67,3 +67,16 @@ def test_the_baseline_only_lists_modules_that_still_fail(mypy_without_baseline):
     baseline, errors = mypy_without_baseline
     fixed = sorted(baseline - set(errors))
     assert not fixed, f"these modules pass mypy now: take them off the baseline in pyproject.toml: {fixed}"
+
+
+def test_nothing_points_to_an_issue_tracker_the_repository_does_not_have():
+    """Docs, code and tests say what and why, not a tracker number: the tracker is not in this repository."""
+    tracked = _run("git", "ls-files", "--", "*.py", "*.md", "*.toml", "*.yaml", "*.sh", "Makefile").stdout.split()
+    hits = [
+        f"{path}:{n}: {line.strip()}"
+        for path in tracked
+        if not path.startswith("examples/") and (ROOT / path).is_file()
+        for n, line in enumerate((ROOT / path).read_text(errors="replace").splitlines(), 1)
+        if re.search(r"\b[Ii]ssues? #?\d+", line)
+    ]
+    assert not hits, "\n".join(hits)

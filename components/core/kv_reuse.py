@@ -1,5 +1,5 @@
 """KV reuse across turns: a conversation's next turn decodes from the cache of its previous turn instead of
-re-encoding the whole conversation (issue 30).
+re-encoding the whole conversation.
 
 After a batched `generate`, each row's keys and values (transformers' `DynamicCache`, one tensor pair per
 layer, batch × heads × positions × dim) are cut out for the tokens the row really holds — its prompt and what

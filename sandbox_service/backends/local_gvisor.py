@@ -3,7 +3,7 @@
 gVisor puts a user-space kernel (the Sentry) between the sandbox and the host: the sandbox's system
 calls are served by the Sentry, which itself runs under a tight seccomp filter with few host system
 calls, so a Linux kernel bug reachable from the sandbox is (mostly) not reachable from the host. The
-price is start-up and system-call latency (figures in docs/results.md).
+price is start-up and system-call latency (figures in docs/results-log.md).
 
 How a sandbox starts: the backend writes an OCI bundle (config.json) per sandbox and runs
 `runsc --root <sandbox dir>/runsc --network=none --host-uds=create --ignore-cgroups

@@ -166,7 +166,7 @@ def test_history_rule_sampled_reasoning_stays_as_it_was_generated():
 
 def test_qwen3_template_trains_every_turn_as_it_was_when_newest():
     """Qwen3's own template drops the empty <think> block of an earlier assistant turn once a tool message
-    follows (issue 34: refused with TemplateError at SFT). The history view trains each turn as the template
+    follows (once refused with TemplateError at SFT). The history view trains each turn as the template
     rendered it while newest, and every prompt the policy generates from is a prefix of the training ids."""
     tok = qwen_vocab_tokenizer("qwen3")
     assert chat_format(tok).tool_format == "hermes"

@@ -1,4 +1,4 @@
-"""The evaluation's intervals cover at their stated level, checked by simulation (issue 33, finding 6):
+"""The evaluation's intervals cover at their stated level, checked by simulation:
 tasks with heterogeneous pass rates, k attempts each, small n and extreme rates (0/n) included."""
 
 from __future__ import annotations

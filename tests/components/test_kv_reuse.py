@@ -1,4 +1,4 @@
-"""KV reuse across turns (issue 30): a conversation's next turn decodes from its kept cache; greedy outputs
+"""KV reuse across turns: a conversation's next turn decodes from its kept cache; greedy outputs
 equal a full prefill's, batched rows with and without a kept prefix mix, and kept KV never outlives the
 weights it was computed with."""
 

@@ -1,5 +1,5 @@
 """RL and SFT train on the context the model is sampled in, also when `harness.tool_format` is set
-explicitly and differs from the chat template's own (issue 33, finding 1)."""
+explicitly and differs from the chat template's own."""
 
 from __future__ import annotations
 

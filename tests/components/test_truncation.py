@@ -1,4 +1,4 @@
-"""One truncation rule (issue 18, item 5): an episode cut by a wall-clock, step or token limit without a
+"""One truncation rule: an episode cut by a wall-clock, step or token limit without a
 submit is treated the same way by the fixed sampler and Balanced Adaptive Rollout, and infrastructure
 latency never turns into a reward.
 

@@ -1,4 +1,4 @@
-"""The manifests against what a real cluster does with them (issue 32's would-breaks C4-C7 and the list after).
+"""The manifests against what a real cluster does with them.
 
 Rendered with the real kustomize (`kubectl kustomize`); each test names the cluster behaviour it guards
 against. What only a running cluster shows (NetworkPolicy enforcement, PVC binding, admission of the

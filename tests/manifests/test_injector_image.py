@@ -1,4 +1,4 @@
-"""The agent injector builds for amd64 and arm64 nodes (issue 22, item 7) on scripts/build-images.sh.
+"""The agent injector builds for amd64 and arm64 nodes on scripts/build-images.sh.
 
 No image is built here (the builds are test_images_build.py's slow tests; no binfmt/QEMU for arm64).
 What is checked: the Dockerfile's architecture mapping asks uv for the right python-build-standalone

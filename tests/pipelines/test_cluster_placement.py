@@ -1,4 +1,4 @@
-"""What the compiled pipelines ask a real cluster for (issue 32's would-breaks C1-C3 and the run volume).
+"""What the compiled pipelines ask a real cluster for.
 
 Each test states the cluster behaviour it guards against: a claim with `storageClassName: ""` is never
 provisioned; a pod requesting a GPU never schedules on a CPU cluster; a root-owned fresh volume is not

@@ -210,7 +210,7 @@ def test_the_smol_preset_has_an_evaluation_with_power_and_an_rl_budget_that_can_
 
 @pytest.mark.parametrize("preset", ["tiny", "demo"])
 def test_every_seed_of_a_preset_is_evaluated_on_the_same_heldout_set(preset):
-    """Cross-seed rates compare the same tests (issue 34: the digests differed between seeds)."""
+    """Cross-seed rates compare the same tests (the digests once differed between seeds)."""
     from components.provision import heldout_digest, recipe_options, split_tasks
     from components.recipes import get_recipe
 

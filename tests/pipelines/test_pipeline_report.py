@@ -131,7 +131,7 @@ def test_report_states_paired_differences_with_intervals_and_n():
 
 
 def test_the_table_says_whether_rl_beat_sft_with_units_beside_n():
-    """RL 6/16 against SFT 7/16 (the issue's case): the table's verdict row says RL did not beat SFT, with the
+    """RL 6/16 against SFT 7/16 (a case seen in a run): the table's verdict row says RL did not beat SFT, with the
     paired interval and the gate's exact test; tasks of one repository count once (16 tasks, 12 units)."""
     tasks = [f"t{i:02d}" for i in range(16)]
     units = {t: f"repo{min(i, 11)}" for i, t in enumerate(tasks)}  # the last five tasks share one repository

@@ -254,7 +254,7 @@ def test_the_argo_start_step_refuses_an_unreachable_endpoint_in_one_line(tmp_pat
 
 def test_qwen3_trains_and_a_template_that_rewrites_other_turns_is_refused_in_one_line(tmp_path):
     """Qwen3's template gives the newest assistant turn an empty <think> block and drops it once another
-    turn follows: the history view trains it (issue 34). A template that rewrites a tool turn once another
+    turn follows: the history view trains it. A template that rewrites a tool turn once another
     follows cannot be trained at all, and init-policy says so in one line, seconds into the run."""
     from components.checkpoints import qwen_vocab_tokenizer
     from components.core.chat_templates import CHATML_TOOLS

@@ -1,5 +1,5 @@
 """Every `orchard` command the README and the docs show has a config that validates, the cheap ones run as
-written, and the `orchard run` commands on the tiny preset run in a slow test (issue 34, item 6).
+written, and the `orchard run` commands on the tiny preset run in a slow test.
 
 The commands are read from the README and every page under docs/: fenced bash blocks (backslash continuations joined,
 shell

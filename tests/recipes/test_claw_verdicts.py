@@ -1,4 +1,4 @@
-"""Claw verdicts no policy can dodge or inflate (issue 27), each played through the harness: wrongly typed
+"""Claw verdicts no policy can dodge or inflate, each played through the harness: wrongly typed
 tool arguments and hostile journals are the policy's failures (never infrastructure errors), and a
 body stuffed with every candidate number never passes a check for the one fact asked."""
 

@@ -1,4 +1,4 @@
-"""GUI tool calls with wrongly typed arguments (issue 27): the policy's error, an observation; the
+"""GUI tool calls with wrongly typed arguments: the policy's error, an observation; the
 browser controller answers every request, whatever it holds, and never drops the connection (which
 the recipe used to report as "browser controller unreachable", an infrastructure error)."""
 

@@ -1,4 +1,4 @@
-"""Verdicts no policy code can change (issue 27), each attack played as a policy would through the harness.
+"""Verdicts no policy code can change, each attack played as a policy would through the harness.
 
 The second round of hacks runs *inside* the process that imports the agent's package: a payload of a
 few lines in the package forges a "resolved" (a pytest plugin found through `gc`, a patched

@@ -1,4 +1,4 @@
-"""The agent (PID 1 of a sandbox, root there) imports nothing a sandbox can write (issue 28, item 1).
+"""The agent (PID 1 of a sandbox, root there) imports nothing a sandbox can write.
 
 The attack: the agent's sys.path (and its packages' __path__) named host directories that, after the
 pivot, resolved into the sandbox: the agent copy under a state dir in /tmp (the sandbox's own /tmp),

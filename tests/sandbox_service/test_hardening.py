@@ -1,4 +1,4 @@
-"""Attacks from inside real sandboxes of the real service, one test per class (issue 13): host files in
+"""Attacks from inside real sandboxes of the real service, one test per class: host files in
 view, root inside being root outside, the shared kernel keyring, disk beyond disk_mb, and kernel
 surface a seccomp filter must refuse. Each of them succeeded against the host-minus-masks root without
 user namespace, seccomp or disk limit."""

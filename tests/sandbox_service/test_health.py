@@ -1,4 +1,4 @@
-"""`/healthz` checks the backend for real (issue 32): the readiness probe fails while the Kubernetes API does
+"""`/healthz` checks the backend for real: the readiness probe fails while the Kubernetes API does
 not answer, and says why; `/livez` (liveness) does not, so an API outage never restarts the service."""
 
 from __future__ import annotations

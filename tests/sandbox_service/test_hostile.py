@@ -1,4 +1,4 @@
-"""Attacks from inside real sandboxes against the real service (issue 13): each test is one attack class
+"""Attacks from inside real sandboxes against the real service: each test is one attack class
 that a policy under RL pressure could use to escape, read what it must not, or pass its own failures
 off as the infrastructure's."""
 

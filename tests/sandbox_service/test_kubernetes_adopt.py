@@ -1,4 +1,4 @@
-"""Restarts and replicas of the Kubernetes backend (issue 22, item 6), against the fake API server.
+"""Restarts and replicas of the Kubernetes backend, against the fake API server.
 
 A restarted service adopts its replica's running sandboxes (same ids, exec keeps working) and reaps,
 in the background, only what cannot be adopted; two replicas of one instance never touch each

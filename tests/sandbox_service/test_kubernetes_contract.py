@@ -899,7 +899,7 @@ def test_an_oom_killed_pod_in_a_verification_run_is_recreated_with_more_memory(f
     assert sandbox_objects(fake) == {}
 
 
-# -- what a first real cluster run would break on (issue 22) -----------------------------------------------
+# -- what a first real cluster run would break on -----------------------------------------------
 def test_commands_get_the_task_images_environment(fake, service_on_fake_cluster, tmp_path):
     """The pod spec cannot know the image's ENV; the agent inherits it from the runtime and passes it on."""
     client, _ = service_on_fake_cluster

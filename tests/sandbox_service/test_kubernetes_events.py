@@ -1,4 +1,4 @@
-"""Failures only Events tell (issue 22, item 3), against the fake API server emitting Events as a
+"""Failures only Events tell, against the fake API server emitting Events as a
 kubelet or the scheduler would: final ones fail a create promptly with their reason, transient ones
 after a grace counted from the first one seen, and an error the pod got past never fails it."""
 

@@ -215,7 +215,7 @@ def test_a_claim_retries_when_only_the_status_moved_on(pooled, fake, monkeypatch
     assert len([r for r in fake.sent("PATCH", "pods") if r["name"] == warm.pod_name]) == 2
 
 
-# -- the warm pool and adoption together (issue 22 items 6 and 8) ---------------------------------------
+# -- the warm pool and adoption together ---------------------------------------
 def test_a_claimed_sandbox_survives_a_service_restart(pooled, fake, tmp_path, agent_node):  # noqa: F811
     """The claim writes what adoption reads (spec and resources annotations, claim time, the Secret's CA
     and env): a restarted backend adopts the claimed pod under the same id and exec reaches it."""

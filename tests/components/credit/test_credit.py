@@ -363,7 +363,7 @@ def test_monte_carlo_value_is_the_resolved_share_of_its_seeded_continuations(san
 @pytest.mark.parametrize("common_random_numbers", [True, False])
 def test_one_continuation_per_state_does_not_fall_back_to_epsilon(common_random_numbers):
     """A flat value curve (every state resolves with probability 1/2) estimated from k = 1 continuation:
-    with epsilon as the only bar about a quarter of the steps were credited by chance (issue 33, finding 7)."""
+    with epsilon as the only bar about a quarter of the steps were credited by chance."""
     import random
 
     from components.credit.monte_carlo import independent_credit_stderr, paired_credit_stderr, value_stderr

@@ -1,6 +1,5 @@
-"""What `TRLRollout` hands TRL, row by row, on synthetic episodes (no sandbox, no generation): issue 33's
-findings 2 (short fixed groups), 3 (TRL's truncation flag), 4 (placeholder rows carry no reward) and 5
-(a forked attempt's logprobs)."""
+"""What `TRLRollout` hands TRL, row by row, on synthetic episodes (no sandbox, no generation): short
+fixed groups, TRL's truncation flag, placeholder rows that carry no reward, and a forked attempt's logprobs."""
 
 from __future__ import annotations
 
