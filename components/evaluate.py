@@ -1,7 +1,7 @@
 """Evaluation stage: a policy on held-out tasks, k attempts each, through the same harness and sandboxes.
 
 Reports the resolved rate and pass@1, each with a 95 % interval that covers at its level (attempts
-at one task, and tasks of one unit, i.e. one repository, are clustered: see `components.core.intervals`),
+at one task, and tasks of one unit, i.e. one repository, are clustered: see `components.core.statistics.intervals`),
 the number of tasks and of independent units beside it, unbiased pass@k, mean steps and
 tokens, and the infrastructure-error rate. Attempts that ended in `infra_error` (after
 `infra_retries` re-runs) are excluded from every denominator and reported on their own: a crashed
@@ -20,15 +20,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_service.connection import SandboxConnection
-from components.core.episode_traces import TraceConfig, log_episode_traces
-from components.core.harness import HarnessConfig, run_episode
-from components.core.intervals import task_mean_ci, task_rate_ci
-from components.core.modeling import LoadOptions
-from components.core.passk import mean_pass_at_k, pass_at_k
-from components.core.policies import OpenAIPolicyConfig
-from components.core.schema import Outcome, Split, Task, Trajectory, hidden_pass_metrics
-from components.core.splits import unit_of
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.data.episode_traces import TraceConfig, log_episode_traces
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.statistics.intervals import task_mean_ci, task_rate_ci
+from components.core.policy.modeling import LoadOptions
+from components.core.statistics.passk import mean_pass_at_k, pass_at_k
+from components.core.policy.policies import OpenAIPolicyConfig
+from components.core.data.schema import Outcome, Split, Task, Trajectory, hidden_pass_metrics
+from components.core.data.splits import unit_of
+from components.core.data.parquet_store import TaskStore, TrajectoryStore
 from components.recipes import RecipeName
 from components.core.tracking import (
     TrackingConfig,
@@ -86,7 +86,7 @@ class EvalConfig(BaseModel):
     seed: int = Field(0, description="Base seed of per-attempt sampling seeds.")
     traces: TraceConfig = Field(
         default_factory=TraceConfig,
-        description="Which episodes become MLflow traces (components/core/episode_traces.py).",
+        description="Which episodes become MLflow traces (components/core/data/episode_traces.py).",
     )
 
     @model_validator(mode="after")
@@ -110,7 +110,7 @@ class EvalResult(BaseModel):
     resolved_rate: float
     resolved_rate_ci95: tuple[float, float] = Field(
         description="Clopper-Pearson at the effective number of attempts "
-        "(attempts clustered by unit; components.core.intervals)."
+        "(attempts clustered by unit; components.core.statistics.intervals)."
     )
     pass_at_1: float
     pass_at_1_ci95: tuple[float, float] = Field(description="The same interval for the mean of per-task pass@1.")
@@ -146,12 +146,12 @@ def make_policy(config: EvalConfig, model_dir: str | Path | None) -> Any:
                 "policy='local' needs model_dir (a save_pretrained directory); "
                 "use policy='scripted' to evaluate the teacher without a model"
             )
-        from components.core.local_policy import LocalTransformersPolicy
+        from components.core.policy.local import LocalTransformersPolicy
 
         tool_format = None if config.harness.tool_format == "auto" else config.harness.tool_format
         return LocalTransformersPolicy(str(model_dir), spec=config.load, tool_format=tool_format)
     if config.policy == "openai":
-        from components.core.policies import OpenAICompatiblePolicy
+        from components.core.policy.policies import OpenAICompatiblePolicy
 
         return OpenAICompatiblePolicy(config.endpoint)  # type: ignore[arg-type]
     from components.recipes import get_scripted_teacher
@@ -290,7 +290,7 @@ GREEDY = -1  # the attempt number of the greedy attempt (EvalConfig.greedy): nev
 def _greedy_summary(rows: list[dict], greedy: list[Trajectory], metrics: dict[str, float]) -> dict[str, Any]:
     """Each task's greedy result into its row (`greedy_resolved`: 1, 0 or NaN for an infra error), the greedy
     counts into `metrics`, and the EvalResult fields."""
-    from components.core.intervals import clopper_pearson
+    from components.core.statistics.intervals import clopper_pearson
 
     by_task = {t.task_id: t for t in greedy}
     for row in rows:
@@ -339,7 +339,7 @@ def evaluate(
     policy_id = spare[0].policy_id
     shared = None
     if config.policy == "local" and config.workers > 1 and config.batch_local:
-        from components.core.batching import BatchingPolicy
+        from components.core.policy.batching import BatchingPolicy
 
         shared = BatchingPolicy(spare[0], max_batch=config.workers)
     local = threading.local()

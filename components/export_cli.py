@@ -7,7 +7,7 @@
 `tokens` is the token-level record (components/sft/tokens.py: prompt_ids, response_ids, loss_mask,
 response_logprobs, reward, failure_reason, metadata), rendered with the model's own tokenizer and chat template,
 the same functions SFT and RL train with; `--logprobs` also scores each response token under that model.
-`openai` is the OpenAI-messages shape of the published dataset (components/core/openai_format.py).
+`openai` is the OpenAI-messages shape of the published dataset (components/core/rendering/openai_format.py).
 A missing store, an empty one or a model that cannot be loaded is one line on stderr (exit 2).
 """
 
@@ -25,7 +25,7 @@ class ExportError(ValueError):
 
 
 def _trajectories(store_dir: str):
-    from components.core.store import StoreError, TrajectoryStore
+    from components.core.data.parquet_store import StoreError, TrajectoryStore
 
     try:
         trajectories = TrajectoryStore(store_dir).read()
@@ -40,7 +40,7 @@ def export_tokens_from(
     store_dir: str, model: str, out: str, *, mode: SFTMode = "whole", logprobs: bool = False, device: str = "cpu"
 ) -> Path:
     """The token-level dataset of the trajectories in `store_dir`, under `model`'s tokenizer, at `out`."""
-    from components.core.modeling import LoadOptions, load_policy, load_tokenizer
+    from components.core.policy.modeling import LoadOptions, load_policy, load_tokenizer
     from components.sft.tokens import export_tokens
 
     trajectories = _trajectories(store_dir)
@@ -56,7 +56,7 @@ def export_tokens_from(
 
 def export_openai_from(store_dir: str, out: str) -> Path:
     """The OpenAI-messages dataset of the trajectories in `store_dir`, at `out`."""
-    from components.core.openai_format import export_openai
+    from components.core.rendering.openai_format import export_openai
 
     return export_openai(_trajectories(store_dir), out)
 

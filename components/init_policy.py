@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.modeling import InitPolicyConfig
+from components.core.policy.modeling import InitPolicyConfig
 from components.promote.decision import PromotionConfig
 
 
@@ -52,7 +52,7 @@ def start_model(config: InitConfig, tracking, out: Path) -> str | None:
 def init_policy(config: InitConfig, out: Path, tracking) -> dict:
     """The starting model into `out`; the result names where it came from and its parameter count."""
     from components import tiny_model
-    from components.core import modeling
+    from components.core.policy import modeling
     from components.core.tracking import log_metrics, stage_run
 
     with stage_run("init-policy", config, tracking):

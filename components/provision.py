@@ -2,7 +2,7 @@
 
 Three splits: train (what training sees), validation (for tuning: learning rate, temperature, ...) and
 heldout (the final evaluation, never trained or tuned on). Generated splits share no unit and hold no task
-twice, for every seed (`components.core.splits`): the held-out and validation sets come from a fixed seed
+twice, for every seed (`components.core.data.splits`): the held-out and validation sets come from a fixed seed
 while the train seed varies, and no train seed can produce one of their tasks. Imported (SWE-bench) tasks
 are split in file order; a held-out or validation instance whose content repeats a training one, or an
 earlier one of its own split, is dropped and counted (`ProvisionResult.metrics`). Each split's number of
@@ -24,10 +24,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_service.connection import SandboxConnection
-from components.core.recipe_base import TaskImportError
-from components.core.schema import Task
-from components.core.splits import check_disjoint, digest, unit_of
-from components.core.store import TaskStore
+from components.core.episode.recipe_base import TaskImportError
+from components.core.data.schema import Task
+from components.core.data.splits import check_disjoint, digest, unit_of
+from components.core.data.parquet_store import TaskStore
 from components.core.tracking import TrackingConfig, log_metrics, stage_run
 from components.recipes import RecipeName, check_task, get_recipe
 
@@ -278,7 +278,7 @@ def _claim_new_tasks(
     manifest under the pipeline run id and into the tasks directory (for the accumulate stage)."""
     import uuid
 
-    from components.core.data_store import DataStore, write_claim
+    from components.core.data.retrain_store import DataStore, write_claim
 
     if config.source.kind != "generator":
         raise ProvisionError(

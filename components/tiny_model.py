@@ -4,7 +4,7 @@ Nothing here downloads anything. `build_tokenizer` trains a byte-level BPE on a 
 the tool-call protocol and the built-in task suites (deterministic: same corpus, same vocabulary) and
 wraps it as a `PreTrainedTokenizerFast` with a chat template. `build_tiny_model` instantiates
 `Qwen3MoeForCausalLM` from a `Qwen3MoeConfig`. `init_policy` writes the starting policy of a run: this
-model, or any checkpoint (`components.core.modeling` loads both the same way). Above the recipes, because
+model, or any checkpoint (`components.core.policy.modeling` loads both the same way). Above the recipes, because
 the vocabulary is learned from their training tasks.
 """
 
@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from components.core.chat_templates import CHATML_SPECIAL_TOKENS, CHATML_TOOL_TOKENS
-from components.core.modeling import (
+from components.core.rendering.chat_templates import CHATML_SPECIAL_TOKENS, CHATML_TOOL_TOKENS
+from components.core.policy.modeling import (
     CHAT_TEMPLATE,
     END,
     PAD,

@@ -28,10 +28,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sandbox_service.connection import SandboxConnection
-from components.core.episode_traces import TraceConfig
-from components.core.modeling import InitPolicyConfig, LoadOptions, ModelConfig
+from components.core.data.episode_traces import TraceConfig
+from components.core.policy.modeling import InitPolicyConfig, LoadOptions, ModelConfig
 from components.recipes import RecipeName
-from components.core.tool_formats import ToolFormatSetting
+from components.core.rendering.tool_formats import ToolFormatSetting
 from components.accumulate import RetrainConfig
 from components.credit.stage import CreditConfig
 from components.distill import DistillConfig
@@ -408,7 +408,7 @@ def _read_file(path: Path) -> dict:
 # The demo (`make demo`): a schedule that learns in ~10 minutes on 2 CPU cores (docs/changelog.md, "What `make demo`
 # shows"). Difficulty 1 tasks of two bug families (six templates whose fix lines hold no task-specific
 # names) in repositories named one of two packages, so ~40 teacher trajectories give each template several
-# examples; held-out tasks are new repositories that no train seed can produce (components/core/splits.py: the
+# examples; held-out tasks are new repositories that no train seed can produce (components/core/data/splits.py: the
 # suite holds 37 held-out repositories at these settings), and 16 validation tasks are there to tune on. With all
 # eight package names the tiny model does not learn in minutes to copy the name into its paths (the SFT
 # ablation's main failure); with two it must still read it. Teacher error rate 0.1: resolved trajectories
@@ -580,7 +580,7 @@ _QUICK: dict[str, Any] = deep_merge(
 )
 
 # The smol preset: a real pretrained chat model (SmolLM2-135M-Instruct, converted from its PyPI wheel on first
-# use: components/core/named_models.py) through every stage, sized so that RL can show a difference from SFT
+# use: components/core/policy/named_models.py) through every stage, sized so that RL can show a difference from SFT
 # with power. Untrained it answers in prose (0 tool calls): SFT teaches the protocol, RL must make it
 # fix more bugs. The two single-line bug families of the demo at difficulty 1: the SFT model resolves some and
 # fails others, which is what makes RL groups mixed. Not a CPU demo: hours on 2 cores (scripts/bench_smol_rl.py).

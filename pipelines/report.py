@@ -63,7 +63,8 @@ class Comparison(BaseModel):
     than: str = Field(description="The policy it is compared with.")
     difference: float = Field(description="mean over tasks of pass@1(better) - pass@1(than), in [-1, 1].")
     ci95: tuple[float, float] = Field(
-        description="Newcombe's paired interval over the same tasks (components.core.intervals.paired_difference_ci)."
+        description="Newcombe's paired interval over the same tasks "
+        "(components.core.statistics.intervals.paired_difference_ci)."
     )
     tasks: int = Field(description="Tasks both were evaluated on (n).")
     units: int | None = Field(
@@ -88,7 +89,7 @@ COMPARED = (("sft", "untrained"), ("rl", "sft"), ("rl", "untrained"))
 def compare_arms(per_task: dict[str, dict[str, float]], units: dict[str, str] | None = None) -> list[Comparison]:
     """Paired comparisons of the arms in `COMPARED` that were both evaluated (per-task pass@1 by task id),
     clustered by `units` (task id -> unit; None: each task its own)."""
-    from components.core.intervals import common_tasks, count_units, paired_difference_ci
+    from components.core.statistics.intervals import common_tasks, count_units, paired_difference_ci
 
     out = []
     for a, b in COMPARED:
@@ -527,7 +528,7 @@ def log_to_parent(
             if Path(path).is_dir():
                 log_artifact_path(path, f"stores/{name}")
         if tasks_dir is not None and Path(tasks_dir).is_dir():
-            from components.core.store import TaskStore
+            from components.core.data.parquet_store import TaskStore
 
             tasks = TaskStore(tasks_dir).read()
             for split in sorted({t.split for t in tasks}):

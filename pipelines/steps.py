@@ -116,7 +116,7 @@ def infra_counts(record: dict) -> tuple[int, int] | None:
 
 
 def _infra_reasons(record: dict, limit: int) -> list[str]:
-    from components.core.store import TrajectoryStore
+    from components.core.data.parquet_store import TrajectoryStore
 
     path = record.get("trajectories_dir")
     if not path or not Path(path).is_dir():
@@ -279,7 +279,7 @@ def per_task_pass_at_1(evals: dict[str, dict]) -> tuple[dict[str, dict[str, floa
 def rl_movement(rl: dict | None, evals: dict[str, dict]) -> str | None:
     """How far RL moved the policy from the SFT model, in one line: the weights' relative change, and on how many
     held-out tasks the two models' greedy episodes differ (their assistant turns as sampled). None without RL."""
-    from components.core.store import TrajectoryStore
+    from components.core.data.parquet_store import TrajectoryStore
 
     if not rl:
         return None

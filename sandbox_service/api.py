@@ -63,7 +63,7 @@ def _json(model: BaseModel, status_code: int = 200) -> Response:
 def make_backend(config: ServiceConfig) -> SandboxBackend:
     """The configured backend; heavy ones are imported only when chosen."""
     if config.backend == "local":
-        from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
+        from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig
 
         return LocalBackend(
             LocalBackendConfig(
@@ -72,7 +72,7 @@ def make_backend(config: ServiceConfig) -> SandboxBackend:
                 isolation="none" if config.unisolated else "namespaces",
             )
         )
-    from sandbox_service.backends.kubernetes import KubernetesBackend
+    from sandbox_service.backends.kubernetes.backend import KubernetesBackend
 
     return KubernetesBackend.from_service_config(config)
 

@@ -164,7 +164,7 @@ class TreeCpu:
         return None
 
     def _zygote(self) -> int | None:
-        """The agent zygote: the service's child whose argv[0] is `orchard-agent` (local_zygote.py)."""
+        """The agent zygote: the service's child whose argv[0] is `orchard-agent` (local/zygote.py)."""
         for pid in _children(self.service_pid):
             try:
                 comm = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0]

@@ -79,9 +79,9 @@ def leaked_cgroups(sandbox_ids: set[str]) -> list[str]:
 
 def leaked_network(state_dir: Path) -> list[str]:
     """Slots, links and egress filters of the local backend (default slot directories) left by this state dir."""
-    from sandbox_service.backends import local_egress
-    from sandbox_service.backends.local_config import LocalBackendConfig
-    from sandbox_service.backends.local_network import veth_index
+    from sandbox_service.backends.local import egress as local_egress
+    from sandbox_service.backends.local.config import LocalBackendConfig
+    from sandbox_service.backends.local.network import veth_index
 
     root = str(Path(state_dir).resolve())
     defaults = LocalBackendConfig()

@@ -17,10 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 from kubernetes import client as k8s
-from sandbox_service.backends.kubernetes import KubernetesBackend
-from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
-from sandbox_service.backends.kubernetes_decode import FastApiClient
-from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, running_after
+from sandbox_service.backends.kubernetes.backend import KubernetesBackend
+from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes.decode import FastApiClient
+from sandbox_service.backends.kubernetes.testing.fake import FakeKubernetesAPI, running_after
 from sandbox_service.models import Resources, SandboxCreate
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 1000

@@ -7,7 +7,7 @@
 Per seed, in one process with one sandbox service (every stage is the pipeline's own function and config):
 1. Tasks: generated SWE tasks at difficulty 1, two bug families, all eight package names (the held-out set
    needs >= 150 distinct repositories); train / validation / held-out disjoint by repository
-   (components/core/splits.py); the held-out set is the same for every seed (its digest is checked).
+   (components/core/data/splits.py); the held-out set is the same for every seed (its digest is checked).
 2. Teacher data: the scripted teacher, one attempt per training task, at error rate `--teacher-error-rate` (0.3:
    per decision it may open the wrong file first, make a wrong edit and repair it, or give up; SFT on its
    resolved trajectories imitates the recoverable mistakes too, which is what RL, rewarded for the outcome, can
@@ -262,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kl-coef", type=float, default=0.01)
     args = p.parse_args(argv)
 
-    from components.core.intervals import paired_difference_over_seeds
+    from components.core.statistics.intervals import paired_difference_over_seeds
     from sandbox_service.embedded import EmbeddedService
 
     args.work_dir.mkdir(parents=True, exist_ok=True)

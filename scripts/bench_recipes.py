@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tqdm import tqdm  # noqa: E402
 
-from components.core.policy_base import ChatMessage, GenerationConfig  # noqa: E402
-from components.core.protocol import parse_tool_call  # noqa: E402
+from components.core.policy.base import ChatMessage, GenerationConfig  # noqa: E402
+from components.core.rendering.protocol import parse_tool_call  # noqa: E402
 from components.recipes import get_recipe  # noqa: E402
 from components.recipes.swe import SWERecipe  # noqa: E402
 from sandbox_service.embedded import EmbeddedService  # noqa: E402

@@ -11,12 +11,12 @@ from __future__ import annotations
 import statistics
 import time
 
-from components.core.harness import initial_steps
-from components.core.modeling import TokenizerConfig
+from components.core.episode.harness import initial_steps
+from components.core.policy.modeling import TokenizerConfig
 from components.tiny_model import build_tokenizer
-from components.core.protocol import format_tool_call
-from components.core.rendering import PrefixCache, render_prompt, render_trajectory, steps_as_messages
-from components.core.schema import Step, ToolCall, Trajectory
+from components.core.rendering.protocol import format_tool_call
+from components.core.rendering.tokens import PrefixCache, render_prompt, render_trajectory, steps_as_messages
+from components.core.data.schema import Step, ToolCall, Trajectory
 from components.recipes import get_recipe
 from components.recipes.swe.generator import generate_tasks
 

@@ -1,5 +1,5 @@
 """Rollout throughput: SWE episodes one at a time (old path) vs N in parallel through `BatchingPolicy`, without
-and with KV reuse across turns (`components/core/kv_reuse.py`: each turn decodes from its conversation's kept
+and with KV reuse across turns (`components/core/policy/kv_reuse.py`: each turn decodes from its conversation's kept
 cache instead of re-encoding the conversation).
 
     PYTHONPATH=$PWD python scripts/bench_rollout.py --episodes 16 --repeats 3
@@ -90,19 +90,19 @@ def run(
 ) -> dict:
     import torch
 
-    from components.core.batching import BatchingPolicy
-    from components.core.harness import HarnessConfig, run_episode
-    from components.core.local_policy import LocalTransformersPolicy
-    from components.core.modeling import ModelConfig, TokenizerConfig
+    from components.core.policy.batching import BatchingPolicy
+    from components.core.episode.harness import HarnessConfig, run_episode
+    from components.core.policy.local import LocalTransformersPolicy
+    from components.core.policy.modeling import ModelConfig, TokenizerConfig
     from components.tiny_model import build_tiny_model, build_tokenizer
-    from components.core.policy_base import GenerationConfig
+    from components.core.policy.base import GenerationConfig
     from components.recipes import get_recipe
 
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     if model_path:  # e.g. smollm2-135m-instruct (a named model: its converted checkpoint, cached by make smol-model)
-        from components.core.modeling import load_policy
+        from components.core.policy.modeling import load_policy
 
         model, tokenizer = load_policy(model_path)
     else:
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     import torch
 
-    from components.core.batching import default_generation_threads
+    from components.core.policy.batching import default_generation_threads
 
     print(
         "(ceiling: the old path's wall time over the least time this path's CPU-seconds allow on "

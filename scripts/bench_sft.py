@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from components.core.harness import initial_steps
-from components.core.modeling import ModelConfig
+from components.core.episode.harness import initial_steps
+from components.core.policy.modeling import ModelConfig
 from components.tiny_model import build_tiny_model, build_tokenizer
-from components.core.protocol import format_tool_call
-from components.core.schema import Outcome, Step, ToolCall, Trajectory
-from components.core.store import TrajectoryStore
+from components.core.rendering.protocol import format_tool_call
+from components.core.data.schema import Outcome, Step, ToolCall, Trajectory
+from components.core.data.parquet_store import TrajectoryStore
 from components.recipes import get_recipe
 from components.sft.stage import SFTConfig, train_on_samples
 from components.sft.data import PadCollator, SampleDataset, build_samples

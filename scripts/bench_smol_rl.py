@@ -47,7 +47,7 @@ def per_task(run_dir: Path, arm: str) -> dict[str, float]:
 
 def rl_minus_sft(runs: dict[int, tuple[dict[str, float], dict[str, float]]], level: float = 0.95) -> dict:
     """RL - SFT over tasks and seeds (`intervals.paired_difference_over_seeds`), keyed as this script prints it."""
-    from components.core.intervals import paired_difference_over_seeds
+    from components.core.statistics.intervals import paired_difference_over_seeds
 
     s = paired_difference_over_seeds(runs, level)
     return {**s, "se_tasks": s["se_units"], "sft_pass_at_1": s["a_pass_at_1"], "rl_pass_at_1": s["b_pass_at_1"]}
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sandbox-url", default=None, help="Use this sandbox service (default: the runner starts one).")
     args = p.parse_args(argv)
 
-    from components.core.intervals import task_mean_ci
+    from components.core.statistics.intervals import task_mean_ci
     from pipelines.config import resolve
     from pipelines.local import run_local
 

@@ -257,9 +257,9 @@ def build_sft_model(args, sandbox, tasks_dir: Path, work: Path, tracking) -> Pat
 
 
 def real(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
-    from components.core.harness import HarnessConfig
-    from components.core.policy_base import GenerationConfig
-    from components.core.store import TaskStore
+    from components.core.episode.harness import HarnessConfig
+    from components.core.policy.base import GenerationConfig
+    from components.core.data.parquet_store import TaskStore
     from components.evaluate import EvalConfig, evaluate
     from components.recipes import get_recipe
     from components.rl.stage import RLConfig, train_rl
@@ -311,8 +311,8 @@ def real(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
 def teacher_sampling(args, sandbox, work: Path, tracking: TrackingConfig | None) -> dict:
     """Both samplers over real SWE episodes of the scripted teacher (no training): a policy whose
     per-task pass rates sit in between, which the tiny SFT model's do not."""
-    from components.core.harness import HarnessConfig
-    from components.core.store import TaskStore
+    from components.core.episode.harness import HarnessConfig
+    from components.core.data.parquet_store import TaskStore
     from components.recipes import get_recipe
     from components.recipes.swe.teacher import ScriptedTeacher
     from components.rl.config import RLConfig

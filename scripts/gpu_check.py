@@ -127,10 +127,10 @@ def _reset_peak() -> None:
 
 
 def run(args: argparse.Namespace) -> list[dict]:
-    from components.core.harness import HarnessConfig
-    from components.core.modeling import LoadOptions
-    from components.core.policy_base import GenerationConfig
-    from components.core.store import TrajectoryStore
+    from components.core.episode.harness import HarnessConfig
+    from components.core.policy.modeling import LoadOptions
+    from components.core.policy.base import GenerationConfig
+    from components.core.data.parquet_store import TrajectoryStore
     from components.distill import DistillConfig, distill
     from components.provision import ProvisionConfig, provision_environment
     from components.rl.stage import RLConfig, train_rl

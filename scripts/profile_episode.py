@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.core.schema import ToolCall  # noqa: E402
+from components.core.data.schema import ToolCall  # noqa: E402
 from components.recipes.swe import SWERecipe  # noqa: E402
 from components.recipes.swe import verifier as swe_verifier  # noqa: E402
 from sandbox_service.cpu_accounting import CpuSample, TreeCpu  # noqa: E402

@@ -60,11 +60,11 @@ from kubernetes import client as k8s
 
 from sandbox_service.agent_client_base import AgentClientBase, AgentUnreachableError
 from sandbox_service.backends.base import AgentEndpoint
-from sandbox_service.backends.kubernetes import KubernetesBackend
-from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
-from sandbox_service.backends.kubernetes_decode import FastApiClient
-from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, running_status, waiting
-from sandbox_service.backends.kubernetes_retry import is_not_found
+from sandbox_service.backends.kubernetes.backend import KubernetesBackend
+from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes.decode import FastApiClient
+from sandbox_service.backends.kubernetes.testing.fake import FakeKubernetesAPI, running_status, waiting
+from sandbox_service.backends.kubernetes.retry import is_not_found
 from sandbox_service.models import ExecOutcome, ExecRequest, ExecResult, Resources, SandboxCreate
 
 SPEC = SandboxCreate(image="ghcr.io/example/swe-task:1", labels={"stage": "rl"})

@@ -34,7 +34,7 @@ def train(
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from components.core.modeling import ModelConfig, TokenizerConfig, load_policy
+    from components.core.policy.modeling import ModelConfig, TokenizerConfig, load_policy
     from components.tiny_model import build_policy
     from components.envs.session import EnvConfig
     from components.envs.trl_env import ENVIRONMENTS, prepare_tokenizer

@@ -64,9 +64,9 @@ def test_every_example_task_is_fixed_by_its_patch_and_only_then(tmp_path):
 
 def test_the_fake_teacher_solves_the_example_through_the_openai_api():
     from components.fake_teacher import FakeTeacher, make_server
-    from components.core.policies import OpenAICompatiblePolicy
-    from components.core.policy_base import ChatMessage, GenerationConfig
-    from components.core.protocol import parse_tool_call
+    from components.core.policy.policies import OpenAICompatiblePolicy
+    from components.core.policy.base import ChatMessage, GenerationConfig
+    from components.core.rendering.protocol import parse_tool_call
     from pipelines.preflight import Endpoint, check_endpoint
 
     row = _rows()[2]

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from components.core.schema import Step, Task, Trajectory
+from components.core.data.schema import Step, Task, Trajectory
 
 
 class CreditEstimationError(RuntimeError):

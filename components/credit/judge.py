@@ -17,7 +17,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.credit.base import CreditEstimationError, ValueEstimate
-from components.core.schema import Task, Trajectory
+from components.core.data.schema import Task, Trajectory
 from sandbox_service.retry import Backoff
 
 _BACKOFF = Backoff(first=0.25, cap=8.0)

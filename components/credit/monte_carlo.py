@@ -34,10 +34,10 @@ from typing import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.policy_base import GenerationConfig, Policy
-from components.core.recipe_base import RecipeBase
-from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.policy.base import GenerationConfig, Policy
+from components.core.episode.recipe_base import RecipeBase
+from components.core.data.schema import EpisodeStatus, Outcome, Task, Trajectory
 from components.credit.base import (
     CreditEstimationError,
     ValueEstimate,
@@ -45,9 +45,9 @@ from components.credit.base import (
     initial_end,
     state_end,
 )
-from components.core.teacher import TeacherConfig
+from components.core.policy.teacher import TeacherConfig
 from components.credit.segments import interpolate
-from components.teachers import teacher_factory
+from components.teacher_policies import teacher_factory
 from sandbox_service.client import SandboxClient
 
 

@@ -19,8 +19,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandbox_service.connection import SandboxConnection
-from components.core.schema import Outcome, Task, Trajectory
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.data.schema import Outcome, Task, Trajectory
+from components.core.data.parquet_store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
 from components.credit.base import CreditEstimationError, ValueEstimate, ValueEstimator
 from components.credit.judge import JudgeConfig, LLMJudgeEstimator

@@ -6,7 +6,7 @@ step limit is reached; the recipe's own verifier (`RecipeBase.verify`, its publi
 reward. The OpenEnv server (`openenv_env.py`) and the TRL environment class (`trl_env.py`) are thin
 wrappers around this, so the three agree on rewards and failures.
 
-Failure attribution is the harness's one rule (components/core/step_blame.py), applied here to every
+Failure attribution is the harness's one rule (components/core/episode/blame.py), applied here to every
 tool call and (through `RecipeBase.verify`) to the verification: bad arguments, an unknown tool, or a
 tool that fails on what the policy asked or left are the policy's error (an observation; the episode
 goes on); only a sandbox the service reports lost or a health check that fails in a fresh sandbox is
@@ -25,10 +25,10 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox_service.connection import SandboxConnection
-from components.core.protocol import tools_prompt
-from components.core.recipe_base import RecipeBase, ToolResult
-from components.core.schema import Split, Task, ToolCall
-from components.core.step_blame import FreshSandbox, InfrastructureFailure, tool_result
+from components.core.rendering.protocol import tools_prompt
+from components.core.episode.recipe_base import RecipeBase, ToolResult
+from components.core.data.schema import Split, Task, ToolCall
+from components.core.episode.blame import FreshSandbox, InfrastructureFailure, tool_result
 from components.recipes import RecipeName, get_recipe
 from sandbox_service.client import Sandbox, SandboxClient
 from sandbox_service.errors import SandboxServiceError
@@ -306,8 +306,8 @@ class RecipeSession:
 
     def _verify(self, output: str, policy_error: str | None, png: str | None) -> StepOutcome:
         assert self.sandbox is not None and self.task is not None
-        # a verification run: its OOM is the infrastructure's, never the policy's (see core/harness.py);
-        # `verify` attributes a verification that gives no verdict by the one rule (core/step_blame.py)
+        # a verification run: its OOM is the infrastructure's, never the policy's (see core/episode/harness.py);
+        # `verify` attributes a verification that gives no verdict by the one rule (core/episode/blame.py)
         verdict = self.recipe.verify(self.sandbox.verifying(), self.task, self.final_answer)
         if verdict.infra_error:
             return self._end_infra(verdict.infra_error)

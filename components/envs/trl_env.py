@@ -12,7 +12,7 @@ failure makes `get_reward()` return None, which TRL treats as unscorable (advant
     trainer = GRPOTrainer(model=..., args=GRPOConfig(...), train_dataset=ds,   # rows may carry task_index / task_id
                           environment_factory=SWEEnvironment.factory(EnvConfig(recipe="swe")))
 
-Tokenizers with our chat format (components/core/modeling.py) need `prepare_tokenizer` first: TRL parses
+Tokenizers with our chat format (components/core/policy/modeling.py) need `prepare_tokenizer` first: TRL parses
 tool calls with a response template it only knows for public model families.
 """
 
@@ -23,8 +23,8 @@ import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable
 
-from components.core.modeling import CHAT_TEMPLATE
-from components.core.recipe_base import ToolSpec
+from components.core.policy.modeling import CHAT_TEMPLATE
+from components.core.episode.recipe_base import ToolSpec
 from components.envs.session import EnvConfig, SharedEnv
 from components.recipes import get_recipe, recipe_names
 
@@ -37,7 +37,7 @@ _JSON_TYPES: dict[str, Any] = {
     "object": dict,
 }
 
-# Response template of our chat format (ChatML with Hermes tool calls, components/core/chat_templates.py) for
+# Response template of our chat format (ChatML with Hermes tool calls, components/core/rendering/chat_templates.py) for
 # transformers >= 5.13 response parsing, in the shape TRL uses for Qwen3: free text, then
 # `<tool_call>\n{json}\n</tool_call>` calls, up to `<|im_end|>`.
 ORCHARD_RESPONSE_TEMPLATE = {
@@ -58,7 +58,7 @@ ORCHARD_RESPONSE_TEMPLATE = {
 
 def prepare_tokenizer(tokenizer):
     """Our response template (how TRL parses tool calls back out of a completion) and left padding, for
-    tokenizers built by `components.core.modeling`: their chat template already renders `tool_calls`
+    tokenizers built by `components.core.policy.modeling`: their chat template already renders `tool_calls`
     (public model families get their response template from TRL itself)."""
     if tokenizer.chat_template != CHAT_TEMPLATE:
         raise ValueError(

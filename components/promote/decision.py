@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.intervals import common_tasks, count_units, paired_difference_ci, paired_sign_flip_p
+from components.core.statistics.intervals import common_tasks, count_units, paired_difference_ci, paired_sign_flip_p
 
 
 class PromotionConfig(BaseModel):

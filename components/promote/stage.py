@@ -123,7 +123,7 @@ def run_gate(
     `base_results`: the evaluation of the model training started from (the first candidate's reference)."""
     import mlflow
 
-    from components.core.data_store import read_training_list
+    from components.core.data.retrain_store import read_training_list
     from components.core.tracking import log_dataset_input, log_figure, log_table, resume_run, stage_run
     from components.evaluate import evaluate
     from components.promote.decision import (

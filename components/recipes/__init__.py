@@ -1,9 +1,9 @@
 """Task suites on the one environment layer, and the registry that names them.
 
-Only tasks, tools and verifiers differ between recipes (`components/core/recipe_base.py`). The registry is the one
-source of recipe names: the config's `recipe` type (`RecipeName`), the CLI's choices and the OpenEnv / TRL wrappers
-all derive from it. The built-in recipes are listed here; a recipe in another package registers itself under the
-entry-point group `orchard.recipes` (name = "module:Class"), with no edit of this project
+Only tasks, tools and verifiers differ between recipes (`components/core/episode/recipe_base.py`). The registry is
+the one source of recipe names: the config's `recipe` type (`RecipeName`), the CLI's choices and the OpenEnv / TRL
+wrappers all derive from it. The built-in recipes are listed here; a recipe in another package registers itself
+under the entry-point group `orchard.recipes` (name = "module:Class"), with no edit of this project
 (docs/guides/add-a-recipe.md).
 """
 
@@ -16,8 +16,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-from components.core.recipe_base import RecipeBase, TaskCheck, VerifyResult
-from components.core.schema import Outcome, Task
+from components.core.episode.recipe_base import RecipeBase, TaskCheck, VerifyResult
+from components.core.data.schema import Outcome, Task
 
 ENTRY_POINT_GROUP = "orchard.recipes"
 
@@ -104,7 +104,7 @@ def check_task(recipe: RecipeBase, client, task: Task) -> TaskCheck:
     own = recipe.check_task(client, task)
     if own is not None:
         return own
-    from components.core.harness import HarnessConfig, run_episode
+    from components.core.episode.harness import HarnessConfig, run_episode
 
     from components.recipes.common import verify_fresh
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from components.core.recipe_base import RecipeBase, VerifyResult
-from components.core.schema import Task, TestReport
+from components.core.episode.recipe_base import RecipeBase, VerifyResult
+from components.core.data.schema import Task, TestReport
 from sandbox_service.client import SandboxClient
 
 

@@ -8,9 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from sandbox_service.connection import SandboxConnection
 from components.core.distributed import LaunchConfig
-from components.core.episode_traces import TraceConfig
-from components.core.harness import HarnessConfig
-from components.core.modeling import LoadOptions
+from components.core.data.episode_traces import TraceConfig
+from components.core.episode.harness import HarnessConfig
+from components.core.policy.modeling import LoadOptions
 from components.recipes import RecipeName
 from components.rl.sampling import RolloutConfig
 

@@ -46,10 +46,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from components.core.distributed import world_size
-from components.core.episode_traces import log_episode_traces
-from components.core.harness import HarnessConfig, initial_steps, run_episode, steps_to_messages
-from components.core.schema import EpisodeStatus, Outcome, Task, Trajectory
-from components.core.store import TrajectoryStore
+from components.core.data.episode_traces import log_episode_traces
+from components.core.episode.harness import HarnessConfig, initial_steps, run_episode, steps_to_messages
+from components.core.data.schema import EpisodeStatus, Outcome, Task, Trajectory
+from components.core.data.parquet_store import TrajectoryStore
 from components.rl.sampling import (
     Attempt,
     PromptHistory,
@@ -160,7 +160,7 @@ class EpisodeSource:
 
     def _run(self, episodes: list) -> list[Trajectory]:
         """The wave's episodes: in threads when the policy batches their turns (`BatchingPolicy`), else in turn."""
-        from components.core.batching import BatchingPolicy
+        from components.core.policy.batching import BatchingPolicy
 
         if len(episodes) < 2 or not isinstance(self.policy, BatchingPolicy):
             return [run() for run in episodes]
@@ -178,7 +178,7 @@ def episode_tokens(attempt: Attempt, tokenizer: Any, max_len: int) -> tuple[list
 
 
 def _whole_episode(attempt: Attempt, tokenizer: Any) -> tuple[list[int], list[int]]:
-    from components.core.rendering import render_trajectory
+    from components.core.rendering.tokens import render_trajectory
 
     s = render_trajectory(
         attempt.payload, tokenizer, loss_on="assistant", tool_format=attempt.payload.metadata.get("tool_format")
@@ -193,7 +193,7 @@ def _end_turn(ids: list[int], mask: list[int], tokenizer: Any, truncated: bool) 
     loss) goes, so an episode that ended (the agent submitted) ends on its end token; one cut by a step,
     token or wall-clock limit, or at `max_len`, keeps a last token that is no end token (else TRL's
     `clipped_ratio` and `mask_truncated_completions` would see every episode alike)."""
-    from components.core.rendering import chat_format
+    from components.core.rendering.tokens import chat_format
 
     stops = chat_format(tokenizer).stop_ids | ({tokenizer.pad_token_id} - {None})
     last = max((i for i, t in enumerate(ids) if t in stops), default=None)
@@ -285,13 +285,13 @@ class TRLRollout:
         return [{"prompt": self.prompt(t), "task_id": t.id} for t in self.tasks.values()]
 
     def _episode_source(self, model: Any, trainer: Any = None) -> EpisodeSource:
-        from components.core.batching import BatchingPolicy
-        from components.core.local_policy import LocalTransformersPolicy
+        from components.core.policy.batching import BatchingPolicy
+        from components.core.policy.local import LocalTransformersPolicy
 
         if self._model is not model:  # the same weights object across steps: the rollout is on-policy
             device = str(next(model.parameters()).device)
             if getattr(getattr(trainer, "args", None), "use_vllm", False):
-                from components.core.vllm_policy import VLLMPolicy
+                from components.core.policy.vllm import VLLMPolicy
 
                 policy: Any = VLLMPolicy(trainer.vllm_generation.llm, model, self.tokenizer, device=device)
             else:
@@ -312,8 +312,8 @@ class TRLRollout:
             self._source.policy.close()
 
     def __call__(self, prompts: list[list[dict]], trainer: Any) -> dict[str, list]:
-        from components.core.batching import BatchingPolicy
-        from components.core.schema import hidden_pass_metrics
+        from components.core.policy.batching import BatchingPolicy
+        from components.core.data.schema import hidden_pass_metrics
         from components.core.tracking import log_metrics
 
         n = trainer.num_generations
@@ -518,7 +518,7 @@ class TRLRollout:
             return [next(flat) if m else 0.0 for m in mask]
         import torch
 
-        from components.core.logprobs import token_logprobs
+        from components.core.policy.logprobs import token_logprobs
 
         with torch.no_grad():  # the rollout weights are still the current ones: this is the sampling distribution
             model.eval()
@@ -527,7 +527,7 @@ class TRLRollout:
         return [p if m else 0.0 for p, m in zip(per_token, mask)]
 
     def _placeholder(self, task: Task) -> dict[str, Any]:
-        from components.core.rendering import render_prompt
+        from components.core.rendering.tokens import render_prompt
 
         end = self.tokenizer.eos_token_id  # a finished, empty turn: TRL counts it as terminated, not truncated
         return {

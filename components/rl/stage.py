@@ -55,8 +55,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.distributed import barrier, is_main_process, world_size
 from components.core.interrupts import trainer_callback
-from components.core.schema import Outcome, Task
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.data.schema import Outcome, Task
+from components.core.data.parquet_store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig, log_figure, log_json, log_metrics, stage_run
 from components.rl.config import RLConfig
 from components.rl.rollout import TRLRollout, sampler_advantage, verified_reward
@@ -297,7 +297,7 @@ def _train(
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from components.core.modeling import load_policy
+    from components.core.policy.modeling import load_policy
     from components.recipes import get_recipe
 
     model, tokenizer = load_policy(model_dir, spec=config.load)

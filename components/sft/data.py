@@ -18,9 +18,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from components.core.rendering import malformed_call, render_trajectory
-from components.core.schema import Outcome, TokenizedSample, Trajectory, hidden_pass_metrics
-from components.core.tool_formats import ToolFormat
+from components.core.rendering.tokens import malformed_call, render_trajectory
+from components.core.data.schema import Outcome, TokenizedSample, Trajectory, hidden_pass_metrics
+from components.core.rendering.tool_formats import ToolFormat
 
 SFTMode = Literal["resolved_only", "whole", "credited"]
 

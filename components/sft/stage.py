@@ -21,10 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.distributed import LaunchConfig, barrier, is_main_process, world_size
 from components.core.interrupts import trainer_callback
-from components.core.modeling import LoadOptions, ModelConfig, load_policy, num_parameters, resolve_device
+from components.core.policy.modeling import LoadOptions, ModelConfig, load_policy, num_parameters, resolve_device
 from components.tiny_model import build_tiny_model, build_tokenizer
-from components.core.store import TrajectoryStore
-from components.core.tool_formats import ToolFormatSetting
+from components.core.data.parquet_store import TrajectoryStore
+from components.core.rendering.tool_formats import ToolFormatSetting
 from components.core.tracking import TrackingConfig, curve, log_dataset_input, log_json, log_metrics, stage_run
 from components.sft.data import DataStats, PadCollator, SampleDataset, SFTMode, build_samples
 

@@ -26,10 +26,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from components.core.rendering import render_prompt, steps_as_messages
-from components.core.schema import Outcome, Trajectory
-from components.core.logprobs import token_logprobs
-from components.core.store import write_table_atomic
+from components.core.rendering.tokens import render_prompt, steps_as_messages
+from components.core.data.schema import Outcome, Trajectory
+from components.core.policy.logprobs import token_logprobs
+from components.core.data.parquet_store import write_table_atomic
 from components.sft.data import SFTMode, loss_rule, render_for_sft
 
 TOKEN_SCHEMA = pa.schema(

@@ -3,7 +3,7 @@
 Given a JSON boot config written by the local backend, before serving it:
 1. joins the sandbox's cgroups, sets its own oom_score_adj to -1000 (a workload OOM kills the
    workload, not the agent) and keeps fds to its pids cgroup and memory.oom_control;
-2. mounts the root: overlay (lower = image dir or the allowlist skeleton of local_root.py, upper/work
+2. mounts the root: overlay (lower = image dir or the allowlist skeleton of local/root.py, upper/work
    per sandbox on its size-limited disk tmpfs), the allowlisted host paths read-only over it, a fresh
    /proc (with kernel knobs read-only and kcore/keys/timers masked), a minimal /dev (null, zero,
    full, random, urandom, tty, a private devpts of at most `pty_max` ptys), read-only sysfs, /tmp,

@@ -10,7 +10,7 @@ the host's own addresses closed, public ones included; Kubernetes: a NetworkPoli
 metadata endpoints and `node_cidrs`). IPv6 stays off, as for every allowlist.
 
 What it does not cover: the local backend does not NAT, so off-host addresses need a host that routes the
-allowlist subnet (see backends/local_network.py).
+allowlist subnet (see backends/local/network.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from tests.cluster.conftest import kubectl, kubectl_json, wait_until
 pytestmark = pytest.mark.cluster
 CHECK = """
 import ast, importlib, inspect, json, textwrap
-from components.core.named_models import is_named, resolve_named
+from components.core.policy.named_models import is_named, resolve_named
 from pipelines import stages
 from pipelines.config import PRESETS, resolve
 

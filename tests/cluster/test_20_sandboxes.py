@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from sandbox_service.backends.kubernetes_adopt import CLAIMED_AT_ANNOTATION
-from sandbox_service.backends.kubernetes_config import SANDBOX_ID_LABEL
-from sandbox_service.backends.kubernetes_objects import label_value
-from sandbox_service.backends.kubernetes_pool import POOL_LABEL
+from sandbox_service.backends.kubernetes.adopt import CLAIMED_AT_ANNOTATION
+from sandbox_service.backends.kubernetes.config import SANDBOX_ID_LABEL
+from sandbox_service.backends.kubernetes.objects import label_value
+from sandbox_service.backends.kubernetes.pool import POOL_LABEL
 from sandbox_service.client import SandboxClient
 from sandbox_service.models import ExecOutcome, NetworkPolicy, Resources, SandboxCreate
 from tests.cluster.conftest import kubectl, kubectl_json, secret_value, service_url, wait_until

@@ -256,8 +256,8 @@ def test_sft_across_two_pods_trains_like_one_process_and_rank_0_alone_logs(run, 
 
 
 def test_rl_across_two_pods_rolls_out_on_every_rank_and_the_result_holds_both(run):
-    from components.core.schema import Outcome
-    from components.core.store import TrajectoryStore
+    from components.core.data.schema import Outcome
+    from components.core.data.parquet_store import TrajectoryStore
 
     result = json.loads((run.copy / "results" / "rl.json").read_text())
     episodes = TrajectoryStore(run.copy / "rl" / "model" / "rollouts").read()

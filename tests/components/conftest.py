@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.schema import EnvironmentSpec, Task, VerifierSpec
-from components.core.store import TaskStore
+from components.core.data.schema import EnvironmentSpec, Task, VerifierSpec
+from components.core.data.parquet_store import TaskStore
 
 COIN = "python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"
 
@@ -15,7 +15,7 @@ def rl_inputs(tmp_path_factory):
     """`tasks/`: a coin task the verifier resolves with probability 1/2 whatever the agent does (mixed
     groups for an untrained policy) and a task whose sandbox cannot be created (every attempt is an infra
     error, which must never reach a reward); `sft/`: a fresh tiny policy to start RL from."""
-    from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+    from components.core.policy.modeling import ModelConfig, TokenizerConfig, save_policy
     from components.tiny_model import build_tiny_model, build_tokenizer
 
     root = tmp_path_factory.mktemp("rl")

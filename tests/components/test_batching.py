@@ -7,12 +7,12 @@ import threading
 import pytest
 import torch
 
-from components.core.batching import BatchingPolicy, generation_logprobs
-from components.core.local_policy import LocalTransformersPolicy
-from components.core.modeling import ModelConfig, TokenizerConfig
+from components.core.policy.batching import BatchingPolicy, generation_logprobs
+from components.core.policy.local import LocalTransformersPolicy
+from components.core.policy.modeling import ModelConfig, TokenizerConfig
 from components.tiny_model import build_policy
-from components.core.policy_base import ChatMessage, GenerationConfig
-from components.core.rendering import render_prompt
+from components.core.policy.base import ChatMessage, GenerationConfig
+from components.core.rendering.tokens import render_prompt
 
 SHORT = [ChatMessage(role="system", content="You fix bugs."), ChatMessage(role="user", content="Fix `add`.")]
 LONG = [
@@ -145,10 +145,10 @@ def test_the_wrapper_groups_rows_by_sampling_settings_and_passes_errors_to_every
 
 
 def test_evaluate_workers_share_one_batched_model_with_the_same_greedy_episodes(sandbox_service, tmp_path, monkeypatch):
-    from components.core.harness import HarnessConfig
-    from components.core.modeling import save_policy
-    from components.core.schema import EnvironmentSpec, Task, VerifierSpec
-    from components.core.store import TaskStore, TrajectoryStore
+    from components.core.episode.harness import HarnessConfig
+    from components.core.policy.modeling import save_policy
+    from components.core.data.schema import EnvironmentSpec, Task, VerifierSpec
+    from components.core.data.parquet_store import TaskStore, TrajectoryStore
     from components.evaluate import EvalConfig, evaluate
 
     tasks = [
@@ -194,7 +194,7 @@ def test_evaluate_workers_share_one_batched_model_with_the_same_greedy_episodes(
 
 
 def test_the_wrapper_passes_each_rows_tools_and_speaks_the_policys_tool_format(policy):
-    from components.core.policy_base import ToolAwarePolicy
+    from components.core.policy.base import ToolAwarePolicy
 
     tools = [
         {

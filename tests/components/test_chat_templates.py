@@ -10,15 +10,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components.core.rendering import (
+from components.core.rendering.tokens import (
     chat_format,
     render_prompt,
     render_trajectory,
     steps_as_messages,
     tokenizer_id,
 )
-from components.core.schema import Outcome, Step, TokenRole, ToolCall, Trajectory
-from components.core.tool_formats import format_call, parse_call
+from components.core.data.schema import Outcome, Step, TokenRole, ToolCall, Trajectory
+from components.core.rendering.tool_formats import format_call, parse_call
 from components.checkpoints import qwen_vocab_tokenizer, save_checkpoint
 
 TOOLS = [
@@ -48,7 +48,7 @@ def family_tokenizer(request):
 
 def _teacher_trajectory() -> Trajectory:
     """A trajectory as the scripted teacher stores it (text protocol, no ids)."""
-    from components.core.protocol import format_tool_call
+    from components.core.rendering.protocol import format_tool_call
 
     steps = [
         Step(index=0, role="system", content="You fix bugs in Python repositories."),
@@ -256,9 +256,9 @@ class _VLLMDouble:
 
 @pytest.mark.parametrize("id_style", ["token_ids", "token_strings"])
 def test_endpoint_ids_and_logprobs_are_stored_and_trained_verbatim(id_style, sandbox_service, tmp_path):
-    from components.core.harness import HarnessConfig
-    from components.core.policies import OpenAIPolicyConfig
-    from components.core.store import TaskStore, TrajectoryStore
+    from components.core.episode.harness import HarnessConfig
+    from components.core.policy.policies import OpenAIPolicyConfig
+    from components.core.data.parquet_store import TaskStore, TrajectoryStore
     from components.distill import DistillConfig, distill
     from components.recipes.swe.generator import generate_tasks
 
@@ -304,12 +304,12 @@ def test_endpoint_ids_and_logprobs_are_stored_and_trained_verbatim(id_style, san
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["chatml", "llama3", "qwen3"])
 def test_stages_end_to_end_on_a_user_checkpoint(family, sandbox_service, tmp_path):
-    from components.core.harness import HarnessConfig
-    from components.core.modeling import PolicySpec, load_tokenizer
+    from components.core.episode.harness import HarnessConfig
+    from components.core.policy.modeling import PolicySpec, load_tokenizer
     from components.tiny_model import init_policy
-    from components.core.policy_base import GenerationConfig
-    from components.core.schema import EnvironmentSpec, Task, VerifierSpec
-    from components.core.store import TaskStore, TrajectoryStore
+    from components.core.policy.base import GenerationConfig
+    from components.core.data.schema import EnvironmentSpec, Task, VerifierSpec
+    from components.core.data.parquet_store import TaskStore, TrajectoryStore
     from components.distill import DistillConfig, distill
     from components.evaluate import EvalConfig, evaluate
     from components.recipes.swe.generator import generate_tasks

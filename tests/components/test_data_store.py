@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from components.core.data_store import DataStore, read_training_list, store_path
-from components.core.schema import EpisodeStatus, Outcome, Step, Trajectory
-from components.core.store import StoreError, TrajectoryStore
+from components.core.data.retrain_store import DataStore, read_training_list, store_path
+from components.core.data.schema import EpisodeStatus, Outcome, Step, Trajectory
+from components.core.data.parquet_store import StoreError, TrajectoryStore
 from components.recipes.swe.generator import generate_tasks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,7 +107,7 @@ def test_two_writer_processes_do_not_lose_claims_or_shards(tmp_path):
         from pathlib import Path
         sys.path.insert(0, {str(REPO)!r})
         from tests.components.test_data_store import _run
-        from components.core.data_store import DataStore
+        from components.core.data.retrain_store import DataStore
         store = DataStore({str(tmp_path / "store")!r})
         ready = Path({str(tmp_path)!r})
         (ready / sys.argv[1]).touch()

@@ -9,10 +9,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sandbox_service.connection import SandboxConnection
-from components.core.harness import HarnessConfig
-from components.core.policies import OpenAIPolicyConfig
-from components.core.schema import Outcome
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.episode.harness import HarnessConfig
+from components.core.policy.policies import OpenAIPolicyConfig
+from components.core.data.schema import Outcome
+from components.core.data.parquet_store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig
 from components.distill import DistillConfig, distill
 from components.provision import ProvisionConfig, ProvisionError, provision_environment

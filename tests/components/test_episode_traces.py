@@ -5,11 +5,11 @@ from __future__ import annotations
 import mlflow
 import pytest
 
-from components.core.episode_traces import TraceConfig, as_code, sampled
-from components.core.harness import HarnessConfig
-from components.core.policy_base import GenerationConfig
-from components.core.schema import Outcome, Trajectory
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.data.episode_traces import TraceConfig, as_code, sampled
+from components.core.episode.harness import HarnessConfig
+from components.core.policy.base import GenerationConfig
+from components.core.data.schema import Outcome, Trajectory
+from components.core.data.parquet_store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig
 from components.evaluate import EvalConfig, evaluate
 
@@ -93,7 +93,7 @@ def test_every_sampled_episode_reads_back_turn_by_turn(sandbox_service, tasks, t
 
 
 def test_a_local_model_turn_carries_its_tokens_and_logprobs(sandbox_service, tasks, tmp_path):
-    from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+    from components.core.policy.modeling import ModelConfig, TokenizerConfig, save_policy
     from components.tiny_model import build_tiny_model, build_tokenizer
 
     tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=0))

@@ -8,13 +8,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pandas as pd
 import pytest
 
-from components.core.harness import HarnessConfig
-from components.core.policies import OpenAIPolicyConfig
-from components.core.policy_base import GenerationConfig
-from components.core.schema import EnvironmentSpec, Outcome, Task, Trajectory, VerifierSpec
-from components.core.store import TaskStore
+from components.core.episode.harness import HarnessConfig
+from components.core.policy.policies import OpenAIPolicyConfig
+from components.core.policy.base import GenerationConfig
+from components.core.data.schema import EnvironmentSpec, Outcome, Task, Trajectory, VerifierSpec
+from components.core.data.parquet_store import TaskStore
 from components.core.tracking import TrackingConfig
-from components.core.intervals import paired_difference_ci, task_mean_ci, task_rate_ci
+from components.core.statistics.intervals import paired_difference_ci, task_mean_ci, task_rate_ci
 from components.evaluate import EvalConfig, evaluate, summarize_attempts
 
 COIN = "python3 -c 'import os, sys; sys.exit(os.urandom(1)[0] % 2)'"
@@ -29,7 +29,7 @@ COIN_TASK = Task(
 
 
 def traj(task_id: str, outcome: Outcome, steps: int = 0, tokens: int = 0) -> Trajectory:
-    from components.core.schema import Step
+    from components.core.data.schema import Step
 
     return Trajectory(
         task_id=task_id,
@@ -62,7 +62,7 @@ def test_infra_errors_leave_every_denominator():
 
 
 def test_mean_share_of_hidden_tests_passing_over_verified_attempts():
-    from components.core.schema import TestReport
+    from components.core.data.schema import TestReport
 
     def graded(task_id, outcome, passed, total):
         report = TestReport(hidden_passed=passed, hidden_total=total) if total is not None else None
@@ -104,7 +104,7 @@ def test_resolved_rate_plot_draws_each_family_with_its_interval_and_n():
     assert [round(b.get_height(), 6) for b in ax.patches] == [50.0, 50.0, 50.0]
     (bars,) = [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
     (lo_a, hi_a), (lo_b, hi_b), _ = [tuple(p[1] for p in seg) for seg in bars.lines[2][0].get_segments()]
-    from components.core.intervals import task_rate_ci
+    from components.core.statistics.intervals import task_rate_ci
 
     expected = [100 * x for x in task_rate_ci([(4, 4), (4, 0)]) + task_rate_ci([(2, 1)])]
     assert [lo_a, hi_a, lo_b, hi_b] == pytest.approx(expected)
@@ -233,7 +233,7 @@ class _SubmitEndpoint:
 
 
 def test_local_model_and_endpoint_policies(sandbox_service, tmp_path):
-    from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+    from components.core.policy.modeling import ModelConfig, TokenizerConfig, save_policy
     from components.tiny_model import build_tiny_model, build_tokenizer
 
     TaskStore(tmp_path / "tasks").write([COIN_TASK])
@@ -297,7 +297,7 @@ def test_greedy_attempt_beside_the_sampled_ones(sandbox_service, tmp_path):
     assert result.attempts == 6 and result.greedy_valid == 2 and 0 <= result.greedy_resolved <= 2
     per_task = pd.read_parquet(result.per_task_path)
     assert per_task.greedy_resolved.sum() == result.greedy_resolved and (per_task.attempts == 3).all()
-    from components.core.store import TrajectoryStore
+    from components.core.data.parquet_store import TrajectoryStore
 
     assert len(TrajectoryStore(tmp_path / "eval" / "trajectories_greedy").read()) == 2
 

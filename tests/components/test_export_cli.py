@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+from components.core.policy.modeling import ModelConfig, TokenizerConfig, save_policy
 from components.tiny_model import build_policy
-from components.core.openai_format import read_openai
-from components.core.protocol import format_tool_call
-from components.core.schema import EpisodeStatus, Outcome, Step, ToolCall, Trajectory
-from components.core.store import TrajectoryStore
+from components.core.rendering.openai_format import read_openai
+from components.core.rendering.protocol import format_tool_call
+from components.core.data.schema import EpisodeStatus, Outcome, Step, ToolCall, Trajectory
+from components.core.data.parquet_store import TrajectoryStore
 from components.sft.tokens import read_tokens, trajectory_to_tokens
 from pipelines.cli import main
 

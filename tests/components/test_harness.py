@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode, steps_to_messages
-from components.core.policy_base import Generation
-from components.core.protocol import format_tool_call
-from components.core.recipe_base import ToolResult, VerifyResult
-from components.core.schema import EpisodeStatus, Outcome, ToolCall
+from components.core.episode.harness import HarnessConfig, run_episode, steps_to_messages
+from components.core.policy.base import Generation
+from components.core.rendering.protocol import format_tool_call
+from components.core.episode.recipe_base import ToolResult, VerifyResult
+from components.core.data.schema import EpisodeStatus, Outcome, ToolCall
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.generator import generate_tasks
 from components.recipes.swe.teacher import ScriptedTeacher
@@ -236,7 +236,7 @@ def test_every_turn_samples_with_fresh_random_numbers(sandbox_client):
     uncorrelated, and the same episode seed still gives the same draws."""
     import numpy as np
 
-    from components.core.policy_base import GenerationConfig
+    from components.core.policy.base import GenerationConfig
 
     ls = format_tool_call(ToolCall(name="bash", arguments={"command": "true"}))
     first, second, seeds = [], [], []

@@ -1,4 +1,4 @@
-"""The one blame rule in the harness (`components/core/step_blame.py`): a tool call or a verification that
+"""The one blame rule in the harness (`components/core/episode/blame.py`): a tool call or a verification that
 fails is the policy's outcome, never an infrastructure error it could hide behind, unless the service
 reports the sandbox lost or the harness's own health check fails in a fresh sandbox of the task. Running
 the policy's own call again on the pristine state is no evidence: its arguments fail there the same way."""
@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.protocol import format_tool_call
-from components.core.recipe_base import ToolResult, VerifyResult
-from components.core.schema import EpisodeStatus, Outcome, ToolCall
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.rendering.protocol import format_tool_call
+from components.core.episode.recipe_base import ToolResult, VerifyResult
+from components.core.data.schema import EpisodeStatus, Outcome, ToolCall
 from sandbox_service.errors import InvalidRequestError
 from tests.components.test_harness import TASK, FlakyEnvironment, Scripted
 from components.recipes.swe import SWERecipe

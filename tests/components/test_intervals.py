@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from components.core.intervals import clopper_pearson, task_mean_ci, task_rate_ci
+from components.core.statistics.intervals import clopper_pearson, task_mean_ci, task_rate_ci
 
 SIMULATIONS = 400
 
@@ -64,7 +64,7 @@ def test_the_level_is_the_one_asked_for_and_0_of_n_is_not_a_point():
 )
 def test_the_paired_difference_interval_covers_at_its_stated_level(tasks, k, base, gain):
     """Two policies on the same tasks: task pass rates spread out, the second better by `gain` where it can be."""
-    from components.core.intervals import paired_difference_ci
+    from components.core.statistics.intervals import paired_difference_ci
 
     rng = np.random.default_rng(11)
     hits = 0
@@ -81,7 +81,7 @@ def test_the_paired_difference_interval_covers_at_its_stated_level(tasks, k, bas
 
 
 def test_a_paired_difference_where_every_task_agrees_is_not_a_point():
-    from components.core.intervals import paired_difference_ci
+    from components.core.statistics.intervals import paired_difference_ci
 
     zeros = {f"t{i}": 0.0 for i in range(16)}  # a task bootstrap gave [0, 0] here
     diff, lo, hi, n = paired_difference_ci(zeros, dict(zeros))
@@ -126,7 +126,7 @@ def test_the_paired_test_flips_units_whole_and_keeps_its_size():
     """Two equally good policies, each better on some repositories and worse on others (every task of a
     repository the same way): flipping tasks one by one rejects 'no better' far more often than alpha;
     flipping each repository's summed difference as one keeps the size at alpha."""
-    from components.core.intervals import count_units, paired_sign_flip_p
+    from components.core.statistics.intervals import count_units, paired_sign_flip_p
 
     rng = np.random.default_rng(9)
     names, unit_of, policy = _clustered_world(rng, units=10, per_unit=3, rate=0.4, spread=0.5)

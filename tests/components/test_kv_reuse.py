@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from components.core.local_policy import LocalTransformersPolicy
-from components.core.modeling import ModelConfig, TokenizerConfig
+from components.core.policy.local import LocalTransformersPolicy
+from components.core.policy.modeling import ModelConfig, TokenizerConfig
 from components.tiny_model import build_policy
-from components.core.policy_base import ChatMessage, GenerationConfig
+from components.core.policy.base import ChatMessage, GenerationConfig
 
 GREEDY = GenerationConfig(temperature=0.0, max_new_tokens=12)
 

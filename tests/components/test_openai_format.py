@@ -7,7 +7,7 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from components.core.openai_format import (
+from components.core.rendering.openai_format import (
     OPENAI_SCHEMA,
     export_openai,
     import_openai,
@@ -15,9 +15,9 @@ from components.core.openai_format import (
     read_openai,
     trajectory_to_openai,
 )
-from components.core.protocol import format_tool_call
-from components.core.schema import Outcome, Step, ToolCall, Trajectory
-from components.core.store import TrajectoryStore
+from components.core.rendering.protocol import format_tool_call
+from components.core.data.schema import Outcome, Step, ToolCall, Trajectory
+from components.core.data.parquet_store import TrajectoryStore
 
 
 def _traj(outcome=Outcome.resolved) -> Trajectory:

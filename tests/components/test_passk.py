@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from components.core.passk import mean_pass_at_k, pass_at_k
+from components.core.statistics.passk import mean_pass_at_k, pass_at_k
 
 
 def brute_force(n: int, c: int, k: int) -> float:

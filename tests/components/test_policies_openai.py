@@ -10,13 +10,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components.core.policy_base import ChatMessage, GenerationConfig
-from components.core.policies import (
+from components.core.policy.base import ChatMessage, GenerationConfig
+from components.core.policy.policies import (
     OpenAICompatiblePolicy,
     PolicyHTTPError,
     PolicyUnavailableError,
 )
-from components.core.protocol import parse_tool_call
+from components.core.rendering.protocol import parse_tool_call
 
 
 def completion(content, *, tool_calls=None, finish="stop"):

@@ -213,7 +213,7 @@ def test_the_whole_two_step_rule_keeps_its_stated_false_promotion_rates_per_gate
 def test_the_alias_moves_only_on_promotion_and_old_versions_stay(tmp_path):
     import mlflow
 
-    from components.core.modeling import ModelConfig, TokenizerConfig, save_policy
+    from components.core.policy.modeling import ModelConfig, TokenizerConfig, save_policy
     from components.tiny_model import build_policy
 
     uri = f"sqlite:///{tmp_path}/registry.db"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.protocol import ToolCallParseError, format_tool_call, parse_tool_call, tools_prompt
-from components.core.schema import ToolCall
+from components.core.rendering.protocol import ToolCallParseError, format_tool_call, parse_tool_call, tools_prompt
+from components.core.data.schema import ToolCall
 
 
 def test_format_then_parse_round_trip():

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.modeling import END, TokenizerConfig
+from components.core.policy.modeling import END, TokenizerConfig
 from components.tiny_model import build_tokenizer
-from components.core.rendering import (
+from components.core.rendering.tokens import (
     TemplateError,
     chat_format,
     render_prompt,
@@ -15,7 +15,7 @@ from components.core.rendering import (
     steps_as_messages,
     tokenizer_id,
 )
-from components.core.schema import Outcome, Step, TokenRole, ToolCall, Trajectory
+from components.core.data.schema import Outcome, Step, TokenRole, ToolCall, Trajectory
 
 CALL = ToolCall(name="bash", arguments={"command": "cat mathkit/core.py"})
 PROTOCOL = '<tool_call>{"name": "bash", "arguments": {"command": "cat mathkit/core.py"}}</tool_call>'
@@ -156,7 +156,7 @@ def test_prompt_is_a_prefix_of_the_training_sample(tokenizer):
 
 
 def test_protocol_format_keeps_the_text_protocol_in_the_system_prompt(tokenizer):
-    from components.core.protocol import tools_prompt
+    from components.core.rendering.protocol import tools_prompt
 
     traj = _trajectory([True])
     sample = render_trajectory(traj, tokenizer, loss_on="credited", tool_format="protocol")
@@ -189,8 +189,8 @@ def test_a_v1_store_shard_with_sampled_ids_still_loads_and_is_re_tokenized(token
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from components.core.schema import SCHEMA_VERSION
-    from components.core.store import TrajectoryStore, trajectory_to_row
+    from components.core.data.schema import SCHEMA_VERSION
+    from components.core.data.parquet_store import TrajectoryStore, trajectory_to_row
 
     row = trajectory_to_row(_trajectory([True], outcome=Outcome.resolved))
     steps = json.loads(row["steps"])
@@ -210,7 +210,7 @@ def test_a_v1_store_shard_with_sampled_ids_still_loads_and_is_re_tokenized(token
 
 
 def test_the_prefix_cache_gives_the_same_prompts_as_a_fresh_render(tokenizer):
-    from components.core.rendering import PrefixCache
+    from components.core.rendering.tokens import PrefixCache
 
     traj = _trajectory([True, True, True])
     messages = steps_as_messages(traj.steps)
@@ -228,7 +228,7 @@ def test_the_prefix_cache_gives_the_same_prompts_as_a_fresh_render(tokenizer):
 
 def test_the_prefix_cache_keeps_interleaved_conversations_apart(tokenizer, monkeypatch):
     """A batched wave renders its episodes' turns in turn: each episode renders only its new messages."""
-    from components.core.rendering import PrefixCache
+    from components.core.rendering.tokens import PrefixCache
 
     episodes = []
     for k in range(3):

@@ -1,5 +1,5 @@
 """A held-out set that is held out: no train seed can produce a held-out (or validation) task, or a task of
-a held-out repository; no split holds a task twice; every recipe, by construction (components/core/splits.py)."""
+a held-out repository; no split holds a task twice; every recipe, by construction (components/core/data/splits.py)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_no_train_seed_repeats_a_heldout_task_or_repository_and_the_set_repeats_
 def test_every_recipe_draws_each_split_from_its_own_share_of_units(recipe_name):
     """GUI and Claw drew held-out tasks from seeds 1_000_000 + i: train seed 100 gave exactly held-out seed 0's
     tasks. Now a task's unit decides its split, so no seed of one split reaches another's tasks."""
-    from components.core.splits import split_of
+    from components.core.data.splits import split_of
 
     recipe = get_recipe(recipe_name)
     held, validation = recipe.tasks("heldout", 6, 0), recipe.tasks("validation", 6, 0)
@@ -59,7 +59,7 @@ def test_every_recipe_draws_each_split_from_its_own_share_of_units(recipe_name):
 
 
 def test_a_suite_too_small_for_the_asked_split_fails_loudly_instead_of_repeating_tasks():
-    from components.core.splits import SplitExhausted
+    from components.core.data.splits import SplitExhausted
     from components.recipes.swe.generator import generate_tasks
 
     with pytest.raises(SplitExhausted, match="only .* distinct heldout tasks"):
@@ -80,7 +80,7 @@ def test_the_heldout_set_prefers_new_repositories_and_repeats_no_task_when_it_mu
 
 @pytest.mark.parametrize("recipe_name", ["swe", "claw"])
 def test_heldout_families_are_a_provision_option_for_claims_about_generalisation(recipe_name, tmp_path):
-    from components.core.store import TaskStore
+    from components.core.data.parquet_store import TaskStore
     from components.provision import ProvisionConfig, ProvisionError, provision_environment
 
     held = {"swe": ["wrong_return"], "claw": ["calendar_answer"]}[recipe_name]

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.core.schema import SCHEMA_VERSION, EpisodeStatus, Outcome, Step, ToolCall, Trajectory, Verification
-from components.core.schema import TestReport as Report
-from components.core.store import SHARD_GLOB, StoreError, TaskStore, TrajectoryStore
+from components.core.data.schema import SCHEMA_VERSION, EpisodeStatus, Outcome, Step, ToolCall, Trajectory, Verification
+from components.core.data.schema import TestReport as Report
+from components.core.data.parquet_store import SHARD_GLOB, StoreError, TaskStore, TrajectoryStore
 from components.recipes.swe.generator import generate_tasks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,7 +162,7 @@ def test_task_store_round_trip_and_split_filter(tmp_path):
 WRITER = textwrap.dedent("""
     import sys, time
     import pyarrow.parquet as pq
-    import components.core.store as store
+    import components.core.data.parquet_store as store
     real = pq.write_table
     def slow_write(table, where, **kw):
         where.write(b"PAR1 partial bytes of a shard")  # the first bytes reach the disk ...

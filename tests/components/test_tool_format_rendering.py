@@ -3,11 +3,11 @@ explicitly and differs from the chat template's own."""
 
 from __future__ import annotations
 
-from components.core.modeling import TokenizerConfig
+from components.core.policy.modeling import TokenizerConfig
 from components.tiny_model import build_tokenizer
-from components.core.protocol import format_tool_call, tools_prompt
-from components.core.rendering import chat_format, render_prompt, steps_as_messages
-from components.core.schema import Outcome, Step, ToolCall, Trajectory
+from components.core.rendering.protocol import format_tool_call, tools_prompt
+from components.core.rendering.tokens import chat_format, render_prompt, steps_as_messages
+from components.core.data.schema import Outcome, Step, ToolCall, Trajectory
 from components.rl.rollout import episode_tokens
 from components.rl.sampling import Attempt
 from components.sft.data import build_samples

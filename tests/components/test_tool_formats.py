@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.chat_templates import CHATML_TOOLS, LLAMA3_TOOLS
-from components.core.harness import HarnessConfig, run_episode
-from components.core.policy_base import Generation
-from components.core.protocol import ToolCallParseError, tools_prompt
-from components.core.schema import Outcome, ToolCall
-from components.core.tool_formats import detect_tool_format, format_call, parse_call, thought_of
+from components.core.rendering.chat_templates import CHATML_TOOLS, LLAMA3_TOOLS
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.policy.base import Generation
+from components.core.rendering.protocol import ToolCallParseError, tools_prompt
+from components.core.data.schema import Outcome, ToolCall
+from components.core.rendering.tool_formats import detect_tool_format, format_call, parse_call, thought_of
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.generator import generate_tasks
 

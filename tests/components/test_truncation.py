@@ -2,7 +2,7 @@
 submit is treated the same way by the fixed sampler and Balanced Adaptive Rollout, and infrastructure
 latency never turns into a reward.
 
-The rule (components/rl/sampling/rules.py `carries_reward`, components/core/harness.py `policy_seconds`):
+The rule (components/rl/sampling/rules.py `carries_reward`, components/core/episode/harness.py `policy_seconds`):
 - a step/token cut is the policy's outcome: verified, its reward counts in both samplers;
 - the wall-clock budget counts only policy time (generation + the commands' own run time inside the
   sandbox); sandbox creation, setup, exec queueing / transport, snapshots and heartbeats do not count;
@@ -16,10 +16,10 @@ import time
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.protocol import format_tool_call
-from components.core.schema import EpisodeStatus as S
-from components.core.schema import Outcome, ToolCall
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.rendering.protocol import format_tool_call
+from components.core.data.schema import EpisodeStatus as S
+from components.core.data.schema import Outcome, ToolCall
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.generator import generate_tasks
 from components.rl.sampling import Attempt, RolloutBudget, RolloutConfig, advantages, sample_prompt

@@ -15,8 +15,8 @@ import yaml
 
 from pipelines.cli import compile_all
 from pipelines.cluster import PIPELINE_POD_LABELS, ClusterConfig, overlay_images
-from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
-from sandbox_service.backends.kubernetes_objects import object_labels
+from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes.objects import object_labels
 from tests.manifests.test_manifests import MANIFESTS, by_kind, render
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")

@@ -274,7 +274,7 @@ def test_mlflow_image_serves_and_the_service_image_starts(archives, tmp_path):
     assert proc.returncode == 0 and "--port" in proc.stdout, proc.stdout + proc.stderr
     proc = run_in(
         tmp_path / "service",
-        ["python", "-c", "import sandbox_service.api, sandbox_service.backends.kubernetes, torch"],
+        ["python", "-c", "import sandbox_service.api, sandbox_service.backends.kubernetes.backend, torch"],
         config,
     )
     assert "No module named 'torch'" in proc.stderr, "the service image carries no training stack"

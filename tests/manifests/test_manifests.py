@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from pipelines.pytorchjob import validate_pytorchjob
-from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
-from sandbox_service.backends.kubernetes_objects import INJECTOR_SOURCE, object_labels
+from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes.objects import INJECTOR_SOURCE, object_labels
 from pipelines.cluster import ClusterConfig
 from sandbox_service.config import ServiceConfig
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from components.core.modeling import InitPolicyConfig, ModelConfig
+from components.core.policy.modeling import InitPolicyConfig, ModelConfig
 from components.rl.config import RLConfig
 from components.sft.stage import SFTConfig
 from pipelines.cli import main

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.schema import Outcome, Task
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.data.schema import Outcome, Task
+from components.core.data.parquet_store import TaskStore, TrajectoryStore
 from pipelines.config import ConfigError, resolve
 from pipelines.layout import RunLayout
 from pipelines.steps import StepContext, run_in_layout

@@ -13,10 +13,10 @@ import mlflow
 import pandas as pd
 import pytest
 
-from components.core.harness import HarnessConfig
-from components.core.modeling import InitPolicyConfig, ModelConfig, TokenizerConfig, save_policy
+from components.core.episode.harness import HarnessConfig
+from components.core.policy.modeling import InitPolicyConfig, ModelConfig, TokenizerConfig, save_policy
 from components.tiny_model import build_policy
-from components.core.policy_base import GenerationConfig
+from components.core.policy.base import GenerationConfig
 from components.core.tracking import TrackingConfig, open_pipeline_run
 from components.evaluate import EvalConfig, evaluate
 from components.promote import PromotionConfig, current_champion

@@ -9,7 +9,7 @@ import re
 import mlflow
 import pytest
 
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.data.parquet_store import TaskStore, TrajectoryStore
 from pipelines.config import PipelineConfig
 from pipelines.layout import RunLayout
 from pipelines.local import run_local
@@ -242,10 +242,10 @@ def test_the_same_pipeline_runs_the_other_recipes(tmp_path, external_service, re
 def test_the_local_pipeline_runs_on_a_user_checkpoint_through_model_path(tmp_path, external_service, micro_config):
     """`--set model.path=<dir>`: a checkpoint like an outside user's (Qwen's real vocabulary, our ChatML template
     with tools, random-init Qwen3) goes through init-policy, distill, credit, SFT, RL and evaluation."""
-    from components.core.modeling import load_tokenizer
-    from components.core.rendering import chat_format, render_trajectory
-    from components.core.schema import Outcome, TokenRole
-    from components.core.store import TrajectoryStore
+    from components.core.policy.modeling import load_tokenizer
+    from components.core.rendering.tokens import chat_format, render_trajectory
+    from components.core.data.schema import Outcome, TokenRole
+    from components.core.data.parquet_store import TrajectoryStore
     from components.checkpoints import save_checkpoint
 
     user = save_checkpoint(tmp_path / "user-model", "chatml")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from components.core.store import TaskStore
+from components.core.data.parquet_store import TaskStore
 from pipelines import kfp_components, stages
 from pipelines.argo_workflow import build_workflow_template
 from pipelines.kfp_pipeline import compile_pipeline

@@ -176,8 +176,8 @@ def test_a_report_of_validation_evaluations_says_they_are_not_heldout_results():
 def test_the_report_says_how_far_rl_moved_the_policy(tmp_path):
     """The weights' relative change (the RL result) and the held-out tasks whose greedy episodes differ between
     the SFT and RL models (their greedy trajectory stores): an RL stage that changed nothing says so."""
-    from components.core.schema import Outcome, Step, Trajectory
-    from components.core.store import TrajectoryStore
+    from components.core.data.schema import Outcome, Step, Trajectory
+    from components.core.data.parquet_store import TrajectoryStore
     from pipelines.steps import rl_movement
 
     def greedy(arm: str, texts: dict[str, str]) -> dict:

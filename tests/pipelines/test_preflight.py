@@ -257,8 +257,8 @@ def test_qwen3_trains_and_a_template_that_rewrites_other_turns_is_refused_in_one
     turn follows: the history view trains it. A template that rewrites a tool turn once another
     follows cannot be trained at all, and init-policy says so in one line, seconds into the run."""
     from components.checkpoints import qwen_vocab_tokenizer
-    from components.core.chat_templates import CHATML_TOOLS
-    from components.core.store import TaskStore
+    from components.core.rendering.chat_templates import CHATML_TOOLS
+    from components.core.data.parquet_store import TaskStore
     from components.recipes import get_recipe
     from pipelines.preflight import check_model
 

@@ -7,8 +7,8 @@ import json
 import mlflow
 import pytest
 
-from components.core.data_store import DataStore
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.data.retrain_store import DataStore
+from components.core.data.parquet_store import TaskStore, TrajectoryStore
 from pipelines.layout import RunLayout
 from pipelines.local import run_local
 

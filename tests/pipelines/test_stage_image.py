@@ -101,7 +101,7 @@ def _strings(value):
 def test_the_stage_image_installs_each_presets_runtime_needs(preset):
     """Every named model a preset's config names anywhere (the smol preset's `model.path`) comes with what it
     needs at run time: the wheel holding its file and what reads it."""
-    from components.core.named_models import RUNTIME_DISTRIBUTIONS, is_named
+    from components.core.policy.named_models import RUNTIME_DISTRIBUTIONS, is_named
     from pipelines.config import resolve
 
     named = {v for v in _strings(resolve(preset).model_dump(mode="json")) if is_named(v)}

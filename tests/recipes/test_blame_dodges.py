@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.schema import EpisodeStatus, Outcome, ToolCall
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.data.schema import EpisodeStatus, Outcome, ToolCall
 from components.recipes import get_recipe
 from components.recipes.swe import SWERecipe
 from tests.recipes.test_claw_gui_reward_hacks import Script, answer, bash

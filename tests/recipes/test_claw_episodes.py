@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.policy_base import Generation
-from components.core.protocol import format_tool_call
-from components.core.schema import Outcome, ToolCall
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.policy.base import Generation
+from components.core.rendering.protocol import format_tool_call
+from components.core.data.schema import Outcome, ToolCall
 from components.recipes import get_recipe
 from components.recipes.claw.tasks import FAMILIES
 from components.recipes.claw.teacher import ScriptedTeacher
@@ -68,7 +68,7 @@ def test_pass_at_3_through_the_evaluate_stage_with_mlflow(sandbox_service, tmp_p
     """Claw-Eval style reporting: k=3 attempts per held-out task, pass@1 and pass@3, logged to MLflow."""
     import mlflow
 
-    from components.core.store import TaskStore
+    from components.core.data.parquet_store import TaskStore
     from components.core.tracking import TrackingConfig
     from components.evaluate import EvalConfig, evaluate
 

@@ -8,10 +8,10 @@ import shlex
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.policy_base import Generation
-from components.core.protocol import format_tool_call
-from components.core.schema import Outcome, ToolCall
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.policy.base import Generation
+from components.core.rendering.protocol import format_tool_call
+from components.core.data.schema import Outcome, ToolCall
 from components.recipes import get_recipe
 from components.recipes.claw.teacher import ScriptedTeacher
 from components.recipes.gui.tasks import generate_tasks as gui_tasks

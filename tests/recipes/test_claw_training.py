@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.passk import mean_pass_at_k
-from components.core.policy_base import GenerationConfig
-from components.core.schema import Outcome
-from components.core.store import TrajectoryStore
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.statistics.passk import mean_pass_at_k
+from components.core.policy.base import GenerationConfig
+from components.core.data.schema import Outcome
+from components.core.data.parquet_store import TrajectoryStore
 from components.recipes import get_recipe
 from components.recipes.claw.teacher import ScriptedTeacher
 
@@ -61,7 +61,7 @@ def _summary(trajs) -> dict[str, float]:
 @pytest.mark.timeout(3600)
 @pytest.mark.parametrize("harness", ["tools", "shell"])
 def test_harness_choice_changes_results_on_the_same_environment(sandbox_client, tmp_path, harness):
-    from components.core.local_policy import LocalTransformersPolicy
+    from components.core.policy.local import LocalTransformersPolicy
     from components.sft.stage import SFTConfig, train_sft
 
     recipe = get_recipe("claw", harness=harness)

@@ -9,8 +9,8 @@ import shlex
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.schema import Outcome, ToolCall
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.data.schema import Outcome, ToolCall
 from components.recipes import get_recipe
 from tests.recipes.test_claw_gui_reward_hacks import Script, answer, bash, shell  # noqa: F401
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.policy_base import Generation
-from components.core.protocol import format_tool_call
-from components.core.schema import EpisodeStatus, Outcome, ToolCall
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.policy.base import Generation
+from components.core.rendering.protocol import format_tool_call
+from components.core.data.schema import EpisodeStatus, Outcome, ToolCall
 from components.recipes import get_recipe
 from components.recipes.gui.teacher import ScriptedTeacher
 from components.recipes.gui.vision import ScreenshotStore

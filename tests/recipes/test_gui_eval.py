@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from components.core.harness import HarnessConfig
-from components.core.store import TaskStore
+from components.core.episode.harness import HarnessConfig
+from components.core.data.parquet_store import TaskStore
 from components.core.tracking import TrackingConfig
 from components.evaluate import EvalConfig, evaluate
 from components.recipes import get_recipe

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.schema import Outcome, ToolCall
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.data.schema import Outcome, ToolCall
 from components.recipes import get_recipe
 from components.recipes.gui.recipe import CTL, SOCKET
 from tests.recipes.test_gui_episodes import Scripted

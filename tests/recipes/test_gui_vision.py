@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components.core.policy_base import ChatMessage, GenerationConfig
+from components.core.policy.base import ChatMessage, GenerationConfig
 from components.recipes.gui.vision import ScreenshotStore, VisionOpenAIPolicy
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 16

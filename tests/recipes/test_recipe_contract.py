@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from components import recipes
-from components.core.harness import HarnessConfig, run_episode
-from components.core.store import TaskStore
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.data.parquet_store import TaskStore
 from components.provision import ProvisionConfig, ProvisionError, provision_environment
 
 PLUGIN_DIR = Path(__file__).parent / "plugin"
@@ -131,7 +131,7 @@ def test_every_registered_recipe_keeps_the_contract(name, plugin_installed, sand
 def test_the_gold_check_fails_a_task_that_passes_unchanged_or_that_its_reference_cannot_solve(
     plugin_installed, sandbox_service
 ):
-    from components.core.recipe_base import VerifyResult
+    from components.core.episode.recipe_base import VerifyResult
 
     greeter = recipes.recipe_class("greeter")
 

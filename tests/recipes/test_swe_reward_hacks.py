@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.policy_base import Generation
-from components.core.protocol import format_tool_call
-from components.core.schema import Outcome, ToolCall
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.policy.base import Generation
+from components.core.rendering.protocol import format_tool_call
+from components.core.data.schema import Outcome, ToolCall
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.generator import HIDDEN_TEST_PATH, generate_tasks
 

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from components.core.policy_base import ChatMessage, GenerationConfig
-from components.core.protocol import ToolCallParseError, format_tool_call, parse_tool_call
-from components.core.schema import ToolCall
+from components.core.policy.base import ChatMessage, GenerationConfig
+from components.core.rendering.protocol import ToolCallParseError, format_tool_call, parse_tool_call
+from components.core.data.schema import ToolCall
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.checks import check_task, verify_with_patch
 from components.recipes.swe.generator import HIDDEN_TEST_PATH, generate_tasks
@@ -279,7 +279,7 @@ def test_two_bug_tasks_hold_partial_progress():
 
 
 def test_teacher_fixes_both_bugs_in_sandboxes(sandbox_client):
-    from components.core.harness import HarnessConfig, run_episode
+    from components.core.episode.harness import HarnessConfig, run_episode
 
     recipe = SWERecipe(difficulty=[1, 3], bugs=2)
     for task in recipe.tasks("train", 2, 9):

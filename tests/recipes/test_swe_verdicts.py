@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.schema import Outcome
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.data.schema import Outcome
 from components.recipes.swe import SWERecipe
 from tests.recipes.test_swe_reward_hacks import Script, assert_unresolved, bash, honest_fix, play, task  # noqa: F401
 
@@ -242,7 +242,7 @@ def test_tampering_with_an_imported_tasks_pytest_run_is_evident(sandbox_client, 
     ids=["path-over-PATH_MAX", "non-UTF-8-name"],
 )
 def test_hostile_file_names_in_the_package_end_unresolved_and_store(sandbox_client, task, make, tmp_path):
-    from components.core.store import TrajectoryStore
+    from components.core.data.parquet_store import TrajectoryStore
 
     package = task.metadata["fix"]["path"].split("/")[0]
     traj = play(sandbox_client, task, [bash(f"cd {package} && {make}")])
@@ -265,9 +265,9 @@ class RawText(Script):
 def test_tool_call_text_that_cannot_be_parsed_or_stored_is_a_policy_error(sandbox_client, task, tmp_path):
     """A 200,000-deep JSON call raised RecursionError out of `run_episode` (an RL stage would abort), and
     a `\\ud800` escape in the arguments or a lone surrogate in the text made the trajectory unstorable."""
-    from components.core.protocol import format_tool_call
-    from components.core.store import TrajectoryStore
-    from components.core.schema import ToolCall
+    from components.core.rendering.protocol import format_tool_call
+    from components.core.data.parquet_store import TrajectoryStore
+    from components.core.data.schema import ToolCall
 
     texts = [
         '<tool_call>{"name": "bash", "arguments": {"command": ' + "[" * 200_000 + "]" * 200_000 + "}}</tool_call>",

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.schema import Outcome
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.data.schema import Outcome
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.change import read_tree
 from components.recipes.swe.generator import generate_tasks

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from components.core.schema import ToolCall
+from components.core.data.schema import ToolCall
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.checks import check_task
 from components.recipes.swe.swebench import SWEBenchImportError, import_swebench
@@ -111,7 +111,7 @@ def test_imported_instance_verifies_in_sandboxes(instance, sandbox_client):
 
 
 def test_provision_reads_a_swebench_file_as_its_task_source(instance, tmp_path):
-    from components.core.store import TaskStore
+    from components.core.data.parquet_store import TaskStore
     from components.provision import ProvisionConfig, ProvisionError, TaskSource, provision_environment
 
     path, repos, inst = instance
@@ -148,7 +148,7 @@ def test_an_imported_heldout_instance_that_repeats_a_training_one_is_dropped_and
 ):
     """The same repository, commit and issue text under another id is the same task: it may not be held out
     when it was trained on, nor held out twice; instances of one repository count as one unit."""
-    from components.core.store import TaskStore
+    from components.core.data.parquet_store import TaskStore
     from components.provision import ProvisionConfig, TaskSource, provision_environment
 
     path, repos, inst = instance

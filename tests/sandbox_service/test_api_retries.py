@@ -11,7 +11,7 @@ import uvicorn
 
 from sandbox_service.api import create_app
 from sandbox_service.backends.base import SandboxBackend
-from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
+from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig
 from sandbox_service.client import SandboxClient
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import BackendUnavailableError

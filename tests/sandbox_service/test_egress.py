@@ -204,9 +204,9 @@ def test_a_wide_cidr_opens_neither_other_sandboxes_nor_the_metadata_endpoint(san
 def test_a_filter_left_without_its_slot_is_a_leak_and_goes_at_the_next_start(tmp_path):
     """A service that died between removing a sandbox's link and its filter left the filter behind: the leak
     check reports it, and the next start of any local backend removes it (its slot is free)."""
-    from sandbox_service.backends import local_egress
-    from sandbox_service.backends.local import LocalBackend
-    from sandbox_service.backends.local_config import LocalBackendConfig
+    from sandbox_service.backends.local import egress as local_egress
+    from sandbox_service.backends.local.backend import LocalBackend
+    from sandbox_service.backends.local.config import LocalBackendConfig
     from sandbox_service.leaks import leaked_network
 
     stale = "orcfffe0h"  # slot 0xfffe0, beyond any slot a backend hands out
@@ -227,8 +227,9 @@ def test_the_egress_table_goes_when_a_service_stops_with_no_allowlist_sandbox_le
     import secrets as _secrets
 
     from sandbox_service.agent_client import AgentClient
-    from sandbox_service.backends import local_egress, local_network
-    from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
+    from sandbox_service.backends.local import egress as local_egress
+    from sandbox_service.backends.local import network as local_network
+    from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig
 
     backend = LocalBackend(LocalBackendConfig(state_dir=tmp_path / "state"))
     spec = SandboxCreate(network=NetworkPolicy(mode="allowlist", allow_cidrs=["10.254.253.1/32"]))
@@ -257,9 +258,11 @@ def test_the_host_filter_drops_ipv6_from_a_sandbox_link_whatever_its_sysctls(tmp
     import secrets as _secrets
     import socket
 
-    from sandbox_service.backends import local_egress, local_network
-    from sandbox_service.backends.local_config import LocalBackendConfig
-    from sandbox_service.backends.local_slots import MachineSlots
+    from sandbox_service.backends.local import egress as local_egress
+
+    from sandbox_service.backends.local import network as local_network
+    from sandbox_service.backends.local.config import LocalBackendConfig
+    from sandbox_service.backends.local.slots import MachineSlots
 
     link, netns = "orcfffe1h", f"orct6{_secrets.token_hex(2)}"  # slot 0xfffe1: beyond any a backend hands out
     sh = lambda *cmd: subprocess.run(cmd, check=True, capture_output=True, text=True).stdout  # noqa: E731
@@ -304,7 +307,7 @@ def test_the_host_filter_drops_ipv6_from_a_sandbox_link_whatever_its_sysctls(tmp
 def test_the_local_allowlist_refuses_the_metadata_endpoint_and_what_it_cannot_enforce(cidr, refusal):
     """The same check as on Kubernetes (backends/allowlist.py): the cloud metadata endpoint is never a CIDR of
     its own; the local backend also refuses IPv6, which its links do not carry."""
-    from sandbox_service.backends.local_network import resolve_allowlist
+    from sandbox_service.backends.local.network import resolve_allowlist
     from sandbox_service.errors import InvalidRequestError
 
     with pytest.raises(InvalidRequestError, match=refusal):

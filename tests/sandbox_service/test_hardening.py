@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_service import errors
-from sandbox_service.backends.local_config import LocalBackendConfig
+from sandbox_service.backends.local.config import LocalBackendConfig
 from sandbox_service.models import Resources, SandboxCreate
 
 pytestmark = pytest.mark.root
@@ -147,7 +147,7 @@ def test_gvisor_runtime_runs_the_same_agent_under_a_user_space_kernel(tmp_path):
     import asyncio
 
     from sandbox_service.agent_client import AgentClient
-    from sandbox_service.backends.local import LocalBackend
+    from sandbox_service.backends.local.backend import LocalBackend
     from sandbox_service.models import ExecRequest
 
     backend = LocalBackend(LocalBackendConfig(state_dir=tmp_path / "st", runtime="gvisor"))

@@ -12,10 +12,10 @@ from kubernetes import client as k8s
 
 from sandbox_service.api import create_app
 from sandbox_service.backends.base import SandboxBackend
-from sandbox_service.backends.kubernetes_api import KubernetesApi
-from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
-from sandbox_service.backends.kubernetes_decode import FastApiClient
-from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI
+from sandbox_service.backends.kubernetes.api import KubernetesApi
+from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes.decode import FastApiClient
+from sandbox_service.backends.kubernetes.testing.fake import FakeKubernetesAPI
 from sandbox_service.config import ServiceConfig
 
 

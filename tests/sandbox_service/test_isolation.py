@@ -16,7 +16,7 @@ import pytest
 
 from sandbox_service import errors
 from sandbox_service.agent_client import AgentClient
-from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
+from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig
 from sandbox_service.errors import IsolationUnavailableError
 from sandbox_service.models import ExecRequest, SandboxCreate
 

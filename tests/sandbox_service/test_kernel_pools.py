@@ -18,7 +18,7 @@ import time
 import pytest
 from websockets.sync.client import connect
 
-from sandbox_service.backends.local_config import LocalBackendConfig
+from sandbox_service.backends.local.config import LocalBackendConfig
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 
 pytestmark = pytest.mark.root
@@ -183,8 +183,8 @@ def test_one_sandbox_draining_a_pool_leaves_other_sandboxes_their_pty_route_and_
 
 def test_the_machine_wide_ceilings_fit_every_sandbox_at_its_caps(sandbox_service):
     """The pty pool holds userns_pool_size sandboxes at pty_max each; pids and open files are bounded per
-    sandbox (pids cgroup, memory cgroup) before the machine's ceilings (local_ceilings.py)."""
-    from sandbox_service.backends.local_ceilings import wanted
+    sandbox (pids cgroup, memory cgroup) before the machine's ceilings (local/ceilings.py)."""
+    from sandbox_service.backends.local.ceilings import wanted
 
     def sysctl(name: str) -> int:
         return int(open(f"/proc/sys/{name}").read().split()[0])
@@ -336,7 +336,7 @@ def test_a_sandbox_holding_more_files_than_the_default_ceiling_leaves_the_others
 ):
     """fs.file-max is one count for the machine (10 % of RAM in KiB: ~2.5M on 24 GiB) and each open file costs
     its sandbox ~0.5 KiB: a 1.5 GiB sandbox could hold them all, and every other sandbox's open, pipe and
-    socket failed with ENFILE. With the ceiling raised (local_ceilings.py) only its memory bounds it: here it
+    socket failed with ENFILE. With the ceiling raised (local/ceilings.py) only its memory bounds it: here it
     holds more files than the old ceiling while the other sandbox and its PTY route work."""
     with open("/proc/meminfo") as f:
         default_ceiling = int(f.readline().split()[1]) // 10  # the kernel's fs.file-max: RAM in KiB / 10

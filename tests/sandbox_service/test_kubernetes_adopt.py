@@ -22,7 +22,7 @@ from test_kubernetes_contract import (  # noqa: F401 - fixtures are used by name
     serve,
 )
 
-from sandbox_service.backends.kubernetes_fake import running_after, waiting
+from sandbox_service.backends.kubernetes.testing.fake import running_after, waiting
 from sandbox_service.models import Resources, SandboxCreate
 
 

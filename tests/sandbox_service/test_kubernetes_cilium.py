@@ -1,8 +1,8 @@
 """`host_policy="cilium-fqdn"`: allowlists with host names as a per-sandbox CiliumNetworkPolicy (toFQDNs).
 
-Against the fake API server only (sandbox_service/backends/kubernetes_fake.py), which serves
+Against the fake API server only (sandbox_service/backends/kubernetes/testing/fake.py), which serves
 `cilium.io/v2` `ciliumnetworkpolicies` as a cluster with Cilium's CRD would and checks every body against
-a subset of that CRD's schema (kubernetes_fake_crds.py, taken from Cilium's
+a subset of that CRD's schema (kubernetes/testing/crds.py, taken from Cilium's
 pkg/k8s/apis/cilium.io/client/crds/v2/ciliumnetworkpolicies.yaml). No Cilium agent enforced these
 policies here: that its DNS proxy follows CDN-hosted names is Cilium's documented behaviour, not tested.
 """
@@ -19,8 +19,8 @@ from test_kubernetes_contract import (
     sandbox_objects,
 )
 
-from sandbox_service.backends.kubernetes_config import SANDBOX_ID_LABEL
-from sandbox_service.backends.kubernetes_fake import running_after
+from sandbox_service.backends.kubernetes.config import SANDBOX_ID_LABEL
+from sandbox_service.backends.kubernetes.testing.fake import running_after
 from sandbox_service.errors import InvalidRequestError
 from sandbox_service.models import NetworkPolicy, Resources
 

@@ -1,7 +1,7 @@
 """Contract test of the Kubernetes backend against an in-process fake of the API endpoints it uses.
 
 There is no cluster here. What this covers: the real `kubernetes` client, pointed at a small HTTP
-server on 127.0.0.1 (`Configuration(host=...)`, `sandbox_service/backends/kubernetes_fake.py`), sends
+server on 127.0.0.1 (`Configuration(host=...)`, `sandbox_service/backends/kubernetes/testing/fake.py`), sends
 the requests the backend makes, its pod watch included (410 Gone, re-list); the fake checks each body against the
 Kubernetes OpenAPI schema (kubernetes-validate, strict) and the API
 server's name/label rules, assigns uids and resourceVersions, garbage-collects dependents by their
@@ -36,10 +36,10 @@ import pytest
 from kubernetes import client as k8s
 
 from sandbox_service.backends.base import AgentEndpoint
-from sandbox_service.backends.kubernetes import KubernetesBackend, PodStartError
-from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig
-from sandbox_service.backends.kubernetes_decode import FastApiClient
-from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, running_after, waiting
+from sandbox_service.backends.kubernetes.backend import KubernetesBackend, PodStartError
+from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig
+from sandbox_service.backends.kubernetes.decode import FastApiClient
+from sandbox_service.backends.kubernetes.testing.fake import FakeKubernetesAPI, running_after, waiting
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxServiceError
 from sandbox_service.models import ExecOutcome, InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
@@ -1004,7 +1004,7 @@ def test_the_pod_watch_lists_again_after_410_gone_and_keeps_serving(fake, tmp_pa
 
 
 def test_the_token_bucket_spaces_calls_after_the_burst():
-    from sandbox_service.backends.kubernetes_ratelimit import TokenBucket
+    from sandbox_service.backends.kubernetes.ratelimit import TokenBucket
 
     now, waits = [0.0], []
     bucket = TokenBucket(10, 2, clock=lambda: now[0], sleep=waits.append)

@@ -7,9 +7,9 @@ import json
 
 from kubernetes import client as k8s
 
-from sandbox_service.backends import kubernetes_decode
-from sandbox_service.backends.kubernetes_decode import FastApiClient, decode
-from sandbox_service.backends.kubernetes_fake import running_status
+from sandbox_service.backends.kubernetes import decode as kubernetes_decode
+from sandbox_service.backends.kubernetes.decode import FastApiClient, decode
+from sandbox_service.backends.kubernetes.testing.fake import running_status
 
 POD = {
     "apiVersion": "v1",

@@ -9,8 +9,8 @@ import time
 import pytest
 from test_kubernetes_contract import SPEC, fake, make_backend  # noqa: F401 - fixtures are used by name
 
-from sandbox_service.backends.kubernetes import PodStartError
-from sandbox_service.backends.kubernetes_fake import running_after
+from sandbox_service.backends.kubernetes.backend import PodStartError
+from sandbox_service.backends.kubernetes.testing.fake import running_after
 from sandbox_service.errors import BackendUnavailableError
 from sandbox_service.models import InfraErrorKind, Resources
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import random
 import time
 
-from sandbox_service.backends.kubernetes_fake import FakeKubernetesAPI, _matches
-from sandbox_service.backends.kubernetes_fake_store import ObjectStore
+from sandbox_service.backends.kubernetes.testing.fake import FakeKubernetesAPI, _matches
+from sandbox_service.backends.kubernetes.testing.store import ObjectStore
 
 
 def _obj(name: str, labels: dict, owners: list[str]) -> dict:

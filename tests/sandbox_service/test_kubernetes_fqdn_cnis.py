@@ -1,10 +1,10 @@
 """`host_policy="antrea-fqdn"` and `"calico-dns"`: allowlists as a per-sandbox Antrea or Calico policy with
 the host names kept as names (the Cilium one: test_kubernetes_cilium.py).
 
-Against the fake API server only (sandbox_service/backends/kubernetes_fake.py), which serves
+Against the fake API server only (sandbox_service/backends/kubernetes/testing/fake.py), which serves
 `crd.antrea.io/v1beta1` and `projectcalico.org/v3` networkpolicies as a cluster with Antrea's CRD or
 Calico Enterprise's API server would, and checks every body against a subset of their schemas
-(kubernetes_fake_crds.py). No Antrea agent or Calico Felix enforced these policies here: that they
+(kubernetes/testing/crds.py). No Antrea agent or Calico Felix enforced these policies here: that they
 follow the names' DNS answers is the CNIs' documented behaviour, not tested.
 """
 
@@ -22,10 +22,10 @@ from test_kubernetes_contract import (
     sandbox_objects,
 )
 
-from sandbox_service.backends.kubernetes_config import SANDBOX_ID_LABEL, KubernetesBackendConfig
-from sandbox_service.backends.kubernetes_fake import running_after
-from sandbox_service.backends.kubernetes_fake_crds import CUSTOM_RESOURCES
-from sandbox_service.backends.kubernetes_host_policy import FQDN_POLICY_TYPES
+from sandbox_service.backends.kubernetes.config import SANDBOX_ID_LABEL, KubernetesBackendConfig
+from sandbox_service.backends.kubernetes.testing.fake import running_after
+from sandbox_service.backends.kubernetes.testing.crds import CUSTOM_RESOURCES
+from sandbox_service.backends.kubernetes.network.host_policy import FQDN_POLICY_TYPES
 from sandbox_service.errors import InvalidRequestError, SandboxServiceError
 from sandbox_service.models import NetworkPolicy, Resources
 

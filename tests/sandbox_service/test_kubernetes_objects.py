@@ -17,8 +17,8 @@ from cryptography import x509
 from kubernetes import client as k8s
 
 from sandbox_service.agent_client import AGENT_TLS_SERVER_NAME
-from sandbox_service.backends.kubernetes_config import KubernetesBackendConfig, Toleration
-from sandbox_service.backends.kubernetes_objects import (
+from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig, Toleration
+from sandbox_service.backends.kubernetes.objects import (
     AGENT_CONTAINER,
     INJECTOR_CONTAINER,
     allowlist_cidrs,
@@ -32,8 +32,8 @@ from sandbox_service.backends.kubernetes_objects import (
     pod_name_for,
     to_dict,
 )
-from sandbox_service.backends.kubernetes_status import assess_pod
-from sandbox_service.backends.kubernetes_tls import AgentCertificates
+from sandbox_service.backends.kubernetes.status import assess_pod
+from sandbox_service.backends.kubernetes.tls import AgentCertificates
 from sandbox_service.errors import InvalidRequestError
 from sandbox_service.models import InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
@@ -393,7 +393,7 @@ def test_guaranteed_qos_sets_requests_to_limits_in_every_container():
 
 
 def test_agent_certificates_expire_an_hour_after_the_capped_pod_lifetime(tmp_path):
-    from sandbox_service.backends.kubernetes import KubernetesBackend
+    from sandbox_service.backends.kubernetes.backend import KubernetesBackend
 
     backend = KubernetesBackend(
         KubernetesBackendConfig(max_ttl_seconds=7200, snapshot_dir=tmp_path),

@@ -15,8 +15,8 @@ from test_kubernetes_contract import agent_node, fake, make_backend, take_over  
 
 from sandbox_service.agent_client import AgentClient
 from sandbox_service.backends.base import AgentEndpoint
-from sandbox_service.backends.kubernetes_config import SANDBOX_ID_LABEL
-from sandbox_service.backends.kubernetes_pool import POOL_LABEL
+from sandbox_service.backends.kubernetes.config import SANDBOX_ID_LABEL
+from sandbox_service.backends.kubernetes.pool import POOL_LABEL
 from sandbox_service.errors import SandboxServiceError
 from sandbox_service.models import ExecRequest, Resources, SandboxCreate
 
@@ -167,7 +167,7 @@ def test_the_fake_enforces_claim_preconditions(fake, tmp_path):  # noqa: F811
     only lowered, immutable Secrets unchanged."""
     from kubernetes.client.exceptions import ApiException
 
-    from sandbox_service.backends.kubernetes_fake import running_after
+    from sandbox_service.backends.kubernetes.testing.fake import running_after
 
     fake.kubelet = running_after(0)
     backend = make_backend(fake, tmp_path)

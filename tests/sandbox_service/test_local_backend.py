@@ -19,7 +19,7 @@ import pytest
 
 from sandbox_service import errors
 from sandbox_service.agent_client import AgentClient
-from sandbox_service.backends.local import LocalBackend, LocalBackendConfig
+from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig
 from sandbox_service.errors import IsolationUnavailableError
 from sandbox_service.models import ExecOutcome, ExecRequest, InfraErrorKind, NetworkPolicy, Resources, SandboxCreate
 
@@ -410,7 +410,7 @@ def test_start_without_the_zygote_runs_the_agent_through_unshare():
 
 def test_cgroup_v2_files_are_written_as_the_kernel_expects(tmp_path):
     """This machine mounts cgroup v1; the v2 layout is checked on a directory shaped like one."""
-    from sandbox_service.backends.local_cgroups import AGENT_PIDS_RESERVE, SandboxCgroups
+    from sandbox_service.backends.local.cgroups import AGENT_PIDS_RESERVE, SandboxCgroups
 
     (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
     cg = SandboxCgroups("sb1", "orchard-x", root=tmp_path)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from components.core.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
+from components.core.policy.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
 from sandbox_service import client as sandbox_client
 from sandbox_service.retry import Backoff, parse_retry_after
 

@@ -19,12 +19,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
-from components.core.schema import Split, Task, ToolCall
+from components.core.episode.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
+from components.core.data.schema import Split, Task, ToolCall
 from components.recipes.claw.sandbox import claw as claw_api
 from components.recipes.common import families_for_split
 from components.recipes.claw.tasks import FAMILIES, content, families_at, generate_tasks
-from components.core.schema import Verification
+from components.core.data.schema import Verification
 from components.recipes.claw.verify import NAME as VERIFIER_NAME
 from components.recipes.claw.verify import VERSION as VERIFIER_VERSION
 from components.recipes.claw.verify import ReplayError, replay_journal, state_divergence, verify_db

@@ -12,7 +12,7 @@ Each task carries its world (`metadata["world"]`, loaded into sqlite at setup), 
 state (`verifier.expected`), and the reference plan (`metadata["plan"]`: the API calls that solve
 it, which the scripted teachers render for their harness). Splits are drawn as in GUI: own seed streams, and
 only tasks whose unit (the goal with its expected outcome, `common.goal`) lies in the split's share
-(`components.core.splits.draw`).
+(`components.core.data.splits.draw`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from __future__ import annotations
 import random
 
 from components.recipes import common
-from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
-from components.core.splits import draw, task_content
+from components.core.data.schema import EnvironmentSpec, Split, Task, VerifierSpec
+from components.core.data.splits import draw, task_content
 from components.recipes.claw.world import add_mail, build_world, finalize, random_date, random_time
 
 FAMILIES = ("schedule_from_thread", "email_contact", "note_from_file", "calendar_answer")

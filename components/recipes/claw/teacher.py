@@ -16,9 +16,9 @@ import random
 import shlex
 from typing import Any, Literal
 
-from components.core.policy_base import ChatMessage, Generation, GenerationConfig
-from components.core.protocol import ToolCallParseError, format_tool_call, parse_tool_call
-from components.core.schema import Task, ToolCall
+from components.core.policy.base import ChatMessage, Generation, GenerationConfig
+from components.core.rendering.protocol import ToolCallParseError, format_tool_call, parse_tool_call
+from components.core.data.schema import Task, ToolCall
 
 _WRITES = {"calendar_create", "mail_send", "notes_create"}
 

@@ -9,7 +9,7 @@ or editing the sandbox's `claw.py` changes nothing judged; such divergences are 
 A missing journal means no change was made; journal lines that are not a valid state-changing call
 are rejected (recorded as ignored), whatever they hold (deep nesting, wrong types, huge lines). A
 journal over `MAX_JOURNAL_BYTES` is the policy's failure (unresolved); a replay that fails or runs past
-`REPLAY_TIMEOUT_SECONDS` gives no verdict, and the one rule (`core/step_blame.py`) makes it the
+`REPLAY_TIMEOUT_SECONDS` gives no verdict, and the one rule (`core/episode/blame.py`) makes it the
 infrastructure's only when the pristine world's own verification fails in a fresh sandbox too.
 
 On the rebuilt state, only rows with origin 'user' (what the agent created) count as the agent's
@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from components.core.schema import IgnoredPart
+from components.core.data.schema import IgnoredPart
 
-from components.core.recipe_base import VerifyResult
+from components.core.episode.recipe_base import VerifyResult
 from components.recipes.common import checklist_result as _result
 from components.recipes.common import normalize_text as _norm
 from components.recipes.common import one_answer

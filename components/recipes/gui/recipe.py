@@ -7,7 +7,7 @@ then one short exec of `ctl.py` with the request on stdin (see `sandbox/browser_
 verifier reads the site's `state.json` back through the file API after the episode. Arguments are
 bounded by the tool specs (checked by the harness before a call runs); the controller refuses any other
 malformed request as the policy's error, and a failure the recipe cannot attribute (no answer, a
-controller error) goes to the one rule (`core/step_blame.py`).
+controller error) goes to the one rule (`core/episode/blame.py`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
-from components.core.schema import Split, Task, ToolCall
+from components.core.episode.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
+from components.core.data.schema import Split, Task, ToolCall
 from components.recipes.common import families_for_split
 from components.recipes.gui.tasks import FAMILIES, SITE_PORT, content, families_at, generate_tasks
-from components.core.schema import Verification
+from components.core.data.schema import Verification
 from components.recipes.gui.verify import NAME as VERIFIER_NAME
 from components.recipes.gui.verify import VERSION as VERIFIER_VERSION
 from components.recipes.gui.verify import verify_state

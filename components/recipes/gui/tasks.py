@@ -9,7 +9,7 @@ Three families, one per site kind:
 Every task carries its site data (`metadata["site"]`, what the server renders) and the expected final
 state (`verifier.expected`, never shown to the agent). Each split draws from its own seed stream (train
 from 0, held-out from 1_000_000, validation from 2_000_000) and keeps only tasks whose unit, the goal with
-its expected outcome (`common.goal`), lies in the split's share (`components.core.splits.draw`): no seed of
+its expected outcome (`common.goal`), lies in the split's share (`components.core.data.splits.draw`): no seed of
 one split can produce another's task, and no goal is asked with the same answer in two splits, whatever
 site surrounds it.
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 import random
 
 from components.recipes import common
-from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
-from components.core.splits import draw, task_content
+from components.core.data.schema import EnvironmentSpec, Split, Task, VerifierSpec
+from components.core.data.splits import draw, task_content
 
 FAMILIES = ("shop_checkout", "form_register", "info_lookup")
 SITE_PORT = 8080

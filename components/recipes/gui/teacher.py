@@ -17,9 +17,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from components.core.policy_base import ChatMessage, Generation, GenerationConfig
-from components.core.protocol import format_tool_call
-from components.core.schema import Task, ToolCall
+from components.core.policy.base import ChatMessage, Generation, GenerationConfig
+from components.core.rendering.protocol import format_tool_call
+from components.core.data.schema import Task, ToolCall
 from components.recipes.gui.page import PageView, parse_page
 
 

@@ -7,7 +7,7 @@ The rule (verifier `gui-site-state`, version `VERSION`):
   the site serves no JavaScript, the policy has no shell, `navigate` opens only http(s) pages of
   127.0.0.1/localhost, and the state file lives outside what any page or form can address.
 - A missing or unreadable state file after the episode gives no verdict; it is the infrastructure's
-  only when the one rule says so (`core/step_blame.py`: the service reports the sandbox lost, or the
+  only when the one rule says so (`core/episode/blame.py`: the service reports the sandbox lost, or the
   pristine site's own state cannot be read in a fresh sandbox either), never on the recipe's say-so.
 - Every field is checked exactly (after normalising case, punctuation and spacing): the order's items,
   shipping, name and address; the form's name, email, ticket and workshops. Free-text comments must
@@ -19,7 +19,7 @@ The rule (verifier `gui-site-state`, version `VERSION`):
 
 from __future__ import annotations
 
-from components.core.recipe_base import VerifyResult
+from components.core.episode.recipe_base import VerifyResult
 from components.recipes.common import checklist_result as _result
 from components.recipes.common import normalize_text as _norm
 from components.recipes.common import one_answer

@@ -25,8 +25,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from components.core.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
-from components.core.policy_base import ChatMessage
+from components.core.policy.policies import OpenAICompatiblePolicy, OpenAIPolicyConfig
+from components.core.policy.base import ChatMessage
 
 
 class ScreenshotStore:

@@ -27,7 +27,7 @@ import tarfile
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.schema import IgnoredPart
+from components.core.data.schema import IgnoredPart
 
 TEST_DIRS = frozenset({"tests", "test", "testing"})
 TEST_FILE_GLOBS = ("test_*.py", "*_test.py")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from components.core.recipe_base import RecipeBase, TaskCheck
-from components.core.schema import Task
+from components.core.episode.recipe_base import RecipeBase, TaskCheck
+from components.core.data.schema import Task
 from components.recipes.common import verify_fresh as verify_with_patch
 from sandbox_service.client import SandboxClient
 

@@ -2,7 +2,7 @@
 
 Deterministic from (split, seed, index). Each split draws candidates from its own seed stream and keeps
 those whose repository lies in the split's share of the repository space, and whose content (files and
-issue text) it does not hold yet (`components.core.splits.draw`): no seed of one split can produce a task,
+issue text) it does not hold yet (`components.core.data.splits.draw`): no seed of one split can produce a task,
 or a repository, of another, and no split holds a task twice. A task's unit (`Task.unit`) is its
 repository: tasks that differ only in their issue text (another example call) share it. Optionally the
 splits are disjoint by family too (`heldout_families` appear only in heldout): what a claim about
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from string import Template
 from typing import Any
 
-from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
-from components.core.splits import draw, task_content
+from components.core.data.schema import EnvironmentSpec, Split, Task, VerifierSpec
+from components.core.data.splits import draw, task_content
 from components.recipes.common import families_for_split
 from components.recipes.swe.templates import BY_FAMILY, FAMILIES, TEMPLATES, BugTemplate
 

@@ -11,8 +11,8 @@ import threading
 from contextlib import ExitStack
 from pathlib import Path
 
-from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
-from components.core.schema import Split, Task, ToolCall
+from components.core.episode.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
+from components.core.data.schema import Split, Task, ToolCall
 from components.recipes.swe import calls
 from components.recipes.swe.change import RepoChange, read_tree
 from components.recipes.swe.generator import generate_tasks
@@ -50,7 +50,7 @@ class SWERecipe(RecipeBase):
     def import_tasks(self, kind: str, path: str, repos_dir: str | None = None) -> list[Task]:
         """SWE-bench-format instances (`kind` "swebench": JSONL, JSON or parquet) with their repositories'
         checkouts under `repos_dir` (components/recipes/swe/swebench.py)."""
-        from components.core.recipe_base import TaskImportError
+        from components.core.episode.recipe_base import TaskImportError
         from components.recipes.swe.swebench import SWEBenchImportError, import_swebench
 
         if kind != "swebench":

@@ -23,7 +23,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from components.core.schema import Task
+from components.core.data.schema import Task
 from components.recipes.swe.change import Tree
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024

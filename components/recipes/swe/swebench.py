@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from components.core.schema import EnvironmentSpec, Split, Task, VerifierSpec
+from components.core.data.schema import EnvironmentSpec, Split, Task, VerifierSpec
 
 REQUIRED = (
     "instance_id",

@@ -8,7 +8,7 @@ start from intermediate states). With probability `error_rate` per decision it m
 mistake, the kind an agent makes and a policy can learn to avoid: opening the wrong file first,
 a wrong or incomplete edit, or giving up early. It never emits a malformed tool call: those would be
 imitated as a format to learn, not a decision (a malformed call from a *policy* is still a policy
-error observation, see components/core/protocol.py). Its text is only the tool call, in exactly the
+error observation, see components/core/rendering/protocol.py). Its text is only the tool call, in exactly the
 protocol format, because the tiny model is trained on it.
 """
 
@@ -19,9 +19,9 @@ import posixpath
 import random
 from dataclasses import dataclass, field
 
-from components.core.policy_base import ChatMessage, Generation, GenerationConfig
-from components.core.protocol import ToolCallParseError, format_tool_call, parse_tool_call
-from components.core.schema import Task, ToolCall
+from components.core.policy.base import ChatMessage, Generation, GenerationConfig
+from components.core.rendering.protocol import ToolCallParseError, format_tool_call, parse_tool_call
+from components.core.data.schema import Task, ToolCall
 
 LIST_COMMAND = "find . -name '*.py' | sort"
 TEST_COMMAND = "python -m pytest -q"

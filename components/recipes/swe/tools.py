@@ -4,7 +4,7 @@ Boundary rule: a bad argument (over its schema's bounds, a path the filesystem c
 a name over 255 bytes, a path over PATH_MAX), a missing file, a request the service refuses, a failing
 or timed-out command is the policy's error (an observation it can react to). What the tool cannot
 attribute (`ToolResult.infra_error`, or any other `SandboxServiceError`) goes to the one rule
-(`core/step_blame.py`), which gives it to the infrastructure only on evidence no argument can produce.
+(`core/episode/blame.py`), which gives it to the infrastructure only on evidence no argument can produce.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from components.core.recipe_base import ToolResult, ToolSpec
-from components.core.schema import ToolCall
+from components.core.episode.recipe_base import ToolResult, ToolSpec
+from components.core.data.schema import ToolCall
 from sandbox_service.client import Sandbox
 from sandbox_service.errors import FileNotFoundInSandboxError, InvalidRequestError, ValidationFailedError
 from sandbox_service.models import ExecOutcome

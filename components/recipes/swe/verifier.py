@@ -30,7 +30,7 @@ The rule (verifier `swe-clean-room`, version `VERSION`):
    unresolved. A verification that gives no verdict (no report or answer, the agent's workspace that
    cannot be archived or applied, an infrastructure error of a run, a clean room that cannot be built)
    returns `infra_error` unattributed: whose failure it is, the one rule decides
-   (`components/core/step_blame.py`, through `RecipeBase.verify`), never a probe of a sandbox the
+   (`components/core/episode/blame.py`, through `RecipeBase.verify`), never a probe of a sandbox the
    agent's code has run in.
 
 Known limit (imported tasks only): the code under test runs inside the pytest process (as in SWE-bench
@@ -52,8 +52,8 @@ from typing import Callable
 
 import httpx
 
-from components.core.recipe_base import VerifyResult
-from components.core.schema import Task, TestReport, Verification
+from components.core.episode.recipe_base import VerifyResult
+from components.core.data.schema import Task, TestReport, Verification
 from components.recipes.swe import calls, canaries
 from components.recipes.swe.change import RepoChange, Tree, extract_change, read_tree
 from components.recipes.swe.warm_rooms import WarmRun

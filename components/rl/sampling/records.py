@@ -9,7 +9,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.schema import EpisodeStatus
+from components.core.data.schema import EpisodeStatus
 
 STATUS_RANK = {
     EpisodeStatus.completed: 0,

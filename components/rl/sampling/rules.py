@@ -7,7 +7,7 @@ import math
 import random
 from collections.abc import Sequence
 
-from components.core.schema import EpisodeStatus, Outcome, Trajectory
+from components.core.data.schema import EpisodeStatus, Outcome, Trajectory
 from components.rl.sampling.records import Attempt, DropReason
 
 

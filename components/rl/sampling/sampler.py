@@ -56,7 +56,7 @@ Deviations from the published rule (BAR), numbered:
    published rule.
 3. "Aborted" means no verified reward (`reward is None` or status `aborted`: sandbox crash, service
    timeout, a verification run's OOM, lost agent; a policy command's own OOM is its outcome, see
-   components/core/harness.py); such an attempt never carries a reward, and the final filter drops any
+   components/core/episode/harness.py); such an attempt never carries a reward, and the final filter drops any
    group holding one.
    One truncation rule for both samplers (`rules.carries_reward`): a step/token cut is verified and
    carries its reward; a wall-clock cut carries none while `time_truncated_to_backfill` is on (the
@@ -79,7 +79,7 @@ import random
 from collections.abc import Iterator
 from typing import Literal
 
-from components.core.schema import EpisodeStatus
+from components.core.data.schema import EpisodeStatus
 from components.rl.sampling.config import RolloutConfig
 from components.rl.sampling.history import PromptHistory
 from components.rl.sampling.records import (

@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from components.tiny_model import build_tokenizer
-from components.core.store import TrajectoryStore
+from components.core.data.parquet_store import TrajectoryStore
 from components.sft.ablation.config import ARMS, REFERENCE_ARM, AblationConfig
 from components.sft.data import build_samples
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from components.core.modeling import ModelConfig, TokenizerConfig
+from components.core.policy.modeling import ModelConfig, TokenizerConfig
 from components.credit.stage import CreditConfig
 from components.credit.monte_carlo import MonteCarloConfig
 from components.credit.segments import SegmentConfig

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from components.core.intervals import paired_difference_ci, task_mean_ci
+from components.core.statistics.intervals import paired_difference_ci, task_mean_ci
 from components.sft.ablation.budget import ArmPlan
 from components.sft.ablation.config import ALL_ARMS, REFERENCE_ARM, AblationConfig
 
@@ -50,7 +50,7 @@ def t_interval(values: list[float]) -> tuple[float, float, float]:
 
 def _valid_calls(eval_dir: Path) -> tuple[int, int, list[int]]:
     """(assistant turns, valid tool calls among them, turns per episode) of one evaluation's trajectories."""
-    from components.core.store import TrajectoryStore
+    from components.core.data.parquet_store import TrajectoryStore
 
     turns = valid = 0
     lengths: list[int] = []

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 from sandbox_service.connection import SandboxConnection
-from components.core.harness import HarnessConfig
-from components.core.modeling import save_policy
+from components.core.episode.harness import HarnessConfig
+from components.core.policy.modeling import save_policy
 from components.tiny_model import build_tiny_model, build_tokenizer
-from components.core.policy_base import GenerationConfig
-from components.core.store import TaskStore
+from components.core.policy.base import GenerationConfig
+from components.core.data.parquet_store import TaskStore
 from components.core.tracking import (
     TrackingConfig,
     close_detached_run,

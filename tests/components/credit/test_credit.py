@@ -9,8 +9,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from components.core.schema import EpisodeStatus, Outcome, Step, Task, ToolCall, Trajectory
-from components.core.store import TaskStore, TrajectoryStore
+from components.core.data.schema import EpisodeStatus, Outcome, Step, Task, ToolCall, Trajectory
+from components.core.data.parquet_store import TaskStore, TrajectoryStore
 from components.core.tracking import TrackingConfig
 from components.credit.stage import CreditConfig, label_credit
 from components.credit.base import CreditEstimationError
@@ -252,8 +252,8 @@ class ActionScript:
         self.calls = calls
 
     def generate(self, messages, config):
-        from components.core.policy_base import Generation
-        from components.core.protocol import format_tool_call
+        from components.core.policy.base import Generation
+        from components.core.rendering.protocol import format_tool_call
 
         turn = sum(1 for m in messages if m.role == "assistant")
         return Generation(text=format_tool_call(self.calls[turn]))
@@ -261,7 +261,7 @@ class ActionScript:
 
 def _known_solvability_trajectory(client, task, recipe):
     """destroy the package (unsolvable) -> restore it from git (solvable) -> submit the unfixed repo."""
-    from components.core.harness import HarnessConfig, run_episode
+    from components.core.episode.harness import HarnessConfig, run_episode
 
     pkg = task.metadata["package"]
     calls = [
@@ -307,7 +307,7 @@ def test_common_random_numbers_cancel_the_teachers_noise_between_equal_states(sa
     """Two no-op steps leave the state as it was: with common random numbers every continuation j
     replays the same teacher decisions from s_0, s_1 and s_2, so both credits are exactly 0 (their SE only the
     pseudo-pair's), although each value on its own is a noisy mean of a teacher that fails half the time."""
-    from components.core.harness import HarnessConfig, run_episode
+    from components.core.episode.harness import HarnessConfig, run_episode
     from components.credit.stage import apply_estimate
     from components.credit.monte_carlo import MonteCarloConfig, MonteCarloEstimator
     from components.recipes import get_recipe
@@ -336,7 +336,7 @@ def test_common_random_numbers_cancel_the_teachers_noise_between_equal_states(sa
 
 @pytest.mark.slow
 def test_monte_carlo_value_is_the_resolved_share_of_its_seeded_continuations(sandbox_client):
-    from components.core.harness import HarnessConfig, run_episode
+    from components.core.episode.harness import HarnessConfig, run_episode
     from components.credit.monte_carlo import MonteCarloConfig, MonteCarloEstimator
     from components.recipes import get_recipe, get_scripted_teacher
 

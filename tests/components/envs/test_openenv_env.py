@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from components.core.policy_base import ChatMessage, GenerationConfig
-from components.core.protocol import parse_tool_call
+from components.core.policy.base import ChatMessage, GenerationConfig
+from components.core.rendering.protocol import parse_tool_call
 from components.envs.session import EnvConfig
 from components.recipes import get_recipe, get_scripted_teacher
 

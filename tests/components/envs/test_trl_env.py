@@ -7,8 +7,8 @@ import inspect
 
 import pytest
 
-from components.core.policy_base import ChatMessage, GenerationConfig
-from components.core.protocol import parse_tool_call
+from components.core.policy.base import ChatMessage, GenerationConfig
+from components.core.rendering.protocol import parse_tool_call
 from components.envs.session import EnvConfig
 from components.recipes import get_recipe, get_scripted_teacher
 
@@ -34,7 +34,7 @@ def test_public_methods_are_exactly_reset_get_reward_and_the_recipes_tools(recip
 def test_prepared_tokenizer_renders_and_parses_tool_calls_in_our_chat_format():
     from trl.chat_template_utils import is_chat_template_prefix_preserving, supports_tool_calling
 
-    from components.core.modeling import TokenizerConfig
+    from components.core.policy.modeling import TokenizerConfig
     from components.tiny_model import build_tokenizer
 
     tok = build_tokenizer(TokenizerConfig(corpus_recipes=[], vocab_size=512))

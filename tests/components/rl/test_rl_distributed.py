@@ -24,8 +24,8 @@ print("RESULT " + result.model_dump_json())
 
 
 def _config(sandbox_service, **update):
-    from components.core.harness import HarnessConfig
-    from components.core.policy_base import GenerationConfig
+    from components.core.episode.harness import HarnessConfig
+    from components.core.policy.base import GenerationConfig
     from components.rl.config import RLConfig
     from components.rl.sampling import RolloutConfig
 
@@ -54,7 +54,7 @@ def test_two_process_grpo_trains_once_logs_once_and_saves_once(rl_inputs, sandbo
     import mlflow
     import torch
 
-    from components.core.modeling import load_policy
+    from components.core.policy.modeling import load_policy
     from components.rl.sampling import PromptRecord
 
     config = _config(sandbox_service)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from components.core.harness import HarnessConfig
-from components.core.policy_base import GenerationConfig
-from components.core.store import TaskStore
+from components.core.episode.harness import HarnessConfig
+from components.core.policy.base import GenerationConfig
+from components.core.data.parquet_store import TaskStore
 from tests.components.rl.test_rl_stage import _config
 
 
@@ -18,8 +18,8 @@ def _trainer(rl_inputs, config, client, tmp_path):
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from components.core.modeling import load_policy
-    from components.core.store import TaskStore
+    from components.core.policy.modeling import load_policy
+    from components.core.data.parquet_store import TaskStore
     from components.recipes import get_recipe
     from components.rl.stage import grpo_args, reward_functions
     from components.rl.rollout import TRLRollout
@@ -165,9 +165,9 @@ class _TimingOut:
 def test_injected_crashes_and_timeouts_never_reach_a_reward(rl_inputs, sandbox_service, tmp_path):
     from types import SimpleNamespace
 
-    from components.core.modeling import load_policy
-    from components.core.schema import Outcome
-    from components.core.store import TrajectoryStore
+    from components.core.policy.modeling import load_policy
+    from components.core.data.schema import Outcome
+    from components.core.data.parquet_store import TrajectoryStore
     from components.recipes import get_recipe
     from components.rl.rollout import TRLRollout
 
@@ -202,8 +202,8 @@ def test_a_prompt_the_history_skips_spends_no_episode_and_sends_placeholders(rl_
     episode, the record says so) and TRL gets its group as placeholder rows that carry no loss."""
     from types import SimpleNamespace
 
-    from components.core.modeling import load_policy
-    from components.core.store import TrajectoryStore
+    from components.core.policy.modeling import load_policy
+    from components.core.data.parquet_store import TrajectoryStore
     from components.recipes import get_recipe
     from components.rl.rollout import TRLRollout
     from components.rl.sampling import RolloutConfig
@@ -256,7 +256,7 @@ def test_the_prompts_of_a_batch_share_each_batched_forward(rl_inputs, sandbox_se
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from components.core.modeling import load_policy
+    from components.core.policy.modeling import load_policy
     from components.recipes import get_recipe
     from components.rl.rollout import TRLRollout
     from components.rl.sampling import RolloutConfig

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from components.core.modeling import TokenizerConfig
+from components.core.policy.modeling import TokenizerConfig
 from components.tiny_model import build_tokenizer
-from components.core.rendering import tokenizer_id
-from components.core.schema import EnvironmentSpec, EpisodeStatus, Outcome, Step, Task, Trajectory
+from components.core.rendering.tokens import tokenizer_id
+from components.core.data.schema import EnvironmentSpec, EpisodeStatus, Outcome, Step, Task, Trajectory
 from components.recipes import get_recipe
 from components.rl.config import RLConfig
 from components.rl.rollout import TRLRollout, verified_reward

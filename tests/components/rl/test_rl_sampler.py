@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from components.core.schema import EpisodeStatus as S
-from components.core.schema import Outcome, Trajectory
+from components.core.data.schema import EpisodeStatus as S
+from components.core.data.schema import Outcome, Trajectory
 from components.rl.sampling import group_advantages, outcome_reward
 from components.rl.sampling import (
     Attempt,

@@ -4,15 +4,15 @@ prefix."""
 
 import pytest
 
-from components.core.harness import HarnessConfig, run_episode
-from components.core.schema import Outcome
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.data.schema import Outcome
 from components.rl.config import RLConfig
 from components.rl.rollout import EpisodeSource, episode_tokens
 
 
 @pytest.mark.slow  # ~20 s on a loaded 2-core box: three real episodes and a tokenizer
 def test_fork_continues_from_the_teacher_snapshot_and_the_prefix_has_no_loss(sandbox_service, sandbox_client):
-    from components.core.modeling import TokenizerConfig
+    from components.core.policy.modeling import TokenizerConfig
     from components.tiny_model import build_tokenizer
     from components.recipes import get_recipe, get_scripted_teacher
 
@@ -42,7 +42,7 @@ def test_fork_continues_from_the_teacher_snapshot_and_the_prefix_has_no_loss(san
     tokenizer = build_tokenizer(TokenizerConfig(corpus_tasks=4))
     f_ids, f_mask = episode_tokens(forked, tokenizer, max_len=100_000)
     p_ids, p_mask = episode_tokens(plain, tokenizer, max_len=100_000)
-    from components.core.rendering import render_trajectory
+    from components.core.rendering.tokens import render_trajectory
 
     # episode_tokens renders in the format the episode was sampled in (the scripted teacher's text protocol)
     rendered = render_trajectory(traj, tokenizer, loss_on="assistant", tool_format=traj.metadata["tool_format"])

@@ -13,11 +13,11 @@ import math
 import pytest
 import torch
 
-from components.core.episode_traces import TraceConfig, sampled
-from components.core.harness import HarnessConfig
-from components.core.policy_base import GenerationConfig
-from components.core.schema import Outcome
-from components.core.store import TrajectoryStore
+from components.core.data.episode_traces import TraceConfig, sampled
+from components.core.episode.harness import HarnessConfig
+from components.core.policy.base import GenerationConfig
+from components.core.data.schema import Outcome
+from components.core.data.parquet_store import TrajectoryStore
 from components.core.tracking import TrackingConfig
 from components.rl.stage import RLConfig, train_rl
 from components.rl.sampling import PromptRecord, RolloutConfig
@@ -43,7 +43,7 @@ def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_rewa
     rl_inputs, sandbox_service, tmp_path, tmp_path_factory, monkeypatch
 ):
     import components.rl.stage as rl
-    from components.core.modeling import load_policy
+    from components.core.policy.modeling import load_policy
 
     monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts under ./mlruns
     seen: list[tuple[list[str], list[float]]] = []
@@ -143,8 +143,8 @@ def test_grpo_steps_train_every_parameter_count_informative_steps_and_never_rewa
 def test_steps_with_only_dropped_groups_leave_every_weight_as_it_was(rl_inputs, sandbox_service, tmp_path):
     """A batch of placeholders (every attempt an infra error) is an optimizer step that changes nothing: no
     router loss of the MoE policy, no weight decay, no AdamW momentum step (`rl.signal_only`)."""
-    from components.core.modeling import load_policy
-    from components.core.store import TaskStore
+    from components.core.policy.modeling import load_policy
+    from components.core.data.parquet_store import TaskStore
 
     broken_only = TaskStore(tmp_path / "tasks")
     broken_only.write([t for t in TaskStore(rl_inputs / "tasks").read() if t.id == "broken"])

@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from components.core.modeling import ModelConfig, TokenizerConfig, load_policy
+from components.core.policy.modeling import ModelConfig, TokenizerConfig, load_policy
 from components.tiny_model import build_tokenizer
-from components.core.rendering import render_trajectory
-from components.core.schema import EpisodeStatus, Outcome, Step, TokenRole, ToolCall, Trajectory
-from components.core.store import TrajectoryStore
+from components.core.rendering.tokens import render_trajectory
+from components.core.data.schema import EpisodeStatus, Outcome, Step, TokenRole, ToolCall, Trajectory
+from components.core.data.parquet_store import TrajectoryStore
 from components.core.tracking import TrackingConfig
 from components.sft.stage import SFTConfig, train_sft
 from components.sft.data import SampleDataset, build_samples
-from components.core.harness import HarnessConfig, run_episode
-from components.core.policy_base import Generation
+from components.core.episode.harness import HarnessConfig, run_episode
+from components.core.policy.base import Generation
 from components.sft.tokens import trajectory_to_tokens
 from components.recipes.swe import SWERecipe
 from components.recipes.swe.generator import generate_tasks
@@ -225,9 +225,9 @@ def test_trained_tiny_policy_resolves_more_heldout_tasks_than_untrained(sandbox_
     """End to end on the demo's task suite and schedule (pipelines/config.py `_DEMO`): teacher trajectories
     -> SFT -> greedy evaluation on held-out tasks (new instances of the training templates); 8 held-out tasks
     instead of the demo's 16 to fit the timeout."""
-    from components.core.modeling import save_policy
+    from components.core.policy.modeling import save_policy
     from components.tiny_model import build_tiny_model
-    from components.core.store import TaskStore
+    from components.core.data.parquet_store import TaskStore
     from components.distill import DistillConfig, distill
     from components.evaluate import evaluate
     from components.recipes import get_recipe
@@ -278,7 +278,7 @@ def test_t_interval_over_seeds():
 def test_lora_trains_adapters_only_and_saves_an_ordinary_merged_checkpoint(store, tmp_path):
     """`sft.lora`: peft adapters train, every base weight stays frozen, and the saved model is a plain
     checkpoint (no adapter keys) whose targeted linear layers moved and whose embeddings did not."""
-    from components.core.modeling import save_policy
+    from components.core.policy.modeling import save_policy
     from components.tiny_model import build_tiny_model
     from components.sft.stage import LoraOptions
 

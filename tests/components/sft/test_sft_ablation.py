@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from components.core.intervals import paired_difference_ci
+from components.core.statistics.intervals import paired_difference_ci
 from components.sft.ablation import ALL_ARMS, ARMS, AblationConfig, arm_results, quick_config, run_ablation
 from components.sft.ablation.budget import ArmPlan, steps_for
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from components.core.schema import Outcome, Step, ToolCall, Trajectory
-from components.core.store import TrajectoryStore
+from components.core.data.schema import Outcome, Step, ToolCall, Trajectory
+from components.core.data.parquet_store import TrajectoryStore
 
 ROOT = Path(__file__).resolve().parents[3]
 ENTRY = """
@@ -120,7 +120,7 @@ def test_shipped_accelerate_configs_load(name, kind):
 def test_bf16_and_gradient_checkpointing_train(tmp_path):
     import torch
 
-    from components.core.modeling import load_policy
+    from components.core.policy.modeling import load_policy
     from components.sft.stage import SFTConfig, train_sft
 
     data = tmp_path / "data"

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from components.core.modeling import ModelConfig, TokenizerConfig
+from components.core.policy.modeling import ModelConfig, TokenizerConfig
 from components.tiny_model import build_policy
-from components.core.protocol import format_tool_call
-from components.core.rendering import encode_text, render_trajectory
-from components.core.schema import EpisodeStatus, Outcome, Step, ToolCall, Trajectory
+from components.core.rendering.protocol import format_tool_call
+from components.core.rendering.tokens import encode_text, render_trajectory
+from components.core.data.schema import EpisodeStatus, Outcome, Step, ToolCall, Trajectory
 from components.sft.tokens import export_tokens, read_tokens, trajectory_to_tokens
 from components.sft.data import build_samples
 

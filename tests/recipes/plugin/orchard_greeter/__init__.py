@@ -9,11 +9,11 @@ from __future__ import annotations
 import random
 import re
 
-from components.core.policy_base import ChatMessage, Generation, GenerationConfig
-from components.core.protocol import format_tool_call
-from components.core.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
-from components.core.schema import EnvironmentSpec, Split, Task, ToolCall, VerifierSpec
-from components.core.splits import draw
+from components.core.policy.base import ChatMessage, Generation, GenerationConfig
+from components.core.rendering.protocol import format_tool_call
+from components.core.episode.recipe_base import RecipeBase, ToolResult, ToolSpec, VerifyResult
+from components.core.data.schema import EnvironmentSpec, Split, Task, ToolCall, VerifierSpec
+from components.core.data.splits import draw
 from sandbox_service.client import Sandbox
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 

@@ -1,0 +1,1 @@
+"""Rates measured on tasks: confidence intervals, paired tests, pass@k."""

@@ -1,0 +1,1 @@
+"""A fake Kubernetes API server for the backend's tests (OpenAPI-validated bodies, watches, CRDs)."""
