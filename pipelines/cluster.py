@@ -22,7 +22,7 @@ IMAGE_NAMES = ("sandbox-service", "agent-injector", "mlflow", "stage-runtime", "
 # Every pod the compiled pipelines start carries these labels: manifests/base/service-network.yaml admits
 # exactly these pods (outside the sandbox namespace) to MLflow and the sandbox API.
 PIPELINE_POD_LABELS = {"orchard.dev/pipeline-pod": "true"}
-# Where a KFP run's store PVC is mounted in the steps and PyTorchJob pods that use it (pipelines/run_store.py).
+# Where a KFP run's store PVC is mounted in the steps and PyTorchJob pods that use it (pipelines/kfp/run_store.py).
 STORE_MOUNT = "/mnt/run-store"
 # The namespace of the pod a step runs in, as Kubernetes mounts it with the pod's ServiceAccount token.
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

@@ -197,7 +197,7 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
     import kfp.local
     import mlflow
 
-    from pipelines.kfp_pipeline import build_pipeline
+    from pipelines.kfp.pipeline import build_pipeline
 
     preflight(config)  # the files too: the components run here, on this machine's paths
     layout = RunLayout.new(runs_dir)

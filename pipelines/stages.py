@@ -13,7 +13,7 @@ where it runs (GPU or not; `distributed`: a PyTorchJob when its config's `launch
 process), retries and timeout. Dependencies are the inputs' producers.
 Adding a stage = its work in components/ (a module the import contract's `exhaustive` layers make you
 place) + here one adapter function (one call into components/, its docstring the stage's summary) and one
-row. The KFP components (`pipelines/kfp_components.py` writes each from its row), the Argo steps, the report
+row. The KFP components (`pipelines/kfp/components.py` writes each from its row), the Argo steps, the report
 step and the generated docs' stage table all derive from the row; `tests/pipelines/test_new_stage.py` adds a
 toy row and nothing else: both cluster pipelines compile it, the local runner runs it.
 

@@ -14,7 +14,7 @@ import socket
 import sys
 from pathlib import Path
 
-from sandbox_service.auth import redact_secrets_in_logs
+from sandbox_service.server.auth import redact_secrets_in_logs
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import IsolationUnavailableError
 
@@ -55,7 +55,7 @@ def _config(args: argparse.Namespace) -> ServiceConfig:
 def serve(config: ServiceConfig, *, port_file: Path | None = None, log_level: str = "info") -> None:
     import uvicorn
 
-    from sandbox_service.api import create_app
+    from sandbox_service.server.app import create_app
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token, source = config.resolve_token()

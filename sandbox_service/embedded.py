@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from sandbox_service.config import ServiceConfig
-from sandbox_service.leaks import find_leaks
+from sandbox_service.tools.leaks import find_leaks
 
 
 class LeakError(RuntimeError):

@@ -1,6 +1,6 @@
 """Prometheus metrics of the service, on a registry of its own (one per app, so tests can build several).
 
-Request metrics are recorded by the service's one ASGI middleware (`sandbox_service.api`) and labelled
+Request metrics are recorded by the service's one ASGI middleware (`sandbox_service.server.app`) and labelled
 by route template (`/v1/sandboxes/{sandbox_id}/exec`), never by raw path, so ids do not explode the
 label space.
 """

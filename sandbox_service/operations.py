@@ -15,7 +15,7 @@ import collections
 import contextlib
 import time
 
-from sandbox_service.agent_client_base import AgentUnreachableError, FileScope
+from sandbox_service.agent_link.base import AgentUnreachableError, FileScope
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import (
     CapacityExceededError,

@@ -33,8 +33,8 @@ from urllib.parse import unquote_plus
 from fastapi import APIRouter, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_service.agent_client_base import AgentUnreachableError
-from sandbox_service.auth import TokenAuth
+from sandbox_service.agent_link.base import AgentUnreachableError
+from sandbox_service.server.auth import TokenAuth
 from sandbox_service.errors import (
     ConflictError,
     InvalidRequestError,

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from sandbox_service.agent_client_base import AgentClientBase
+from sandbox_service.agent_link.base import AgentClientBase
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.models import SandboxCreate, SandboxInfo, SandboxState
 
@@ -21,7 +21,7 @@ def now() -> datetime:
 
 
 def default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
-    from sandbox_service.agent_client import AgentClient  # lazy: importing the service must not need it
+    from sandbox_service.agent_link.client import AgentClient  # lazy: importing the service must not need it
 
     return AgentClient(endpoint)
 

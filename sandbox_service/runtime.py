@@ -23,7 +23,7 @@ import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from sandbox_service.agent_client_base import AgentClientBase
+from sandbox_service.agent_link.base import AgentClientBase
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import BackendUnavailableError, SandboxServiceError

@@ -6,7 +6,7 @@
 - Every call on a sandbox counts as a heartbeat; a reaper deletes sandboxes whose heartbeat TTL or hard
   TTL lapsed (never one with a call in flight, for the heartbeat TTL).
 - Escalation and recovery of a sandbox that went down are its runtime's (`sandbox_service/runtime.py`);
-  adoption and clean-up of what an earlier run left, at start-up, `sandbox_service/leftovers.py`.
+  adoption and clean-up of what an earlier run left, at start-up, `sandbox_service/tools/leftovers.py`.
 - Delete frees everything, ends the sandbox's jobs and revokes its ports (through `on_delete` hooks).
 """
 
@@ -27,7 +27,7 @@ from sandbox_service.errors import (
     WaitTimeoutError,
     refuse_unpassable,
 )
-from sandbox_service.leftovers import Leftovers
+from sandbox_service.tools.leftovers import Leftovers
 from sandbox_service.metrics import ServiceMetrics
 from sandbox_service.models import (
     InfraErrorKind,
@@ -83,7 +83,7 @@ class SandboxManager:
 
     async def start(self) -> None:
         if self.agent_factory is default_agent_factory:
-            import sandbox_service.agent_client  # noqa: F401 - import now, not inside the first create
+            import sandbox_service.agent_link.client  # noqa: F401 - import now, not inside the first create
         # Before listening: the sandboxes an earlier run left that can be kept, so their ids never answer
         # 404 after a restart; the rest of the clean-up runs in the background (`/healthz` reports progress).
         adopted = await self.leftovers.adopt_before_listening()

@@ -2,7 +2,7 @@
 
     python scripts/bench_exec_lane.py [--rounds 3] [--execs 1000]
 
-One service, one sandbox; each round runs `sandbox_service.bench.bench_exec` (an exec of `true` interleaved
+One service, one sandbox; each round runs `sandbox_service.tools.bench.bench_exec` (an exec of `true` interleaved
 with a bare `subprocess.run(["true"])`) first through httpx (the lane switched off), then through the lane.
 Prints one line per arm and round, then the medians of the p50 ratios; `--out` writes all figures as JSON.
 """
@@ -15,7 +15,7 @@ import os
 import statistics
 from pathlib import Path
 
-from sandbox_service.bench import bench_exec
+from sandbox_service.tools.bench import bench_exec
 from sandbox_service.config import ServiceConfig
 from sandbox_service.embedded import EmbeddedService
 

@@ -7,7 +7,7 @@ For each N it starts an embedded service (root) with `published_unrestricted_egr
 creates with `block_network=false`), runs `tests/integration/bench_concurrent.py --num N` from their
 checkout exactly as shipped (`--pty`: also `bench_concurrent_pty.py`), and prints the wall time, create and
 command means, commands per second and the success rate next to what the published system reports for
-1,000 sandboxes on 8 x 32 vCPU, and the CPU per sandbox of each part (`sandbox_service/cpu_accounting.py`):
+1,000 sandboxes on 8 x 32 vCPU, and the CPU per sandbox of each part (`sandbox_service/tools/cpu_accounting.py`):
 their client, our service's own threads, the helpers it ran (`ip`, `nsenter`), the agent zygote, and the
 sandboxes (agents, their four commands, namespaces), so "ours" (service + helpers + zygote) reads apart
 from the work their commands ask for.
@@ -67,7 +67,7 @@ def _fmt(value: float | None, unit: str = "s") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     from sandbox_service.config import ServiceConfig
-    from sandbox_service.cpu_accounting import TreeCpu
+    from sandbox_service.tools.cpu_accounting import TreeCpu
     from sandbox_service.embedded import EmbeddedService
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

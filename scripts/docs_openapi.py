@@ -1,7 +1,7 @@
 """MkDocs hook: writes the sandbox service API reference (docs page `api/reference.md`) from the service's OpenAPI
 schema.
 
-The schema comes from the FastAPI app itself (`sandbox_service.api.create_app(...).openapi()`): the app is built
+The schema comes from the FastAPI app itself (`sandbox_service.server.app.create_app(...).openapi()`): the app is built
 but never started (no backend starts, no sandbox is created), so the page always matches the routes in the code.
 `python scripts/docs_openapi.py` prints the page instead (and `--json` the raw schema).
 """
@@ -18,7 +18,7 @@ METHODS = ("get", "put", "post", "delete", "patch")
 
 def openapi_schema() -> dict:
     """The service's OpenAPI schema, from an app built on a throw-away state directory."""
-    from sandbox_service.api import create_app
+    from sandbox_service.server.app import create_app
     from sandbox_service.config import ServiceConfig
 
     with tempfile.TemporaryDirectory(prefix="orchard-docs-") as state:

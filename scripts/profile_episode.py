@@ -5,7 +5,7 @@
     PYTHONPATH=$PWD python scripts/profile_episode.py --episodes 32 --verifier pytest --steps reference
 
 Runs SWE episodes one after another against a fresh embedded service (root: real sandboxes) and, at every
-phase boundary, samples the CPU of each part of the work (`sandbox_service/cpu_accounting.py`): this process
+phase boundary, samples the CPU of each part of the work (`sandbox_service/tools/cpu_accounting.py`): this process
 (the harness: archives, the change, the judge), the service's own threads, the helpers it ran (`ip`,
 `nsenter`, `cp`), the agent zygote, and the sandboxes (agents and their commands, from a cpuacct group around
 the service's whole tree, in nanoseconds). Phases: create (until ready), set-up (the recipe's files and
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from components.core.data.schema import ToolCall  # noqa: E402
 from components.recipes.swe import SWERecipe  # noqa: E402
 from components.recipes.swe import verifier as swe_verifier  # noqa: E402
-from sandbox_service.cpu_accounting import CpuSample, TreeCpu  # noqa: E402
+from sandbox_service.tools.cpu_accounting import CpuSample, TreeCpu  # noqa: E402
 from sandbox_service.embedded import EmbeddedService  # noqa: E402
 
 COLUMNS = (

@@ -58,7 +58,7 @@ from pathlib import Path
 
 from kubernetes import client as k8s
 
-from sandbox_service.agent_client_base import AgentClientBase, AgentUnreachableError
+from sandbox_service.agent_link.base import AgentClientBase, AgentUnreachableError
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.backends.kubernetes.backend import KubernetesBackend
 from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig

@@ -55,7 +55,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from components.envs.openenv_env import create_env_app
-    from sandbox_service.auth import redact_secrets_in_logs
+    from sandbox_service.server.auth import redact_secrets_in_logs
 
     with contextlib.ExitStack() as stack:
         if args.embedded_service:

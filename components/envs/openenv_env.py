@@ -192,7 +192,7 @@ def create_env_app(config: EnvConfig, *, token: str, max_concurrent_envs: int = 
     """The OpenEnv server app (reset/step/state over HTTP and WebSocket), every route but /health behind
     `Authorization: Bearer <token>`: its episodes spend the sandbox service's token and its session cap.
     Call `shared.close()` at exit."""
-    from sandbox_service.auth import BearerAuthMiddleware, TokenAuth
+    from sandbox_service.server.auth import BearerAuthMiddleware, TokenAuth
 
     shared = SharedEnv(config)
     app = create_fastapi_app(

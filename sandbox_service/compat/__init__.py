@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from sandbox_service.auth import TokenAuth
+from sandbox_service.server.auth import TokenAuth
 from sandbox_service.compat.published import PREFIX as PUBLISHED_PREFIX
 from sandbox_service.compat.published import published_router
 from sandbox_service.compat.published_pty import published_pty_router

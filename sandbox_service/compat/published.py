@@ -40,7 +40,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse
 
-from sandbox_service.auth import TokenAuth
+from sandbox_service.server.auth import TokenAuth
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.compat.egress import unrestricted_egress
 from sandbox_service.compat.published_models import (

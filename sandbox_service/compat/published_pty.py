@@ -22,12 +22,12 @@ from typing import Any
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from sandbox_service.auth import TokenAuth
+from sandbox_service.server.auth import TokenAuth
 from sandbox_service.compat.published import PREFIX, PublishedState
 from sandbox_service.errors import SandboxNotFoundError, SandboxNotReadyError, SandboxServiceError
 from sandbox_service.models import ExecRequest
 from sandbox_service.operations import SandboxOperations
-from sandbox_service.pty_route import pty_session, relay
+from sandbox_service.server.pty import pty_session, relay
 
 _WRAPPER = 'echo $$ > "$0.pid"; "$@"; echo $? > "$0.rc"'
 _SIGNALS = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "INT": signal.SIGINT, "HUP": signal.SIGHUP}

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from components.core.tracking import curve
-from pipelines.argo_workflow import WORKFLOW_LABEL
+from pipelines.argo.workflow import WORKFLOW_LABEL
 from pipelines.cli import compile_all
 from tests.cluster.conftest import (
     check_succeeded,

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from pipelines import stages
-from pipelines.argo_workflow import build_workflow_template
+from pipelines.argo.workflow import build_workflow_template
 from pipelines.cluster import IMAGE_NAMES, VERSION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -274,7 +274,7 @@ def test_mlflow_image_serves_and_the_service_image_starts(archives, tmp_path):
     assert proc.returncode == 0 and "--port" in proc.stdout, proc.stdout + proc.stderr
     proc = run_in(
         tmp_path / "service",
-        ["python", "-c", "import sandbox_service.api, sandbox_service.backends.kubernetes.backend, torch"],
+        ["python", "-c", "import sandbox_service.server.app, sandbox_service.backends.kubernetes.backend, torch"],
         config,
     )
     assert "No module named 'torch'" in proc.stderr, "the service image carries no training stack"

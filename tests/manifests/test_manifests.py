@@ -9,8 +9,8 @@ is missing these tests skip and say so.
 Checked: every rendered object against the Kubernetes OpenAPI schema (kubernetes-validate, strict:
 unknown fields fail); the PyTorchJob against a JSON schema written from the Training Operator's
 published kubeflow.org/v1 CRD fields (top level, runPolicy, replica specs) with its pod templates
-validated as real PodSpecs (`pipelines/pytorchjob.py`, shared with the pipelines' jobs). Not covered: the CRD's full
-generated schema (elasticPolicy details,
+validated as real PodSpecs (`pipelines/jobs/pytorchjob.py`, shared with the pipelines' jobs). Not covered: the CRD's
+full generated schema (elasticPolicy details,
 schedulingPolicy), admission on a real cluster, and whether the images exist in a registry.
 """
 
@@ -28,7 +28,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from pipelines.pytorchjob import validate_pytorchjob
+from pipelines.jobs.pytorchjob import validate_pytorchjob
 from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig
 from sandbox_service.backends.kubernetes.objects import INJECTOR_SOURCE, object_labels
 from pipelines.cluster import ClusterConfig

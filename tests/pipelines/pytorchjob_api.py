@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from pipelines.pytorchjob import validate_pytorchjob
+from pipelines.jobs.pytorchjob import validate_pytorchjob
 
 _ROUTE = re.compile(r"^/apis/kubeflow\.org/v1/namespaces/(?P<ns>[^/]+)/pytorchjobs(?:/(?P<name>[^/?]+))?")
 

@@ -20,7 +20,7 @@ import mlflow
 import pytest
 import yaml
 
-from pipelines.argo_workflow import build_workflow_template
+from pipelines.argo.workflow import build_workflow_template
 from pipelines.config import PipelineConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -17,8 +17,8 @@ from pipelines import stages
 from pipelines.cli import compile_all
 from pipelines.cluster import ClusterConfig
 from pipelines.config import PipelineConfig
-from pipelines.pytorchjob import job_command, pytorchjob_manifest, secret_env
-from pipelines.run_store import claim_manifest, create_run_store
+from pipelines.jobs.pytorchjob import job_command, pytorchjob_manifest, secret_env
+from pipelines.kfp.run_store import claim_manifest, create_run_store
 
 
 def _compiled(

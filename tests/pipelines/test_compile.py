@@ -13,9 +13,9 @@ import yaml
 from google.protobuf import json_format
 from kubernetes.utils.quantity import parse_quantity
 
-from pipelines.argo_schema import validate_argo
+from pipelines.argo.schema import validate_argo
 from pipelines.cli import ARGO_CRON_FILE, ARGO_TEMPLATE_FILE, KFP_FILE, compile_all, main
-from pipelines.schedule import RecurringRunSpec, recurring_run_arguments
+from pipelines.kfp.schedule import RecurringRunSpec, recurring_run_arguments
 
 GOLDEN = Path(__file__).resolve().parents[2] / "pipelines" / "golden"
 

@@ -21,7 +21,7 @@ import mlflow
 import pytest
 import yaml
 
-from sandbox_service.leaks import leaked_mounts, leaked_processes
+from sandbox_service.tools.leaks import leaked_mounts, leaked_processes
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,12 +14,12 @@ import yaml
 
 from components.core.distributed import LaunchConfig
 from pipelines import stages
-from pipelines.argo_schema import validate_argo
-from pipelines.argo_workflow import build_workflow_template
+from pipelines.argo.schema import validate_argo
+from pipelines.argo.workflow import build_workflow_template
 from pipelines.cluster import ClusterConfig
 from pipelines.config import resolve
-from pipelines.launcher import JobFailed, PyTorchJobs, kfp_job_entry
-from pipelines.pytorchjob import job_command, pytorchjob_manifest, secret_env, validate_pytorchjob
+from pipelines.jobs.launcher import JobFailed, PyTorchJobs, kfp_job_entry
+from pipelines.jobs.pytorchjob import job_command, pytorchjob_manifest, secret_env, validate_pytorchjob
 from tests.pipelines.pytorchjob_api import SUCCEEDS, PyTorchJobAPI, condition, fails
 
 MULTI = ["sft.launch.nproc_per_node=2", "sft.launch.workers=1", "rl.launch.nproc_per_node=2", "resources.gpu=true"]
@@ -34,7 +34,7 @@ def multi():
 def kfp_docs(tmp_path_factory, multi):
     from kfp import compiler
 
-    from pipelines.kfp_pipeline import build_pipeline
+    from pipelines.kfp.pipeline import build_pipeline
 
     path = tmp_path_factory.mktemp("kfp") / "p.yaml"
     compiler.Compiler().compile(build_pipeline(defaults=multi), package_path=str(path))
@@ -197,7 +197,7 @@ def test_single_process_stages_stay_pods():
 
 
 def test_kfp_local_refuses_a_multi_process_stage(multi):
-    from pipelines.kfp_pipeline import build_pipeline
+    from pipelines.kfp.pipeline import build_pipeline
 
     with pytest.raises(ValueError, match="needs a cluster"):
         build_pipeline(defaults=multi, for_cluster=False)
@@ -370,8 +370,8 @@ def test_kfp_launcher_refuses_a_config_other_than_the_compiled_one(tmp_path):
 def test_a_launcher_component_hands_its_parameters_to_the_entry(name, monkeypatch):
     """The component body (what KFP runs) splits its parameters into the row's artifacts, the launch and the
     placement."""
-    from pipelines import launcher
-    from pipelines.kfp_components import launcher_components
+    from pipelines.jobs import launcher
+    from pipelines.kfp.components import launcher_components
     from pipelines.cluster import STORE_MOUNT
 
     calls: list = []
@@ -427,7 +427,7 @@ def test_a_launcher_component_hands_its_parameters_to_the_entry(name, monkeypatc
 
 
 def test_a_launcher_refuses_artifacts_its_row_does_not_have():
-    from pipelines.launcher import kfp_job_step
+    from pipelines.jobs.launcher import kfp_job_step
 
     with pytest.raises(TypeError, match="make the component's signature match its row"):
         kfp_job_step(

@@ -11,9 +11,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict
 
 from components.core.data.parquet_store import TaskStore
-from pipelines import kfp_components, stages
-from pipelines.argo_workflow import build_workflow_template
-from pipelines.kfp_pipeline import compile_pipeline
+from pipelines import stages
+from pipelines.kfp import components as kfp_components
+from pipelines.argo.workflow import build_workflow_template
+from pipelines.kfp.pipeline import compile_pipeline
 from pipelines.layout import RunLayout
 from pipelines.local import run_local
 

@@ -7,10 +7,12 @@ import inspect
 import pytest
 import yaml
 
-from pipelines import kfp_components, stages
-from pipelines.argo_workflow import build_workflow_template
+from pipelines import stages
+
+from pipelines.kfp import components as kfp_components
+from pipelines.argo.workflow import build_workflow_template
 from pipelines.config import PipelineConfig
-from pipelines.kfp_pipeline import build_pipeline
+from pipelines.kfp.pipeline import build_pipeline
 
 INFRA_TASKS = {"run-store", "deletepvc"}  # the run store's PVC steps: cluster plumbing, not stages
 

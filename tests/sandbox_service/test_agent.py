@@ -21,9 +21,9 @@ import pytest
 
 from sandbox_service import errors
 from sandbox_service.agent import protocol
-from sandbox_service.agent_client import AgentClient
-from sandbox_service.agent_client_base import AgentUnreachableError
-from sandbox_service.agent_tls import make_ca, make_server_cert
+from sandbox_service.agent_link.client import AgentClient
+from sandbox_service.agent_link.base import AgentUnreachableError
+from sandbox_service.agent_link.tls import make_ca, make_server_cert
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.models import ExecOutcome, ExecRequest
 

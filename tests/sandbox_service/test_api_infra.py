@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sandbox_service.agent_client import AgentClient
+from sandbox_service.agent_link.client import AgentClient
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.config import ServiceConfig
 from sandbox_service.embedded import EmbeddedService

@@ -9,13 +9,13 @@ import time
 import pytest
 import uvicorn
 
-from sandbox_service.api import create_app
+from sandbox_service.server.app import create_app
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig
 from sandbox_service.client import SandboxClient
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import BackendUnavailableError
-from sandbox_service.leaks import find_leaks
+from sandbox_service.tools.leaks import find_leaks
 from sandbox_service.models import InfraErrorKind, SandboxCreate, SandboxState
 
 

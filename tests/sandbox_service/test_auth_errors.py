@@ -180,7 +180,7 @@ def test_credentials_in_urls_never_reach_the_service_log(caplog):
     exposed port's token, in its path) went to the service log in clear."""
     import logging
 
-    from sandbox_service.auth import redact_secrets_in_logs
+    from sandbox_service.server.auth import redact_secrets_in_logs
 
     redact_secrets_in_logs()
     loggers = [logging.getLogger(name) for name in ("uvicorn.error", "uvicorn.access")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from sandbox_service import bench
+from sandbox_service.tools import bench
 
 
 def test_bench_runs_and_writes_its_figures(tmp_path):

@@ -207,7 +207,7 @@ def test_a_filter_left_without_its_slot_is_a_leak_and_goes_at_the_next_start(tmp
     from sandbox_service.backends.local import egress as local_egress
     from sandbox_service.backends.local.backend import LocalBackend
     from sandbox_service.backends.local.config import LocalBackendConfig
-    from sandbox_service.leaks import leaked_network
+    from sandbox_service.tools.leaks import leaked_network
 
     stale = "orcfffe0h"  # slot 0xfffe0, beyond any slot a backend hands out
     local_egress.allow(stale, ["10.254.253.1/32"], LocalBackendConfig().allowlist_subnet)
@@ -226,7 +226,7 @@ def test_the_egress_table_goes_when_a_service_stops_with_no_allowlist_sandbox_le
     import asyncio
     import secrets as _secrets
 
-    from sandbox_service.agent_client import AgentClient
+    from sandbox_service.agent_link.client import AgentClient
     from sandbox_service.backends.local import egress as local_egress
     from sandbox_service.backends.local import network as local_network
     from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig

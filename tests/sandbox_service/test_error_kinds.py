@@ -9,7 +9,7 @@ import pytest
 
 from sandbox_service import errors
 from sandbox_service.client import _raise_for_error
-from sandbox_service.middleware import error_response
+from sandbox_service.server.middleware import error_response
 from sandbox_service.models import InfraErrorKind
 
 

@@ -146,7 +146,7 @@ def test_gvisor_runtime_runs_the_same_agent_under_a_user_space_kernel(tmp_path):
     in the sandbox and the host kernel's keyring is out of reach."""
     import asyncio
 
-    from sandbox_service.agent_client import AgentClient
+    from sandbox_service.agent_link.client import AgentClient
     from sandbox_service.backends.local.backend import LocalBackend
     from sandbox_service.models import ExecRequest
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from kubernetes import client as k8s
 
-from sandbox_service.api import create_app
+from sandbox_service.server.app import create_app
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.backends.kubernetes.api import KubernetesApi
 from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig

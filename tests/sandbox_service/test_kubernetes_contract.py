@@ -708,7 +708,7 @@ def take_over(endpoint: AgentEndpoint, proc: subprocess.Popen) -> AgentEndpoint:
     """Re-key a fresh agent from its boot key to the endpoint's own, as the service's runtime does."""
     import asyncio
 
-    from sandbox_service.agent_client import AgentClient
+    from sandbox_service.agent_link.client import AgentClient
 
     boot = endpoint.model_copy(update={"secret": endpoint.boot_secret, "boot_secret": None})
     _wait_for_agent(boot, proc)
@@ -742,7 +742,7 @@ def test_the_pods_files_hold_no_key_the_agent_accepts(injected_agent, tmp_path):
 def _wait_for_agent(endpoint: AgentEndpoint, proc: subprocess.Popen, timeout: float = 20.0) -> dict:
     import asyncio
 
-    from sandbox_service.agent_client import AgentClient
+    from sandbox_service.agent_link.client import AgentClient
 
     async def ping() -> dict:
         client = AgentClient(endpoint)
@@ -806,7 +806,7 @@ def serve(backend: KubernetesBackend, state_dir: Path, start_timeout: float = 20
     """The real FastAPI service (uvicorn on loopback) on `backend`; yields a client once it listens."""
     import uvicorn
 
-    from sandbox_service.api import create_app
+    from sandbox_service.server.app import create_app
     from sandbox_service.client import SandboxClient
     from sandbox_service.config import ServiceConfig
 

@@ -16,7 +16,7 @@ import pytest
 from cryptography import x509
 from kubernetes import client as k8s
 
-from sandbox_service.agent_client import AGENT_TLS_SERVER_NAME
+from sandbox_service.agent_link.client import AGENT_TLS_SERVER_NAME
 from sandbox_service.backends.kubernetes.config import KubernetesBackendConfig, Toleration
 from sandbox_service.backends.kubernetes.objects import (
     AGENT_CONTAINER,

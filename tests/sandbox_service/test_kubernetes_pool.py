@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from test_kubernetes_contract import agent_node, fake, make_backend, take_over  # noqa: F401 - fixtures
 
-from sandbox_service.agent_client import AgentClient
+from sandbox_service.agent_link.client import AgentClient
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.backends.kubernetes.config import SANDBOX_ID_LABEL
 from sandbox_service.backends.kubernetes.pool import POOL_LABEL

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from sandbox_service import errors
-from sandbox_service.agent_client import AgentClient
+from sandbox_service.agent_link.client import AgentClient
 from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig
 from sandbox_service.errors import IsolationUnavailableError
 from sandbox_service.models import ExecOutcome, ExecRequest, InfraErrorKind, NetworkPolicy, Resources, SandboxCreate

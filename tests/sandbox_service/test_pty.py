@@ -60,7 +60,7 @@ def test_pty_on_an_unknown_sandbox_closes_with_404(sandbox_service):
         assert ws.close_code == 4404
 
 
-# --- The relay both PTY routes share (sandbox_service/pty_route.py) -----------------------------
+# --- The relay both PTY routes share (sandbox_service/server/pty.py) -----------------------------
 class _Closes:
     def __init__(self, name: str, log: list, fails: bool = False):
         self.name, self.log, self.fails = name, log, fails
@@ -75,7 +75,7 @@ def test_a_pty_session_releases_its_call_and_closes_in_order_even_when_steps_fai
     import asyncio
     from types import SimpleNamespace
 
-    from sandbox_service.pty_route import pty_session
+    from sandbox_service.server.pty import pty_session
 
     log: list = []
     rec = SimpleNamespace(active_calls=0)
@@ -97,7 +97,7 @@ def test_a_pty_session_releases_its_call_and_closes_in_order_even_when_steps_fai
 def test_the_relay_ends_with_either_pump_and_tells_when_the_client_left_first():
     import asyncio
 
-    from sandbox_service.pty_route import relay
+    from sandbox_service.server.pty import relay
 
     async def scenario(client_leaves: bool) -> list:
         events: list = []

@@ -8,7 +8,7 @@ SFT trains with transformers' Trainer, which joins the process group torchrun se
 provides MASTER_ADDR, WORLD_SIZE, RANK), so every rank runs the same call and Trainer shards the data
 and averages gradients. RL trains with TRL's GRPOTrainer the same way: every rank rolls out its share
 of the groups, gradients are averaged. A config the stage refuses ends the job with its message (exit 2).
-(The pipelines launch their own PyTorchJobs, `pipelines/pytorchjob.py`; this file is for a job by hand.)
+(The pipelines launch their own PyTorchJobs, `pipelines/jobs/pytorchjob.py`; this file is for a job by hand.)
 """
 
 from __future__ import annotations

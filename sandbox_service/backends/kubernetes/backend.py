@@ -53,7 +53,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from sandbox_service.agent_client_base import AgentClientBase
+from sandbox_service.agent_link.base import AgentClientBase
 from sandbox_service.backends.kubernetes import adopt as kubernetes_adopt
 from sandbox_service.backends.base import AdoptedSandbox, AgentEndpoint, BackendStatus, SandboxBackend
 from sandbox_service.backends.kubernetes.api import KubernetesApi, load_api_client
@@ -106,7 +106,7 @@ class _Handle:
 
 
 def _default_agent_factory(endpoint: AgentEndpoint) -> AgentClientBase:
-    from sandbox_service.agent_client import AgentClient  # lazy: only snapshots need it here
+    from sandbox_service.agent_link.client import AgentClient  # lazy: only snapshots need it here
 
     return AgentClient(endpoint)
 

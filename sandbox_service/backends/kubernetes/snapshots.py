@@ -17,7 +17,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from sandbox_service.agent_client_base import AgentClientBase
+from sandbox_service.agent_link.base import AgentClientBase
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.errors import BackendUnavailableError, SandboxServiceError, SnapshotNotFoundError
 from sandbox_service.models import ExecRequest

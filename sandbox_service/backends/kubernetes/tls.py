@@ -1,5 +1,5 @@
 """TLS material for Kubernetes sandbox agents: a fresh CA per sandbox, whose key is thrown away once it
-signed that sandbox's one server certificate (built with `sandbox_service.agent_tls`).
+signed that sandbox's one server certificate (built with `sandbox_service.agent_link.tls`).
 
 Why per sandbox: the pod IP is unknown when the certificate is made (the Secret must exist before the
 pod starts), so the certificate names the fixed `AGENT_TLS_SERVER_NAME` that the agent client checks,
@@ -11,7 +11,7 @@ turn, authenticates the service by the per-sandbox shared secret.
 
 from __future__ import annotations
 
-from sandbox_service.agent_tls import make_ca, make_server_cert
+from sandbox_service.agent_link.tls import make_ca, make_server_cert
 
 
 class AgentCertificates:

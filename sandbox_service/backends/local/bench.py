@@ -2,7 +2,7 @@
 
 Measured side by side in one run (medians and p99): a bare `subprocess.run(["true"])`, `true` through
 the agent of an isolated sandbox, the agent's ping round trip, and create-to-ready (start() until the
-agent answers) followed by stop(). The REST figures are `python -m sandbox_service.bench`.
+agent answers) followed by stop(). The REST figures are `python -m sandbox_service.tools.bench`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from sandbox_service.agent_client import AgentClient
+from sandbox_service.agent_link.client import AgentClient
 from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig
 from sandbox_service.models import ExecRequest, SandboxCreate
 

@@ -14,7 +14,7 @@ import time
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from sandbox_service.auth import UNAUTHORIZED_BODY, TokenAuth, bearer_from_headers
+from sandbox_service.server.auth import UNAUTHORIZED_BODY, TokenAuth, bearer_from_headers
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import RequestTooLargeError, SandboxServiceError
 from sandbox_service.jobs import JobManager

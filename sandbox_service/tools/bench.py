@@ -1,4 +1,4 @@
-"""`python -m sandbox_service.bench [--quick]`: the sandbox service's figures, measured side by side.
+"""`python -m sandbox_service.tools.bench [--quick]`: the sandbox service's figures, measured side by side.
 
 1. exec latency of `true` through REST + agent (keep-alive client, one sandbox), interleaved call by
    call with a bare `subprocess.run(["true"])` on the host, so both see the same machine load:

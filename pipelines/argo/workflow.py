@@ -13,7 +13,7 @@ its row); the rows with `store_volume` also mount the persistent data store's PV
 MLflow parent run; its output parameters reach every stage through `get_parameter`, and the
 dependencies are the rows' inputs (`>>`).
 A row whose config asks for more than one process (`Stage.launch`) is a `resource` template instead:
-it creates a PyTorchJob (`pipelines/pytorchjob.py`) whose pods mount the same volume and run the same
+it creates a PyTorchJob (`pipelines/jobs/pytorchjob.py`) whose pods mount the same volume and run the same
 step under torchrun, and succeeds or fails with the job's Master replica.
 """
 
@@ -33,7 +33,9 @@ from hera.workflows import (
 from hera.workflows import models as m
 from hera.workflows.models import ValueFrom, WorkflowTemplateRef
 
-from pipelines import pytorchjob, stages
+from pipelines import stages
+
+from pipelines.jobs import pytorchjob
 from pipelines.cluster import PIPELINE_POD_LABELS, ClusterConfig
 from pipelines.config import PipelineConfig
 from pipelines.parameters import argo_text, pipeline_parameters, retrain_arguments

@@ -18,15 +18,15 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from sandbox_service import transfers
-from sandbox_service.auth import TokenAuth
+from sandbox_service.server import transfers
+from sandbox_service.server.auth import TokenAuth
 from sandbox_service.backends.base import SandboxBackend
 from sandbox_service.compat import PUBLISHED_PREFIX, mount_published_api
 from sandbox_service.config import ServiceConfig
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxServiceError
 from sandbox_service.jobs import JobManager
-from sandbox_service.middleware import ServiceMiddleware
-from sandbox_service.middleware import error_response as _error
+from sandbox_service.server.middleware import ServiceMiddleware
+from sandbox_service.server.middleware import error_response as _error
 from sandbox_service.metrics import ServiceMetrics
 from sandbox_service.models import (
     ExecRequest,
@@ -40,7 +40,7 @@ from sandbox_service.models import (
 )
 from sandbox_service.operations import SandboxOperations
 from sandbox_service.ports import PortRegistry, PortRequest, proxy_router
-from sandbox_service.pty_route import pty_router
+from sandbox_service.server.pty import pty_router
 from sandbox_service.records import AgentFactory, default_agent_factory
 from sandbox_service.service import SandboxManager
 

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_service.agent_client import AGENT_TLS_SERVER_NAME
+from sandbox_service.agent_link.client import AGENT_TLS_SERVER_NAME
 
 
 class CertificateAuthority(BaseModel):

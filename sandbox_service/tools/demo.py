@@ -1,4 +1,4 @@
-"""`python -m sandbox_service.demo`: a two-minute tour of the sandbox service, for people.
+"""`python -m sandbox_service.tools.demo`: a two-minute tour of the sandbox service, for people.
 
 Starts the real service (`EmbeddedService`), then: create two sandboxes, exec, files, what isolation
 looks like from inside, a snapshot and a fork, an async job, and delete, with a table of what happened.

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from sandbox_service.auth import TokenAuth
+from sandbox_service.server.auth import TokenAuth
 from sandbox_service.errors import InvalidRequestError, SandboxServiceError
 from sandbox_service.records import SandboxRecord
 from sandbox_service.service import SandboxManager

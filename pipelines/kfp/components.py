@@ -6,7 +6,7 @@ and trajectory stores, Model for checkpoints, Metrics for each stage's numbers) 
 inputs and outputs, and a body that is always `pipelines.steps.kfp_entry(<stage>, ...)`, i.e. `run_stage`,
 the same code as the local runner and the Argo steps. A row that may run in several processes
 (`Stage.distributed`) also gets a launcher component (the same artifacts plus the PyTorchJob's launch and
-placement; `pipelines/launcher.py`), and the report step takes every row's result. Adding a row to
+placement; `pipelines/jobs/launcher.py`), and the report step takes every row's result. Adding a row to
 `pipelines/stages.py` is all a new stage needs here. The image is set per task from a pipeline parameter; it
 already contains kfp and this project, so nothing is pip-installed when a step starts. (No
 `from __future__ import annotations` here: KFP reads the annotations as real types.)
@@ -71,8 +71,8 @@ def start(
 @_component
 def run_store(kfp_run_id: str, size: str, access_mode: str, storage_class: str) -> str:
     """Create the run's store PVC; storage_class '' leaves the class out (the cluster's default;
-    pipelines/run_store.py)."""
-    from pipelines.run_store import create_run_store
+    pipelines/kfp/run_store.py)."""
+    from pipelines.kfp.run_store import create_run_store
 
     return create_run_store(kfp_run_id, size=size, access_mode=access_mode, storage_class=storage_class or None)
 
@@ -97,7 +97,7 @@ def close_run(mlflow_uri: str, experiment: str, kfp_run_id: str, status: dsl.Pip
 
 # --- Generated from the stage table -------------------------------------------------------------------------
 _ARTIFACT = {"dataset": "Dataset", "model": "Model"}
-# What a launcher step adds to its stage's artifacts: the PyTorchJob's launch and placement (pipelines/launcher.py).
+# What a launcher step adds to its stage's artifacts: the PyTorchJob's launch and placement (pipelines/jobs/launcher.py)
 LAUNCHER_PARAMETERS = {
     "run_store": "str",
     "job_image": "str",
@@ -167,7 +167,7 @@ def launcher_source(stage: stages.Stage, table: list[stages.Stage]) -> str:
     params = [("config_json", "str"), ("parent_run_id", "str"), *_artifacts(stage, table), *LAUNCHER_PARAMETERS.items()]
     doc = (
         f"The {stage.name} stage as a PyTorchJob of (1 + workers) nodes x nproc_per_node processes "
-        "(pipelines/launcher.py)."
+        "(pipelines/jobs/launcher.py)."
     )
     return _source(
         f"{function_name(stage.name)}_job",
@@ -175,7 +175,7 @@ def launcher_source(stage: stages.Stage, table: list[stages.Stage]) -> str:
         doc,
         [
             "args = dict(locals())  # the parameters, taken before the import below adds a name",
-            "from pipelines.launcher import kfp_job_step",
+            "from pipelines.jobs.launcher import kfp_job_step",
             "",
             f"return kfp_job_step({stage.name!r}, **args)",
         ],

@@ -5,7 +5,7 @@ KFP has no resource template like Argo's, so a small step does it through the Ku
 
 1. stage its input artifacts into a run directory on the run's PVC (the job's pods mount it; use
    `access_mode=ReadWriteMany` when `workers` > 0 so pods on other nodes can), with the run's config;
-2. create the PyTorchJob (`pipelines/pytorchjob.py`) in its own namespace;
+2. create the PyTorchJob (`pipelines/jobs/pytorchjob.py`) in its own namespace;
 3. poll it, printing each new condition and replica count to the step's log, until it succeeds,
    fails (the step fails with the operator's reason and message) or passes its deadline (deleted);
 4. copy rank 0's outputs to the output artifacts and return the stage's result, as `kfp_entry` does.
@@ -24,7 +24,7 @@ from components.core.distributed import LaunchConfig
 from pipelines import stages
 from pipelines.cluster import SA_NAMESPACE, STORE_MOUNT
 from pipelines.layout import RunLayout
-from pipelines.pytorchjob import API_VERSION, job_command, pytorchjob_manifest, secret_env
+from pipelines.jobs.pytorchjob import API_VERSION, job_command, pytorchjob_manifest, secret_env
 
 GROUP, VERSION = API_VERSION.split("/")
 PLURAL = "pytorchjobs"

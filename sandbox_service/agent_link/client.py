@@ -17,7 +17,7 @@
   against the policy. Only a verification run (`ExecRequest.verification`, set by the harness) turns
   it into infrastructure_error/OOM_KILLED, which the service answers with resource escalation.
 - TLS (endpoint.tls): verified against endpoint.ca_cert_pem; the agent's certificate must name
-  `AGENT_TLS_SERVER_NAME` (pod IPs are not known when certificates are made; see agent_tls.py).
+  `AGENT_TLS_SERVER_NAME` (pod IPs are not known when certificates are made; see agent_link/tls.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 
 from sandbox_service import errors
 from sandbox_service.agent import protocol
-from sandbox_service.agent_client_base import AgentClientBase, AgentUnreachableError, FileScope, PtySession
+from sandbox_service.agent_link.base import AgentClientBase, AgentUnreachableError, FileScope, PtySession
 from sandbox_service.backends.base import AgentEndpoint
 from sandbox_service.models import ExecOutcome, ExecRequest, ExecResult, FileEntry, InfraErrorKind
 

@@ -1,4 +1,4 @@
-"""What the control plane can ask of a sandbox's agent. `agent_client.py` implements it over the
+"""What the control plane can ask of a sandbox's agent. `agent_link/client.py` implements it over the
 agent's wire protocol; the service (`service.py`) only ever uses this interface.
 """
 

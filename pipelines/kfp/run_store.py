@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines.cluster import SA_NAMESPACE
-from pipelines.pytorchjob import LABELS
+from pipelines.jobs.pytorchjob import LABELS
 
 
 def claim_manifest(name: str, *, size: str, access_mode: str, storage_class: str | None) -> dict:

@@ -6,8 +6,8 @@ The pipeline's parameters are `pipelines/parameters.py` (one list for KFP and Ar
 settings (kfp-kubernetes, the YAML's second document), all from pipeline parameters: the GPU rows ask
 for one GPU with the GPU nodeSelector and tolerations; a row whose config asks for more than one process
 (`Stage.launch`: `sft.launch`, `rl.launch` of the compiled config) is a launcher step that runs it as a
-PyTorchJob (`pipelines/launcher.py`) over a run directory on the PVC; the resumable rows write their stores on a
-PVC that the `run-store` step creates (`pipelines/run_store.py`: size a parameter, storage class and access mode
+PyTorchJob (`pipelines/jobs/launcher.py`) over a run directory on the PVC; the resumable rows write their stores on a
+PVC that the `run-store` step creates (`pipelines/kfp/run_store.py`: size a parameter, storage class and access mode
 from the ClusterConfig, no class meaning the cluster's default) and DeletePVC removes; the light steps (start,
 report, close-run, launchers) and the stages request `PipelineConfig.resources` (memory: request and limit); the rows
 with `store_volume` (provision, accumulate) mount the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kfp import compiler, dsl, kubernetes
 
-from pipelines import kfp_components as c
+from pipelines.kfp import components as c
 from pipelines import stages
 from pipelines.cluster import PIPELINE_POD_LABELS, STORE_MOUNT, ClusterConfig
 from pipelines.config import PipelineConfig

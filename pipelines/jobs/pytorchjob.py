@@ -1,7 +1,7 @@
 """A training stage as a Kubeflow Training Operator PyTorchJob (kubeflow.org/v1): the object and its schema.
 
-One builder for both cluster runners: the KFP launcher step (`pipelines/launcher.py`) fills it with
-real values when it runs; the Argo resource template (`pipelines/argo_workflow.py`) fills it with
+One builder for both cluster runners: the KFP launcher step (`pipelines/jobs/launcher.py`) fills it with
+real values when it runs; the Argo resource template (`pipelines/argo/workflow.py`) fills it with
 workflow placeholders at compile time. Every replica (Master + `workers` Workers) runs
 
     torchrun --nproc-per-node N -m pipelines.steps run <stage> --run-dir D --config-file D/config.json ...

@@ -1,4 +1,4 @@
-"""Scheduled retraining: a KFP recurring run, or an Argo CronWorkflow (`argo_workflow.py`).
+"""Scheduled retraining: a KFP recurring run, or an Argo CronWorkflow (`pipelines/argo/workflow.py`).
 
 `recurring_run_arguments` builds the exact keyword arguments of `kfp.Client.create_recurring_run`
 (testable without a server); `create_recurring_run` sends them to a KFP API server.
@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from pipelines.argo_workflow import build_cron_workflow  # noqa: F401  (the Argo side of scheduling)
+from pipelines.argo.workflow import build_cron_workflow  # noqa: F401  (the Argo side of scheduling)
 from pipelines.parameters import retrain_arguments
 
 

@@ -1,0 +1,1 @@
+"""The pipeline as an Argo WorkflowTemplate and CronWorkflow (hera), and the schema check of the YAML."""
