@@ -31,6 +31,7 @@ from typing import Callable, NamedTuple
 
 import httpx
 
+from components.core.policy.endpoint import ChatEndpoint
 from pipelines.config import PipelineConfig
 
 # The whole preflight ends within this many seconds: every check runs at once and none retries.
@@ -82,12 +83,16 @@ def check_endpoint(endpoint: Endpoint, timeout: float = 10.0) -> None:
     `POST /chat/completions` with `max_tokens: 1`, whose answer must be a chat completion."""
     deadline = time.monotonic() + timeout
     where, url = endpoint.where, endpoint.base_url.rstrip("/")
-    headers = {}
-    if endpoint.api_key_env and os.environ.get(endpoint.api_key_env):
-        headers["Authorization"] = f"Bearer {os.environ[endpoint.api_key_env]}"
     fix_url = f"fix {where}.base_url (the API root, e.g. http://host:8000/v1)"
+    # The endpoint's one client (components/core/policy/endpoint.py), each answer judged here: no retries.
+    with ChatEndpoint(url, api_key_env=endpoint.api_key_env, timeout_seconds=timeout, max_retries=0) as client:
+        _check_endpoint(endpoint, client, deadline, fix_url)
+
+
+def _check_endpoint(endpoint: Endpoint, client: ChatEndpoint, deadline: float, fix_url: str) -> None:
+    where, url = endpoint.where, client.base_url
     try:
-        response = httpx.get(f"{url}/models", headers=headers, timeout=_left(deadline))
+        response = client.request("GET", "/models", timeout=_left(deadline))
     except httpx.HTTPError as err:
         raise PreflightError(
             f"{where}: {url} does not answer ({type(err).__name__}: {err}); start the endpoint or fix {where}.base_url"
@@ -119,7 +124,7 @@ def check_endpoint(endpoint: Endpoint, timeout: float = 10.0) -> None:
         "temperature": 0.0,
     }
     try:
-        response = httpx.post(f"{url}/chat/completions", json=body, headers=headers, timeout=_left(deadline))
+        response = client.request("POST", "/chat/completions", json=body, timeout=_left(deadline))
     except httpx.HTTPError as err:
         raise PreflightError(
             f"{where}: {url}/chat/completions did not complete one token ({type(err).__name__}: "

@@ -9,6 +9,7 @@ with its file line, so the fix is to move the shared definition to the module it
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -101,3 +102,32 @@ def test_import_contracts():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"lint-imports failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+CODE = ("components", "pipelines", "sandbox_service")
+MAX_FLAT_MODULES = 17  # "about 15": a folder past it is split by job (backends/local, core/policy, pipelines/kfp, ...)
+
+
+def test_no_package_folder_holds_more_than_about_15_modules():
+    crowded = {
+        str(folder.relative_to(ROOT)): n
+        for package in CODE
+        for folder in [ROOT / package, *(ROOT / package).rglob("*")]
+        if folder.is_dir()
+        and (folder / "__init__.py").exists()
+        and (n := len(list(folder.glob("*.py")))) > MAX_FLAT_MODULES
+    }
+    assert not crowded, f"split these folders by job: {crowded}"
+
+
+def test_one_client_talks_to_openai_compatible_endpoints():
+    """Policies, the judge and the preflight check share `components/core/policy/endpoint.py` (its key handling,
+    timeouts and retries); a second hand-written client of /chat/completions fails here."""
+    own = ROOT / "components" / "core" / "policy" / "endpoint.py"
+    others = [
+        str(path.relative_to(ROOT))
+        for package in CODE
+        for path in (ROOT / package).rglob("*.py")
+        if path != own and re.search(r"(httpx|_http)\.\w+\([^)]*chat/completions", path.read_text())
+    ]
+    assert not others, f"use components.core.policy.endpoint.ChatEndpoint in {others}"

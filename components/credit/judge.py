@@ -10,14 +10,13 @@ rejected and the judge is asked again with the reason, up to `max_attempts`; tra
 from __future__ import annotations
 
 import json
-import os
-import time
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from components.credit.base import CreditEstimationError, ValueEstimate
 from components.core.data.schema import Task, Trajectory
+from components.core.policy.endpoint import ChatEndpoint, PolicyError, PolicyUnavailableError
 from sandbox_service.retry import Backoff
 
 _BACKOFF = Backoff(first=0.25, cap=8.0)
@@ -113,17 +112,19 @@ class LLMJudgeEstimator:
 
     def __init__(self, config: JudgeConfig, transport: httpx.BaseTransport | None = None) -> None:
         self.config = config
-        headers = {}
-        key = os.environ.get(config.api_key_env) if config.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._http = httpx.Client(
-            base_url=config.base_url.rstrip("/"), headers=headers, timeout=config.timeout_seconds, transport=transport
+        # The one endpoint client (components/core/policy/endpoint.py): key, timeout, retries on its schedule.
+        self.endpoint = ChatEndpoint(
+            config.base_url,
+            api_key_env=config.api_key_env,
+            timeout_seconds=config.timeout_seconds,
+            max_retries=config.http_retries,
+            backoff=_BACKOFF,
+            transport=transport,
         )
         self.rejected_answers = 0
 
     def close(self) -> None:
-        self._http.close()
+        self.endpoint.close()
 
     def _complete(self, messages: list[dict]) -> str:
         body = {
@@ -134,22 +135,15 @@ class LLMJudgeEstimator:
         }
         if self.config.json_mode:
             body["response_format"] = {"type": "json_object"}
-        last, retry_after = "", None
-        for attempt in range(self.config.http_retries + 1):
-            try:
-                resp = self._http.post("/chat/completions", json=body)
-                if resp.status_code == 429 or resp.status_code >= 500:
-                    last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                    retry_after = resp.headers.get("Retry-After")
-                else:
-                    resp.raise_for_status()
-                    return resp.json()["choices"][0]["message"]["content"] or ""
-            except httpx.TransportError as err:
-                last, retry_after = f"{type(err).__name__}: {err}", None
-            except (httpx.HTTPStatusError, KeyError, IndexError, ValueError) as err:
-                raise CreditEstimationError(f"judge endpoint {self.config.base_url} answered badly: {err}") from err
-            time.sleep(_BACKOFF.delay(attempt, retry_after))  # the project's one retry schedule
-        raise CreditEstimationError(f"judge endpoint {self.config.base_url} unavailable after retries: {last}")
+        try:
+            data = self.endpoint.complete(body)
+            return data["choices"][0]["message"]["content"] or ""
+        except PolicyUnavailableError as err:
+            raise CreditEstimationError(
+                f"judge endpoint {self.config.base_url} unavailable after retries: {err}"
+            ) from err
+        except (PolicyError, KeyError, IndexError, TypeError) as err:
+            raise CreditEstimationError(f"judge endpoint {self.config.base_url} answered badly: {err}") from err
 
     def estimate(self, trajectory: Trajectory, task: Task) -> ValueEstimate:
         prompt, numbers = transcript(trajectory, task, self.config.max_observation_chars)

@@ -11,8 +11,6 @@ native tool call.
 from __future__ import annotations
 
 import json
-import os
-import time
 from typing import Any, Literal
 
 import httpx
@@ -21,29 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from components.core.policy.base import ChatMessage, Generation, GenerationConfig
 from components.core.rendering.protocol import format_tool_call
 from components.core.data.schema import ToolCall
+from components.core.policy.endpoint import (
+    ChatEndpoint,
+    PolicyError,
+    PolicyHTTPError,
+    PolicyResponseError,
+    PolicyUnavailableError,
+)
 from sandbox_service.retry import Backoff
 
-_RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
-
-
-class PolicyError(RuntimeError):
-    """The policy could not produce a generation (the provider's failure, not the agent's)."""
-
-
-class PolicyHTTPError(PolicyError):
-    """The endpoint refused the request (a 4xx other than 408/409/429): fix the request or the key."""
-
-    def __init__(self, status_code: int, message: str):
-        super().__init__(f"HTTP {status_code}: {message}")
-        self.status_code = status_code
-
-
-class PolicyUnavailableError(PolicyError):
-    """The endpoint kept failing (429/5xx/connection errors/timeouts) after every retry."""
-
-
-class PolicyResponseError(PolicyError):
-    """The endpoint answered 200 with a body that is not a chat completion."""
+__all__ = ["PolicyError", "PolicyHTTPError", "PolicyResponseError", "PolicyUnavailableError"]
 
 
 class OpenAIPolicyConfig(BaseModel):
@@ -92,18 +77,19 @@ class OpenAICompatiblePolicy:
             from components.core.rendering.tokens import tokenizer_id
 
             self.tokenizer_id = tokenizer_id(load_tokenizer(config.tokenizer_path))
-        headers = {"Content-Type": "application/json"}
-        if config.api_key_env:
-            key = os.environ.get(config.api_key_env)
-            if key:
-                headers["Authorization"] = f"Bearer {key}"
-        timeout = httpx.Timeout(config.timeout_seconds, connect=config.connect_timeout_seconds)
-        self._http = httpx.Client(
-            base_url=config.base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        # The endpoint's one client (components/core/policy/endpoint.py): key, timeouts, retries.
+        self.endpoint = ChatEndpoint(
+            config.base_url,
+            api_key_env=config.api_key_env,
+            timeout_seconds=config.timeout_seconds,
+            connect_timeout_seconds=config.connect_timeout_seconds,
+            max_retries=config.max_retries,
+            backoff=Backoff(config.backoff_seconds, config.max_backoff_seconds),
+            transport=transport,
         )
 
     def close(self) -> None:
-        self._http.close()
+        self.endpoint.close()
 
     def __enter__(self) -> "OpenAICompatiblePolicy":
         return self
@@ -139,37 +125,8 @@ class OpenAICompatiblePolicy:
         body.update(self.config.extra_body)
         return body
 
-    def _backoff(self, attempt: int, retry_after: str | None) -> float:
-        # The project's one retry schedule (sandbox_service/retry.py), with this endpoint's limits.
-        return Backoff(self.config.backoff_seconds, self.config.max_backoff_seconds).delay(attempt, retry_after)
-
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        last = "no attempt made"
-        for attempt in range(self.config.max_retries + 1):
-            retry_after = None
-            try:
-                response = self._http.post("/chat/completions", json=body)
-            except (httpx.TimeoutException, httpx.TransportError) as err:
-                last = f"{type(err).__name__}: {err}"
-            else:
-                if response.status_code == 200:
-                    try:
-                        return response.json()
-                    except json.JSONDecodeError:
-                        raise PolicyResponseError(f"endpoint returned non-JSON: {response.text[:300]}") from None
-                message = response.text[:500]
-                if response.status_code not in _RETRY_STATUS:
-                    raise PolicyHTTPError(response.status_code, message)
-                last = f"HTTP {response.status_code}: {message}"
-                retry_after = response.headers.get("retry-after")
-            if attempt < self.config.max_retries:
-                time.sleep(self._backoff(attempt, retry_after))
-        raise PolicyUnavailableError(
-            f"{self.config.base_url} failed {self.config.max_retries + 1} times; last error: {last}"
-        )
-
     def generate(self, messages: list[ChatMessage], config: GenerationConfig) -> Generation:
-        data = self._post(self._body(messages, config))
+        data = self.endpoint.complete(self._body(messages, config))
         try:
             choice = data["choices"][0]
             message = choice["message"]
