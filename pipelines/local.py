@@ -70,11 +70,11 @@ def run_local(
 ) -> LocalRunResult:
     """Run the pipeline in this process; returns what it produced. `quiet`: the quiet console of
     `components.core.console` (the CLI's default; `--verbose` turns it off)."""
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from tqdm.auto import tqdm
 
     from pipelines import estimate
     from pipelines.report import to_rich
-    from pipelines.run_console import make_console, stage_note, time_left_column
+    from pipelines.run_console import make_console, stage_note, time_left
     from pipelines.service_metrics import exec_latency
 
     console = console or make_console()
@@ -120,20 +120,19 @@ def run_local(
             current: str | None = None  # the stage running now (named on the parent run if it fails)
             clock: dict[str, Any] = {}  # the stage running now and when it started, for the time-left column
             try:
-                with Progress(
-                    SpinnerColumn(),
-                    TextColumn("{task.description}"),
-                    BarColumn(),
-                    TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(),
-                    time_left_column(schedule, clock),
-                    console=console,
-                ) as progress:
-                    bar = progress.add_task("pipeline", total=len(stages.STAGES) + 1)
+                # The project's one progress library (tqdm, as the stages' bars and the Hugging Face stack's):
+                # the run's lines print above the bar (`external_write_mode`), the stages' bars nest below it.
+                with tqdm(total=len(stages.STAGES) + 1, desc="pipeline", unit="stage", dynamic_ncols=True) as bar:
+
+                    def say(line: str) -> None:
+                        with tqdm.external_write_mode():
+                            console.print(line)
+
                     for stage in stages.STAGES:
-                        progress.update(bar, description=f"[cyan]{stage.name}")
+                        bar.set_description(stage.name)
                         t0, c0 = time.perf_counter(), time.process_time()
                         clock.update(stage=stage.name, started=time.monotonic())
+                        bar.set_postfix_str(time_left(schedule, clock))
                         current = stage.name  # a stop request now stops the run before this stage
                         raise_if_stopping()
                         record = run_in_layout(stage.name, layout, ctx)
@@ -146,19 +145,20 @@ def run_local(
                         note = stage_note(stage.name, record)
                         # CPU time of this process (all its threads; not the sandbox service's): on a shared
                         # machine it says what the stage costs where wall time only says how busy the machine was.
-                        progress.console.print(
+                        say(
                             f"  [green]done[/] {stage.name} in {seconds[stage.name]:.1f} s (CPU "
                             f"{time.process_time() - c0:.1f} s){': ' + note if note else ''}"
                             + (f"; ~{estimate.duration(left)} left" if left else "")
                         )
-                        progress.advance(bar)
-                    progress.update(bar, description=f"[cyan]{stages.REPORT}")
+                        bar.update(1)
+                    bar.set_description(stages.REPORT)
                     clock.update(stage=stages.REPORT, started=time.monotonic())
+                    bar.set_postfix_str(time_left(schedule, clock))
                     current = stages.REPORT
                     run_report, markdown = report_in_layout(
                         layout, ctx, exec_latency=exec_latency(connection.url, connection.token), stage_seconds=seconds
                     )
-                    progress.advance(bar)
+                    bar.update(1)
             except BaseException as err:
                 status = fail_pipeline_run(ctx.tracking_config, parent, err, stage=current)
                 console.print(

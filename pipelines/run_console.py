@@ -62,15 +62,8 @@ def stage_note(stage: str, record: dict) -> str:
     return ""
 
 
-def time_left_column(schedule: Schedule, clock: dict[str, Any]):
-    """A progress column: the time left, re-estimated on every refresh from the stage running now."""
-    from rich.progress import ProgressColumn
-    from rich.text import Text
-
-    class TimeLeft(ProgressColumn):
-        def render(self, task: Any) -> Text:
-            stage, started = clock.get("stage"), clock.get("started")
-            left = schedule.left(stage, time.monotonic() - started if started else 0.0)
-            return Text("time left unknown" if left is None else f"~{duration(left)} left", style="progress.remaining")
-
-    return TimeLeft()
+def time_left(schedule: Schedule, clock: dict[str, Any]) -> str:
+    """The run's time left, re-estimated from the stage running now and how long it has run (the bar's postfix)."""
+    stage, started = clock.get("stage"), clock.get("started")
+    left = schedule.left(stage, time.monotonic() - started if started else 0.0)
+    return "time left unknown" if left is None else f"~{duration(left)} left"

@@ -131,3 +131,15 @@ def test_one_client_talks_to_openai_compatible_endpoints():
         if path != own and re.search(r"(httpx|_http)\.\w+\([^)]*chat/completions", path.read_text())
     ]
     assert not others, f"use components.core.policy.endpoint.ChatEndpoint in {others}"
+
+
+def test_one_progress_library():
+    """Bars are tqdm's (the Hugging Face stack's, switched off together when piped: components/core/console.py);
+    rich draws tables and lines, never a second kind of bar or spinner."""
+    others = [
+        str(path.relative_to(ROOT))
+        for package in CODE
+        for path in (ROOT / package).rglob("*.py")
+        if re.search(r"rich\.progress|rich\.status|console\.status\(", path.read_text())
+    ]
+    assert not others, f"use tqdm for progress in {others}"

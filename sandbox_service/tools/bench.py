@@ -16,17 +16,19 @@ Prints a table and writes the figures as JSON (default build/bench/sandbox_bench
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import psutil
 from rich.console import Console
-from rich.progress import Progress
+from tqdm import tqdm
 from rich.table import Table
 
 from sandbox_service.config import ServiceConfig
@@ -157,6 +159,13 @@ def bench_create(client, n: int) -> dict:
     return {"n": n, "p50_ms": statistics.median(times) * 1e3, "p99_ms": _pct(times, 0.99) * 1e3}
 
 
+@contextlib.contextmanager
+def _phase(console: Console, text: str) -> Iterator[None]:
+    """Say which phase runs (a line, not a spinner: the project's one progress library is tqdm, for the bars)."""
+    console.print(f"[dim]{text}[/]")
+    yield
+
+
 def bench_stress(service: EmbeddedService, n: int, concurrency: int, console: Console) -> dict:
     def one(i: int) -> bool:
         with service.client(timeout=120) as client:
@@ -169,8 +178,8 @@ def bench_stress(service: EmbeddedService, n: int, concurrency: int, console: Co
     ok = failed = 0
     errors: list[str] = []
     start = time.perf_counter()
-    with Progress(console=console, transient=True) as progress, ThreadPoolExecutor(concurrency) as pool:
-        task = progress.add_task(f"stress: {n} sandboxes, concurrency {concurrency}", total=n)
+    bar = tqdm(total=n, desc=f"stress: {n} sandboxes, concurrency {concurrency}", leave=False)
+    with bar, ThreadPoolExecutor(concurrency) as pool:
         for future in as_completed(pool.submit(one, i) for i in range(n)):
             try:
                 ok += bool(future.result())
@@ -178,7 +187,7 @@ def bench_stress(service: EmbeddedService, n: int, concurrency: int, console: Co
             except Exception as err:  # noqa: BLE001 - counted and reported, not fatal
                 failed += 1
                 errors.append(f"{type(err).__name__}: {err}"[:200])
-            progress.advance(task)
+            bar.update(1)
     wall = time.perf_counter() - start
     with service.client() as client:
         live = len(client.list({"bench": "stress"}))
@@ -219,21 +228,21 @@ def main(argv: list[str] | None = None) -> dict:
     console = Console()
     figures: dict = {}
     service = EmbeddedService(ServiceConfig(token="unused", runtime=args.runtime), check_leaks=False)
-    with console.status("starting the service..."):
+    with _phase(console, "starting the service..."):
         service.start()
     try:
         with service.client() as client:
-            with console.status(f"exec latency ({n_exec} samples)..."):
+            with _phase(console, f"exec latency ({n_exec} samples)..."):
                 figures["exec"] = bench_exec(client, n_exec)
             if n_paced:
-                with console.status(f"paced exec latency ({n_paced} samples, 0.1 s apart)..."):
+                with _phase(console, f"paced exec latency ({n_paced} samples, 0.1 s apart)..."):
                     figures["paced_exec"] = bench_paced_exec(client, n_paced, 0.1)
-            with console.status(f"create-to-ready ({n_create} samples)..."):
+            with _phase(console, f"create-to-ready ({n_create} samples)..."):
                 figures["create"] = bench_create(client, n_create)
         if n_stress:
             figures["stress"] = bench_stress(service, n_stress, args.concurrency, console)
     finally:
-        with console.status("stopping the service, checking for leaks..."):
+        with _phase(console, "stopping the service, checking for leaks..."):
             service.stop()
     figures["leaks"] = {"count": len(service.leaks), "items": service.leaks[:20]}
 

@@ -29,8 +29,8 @@ def main() -> None:
         table.add_row(name, str(detail), f"{(time.perf_counter() - start) * 1000:.1f}")
         return detail
 
-    with console.status("starting the sandbox service..."):
-        service = EmbeddedService().__enter__()
+    console.print("[dim]starting the sandbox service...[/]")
+    service = EmbeddedService().__enter__()
     try:
         with service.client() as client:
             a = client.create(SandboxCreate(labels={"demo": "a"}))
@@ -78,8 +78,8 @@ def main() -> None:
                 sb.delete()
             step("delete", lambda: f"states: {[client.get(s.id).state.value for s in (a, b, fork)]}")
     finally:
-        with console.status("stopping the service and checking for leaks..."):
-            service.__exit__(None, None, None)
+        console.print("[dim]stopping the service and checking for leaks...[/]")
+        service.__exit__(None, None, None)
     table.add_row("cleanup", f"leaked resources after stop: {len(service.leaks)}", "")
     console.print(table)
 
