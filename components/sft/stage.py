@@ -14,6 +14,7 @@ gradients; only the main process opens the MLflow run and writes the model and t
 from __future__ import annotations
 
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,8 +22,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from components.core.distributed import LaunchConfig, barrier, is_main_process, world_size
 from components.core.interrupts import trainer_callback
-from components.core.policy.modeling import LoadOptions, ModelConfig, load_policy, num_parameters, resolve_device
-from components.tiny_model import build_tiny_model, build_tokenizer
+from components.core.policy.modeling import (
+    LoadOptions,
+    ModelConfig,
+    PolicySpec,
+    load_policy,
+    num_parameters,
+    resolve_device,
+)
+from components.tiny_model import init_policy
 from components.core.data.parquet_store import TrajectoryStore
 from components.core.rendering.tool_formats import ToolFormatSetting
 from components.core.tracking import TrackingConfig, curve, log_dataset_input, log_json, log_metrics, stage_run
@@ -86,7 +94,10 @@ class SFTConfig(BaseModel):
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward (less memory, ~30 % slower)."
     )
-    model: ModelConfig = Field(default_factory=ModelConfig, description="The fresh model when no base is given.")
+    model: ModelConfig = Field(
+        default_factory=ModelConfig,
+        description="The fresh model when no base is given (built as init-policy builds it: components/tiny_model.py).",
+    )
     load: LoadOptions = Field(
         default_factory=LoadOptions, description="Device, dtype and attention kernel the base checkpoint trains with."
     )
@@ -250,10 +261,9 @@ def train_sft(
     """Fine-tune on the trajectory store; writes model + tokenizer to `out_model_dir`."""
     out = Path(out_model_dir)
     trajectories = TrajectoryStore(trajectories_dir).read()
-    if base_model_dir is None:
-        tokenizer = build_tokenizer(config.model.tokenizer)
-        model = build_tiny_model(config.model, tokenizer)
-    else:
+    with tempfile.TemporaryDirectory(prefix="orchard-sft-start-") as start:
+        if base_model_dir is None:  # no start given (scripts, tests): made by init-policy's own path, per process
+            base_model_dir = init_policy(PolicySpec(), config.model, start)
         # loaded on the CPU: the Trainer places it on the device `load.device` resolves to
         model, tokenizer = load_policy(base_model_dir, spec=config.load.model_copy(update={"device": "cpu"}))
     tool_format = None if config.tool_format == "auto" else config.tool_format
