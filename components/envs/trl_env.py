@@ -26,7 +26,7 @@ from typing import Any, Callable
 from components.core.policy.modeling import CHAT_TEMPLATE
 from components.core.episode.recipe_base import ToolSpec
 from components.envs.session import EnvConfig, SharedEnv
-from components.recipes import get_recipe, recipe_names
+from components.recipes import get_recipe, recipe_class, recipe_names
 
 _JSON_TYPES: dict[str, Any] = {
     "string": str,
@@ -147,10 +147,15 @@ class RecipeToolEnv:
         return out.output
 
 
-@functools.cache
 def environment_class(recipe_name: str) -> type[RecipeToolEnv]:
     """The TRL environment class of a registered recipe (built on first use; `SWEEnvironment` is
-    `environment_class("swe")`)."""
+    `environment_class("swe")`). Kept per recipe class, so a name registered anew (`recipes.refresh()`) gets
+    its new recipe's tools."""
+    return _environment_class(recipe_name, recipe_class(recipe_name))
+
+
+@functools.cache
+def _environment_class(recipe_name: str, recipe: type) -> type[RecipeToolEnv]:
     class_name = _CLASS_NAMES.get(
         recipe_name, "".join(p.title() for p in recipe_name.replace("-", "_").split("_")) + "Environment"
     )

@@ -149,3 +149,37 @@ def test_the_gold_check_fails_a_task_that_passes_unchanged_or_that_its_reference
         strict = recipes.check_task(PassesNothing(), client, task)
     assert (lax.ok, lax.unfixed_fails, lax.reason) == (False, False, "the unchanged task already passes its verifier")
     assert (strict.ok, strict.reference_resolves) == (False, False) and strict.reason.startswith("reference:")
+
+
+def test_a_name_registered_anew_gets_its_new_recipes_environment(tmp_path, monkeypatch):
+    """`recipes.refresh()` reaches the TRL environments: they are kept per recipe class, not per name."""
+    import sys
+
+    from components.envs.trl_env import environment_class
+
+    package = tmp_path / "greeter_two"
+    package.mkdir()
+    (package / "__init__.py").write_text(  # imports the first package from sys.modules (loaded below)
+        "from orchard_greeter import GreeterRecipe, ToolSpec\n\n\n"
+        "class GreeterTwo(GreeterRecipe):\n"
+        "    def tools(self):\n"
+        "        return [*super().tools(), ToolSpec(name='wave', description='Wave.')]\n"
+    )
+    dist = tmp_path / "greeter_two-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: greeter-two\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[orchard.recipes]\ngreeter = greeter_two:GreeterTwo\n")
+    sys.path.insert(0, str(PLUGIN_DIR))
+    try:
+        recipes.refresh()
+        assert not hasattr(environment_class("greeter"), "wave")
+        sys.path.remove(str(PLUGIN_DIR))  # the first package is uninstalled, the second registers the name
+        sys.path.insert(0, str(tmp_path))
+        recipes.refresh()
+        assert hasattr(environment_class("greeter"), "wave")
+    finally:
+        for entry in (str(PLUGIN_DIR), str(tmp_path)):
+            while entry in sys.path:
+                sys.path.remove(entry)
+        sys.modules.pop("greeter_two", None)
+        recipes.refresh()
