@@ -6,7 +6,7 @@
 - Every call on a sandbox counts as a heartbeat; a reaper deletes sandboxes whose heartbeat TTL or hard
   TTL lapsed (never one with a call in flight, for the heartbeat TTL).
 - Escalation and recovery of a sandbox that went down are its runtime's (`sandbox_service/runtime.py`);
-  adoption and clean-up of what an earlier run left, at start-up, `sandbox_service/tools/leftovers.py`.
+  adoption and clean-up of what an earlier run left, at start-up, `sandbox_service/leftovers.py`.
 - Delete frees everything, ends the sandbox's jobs and revokes its ports (through `on_delete` hooks).
 """
 
@@ -27,7 +27,7 @@ from sandbox_service.errors import (
     WaitTimeoutError,
     refuse_unpassable,
 )
-from sandbox_service.tools.leftovers import Leftovers
+from sandbox_service.leftovers import Leftovers
 from sandbox_service.metrics import ServiceMetrics
 from sandbox_service.models import (
     InfraErrorKind,

@@ -39,7 +39,7 @@ from sandbox_service.models import (
     SnapshotInfo,
 )
 from sandbox_service.operations import SandboxOperations
-from sandbox_service.ports import PortRegistry, PortRequest, proxy_router
+from sandbox_service.server.ports import PortRegistry, PortRequest, proxy_router
 from sandbox_service.server.pty import pty_router
 from sandbox_service.records import AgentFactory, default_agent_factory
 from sandbox_service.service import SandboxManager
