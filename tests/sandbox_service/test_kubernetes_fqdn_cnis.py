@@ -18,7 +18,8 @@ from test_kubernetes_contract import (
     NODE_CIDRS,
     NODES_IN_ALLOWLIST,
     SPEC,
-    make_backend,  # noqa: F401
+    fake,  # noqa: F401 - a fixture, named as a parameter
+    make_backend,
     sandbox_objects,
 )
 

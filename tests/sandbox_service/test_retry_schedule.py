@@ -34,7 +34,7 @@ def test_both_clients_use_the_shared_schedule(monkeypatch):
     policy = OpenAICompatiblePolicy(
         OpenAIPolicyConfig(base_url="http://127.0.0.1:9/v1", model="m", backoff_seconds=0.3, max_backoff_seconds=4)
     )
-    policy._backoff(2, "1")
+    policy.endpoint.backoff.delay(2, "1")  # the endpoint client retries on this Backoff
     assert calls == [(0.3, 4, 2, "1")]
     # the sandbox client's schedule is a bound Backoff.delay (bound before the patch, so check its owner)
     assert isinstance(sandbox_client._backoff.__self__, Backoff)
