@@ -44,8 +44,7 @@ def start(
     window_runs: int,
     kfp_run_id: str,
     run_label: str,
-    # KFP reads the component's outputs from this annotation: the functional NamedTuple form, which mypy refuses.
-) -> NamedTuple("RunStart", [("config_json", str), ("parent_run_id", str)]):  # type: ignore[valid-type]
+) -> NamedTuple("RunStart", [("config_json", str), ("parent_run_id", str)]):
     """Validate the run's PipelineConfig and open the MLflow parent run (left RUNNING)."""
     from collections import namedtuple
 
@@ -66,8 +65,7 @@ def start(
         window_runs=window_runs,
         tags={"orchard.runner": "kfp", "orchard.kfp_run_id": kfp_run_id, "orchard.run_label": run_label},
     )
-    RunStart = namedtuple("RunStart", ["config_json", "parent_run_id"])
-    return RunStart(config.model_dump_json(), run_id)
+    return namedtuple("RunStart", ["config_json", "parent_run_id"])(config.model_dump_json(), run_id)
 
 
 @_component
