@@ -68,7 +68,7 @@ def accumulate(
             shards = _own_shards(Path(credited_dir), out)
             result = AccumulateResult(training_dir=str(out), trained_on=shards)
         else:
-            result = _add_to_store(config, Path(tasks_dir), Path(credited_dir), out)
+            result = _add_to_store(config, config.data_store, Path(tasks_dir), Path(credited_dir), out)
         rows = sum(pq.ParquetFile(p).metadata.num_rows for p in TrajectoryStore(out).shards())
         result.metrics = {
             "training_shards": float(len(result.trained_on)),
@@ -103,14 +103,16 @@ def _own_shards(credited: Path, out: Path) -> list[str]:
     return shards
 
 
-def _add_to_store(config: RetrainConfig, tasks_dir: Path, credited: Path, out: Path) -> AccumulateResult:
+def _add_to_store(
+    config: RetrainConfig, data_store: str, tasks_dir: Path, credited: Path, out: Path
+) -> AccumulateResult:
     claim = read_claim(tasks_dir)
-    if claim is None or claim["store"] != config.data_store:
+    if claim is None or claim["store"] != data_store:
         raise StoreError(
-            f"the run's tasks ({tasks_dir}) were not claimed from data store {config.data_store}: "
+            f"the run's tasks ({tasks_dir}) were not claimed from data store {data_store}: "
             "provision and accumulate must run with the same retrain.data_store"
         )
-    store = DataStore(config.data_store)
+    store = DataStore(data_store)
     entry = store.add(
         claim["run_id"],
         claim["recipe"],
@@ -121,7 +123,7 @@ def _add_to_store(config: RetrainConfig, tasks_dir: Path, credited: Path, out: P
     store.materialize(entry.trained_on, out, run_id=entry.run_id)
     return AccumulateResult(
         training_dir=str(out),
-        data_store=config.data_store,
+        data_store=data_store,
         run_id=entry.run_id,
         added_shards=entry.task_shards + entry.trajectory_shards,
         trained_on=entry.trained_on,

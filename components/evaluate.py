@@ -153,7 +153,7 @@ def make_policy(config: EvalConfig, model_dir: str | Path | None) -> Any:
     if config.policy == "openai":
         from components.core.policy.policies import OpenAICompatiblePolicy
 
-        return OpenAICompatiblePolicy(config.endpoint)  # type: ignore[arg-type]
+        return OpenAICompatiblePolicy(config.endpoint)
     from components.recipes import get_scripted_teacher
 
     return get_scripted_teacher(config.recipe, config.scripted_error_rate, config.seed)
@@ -165,10 +165,12 @@ def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int
     for traj in trajectories:
         by_task.setdefault(traj.task_id, []).append(traj)
     rows = []
+    counts: list[tuple[int, int]] = []  # (valid attempts, resolved) per task
     for task in tasks:
         atts = by_task[task.id]
         valid = [t for t in atts if t.outcome is not Outcome.infra_error]
         c = sum(t.resolved for t in valid)
+        counts.append((len(valid), c))
         rows.append(
             {
                 "task_id": task.id,
@@ -189,7 +191,6 @@ def summarize_attempts(tasks: list[Task], trajectories: list[Trajectory], k: int
             }
         )
     valid = [t for t in trajectories if t.outcome is not Outcome.infra_error]
-    counts = [(r["valid_attempts"], r["resolved"]) for r in rows]
     p1, _ = mean_pass_at_k(counts, 1)
     pk, pk_tasks = mean_pass_at_k(counts, k)
     resolved = sum(t.resolved for t in valid)

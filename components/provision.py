@@ -176,7 +176,9 @@ def provision_environment(
         splits, dropped = split_tasks(config, recipe)
         train_seed = None
         if config.data_store:
-            train_seed, splits["train"] = _claim_new_tasks(config, recipe, splits["heldout"], out_tasks_dir, tracking)
+            train_seed, splits["train"] = _claim_new_tasks(
+                config, config.data_store, recipe, splits["heldout"], out_tasks_dir, tracking
+            )
         overlaps = {k: v for k, v in check_disjoint(splits, recipe.task_content).items() if v}
         if overlaps:  # generated splits are disjoint by construction, imported ones after `_deduplicated`
             raise ProvisionError(
@@ -248,7 +250,7 @@ def split_tasks(config: ProvisionConfig, recipe) -> tuple[dict[str, list[Task]],
         raise ProvisionError("provision.heldout_families splits generated tasks; an imported file is split in order")
     try:
         tasks = sorted(
-            recipe.import_tasks(config.source.kind, config.source.path, config.source.repos_dir),  # type: ignore[arg-type]
+            recipe.import_tasks(config.source.kind, config.source.path, config.source.repos_dir),
             key=lambda t: t.id,
         )
     except TaskImportError as err:
@@ -258,7 +260,8 @@ def split_tasks(config: ProvisionConfig, recipe) -> tuple[dict[str, list[Task]],
     seen = {digest(recipe.task_content(t)) for t in train}
     splits, dropped, rest = {"train": train}, {}, tasks[config.n_train :]
     for split, n in (("heldout", config.n_heldout), ("validation", config.n_validation)):
-        kept, count = [], 0
+        kept: list[Task] = []
+        count = 0
         while rest and len(kept) < n:
             task, rest = rest[0], rest[1:]
             key = digest(recipe.task_content(task))
@@ -272,7 +275,12 @@ def split_tasks(config: ProvisionConfig, recipe) -> tuple[dict[str, list[Task]],
 
 
 def _claim_new_tasks(
-    config: ProvisionConfig, recipe, heldout: list, out_tasks_dir: str | Path, tracking: TrackingConfig | None
+    config: ProvisionConfig,
+    data_store: str,
+    recipe,
+    heldout: list,
+    out_tasks_dir: str | Path,
+    tracking: TrackingConfig | None,
 ) -> tuple[int, list]:
     """Training tasks of a seed no earlier run of the data store used; the claim goes to the store's
     manifest under the pipeline run id and into the tasks directory (for the accumulate stage)."""
@@ -286,10 +294,10 @@ def _claim_new_tasks(
             "file has no seeds to draw new tasks from"
         )
     run_id = (tracking.parent_run_id if tracking is not None else None) or f"local-{uuid.uuid4().hex}"
-    seed, train = DataStore(config.data_store).claim(
+    seed, train = DataStore(data_store).claim(
         run_id, recipe.name, lambda s: recipe.tasks("train", config.n_train, s), heldout, first_seed=config.seed
     )
-    write_claim(out_tasks_dir, config.data_store, run_id, recipe.name, seed)
+    write_claim(out_tasks_dir, data_store, run_id, recipe.name, seed)
     return seed, train
 
 

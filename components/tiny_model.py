@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from components.core.rendering.chat_templates import CHATML_SPECIAL_TOKENS, CHATML_TOOL_TOKENS
 from components.core.policy.modeling import (
@@ -113,14 +113,17 @@ def _recipe_corpus(recipe_name: str, n: int) -> Iterator[str]:
     from components.recipes import get_recipe
 
     recipe = get_recipe(recipe_name)
-    tools = [spec.openai() for spec in recipe.tools()]
+    tools: list[dict | Callable] = [spec.openai() for spec in recipe.tools()]  # as render_jinja_template types them
     yield json.dumps(tools)
     for task in recipe.tasks("train", n, seed=0):
         yield task.prompt
         yield from task.environment.files.values()
         if task.reference_solution:
             yield task.reference_solution
-        messages = [{"role": "system", "content": recipe.system_prompt(task)}, {"role": "user", "content": task.prompt}]
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": recipe.system_prompt(task)},
+            {"role": "user", "content": task.prompt},
+        ]
         messages += [
             {
                 "role": "assistant",
@@ -129,7 +132,8 @@ def _recipe_corpus(recipe_name: str, n: int) -> Iterator[str]:
             }
             for call in recipe.reference_calls(task)
         ]
-        rendered, _ = render_jinja_template([messages], tools=tools, chat_template=CHAT_TEMPLATE)
+        # transformers annotates the result as str; it returns (renderings, generation indices).
+        rendered, _ = render_jinja_template([messages], tools=tools, chat_template=CHAT_TEMPLATE)  # type: ignore[str-unpack]
         yield rendered[0]
 
 
@@ -182,7 +186,8 @@ def hf_config(config: ModelConfig, tokenizer):
         num_hidden_layers=config.num_hidden_layers,
         num_attention_heads=config.num_attention_heads,
         num_key_value_heads=config.num_key_value_heads,
-        head_dim=config.head_dim,
+        # not a declared field: the config keeps it as an extra key, which the model reads (getattr)
+        head_dim=config.head_dim,  # type: ignore[call-arg]
         moe_intermediate_size=config.moe_intermediate_size,
         num_experts=config.num_experts,
         num_experts_per_tok=config.num_experts_per_tok,
@@ -212,7 +217,7 @@ def build_tiny_model(config: ModelConfig | None = None, tokenizer=None):
     return model
 
 
-def build_policy(config: ModelConfig | None = None):
+def build_policy(config: ModelConfig | None = None) -> tuple[Any, Any]:
     """(model, tokenizer) for a fresh tiny policy."""
     config = config or ModelConfig()
     tokenizer = build_tokenizer(config.tokenizer)

@@ -38,6 +38,12 @@ class StageEstimate(NamedTuple):
     source: str  # "learned here" | "built in" | "unknown"
 
 
+def _rl_episodes(config: PipelineConfig) -> int:
+    if config.rl.rollout_budget is None:
+        raise ValueError("rl.rollout_budget is not set: the RL stage's cost cannot be estimated without it")
+    return config.rl.rollout_budget
+
+
 def _episodes_tokens(n: int, harness) -> float:
     """Thousands of tokens an episode budget may generate: episodes x turns x tokens per turn."""
     return n * harness.max_steps * harness.generation.max_new_tokens / 1000
@@ -81,7 +87,7 @@ UNITS: dict[str, tuple[str, Callable[[PipelineConfig], float]]] = {
     "credit": ("continuation per worker", _credit_units),
     "accumulate": ("run", lambda c: 1.0),
     "sft": ("k tokens", lambda c: c.sft.steps * c.sft.batch_size * c.sft.grad_accum * c.sft.max_len / 1000),
-    "rl": ("k generated tokens", lambda c: _episodes_tokens(c.rl.rollout_budget, c.rl.harness)),
+    "rl": ("k generated tokens", lambda c: _episodes_tokens(_rl_episodes(c), c.rl.harness)),
     "evaluate-untrained": ("k generated tokens", lambda c: _episodes_tokens(_eval_episodes(c), c.evaluate.harness)),
     "evaluate-sft": ("k generated tokens", lambda c: _episodes_tokens(_eval_episodes(c), c.evaluate.harness)),
     "evaluate-rl": ("k generated tokens", lambda c: _episodes_tokens(_eval_episodes(c), c.evaluate.harness)),
@@ -133,7 +139,9 @@ def model_key(config: PipelineConfig, stage: str) -> str:
         if c.estimator == "judge":
             return f"endpoint:{c.judge.model if c.judge else '?'}"
         teacher = c.monte_carlo.teacher
-        return SCRIPTED if teacher is None or teacher.kind == "scripted" else f"endpoint:{teacher.endpoint.model}"
+        if teacher is None or teacher.kind == "scripted":
+            return SCRIPTED
+        return f"endpoint:{teacher.endpoint.model if teacher.endpoint else '?'}"
     return ANY
 
 
@@ -252,7 +260,7 @@ class Schedule:
     def pace(self) -> float:
         """Actual over estimated time of the finished stages that had an estimate, starting from 1.0 with the
         weight of PRIOR_SECONDS of estimate."""
-        pairs = [(s, self.planned[n]) for n, s in self.done.items() if self.planned.get(n)]
+        pairs = [(s, p) for n, s in self.done.items() if (p := self.planned.get(n))]
         actual, estimated = sum(s for s, _ in pairs), sum(p for _, p in pairs)
         return min(20.0, max(0.2, (actual + self.PRIOR_SECONDS) / (estimated + self.PRIOR_SECONDS)))
 

@@ -89,7 +89,12 @@ def run_local(
 
         quiet_console()
     services: list[Any] = []  # the embedded service, for a second Ctrl-C (stop_on_signals)
-    with stop_on_signals(on_force_exit=lambda: [s.request_stop() for s in services]):
+
+    def stop_services() -> None:
+        for s in services:
+            s.request_stop()
+
+    with stop_on_signals(on_force_exit=stop_services):
         if config.sandbox_url:
             connection = external_connection(config.sandbox_url)
         else:
@@ -222,6 +227,7 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
 
     signalled: set[int] = set()
     main = threading.main_thread().ident
+    assert main is not None  # the main thread has started: it is running this
 
     def interrupt(signum: int, _frame: object) -> None:  # SIGUSR1, sent by `forward` below to this thread
         raise_if_stopping()
@@ -284,6 +290,8 @@ def run_kfp_local(config: PipelineConfig, runs_dir: str | Path = "runs") -> dict
             service.stop()
     client = mlflow.MlflowClient(config.tracking_uri)
     experiment = client.get_experiment_by_name(config.experiment)
+    if experiment is None:
+        raise RuntimeError(f"expected one MLflow parent run labelled {label}, found no experiment {config.experiment}")
     parents = client.search_runs([experiment.experiment_id], filter_string=f"tags.`orchard.run_label` = '{label}'")
     if len(parents) != 1:
         raise RuntimeError(f"expected one MLflow parent run labelled {label}, found {len(parents)}")

@@ -23,16 +23,21 @@ the checks that need more than the config:
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import httpx
 
 from components.core.policy.endpoint import ChatEndpoint
 from pipelines.config import PipelineConfig
+
+if TYPE_CHECKING:
+    from components.core.policies import OpenAIPolicyConfig
+    from components.credit.judge import JudgeConfig
 
 # The whole preflight ends within this many seconds: every check runs at once and none retries.
 PREFLIGHT_SECONDS = 8.0
@@ -52,7 +57,7 @@ class Endpoint(NamedTuple):
 
 def endpoints(config: PipelineConfig) -> list[Endpoint]:
     """Every endpoint some stage of this run will call."""
-    found: list[tuple[str, object]] = []
+    found: list[tuple[str, OpenAIPolicyConfig | JudgeConfig | None]] = []
     if config.distill.teacher == "openai":
         found.append(("distill.openai", config.distill.openai))
     for name in ("evaluate_teacher", "evaluate"):
@@ -63,9 +68,12 @@ def endpoints(config: PipelineConfig) -> list[Endpoint]:
         found.append(("credit.judge", config.credit.judge))
     elif config.credit.monte_carlo.teacher is not None and config.credit.monte_carlo.teacher.kind == "openai":
         found.append(("credit.monte_carlo.teacher.endpoint", config.credit.monte_carlo.teacher.endpoint))
-    return [
-        Endpoint(where, s.base_url, s.model, s.api_key_env, getattr(s, "tokenizer_path", None)) for where, s in found
-    ]
+    out = []
+    for where, s in found:
+        if s is None:  # the config's own checks ask for it with this setting
+            raise PreflightError(f"{where} is not set: give base_url and model of the endpoint")
+        out.append(Endpoint(where, s.base_url, s.model, s.api_key_env, getattr(s, "tokenizer_path", None)))
+    return out
 
 
 def _left(deadline: float) -> float:
@@ -284,11 +292,11 @@ def checks(config: PipelineConfig, files: bool = True) -> list[tuple[str, Callab
     for endpoint in endpoints(config):
         same.setdefault((endpoint.base_url.rstrip("/"), endpoint.model, endpoint.api_key_env), []).append(endpoint)
     for group in same.values():
-        out.append((", ".join(e.where for e in group), lambda g=group: _check_group(g)))
+        out.append((", ".join(e.where for e in group), functools.partial(_check_group, group)))
     for endpoint in endpoints(config):
         if endpoint.tokenizer_path and files:
             where = f"{endpoint.where}.tokenizer_path"
-            out.append((where, lambda w=where, p=endpoint.tokenizer_path: check_tokenizer(w, p)))
+            out.append((where, functools.partial(check_tokenizer, where, endpoint.tokenizer_path)))
     return out
 
 

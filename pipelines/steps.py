@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +77,7 @@ class StepContext:
 # ---------------------------------------------------------------------------------------------
 # One stage, whatever the runner
 # ---------------------------------------------------------------------------------------------
-def run_stage(name: str, ctx: StepContext, inputs: dict[str, Path | str], outputs: dict[str, Path | str]) -> dict:
+def run_stage(name: str, ctx: StepContext, inputs: Mapping[str, Path | str], outputs: Mapping[str, Path | str]) -> dict:
     """Run one row of the stage table; returns its result as JSON-ready data (raises StageFailed)."""
     stage = stages.BY_NAME[name]
     check_world_size(stage, ctx.config)
@@ -265,7 +266,8 @@ def per_task_pass_at_1(evals: dict[str, dict]) -> tuple[dict[str, dict[str, floa
     of the paired comparisons)."""
     import pandas as pd
 
-    out, units = {}, {}
+    out: dict[str, dict[str, float]] = {}
+    units: dict[str, str] = {}
     for arm, result in evals.items():
         path = result.get("per_task_path")
         if path and Path(path).is_file():
@@ -308,7 +310,7 @@ def training_steps(results: dict[str, dict | None]) -> dict[str, int]:
 
 def finish_pipeline(
     ctx: StepContext,
-    results: dict[str, dict | str | None],
+    results: Mapping[str, dict | str | None],
     *,
     exec_latency: dict[str, float] | None = None,
     stage_seconds: dict[str, float] | None = None,

@@ -88,7 +88,7 @@ class EmbeddedService:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_")}
         self._log = open(log_path, "ab")
         self.log_path = log_path
-        self._proc = subprocess.Popen(
+        self._proc = proc = subprocess.Popen(
             [
                 self.python,
                 "-m",
@@ -109,16 +109,16 @@ class EmbeddedService:
         )
         EmbeddedService.started.append(self)
         try:
-            self._wait_ready(port_file)
+            self._wait_ready(proc, port_file)
         except BaseException:
             self.stop()
             raise
 
-    def _wait_ready(self, port_file: Path) -> None:
+    def _wait_ready(self, proc: subprocess.Popen, port_file: Path) -> None:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"sandbox service exited with {self._proc.returncode} at start:\n{self.log_tail()}")
+            if proc.poll() is not None:
+                raise RuntimeError(f"sandbox service exited with {proc.returncode} at start:\n{self.log_tail()}")
             if port_file.exists() and not self.url:
                 self.url = f"http://127.0.0.1:{int(port_file.read_text())}"
             if self.url:

@@ -165,6 +165,8 @@ class JobManager:
             self.ledger.set_state(rec, JobState.running)
             result = await self.ops.run_exec(sandbox, rec.request)
             if result.is_infra_error:
+                # an infrastructure_error outcome always names its kind (operations.infra_result, agent_client)
+                assert result.infra_error is not None
                 self._finish(rec, JobState.failed, f"{result.infra_error.value}: {result.message}", result)
             else:
                 self._finish(rec, JobState.succeeded, None, result)

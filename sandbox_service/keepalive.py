@@ -147,6 +147,7 @@ class _Response:
     def on_message_complete(self) -> None:
         self.complete = True
         # Read here: once the message is complete the parser resets its flags (it would say False).
+        assert self.parser is not None  # set before the parser is fed, and the parser is what calls this
         self.keep_alive = self.parser.should_keep_alive()
 
 

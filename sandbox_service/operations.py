@@ -285,6 +285,8 @@ class SandboxOperations:
         exec_req = ExecRequest(command=["/bin/sh", "-c", script], cwd=req.cwd, stdin=req.patch, timeout_seconds=120.0)
         result = await self.exec(sandbox_id, exec_req)
         if result.is_infra_error:
+            # an infrastructure_error outcome always names its kind (infra_result, agent_client)
+            assert result.infra_error is not None
             raise ServiceUnavailableError(
                 f"apply_patch could not run: {result.infra_error.value}: {result.message}",
                 retry_after=self.config.retry_after_seconds,

@@ -96,10 +96,13 @@ class SandboxRuntime:
         """Re-key a fresh agent from its boot key (readable inside the sandbox) to the sandbox's own, which
         only the service holds; from then on the boot key is refused."""
         live = rec.endpoint
+        assert live is not None  # bring_up takes over the endpoint the backend just started
         rec.endpoint = live.model_copy(update={"secret": live.boot_secret})
         try:
             await self.await_agent(rec)
-            await rec.agent.rekey(live.secret)
+            fresh = rec.agent
+            assert fresh is not None  # await_agent returned: it set one, and the caller holds rec.lock
+            await fresh.rekey(live.secret)
         finally:
             if rec.agent is not None:
                 agent, rec.agent = rec.agent, None
@@ -205,7 +208,7 @@ class SandboxRuntime:
     async def _recreate(self, rec: SandboxRecord, memory_mb: int) -> None:
         """Under rec.lock: tear down and bring up again with `memory_mb`, carrying the files over."""
         rec.set_state(SandboxState.pending)
-        snap_id = f"esc-{rec.id}-{secrets.token_hex(4)}"
+        snap_id: str | None = f"esc-{rec.id}-{secrets.token_hex(4)}"
         try:  # carry the files over, so the caller can simply retry its command
             await self.in_thread(self.backend.snapshot, rec.id, snap_id)
         except Exception as err:  # noqa: BLE001 - a sandbox we cannot snapshot is still recreated

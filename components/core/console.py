@@ -23,7 +23,10 @@ import logging
 import os
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers.trainer_callback import ProgressCallback
 
 # (category, module regex, message regex): the warnings quiet mode drops, each for a reason in the docstring.
 QUIET_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
@@ -94,7 +97,7 @@ def summary_line(logs: dict[str, Any], step: int, max_steps: int) -> str:
     return f"step {step}/{max_steps}: " + (", ".join(parts) or "no figures logged")
 
 
-def _summary_progress() -> type:
+def _summary_progress() -> type[ProgressCallback]:
     """transformers' ProgressCallback whose log lines are `summary_line`s, not the raw log dictionary."""
     from transformers.trainer_callback import ProgressCallback
 

@@ -13,9 +13,12 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from mlflow.entities import Run
 
 
 class TrackingConfig(BaseModel):
@@ -102,7 +105,10 @@ def ensure_experiment(tracking: TrackingConfig) -> str:
             tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
         )
     except mlflow.exceptions.MlflowException:  # created meanwhile by a parallel worker
-        return client.get_experiment_by_name(tracking.experiment).experiment_id
+        experiment = client.get_experiment_by_name(tracking.experiment)
+        if experiment is None:  # not that: the creation's own error
+            raise
+        return experiment.experiment_id
 
 
 def config_params(config: BaseModel) -> dict[str, Any]:
@@ -238,9 +244,10 @@ def log_dataset_input(rows: list[dict[str, Any]], source: str | Path, name: str,
         return
     import pandas as pd
 
+    from mlflow.data.pandas_dataset import from_pandas  # what mlflow.data.from_pandas names (set at import)
     from mlflow.exceptions import MlflowException
 
-    dataset = mlflow.data.from_pandas(pd.DataFrame(rows), source=_local_source(source), name=name)
+    dataset = from_pandas(pd.DataFrame(rows), source=_local_source(source), name=name)
     try:
         mlflow.log_input(dataset, context=context)
     except MlflowException as err:
@@ -336,7 +343,8 @@ def fail_pipeline_run(tracking: TrackingConfig, run_id: str, err: BaseException,
     client = mlflow.MlflowClient(tracking.tracking_uri)
     parent = client.get_run(run_id)
     tags = {FAILURE_REASON_TAG: reason, **({FAILED_STAGE_TAG: stage} if stage else {})}
-    pending, children = [run_id], []
+    pending: list[str] = [run_id]
+    children: list[Run] = []
     while pending:  # every generation under the parent
         found = client.search_runs(
             [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{pending.pop()}'"
@@ -346,7 +354,7 @@ def fail_pipeline_run(tracking: TrackingConfig, run_id: str, err: BaseException,
     failing = [c for c in children if c.info.run_name == stage and c.data.tags.get("mlflow.parentRunId") == run_id]
     latest = max(failing, key=lambda c: c.info.start_time, default=None)
     for child in children:
-        if child.info.status == "RUNNING" or (child is latest and child.info.status == "FINISHED"):
+        if child.info.status == "RUNNING" or (child.info.status == "FINISHED" and child is latest):
             for key, value in tags.items():
                 client.set_tag(child.info.run_id, key, value)
             client.set_terminated(child.info.run_id, status=status)

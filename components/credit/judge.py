@@ -62,7 +62,7 @@ class JudgeAnswer(BaseModel):
 def transcript(trajectory: Trajectory, task: Task, max_chars: int) -> tuple[str, list[int]]:
     """The review prompt and the assistant step numbers the answer must cover."""
     lines = [f"TASK:\n{task.prompt}\n", "TRAJECTORY:"]
-    numbers = []
+    numbers: list[int] = []
     for step in trajectory.steps:
         if step.role == "system":
             continue

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -104,7 +104,12 @@ def keep_whole(trajectory: Trajectory) -> Trajectory:
     return out
 
 
-def _make_estimator(config: CreditConfig) -> tuple[ValueEstimator, object | None]:
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def _make_estimator(config: CreditConfig) -> tuple[ValueEstimator, _Closable]:
+    """The estimator the config names and what it owns (closed when labelling ends)."""
     if config.estimator == "judge":
         if config.judge is None:
             raise ValueError("estimator='judge' needs CreditConfig.judge (base_url and model of the endpoint)")
@@ -133,7 +138,7 @@ def label_credit(
     trajectories = TrajectoryStore(trajectories_dir).read()
     tasks: dict[str, Task] = {t.id: t for t in TaskStore(tasks_dir).read()}
     store = TrajectoryStore(out_dir)
-    owned = None
+    owned: _Closable | None = None
     if estimator is None:
         estimator, owned = _make_estimator(config)
     counts = {o: sum(t.outcome is o for t in trajectories) for o in Outcome}

@@ -19,7 +19,7 @@ import asyncio
 import os
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastmcp import FastMCP
@@ -33,6 +33,9 @@ from pydantic import Field
 
 from components.envs import session as session_module
 from components.envs.session import EnvConfig, StepOutcome
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 
 class RecipeAction(Action):
@@ -205,6 +208,8 @@ def create_env_app(config: EnvConfig, *, token: str, max_concurrent_envs: int = 
 class RecipeEnvClient(EnvClient[RecipeAction, RecipeObservation, RecipeState]):
     """OpenEnv client of a served recipe (async; `.sync()` for a blocking one). `token`: the server's
     (default: $ORCHARD_ENV_TOKEN), sent as a bearer token on the WebSocket handshake."""
+
+    _ws: ClientConnection | None  # the base class's connection, restated: mypy cannot infer it from the base class
 
     def __init__(self, base_url: str, *, token: str | None = None, **kwargs: Any):
         super().__init__(base_url, **kwargs)

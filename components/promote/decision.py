@@ -231,11 +231,11 @@ def gate_decision(
     stage, versus = select_candidate(sft, rl, config)
     contenders = 1 if versus is None else 2  # the models this gate could have promoted
     decision = decide(
-        rl if stage == "rl" else sft,
+        rl if stage == "rl" and rl is not None else sft,  # "rl" only when there is an RL scorecard
         champion,
         config,
         champion_version,
-        start,  # type: ignore[arg-type]
+        start,
         alpha=config.gate_alpha / contenders,
     )
     if versus is not None:

@@ -91,11 +91,12 @@ def plot_comparison(decision: PromotionDecision, table):
     tasks_ax.set_xticks(list(x), table.task_id, rotation=90, fontsize=6)
     tasks_ax.set_ylabel("pass@1")
     tasks_ax.legend(fontsize=7)
-    if decision.difference is not None:
+    diff, lo, hi = decision.difference, decision.ci_low, decision.ci_high
+    if diff is not None and lo is not None and hi is not None:  # set together, from one paired test
         diff_ax.errorbar(
             [0],
-            [decision.difference],
-            yerr=[[decision.difference - decision.ci_low], [decision.ci_high - decision.difference]],
+            [diff],
+            yerr=[[diff - lo], [hi - diff]],
             fmt="o",
         )
     diff_ax.axhline(0, color="grey", lw=0.8)
@@ -190,6 +191,9 @@ def run_gate(
             log_dataset_input([{"shard": s} for s in shards], source, name="training-shards", context="training")
             model_uri = log_policy_model(model_dir)
             mlflow.set_tag("orchard.registered_from", stage)
+            run = mlflow.active_run()
+            if run is None:  # set_tag starts one where none is active
+                raise RuntimeError("no active MLflow run to point the promotion's evaluation table at")
             lineage = {
                 "orchard.parent_model": parent_model,
                 "orchard.pipeline_run_id": tracking.parent_run_id or "",
@@ -197,7 +201,7 @@ def run_gate(
                 "orchard.trained_shards": ",".join(shards)[:4000],
                 "orchard.candidate_stage": stage,
                 "orchard.data_store": str((training or {}).get("store") or ""),
-                "orchard.evaluation_table": f"runs:/{mlflow.active_run().info.run_id}/promotion/comparison.json",
+                "orchard.evaluation_table": f"runs:/{run.info.run_id}/promotion/comparison.json",
             }
             decision.candidate_version = promote(
                 uri, promo, model_uri, lineage, description=model_card(decision, lineage)

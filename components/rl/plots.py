@@ -23,10 +23,9 @@ def plot_group_statistics(records: list[PromptRecord], title: str = "rollout gro
     size = max((r.group_size for r in records), default=1)
     axes[1].hist(pos, bins=range(0, size + 2), color="tab:green", align="left")
     axes[1].set(title="positives per kept group", xlabel="positives", ylabel="groups")
-    for ax, counts, colour in (
-        (axes[2], Counter(r.rule for r in records), "tab:purple"),
-        (axes[3], Counter(r.drop_reason or "kept" for r in records), "tab:red"),
-    ):
+    rules: Counter[str] = Counter(r.rule for r in records)
+    reasons: Counter[str] = Counter(r.drop_reason or "kept" for r in records)
+    for ax, counts, colour in ((axes[2], rules, "tab:purple"), (axes[3], reasons, "tab:red")):
         labels = sorted(counts)
         ax.bar(labels, [counts[k] for k in labels], color=colour)
         ax.tick_params(axis="x", rotation=30)

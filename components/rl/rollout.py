@@ -485,6 +485,8 @@ class TRLRollout:
             raise AssertionError(
                 f"attempt {attempt.attempt_id} has no verified outcome but was kept; the sampler must drop such groups"
             )
+        if attempt.advantage is None:
+            raise AssertionError(f"attempt {attempt.attempt_id} was kept without an advantage; the sampler sets one")
         whole, whole_mask = _whole_episode(attempt, self.tokenizer)
         ids, mask = whole[: self.config.max_len], whole_mask[: self.config.max_len]
         cut = len(ids) < len(whole) or traj.status is not EpisodeStatus.completed
@@ -500,7 +502,7 @@ class TRLRollout:
             "verified_reward": float(attempt.reward),
             "advantage": float(attempt.advantage),
             "attempt_id": attempt.attempt_id,
-        }  # type: ignore[arg-type]
+        }
 
     def _logprobs(
         self, traj: Trajectory, ids: list[int], mask: list[int], model: Any, prefix_len: int = 0

@@ -374,7 +374,7 @@ def with_lora(model, options: LoraOptions):
         model,
         LoraConfig(
             r=options.r,
-            lora_alpha=options.alpha,
+            lora_alpha=options.alpha,  # type: ignore[arg-type]  # peft annotates int; the scale alpha / r takes a float
             lora_dropout=options.dropout,
             target_modules=options.target_modules,
             task_type="CAUSAL_LM",

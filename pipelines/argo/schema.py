@@ -11,9 +11,12 @@ version skew with a particular cluster (`argo lint` against a server does).
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 def _strict(node: Any) -> Any:
@@ -33,12 +36,13 @@ def argo_schema(kind: str) -> dict:
     """The strict JSON schema of an Argo resource kind (Workflow, WorkflowTemplate, CronWorkflow)."""
     from hera.workflows import models
 
-    model = {
+    by_kind: dict[str, type[BaseModel]] = {
         "Workflow": models.Workflow,
         "WorkflowTemplate": models.WorkflowTemplate,
         "CronWorkflow": models.CronWorkflow,
         "ClusterWorkflowTemplate": models.ClusterWorkflowTemplate,
-    }.get(kind)
+    }
+    model = by_kind.get(kind)
     if model is None:
         raise ValueError(f"no Argo schema for kind {kind!r}")
     return _strict(model.model_json_schema(by_alias=True))

@@ -28,6 +28,7 @@ from hera.workflows import (
     Resources,
     RetryStrategy,
     SecretEnv,
+    Task,
     WorkflowTemplate,
 )
 from hera.workflows import models as m
@@ -185,7 +186,7 @@ def build_workflow_template(
             "--parent-run-id",
             "{{inputs.parameters.parent_run_id}}",
         ]
-        templates = {}
+        templates: dict[str, Container | Resource] = {}
         for stage in stages.STAGES:
             launch, gpu = stage.launch(defaults), stage.wants_gpu(defaults)
             if launch is not None:
@@ -238,16 +239,21 @@ def build_workflow_template(
 
         # One node at a time can attach a ReadWriteOnce run volume: then one step at a time.
         with DAG(name="pipeline", parallelism=1 if cluster.access_mode == "ReadWriteOnce" else None):
+            # A template called inside a DAG context makes a Task of it (hera types the call for any context).
             begin = start(name=stages.START)
+            assert isinstance(begin, Task)
             common = {n: begin.get_parameter(n) for n in STEP_INPUTS}
-            tasks = {}
+            tasks: dict[str, Task] = {}
             for stage in stages.STAGES:
                 task = templates[stage.name](name=stage.name, arguments=common)
+                assert isinstance(task, Task)
                 for producer in stage.depends or [stages.START]:
                     (tasks[producer] if producer in tasks else begin) >> task
                 tasks[stage.name] = task
             final = report(name=stages.REPORT, arguments=common)
-            [tasks[s.name] for s in stages.STAGES] >> final
+            assert isinstance(final, Task)
+            upstream: list[Task | str] = [tasks[s.name] for s in stages.STAGES]
+            upstream >> final
     return wt
 
 

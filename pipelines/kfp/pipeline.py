@@ -187,8 +187,9 @@ def build_pipeline(
         else:
             body()
 
-    # KFP reads the parameters from the signature: build it from the one parameter list.
-    orchard_training.__signature__ = inspect.Signature(
+    # KFP reads the parameters from the signature: build it from the one parameter list. (inspect honours a
+    # function's __signature__, which typeshed does not declare on functions.)
+    orchard_training.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [
             inspect.Parameter(
                 x.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=x.default, annotation=x.annotation

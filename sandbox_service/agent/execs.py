@@ -33,6 +33,7 @@ import signal
 import subprocess
 import threading
 import time
+from typing import Any
 
 from sandbox_service.agent.proctree import EXEC_ID_VAR, CgroupTracker, kill_tree, mark_oom_victim, new_exec_id
 
@@ -118,7 +119,7 @@ def run_exec(
     stdin: bytes,
     timeout: float,
     max_output: int,
-) -> dict:
+) -> tuple[dict[str, Any], bytes]:
     """Run one command to completion (or timeout); returns the exec response header + output."""
     group = tracker.command_group()  # on v1 this thread now lives in it: the command is born there
     exec_id = None
@@ -205,7 +206,9 @@ def _too_long(argv: list[str], env: dict[str, str]) -> str:
     )
 
 
-def _spawn_failure(code: int, message: str, start: float, group: str | None, tracker: CgroupTracker):
+def _spawn_failure(
+    code: int, message: str, start: float, group: str | None, tracker: CgroupTracker
+) -> tuple[dict[str, Any], bytes]:
     tracker.release(group)
     err = message.encode()
     return {

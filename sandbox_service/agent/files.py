@@ -25,7 +25,7 @@ import io
 import os
 import stat
 
-from sandbox_service.agent import beneath
+from sandbox_service.agent import beneath, protocol
 
 # Directory levels archived at most (one fd per level is held while walking).
 MAX_ARCHIVE_DEPTH = 512
@@ -215,7 +215,7 @@ def _write_into(dir_fd: int, name: str, path: str, data, mode: int | None) -> No
         os.close(fd)
 
 
-def write_file(conf: Confinement, path: str, data: bytes, mode: int | None) -> None:
+def write_file(conf: Confinement, path: str, data: bytes | protocol.PayloadReader, mode: int | None) -> None:
     _, rel = conf.relative(path)
     if not rel:
         raise FileOpError("invalid_request", "cannot write the workspace directory itself")

@@ -160,7 +160,7 @@ def _exists_at(name: str, dir_fd: int) -> bool:
         return False
 
 
-def _write_at(name: str, value: str, dir_fd: int) -> bool:
+def _write_at(name: str, value: str, dir_fd: int | None) -> bool:
     try:
         fd = os.open(name, os.O_WRONLY, dir_fd=dir_fd)
     except OSError:

@@ -38,9 +38,13 @@ import threading
 from sandbox_service.agent import beneath, execs, files, protocol, proctree, streams
 
 try:  # the constant-time compare behind hmac.compare_digest, without loading OpenSSL at start-up
-    from _operator import _compare_digest as compare_digest
+    import _operator
+
+    compare_digest = _operator._compare_digest
 except ImportError:  # pragma: no cover - other interpreters
-    from hmac import compare_digest
+    import hmac
+
+    compare_digest = hmac.compare_digest
 
 AGENT_VERSION = "1"
 MAX_READ_BYTES = 256 * 1024 * 1024  # download limit when the request names none
@@ -121,6 +125,7 @@ class AgentServer:
                     return
                 header, payload_len = head
                 op = header.get("op")
+                payload: bytes | protocol.PayloadReader
                 if op in _STREAMED_OPS and payload_len > STREAM_MIN_BYTES:
                     payload = protocol.PayloadReader(conn, payload_len)
                 else:
@@ -195,7 +200,9 @@ class AgentServer:
         except NotADirectoryError as exc:
             raise files.FileOpError("invalid_request", f"working directory {cwd!r} is not a directory") from exc
 
-    def _dispatch(self, op, header: dict, payload: bytes) -> tuple[dict, bytes]:
+    def _dispatch(
+        self, op, header: dict, payload: bytes | protocol.PayloadReader
+    ) -> tuple[dict, bytes | protocol.FileBody]:
         if op == "ping":
             return {
                 "ok": True,
@@ -206,6 +213,7 @@ class AgentServer:
                 "cgroup_tracking": self.tracker.enabled,
             }, b""
         if op == "exec":
+            assert isinstance(payload, bytes)  # only write_file and put_archive stream their payload
             argv = header["argv"]
             if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
                 raise files.FileOpError("invalid_request", "argv must be a non-empty list of strings")
@@ -239,6 +247,7 @@ class AgentServer:
             f, size = files.spool_archive(self.conf, header["path"], int(header.get("limit") or MAX_READ_BYTES))
             return {"ok": True}, protocol.FileBody(f, size)
         if op == "http":
+            assert isinstance(payload, bytes)  # only write_file and put_archive stream their payload
             return streams.http_relay(header, payload)
         if op == "rekey":
             new = header["new_secret"]

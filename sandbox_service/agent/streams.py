@@ -84,11 +84,12 @@ def run_pty(sock, reaper, tracker, header: dict, env: dict[str, str], cwd: str) 
             except OSError:
                 pass
 
-    out = threading.Thread(target=pump_out, name="pty-out", daemon=True)
+    pump = threading.Thread(target=pump_out, name="pty-out", daemon=True)
+    out: threading.Thread | None = pump
     try:
         # Born in the shell's exec group (this thread lives there): it fails only when the shell's
         # processes have used up the commands' pids limit; the session then ends as if closed.
-        out.start()
+        pump.start()
     except RuntimeError:
         out = None
     try:

@@ -100,13 +100,13 @@ def published_pty_router(state: PublishedState, ops: SandboxOperations, auth: To
 
     async def run_session(ws: WebSocket, session: Any, our_id: str, marker: str) -> None:
         """After the init: report the wrapper's pid, then relay until the command exits or the client leaves."""
-        pid = None
+        written = None
         for _ in range(40):  # the wrapper writes its pid at once; a few ms in practice
-            pid = await sh(our_id, 'cat "$1.pid" 2>/dev/null', marker)
-            if pid:
+            written = await sh(our_id, 'cat "$1.pid" 2>/dev/null', marker)
+            if written:
                 break
             await asyncio.sleep(0.05)
-        pid = int(pid) if pid and pid.isdigit() else None
+        pid = int(written) if written and written.isdigit() else None
         await ws.send_text(json.dumps({"type": "ready", "pid": pid}))
         killed_by: list[int] = []
 

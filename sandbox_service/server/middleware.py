@@ -11,7 +11,7 @@ import logging
 import re
 import time
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.responses import JSONResponse
 
 from sandbox_service.server.auth import UNAUTHORIZED_BODY, TokenAuth, bearer_from_headers
@@ -164,6 +164,7 @@ class ServiceMiddleware:
 
             await self.app(scope, replay, send_status)
             return 0
+        model: BaseModel  # an ExecResult, or the Job of a background exec
         try:
             if req.wait:
                 code, model = 200, await self.ops.exec(sandbox_id, req)

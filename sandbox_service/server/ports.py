@@ -40,6 +40,7 @@ from sandbox_service.errors import (
     InvalidRequestError,
     NotFoundError,
     RequestTooLargeError,
+    SandboxNotReadyError,
     ServiceUnavailableError,
 )
 from sandbox_service.models import PortExposure
@@ -216,8 +217,11 @@ def proxy_router(registry: PortRegistry) -> APIRouter:
             )
         headers = relayed_request_headers(dict(request.headers.items()), registry.auth)
         body = await _capped_body(request, registry.max_body_bytes)
+        agent = rec.agent
+        if agent is None:  # ready() saw one; the sandbox stopped while the body was read
+            raise SandboxNotReadyError(f"sandbox {exp.sandbox_id} is {rec.info.state.value}; its agent is gone")
         try:
-            status, resp_headers, body = await rec.agent.http_request(
+            status, resp_headers, body = await agent.http_request(
                 exp.port, request.method, target, headers, body, max_body_bytes=registry.max_body_bytes
             )
         except AgentUnreachableError as err:

@@ -86,11 +86,13 @@ def pty_router(manager: SandboxManager, auth: TokenAuth) -> APIRouter:
         try:
             auth.require(websocket)
             rec = manager.ready(sandbox_id)
+            agent = rec.agent
+            assert agent is not None  # ready() refuses a record without one
             try:
                 argv = shlex.split(command)
             except ValueError as exc:  # unbalanced quotes, a lone escape
                 raise InvalidRequestError(f"command {command[:60]!r} is not valid shell syntax: {exc}") from None
-            session = await rec.agent.open_pty(
+            session = await agent.open_pty(
                 argv, rows=rows, cols=cols, env=dict(rec.spec.env), cwd=cwd or rec.spec.workdir
             )
         except SandboxServiceError as err:

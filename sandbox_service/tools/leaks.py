@@ -26,7 +26,7 @@ def _under(path: str, root: str) -> bool:
 def leaked_processes(state_dir: Path) -> list[str]:
     root = str(Path(state_dir).resolve())
     me = os.getpid()
-    found = []
+    found: list[str] = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == me:
             continue
@@ -51,7 +51,7 @@ def leaked_processes(state_dir: Path) -> list[str]:
 
 def leaked_mounts(state_dir: Path) -> list[str]:
     root = str(Path(state_dir).resolve())
-    found = []
+    found: list[str] = []
     try:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
@@ -67,7 +67,7 @@ def leaked_mounts(state_dir: Path) -> list[str]:
 
 def leaked_cgroups(sandbox_ids: set[str]) -> list[str]:
     """cgroup directories named after one of `sandbox_ids` (backends name sandbox groups by id)."""
-    found = []
+    found: list[str] = []
     if not sandbox_ids or not _CGROUP_ROOT.is_dir():
         return found
     for dirpath, dirnames, _ in os.walk(_CGROUP_ROOT):

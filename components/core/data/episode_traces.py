@@ -100,18 +100,20 @@ def log_trace(
     )
     user = next((s.content for s in trajectory.steps if s.role == "user"), "")
     tags["orchard.reward"] = "none (infrastructure error)" if trajectory.reward is None else f"{trajectory.reward:g}"
+    # Span attributes are stored JSON-encoded, any JSON value (mlflow annotates them as str only).
+    episode_attributes: dict[str, Any] = {
+        "trajectory_id": trajectory.id,
+        "status": trajectory.status.value,
+        "prompt_tokens": trajectory.prompt_tokens,
+        "completion_tokens": trajectory.completion_tokens,
+        "attempt": trajectory.attempt,
+        "reward": trajectory.reward,
+    }
     root = mlflow.start_span_no_context(
         "episode",
         span_type=SpanType.AGENT,
         inputs={"task": trajectory.task_id, "prompt": user},
-        attributes={
-            "trajectory_id": trajectory.id,
-            "status": trajectory.status.value,
-            "prompt_tokens": trajectory.prompt_tokens,
-            "completion_tokens": trajectory.completion_tokens,
-            "attempt": trajectory.attempt,
-            "reward": trajectory.reward,
-        },
+        attributes=episode_attributes,
         tags=tags,
         metadata={"mlflow.sourceRun": run_id},
         experiment_id=experiment_id,
@@ -143,7 +145,7 @@ def log_trace(
             duration = step.duration_seconds or 0.0
             finish = step.started_at or cursor  # a tool step is stamped when its result arrives
             begin = finish - timedelta(seconds=duration)
-            attributes = {"duration_seconds": duration}
+            attributes: dict[str, Any] = {"duration_seconds": duration}
             attributes.update(
                 {k: v for k, v in (("policy_error", step.policy_error), ("infra_error", step.infra_error)) if v}
             )

@@ -159,7 +159,11 @@ class TestReport(_Record):
 
     @property
     def hidden_pass_fraction(self) -> float | None:
-        return self.hidden_passed / self.hidden_total if self.hidden_total else None
+        if not self.hidden_total:
+            return None
+        if self.hidden_passed is None:
+            raise ValueError("a test report with hidden_total needs hidden_passed")
+        return self.hidden_passed / self.hidden_total
 
 
 class IgnoredPart(_Record):

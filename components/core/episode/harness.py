@@ -402,7 +402,7 @@ def run_episode(
     report: TestReport | None = None
     verification: Verification | None = None
     try:
-        forked = bool(from_snapshot) and _fork(ep, client, spec, from_snapshot)
+        forked = _fork(ep, client, spec, from_snapshot) if from_snapshot else False
         if not forked:
             try:
                 ep.sandbox = client.create(spec, wait_timeout=config.sandbox_wait_seconds)

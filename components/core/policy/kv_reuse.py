@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,7 +118,7 @@ def plain_layers(cache: Any) -> list[Any] | None:
     return list(layers)
 
 
-def batch_inputs(prompts: list[list[int]], kept: list[_Entry | None], pad: int, device: Any):
+def batch_inputs(prompts: list[list[int]], kept: Sequence[_Entry | None], pad: int, device: Any):
     """(input ids, attention mask, cache or None, width, per-row segments of real positions) for one batch.
 
     Segments: the (start, end) position ranges of a row's real tokens in the batch (the caller extends the

@@ -45,7 +45,7 @@ class LocalTransformersPolicy:
     ) -> None:
         if isinstance(model_or_path, (str, Path)):
             path = Path(model_or_path)
-            spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
+            spec = spec or LoadOptions(device=device)
             model, loaded_tokenizer = load_policy(path, spec=spec)
             tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
             self.policy_id = f"local:{path.name}@{_dir_fingerprint(path)}" if path.is_dir() else f"local:{path}"
@@ -86,7 +86,7 @@ class LocalTransformersPolicy:
             messages,
             self.tokenizer,
             tools=tools,
-            tool_format=self.tool_format,  # type: ignore[arg-type]
+            tool_format=self.tool_format,
             cache=self._cache,
         )
 

@@ -172,18 +172,19 @@ def load_policy_model(path: str | Path, device: str = "cpu", spec: LoadOptions |
     """Any causal LM through `AutoModelForCausalLM.from_pretrained` (ours or a production model)."""
     from transformers import AutoModelForCausalLM
 
-    spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
+    spec = spec or LoadOptions(device=device)
     where = resolve_device(spec.device)
     kwargs: dict = {"dtype": _torch_dtype(spec.dtype, where), "local_files_only": not spec.allow_download}
     if spec.attn_implementation:
         kwargs["attn_implementation"] = spec.attn_implementation
     model = AutoModelForCausalLM.from_pretrained(resolve_checkpoint_path(path, spec.allow_download), **kwargs)
-    return model.to(where)
+    # PreTrainedModel.to is wrapped with functools.wraps(nn.Module.to): typeshed's _Wrapped does not bind self.
+    return model.to(where)  # type: ignore[arg-type]
 
 
 def load_policy(path: str | Path, device: str = "cpu", spec: LoadOptions | None = None):
     """(model, tokenizer) from one checkpoint directory (or cached hub id)."""
-    spec = spec or LoadOptions(device=device)  # type: ignore[arg-type]
+    spec = spec or LoadOptions(device=device)
     return load_policy_model(path, spec=spec), load_tokenizer(
         resolve_checkpoint_path(path, spec.allow_download), allow_download=spec.allow_download
     )

@@ -142,7 +142,7 @@ def _template_message(m: ChatMessage, tools: list[dict[str, Any]], fmt: ChatForm
             {"role": "system", "content": _system_content(m.content, tools, fmt.tool_format)}, "system", index, None
         )
     if m.role == "tool":
-        msg = {"role": "tool", "content": m.content}
+        msg: dict[str, Any] = {"role": "tool", "content": m.content}
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
         if m.name:

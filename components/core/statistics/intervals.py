@@ -54,7 +54,7 @@ def clopper_pearson(successes: float, n: float, level: float = 0.95) -> tuple[fl
 
 
 def task_rate_ci(
-    counts: Sequence[tuple[int, int]], level: float = 0.95, units: Sequence[str] | None = None
+    counts: Sequence[tuple[float, float]], level: float = 0.95, units: Sequence[str] | None = None
 ) -> tuple[float, float]:
     """Interval for the pooled rate sum(c)/sum(n) from per-task (n valid attempts, c successes), clustered by
     task, or by unit when `units` (one per task, aligned with `counts`) is given.
@@ -85,7 +85,7 @@ def task_mean_ci(
     k = max(1, attempts_per_task)
     return task_rate_ci(
         [(k, values[i] * k) for i in keep],
-        level,  # type: ignore[misc]
+        level,
         None if units is None else [units[i] for i in keep],
     )
 
@@ -147,8 +147,8 @@ def paired_sign_flip_p(
         return 1.0, float(raw.mean()), len(common)
     mags = np.abs(d)
     if len(d) <= EXACT_FLIPS_UP_TO:
-        sums = _sign_patterns(len(d)) @ mags
-        p = float(np.mean(sums >= observed - 1e-9))
+        pattern_sums = _sign_patterns(len(d)) @ mags
+        p = float(np.mean(pattern_sums >= observed - 1e-9))
     else:
         rng = np.random.default_rng(seed)
         signs = rng.choice((-1.0, 1.0), size=(resamples, len(d)))

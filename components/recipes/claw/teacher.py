@@ -64,6 +64,13 @@ class ScriptedTeacher:
         text = format_tool_call(self.next_call(messages))
         return Generation(text=text, completion_tokens=len(text) // 4, finish_reason="stop")
 
+    @property
+    def _current(self) -> Task:
+        """The episode's task (set by reset)."""
+        if self._task is None:
+            raise RuntimeError("ScriptedTeacher used before reset(task); the harness must reset it")
+        return self._task
+
     # -- decisions -------------------------------------------------------------------------------
     def render(self, name: str, arguments: dict[str, Any]) -> ToolCall:
         if name == "answer" or self._harness == "tools":
@@ -88,10 +95,10 @@ class ScriptedTeacher:
         return done
 
     def next_call(self, messages: list[ChatMessage]) -> ToolCall:
-        plan = [(s["name"], s["arguments"]) for s in self._task.metadata["plan"]]
+        plan = [(s["name"], s["arguments"]) for s in self._current.metadata["plan"]]
         done = self._done(messages)
         pending = [(n, a) for n, a in plan if self._key(self.render(n, a)) not in done]
-        final = self._task.metadata["final_answer"]
+        final = self._current.metadata["final_answer"]
         if self.error_rate and self._rng.random() < self.error_rate:
             return self._mistake(pending, final)
         if not pending:
@@ -99,10 +106,10 @@ class ScriptedTeacher:
         return self.render(*pending[0])
 
     def _mistake(self, pending: list[tuple[str, dict]], final: str) -> ToolCall:
-        rng, world = self._rng, self._task.metadata["world"]
+        rng, world = self._rng, self._current.metadata["world"]
         if not pending:  # wrong answer (only harmful for questions; a report text is not checked)
             return self.render(
-                "answer", {"text": "12:45" if self._task.verifier.expected["kind"] == "answer" else final}
+                "answer", {"text": "12:45" if self._current.verifier.expected["kind"] == "answer" else final}
             )
         name, args = pending[0]
         args = dict(args)

@@ -239,21 +239,21 @@ class GUIRecipe(RecipeBase):
             )
 
     # -- tools -----------------------------------------------------------------------------------
-    def _browser(self, sandbox: Sandbox, request: dict) -> tuple[dict | None, str | None]:
-        """(answer, infra_error): the controller's JSON answer, or why the environment failed."""
+    def _browser(self, sandbox: Sandbox, request: dict) -> tuple[dict, str | None]:
+        """(answer, infra_error): the controller's JSON answer, or ({}, why the environment failed)."""
         timeout = self.options.step_timeout_seconds
         res = sandbox.exec(["python", "-S", CTL, SOCKET], stdin=json.dumps(request), timeout=timeout)
         if res.is_infra_error:
-            return None, f"sandbox exec failed: {res.infra_error} {res.message or ''}".strip()
+            return {}, f"sandbox exec failed: {res.infra_error} {res.message or ''}".strip()
         if res.exit_code != 0:
             return (
-                None,
+                {},
                 f"browser controller unreachable (exit {res.exit_code}): {res.stdout[-300:]} {res.stderr[-300:]}",
             )
         try:
             return json.loads(res.stdout), None
         except json.JSONDecodeError:
-            return None, f"browser controller sent no JSON: {res.stdout[-300:]!r}"
+            return {}, f"browser controller sent no JSON: {res.stdout[-300:]!r}"
 
     def _screenshot(self, sandbox: Sandbox, name: str) -> tuple[bytes | None, str | None]:
         path = f"{GUI_DIR}/shots/{name}.png"

@@ -17,6 +17,7 @@ site surrounds it.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 from components.recipes import common
 from components.core.data.schema import EnvironmentSpec, Split, Task, VerifierSpec
@@ -86,7 +87,8 @@ def _person(rng: random.Random) -> tuple[str, str]:
 def _shop_task(rng: random.Random) -> tuple[dict, str, dict]:
     kind, color = rng.choice(KINDS), rng.choice(COLORS)
     budget = rng.choice([10, 15, 20, 25, 30])
-    products, used = [], set()
+    products: list[dict[str, Any]] = []
+    used: set[str] = set()
 
     def add(c: str, k: str, price: float) -> dict:
         while True:
@@ -170,7 +172,7 @@ def _form_task(rng: random.Random) -> tuple[dict, str, dict]:
 def _info_task(rng: random.Random) -> tuple[dict, str, dict]:
     regions = rng.sample(REGIONS, 3)
     names: set[str] = set()
-    cities = []
+    cities: list[dict[str, Any]] = []
     for r in regions:
         for _ in range(4):
             while True:

@@ -20,11 +20,19 @@ from typing import Any
 from components.core.policy.base import ChatMessage, Generation, GenerationConfig
 from components.core.rendering.protocol import format_tool_call
 from components.core.data.schema import Task, ToolCall
-from components.recipes.gui.page import PageView, parse_page
+from components.recipes.gui.page import Element, PageView, parse_page
 
 
 def _call(name: str, **arguments: Any) -> ToolCall:
     return ToolCall(name=name, arguments=arguments)
+
+
+def _need(page: PageView, role: str, label: str) -> Element:
+    """An element the expert's plan expects on this page (its site always shows it there)."""
+    found = page.find(role, label)
+    if found is None:
+        raise LookupError(f"no {role} {label!r} on page {page.path}")
+    return found
 
 
 class ScriptedTeacher:
@@ -53,6 +61,13 @@ class ScriptedTeacher:
         text = format_tool_call(call)
         return Generation(text=text, completion_tokens=len(text) // 4, finish_reason="stop")
 
+    @property
+    def _current(self) -> Task:
+        """The episode's task (set by reset)."""
+        if self._task is None:
+            raise RuntimeError("ScriptedTeacher used before reset(task); the harness must reset it")
+        return self._task
+
     def next_call(self, messages: list[ChatMessage]) -> ToolCall:
         last = messages[-1] if messages else None
         page = self._latest_page(messages)
@@ -61,7 +76,7 @@ class ScriptedTeacher:
             return _call("read_page")
         if self.error_rate and self._rng.random() < self.error_rate:
             return self._mistake(page)
-        expected = self._task.verifier.expected
+        expected = self._current.verifier.expected
         return {"shop_order": self._shop, "form_submission": self._form, "answer": self._info}[expected["kind"]](
             page, expected
         )
@@ -75,14 +90,14 @@ class ScriptedTeacher:
 
     # -- mistakes --------------------------------------------------------------------------------
     def _mistake(self, page: PageView) -> ToolCall:
-        kind = self._task.verifier.expected["kind"]
+        kind = self._current.verifier.expected["kind"]
         # Mostly recoverable slips (a stray click the expert then repairs), sometimes a harmful shortcut:
         # GUI episodes are long (up to ~13 turns), so harmful-only mistakes would leave almost no success.
         if self._rng.random() < 0.75 and page.elements:
             return _call("click", element_id=self._rng.choice(page.elements).id)
         if kind == "shop_order":
             adds = page.find_all("button", prefix="Add ")
-            target = f"Add {self._task.verifier.expected['product_name']} to cart"
+            target = f"Add {self._current.verifier.expected['product_name']} to cart"
             wrong = [b for b in adds if b.label != target]
             if wrong:
                 return _call("click", element_id=self._rng.choice(wrong).id)
@@ -92,11 +107,13 @@ class ScriptedTeacher:
             return _call("click", element_id=submit.id)
         if kind == "answer":
             cities = [
-                c for c in self._task.metadata["site"]["cities"] if c["name"] != self._task.verifier.expected["city"]
+                c
+                for c in self._current.metadata["site"]["cities"]
+                if c["name"] != self._current.verifier.expected["city"]
             ]
-            q = self._task.verifier.expected["question"]
-            wrong = self._rng.choice(cities)
-            return _call("answer", text=str(wrong["name"] if q == "largest" else wrong[q]))
+            q = self._current.verifier.expected["question"]
+            city = self._rng.choice(cities)
+            return _call("answer", text=str(city["name"] if q == "largest" else city[q]))
         return _call("scroll", direction="down")
 
     # -- experts ---------------------------------------------------------------------------------
@@ -106,7 +123,7 @@ class ScriptedTeacher:
             return _call("navigate", url="/")
         if box.value != query:
             return _call("type", element_id=box.id, text=query)
-        return _call("click", element_id=page.find("button", "Search").id)
+        return _call("click", element_id=_need(page, "button", "Search").id)
 
     def _shop(self, page: PageView, exp: dict) -> ToolCall:
         if page.path.startswith("/order/"):
@@ -115,14 +132,14 @@ class ScriptedTeacher:
             if page.find("button", "Place order") is None:  # empty cart
                 return self._search(page, exp["query"])
             for label, want in (("Full name", exp["name"]), ("Address", exp["address"])):
-                box = page.find("textbox", label)
+                box = _need(page, "textbox", label)
                 if box.value != want:
                     return _call("type", element_id=box.id, text=want)
-            ship = page.find("select", "Shipping")
+            ship = _need(page, "select", "Shipping")
             option = next(o for o in ship.options if o.startswith(exp["shipping_label"]))
             if ship.value != option:
                 return _call("type", element_id=ship.id, text=option)
-            return _call("click", element_id=page.find("button", "Place order").id)
+            return _call("click", element_id=_need(page, "button", "Place order").id)
         if page.path == "/cart":
             removes = page.find_all("button", prefix="Remove ")
             target = f"Remove {exp['product_name']}"
@@ -132,7 +149,7 @@ class ScriptedTeacher:
             if len(removes) > 1:  # the right item twice
                 return _call("click", element_id=removes[0].id)
             if len(removes) == 1:
-                return _call("click", element_id=page.find("link", "Proceed to checkout").id)
+                return _call("click", element_id=_need(page, "link", "Proceed to checkout").id)
             return self._search(page, exp["query"])
         if page.path == "/search" and page.query.get("q") == exp["query"]:
             q = page.query
@@ -140,12 +157,13 @@ class ScriptedTeacher:
                 add = page.find("button", f"Add {exp['product_name']} to cart")
                 if add is not None:
                     return _call("click", element_id=add.id)
-            color, sort = page.find("select", "Color"), page.find("select", "Sort")
+            color = _need(page, "select", "Color")
             if color.value != exp["color"].title():
                 return _call("type", element_id=color.id, text=exp["color"].title())
+            sort = _need(page, "select", "Sort")
             if sort.value != "Price: low to high":
                 return _call("type", element_id=sort.id, text="Price: low to high")
-            return _call("click", element_id=page.find("button", "Apply filters").id)
+            return _call("click", element_id=_need(page, "button", "Apply filters").id)
         return self._search(page, exp["query"])
 
     def _form(self, page: PageView, exp: dict) -> ToolCall:
@@ -154,21 +172,21 @@ class ScriptedTeacher:
         if page.find("button", "Submit registration") is None:
             return _call("navigate", url="/")
         for label in ("Full name", "Email"):
-            box = page.find("textbox", label)
+            box = _need(page, "textbox", label)
             want = exp["name" if label == "Full name" else "email"]
             if box.value != want:
                 return _call("type", element_id=box.id, text=want)
-        ticket = page.find("select", "Ticket type")
+        ticket = _need(page, "select", "Ticket type")
         if ticket.value != exp["ticket"]:
             return _call("type", element_id=ticket.id, text=exp["ticket"])
         for box in page.find_all("checkbox"):
             want = box.label.removesuffix(" workshop") in exp["workshops"]
             if box.checked != want:
                 return _call("click", element_id=box.id)
-        comments = page.find("textbox", "Comments")
+        comments = _need(page, "textbox", "Comments")
         if comments.value != exp["comments"]:
             return _call("type", element_id=comments.id, text=exp["comments"])
-        return _call("click", element_id=page.find("button", "Submit registration").id)
+        return _call("click", element_id=_need(page, "button", "Submit registration").id)
 
     def _info(self, page: PageView, exp: dict) -> ToolCall:
         region_path, city_path = f"/region/{exp['region']}", f"/city/{exp['city'].lower()}"

@@ -71,13 +71,14 @@ class VisionOpenAIPolicy(OpenAICompatiblePolicy):
     def _messages(self, messages: list[ChatMessage]) -> list[dict[str, Any]]:
         text_only = super()._messages(messages)
         # super() maps messages one to one, so positions line up with `messages`.
-        with_images = [i for i, m in enumerate(messages) if m.role == "tool" and self.store.get(m.tool_call_id)]
-        keep = set(with_images[-self.max_images :]) if self.max_images else set()
+        # Each screenshot read once: the bounded store may drop one between two reads.
+        images = {
+            i: png for i, m in enumerate(messages) if m.role == "tool" and (png := self.store.get(m.tool_call_id))
+        }
+        keep = set(list(images)[-self.max_images :]) if self.max_images else set()
         out: list[dict[str, Any]] = []
         for i, (msg, wire) in enumerate(zip(messages, text_only)):
             out.append(wire)
             if i in keep:
-                out.append(
-                    image_message(self.store.get(msg.tool_call_id), f"Screenshot after {msg.name or 'the action'}:")
-                )
+                out.append(image_message(images[i], f"Screenshot after {msg.name or 'the action'}:"))
         return out

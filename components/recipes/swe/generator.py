@@ -159,10 +159,10 @@ def make_task(
     pool = [t for t in TEMPLATES if t.key not in {x.template.key for x in targets}]
     rng.shuffle(pool)
     distractors: list[_Instance] = []
-    for t in pool:
+    for candidate in pool:
         if len(distractors) == n_distractors:
             break
-        inst = _pick_instance(rng, t, taken)
+        inst = _pick_instance(rng, candidate, taken)
         if all(x.line("buggy") not in inst.function_source(inst.line("fixed")) for x in targets):
             distractors.append(inst)
     modules = ["core"] if difficulty < 3 else ["core", "helpers", "ops"]
@@ -190,10 +190,10 @@ def make_task(
     vis_imports: dict[str, list[str]] = {}
     vis_asserts: list[str] = []
     for module, insts in placement.items():
-        for i in insts:
-            vis_imports.setdefault(module, []).append(i.fn)
-            asserts = i.template.visible if i in targets else i.template.visible + i.template.hidden
-            vis_asserts += [i.sub(a) for a in asserts]
+        for placed in insts:
+            vis_imports.setdefault(module, []).append(placed.fn)
+            asserts = placed.template.visible if placed in targets else placed.template.visible + placed.template.hidden
+            vis_asserts += [placed.sub(a) for a in asserts]
     visible_path = "tests/test_basic.py"
     files[visible_path] = _test_file(pkg, vis_imports, vis_asserts, "test_basic")
     hidden_imports: dict[str, list[str]] = {}
@@ -207,7 +207,8 @@ def make_task(
     if difficulty == 3:
         files["README.md"] = f"# {pkg}\n\nSmall helpers. Run the tests with `python -m pytest -q`.\n"
 
-    fixes, reports = [], []
+    fixes: list[dict[str, Any]] = []
+    reports: list[str] = []
     for t, module in zip(targets, target_modules):
         path = f"{pkg}/{module}.py"
         before = module_sources[module][0]

@@ -265,11 +265,13 @@ class SWERecipe(RecipeBase):
             return room
 
         warm = None
-        if self._warm is not None and kept is not None and not kept.tree.other:
+        warm_rooms = self._warm
+        # `kept` is only looked up under a setup key, so `key` is set wherever `kept` is.
+        if warm_rooms is not None and kept is not None and key is not None and not kept.tree.other:
 
             def warm(change: RepoChange, stdin: str) -> WarmRun | None:
                 pristine = {p: d for p, d in kept.tree.files.items() if p.split("/", 1)[0] != ".git"}
-                return self._warm.run(
+                return warm_rooms.run(
                     sandbox.client,
                     spec,
                     calls.WORKER,

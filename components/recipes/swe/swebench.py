@@ -169,7 +169,10 @@ def _check_commits(tasks: list[Task], places: list[str]) -> None:
 
     by_repo: dict[str, list[tuple[str, str]]] = {}
     for task, where in zip(tasks, places):
-        by_repo.setdefault(task.environment.repo_path, []).append((where, task.environment.base_commit))
+        repo_path, base_commit = task.environment.repo_path, task.environment.base_commit
+        # instance_to_task sets both: the checkout it found and the row's base_commit (a required, non-empty string)
+        assert repo_path is not None and base_commit is not None
+        by_repo.setdefault(repo_path, []).append((where, base_commit))
     for repo, rows in by_repo.items():
         query = "".join(f"{commit}^{{commit}}\n" for _, commit in rows)
         answer = subprocess.run(

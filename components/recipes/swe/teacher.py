@@ -110,7 +110,7 @@ class ScriptedTeacher:
             failed = obs.startswith("Error:")
             args = call.arguments
             target = self._rel(args["path"]) if isinstance(args.get("path"), str) else None
-            on_target = target in targets
+            on_target = target if target is not None and target in targets else None  # the file, when a target
             if call.name == "bash":
                 command = str(args.get("command", "")).strip()
                 if command.startswith(("find ", "ls", "grep ")):
@@ -120,18 +120,18 @@ class ScriptedTeacher:
                     view.tests_ever = view.tests_since_edit = True
                 if not command.startswith(_READ_ONLY_PREFIXES):
                     view.contents = dict.fromkeys(view.contents)  # it may have changed files: read them again
-            elif call.name == "read_file" and on_target and not failed:
-                view.contents[target] = obs
+            elif call.name == "read_file" and on_target is not None and not failed:
+                view.contents[on_target] = obs
             elif call.name == "read_file":
                 view.read_other = True
-            elif call.name == "str_replace" and on_target and not failed:
+            elif call.name == "str_replace" and on_target is not None and not failed:
                 old, new = str(args.get("old_str", "")), str(args.get("new_str", ""))
-                known = view.contents[target]
-                view.contents[target] = known.replace(old, new, 1) if known is not None else None
+                known = view.contents[on_target]
+                view.contents[on_target] = known.replace(old, new, 1) if known is not None else None
                 view.edits += 1
                 view.tests_since_edit = False
-            elif call.name == "write_file" and on_target and not failed:
-                view.contents[target] = str(args.get("content", ""))
+            elif call.name == "write_file" and on_target is not None and not failed:
+                view.contents[on_target] = str(args.get("content", ""))
                 view.edits += 1
                 view.tests_since_edit = False
         return view

@@ -205,7 +205,8 @@ class _Room:
     """The clean room, built on first use."""
 
     def __init__(self, build: Callable[[ExitStack], Sandbox], stack: ExitStack):
-        self.build, self.stack, self.sandbox = build, stack, None
+        self.build, self.stack = build, stack
+        self.sandbox: Sandbox | None = None
 
     def __call__(self) -> Sandbox:
         if self.sandbox is None:
@@ -405,6 +406,7 @@ def _run_hidden_tests(room: Sandbox, task: Task) -> _Run:
     tail = (result.stderr if spec.kind == "calls" else result.stdout + result.stderr)[-4000:]
     bare = _bare_report(task, tail, duration)
     if result.is_infra_error:
+        assert result.infra_error is not None  # the service names the kind of every infrastructure error
         return _Run(bare, failure=f"{result.infra_error.value}: {result.message or ''}")
     if result.outcome is ExecOutcome.command_timeout:
         return _Run(bare, timed_out=True)

@@ -212,14 +212,14 @@ class WarmRooms:
         finally:
             for room in stale:
                 _delete(client, room)
-        room = self._open(client, spec, worker, key, self.idle_seconds)
+        opened = self._open(client, spec, worker, key, self.idle_seconds)
         with self._cond:
-            if room is None:
+            if opened is None:
                 self._count[key] -= 1
                 self._cond.notify()
             else:
-                self._busy.add(room)
-        return room
+                self._busy.add(opened)
+        return opened
 
     def _give_back(self, client: SandboxClient, key: str, room: _Room, keep: bool) -> None:
         room.last_used = time.monotonic()

@@ -438,7 +438,7 @@ class Worker:
             os.environ.update(env)
             sys.argv = ["-c"]
             main = types.ModuleType("__main__")
-            main.__builtins__ = builtins
+            main.__dict__["__builtins__"] = builtins  # the globals exec runs the worker in
             sys.modules["__main__"] = main
             exec(self.worker_code, main.__dict__)
             code = 0

@@ -73,8 +73,9 @@ class PromptHistory:
     def update(self, prompt_id: str, pool: list[Attempt]) -> None:
         c, s = self.config, self.get(prompt_id)
         rewarded = [a for a in pool if carries_reward(a, c.time_truncated_to_backfill)]
-        on_policy = [a.reward for a in rewarded if not a.forked]
-        pos = sum(1 for r in on_policy if r > 0)  # type: ignore[operator]
+        # carries_reward keeps no attempt without a verified reward: the `is not None` filters drop nothing.
+        on_policy = [a.reward for a in rewarded if not a.forked and a.reward is not None]
+        pos = sum(1 for r in on_policy if r > 0)
         neg = len(on_policy) - pos
         # Decay old evidence toward the prior so the posterior follows a policy that is learning.
         s.alpha = c.prior_alpha + c.history_decay * (s.alpha - c.prior_alpha) + pos
@@ -82,13 +83,13 @@ class PromptHistory:
         s.visits += 1
         s.solved += pos
         s.uniform_streak = s.uniform_streak + 1 if on_policy and (pos == 0 or neg == 0) else 0
-        forked = [a.reward for a in rewarded if a.forked]
+        forked = [a.reward for a in rewarded if a.forked and a.reward is not None]
         if forked:
-            s.fork_stuck = s.prefix_fraction >= c.prefix_fraction_max and all(r <= 0 for r in forked)  # type: ignore[operator]
+            s.fork_stuck = s.prefix_fraction >= c.prefix_fraction_max and all(r <= 0 for r in forked)
         if forked:  # aim the forked attempts at a pass rate of 1/2: longer prefix if all fail, shorter if all pass
-            if all(r <= 0 for r in forked):  # type: ignore[operator]
+            if all(r <= 0 for r in forked):
                 s.prefix_fraction = min(c.prefix_fraction_max, s.prefix_fraction + c.prefix_fraction_step)
-            elif all(r > 0 for r in forked):  # type: ignore[operator]
+            elif all(r > 0 for r in forked):
                 s.prefix_fraction = max(c.prefix_fraction_min, s.prefix_fraction - c.prefix_fraction_step)
 
     def informativeness(self, prompt_id: str) -> float:

@@ -137,16 +137,17 @@ def pool_advantages(group: Sequence[Attempt], pool: Sequence[Attempt]) -> list[f
     expected weight of every pool attempt is exactly its pool advantage, so the group's gradient is an
     unbiased estimate of GRPO on all of the pool; with +/-1 rewards the group's advantages sum to zero.
     `pool` is every attempt of the prompt that carries a reward, `group` a subset of it."""
-    rewards = [a.reward for a in pool]
-    if any(r is None for r in rewards) or any(a.reward is None for a in group):
+    rewards = [a.reward for a in pool if a.reward is not None]
+    group_rewards = [a.reward for a in group if a.reward is not None]
+    if len(rewards) < len(pool) or len(group_rewards) < len(group):
         raise ValueError(
             "an attempt without a verified reward reached the advantage computation; "
             "the sampler must keep infra failures out of groups and baselines"
         )
-    base = advantages([a.reward for a in group], rewards)  # type: ignore[misc]
-    in_pool = {True: sum(r > 0 for r in rewards), False: sum(r <= 0 for r in rewards)}  # type: ignore[operator]
-    in_group = {True: sum(a.reward > 0 for a in group), False: sum(a.reward <= 0 for a in group)}  # type: ignore[operator]
-    return [adv * in_pool[a.reward > 0] / in_group[a.reward > 0] for a, adv in zip(group, base)]  # type: ignore[operator]
+    base = advantages(group_rewards, rewards)
+    in_pool = {True: sum(r > 0 for r in rewards), False: sum(r <= 0 for r in rewards)}
+    in_group = {True: sum(r > 0 for r in group_rewards), False: sum(r <= 0 for r in group_rewards)}
+    return [adv * in_pool[r > 0] / in_group[r > 0] for r, adv in zip(group_rewards, base)]
 
 
 def group_advantages(rewards: Sequence[float | None]) -> list[float]:

@@ -252,6 +252,7 @@ def _record(
     fraction: float | None,
 ) -> PromptRecord:
     usable = [a for a in pool if carries_reward(a, cfg.time_truncated_to_backfill)]
+    usable_rewards = [a.reward for a in usable if a.reward is not None]  # all of them: each carries a reward
     aborted = sum(a.aborted for a in pool)
     kept = reason is None and bool(group)
     cut = EpisodeStatus.truncated
@@ -264,8 +265,8 @@ def _record(
         prefix_fraction=fraction,
         env_steps=sum(a.env_steps + a.prefix_steps for a in pool),
         prefix_steps=sum(a.prefix_steps for a in pool),
-        pool_positives=sum(a.reward > 0 for a in usable),
-        pool_negatives=sum(a.reward <= 0 for a in usable),
+        pool_positives=sum(r > 0 for r in usable_rewards),
+        pool_negatives=sum(r <= 0 for r in usable_rewards),
         pool_aborted=aborted,
         pool_time_truncated=len(pool) - len(usable) - aborted,
         pool_truncated=sum(a.status is cut for a in usable),
@@ -274,10 +275,14 @@ def _record(
         rule=rule,
         group_indices=[a.index for a in group],
         group_attempt_ids=[a.attempt_id for a in group],
-        group_positives=sum(1 for a in group if carries_reward(a, cfg.time_truncated_to_backfill) and a.reward > 0),  # type: ignore[operator]
+        group_positives=sum(
+            1
+            for a in group
+            if carries_reward(a, cfg.time_truncated_to_backfill) and a.reward is not None and a.reward > 0
+        ),
         group_size=len(group),
         group_truncated=sum(a.status is cut and not a.aborted for a in group),
-        group_advantages=[a.advantage for a in group] if kept else [],  # type: ignore[misc]
+        group_advantages=[a.advantage for a in group] if kept else [],
         group_reward_variance=reward_variance([a.reward for a in group]) if kept else 0.0,  # type: ignore[misc]
         kept=kept,
         drop_reason=reason,

@@ -75,7 +75,7 @@ def plan_arms(config: AblationConfig, credited_dir: str | Path) -> dict[str, Arm
     trajectories = TrajectoryStore(credited_dir).read()
     tokenizer = build_tokenizer(config.sft.model.tokenizer)
     by_id = {t.id: t for t in trajectories}
-    counts = {}
+    counts: dict[str, tuple[int, int, int, int]] = {}
     for arm in ARMS:
         samples, stats = build_samples(trajectories, tokenizer, arm, config.sft.max_len)
         resolved_loss = sum(sum(s.loss_mask) for s in samples if by_id[s.trajectory_id].resolved)

@@ -149,7 +149,12 @@ def run_ablation(
 
     work = Path(work_dir)
     with stage_run("sft-ablation", config, tracking) as parent:
-        child = tracking.model_copy(update={"parent_run_id": parent.info.run_id}) if parent else None
+        # stage_run yields a run only with tracking on
+        child = (
+            tracking.model_copy(update={"parent_run_id": parent.info.run_id})
+            if parent and tracking is not None
+            else None
+        )
         plans = prepare(config, work, sandbox, child)
         # Detached runs: the arms' seeds finish interleaved, in worker processes when jobs > 1.
         arm_runs = {

@@ -149,7 +149,8 @@ class LocalBackend(SandboxBackend):
         self.agent_dir = install_agent(self.state_dir)
         self.snapshots = SnapshotStore(self.state_dir)
         self.image_dir = Path(config.image_dir or self.state_dir / "images").resolve()
-        self.root_lower, self.root_binds = None, []
+        self.root_lower: Path | None = None
+        self.root_binds: list[str] = []
         if self.isolated:
             allowlist = list(config.root_allowlist)
             if config.prepend_service_python_to_path:  # the venv and the interpreter it links to
@@ -213,6 +214,8 @@ class LocalBackend(SandboxBackend):
         if policy.mode == "allowlist" and rec.net_index is None:
             rec.net_index = self.net_indexes.acquire(str(d.root))
             d.save(rec)
+        if rec.host_pid is None:  # what nsenter would refuse: no namespace to enter
+            raise BackendUnavailableError(f"network setup failed: sandbox {rec.id} has no running agent")
         if rec.net_index is None:  # never had a veth: only lo to switch
             local_network.set_loopback(rec.host_pid, policy.mode != "none")
         else:
@@ -336,8 +339,9 @@ class LocalBackend(SandboxBackend):
             if self.isolated:
                 cg = self._cgroups(sandbox_id)
                 cg.create(resources)
-                if rec.uid_slot is not None:
-                    cg.delegate(self._uid_base(rec))
+                uid_base = self._uid_base(rec)  # None exactly when the sandbox has no uid slot
+                if uid_base is not None:
+                    cg.delegate(uid_base)
             self._launch(d, rec)
             if self.isolated and rec.network.mode == "allowlist":
                 if self._gvisor is not None:
@@ -355,7 +359,7 @@ class LocalBackend(SandboxBackend):
         if self._gvisor is not None:
             os.close(ready_r)
             os.close(ready_w)
-            self._launch_gvisor(d, rec, base_env)
+            self._launch_gvisor(self._gvisor, d, rec, base_env)
             return
         if self.isolated:
             cg = self._cgroups(rec.id)
@@ -474,7 +478,9 @@ class LocalBackend(SandboxBackend):
     def _gvisor_socket(self, d: SandboxDir) -> Path:
         return d.root / "gsock" / "a.sock"
 
-    def _launch_gvisor(self, d: SandboxDir, rec: SandboxRecord, base_env: dict[str, str]) -> None:
+    def _launch_gvisor(
+        self, gvisor: local_gvisor.GvisorRuntime, d: SandboxDir, rec: SandboxRecord, base_env: dict[str, str]
+    ) -> None:
         if rec.image is None:
             python = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
         elif os.path.exists(os.path.join(self._image_root(rec.image), "usr/bin/python3")):
@@ -511,7 +517,7 @@ class LocalBackend(SandboxBackend):
         )
         cg = self._cgroups(rec.id)
         procs = [p for p in cg.procs_files() if "/pids/" not in p]  # Sentry threads would eat pids.max
-        proc = self._gvisor.launch(
+        proc = gvisor.launch(
             root=d.root,
             container_id=f"orchard-{rec.id}",
             oci=oci,

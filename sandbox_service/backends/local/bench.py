@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         backend.close()
         shutil.rmtree(state, ignore_errors=True)
-    figures = {
+    figures: dict[str, Any] = {  # each sample's stats, and the exec ratio (a number)
         "bare_subprocess": _stats(bare),
         "agent_exec": _stats(execs),
         "agent_ping": _stats(pings),

@@ -60,7 +60,7 @@ def plan(allowlist: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
 
 def _etc_entries(src: str) -> list[tuple[str, os.stat_result, str | None]]:
     """(relative path, lstat, link target) of everything in /etc a sandbox may see, parents first."""
-    out = []
+    out: list[tuple[str, os.stat_result, str | None]] = []
     for dirpath, dirnames, filenames in os.walk(src):
         rel_dir = os.path.relpath(dirpath, src)
         keep_dirs = []

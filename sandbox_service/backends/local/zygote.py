@@ -42,6 +42,7 @@ class Zygote:
                     env={**self.env, "ORCHARD_ZYGOTE_SOCKET": str(self.path)},
                     start_new_session=True,
                 )
+            assert proc.stdout is not None  # stdout=PIPE
             line = _read_line(proc.stdout.fileno(), 30.0)
             proc.stdout.close()
             if not line.startswith(b'{"ok": true'):

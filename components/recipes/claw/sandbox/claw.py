@@ -25,6 +25,7 @@ import json
 import os
 import sqlite3
 import sys
+from collections.abc import Callable  # loaded anyway: sqlite3 imports collections.abc
 
 DB = os.environ.get("CLAW_DB", os.path.join(os.path.dirname(os.path.abspath(__file__)), "state.db"))
 JOURNAL = os.environ.get("CLAW_JOURNAL", os.path.join(os.path.dirname(os.path.abspath(DB)), "journal.jsonl"))
@@ -211,7 +212,7 @@ def files_read(path: str) -> dict:
     return {"path": path, "content": r[0]}
 
 
-API: dict[str, tuple[object, str, list[Param]]] = {
+API: dict[str, tuple[Callable[..., object], str, list[Param]]] = {
     "mail_search": (
         mail_search,
         "Search mail, newest first.",
@@ -422,6 +423,7 @@ def cli_usage() -> str:
 
 
 def main(argv: list[str]) -> int:
+    out: object
     try:
         if argv[:1] == ["init"]:
             out = init(argv[1])

@@ -20,6 +20,7 @@ import os
 import socketserver
 import tempfile
 import time
+from typing import SupportsIndex, SupportsInt
 from urllib.parse import urljoin, urlparse
 
 from playwright.sync_api import Error as PlaywrightError
@@ -141,6 +142,8 @@ class Browser:
 
     def element(self, element_id: object):
         try:
+            if not isinstance(element_id, (str, bytes, bytearray, SupportsInt, SupportsIndex)):  # what int() takes
+                raise TypeError
             oid = int(element_id)
         except (TypeError, ValueError):
             raise ValueError(f"element_id must be an integer from the page view, got {element_id!r}") from None

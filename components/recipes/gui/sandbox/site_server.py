@@ -38,7 +38,7 @@ class Site:
         with open(data_path) as f:
             self.data = json.load(f)
         self.state_path = state_path
-        self.state = {"cart": [], "orders": [], "submissions": [], "visits": []}
+        self.state: dict[str, list] = {"cart": [], "orders": [], "submissions": [], "visits": []}
         self.lock = threading.Lock()
         self.save()
 
@@ -126,6 +126,7 @@ class Site:
         rows, total = "", 0.0
         for i, pid in enumerate(self.state["cart"]):
             p = self.product(pid)
+            assert p is not None  # the cart only takes products that exist (/cart/add)
             total += p["price"]
             rows += (
                 f"<tr><td>{E(p['name'])}</td><td>${p['price']:.2f}</td><td>"
@@ -257,10 +258,12 @@ def make_handler(site: Site) -> type[BaseHTTPRequestHandler]:
 
         def _send(self, status: int, body: str | bytes) -> None:
             if status in (302, 303):
+                assert isinstance(body, str)  # a redirect's body is its location
                 self.send_response(status)
                 self.send_header("Location", body)
                 self.end_headers()
                 return
+            assert isinstance(body, bytes)  # any other answer is a page
             self.send_response(status)
             self.send_header("Content-Type", "text/html; charset=utf-8")
             self.send_header("Content-Length", str(len(body)))
