@@ -217,7 +217,9 @@ def check_endpoint(config: Any) -> None:
 _TASKS = {"tasks": "provision.tasks"}
 STAGES: list[Stage] = [
     Stage("provision", provision, "provision", outputs={"tasks": "dataset"}, store_volume=True),
-    Stage("init-policy", init_policy, "model", outputs={"model": "model"}, build_config=_init_config),
+    # It reads the tasks too: the model's template is checked against the first task's episode once it exists
+    # (`steps.run_in_layout`), so it must start after provision.
+    Stage("init-policy", init_policy, "model", _TASKS, {"model": "model"}, build_config=_init_config),
     # The reference row first: a teacher endpoint that cannot be reached stops the run before training.
     Stage("evaluate-teacher", evaluate, "evaluate_teacher", _TASKS, {"results": "dataset"}),
     Stage("distill", distill, "distill", _TASKS, {"trajectories": "dataset"}, retries=2, resumable=True),

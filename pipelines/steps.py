@@ -445,7 +445,7 @@ def run_in_layout(name: str, layout: RunLayout, ctx: StepContext) -> dict:
     if is_main_process():  # a PyTorchJob's other ranks trained too; rank 0 writes the one result
         layout.write_result(name, record)
     if name == "init-policy":  # the first moment the model's template exists: lengths fit, before any episode
-        check_model(ctx.config, layout.artifact("provision", "tasks"), layout.artifact(name, "model"))
+        check_model(ctx.config, inputs["tasks"], layout.artifact(name, "model"))  # the row reads provision.tasks
     return record
 
 
