@@ -17,12 +17,11 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
-import os
 import threading
 
+from sandbox_service.backends.netns import NamespaceEntryError, call_in_netns
+
 NFT_CTX_OUTPUT_JSON = 1 << 4
-CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class NftablesError(Exception):
@@ -108,34 +107,23 @@ def query(command: str) -> list[dict]:
     return [item for item in json.loads(out or '{"nftables": []}')["nftables"] if "metainfo" not in item]
 
 
+def run_here(commands: str) -> None:
+    """`run`, with a context made in the calling thread's network namespace (for a thread that entered a
+    sandbox's: netns.call_in_netns)."""
+    ctx = _Context(_lib())
+    try:
+        ctx.run(commands, json_output=False)
+    finally:
+        ctx.free()
+
+
 def run_in_netns(pid: int, commands: str) -> None:
-    """`run`, in the network namespace of process `pid`: from a thread of this process that enters it
-    (setns moves only the calling thread), with a context made there. No process is started."""
-    lib = _lib()
-    failure: list[BaseException] = []
-
-    def enter_and_run() -> None:
-        try:
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    err = ctypes.get_errno()
-                    raise NftablesError(f"cannot enter the network namespace of {pid}: {os.strerror(err)}")
-            finally:
-                os.close(fd)
-            ctx = _Context(lib)
-            try:
-                ctx.run(commands, json_output=False)
-            finally:
-                ctx.free()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            failure.append(exc)
-
-    thread = threading.Thread(target=enter_and_run, name=f"nft-netns-{pid}")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
+    """`run`, in the network namespace of process `pid`: a thread of this process enters it; no process is
+    started."""
+    try:
+        call_in_netns(pid, lambda: run_here(commands))
+    except NamespaceEntryError as exc:
+        raise NftablesError(str(exc)) from exc
 
 
 def available() -> bool:

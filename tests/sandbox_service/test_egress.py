@@ -10,7 +10,9 @@ of the host's addresses."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -312,3 +314,77 @@ def test_the_local_allowlist_refuses_the_metadata_endpoint_and_what_it_cannot_en
 
     with pytest.raises(InvalidRequestError, match=refusal):
         resolve_allowlist(NetworkPolicy(mode="allowlist", allow_cidrs=[cidr]))
+
+
+# Commands the local backend's network set-up ran as processes before it spoke netlink itself.
+_NETWORK_COMMANDS = {"ip", "nsenter", "sh"}
+_spawned: list[str] | None = None
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _spawned is not None and event == "subprocess.Popen":
+        _spawned.append(os.path.basename(os.fsdecode(args[0])))
+
+
+def _route_lines(routes: str) -> list[str]:
+    return [" ".join(w for w in line.split() if w not in ("proto", "static")) for line in routes.splitlines()]
+
+
+def test_an_allowlist_link_is_made_changed_and_removed_without_a_process(tmp_path):
+    """Create, a new allowlist, none, an allowlist again and delete: no `ip`/`nsenter` process, and after each
+    step the namespace holds what the policy says (routes, the bound sockets' rule once, IPv6 off at both ends)."""
+    import asyncio
+    import secrets as _secrets
+    import sys
+
+    global _spawned
+    from sandbox_service.agent_link.client import AgentClient
+    from sandbox_service.backends.local import network as local_network
+    from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig
+
+    def inside(pid: int, *argv: str) -> str:  # the test's own look inside, not counted
+        global _spawned
+        kept, _spawned = _spawned, None
+        try:
+            return subprocess.run(["nsenter", "-t", str(pid), "-n", *argv], capture_output=True, text=True).stdout
+        finally:
+            _spawned = kept
+
+    sys.addaudithook(_audit)
+    backend = LocalBackend(LocalBackendConfig(state_dir=tmp_path / "state"))
+    spec = SandboxCreate(network=NetworkPolicy(mode="allowlist", allow_cidrs=["10.254.253.1/32"]))
+    _spawned = []
+    try:
+        endpoint = backend.start("t-netlink", spec, spec.resources, _secrets.token_hex(8))
+        asyncio.run(AgentClient(endpoint).close())
+        rec = backend.record("t-netlink")
+        pid, link = rec.host_pid, local_network.veth_name(rec.net_index)
+        backend.apply_network_policy("t-netlink", NetworkPolicy(mode="allowlist", allow_cidrs=["10.254.252.0/24"]))
+        seen = {"changed": [inside(pid, "ip", "-4", "route"), inside(pid, "ip", "rule")]}
+        backend.apply_network_policy("t-netlink", NetworkPolicy(mode="none"))
+        seen["none"] = [inside(pid, "ip", "-br", "link")]
+        backend.apply_network_policy("t-netlink", NetworkPolicy(mode="allowlist", allow_cidrs=["10.254.251.1/32"]))
+        seen["again"] = [
+            inside(pid, "ip", "-4", "route"),
+            inside(pid, "ip", "rule"),
+            inside(pid, "ip", "neigh"),
+            inside(pid, "cat", "/proc/sys/net/ipv6/conf/eth0/disable_ipv6"),
+            Path(f"/proc/sys/net/ipv6/conf/{link}/disable_ipv6").read_text(),
+        ]
+        spawned = [name for name in _spawned if name in _NETWORK_COMMANDS]
+    finally:
+        _spawned = None
+        backend.stop("t-netlink")
+        backend.close()
+    assert spawned == [], f"network set-up ran processes: {spawned}"
+    routes, rules = seen["changed"]
+    assert _route_lines(routes) == ["10.254.252.0/24 via 169.254.0.1 dev eth0 onlink"]
+    assert rules.count("lookup 100") == 1
+    links = seen["none"][0]
+    assert "eth0" not in links and links.split()[:2] == ["lo", "DOWN"]
+    routes, rules, neigh, ipv6_sandbox, ipv6_host = seen["again"]
+    assert _route_lines(routes) == ["10.254.251.1 via 169.254.0.1 dev eth0 onlink"]
+    assert rules.count("lookup 100") == 1
+    assert f"169.254.0.1 dev eth0 lladdr {local_network.host_mac(rec.net_index)} PERMANENT" in neigh
+    assert ipv6_sandbox.strip() == "1" and ipv6_host.strip() == "1"
+    assert not local_network.link_exists(link)

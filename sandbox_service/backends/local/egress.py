@@ -164,9 +164,10 @@ add rule ip orchard_source output oifname "eth0" ip daddr { 224.0.0.0/4, 255.255
 """
 
 
-def confine_source(pid: int) -> None:
-    """Install the sandbox-side table in the network namespace of `pid` (idempotent)."""
+def confine_source_here() -> None:
+    """Install the sandbox-side table in the calling thread's network namespace (idempotent): called from
+    the thread that entered the sandbox's (local/network.py)."""
     try:
-        nftables.run_in_netns(pid, _SOURCE)
+        nftables.run_here(_SOURCE)
     except nftables.NftablesError as exc:
-        raise BackendUnavailableError(f"sandbox egress filter in the namespace of {pid}: {exc}") from exc
+        raise BackendUnavailableError(f"sandbox egress filter: {exc}") from exc
