@@ -82,6 +82,9 @@ _lock = threading.Lock()
 
 
 def _lib() -> ctypes.CDLL:
+    lib = _state.get("lib")
+    if lib is not None:  # loaded: no lock, which a host transaction holds for its whole length
+        return lib
     with _lock:
         if "lib" not in _state:
             _state["lib"] = _load()
