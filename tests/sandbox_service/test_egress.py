@@ -388,3 +388,45 @@ def test_an_allowlist_link_is_made_changed_and_removed_without_a_process(tmp_pat
     assert f"169.254.0.1 dev eth0 lladdr {local_network.host_mac(rec.net_index)} PERMANENT" in neigh
     assert ipv6_sandbox.strip() == "1" and ipv6_host.strip() == "1"
     assert not local_network.link_exists(link)
+
+
+def test_chains_with_the_same_ranges_share_one_set_which_goes_with_the_last():
+    """The wider CIDRs are a named set per content, not an anonymous set per chain (libnftables reads every
+    interval set's elements whenever a set's elements change: per-chain sets made each create and delete
+    read every sandbox's ranges). Two chains with the same ranges name one set; it goes with the last."""
+    from sandbox_service.backends import nftables
+    from sandbox_service.backends.local import egress as local_egress
+    from sandbox_service.backends.local import network as local_network
+    from sandbox_service.backends.local.config import LocalBackendConfig
+    from sandbox_service.backends.local.slots import MachineSlots
+
+    subnet = LocalBackendConfig().allowlist_subnet
+    first, second, other = "orcfffe2h", "orcfffe3h", "orcfffe4h"  # slots beyond any a backend hands out
+    wide = ["10.254.0.0/16", "192.0.2.0/24"]
+
+    def shared_sets() -> set[str]:
+        items = nftables.query(f"list sets {local_egress.TABLE.split()[0]}")
+        return {i["set"]["name"] for i in items if "set" in i and i["set"]["name"] not in ("links",)}
+
+    def named_by(link: str) -> set[str]:
+        text = json.dumps(nftables.query(f"list chain {local_egress.TABLE} {link}"))
+        return {name for name in shared_sets() if f'"@{name}"' in text}
+
+    before = shared_sets()
+    try:
+        local_egress.allow(first, wide, subnet)
+        local_egress.allow(second, list(reversed(wide)), subnet)
+        local_egress.allow(other, ["10.253.0.0/16"], subnet)
+        assert len(named_by(first)) == 2 and named_by(first) == named_by(second)
+        assert len(named_by(other) - named_by(first)) == 1  # its own ranges; the never-reached set is shared
+        sets_of_first = named_by(first)
+        local_egress.remove(first)
+        assert sets_of_first <= shared_sets()  # the second chain still names them
+        local_egress.remove(second)
+        assert shared_sets() - before == named_by(other)
+        local_egress.remove(other)
+        assert shared_sets() - before == set()
+    finally:
+        for link in (first, second, other):
+            local_egress.remove(link)
+        local_network.release_table(MachineSlots(LocalBackendConfig().net_index_dir, 65000, "allowlist slots"))

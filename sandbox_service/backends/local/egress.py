@@ -11,13 +11,23 @@ say, before routing, conntrack or any other rule of the host (priority raw of th
       set links   { ifname }                  the same links, for the output hook
       chain prerouting (hook, priority raw)   iifname vmap @egress
       chain output     (hook, priority raw)   oifname @links notrack
+      set n<digest>, w<digest>                named interval sets, one per content (below)
       chain orc5h                             one per sandbox, named after its link's host end:
         notrack                                 its packets never take a slot of the host's conntrack table
         ip daddr { <named /32s> } accept        single addresses the allowlist names, the host's included
         fib daddr type != unicast drop          the host's own addresses, broadcast, multicast: only if named
-        ip daddr { <sandbox subnet>, <cloud metadata> } drop   other sandboxes only if named; metadata never
-        ip daddr { <wider CIDRs> } accept
+        ip daddr @n<digest> drop                the sandbox subnet and cloud metadata: other sandboxes only if
+                                                named, metadata never
+        ip daddr @w<digest> accept              the allowlist's wider CIDRs
         drop                                    everything else, and every IPv6 packet
+
+The wider CIDRs and the never-reached ranges are named sets shared by every chain that names the same
+list (a set's name is a digest of its content; the published API's unrestricted egress is one set of ~116
+ranges for every such sandbox), not an anonymous set in each chain: libnftables reads every interval set's
+elements before it changes a set's elements (its cache), so with an anonymous interval set per chain each
+create and delete read every sandbox's ranges: 182 ms of CPU an allow + remove with 1,000 such sandboxes,
+3 ms with 10; with shared sets, 5 ms with 1,000. A set goes when this process's last chain naming it goes
+(the kernel refuses to delete a set a chain still names: another service's use keeps it).
 
 A sandbox's chain, map entry and set entry are added in one transaction before its link exists, replaced
 in one transaction when its policy changes (never an instant without a filter), and removed after its
@@ -30,7 +40,9 @@ allowlist create, and removed when a service stops while no allowlist slot of th
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import threading
 
 from sandbox_service.backends import nftables
 from sandbox_service.backends.allowlist import METADATA_CIDRS
@@ -68,36 +80,74 @@ def ensure() -> None:
         ) from exc
 
 
-def rules(link: str, cidrs: list[str], sandbox_subnet: str) -> str:
-    """The batch that makes `link`'s chain say `cidrs` (IPv4 CIDRs), and hooks it in. `sandbox_subnet`:
-    the other sandboxes' addresses, which, like the host's own, open only when named one by one."""
+def _shared_set(prefix: str, nets: list[ipaddress.IPv4Network]) -> tuple[str, list[str]]:
+    """The named interval set holding `nets` (collapsed): its name, a digest of its content, and the lines
+    that make it. `add`, never `create`: a batch that makes a set another chain already uses changes nothing."""
+    elements = [str(n) for n in ipaddress.collapse_addresses(nets)]
+    name = prefix + hashlib.sha256(",".join(elements).encode()).hexdigest()[:16]
+    return name, [
+        f"add set {TABLE} {name} {{ type ipv4_addr; flags interval; }}",
+        f"add element {TABLE} {name} {{ {', '.join(elements)} }}",
+    ]
+
+
+def rules(link: str, cidrs: list[str], sandbox_subnet: str) -> tuple[str, frozenset[str]]:
+    """The batch that makes `link`'s chain say `cidrs` (IPv4 CIDRs), and hooks it in, with the shared sets
+    it names. `sandbox_subnet`: the other sandboxes' addresses, which, like the host's own, open only when
+    named one by one."""
     _check_link(link)
     nets = [ipaddress.IPv4Network(c) for c in cidrs]
     named = sorted({str(n.network_address) for n in nets if n.prefixlen == 32})
-    wide = [str(n) for n in ipaddress.collapse_addresses(n for n in nets if n.prefixlen < 32)]
-    never = [sandbox_subnet, *(c for c in METADATA_CIDRS if ipaddress.ip_network(c).version == 4)]
+    wide = [n for n in nets if n.prefixlen < 32]
     chain = f"{TABLE} {link}"
-    lines = [f"add chain {chain}", f"flush chain {chain}", f"add rule {chain} notrack"]
+    lines, sets = [], []
+    if wide:
+        never = [sandbox_subnet, *(c for c in METADATA_CIDRS if ipaddress.ip_network(c).version == 4)]
+        never_set, make_never = _shared_set("n", [ipaddress.IPv4Network(c) for c in never])
+        wide_set, make_wide = _shared_set("w", wide)
+        lines += make_never + make_wide
+        sets = [never_set, wide_set]
+    lines += [f"add chain {chain}", f"flush chain {chain}", f"add rule {chain} notrack"]
     if named:
         lines.append(f"add rule {chain} ip daddr {{ {', '.join(named)} }} accept")
     if wide:
         lines += [
             f"add rule {chain} fib daddr type != unicast drop",
-            f"add rule {chain} ip daddr {{ {', '.join(never)} }} drop",
-            f"add rule {chain} ip daddr {{ {', '.join(wide)} }} accept",
+            f"add rule {chain} ip daddr @{sets[0]} drop",
+            f"add rule {chain} ip daddr @{sets[1]} accept",
         ]
     lines += [
         f"add rule {chain} drop",
         f'add element {TABLE} egress {{ "{link}" : jump {link} }}',
         f'add element {TABLE} links {{ "{link}" }}',
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n", frozenset(sets)
+
+
+# The shared sets each link's chain names, for the links this process filtered: a set no chain of ours
+# names any more is deleted (best effort: the kernel keeps one another service's chain still names).
+_named_by: dict[str, frozenset[str]] = {}
+_named_lock = threading.Lock()
+
+
+def _note_sets(link: str, sets: frozenset[str] | None) -> None:
+    """Record what `link`'s chain names now (None: no chain), and delete the shared sets nothing of ours names."""
+    with _named_lock:
+        before = _named_by.pop(link, frozenset())
+        if sets:
+            _named_by[link] = sets
+        unused = before - frozenset().union(*_named_by.values())
+    for name in sorted(unused):
+        try:
+            nftables.run(f"delete set {TABLE} {name}\n")
+        except nftables.NftablesError:
+            pass  # still named by another service's chain (EBUSY), or gone with the table
 
 
 def allow(link: str, cidrs: list[str], sandbox_subnet: str) -> None:
     """Let packets arriving from `link` reach `cidrs` only; replaces what the link allowed before, in one
     transaction. Call before the link exists."""
-    batch = rules(link, cidrs, sandbox_subnet)
+    batch, sets = rules(link, cidrs, sandbox_subnet)
     try:
         nftables.run(batch)
     except nftables.NftablesError:
@@ -106,6 +156,7 @@ def allow(link: str, cidrs: list[str], sandbox_subnet: str) -> None:
             nftables.run(batch)
         except nftables.NftablesError as exc:
             raise BackendUnavailableError(f"sandbox egress filter for {link}: {exc}") from exc
+    _note_sets(link, sets)
 
 
 def remove(link: str) -> None:
@@ -122,13 +173,17 @@ def remove(link: str) -> None:
         nftables.run(batch)
     except nftables.NftablesError as exc:
         if not table_exists():
+            _note_sets(link, None)
             return  # no table: nothing of the link can be left
         raise BackendUnavailableError(f"could not remove the egress filter of {link}: {exc}") from exc
+    _note_sets(link, None)
 
 
 def drop_table() -> None:
     """Remove the whole table (idempotent). Only when no sandbox link can exist: see local_network.release_table."""
     nftables.run(f"add table {TABLE}\ndelete table {TABLE}\n")
+    with _named_lock:
+        _named_by.clear()  # every set went with the table
 
 
 def table_exists() -> bool:
