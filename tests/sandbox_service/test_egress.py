@@ -430,3 +430,27 @@ def test_chains_with_the_same_ranges_share_one_set_which_goes_with_the_last():
         for link in (first, second, other):
             local_egress.remove(link)
         local_network.release_table(MachineSlots(LocalBackendConfig().net_index_dir, 65000, "allowlist slots"))
+
+
+def test_an_allowlist_of_thousands_of_cidrs_is_routed_whole(tmp_path):
+    """Requests go to the kernel in datagrams of bounded size: 2,000 CIDRs (one route each) all arrive."""
+    import asyncio
+    import secrets as _secrets
+
+    from sandbox_service.agent_link.client import AgentClient
+    from sandbox_service.backends.local.backend import LocalBackend, LocalBackendConfig
+
+    cidrs = [f"10.{100 + i // 100}.{(i % 100) * 2}.0/24" for i in range(2000)]  # none adjacent: 2,000 routes
+    backend = LocalBackend(LocalBackendConfig(state_dir=tmp_path / "state"))
+    spec = SandboxCreate(network=NetworkPolicy(mode="allowlist", allow_cidrs=cidrs))
+    try:
+        endpoint = backend.start("t-many", spec, spec.resources, _secrets.token_hex(8))
+        asyncio.run(AgentClient(endpoint).close())
+        pid = backend.record("t-many").host_pid
+        routes = subprocess.run(
+            ["nsenter", "-t", str(pid), "-n", "ip", "-4", "route"], capture_output=True, text=True
+        ).stdout
+    finally:
+        backend.stop("t-many")
+        backend.close()
+    assert len(_route_lines(routes)) == 2000
