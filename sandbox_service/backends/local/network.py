@@ -66,11 +66,11 @@ def veth_name(index: int) -> str:
 GATEWAY = "169.254.0.1"
 BOUND_TABLE = 100
 SANDBOX_IF = "eth0"
-_LOOPBACK_INDEX = 1
+_LOOPBACK_INDEX = 1  # lo is the first link of every network namespace
 # One link set-up of this service at a time. Its IPv6 sysctl writes take the kernel's RTNL with a trylock
 # and restart the write while another holder has it: set-ups in parallel made the writes spin (~8 % of the
 # service's CPU in a 100-sandbox burst, perf). Each set-up is a few ms, so a burst queues briefly.
-_RTNL = threading.Lock()  # lo is the first link of every network namespace
+_RTNL = threading.Lock()
 T = TypeVar("T")
 
 
@@ -122,9 +122,13 @@ def _ipv6_off(dev: str) -> None:
     """IPv6 off for `dev` in the calling thread's network namespace (/proc/sys/net resolves against it);
     nothing to do where the kernel has no IPv6."""
     path = f"/proc/sys/net/ipv6/conf/{dev}/disable_ipv6"
-    if os.path.exists(path):
+    if not os.path.exists(path):
+        return
+    try:
         with open(path, "w") as f:
             f.write("1")
+    except OSError as exc:  # the link must not come up with IPv6 on: the set-up fails
+        raise BackendUnavailableError(f"network setup failed: IPv6 off for {dev}: {exc}") from exc
 
 
 def link_exists(name: str) -> bool:
