@@ -3,8 +3,9 @@
 Given a JSON boot config written by the local backend, before serving it:
 1. joins the sandbox's cgroups, sets its own oom_score_adj to -1000 (a workload OOM kills the
    workload, not the agent) and keeps fds to its pids cgroup and memory.oom_control;
-2. mounts the root: overlay (lower = image dir or the allowlist skeleton of local/root.py, upper/work
-   per sandbox on its size-limited disk tmpfs), the allowlisted host paths read-only over it, a fresh
+2. mounts the root: overlay (lower = image dir or the allowlist skeleton of local/root.py, beneath the
+   read-only layers of the snapshot it was forked or restored from, upper/work per sandbox on its
+   size-limited disk tmpfs), the allowlisted host paths read-only over it, a fresh
    /proc (with kernel knobs read-only and kcore/keys/timers masked), a minimal /dev (null, zero,
    full, random, urandom, tty, a private devpts of at most `pty_max` ptys), read-only sysfs, /tmp,
    /run and /dev/shm from the sandbox's disk tmpfs (one memory pool, see _mount_scratch),
@@ -139,8 +140,12 @@ def _bind_point(merged: str, src: str) -> None:
 
 def build_root(config: dict) -> None:
     merged = config["merged"]
-    lower = _idmapped(config["lower"], config.get("lower_idmapped"))
-    mount("overlay", merged, "overlay", 0, f"lowerdir={lower},upperdir={config['upper']},workdir={config['work']}")
+    lowers = [_idmapped(layer["path"], layer["idmapped"]) for layer in config.get("layers", [])]
+    lowers.append(_idmapped(config["lower"], config.get("lower_idmapped")))
+    # No redirects and no metacopy files: the upper may become a snapshot layer, folded into others by
+    # copying (backends/fstree.overlay_onto), which knows whiteouts and opaque directories only.
+    options = f"lowerdir={':'.join(lowers)},upperdir={config['upper']},workdir={config['work']}"
+    mount("overlay", merged, "overlay", 0, options + ",redirect_dir=off,metacopy=off")
     proc = os.path.join(merged, "proc")
     os.makedirs(proc, exist_ok=True)
     mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)

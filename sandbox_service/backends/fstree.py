@@ -13,7 +13,9 @@ restart then refused the state dir. Here:
   into a quarantine directory, and says which it did, so that start-up and deletes always go on.
 - `tree_size` sums regular-file sizes the same way, one fd at a time, also without recursion.
 - `shift_owners` hands a tree from one sandbox's user-id range to another's the same way (a snapshot
-  forked or restored into another sandbox).
+  saved as a layer owned from id 0).
+- `overlay_onto` folds one overlay layer onto another as overlayfs shows them (a chain of snapshot
+  layers grown too deep), walking both trees in step the same way.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import errno
 import logging
 import os
 import stat
+import subprocess
 import time
 from pathlib import Path
 from typing import Callable
@@ -211,3 +214,86 @@ def shift_owners(path: str | os.PathLike, old: int, new: int, size: int) -> None
     top = os.open(os.fspath(path), _DIR_FLAGS)
     shift(os.fstat(top), lambda uid, gid: os.fchown(top, uid, gid), lambda mode: os.fchmod(top, mode))
     _walk(top, os.fspath(path), scan, skip=FileNotFoundError, doing="handed to another id range")
+
+
+OPAQUE_XATTR = "trusted.overlay.opaque"
+
+
+def is_whiteout(st: os.stat_result) -> bool:
+    """An overlay whiteout: a character device 0/0 in a layer hides the name in the layers beneath."""
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+
+
+def _opaque(dir_fd: int, name: str) -> bool:
+    """The directory `name` in `dir_fd` hides the layers beneath (overlayfs's trusted.overlay.opaque)."""
+    try:
+        return os.getxattr(f"/proc/self/fd/{dir_fd}/{name}", OPAQUE_XATTR, follow_symlinks=False) == b"y"
+    except OSError:
+        return False
+
+
+def overlay_onto(layer: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Apply overlay layer `layer` on top of directory `dest` as overlayfs would show it: `dest` then holds
+    the two layers as one (for folding a chain of snapshot layers; whiteouts and opaque directories are kept,
+    so the result still hides what they hid beneath it). Needs the mount to have made no redirects or
+    metacopy files (the local backend mounts with both off).
+
+    First every name of `dest` that `layer` replaces rather than merges (a whiteout, an opaque directory, a
+    directory over a non-directory or the reverse) is removed, walking both trees in step one directory fd
+    each at a time (no recursion, no path longer than a name); then `cp -a --remove-destination` copies the
+    layer over, merging directories, replacing files and keeping xattrs, owners and whiteouts."""
+    layer_path, dest_path = os.fspath(layer), os.fspath(dest)
+    cur_layer, cur_dest = os.open(layer_path, _DIR_FLAGS), os.open(dest_path, _DIR_FLAGS)
+
+    def scan() -> list[str]:
+        both = []
+        with os.scandir(cur_layer) as entries:
+            names = [entry.name for entry in entries]
+        for name in names:
+            try:
+                here = os.stat(name, dir_fd=cur_layer, follow_symlinks=False)
+                there = os.stat(name, dir_fd=cur_dest, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            merges = stat.S_ISDIR(here.st_mode) and stat.S_ISDIR(there.st_mode) and not _opaque(cur_layer, name)
+            if merges:
+                both.append(name)
+            else:
+                remove_tree(f"/proc/self/fd/{cur_dest}/{name}")
+        return both
+
+    stack: list[list[str]] = []
+    try:
+        pending = scan()
+        while True:
+            if pending:
+                name = pending.pop()
+                child_layer = os.open(name, _DIR_FLAGS, dir_fd=cur_layer)
+                try:
+                    child_dest = os.open(name, _DIR_FLAGS, dir_fd=cur_dest)
+                except BaseException:
+                    os.close(child_layer)
+                    raise
+                os.close(cur_layer)
+                os.close(cur_dest)
+                cur_layer, cur_dest = child_layer, child_dest
+                stack.append(pending)
+                pending = scan()
+                continue
+            if not stack:
+                break
+            pending = stack.pop()
+            parent_layer = os.open("..", _DIR_FLAGS, dir_fd=cur_layer)
+            os.close(cur_layer)
+            cur_layer = parent_layer
+            parent_dest = os.open("..", _DIR_FLAGS, dir_fd=cur_dest)
+            os.close(cur_dest)
+            cur_dest = parent_dest
+    finally:
+        os.close(cur_layer)
+        os.close(cur_dest)
+    proc = subprocess.run(
+        ["cp", "-a", "--remove-destination", f"{layer_path}/.", dest_path], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise OSError(errno.EIO, f"copying layer {layer_path} onto {dest_path} failed: {proc.stderr.strip()}")

@@ -9,7 +9,8 @@ points, the same way agent/seccomp.py reaches libseccomp.
 
 A context is not thread-safe and talks to the network namespace it was made in: one for the service's
 namespace, every call under a lock (ctypes releases the GIL while the library talks to the kernel, so
-other threads keep running), and a fresh one per call in a sandbox's namespace (`run_in_netns`).
+other threads keep running), and a fresh one per call from a thread that entered a sandbox's namespace
+(`run_here`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import ctypes
 import ctypes.util
 import json
 import threading
-
-from sandbox_service.backends.netns import NamespaceEntryError, call_in_netns
 
 NFT_CTX_OUTPUT_JSON = 1 << 4
 
@@ -118,15 +117,6 @@ def run_here(commands: str) -> None:
         ctx.run(commands, json_output=False)
     finally:
         ctx.free()
-
-
-def run_in_netns(pid: int, commands: str) -> None:
-    """`run`, in the network namespace of process `pid`: a thread of this process enters it; no process is
-    started."""
-    try:
-        call_in_netns(pid, lambda: run_here(commands))
-    except NamespaceEntryError as exc:
-        raise NftablesError(str(exc)) from exc
 
 
 def available() -> bool:

@@ -257,6 +257,90 @@ def test_snapshot_restore_and_fork(backend):
         backend.start("t-nosnap", SandboxCreate(from_snapshot=snap), Resources(), "s")
 
 
+def _uid_base(box):
+    return box.sh("cat /proc/self/uid_map").stdout.split()[1]
+
+
+def test_a_fork_mounts_the_snapshot_as_a_layer_copies_nothing_and_a_layer_outlives_its_name(backend):
+    """Forks and restores used to copy the snapshot into the new upper layer (cp -a, then a chown pass into
+    the new id range): a fork of a big tree cost its size in time and in the fork's memory-backed disk. Now
+    the snapshot is a read-only layer the fork mounts through its own id range, and a snapshot of the fork
+    saves only what the fork changed, over the same layer."""
+    first, second = f"snap-{uuid.uuid4().hex[:8]}", f"snap-{uuid.uuid4().hex[:8]}"
+    with Box(backend) as box:
+        assert box.sh(
+            "head -c 8M /dev/urandom > /workspace/big.bin && mkdir /workspace/d && echo x > /workspace/d/x"
+            " && rm /etc/hostname && sha256sum /workspace/big.bin > /workspace/sum"
+        ).ok
+        backend.snapshot(box.id, first)
+        (layer,) = backend.snapshots.meta(first)["layers"]
+        on_disk = backend.snapshots.layer(layer) / "workspace" / "big.bin"
+        assert (on_disk.stat().st_uid, on_disk.stat().st_gid) == (0, 0)  # saved from id 0, for any range
+        with Box(backend, SandboxCreate(from_snapshot=first)) as fork:
+            assert _uid_base(fork) != _uid_base(box)
+            assert os.listdir(backend._dir(fork.id).upper) == []  # nothing copied
+            assert backend.record(fork.id).layers == [layer]
+            r = fork.sh(
+                "sha256sum -c /workspace/sum && stat -c '%u %g' /workspace/big.bin /workspace/d/x"
+                " && test ! -e /etc/hostname && df -k /workspace | tail -1"
+            )
+            assert r.ok and "big.bin: OK\n0 0\n0 0\n" in r.stdout, r.stdout
+            assert int(r.stdout.split()[-4]) < 2048, r.stdout  # the fork's disk holds none of the 8 MiB
+            assert fork.sh("echo more >> /workspace/d/x && rm /workspace/big.bin && touch /workspace/new").ok
+            added = backend.snapshot(fork.id, second)
+            chain = backend.snapshots.meta(second)["layers"]
+            assert added < 1024 and chain[1:] == [layer]
+            backend.delete_snapshot(first)  # its name goes; its layer stays: the fork and `second` use it
+            with pytest.raises(errors.SnapshotNotFoundError):
+                backend.start("t-gone", SandboxCreate(from_snapshot=first), Resources(), "s")
+            assert backend.snapshots.layer(layer).is_dir()
+        with Box(backend, SandboxCreate(from_snapshot=second)) as grandchild:
+            r = grandchild.sh("cat /workspace/d/x; ls /workspace; stat -c %u /workspace/d/x")
+            assert r.stdout == "x\nmore\nd\nnew\nsum\n0\n", r.stdout
+            backend.restore(box.id, second)  # the original sandbox onto the chain: no copy either
+            assert os.listdir(backend._dir(box.id).upper) == []
+            assert box.sh("cat /workspace/d/x").stdout == "x\nmore\n"
+        backend.delete_snapshot(second)
+        assert backend.snapshots.layer(layer).is_dir()  # `box` still runs on it
+    assert not any(backend.snapshots.layer(name).exists() for name in chain)  # their last user is gone
+
+
+def test_a_chain_deeper_than_the_limit_is_folded_into_one_layer_that_shows_the_same_tree(tmp_path):
+    """Each snapshot of a forked sandbox adds a layer; past `snapshot_max_layers` the chain is folded into
+    one (whiteouts, opaque directories, a file replacing a directory and the reverse): the tree a fork of
+    the folded snapshot sees is the tree the sandbox saw."""
+    state = tempfile.mkdtemp(prefix="orb", dir="/tmp")
+    b = LocalBackend(LocalBackendConfig(state_dir=state, snapshot_max_layers=2))
+    tree = (  # sizes of files only: a directory's differs between tmpfs and the state dir's filesystem
+        "find /workspace /etc -xdev -printf '%p %y %m %u\\n' | sort; find /workspace -type f -exec md5sum {} + | sort;"
+        " cat /etc/hostname /workspace/a/in"
+    )
+    steps = [
+        "mkdir -p /workspace/d /workspace/o /workspace/a && echo x > /workspace/d/x && echo y > /workspace/d/y"
+        " && touch /workspace/o/1 /workspace/o/2 /workspace/a/in && rm /etc/hostname",
+        "rm /workspace/d/x && rm -r /workspace/o && mkdir /workspace/o && touch /workspace/o/3"
+        " && rm -r /workspace/a && echo file > /workspace/a",
+        "echo back > /etc/hostname && rm /workspace/a && mkdir /workspace/a && echo dir > /workspace/a/in"
+        " && chmod 750 /workspace/d",
+    ]
+    try:
+        box, snap = Box(b), None
+        for i, step in enumerate(steps):
+            assert box.sh(step).ok, step
+            expected = box.sh(tree).stdout
+            b.snapshot(box.id, f"s{i}")
+            box.close()
+            snap = f"s{i}"
+            box = Box(b, SandboxCreate(from_snapshot=snap))
+            assert box.sh(tree).stdout == expected, (snap, b.snapshots.meta(snap))
+        assert [len(b.snapshots.meta(f"s{i}")["layers"]) for i in range(3)] == [1, 2, 1]
+        assert "/workspace/o/3" in expected and "/workspace/o/1" not in expected and "back\ndir\n" in expected
+        box.close()
+    finally:
+        b.close()
+        shutil.rmtree(state, ignore_errors=True)
+
+
 @pytest.mark.parametrize("where", ["/tmp", "/dev/shm", "/workspace"])
 def test_filling_files_to_the_memory_limit_fails_that_command_and_the_next_one_runs(backend, where):
     """tmpfs pages count against the memory limit and cannot be reclaimed: filling /tmp (1 GiB tmpfs)

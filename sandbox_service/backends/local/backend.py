@@ -109,11 +109,12 @@ from sandbox_service.backends.local import ceilings as local_ceilings
 from sandbox_service.backends.local import gvisor as local_gvisor
 from sandbox_service.backends.local import network as local_network
 from sandbox_service.backends.base import AgentEndpoint, BackendStatus, SandboxBackend
-from sandbox_service.backends.fstree import remove_tree, shift_owners
+from sandbox_service.backends.fstree import remove_tree
 from sandbox_service.backends.local.cgroups import SandboxCgroups, detect_version
 from sandbox_service.backends.local.config import DEFAULT_PATH, LocalBackendConfig, check_isolation
 from sandbox_service.backends.local.root import build_root, service_python_dir
-from sandbox_service.backends.local.rootfs import SandboxDir, SandboxRecord, SnapshotStore, copy_tree, install_agent
+from sandbox_service.backends.local.rootfs import SandboxDir, SandboxRecord, copy_tree, install_agent
+from sandbox_service.backends.local.snapshots import SnapshotStore
 from sandbox_service.backends.local.slots import MachineSlots
 from sandbox_service.backends.local.zygote import Zygote
 from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SandboxNotFoundError
@@ -147,7 +148,7 @@ class LocalBackend(SandboxBackend):
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         (self.state_dir / "s").mkdir(exist_ok=True)
         self.agent_dir = install_agent(self.state_dir)
-        self.snapshots = SnapshotStore(self.state_dir)
+        self.snapshots = SnapshotStore(self.state_dir, config.snapshot_max_layers)
         self.image_dir = Path(config.image_dir or self.state_dir / "images").resolve()
         self.root_lower: Path | None = None
         self.root_binds: list[str] = []
@@ -241,13 +242,15 @@ class LocalBackend(SandboxBackend):
         base = self._uid_base(rec)
         return {"base": base, "size": self.config.userns_size} if base is not None else None
 
-    def _copy_snapshot(self, snapshot_id: str, target: Path, rec: SandboxRecord) -> None:
-        """Copy a snapshot's upper layer into `target`, its files handed from the id range of the sandbox it
-        was taken in to this one's."""
-        copy_tree(self.snapshots.upper(snapshot_id), target)
-        old, new = self.snapshots.meta(snapshot_id).get("uid_base"), self._uid_base(rec)
-        if old is not None and new is not None and old != new:
-            shift_owners(target, old, new, self.config.userns_size)
+    def _use_snapshot(self, snapshot_id: str, d: SandboxDir, rec: SandboxRecord) -> None:
+        """Start `rec` from the snapshot: isolated, its layers are mounted beneath an empty upper (pinned
+        until stop or the next restore); unisolated, its one layer is copied into the workspace."""
+        if self.isolated:
+            rec.layers = self.snapshots.pin(snapshot_id)
+            d.save(rec)
+        else:
+            (layer,) = self.snapshots.meta(snapshot_id)["layers"]
+            copy_tree(self.snapshots.layer(layer), d.workspace)
 
     def _mount_disk(self, d: SandboxDir, resources: Resources) -> None:
         """The writable layer lives on a tmpfs of disk_mb (and disk_mb * disk_inodes_per_mb inodes), so a
@@ -335,7 +338,7 @@ class LocalBackend(SandboxBackend):
                 self._mount_disk(d, resources)
             d.make_layers()
             if spec.from_snapshot:
-                self._copy_snapshot(spec.from_snapshot, d.workspace if not self.isolated else d.upper, rec)
+                self._use_snapshot(spec.from_snapshot, d, rec)
             if self.isolated:
                 cg = self._cgroups(sandbox_id)
                 cg.create(resources)
@@ -374,6 +377,10 @@ class LocalBackend(SandboxBackend):
                 "seccomp": self.config.seccomp,
                 "userns": self._userns(rec),
                 "lower_idmapped": str(d.root / "lower"),
+                "layers": [
+                    {"path": str(self.snapshots.layer(layer)), "idmapped": str(d.root / f"l{i}")}
+                    for i, layer in enumerate(rec.layers)
+                ],
                 "cgroup_procs": cg.procs_files(),
                 "pids_cgroup": str(cg.work_pids_dir),
                 "oom_counter": str(cg.oom_counter),
@@ -627,7 +634,9 @@ class LocalBackend(SandboxBackend):
             self.uid_slots.release(rec.uid_slot, str(d.root))
         d.remove()
         with self._lock:
-            self._records.pop(sandbox_id, None)
+            known = self._records.pop(sandbox_id, None)
+        if known is not None:  # only this instance pinned its layers, and only once
+            self.snapshots.unpin(known.layers)
 
     def apply_network_policy(self, sandbox_id: str, policy: NetworkPolicy) -> None:
         rec = self.record(sandbox_id)
@@ -647,13 +656,20 @@ class LocalBackend(SandboxBackend):
             raise local_gvisor.refuse("snapshot")
         rec = self.record(sandbox_id)
         d = self._dir(sandbox_id)
-        meta = {"image": rec.image, "workdir": rec.workdir, "sandbox_id": sandbox_id, "uid_base": self._uid_base(rec)}
+        meta = {"image": rec.image, "workdir": rec.workdir, "sandbox_id": sandbox_id}
         if not self.isolated:
-            return self.snapshots.save(snapshot_id, d.workspace, meta)
+            return self.snapshots.save(snapshot_id, d.workspace, meta, beneath=[], owners=None, id_range=0)
         cg = self._cgroups(sandbox_id)
         cg.freeze(True)  # a consistent upper layer: nothing writes while it is copied
         try:
-            return self.snapshots.save(snapshot_id, d.upper, meta)
+            return self.snapshots.save(
+                snapshot_id,
+                d.upper,
+                meta,
+                beneath=rec.layers,
+                owners=self._uid_base(rec),
+                id_range=self.config.userns_size,
+            )
         finally:
             cg.freeze(False)
 
@@ -668,7 +684,9 @@ class LocalBackend(SandboxBackend):
         target = d.upper if self.isolated else d.workspace
         remove_tree(target)
         target.mkdir()
-        self._copy_snapshot(snapshot_id, target, rec)
+        before = rec.layers
+        self._use_snapshot(snapshot_id, d, rec)
+        self.snapshots.unpin(before)
         d.reset_layers()
         self._launch(d, rec)
         if self.isolated and rec.network.mode == "allowlist":

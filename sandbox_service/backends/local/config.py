@@ -111,6 +111,14 @@ class LocalBackendConfig(BaseModel):
         Path("/run/orchard/uid-slots"),
         description="Machine-wide allocation of id ranges (one file per slot), shared by every service on this host.",
     )
+    snapshot_max_layers: int = Field(
+        16,
+        ge=1,
+        le=48,
+        description="Snapshots are read-only overlay layers a fork or restore mounts (nothing copied); a "
+        "snapshot of a sandbox running on layers keeps them beneath its own, and a chain deeper than this is "
+        "folded into one layer when saved (local/snapshots.py). The mount option string caps it (one page).",
+    )
     disk_inodes_per_mb: int = Field(256, ge=1, description="Inode limit of the writable layer per MiB of disk_mb.")
     agent_python: str | None = Field(None, description="Interpreter for the agent (default: the host's base python).")
     boot_timeout_seconds: float = Field(15.0, gt=0, description="Give up on a sandbox whose agent is not up by then.")

@@ -100,28 +100,28 @@ def rules(link: str, cidrs: list[str], sandbox_subnet: str) -> tuple[str, frozen
     named = sorted({str(n.network_address) for n in nets if n.prefixlen == 32})
     wide = [n for n in nets if n.prefixlen < 32]
     chain = f"{TABLE} {link}"
-    lines, sets = [], []
+    lines: list[str] = []
+    never_set = wide_set = ""
     if wide:
         never = [sandbox_subnet, *(c for c in METADATA_CIDRS if ipaddress.ip_network(c).version == 4)]
         never_set, make_never = _shared_set("n", [ipaddress.IPv4Network(c) for c in never])
         wide_set, make_wide = _shared_set("w", wide)
         lines += make_never + make_wide
-        sets = [never_set, wide_set]
     lines += [f"add chain {chain}", f"flush chain {chain}", f"add rule {chain} notrack"]
     if named:
         lines.append(f"add rule {chain} ip daddr {{ {', '.join(named)} }} accept")
     if wide:
         lines += [
             f"add rule {chain} fib daddr type != unicast drop",
-            f"add rule {chain} ip daddr @{sets[0]} drop",
-            f"add rule {chain} ip daddr @{sets[1]} accept",
+            f"add rule {chain} ip daddr @{never_set} drop",
+            f"add rule {chain} ip daddr @{wide_set} accept",
         ]
     lines += [
         f"add rule {chain} drop",
         f'add element {TABLE} egress {{ "{link}" : jump {link} }}',
         f'add element {TABLE} links {{ "{link}" }}',
     ]
-    return "\n".join(lines) + "\n", frozenset(sets)
+    return "\n".join(lines) + "\n", frozenset({never_set, wide_set} - {""})
 
 
 # The shared sets each link's chain names, for the links this process filtered: a set no chain of ours

@@ -1,11 +1,11 @@
-"""On-disk layout of the local backend's state directory, the agent copy, and snapshots.
+"""On-disk layout of the local backend's state directory and the agent copy (snapshots: local/snapshots.py).
 
     <state>/agent/<hash>/sandbox_service/agent/*.py   stdlib-only agent files, copied once per version
                                                        and bind-mounted read-only into each sandbox
     <state>/s/<id>/record.json                         SandboxRecord: what stop() needs after a crash
     <state>/s/<id>/{upper,work,merged}                 overlay layers (upper holds /workspace too)
     <state>/s/<id>/{a.sock,secret,boot.json,agent.log} agent socket, secret, boot config, log
-    <state>/snapshots/<snapshot_id>/{upper,meta.json}  a saved upper layer and the image it sits on
+    <state>/snapshots, <state>/layers                  snapshots and their overlay layers (local/snapshots.py)
 
 Short names keep Unix socket paths under the 107-byte limit.
 """
@@ -13,7 +13,6 @@ Short names keep Unix socket paths under the 107-byte limit.
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import subprocess
 from datetime import datetime, timezone
@@ -21,8 +20,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox_service.backends.fstree import remove_or_quarantine, remove_tree, tree_size
-from sandbox_service.errors import BackendUnavailableError, InvalidRequestError, SnapshotNotFoundError
+from sandbox_service.backends.fstree import remove_or_quarantine, remove_tree
+from sandbox_service.errors import BackendUnavailableError, InvalidRequestError
 from sandbox_service.models import NetworkPolicy, Resources
 
 AGENT_FILES = (
@@ -61,6 +60,10 @@ class SandboxRecord(BaseModel):
         None,
         description="Slot of the sandbox's host id range in the machine-wide pool "
         "(LocalBackendConfig.userns_pool_size); None without a user namespace.",
+    )
+    layers: list[str] = Field(
+        default_factory=list,
+        description="Snapshot layers mounted beneath the upper, top first (<state>/layers; local/snapshots.py).",
     )
     isolation: str = Field(description="'namespaces' or 'none' (unisolated).")
     host_pid: int | None = Field(None, description="Host pid of the sandbox's PID 1 (the agent).")
@@ -154,52 +157,3 @@ def copy_tree(src: Path, dest: Path) -> None:
     proc = subprocess.run(["cp", "-a", "--reflink=auto", f"{src}/.", str(dest)], capture_output=True, text=True)
     if proc.returncode != 0:
         raise BackendUnavailableError(f"copying {src} to {dest} failed: {proc.stderr.strip()}")
-
-
-class SnapshotStore:
-    def __init__(self, state_dir: Path):
-        self.root = state_dir / "snapshots"
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def path(self, snapshot_id: str) -> Path:
-        if not snapshot_id or "/" in snapshot_id or snapshot_id.startswith("."):
-            raise InvalidRequestError(f"invalid snapshot id {snapshot_id!r}")
-        return self.root / snapshot_id
-
-    def save(self, snapshot_id: str, upper: Path, meta: dict) -> int:
-        dest = self.path(snapshot_id)
-        if dest.exists():
-            raise InvalidRequestError(f"snapshot {snapshot_id!r} already exists")
-        tmp = dest.with_name(dest.name + ".tmp")
-        remove_tree(tmp)
-        try:
-            (tmp / "upper").mkdir(parents=True)
-            copy_tree(upper, tmp / "upper")
-            size = tree_size(tmp / "upper")
-            (tmp / "meta.json").write_text(json.dumps({**meta, "size_bytes": size}))
-            tmp.rename(dest)
-        except BaseException:  # a copy that failed part-way (a tree cp cannot copy, a full disk) leaves nothing
-            remove_or_quarantine(tmp, self.root.parent / "quarantine")
-            raise
-        return size
-
-    def meta(self, snapshot_id: str) -> dict:
-        try:
-            return json.loads((self.path(snapshot_id) / "meta.json").read_text())
-        except OSError as exc:
-            raise SnapshotNotFoundError(f"snapshot {snapshot_id!r} does not exist") from exc
-
-    def upper(self, snapshot_id: str) -> Path:
-        self.meta(snapshot_id)
-        return self.path(snapshot_id) / "upper"
-
-    def delete(self, snapshot_id: str) -> None:
-        remove_or_quarantine(self.path(snapshot_id), self.root.parent / "quarantine")
-
-    def clear(self) -> list[str]:
-        """Remove every snapshot on disk (at start: the registry of the service that made them is gone,
-        so they can never be used again); returns their ids."""
-        leftovers = sorted(p.name for p in self.root.iterdir())
-        for name in leftovers:
-            remove_or_quarantine(self.root / name, self.root.parent / "quarantine")
-        return leftovers

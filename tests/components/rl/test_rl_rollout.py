@@ -130,11 +130,15 @@ def test_trl_trains_on_the_samplers_pool_advantages_unchanged(rl_inputs, sandbox
 
 
 class _FlakyClient:
-    """The real client, but sandbox creation crashes on every 3rd episode and verification times out on the
-    next one (both infrastructure failures the harness must attribute, never rewards)."""
+    """The real client, but sandbox creation crashes on every 3rd episode and the first verification to start
+    times out (both infrastructure failures the harness must attribute, never rewards). The timeout is counted
+    per verification, not per create: episodes are created concurrently, so a sandbox picked by its create's
+    number could share its group with a crash and be cancelled before it ever verified."""
 
     def __init__(self, client):
-        self._client, self.created = client, 0
+        import itertools
+
+        self._client, self.created, self.verifications = client, 0, itertools.count()
 
     def __getattr__(self, name):
         return getattr(self._client, name)
@@ -145,13 +149,12 @@ class _FlakyClient:
         self.created += 1
         if self.created % 3 == 0:
             raise httpx.ConnectError("injected: sandbox service crashed")
-        sandbox = self._client.create(spec, **kw)
-        return _TimingOut(sandbox) if self.created % 3 == 1 else sandbox
+        return _TimingOut(self._client.create(spec, **kw), self.verifications)
 
 
 class _TimingOut:
-    def __init__(self, sandbox):
-        self._sandbox = sandbox
+    def __init__(self, sandbox, verifications):
+        self._sandbox, self._verifications = sandbox, verifications
 
     def __getattr__(self, name):
         return getattr(self._sandbox, name)
@@ -159,7 +162,9 @@ class _TimingOut:
     def verifying(self):
         import httpx
 
-        raise httpx.ReadTimeout("injected: verification timed out")
+        if next(self._verifications) == 0:
+            raise httpx.ReadTimeout("injected: verification timed out")
+        return self._sandbox.verifying()
 
 
 def test_injected_crashes_and_timeouts_never_reach_a_reward(rl_inputs, sandbox_service, tmp_path):
