@@ -337,6 +337,8 @@ def test_a_chain_deeper_than_the_limit_is_folded_into_one_layer_that_shows_the_s
         assert "/workspace/o/3" in expected and "/workspace/o/1" not in expected and "back\ndir\n" in expected
         box.close()
     finally:
+        for sandbox_id in list(b._records):  # a failed step must not leave a sandbox running
+            b.stop(sandbox_id)
         b.close()
         shutil.rmtree(state, ignore_errors=True)
 
