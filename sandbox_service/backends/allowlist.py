@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 
 from sandbox_service.errors import InvalidRequestError
@@ -25,6 +26,13 @@ _METADATA = tuple(
 
 def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
     """The allowlist's CIDRs, normalised; a malformed one or the cloud metadata endpoint is refused."""
+    return list(_checked(tuple(allow_cidrs)))
+
+
+@functools.lru_cache(maxsize=256)
+def _checked(allow_cidrs: tuple[str, ...]) -> tuple[str, ...]:
+    """checked_cidrs, once per list: every create with a policy would parse the same hundred CIDRs again (the
+    published API's unrestricted egress: 116). A refused list raises each time (exceptions are not cached)."""
     cidrs: list[str] = []
     for cidr in allow_cidrs:
         try:
@@ -38,4 +46,4 @@ def checked_cidrs(allow_cidrs: list[str]) -> list[str]:
                 "sandboxes never reach (it hands out the node's credentials)."
             )
         cidrs.append(str(network))
-    return cidrs
+    return tuple(cidrs)

@@ -16,6 +16,7 @@ A socket talks to the network namespace of the thread that opened it (see netns.
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import os
 import socket
@@ -176,20 +177,20 @@ class Rtnetlink:
     ) -> None:
         """`ip route add|replace <dst> [via <gateway> onlink] dev <oif> [table <table>]` (scope link without a
         gateway, as `ip` sets it)."""
-        net = ipaddress.ip_network(dst)
+        prefixlen, address = _destination(dst)
         scope = RT_SCOPE_LINK if gateway is None else RT_SCOPE_UNIVERSE
         flags = 0 if gateway is None else RTNH_F_ONLINK
-        body = _RT.pack(socket.AF_INET, net.prefixlen, 0, 0, min(table, 255), RTPROT_BOOT, scope, RTN_UNICAST, flags)
-        body += _u32(RTA_TABLE, table) + _ipv4(RTA_DST, str(net.network_address)) + _u32(RTA_OIF, oif)
+        body = _RT.pack(socket.AF_INET, prefixlen, 0, 0, min(table, 255), RTPROT_BOOT, scope, RTN_UNICAST, flags)
+        body += _u32(RTA_TABLE, table) + _ipv4(RTA_DST, address) + _u32(RTA_OIF, oif)
         if gateway is not None:
             body += _ipv4(RTA_GATEWAY, gateway)
         mode = NLM_F_CREATE | (NLM_F_REPLACE if replace else NLM_F_EXCL)
         self._request(f"route {dst} dev {oif} table {table}", RTM_NEWROUTE, mode, body)
 
     def delete_route(self, route: Route) -> None:
-        net = ipaddress.ip_network(route.dst)
-        body = _RT.pack(socket.AF_INET, net.prefixlen, 0, 0, min(route.table, 255), 0, 0, 0, 0)
-        body += _u32(RTA_TABLE, route.table) + _ipv4(RTA_DST, str(net.network_address))
+        prefixlen, address = _destination(route.dst)
+        body = _RT.pack(socket.AF_INET, prefixlen, 0, 0, min(route.table, 255), 0, 0, 0, 0)
+        body += _u32(RTA_TABLE, route.table) + _ipv4(RTA_DST, address)
         if route.oif is not None:
             body += _u32(RTA_OIF, route.oif)
         self._request(f"deleting route {route.dst} table {route.table}", RTM_DELROUTE, 0, body)
@@ -213,6 +214,14 @@ class Rtnetlink:
                     raise NetlinkRefused(-struct.unpack_from("=i", payload)[0] or errno.EIO, "listing routes")
                 if kind == RTM_NEWROUTE:
                     routes.append(_route(payload))
+
+
+@functools.lru_cache(maxsize=4096)
+def _destination(dst: str) -> tuple[int, str]:
+    """A route's prefix length and network address; parsed once per CIDR (an allowlist routes the same
+    hundred on every create)."""
+    net = ipaddress.ip_network(dst)
+    return net.prefixlen, str(net.network_address)
 
 
 def _route(payload: bytes) -> Route:

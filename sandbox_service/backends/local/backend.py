@@ -597,7 +597,7 @@ class LocalBackend(SandboxBackend):
         """Kill every process of the sandbox and reap the launcher (mounts die with the mount namespace)."""
         if self.isolated:
             cg = self._cgroups(sandbox_id)
-            if self._gvisor is None and rec is not None and rec.host_pid in cg.pids():
+            if self._gvisor is None and rec is not None and rec.host_pid:
                 _end_pid_namespace(cg, rec.host_pid)
             cg.kill_all()  # whatever is left (nothing, as a rule): frozen and killed until the group is empty
         for pid in (rec.host_pid, rec.launcher_pid) if rec else ():
@@ -727,16 +727,28 @@ class LocalBackend(SandboxBackend):
 
 
 def _end_pid_namespace(cg: SandboxCgroups, agent_pid: int, wait: float = 0.2) -> None:
-    """SIGKILL the agent, PID 1 of the sandbox's pid namespace (checked to be in the sandbox's cgroup, so a
-    reused pid is never hit): the kernel then kills every other process of the namespace and refuses new
-    forks in it, so the group empties without a freeze. Waits up to `wait` seconds for that."""
+    """SIGKILL the agent, PID 1 of the sandbox's pid namespace (through a pidfd taken before checking that
+    the pid is in the sandbox's cgroup, so a reused pid is never hit): the kernel then kills every other
+    process of the namespace and refuses new forks in it, so the group empties without a freeze. Waits up
+    to `wait` seconds for the agent's exit, which the kernel reports only once the namespace's other
+    processes are gone (polling the cgroup every millisecond instead was 8 % of the service's Python time
+    at 1,000 sandboxes on a loaded machine)."""
     try:
-        os.kill(agent_pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+        pidfd = os.pidfd_open(agent_pid)
+    except OSError:  # gone already
         return
-    deadline = time.monotonic() + wait
-    while cg.pids() and time.monotonic() < deadline:
-        time.sleep(0.001)
+    try:
+        if agent_pid not in cg.pids():
+            return
+        try:
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        exited = select.poll()
+        exited.register(pidfd, select.POLLIN)
+        exited.poll(wait * 1000)
+    finally:
+        os.close(pidfd)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -40,6 +40,7 @@ allowlist create, and removed when a service stops while no allowlist slot of th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import threading
@@ -96,21 +97,12 @@ def rules(link: str, cidrs: list[str], sandbox_subnet: str) -> tuple[str, frozen
     it names. `sandbox_subnet`: the other sandboxes' addresses, which, like the host's own, open only when
     named one by one."""
     _check_link(link)
-    nets = [ipaddress.IPv4Network(c) for c in cidrs]
-    named = sorted({str(n.network_address) for n in nets if n.prefixlen == 32})
-    wide = [n for n in nets if n.prefixlen < 32]
+    named, make_sets, never_set, wide_set = _ranges(tuple(cidrs), sandbox_subnet)
     chain = f"{TABLE} {link}"
-    lines: list[str] = []
-    never_set = wide_set = ""
-    if wide:
-        never = [sandbox_subnet, *(c for c in METADATA_CIDRS if ipaddress.ip_network(c).version == 4)]
-        never_set, make_never = _shared_set("n", [ipaddress.IPv4Network(c) for c in never])
-        wide_set, make_wide = _shared_set("w", wide)
-        lines += make_never + make_wide
-    lines += [f"add chain {chain}", f"flush chain {chain}", f"add rule {chain} notrack"]
+    lines = [*make_sets, f"add chain {chain}", f"flush chain {chain}", f"add rule {chain} notrack"]
     if named:
         lines.append(f"add rule {chain} ip daddr {{ {', '.join(named)} }} accept")
-    if wide:
+    if wide_set:
         lines += [
             f"add rule {chain} fib daddr type != unicast drop",
             f"add rule {chain} ip daddr @{never_set} drop",
@@ -122,6 +114,22 @@ def rules(link: str, cidrs: list[str], sandbox_subnet: str) -> tuple[str, frozen
         f'add element {TABLE} links {{ "{link}" }}',
     ]
     return "\n".join(lines) + "\n", frozenset({never_set, wide_set} - {""})
+
+
+@functools.lru_cache(maxsize=256)
+def _ranges(cidrs: tuple[str, ...], sandbox_subnet: str) -> tuple[tuple[str, ...], tuple[str, ...], str, str]:
+    """What a chain of `cidrs` names, once per list (parsing and collapsing a hundred CIDRs on every create
+    was most of the service's Python time in an allowlist set-up): the /32 addresses, the lines that make
+    the shared sets, and the sets' names ("" without wide CIDRs). Callers never change what it returns."""
+    nets = [ipaddress.IPv4Network(c) for c in cidrs]
+    named = tuple(sorted({str(n.network_address) for n in nets if n.prefixlen == 32}))
+    wide = [n for n in nets if n.prefixlen < 32]
+    if not wide:
+        return named, (), "", ""
+    never = [sandbox_subnet, *(c for c in METADATA_CIDRS if ipaddress.ip_network(c).version == 4)]
+    never_set, make_never = _shared_set("n", [ipaddress.IPv4Network(c) for c in never])
+    wide_set, make_wide = _shared_set("w", wide)
+    return named, (*make_never, *make_wide), never_set, wide_set
 
 
 # The shared sets each link's chain names, for the links this process filtered: a set no chain of ours

@@ -33,6 +33,7 @@ processes before (`nsenter` + `ip` twice and `ip -batch` on the host a create, `
 from __future__ import annotations
 
 import contextlib
+import functools
 import errno
 import ipaddress
 import os
@@ -92,11 +93,19 @@ def sandbox_address(subnet: str, index: int) -> str:
     return str(net.network_address + index + 2)
 
 
-def resolve_allowlist(policy: NetworkPolicy) -> list[str]:
-    cidrs = checked_cidrs(policy.allow_cidrs)  # a cloud metadata endpoint is refused, as on every backend
+@functools.lru_cache(maxsize=256)
+def _ipv4_cidrs(allow_cidrs: tuple[str, ...]) -> tuple[str, ...]:
+    """The checked CIDRs (a cloud metadata endpoint is refused, as on every backend), IPv4 only; once per
+    list (see allowlist._checked)."""
+    cidrs = checked_cidrs(list(allow_cidrs))
     for cidr in cidrs:
         if ipaddress.ip_network(cidr).version != 4:
             raise InvalidRequestError(f"allow_cidrs entry {cidr!r}: only IPv4 allowlists are supported")
+    return tuple(cidrs)
+
+
+def resolve_allowlist(policy: NetworkPolicy) -> list[str]:
+    cidrs = list(_ipv4_cidrs(tuple(policy.allow_cidrs)))
     for host in policy.allow_hosts:
         try:
             infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
