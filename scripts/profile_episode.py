@@ -15,6 +15,7 @@ verification as the verifier names them (`verification.seconds`: fork, diff, app
 deletion and the verdict's bookkeeping as `close`), and release + delete. The first `--warmup` episodes
 (zygote start, first imports) are left out. `--group N` runs N episodes of each task one after another, as a
 GRPO group's are (what a recipe keeps per task is then reused); the default, 1, draws a new task each time.
+`--setup-command CMD` adds a set-up command to every task (a set-up the recipe keeps as a snapshot).
 
 Prints a table of milliseconds of CPU per episode (means over the episodes) and writes the raw figures as JSON.
 CPU-seconds, unlike wall time, hardly depend on the machine's load, but `machine` (every CPU's busy time)
@@ -123,9 +124,16 @@ def _git(*args: str) -> str:
         return "?"
 
 
-def run(episodes: int, warmup: int, verifier_kind: str, steps: str, group: int = 1) -> dict:
+def run(
+    episodes: int, warmup: int, verifier_kind: str, steps: str, group: int = 1, setup_command: str | None = None
+) -> dict:
     recipe = SWERecipe() if verifier_kind == "calls" else _VerifiedAsImported()
     drawn = recipe.tasks("train", -(-(episodes + warmup) // group), seed=0)
+    if setup_command:  # a set-up that runs a command: kept as a snapshot, not an archive
+        drawn = [
+            t.model_copy(update={"environment": t.environment.model_copy(update={"setup_commands": [setup_command]})})
+            for t in drawn
+        ]
     tasks = [t for t in drawn for _ in range(group)][: episodes + warmup]  # a group's episodes one after another
     service = EmbeddedService()
     service.start()
@@ -166,6 +174,7 @@ def run(episodes: int, warmup: int, verifier_kind: str, steps: str, group: int =
         "verifier": verifier_kind,
         "steps": steps,
         "group": group,
+        "setup_command": setup_command,
         "wall_seconds": wall,
         "ms_per_episode": per_episode,
         "commit": _git("rev-parse", "--short", "HEAD"),
@@ -212,7 +221,9 @@ def table(result: dict) -> str:
     load = result["load_average"]
     out.append(
         f"({result['episodes']} episodes, {result['resolved']} resolved, verifier {result['verifier']}, "
-        f"steps {result['steps']}, {result.get('group', 1)} per task; commit {result['commit']}{' + changes' if result['dirty'] else ''}, "  # noqa: E501
+        f"steps {result['steps']}, {result.get('group', 1)} per task"
+        + (f", set-up command {result['setup_command']!r}" if result.get("setup_command") else "")
+        + f"; commit {result['commit']}{' + changes' if result['dirty'] else ''}, "  # noqa: E501
         f"{result['date']}, {result['cpus']} CPUs, load {load['start'][0]:.1f} -> {load['end'][0]:.1f}, "
         f"wall {result['wall_seconds']:.1f} s; total = harness + the service's whole tree; "
         "machine = every CPU, neighbours included)"
@@ -239,9 +250,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--group", type=int, default=1, help="episodes per task, one after another (a GRPO group run one at a time)"
     )
+    parser.add_argument(
+        "--setup-command",
+        default=None,
+        help="a command every task's set-up runs (setup_commands), e.g. 'python3 -m venv --without-pip /opt/venv'",
+    )
     parser.add_argument("--out", default="build/profile_episode.json")
     args = parser.parse_args(argv)
-    result = run(args.episodes, args.warmup, args.verifier, args.steps, args.group)
+    result = run(args.episodes, args.warmup, args.verifier, args.steps, args.group, args.setup_command)
     print(table(result))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import io
 import logging
 import subprocess
@@ -16,12 +17,13 @@ from components.core.data.schema import Split, Task, ToolCall
 from components.recipes.swe import calls
 from components.recipes.swe.change import RepoChange, read_tree
 from components.recipes.swe.generator import generate_tasks
-from components.recipes.swe.setups import SetupArchives, TaskSetup, setup_key
+from components.recipes.swe.setups import SetupArchives, SetupSnapshots, TaskSetup, setup_key, snapshot_key
 from components.recipes.swe.tools import TOOL_SPECS, SWETools, git_init_script
 from components.recipes.swe.verifier import PYTEST_ENV, verify_in_clean_room
 from components.recipes.swe.warm_rooms import WarmRooms, WarmRun
 from components.recipes.swe.warm_rooms import shared as warm_rooms_pool
-from sandbox_service.client import Sandbox
+from sandbox_service.client import Sandbox, SandboxClient
+from sandbox_service.errors import SnapshotNotFoundError
 from sandbox_service.models import NetworkPolicy, Resources, SandboxCreate
 
 log = logging.getLogger(__name__)
@@ -92,6 +94,8 @@ class SWERecipe(RecipeBase):
         self._pristine: dict[str, str] = {}
         self._lock = threading.Lock()
         self._setups = SetupArchives()
+        self._setup_snapshots = SetupSnapshots()
+        self._exit_hook: SandboxClient | None = None  # the client that deletes the kept snapshots at exit
         # Generated tasks are verified in warm rooms (warm_rooms.py; True: the process's pool); False: a clean
         # room per verification
         self._warm = warm_rooms if isinstance(warm_rooms, WarmRooms) else warm_rooms_pool() if warm_rooms else None
@@ -155,9 +159,10 @@ class SWERecipe(RecipeBase):
         )
 
     def setup(self, sandbox: Sandbox, task: Task) -> None:
-        """Place the repository. A task whose set-up is kept (setups.py) gets the kept workdir in one file
-        operation (the first of its episodes sets it up and keeps it); any other is set up here and
-        snapshotted: the pristine state verification forks (`release` drops it)."""
+        """Place the repository. A task whose set-up is kept (setups.py) gets it in one operation, the first
+        of its episodes setting it up and keeping it: files-only set-ups as an archive of the workdir, those
+        that run commands as a snapshot restored into the sandbox (its pristine state too). Any other is set
+        up here and snapshotted: the pristine state verification forks (`release` drops it)."""
         key = setup_key(task)
         if key is not None:
             with self._setups.lock(key):
@@ -170,8 +175,48 @@ class SWERecipe(RecipeBase):
                     return
             sandbox.upload_archive(kept.archive, task.environment.workdir)
             return
-        self._setup_files(sandbox, task)
-        self._snapshot_pristine(sandbox)
+        key = snapshot_key(task)
+        if key is None:
+            self._setup_files(sandbox, task)
+            self._snapshot_pristine(sandbox)
+            return
+        with self._setup_snapshots.lock(key):  # siblings wait for the first set-up, then restore it
+            snapshot = self._setup_snapshots.acquire(key)
+            if snapshot is None:
+                self._setup_files(sandbox, task)
+                self._keep_setup_snapshot(sandbox, key)
+                return
+        try:
+            sandbox.restore(snapshot)
+        except SnapshotNotFoundError:  # the service no longer has it (it restarted): set up the long way
+            self._setup_snapshots.forget(key, snapshot)
+            self._setup_snapshots.release(snapshot)
+            self._setup_files(sandbox, task)
+            self._snapshot_pristine(sandbox)
+            return
+        except BaseException:
+            self._setup_snapshots.release(snapshot)
+            raise
+        with self._lock:
+            self._pristine[sandbox.id] = snapshot
+
+    def _keep_setup_snapshot(self, sandbox: Sandbox, key: str) -> None:
+        snapshot = sandbox.snapshot()
+        with self._lock:
+            self._pristine[sandbox.id] = snapshot.id
+            if self._exit_hook is None:
+                self._exit_hook = sandbox.client
+                atexit.register(self.drop_kept_snapshots)
+        for doomed in self._setup_snapshots.put(key, snapshot.id):
+            _delete_snapshot(sandbox.client, doomed)
+
+    def drop_kept_snapshots(self) -> None:
+        """Delete the set-ups kept as snapshots that no episode uses now (at exit: registered with atexit
+        when the first is kept); one in use goes at its episode's `release`."""
+        client = self._exit_hook
+        if client is not None:
+            for snapshot in self._setup_snapshots.drain():
+                _delete_snapshot(client, snapshot, at_exit=True)
 
     def _keep_setup(self, sandbox: Sandbox, task: Task, key: str) -> bool:
         """Keep the workdir just set up (nothing of the policy has run); False when it cannot be kept (too
@@ -292,5 +337,13 @@ class SWERecipe(RecipeBase):
     def release(self, sandbox: Sandbox) -> None:
         with self._lock:
             snapshot = self._pristine.pop(sandbox.id, None)
-        if snapshot is not None:
+        if snapshot is not None and self._setup_snapshots.release(snapshot) is not False:
             sandbox.client.request("DELETE", f"/v1/snapshots/{snapshot}")
+
+
+def _delete_snapshot(client: SandboxClient, snapshot: str, at_exit: bool = False) -> None:
+    try:
+        client.request("DELETE", f"/v1/snapshots/{snapshot}")
+    except Exception as err:  # noqa: BLE001 - the service drops every snapshot when it restarts
+        # At exit the client (or an embedded service) is often closed already: nothing is lost.
+        (log.debug if at_exit else log.warning)("could not delete snapshot %s: %s", snapshot, err)
