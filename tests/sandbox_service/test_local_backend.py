@@ -287,6 +287,7 @@ def test_a_fork_mounts_the_snapshot_as_a_layer_copies_nothing_and_a_layer_outliv
             assert r.ok and "big.bin: OK\n0 0\n0 0\n" in r.stdout, r.stdout
             assert int(r.stdout.split()[-4]) < 2048, r.stdout  # the fork's disk holds none of the 8 MiB
             assert fork.sh("echo more >> /workspace/d/x && rm /workspace/big.bin && touch /workspace/new").ok
+            assert on_disk.exists() and (on_disk.parent / "d" / "x").read_text() == "x\n"  # the layer is read-only
             added = backend.snapshot(fork.id, second)
             chain = backend.snapshots.meta(second)["layers"]
             assert added < 1024 and chain[1:] == [layer]

@@ -9,8 +9,9 @@ What the isolation covers (runtime "namespaces", the default; runtime "gvisor" i
   by the host's user namespace, so root inside holds no capability over its own mounts, network or
   hostname, and on the host it owns nothing but the sandbox's files (nor the host root's kernel
   keyring). The lower layer (skeleton or image, owned by host root on disk) is an idmapped mount
-  through the sandbox's namespace, so its root owns it whatever its range; forks and restores hand a
-  snapshot's files to the new range. The agent is PID 1; killing it ends every process of the sandbox.
+  through the sandbox's namespace, so its root owns it whatever its range; snapshots are saved owned from
+  id 0 and mounted the same way, read-only, beneath a fork's or a restore's empty upper layer (nothing is
+  copied; local/snapshots.py). The agent is PID 1; killing it ends every process of the sandbox.
 - Filesystem: a root from an allowlist, not the host minus masks (local/root.py): the overlay's lower
   layer is an image directory, or a skeleton with a sanitised /etc (world-readable files only: no
   shadow, gshadow, ssh host keys) and read-only binds of /usr, /lib*, /bin, /sbin, Playwright's browsers,
