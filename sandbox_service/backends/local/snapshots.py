@@ -36,6 +36,9 @@ class SnapshotStore:
             d.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._pins: Counter[str] = Counter()  # layer -> how many running sandboxes have it mounted
+        self._named: Counter[str] = Counter()  # layer -> how many snapshots name it (this store writes them all)
+        for entry in self.root.iterdir():
+            self._named.update(self._layers_of(entry))
 
     def path(self, snapshot_id: str) -> Path:
         if not snapshot_id or "/" in snapshot_id or snapshot_id.startswith("."):
@@ -79,6 +82,7 @@ class SnapshotStore:
                 tmp.rename(self.layer(name))
                 dest.mkdir()
                 (dest / "meta.json").write_text(json.dumps({**meta, "layers": layers, "size_bytes": added}))
+                self._named.update(layers)
         except BaseException:  # a copy that failed part-way (a tree cp cannot copy, a full disk) leaves nothing
             remove_or_quarantine(tmp, self.quarantine)
             raise
@@ -113,21 +117,24 @@ class SnapshotStore:
         self._collect()
 
     def delete(self, snapshot_id: str) -> None:
-        remove_or_quarantine(self.path(snapshot_id), self.quarantine)
+        path = self.path(snapshot_id)
+        with self._lock:
+            layers = self._layers_of(path)
+            remove_or_quarantine(path, self.quarantine)
+            self._named.subtract(layers)
+            self._named = +self._named
         self._collect()
 
-    def _named(self) -> set[str]:
-        named: set[str] = set()
-        for entry in self.root.iterdir():
-            try:
-                named.update(json.loads((entry / "meta.json").read_text())["layers"])
-            except (OSError, ValueError, KeyError, TypeError):
-                continue
-        return named
+    @staticmethod
+    def _layers_of(snapshot_dir: Path) -> list[str]:
+        try:
+            return list(json.loads((snapshot_dir / "meta.json").read_text())["layers"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
 
     def _collect(self) -> None:
         with self._lock:  # renamed under the lock (no pin can take them), removed outside it
-            keep = self._named() | set(self._pins)
+            keep = set(self._named) | set(self._pins)
             unused = [p for p in self.layers_root.iterdir() if not p.name.startswith(".") and p.name not in keep]
             gone = [p.rename(p.with_name(f".gone-{p.name}")) for p in unused]
         for p in gone:
@@ -140,6 +147,7 @@ class SnapshotStore:
         for name in leftovers:
             remove_or_quarantine(self.root / name, self.quarantine)
         with self._lock:
+            self._named.clear()
             unused = [p for p in self.layers_root.iterdir() if p.name not in self._pins]
         for p in unused:
             remove_or_quarantine(p, self.quarantine)
