@@ -7,8 +7,8 @@ snapshot into a new sandbox (create with from_snapshot, until ready), reads the 
 memory-backed tmpfs: what it pays for the snapshot's files) and restores the first sandbox to the
 snapshot. Each repeat starts from a new sandbox with the tree in its own upper layer, and also snapshots
 the fork after it changed one file. Prints, as JSON, each operation's wall p50 and the service's CPU per
-operation (its own plus its reaped children: `cp`; a mean, the counters tick in 10 ms). CPU, not wall, is the figure to compare on a shared
-machine; run the base commit's checkout beside it for a ratio.
+operation (its own plus its reaped children: `cp`; a mean, the counters tick in 10 ms). CPU, not wall, is
+the figure to compare on a shared machine; run the base commit's checkout beside it for a ratio.
 """
 
 from __future__ import annotations
