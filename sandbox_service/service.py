@@ -163,11 +163,14 @@ class SandboxManager:
         return rec.info
 
     # -- create ---------------------------------------------------------------------------------
+    def _live(self) -> int:
+        return sum(1 for r in self.sandboxes.values() if r.info.state in (SandboxState.pending, SandboxState.ready))
+
     async def create(self, spec: SandboxCreate) -> SandboxInfo:
         if spec.request_id and spec.request_id in self._by_request:
             return self.record(self._by_request[spec.request_id]).info
-        live = sum(1 for r in self.sandboxes.values() if r.info.state in (SandboxState.pending, SandboxState.ready))
-        if live >= self.config.max_sandboxes:
+        # Counting live records is O(N) per create; none can be over the cap while all records are under it.
+        if len(self.sandboxes) >= self.config.max_sandboxes and (live := self._live()) >= self.config.max_sandboxes:
             self.metrics.rejections.labels("sandboxes").inc()
             raise CapacityExceededError(
                 f"{live} live sandboxes (cap {self.config.max_sandboxes}); delete some or retry later",

@@ -170,6 +170,7 @@ class SandboxCgroups:
         deadline = time.monotonic() + timeout
         if not self.pids():
             return
+        pause = 0.002
         while time.monotonic() < deadline:
             try:
                 self.freeze(True)
@@ -187,7 +188,9 @@ class SandboxCgroups:
                 pass
             if not pids:
                 return
-            time.sleep(0.002)
+            # What was signalled is dying; a process the kernel is tearing down needs time, not more rounds.
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
     def remove(self, timeout: float = 5.0) -> None:
         """Delete every directory (children first). Idempotent; retries while tasks are exiting."""
