@@ -101,6 +101,28 @@ def test_hidden_tests_are_invisible_before_submit(sandbox_client):
         assert not verdict.resolved and "FAIL_TO_PASS" in verdict.reason
 
 
+def test_setup_makes_its_workdir_and_a_git_baseline_without_templates(sandbox_client):
+    """Set-up makes a workdir nothing was uploaded to (it runs no exec of its own for it) and commits what it
+    placed in a repository without git's template, so a download of the workdir carries no sample hooks."""
+    recipe = SWERecipe()
+    task = generate_tasks("train", 1, 5)[0]
+    empty = task.model_copy(
+        update={"environment": task.environment.model_copy(update={"workdir": "/workspace/new dir", "files": {}})}
+    )
+    with sandbox_client.create(recipe.sandbox_spec(task)) as sandbox:
+        for each in (task, empty):
+            recipe.setup(sandbox, each)
+            script = 'test -z "$(git status --porcelain)" && git rev-list --count HEAD && ls -A .git && git ls-files'
+            git = sandbox.exec(["bash", "-c", script], cwd=each.environment.workdir)
+            assert git.ok, git.stdout + git.stderr  # everything placed is committed
+            commits, *listed = git.stdout.split()
+            assert commits == "1" and "hooks" not in listed and "description" not in listed, git.stdout
+            assert set(each.environment.files) <= set(listed)
+            exclude = sandbox.exec(["cat", ".git/info/exclude"], cwd=each.environment.workdir).stdout
+            assert "__pycache__/" in exclude and "*.pyc" in exclude
+            recipe.release(sandbox)
+
+
 def test_tools_report_policy_errors_as_observations(sandbox_client):
     recipe = SWERecipe(tool_timeout_seconds=2)
     task = generate_tasks("train", 1, 0)[0]

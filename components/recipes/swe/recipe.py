@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import io
 import logging
+import shlex
 import subprocess
 import tarfile
 import tempfile
@@ -236,9 +237,8 @@ class SWERecipe(RecipeBase):
 
     def _setup_files(self, sandbox: Sandbox, task: Task) -> None:
         env = task.environment
-        mk = sandbox.exec(["mkdir", "-p", env.workdir], timeout=30)
-        if not mk.ok:
-            raise SetupError(f"cannot create {env.workdir}: {mk.stderr or mk.message}")
+        # No exec of its own for the workdir: an upload makes its target, and the script below makes it when
+        # nothing was uploaded (one process start fewer per set-up).
         if env.repo_path:
             self._upload_checkout(sandbox, env.repo_path, env.base_commit, env.workdir)
         if env.files:
@@ -248,8 +248,9 @@ class SWERecipe(RecipeBase):
                     path.parent.mkdir(parents=True, exist_ok=True)
                     path.write_text(content)
                 sandbox.upload_dir(tmp, env.workdir)
-        script = " && ".join([git_init_script(), *env.setup_commands])
-        result = sandbox.exec(["bash", "-c", script], cwd=env.workdir, timeout=120)
+        workdir = shlex.quote(env.workdir)
+        script = " && ".join([f"mkdir -p -- {workdir}", f"cd -- {workdir}", git_init_script(), *env.setup_commands])
+        result = sandbox.exec(["bash", "-c", script], cwd="/", timeout=120)
         if not result.ok:
             raise SetupError(
                 f"setup script failed ({result.outcome.value}, exit {result.exit_code}): "
