@@ -1,5 +1,6 @@
 """One retry schedule for every HTTP client of the project: the sandbox client (sync and async) and
-the OpenAI-compatible policy and judge clients (`components.core.policy.policies`).
+the OpenAI-compatible policy and judge clients (`components.core.policy.policies`); the local backend's
+kill rounds (`backends/local/cgroups.py`) wait by it too.
 
 Exponential backoff with jitter (0.5-1.5x, so clients retrying together do not stampede), capped;
 a server's Retry-After (seconds) is honoured and never undercut up to the same cap; a longer one is waited out

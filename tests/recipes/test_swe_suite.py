@@ -102,8 +102,8 @@ def test_hidden_tests_are_invisible_before_submit(sandbox_client):
 
 
 def test_setup_makes_its_workdir_and_a_git_baseline_without_templates(sandbox_client):
-    """Set-up makes a workdir nothing was uploaded to (it runs no exec of its own for it) and commits what it
-    placed in a repository without git's template, so a download of the workdir carries no sample hooks."""
+    """Set-up makes a workdir nothing was uploaded to and commits what it placed in a repository without
+    git's template, so a download of the workdir carries no sample hooks."""
     recipe = SWERecipe()
     task = generate_tasks("train", 1, 5)[0]
     empty = task.model_copy(

@@ -10,6 +10,7 @@ groups below its pids group, which `remove()` deletes bottom-up.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 from sandbox_service.agent.proctree import oom_kill_count
 from sandbox_service.errors import IsolationUnavailableError
 from sandbox_service.models import Resources
+from sandbox_service.retry import Backoff
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CONTROLLERS = ("memory", "cpu", "pids", "freezer")
@@ -26,6 +28,8 @@ CFS_PERIOD_US = 100_000
 # `w` child group limited to Resources.pids, so a fork bomb can never take the agent's last pids.
 AGENT_PIDS_RESERVE = 64
 WORK_GROUP = "w"
+# Between freeze-kill-thaw rounds of `kill_all`: 2 ms at first, doubling to 50 ms.
+_KILL_ROUNDS = Backoff(first=0.002, cap=0.05)
 
 
 def detect_version(root: Path = CGROUP_ROOT) -> int:
@@ -170,8 +174,9 @@ class SandboxCgroups:
         deadline = time.monotonic() + timeout
         if not self.pids():
             return
-        pause = 0.002
-        while time.monotonic() < deadline:
+        for attempt in itertools.count():
+            if time.monotonic() >= deadline:
+                return
             try:
                 self.freeze(True)
             except OSError:
@@ -189,8 +194,7 @@ class SandboxCgroups:
             if not pids:
                 return
             # What was signalled is dying; a process the kernel is tearing down needs time, not more rounds.
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+            time.sleep(_KILL_ROUNDS.delay(attempt))
 
     def remove(self, timeout: float = 5.0) -> None:
         """Delete every directory (children first). Idempotent; retries while tasks are exiting."""
